@@ -1,0 +1,43 @@
+# hybridnb: the README's commands. `make demo` and `make test` do all the set-up they need.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.stamp-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
+TORCH_PAIR := torch==2.11.0 torchaudio==2.11.0
+
+.PHONY: setup demo test lab bench browser clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q $(TORCH_PAIR)
+	$(PIP) install -q -e '.[dev,lab]' $(TORCH_PAIR)
+	@$(MAKE) --no-print-directory browser
+	@rm -f $(VENV)/.stamp-* && touch $@
+
+# Chromium for the browser test: Debian's package, installed when missing and allowed (root).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	      || echo "chromium could not be installed; the browser test will be skipped"; \
+	  else echo "chromium missing and not root; the browser test will be skipped"; fi; }
+
+demo: setup
+	$(PY) -m hybridnb demo
+
+test: setup
+	$(VENV)/bin/ruff check hybridnb data_prep tests bench
+	$(PY) -m pytest -q
+
+lab: setup
+	$(VENV)/bin/jupyter lab notebooks
+
+bench: setup
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,118 @@
+"""Shared helpers for the benchmarks: the machine description, interleaved timing, result files.
+
+Every benchmark measures ratios side by side in one run (A B A B ...), takes the median of
+repeats, prints a markdown table and writes it, dated, under ``bench/results/``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict:
+    """CPU model, usable cores, RAM, GPU (via NVML, without initialising CUDA), torch version."""
+    info = {"python": platform.python_version(), "cores": len(os.sched_getaffinity(0))}
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["cpu"] = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "?")
+    except OSError:
+        info["cpu"] = platform.processor() or "?"
+    try:
+        import psutil
+        info["ram_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
+    except ImportError:
+        pass
+    try:
+        import torch
+        info["torch"] = torch.__version__
+    except ImportError:
+        info["torch"] = "-"
+    info["gpu"] = _gpu_names() or "none"
+    return info
+
+
+def _gpu_names() -> str:
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        try:
+            n = pynvml.nvmlDeviceGetCount()
+            return ", ".join(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
+                             for i in range(n))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return ""
+
+
+def interleaved(funcs: dict[str, Callable[[], float | None]], repeats: int = 3
+                ) -> dict[str, list[float]]:
+    """Run each function once per round, in turn (A B A B ...), ``repeats`` rounds.
+
+    A function returns its own measurement (e.g. seconds for its timed part) or None, in which
+    case its wall time is recorded. Returns every measurement per name.
+    """
+    out: dict[str, list[float]] = {name: [] for name in funcs}
+    for _ in range(repeats):
+        for name, fn in funcs.items():
+            t0 = time.perf_counter()
+            value = fn()
+            out[name].append(time.perf_counter() - t0 if value is None else float(value))
+    return out
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def spread(values: list[float]) -> str:
+    """min–max as text, for the tables."""
+    return f"{min(values):.3g}–{max(values):.3g}"
+
+
+def markdown_table(rows: list[dict], columns: list[str] | None = None) -> str:
+    if not rows:
+        return "(no rows)\n"
+    columns = columns or list(rows[0])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(_fmt(row.get(c, "")) for c in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def write_result(name: str, title: str, body: str, goals: list[tuple[str, bool | None]] = ()
+                 ) -> Path:
+    """Print and write ``bench/results/<name>-<date>.md`` (and ``<name>-latest.md``).
+
+    ``goals`` is a list of (goal text, met?) — met None means 'not measured here'.
+    """
+    m = machine()
+    stamp = _dt.datetime.now().strftime("%Y-%m-%d")
+    goal_lines = "".join(
+        f"- {'MET' if ok else ('not met' if ok is False else 'n/a')}: {text}\n"
+        for text, ok in goals)
+    text = (f"# {title}\n\n{stamp} · CPU {m.get('cpu')} · {m.get('cores')} usable cores · "
+            f"RAM {m.get('ram_gib', '?')} GiB · GPU {m.get('gpu')} · torch {m.get('torch')} · "
+            f"python {m.get('python')}\n\n{body}\n"
+            + (f"## Goals\n\n{goal_lines}" if goal_lines else ""))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}-{stamp}.md"
+    path.write_text(text)
+    (RESULTS / f"{name}-latest.md").write_text(text)
+    print(text)
+    return path

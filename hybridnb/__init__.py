@@ -1,0 +1,36 @@
+"""hybridnb: train EEG models on whatever hardware you have.
+
+Public names are loaded lazily so that ``import hybridnb`` stays cheap and never touches a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "detect": "hybridnb.detect",
+    "Hardware": "hybridnb.detect",
+    "Trainer": "hybridnb.trainer",
+    "compare": "hybridnb.compare",
+    "launch": "hybridnb.distributed",
+    "smoke": "hybridnb.runtime",
+    "frontend": "hybridnb.runtime",
+}
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hybridnb' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,56 @@
+"""Where we are running (frontend) and the small/CI mode, each read in one place."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+SMOKE_ENV = "HYBRIDNB_SMOKE"
+
+
+def smoke() -> bool:
+    """True when ``HYBRIDNB_SMOKE`` asks for the small mode (CI, notebook tests)."""
+    return os.environ.get(SMOKE_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def frontend(environ: dict[str, str] | None = None) -> str:
+    """Name the frontend from environment variables (never by importing google.colab).
+
+    One of ``"colab"``, ``"vscode"``, ``"jupyter"`` (JupyterLab / Notebook 7), ``"ipython"``
+    (a terminal IPython), ``"ci"``, ``"terminal"``. ``"jupyter"`` needs a running IPython
+    kernel; a headless kernel (nbclient/nbval) with ``CI`` set reports ``"ci"``.
+    """
+    env = os.environ if environ is None else environ
+    kernel = _in_kernel()
+    if "COLAB_RELEASE_TAG" in env or "COLAB_GPU" in env:
+        return "colab"
+    if env.get("VSCODE_PID") or env.get("VSCODE_CWD") or env.get("VSCODE_IPC_HOOK_CLI"):
+        return "vscode" if kernel else "terminal"
+    if env.get("CI", "").lower() in ("1", "true", "yes") or env.get("NBVAL") or smoke_ci(env):
+        return "ci"
+    if kernel:
+        return "jupyter"
+    if "IPython" in sys.modules and _ipython_shell() is not None:
+        return "ipython"
+    return "terminal"
+
+
+def smoke_ci(env: dict[str, str]) -> bool:
+    """Headless notebook execution (nbclient, nbval, papermill) marks itself this way."""
+    return bool(env.get("PYTEST_CURRENT_TEST") or env.get("HYBRIDNB_HEADLESS"))
+
+
+def _ipython_shell():
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    return get_ipython()
+
+
+def _in_kernel() -> bool:
+    """True inside a Jupyter kernel (ZMQ shell), false in a terminal IPython or plain Python."""
+    if "ipykernel" not in sys.modules:
+        return False
+    shell = _ipython_shell()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"

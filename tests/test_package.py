@@ -1,0 +1,59 @@
+"""Package-level promises: cheap import, no GPU touched at import, one-way dependencies."""
+
+from __future__ import annotations
+
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(code: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def _modules(package: str) -> list[str]:
+    path = ROOT / package
+    return [f"{package}.{m.name}" for m in pkgutil.walk_packages([str(path)])
+            if not m.name.startswith("_") and m.name != "__main__"]
+
+
+def test_import_hybridnb_is_lazy_and_does_not_import_torch():
+    out = _run("import sys, hybridnb; print('torch' in sys.modules)")
+    assert out == "False"
+
+
+def test_importing_every_module_leaves_cuda_uninitialised():
+    mods = _modules("hybridnb")
+    code = ("import importlib, torch\n"
+            f"for m in {mods!r}:\n    importlib.import_module(m)\n"
+            "print(torch.cuda.is_initialized())")
+    assert _run(code) == "False"
+
+
+def test_data_prep_never_imports_hybridnb():
+    mods = _modules("data_prep")
+    code = ("import importlib, sys\n"
+            f"for m in {mods!r}:\n    importlib.import_module(m)\n"
+            "print(sorted(k for k in sys.modules if k.split('.')[0] == 'hybridnb'))")
+    assert _run(code) == "[]"
+
+
+def test_hybridnb_never_imports_data_prep():
+    mods = _modules("hybridnb")
+    code = ("import importlib, sys\n"
+            f"for m in {mods!r}:\n    importlib.import_module(m)\n"
+            "print(sorted(k for k in sys.modules if k.split('.')[0] == 'data_prep'))")
+    assert _run(code) == "[]"
+
+
+def test_public_names_resolve():
+    import hybridnb as hn
+
+    for name in ("detect", "Trainer", "compare", "launch", "smoke", "frontend"):
+        assert callable(getattr(hn, name)), name
