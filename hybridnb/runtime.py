@@ -18,7 +18,9 @@ def frontend(environ: dict[str, str] | None = None) -> str:
 
     One of ``"colab"``, ``"vscode"``, ``"jupyter"`` (JupyterLab / Notebook 7), ``"ipython"``
     (a terminal IPython), ``"ci"``, ``"terminal"``. ``"jupyter"`` needs a running IPython
-    kernel; a headless kernel (nbclient/nbval) with ``CI`` set reports ``"ci"``.
+    kernel; a headless kernel reports ``"ci"``: one under CI/pytest/nbval, or one that no
+    jupyter-server session started and whose parent process is a notebook runner (nbclient,
+    nbconvert, papermill, nbval, pytest).
     """
     env = os.environ if environ is None else environ
     kernel = _in_kernel()
@@ -29,7 +31,7 @@ def frontend(environ: dict[str, str] | None = None) -> str:
     if env.get("CI", "").lower() in ("1", "true", "yes") or env.get("NBVAL") or smoke_ci(env):
         return "ci"
     if kernel:
-        return "jupyter"
+        return "ci" if _headless_kernel(env) else "jupyter"
     if "IPython" in sys.modules and _ipython_shell() is not None:
         return "ipython"
     return "terminal"
@@ -38,6 +40,33 @@ def frontend(environ: dict[str, str] | None = None) -> str:
 def smoke_ci(env: dict[str, str]) -> bool:
     """Headless notebook execution (nbclient, nbval, papermill) marks itself this way."""
     return bool(env.get("PYTEST_CURRENT_TEST") or env.get("HYBRIDNB_HEADLESS"))
+
+
+HEADLESS_RUNNERS = ("nbclient", "nbconvert", "papermill", "nbval", "pytest", "jupyter-execute",
+                    "nbmake", "testbook")
+
+
+def _headless_kernel(env) -> bool:
+    """A kernel started by a notebook runner rather than by a person's frontend.
+
+    jupyter-server sets ``JPY_SESSION_NAME`` for the kernels of its sessions (JupyterLab,
+    Notebook 7); runners start the kernel themselves, so the kernel's parent is the runner.
+    """
+    if env.get("JPY_SESSION_NAME"):
+        return False
+    cmd = _parent_command(env)
+    return any(runner in cmd for runner in HEADLESS_RUNNERS)
+
+
+def _parent_command(env) -> str:
+    """Command line of the process that started this kernel (lower case; "" when unknown)."""
+    try:
+        import psutil
+
+        pid = int(env.get("JPY_PARENT_PID") or os.getppid())
+        return " ".join(psutil.Process(pid).cmdline()).lower()
+    except Exception:
+        return ""
 
 
 def _ipython_shell():

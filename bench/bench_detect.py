@@ -1,0 +1,137 @@
+"""How long ``hybridnb.detect()`` takes: cold, cached, and with a GPU probe that hangs.
+
+- cold: a fresh Python process that has already imported torch calls detect() once (on a
+  CPU-only machine no probe child is needed);
+- cached: a second call in the same process (median per call over 2000 calls);
+- simulated GPU, probe passes: a fake NVML inventory and a simulated probe child that imports
+  torch and runs every step on CPU tensors (what a GPU machine pays, minus the GPU's own time);
+- simulated GPU, probe hangs: the child hangs in the memory query; detect() must return by
+  probe_timeout + 1 s and leave no process behind.
+
+Run: ``.venv/bin/python -m bench.bench_detect`` (about 30 s here).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+
+import psutil
+
+from bench.common import interleaved, markdown_table, median, spread, write_result
+
+HANG_TIMEOUT = 3.0
+REPEATS = 3
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+COLD = """
+import time, torch, warnings
+t0 = time.perf_counter()
+import hybridnb
+hw = hybridnb.detect()
+dt = time.perf_counter() - t0
+print(dt, hw.device)
+"""
+
+
+def cold() -> float:
+    env = {k: v for k, v in os.environ.items() if k != "HYBRIDNB_PROBE_SIMULATE"}
+    out = subprocess.run([sys.executable, "-c", COLD], capture_output=True, text=True, cwd=ROOT,
+                         env=env, timeout=120, check=True)
+    seconds, device = out.stdout.split()
+    cold.device = device
+    return float(seconds)
+
+
+def cached() -> float:
+    D = importlib.import_module("hybridnb.detect")
+    D.detect()
+    n = 2000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        D.detect()
+    return (time.perf_counter() - t0) / n
+
+
+@contextmanager
+def fake_gpu(simulate: dict):
+    """One pretend NVIDIA GPU for detect(), and the probe child's simulation switched on."""
+    from hybridnb import gpu_info
+    from hybridnb.gpu_info import GpuInfo
+
+    real = gpu_info.nvml_inventory
+    gpu = GpuInfo(index=0, physical_index=0, backend="cuda", name="Simulated T4",
+                  total_memory=15 * 2**30, free_memory=14 * 2**30, capability=(7, 5))
+    gpu_info.nvml_inventory = lambda: ([gpu], "NVML: simulated")
+    os.environ["HYBRIDNB_PROBE_SIMULATE"] = json.dumps(simulate)
+    try:
+        yield
+    finally:
+        gpu_info.nvml_inventory = real
+        os.environ.pop("HYBRIDNB_PROBE_SIMULATE", None)
+
+
+LEFT_BEHIND: list[int] = []
+
+
+def probe_pass() -> float:
+    D = importlib.import_module("hybridnb.detect")
+    with fake_gpu({"gpu": {"name": "Simulated T4", "capability": [7, 5]}}):
+        t0 = time.perf_counter()
+        hw = D.detect(refresh=True, probe_timeout=60)
+        dt = time.perf_counter() - t0
+    assert hw.device.type == "cuda", hw.settings.reasons["device"]
+    return dt
+
+
+def probe_hang() -> float:
+    import warnings
+
+    D = importlib.import_module("hybridnb.detect")
+    with fake_gpu({"hang_at": "memory", "torch": False}), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t0 = time.perf_counter()
+        hw = D.detect(refresh=True, probe_timeout=HANG_TIMEOUT)
+        dt = time.perf_counter() - t0
+    assert hw.device.type == "cpu" and hw.gpus[0].probe.verdict == "hung"
+    LEFT_BEHIND.append(len(psutil.Process().children(recursive=True)))
+    return dt
+
+
+def main() -> None:
+    import torch  # noqa: F401  (timings below exclude importing torch)
+
+    runs = interleaved({"cold": cold, "cached": cached, "pass": probe_pass, "hang": probe_hang},
+                       repeats=REPEATS)
+    rows = [
+        {"case": "cold: first detect() in a fresh process (torch already imported)",
+         "median": f"{median(runs['cold']) * 1e3:.0f} ms",
+         "min-max": f"{min(runs['cold']) * 1e3:.0f}-{max(runs['cold']) * 1e3:.0f} ms"},
+        {"case": "cached: detect() again", "median": f"{median(runs['cached']) * 1e6:.2f} µs",
+         "min-max": f"{min(runs['cached']) * 1e6:.2f}-{max(runs['cached']) * 1e6:.2f} µs"},
+        {"case": "simulated GPU, probe passes (child imports torch)",
+         "median": f"{median(runs['pass']):.2f} s", "min-max": spread(runs["pass"]) + " s"},
+        {"case": f"simulated GPU, probe hangs (probe_timeout={HANG_TIMEOUT:g} s)",
+         "median": f"{median(runs['hang']):.2f} s", "min-max": spread(runs["hang"]) + " s"},
+    ]
+    body = (f"{REPEATS} interleaved rounds (cold, cached, pass, hang). Device chosen by the cold "
+            f"runs: {getattr(cold, 'device', '?')}. Processes left after each hung probe: "
+            f"{LEFT_BEHIND}.\n\n" + markdown_table(rows))
+    goals = [
+        ("detect() answers in < 1 s on this CPU-only machine (cold, excluding import torch)",
+         median(runs["cold"]) < 1.0),
+        ("a cached detect() takes <= 1 ms", median(runs["cached"]) <= 1e-3),
+        (f"with a hung probe detect() returns within probe_timeout + 1 s (worst of {REPEATS})",
+         max(runs["hang"]) <= HANG_TIMEOUT + 1.0),
+        ("no probe process is left behind after a hang", all(n == 0 for n in LEFT_BEHIND)),
+    ]
+    write_result("detect", "hybridnb.detect() latency", body, goals)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,354 @@
+"""``detect()``: which device to train on, and with what settings, on this machine.
+
+GPUs are listed without initialising CUDA here (NVML / sysfs, see ``gpu_info``), then each is
+validated in a child process under a timeout (``probe``). The result is cached per process.
+
+>>> hw = hybridnb.detect()
+>>> hw.device, hw.precision, hw.settings.batch_size
+>>> DataLoader(ds, batch_size=hw.settings.batch_size, **hw.dataloader_kwargs())
+
+Environment: ``HYBRIDNB_DEVICE=cpu|cuda|cuda:N|mps`` forces the device (an escape hatch: it is
+obeyed even when the probe failed, with a warning); ``CUDA_VISIBLE_DEVICES`` (and HIP's/ROCR's)
+hide GPUs as usual; ``HYBRIDNB_LAUNCHED=1`` (set by ``hn.launch``) or torchrun's ``LOCAL_RANK`` /
+``WORLD_SIZE`` mark one rank of a multi-process job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import threading
+import time
+import types
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from hybridnb import gpu_info, probe, report_views, runtime
+from hybridnb.gpu_info import BuildInfo, GpuInfo
+from hybridnb.host import HostInfo, host_info
+from hybridnb.recommend import Settings, choose_precision, recommend
+
+DEVICE_ENV = "HYBRIDNB_DEVICE"
+LAUNCHED_ENV = "HYBRIDNB_LAUNCHED"
+DEFAULT_PROBE_TIMEOUT = 15.0
+NVIDIA_PROC = Path("/proc/driver/nvidia/version")
+_CACHE_VARS = (DEVICE_ENV, LAUNCHED_ENV, "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+               "ROCR_VISIBLE_DEVICES", "HSA_OVERRIDE_GFX_VERSION", "LOCAL_RANK", "WORLD_SIZE")
+
+
+class HardwareWarning(UserWarning):
+    """A GPU that is known-bad, failed its probe, or a device request that cannot be met."""
+
+
+@dataclass
+class Hardware:
+    """The report: chosen device, precision, settings, and the facts behind them."""
+
+    device: torch.device
+    precision: str
+    settings: Settings
+    gpus: list[GpuInfo]
+    host: HostInfo
+    frontend: str
+    build: BuildInfo
+    warnings: list[str] = field(default_factory=list)
+    advice: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    probe_timeout: float = DEFAULT_PROBE_TIMEOUT
+    seconds: float = 0.0
+
+    def dataloader_kwargs(self) -> dict:
+        """``num_workers``, ``pin_memory``, ``persistent_workers`` for torch's DataLoader."""
+        s = self.settings
+        return {"num_workers": s.num_workers, "pin_memory": s.pin_memory,
+                "persistent_workers": s.persistent_workers}
+
+    def to_dict(self) -> dict:
+        """Everything in the report as plain JSON types."""
+        return {
+            "device": str(self.device), "precision": self.precision,
+            "settings": self.settings.to_dict(),
+            "gpus": [g.to_dict() for g in self.gpus], "host": self.host.to_dict(),
+            "frontend": self.frontend,
+            "torch": {"version": self.build.torch, "cuda": self.build.cuda,
+                      "hip": self.build.hip, "arch_list": list(self.build.arch_list)},
+            "warnings": list(self.warnings), "advice": list(self.advice),
+            "notes": list(self.notes), "probe_timeout": self.probe_timeout,
+            "seconds": round(self.seconds, 4),
+        }
+
+    def __str__(self) -> str:
+        return report_views.text(self)
+
+    def _repr_html_(self) -> str:
+        return report_views.html(self)
+
+
+_CACHE: dict[tuple, Hardware] = {}
+_LOCK = threading.Lock()
+
+
+def detect(refresh: bool = False, probe_timeout: float = DEFAULT_PROBE_TIMEOUT) -> Hardware:
+    """Find the GPUs, probe each in a child process, and recommend a device and settings.
+
+    Cached for the process (per value of the device-related environment variables);
+    ``refresh=True`` probes again. Returns within ``probe_timeout`` + 1 s whatever a GPU does.
+    Warnings (known-bad GPU, failed probe, device request not met) are also raised once as
+    ``HardwareWarning``.
+    """
+    if not isinstance(probe_timeout, (int, float)) or not probe_timeout > 0:
+        raise ValueError(f"probe_timeout={probe_timeout!r} must be a positive number of seconds")
+    key = tuple(os.environ.get(v) for v in _CACHE_VARS)
+    with _LOCK:
+        hw = None if refresh else _CACHE.get(key)
+        if hw is not None:
+            return hw
+        hw = _detect(float(probe_timeout), dict(os.environ))
+        _CACHE.clear()
+        _CACHE[key] = hw
+    for message in hw.warnings:
+        warnings.warn(message, HardwareWarning, stacklevel=2)
+    return hw
+
+
+def _detect(probe_timeout: float, env: dict[str, str]) -> Hardware:
+    t0 = time.perf_counter()
+    forced = parse_device(env.get(DEVICE_ENV))
+    launched, local_rank, world = _launch_env(env)
+    build = _torch_build()
+    host = host_info()
+    frontend = runtime.frontend()
+    gpus, notes, warns = _find_gpus(build, env)
+    none_found = " ".join(notes).rstrip(".") or "none listed"
+
+    # --- which GPUs to probe
+    if forced is not None and forced.type == "cpu":
+        targets = []
+        if gpus:
+            notes.append(f"{DEVICE_ENV}=cpu: the GPU probe was skipped.")
+    else:
+        # One GPU when the request names it (cuda:N, or this rank's GPU), else all of them.
+        index = forced.index if forced is not None else (local_rank if launched else None)
+        targets = [g for g in gpus if g.backend != "mps" and g.index == index] or list(gpus)
+    if targets:
+        results = probe.run_probes([(_probe_backend(g), g.index) for g in targets], probe_timeout)
+        for g, res in zip(targets, results, strict=True):
+            _merge_probe(g, res)
+    for g in gpus:  # known-bad judgement, with what the probe added
+        if g.native_bf16 is None:
+            g.native_bf16 = gpu_info.native_bf16(g)
+        if g.backend != "mps":
+            gpu_info.judge(g, build, env)
+        warns.extend(w for w in g.warnings if w not in warns)
+
+    # --- the device
+    device, chosen, reason = _choose(gpus, forced, launched, local_rank, warns, env,
+                                     none_found)
+    precision, precision_reason = choose_precision(device.type, chosen)
+    same_kind_ok = [g for g in gpus if g.backend == (chosen.backend if chosen else None)
+                    and g.usable and g.probe is not None and g.probe.ok]
+    settings = recommend(device.type, chosen, host, frontend,
+                         gpus_ok=len(same_kind_ok) if forced is None else 1,
+                         launched=launched, world_size=world)
+    settings.reasons = {"device": reason, "precision": precision_reason, **settings.reasons}
+    advice = [a for g in gpus for a in g.advice]
+    if host.cores_note:
+        notes.append(host.cores_note + ".")
+    return Hardware(device=device, precision=precision, settings=settings, gpus=gpus, host=host,
+                    frontend=frontend, build=build, warnings=warns, advice=advice, notes=notes,
+                    probe_timeout=probe_timeout, seconds=time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------- inputs
+
+def parse_device(value: str | None) -> torch.device | None:
+    """``HYBRIDNB_DEVICE``'s value as a device, None for unset/empty/"auto"; ValueError if bad."""
+    text = (value or "").strip().lower()
+    if text in ("", "auto"):
+        return None
+    if re.fullmatch(r"cpu|mps|cuda(:\d+)?", text):
+        return torch.device(text)
+    raise ValueError(f"{DEVICE_ENV}={value!r} is not a device hybridnb understands; use one of "
+                     "cpu, cuda, cuda:N (N = 0, 1, ...), mps, or leave it unset for automatic.")
+
+
+def _launch_env(env: dict[str, str]) -> tuple[bool, int | None, int]:
+    """(launched?, local rank, world size) from hn.launch's / torchrun's variables."""
+    def _int(name: str) -> int | None:
+        try:
+            return int(env[name])
+        except (KeyError, ValueError):
+            return None
+
+    world = _int("WORLD_SIZE") or 1
+    local = _int("LOCAL_RANK")
+    launched = env.get(LAUNCHED_ENV, "") == "1" or (world > 1 and local is not None)
+    return launched, local if launched else None, world if launched else 1
+
+
+def _torch_build() -> BuildInfo:
+    """What torch was built for, read without touching a device."""
+    arch = ""
+    getter = getattr(torch._C, "_cuda_getArchFlags", None)  # get_arch_list() would init CUDA
+    if getter is not None:
+        try:
+            arch = getter() or ""
+        except Exception:
+            arch = ""
+    mps = getattr(torch.backends, "mps", None)
+    return BuildInfo(torch=torch.__version__, cuda=torch.version.cuda,
+                     hip=getattr(torch.version, "hip", None), arch_list=arch.split(),
+                     mps_built=bool(mps and mps.is_built()))
+
+
+def _find_gpus(build: BuildInfo, env: dict[str, str]) -> tuple[list[GpuInfo], list[str],
+                                                                 list[str]]:
+    """Visible GPUs (logical numbering), notes, warnings. No CUDA initialisation."""
+    notes: list[str] = []
+    warns: list[str] = []
+    if build.hip:
+        raw, status = gpu_info.rocm_inventory()
+        gpus = raw
+        for var in ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES" if "HIP_VISIBLE_DEVICES" in env
+                    else "CUDA_VISIBLE_DEVICES"):
+            gpus, note = gpu_info.apply_visible(gpus, env.get(var), var)
+            notes += [note] if note else []
+    else:
+        raw, status = gpu_info.nvml_inventory()
+        if not raw and build.cuda and NVIDIA_PROC.exists():
+            # The driver is loaded but NVML is not usable here (e.g. a container without
+            # libnvidia-ml): let the probe child find out what GPU 0 is.
+            raw = [GpuInfo(index=0, physical_index=0, backend="cuda", name="NVIDIA GPU")]
+            notes.append(f"{status[:1].upper() + status[1:]}, but an NVIDIA driver is loaded; "
+                         "only GPU 0 is probed, and its facts come from the probe.")
+        gpus, note = gpu_info.apply_visible(raw, env.get("CUDA_VISIBLE_DEVICES"),
+                                            "CUDA_VISIBLE_DEVICES")
+        notes += [note] if note else []
+        if raw and not build.cuda:
+            warns.append(f"NVML sees {len(raw)} NVIDIA GPU(s), but this torch ({build.torch}) is "
+                         "a CPU-only build, so it cannot use them. Install a CUDA build of "
+                         "torch (https://pytorch.org/get-started/locally/).")
+            for g in gpus:
+                g.usable = False
+        if not raw:
+            amd, _ = gpu_info.rocm_inventory()
+            if amd:
+                warns.append(f"{len(amd)} AMD GPU(s) found ({amd[0].name}), but this torch "
+                             f"({build.torch}) is not a ROCm build. Install torch from "
+                             "https://download.pytorch.org/whl/rocm6.x to use them.")
+    for g in gpus:
+        g.runtime_version = build.hip if g.backend == "rocm" else build.cuda
+    if not raw:
+        notes.append(status[:1].upper() + status[1:] + ".")
+    if build.mps_built and torch.backends.mps.is_available():
+        gpus.append(GpuInfo(index=0, backend="mps", name="Apple GPU (MPS)", native_bf16=False))
+    return gpus, notes, warns
+
+
+# ---------------------------------------------------------------- probe results and choice
+
+def _probe_backend(g: GpuInfo) -> str:
+    return "mps" if g.backend == "mps" else "cuda"
+
+
+def _merge_probe(g: GpuInfo, res: probe.ProbeResult) -> None:
+    """Attach a probe result; fill facts NVML/sysfs could not give from what the child read."""
+    g.probe = res
+    info = res.info
+    if g.name in ("", "NVIDIA GPU") and info.get("name"):
+        g.name = info["name"]
+    g.total_memory = g.total_memory or info.get("total_memory")
+    g.free_memory = g.free_memory if g.free_memory is not None else info.get("free_memory")
+    if g.capability is None and info.get("capability") and g.backend == "cuda":
+        g.capability = tuple(info["capability"])
+    if g.arch is None and info.get("arch"):
+        g.arch = info["arch"]
+
+
+def _choose(gpus: list[GpuInfo], forced: torch.device | None, launched: bool,
+            local_rank: int | None, warns: list[str], env: dict[str, str],
+            none_found: str = "") -> tuple[torch.device, GpuInfo | None, str]:
+    """(device, its GpuInfo or None, the reason in one sentence)."""
+    failed = [g for g in gpus if g.probe is not None and not g.probe.ok]
+    for g in failed:
+        warns.append(f"{g.label} {g.probe.message}.")
+    if forced is not None:
+        if forced.type == "cpu":
+            return forced, None, f"forced by {DEVICE_ENV}={env.get(DEVICE_ENV)}."
+        kind = ("mps",) if forced.type == "mps" else ("cuda", "rocm")
+        pool = [g for g in gpus if g.backend in kind and (forced.index is None
+                                                         or g.index == forced.index)]
+        if pool:
+            g = next((g for g in pool if g.usable and g.probe is not None and g.probe.ok),
+                     pool[0])
+            if not (g.usable and g.probe is not None and g.probe.ok):
+                why = g.probe.message if g.probe is not None and not g.probe.ok else \
+                    "it is known-bad (see the warnings)"
+                warns.append(f"{DEVICE_ENV}={env.get(DEVICE_ENV)} forces {g.label} although "
+                             f"{why}; training may hang, crash or compute wrong numbers.")
+            dev = torch.device(g.torch_device)
+            return dev, g, f"forced by {DEVICE_ENV}={env.get(DEVICE_ENV)} ({g.name})."
+        have = ", ".join(g.torch_device for g in gpus) or "no GPU"
+        warns.append(f"{DEVICE_ENV}={env.get(DEVICE_ENV)} asks for {forced}, but this machine "
+                     f"has {have}; choosing automatically instead.")
+    good = [g for g in gpus if g.usable and g.probe is not None and g.probe.ok]
+    if launched and local_rank is not None:
+        good = [g for g in good if g.index == local_rank] or good
+    best = next((g for g in good if g.backend != "mps"), None) or (good[0] if good else None)
+    if best is not None:
+        dev = torch.device(best.torch_device)
+        return dev, best, (f"{best.name} passed every probe step in "
+                           f"{best.probe.seconds:.1f} s.")
+    if failed or any(not g.usable for g in gpus):
+        names = "; ".join(f"{g.label} " + _trouble(g) for g in gpus)
+        warns.append("Falling back to the CPU: no GPU both passed its probe and is free of "
+                     "known problems.")
+        return torch.device("cpu"), None, f"no GPU can be trusted ({names})."
+    if gpus:  # only when nothing was probed (e.g. none targeted)
+        return torch.device("cpu"), None, "no GPU was probed."
+    return torch.device("cpu"), None, f"no GPU found ({none_found})."
+
+
+def _trouble(g: GpuInfo) -> str:
+    if g.probe is not None and not g.probe.ok:
+        return g.probe.message
+    return "has a known problem (see the warnings)" if not g.usable else "was not probed"
+
+
+# ---------------------------------------------------------------- command line
+
+def cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_PROBE_TIMEOUT, metavar="S",
+                        help=f"seconds the GPU probe may take (default {DEFAULT_PROBE_TIMEOUT:g})")
+
+
+def cli(args: argparse.Namespace) -> int:
+    """``python -m hybridnb detect [--json] [--timeout S]``: print the report."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", HardwareWarning)  # they are in the report itself
+            hw = detect(probe_timeout=args.timeout)
+    except ValueError as exc:
+        print(f"error: {exc}")
+        return 2
+    print(json.dumps(hw.to_dict(), indent=2) if args.json else str(hw))
+    return 0
+
+
+class _CallableModule(types.ModuleType):
+    """Once anything imports ``hybridnb.detect``, Python binds the package attribute
+    ``hybridnb.detect`` to this module (not the function); calling it must still work."""
+
+    def __call__(self, refresh: bool = False,
+                 probe_timeout: float = DEFAULT_PROBE_TIMEOUT) -> Hardware:
+        return detect(refresh=refresh, probe_timeout=probe_timeout)
+
+
+sys.modules[__name__].__class__ = _CallableModule

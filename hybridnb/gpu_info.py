@@ -1,0 +1,350 @@
+"""Find GPUs without initialising CUDA, and judge them against known-bad hardware.
+
+The parent process never calls ``torch.cuda`` to count devices: NVIDIA cards are listed through
+NVML (as ``PYTORCH_NVML_BASED_CUDA_CHECK``, Lightning and Accelerate do), AMD cards through the
+kernel's KFD topology in sysfs. Both keep the process fork-safe for a multi-GPU launch later.
+Whether a card really computes is the probe's job (``hybridnb.probe``), in a child process.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+GiB = 2**30
+KFD_TOPOLOGY = Path("/sys/class/kfd/kfd/topology/nodes")
+
+# AMD architectures with bf16 matrix hardware (CDNA1+, RDNA3+). RDNA1/2 and Vega only emulate it.
+_AMD_NATIVE_BF16 = re.compile(r"^gfx(908|90a|94\d|95\d|11\d\d|12\d\d)$")
+_RDNA1 = ("gfx1010", "gfx1011", "gfx1012")
+# Consumer RDNA2/RDNA3 chips that ROCm does not list but that run as their officially supported
+# sibling when HSA_OVERRIDE_GFX_VERSION names it.
+_AMD_OVERRIDE = {
+    **{f"gfx103{c}": "10.3.0" for c in "123456"},
+    **{f"gfx110{c}": "11.0.0" for c in "123"},
+}
+
+
+@dataclass
+class BuildInfo:
+    """What the installed torch was built for (read without touching a device)."""
+
+    torch: str
+    cuda: str | None          # torch.version.cuda, e.g. "12.4"
+    hip: str | None           # torch.version.hip, e.g. "6.2.41133"
+    arch_list: list[str]      # kernel targets compiled in: sm_XY / compute_XY / gfxNNN
+    mps_built: bool = False
+
+    @property
+    def gpu_backend(self) -> str | None:
+        """"rocm", "cuda" or None for a CPU-only wheel."""
+        return "rocm" if self.hip else ("cuda" if self.cuda else None)
+
+
+@dataclass
+class GpuInfo:
+    """One GPU as the report shows it. Fields are None where the source could not say."""
+
+    index: int                                # logical index, as torch will number it
+    backend: str                              # "cuda" | "rocm" | "mps"
+    name: str
+    total_memory: int | None = None           # bytes
+    free_memory: int | None = None            # bytes
+    capability: tuple[int, int] | None = None  # CUDA compute capability
+    arch: str | None = None                   # AMD gfx target, e.g. "gfx1030"
+    driver_version: str | None = None
+    driver_cuda: str | None = None            # highest CUDA the NVIDIA driver supports
+    runtime_version: str | None = None        # torch.version.cuda / torch.version.hip
+    native_bf16: bool | None = None
+    uuid: str | None = None
+    physical_index: int | None = None         # index before CUDA/HIP_VISIBLE_DEVICES
+    usable: bool = True                       # False for known-bad hardware / no kernel image
+    warnings: list[str] = field(default_factory=list)
+    advice: list[str] = field(default_factory=list)
+    probe: Any = None                         # hybridnb.probe.ProbeResult once probed
+
+    @property
+    def torch_device(self) -> str:
+        return "mps" if self.backend == "mps" else f"cuda:{self.index}"
+
+    @property
+    def label(self) -> str:
+        return f"GPU {self.index} ({self.name})" if self.backend != "mps" else self.name
+
+    def to_dict(self) -> dict:
+        d = asdict(replace(self, probe=None))
+        d["capability"] = list(self.capability) if self.capability else None
+        d["device"] = self.torch_device
+        d["probe"] = self.probe.to_dict() if self.probe is not None else None
+        return d
+
+
+# ---------------------------------------------------------------- NVIDIA, through NVML
+
+def nvml_inventory() -> tuple[list[GpuInfo], str]:
+    """All NVIDIA GPUs NVML sees (physical order, before CUDA_VISIBLE_DEVICES), and a status line.
+
+    Never initialises CUDA. An empty list with the reason when NVML is missing (no driver).
+    """
+    try:
+        import pynvml
+    except ImportError:
+        return [], "nvidia-ml-py is not installed, so NVIDIA GPUs cannot be listed"
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVMLError_LibraryNotFound / DriverNotLoaded / ...
+        return [], f"no NVIDIA driver found (NVML: {_text(exc)})"
+    gpus: list[GpuInfo] = []
+    try:
+        driver = _safe(lambda: _text(pynvml.nvmlSystemGetDriverVersion()))
+        cuda_drv = _safe(pynvml.nvmlSystemGetCudaDriverVersion)
+        driver_text = driver or "?"
+        driver_cuda = f"{cuda_drv // 1000}.{(cuda_drv % 1000) // 10}" if cuda_drv else None
+        count = pynvml.nvmlDeviceGetCount()
+        for i in range(count):
+            try:
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                mem = _safe(lambda h=h: pynvml.nvmlDeviceGetMemoryInfo(h))
+                cap = _safe(lambda h=h: tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h)))
+                gpus.append(GpuInfo(
+                    index=i, physical_index=i, backend="cuda",
+                    name=_safe(lambda h=h: _text(pynvml.nvmlDeviceGetName(h))) or "NVIDIA GPU",
+                    total_memory=int(mem.total) if mem else None,
+                    free_memory=int(mem.free) if mem else None,
+                    capability=cap, driver_version=driver_text, driver_cuda=driver_cuda,
+                    uuid=_safe(lambda h=h: _text(pynvml.nvmlDeviceGetUUID(h)))))
+            except Exception as exc:  # e.g. NVMLError_GpuIsLost: list it, and say so
+                gpus.append(GpuInfo(index=i, physical_index=i, backend="cuda",
+                                    name="NVIDIA GPU (unreadable)", usable=False,
+                                    warnings=[f"NVML cannot read GPU {i}: {_text(exc)} "
+                                              "(fallen off the bus? check `nvidia-smi`)."]))
+        return gpus, f"NVML: {count} NVIDIA GPU(s), driver {driver_text}"
+    except Exception as exc:
+        return gpus, f"NVML error: {_text(exc)}"
+    finally:
+        _safe(pynvml.nvmlShutdown)
+
+
+# ---------------------------------------------------------------- AMD, through KFD sysfs
+
+def rocm_inventory(root: Path = KFD_TOPOLOGY) -> tuple[list[GpuInfo], str]:
+    """AMD GPUs from the KFD topology in sysfs (what ROCm itself enumerates), in node order."""
+    if not root.is_dir():
+        return [], f"no AMD GPU driver found ({root} missing)"
+    gpus: list[GpuInfo] = []
+    for node in sorted(root.iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else 1e9):
+        props = _kv_file(node / "properties")
+        if int(props.get("simd_count", 0)) <= 0:  # CPU nodes have no SIMDs
+            continue
+        arch = gfx_name(int(props.get("gfx_target_version", 0)))
+        name = (node / "name").read_text().strip() if (node / "name").is_file() else ""
+        total = sum(int(_kv_file(b / "properties").get("size_in_bytes", 0))
+                    for b in sorted((node / "mem_banks").glob("*")) if b.is_dir())
+        i = len(gpus)
+        gpus.append(GpuInfo(index=i, physical_index=i, backend="rocm",
+                            name=amd_name(arch, name), arch=arch, total_memory=total or None,
+                            driver_version=_read(Path("/sys/module/amdgpu/version"))))
+    return gpus, f"KFD: {len(gpus)} AMD GPU(s)"
+
+
+def gfx_name(target_version: int) -> str | None:
+    """KFD's gfx_target_version (e.g. 100100, 90010) as an LLVM target ("gfx1010", "gfx90a")."""
+    if target_version <= 0:
+        return None
+    major, minor, step = target_version // 10000, target_version // 100 % 100, target_version % 100
+    return f"gfx{major}{minor:x}{step:x}"
+
+
+def amd_name(arch: str | None, node_name: str = "") -> str:
+    families = {"gfx1010": "RX 5700 / 5700 XT class", "gfx1011": "Radeon Pro V520 / 5600M class",
+                "gfx1012": "RX 5500 class", "gfx1030": "RX 6800 / 6900 class",
+                "gfx1031": "RX 6700 class", "gfx1032": "RX 6600 class",
+                "gfx1100": "RX 7900 class", "gfx1101": "RX 7800 / 7700 class",
+                "gfx1102": "RX 7600 class", "gfx90a": "Instinct MI200", "gfx942": "Instinct MI300",
+                "gfx908": "Instinct MI100", "gfx906": "Vega 20 / MI50"}
+    base = f"AMD {arch}" if arch else "AMD GPU"
+    extra = families.get(arch or "") or (node_name if node_name and node_name != arch else "")
+    return f"{base} ({extra})" if extra else base
+
+
+# ---------------------------------------------------------------- visibility
+
+def apply_visible(gpus: list[GpuInfo], value: str | None, var: str) -> tuple[list[GpuInfo], str]:
+    """Keep the GPUs a ``*_VISIBLE_DEVICES`` value shows, renumbered as the runtime will.
+
+    Same rules as CUDA: comma-separated indices or UUID prefixes, and the list ends at the first
+    entry that is invalid, unknown or repeated. Returns (visible GPUs, a note or "").
+    """
+    if value is None:
+        return gpus, ""
+    out: list[GpuInfo] = []
+    for token in (t.strip() for t in value.split(",")):
+        found = None
+        if re.fullmatch(r"-?\d+", token):
+            k = int(token)
+            found = gpus[k] if 0 <= k < len(gpus) else None
+        elif token:
+            key = token if token.startswith(("GPU-", "MIG-")) else f"GPU-{token}"
+            hits = [g for g in gpus if g.uuid and g.uuid.startswith(key)]
+            found = hits[0] if len(hits) == 1 else None
+        if found is None or any(g is found for g in out):
+            break
+        out.append(found)
+    visible = [replace(g, index=i) for i, g in enumerate(out)]
+    if len(visible) == len(gpus) and value.strip():
+        return visible, ""
+    shown = ", ".join(str(g.physical_index) for g in out) or "none"
+    return visible, (f"{var}={value!r} hides {len(gpus) - len(visible)} of {len(gpus)} GPU(s) "
+                     f"(visible: {shown}).")
+
+
+# ---------------------------------------------------------------- judgement
+
+def native_bf16(gpu: GpuInfo) -> bool | None:
+    """bf16 in hardware: CUDA capability >= 8.0; CDNA/RDNA3+ on AMD; Apple M-series via MPS no.
+
+    (``torch.cuda.is_bf16_supported()`` also answers True where bf16 is only emulated, e.g. a T4.)
+    """
+    if gpu.backend == "cuda":
+        return None if gpu.capability is None else gpu.capability[0] >= 8
+    if gpu.backend == "rocm":
+        return None if gpu.arch is None else bool(_AMD_NATIVE_BF16.match(gpu.arch))
+    return False
+
+
+def kernel_image_ok(gpu: GpuInfo, build: BuildInfo, environ: dict[str, str]) -> bool | None:
+    """Whether the installed torch carries kernels for this GPU (None when it cannot be told).
+
+    CUDA: an ``sm_XY`` with X equal to the major and Y <= minor (binary compatible), or a
+    ``compute_XY`` PTX at or below the capability (JIT). ROCm: the gfx target itself (or the
+    one HSA_OVERRIDE_GFX_VERSION makes the runtime use).
+    """
+    if not build.arch_list:
+        return None
+    if gpu.backend == "cuda" and gpu.capability:
+        cap = gpu.capability[0] * 10 + gpu.capability[1]
+        for a in build.arch_list:
+            m = re.fullmatch(r"(sm|compute)_(\d+)(\d)[a-z]?", a)
+            if not m:
+                continue
+            major, minor = int(m.group(2)), int(m.group(3))
+            if m.group(1) == "sm" and major == gpu.capability[0] and minor <= gpu.capability[1]:
+                return True
+            if m.group(1) == "compute" and major * 10 + minor <= cap:
+                return True
+        return False
+    if gpu.backend == "rocm" and gpu.arch:
+        arch = override_arch(environ) or gpu.arch
+        return arch in {a.split(":")[0] for a in build.arch_list}
+    return None
+
+
+def override_arch(environ: dict[str, str]) -> str | None:
+    """The gfx target HSA_OVERRIDE_GFX_VERSION (e.g. "10.3.0") makes ROCm use, if set."""
+    m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)", environ.get("HSA_OVERRIDE_GFX_VERSION", "").strip())
+    return f"gfx{int(m.group(1))}{int(m.group(2)):x}{int(m.group(3)):x}" if m else None
+
+
+def judge(gpu: GpuInfo, build: BuildInfo, environ: dict[str, str]) -> None:
+    """Add known-bad warnings (marking the GPU unusable) and AMD advice to ``gpu`` in place."""
+    if gpu.backend == "rocm":
+        _judge_amd(gpu, build, environ)
+    drv, need = _major(gpu.driver_cuda), _major(build.cuda)
+    if gpu.backend == "cuda" and drv is not None and need is not None and drv < need:
+        gpu.usable = False
+        gpu.warnings.append(
+            f"{gpu.label}: the NVIDIA driver supports CUDA {gpu.driver_cuda} but this torch "
+            f"wheel is built for CUDA {build.cuda}; torch would report 'The NVIDIA driver on your "
+            f"system is too old'. Update the driver, or install a torch built for CUDA {drv}.x.")
+    ok = kernel_image_ok(gpu, build, environ)
+    if ok is False and gpu.backend == "cuda":
+        cap = f"{gpu.capability[0]}.{gpu.capability[1]}"
+        gpu.usable = False
+        gpu.warnings.append(
+            f"{gpu.label}: compute capability {cap} (sm_{cap.replace('.', '')}) is not among this "
+            f"torch build's kernels ({' '.join(build.arch_list)}); CUDA would fail with 'no kernel "
+            "image is available for execution on the device'. Install a torch wheel built for "
+            "this GPU (an older CUDA build still carries older architectures).")
+    elif ok is False and gpu.backend == "rocm" and gpu.usable:
+        gpu.usable = False
+        gpu.warnings.append(
+            f"{gpu.label}: {override_arch(environ) or gpu.arch} is not among this ROCm torch "
+            f"build's targets ({' '.join(build.arch_list)}); HIP would fail with 'invalid "
+            "device function' or 'no kernel image'.")
+
+
+def _judge_amd(gpu: GpuInfo, build: BuildInfo, environ: dict[str, str]) -> None:
+    hip_major = _major(build.hip)
+    override = environ.get("HSA_OVERRIDE_GFX_VERSION")
+    if gpu.arch in _RDNA1 or re.search(r"RX ?5[5-7]00", gpu.name):
+        if hip_major is None or hip_major >= 6:
+            gpu.usable = False
+            gpu.warnings.append(
+                f"{gpu.label}: AMD RDNA1 ({gpu.arch or 'RX 5000 series'}) is not supported by "
+                f"ROCm {build.hip or '>= 6'}; kernels on these cards are known to hang the GPU or "
+                "return wrong results, so it is not chosen. Advice: train on the CPU (or a "
+                "supported GPU, e.g. a Colab T4); to try it anyway at your own risk set "
+                "HYBRIDNB_DEVICE=cuda (with a ROCm 5.x-era torch build and "
+                "HSA_OVERRIDE_GFX_VERSION=10.3.0 it sometimes works, sometimes hangs).")
+    target = _AMD_OVERRIDE.get(gpu.arch or "")
+    if target and not override:
+        gpu.advice.append(
+            f"{gpu.label}: {gpu.arch} is a consumer card ROCm does not list. Advice: start "
+            f"Python with HSA_OVERRIDE_GFX_VERSION={target} (set before torch starts, e.g. in "
+            "the shell) so ROCm runs it as its supported sibling, then run detect() again. "
+            "Risk: unsupported by AMD; a kernel can crash or hang the GPU, which the probe "
+            "here is meant to catch. hybridnb never sets it for you.")
+    elif override:
+        gpu.advice.append(
+            f"{gpu.label}: HSA_OVERRIDE_GFX_VERSION={override} is set; ROCm runs this card as "
+            f"{override_arch(environ) or '?'}. This is unsupported by AMD; trust it only while "
+            "the probe passes.")
+    if not environ.get("PYTORCH_HIP_ALLOC_CONF"):
+        gpu.advice.append(
+            f"{gpu.label}: if training stops with out-of-memory errors while free memory is "
+            "reported, try PYTORCH_HIP_ALLOC_CONF=expandable_segments:True (set before torch "
+            "starts) to reduce fragmentation. Risk: less tested on ROCm than on CUDA; older "
+            "ROCm releases ignore it or can crash with it. Not set by hybridnb.")
+
+
+# ---------------------------------------------------------------- small helpers
+
+def _major(version: str | None) -> int | None:
+    m = re.match(r"(\d+)", version or "")
+    return int(m.group(1)) if m else None
+
+
+def _kv_file(path: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    try:
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                out[parts[0]] = parts[1]
+    except OSError:
+        pass
+    return out
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _safe(fn):
+    try:
+        return fn()
+    except Exception:
+        return None
+
+
+def gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / GiB:.1f} GiB"

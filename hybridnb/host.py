@@ -1,0 +1,105 @@
+"""The host side of the hardware report: usable CPU cores, RAM, compilers. Cheap, no torch."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass
+class HostInfo:
+    cores_usable: int          # what this process may run on (affinity, cgroup quota)
+    cores_logical: int         # what the machine has
+    ram_total: int | None      # bytes
+    ram_available: int | None  # bytes
+    system: str                # "Linux 6.1.0 x86_64"
+    python: str
+    cpu: str
+    cores_note: str = ""       # why usable < logical, when it is
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def host_info() -> HostInfo:
+    logical = os.cpu_count() or 1
+    usable, note = usable_cores()
+    total = available = None
+    try:
+        import psutil
+
+        vm = psutil.virtual_memory()
+        total, available = int(vm.total), int(vm.available)
+    except ImportError:
+        pass
+    return HostInfo(cores_usable=usable, cores_logical=logical, ram_total=total,
+                    ram_available=available,
+                    system=f"{platform.system()} {platform.release()} {platform.machine()}",
+                    python=platform.python_version(), cpu=_cpu_model(), cores_note=note)
+
+
+def usable_cores() -> tuple[int, str]:
+    """Cores this process may use: CPU affinity, capped by a cgroup CPU quota (containers)."""
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = os.cpu_count() or 1
+    quota = _cgroup_quota()
+    if quota is not None and quota < affinity:
+        return quota, f"cgroup CPU quota allows {quota} of {affinity} cores"
+    logical = os.cpu_count() or affinity
+    note = f"CPU affinity allows {affinity} of {logical} cores" if affinity < logical else ""
+    return affinity, note
+
+
+def _cgroup_quota(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    try:  # cgroup v2: "max 100000" or "200000 100000"
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        if quota != "max":
+            return max(1, math.ceil(int(quota) / int(period)))
+        return None
+    except (OSError, ValueError):
+        pass
+    try:  # cgroup v1
+        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return max(1, math.ceil(quota / period)) if quota > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cxx_compiler() -> str | None:
+    """The C++ compiler TorchInductor would use for CPU code ($CXX, else g++/c++/clang++)."""
+    candidates = [os.environ.get("CXX")] if os.environ.get("CXX") else []
+    candidates += ["cl"] if os.name == "nt" else ["g++", "c++", "clang++"]
+    for name in candidates:
+        path = shutil.which(name) if name else None
+        if path:
+            return path
+    return None

@@ -1,0 +1,115 @@
+"""The live view: the only part of hybridnb/live/ that the Trainer calls.
+
+```python
+view = make_view(live)      # "auto" | False | None | "widgets" | "html" | "text"
+view.start(run); view.update(state); view.event(ev); view.end(summary); view.stop_requested
+```
+
+The renderer is chosen once, from ``hybridnb.runtime.frontend()`` for ``"auto"``:
+
+=============  ==========================================================================
+widgets        JupyterLab / Notebook 7 (a jupyter-server session), Colab once its custom
+               widget manager is on — ipywidgets bars + plotly FigureWidget (needs anywidget)
+html           VS Code, unknown Jupyter frontends, or widgets unavailable — display handles
+text           terminals, CI, headless notebook runs (nbclient, nbval, papermill)
+=============  ==========================================================================
+
+Every fallback is said once, in the view's header line.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Mapping
+
+from hybridnb.live.base import LiveView, View
+
+__all__ = ["LIVE_CHOICES", "LiveView", "View", "choose_renderer", "make_view"]
+
+LIVE_CHOICES = ("auto", "widgets", "html", "text")
+
+
+def _widgets_missing() -> str:
+    """Empty when ipywidgets and anywidget can be imported, else what to install."""
+    missing = [m for m in ("ipywidgets", "anywidget", "plotly")
+               if importlib.util.find_spec(m) is None]
+    return " ".join(missing)
+
+
+def _enable_colab_widgets() -> str:
+    """Turn on Colab's custom widget manager (third-party widgets); '' on success, else why."""
+    try:
+        from google.colab import output  # type: ignore[import-not-found]
+
+        output.enable_custom_widget_manager()
+        return ""
+    except Exception as exc:
+        return f"Colab's custom widget manager could not be enabled ({type(exc).__name__})"
+
+
+def choose_renderer(live: object = "auto", front: str | None = None,
+                    environ: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """Pick the renderer: returns ``(name, note)`` with name in none/widgets/html/text and a
+    sentence when the choice is a fallback (else ``""``)."""
+    if live is False or live is None:
+        return "none", ""
+    if live is True:
+        live = "auto"
+    if not isinstance(live, str) or live not in LIVE_CHOICES:
+        raise ValueError(f"live must be one of {LIVE_CHOICES} or False; got live={live!r}")
+    if front is None:
+        from hybridnb.runtime import frontend
+
+        front = frontend()
+    env = os.environ if environ is None else environ
+    if live == "text":
+        return "text", ""
+    if live == "html":
+        if front in ("terminal", "ipython"):
+            return "text", f"live='html' needs a notebook ({front}): showing text instead"
+        return "html", ""
+    if live == "widgets":
+        if front in ("terminal", "ipython"):
+            return "text", f"live='widgets' needs a notebook kernel ({front}): showing text"
+        missing = _widgets_missing()
+        if missing:
+            return "html", f"widgets need {missing} (pip install {missing}): showing HTML"
+        if front == "colab":
+            why = _enable_colab_widgets()
+            if why:
+                return "html", f"{why}: showing HTML"
+        return "widgets", ""
+    # auto
+    if front not in ("jupyter", "colab", "vscode"):
+        return "text", ""
+    if front == "vscode":
+        return "html", ""
+    missing = _widgets_missing()
+    if missing:
+        return "html", f"live widgets need {missing} (pip install {missing}): showing HTML"
+    if front == "colab":
+        why = _enable_colab_widgets()
+        return ("html", f"{why}: showing HTML") if why else ("widgets", "")
+    if not env.get("JPY_SESSION_NAME"):
+        return "html", ("not a JupyterLab/Notebook 7 session (unknown frontend): showing HTML; "
+                        "pass live='widgets' to force widgets")
+    return "widgets", ""
+
+
+def make_view(live: object = "auto", **kwargs) -> View:
+    """The live view for ``live`` (see module doc); ``False``/``None`` -> a no-op view."""
+    name, note = choose_renderer(live)
+    if name == "none":
+        return View()
+    if name == "widgets":
+        from hybridnb.live.widgets import WidgetView
+
+        return WidgetView(note, **kwargs)
+    if name == "html":
+        from hybridnb.live.html import HtmlView
+
+        return HtmlView(note, **kwargs)
+    from hybridnb.live.console import ConsoleView
+
+    return ConsoleView(note, **kwargs)

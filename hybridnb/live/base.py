@@ -1,0 +1,169 @@
+"""The live-view interface and the throttled loop every renderer shares.
+
+``View`` is the interface (and the no-op view for ``live=False``). ``LiveView`` keeps the
+RunRecord and the memory sampler, decides *when* to draw (two time throttles: bars and plots)
+and leaves *how* to the renderer's ``_draw_*`` methods. A drawing error never stops training: the
+view says so once and goes quiet.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from hybridnb.events import Event
+from hybridnb.live.record import RunRecord
+from hybridnb.live.throttle import Throttle
+
+
+class View:
+    """What the Trainer calls. This base class draws nothing (``live=False``)."""
+
+    name = "none"
+    note = ""
+
+    def __init__(self) -> None:
+        self.stop_requested = False
+
+    def start(self, run: dict) -> None:
+        """A run begins; ``run`` holds epochs, steps_per_epoch, batch_size, device, precision,
+        model, n_params, monitor, smoke."""
+
+    def update(self, state: dict) -> None:
+        """After every optimizer step; ``epoch_end=True`` once at the end of each epoch."""
+
+    def event(self, ev: Event) -> None:
+        """A recovery or run event, shown at once."""
+
+    def end(self, summary: dict) -> None:
+        """The run is over: replace live output with a static summary."""
+
+
+def _default_sampler(device: str):
+    from hybridnb.memory import MemorySampler
+
+    return MemorySampler(device)
+
+
+class LiveView(View):
+    """Record every step in O(1); draw bars every ~0.2 s and plots every ~1 s (adaptive)."""
+
+    bar_interval = 0.2
+    plot_interval = 1.0
+    bar_budget = 0.003
+    plot_budget = 0.005
+
+    def __init__(self, note: str = "",
+                 sampler_factory: Callable[[str], Any] | None = _default_sampler,
+                 clock: Callable[[], float] = time.perf_counter):
+        super().__init__()
+        self.note = note
+        self.clock = clock
+        self._sampler_factory = sampler_factory
+        self.record: RunRecord | None = None
+        self.bars = Throttle(self.bar_interval, self.bar_budget, clock=clock)
+        self.plots = Throttle(self.plot_interval, self.plot_budget, clock=clock)
+        self.failed: str | None = None
+        self._thread = None
+
+    # ------------------------------------------------------------------ interface
+    def start(self, run: dict) -> None:
+        sampler = None
+        notes = []
+        if self._sampler_factory is not None:
+            try:
+                sampler = self._sampler_factory(str(run.get("device", "cpu")))
+                sampler.start()
+                notes = list(getattr(sampler, "notes", []))
+            except Exception as exc:
+                notes = [f"memory sampling off ({type(exc).__name__}: {exc})"]
+                sampler = None
+        self.record = RunRecord(run, sampler)
+        if notes:
+            self.note = "; ".join([n for n in [self.note, *notes] if n])
+        self._thread = threading.get_ident()
+        self.bars.force()
+        self.plots.force()
+        self._safe(self._open, run)
+
+    def update(self, state: dict) -> None:
+        rec = self.record
+        if rec is None:
+            raise RuntimeError("view.update() called before view.start(run)")
+        rec.add(state)
+        if self.failed is not None or threading.get_ident() != self._thread:
+            return
+        now = self.clock()
+        if state.get("epoch_end"):
+            self._safe(self._draw_epoch_end)
+            self.bars.mark()
+            self.plots.mark()
+            return
+        if self.bars.due(now):
+            self._safe(self._draw_progress)
+            self.bars.done(now)
+        if self.plots.due(now):
+            started = self.clock()
+            self._safe(self._draw_plots)
+            self.plots.done(started)
+        self._poll(now)
+
+    def event(self, ev: Event) -> None:
+        if self.record is None:
+            raise RuntimeError("view.event() called before view.start(run)")
+        self.record.add_event(ev)
+        self.plots.force()
+        if self.failed is None:
+            self._safe(self._draw_event, ev)
+
+    def end(self, summary: dict) -> None:
+        rec = self.record
+        if rec is None:
+            raise RuntimeError("view.end() called before view.start(run)")
+        try:
+            rec.summary = dict(summary)
+            if rec.sampler is not None:
+                rec.sampler.close()
+            if self.failed is None:
+                self._safe(self._close, rec.summary)
+            else:
+                from hybridnb.live.summary import paragraph
+
+                print(paragraph(rec.summary, rec))
+        finally:
+            self._release()
+
+    # ------------------------------------------------------------------ renderer hooks
+    def _open(self, run: dict) -> None: ...
+
+    def _draw_progress(self) -> None: ...
+
+    def _draw_plots(self) -> None: ...
+
+    def _draw_epoch_end(self) -> None:
+        self._draw_progress()
+        self._draw_plots()
+
+    def _draw_event(self, ev: Event) -> None: ...
+
+    def _close(self, summary: Mapping[str, Any]) -> None: ...
+
+    def _poll(self, now: float) -> None:
+        """Process frontend events (the widget view's Stop button)."""
+
+    def _release(self) -> None:
+        """Free what the renderer holds (widgets, threads); always called by ``end``."""
+
+    # ------------------------------------------------------------------ helpers
+    def _safe(self, fn: Callable, *args) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:  # drawing must never kill a training run
+            if self.failed is None:
+                self.failed = f"{type(exc).__name__}: {exc}"
+                print(f"hybridnb: the {self.name} live view failed ({self.failed}); training "
+                      "continues without live updates and a text summary at the end.",
+                      file=sys.stderr)

@@ -1,0 +1,87 @@
+"""Plain-text live view for terminals, CI logs and headless notebook runs (nbclient, nbval).
+
+A line when the run starts, a line per epoch, a line per event at once, and the summary
+paragraph at the end. On a TTY a single ``\\r`` progress line is redrawn (throttled); elsewhere
+there is no ``\\r`` noise, only a heartbeat line when an epoch runs longer than ``heartbeat_s``
+so a slow CPU run still shows progress in a log.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from typing import Any, TextIO
+
+from hybridnb.events import Event
+from hybridnb.live import summary as text
+from hybridnb.live.base import LiveView
+
+
+class ConsoleView(LiveView):
+    name = "text"
+
+    def __init__(self, note: str = "", stream: TextIO | None = None, tty: bool | None = None,
+                 heartbeat_s: float = 60.0, **kwargs: Any):
+        super().__init__(note, **kwargs)
+        self._stream = stream
+        self._tty = tty
+        self.heartbeat_s = heartbeat_s
+        self._partial = 0  # length of the \r line on screen, 0 when none
+        self._last_line = time.monotonic()
+
+    # ------------------------------------------------------------------ output
+    @property
+    def out(self) -> TextIO:
+        return self._stream if self._stream is not None else sys.stdout
+
+    @property
+    def tty(self) -> bool:
+        if self._tty is not None:
+            return self._tty
+        try:
+            return bool(self.out.isatty())
+        except (AttributeError, ValueError):
+            return False
+
+    def _line(self, line: str) -> None:
+        out = self.out
+        if self._partial:
+            out.write("\r" + " " * self._partial + "\r")
+            self._partial = 0
+        out.write(line + "\n")
+        out.flush()
+        self._last_line = time.monotonic()
+
+    def _memory(self) -> dict[str, float]:
+        sampler = self.record.sampler if self.record is not None else None
+        return sampler.latest() if sampler is not None else {}
+
+    # ------------------------------------------------------------------ hooks
+    def _open(self, run: dict) -> None:
+        self._line("hybridnb · " + text.header(run, self.note))
+
+    def _draw_progress(self) -> None:
+        rec = self.record
+        if self.tty:
+            frac = rec.fraction()
+            width = shutil.get_terminal_size((100, 20)).columns - 1
+            bar = ""
+            if frac is not None:
+                filled = int(round(20 * frac))
+                bar = f"[{'#' * filled}{'-' * (20 - filled)}] {100 * frac:3.0f}% "
+            line = (bar + text.status(rec))[:width]
+            self.out.write("\r" + line.ljust(self._partial))
+            self.out.flush()
+            self._partial = len(line)
+        elif time.monotonic() - self._last_line >= self.heartbeat_s:
+            self._line("  " + text.status(rec, self._memory()))
+
+    def _draw_epoch_end(self) -> None:
+        self._line(text.status(self.record, self._memory()))
+
+    def _draw_event(self, ev: Event) -> None:
+        self._line(f"! {ev}")
+
+    def _close(self, summary: dict) -> None:
+        self._line(text.paragraph(summary, self.record))

@@ -1,0 +1,187 @@
+"""The live plots' data, as plotly figures (widgets, end snapshot, reports) and plain series.
+
+``panels(record)`` turns a RunRecord into three panels of named series (loss, learning rate,
+memory); ``make_figure`` / ``update_figure`` draw them with plotly and ``svg.render`` draws the
+same panels without JavaScript. Long runs are averaged down to ``max_points`` per series, so a
+render costs the same after 100 steps as after 100 000.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybridnb.memory import SERIES
+
+GIB = 1024.0**3
+PANELS = ("loss", "learning rate", "memory (GiB)")
+
+#: (series key in the sampler, trace label, colour, dash, hidden by default)
+MEMORY_TRACES = (
+    ("gpu_allocated", "GPU allocated", "#1f77b4", None, False),
+    ("gpu_reserved", "GPU reserved", "#17becf", None, False),
+    ("gpu_peak", "GPU peak", "#9467bd", "dot", False),
+    ("gpu_used", "GPU used (NVML)", "#d62728", None, False),
+    ("gpu_total", "GPU total", "#d62728", "dash", True),
+    ("mps_current", "MPS allocated", "#1f77b4", None, False),
+    ("mps_driver", "MPS driver", "#17becf", None, False),
+    ("rss", "process RSS", "#2ca02c", None, False),
+    ("ram_used", "system RAM used", "#8c564b", None, False),
+    ("ram_total", "system RAM total", "#8c564b", "dash", True),
+)
+assert all(key in SERIES for key, *_ in MEMORY_TRACES)
+
+
+@dataclass
+class Series:
+    """One line (or set of markers) in one panel."""
+
+    key: str
+    name: str
+    x: list[float]
+    y: list[float | None]
+    panel: int
+    color: str
+    mode: str = "lines"
+    dash: str | None = None
+    hidden: bool = False
+    secondary: bool = False
+    text: list[str] = field(default_factory=list)
+
+
+def _clean(values: Sequence[float]) -> list[float | None]:
+    """NaN/inf -> None (JSON has no NaN; plotly draws a gap)."""
+    return [v if v is not None and math.isfinite(v) else None for v in values]
+
+
+def downsample(xs: Sequence[float], ys: Sequence[float], max_points: int,
+               ) -> tuple[list[float], list[float | None]]:
+    """Average consecutive points into at most ``max_points`` buckets (x = the bucket's last x).
+
+    Below the cap the data is returned unchanged, so short runs show every logged step.
+    """
+    n = len(xs)
+    if n <= max_points:
+        return list(xs), _clean(ys)
+    import numpy as np
+
+    k = math.ceil(n / max_points)
+    x = np.asarray(xs, dtype=float)
+    y = np.asarray(ys, dtype=float)
+    y[~np.isfinite(y)] = np.nan
+    edges = np.arange(k - 1, n, k)
+    if edges[-1] != n - 1:
+        edges = np.append(edges, n - 1)
+    starts = np.concatenate(([0], edges[:-1] + 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN bucket stays NaN
+        means = [np.nanmean(y[a:b + 1]) for a, b in zip(starts, edges, strict=True)]
+    return x[edges].tolist(), _clean([float(m) for m in means])
+
+
+def panels(record, max_points: int = 2000) -> list[Series]:
+    """Every series to draw for ``record`` (a RunRecord), with short runs left point for point."""
+    out: list[Series] = []
+    x, y = downsample(record.steps, record.losses, max_points)
+    out.append(Series("train_loss", "train loss", x, y, 0, "#1f77b4"))
+    vx, vy = record.val_points("val_loss")
+    out.append(Series("val_loss", "val loss", vx, _clean(vy), 0, "#ff7f0e",
+                      mode="lines+markers"))
+    x, y = downsample(record.steps, record.lrs, max_points)
+    out.append(Series("lr", "learning rate", x, y, 1, "#2ca02c"))
+
+    mem = record.memory()
+    tx = mem.times
+    for key, label, color, dash, hidden in MEMORY_TRACES:
+        if key in mem.values:
+            mx, my = downsample(tx, [v / GIB for v in mem.values[key]], max_points)
+            out.append(Series(key, label, mx, my, 2, color, dash=dash, hidden=hidden))
+    if "gpu_util" in mem.values:
+        ux, uy = downsample(tx, mem.values["gpu_util"], max_points)
+        out.append(Series("gpu_util", "GPU util %", ux, uy, 2, "#7f7f7f", dash="dot",
+                          secondary=True))
+    ex = record.event_times()
+    top = _top(out)
+    out.append(Series("events", "events", ex, [top] * len(ex), 2, "#d62728", mode="markers+text",
+                      text=[ev.kind for ev in record.events]))
+    return out
+
+
+def _top(series: list[Series]) -> float:
+    vals = [v for s in series if s.panel == 2 and not s.hidden and not s.secondary
+            for v in s.y if v is not None]
+    return max(vals) if vals else 0.0
+
+
+# ------------------------------------------------------------------ plotly
+
+
+def _trace(s: Series, go) -> Any:
+    kw: dict[str, Any] = {"x": s.x, "y": s.y, "name": s.name, "meta": s.key, "mode": s.mode}
+    if "lines" in s.mode:
+        kw["line"] = {"color": s.color, "dash": s.dash} if s.dash else {"color": s.color}
+    if "markers" in s.mode:
+        kw["marker"] = {"color": s.color, "symbol": "x" if s.key == "events" else "circle",
+                        "size": 10 if s.key == "events" else 6}
+    if s.text:
+        kw["text"] = s.text
+        kw["textposition"] = "top center"
+        kw["hovertext"] = s.text
+    if s.hidden:
+        kw["visible"] = "legendonly"
+    return go.Scatter(**kw)
+
+
+def make_figure(record, widget: bool = False, max_points: int = 2000):
+    """A plotly Figure (``widget=True``: a FigureWidget for live updates) of the three panels."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=3, subplot_titles=PANELS, horizontal_spacing=0.08,
+                        specs=[[{}, {}, {"secondary_y": True}]])
+    for s in panels(record, max_points):
+        fig.add_trace(_trace(s, go), row=1, col=s.panel + 1, secondary_y=s.secondary or None)
+    fig.update_layout(height=320, margin={"l": 50, "r": 30, "t": 40, "b": 40},
+                      legend={"orientation": "h", "y": -0.18}, template="plotly_white",
+                      uirevision="hybridnb")
+    fig.update_xaxes(title_text="step", row=1, col=1)
+    fig.update_xaxes(title_text="step", row=1, col=2)
+    fig.update_xaxes(title_text="seconds", row=1, col=3)
+    fig.update_yaxes(exponentformat="e", row=1, col=2)
+    fig.update_yaxes(title_text="util %", range=[0, 100], showgrid=False, row=1, col=3,
+                     secondary_y=True)
+    return go.FigureWidget(fig) if widget else fig
+
+
+def update_figure(fig, record, max_points: int = 2000) -> None:
+    """Push the record's current series into a FigureWidget in one batched message."""
+    import plotly.graph_objects as go
+
+    series = panels(record, max_points)
+    by_key = {t.meta: t for t in fig.data}  # FigureWidget rewrites uids; meta is ours
+    missing = [s for s in series if s.key not in by_key]
+    with fig.batch_update():
+        for s in series:
+            t = by_key.get(s.key)
+            if t is None:
+                continue
+            if len(t.x or ()) != len(s.x) or (s.x and t.x[-1] != s.x[-1]) or s.key == "events":
+                t.x, t.y = s.x, s.y
+                if s.text:
+                    t.text = s.text
+                    t.hovertext = s.text
+    for s in missing:  # a source that appeared late (e.g. CUDA initialised after start)
+        fig.add_trace(_trace(s, go), row=1, col=s.panel + 1, secondary_y=s.secondary or None)
+
+
+def figure_json(record, max_points: int = 2000) -> dict[str, Any]:
+    """The figure as plotly JSON (what ``application/vnd.plotly.v1+json`` carries)."""
+    import json
+
+    import plotly.io as pio
+
+    fig = make_figure(record, widget=False, max_points=max_points)
+    return json.loads(pio.to_json(fig, validate=False))

@@ -1,0 +1,63 @@
+"""HTML live view through display handles: VS Code, unknown frontends, no anywidget.
+
+Two outputs are created once (``display(..., display_id=True)``) and then updated in place: the
+progress panel (every ~0.2 s) and the plots as inline SVG (every ~1 s, adaptive). Nothing needs
+JavaScript or widget support. At the end both are replaced by the static snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from hybridnb.events import Event
+from hybridnb.live import snapshot
+from hybridnb.live.base import LiveView
+
+Bundle = dict[str, Any]
+
+
+class _IPythonHandle:
+    """A display handle that takes raw mimebundles."""
+
+    def __init__(self, bundle: Bundle):
+        from IPython.display import display
+
+        self._handle = display(bundle, raw=True, display_id=True)
+
+    def update(self, bundle: Bundle) -> None:
+        self._handle.update(bundle, raw=True)
+
+
+class HtmlView(LiveView):
+    name = "html"
+
+    def __init__(self, note: str = "", display: Callable[[Bundle], Any] | None = None,
+                 **kwargs: Any):
+        super().__init__(note, **kwargs)
+        self._display = display or _IPythonHandle
+        self.panel = None
+        self.figure = None
+
+    def _panel_bundle(self) -> Bundle:
+        html = snapshot.progress_html(self.record, self.note)
+        return {"text/html": html, "text/plain": "hybridnb: training…"}
+
+    def _open(self, run: dict) -> None:
+        self.panel = self._display(self._panel_bundle())
+        self.figure = self._display({"text/html": snapshot.plots_html(self.record),
+                                     "text/plain": "hybridnb plots"})
+
+    def _draw_progress(self) -> None:
+        self.panel.update(self._panel_bundle())
+
+    def _draw_plots(self) -> None:
+        self.figure.update({"text/html": snapshot.plots_html(self.record),
+                            "text/plain": "hybridnb plots"})
+
+    def _draw_event(self, ev: Event) -> None:
+        self._draw_progress()
+
+    def _close(self, summary: dict) -> None:
+        self.panel.update(snapshot.summary_bundle(self.record, summary, self.note))
+        self.figure.update(snapshot.figure_bundle(self.record))

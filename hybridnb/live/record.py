@@ -1,0 +1,158 @@
+"""What the view has seen of one run: the numbers every renderer draws from.
+
+``add`` is called on every training step and only appends to lists (O(1)); renderers read the
+record when their throttle says it is time.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from hybridnb.events import Event
+
+
+def _float(x: Any) -> float:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+class RunRecord:
+    """Steps, epoch ends, events and the memory sampler of one ``fit``."""
+
+    def __init__(self, run: Mapping[str, Any], sampler=None,
+                 clock: Callable[[], float] = time.time):
+        self.run = dict(run)
+        self.epochs = max(1, int(run.get("epochs") or 1))
+        spe = run.get("steps_per_epoch")
+        self.steps_per_epoch: int | None = int(spe) if spe else None
+        self.clock = clock
+        self.start_time = clock()
+        self.steps: list[int] = []
+        self.losses: list[float] = []
+        self.lrs: list[float] = []
+        self.epoch_ends: list[dict[str, Any]] = []
+        self.val_rows: list[dict[str, Any]] = []  # every update carrying val_* metrics
+        self.events: list[Event] = []
+        self.state: dict[str, Any] = {}
+        self.sampler = sampler
+        self.summary: dict[str, Any] | None = None
+        self._loss_sum = 0.0
+        self._loss_n = 0
+        self._at_epoch_end = False
+        self._first_fraction: float | None = None
+
+    # ------------------------------------------------------------------ feeding
+    def add(self, state: Mapping[str, Any]) -> None:
+        """One optimizer step (or, with ``epoch_end=True``, the end of an epoch)."""
+        if state.get("epoch_end"):
+            self._end_epoch(state)
+            return
+        if any(k.startswith("val_") for k in state):  # a mid-epoch validation (val_every)
+            self.val_rows.append(dict(state))
+            return
+        self.state = dict(state)
+        self._at_epoch_end = False
+        self.steps.append(int(state.get("global_step") or len(self.steps) + 1))
+        loss = _float(state.get("loss"))
+        self.losses.append(loss)
+        self.lrs.append(_float(state.get("lr")))
+        if math.isfinite(loss):
+            self._loss_sum += loss
+            self._loss_n += 1
+        if self._first_fraction is None and self.steps_per_epoch:  # where this fit started
+            spe = self.steps_per_epoch
+            self._first_fraction = (self.epoch * spe + self.step - 1) / (self.epochs * spe)
+
+    def _end_epoch(self, state: Mapping[str, Any]) -> None:
+        row = dict(self.state)
+        row.update(state)
+        if "train_loss" not in row:
+            row["train_loss"] = self._loss_sum / self._loss_n if self._loss_n else float("nan")
+        row.setdefault("epoch", len(self.epoch_ends))
+        row.setdefault("global_step", self.steps[-1] if self.steps else 0)
+        self.epoch_ends.append(row)
+        if any(k.startswith("val_") for k in state):
+            self.val_rows.append(row)
+        if self.steps_per_epoch is None and row.get("step"):
+            self.steps_per_epoch = int(row["step"])  # learnt from the first epoch
+        self._loss_sum, self._loss_n = 0.0, 0
+        self.state = row
+        self._at_epoch_end = True
+
+    def add_event(self, ev: Event) -> None:
+        self.events.append(ev)
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def at_epoch_end(self) -> bool:
+        """True between an epoch-end update and the next step."""
+        return self._at_epoch_end
+
+    @property
+    def epochs_done(self) -> int:
+        """Completed epochs (counts epochs of a resumed run done before this fit too)."""
+        return self.epoch + 1 if self._at_epoch_end else self.epoch
+
+    @property
+    def epoch(self) -> int:
+        """0-based epoch of the latest step."""
+        return int(self.state.get("epoch") or 0)
+
+    @property
+    def step(self) -> int:
+        return int(self.state.get("step") or 0)
+
+    @property
+    def global_step(self) -> int:
+        return self.steps[-1] if self.steps else 0
+
+    def elapsed(self) -> float:
+        e = self.state.get("elapsed_s")
+        return float(e) if e is not None else self.clock() - self.start_time
+
+    def fraction(self) -> float | None:
+        """Share of the planned run done (None while the epoch length is unknown)."""
+        if self._at_epoch_end:
+            return min(1.0, self.epochs_done / self.epochs)
+        spe = self.steps_per_epoch
+        if not spe:
+            return None
+        return min(1.0, (self.epoch * spe + self.step) / (self.epochs * spe))
+
+    def remaining_s(self) -> float | None:
+        """Time left at this fit's pace (a resumed run's earlier epochs do not count)."""
+        frac = self.fraction()
+        if frac is None:
+            return None
+        done = frac - (self._first_fraction or 0.0)
+        if done <= 0:
+            return None
+        return self.elapsed() * (1 - frac) / done
+
+    def val_points(self, key: str = "val_loss") -> tuple[list[int], list[float]]:
+        xs, ys = [], []
+        for row in self.val_rows:
+            if row.get(key) is not None:
+                xs.append(int(row.get("global_step") or 0))
+                ys.append(_float(row[key]))
+        return xs, ys
+
+    def memory(self):
+        """The memory series collected so far (empty without a sampler)."""
+        from hybridnb.memory import MemorySeries
+
+        return self.sampler.series() if self.sampler is not None else MemorySeries()
+
+    def event_times(self) -> list[float]:
+        """Events' times in seconds since the memory sampler (or the run) started."""
+        t0 = self.sampler.start_time if self.sampler is not None else self.start_time
+        return [ev.time - t0 for ev in self.events]
+
+    def close(self) -> None:
+        if self.sampler is not None:
+            self.sampler.close()

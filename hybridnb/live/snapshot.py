@@ -1,0 +1,81 @@
+"""The end-of-run output: a static summary and the final figures, as display mimebundles.
+
+These replace the live outputs so that a saved notebook reads the same without a kernel: no
+widget state, no JavaScript needed. The figure bundle carries the plotly JSON (drawn
+interactively by JupyterLab's and VS Code's plotly renderers, offline) *and* a static SVG that
+GitHub, nbviewer and ``nbconvert --to html`` show when they do not know the plotly mimetype.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+from hybridnb.live import summary as text
+from hybridnb.live.figures import figure_json, panels
+from hybridnb.live.svg import render as render_svg
+
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+
+
+def progress_html(record, note: str = "", live: bool = True) -> str:
+    """The header, two bars, the status line and the events, as plain HTML."""
+    rec = record
+    spe = rec.steps_per_epoch
+    epochs_done = rec.epochs_done
+    step = spe if (rec.at_epoch_end and spe) else rec.step
+    sampler = rec.sampler
+    memory = sampler.latest() if sampler is not None else {}
+    rows = [f'<div><b>hybridnb</b> · {escape(text.header(rec.run, note))}</div>',
+            _bar("epoch", epochs_done, rec.epochs),
+            _bar("step", step, spe),
+            f'<div style="margin-top:2px">{escape(text.status(rec, memory))}</div>']
+    if rec.events:
+        items = "".join(f"<li>{escape(str(ev))}</li>" for ev in rec.events[-10:])
+        rows.append(f'<ul style="color:#b00;margin:2px 0">{items}</ul>')
+    return ('<div class="hybridnb-live" style="font-family:sans-serif;font-size:13px;'
+            'line-height:1.4">' + "".join(rows) + "</div>")
+
+
+def _bar(label: str, value: int, total: int | None) -> str:
+    pct = 100.0 * value / total if total else 0.0
+    shown = f"{value}/{total}" if total else f"{value}"
+    return (f'<div style="display:flex;align-items:center;gap:6px">'
+            f'<span style="width:3.5em">{label}</span>'
+            f'<span style="display:inline-block;width:240px;height:10px;background:#eee;'
+            f'border-radius:3px"><span class="hybridnb-bar" data-value="{value}" '
+            f'data-max="{total or 0}" style="display:block;height:10px;width:{pct:.1f}%;'
+            f'background:#1f77b4;border-radius:3px"></span></span>'
+            f'<span>{shown}</span></div>')
+
+
+def plots_html(record) -> str:
+    """The live plots as inline SVG (for the HTML renderer)."""
+    return render_svg(panels(record, max_points=2000), title="hybridnb live plots")
+
+
+def summary_bundle(record, summary: dict[str, Any], note: str = "") -> dict[str, str]:
+    """Header, final status and the summary paragraph (text/html + text/plain)."""
+    para = text.paragraph(summary, record)
+    head = text.header(record.run, note)
+    events = summary.get("events")
+    events = record.events if events is None else events
+    items = "".join(f"<li>{escape(str(ev))}</li>" for ev in events)
+    html = ('<div class="hybridnb-summary" style="font-family:sans-serif;font-size:13px">'
+            f"<div><b>hybridnb</b> · {escape(head)}</div>"
+            f"<p>{escape(para)}</p>"
+            + (f"<ul>{items}</ul>" if items else "") + "</div>")
+    return {"text/html": html, "text/plain": f"hybridnb · {head}\n{para}"}
+
+
+def figure_bundle(record) -> dict[str, Any]:
+    """Final figures: plotly JSON where a plotly renderer exists, SVG everywhere else."""
+    svg = render_svg(panels(record, max_points=2000), title="hybridnb: loss, learning rate, "
+                     "memory")
+    bundle: dict[str, Any] = {"image/svg+xml": svg,
+                              "text/plain": "hybridnb figure: loss, learning rate and memory"}
+    try:
+        bundle[PLOTLY_MIME] = figure_json(record)
+    except ImportError:  # plotly missing: the SVG alone still reads everywhere
+        pass
+    return bundle

@@ -1,0 +1,158 @@
+"""Sentences every renderer shares: the run header, the status line and the end paragraph."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from hybridnb.live import fmt
+
+STOP_REASONS = {
+    "early_stopping": "Stopped early by early stopping after step {step}.",
+    "interrupt": "Interrupted (kernel interrupt / Ctrl-C) after step {step}; checkpoint and "
+                 "history kept.",
+    "stop_button": "Stopped with the Stop button after step {step}; checkpoint and history "
+                   "kept.",
+}
+
+
+def header(run: Mapping[str, Any], note: str = "") -> str:
+    """``EEGNeX · 62.3 k params · cpu · fp32 · batch 64 · 3 epochs × 20 steps · smoke mode``."""
+    parts = [str(run.get("model") or "model")]
+    if run.get("n_params") is not None:
+        parts.append(f"{fmt.count(run['n_params'])} params")
+    parts += [str(run.get("device", "?")), str(run.get("precision", "?"))]
+    if run.get("batch_size"):
+        parts.append(f"batch {run['batch_size']}")
+    epochs = run.get("epochs")
+    spe = run.get("steps_per_epoch")
+    parts.append(f"{epochs} epochs × {spe} steps" if spe else f"{epochs} epochs")
+    if run.get("monitor"):
+        parts.append(f"monitor {run['monitor']}")
+    if run.get("smoke"):
+        parts.append("smoke mode (HYBRIDNB_SMOKE): shortened run")
+    text = " · ".join(parts)
+    return f"{text} — {note}" if note else text
+
+
+def memory_line(latest: Mapping[str, float]) -> str:
+    """The newest memory numbers in one short line (empty when nothing was sampled)."""
+    parts = []
+    if "gpu_used" in latest:
+        total = latest.get("gpu_total")
+        used = fmt.gib(latest["gpu_used"])
+        parts.append(f"GPU {used} of {fmt.gib(total)} (NVML)" if total else f"GPU {used}")
+        if "gpu_util" in latest:
+            parts.append(f"util {latest['gpu_util']:.0f}%")
+    if "gpu_allocated" in latest:
+        parts.append(f"allocated {fmt.gib(latest['gpu_allocated'])}, "
+                     f"reserved {fmt.gib(latest.get('gpu_reserved'))}, "
+                     f"peak {fmt.gib(latest.get('gpu_peak'))}")
+    if "mps_current" in latest:
+        parts.append(f"MPS {fmt.gib(latest['mps_current'])} "
+                     f"(driver {fmt.gib(latest.get('mps_driver'))})")
+    if "rss" in latest:
+        parts.append(f"RSS {fmt.gib(latest['rss'])}")
+    if "ram_used" in latest and "ram_total" in latest:
+        parts.append(f"RAM {fmt.gib(latest['ram_used'])} of {fmt.gib(latest['ram_total'])}")
+    return " · ".join(parts)
+
+
+def status(record, memory: Mapping[str, float] | None = None) -> str:
+    """``epoch 2/3 · step 12/20 · loss 0.41 · val_loss 0.39 · lr 1.00e-03 · ...``."""
+    st = record.state
+    spe = record.steps_per_epoch
+    parts = [f"epoch {record.epoch + 1}/{record.epochs}",
+             f"step {record.step}/{spe}" if spe else f"step {record.step}"]
+    if record.at_epoch_end and st.get("train_loss") is not None:
+        parts.append(f"train_loss {fmt.number(st['train_loss'])}")
+    elif st.get("loss") is not None:
+        parts.append(f"loss {fmt.number(st['loss'])}")
+    if record.val_rows:
+        last = record.val_rows[-1]
+        for key, value in last.items():
+            if key.startswith("val_") and value is not None:
+                parts.append(f"{key} {fmt.number(value)}")
+                if key == "val_loss":
+                    break
+    if st.get("lr") is not None:
+        parts.append(f"lr {fmt.lr(st['lr'])}")
+    if st.get("samples_per_s") is not None:
+        parts.append(f"{fmt.rate(st['samples_per_s'])} samples/s")
+    parts.append(f"{fmt.duration(record.elapsed())} elapsed")
+    remaining = record.remaining_s()
+    if remaining is not None:
+        parts.append(f"~{fmt.duration(remaining)} left")
+    mem = memory_line(memory or {})
+    if mem:
+        parts.append(mem)
+    return " · ".join(parts)
+
+
+def _best(summary: Mapping[str, Any], monitor: str) -> tuple[float | None, int | None]:
+    """Best monitored value and its epoch, 1-based for people (the Trainer counts from 0)."""
+    best = summary.get("best") or {}
+    value = best.get(monitor, best.get("value"))
+    epoch = best.get("epoch")
+    hist = summary.get("history")
+    if value is None and hist is not None and monitor in getattr(hist, "columns", ()):
+        col = hist[monitor].dropna()
+        if len(col):
+            i = col.idxmax() if monitor.endswith("r2") else col.idxmin()
+            value = float(col[i])
+            epoch = int(hist.loc[i, "epoch"]) if "epoch" in hist.columns else int(i)
+    value = float(value) if value is not None else None
+    if value is not None and not math.isfinite(value):
+        value = None
+    return value, (int(epoch) + 1 if epoch is not None else None)
+
+
+def paragraph(summary: Mapping[str, Any], record) -> str:
+    """The end-of-run summary: best metric, time, throughput, peak memory, events, stop reason."""
+    run = record.run
+    hist = summary.get("history")
+    done = len(hist) if hist is not None else len(record.epoch_ends)
+    elapsed = summary.get("elapsed_s", record.elapsed())
+    device = summary.get("device") or run.get("device", "?")
+    precision = summary.get("precision") or run.get("precision", "?")
+    params = f" ({fmt.count(run['n_params'])} parameters)" if run.get("n_params") else ""
+    text = [f"Trained {run.get('model') or 'the model'}{params} for {done} of "
+            f"{record.epochs} epochs ({record.global_step} steps) in "
+            f"{fmt.duration_words(elapsed)} on {device} with {precision}"]
+    sps = summary.get("samples_per_s")
+    if sps is not None and math.isfinite(sps):
+        text[0] += f", {fmt.rate(sps)} samples/s"
+    text[0] += "."
+    monitor = run.get("monitor") or "val_loss"
+    value, epoch = _best(summary, monitor)
+    if value is not None:
+        at = f" at epoch {epoch}" if epoch is not None else ""
+        text.append(f"Best {monitor} {fmt.number(value)}{at}.")
+    else:
+        text.append(f"No {monitor} was recorded (no validation data).")
+    peak = summary.get("peak_memory_bytes")
+    mem = record.memory()
+    nvml_peak = mem.peak("gpu_used")
+    if peak is not None:
+        where = "host RSS" if str(device).startswith("cpu") else str(device)
+        text.append(f"Peak memory {fmt.gib(peak)} ({where})"
+                    + (f", {fmt.gib(nvml_peak)} used on the GPU per NVML." if nvml_peak else "."))
+    elif nvml_peak:
+        text.append(f"Peak GPU memory {fmt.gib(nvml_peak)} per NVML.")
+    stopped = summary.get("stopped")
+    if stopped:
+        reason = STOP_REASONS.get(stopped, f"Stopped ({stopped}) after step {{step}}.")
+        text.append(reason.format(step=record.global_step))
+    events = summary.get("events")
+    events = record.events if events is None else events
+    if events:
+        counts = Counter(ev.kind for ev in events)
+        listed = ", ".join(f"{n} × {kind}" for kind, n in counts.most_common())
+        text.append(f"{len(events)} event{'s' if len(events) != 1 else ''}: {listed}.")
+    else:
+        text.append("No recovery events.")
+    if run.get("smoke"):
+        text.append("Smoke mode (HYBRIDNB_SMOKE) shortened this run.")
+    return " ".join(text)

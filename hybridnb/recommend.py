@@ -1,0 +1,174 @@
+"""Recommended training settings for a chosen device, each with the reason it was chosen.
+
+Pure functions of the hardware facts (no torch calls), so every rule is testable on a CPU box.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from dataclasses import asdict, dataclass, field
+
+from hybridnb.gpu_info import GiB, GpuInfo, native_bf16
+from hybridnb.host import HostInfo, cpu_flags, cxx_compiler
+
+TARGET_BATCH = 128          # effective batch the challenge start kit trains with
+CPU_BATCH = 64
+# (GPU memory below this many GiB, per-device batch): a starting point the Trainer's batch-size
+# finder refines. EEG windows are small (129 x 200 floats = 103 KB), models small too.
+MEMORY_TIERS = ((6, 32), (12, 64), (40, 128), (math.inf, 256))
+INTERACTIVE = ("jupyter", "colab", "vscode", "ipython")
+
+
+@dataclass
+class Settings:
+    """What to train with; ``reasons`` holds one sentence per choice (and for device/precision)."""
+
+    batch_size: int
+    grad_accum: int
+    num_workers: int
+    pin_memory: bool
+    persistent_workers: bool
+    strategy: str            # "single" | "ddp"
+    compile: bool
+    torch_threads: int
+    devices: int = 1         # processes (GPUs) the strategy uses
+    reasons: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def effective_batch(self) -> int:
+        return self.batch_size * self.grad_accum * self.devices
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["effective_batch"] = self.effective_batch
+        return d
+
+
+def choose_precision(device_type: str, gpu: GpuInfo | None) -> tuple[str, str]:
+    """bf16 where the GPU has it in hardware, fp16 + GradScaler on older CUDA, fp32 elsewhere."""
+    if device_type == "cpu":
+        flags = cpu_flags()
+        hw_bf16 = sorted(flags & {"amx_bf16", "avx512_bf16"})
+        extra = (f" This CPU has {', '.join(hw_bf16)}: bf16 autocast may pay off, measure it "
+                 "with hn.compare." if hw_bf16 else "")
+        return "fp32", ("on the CPU: fp16 has no CPU fast path, and bf16 autocast only helps "
+                        "on CPUs with AMX / AVX-512 BF16." + extra)
+    if device_type == "mps":
+        return "fp32", "on Apple MPS: autocast support there depends on the macOS version."
+    native = None if gpu is None else (
+        gpu.native_bf16 if gpu.native_bf16 is not None else native_bf16(gpu))
+    if gpu is None or native is None:
+        return "fp16", ("with a GradScaler: this GPU's bf16 support could not be read, and fp16 "
+                        "autocast works on every CUDA/ROCm GPU.")
+    what = (f"compute capability {gpu.capability[0]}.{gpu.capability[1]}" if gpu.capability
+            else (gpu.arch or gpu.name))
+    if native:
+        return "bf16", f"{what} has native bf16 (fp32's range, no GradScaler needed)."
+    return "fp16", (f"with a GradScaler: {what} has no native bf16 (it would be emulated and "
+                    "slow, though torch.cuda.is_bf16_supported() may say True).")
+
+
+def recommend(device_type: str, gpu: GpuInfo | None, host: HostInfo, frontend: str,
+              gpus_ok: int = 0, launched: bool = False, world_size: int = 1) -> Settings:
+    """Settings for training on ``device_type`` ("cpu" | "cuda" | "mps").
+
+    ``gpus_ok``: GPUs of this kind that passed the probe (DDP candidates); ``launched``: this
+    process is one rank of a launched job (``hn.launch`` / torchrun) of ``world_size`` ranks.
+    """
+    reasons: dict[str, str] = {}
+    cores = max(1, host.cores_usable)
+    on_gpu = device_type == "cuda"
+
+    # --- strategy: how many processes share this machine
+    if launched and world_size > 1:
+        strategy, procs = "ddp", world_size
+        reasons["strategy"] = f"this process is one of {world_size} launched ranks."
+    elif on_gpu and gpus_ok >= 2 and frontend in INTERACTIVE:
+        strategy, procs = "single", 1
+        reasons["strategy"] = (f"one GPU: {gpus_ok} GPUs passed, but inside a notebook DDP "
+                               "needs one process per GPU, which a cell is not; use "
+                               f"hn.launch(fn, num_processes={gpus_ok}) to train on all of them.")
+    elif on_gpu and gpus_ok >= 2:
+        strategy, procs = "ddp", gpus_ok
+        reasons["strategy"] = (f"{gpus_ok} GPUs passed the probe; run the script with "
+                               f"torchrun --nproc-per-node={gpus_ok} (or hn.launch) for one "
+                               "process per GPU.")
+    else:
+        strategy, procs = "single", 1
+        reasons["strategy"] = ("one GPU passed the probe." if on_gpu
+                               else f"one device: the {device_type.upper()}.")
+
+    # --- batch size and accumulation
+    if on_gpu and gpu is not None and gpu.total_memory:
+        gib = gpu.total_memory / GiB
+        batch = next(b for limit, b in MEMORY_TIERS if gib < limit)
+        reasons["batch_size"] = (f"per GPU, from {gib:.0f} GiB of GPU memory (tiers "
+                                 "<6/12/40 GiB -> 32/64/128, else 256); the Trainer's "
+                                 "batch-size finder refines it.")
+    elif on_gpu:
+        batch = 64
+        reasons["batch_size"] = "the GPU's memory could not be read; a cautious start."
+    else:
+        batch = CPU_BATCH
+        reasons["batch_size"] = (f"on the {device_type.upper()} memory is no limit; a smaller "
+                                 "batch gives more frequent updates and progress.")
+    accum = max(1, math.ceil(TARGET_BATCH / (batch * procs)))
+    reasons["grad_accum"] = (f"{batch} x {accum}" + (f" x {procs} GPUs" if procs > 1
+                             else "") + f" = {batch * accum * procs} samples per optimizer step "
+                             f"(target {TARGET_BATCH}).")
+
+    # --- data loading
+    share = max(1, cores // procs)
+    if share <= 2:
+        workers = 0
+        reasons["num_workers"] = (f"only {share} core(s) per process; measured on 2 cores, "
+                                  "loader worker processes made in-memory EEG windows slower "
+                                  "(pickling 100-200 KB arrays, cores shared with training).")
+    elif on_gpu:
+        workers = min(8, share - 1)
+        reasons["num_workers"] = (f"this GPU's share of {cores} usable cores "
+                                  f"({share}), minus one for the training process.")
+    else:
+        workers = min(4, cores // 2)
+        reasons["num_workers"] = (f"min(4, cores // 2) with {cores} usable cores; "
+                                  "the rest run the model.")
+    pin = on_gpu
+    reasons["pin_memory"] = ("page-locked host memory makes copies to the GPU faster and "
+                             "asynchronous." if pin else "no CUDA/ROCm device to copy to.")
+    persistent = workers > 0
+    reasons["persistent_workers"] = ("keeps the workers between epochs (no restart cost)."
+                                     if persistent else "no worker processes.")
+
+    # --- threads
+    if on_gpu:
+        threads = max(1, share - workers)
+        reasons["torch_threads"] = ("this process's share of the cores minus its "
+                                    "loader workers (the GPU does the math).")
+    else:
+        threads = cores
+        reasons["torch_threads"] = ("all usable cores for the model; loader worker "
+                                    "processes run 1 thread each (DataLoader sets that).")
+
+    # --- torch.compile
+    if on_gpu:
+        triton = importlib.util.find_spec("triton") is not None
+        old = gpu is not None and gpu.capability is not None and gpu.capability[0] < 7
+        compile_ok = triton and not old
+        reasons["compile"] = (
+            "Triton is installed for TorchInductor's GPU kernels." if compile_ok else
+            "Triton needs compute capability >= 7.0." if old else
+            "Triton is not installed, so TorchInductor cannot build GPU kernels.")
+    elif device_type == "cpu":
+        cxx = cxx_compiler()
+        compile_ok = cxx is not None
+        reasons["compile"] = (f"a C++ compiler ({cxx}) is present for TorchInductor's CPU "
+                              "code." if cxx else "no C++ compiler (g++/clang++, $CXX) "
+                              "for TorchInductor's CPU code.")
+    else:
+        compile_ok = False
+        reasons["compile"] = f"torch.compile on {device_type.upper()} is experimental."
+
+    return Settings(batch_size=batch, grad_accum=accum, num_workers=workers, pin_memory=pin,
+                    persistent_workers=persistent, strategy=strategy, compile=compile_ok,
+                    torch_threads=threads, devices=procs, reasons=reasons)

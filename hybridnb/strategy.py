@@ -1,0 +1,69 @@
+"""Where the run executes: the points a distributed strategy overrides.
+
+The Trainer talks to its strategy for everything that changes between one device and many:
+placing tensors, wrapping the model, splitting the data, skipping gradient sync on accumulation
+steps, agreeing on decisions and reducing numbers across processes. ``SingleDevice`` is the
+one-process answer to each; a DDP strategy replaces them (see hybridnb.distributed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from hybridnb.loaders import ResumableBatchSampler
+
+
+class SingleDevice:
+    """One process, one device. ``accelerator`` says whether GPU-only recovery (per-batch CPU
+    fallback, moving the run to the CPU after a sticky error) applies."""
+
+    name = "single"
+    rank = 0
+    world_size = 1
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self.accelerator = self.device.type != "cpu"
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this process draws the live view and writes files."""
+        return self.rank == 0
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The module the training step calls (DDP wraps it)."""
+        return model
+
+    def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(self.device, non_blocking=self.device.type == "cuda")
+
+    def batch_sampler(self, n: int, batch_size: int, shuffle: bool,
+                      generator: torch.Generator) -> ResumableBatchSampler:
+        """Batches of indices for this process (DDP: this rank's shard)."""
+        return ResumableBatchSampler(n, batch_size, shuffle=shuffle, generator=generator)
+
+    def no_sync(self, model: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager:
+        """Context for a micro-step's forward+backward; DDP skips the gradient all-reduce unless
+        ``last``."""
+        return contextlib.nullcontext()
+
+    def agree(self, flag: bool) -> bool:
+        """True when any process says True (all processes then take the same branch)."""
+        return flag
+
+    def sum(self, values: list[float]) -> list[float]:
+        """Element-wise sum of numbers over processes."""
+        return values
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Concatenate a per-process tensor along dim 0 over processes."""
+        return tensor
+
+    def barrier(self) -> None:
+        pass
+
+    def on_cpu(self) -> SingleDevice:
+        """The strategy to continue with after the device was lost."""
+        return SingleDevice("cpu")

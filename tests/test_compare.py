@@ -1,0 +1,265 @@
+"""compare(): the table people use to pick a precision / compile mode must be complete and honest.
+
+Everything runs on the CPU with a tiny model. Variants that cannot run here, compile failures and
+out-of-memory are injected, and the tests check what the table kept.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+import hybridnb.compare as cmp
+from hybridnb.compare import COLUMNS, compare, compare_figure, compare_table
+
+FAST = dict(steps=2, warmup=1, repeats=2, device="cpu", progress=False)
+
+
+def tiny() -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(4 * 16, 8), nn.ReLU(), nn.Linear(8, 1))
+
+
+def batch(n: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 4, 16, generator=g)
+    return x, 3 * x.mean((1, 2))
+
+
+def row(df: pd.DataFrame, variant: str, batch_size: int | None = None) -> dict:
+    sel = df[df["variant"] == variant]
+    if batch_size is not None:
+        sel = sel[sel["batch_size"] == batch_size]
+    assert len(sel) == 1, f"{variant}@{batch_size}: {len(sel)} rows"
+    return sel.iloc[0].to_dict()
+
+
+def test_table_has_every_variant_with_baseline_speedup_loss_agreement_and_skip_reason():
+    df = compare(tiny, batch(), ("fp32", "bf16", "fp16"), **FAST)
+    assert isinstance(df, pd.DataFrame)
+    assert list(df.columns) == COLUMNS
+    assert list(df["variant"]) == ["fp32", "bf16", "fp16"]  # nothing dropped
+
+    fp32, bf16, fp16 = (row(df, v) for v in ("fp32", "bf16", "fp16"))
+    assert fp32["status"] == "ok" and fp32["speedup"] == 1.0 and fp32["loss_rel_diff"] == 0.0
+    assert fp32["samples_per_s_min"] <= fp32["samples_per_s"] <= fp32["samples_per_s_max"]
+    assert fp32["step_ms"] > 0
+    # weights + AdamW state (3 copies of 529 float32 parameters) + the batch, at least
+    assert fp32["peak_mem_mb"] * 2**20 >= 3 * 529 * 4 + 8 * 64 * 4
+    assert math.isnan(fp32["compile_s"])  # eager: no compile time to report
+
+    assert bf16["status"] == "ok" and bf16["speedup"] > 0
+    # bf16 really ran in bf16 (a different loss), and it agrees with fp32 loosely
+    assert 0 < bf16["loss_rel_diff"] < 0.1 and bf16["loss_ok"] is True
+
+    assert fp16["status"] == "skipped"
+    assert "cpu" in fp16["note"] and "bf16" in fp16["note"]
+    assert math.isnan(fp16["samples_per_s"]) and math.isnan(fp16["speedup"])
+
+
+def test_same_variant_twice_is_an_aa_check_with_identical_loss():
+    df = compare(tiny, batch(), ("fp32", "fp32"), **FAST)
+    assert list(df["variant"]) == ["fp32", "fp32 #2"]
+    again = row(df, "fp32 #2")
+    assert again["status"] == "ok"
+    assert again["loss_rel_diff"] == 0.0  # same seed, same steps, deterministic CPU
+    assert again["final_loss"] == row(df, "fp32")["final_loss"]
+
+
+def test_fp32_baseline_is_added_when_not_asked():
+    df = compare(tiny, batch(), ("bf16",), **FAST)
+    assert list(df["variant"]) == ["fp32", "bf16"]
+    assert not math.isnan(row(df, "bf16")["speedup"])
+
+
+def test_variants_take_turns_in_every_round():
+    calls: list[int] = []
+    built = []
+
+    def tagged() -> nn.Module:
+        model, tag = tiny(), len(built)
+        model.register_forward_hook(lambda *_: calls.append(tag))
+        built.append(model)
+        return model
+
+    df = compare(tagged, batch(), ("fp32", "bf16"), steps=2, warmup=2, repeats=3,
+                 device="cpu", progress=False)
+    warm = [0, 0, 0, 1, 1, 1]  # each: 2 warm-up steps + 1 memory step
+    rounds = [0, 0, 1, 1] * 3  # A A B B, A A B B, ... (2 steps per window)
+    assert calls == warm + rounds
+    assert df.attrs["order"] == [(v, 8, r) for r in range(3) for v in ("fp32", "bf16")]
+
+
+def test_compile_without_a_compiler_is_skipped_with_the_reason(monkeypatch):
+    monkeypatch.setattr(cmp.shutil, "which", lambda name: None)
+    monkeypatch.delenv("CXX", raising=False)
+
+    def no_compile(*a, **k):
+        raise AssertionError("torch.compile must not be attempted without a compiler")
+
+    monkeypatch.setattr(torch, "compile", no_compile)
+    df = compare(tiny, batch(), ("fp32", "fp32+compile", "bf16+compile:max-autotune"), **FAST)
+    skipped = row(df, "fp32+compile")
+    assert skipped["status"] == "skipped" and "C++ compiler" in skipped["note"]
+    assert row(df, "bf16+compile:max-autotune")["status"] == "skipped"
+    assert row(df, "fp32")["status"] == "ok"
+
+
+@pytest.mark.slow
+def test_compile_failure_is_a_row_and_the_other_variants_keep_their_numbers(monkeypatch):
+    def broken_compile(model, mode=None):
+        def run(x):
+            raise RuntimeError("backend='inductor' raised:\nCalledProcessError: Command "
+                               "'['g++', 'kernel.cpp']' returned non-zero exit status 1.")
+        return run
+
+    monkeypatch.setattr(cmp, "_compile", broken_compile)
+    df = compare(tiny, batch(), ("fp32", "fp32+compile", "bf16"), **FAST)
+    failed = row(df, "fp32+compile")
+    assert failed["status"] == "failed"
+    assert "warm-up" in failed["note"] and "inductor" in failed["note"]
+    assert math.isnan(failed["samples_per_s"])
+    for v in ("fp32", "bf16"):
+        assert row(df, v)["status"] == "ok" and row(df, v)["samples_per_s"] > 0
+
+
+class OomAbove(nn.Module):
+    """Raises torch's real CUDA OOM error for batches larger than ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.net, self.limit = tiny(), limit
+
+    def forward(self, x):
+        if x.shape[0] > self.limit:
+            raise torch.OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+                "15.77 GiB of which 1.05 GiB is free.")
+        return self.net(x)
+
+
+def test_oom_at_one_batch_size_is_reported_and_the_other_size_is_kept():
+    df = compare(lambda: OomAbove(8), batch(8), ("fp32", "bf16"), batch_sizes=(8, 16), **FAST)
+    assert len(df) == 4
+    for v in ("fp32", "bf16"):
+        big = row(df, v, 16)
+        assert big["status"] == "oom" and "out of memory" in big["note"]
+        assert "batch 16" in big["note"] and math.isnan(big["samples_per_s"])
+        small = row(df, v, 8)
+        assert small["status"] == "ok" and small["samples_per_s"] > 0
+    assert row(df, "fp32", 8)["speedup"] == 1.0
+
+
+def test_oom_in_a_timed_window_keeps_the_rest():
+    built = []
+
+    def second_model_ooms_later() -> nn.Module:
+        model = tiny()
+        if len(built) == 1:  # the bf16 variant: fine for warm-up, out of memory when timed
+            calls = []
+
+            def hook(*_):
+                calls.append(1)
+                if len(calls) > 3:
+                    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20 MiB")
+            model.register_forward_pre_hook(hook)
+        built.append(model)
+        return model
+
+    df = compare(second_model_ooms_later, batch(), ("fp32", "bf16", "fp32"), **FAST)
+    oom = row(df, "bf16")
+    assert oom["status"] == "oom" and "timed window" in oom["note"]
+    assert row(df, "fp32")["status"] == "ok" and row(df, "fp32 #2")["status"] == "ok"
+    assert row(df, "fp32 #2")["speedup"] > 0
+
+
+def test_non_finite_loss_under_bf16_is_flagged():
+    def nan_in_bf16() -> nn.Module:
+        model = tiny()
+        model.register_forward_hook(
+            lambda m, i, out: out * float("nan") if out.dtype == torch.bfloat16 else out)
+        return model
+
+    df = compare(nan_in_bf16, batch(), ("fp32", "bf16"), **FAST)
+    bad = row(df, "bf16")
+    assert bad["loss_ok"] is False and "non-finite" in bad["note"]
+    assert row(df, "fp32")["loss_ok"] is True
+
+
+def test_a_broken_model_raises_instead_of_an_empty_table():
+    class Broken(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(32, 8)
+
+        def forward(self, x):
+            raise ValueError("mat1 and mat2 shapes cannot be multiplied (8x64 and 32x8)")
+
+    with pytest.raises(RuntimeError, match="fp32 eager baseline.*shapes cannot be multiplied"):
+        compare(Broken, batch(), ("fp32", "bf16"), **FAST)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(variants=("fp8",)), "'fp8'"),
+    (dict(variants=("bf16+jit",)), "'bf16+jit'"),
+    (dict(variants=("bf16+compile:fastest",)), "'fastest'"),
+    (dict(steps=0), "steps=0"),
+    (dict(batch_sizes=(0,)), "batch_sizes"),
+    (dict(loss="rmsle"), "rmsle"),
+])
+def test_bad_arguments_name_the_argument_and_value(kwargs, words):
+    args = {**FAST, **kwargs}
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace("+", r"\+")):
+        compare(tiny, batch(), **args)
+
+
+def test_dataset_input_repeats_samples_up_to_each_batch_size():
+    x, y = batch(5)
+    ds = torch.utils.data.TensorDataset(x, y)
+    df = compare(tiny, ds, ("fp32",), batch_sizes=(4, 12), **FAST)
+    assert list(df["batch_size"]) == [4, 12]
+    assert (df["status"] == "ok").all() and (df["speedup"] == 1.0).all()
+
+
+def test_notebook_display_shows_table_and_chart(monkeypatch):
+    df = compare(tiny, batch(), ("fp32", "bf16", "fp16"), **FAST)
+    shown = []
+    import IPython.display
+    monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
+
+    monkeypatch.setattr(cmp, "frontend", lambda: "jupyter")
+    df._ipython_display_()
+    table, fig = shown
+    assert list(table["variant"]) == ["fp32", "bf16", "fp16"]
+    assert list(fig.data[0].x) == ["fp32", "bf16", "fp16"]
+    assert fig.data[0].text[0] == "1.00×" and fig.data[0].text[2] == "skipped"
+
+    shown.clear()
+    monkeypatch.setattr(cmp, "frontend", lambda: "ci")
+    df._ipython_display_()
+    assert len(shown) == 1  # headless notebooks get the table, not a plotly payload
+
+
+def test_text_table_lists_skip_reasons_as_notes():
+    df = compare(tiny, batch(), ("fp32", "fp16"), **FAST)
+    text = compare_table(df)
+    assert "fp32" in text and "skipped" in text and "[2] fp16:" in text
+    assert "1.00×" in text
+    fig = compare_figure(df)
+    assert fig.data[0].y[1] == 0  # a skipped variant has no bar, only its status
+
+
+@pytest.mark.slow
+def test_cli_prints_the_table(capsys):
+    from hybridnb.__main__ import main
+
+    code = main(["compare", "--model", "shallow", "--batch", "4", "--steps", "1", "--warmup", "1",
+                 "--repeats", "1", "--variants", "fp32,fp16", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "ShallowFBCSPNet on cpu" in out
+    lines = [ln for ln in out.splitlines() if ln.strip().startswith(("fp32", "fp16"))]
+    assert lines[0].split()[:2] == ["fp32", "ok"] and lines[1].split()[:2] == ["fp16", "skipped"]

@@ -1,0 +1,115 @@
+"""The main job's machinery (`python -m hybridnb demo`): notebooks run in order, results read back,
+a failing notebook reported, executed copies free of widget state, HTML that draws plotly."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from hybridnb import demo
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _notebook(path: Path, *cells: str, tags: dict[int, list[str]] | None = None) -> Path:
+    nb = new_notebook(cells=[new_code_cell(c) for c in cells])
+    for i, t in (tags or {}).items():
+        nb.cells[i].metadata["tags"] = t
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
+def test_record_writes_merged_plain_json_only_when_asked(tmp_path, monkeypatch):
+    monkeypatch.delenv(demo.RESULTS_ENV, raising=False)
+    assert demo.record(c1_nrmse=0.5) is None
+    assert list(tmp_path.iterdir()) == []
+    out = tmp_path / "r.json"
+    monkeypatch.setenv(demo.RESULTS_ENV, str(out))
+    demo.record(c1_nrmse=np.float32(0.25), device="cpu")
+    demo.record(c2_nrmse=math.nan, shape=(3, 1), c1_nrmse=0.125)
+    assert json.loads(out.read_text()) == {"c1_nrmse": 0.125, "device": "cpu",
+                                           "c2_nrmse": None, "shape": [3, 1]}
+
+
+def test_summary_has_the_plain_lines_scripts_read(tmp_path):
+    runs = [demo.NotebookRun("04_x", tmp_path / "a.ipynb", seconds=12.5, ok=True,
+                             results={"device": "cpu", "c1_nrmse": 0.61234, "c1_model": "Shallow",
+                                      "c1_ceiling_nrmse": 0.17}),
+            demo.NotebookRun("05_y", tmp_path / "b.ipynb", seconds=3.0, ok=False,
+                             error="ValueError: boom", results={"c2_nrmse": 0.99, "overall": 0.876})]
+    text = demo.summary(runs, tmp_path, 15.5, smoke=False)
+    lines = text.splitlines()
+    for expected in ("C1 nRMSE 0.6123", "C2 nRMSE 0.9900", "overall 0.8760", "device cpu"):
+        assert expected in lines
+    assert any(ln.startswith("05_y") and "FAILED" in ln for ln in lines)
+    assert "    ValueError: boom" in lines
+    assert any("0.170" in ln and "Challenge 1" in ln for ln in lines)
+
+
+@pytest.mark.slow
+def test_demo_runs_every_notebook_reads_results_and_reports_a_failure(tmp_path):
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    _notebook(nbs / "01_first.ipynb",
+              "import os\nfrom hybridnb.demo import record, run_dir\n"
+              "record(device='cpu', c1_nrmse=0.5, cwd=os.getcwd(),"
+              " headless=os.environ.get('HYBRIDNB_HEADLESS'))\n"
+              "(run_dir() / 'made_by_01.txt').write_text('x')",
+              "import ipywidgets\nipywidgets.IntSlider(3)",
+              "import plotly.graph_objects as go\ngo.Figure(go.Bar(x=[1, 2], y=[3, 4]))",
+              "raise ValueError('expected, and tagged')",
+              tags={3: ["raises-exception"]})
+    _notebook(nbs / "02_broken.ipynb",
+              "from hybridnb.demo import record\nrecord(c2_nrmse=0.9)",
+              "raise RuntimeError('this cell is broken')",
+              "record(overall=0.1)")
+    _notebook(nbs / "03_after.ipynb", "from hybridnb.demo import record\nrecord(overall=0.78)")
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "hybridnb", "demo", "--notebooks", str(nbs),
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "C1 nRMSE 0.5000" in lines and "C2 nRMSE 0.9000" in lines
+    assert "overall 0.7800" in lines, "the notebook after a failed one must still run"
+    assert any(ln.startswith("02_broken") and "FAILED" in ln for ln in lines)
+    assert any("RuntimeError: this cell is broken" in ln for ln in lines)
+
+    results = json.loads((out / "results.json").read_text())
+    assert results["notebooks"]["01_first"]["ok"] is True
+    assert results["notebooks"]["02_broken"]["ok"] is False
+    assert results["results"]["cwd"] == str(nbs), "kernels run in the notebook's folder"
+    assert results["results"]["headless"] == "1"
+    assert (out / "made_by_01.txt").exists(), "run_dir() points into the run folder"
+
+    executed = nbformat.read(out / "01_first.ipynb", as_version=4)
+    assert "widgets" not in executed.metadata
+    assert not any(demo.WIDGET_MIME in o.get("data", {})
+                   for c in executed.cells for o in c.outputs)
+    assert executed.cells[3].outputs[0]["ename"] == "ValueError"
+    partial = nbformat.read(out / "02_broken.ipynb", as_version=4)
+    assert partial.cells[1].outputs[0]["ename"] == "RuntimeError"
+    assert partial.cells[2].outputs == [], "nothing runs after the broken cell"
+
+    html = (out / "01_first.html").read_text()
+    assert 'src="plotly.min.js"' in html and "Plotly.newPlot" in html
+    assert (out / "plotly.min.js").stat().st_size > 1_000_000
+
+
+def test_find_notebooks_names_the_folder(tmp_path):
+    with pytest.raises(FileNotFoundError, match=str(tmp_path)):
+        demo.find_notebooks(tmp_path)
+    (tmp_path / "02_b.ipynb").write_text("{}")
+    (tmp_path / "01_a.ipynb").write_text("{}")
+    (tmp_path / "scratch.ipynb").write_text("{}")
+    assert [p.name for p in demo.find_notebooks(tmp_path)] == ["01_a.ipynb", "02_b.ipynb"]

@@ -1,0 +1,324 @@
+"""detect() end to end on a CPU-only machine, with GPUs simulated.
+
+A fake NVML/sysfs inventory makes detect() believe GPUs exist; HYBRIDNB_PROBE_SIMULATE makes the
+real probe child (a real subprocess) pass, hang, crash or compute wrong numbers on CPU tensors.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import time
+
+import psutil
+import pytest
+import torch
+
+import hybridnb
+from hybridnb import gpu_info, probe
+from hybridnb.detect import HardwareWarning
+from hybridnb.gpu_info import BuildInfo, GpuInfo
+
+D = importlib.import_module("hybridnb.detect")  # (`import a.b as c` may give the function)
+GiB = 2**30
+CUDA_BUILD = BuildInfo(torch="2.11.0+cu124", cuda="12.4", hip=None,
+                       arch_list=["sm_75", "sm_80", "sm_86", "sm_90"])
+ROCM_BUILD = BuildInfo(torch="2.11.0+rocm6.2", cuda=None, hip="6.2.41133",
+                       arch_list=["gfx900", "gfx906", "gfx908", "gfx90a", "gfx942", "gfx1030",
+                                  "gfx1100"])
+ENV_VARS = (D.DEVICE_ENV, D.LAUNCHED_ENV, "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+            "ROCR_VISIBLE_DEVICES", "HSA_OVERRIDE_GFX_VERSION", "PYTORCH_HIP_ALLOC_CONF",
+            "LOCAL_RANK", "WORLD_SIZE", probe.SIMULATE_ENV)
+
+
+def t4(i: int = 0) -> GpuInfo:
+    return GpuInfo(index=i, physical_index=i, backend="cuda", name="Tesla T4",
+                   total_memory=15 * GiB, free_memory=14 * GiB, capability=(7, 5),
+                   driver_version="550.54", driver_cuda="12.4", uuid=f"GPU-t4{i}-0000")
+
+
+def a100(i: int = 0) -> GpuInfo:
+    return GpuInfo(index=i, physical_index=i, backend="cuda", name="NVIDIA A100-SXM4-80GB",
+                   total_memory=80 * GiB, free_memory=79 * GiB, capability=(8, 0),
+                   driver_version="550.54", driver_cuda="12.4", uuid=f"GPU-a1{i}-0000")
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """Clean environment and cache; returns a function that installs a fake machine."""
+    for var in ENV_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(D, "_CACHE", {})
+
+    def install(nvidia=(), amd=(), build=CUDA_BUILD, simulate=None, frontend="terminal"):
+        monkeypatch.setattr(gpu_info, "nvml_inventory",
+                            lambda: ([g for g in nvidia], f"NVML: {len(nvidia)} fake GPU(s)"))
+        monkeypatch.setattr(gpu_info, "rocm_inventory",
+                            lambda *a, **k: ([g for g in amd], f"KFD: {len(amd)} fake GPU(s)"))
+        monkeypatch.setattr(D, "_torch_build", lambda: build)
+        monkeypatch.setattr(D.runtime, "frontend", lambda: frontend)
+        if simulate is not None:
+            monkeypatch.setenv(probe.SIMULATE_ENV, json.dumps(simulate))
+
+    return install
+
+
+def _no_probe(monkeypatch):
+    def fail(*a, **k):
+        raise AssertionError("no probe child should be started here")
+    monkeypatch.setattr(probe, "run_probes", fail)
+
+
+def _assert_no_children():
+    kids = psutil.Process().children(recursive=True)
+    assert kids == [], f"probe processes left behind: {kids}"
+
+
+# ------------------------------------------------------------------ the real machine
+
+def test_this_machine_reports_host_facts_and_caches(monkeypatch):
+    """No fakes: this CPU-only box answers cpu with its real core count and RAM."""
+    for var in ENV_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(D, "_CACHE", {})
+    hw = hybridnb.detect()
+    assert hw.host.cores_usable == len(os.sched_getaffinity(0))
+    assert hw.host.ram_total == psutil.virtual_memory().total
+    assert 0 < hw.host.ram_available <= hw.host.ram_total
+    if not gpu_info.nvml_inventory()[0] and not gpu_info.rocm_inventory()[0]:
+        assert hw.device == torch.device("cpu") and hw.gpus == []
+        assert hw.precision == "fp32" and hw.settings.pin_memory is False
+        _assert_no_children()
+    assert hybridnb.detect() is hw                      # cached
+    assert hybridnb.detect(refresh=True) is not hw      # re-detected
+    assert torch.cuda.is_initialized() is False
+
+
+def test_report_views_and_json(machine):
+    machine()
+    hw = D.detect()
+    data = json.loads(json.dumps(hw.to_dict()))
+    assert data["device"] == "cpu" and data["precision"] == "fp32"
+    assert data["host"]["cores_usable"] == hw.host.cores_usable
+    assert set(data["settings"]) >= {"batch_size", "grad_accum", "num_workers", "pin_memory",
+                                     "persistent_workers", "strategy", "compile",
+                                     "torch_threads", "reasons"}
+    text, html = str(hw), hw._repr_html_()
+    for key in ("batch_size", "num_workers", "torch_threads", "strategy"):
+        assert key in text and key in html
+    assert "device     cpu" in text and "GPUs: none" in text
+    assert html.startswith("<table") and html.rstrip().endswith("</table>")
+    assert hw.settings.reasons["device"] in text
+
+
+def test_dataloader_kwargs_work_in_a_dataloader(machine):
+    machine()
+    hw = D.detect()
+    ds = torch.utils.data.TensorDataset(torch.randn(10, 3), torch.randn(10))
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, **hw.dataloader_kwargs())
+    assert sum(len(x) for x, _ in loader) == 10
+    assert set(hw.dataloader_kwargs()) == {"num_workers", "pin_memory", "persistent_workers"}
+
+
+def test_cli_json_and_text(machine, capsys):
+    from hybridnb.__main__ import main
+
+    machine()
+    assert main(["detect", "--json", "--timeout", "3"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["device"] == "cpu" and data["probe_timeout"] == 3.0
+    D._CACHE.clear()
+    assert main(["detect"]) == 0
+    out = capsys.readouterr().out
+    assert "hybridnb.detect()" in out and "Settings" in out
+
+
+# ------------------------------------------------------------------ simulated GPUs
+
+def test_passing_probe_chooses_the_gpu_without_initialising_cuda(machine, monkeypatch):
+    """A T4 that passes is chosen; bf16 is only emulated there, so fp16 + GradScaler."""
+    def forbidden(*a, **k):
+        raise AssertionError("detect() must not touch torch.cuda in the calling process")
+    for name in ("_lazy_init", "init", "is_available", "device_count", "get_device_properties",
+                 "get_device_capability", "mem_get_info", "is_bf16_supported", "get_arch_list"):
+        monkeypatch.setattr(torch.cuda, name, forbidden)
+    machine(nvidia=[t4()], simulate={"gpu": {"name": "Tesla T4", "capability": [7, 5]}})
+    hw = D.detect(probe_timeout=30)
+    assert torch.cuda.is_initialized() is False
+    assert hw.device == torch.device("cuda:0")
+    g = hw.gpus[0]
+    assert g.probe.ok and [s.status for s in g.probe.steps] == ["ok"] * len(probe.STEPS)
+    assert all(s.seconds is not None for s in g.probe.steps)
+    assert g.native_bf16 is False
+    assert hw.precision == "fp16" and "GradScaler" in hw.settings.reasons["precision"]
+    assert hw.settings.pin_memory is True and hw.settings.batch_size == 128
+    assert hw.warnings == []
+    _assert_no_children()
+
+
+@pytest.mark.slow
+def test_hanging_probe_is_killed_in_time_and_cpu_is_chosen(machine):
+    timeout = 3.0
+    # hang in the memory query, before any step needs torch (its import can take seconds here)
+    machine(nvidia=[t4()], simulate={"hang_at": "memory", "helper": True, "torch": False})
+    t0 = time.monotonic()
+    with pytest.warns(HardwareWarning, match="hung at step 'memory query'"):
+        hw = D.detect(probe_timeout=timeout)
+    elapsed = time.monotonic() - t0
+    assert elapsed <= timeout + 1.0
+    assert hw.device == torch.device("cpu") and hw.precision == "fp32"
+    p = hw.gpus[0].probe
+    assert p.verdict == "hung" and p.failed_step == "memory"
+    assert [s.status for s in p.steps] == ["ok", "ok", "hung", "not run", "not run", "not run"]
+    assert "GPU 0 (Tesla T4) hung at step 'memory query'" in str(hw)
+    _assert_no_children()
+    helper = p.info["helper_pid"]  # the child's own helper process died with its group
+    deadline = time.monotonic() + 3
+    while psutil.pid_exists(helper) and psutil.Process(helper).status() != "zombie":
+        assert time.monotonic() < deadline, "the probe's helper process outlived the kill"
+        time.sleep(0.05)
+
+
+def test_wrong_matmul_falls_back_to_cpu_and_says_why(machine):
+    machine(nvidia=[t4()], simulate={"wrong_at": "matmul"})
+    with pytest.warns(HardwareWarning):
+        hw = D.detect(probe_timeout=30)
+    p = hw.gpus[0].probe
+    assert hw.device == torch.device("cpu")
+    assert p.verdict == "wrong result" and p.failed_step == "matmul"
+    assert "relative error" in p.message and "tolerance" in p.message
+    assert any("wrong result at step 'matmul vs CPU'" in w for w in hw.warnings)
+    assert any(w.startswith("Falling back to the CPU") for w in hw.warnings)
+
+
+def test_crashing_gpu_is_skipped_and_the_next_good_gpu_chosen(machine):
+    machine(nvidia=[t4(0), a100(1)],
+            simulate={"torch": False, "by_index": {"0": {"crash_at": "tensor"}}})
+    with pytest.warns(HardwareWarning, match="crashed at step 'small tensor'"):
+        hw = D.detect(probe_timeout=30)
+    crashed, good = hw.gpus[0].probe, hw.gpus[1].probe
+    assert crashed.verdict == "crashed" and crashed.failed_step == "tensor"
+    assert "SIGSEGV" in crashed.message
+    assert good.ok
+    assert hw.device == torch.device("cuda:1") and hw.precision == "bf16"
+    assert hw.settings.strategy == "single"  # only one GPU passed
+    _assert_no_children()
+
+
+def test_two_good_gpus_ddp_in_a_script_one_gpu_in_a_notebook(machine):
+    machine(nvidia=[a100(0), a100(1)], simulate={}, frontend="terminal")
+    hw = D.detect(probe_timeout=30)
+    assert hw.device == torch.device("cuda:0") and hw.settings.strategy == "ddp"
+    assert hw.settings.devices == 2 and "torchrun" in hw.settings.reasons["strategy"]
+    # the same machine seen from a notebook (the probe results are facts; the policy differs)
+    from hybridnb.recommend import recommend
+    nb = recommend("cuda", hw.gpus[0], hw.host, "jupyter", gpus_ok=2)
+    assert nb.strategy == "single" and "hn.launch" in nb.reasons["strategy"]
+
+
+def test_a_launched_rank_probes_and_uses_its_own_gpu(machine, monkeypatch):
+    """Under hn.launch (HYBRIDNB_LAUNCHED=1) rank 1 of 2 takes GPU 1 and DDP, even in a notebook."""
+    machine(nvidia=[a100(0), a100(1)], simulate={}, frontend="jupyter")
+    for var, value in ((D.LAUNCHED_ENV, "1"), ("LOCAL_RANK", "1"), ("WORLD_SIZE", "2")):
+        monkeypatch.setenv(var, value)
+    hw = D.detect(probe_timeout=30)
+    assert hw.device == torch.device("cuda:1") and hw.settings.strategy == "ddp"
+    assert hw.gpus[0].probe is None and hw.gpus[1].probe.ok
+    assert hw.settings.devices == 2
+
+
+def test_rdna1_on_rocm6_is_warned_about_and_not_chosen(machine):
+    rx5700 = GpuInfo(index=0, physical_index=0, backend="rocm",
+                     name="AMD gfx1010 (RX 5700 / 5700 XT class)", arch="gfx1010",
+                     total_memory=8 * GiB)
+    machine(amd=[rx5700], build=ROCM_BUILD, simulate={})
+    with pytest.warns(HardwareWarning, match="RDNA1"):
+        hw = D.detect(probe_timeout=30)
+    assert hw.gpus[0].probe.ok          # even a passing probe does not clear known-bad cards
+    assert hw.device == torch.device("cpu")
+    assert any("RDNA1" in w and "ROCm 6.2" in w for w in hw.warnings)
+    assert any("PYTORCH_HIP_ALLOC_CONF" in a for a in hw.advice)
+    assert "PYTORCH_HIP_ALLOC_CONF" not in os.environ   # advice only, never set
+
+
+# ------------------------------------------------------------------ visibility and forcing
+
+def test_empty_cuda_visible_devices_hides_every_gpu(machine, monkeypatch):
+    machine(nvidia=[t4()])
+    _no_probe(monkeypatch)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    hw = D.detect()
+    assert hw.device == torch.device("cpu") and hw.gpus == []
+    assert any("CUDA_VISIBLE_DEVICES=''" in n and "hides 1 of 1" in n for n in hw.notes)
+
+
+def test_hybridnb_device_cpu_skips_the_probe(machine, monkeypatch):
+    machine(nvidia=[a100()])
+    _no_probe(monkeypatch)
+    monkeypatch.setenv(D.DEVICE_ENV, "cpu")
+    hw = D.detect()
+    assert hw.device == torch.device("cpu") and hw.gpus[0].probe is None
+    assert "HYBRIDNB_DEVICE=cpu" in hw.settings.reasons["device"]
+
+
+def test_hybridnb_device_cuda_n_probes_and_uses_that_gpu(machine, monkeypatch):
+    machine(nvidia=[t4(0), a100(1)], simulate={})
+    monkeypatch.setenv(D.DEVICE_ENV, "cuda:1")
+    hw = D.detect(probe_timeout=30)
+    assert hw.device == torch.device("cuda:1") and hw.precision == "bf16"
+    assert hw.gpus[0].probe is None and hw.gpus[1].probe.ok
+
+
+def test_hybridnb_device_forces_a_gpu_whose_probe_failed_with_a_warning(machine, monkeypatch):
+    machine(nvidia=[t4()], simulate={"torch": False, "error_at": "available"})
+    monkeypatch.setenv(D.DEVICE_ENV, "cuda")
+    with pytest.warns(HardwareWarning, match="forces GPU 0"):
+        hw = D.detect(probe_timeout=30)
+    assert hw.device == torch.device("cuda:0")
+    assert "illegal memory access" in hw.gpus[0].probe.message
+
+
+@pytest.mark.parametrize("value", ["mps", "cuda:3"])
+def test_hybridnb_device_that_cannot_be_met_warns_and_chooses(machine, monkeypatch, value):
+    machine()
+    monkeypatch.setenv(D.DEVICE_ENV, value)
+    with pytest.warns(HardwareWarning, match=f"HYBRIDNB_DEVICE={value} asks for"):
+        hw = D.detect()
+    assert hw.device == torch.device("cpu")
+
+
+@pytest.mark.parametrize("value", ["gpu", "cuda:x", "cuda0", "tpu"])
+def test_invalid_hybridnb_device_is_a_clear_error(machine, monkeypatch, capsys, value):
+    from hybridnb.__main__ import main
+
+    machine()
+    monkeypatch.setenv(D.DEVICE_ENV, value)
+    with pytest.raises(ValueError, match=f"HYBRIDNB_DEVICE='{value}'.*cpu, cuda, cuda:N"):
+        D.detect()
+    assert main(["detect"]) == 2
+    assert "HYBRIDNB_DEVICE" in capsys.readouterr().out
+
+
+def test_cache_follows_the_device_variables(machine, monkeypatch):
+    machine()
+    first = D.detect()
+    assert D.detect() is first
+    monkeypatch.setenv(D.DEVICE_ENV, "cpu")
+    forced = D.detect()
+    assert forced is not first and "forced" in forced.settings.reasons["device"]
+
+
+def test_bad_probe_timeout_is_rejected(machine):
+    machine()
+    with pytest.raises(ValueError, match="probe_timeout=0"):
+        D.detect(probe_timeout=0)
+
+
+def test_html_escapes_device_names(machine, monkeypatch):
+    evil = t4()
+    evil.name = "<script>alert(1)</script>"
+    machine(nvidia=[evil])
+    monkeypatch.setenv(D.DEVICE_ENV, "cpu")
+    html = D.detect()._repr_html_()
+    assert "<script>" not in html and "&lt;script&gt;" in html

@@ -1,0 +1,199 @@
+"""The rules behind detect(): visibility, known-bad hardware, AMD advice, settings. No processes."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from hybridnb import gpu_info, recommend
+from hybridnb.gpu_info import BuildInfo, GpuInfo
+from hybridnb.host import HostInfo
+
+GiB = 2**30
+CU130 = BuildInfo(torch="2.11.0+cu130", cuda="13.0", hip=None,
+                  arch_list="sm_75 sm_80 sm_86 sm_90 sm_100 sm_120".split())
+ROCM62 = BuildInfo(torch="2.11.0+rocm6.2", cuda=None, hip="6.2.41133",
+                   arch_list=["gfx900", "gfx906", "gfx908", "gfx90a", "gfx942", "gfx1030",
+                              "gfx1100"])
+
+
+def nv(i: int, cap=(8, 0), mem=16, uuid=None, driver_cuda="13.0") -> GpuInfo:
+    return GpuInfo(index=i, physical_index=i, backend="cuda", name=f"GPU{i}", capability=cap,
+                   total_memory=mem * GiB, uuid=uuid or f"GPU-{i}{i}{i}-abcd",
+                   driver_cuda=driver_cuda)
+
+
+def amd(arch: str, name: str = "") -> GpuInfo:
+    return GpuInfo(index=0, physical_index=0, backend="rocm", name=name or f"AMD {arch}",
+                   arch=arch, total_memory=8 * GiB)
+
+
+def host(cores: int) -> HostInfo:
+    return HostInfo(cores_usable=cores, cores_logical=cores, ram_total=32 * GiB,
+                    ram_available=30 * GiB, system="Linux", python="3.11", cpu="test")
+
+
+# ------------------------------------------------------------------ visibility
+
+@pytest.mark.parametrize("value, physical", [
+    (None, [0, 1, 2]),
+    ("", []),
+    ("1", [1]),
+    ("2,0", [2, 0]),
+    ("0,7,1", [0]),        # the list ends at the first invalid entry, as in CUDA
+    ("1,1", [1]),          # ... or a repeated one
+    ("-1", []),
+    ("GPU-222", [2]),      # UUID prefix
+    ("222-abcd", [2]),     # UUID without the GPU- prefix
+])
+def test_visible_devices_follow_cuda_rules(value, physical):
+    gpus = [nv(0), nv(1), nv(2)]
+    visible, note = gpu_info.apply_visible(gpus, value, "CUDA_VISIBLE_DEVICES")
+    assert [g.physical_index for g in visible] == physical
+    assert [g.index for g in visible] == list(range(len(physical)))   # renumbered from 0
+    assert (note == "") == (len(physical) == 3)
+
+
+# ------------------------------------------------------------------ known-bad and bf16
+
+@pytest.mark.parametrize("cap, ok", [((6, 1), False), ((7, 0), False), ((7, 5), True),
+                                     ((8, 7), True), ((9, 0), True), ((12, 0), True)])
+def test_no_kernel_image_when_capability_is_missing_from_the_arch_list(cap, ok):
+    g = nv(0, cap=cap)
+    gpu_info.judge(g, CU130, {})
+    assert g.usable is ok
+    assert any("no kernel image" in w for w in g.warnings) is (not ok)
+
+
+def test_ptx_in_the_arch_list_covers_newer_gpus():
+    build = BuildInfo(torch="x", cuda="12.4", hip=None, arch_list=["sm_80", "compute_80"])
+    assert gpu_info.kernel_image_ok(nv(0, cap=(9, 0)), build, {}) is True
+    assert gpu_info.kernel_image_ok(nv(0, cap=(7, 5)), build, {}) is False
+
+
+def test_driver_older_than_the_torch_cuda_major_is_known_bad():
+    g = nv(0, cap=(8, 6), driver_cuda="12.2")
+    gpu_info.judge(g, CU130, {})
+    assert not g.usable and "driver on your system is too old" in g.warnings[0]
+
+
+@pytest.mark.parametrize("gpu, native", [
+    (nv(0, cap=(7, 5)), False), (nv(0, cap=(8, 0)), True), (nv(0, cap=(9, 0)), True),
+    (amd("gfx1030"), False), (amd("gfx90a"), True), (amd("gfx1100"), True),
+    (amd("gfx906"), False)])
+def test_native_bf16_is_hardware_not_emulation(gpu, native):
+    assert gpu_info.native_bf16(gpu) is native
+
+
+@pytest.mark.parametrize("hip, bad", [("6.2.41133", True), ("6.0", True), ("5.7.1", False)])
+def test_rdna1_is_known_bad_under_rocm6(hip, bad):
+    build = BuildInfo(torch="x", cuda=None, hip=hip, arch_list=[])
+    g = amd("gfx1010", "AMD Radeon RX 5700 XT")
+    gpu_info.judge(g, build, {})
+    assert g.usable is (not bad)
+    assert any("RDNA1" in w for w in g.warnings) is bad
+
+
+def test_rdna2_consumer_card_gets_override_advice_with_its_risk_never_set():
+    env: dict[str, str] = {}
+    g = amd("gfx1031")
+    gpu_info.judge(g, ROCM62, env)
+    text = " ".join(g.advice)
+    assert "HSA_OVERRIDE_GFX_VERSION=10.3.0" in text and "Risk" in text
+    assert "PYTORCH_HIP_ALLOC_CONF=expandable_segments:True" in text
+    assert env == {}
+    # without the override gfx1031 has no kernels in this build; with it, it runs as gfx1030
+    assert not g.usable and "not among this ROCm torch build's targets" in g.warnings[0]
+    g2 = amd("gfx1031")
+    gpu_info.judge(g2, ROCM62, {"HSA_OVERRIDE_GFX_VERSION": "10.3.0"})
+    assert g2.usable and "HSA_OVERRIDE_GFX_VERSION=10.3.0 is set" in " ".join(g2.advice)
+
+
+@pytest.mark.parametrize("version, name", [(100100, "gfx1010"), (90010, "gfx90a"),
+                                           (90402, "gfx942"), (110000, "gfx1100"), (0, None)])
+def test_kfd_target_version_to_gfx_name(version, name):
+    assert gpu_info.gfx_name(version) == name
+
+
+def test_rocm_inventory_reads_the_kfd_topology(tmp_path):
+    def node(n: int, props: str, name: str = "", banks: tuple[int, ...] = ()):
+        d = tmp_path / str(n)
+        (d / "mem_banks").mkdir(parents=True)
+        (d / "properties").write_text(props)
+        (d / "name").write_text(name)
+        for k, size in enumerate(banks):
+            (d / "mem_banks" / str(k)).mkdir()
+            (d / "mem_banks" / str(k) / "properties").write_text(f"size_in_bytes {size}\n")
+
+    node(0, "cpu_cores_count 16\nsimd_count 0\ngfx_target_version 0\n")          # the CPU
+    node(1, "simd_count 80\ngfx_target_version 100100\n", "navi10", (8 * GiB,))
+    node(2, "simd_count 120\ngfx_target_version 100300\n", "", (16 * GiB,))
+    gpus, status = gpu_info.rocm_inventory(tmp_path)
+    assert [g.arch for g in gpus] == ["gfx1010", "gfx1030"]
+    assert [g.index for g in gpus] == [0, 1]
+    assert gpus[0].total_memory == 8 * GiB and "RX 5700" in gpus[0].name
+    assert status == "KFD: 2 AMD GPU(s)"
+    assert gpu_info.rocm_inventory(tmp_path / "missing")[0] == []
+
+
+# ------------------------------------------------------------------ settings
+
+def test_cpu_on_two_cores_uses_no_loader_workers_and_all_cores_for_the_model():
+    s = recommend.recommend("cpu", None, host(2), "terminal")
+    assert (s.batch_size, s.grad_accum, s.num_workers, s.torch_threads) == (64, 2, 0, 2)
+    assert s.pin_memory is False and s.persistent_workers is False and s.strategy == "single"
+    assert "slower" in s.reasons["num_workers"]
+
+
+def test_cpu_with_many_cores_uses_min_4_half_the_cores():
+    assert recommend.recommend("cpu", None, host(6), "terminal").num_workers == 3
+    s = recommend.recommend("cpu", None, host(32), "terminal")
+    assert s.num_workers == 4 and s.persistent_workers is True and s.torch_threads == 32
+
+
+@pytest.mark.parametrize("mem, batch, accum", [(4, 32, 4), (8, 64, 2), (16, 128, 1),
+                                               (80, 256, 1)])
+def test_gpu_batch_from_memory_tiers_and_accumulation_to_the_target(mem, batch, accum):
+    s = recommend.recommend("cuda", nv(0, mem=mem), host(16), "terminal", gpus_ok=1)
+    assert (s.batch_size, s.grad_accum) == (batch, accum)
+    assert s.effective_batch >= recommend.TARGET_BATCH
+    assert s.pin_memory is True and s.num_workers == 8 and s.torch_threads == 8
+
+
+def test_ddp_in_scripts_single_gpu_in_notebooks_and_under_launch():
+    g = nv(0, mem=8)
+    script = recommend.recommend("cuda", g, host(16), "terminal", gpus_ok=4)
+    assert script.strategy == "ddp" and script.devices == 4
+    assert script.num_workers == 3 and script.grad_accum == 1     # 16 cores / 4 GPUs - 1
+    for frontend in ("jupyter", "colab", "vscode"):
+        nb = recommend.recommend("cuda", g, host(16), frontend, gpus_ok=4)
+        assert nb.strategy == "single" and "hn.launch(fn, num_processes=4)" in \
+            nb.reasons["strategy"]
+    launched = recommend.recommend("cuda", g, host(16), "jupyter", gpus_ok=4, launched=True,
+                                   world_size=4)
+    assert launched.strategy == "ddp"
+
+
+def test_precision_names_match_precision_module():
+    from hybridnb.precision import NAMES
+
+    for device, gpu in (("cpu", None), ("mps", None), ("cuda", nv(0, cap=(7, 5))),
+                        ("cuda", nv(0, cap=(9, 0))), ("cuda", amd("gfx1030"))):
+        name, reason = recommend.choose_precision(device, gpu)
+        assert name in NAMES and reason
+    assert recommend.choose_precision("cuda", nv(0, cap=(7, 5)))[0] == "fp16"
+    assert recommend.choose_precision("cuda", nv(0, cap=(8, 6)))[0] == "bf16"
+
+
+def test_compile_needs_triton_on_gpu_and_a_compiler_on_cpu(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "triton" else real(name, *a))
+    s = recommend.recommend("cuda", nv(0), host(4), "terminal", gpus_ok=1)
+    assert s.compile is False and "Triton" in s.reasons["compile"]
+    monkeypatch.setattr(recommend, "cxx_compiler", lambda: None)
+    s = recommend.recommend("cpu", None, host(4), "terminal")
+    assert s.compile is False and "compiler" in s.reasons["compile"]
+    monkeypatch.setattr(recommend, "cxx_compiler", lambda: "/usr/bin/g++")
+    assert recommend.recommend("cpu", None, host(4), "terminal").compile is True

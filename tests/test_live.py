@@ -1,0 +1,388 @@
+"""The live view: renderer choice, throttling, text/HTML/widget renderers and the end snapshot.
+
+Renderers are driven by a fake training loop (the same calls the Trainer makes) with fake
+display handles, so every assertion is about what a person would see.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+import xml.etree.ElementTree as ET
+
+import pandas as pd
+import pytest
+
+import hybridnb.live as live
+from hybridnb import runtime
+from hybridnb.events import Event
+from hybridnb.live import figures
+from hybridnb.live.base import LiveView, View
+from hybridnb.live.console import ConsoleView
+from hybridnb.live.html import HtmlView
+from hybridnb.live.snapshot import PLOTLY_MIME
+from hybridnb.live.throttle import Throttle
+from hybridnb.memory import MemorySampler
+
+RUN = dict(epochs=3, steps_per_epoch=20, batch_size=32, device="cpu", precision="fp32",
+           model="TinyNet", n_params=1234, monitor="val_loss", smoke=False)
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def fake_sampler(device):
+    """A real MemorySampler with deterministic host numbers (no thread timing involved)."""
+    values = iter(range(1, 10**6))
+    return MemorySampler(device, interval=3600,
+                         probes=[("host", lambda: {"rss": next(values) * 2.0**20,
+                                                   "ram_used": 2.0**30, "ram_total": 2.0**32})])
+
+
+def drive(view, epochs=3, steps=20, event_at=25, stop_at=None, stopped=None):
+    """The Trainer's calls: start, update per step, epoch-end update, event, end."""
+    run = dict(RUN, epochs=epochs, steps_per_epoch=steps)
+    view.start(run)
+    g = 0
+    for e in range(epochs):
+        for s in range(1, steps + 1):
+            g += 1
+            view.update(dict(epoch=e, step=s, global_step=g, loss=1.0 / g, lr=1e-3 / (e + 1),
+                             samples_per_s=640.0, elapsed_s=0.01 * g))
+            if g == event_at:
+                view.event(Event("oom_split", "batch 32 split into 2 x 16", step=g, epoch=e))
+            if stop_at is not None and g >= stop_at:
+                break
+        view.update(dict(epoch=e, step=s, global_step=g, epoch_end=True, val_loss=0.5 / (e + 1),
+                         val_rmse=0.7, elapsed_s=0.01 * g))
+        if stop_at is not None and g >= stop_at:
+            break
+    hist = pd.DataFrame({"epoch": list(range(e + 1)),  # 0-based, as the Trainer writes it
+                         "val_loss": [0.5 / (i + 1) for i in range(e + 1)]})
+    view.end(dict(history=hist, best={"monitor": "val_loss", "value": 0.5 / (e + 1), "epoch": e,
+                                      "step": g},
+                  elapsed_s=0.01 * g, samples_per_s=640.0, peak_memory_bytes=300 * 2**20,
+                  events=list(view.record.events) if hasattr(view, "record") else [],
+                  device="cpu", precision="fp32", stopped=stopped))
+    return g
+
+
+class FakeHandle:
+    def __init__(self, obj):
+        self.shown = [obj]
+
+    def update(self, obj, **kwargs):
+        self.shown.append(obj)
+
+    @property
+    def last(self):
+        return self.shown[-1]
+
+
+class FakeDisplay:
+    def __init__(self):
+        self.handles: list[FakeHandle] = []
+
+    def __call__(self, obj):
+        h = FakeHandle(obj)
+        self.handles.append(h)
+        return h
+
+
+# ------------------------------------------------------------------ renderer choice
+
+
+@pytest.mark.parametrize("live_arg, front, env, missing, expected", [
+    ("auto", "jupyter", {"JPY_SESSION_NAME": "/nb.ipynb"}, "", "widgets"),
+    ("auto", "jupyter", {"JPY_SESSION_NAME": "/nb.ipynb"}, "anywidget", "html"),
+    ("auto", "jupyter", {}, "", "html"),  # a kernel no jupyter-server session started
+    ("auto", "vscode", {}, "", "html"),
+    ("auto", "ci", {}, "", "text"),
+    ("auto", "terminal", {}, "", "text"),
+    ("auto", "ipython", {}, "", "text"),
+    ("widgets", "ci", {}, "", "widgets"),
+    ("widgets", "terminal", {}, "", "text"),
+    ("widgets", "jupyter", {}, "anywidget", "html"),
+    ("html", "ci", {}, "", "html"),
+    ("html", "terminal", {}, "", "text"),
+    ("text", "jupyter", {"JPY_SESSION_NAME": "x"}, "", "text"),
+    (False, "jupyter", {}, "", "none"),
+    (None, "jupyter", {}, "", "none"),
+])
+def test_renderer_choice_per_environment(monkeypatch, live_arg, front, env, missing, expected):
+    monkeypatch.setattr(live, "_widgets_missing", lambda: missing)
+    name, note = live.choose_renderer(live_arg, front=front, environ=env)
+    assert name == expected
+    fell_back = (live_arg in ("widgets", "html") and name != live_arg) or missing and \
+        name == "html" or (live_arg == "auto" and front == "jupyter" and name == "html")
+    assert bool(note) == bool(fell_back), note  # a fallback always says so, once
+    if missing and name == "html":
+        assert "anywidget" in note and "pip install" in note
+
+
+def test_colab_enables_its_widget_manager_or_says_why(monkeypatch):
+    monkeypatch.setattr(live, "_widgets_missing", lambda: "")
+    monkeypatch.setattr(live, "_enable_colab_widgets", lambda: "")
+    assert live.choose_renderer("auto", front="colab", environ={}) == ("widgets", "")
+    monkeypatch.setattr(live, "_enable_colab_widgets", lambda: "no manager (ImportError)")
+    name, note = live.choose_renderer("auto", front="colab", environ={})
+    assert name == "html" and "no manager" in note
+
+
+def test_bad_live_argument_names_the_value():
+    with pytest.raises(ValueError, match="live='plots'"):
+        live.make_view("plots")
+
+
+def test_make_view_returns_the_chosen_renderer(monkeypatch):
+    monkeypatch.setattr(live, "choose_renderer", lambda live_arg: ("text", ""))
+    assert isinstance(live.make_view("auto"), ConsoleView)
+    monkeypatch.setattr(live, "choose_renderer", lambda live_arg: ("html", ""))
+    assert isinstance(live.make_view("auto"), HtmlView)
+    monkeypatch.undo()
+    view = live.make_view(False)
+    assert type(view) is View and view.stop_requested is False
+    view.start(RUN)
+    view.update({"epoch": 0, "step": 1, "global_step": 1, "loss": 1.0})
+    view.event(Event("x", "y"))
+    view.end({})  # the no-op view has every method and draws nothing
+
+
+def test_frontend_tells_a_lab_session_from_a_headless_runner(monkeypatch):
+    monkeypatch.setattr(runtime, "_in_kernel", lambda: True)
+    monkeypatch.setattr(runtime, "_parent_command", lambda env: "python -m nbclient run")
+    assert runtime.frontend({"JPY_SESSION_NAME": "/home/me/a.ipynb"}) == "jupyter"
+    assert runtime.frontend({}) == "ci"
+    monkeypatch.setattr(runtime, "_parent_command", lambda env: "/usr/bin/python3 my_gui.py")
+    assert runtime.frontend({}) == "jupyter"
+    assert runtime.frontend({"VSCODE_PID": "12"}) == "vscode"
+    assert runtime.frontend({"COLAB_RELEASE_TAG": "r1"}) == "colab"
+    assert runtime.frontend({"CI": "true", "JPY_SESSION_NAME": "x"}) == "ci"
+    monkeypatch.setattr(runtime, "_in_kernel", lambda: False)
+    assert runtime.frontend({}) in ("terminal", "ipython")
+
+
+# ------------------------------------------------------------------ throttling
+
+
+class CountingView(LiveView):
+    name = "counting"
+
+    def __init__(self, clock, draw_cost=0.0):
+        super().__init__(sampler_factory=None, clock=clock)
+        self.progress = self.plotted = self.epoch_ends = self.events = 0
+        self._cost = draw_cost
+        self._clock = clock
+
+    def _draw_progress(self):
+        self.progress += 1
+        self._clock.now += self._cost
+
+    def _draw_plots(self):
+        self.plotted += 1
+        self._clock.now += self._cost
+
+    def _draw_epoch_end(self):
+        self.epoch_ends += 1
+
+    def _draw_event(self, ev):
+        self.events += 1
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_many_updates_in_one_second_render_a_handful():
+    clock = FakeClock()
+    view = CountingView(clock)
+    view.start(RUN)
+    for g in range(1, 1001):  # 1000 steps in 1 s of (fake) time
+        clock.now += 0.001
+        view.update(dict(epoch=0, step=g, global_step=g, loss=1.0))
+    assert len(view.record.steps) == 1000  # every step recorded ...
+    assert 4 <= view.progress <= 6  # ... bars drawn every 0.2 s
+    assert 1 <= view.plotted <= 2  # plots every 1 s
+    view.update(dict(epoch=0, step=1000, global_step=1000, epoch_end=True, val_loss=0.3))
+    assert view.epoch_ends == 1  # the epoch end is always drawn
+    view.event(Event("oom_split", "x"))
+    assert view.events == 1  # and events at once
+
+
+def test_real_clock_throttling_keeps_renders_few_and_updates_cheap():
+    view = ConsoleView(stream=io.StringIO(), tty=True, sampler_factory=None)
+    view.start(RUN)
+    t0 = time.perf_counter()
+    n = 0
+    while time.perf_counter() - t0 < 1.0:
+        n += 1
+        view.update(dict(epoch=0, step=n, global_step=n, loss=1.0, lr=1e-3))
+    assert n > 1000
+    assert view.bars.renders <= 7, view.bars.renders
+    assert view.plots.renders <= 2
+
+
+def test_throttle_adapts_to_render_cost():
+    clock = FakeClock()
+    view = CountingView(clock, draw_cost=0.02)  # a 20 ms plot update
+    view.start(RUN)
+    for g in range(1, 10001):
+        clock.now += 0.001
+        view.update(dict(epoch=0, step=g, global_step=g, loss=1.0))
+    # 10 s of training: at 1 s per plot that would be 10 renders; at a 0.5 % budget
+    # a 20 ms render may happen every 4 s at most.
+    assert view.plotted <= 4
+    assert view.plots.interval == pytest.approx(0.02 / view.plot_budget)
+    assert Throttle(0.2).interval == 0.2
+    with pytest.raises(ValueError, match="budget"):
+        Throttle(0.2, budget=2)
+
+
+# ------------------------------------------------------------------ text renderer
+
+
+def test_text_renderer_prints_a_line_per_epoch_events_at_once_and_a_summary():
+    out = io.StringIO()
+    view = ConsoleView(stream=out, tty=False, sampler_factory=fake_sampler)
+    drive(view, event_at=25)
+    text = out.getvalue()
+    lines = text.splitlines()
+    assert "\r" not in text  # no carriage returns in logs
+    assert lines[0].startswith("hybridnb · TinyNet · 1.2 k params · cpu · fp32 · batch 32")
+    epoch_lines = [ln for ln in lines if ln.startswith("epoch ")]
+    assert [ln.split(" · ")[0] for ln in epoch_lines] == ["epoch 1/3", "epoch 2/3", "epoch 3/3"]
+    assert "step 20/20" in epoch_lines[0] and "val_loss 0.5 " in epoch_lines[0] + " "
+    assert "val_loss 0.1667" in epoch_lines[2] and "RSS" in epoch_lines[0]
+    ev = lines.index("! [step 25] oom_split: batch 32 split into 2 x 16")
+    assert lines.index(epoch_lines[0]) < ev < lines.index(epoch_lines[1])  # shown at once
+    summary = lines[-1]
+    assert summary.startswith("Trained TinyNet (1.2 k parameters) for 3 of 3 epochs (60 steps)")
+    assert "Best val_loss 0.1667 at epoch 3" in summary
+    assert "Peak memory 300 MiB" in summary and "1 × oom_split" in summary
+
+
+def test_text_renderer_smoke_mode_stop_and_tty_progress():
+    out = io.StringIO()
+    view = ConsoleView(stream=out, tty=True, sampler_factory=None)
+    view.start(dict(RUN, smoke=True))
+    assert "smoke mode" in out.getvalue().splitlines()[0]
+    view.update(dict(epoch=0, step=1, global_step=1, loss=0.5, lr=1e-3))
+    assert "\r" in out.getvalue()  # a redrawn progress line on a TTY
+    view.update(dict(epoch=0, step=1, global_step=1, epoch_end=True))
+    view.end(dict(elapsed_s=1.0, stopped="stop_button", events=[], device="cpu",
+                  precision="fp32"))
+    last = out.getvalue().splitlines()[-1]
+    assert "Stopped with the Stop button" in last and "after step 1" in last
+    assert "No val_loss was recorded" in last and "Smoke mode" in last
+
+
+def test_text_heartbeat_shows_progress_in_a_slow_epoch():
+    out = io.StringIO()
+    view = ConsoleView(stream=out, tty=False, heartbeat_s=0.0, sampler_factory=None)
+    view.start(RUN)
+    view.update(dict(epoch=0, step=3, global_step=3, loss=0.5))
+    assert out.getvalue().splitlines()[-1].startswith("  epoch 1/3 · step 3/20")
+
+
+# ------------------------------------------------------------------ HTML renderer + snapshot
+
+
+def test_html_renderer_updates_two_handles_and_ends_with_a_static_snapshot():
+    disp = FakeDisplay()
+    view = HtmlView(display=disp, sampler_factory=fake_sampler)
+    steps = drive(view, event_at=25)
+    panel, plots = disp.handles
+    assert len(disp.handles) == 2  # created once, then updated in place
+    # throttled: 60 fast steps render far fewer panels than steps (+ 3 epoch ends, 1 event)
+    assert 4 <= len(panel.shown) <= 12
+    live_panel = panel.shown[-2]["text/html"]
+    assert 'data-value="3" data-max="3"' in live_panel  # epoch bar full before the snapshot
+    assert "oom_split" in live_panel
+    assert "<svg" in plots.shown[-2]["text/html"]
+
+    summary = panel.last
+    assert set(summary) == {"text/html", "text/plain"}
+    assert "Best val_loss 0.1667 at epoch 3" in summary["text/html"]
+    assert "Peak memory 300 MiB" in summary["text/plain"]
+
+    fig = plots.last
+    assert WIDGET_VIEW not in fig and "text/html" not in fig  # nothing needing JS or a kernel
+    ET.fromstring(fig["image/svg+xml"])  # well-formed SVG
+    traces = {t["name"]: t for t in fig[PLOTLY_MIME]["data"]}
+    assert len(traces["train loss"]["x"]) == steps == 60
+    assert traces["val loss"]["y"] == pytest.approx([0.5, 0.25, 0.5 / 3])
+    assert len(traces["process RSS"]["y"]) >= 2 and traces["process RSS"]["y"][0] > 0
+    assert traces["events"]["text"] == ["oom_split"]
+    json.dumps(fig[PLOTLY_MIME], allow_nan=False)  # strict JSON: NaN would break frontends
+
+
+def test_nonfinite_losses_become_gaps_not_invalid_json():
+    disp = FakeDisplay()
+    view = HtmlView(display=disp, sampler_factory=None)
+    view.start(RUN)
+    for g, loss in enumerate([1.0, float("nan"), float("inf"), 0.5], start=1):
+        view.update(dict(epoch=0, step=g, global_step=g, loss=loss, lr=1e-3))
+    view.end(dict(elapsed_s=1.0, events=[], device="cpu", precision="fp32"))
+    fig = disp.handles[1].last
+    y = next(t["y"] for t in fig[PLOTLY_MIME]["data"] if t["name"] == "train loss")
+    assert y == [1.0, None, None, 0.5]
+    json.dumps(fig[PLOTLY_MIME], allow_nan=False)
+
+
+def test_long_runs_are_averaged_down_for_plots():
+    xs = list(range(1, 10001))
+    ys = [float(x % 2) for x in xs]  # alternating 0/1: bucket means are 0.5
+    dx, dy = figures.downsample(xs, ys, 1000)
+    assert len(dx) <= 1000 and dx[-1] == 10000
+    assert all(abs(v - 0.5) < 1e-9 for v in dy)
+    sx, sy = figures.downsample(xs[:50], ys[:50], 2000)
+    assert sx == xs[:50] and sy == ys[:50]  # short runs: every point
+
+
+def test_a_broken_display_never_stops_training(capsys):
+    def broken(obj):
+        raise RuntimeError("comm closed")
+
+    view = HtmlView(display=broken, sampler_factory=None)
+    drive(view, epochs=1, steps=5)
+    captured = capsys.readouterr()
+    assert "html live view failed (RuntimeError: comm closed)" in captured.err
+    assert "Trained TinyNet" in captured.out  # the summary still reaches the person
+
+
+# ------------------------------------------------------------------ widget renderer (no kernel)
+
+
+def test_widget_renderer_bars_plots_stop_and_cleanup():
+    pytest.importorskip("anywidget")
+    from hybridnb.live.widgets import WidgetView
+
+    disp = FakeDisplay()
+    view = WidgetView(display=disp, sampler_factory=fake_sampler)
+    view.start(RUN)
+    assert view.clicks.mode == "none" and view.stop_button.disabled  # no kernel: says why
+    assert "interrupt" in view.stop_button.tooltip
+    for g in range(1, 21):
+        view.update(dict(epoch=0, step=g, global_step=g, loss=1.0 / g, lr=1e-3))
+    view.update(dict(epoch=0, step=20, global_step=20, epoch_end=True, val_loss=0.4))
+    assert view.step_bar.value == view.step_bar.max == 20  # always drawn at epoch end
+    assert view.epoch_bar.value == 1
+    loss = next(t for t in view.fig.data if t.name == "train loss")
+    assert len(loss.x) == 20
+    assert len(next(t for t in view.fig.data if t.name == "process RSS").y) >= 1
+
+    view._on_stop()  # what a click does (on whatever thread delivers it)
+    assert view.stop_requested
+    view.bars.force()
+    view.update(dict(epoch=1, step=1, global_step=21, loss=0.1, lr=1e-3))
+    assert view.stop_button.description == "Stopping…" and view.stop_button.disabled
+    widgets = list(view._widgets)
+    view.end(dict(elapsed_s=2.0, stopped="stop_button", events=[], device="cpu",
+                  precision="fp32", peak_memory_bytes=None))
+    panel, plots = disp.handles
+    assert "Stopped with the Stop button" in panel.last["text/plain"]
+    assert PLOTLY_MIME in plots.last and WIDGET_VIEW not in plots.last
+    assert all(w.comm is None for w in widgets)  # every widget closed: no state left behind

@@ -1,0 +1,99 @@
+"""The probe child and its parent-side runner, with faults injected through the simulation."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from hybridnb import probe
+
+CUDA_ERROR = ("CUDA error: no kernel image is available for execution on the device\n"
+              "CUDA kernel errors might be asynchronously reported at some other API call")
+
+
+def _run(monkeypatch, sim: dict, timeout: float = 30, targets=(("cuda", 0),)):
+    monkeypatch.setenv(probe.SIMULATE_ENV, json.dumps(sim))
+    results = probe.run_probes(list(targets), timeout)
+    assert psutil.Process().children(recursive=True) == []
+    return results
+
+
+def test_child_reports_each_step_as_json_lines(monkeypatch):
+    """The protocol itself: a start and an end line per step; nothing else on stdout."""
+    sim = {"torch": False, "gpu": {"name": "Fake A100"}, "error_at": "tensor"}
+    monkeypatch.setenv(probe.SIMULATE_ENV, json.dumps(sim))
+    out = subprocess.run([sys.executable, "-m", "hybridnb.probe", "--backend", "cuda"],
+                         capture_output=True, text=True, timeout=60, env=probe._child_env())
+    assert out.returncode == 1, out.stderr
+    events = [json.loads(line) for line in out.stdout.splitlines()]
+    flow = [(e["e"], e.get("step")) for e in events if e["e"] != "info"]
+    assert flow == [("start", "import"), ("ok", "import"), ("start", "available"),
+                    ("ok", "available"), ("start", "memory"), ("ok", "memory"),
+                    ("start", "tensor"), ("fail", "tensor")]
+    info = {k: v for e in events if e["e"] == "info" for k, v in e["info"].items()}
+    assert info["name"] == "Fake A100" and info["free_memory"] <= info["total_memory"]
+
+
+def test_error_with_a_real_cuda_message_is_reported_at_its_step(monkeypatch):
+    [r] = _run(monkeypatch, {"torch": False, "error_at": "available", "message": CUDA_ERROR})
+    assert r.verdict == "failed" and r.failed_step == "available" and r.returncode == 1
+    assert r.message == ("failed at step 'device available': RuntimeError: CUDA error: no "
+                         "kernel image is available for execution on the device")
+    step = {s.name: s for s in r.steps}
+    assert step["import"].status == "ok" and step["available"].status == "failed"
+    assert "asynchronously reported" in step["available"].detail   # full text kept in the step
+    assert step["memory"].status == "not run"
+
+
+def test_corrupted_copy_back_is_a_wrong_result(monkeypatch):
+    [r] = _run(monkeypatch, {"wrong_at": "copy_back"})
+    assert r.verdict == "wrong result" and r.failed_step == "copy_back"
+    assert "changed 10 values" in r.message
+    assert [s.status for s in r.steps][:5] == ["ok"] * 5
+
+
+def test_segfault_names_the_signal_and_the_step(monkeypatch):
+    [r] = _run(monkeypatch, {"torch": False, "crash_at": "memory"})
+    assert r.verdict == "crashed" and r.failed_step == "memory"
+    assert r.returncode < 0 and "SIGSEGV" in r.message and "memory query" in r.message
+
+
+def test_child_that_dies_before_any_step_is_a_crash_with_its_stderr(monkeypatch):
+    monkeypatch.setenv(probe.SIMULATE_ENV, "{not json")
+    [r] = probe.run_probes([("cuda", 0)], 30)
+    assert r.verdict == "crashed" and "before its first step" in r.message
+    assert "not valid JSON" in r.message
+
+
+def test_children_run_in_parallel_under_one_deadline(monkeypatch):
+    """Three GPUs, two hang: the whole call still ends at the one deadline, each verdict its own."""
+    timeout = 2.0
+    sim = {"torch": False, "by_index": {"0": {"hang_at": "available"},
+                                        "1": {"error_at": "memory"},
+                                        "2": {"hang_at": "memory"}}}
+    t0 = time.monotonic()
+    r0, r1, r2 = _run(monkeypatch, sim, timeout, [("cuda", 0), ("cuda", 1), ("cuda", 2)])
+    assert time.monotonic() - t0 <= timeout + 1.0
+    assert (r0.verdict, r0.failed_step) == ("hung", "available")
+    assert (r1.verdict, r1.failed_step) == ("failed", "memory")
+    assert (r2.verdict, r2.failed_step) == ("hung", "memory")
+    assert "no answer for 2 s" in r2.message
+
+
+def test_an_interrupted_probe_leaves_no_process(monkeypatch):
+    """Ctrl-C (a notebook's interrupt) while waiting: the children are killed and reaped."""
+    monkeypatch.setenv(probe.SIMULATE_ENV, json.dumps({"torch": False, "hang_at": "available"}))
+
+    def interrupted(self, deadline):
+        time.sleep(0.3)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(probe._Child, "wait_until", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        probe.run_probes([("cuda", 0), ("cuda", 1)], 30)
+    assert psutil.Process().children(recursive=True) == []
