@@ -36,7 +36,9 @@ test: setup
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks
 
+# Lightning is a peer in bench/bench_peers.py only: installed here, never a runtime dependency.
 bench: setup
+	@$(PY) -c "import lightning" 2>/dev/null || $(PIP) install -q lightning $(TORCH_PAIR)
 	$(PY) -m bench
 
 clean:

@@ -3,7 +3,7 @@ rewrite ``bench/results/README.md``: the latest result of each benchmark, one li
 
     .venv/bin/python -m bench                  # all of them (what `make bench` runs)
     .venv/bin/python -m bench compare peers    # only these
-    .venv/bin/python -m bench --timeout 120    # seconds per benchmark (default 300)
+    .venv/bin/python -m bench --timeout 120    # seconds per benchmark (default 360)
 
 A fresh process per benchmark keeps one benchmark's imports, threads and allocator state out of
 the next one's numbers, and lets a hung benchmark be stopped without losing the others.
@@ -27,7 +27,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 RESULTS = BENCH / "results"
-DEFAULT_TIMEOUT = 300.0
+DEFAULT_TIMEOUT = 360.0
 
 
 def discover() -> list[str]:
@@ -94,13 +94,13 @@ def _stop_group(proc: subprocess.Popen) -> None:
 
 
 def describe(name: str) -> str:
-    """The benchmark's own one-line summary: the first line of its module docstring."""
+    """The benchmark's own summary: the first paragraph of its module docstring, on one line."""
     path = BENCH / f"bench_{name}.py"
     try:
-        doc = ast.get_docstring(ast.parse(path.read_text()))
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
     except (OSError, SyntaxError):
-        doc = None
-    return (doc or "").strip().splitlines()[0] if doc else ""
+        doc = ""
+    return " ".join(doc.strip().split("\n\n")[0].split())
 
 
 def _summary(path: Path) -> dict:

@@ -1,7 +1,7 @@
 """Precision and torch.compile variants of one training step, side by side, via hn.compare().
 
 On this CPU machine: ShallowFBCSPNet at batch 64 with every variant (fp16 and compile modes the CPU
-lacks show up as skipped rows), and EEGNeX at batch 16 eager only (one EEGNeX step takes seconds
+lacks show up as skipped rows), and EEGNeX at batch 8 eager only (one EEGNeX step takes seconds
 here and compiling it about a minute). With a GPU: EEGNeX and ShallowFBCSPNet at batch 256 with
 fp32 / bf16 / fp16 / +compile, NVML utilisation, and the achieved FLOP rate.
 Goal (H100): bf16 + compile >= 2x fp32 eager; GPU busy >= 80% of the time.
@@ -15,13 +15,13 @@ import time
 
 import torch
 
-from bench.common import markdown_table, write_result
+from bench.common import load_note, markdown_table, write_result
 
 CPU_PLANS = [
     # (model, batch, variants, steps, warmup, repeats)
     ("shallow", 64, ("fp32", "bf16", "fp16", "fp32+compile", "bf16+compile",
-                     "fp32+compile:max-autotune", "fp32"), 5, 2, 3),
-    ("eegnex", 16, ("fp32", "bf16", "fp32"), 2, 1, 2),
+                     "fp32+compile:max-autotune", "fp32"), 4, 1, 3),
+    ("eegnex", 8, ("fp32", "bf16"), 2, 1, 2),
 ]
 GPU_PLANS = [
     ("eegnex", 256, ("fp32", "bf16", "fp16", "fp32+compile", "bf16+compile", "fp32"), 20, 5, 5),
@@ -56,7 +56,7 @@ def main() -> None:
     gpu_name = torch.cuda.get_device_name(0) if gpu else ""
     peak = next((v for k, v in BF16_PEAK_TFLOPS.items() if k in gpu_name), None)
     sections, goals = [], []
-    t_all = time.perf_counter()
+    t_all, load0 = time.perf_counter(), os.getloadavg()[0]
     for model, batch, variants, steps, warmup, repeats in plans:
         print(f"\n## {NAMES[model]} · batch {batch} · {device}", flush=True)
         x, y = random_windows(batch)
@@ -94,11 +94,13 @@ def main() -> None:
         by = {r["variant"]: r for r in df.to_dict("records")}
         aa = by.get("fp32 #2")
         if aa and aa["status"] == "ok":
+            same_speed = abs(aa["speedup"] - 1) <= 0.10
             goals.append((f"A/A check ({NAMES[model]}): fp32 measured twice agrees within 10% "
-                          f"(speed-up {aa['speedup']:.2f}×) and to the bit in loss "
-                          f"(Δ {aa['loss_rel_diff']:.1e})",
-                          abs(aa["speedup"] - 1) <= 0.10 and aa["loss_rel_diff"] == 0.0
-                          if not gpu else abs(aa["speedup"] - 1) <= 0.10))
+                          f"in speed (measured {aa['speedup']:.2f}×; more means a noisy machine)",
+                          same_speed))
+            if not gpu:  # GPU kernels may use atomics; the CPU path is deterministic
+                goals.append((f"A/A check ({NAMES[model]}): same seed, same loss to the bit "
+                              f"(Δ {aa['loss_rel_diff']:.1e})", aa["loss_rel_diff"] == 0.0))
         if model == "eegnex":
             bc = by.get("bf16+compile")
             if gpu and bc is not None and bc["status"] == "ok":
@@ -122,7 +124,8 @@ def main() -> None:
     where = (f"GPU {gpu_name}" if gpu else
              f"CPU only ({os.cpu_count()} cores); EEGNeX compile variants not run here: "
              f"compiling EEGNeX on this CPU takes about a minute per variant")
-    body = (f"{where}. Whole benchmark: {time.perf_counter() - t_all:.0f} s.\n\n"
+    body = (f"{where}. Whole benchmark: {time.perf_counter() - t_all:.0f} s. "
+            f"{load_note(load0)}\n\n"
             + "\n".join(sections))
     write_result("compare", "hn.compare(): precision and compile variants", body, goals)
 

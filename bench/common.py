@@ -79,6 +79,22 @@ def spread(values: list[float]) -> str:
     return f"{min(values):.3g}–{max(values):.3g}"
 
 
+def load_note(at_start: float | None = None) -> str:
+    """The machine's load average as a sentence for a result, e.g. to explain a wide spread.
+
+    Pass ``os.getloadavg()[0]`` taken when the benchmark started to report start and end.
+    """
+    try:
+        now = os.getloadavg()[0]
+    except OSError:
+        return ""
+    cores = len(os.sched_getaffinity(0))
+    start = f"{at_start:.1f} at the start, " if at_start is not None else ""
+    busy = " — other work shared the CPU, so timings are noisy" if max(
+        now, at_start or 0) > cores * 0.75 else ""
+    return f"Load average (1 min): {start}{now:.1f} at the end, on {cores} cores{busy}."
+
+
 def markdown_table(rows: list[dict], columns: list[str] | None = None) -> str:
     if not rows:
         return "(no rows)\n"

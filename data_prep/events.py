@@ -17,7 +17,6 @@ The trial table replicates eegdash 0.9.1 ``build_trial_table`` exactly (vectoris
 
 from __future__ import annotations
 
-import io
 from datetime import timedelta
 from pathlib import Path
 
@@ -34,51 +33,74 @@ class EventsError(ValueError):
     """An events file that cannot be used (the message names the file and the reason)."""
 
 
-def read_events(path: str | Path, problems: list[Problem] | None = None, **ids
-                ) -> pd.DataFrame:
-    """Read an events.tsv as eegdash does (pandas defaults: ``n/a`` -> NaN), checking it.
+# the strings pandas' read_csv turns into NaN by default (eegdash reads events with defaults)
+NA_STRINGS = frozenset({"", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan",
+                        "1.#IND", "1.#QNAN", "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a",
+                        "nan", "null"})
 
-    Problems (notes and repairs) are appended to ``problems``; ``ids`` (subject, task, run) are
-    copied into them. Raises :class:`EventsError` when the file cannot be used at all.
+
+def read_events(path: str | Path, problems: list[Problem] | None = None,
+                as_frame: bool = True, **ids):
+    """Read an events.tsv with eegdash's reading (pandas defaults: ``n/a`` -> NaN), checking it.
+
+    Returns a DataFrame (``as_frame=False``: a dict of numpy arrays, faster, same values;
+    cells pandas reads as NaN are NaN here too). Problems (notes and repairs) are appended to
+    ``problems`` with ``ids`` (subject, task, run). Raises :class:`EventsError` when the file
+    cannot be used at all. Onsets are parsed with Python's ``float`` (correctly rounded; the
+    same numbers pandas gives for the millisecond onsets of HBN files).
     """
     path = Path(path)
     problems = [] if problems is None else problems
     try:
-        text = path.read_text()
+        lines = path.read_text().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise EventsError(f"{path.name}: cannot read the events file ({exc})") from exc
-    try:
-        df = pd.read_csv(io.StringIO(text), sep="\t")
-    except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-        raise EventsError(f"{path.name}: not a readable tab-separated events file ({exc})") from exc
-    missing = [c for c in ("onset", "value") if c not in df.columns]
+    lines = [ln for ln in lines if ln.strip()]
+    if not lines:
+        raise EventsError(f"{path.name}: the events file is empty")
+    header = lines[0].split("\t")
+    missing = [c for c in ("onset", "value") if c not in header]
     if missing:
-        raise EventsError(f"{path.name}: missing column(s) {missing} (has {list(df.columns)}); "
+        raise EventsError(f"{path.name}: missing column(s) {missing} (has {header}); "
                           "the trial table needs 'onset' and 'value'")
-    onset = pd.to_numeric(df["onset"], errors="coerce")
-    bad = df.index[onset.isna()].tolist()
-    if bad:
-        raise EventsError(f"{path.name}: 'onset' is not a number in row(s) "
-                          f"{[b + 2 for b in bad[:5]]} (line numbers); cannot place the events")
-    df["onset"] = onset.astype(float)
-    _check_durations(path, text, df, problems, ids)
-    if not df["onset"].is_monotonic_increasing:
-        df = df.sort_values("onset", kind="mergesort").reset_index(drop=True)
+    rows = [ln.split("\t") for ln in lines[1:]]
+    width = len(header)
+    cols = {h: [r[k] if k < len(r) else "" for r in rows] for k, h in enumerate(header)}
+    if any(len(r) > width for r in rows):
+        raise EventsError(f"{path.name}: some rows have more cells than the header "
+                          f"({width} columns); not a valid events.tsv")
+    onset = np.empty(len(rows))
+    for k, cell in enumerate(cols["onset"]):
+        try:
+            onset[k] = float(cell)
+        except ValueError:
+            raise EventsError(f"{path.name}: 'onset' is not a number in line {k + 2} "
+                              f"({cell!r}); cannot place the events") from None
+    _check_durations(path, cols.get("duration"), problems, ids)
+    ev = {h: (onset if h == "onset" else _column(cols[h])) for h in header}
+    if len(onset) > 1 and np.any(np.diff(onset) < 0):
+        order = np.argsort(onset, kind="stable")
+        ev = {h: v[order] for h, v in ev.items()}
         problems.append(Problem(path.name, "repaired", "unsorted_onsets",
                                 f"{path.name}: onsets were not in time order; sorted them "
                                 "(stable, as eegdash does; the file is unchanged)", **ids))
-    return df
+    return pd.DataFrame(ev) if as_frame else ev
 
 
-def _check_durations(path: Path, text: str, df: pd.DataFrame, problems, ids) -> None:
-    if "duration" not in df.columns:
+def _column(cells: list[str]) -> np.ndarray:
+    """A column as pandas would parse it: all numbers -> float64, else objects (NA -> NaN)."""
+    try:
+        return np.array([np.nan if c in NA_STRINGS else float(c) for c in cells], float)
+    except ValueError:
+        return np.array([np.nan if c in NA_STRINGS else c for c in cells], object)
+
+
+def _check_durations(path: Path, cells: list[str] | None, problems, ids) -> None:
+    if cells is None:
         problems.append(Problem(path.name, "note", "no_duration_column",
                                 f"{path.name}: no 'duration' column (BIDS requires one); "
                                 "not needed here, windows have explicit sizes", **ids))
         return
-    lines = text.splitlines()
-    col = lines[0].split("\t").index("duration")
-    cells = [ln.split("\t")[col] if col < len(ln.split("\t")) else "" for ln in lines[1:] if ln]
     empty = sum(c.strip() == "" for c in cells)
     nan = sum(c.strip().lower() == "nan" for c in cells)
     if empty:
@@ -104,41 +126,47 @@ def build_trial_table(events: pd.DataFrame, last_trial: str = "end_experiment"
     ``end_experiment`` row if that is later; ``"drop"`` (eegdash <= 0.4.1, the competition
     cluster's 0.3.8): the last trial of every run is dropped.
     """
+    return pd.DataFrame(trial_arrays(events, last_trial))
+
+
+def trial_arrays(events, last_trial: str = "end_experiment") -> dict[str, np.ndarray]:
+    """:func:`build_trial_table` as a dict of arrays (events: a DataFrame or a dict of arrays)."""
     if last_trial not in ("end_experiment", "drop"):
         raise ValueError(f"last_trial must be 'end_experiment' or 'drop', got {last_trial!r}")
-    ev = events.copy()
-    ev["onset"] = pd.to_numeric(ev["onset"], errors="raise")
-    ev = ev.sort_values("onset", kind="mergesort").reset_index(drop=True)
-    value = ev["value"]
-    onset = ev["onset"].to_numpy(float)
-    starts = onset[value.eq("contrastTrial_start").to_numpy()]
-    stops = np.append(starts[1:], np.nan)
-    ends = onset[value.eq("end_experiment").to_numpy()]
+    onset = np.asarray(events["onset"])
+    if onset.dtype.kind != "f":
+        onset = pd.to_numeric(pd.Series(onset), errors="raise").to_numpy(float)
+    order = np.argsort(onset, kind="stable")
+    onset = onset[order]
+    value = np.asarray(events["value"], object)[order]
+    starts = onset[value == "contrastTrial_start"]
+    stops = np.append(starts[1:], np.nan) if len(starts) else np.zeros(0)
+    ends = onset[value == "end_experiment"]
     if last_trial == "end_experiment" and len(starts) and len(ends) and ends[-1] > starts[-1]:
         stops[-1] = ends[-1]
     keep = ~np.isnan(stops)
     starts, stops = starts[keep], stops[keep]
-    stim = onset[value.isin(STIMULI).to_numpy()]
-    press_rows = np.flatnonzero(value.isin(PRESSES).to_numpy())
+    stim = onset[np.isin(value, STIMULI)]
+    press_rows = np.flatnonzero(np.isin(value, PRESSES))
     i = _first_in(stim, starts, stops)
     stim_on = np.where(i >= 0, stim[np.maximum(i, 0)] if len(stim) else np.nan, np.nan)
     lo = np.where(i >= 0, stim_on, starts)
     j = _first_in(onset[press_rows], lo, stops)
     resp_on = np.where(j >= 0, onset[press_rows[np.maximum(j, 0)]] if len(press_rows)
                        else np.nan, np.nan)
-    fb = ev["feedback"] if "feedback" in ev.columns else None
+    fb = np.asarray(events["feedback"], object)[order] if "feedback" in events else None
     resp_type, correct = [], []
     for jj in j:
         row = press_rows[jj] if jj >= 0 else None
-        resp_type.append(value.iloc[row] if row is not None else None)
-        f = fb.iloc[row] if (row is not None and fb is not None) else None
+        resp_type.append(value[row] if row is not None else None)
+        f = fb[row] if (row is not None and fb is not None) else None
         correct.append(True if f == "smiley_face" else False if f == "sad_face" else None)
-    return pd.DataFrame({
+    return {
         "trial_start_onset": starts, "trial_stop_onset": stops, "stimulus_onset": stim_on,
         "response_onset": resp_on, "rt_from_stimulus": resp_on - stim_on,
-        "rt_from_trialstart": resp_on - starts, "response_type": resp_type,
-        "correct": correct,
-    })
+        "rt_from_trialstart": resp_on - starts, "response_type": np.array(resp_type, object),
+        "correct": np.array(correct, object),
+    }
 
 
 def _first_in(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -159,44 +187,48 @@ def onset_to_sample(onset: np.ndarray, sfreq: float) -> np.ndarray:
     return np.round((us / 1e6) * sfreq).astype(int)
 
 
-def c1_trials(events: pd.DataFrame, n_times: int, sfreq: float, file: str,
-              problems: list[Problem], start_offset: int = 50, stop_offset: int = 250,
-              last_trial: str = "end_experiment", **ids) -> pd.DataFrame:
+def c1_trials(events, n_times: int, sfreq: float, file: str, problems: list[Problem],
+              start_offset: int = 50, stop_offset: int = 250,
+              last_trial: str = "end_experiment", **ids) -> dict[str, np.ndarray]:
     """Trials usable for Challenge 1 (a target and a response) with their window samples.
 
-    Adds ``anchor`` (the target's sample), ``i_start_in_trial``/``i_stop_in_trial`` (window).
-    Trials whose window runs past the end are dropped with a note (braindecode would stop the
-    whole run: ``"trial_stop_offset_samples" too large``). Raises :class:`EventsError` when the
-    recording has no usable trial (the message says why).
+    Returns the trial arrays (:func:`trial_arrays`) plus ``anchor`` (the target's sample) and
+    ``i_start_in_trial``/``i_stop_in_trial`` (the window). Trials whose window runs past the end
+    are dropped with a note (braindecode would stop the whole run: ``"trial_stop_offset_samples"
+    too large``). Raises :class:`EventsError` when no trial is usable (the message says why).
     """
-    if "feedback" not in events.columns:
+    if "feedback" not in events:
         problems.append(Problem(file, "note", "no_feedback",
                                 f"{file}: no 'feedback' column, so 'correct' is unknown (NA) for "
                                 "every trial (eegdash <= 0.4.1 raised KeyError here)", **ids))
-    table = build_trial_table(events, last_trial=last_trial)
-    n_all = len(table)
-    table = table[table["stimulus_onset"].notna() & table["response_onset"].notna()]
-    if table.empty:
-        n_press = int(events["value"].isin(PRESSES).sum())
-        n_stim = int(events["value"].isin(STIMULI).sum())
-        raise EventsError(f"{file}: no trial with both a target and a response ({n_all} trials, "
-                          f"{n_stim} targets, {n_press} button presses); nothing to window")
+    t = trial_arrays(events, last_trial=last_trial)
+    n_all = len(t["trial_start_onset"])
     last_s = (n_times - 1) / sfreq
+    ok = ~np.isnan(t["stimulus_onset"]) & ~np.isnan(t["response_onset"])
+    if not ok.any():
+        value = np.asarray(events["value"], object)
+        raise EventsError(f"{file}: no trial with both a target and a response ({n_all} trials, "
+                          f"{int(np.isin(value, STIMULI).sum())} targets, "
+                          f"{int(np.isin(value, PRESSES).sum())} button presses); "
+                          "nothing to window")
     # as MNE crops annotations to the data: trial starts / targets after the last sample vanish
-    table = table[(table["trial_start_onset"] <= last_s) & (table["stimulus_onset"] <= last_s)]
-    anchor = onset_to_sample(table["stimulus_onset"].to_numpy(), sfreq)
+    ok &= (t["trial_start_onset"] <= last_s) & (t["stimulus_onset"] <= last_s)
+    t = {k: v[ok] for k, v in t.items()}
+    anchor = onset_to_sample(t["stimulus_onset"], sfreq)
     fits = anchor + stop_offset <= n_times
     if not fits.all():
-        late = table["stimulus_onset"].to_numpy()[~fits]
+        late = t["stimulus_onset"][~fits]
         problems.append(Problem(
             file, "dropped", "late_anchor",
-            f"{file}: {len(late)} trial(s) with the target at {', '.join(f'{t:g}' for t in late)}"
+            f"{file}: {len(late)} trial(s) with the target at {', '.join(f'{x:g}' for x in late)}"
             f" s: the window {start_offset / sfreq:g}–{stop_offset / sfreq:g} s after it runs "
             f"past the end of the recording ({n_times / sfreq:g} s); dropped those trials "
             "(braindecode would stop the whole run with '\"trial_stop_offset_samples\" too "
             "large')", **ids))
-    table = table.assign(anchor=anchor, i_start_in_trial=anchor + start_offset,
-                         i_stop_in_trial=anchor + stop_offset)[fits]
-    if table.empty:
+    t = {k: v[fits] for k, v in t.items()}
+    if not len(t["stimulus_onset"]):
         raise EventsError(f"{file}: every trial's window runs past the end of the recording")
-    return table.reset_index(drop=True)
+    anchor = anchor[fits]
+    t.update(anchor=anchor, i_start_in_trial=anchor + start_offset,
+             i_stop_in_trial=anchor + stop_offset)
+    return t

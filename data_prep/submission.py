@@ -33,10 +33,16 @@ SUBMISSION_FILES = ("submission.py", "weights_challenge_1.pt", "weights_challeng
 @dataclass(frozen=True)
 class ModelSpec:
     """A braindecode model by class name and constructor arguments (JSON-able values only), so
-    the same architecture can be rebuilt where only torch + braindecode exist."""
+    the same architecture can be rebuilt where only torch + braindecode exist.
+
+    ``input_scale``: the factor the model's inputs were multiplied by in training (e.g. 1e6 when
+    it learnt on microvolts, ``windows.dataset(scale=1e6)``). The harness feeds volts, so the
+    generated ``submission.py`` multiplies by it before calling the model.
+    """
 
     name: str
     kwargs: dict = field(default_factory=dict)
+    input_scale: float = 1.0
 
     def __post_init__(self) -> None:
         try:
@@ -55,19 +61,19 @@ class ModelSpec:
         return cls(**self.kwargs)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "kwargs": dict(self.kwargs)}
+        return {"name": self.name, "kwargs": dict(self.kwargs),
+                "input_scale": float(self.input_scale)}
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelSpec:
-        return cls(d["name"], dict(d.get("kwargs", {})))
+        return cls(d["name"], dict(d.get("kwargs", {})), float(d.get("input_scale", 1.0)))
 
 
-def challenge_spec(name: str, **kwargs) -> ModelSpec:
-    """The spec of a challenge model: 129 channels, 200 samples at 100 Hz, one output.
-
-    ``sfreq`` is passed only to models that take it (ShallowFBCSPNet accepts it too)."""
+def challenge_spec(name: str, input_scale: float = 1.0, **kwargs) -> ModelSpec:
+    """The spec of a challenge model: 129 channels, 200 samples at 100 Hz, one output
+    (``kwargs`` add to or override these constructor arguments)."""
     base = {"n_chans": N_CHANS, "n_outputs": 1, "n_times": N_TIMES, "sfreq": SFREQ}
-    return ModelSpec(name, {**base, **kwargs})
+    return ModelSpec(name, {**base, **kwargs}, float(input_scale))
 
 
 # --------------------------------------------------------------------------------------------
@@ -128,11 +134,23 @@ import torch
 from braindecode import models as _models
 
 _HERE = Path(__file__).resolve().parent
-# challenge -> (braindecode model, constructor arguments, weight file)
+# challenge -> (braindecode model, constructor arguments, weight file, input scale)
 _MODELS = {
-    1: (%(name1)r, %(kwargs1)r, "weights_challenge_1.pt"),
-    2: (%(name2)r, %(kwargs2)r, "weights_challenge_2.pt"),
+    1: (%(name1)r, %(kwargs1)r, "weights_challenge_1.pt", %(scale1)r),
+    2: (%(name2)r, %(kwargs2)r, "weights_challenge_2.pt", %(scale2)r),
 }
+
+
+class _InputScale(torch.nn.Module):
+    """The models learnt on inputs multiplied by ``factor`` (e.g. volts -> microvolts)."""
+
+    def __init__(self, model, factor):
+        super().__init__()
+        self.model = model
+        self.factor = factor
+
+    def forward(self, x):
+        return self.model(x * self.factor)
 
 
 def _resolve_path(name):
@@ -152,10 +170,12 @@ class Submission:
         self.device = torch.device(DEVICE)
 
     def _load(self, challenge):
-        name, kwargs, weights = _MODELS[challenge]
+        name, kwargs, weights, factor = _MODELS[challenge]
         model = getattr(_models, name)(**kwargs)
         state = torch.load(_resolve_path(weights), map_location=self.device, weights_only=True)
         model.load_state_dict(state)
+        if factor != 1.0:
+            model = _InputScale(model, factor)
         return model.to(self.device).eval()
 
     def get_model_challenge_1(self):
@@ -169,7 +189,9 @@ class Submission:
 def submission_source(spec1: ModelSpec, spec2: ModelSpec, sfreq: int = SFREQ) -> str:
     """The text of ``submission.py`` for these two models."""
     return _TEMPLATE % {"name1": spec1.name, "kwargs1": dict(spec1.kwargs),
-                        "name2": spec2.name, "kwargs2": dict(spec2.kwargs), "sfreq": int(sfreq)}
+                        "scale1": float(spec1.input_scale), "name2": spec2.name,
+                        "kwargs2": dict(spec2.kwargs), "scale2": float(spec2.input_scale),
+                        "sfreq": int(sfreq)}
 
 
 def build_submission(path: str | os.PathLike, challenge1: tuple, challenge2: tuple,

@@ -92,7 +92,7 @@ def write_recording(root: Path, sid: str, task: str, run: str | None, tl: Timeli
     data = simulate(tl, rng, alpha_uv, alpha_hz, beta_uv=beta_uv)
     names = list(montage_positions()[0])
     if fault == "nan_stretch":
-        answered = [r["onset"] for r, nxt in zip(tl.rows, tl.rows[1:])
+        answered = [r["onset"] for r, nxt in zip(tl.rows[:-1], tl.rows[1:], strict=True)
                     if r["value"].endswith("_target") and nxt["value"].endswith("_buttonPress")]
         t0 = answered[min(2, len(answered) - 1)] + 0.8
         data[:, int(t0 * SFREQ): int((t0 + 2.0) * SFREQ)] = 0.0

@@ -23,7 +23,9 @@ import math
 import os
 import shutil
 import statistics
+import sys
 import time
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,6 +122,7 @@ class _Run:
     busy: list[float] = field(default_factory=list)
     last_loss: torch.Tensor | None = None
     steps_done: int = 0
+    rng: tuple | None = None  # this run's random-number state between its turns
 
     @property
     def name(self) -> str:
@@ -250,15 +253,18 @@ def _prepare(run: _Run, factory, batch, dev, loss_fn, lr, seed, warmup, mem_read
         net = _compile(model, run.variant.compile) if run.variant.compile else model
         run.model, run.step = model, _make_step(net, opt, prec, x, y, loss_fn,
                                                  run.variant.compile)
-        watch = Stopwatch(dev)
-        watch.start()
-        run.last_loss = run.step()
-        run.first_step_s = watch.stop()
-        for _ in range(warmup - 1):
+        run.rng = _rng_state(dev)  # right after the seeded init: the same for every run
+        with _own_rng(run, dev):
+            watch = Stopwatch(dev)
+            watch.start()
             run.last_loss = run.step()
-        run.steps_done = warmup
-        run.persistent_bytes = _state_bytes(model, opt) + _tensor_bytes(x) + _tensor_bytes(y)
-        run.mem_bytes = _step_memory(run, dev, mem_reader)
+            run.first_step_s = watch.stop()
+            for _ in range(warmup - 1):
+                run.last_loss = run.step()
+            run.steps_done = warmup
+            run.persistent_bytes = (_state_bytes(model, opt) + _tensor_bytes(x)
+                                    + _tensor_bytes(y))
+            run.mem_bytes = _step_memory(run, dev, mem_reader)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a row, except the baseline's
         _record_failure(run, exc, "warm-up")
     if run.status != "ok":  # freed outside the except block: its traceback pins the tensors
@@ -319,7 +325,7 @@ def _time_window(run: _Run, steps: int, dev: torch.device, busy_reader) -> None:
     watch = Stopwatch(dev)
     sampler = PeakSampler(busy_reader, interval=0.05) if busy_reader else contextlib.nullcontext()
     try:
-        with sampler:
+        with _own_rng(run, dev), sampler:
             watch.start()
             for _ in range(steps):
                 run.last_loss = run.step()
@@ -333,6 +339,34 @@ def _time_window(run: _Run, steps: int, dev: torch.device, busy_reader) -> None:
     run.windows.append(seconds)
     if busy_reader:
         run.busy.extend(sampler.values)
+
+
+def _rng_state(dev: torch.device) -> tuple:
+    cuda = torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None
+    return torch.random.get_rng_state(), cuda
+
+
+def _set_rng_state(dev: torch.device, state: tuple) -> None:
+    torch.random.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], dev)
+
+
+@contextlib.contextmanager
+def _own_rng(run: _Run, dev: torch.device):
+    """Give the run its own random stream while it has its turn.
+
+    Runs take turns, so with one global generator each run's dropout masks would depend on how
+    many steps the others took; the A/A check and the loss comparison would then measure mask
+    noise instead of numerics. Swapping states costs microseconds, outside the timed window.
+    """
+    outside = _rng_state(dev)
+    _set_rng_state(dev, run.rng)
+    try:
+        yield
+    finally:
+        run.rng = _rng_state(dev)
+        _set_rng_state(dev, outside)
 
 
 def _record_failure(run: _Run, exc: BaseException, stage: str) -> None:
@@ -407,8 +441,11 @@ def _compile_settings(dev: torch.device, needed: bool):
     """Compiler settings for the comparison only, restored afterwards.
 
     Each variant compiles its own fresh model, so the recompile limit is raised (hitting it would
-    silently fall back to eager). On the CPU, inductor's layout optimisation is off: it crashes
-    oneDNN on EEGNeX under bf16 autocast.
+    silently fall back to eager). Compiled random ops (dropout) draw from torch's generator like
+    eager ones (``fallback_random``), so a compiled run sees the same dropout masks as fp32 eager
+    and its loss can be compared; this costs compiled models a little speed where they use
+    dropout. On the CPU, inductor's layout optimisation is off: it crashes oneDNN on EEGNeX under
+    bf16 autocast.
     """
     if not needed:
         yield
@@ -420,6 +457,7 @@ def _compile_settings(dev: torch.device, needed: bool):
     key = "recompile_limit" if hasattr(dyn, "recompile_limit") else "cache_size_limit"
     with contextlib.ExitStack() as stack:
         stack.enter_context(dyn.patch(**{key: max(getattr(dyn, key), 64)}))
+        stack.enter_context(inductor_config.patch(fallback_random=True))
         if dev.type == "cpu":
             stack.enter_context(inductor_config.patch(layout_optimization=False))
         yield
@@ -607,6 +645,9 @@ def _footer(df: pd.DataFrame) -> list[str]:
                      f"{a.get('steps')} steps; speed-up = median per-window ratio to fp32 eager.")
         lines.append(f"memory: this variant's weights, optimizer state and batch + the step's "
                      f"peak working memory ({a.get('memory_method')}).")
+        if (df["compile"] != "eager").any():
+            lines.append("compiled variants draw dropout masks from torch's generator like eager "
+                         "(inductor fallback_random), so their loss compares with fp32.")
     return lines
 
 
@@ -718,3 +759,15 @@ def cli(args: argparse.Namespace) -> int:
         pd.DataFrame(df).to_csv(args.csv, index=False)
         print(f"compare: table written to {args.csv}")
     return 0
+
+
+class _CallableModule(types.ModuleType):
+    """``hybridnb.compare`` names both this module and the function. Importing the module first
+    (``from hybridnb.compare import compare_figure``) makes ``hn.compare`` the module; calling it
+    still runs compare()."""
+
+    def __call__(self, *args, **kwargs) -> CompareResult:
+        return compare(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

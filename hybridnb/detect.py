@@ -126,6 +126,7 @@ def _detect(probe_timeout: float, env: dict[str, str]) -> Hardware:
     frontend = runtime.frontend()
     gpus, notes, warns = _find_gpus(build, env)
     none_found = " ".join(notes).rstrip(".") or "none listed"
+    none_found = none_found[:1].lower() + none_found[1:]
 
     # --- which GPUs to probe
     if forced is not None and forced.type == "cpu":
@@ -312,7 +313,7 @@ def _choose(gpus: list[GpuInfo], forced: torch.device | None, launched: bool,
         return torch.device("cpu"), None, f"no GPU can be trusted ({names})."
     if gpus:  # only when nothing was probed (e.g. none targeted)
         return torch.device("cpu"), None, "no GPU was probed."
-    return torch.device("cpu"), None, f"no GPU found ({none_found})."
+    return torch.device("cpu"), None, f"no GPU found: {none_found}."
 
 
 def _trouble(g: GpuInfo) -> str:

@@ -12,7 +12,8 @@ against the CPU result -> copy back (a round trip compared bit for bit).
 Testing without a GPU: the child (and only the child) reads ``HYBRIDNB_PROBE_SIMULATE``, a JSON
 object such as ``{"hang_at": "matmul"}``. With it set the steps run on CPU tensors while
 pretending to be a GPU, and inject the fault asked for: ``hang_at`` (+ ``helper``: start a
-helper process first, to show the group kill), ``crash_at`` (a SIGSEGV),
+helper process first, to show the group kill), ``crash_at`` (a SIGSEGV; "exit": after
+the last step, as a driver teardown can),
 ``error_at`` (+ ``message``: an exception, e.g. a real CUDA error text), ``wrong_at``
 ("matmul" | "copy_back": corrupt the device result), ``gpu`` (properties to report),
 ``torch: false`` (skip importing torch until a tensor step needs it: fast, for timing tests)
@@ -176,7 +177,12 @@ class _Child:
         res = ProbeResult(self.backend, self.index, "passed", list(steps.values()),
                           round(self.seconds, 3), info=info, returncode=rc)
         where = current or _next_step(steps)
-        if self.timed_out:
+        if ended and (self.timed_out or rc != 0):  # every step passed; only the exit went wrong
+            res.message = ("every step passed, but the probe process " + (
+                "did not exit in time and was killed" if self.timed_out else
+                f"ended with {_exit_reason(rc).replace(' before finishing', '')}")
+                + " while shutting down (a driver teardown problem; training may still work)")
+        elif self.timed_out:
             res.verdict, res.failed_step = "hung", where
             steps[where].status, steps[where].detail = "hung", f"no answer within {timeout:g} s"
             since = _started_at(self.events, where)
@@ -285,14 +291,24 @@ def main(argv: list[str] | None = None) -> int:
         except _WrongResult as exc:
             emit(e="fail", step=name, s=round(time.perf_counter() - t0, 4), error=str(exc),
                  wrong=True)
-            return 1
+            _exit(out, 1)
         except BaseException as exc:  # noqa: BLE001 - report any failure, then stop
             emit(e="fail", step=name, s=round(time.perf_counter() - t0, 4),
                  error=f"{type(exc).__name__}: {str(exc).strip()[:500]}")
-            return 1
+            _exit(out, 1)
         emit(e="ok", step=name, s=round(time.perf_counter() - t0, 4), detail=detail)
     emit(e="end")
+    _inject(sim, "exit", emit)
+    _exit(out, 0)
     return 0
+
+
+def _exit(out, code: int) -> None:
+    """Leave without the interpreter's teardown (about 1 s with torch loaded); the OS frees
+    the device. Output is flushed first."""
+    out.close()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _simulation(index: int) -> dict | None:

@@ -103,7 +103,10 @@ def free_memory(device: torch.device) -> None:
     A full collection (tenths of a second with torch and pandas loaded) runs for accelerators,
     where cached blocks must go back to the driver; on the CPU the young generations suffice.
     """
-    gc.collect() if device.type != "cpu" else gc.collect(1)
+    if device.type == "cpu":
+        gc.collect(1)
+    else:
+        gc.collect()
     if device.type == "cuda" and torch.cuda.is_available():
         torch.cuda.empty_cache()
     elif device.type == "mps" and hasattr(torch, "mps"):

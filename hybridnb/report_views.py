@@ -67,8 +67,8 @@ def text(hw: Hardware) -> str:
     """The readable terminal report."""
     s = hw.settings
     lines = [f"hybridnb.detect()  ({hw.seconds:.2f} s, frontend: {hw.frontend})", ""]
-    lines.append(f"  device     {hw.device}    {s.reasons.get('device', '')}")
-    lines.append(f"  precision  {hw.precision}    {s.reasons.get('precision', '')}")
+    lines.append(f"  device     {str(hw.device):<8} {s.reasons.get('device', '')}")
+    lines.append(f"  precision  {hw.precision:<8} {s.reasons.get('precision', '')}")
     lines.append(f"  host       {_host_line(hw)}")
     lines.append(f"  torch      {_torch_line(hw)}")
     lines.append("")

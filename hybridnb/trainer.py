@@ -29,7 +29,7 @@ from hybridnb.events import Event
 from hybridnb.interrupt import GracefulInterrupt
 from hybridnb.live import make_view
 from hybridnb.loaders import ResumableBatchSampler, as_dataset
-from hybridnb.losses import make_loss
+from hybridnb.losses import ReweightedHuber, make_loss
 from hybridnb.memory import peak_bytes, reset_peak
 from hybridnb.metrics import higher_is_better, regression_metrics
 from hybridnb.precision import Precision
@@ -75,6 +75,10 @@ class Trainer:
       recompute the activations of the top-level blocks in backward (less memory, more time).
     - ``steps_per_epoch``: cap the optimizer steps per epoch. ``seed``: python, numpy, torch
       and loader workers. ``live``: "auto" | "widgets" | "html" | "text" | False.
+    - ``strategy``: "auto" | "single" | a strategy object (see hybridnb.strategy: device
+      placement, model wrapping, data sharding, reductions; DDP overrides these).
+    - ``loader_kwargs``: DataLoader options for Datasets (default: detect()'s recommendation
+      with device="auto", else no workers).
     """
 
     def __init__(self, model: torch.nn.Module, *, loss="mse", lr: float = 1e-3,
@@ -174,8 +178,7 @@ class Trainer:
         self._plan(train_loader)
         if resume is not False and resume is not None:
             self._load_resume(resume)
-        elif self._pending is None:
-            self._reset_run()
+        self._reset_run()  # a pending resume state survives this and is loaded next
         if self._pending is not None:
             self.load_state_dict(self._pending)
             self._pending = None
@@ -389,8 +392,8 @@ class Trainer:
         self._check_norm = not self.scaler.is_enabled()
         self._compiled = False
         self._train_model = self.strategy.wrap(self.model)
-        self._micro = recovery.MicroBatches()
         self._restore(snapshot)
+        self._micro = recovery.MicroBatches()  # the GPU's micro-batch size means nothing here
         raise _Rewind
 
     def _bad_loss(self, verdict: str, loss: float) -> None:
@@ -400,12 +403,12 @@ class Trainer:
             f"loss spike ({loss:.4g} vs running mean {self.guard._mean():.4g})"
         self._event("nonfinite_loss" if verdict == "nonfinite" else "loss_spike",
                     f"{what}: step skipped, learning rate x{self.guard.lr_cut} (now "
-                    f"{self._current_lr():.3g})")
+                    f"{self._lr_scale:.3g} of the schedule)")
         if self.guard.exhausted:
             lr_scale, snapshot = self._lr_scale, self._snapshot
             self._event("restore", f"{self.guard.patience} bad steps in a row: restoring the "
                         f"last good state (step {snapshot['position']['global_step']}) and keeping "
-                        f"the lower learning rate ({self._current_lr():.3g})")
+                        f"the lower learning rate ({lr_scale:.3g} of the schedule)")
             self._restore(snapshot)
             self._lr_scale = lr_scale
             self.guard.streak = 0
@@ -593,7 +596,7 @@ class Trainer:
                 has_y = isinstance(batch, (tuple, list)) and len(batch) > 1
                 if with_targets and has_y:
                     y = self.strategy.to_device(batch[1])
-                    loss_sum += float(self.loss_fn(out, y)) * len(x)
+                    loss_sum += float(self._eval_loss(out, y)) * len(x)
                     n += len(x)
                     targets.append(self.strategy.gather(y.float().reshape(len(x), -1)).cpu())
                 preds.append(self.strategy.gather(out.float().reshape(len(x), -1)).cpu())
@@ -609,6 +612,12 @@ class Trainer:
             target = target[:, 0] if target.shape[1] == 1 else target
         loss = self.strategy.sum([loss_sum, float(n)])
         return pred, target, (loss[0] / loss[1] if loss[1] else math.nan)
+
+    def _eval_loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The loss without training-only reweighting, so validation losses stay comparable."""
+        if isinstance(self.loss_fn, ReweightedHuber) and self.loss_fn.reweighting:
+            return ReweightedHuber(self.loss_fn.delta)(out, y)
+        return self.loss_fn(out, y)
 
     def _eval_model(self) -> torch.nn.Module:
         return self.ema.module if self.ema is not None else self.model
@@ -653,6 +662,14 @@ class Trainer:
         self._restore(state)
         self.events = [Event(**e) for e in state["events"]]
         self._epoch_first_event = int(state.get("epoch_first_event", 0))
+        saved = state.get("config", {})
+        old = (saved.get("batch_size"), saved.get("grad_accum"))
+        if None not in old and old != (self.batch_size, self.grad_accum) and self.batches_done:
+            samples = self.batches_done * old[0]
+            self.batches_done = samples // self.batch_size // self.grad_accum * self.grad_accum
+            self._notes.append(("resume", f"the checkpoint used batch_size={old[0]} x grad_accum="
+                                f"{old[1]}, this run {self.batch_size} x {self.grad_accum}: the "
+                                f"epoch continues after about {samples} samples, not bit for bit"))
 
     def _restore(self, state: dict) -> None:
         """Weights, optimizer, schedule, scaler, EMA, position and RNG (events are kept)."""
@@ -666,8 +683,7 @@ class Trainer:
         if self.guard is not None and state["guard"] is not None:
             self.guard.load_state_dict(state["guard"])
         self._lr_scale = float(state["lr_scale"])
-        if state.get("micro") and self.strategy.accelerator:
-            self._micro.size = int(state["micro"])
+        self._micro.size = int(state["micro"]) if state.get("micro") else None
         pos = state["position"]
         self.epoch, self.batches_done = int(pos["epoch"]), int(pos["batches_done"])
         self.global_step = int(pos["global_step"])
@@ -698,7 +714,6 @@ class Trainer:
         if resume is True and not any((where / n).exists()
                                       for n in (checkpoint.LAST, checkpoint.PREVIOUS)):
             self._notes.append(("resume", f"no checkpoint in {where} yet: starting from scratch"))
-            self._reset_run()
             return
         self.resume(where)
 

@@ -263,3 +263,13 @@ def test_sigkill_then_resume_is_bitwise_identical_to_a_straight_run(tmp_path):
     for part in ("model", "ema"):
         for k in a[part]:
             assert torch.equal(a[part][k], b[part][k]), (part, k)
+
+
+def test_resume_with_another_batch_size_continues_by_samples_and_says_so(tmp_path):
+    first = trainer(Stopper(stop_at=5), tmp_path, epochs=1)  # 5 steps of 32 = 160 samples
+    first.fit(Noisy())
+    tr = trainer(Stopper(), tmp_path, epochs=1, batch_size=16)
+    tr.fit(Noisy(), resume=True)
+    note = next(e for e in tr.events if e.kind == "resume" and "batch_size=32" in e.message)
+    assert "160 samples" in note.message
+    assert tr.global_step == 5 + 10  # the remaining 160 samples in batches of 16

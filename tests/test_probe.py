@@ -63,6 +63,12 @@ def test_segfault_names_the_signal_and_the_step(monkeypatch):
     assert r.returncode < 0 and "SIGSEGV" in r.message and "memory query" in r.message
 
 
+def test_crash_at_shutdown_after_every_step_passed_still_passes_with_a_note(monkeypatch):
+    [r] = _run(monkeypatch, {"crash_at": "exit"})
+    assert r.ok and all(s.status == "ok" for s in r.steps)
+    assert r.returncode < 0 and "SIGSEGV while shutting down" in r.message
+
+
 def test_child_that_dies_before_any_step_is_a_crash_with_its_stderr(monkeypatch):
     monkeypatch.setenv(probe.SIMULATE_ENV, "{not json")
     [r] = probe.run_probes([("cuda", 0)], 30)

@@ -36,10 +36,12 @@ def _nrmse(model, X, y) -> float:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
+    """Challenge 2's model learnt on inputs × 1000 (e.g. millivolts); the harness feeds volts."""
     spec = _spec()
-    m1, m2 = _model(spec, 1), _model(spec, 2)
+    spec2 = S.challenge_spec("ShallowFBCSPNet", input_scale=1000.0, **SMALL)
+    m1, m2 = _model(spec, 1), _model(spec2, 2)
     path = S.build_submission(tmp_path_factory.mktemp("sub") / "submission.zip",
-                              (spec, m1), (spec, m2))
+                              (spec, m1), (spec2, m2))
     return path, spec, m1, m2
 
 
@@ -70,7 +72,7 @@ def test_fresh_process_returns_B_by_1_and_scores_each_challenge_with_its_own_wei
     assert r1["leaked"] == []
     assert r1["nrmse"] == pytest.approx(_nrmse(m1, X, y), rel=1e-4)
     r2 = S.check_submission(path, X, y, challenge=2, batch_size=64)
-    assert r2["nrmse"] == pytest.approx(_nrmse(m2, X, y), rel=1e-4)
+    assert r2["nrmse"] == pytest.approx(_nrmse(m2, X * 1000.0, y), rel=1e-4)
     assert r1["nrmse"] != pytest.approx(r2["nrmse"], rel=1e-3)
 
 
@@ -134,6 +136,7 @@ def test_bad_inputs_are_named(built):
 def test_saved_model_round_trips_and_a_corrupt_file_is_named(tmp_path):
     spec = _spec()
     model = _model(spec, 3)
+    spec = S.challenge_spec("ShallowFBCSPNet", input_scale=1e6, **SMALL)
     path = S.save_model(tmp_path / "c1.pt", spec, model)
     spec2, again = S.load_model(path)
     X, y = _data(6)

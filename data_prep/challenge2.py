@@ -1,0 +1,115 @@
+"""Challenge 2 windows: fixed 4-s windows, 2-s stride, subject-level target, random 2-s crops.
+
+As the starter kit / local scoring (reference §2.2): recordings with a missing target, fewer
+than 400 samples or not 129 channels are left out (and reported here, with the reason);
+``create_fixed_length_windows(window_size_samples=400, window_stride_samples=200,
+drop_last_window=True)``; the 2-s crops are drawn when the windows are read
+(``windows.dataset(crop=200, seed=...)``), one ``random.Random(seed)`` per recording as the
+starter kit's ``DatasetWrapper`` does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import windows as _w
+from .bids import Recording, to_number
+from .challenge1 import DESCRIPTION, _participants
+from .problems import Problem
+from .signal import Source, bad_windows
+from .store import Chunk
+
+N_CHANS = 129
+TARGETS = ("externalizing", "p_factor", "attention", "internalizing")
+CROP = 200
+RECIPE_VERSION = 1
+
+
+def make_windows(root_or_dataset, tasks=("RestingState",), target: str = "externalizing",
+                 window_s: float = 4.0, stride_s: float = 2.0, sfreq: float = 100.0,
+                 subjects=None, drop_bad_windows: bool = True, cache_dir=None,
+                 cache: bool = True, n_jobs: int | None = None,
+                 progress: bool | None = None) -> _w.Windows:
+    """Challenge 2 windows (N, 129, 400) of ``tasks``; train on ``.dataset(crop=200)``.
+
+    ``target``: a participants.tsv column (externalizing, the final challenge target; p_factor
+    as in the September starter kit; attention; internalizing; or any numeric column).
+    """
+    tasks = (tasks,) if isinstance(tasks, str) else tuple(tasks)
+    recs = _w.resolve_inputs(root_or_dataset, tasks, subjects)
+    size, stride = int(window_s * sfreq), int(stride_s * sfreq)
+    if stride <= 0 or size <= 0:
+        raise ValueError(f"window_s and stride_s must be positive, got {window_s}, {stride_s}")
+    recipe = {"challenge": 2, "v": RECIPE_VERSION, "tasks": list(tasks), "target": target,
+              "size": size, "stride": stride, "sfreq": sfreq, "drop_bad": drop_bad_windows}
+
+    def work(rec: Recording) -> Chunk:
+        return _recording_windows(rec, target, size, stride, sfreq, drop_bad_windows)
+
+    inputs = [r.path for r in recs] + _participants(recs)
+    return _w.make("challenge2", recs, recipe, inputs, work, (N_CHANS, size),
+                   cache_dir=cache_dir, cache=cache, n_jobs=n_jobs, progress=progress)
+
+
+def window_starts(n_times: int, size: int, stride: int) -> np.ndarray:
+    """braindecode's fixed-length starts with drop_last_window=True."""
+    return np.arange(0, n_times - size + 1, stride, dtype=np.int64) if n_times >= size else \
+        np.zeros(0, np.int64)
+
+
+def _recording_windows(rec: Recording, target: str, size: int, stride: int, sfreq: float,
+                       drop_bad: bool) -> Chunk:
+    problems: list[Problem] = []
+    ids, name = rec.ids(), rec.name
+
+    def skip(code: str, msg: str) -> Chunk:
+        problems.append(Problem(name, "skipped", code, msg, **ids))
+        return Chunk(None, None, problems)
+
+    y = to_number(rec.description.get(target))
+    if target not in rec.description:
+        return skip("no_target", f"{name}: subject {rec.subject} has no '{target}' in "
+                                 "participants.tsv; recording left out")
+    if math.isnan(y):
+        return skip("nan_target", f"{name}: subject {rec.subject}'s {target} is missing (n/a) "
+                                  "in participants.tsv; recording left out")
+    try:
+        src = Source(rec)
+    except (ValueError, OSError) as exc:
+        code = "truncated_bdf" if "truncated" in str(exc) else "unreadable"
+        return skip(code, f"{exc}" if name in str(exc) else f"{name}: {exc}")
+    try:
+        if src.n_chans != N_CHANS:
+            return skip("wrong_channel_count",
+                        f"{name}: {src.n_chans} channels, the challenge expects {N_CHANS}; "
+                        "recording left out")
+        if src.n_times < size:
+            return skip("too_short", f"{name}: {src.n_times} samples ({src.n_times / sfreq:g} s)"
+                                     f", shorter than one {size}-sample window; left out")
+        if abs(src.sfreq - sfreq) > 1e-6:
+            return skip("wrong_sfreq", f"{name}: sampled at {src.sfreq:g} Hz, the recipe "
+                                       f"expects {sfreq:g} Hz; resample it first")
+        starts = window_starts(src.n_times, size, stride)
+        X = src.windows(starts, size)
+    finally:
+        src.close()
+    n = len(starts)
+    meta = {"subject": rec.subject, "task": rec.task, "run": rec.run, "session": rec.session,
+            "file": name, "i_window_in_trial": np.arange(n, dtype=np.int64),
+            "i_start_in_trial": starts, "i_stop_in_trial": starts + size,
+            "start": starts, "stop": starts + size, "target": np.full(n, y)}
+    for k in DESCRIPTION:
+        if k in rec.description:
+            meta[k] = rec.description[k]
+    meta = {k: (np.full(n, v, dtype=object if isinstance(v, str) or v is None else None)
+                if np.ndim(v) == 0 else v) for k, v in meta.items()}
+    if drop_bad:
+        bad = bad_windows(X)
+        if bad.any():
+            problems.append(Problem(name, "dropped", "lost_samples", (
+                f"{name}: {int(bad.sum())} of {n} windows hold lost samples (NaN, or every "
+                "channel flat for >= 0.5 s: a dropout); dropped"), **ids))
+            X, meta = X[~bad], {k: v[~bad] for k, v in meta.items()}
+    return Chunk(X, meta, problems)

@@ -1,0 +1,79 @@
+"""Subject-wise splits: no subject's windows in two splits.
+
+``by_subject(w, val=0.1, test=0.1, seed=0)`` shuffles the subjects with the seed and cuts them
+by count; ``exclude="startkit"`` first removes the 9 subjects the starter kit drops (startkit
+PR #10). ``startkit_split`` reproduces the starter kit's exact split (sklearn
+``train_test_split`` with ``check_random_state(2025)`` then ``(2026)``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+STARTKIT_EXCLUDED = ("NDARWV769JM7", "NDARME789TD2", "NDARUA442ZVF", "NDARJP304NK1",
+                     "NDARTY128YLU", "NDARDW550GU6", "NDARLD243KRE", "NDARUJ292JXV",
+                     "NDARBA381JGH")
+
+
+def _subjects(windows, exclude) -> np.ndarray:
+    subj = windows.metadata["subject"].astype(str).to_numpy()
+    if exclude is None:
+        drop = set()
+    elif isinstance(exclude, str):
+        if exclude != "startkit":
+            raise ValueError(f"exclude must be None, 'startkit' or a list of subject ids, "
+                             f"got {exclude!r}")
+        drop = set(STARTKIT_EXCLUDED)
+    else:
+        drop = set(exclude)
+    return subj, drop
+
+
+def by_subject(windows, val: float = 0.1, test: float = 0.1, seed: int = 0, exclude=None):
+    """(train, val, test) subsets of ``windows`` with disjoint subjects.
+
+    ``val``/``test``: fractions of the subjects (rounded, at least one subject each when the
+    fraction is > 0 and there are subjects to spare) or whole numbers of subjects.
+    """
+    subj, drop = _subjects(windows, exclude)
+    subjects = np.array(sorted(set(subj) - drop))
+    if len(subjects) < 1 + (val > 0) + (test > 0):
+        raise ValueError(f"by_subject: {len(subjects)} subject(s) cannot make train/val/test "
+                         f"splits (val={val}, test={test})")
+    rng = np.random.default_rng(seed)
+    subjects = subjects[rng.permutation(len(subjects))]
+    n_test, n_val = _count(test, len(subjects)), _count(val, len(subjects))
+    if n_test + n_val >= len(subjects):
+        raise ValueError(f"by_subject: val={val} and test={test} leave no training subject "
+                         f"out of {len(subjects)}")
+    test_s, val_s = subjects[:n_test], subjects[n_test:n_test + n_val]
+    train_s = subjects[n_test + n_val:]
+    return tuple(windows.subset(np.isin(subj, s)) for s in (train_s, val_s, test_s))
+
+
+def startkit_split(windows, exclude="startkit"):
+    """The starter kit's split, exactly as challenge_1.py writes it.
+
+    sklearn ``train_test_split(subjects, test_size=0.2, random_state=check_random_state(2025))``
+    then ``train_test_split(rest, test_size=0.1, random_state=check_random_state(2026))`` on the
+    subjects in window order — so "valid" gets most of the 20 % and "test" few (sklearn rounds
+    the test share up). Returns (train, valid, test).
+    """
+    from sklearn.model_selection import train_test_split
+    from sklearn.utils import check_random_state
+
+    subj, drop = _subjects(windows, exclude)
+    subjects = [s for s in dict.fromkeys(subj) if s not in drop]
+    train_s, rest = train_test_split(subjects, test_size=0.2, shuffle=True,
+                                     random_state=check_random_state(2025))
+    val_s, test_s = train_test_split(rest, test_size=0.1, shuffle=True,
+                                     random_state=check_random_state(2026))
+    return tuple(windows.subset(np.isin(subj, s)) for s in (train_s, val_s, test_s))
+
+
+def _count(frac, n: int) -> int:
+    if isinstance(frac, (int, np.integer)) and not isinstance(frac, bool) and frac >= 1:
+        return int(frac)
+    if not 0 <= frac < 1:
+        raise ValueError(f"split fractions must be in [0, 1) or whole counts, got {frac}")
+    return max(1, int(round(frac * n))) if frac > 0 else 0

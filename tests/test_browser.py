@@ -1,0 +1,226 @@
+"""The widget live view in a real JupyterLab page, driven by headless Chromium.
+
+Starts JupyterLab (127.0.0.1, no token, a free port, a temp root), opens tests/browser/train.ipynb
+(a tiny model trained with ``Trainer(live="widgets")``), runs all cells and checks from the DOM:
+the ipywidgets progress bar reached 100 %, the live plotly loss trace grew while training, and
+at the end the live widgets were replaced by the static snapshot whose loss trace has one point
+per logged step and whose memory plot has data. Then tests/browser/stop.ipynb: click Stop while
+it trains and check that training ended early with a checkpoint on disk. Screenshots are saved in
+the test's tmp folder.
+
+Chromium is Debian's (``make setup`` installs it when missing); the test installs nothing and
+skips, saying why, only when no Chromium can be found.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(300)]
+
+HERE = Path(__file__).parent / "browser"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync"]
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+
+# Records what the live widgets showed while training: the fullest progress bar and the longest
+# loss/memory traces of the live FigureWidget (inside a widget-view output), on every DOM change.
+OBSERVER = """() => {
+  const s = window.__hnb = {maxPct: 0, liveLoss: 0, liveMem: 0, scans: 0};
+  const scan = () => {
+    s.scans += 1;
+    for (const bar of document.querySelectorAll('.widget-hprogress .progress-bar')) {
+      const w = parseFloat(bar.style.width || '0');
+      if (w > s.maxPct) s.maxPct = w;
+    }
+    for (const gd of document.querySelectorAll('.js-plotly-plot')) {
+      const out = gd.closest('[data-mime-type]');
+      if (!out || out.dataset.mimeType !== '%s' || !gd.data) continue;
+      for (const t of gd.data) {
+        const n = (t.y || []).filter(v => v !== null && v !== undefined).length;
+        if (t.name === 'train loss' && n > s.liveLoss) s.liveLoss = n;
+        if (t.name === 'process RSS' && n > s.liveMem) s.liveMem = n;
+      }
+    }
+  };
+  new MutationObserver(scan).observe(document.body, {subtree: true, childList: true,
+    attributes: true, attributeFilter: ['style', 'class', 'd']});
+}""" % WIDGET_MIME
+
+# The static snapshot left in the notebook at the end (rendered by JupyterLab's plotly renderer).
+SNAPSHOT = """() => {
+  const out = {plots: [], widgetViews: document.querySelectorAll(
+      '[data-mime-type="%s"]').length, bars: document.querySelectorAll('.widget-hprogress').length,
+    summary: [...document.querySelectorAll('.hybridnb-summary')].map(e => e.innerText)};
+  for (const gd of document.querySelectorAll('[data-mime-type="%s"] .js-plotly-plot')) {
+    out.plots.push(Object.fromEntries((gd.data || []).map(
+      t => [t.name, (t.y || []).filter(v => v !== null && v !== undefined).length])));
+  }
+  return out;
+}""" % (WIDGET_MIME, PLOTLY_MIME)
+
+
+def _chromium() -> str | None:
+    for path in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser")):
+        if path and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str):
+    with urllib.request.urlopen(url, timeout=2) as r:
+        return json.loads(r.read() or b"null")
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A JupyterLab server in a temp root holding copies of tests/browser/*.ipynb."""
+    chromium = _chromium()
+    if chromium is None:
+        pytest.skip("no Chromium found (/usr/bin/chromium); `make setup` installs Debian's "
+                    "chromium when run as root")
+    pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    pytest.importorskip("jupyterlab", reason="jupyterlab is not installed")
+    root = tmp_path_factory.mktemp("lab")
+    for nb in HERE.glob("*.ipynb"):
+        shutil.copy(nb, root / nb.name)
+    settings = root / ".settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    port = _free_port()
+    # The kernel must see a person's JupyterLab, not pytest/CI.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTEST_CURRENT_TEST", "CI", "HYBRIDNB_SMOKE", "NBVAL")}
+    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+           f"--ServerApp.port={port}", "--IdentityProvider.token=", "--ServerApp.password=",
+           f"--ServerApp.root_dir={root}", f"--LabApp.workspaces_dir={root / '.ws'}",
+           f"--LabApp.user_settings_dir={root / '.settings'}"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")
+    log = open(root / "server.log", "w")
+    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                _get(f"{url}/api/status")
+                break
+            except OSError:
+                if server.poll() is not None or time.time() > deadline:
+                    raise RuntimeError("JupyterLab did not start:\n"
+                                       + (root / "server.log").read_text()[-3000:]) from None
+                time.sleep(0.2)
+        from playwright.sync_api import sync_playwright
+
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+            yield {"url": url, "root": root, "browser": browser}
+            browser.close()
+    finally:
+        server.terminate()
+        try:
+            server.wait(15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+def _open_and_run_all(lab, name: str):
+    """Open a notebook, wait for its kernel to be idle (a fresh server races the kernel start),
+    install the DOM observer and Run All Cells."""
+    page = lab["browser"].new_page(viewport={"width": 1400, "height": 1100})
+    page.goto(f"{lab['url']}/lab/tree/{name}")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+    deadline = time.time() + 60
+    while True:
+        sessions = [s for s in _get(f"{lab['url']}/api/sessions") if s["path"] == name]
+        if sessions and sessions[0]["kernel"]["execution_state"] == "idle" and \
+                page.query_selector('.jp-Notebook-ExecutionIndicator[data-status="idle"]'):
+            break
+        assert time.time() < deadline, f"the kernel of {name} never became idle"
+        time.sleep(0.2)
+    page.evaluate(OBSERVER)
+    page.click(".lm-MenuBar-itemLabel:text-is('Run')")
+    page.click("li[data-command='runmenu:run-all']")
+    return page
+
+
+def _wait_for(path: Path, page, seconds: float) -> dict:
+    deadline = time.time() + seconds
+    while not path.exists():
+        errors = page.query_selector_all('[data-mime-type="application/vnd.jupyter.stderr"]')
+        tracebacks = [e.inner_text() for e in errors if "Traceback" in e.inner_text()]
+        assert not tracebacks, tracebacks[0]
+        assert time.time() < deadline, f"{path.name} was not written in {seconds} s"
+        page.wait_for_timeout(200)
+    return json.loads(path.read_text())
+
+
+def test_widgets_train_in_jupyterlab(lab, tmp_path):
+    page = _open_and_run_all(lab, "train.ipynb")
+    page.wait_for_function("() => window.__hnb.liveLoss >= 10", timeout=60_000)
+    page.screenshot(path=str(tmp_path / "lab-live.png"))
+    result = _wait_for(lab["root"] / "result-train.json", page, 90)
+    page.wait_for_selector(f'[data-mime-type="{PLOTLY_MIME}"] .js-plotly-plot', timeout=30_000)
+    page.wait_for_timeout(300)
+    live = page.evaluate("() => window.__hnb")
+    snap = page.evaluate(SNAPSHOT)
+    page.screenshot(path=str(tmp_path / "lab-train.png"), full_page=True)
+    print("screenshots:", tmp_path / "lab-live.png", tmp_path / "lab-train.png")
+
+    assert "frontend: jupyter" in page.inner_text(".jp-Notebook")  # a real Lab session
+    assert result["epochs"] == 3 and result["steps"] == 3 * 16
+    assert live["maxPct"] == pytest.approx(100.0)  # an ipywidgets bar reached 100 %
+    assert live["liveLoss"] >= 10 and live["liveMem"] >= 1  # live plot grew while training
+    # At the end the live widgets were replaced by the static snapshot ...
+    assert snap["widgetViews"] == 0 and snap["bars"] == 0
+    assert len(snap["plots"]) == 1
+    plot = snap["plots"][0]
+    assert plot["train loss"] == result["steps"]  # ... one loss point per logged step
+    assert plot["val loss"] == 3
+    assert plot["process RSS"] >= 2  # and the memory plot has data
+    assert len(snap["summary"]) == 1 and "Trained SlowLinear" in snap["summary"][0]
+    assert "Best val_loss" in snap["summary"][0]
+    page.close()
+
+
+def test_stop_button_ends_training_with_a_checkpoint(lab, tmp_path):
+    page = _open_and_run_all(lab, "stop.ipynb")
+    page.wait_for_function("() => window.__hnb.liveLoss >= 5", timeout=60_000)
+    started = time.time()
+    page.click(".hybridnb-stop:not([disabled])")
+    result = _wait_for(lab["root"] / "result-stop.json", page, 60)
+    took = time.time() - started
+    page.wait_for_selector(".hybridnb-summary", timeout=30_000)
+    summary = page.inner_text(".hybridnb-summary")
+    page.screenshot(path=str(tmp_path / "lab-stop.png"), full_page=True)
+    print("screenshot:", tmp_path / "lab-stop.png")
+
+    assert "stop_button" in result["events"]
+    assert result["epochs"] < result["planned_epochs"] and result["steps"] < 50 * 16
+    assert took < 30  # stopped after the current step, not at the end of 50 epochs
+    assert "last.pt" in result["files"]
+    ckpt = lab["root"] / "ckpt-stop" / "last.pt"
+    assert ckpt.stat().st_size > 0  # the checkpoint is on disk
+    assert "Stopped with the Stop button" in summary
+    page.close()
