@@ -15,6 +15,7 @@ import argparse
 import ast
 import collections
 import datetime as _dt
+import json
 import os
 import re
 import signal
@@ -140,16 +141,39 @@ def write_index(this_run: list[dict], total_s: float | None) -> Path:
         lines.append("| – | no results yet | | | |")
     if goal_lines:
         lines += ["", "## Goals, as of each latest result", "", *goal_lines]
-    if this_run:
-        when = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
-        lines += ["", f"## Last run ({when})", "", "| benchmark | status | seconds |",
-                  "|---|---|---|"]
-        lines += [f"| {r['name']} | {r['status']} | {r['seconds']:.0f} |" for r in this_run]
-        if total_s is not None:
-            lines += ["", f"Total: {total_s:.0f} s ({total_s / 60:.1f} min)."]
+    runs = _remember_runs(this_run, total_s)
+    if runs["benchmarks"]:
+        lines += ["", "## Last runs", "", "| benchmark | status | seconds | when |",
+                  "|---|---|---|---|"]
+        lines += [f"| {name} | {r['status']} | {r['seconds']:.0f} | {r['when']} |"
+                  for name, r in sorted(runs["benchmarks"].items())]
+        last = runs.get("last_invocation")
+        if last:
+            lines += ["", f"Last `python -m bench` invocation ({last['when']}): "
+                      f"{', '.join(last['names'])} in {last['total_s']:.0f} s "
+                      f"({last['total_s'] / 60:.1f} min)."]
     path = RESULTS / "README.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _remember_runs(this_run: list[dict], total_s: float | None) -> dict:
+    """Each benchmark's last status and time, kept in results/runs.json across partial runs."""
+    store = RESULTS / "runs.json"
+    try:
+        runs = json.loads(store.read_text())
+    except (OSError, ValueError):
+        runs = {}
+    runs.setdefault("benchmarks", {})
+    when = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    for r in this_run:
+        runs["benchmarks"][r["name"]] = {"status": r["status"], "seconds": round(r["seconds"], 1),
+                                         "when": when}
+    if this_run and total_s is not None:
+        runs["last_invocation"] = {"when": when, "names": [r["name"] for r in this_run],
+                                   "total_s": round(total_s, 1)}
+    store.write_text(json.dumps(runs, indent=1) + "\n")
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,8 +6,8 @@ Part 1, window preparation (open the release -> windows ready), interleaved A B 
     signal is not loaded) / official with ``raw.load_data()`` first.
   * Challenge 2: data_prep / cache / official (filter + fixed-length windows; lazy) / official
     with the signal loaded.
-Part 2, DataLoader throughput (batch 128, shuffled, workers 0, one torch thread, first epoch
-included), same DataLoader for every dataset:
+Part 2, DataLoader throughput (batch 128, shuffled, workers 0, one torch thread; whole epochs,
+the first included, at least 30 batches), same DataLoader for every dataset:
   * C1: the store (``w.loader()``, and a plain ``DataLoader(w.dataset(), batch_size=128)``) /
     braindecode windows as the starter kit writes them (BDF re-read per item) / braindecode with
     the signal loaded.
@@ -104,12 +104,14 @@ def _prep_rows(root: Path, cache: Path) -> tuple[list[dict], dict]:
     return rows, state
 
 
-def _epoch_rate(loader, max_batches: int = 40) -> float:
-    n, t0 = 0, time.perf_counter()
-    for i, batch in enumerate(loader):
-        n += len(batch[0])
-        if i + 1 >= max_batches:
-            break
+def _epoch_rate(make_loader, min_batches: int = 30) -> float:
+    """Windows/s over whole epochs (first included) until at least ``min_batches`` batches."""
+    loader = make_loader()
+    n, batches, t0 = 0, 0, time.perf_counter()
+    while batches < min_batches:
+        for batch in loader:
+            n += len(batch[0])
+            batches += 1
     return n / (time.perf_counter() - t0)
 
 
@@ -132,7 +134,7 @@ def _loader_rows(root: Path, cache: Path, state: dict) -> list[dict]:
     def rate(make):
         def run():
             with quiet():
-                return _epoch_rate(make())    # interleaved records the returned rate
+                return _epoch_rate(make)      # interleaved records the returned rate
         return run
 
     t = interleaved({

@@ -31,7 +31,7 @@ LR = 1e-3
 MARK = "PEERS_RESULT "
 # device -> (model, batch, steps, repeats)
 # (2 rounds on the CPU keep the 16 fresh processes within about 3 minutes on 2 busy cores)
-PLANS = {"cpu": ("shallow", 64, 6, 2), "cuda": ("eegnex", 256, 40, 3)}
+PLANS = {"cpu": ("shallow", 64, 4, 2), "cuda": ("eegnex", 256, 40, 3)}
 LABEL = {"loop": "hand-written loop", "hybridnb": "hybridnb.Trainer",
          "lightning": "Lightning Trainer", "skorch": "braindecode EEGRegressor (skorch)"}
 
@@ -294,7 +294,7 @@ def _cli() -> None:
     p.add_argument("--live", choices=LIVES, default="off")
     p.add_argument("--model", default="shallow")
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--steps", type=int, default=4)
     p.add_argument("--device", default="cpu")
     p.add_argument("--t0", type=float, default=None)
     a = p.parse_args()

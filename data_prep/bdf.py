@@ -124,11 +124,15 @@ def _meas_date(fixed: bytes) -> _dt.datetime | None:
     return _dt.datetime(year, m, d, hh, mm, ss, tzinfo=_dt.timezone.utc)
 
 
+_INT24 = np.dtype([("lo", "<u2"), ("hi", "i1")])
+
+
 def _decode(raw: np.ndarray, n_rec: int, hdr: BDFHeader) -> np.ndarray:
-    """24-bit little-endian records -> (C, n_rec*spr) int32."""
-    b = np.zeros((raw.size // 3, 4), np.uint8)
-    b[:, 1:] = raw.reshape(-1, 3)
-    val = (b.view("<i4").reshape(-1) >> 8)
+    """24-bit little-endian records -> (C, n_rec*spr) int32 (two bytes unsigned + one signed)."""
+    parts = np.frombuffer(raw, _INT24)
+    val = parts["hi"].astype(np.int32)
+    val <<= 16
+    val |= parts["lo"]
     val = val.reshape(n_rec, hdr.n_channels, hdr.samples_per_record)
     return val.transpose(1, 0, 2).reshape(hdr.n_channels, -1)
 

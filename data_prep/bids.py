@@ -195,7 +195,15 @@ def recordings_from_dataset(dataset) -> list[Recording]:
         fn = raw.filenames[0] if raw.filenames and raw.filenames[0] else None
         path = Path(fn) if fn else Path(f"{desc.get('subject', 'x')}_in-memory_eeg.fif")
         out.append(Recording(path=path, subject=str(desc.get("subject")),
-                             task=str(desc.get("task")),
-                             run=None if desc.get("run") in (None, "") else str(desc["run"]),
-                             session=desc.get("session"), description=desc, raw=raw))
+                             task=str(desc.get("task")), run=_entity(desc.get("run")),
+                             session=_entity(desc.get("session")), description=desc, raw=raw))
     return out
+
+
+def _entity(value) -> str | None:
+    """A BIDS entity from a description value: None for missing (None, '', NaN)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value == "":
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)

@@ -16,7 +16,7 @@ from . import windows as _w
 from .bids import Recording
 from .events import EventsError, c1_trials, read_events
 from .problems import Problem
-from .signal import Source, bad_windows
+from .signal import Source
 from .store import Chunk
 
 TASK = "contrastChangeDetection"
@@ -99,18 +99,16 @@ def _recording_windows(rec: Recording, start: int, stop: int, size: int, sfreq: 
             code = "no_trials" if "no trial" in str(exc) or "every trial" in str(exc) \
                 else "bad_events"
             return skip(code, str(exc))
-        X = src.windows(trials["i_start_in_trial"], size)
+        X, bad = src.windows(trials["i_start_in_trial"], size, check=drop_bad)
     finally:
         src.close()
     meta = _metadata(rec, trials, target, size)
-    if drop_bad:
-        bad = bad_windows(X)
-        if bad.any():
-            at = ", ".join(f"{s / sfreq:g}" for s in meta["i_start_in_trial"][bad])
-            problems.append(Problem(name, "dropped", "lost_samples", (
-                f"{name}: {int(bad.sum())} window(s) starting at {at} s hold lost samples "
-                "(NaN, or every channel flat for >= 0.5 s: a dropout); dropped"), **ids))
-            X, meta = X[~bad], {k: v[~bad] for k, v in meta.items()}
+    if bad.any():
+        at = ", ".join(f"{s / sfreq:g}" for s in meta["i_start_in_trial"][bad])
+        problems.append(Problem(name, "dropped", "lost_samples", (
+            f"{name}: {int(bad.sum())} window(s) starting at {at} s hold lost samples "
+            "(NaN, or every channel flat for >= 0.5 s: a dropout); dropped"), **ids))
+        X, meta = X[~bad], {k: v[~bad] for k, v in meta.items()}
     return Chunk(X, meta, problems)
 
 

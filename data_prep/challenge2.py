@@ -18,7 +18,7 @@ from . import windows as _w
 from .bids import Recording, to_number
 from .challenge1 import DESCRIPTION, _participants
 from .problems import Problem
-from .signal import Source, bad_windows
+from .signal import Source
 from .store import Chunk
 
 N_CHANS = 129
@@ -92,7 +92,7 @@ def _recording_windows(rec: Recording, target: str, size: int, stride: int, sfre
             return skip("wrong_sfreq", f"{name}: sampled at {src.sfreq:g} Hz, the recipe "
                                        f"expects {sfreq:g} Hz; resample it first")
         starts = window_starts(src.n_times, size, stride)
-        X = src.windows(starts, size)
+        X, bad = src.windows(starts, size, check=drop_bad)
     finally:
         src.close()
     n = len(starts)
@@ -105,11 +105,9 @@ def _recording_windows(rec: Recording, target: str, size: int, stride: int, sfre
             meta[k] = rec.description[k]
     meta = {k: (np.full(n, v, dtype=object if isinstance(v, str) or v is None else None)
                 if np.ndim(v) == 0 else v) for k, v in meta.items()}
-    if drop_bad:
-        bad = bad_windows(X)
-        if bad.any():
-            problems.append(Problem(name, "dropped", "lost_samples", (
-                f"{name}: {int(bad.sum())} of {n} windows hold lost samples (NaN, or every "
-                "channel flat for >= 0.5 s: a dropout); dropped"), **ids))
-            X, meta = X[~bad], {k: v[~bad] for k, v in meta.items()}
+    if bad.any():
+        problems.append(Problem(name, "dropped", "lost_samples", (
+            f"{name}: {int(bad.sum())} of {n} windows hold lost samples (NaN, or every "
+            "channel flat for >= 0.5 s: a dropout); dropped"), **ids))
+        X, meta = X[~bad], {k: v[~bad] for k, v in meta.items()}
     return Chunk(X, meta, problems)

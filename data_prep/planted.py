@@ -50,9 +50,9 @@ class Planted:
     motor_lead: float = 0.05
     motor_jitter: float = 0.12
     motor_width: float = 0.10
-    motor_uv: float = -10.0
+    motor_uv: float = -12.0
     visual_uv: float = 4.0
-    beta_uv: float = 8.0
+    beta_uv: float = 12.0
     beta_erd: float = 0.3
     beta_rebound: float = 4.0
     alpha_uv: float = 6.0

@@ -47,20 +47,27 @@ class Source:
             return self._bdf.read(start, stop)
         return self._raw.get_data(start=start, stop=stop)
 
-    def windows(self, starts: np.ndarray, length: int) -> np.ndarray:
-        """(n, C, length) float32 windows starting at ``starts``; dense spans read in one go."""
-        out = np.empty((len(starts), self.n_chans, length), np.float32)
+    def windows(self, starts: np.ndarray, length: int, check: bool = True
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """(n, C, length) float32 windows at ``starts`` and the (n,) "lost samples" flags.
+
+        Dense windows (covering half the span or more) are cut from one read of the span;
+        sparse ones are read one by one. ``check=False`` skips the lost-samples check.
+        """
+        starts = np.asarray(starts, np.int64)
         if not len(starts):
-            return out
+            return np.empty((0, self.n_chans, length), np.float32), np.zeros(0, bool)
         lo, hi = int(starts.min()), int(starts.max()) + length
         if len(starts) * length >= 0.5 * (hi - lo):
-            block = self.read(lo, hi)
-            for i, s in enumerate(starts):
-                out[i] = block[:, s - lo: s - lo + length]
-        else:
-            for i, s in enumerate(starts):
-                out[i] = self.read(int(s), int(s) + length)
-        return out
+            block = self.read(lo, hi).astype(np.float32)
+            view = np.lib.stride_tricks.sliding_window_view(block, length, axis=1)
+            out = np.ascontiguousarray(view[:, starts - lo].transpose(1, 0, 2))
+            bad = bad_spans(block, starts - lo, length) if check else np.zeros(len(out), bool)
+            return out, bad
+        out = np.empty((len(starts), self.n_chans, length), np.float32)
+        for i, s in enumerate(starts):
+            out[i] = self.read(int(s), int(s) + length)
+        return out, (bad_windows(out) if check else np.zeros(len(out), bool))
 
     def close(self) -> None:
         if self._bdf is not None:
@@ -86,4 +93,22 @@ def bad_windows(x: np.ndarray, min_flat: int = FLAT_MIN_SAMPLES) -> np.ndarray:
         c = np.cumsum(np.pad(still, ((0, 0), (1, 0))), axis=1, dtype=np.int32)
         k = min_flat - 1
         bad |= ((c[:, k:] - c[:, :-k]) == k).any(axis=1)
+    return bad
+
+
+def bad_spans(block: np.ndarray, starts: np.ndarray, length: int,
+              min_flat: int = FLAT_MIN_SAMPLES) -> np.ndarray:
+    """:func:`bad_windows` for windows ``[s, s+length)`` of one continuous (C, T) block."""
+    nonfinite = ~np.isfinite(block).all(axis=0)                       # (T,)
+    nf = np.concatenate([[0], np.cumsum(nonfinite)])
+    bad = nf[starts + length] - nf[starts] > 0
+    if length > min_flat:
+        k = min_flat - 1
+        still = (block[:, 1:] == block[:, :-1]).all(axis=0)             # (T-1,)
+        c = np.concatenate([[0], np.cumsum(still)])
+        run_end = np.zeros(len(still), bool)                           # k flat diffs end at t
+        run_end[k - 1:] = (c[k:] - c[:-k]) == k
+        r = np.concatenate([[0], np.cumsum(run_end)])
+        # diffs of window s are s .. s+length-2; a run ending at t lies inside if t >= s+k-1
+        bad |= r[starts + length - 1] - r[starts + k - 1] > 0
     return bad

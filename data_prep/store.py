@@ -93,7 +93,7 @@ def build(folder: Path, recordings: list[Recording], work: Callable[[Recording],
                 problems += chunk.problems
                 if chunk.X is None or not len(chunk.X):
                     continue
-                fx.write(np.ascontiguousarray(chunk.X, np.float32).tobytes())
+                fx.write(memoryview(np.ascontiguousarray(chunk.X, np.float32)).cast("B"))
                 chunk.meta["recording"] = np.full(len(chunk.X), rec_id, np.int64)
                 metas.append(chunk.meta)
                 n += len(chunk.X)

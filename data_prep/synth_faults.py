@@ -82,7 +82,7 @@ def _events_text(rows: list[dict], fault: str | None) -> str:
 
 def write_recording(root: Path, sid: str, task: str, run: str | None, tl: Timeline,
                     rng: np.random.Generator, alpha_uv: float, alpha_hz: float,
-                    fault: str | None, beta_uv: float = 8.0) -> Path:
+                    fault: str | None, beta_uv: float = 12.0) -> Path:
     """Write the BDF, events.tsv, eeg.json and channels.tsv of one recording; returns the BDF."""
     eeg_dir = root / f"sub-{sid}" / "eeg"
     eeg_dir.mkdir(parents=True, exist_ok=True)

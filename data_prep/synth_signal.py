@@ -98,7 +98,7 @@ def _gain(n_times: int, spans: list[tuple[float, float, float]], smooth: int) ->
 
 
 def simulate(tl: Timeline, rng: np.random.Generator, alpha_uv: float, alpha_hz: float,
-             bg_uv: float = 12.0, indep_uv: float = 4.0, beta_uv: float = 8.0) -> np.ndarray:
+             bg_uv: float = 12.0, indep_uv: float = 4.0, beta_uv: float = 12.0) -> np.ndarray:
     """The (129, n_times) signal in volts for timeline ``tl``."""
     n_times = int(tl.n_seconds * SFREQ)
     names, _ = montage_positions()

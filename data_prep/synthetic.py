@@ -153,15 +153,17 @@ def make_hbn_like(root: str | os.PathLike, n_subjects: int = 20, release: str = 
                   tasks: tuple[str, ...] = ("contrastChangeDetection", "RestingState"),
                   seed: int = 0, faults: tuple[str, ...] = (), size: str = "small",
                   missing_factors: int = 1, n_jobs: int | None = None,
-                  planted: Planted = PLANTED, overwrite: bool = False, **size_overrides
-                  ) -> Path:
+                  planted: Planted = PLANTED, overwrite: bool = False,
+                  progress: bool | None = None, **size_overrides) -> Path:
     """Write the synthetic release under ``root``; returns ``<root>/EEG2025r5mini`` (or ...r5).
 
     ``size`` "small" (default: 12 CCD trials a run, one resting cycle; seconds to write) or
     "realistic" (≈ real recording lengths); single lengths can be overridden, e.g.
     ``ccd_trials=24``. ``faults``: names from :data:`FAULTS`, each planted in one recording of a
     different subject, counted from the last subject. Existing output with the same parameters
-    is reused (``overwrite=True`` rewrites it). Deterministic for a given seed.
+    is reused (``overwrite=True`` rewrites it). Deterministic for a given seed. ``n_jobs``:
+    worker processes (default: up to one per core, one per 4 subjects); ``progress``: a bar
+    (default for realistic sizes or more than 20 subjects).
     """
     if not (release.startswith("R") and release[1:].isdigit()):
         raise ValueError(f"make_hbn_like: release must look like 'R5', got {release!r}")
@@ -193,10 +195,15 @@ def make_hbn_like(root: str | os.PathLike, n_subjects: int = 20, release: str = 
     jobs = _n_jobs(n_jobs, n_subjects)
     args = [(ds_dir, i, parts[i], tasks, sizes, seed, planted, placed) for i in range(n_subjects)]
     if jobs == 1:
-        n_rec = sum(_write_subject(*a) for a in args)
+        done = (_write_subject(*a) for a in args)
     else:
         from joblib import Parallel, delayed
-        n_rec = sum(Parallel(n_jobs=jobs)(delayed(_write_subject)(*a) for a in args))
+        done = Parallel(n_jobs=jobs, return_as="generator")(
+            delayed(_write_subject)(*a) for a in args)
+    if progress if progress is not None else (size == "realistic" or n_subjects > 20):
+        from tqdm.auto import tqdm
+        done = tqdm(done, total=n_subjects, desc="writing subjects", unit="subj", leave=False)
+    n_rec = sum(done)
     summary = {"params": params, "ceilings": ceilings(planted), "n_recordings": n_rec,
                "faults": [{"fault": f, "subject": ids[i], "task": t, "run": r,
                            "what": FAULTS[f]} for (i, t, r), f in placed.items()],

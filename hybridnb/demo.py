@@ -102,15 +102,12 @@ def find_notebooks(folder: str | os.PathLike) -> list[Path]:
 
 def strip_widget_state(nb) -> None:
     """Drop stored widget state (plotly's FigureWidget would carry ~5 MB of JavaScript) and the
-    widget-view outputs that would point at it."""
+    widget views themselves: without their state they would show a stale first frame (a
+    progress bar at 0 %), so the text the notebook printed is what remains."""
     nb.metadata.pop("widgets", None)
     for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            data = out.get("data")
-            if data and WIDGET_MIME in data:
-                data.pop(WIDGET_MIME)
-                if not data:
-                    data["text/plain"] = "(interactive widget; shown live in JupyterLab)"
+        if "outputs" in cell:
+            cell.outputs = [o for o in cell.outputs if WIDGET_MIME not in (o.get("data") or {})]
 
 
 def execute_notebook(path: str | os.PathLike, out_dir: str | os.PathLike, *,

@@ -75,8 +75,9 @@ class Trainer:
       recompute the activations of the top-level blocks in backward (less memory, more time).
     - ``steps_per_epoch``: cap the optimizer steps per epoch. ``seed``: python, numpy, torch
       and loader workers. ``live``: "auto" | "widgets" | "html" | "text" | False.
-    - ``strategy``: "auto" | "single" | a strategy object (see hybridnb.strategy: device
-      placement, model wrapping, data sharding, reductions; DDP overrides these).
+    - ``strategy``: "auto" (DDP when started by torchrun / ``hn.launch`` with 2+ processes) |
+      "single" | "ddp" | "deepspeed" | a strategy object (see hybridnb.strategy and
+      hybridnb.distributed; under DDP ``batch_size`` is per process).
     - ``loader_kwargs``: DataLoader options for Datasets (default: detect()'s recommendation
       with device="auto", else no workers).
     """
@@ -201,6 +202,7 @@ class Trainer:
             failed = False
         finally:
             self._finish(stopped, failed)
+            self._interrupt = None  # a Ctrl-C that stopped fit does not also stop evaluate()
         return self.history
 
     def _run(self, train_loader, val_loader) -> str | None:
@@ -272,10 +274,14 @@ class Trainer:
                 else:
                     total = self._accumulate(window, self._train_model, self.strategy.to_device,
                                              self.precision, self.scaler.scale)
+                if self.strategy.world_size > 1:  # all ranks agree, then gradients are averaged
+                    total = self.strategy.settle(self._params, total, window)
                 return self._update(total)
             except _Rewind:
                 raise
             except Exception as exc:
+                if self.strategy.world_size > 1 and self._phase == "forward":
+                    self.strategy.settle(self._params, None, window, failed=exc)  # tell the others
                 failure, detail = self._classify(exc)
             # outside the except block: the failed step's tensors are no longer pinned
             self.optimizer.zero_grad(set_to_none=True)
@@ -434,9 +440,12 @@ class Trainer:
             "loss": math.nan if loss is None else loss, "lr": lr,
             "samples_per_s": self._acc["samples"] / secs if secs > 0 else 0.0,
             "elapsed_s": time.perf_counter() - self._run_started})
-        if self._interrupt.requested:
+        # summed over ranks: a stop asked on any rank stops every rank after this same step
+        interrupt, button = self.strategy.sum([float(self._interrupt.requested),
+                                               float(self._view.stop_requested)])
+        if interrupt:
             return self._stop("interrupt", "interrupted: stopping after the current step")
-        if self._view.stop_requested:
+        if button:
             return self._stop("stop_button", "Stop clicked: stopping after the current step")
         if self.val_every and self.global_step % self.val_every == 0 and val_loader is not None:
             metrics = self._validate(val_loader)
@@ -513,7 +522,8 @@ class Trainer:
         note = self.schedule.on_validation(improved)
         if note:
             self._event("lr_plateau", note)
-        if self.early_stopping and self._best["bad"] >= self.early_stopping:
+        stop = bool(self.early_stopping and self._best["bad"] >= self.early_stopping)
+        if self.strategy.agree(stop):  # every rank stops at the same validation
             self._event("early_stop", f"{self.monitor} did not improve for {self.early_stopping} "
                         f"validations (best {self._best['value']:.4g} at step "
                         f"{self._best['step']})")
@@ -893,7 +903,7 @@ class Trainer:
         view = getattr(self, "_view", None)
         if view is not None:
             view.event(ev)
-        if self.verbose and (self.live is False or self.live is None):
+        if self.verbose and (self.live is False or self.live is None) and self.strategy.is_main:
             print(f"hybridnb: {ev}", file=sys.stderr)
         return ev
 
@@ -948,10 +958,10 @@ def _resolve_device(device, hw, notes: list) -> torch.device:
 
 
 def _make_strategy(strategy, device: torch.device):
-    if strategy in ("auto", "single", None):
-        return SingleDevice(device)
-    if isinstance(strategy, str):
-        raise ValueError(f"strategy={strategy!r} is not available here; use 'auto' or 'single'")
+    if strategy is None or isinstance(strategy, str):
+        from hybridnb.distributed import make_strategy  # "auto": DDP under torchrun / hn.launch
+
+        return make_strategy(strategy, device) or SingleDevice(device)
     return strategy
 
 

@@ -13,6 +13,7 @@ from data_prep import bids, challenge1, challenge2, events, synthetic
 from data_prep.signal import Source
 
 USES_FIXTURES = (faulty_release,)  # imported for pytest
+pytestmark = pytest.mark.slow      # the faulty release takes ~5-8 s to write on 2 cores
 
 # fault -> (problem code, level) in the Challenge 1 windows
 C1_EXPECTED = {
@@ -97,10 +98,10 @@ def test_an_unexpected_error_skips_only_that_recording(faulty_release, monkeypat
     victim = recs[1].name
     original = Source.windows
 
-    def broken(self, starts, length):
+    def broken(self, starts, length, **kw):
         if self.rec.name == victim:
             raise MemoryError("simulated allocation failure")
-        return original(self, starts, length)
+        return original(self, starts, length, **kw)
 
     monkeypatch.setattr(Source, "windows", broken)
     w = challenge1.make_windows(recs, cache_dir=tmp_path, progress=False, n_jobs=2)

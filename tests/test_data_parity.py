@@ -54,6 +54,13 @@ def test_c1_identical_to_the_official_pipeline(clean_release, no_network, tmp_pa
     np.testing.assert_array_equal(y.astype(np.float32), ours.y)
     _, _, inds = win[0]
     assert list(inds) == [0, md["start"][0], md["stop"][0]]
+    # the same windows when data_prep is handed eegdash's dataset instead of the folder
+    lazy = bids.load_eegdash(clean_release.parent, task="contrastChangeDetection")
+    via = challenge1.make_windows(lazy, cache_dir=tmp_path / "via", progress=False)
+    order = np.lexsort((via.metadata["start"], via.metadata["file"]))
+    mine = np.lexsort((md["start"], md["file"]))
+    np.testing.assert_array_equal(np.asarray(via.X)[order], np.asarray(ours.X)[mine])
+    np.testing.assert_array_equal(via.y[order], ours.y[mine])
 
 
 def test_c2_windows_targets_and_crops_identical(clean_release, no_network, tmp_path):

@@ -181,3 +181,23 @@ def test_subsets_share_the_store_and_pickle_small(clean_release, tmp_path):
     back = pickle.loads(blob)
     assert torch.equal(back[5][0], ds[5][0])
     assert torch.equal(train.to_tensor()[5], ds[5][0])
+
+
+def test_lost_sample_checks_agree_on_blocks_and_windows():
+    from data_prep.signal import bad_spans, bad_windows
+
+    rng = np.random.default_rng(1)
+    block = rng.normal(size=(5, 3000)).astype(np.float32)
+    block[:, 500:549] = 0.0          # 49 flat samples: not a dropout
+    block[:, 1000:1050] = 0.0        # 50 flat samples: a dropout
+    block[:, 2001:2300] = 7.0        # a long one
+    block[2, 2700] = np.nan
+    starts = np.arange(0, 3000 - 200 + 1, 37)
+    windows = np.stack([block[:, s:s + 200] for s in starts])
+    expected = bad_windows(windows)
+    np.testing.assert_array_equal(bad_spans(block, starts, 200), expected)
+    assert expected.any() and not expected.all()
+    hits = set(starts[expected])
+    assert not any(330 <= s <= 500 for s in hits)               # the 49-sample run is fine
+    assert any(s <= 1000 and s + 200 >= 1050 for s in hits)
+    assert any(s <= 2700 < s + 200 for s in hits)

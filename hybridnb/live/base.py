@@ -53,8 +53,8 @@ class LiveView(View):
 
     bar_interval = 0.2
     plot_interval = 1.0
-    bar_budget = 0.003
-    plot_budget = 0.005
+    bar_budget = 0.002
+    plot_budget = 0.003
 
     def __init__(self, note: str = "",
                  sampler_factory: Callable[[str], Any] | None = _default_sampler,
@@ -85,9 +85,9 @@ class LiveView(View):
         if notes:
             self.note = "; ".join([n for n in [self.note, *notes] if n])
         self._thread = threading.get_ident()
-        self.bars.force()
-        self.plots.force()
         self._safe(self._open, run)
+        self.bars.force()  # the first step shows progress at once; plots follow after ~1 s
+        self.plots.mark()
 
     def update(self, state: dict) -> None:
         rec = self.record

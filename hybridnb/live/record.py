@@ -14,6 +14,10 @@ from typing import Any
 from hybridnb.events import Event
 
 
+STEP_KEYS = ("epoch", "step", "global_step", "loss", "lr", "samples_per_s", "elapsed_s")
+_INF = float("inf")
+
+
 def _float(x: Any) -> float:
     try:
         return float(x)
@@ -49,19 +53,21 @@ class RunRecord:
     # ------------------------------------------------------------------ feeding
     def add(self, state: Mapping[str, Any]) -> None:
         """One optimizer step (or, with ``epoch_end=True``, the end of an epoch)."""
-        if state.get("epoch_end"):
+        if "epoch_end" in state and state["epoch_end"]:
             self._end_epoch(state)
             return
-        if any(k.startswith("val_") for k in state):  # a mid-epoch validation (val_every)
-            self.val_rows.append(dict(state))
+        if len(state) > len(STEP_KEYS) and any(k.startswith("val_") for k in state):
+            self.val_rows.append(dict(state))  # validation every N steps (val_every)
             return
-        self.state = dict(state)
+        self.state = state  # the Trainer passes a fresh dict per step: no copy needed
         self._at_epoch_end = False
-        self.steps.append(int(state.get("global_step") or len(self.steps) + 1))
-        loss = _float(state.get("loss"))
+        self.steps.append(state.get("global_step") or len(self.steps) + 1)
+        loss = state.get("loss")
+        loss = float("nan") if loss is None else float(loss)
         self.losses.append(loss)
-        self.lrs.append(_float(state.get("lr")))
-        if math.isfinite(loss):
+        lr = state.get("lr")
+        self.lrs.append(float("nan") if lr is None else float(lr))
+        if loss == loss and loss not in (_INF, -_INF):
             self._loss_sum += loss
             self._loss_n += 1
         if self._first_fraction is None and self.steps_per_epoch:  # where this fit started

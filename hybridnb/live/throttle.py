@@ -14,9 +14,12 @@ from collections.abc import Callable
 class Throttle:
     """Answer "is it time to render?" at most every ``interval`` seconds.
 
-    ``interval`` is the base period (0.2 s for bars, 1 s for plots). When one render costs
-    ``c`` seconds the next period is ``max(interval, c / budget)``, capped at ``max_interval``,
-    so a 20 ms plot update with ``budget=0.005`` renders every 4 s instead of every second.
+    ``interval`` is the base period (0.2 s for bars, 1 s for plots). When renders cost ``c``
+    seconds the period becomes ``max(interval, c / budget)``, capped at ``max_interval``, so a
+    20 ms plot update with ``budget=0.005`` renders every 4 s instead of every second. ``c`` is
+    the smallest of the last three render costs: one slow render (a garbage collection, a first
+    render paying for imports) does not freeze the display; a render that stays slow does
+    stretch the period.
     """
 
     def __init__(self, interval: float, budget: float = 0.005, max_interval: float = 30.0,
@@ -33,6 +36,7 @@ class Throttle:
         self.last = -float("inf")
         self.renders = 0
         self.cost_s = 0.0
+        self._recent: list[float] = []
 
     def due(self, now: float | None = None) -> bool:
         """True when at least the current interval has passed since the last render."""
@@ -46,7 +50,8 @@ class Throttle:
         self.renders += 1
         self.cost_s += cost
         self.last = now
-        self.interval = min(self.max_interval, max(self.base, cost / self.budget))
+        self._recent = [*self._recent[-2:], cost]
+        self.interval = min(self.max_interval, max(self.base, min(self._recent) / self.budget))
 
     def mark(self, now: float | None = None) -> None:
         """Note a render made outside the schedule (an epoch end) without adapting the period."""

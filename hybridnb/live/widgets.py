@@ -75,12 +75,14 @@ class WidgetView(LiveView):
         ])
         self.box.add_class("hybridnb-live")
         self.fig = figures.make_figure(rec, widget=True)
-        self._widgets = [self.header, self.epoch_bar, self.epoch_label, self.step_bar,
+        self.plots_box = W.VBox([self.fig], layout=W.Layout(width="100%"))
+        self.plots_box.add_class("hybridnb-live-plots")
+        self._widgets = [self.plots_box, self.header, self.epoch_bar, self.epoch_label, self.step_bar,
                          self.step_label, self.stats, self.events_html, self.stop_button,
                          *self.box.children[1].children, *self.box.children[2].children,
                          self.box.children[1], self.box.children[2], self.box, self.fig]
         self.panel = self._display(self.box)
-        self.figure = self._display(self.fig)
+        self.figure = self._display(self.plots_box)
         self.stop_button.on_click(self._on_stop)
         self.clicks = route_clicks(self.stop_button)
         if self.clicks.mode == "none":

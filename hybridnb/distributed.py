@@ -1,0 +1,356 @@
+"""Several processes, one model: PyTorch's DistributedDataParallel behind the Trainer's strategy.
+
+Under ``torchrun`` (or ``hn.launch``) every process is one rank. ``DDPStrategy`` answers the
+Trainer's strategy questions for that rank (see hybridnb.strategy): it joins the process group
+(NCCL on CUDA, gloo on the CPU), wraps the model in ``DistributedDataParallel``, gives each rank
+its shard of every batch and reduces numbers across ranks.
+
+Recovery needs the ranks to agree. In plain DDP the gradient all-reduce runs inside ``backward``;
+if one rank runs out of memory half-way, the others wait inside that all-reduce for ever. Here
+every micro-batch's forward/backward runs under DDP's ``no_sync()`` (no communication while
+memory can still run out), then ``settle`` all-reduces one small tensor: which ranks failed, and
+the step's loss. If any rank failed, every rank re-runs the same step the same way (the OOM
+split); otherwise the accumulated gradients are averaged in one all-reduce, weighted by each
+rank's sample count, so 2 ranks x batch B equal 1 process x batch 2B. The cost: the gradient
+all-reduce is not overlapped with backward, about a millisecond per step for EEG-sized models.
+
+``launch(fn, num_processes=N)`` (hybridnb.launcher) starts the ranks from a notebook cell.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from hybridnb import recovery
+from hybridnb.launcher import launch  # noqa: F401  (the public name hn.launch)
+from hybridnb.loaders import ResumableBatchSampler
+
+STRATEGIES = ("auto", "single", "ddp", "deepspeed")
+LAUNCH_HELP = ("start one process per device with torchrun (torchrun --nproc_per_node=N "
+               "script.py) or, from a notebook, hn.launch(fn, num_processes=N)")
+
+
+# --------------------------------------------------------------------------------- environment
+def launch_env(environ: dict[str, str] | None = None) -> tuple[int, int, int] | None:
+    """``(rank, local_rank, world_size)`` when this process is one rank of a launched job (torchrun
+    or ``hn.launch`` set RANK and WORLD_SIZE), else None."""
+    env = os.environ if environ is None else environ
+    try:
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return None
+    local = env.get("LOCAL_RANK", "")
+    return rank, int(local) if local.strip().isdigit() else rank, world
+
+
+def wants_ddp(strategy, environ: dict[str, str] | None = None) -> bool:
+    """Whether ``strategy`` means DDP here: "ddp", or "auto" inside a job of 2+ ranks."""
+    if strategy == "ddp":
+        return True
+    job = launch_env(environ)
+    return strategy in ("auto", None) and job is not None and job[2] > 1
+
+
+def make_strategy(strategy, device: torch.device | str):
+    """The strategy object for a Trainer: ``"ddp"`` / ``"deepspeed"`` / ``"auto"`` in a job of
+    2+ ranks; None when the single-device strategy applies."""
+    if strategy == "deepspeed":
+        from hybridnb.deepspeed_strategy import make_strategy as make_deepspeed
+
+        return make_deepspeed(device)
+    if wants_ddp(strategy):
+        return DDPStrategy(device)
+    if strategy in ("auto", "single", None):
+        return None
+    raise ValueError(f"strategy={strategy!r} is not one of {STRATEGIES} or a strategy object")
+
+
+def shutdown() -> None:
+    """Leave the process group (call once at the end of a torchrun script)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------------- data shards
+def global_batches(n: int, batch: int, world: int, drop_last: bool = False) -> list[tuple[int, int]]:
+    """``(start, stop)`` of each global batch (``batch`` samples per rank) in an epoch's order.
+
+    A last global batch too small to give every rank a sample joins the one before it, so every
+    rank gets the same number of batches and none is empty (collectives stay in step).
+    """
+    size = batch * world
+    spans = [(s, min(s + size, n)) for s in range(0, n, size)]
+    if spans and spans[-1][1] - spans[-1][0] < size:
+        if drop_last:
+            spans.pop()
+        elif len(spans) > 1 and spans[-1][1] - spans[-1][0] < world:
+            spans[-2:] = [(spans[-2][0], spans[-1][1])]
+    return spans
+
+
+def shard(start: int, stop: int, rank: int, world: int) -> tuple[int, int]:
+    """Rank ``rank``'s contiguous part of ``[start, stop)``: sizes differ by at most one, in rank
+    order, so concatenating the ranks' parts gives back the global batch in order."""
+    base, extra = divmod(stop - start, world)
+    lo = start + rank * base + min(rank, extra)
+    return lo, lo + base + (rank < extra)
+
+
+class ShardedBatchSampler(ResumableBatchSampler):
+    """This rank's part of every global batch; what DistributedSampler does, for batches.
+
+    Every rank draws the same epoch order from the same generator (the strategy broadcasts rank
+    0's generator state), cuts it into global batches of ``batch_size x world_size`` exactly as a
+    single process with that batch size would, and keeps its slice. The generator moves on every
+    epoch, so each epoch has a new order (what ``DistributedSampler.set_epoch`` is for); ``skip``
+    resumes mid-epoch as on one device.
+    """
+
+    def __init__(self, n: int, batch_size: int, shuffle: bool, generator: torch.Generator,
+                 rank: int, world_size: int, drop_last: bool = False) -> None:
+        super().__init__(n, batch_size, shuffle, generator, drop_last=drop_last)
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank!r} must be in [0, world_size={world_size})")
+        if n < world_size:
+            raise ValueError(f"{n} samples cannot be shared by {world_size} processes (each needs "
+                             "at least one); use more data or fewer processes")
+        self.rank, self.world_size = rank, world_size
+        self._spans = global_batches(self.n, self.batch_size, world_size, drop_last)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = (torch.randperm(self.n, generator=self.generator).tolist() if self.shuffle
+                 else list(range(self.n)))
+        start, self._skip = self._skip, 0
+        for lo, hi in self._spans[start:]:
+            a, b = shard(lo, hi, self.rank, self.world_size)
+            yield order[a:b]
+
+    def __len__(self) -> int:
+        return len(self._spans)
+
+
+# --------------------------------------------------------------------------------- agreement
+class _Agreed:
+    """Marks the error a rank raises because another rank failed (already agreed on)."""
+
+
+class PeerOutOfMemory(torch.OutOfMemoryError, _Agreed):
+    """Another rank ran out of memory in this step: this rank re-runs it split the same way."""
+
+
+class PeerFailure(RuntimeError, _Agreed):
+    """Another rank failed in this step with an error that cannot be recovered."""
+
+
+class DDPStrategy:
+    """One rank of a DistributedDataParallel job (see the module doc for the step protocol).
+
+    ``batch_size`` in the Trainer is per rank: N ranks with batch B train like one process with
+    batch N x B. Only rank 0 draws the live view and writes checkpoints. ``device``: "auto" or
+    "cuda" take this rank's GPU (``cuda:LOCAL_RANK``), "cpu" runs gloo on the CPU.
+    """
+
+    name = "ddp"
+
+    def __init__(self, device: torch.device | str = "auto", backend: str | None = None,
+                 timeout_s: float | None = None) -> None:
+        job = launch_env()
+        if job is None and not dist.is_initialized():
+            raise RuntimeError("strategy='ddp' needs this process to be one rank of a "
+                               f"multi-process job: {LAUNCH_HELP}. RANK and WORLD_SIZE are not "
+                               "set here; use strategy='single' for one process")
+        rank, local_rank, world = job if job is not None else (
+            dist.get_rank(), dist.get_rank(), dist.get_world_size())
+        self.local_rank = local_rank
+        self.device = _rank_device(device, local_rank)
+        self.backend = backend or ("nccl" if self.device.type == "cuda" else "gloo")
+        if not dist.is_initialized():
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            timeout = datetime.timedelta(seconds=timeout_s) if timeout_s else None
+            dist.init_process_group(
+                self.backend, init_method="env://", rank=rank, world_size=world,
+                timeout=timeout, device_id=self.device if self.backend == "nccl" else None)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.accelerator = self.device.type != "cpu"
+        self._comm = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        self._module: torch.nn.Module | None = None
+        self._agreed = False  # settle() ran its all-reduce for the attempt that is failing
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this process draws the live view and writes files (rank 0)."""
+        return self.rank == 0
+
+    # ---------------------------------------------------------------------------- placement
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """DistributedDataParallel around ``model``: checks every rank holds the same
+        parameter shapes and copies rank 0's parameters and buffers to all ranks."""
+        self._module = model
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+
+    def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(self.device, non_blocking=self.device.type == "cuda")
+
+    def batch_sampler(self, n: int, batch_size: int, shuffle: bool,
+                      generator: torch.Generator) -> ShardedBatchSampler:
+        """This rank's shard of every batch. For shuffled data rank 0's generator state is
+        broadcast first, so all ranks draw the same order (a seed is then optional)."""
+        if shuffle:
+            state = generator.get_state().to(self._comm)
+            dist.broadcast(state, src=0)
+            generator.set_state(state.cpu())
+        return ShardedBatchSampler(n, batch_size, shuffle, generator, self.rank, self.world_size)
+
+    def no_sync(self, model: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager:
+        """Every micro-step, the last one too, runs without DDP's in-backward all-reduce: the
+        gradients are averaged in ``settle`` once all ranks know the step succeeded."""
+        if isinstance(model, DistributedDataParallel):
+            return model.no_sync()
+        return contextlib.nullcontext()
+
+    def on_cpu(self):
+        raise RuntimeError(
+            f"rank {self.rank} lost {self.device}; one rank of a multi-process job cannot go on "
+            "alone on the CPU. The last good state is in checkpoint_dir (written by rank 0): "
+            "restart the job (torchrun --max-restarts=N restarts it for you) with "
+            "fit(..., resume=True), without the failed GPU (CUDA_VISIBLE_DEVICES)")
+
+    # ---------------------------------------------------------------------------- the step
+    def settle(self, params: list[torch.Tensor], total: torch.Tensor | None, window: list,
+               failed: BaseException | None = None) -> torch.Tensor | None:
+        """Agree on this step across ranks; every rank calls it once per attempt.
+
+        After a successful local forward/backward (``failed`` None): raises ``PeerOutOfMemory``
+        or ``PeerFailure`` when another rank failed (so every rank takes the same recovery
+        branch); otherwise averages the gradients (weighted by samples) and float buffers, and
+        returns the loss of the whole global batch. After a local failure: tells the other ranks
+        and returns None.
+        """
+        if failed is not None and (isinstance(failed, _Agreed) or self._agreed):
+            self._agreed = False  # this failure came after the all-reduce: already agreed on
+            return None
+        n = float(sum(recovery.batch_len(b) for b in window))
+        code = 0 if failed is None else (1 if recovery.is_oom(failed) else 2)
+        flags = torch.tensor([code == 1, code == 2, 0.0, 0.0 if failed else n],
+                             dtype=torch.float64, device=self._comm)
+        if total is not None and failed is None:
+            flags[2] = total.detach().to(self._comm, torch.float64) * n
+        dist.all_reduce(flags)
+        self._agreed = True
+        ooms, others, loss_sum, count = flags.tolist()
+        if ooms or others:
+            notes = self._failures(failed)
+            if failed is not None:
+                self._agreed = False
+                return None
+            if others:
+                raise PeerFailure(f"{notes}; rank {self.rank} stops too")
+            raise PeerOutOfMemory(f"{notes}; every rank re-runs the step split the same way")
+        self._average(params, n / count)
+        self._agreed = False
+        return total.new_tensor(loss_sum / count)
+
+    def _failures(self, failed: BaseException | None) -> str:
+        """'rank 1: CUDA out of memory...' for every rank that failed (an all_gather, only run
+        when some rank failed)."""
+        mine = None if failed is None else f"{type(failed).__name__}: {recovery.first_line(failed)}"
+        notes: list[str | None] = [None] * self.world_size
+        dist.all_gather_object(notes, mine)
+        return "; ".join(f"rank {r} failed ({note})" for r, note in enumerate(notes) if note)
+
+    def _average(self, params: list[torch.Tensor], weight: float) -> None:
+        """One all-reduce for every gradient (x ``weight`` = this rank's share of the samples)
+        and floating-point buffer (BatchNorm statistics, averaged)."""
+        buffers = ([b for b in self._module.buffers() if b.is_floating_point()]
+                   if self._module is not None else [])
+        grads = [p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel())
+                 for p in params]
+        present = [torch.tensor([float(p.grad is not None)], device=params[0].device)
+                   for p in params]
+        n_grad = sum(g.numel() for g in grads)
+        flat = torch.cat([t.to(self._comm, torch.float32) for t in
+                          grads + present + [b.reshape(-1) for b in buffers]])
+        flat[:n_grad].mul_(weight)
+        flat[n_grad + len(params):].div_(self.world_size)
+        dist.all_reduce(flat)
+        grads_part, present_part, buf_part = flat.split(
+            [n_grad, len(params), flat.numel() - n_grad - len(params)])
+        for p, g, have in zip(params, grads_part.split([p.numel() for p in params]),
+                              present_part.tolist(), strict=True):
+            if not have:
+                p.grad = None
+                continue
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            p.grad.copy_(g.view_as(p))
+        if buffers:
+            for b, v in zip(buffers, buf_part.split([b.numel() for b in buffers]), strict=True):
+                b.copy_(v.view_as(b))
+
+    # ---------------------------------------------------------------------------- reductions
+    def agree(self, flag: bool) -> bool:
+        """True when any rank says True; every rank then takes the same branch."""
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self._comm)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def sum(self, values: list[float]) -> list[float]:
+        """Element-wise sum of numbers over ranks."""
+        t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self._comm)
+        dist.all_reduce(t)
+        return t.tolist()
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's tensor concatenated along dim 0 in rank order (sizes may differ)."""
+        t = tensor.detach().to(self._comm).contiguous()
+        size = torch.tensor([t.shape[0]], dtype=torch.int64, device=self._comm)
+        sizes = [torch.zeros_like(size) for _ in range(self.world_size)]
+        dist.all_gather(sizes, size)
+        counts = [int(s.item()) for s in sizes]
+        if t.shape[0] < max(counts):
+            t = torch.cat([t, t.new_zeros((max(counts) - t.shape[0], *t.shape[1:]))])
+        parts = [torch.empty_like(t) for _ in range(self.world_size)]
+        dist.all_gather(parts, t)
+        return torch.cat([p[:c] for p, c in zip(parts, counts, strict=True)]).to(tensor.device)
+
+    def barrier(self) -> None:
+        if self.backend == "nccl":
+            dist.barrier(device_ids=[self.device.index])
+        else:
+            dist.barrier()
+
+
+def _rank_device(device, local_rank: int) -> torch.device:
+    """This rank's device. One process per GPU: rank with LOCAL_RANK k uses cuda:k (or cuda:0
+    when each process sees a single GPU through CUDA_VISIBLE_DEVICES)."""
+    if device in ("auto", None):
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cpu":
+        return device
+    if device.type != "cuda":
+        raise ValueError(f"device={str(device)!r}: DDP runs on CUDA/ROCm GPUs (NCCL) or on the "
+                         "CPU (gloo)")
+    count = torch.cuda.device_count()
+    index = local_rank if local_rank < count else 0 if count == 1 else None
+    if index is None:
+        raise RuntimeError(f"LOCAL_RANK={local_rank} but this process sees {count} GPU(s) "
+                           f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); "
+                           f"NCCL needs one GPU per process: start at most {count} processes "
+                           "per machine")
+    if device.index is not None and device.index != index:
+        raise RuntimeError(f"rank with LOCAL_RANK={local_rank} should use cuda:{index}, but "
+                           f"device={str(device)!r} was chosen (hn.detect() picks another GPU "
+                           "when this rank's GPU fails its probe); every rank needs its own "
+                           "working GPU, so leave that GPU out with CUDA_VISIBLE_DEVICES and "
+                           "start one process fewer")
+    return torch.device("cuda", index)

@@ -1,0 +1,257 @@
+"""DDP on the CPU: real 2-process runs (gloo on 127.0.0.1, started by hn.launch with fork).
+
+What a user relies on: 2 ranks x batch B train exactly like 1 process x batch 2B; the ranks end
+with identical weights; only rank 0 writes checkpoints; an OOM on one rank only is split on
+every rank (no hang, same update); an unrecoverable error or a Ctrl-C on one rank stops all.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hybridnb import checkpoint, distributed
+from hybridnb.distributed import ShardedBatchSampler, global_batches, shard
+from hybridnb.launcher import LaunchError, launch
+from hybridnb.loaders import ResumableBatchSampler
+from hybridnb.trainer import Trainer
+
+CUDA_OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 7.79 GiB total capacity; "
+            "5.12 GiB already allocated; 1.01 GiB free; 5.50 GiB reserved in total by PyTorch)")
+TRAIN_N, VAL_N, BATCH, ACCUM, EPOCHS = 96, 37, 8, 2, 3  # VAL_N odd: uneven shards, ordered gather
+
+
+def data(n, d=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g)
+    return x, torch.sin(x @ torch.linspace(-1, 1, d)) + 0.05 * torch.randn(n, generator=g)
+
+
+class Faulty(nn.Module):
+    """A small MLP whose training forward calls ``effect(call)`` (raise, signal) on chosen
+    call numbers, on rank 1 only."""
+
+    def __init__(self, fail_on=(), effect=None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+        rank1 = os.environ.get("RANK") == "1"
+        self.fail_on, self.effect, self.calls = set(fail_on) if rank1 else set(), effect, 0
+
+    def forward(self, x):
+        if self.training and torch.is_grad_enabled():
+            self.calls += 1
+            if self.calls in self.fail_on:
+                self.effect(self.calls)
+        return self.net(x)
+
+
+def oom(call):
+    raise torch.OutOfMemoryError(CUDA_OOM)
+
+
+def bad_batch(call):
+    raise ValueError(f"bad batch at call {call}")
+
+
+def sigint(call):
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def weights(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def train_rank(ckpt_dir, fail_on=(), effect=None):
+    """One rank's run; returns every rank's outcome (gathered), so rank 0's result has all."""
+    saves = []
+    original = checkpoint.save
+
+    def spy(state, path, keep_previous=False):  # this is a forked worker: no need to restore
+        saves.append(Path(path).name)
+        return original(state, path, keep_previous=keep_previous)
+
+    checkpoint.save = spy
+    tr = Trainer(Faulty(fail_on, effect), device="cpu", batch_size=BATCH, grad_accum=ACCUM,
+                 epochs=EPOCHS, lr=1e-2, seed=0, live=False, checkpoint_dir=ckpt_dir)
+    tr.fit(data(TRAIN_N), data(VAL_N, seed=1))
+    mine = {"rank": tr.strategy.rank, "strategy": tr.strategy.name, "weights": weights(tr.model),
+            "saves": saves, "events": [(e.kind, e.message) for e in tr.events],
+            "micro": tr._micro.size, "global_step": tr.global_step, "history": tr.history,
+            "pred": tr.predict(data(VAL_N, seed=1)[0]), "val": tr.evaluate(data(VAL_N, seed=1))}
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    return everyone
+
+
+@pytest.fixture(scope="module")
+def single():
+    """The same training in one process with twice the per-rank batch."""
+    tr = Trainer(Faulty(), device="cpu", batch_size=2 * BATCH, grad_accum=ACCUM, epochs=EPOCHS,
+                 lr=1e-2, seed=0, live=False, strategy="single")
+    tr.fit(data(TRAIN_N), data(VAL_N, seed=1))
+    return tr
+
+
+def assert_close(a, b, atol=1e-6):
+    for x, y in zip(a, b, strict=True):
+        assert torch.allclose(x, y, rtol=1e-5, atol=atol), (x - y).abs().max()
+
+
+# ------------------------------------------------------------------------------- real DDP runs
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_two_ranks_train_like_one_process_with_twice_the_batch(tmp_path, single):
+    r0, r1 = launch(train_rank, tmp_path, num_processes=2)
+    assert (r0["rank"], r1["rank"], r0["strategy"]) == (0, 1, "ddp")
+    for a, b in zip(r0["weights"], r1["weights"], strict=True):
+        assert torch.equal(a, b)  # identical across ranks, not merely close
+    assert_close(r0["weights"], weights(single.model))
+    h, hs = r0["history"], single.history
+    assert h["step"].tolist() == hs["step"].tolist() == [3, 6, 9]
+    for col in ("train_loss", "val_loss", "val_rmse", "val_r2"):
+        assert torch.allclose(torch.tensor(h[col].values), torch.tensor(hs[col].values),
+                              rtol=1e-5), col
+    # predict/evaluate: every rank scores its shard, the gather restores the dataset's order
+    assert r0["pred"].shape == (VAL_N,)
+    assert torch.allclose(torch.tensor(r0["pred"]),
+                          torch.tensor(single.predict(data(VAL_N, seed=1)[0])), atol=1e-6)
+    assert r0["val"]["rmse"] == pytest.approx(single.evaluate(data(VAL_N, seed=1))["rmse"],
+                                              rel=1e-5)
+    assert r0["val"] == r1["val"]
+    # checkpoints are written by rank 0 only, and hold the final weights
+    assert r1["saves"] == []
+    assert r0["saves"].count("last.pt") == EPOCHS and "best.pt" in r0["saves"]
+    state = checkpoint.load(tmp_path / "last.pt")
+    assert state["position"]["global_step"] == 9
+    assert_close(list(state["model"].values()), r0["weights"], atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_oom_on_one_rank_is_split_on_every_rank_without_a_hang(tmp_path, single):
+    # rank 1 only: call 3 = step 2's first micro-batch; 4 = its retry; 11 = a later micro-batch
+    # after earlier ones' backward (partial gradients must be dropped)
+    r0, r1 = launch(train_rank, tmp_path, (3, 4, 11), oom, num_processes=2)
+    splits0 = [m for k, m in r0["events"] if k == "oom_split"]
+    splits1 = [m for k, m in r1["events"] if k == "oom_split"]
+    assert len(splits0) == len(splits1) == 3
+    assert all("CUDA out of memory" in m for m in splits1)
+    assert all("rank 1 failed (OutOfMemoryError: CUDA out of memory" in m for m in splits0)
+    assert r0["micro"] == r1["micro"] == 1  # 8 -> 4 -> 2 -> 1, the same on both ranks
+    for a, b in zip(r0["weights"], r1["weights"], strict=True):
+        assert torch.equal(a, b)
+    assert_close(r0["weights"], weights(single.model), atol=1e-5)  # the same updates
+    assert r0["global_step"] == r1["global_step"] == 9
+    assert r1["saves"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_an_unrecoverable_error_on_one_rank_stops_every_rank(tmp_path):
+    with pytest.raises(LaunchError) as info:
+        launch(train_rank, tmp_path, (3,), bad_batch, num_processes=2)
+    text = str(info.value)
+    assert "ValueError: bad batch at call 3" in text and "rank" in text
+    # rank 0 was told (PeerFailure) and wrote the last good state (the start: no epoch ended)
+    state = checkpoint.load(tmp_path / "last.pt")
+    assert state["position"]["global_step"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_ctrl_c_on_one_rank_stops_every_rank_after_the_same_step(tmp_path):
+    r0, r1 = launch(train_rank, tmp_path, (5,), sigint, num_processes=2)
+    assert r0["global_step"] == r1["global_step"] == 3  # call 5 is in step 3 (2 micro-steps)
+    assert ("interrupt" in [k for k, _ in r0["events"]]
+            and "interrupt" in [k for k, _ in r1["events"]])
+    assert checkpoint.load(tmp_path / "last.pt")["position"]["global_step"] == 3
+
+
+# ------------------------------------------------------------------------------- launch()
+def test_launch_refuses_when_cuda_is_initialised(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    called = []
+    with pytest.raises(RuntimeError, match="CUDA is already initialised.*Restart the kernel"):
+        launch(called.append, 1, num_processes=2)
+    assert called == []
+
+
+def test_launch_with_one_process_just_calls_fn(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    assert launch(lambda a, b: (a + b, os.environ.get("RANK")), 2, 3, num_processes=1) == (5, None)
+    with pytest.raises(ValueError, match="num_processes=0"):
+        launch(print, num_processes=0)
+
+
+def report_env(tag):
+    print(f"{tag} from rank {os.environ['RANK']}", flush=True)
+    return {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "HYBRIDNB_LAUNCHED")}
+
+
+def test_launch_streams_rank0_output_and_returns_its_result(capfd):
+    result = launch(report_env, "hello", num_processes=2)
+    assert result == {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                      "HYBRIDNB_LAUNCHED": "1"}
+    out = capfd.readouterr().out
+    assert "hello from rank 0" in out and "hello from rank 1" not in out
+
+
+# ------------------------------------------------------------------------------- the sampler
+@pytest.mark.parametrize("n,batch,world", [(96, 8, 2), (37, 8, 2), (50, 4, 3), (33, 8, 2),
+                                           (17, 8, 4), (5, 8, 5)])
+def test_shards_of_each_step_are_the_single_process_batch(n, batch, world):
+    """Every rank has the same number of non-empty batches; the ranks' parts of step k are
+    batch k of one process with batch x world (the tail below `world` joins the last batch)."""
+    ranks = [list(ShardedBatchSampler(n, batch, True, torch.Generator().manual_seed(3), r, world))
+             for r in range(world)]
+    assert len({len(r) for r in ranks}) == 1 and all(b for r in ranks for b in r)
+    one = list(ResumableBatchSampler(n, batch * world, True, torch.Generator().manual_seed(3)))
+    joined = [sum((r[k] for r in ranks), []) for k in range(len(ranks[0]))]
+    flat_one = sum(one, [])
+    assert sum(joined, []) == flat_one and sorted(flat_one) == list(range(n))
+    if n % (batch * world) == 0 or n % (batch * world) >= world:
+        assert joined == one
+
+
+def test_unshuffled_shards_concatenate_in_dataset_order_and_resume_mid_epoch():
+    spans = global_batches(37, 8, 2)
+    assert spans == [(0, 16), (16, 32), (32, 37)]
+    assert [shard(32, 37, r, 2) for r in range(2)] == [(32, 35), (35, 37)]
+    s = ShardedBatchSampler(37, 8, False, torch.Generator(), 1, 2)
+    s.skip(2)
+    assert list(s) == [[35, 36]] and len(list(s)) == 3
+    with pytest.raises(ValueError, match="3 samples cannot be shared by 4 processes"):
+        ShardedBatchSampler(3, 8, False, torch.Generator(), 0, 4)
+
+
+# ------------------------------------------------------------------------------- choosing
+def test_strategy_choice_follows_the_launch_environment():
+    job = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "4"}
+    assert distributed.launch_env(job) == (1, 1, 4)
+    assert distributed.wants_ddp("auto", job) and distributed.wants_ddp("ddp", {})
+    assert not distributed.wants_ddp("auto", {"RANK": "0", "WORLD_SIZE": "1"})
+    assert not distributed.wants_ddp("auto", {}) and not distributed.wants_ddp("single", job)
+
+
+def test_asking_for_ddp_or_deepspeed_outside_a_job_says_what_to_do(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(RuntimeError, match="torchrun --nproc_per_node=N.*hn.launch"):
+        Trainer(nn.Linear(2, 1), device="cpu", batch_size=2, live=False, strategy="ddp")
+    with pytest.raises(ValueError, match="strategy='zero'"):
+        Trainer(nn.Linear(2, 1), device="cpu", batch_size=2, live=False, strategy="zero")
+    from hybridnb import deepspeed_strategy
+
+    monkeypatch.setattr(deepspeed_strategy, "available", lambda: False)
+    with pytest.raises(ImportError, match="pip install deepspeed"):
+        Trainer(nn.Linear(2, 1), device="cpu", batch_size=2, live=False, strategy="deepspeed")
+    monkeypatch.setattr(deepspeed_strategy, "available", lambda: True)
+    with pytest.raises(NotImplementedError, match="Use strategy='ddp'"):
+        Trainer(nn.Linear(2, 1), device="cpu", batch_size=2, live=False, strategy="deepspeed")
