@@ -29,9 +29,14 @@ browser:
 demo: setup
 	$(PY) -m hybridnb demo
 
+# Unit tests run in the normal mode (the Trainer caps epochs in small mode); then every notebook
+# runs top to bottom in small mode under nbval (a failing cell fails; NBVAL_CHECK_OUTPUT cells
+# are compared with their stored reference output).
 test: setup
 	$(VENV)/bin/ruff check hybridnb data_prep tests bench
-	$(PY) -m pytest -q
+	env -u HYBRIDNB_SMOKE $(PY) -m pytest -q
+	HYBRIDNB_SMOKE=1 HYBRIDNB_RUN_DIR=$(CURDIR)/runs/nbval $(PY) -m pytest -q \
+	  --nbval-lax --nbval-current-env --nbval-cell-timeout=900 notebooks
 
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks

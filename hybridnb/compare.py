@@ -23,9 +23,7 @@ import math
 import os
 import shutil
 import statistics
-import sys
 import time
-import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -759,15 +757,3 @@ def cli(args: argparse.Namespace) -> int:
         pd.DataFrame(df).to_csv(args.csv, index=False)
         print(f"compare: table written to {args.csv}")
     return 0
-
-
-class _CallableModule(types.ModuleType):
-    """``hybridnb.compare`` names both this module and the function. Importing the module first
-    (``from hybridnb.compare import compare_figure``) makes ``hn.compare`` the module; calling it
-    still runs compare()."""
-
-    def __call__(self, *args, **kwargs) -> CompareResult:
-        return compare(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -19,10 +19,8 @@ import argparse
 import json
 import os
 import re
-import sys
 import threading
 import time
-import types
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -341,15 +339,3 @@ def cli(args: argparse.Namespace) -> int:
         return 2
     print(json.dumps(hw.to_dict(), indent=2) if args.json else str(hw))
     return 0
-
-
-class _CallableModule(types.ModuleType):
-    """Once anything imports ``hybridnb.detect``, Python binds the package attribute
-    ``hybridnb.detect`` to this module (not the function); calling it must still work."""
-
-    def __call__(self, refresh: bool = False,
-                 probe_timeout: float = DEFAULT_PROBE_TIMEOUT) -> Hardware:
-        return detect(refresh=refresh, probe_timeout=probe_timeout)
-
-
-sys.modules[__name__].__class__ = _CallableModule

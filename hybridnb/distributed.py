@@ -274,11 +274,10 @@ class DDPStrategy:
                    if self._module is not None else [])
         grads = [p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel())
                  for p in params]
-        present = [torch.tensor([float(p.grad is not None)], device=params[0].device)
-                   for p in params]
+        present = torch.tensor([float(p.grad is not None) for p in params])
         n_grad = sum(g.numel() for g in grads)
         flat = torch.cat([t.to(self._comm, torch.float32) for t in
-                          grads + present + [b.reshape(-1) for b in buffers]])
+                          [*grads, present, *(b.reshape(-1) for b in buffers)]])
         flat[:n_grad].mul_(weight)
         flat[n_grad + len(params):].div_(self.world_size)
         dist.all_reduce(flat)

@@ -230,7 +230,8 @@ def _worker(index: int, fn, args, env: dict[str, str], sender, pipes, draws_cr: 
     os.environ.update(env, RANK=str(index), LOCAL_RANK=str(index), GROUP_RANK="0")
     if hasattr(os, "setpgrp"):
         os.setpgrp()  # a Ctrl-C reaches the ranks only through the parent, once
-    _die_with_parent()
+    # (torch's wrapper already asks Linux for a SIGINT when the parent dies: the ranks then stop
+    # after an agreed step and save a checkpoint)
     if pipes:
         _redirect(pipes, index, draws_cr)
     import torch
@@ -287,18 +288,6 @@ class _PipeText(io.TextIOWrapper):
 
     def isatty(self) -> bool:
         return self._tty
-
-
-def _die_with_parent() -> None:
-    """Linux: a worker gets SIGTERM when the notebook kernel dies (no orphaned ranks)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _stop_all(processes, grace_s: float = 5.0) -> None:

@@ -280,7 +280,7 @@ class Trainer:
             except _Rewind:
                 raise
             except Exception as exc:
-                if self.strategy.world_size > 1 and self._phase == "forward":
+                if self.strategy.world_size > 1 and self._phase != "update":
                     self.strategy.settle(self._params, None, window, failed=exc)  # tell the others
                 failure, detail = self._classify(exc)
             # outside the except block: the failed step's tensors are no longer pinned
@@ -759,6 +759,11 @@ class Trainer:
         resumable batch order, a seeded generator and detect()'s loader settings."""
         data = as_dataset(data)
         if isinstance(data, DataLoader):
+            shards = getattr(data.batch_sampler, "world_size", 1)  # 1: every rank sees all of it
+            if shards != self.strategy.world_size:
+                raise ValueError(f"{what}: pass the Dataset, not a DataLoader, when training with "
+                                 f"{self.strategy.world_size} processes: the Trainer gives each "
+                                 "process its shard of every batch")
             return data
         if len(data) == 0:
             raise ValueError(f"{what} dataset is empty")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,8 +49,8 @@ class Faulty(nn.Module):
     def forward(self, x):
         if self.training and torch.is_grad_enabled():
             self.calls += 1
-            if self.calls in self.fail_on:
-                self.effect(self.calls)
+            if self.calls in self.fail_on and self.effect(self.calls) == "nan":
+                return self.net(x) * float("nan")
         return self.net(x)
 
 
@@ -64,11 +66,15 @@ def sigint(call):
     os.kill(os.getpid(), signal.SIGINT)
 
 
+def nan_loss(call):
+    return "nan"
+
+
 def weights(model):
     return [p.detach().clone() for p in model.parameters()]
 
 
-def train_rank(ckpt_dir, fail_on=(), effect=None):
+def train_rank(ckpt_dir, fail_on=(), effect=None, resume=False):
     """One rank's run; returns every rank's outcome (gathered), so rank 0's result has all."""
     saves = []
     original = checkpoint.save
@@ -80,9 +86,9 @@ def train_rank(ckpt_dir, fail_on=(), effect=None):
     checkpoint.save = spy
     tr = Trainer(Faulty(fail_on, effect), device="cpu", batch_size=BATCH, grad_accum=ACCUM,
                  epochs=EPOCHS, lr=1e-2, seed=0, live=False, checkpoint_dir=ckpt_dir)
-    tr.fit(data(TRAIN_N), data(VAL_N, seed=1))
+    tr.fit(data(TRAIN_N), data(VAL_N, seed=1), resume=resume)
     mine = {"rank": tr.strategy.rank, "strategy": tr.strategy.name, "weights": weights(tr.model),
-            "saves": saves, "events": [(e.kind, e.message) for e in tr.events],
+            "saves": saves, "events": [(e.kind, e.message, e.step) for e in tr.events],
             "micro": tr._micro.size, "global_step": tr.global_step, "history": tr.history,
             "pred": tr.predict(data(VAL_N, seed=1)[0]), "val": tr.evaluate(data(VAL_N, seed=1))}
     everyone = [None] * dist.get_world_size()
@@ -139,8 +145,8 @@ def test_oom_on_one_rank_is_split_on_every_rank_without_a_hang(tmp_path, single)
     # rank 1 only: call 3 = step 2's first micro-batch; 4 = its retry; 11 = a later micro-batch
     # after earlier ones' backward (partial gradients must be dropped)
     r0, r1 = launch(train_rank, tmp_path, (3, 4, 11), oom, num_processes=2)
-    splits0 = [m for k, m in r0["events"] if k == "oom_split"]
-    splits1 = [m for k, m in r1["events"] if k == "oom_split"]
+    splits0 = [m for k, m, _ in r0["events"] if k == "oom_split"]
+    splits1 = [m for k, m, _ in r1["events"] if k == "oom_split"]
     assert len(splits0) == len(splits1) == 3
     assert all("CUDA out of memory" in m for m in splits1)
     assert all("rank 1 failed (OutOfMemoryError: CUDA out of memory" in m for m in splits0)
@@ -150,6 +156,18 @@ def test_oom_on_one_rank_is_split_on_every_rank_without_a_hang(tmp_path, single)
     assert_close(r0["weights"], weights(single.model), atol=1e-5)  # the same updates
     assert r0["global_step"] == r1["global_step"] == 9
     assert r1["saves"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_nan_loss_on_one_rank_is_skipped_by_every_rank(tmp_path):
+    r0, r1 = launch(train_rank, tmp_path, (5,), nan_loss, num_processes=2)  # step 3, rank 1
+    bad0 = [(k, step) for k, _, step in r0["events"] if k == "nonfinite_loss"]
+    bad1 = [(k, step) for k, _, step in r1["events"] if k == "nonfinite_loss"]
+    assert bad0 == bad1 == [("nonfinite_loss", 2)]  # during step 3, after 2 done
+    for a, b in zip(r0["weights"], r1["weights"], strict=True):
+        assert torch.equal(a, b) and torch.isfinite(a).all()
+    assert r0["history"]["lr"].tolist() == r1["history"]["lr"].tolist()  # the same LR cut
 
 
 @pytest.mark.slow
@@ -166,12 +184,18 @@ def test_an_unrecoverable_error_on_one_rank_stops_every_rank(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(90)
-def test_ctrl_c_on_one_rank_stops_every_rank_after_the_same_step(tmp_path):
-    r0, r1 = launch(train_rank, tmp_path, (5,), sigint, num_processes=2)
-    assert r0["global_step"] == r1["global_step"] == 3  # call 5 is in step 3 (2 micro-steps)
-    assert ("interrupt" in [k for k, _ in r0["events"]]
-            and "interrupt" in [k for k, _ in r1["events"]])
-    assert checkpoint.load(tmp_path / "last.pt")["position"]["global_step"] == 3
+def test_ctrl_c_on_one_rank_stops_every_rank_after_the_same_step_and_resumes(tmp_path, single):
+    r0, r1 = launch(train_rank, tmp_path, (7,), sigint, num_processes=2)
+    assert r0["global_step"] == r1["global_step"] == 4  # call 7 is in step 4 (2 micro-steps)
+    assert ("interrupt" in [k for k, _, _ in r0["events"]]
+            and "interrupt" in [k for k, _, _ in r1["events"]])
+    assert checkpoint.load(tmp_path / "last.pt")["position"]["global_step"] == 4
+    # both ranks continue from rank 0's checkpoint, mid-epoch, and end where a straight run ends
+    r0, r1 = launch(train_rank, tmp_path, (), None, True, num_processes=2)
+    assert r0["global_step"] == r1["global_step"] == 9
+    for a, b in zip(r0["weights"], r1["weights"], strict=True):
+        assert torch.equal(a, b)
+    assert_close(r0["weights"], weights(single.model), atol=1e-5)
 
 
 # ------------------------------------------------------------------------------- launch()
@@ -188,6 +212,20 @@ def test_launch_with_one_process_just_calls_fn(monkeypatch):
     assert launch(lambda a, b: (a + b, os.environ.get("RANK")), 2, 3, num_processes=1) == (5, None)
     with pytest.raises(ValueError, match="num_processes=0"):
         launch(print, num_processes=0)
+
+
+def fit_a_dataloader():
+    tr = Trainer(nn.Linear(8, 1), device="cpu", batch_size=8, live=False)
+    try:
+        tr.fit(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*data(32))))
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+@pytest.mark.timeout(60)
+def test_a_dataloader_is_refused_under_ddp_instead_of_training_every_rank_on_all_of_it():
+    assert "pass the Dataset, not a DataLoader" in launch(fit_a_dataloader, num_processes=2)
 
 
 def report_env(tag):
@@ -255,3 +293,59 @@ def test_asking_for_ddp_or_deepspeed_outside_a_job_says_what_to_do(monkeypatch):
     monkeypatch.setattr(deepspeed_strategy, "available", lambda: True)
     with pytest.raises(NotImplementedError, match="Use strategy='ddp'"):
         Trainer(nn.Linear(2, 1), device="cpu", batch_size=2, live=False, strategy="deepspeed")
+
+
+# ------------------------------------------------------------------------------- from a notebook
+NOTEBOOK_CELL = r"""
+import os, torch, hybridnb as hn
+from torch import nn
+
+def fn(n):  # defined in the kernel's __main__, as in a notebook: only a forked worker has it
+    from hybridnb.trainer import Trainer
+    x = torch.randn(n, 8, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    tr = Trainer(nn.Linear(8, 1), device="cpu", batch_size=8, epochs=2, seed=0, live="auto")
+    tr.fit((x, x.sum(1)))
+    print(f"rank {os.environ['RANK']} done: {tr.strategy.name}", flush=True)
+    return {"rank": tr.strategy.rank, "world": tr.strategy.world_size, "steps": tr.global_step}
+
+print("RESULT", hn.launch(fn, 64, num_processes=2))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_launch_from_a_notebook_kernel_trains_ddp_and_streams_rank0():
+    """A real IPython kernel: fn defined in a cell, hn.launch(fn, num_processes=2) trains DDP,
+    the cell shows rank 0's progress (text) and gets rank 0's result."""
+    jupyter_client = pytest.importorskip("jupyter_client")
+    km, kc = jupyter_client.manager.start_new_kernel(kernel_name="python3")
+    try:
+        reply = kc.execute_interactive(NOTEBOOK_CELL, timeout=100, output_hook=(out := []).append)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    text = "".join(m["content"].get("text", "") for m in out if m["msg_type"] == "stream")
+    errors = [m["content"] for m in out if m["msg_type"] == "error"]
+    assert reply["content"]["status"] == "ok", errors
+    assert "rank 0 done: ddp" in text and "rank 1 done" not in text
+    assert "hybridnb · Linear" in text and "epoch 2/2" in text  # rank 0's live view, as text
+    assert "RESULT {'rank': 0, 'world': 2, 'steps': 8}" in text  # 64 / (8 x 2) x 2 epochs
+
+
+# ------------------------------------------------------------------------------- torchrun
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_example_script_runs_under_torchrun(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(root / "examples" / "train_ddp.py"), "--device", "cpu", "--epochs", "1",
+           "--samples", "128", "--out", str(tmp_path)]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=110, cwd=root,
+                         env={**env, "OMP_NUM_THREADS": "1"})
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-3000:]
+    assert out.count("done: strategy ddp, 2 process(es), backend gloo") == 1, out[-3000:]
+    assert out.count("hybridnb · Sequential") == 1  # only rank 0 draws the live view
+    assert checkpoint.load(tmp_path / "last.pt")["position"]["global_step"] == 2  # 128/(32x2)

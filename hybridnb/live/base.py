@@ -53,8 +53,8 @@ class LiveView(View):
 
     bar_interval = 0.2
     plot_interval = 1.0
-    bar_budget = 0.002
-    plot_budget = 0.003
+    bar_budget = 0.0015
+    plot_budget = 0.002
 
     def __init__(self, note: str = "",
                  sampler_factory: Callable[[str], Any] | None = _default_sampler,

@@ -16,6 +16,8 @@ from typing import Any
 from hybridnb.memory import SERIES
 
 GIB = 1024.0**3
+LIVE_POINTS = 600  # per series while training (a panel is ~300 px wide): cheap to resend
+SNAPSHOT_POINTS = 2000  # per series in the end snapshot and reports
 PANELS = ("loss", "learning rate", "memory (GiB)")
 
 #: (series key in the sampler, trace label, colour, dash, hidden by default)
@@ -80,7 +82,7 @@ def downsample(xs: Sequence[float], ys: Sequence[float], max_points: int,
     return x[edges].tolist(), _clean(means.tolist())
 
 
-def panels(record, max_points: int = 2000) -> list[Series]:
+def panels(record, max_points: int = SNAPSHOT_POINTS) -> list[Series]:
     """Every series to draw for ``record`` (a RunRecord), with short runs left point for point."""
     out: list[Series] = []
     x, y = downsample(record.steps, record.losses, max_points)
@@ -133,7 +135,7 @@ def _trace(s: Series, go) -> Any:
     return go.Scatter(**kw)
 
 
-def make_figure(record, widget: bool = False, max_points: int = 2000):
+def make_figure(record, widget: bool = False, max_points: int = SNAPSHOT_POINTS):
     """A plotly Figure (``widget=True``: a FigureWidget for live updates) of the three panels."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -157,7 +159,7 @@ def make_figure(record, widget: bool = False, max_points: int = 2000):
     return fig
 
 
-def update_figure(fig, record, max_points: int = 2000) -> None:
+def update_figure(fig, record, max_points: int = LIVE_POINTS) -> None:
     """Push the record's current series into a FigureWidget in one batched message.
 
     Arrays go in as float numpy arrays (NaN for gaps): plotly validates them in C and sends them
@@ -185,7 +187,7 @@ def update_figure(fig, record, max_points: int = 2000) -> None:
         fig.add_trace(_trace(s, go), row=1, col=s.panel + 1, secondary_y=s.secondary or None)
 
 
-def figure_json(record, max_points: int = 2000) -> dict[str, Any]:
+def figure_json(record, max_points: int = SNAPSHOT_POINTS) -> dict[str, Any]:
     """The figure as plotly JSON (what ``application/vnd.plotly.v1+json`` carries)."""
     import json
 

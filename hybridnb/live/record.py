@@ -6,13 +6,11 @@ record when their throttle says it is time.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from hybridnb.events import Event
-
 
 STEP_KEYS = ("epoch", "step", "global_step", "loss", "lr", "samples_per_s", "elapsed_s")
 _INF = float("inf")

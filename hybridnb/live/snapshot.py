@@ -12,7 +12,7 @@ from html import escape
 from typing import Any
 
 from hybridnb.live import summary as text
-from hybridnb.live.figures import figure_json, panels
+from hybridnb.live.figures import LIVE_POINTS, SNAPSHOT_POINTS, figure_json, panels
 from hybridnb.live.svg import render as render_svg
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
@@ -51,7 +51,7 @@ def _bar(label: str, value: int, total: int | None) -> str:
 
 def plots_html(record) -> str:
     """The live plots as inline SVG (for the HTML renderer)."""
-    return render_svg(panels(record, max_points=2000), title="hybridnb live plots")
+    return render_svg(panels(record, max_points=LIVE_POINTS), title="hybridnb live plots")
 
 
 def summary_bundle(record, summary: dict[str, Any], note: str = "") -> dict[str, str]:
@@ -70,7 +70,7 @@ def summary_bundle(record, summary: dict[str, Any], note: str = "") -> dict[str,
 
 def figure_bundle(record) -> dict[str, Any]:
     """Final figures: plotly JSON where a plotly renderer exists, SVG everywhere else."""
-    svg = render_svg(panels(record, max_points=2000), title="hybridnb: loss, learning rate, "
+    svg = render_svg(panels(record, max_points=SNAPSHOT_POINTS), title="hybridnb: loss, learning rate, "
                      "memory")
     bundle: dict[str, Any] = {"image/svg+xml": svg,
                               "text/plain": "hybridnb figure: loss, learning rate and memory"}

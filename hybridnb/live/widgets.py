@@ -74,7 +74,7 @@ class WidgetView(LiveView):
             self.events_html,
         ])
         self.box.add_class("hybridnb-live")
-        self.fig = figures.make_figure(rec, widget=True)
+        self.fig = figures.make_figure(rec, widget=True, max_points=figures.LIVE_POINTS)
         self.plots_box = W.VBox([self.fig], layout=W.Layout(width="100%"))
         self.plots_box.add_class("hybridnb-live-plots")
         self._widgets = [self.plots_box, self.header, self.epoch_bar, self.epoch_label, self.step_bar,
