@@ -268,10 +268,11 @@ with torch.inference_mode():
         outs.append(out.float().numpy())
 pred = np.concatenate(outs)[:, 0]
 rmse = float(np.sqrt(np.mean((pred - y) ** 2)))
+std = float(np.std(y))
 print("RESULT " + json.dumps({
     "output_shape": [int(len(pred)), 1],
     "batch_shapes": sorted(list(s) for s in shapes),
-    "nrmse": rmse / float(np.std(y)),
+    "nrmse": rmse / std if std > 0 else None,
     "rmse": rmse,
     "n": int(len(y)),
     "seconds": time.perf_counter() - t0,
@@ -293,7 +294,8 @@ def check_submission(zip_path: str | os.PathLike, X, y, challenge: int = 1,
     score it against ``y``.
 
     Returns a dict: ``output_shape`` ``(N, 1)``, ``batch_shapes``, ``nrmse``, ``rmse``, ``n``,
-    ``seconds``, library versions. Raises :class:`SubmissionError` with the child's message when
+    ``seconds``, library versions (``nrmse`` is None when every target is the same, e.g. one
+    subject's Challenge 2 windows). Raises :class:`SubmissionError` with the child's message when
     the zip is incomplete or the model fails or returns the wrong shape.
     """
     zip_path = Path(zip_path)

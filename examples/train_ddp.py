@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--strategy", default="auto", help="auto | ddp | single (default: auto)")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda (default: auto)")
-    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--batch-size", type=int, default=32, help="per process")
     ap.add_argument("--samples", type=int, default=512)
     ap.add_argument("--out", default="runs/ddp_example", help="checkpoint folder")
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     train, val = synthetic(args.samples, seed=0), synthetic(max(64, args.samples // 4), seed=1)
-    tr = hn.Trainer(model(), strategy=args.strategy, device=args.device, lr=3e-3,
+    tr = hn.Trainer(model(), strategy=args.strategy, device=args.device, lr=1e-2,
                     batch_size=args.batch_size, grad_accum=1, epochs=args.epochs, seed=0,
                     checkpoint_dir=args.out, live="text")
     tr.fit(train, val, resume=args.resume)

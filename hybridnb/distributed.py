@@ -8,11 +8,12 @@ its shard of every batch and reduces numbers across ranks.
 Recovery needs the ranks to agree. In plain DDP the gradient all-reduce runs inside ``backward``;
 if one rank runs out of memory half-way, the others wait inside that all-reduce for ever. Here
 every micro-batch's forward/backward runs under DDP's ``no_sync()`` (no communication while
-memory can still run out), then ``settle`` all-reduces one small tensor: which ranks failed, and
-the step's loss. If any rank failed, every rank re-runs the same step the same way (the OOM
-split); otherwise the accumulated gradients are averaged in one all-reduce, weighted by each
-rank's sample count, so 2 ranks x batch B equal 1 process x batch 2B. The cost: the gradient
-all-reduce is not overlapped with backward, about a millisecond per step for EEG-sized models.
+memory can still run out), then ``settle`` runs one all-reduce that carries which ranks failed,
+the step's loss and the gradients (weighted by each rank's sample count, so 2 ranks x batch B
+equal 1 process x batch 2B). If any rank failed, the gradients are dropped and every rank re-runs
+the same step the same way (the OOM split); otherwise every rank holds the same mean gradient
+and loss, so the loss guard, clipping and the optimizer take the same decisions everywhere. The
+cost: the gradient all-reduce is not overlapped with backward (bench/bench_ddp.py measures it).
 
 ``launch(fn, num_processes=N)`` (hybridnb.launcher) starts the ranks from a notebook cell.
 """
@@ -229,24 +230,39 @@ class DDPStrategy:
                failed: BaseException | None = None) -> torch.Tensor | None:
         """Agree on this step across ranks; every rank calls it once per attempt.
 
-        After a successful local forward/backward (``failed`` None): raises ``PeerOutOfMemory``
-        or ``PeerFailure`` when another rank failed (so every rank takes the same recovery
-        branch); otherwise averages the gradients (weighted by samples) and float buffers, and
-        returns the loss of the whole global batch. After a local failure: tells the other ranks
-        and returns None.
+        One all-reduce carries who failed, the loss, every gradient (x this rank's samples) and
+        every floating-point buffer (BatchNorm statistics, averaged). After a successful local
+        forward/backward (``failed`` None): raises ``PeerOutOfMemory`` or ``PeerFailure`` when
+        another rank failed (so every rank takes the same recovery branch; the summed gradients
+        are then dropped), else sets the gradients to the global batch's mean gradient and
+        returns its loss. After a local failure: tells the other ranks and returns None.
         """
         if failed is not None and (isinstance(failed, _Agreed) or self._agreed):
             self._agreed = False  # this failure came after the all-reduce: already agreed on
             return None
+        buffers = ([b for b in self._module.buffers() if b.is_floating_point()]
+                   if self._module is not None else [])
         n = float(sum(recovery.batch_len(b) for b in window))
         code = 0 if failed is None else (1 if recovery.is_oom(failed) else 2)
-        flags = torch.tensor([code == 1, code == 2, 0.0, 0.0 if failed else n],
-                             dtype=torch.float64, device=self._comm)
-        if total is not None and failed is None:
-            flags[2] = total.detach().to(self._comm, torch.float64) * n
-        dist.all_reduce(flags)
+        head = torch.tensor([code == 1, code == 2, 0.0, 0.0 if failed else n])
+        if failed is None:
+            head[2] = float(total) * n
+        sizes = [4, len(params), sum(p.numel() for p in params), sum(b.numel() for b in buffers)]
+        if failed is None:
+            flat = torch.cat([t.to(self._comm, torch.float32) for t in [
+                head, torch.tensor([float(p.grad is not None) for p in params]),
+                *(p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel())
+                  for p in params),
+                *(b.reshape(-1) for b in buffers)]])
+            flat[sum(sizes[:2]):sum(sizes[:3])].mul_(n)
+            flat[sum(sizes[:3]):].div_(self.world_size)
+        else:  # this rank's gradients are partial: it sends zeros
+            flat = torch.zeros(sum(sizes), device=self._comm)
+            flat[:4] = head.to(self._comm)
+        dist.all_reduce(flat)
         self._agreed = True
-        ooms, others, loss_sum, count = flags.tolist()
+        head_part, present, grads, buf_part = flat.split(sizes)
+        ooms, others, loss_sum, count = head_part.tolist()
         if ooms or others:
             notes = self._failures(failed)
             if failed is not None:
@@ -255,45 +271,27 @@ class DDPStrategy:
             if others:
                 raise PeerFailure(f"{notes}; rank {self.rank} stops too")
             raise PeerOutOfMemory(f"{notes}; every rank re-runs the step split the same way")
-        self._average(params, n / count)
-        self._agreed = False
-        return total.new_tensor(loss_sum / count)
-
-    def _failures(self, failed: BaseException | None) -> str:
-        """'rank 1: CUDA out of memory...' for every rank that failed (an all_gather, only run
-        when some rank failed)."""
-        mine = None if failed is None else f"{type(failed).__name__}: {recovery.first_line(failed)}"
-        notes: list[str | None] = [None] * self.world_size
-        dist.all_gather_object(notes, mine)
-        return "; ".join(f"rank {r} failed ({note})" for r, note in enumerate(notes) if note)
-
-    def _average(self, params: list[torch.Tensor], weight: float) -> None:
-        """One all-reduce for every gradient (x ``weight`` = this rank's share of the samples)
-        and floating-point buffer (BatchNorm statistics, averaged)."""
-        buffers = ([b for b in self._module.buffers() if b.is_floating_point()]
-                   if self._module is not None else [])
-        grads = [p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel())
-                 for p in params]
-        present = torch.tensor([float(p.grad is not None) for p in params])
-        n_grad = sum(g.numel() for g in grads)
-        flat = torch.cat([t.to(self._comm, torch.float32) for t in
-                          [*grads, present, *(b.reshape(-1) for b in buffers)]])
-        flat[:n_grad].mul_(weight)
-        flat[n_grad + len(params):].div_(self.world_size)
-        dist.all_reduce(flat)
-        grads_part, present_part, buf_part = flat.split(
-            [n_grad, len(params), flat.numel() - n_grad - len(params)])
-        for p, g, have in zip(params, grads_part.split([p.numel() for p in params]),
-                              present_part.tolist(), strict=True):
-            if not have:
+        grads.div_(count)
+        for p, g, have in zip(params, grads.split([p.numel() for p in params]),
+                              present.tolist(), strict=True):
+            if not have:  # no rank computed a gradient for it (an unused parameter)
                 p.grad = None
                 continue
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             p.grad.copy_(g.view_as(p))
-        if buffers:
-            for b, v in zip(buffers, buf_part.split([b.numel() for b in buffers]), strict=True):
-                b.copy_(v.view_as(b))
+        for b, v in zip(buffers, buf_part.split([b.numel() for b in buffers]), strict=True):
+            b.copy_(v.view_as(b))
+        self._agreed = False
+        return total.new_tensor(loss_sum / count)
+
+    def _failures(self, failed: BaseException | None) -> str:
+        """'rank 1 failed (CUDA out of memory...)' for every rank that failed (an all_gather,
+        only run when some rank failed)."""
+        mine = None if failed is None else f"{type(failed).__name__}: {recovery.first_line(failed)}"
+        notes: list[str | None] = [None] * self.world_size
+        dist.all_gather_object(notes, mine)
+        return "; ".join(f"rank {r} failed ({note})" for r, note in enumerate(notes) if note)
 
     # ---------------------------------------------------------------------------- reductions
     def agree(self, flag: bool) -> bool:

@@ -215,6 +215,7 @@ def test_widgets_train_and_stop_in_jupyterlab(lab, tmp_path):
     stop.wait_for_function("() => window.__hnb.liveLoss >= 5 && window.__hnb.liveMem >= 1",
                            timeout=90_000)
     stop.screenshot(path=str(tmp_path / "lab-stop-live.png"))
+    stop.locator(".hybridnb-live-plots").screenshot(path=str(tmp_path / "lab-live-plots.png"))
     clicked = time.time()
     stop.click(".hybridnb-stop:not([disabled])")
     result = _wait_for(lab["root"] / "result-stop.json", stop, 60)

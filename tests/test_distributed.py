@@ -11,6 +11,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -74,7 +76,7 @@ def weights(model):
     return [p.detach().clone() for p in model.parameters()]
 
 
-def train_rank(ckpt_dir, fail_on=(), effect=None, resume=False):
+def train_rank(ckpt_dir, fail_on=(), effect=None, resume=False, epochs=EPOCHS):
     """One rank's run; returns every rank's outcome (gathered), so rank 0's result has all."""
     saves = []
     original = checkpoint.save
@@ -85,11 +87,12 @@ def train_rank(ckpt_dir, fail_on=(), effect=None, resume=False):
 
     checkpoint.save = spy
     tr = Trainer(Faulty(fail_on, effect), device="cpu", batch_size=BATCH, grad_accum=ACCUM,
-                 epochs=EPOCHS, lr=1e-2, seed=0, live=False, checkpoint_dir=ckpt_dir)
+                 epochs=epochs, lr=1e-2, seed=0, live=False, checkpoint_dir=ckpt_dir)
     tr.fit(data(TRAIN_N), data(VAL_N, seed=1), resume=resume)
     mine = {"rank": tr.strategy.rank, "strategy": tr.strategy.name, "weights": weights(tr.model),
             "saves": saves, "events": [(e.kind, e.message, e.step) for e in tr.events],
             "micro": tr._micro.size, "global_step": tr.global_step, "history": tr.history,
+            "stopped": tr._stopped,
             "pred": tr.predict(data(VAL_N, seed=1)[0]), "val": tr.evaluate(data(VAL_N, seed=1))}
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
@@ -196,6 +199,36 @@ def test_ctrl_c_on_one_rank_stops_every_rank_after_the_same_step_and_resumes(tmp
     for a, b in zip(r0["weights"], r1["weights"], strict=True):
         assert torch.equal(a, b)
     assert_close(r0["weights"], weights(single.model), atol=1e-5)
+
+
+class Touch:
+    def __init__(self, path):
+        self.path = path
+
+    def __call__(self, call):
+        Path(self.path).touch()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_interrupting_launch_stops_every_rank_after_an_agreed_step(tmp_path, capfd):
+    """The notebook's stop button (SIGINT to the kernel) while launch() waits: the ranks finish
+    the same step, rank 0 saves, and launch returns rank 0's result instead of raising."""
+    started = tmp_path / "started"
+
+    def interrupt_when_training():
+        deadline = time.monotonic() + 60
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)  # launch() is still waiting: training runs 1000s
+
+    threading.Thread(target=interrupt_when_training, daemon=True).start()
+    r0, r1 = launch(train_rank, tmp_path, (3,), Touch(started), False, 10_000,
+                    num_processes=2)
+    assert r0["stopped"] == r1["stopped"] == "interrupt"
+    assert 1 <= r0["global_step"] == r1["global_step"] < 30_000
+    assert checkpoint.load(tmp_path / "last.pt")["position"]["global_step"] == r0["global_step"]
+    assert "interrupt sent to every rank" in capfd.readouterr().err
 
 
 # ------------------------------------------------------------------------------- launch()

@@ -390,3 +390,45 @@ def test_widget_renderer_bars_plots_stop_and_cleanup():
     assert "Stopped with the Stop button" in panel.last["text/plain"]
     assert PLOTLY_MIME in plots.last and WIDGET_VIEW not in plots.last
     assert all(w.comm is None for w in widgets)  # every widget closed: no state left behind
+
+
+# ------------------------------------------------------------------ Stop-click routes
+
+
+def test_click_route_is_chosen_by_what_the_kernel_supports():
+    from types import SimpleNamespace
+
+    from hybridnb.live.clicks import route_clicks
+
+    button = SimpleNamespace(comm=SimpleNamespace())
+    old = SimpleNamespace(shell_channel_thread=None, do_one_iteration=lambda: None)  # ipykernel 6
+    assert route_clicks(button, kernel=old).mode == "ui_poll"
+    broken = SimpleNamespace(shell_channel_thread=SimpleNamespace(), do_one_iteration=None)
+    route = route_clicks(button, kernel=broken)  # subshells advertised but unusable
+    assert route.mode == "ui_poll" and "subshell unavailable" in route.note
+    bare = SimpleNamespace(shell_channel_thread=None)
+    route = route_clicks(button, kernel=bare)
+    assert route.mode == "none" and "interrupt the kernel" in route.note
+
+
+def test_ui_polling_is_throttled_between_steps():
+    pytest.importorskip("anywidget")
+    from hybridnb.live.clicks import ClickRoute
+    from hybridnb.live.widgets import WidgetView
+
+    class CountingRoute(ClickRoute):
+        mode = "ui_poll"
+        polls = 0
+
+        def poll(self):
+            CountingRoute.polls += 1
+
+    clock = FakeClock()
+    view = WidgetView(display=FakeDisplay(), sampler_factory=None, clock=clock)
+    view.start(RUN)
+    view.clicks = CountingRoute()
+    for g in range(1, 1001):
+        clock.now += 0.001
+        view.update(dict(epoch=0, step=g % 20 + 1, global_step=g, loss=1.0))
+    assert 3 <= CountingRoute.polls <= 5  # every ~0.25 s, not every step
+    view.end(dict(elapsed_s=1.0, events=[], device="cpu", precision="fp32"))

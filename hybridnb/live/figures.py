@@ -91,7 +91,7 @@ def panels(record, max_points: int = SNAPSHOT_POINTS) -> list[Series]:
     out.append(Series("val_loss", "val loss", vx, _clean(vy), 0, "#ff7f0e",
                       mode="lines+markers"))
     x, y = downsample(record.steps, record.lrs, max_points)
-    out.append(Series("lr", "learning rate", x, y, 1, "#2ca02c"))
+    out.append(Series("lr", "learning rate", x, y, 1, "#e377c2"))
 
     mem = record.memory()
     tx = mem.times
