@@ -10,10 +10,11 @@ random (129 channels x 200 samples) windows, batch 16 per process, AdamW, loss r
   of 2 numbers), as ``Trainer`` does under ``strategy="ddp"``.
 
 Variants alternate (plain, agreed, plain, ...) inside the same two processes; the table gives the
-median time per step over rounds (rank 0's clock). ShallowFBCSPNet is an EEG-sized model; the
-tiny MLP shows the protocol's fixed cost per step, where nothing else hides it. On a 2-core host
-two processes share two cores, so the absolute times are slow and noisy; the difference is what
-matters. Run: ``.venv/bin/python -m bench.bench_ddp`` (about a minute here).
+median time per step over rounds (rank 0's clock). ShallowFBCSPNet is an EEG-sized model. On this
+shared 2-core host its step time varies by tens of percent between rounds, which hides a
+millisecond, so a near-free MLP with the same number of parameters (the same gradient all-reduce)
+measures the protocol's cost per step where nothing hides it; that cost is then projected onto
+ShallowFBCSPNet's step time. Run: ``.venv/bin/python -m bench.bench_ddp`` (under a minute).
 """
 
 from __future__ import annotations
@@ -28,15 +29,15 @@ from torch import nn
 from bench.common import load_note, markdown_table, median, spread, write_result
 
 BATCH, CHANS, TIMES = 16, 129, 200
-ROUNDS = 5
-STEPS = {"shallow": 8, "mlp": 200}
+ROUNDS = 7
+STEPS = {"shallow": 6, "mlp": 100}
 
 
 def make_model(kind: str) -> nn.Module:
     torch.manual_seed(0)
     if kind == "mlp":
-        return nn.Sequential(nn.Flatten(), nn.Linear(CHANS * TIMES // 100, 32), nn.ReLU(),
-                             nn.Linear(32, 1))
+        return nn.Sequential(nn.Linear(CHANS * TIMES // 100, 800), nn.ReLU(),  # ~ShallowFBCSPNet's
+                             nn.Linear(800, 1))  # parameter count, almost no compute
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from braindecode.models import ShallowFBCSPNet
@@ -111,19 +112,23 @@ def main() -> None:
         plain, agreed = r["plain DDP"], r["agreed (hybridnb)"]
         extra = [a - p for a, p in zip(agreed, plain, strict=True)]  # same round, side by side
         rows.append({
-            "model": "ShallowFBCSPNet" if r["kind"] == "shallow" else "tiny MLP",
+            "model": "ShallowFBCSPNet" if r["kind"] == "shallow" else "near-free MLP",
             "params": r["params"],
             "plain DDP ms/step": median(plain), "plain spread": spread(plain),
             "agreed ms/step": median(agreed), "agreed spread": spread(agreed),
             "extra ms/step (median of rounds)": median(extra),
             "extra %": 100 * median(extra) / median(plain),
         })
-    shallow = rows[0]
-    body = (__doc__.split("\n\n", 1)[1] + "\n" + markdown_table(rows) + "\n" + load_note(load0)
+    shallow, mlp = rows
+    projected = 100 * mlp["extra ms/step (median of rounds)"] / shallow["plain DDP ms/step"]
+    body = (__doc__.split("\n\n", 1)[1] + "\n" + markdown_table(rows)
+            + f"\nProjected cost of the agreement on ShallowFBCSPNet: "
+            f"{mlp['extra ms/step (median of rounds)']:.2f} ms per step = {projected:.1f}% of its "
+            f"{shallow['plain DDP ms/step']:.0f} ms step.\n\n" + load_note(load0)
             + "\n\nGPU (NCCL) numbers: not measured here (no GPU on this machine).\n")
     write_result("ddp", "DDP: the Trainer's agreement protocol vs plain DDP (2 CPU ranks, gloo)",
-                 body, goals=[("agreement costs under 5% of an EEG-sized model's step on the CPU",
-                               shallow["extra %"] < 5.0),
+                 body, goals=[("agreement costs under 5% of an EEG-sized model's step on the CPU "
+                               "(projected from the near-free MLP)", projected < 5.0),
                               ("single-GPU torchrun --nproc_per_node=1 with NCCL", None)])
 
 

@@ -16,7 +16,7 @@ from . import windows as _w
 from .bids import Recording
 from .events import EventsError, c1_trials, read_events
 from .problems import Problem
-from .signal import Source
+from .signal import Unusable, open_checked
 from .store import Chunk
 
 TASK = "contrastChangeDetection"
@@ -76,18 +76,10 @@ def _recording_windows(rec: Recording, start: int, stop: int, size: int, sfreq: 
         return Chunk(None, None, problems)
 
     try:
-        src = Source(rec)
-    except (ValueError, OSError) as exc:
-        code = "truncated_bdf" if "truncated" in str(exc) else "unreadable"
-        return skip(code, f"{exc}" if name in str(exc) else f"{name}: {exc}")
+        src = open_checked(rec, sfreq=sfreq, n_chans=N_CHANS)
+    except Unusable as exc:
+        return skip(exc.code, exc.message)
     try:
-        if src.n_chans != N_CHANS:
-            return skip("wrong_channel_count",
-                        f"{name}: {src.n_chans} channels, the challenge expects {N_CHANS}; "
-                        "recording left out")
-        if abs(src.sfreq - sfreq) > 1e-6:
-            return skip("wrong_sfreq", f"{name}: sampled at {src.sfreq:g} Hz, the recipe "
-                                       f"expects {sfreq:g} Hz; resample it first")
         if not rec.events_path.exists():
             return skip("no_events", f"{name}: no events file {rec.events_path.name}")
         try:

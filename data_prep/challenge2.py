@@ -18,7 +18,7 @@ from . import windows as _w
 from .bids import Recording, to_number
 from .challenge1 import DESCRIPTION, _participants
 from .problems import Problem
-from .signal import Source
+from .signal import Unusable, open_checked
 from .store import Chunk
 
 N_CHANS = 129
@@ -76,21 +76,10 @@ def _recording_windows(rec: Recording, target: str, size: int, stride: int, sfre
         return skip("nan_target", f"{name}: subject {rec.subject}'s {target} is missing (n/a) "
                                   "in participants.tsv; recording left out")
     try:
-        src = Source(rec)
-    except (ValueError, OSError) as exc:
-        code = "truncated_bdf" if "truncated" in str(exc) else "unreadable"
-        return skip(code, f"{exc}" if name in str(exc) else f"{name}: {exc}")
+        src = open_checked(rec, sfreq=sfreq, n_chans=N_CHANS, min_samples=size)
+    except Unusable as exc:
+        return skip(exc.code, exc.message)
     try:
-        if src.n_chans != N_CHANS:
-            return skip("wrong_channel_count",
-                        f"{name}: {src.n_chans} channels, the challenge expects {N_CHANS}; "
-                        "recording left out")
-        if src.n_times < size:
-            return skip("too_short", f"{name}: {src.n_times} samples ({src.n_times / sfreq:g} s)"
-                                     f", shorter than one {size}-sample window; left out")
-        if abs(src.sfreq - sfreq) > 1e-6:
-            return skip("wrong_sfreq", f"{name}: sampled at {src.sfreq:g} Hz, the recipe "
-                                       f"expects {sfreq:g} Hz; resample it first")
         starts = window_starts(src.n_times, size, stride)
         X, bad = src.windows(starts, size, check=drop_bad)
     finally:

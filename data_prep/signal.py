@@ -74,6 +74,41 @@ class Source:
             self._bdf.close()
 
 
+class Unusable(Exception):
+    """A recording the recipe cannot use; ``code`` is the problem's tag, the message names the file."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def open_checked(rec: Recording, *, sfreq: float, n_chans: int, min_samples: int = 0) -> Source:
+    """Open ``rec`` and check it fits the recipe (readable, channel count, length, sampling rate).
+
+    Raises :class:`Unusable` with the reason; the caller records it and goes on with the others.
+    """
+    name = rec.name
+    try:
+        src = Source(rec)
+    except (ValueError, OSError) as exc:
+        code = "truncated_bdf" if "truncated" in str(exc) else "unreadable"
+        raise Unusable(code, f"{exc}" if name in str(exc) else f"{name}: {exc}") from exc
+    problem = None
+    if src.n_chans != n_chans:
+        problem = ("wrong_channel_count", f"{name}: {src.n_chans} channels, the challenge "
+                   f"expects {n_chans}; recording left out")
+    elif src.n_times < min_samples:
+        problem = ("too_short", f"{name}: {src.n_times} samples ({src.n_times / sfreq:g} s), "
+                   f"shorter than one {min_samples}-sample window; left out")
+    elif abs(src.sfreq - sfreq) > 1e-6:
+        problem = ("wrong_sfreq", f"{name}: sampled at {src.sfreq:g} Hz, the recipe expects "
+                   f"{sfreq:g} Hz; resample it first")
+    if problem is not None:
+        src.close()
+        raise Unusable(*problem)
+    return src
+
+
 def _unchanged_lazy(raw, path) -> bool:
     """True when an MNE raw still equals its file on disk (not loaded, cropped or picked)."""
     if getattr(raw, "preload", False):

@@ -193,7 +193,8 @@ class DDPStrategy:
     # ---------------------------------------------------------------------------- placement
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """DistributedDataParallel around ``model``: checks every rank holds the same
-        parameter shapes and copies rank 0's parameters and buffers to all ranks."""
+        parameter shapes and copies rank 0's parameters to all ranks. Buffers are not broadcast
+        before every forward (DDP's default); ``settle`` averages them after every step."""
         self._module = model
         ids = [self.device.index] if self.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)

@@ -34,6 +34,11 @@ from typing import Any
 
 LAUNCHED_ENV = "HYBRIDNB_LAUNCHED"
 HEADLESS_ENV = "HYBRIDNB_HEADLESS"  # the runtime's "no frontend of its own": a text live view
+# A worker has no frontend: these markers (which hybridnb.runtime.frontend() reads before
+# HYBRIDNB_HEADLESS) are removed from its environment, so no view tries to draw widgets or
+# display handles through the kernel's sockets from another process.
+FRONTEND_MARKERS = ("COLAB_RELEASE_TAG", "COLAB_GPU", "VSCODE_PID", "VSCODE_CWD",
+                    "VSCODE_IPC_HOOK_CLI", "JPY_SESSION_NAME")
 TAIL_LINES = 40
 GRACE_S = 10.0  # after one rank fails, the others' time to stop (rank 0 saves a checkpoint)
 
@@ -54,15 +59,6 @@ def launch(fn: Callable[..., Any], *args: Any, num_processes: int | None = None,
     n = _count(num_processes)
     if n == 1:
         return fn(*args)
-    import torch
-
-    if torch.cuda.is_initialized():
-        raise RuntimeError(
-            "hn.launch() cannot start its workers: CUDA is already initialised in this kernel "
-            "(something used the GPU before launch: a model or tensor moved to 'cuda', "
-            "torch.cuda.* calls), and a forked process cannot use CUDA after that. Restart the "
-            "kernel and call hn.launch(...) before anything touches the GPU; build the model "
-            "and data inside the launched function (hn.detect() is safe to call before).")
     method = start_method or ("fork" if "fork" in multiprocessing.get_all_start_methods()
                               else "spawn")
     if method not in multiprocessing.get_all_start_methods():
@@ -72,6 +68,15 @@ def launch(fn: Callable[..., Any], *args: Any, num_processes: int | None = None,
         print("hybridnb: fork is not available on this platform; starting workers with spawn "
               "(fn must be importable from a module, and their output is not captured)",
               file=sys.stderr)
+    import torch
+
+    if method == "fork" and torch.cuda.is_initialized():
+        raise RuntimeError(
+            "hn.launch() cannot start its workers: CUDA is already initialised in this kernel "
+            "(something used the GPU before launch: a model or tensor moved to 'cuda', "
+            "torch.cuda.* calls), and a forked process cannot use CUDA after that. Restart the "
+            "kernel and call hn.launch(...) before anything touches the GPU; build the model "
+            "and data inside the launched function (hn.detect() is safe to call before).")
     if method == "fork":
         import torch._dynamo  # noqa: F401  DDP imports it (seconds): once here, not once per rank
     return _Supervisor(fn, args, n, master_port or free_port(), method).run()
@@ -127,6 +132,8 @@ class _Supervisor:
         env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self.port),
                "WORLD_SIZE": str(self.n), "LOCAL_WORLD_SIZE": str(self.n), LAUNCHED_ENV: "1",
                HEADLESS_ENV: "1"}
+        sys.stdout.flush()  # or a forked worker would print what is still buffered here
+        sys.stderr.flush()
         context = tmp.start_processes(
             _worker, args=(self.fn, self.args, env, sender, pipes, _frontend_draws_cr()),
             nprocs=self.n, join=False, start_method=self.method)
@@ -169,8 +176,8 @@ class _Supervisor:
                 for p in context.processes:
                     if p.is_alive():
                         os.kill(p.pid, signal.SIGINT)
-        for fd in list(open_fds):
-            while self._pump(fd, open_fds):
+        for fd in list(open_fds):  # what is left; never block (a stray grandchild may hold it)
+            while select.select([fd], [], [], 0.2)[0] and self._pump(fd, open_fds):
                 pass
         self._flush_partial()
         if not got and receiver.poll():
@@ -228,6 +235,8 @@ class _NoResult:
 def _worker(index: int, fn, args, env: dict[str, str], sender, pipes, draws_cr: bool) -> None:
     """One rank: its environment, its output into the pipe, fn, rank 0's result back."""
     os.environ.update(env, RANK=str(index), LOCAL_RANK=str(index), GROUP_RANK="0")
+    for name in FRONTEND_MARKERS:
+        os.environ.pop(name, None)
     if hasattr(os, "setpgrp"):
         os.setpgrp()  # a Ctrl-C reaches the ranks only through the parent, once
     # (torch's wrapper already asks Linux for a SIGINT when the parent dies: the ranks then stop

@@ -599,7 +599,7 @@ class Trainer:
         try:
             for batch in loader:
                 if self._interrupt is not None and self._interrupt.requested:
-                    raise KeyboardInterrupt
+                    raise KeyboardInterrupt  # on every rank, before the same batch
                 x = batch[0] if isinstance(batch, (tuple, list)) else batch
                 with self.precision.autocast():
                     out = model(self.strategy.to_device(x))

@@ -76,7 +76,7 @@ def weights(model):
     return [p.detach().clone() for p in model.parameters()]
 
 
-def train_rank(ckpt_dir, fail_on=(), effect=None, resume=False, epochs=EPOCHS):
+def train_rank(ckpt_dir, fail_on=(), effect=None, resume=False, epochs=EPOCHS, model=None):
     """One rank's run; returns every rank's outcome (gathered), so rank 0's result has all."""
     saves = []
     original = checkpoint.save
@@ -86,7 +86,7 @@ def train_rank(ckpt_dir, fail_on=(), effect=None, resume=False, epochs=EPOCHS):
         return original(state, path, keep_previous=keep_previous)
 
     checkpoint.save = spy
-    tr = Trainer(Faulty(fail_on, effect), device="cpu", batch_size=BATCH, grad_accum=ACCUM,
+    tr = Trainer(model or Faulty(fail_on, effect), device="cpu", batch_size=BATCH, grad_accum=ACCUM,
                  epochs=epochs, lr=1e-2, seed=0, live=False, checkpoint_dir=ckpt_dir)
     tr.fit(data(TRAIN_N), data(VAL_N, seed=1), resume=resume)
     mine = {"rank": tr.strategy.rank, "strategy": tr.strategy.name, "weights": weights(tr.model),
@@ -199,6 +199,31 @@ def test_ctrl_c_on_one_rank_stops_every_rank_after_the_same_step_and_resumes(tmp
     for a, b in zip(r0["weights"], r1["weights"], strict=True):
         assert torch.equal(a, b)
     assert_close(r0["weights"], weights(single.model), atol=1e-5)
+
+
+class SignalInValidation(Faulty):
+    """Rank 1 gets a Ctrl-C while it scores its second validation batch."""
+
+    evals = 0
+
+    def forward(self, x):
+        if not self.training and os.environ.get("RANK") == "1":
+            self.evals += 1
+            if self.evals == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+        return super().forward(x)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_ctrl_c_during_validation_on_one_rank_stops_every_rank_at_the_same_batch(tmp_path):
+    r0, r1 = launch(train_rank, tmp_path, (), None, False, EPOCHS, SignalInValidation(),
+                    num_processes=2)
+    assert r0["stopped"] == r1["stopped"] == "interrupt"
+    assert r0["global_step"] == r1["global_step"] == 3  # epoch 0 trained, its validation cut
+    assert len(r0["history"]) == len(r1["history"]) == 0
+    # what ran after fit (predict, evaluate) used matching collectives on both ranks
+    assert r0["val"] == r1["val"] and r0["pred"].shape == (VAL_N,)
 
 
 class Touch:
@@ -340,7 +365,9 @@ def fn(n):  # defined in the kernel's __main__, as in a notebook: only a forked 
     tr = Trainer(nn.Linear(8, 1), device="cpu", batch_size=8, epochs=2, seed=0, live="auto")
     tr.fit((x, x.sum(1)))
     print(f"rank {os.environ['RANK']} done: {tr.strategy.name}", flush=True)
-    return {"rank": tr.strategy.rank, "world": tr.strategy.world_size, "steps": tr.global_step}
+    from hybridnb.live import choose_renderer
+    return {"rank": tr.strategy.rank, "world": tr.strategy.world_size, "steps": tr.global_step,
+            "view": choose_renderer("auto")[0]}
 
 print("RESULT", hn.launch(fn, 64, num_processes=2))
 """
@@ -349,10 +376,12 @@ print("RESULT", hn.launch(fn, 64, num_processes=2))
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_launch_from_a_notebook_kernel_trains_ddp_and_streams_rank0():
-    """A real IPython kernel: fn defined in a cell, hn.launch(fn, num_processes=2) trains DDP,
-    the cell shows rank 0's progress (text) and gets rank 0's result."""
+    """A real IPython kernel (posing as Colab): fn defined in a cell, hn.launch(fn,
+    num_processes=2) trains DDP, the cell shows rank 0's progress as text (a worker must not
+    draw widgets through the kernel's sockets) and gets rank 0's result."""
     jupyter_client = pytest.importorskip("jupyter_client")
-    km, kc = jupyter_client.manager.start_new_kernel(kernel_name="python3")
+    km, kc = jupyter_client.manager.start_new_kernel(
+        kernel_name="python3", env={**os.environ, "COLAB_RELEASE_TAG": "simulated"})
     try:
         reply = kc.execute_interactive(NOTEBOOK_CELL, timeout=100, output_hook=(out := []).append)
     finally:
@@ -363,7 +392,7 @@ def test_launch_from_a_notebook_kernel_trains_ddp_and_streams_rank0():
     assert reply["content"]["status"] == "ok", errors
     assert "rank 0 done: ddp" in text and "rank 1 done" not in text
     assert "hybridnb · Linear" in text and "epoch 2/2" in text  # rank 0's live view, as text
-    assert "RESULT {'rank': 0, 'world': 2, 'steps': 8}" in text  # 64 / (8 x 2) x 2 epochs
+    assert "RESULT {'rank': 0, 'world': 2, 'steps': 8, 'view': 'text'}" in text  # 64/(8x2) x 2
 
 
 # ------------------------------------------------------------------------------- torchrun
