@@ -598,7 +598,7 @@ class Trainer:
         preds, targets, loss_sum, n = [], [], 0.0, 0
         try:
             for batch in loader:
-                if self._interrupt is not None and self._interrupt.requested:
+                if self._interrupt is not None and self.strategy.agree(self._interrupt.requested):
                     raise KeyboardInterrupt  # on every rank, before the same batch
                 x = batch[0] if isinstance(batch, (tuple, list)) else batch
                 with self.precision.autocast():
