@@ -25,12 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hybridnb.runtime import SMOKE_ENV
+from hybridnb.runtime import HEADLESS_ENV, SMOKE_ENV
 from hybridnb.runtime import smoke as runtime_smoke
 
 RESULTS_ENV = "HYBRIDNB_RESULTS"
 RUN_DIR_ENV = "HYBRIDNB_RUN_DIR"
-HEADLESS_ENV = "HYBRIDNB_HEADLESS"
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
@@ -266,9 +265,10 @@ def summary(runs: list[NotebookRun], out_dir: Path, total_s: float, smoke: bool)
         f"{_num(res.get('overall_ceiling')):>9}",
     ]
     if res.get("submission_nrmse") is not None:
-        lines.append(f"submission zip checked in a fresh process: outputs "
-                     f"{tuple(res.get('submission_output_shape') or ())}, "
-                     f"C1 nRMSE {_num(res.get('submission_nrmse'))}")
+        lines.append(f"submission zip loaded in a fresh process: outputs "
+                     f"{tuple(res.get('submission_output_shape') or ())} on the C1 test "
+                     f"windows, C1 nRMSE {_num(res.get('submission_nrmse'))}, "
+                     f"C2 nRMSE {_num(res.get('submission_c2_nrmse'))}")
     lines += [
         "",
         "constant = predicting the test mean (scores exactly 1.0); ceiling = the best nRMSE the "

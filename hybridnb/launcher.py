@@ -32,13 +32,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from hybridnb.runtime import HEADLESS_ENV  # workers have no frontend: a text live view
+
 LAUNCHED_ENV = "HYBRIDNB_LAUNCHED"
-HEADLESS_ENV = "HYBRIDNB_HEADLESS"  # the runtime's "no frontend of its own": a text live view
-# A worker has no frontend: these markers (which hybridnb.runtime.frontend() reads before
-# HYBRIDNB_HEADLESS) are removed from its environment, so no view tries to draw widgets or
-# display handles through the kernel's sockets from another process.
-FRONTEND_MARKERS = ("COLAB_RELEASE_TAG", "COLAB_GPU", "VSCODE_PID", "VSCODE_CWD",
-                    "VSCODE_IPC_HOOK_CLI", "JPY_SESSION_NAME")
 TAIL_LINES = 40
 GRACE_S = 10.0  # after one rank fails, the others' time to stop (rank 0 saves a checkpoint)
 
@@ -235,8 +231,6 @@ class _NoResult:
 def _worker(index: int, fn, args, env: dict[str, str], sender, pipes, draws_cr: bool) -> None:
     """One rank: its environment, its output into the pipe, fn, rank 0's result back."""
     os.environ.update(env, RANK=str(index), LOCAL_RANK=str(index), GROUP_RANK="0")
-    for name in FRONTEND_MARKERS:
-        os.environ.pop(name, None)
     if hasattr(os, "setpgrp"):
         os.setpgrp()  # a Ctrl-C reaches the ranks only through the parent, once
     # (torch's wrapper already asks Linux for a SIGINT when the parent dies: the ranks then stop

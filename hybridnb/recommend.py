@@ -145,6 +145,10 @@ def recommend(device_type: str, gpu: GpuInfo | None, host: HostInfo, frontend: s
         threads = max(1, share - workers)
         reasons["torch_threads"] = ("this process's share of the cores minus its "
                                     "loader workers (the GPU does the math).")
+    elif launched and world_size > 1:
+        threads = max(1, cores // world_size)
+        reasons["torch_threads"] = (f"this rank's share of the cores ({cores} over {world_size} "
+                                    "ranks), so the ranks don't oversubscribe them.")
     else:
         threads = cores
         reasons["torch_threads"] = ("all usable cores for the model; loader worker "

@@ -6,6 +6,7 @@ import os
 import sys
 
 SMOKE_ENV = "HYBRIDNB_SMOKE"
+HEADLESS_ENV = "HYBRIDNB_HEADLESS"
 
 
 def smoke() -> bool:
@@ -23,6 +24,8 @@ def frontend(environ: dict[str, str] | None = None) -> str:
     nbconvert, papermill, nbval, pytest).
     """
     env = os.environ if environ is None else environ
+    if env.get(HEADLESS_ENV):  # set by hn.launch in its workers: no frontend of their own
+        return "ci"
     kernel = _in_kernel()
     if "COLAB_RELEASE_TAG" in env or "COLAB_GPU" in env:
         return "colab"
@@ -39,7 +42,7 @@ def frontend(environ: dict[str, str] | None = None) -> str:
 
 def smoke_ci(env: dict[str, str]) -> bool:
     """Headless notebook execution (nbclient, nbval, papermill) marks itself this way."""
-    return bool(env.get("PYTEST_CURRENT_TEST") or env.get("HYBRIDNB_HEADLESS"))
+    return bool(env.get("PYTEST_CURRENT_TEST") or env.get(HEADLESS_ENV))
 
 
 HEADLESS_RUNNERS = ("nbclient", "nbconvert", "papermill", "nbval", "pytest", "jupyter-execute",

@@ -197,3 +197,12 @@ def test_compile_needs_triton_on_gpu_and_a_compiler_on_cpu(monkeypatch):
     assert s.compile is False and "compiler" in s.reasons["compile"]
     monkeypatch.setattr(recommend, "cxx_compiler", lambda: "/usr/bin/g++")
     assert recommend.recommend("cpu", None, host(4), "terminal").compile is True
+
+
+def test_cpu_ranks_of_a_launched_job_share_the_cores_instead_of_oversubscribing():
+    alone = recommend.recommend("cpu", None, host(8), "terminal")
+    rank = recommend.recommend("cpu", None, host(8), "terminal", launched=True, world_size=4)
+    assert alone.torch_threads == 8
+    assert rank.torch_threads == 2 and "4 ranks" in rank.reasons["torch_threads"]
+    assert recommend.recommend("cpu", None, host(2), "terminal", launched=True,
+                               world_size=4).torch_threads == 1
