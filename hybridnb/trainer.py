@@ -630,7 +630,10 @@ class Trainer:
         return self.loss_fn(out, y)
 
     def _eval_model(self) -> torch.nn.Module:
-        return self.ema.module if self.ema is not None else self.model
+        """During fit, validation scores the EMA weights when EMA is on; after fit, ``self.model``
+        holds the weights fit chose (best or EMA), so evaluate/predict score exactly those."""
+        fitting = self._interrupt is not None
+        return self.ema.module if self.ema is not None and fitting else self.model
 
     # ----------------------------------------------------------------------------- state
     def state_dict(self) -> dict:

@@ -189,6 +189,18 @@ def test_early_stopping_restores_the_best_weights(tmp_path):
     assert [e.kind for e in tr.events][-2:] == ["early_stop", "best_restored"]
 
 
+
+def test_with_ema_and_early_stopping_predict_scores_the_weights_fit_chose(tmp_path):
+    val = data(64, seed=1, flip=True)  # val loss rises: the best EMA weights come early
+    tr = run(val=val, epochs=30, early_stopping=2, ema=0.9, checkpoint_dir=tmp_path, lr=3e-2)
+    best_loss = tr.history["val_loss"].min()
+    with torch.no_grad():
+        direct = tr.model(val[0]).reshape(-1).numpy()
+    np.testing.assert_array_equal(tr.predict(val), direct)
+    assert math.isclose(tr.evaluate(val)["loss"], best_loss, rel_tol=1e-5)
+    best = checkpoint.load(tmp_path / "best.pt")
+    assert all(torch.equal(best["model"][k], v) for k, v in tr.model.state_dict().items())
+
 def test_val_every_and_checkpoint_every_steps(tmp_path, monkeypatch):
     calls = []
     real = Trainer._validate
