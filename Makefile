@@ -30,8 +30,8 @@ demo: setup
 	$(PY) -m hybridnb demo
 
 # Unit tests run in the normal mode (the Trainer caps epochs in small mode); then every notebook
-# runs top to bottom in small mode under nbval (a failing cell fails; NBVAL_CHECK_OUTPUT cells
-# are compared with their stored reference output).
+# runs top to bottom in small mode under nbval (a failing cell fails; "# Checked:" cells assert
+# their deterministic answers, so no output is stored in the notebooks).
 test: setup
 	$(VENV)/bin/ruff check hybridnb data_prep tests bench
 	env -u HYBRIDNB_SMOKE $(PY) -m pytest -q
