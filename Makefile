@@ -5,6 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.stamp-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 TORCH_PAIR := torch==2.11.0 torchaudio==2.11.0
+DEEPSPEED  := deepspeed==0.19.8
 
 .PHONY: setup demo test lab bench browser clean
 
@@ -15,6 +16,10 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH_PAIR)
 	$(PIP) install -q -e '.[dev,lab]' $(TORCH_PAIR)
+	@# DeepSpeed (strategy="deepspeed", and its tests): the sdist imports torch while it builds,
+	@# so no build isolation; DS_BUILD_OPS=0 compiles no kernels now (DeepSpeed JIT-builds them)
+	$(PIP) install -q wheel setuptools
+	DS_BUILD_OPS=0 $(PIP) install -q --no-build-isolation $(DEEPSPEED) $(TORCH_PAIR)
 	@$(MAKE) --no-print-directory browser
 	@rm -f $(VENV)/.stamp-* && touch $@
 

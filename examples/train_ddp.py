@@ -3,6 +3,11 @@
     torchrun --nproc_per_node=4 examples/train_ddp.py                  # 4 GPUs, NCCL
     torchrun --nproc_per_node=2 examples/train_ddp.py --device cpu     # 2 CPU processes, gloo
     torchrun --nproc_per_node=1 examples/train_ddp.py --strategy ddp   # DDP on one GPU (NCCL)
+    torchrun --nproc_per_node=4 examples/train_ddp.py --strategy deepspeed  # ZeRO-2 (DeepSpeed)
+
+On several machines, start the same command on each with ``--nnodes=M --node_rank=K
+--master_addr=<node 0's address> --master_port=<free port>`` (the checkpoint folder must be
+shared: every rank reads it on resume).
 
 The data is a small synthetic EEG-like regression task (windows of 129 channels x 200 samples,
 Challenge 1's shape, target = the power of a few channels), the same on every rank; the Trainer
@@ -42,7 +47,7 @@ def model() -> nn.Module:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--strategy", default="auto", help="auto | ddp | single (default: auto)")
+    ap.add_argument("--strategy", default="auto", help="auto | ddp | deepspeed | single (default: auto)")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda (default: auto)")
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--batch-size", type=int, default=32, help="per process")

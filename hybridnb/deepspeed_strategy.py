@@ -1,30 +1,49 @@
-"""``strategy="deepspeed"``: what happens when it is asked for.
+"""``strategy="deepspeed"``: ZeRO-2 through DeepSpeed's own engine, driven by the Trainer.
 
-DeepSpeed's ZeRO-2 shards optimizer state and gradients over GPUs; it pays off when those do not
-fit on one GPU, which EEG-sized models (well under 100M parameters) never reach, so DDP
-(``strategy="ddp"``) is the recommendation here. The answer is a clear message either way:
+ZeRO-2 splits the optimizer state and the gradients over the ranks: each rank keeps and updates
+only its share, so 4 GPUs hold a quarter of the Adam moments each. Every Trainer feature that
+does not touch the update works as under DDP (rank 0 draws and writes, metrics are reduced, the
+data is sharded). What changes, and why:
 
-- deepspeed missing: how to install it, and that DDP does the same job for these models;
-- deepspeed present: DeepSpeed's engine must own backward, gradient clipping, loss scaling and
-  the optimizer step, which the Trainer's loop does itself (that is what makes its OOM recovery
-  and cross-rank agreement possible), so the Trainer does not drive DeepSpeed yet.
+- DeepSpeed's engine owns backward, gradient clipping and the optimizer step
+  (``engine.backward`` / ``engine.step``); the Trainer sets the learning rate and decides.
+- ZeRO-2 reduces gradients *inside* backward, so the ranks agree before each micro-batch's
+  backward instead of after it (one 4-number all-reduce): an out-of-memory error in a forward
+  pass on any rank is still split on every rank, the same way. One raised inside backward
+  cannot be agreed (the other ranks are waiting in the gradient reduction): that rank stops
+  the job with a message, and the last checkpoint stays on disk.
+- A skipped step (loss guard, or a failed attempt whose earlier micro-batches already reduced
+  their gradients) is dropped through DeepSpeed's own overflow path: one backward of a NaN loss
+  makes ``engine.step()`` discard the accumulated gradients without touching the weights or the
+  optimizer state.
+- Mixed precision is the Trainer's bf16 autocast over fp32 master weights; fp16 needs
+  DeepSpeed's loss scaler, which this strategy does not drive (asked-for fp16 is refused,
+  automatic fp16 falls back to fp32 and says so).
+- Checkpoints: every rank's optimizer partition is gathered into rank 0's ``last.pt``; resuming
+  needs the same number of ranks.
+
+For EEG-sized models (well under 100M parameters) DDP is as fast; ZeRO-2 pays off when the
+optimizer state does not fit on one GPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import math
+import os
 
 import torch
+import torch.distributed as dist
+
+from hybridnb import recovery
+from hybridnb.distributed import LAUNCH_HELP, DDPStrategy, PeerFailure, PeerOutOfMemory, _Agreed
+from hybridnb.distributed import launch_env as _launch_env
 
 MISSING = ("strategy='deepspeed' needs the deepspeed package, which is not installed: pip install "
-           "deepspeed (Linux with CUDA and a compiler; see deepspeed.ai). For EEG-sized models "
+           "deepspeed (Linux with a compiler; see deepspeed.ai). For EEG-sized models "
            "strategy='ddp' trains just as fast: ZeRO-2 saves optimizer and gradient memory that "
            "these models do not need.")
-NOT_WIRED = ("strategy='deepspeed': deepspeed is installed, but hybridnb's Trainer does not drive "
-             "DeepSpeed's engine (the engine must own backward, clipping, loss scaling and the "
-             "optimizer step, which the Trainer does itself to recover from OOM across ranks). "
-             "Use strategy='ddp' (same speed for EEG-sized models), or DeepSpeed's own training "
-             "loop for models whose optimizer state does not fit on one GPU.")
 
 
 def available() -> bool:
@@ -32,8 +51,220 @@ def available() -> bool:
     return importlib.util.find_spec("deepspeed") is not None
 
 
-def make_strategy(device: torch.device | str):
-    """Raise the message that fits this machine (see the module doc)."""
+def make_strategy(device: torch.device | str, config: dict | None = None):
+    """A ``DeepSpeedStrategy`` for this rank, or the message that says what is missing."""
     if not available():
         raise ImportError(MISSING)
-    raise NotImplementedError(NOT_WIRED)
+    return DeepSpeedStrategy(device, config=config)
+
+
+class BackwardFailure(Exception, _Agreed):
+    """A rank failed inside ZeRO-2's backward, where the ranks cannot agree on a retry."""
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = (_merge(out[key], value) if isinstance(value, dict)
+                    and isinstance(out.get(key), dict) else value)
+    return out
+
+
+class DeepSpeedStrategy(DDPStrategy):
+    """One rank of a DeepSpeed ZeRO-2 job (see the module doc).
+
+    ``config`` is merged over the DeepSpeed config the Trainer builds (micro-batch = the
+    Trainer's per-rank ``batch_size``, ``gradient_clipping`` = ``clip_grad``, ZeRO stage 2), e.g.
+    ``{"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}``.
+    """
+
+    name = "deepspeed"
+    owns_update = True
+
+    def __init__(self, device: torch.device | str = "auto", config: dict | None = None,
+                 timeout_s: float | None = None) -> None:
+        if _launch_env() is None and not dist.is_initialized():
+            raise RuntimeError("strategy='deepspeed' needs this process to be one rank of a "
+                               f"multi-process job: {LAUNCH_HELP} (or the deepspeed launcher). "
+                               "RANK and WORLD_SIZE are not set here; use strategy='single' "
+                               "for one process")
+        super().__init__(device, timeout_s=timeout_s)
+        if self.device.type == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported
+        self.user_config = dict(config or {})
+        self.config: dict | None = None
+        self.engine = None
+        self._trainer = None
+        self._dirty = False  # gradients of this attempt were already reduced into ZeRO's buffers
+
+    # ---------------------------------------------------------------------------- set-up
+    def bind(self, trainer) -> None:
+        """Read what the DeepSpeed config needs from the Trainer; adjust what ZeRO cannot do."""
+        self._trainer = trainer
+        if trainer.precision.name == "fp16":
+            if trainer._precision_arg == "fp16":
+                raise ValueError("precision='fp16' with strategy='deepspeed': fp16 needs "
+                                 "DeepSpeed's own loss scaler, which hybridnb does not drive; "
+                                 "use precision='bf16' (Ampere or newer) or 'fp32'")
+            from hybridnb.precision import Precision
+
+            trainer.precision = Precision.choose("fp32", self.device)
+            trainer.scaler = trainer.precision.scaler
+            trainer._notes.append(("precision_fallback", "strategy='deepspeed': this GPU's "
+                                   "automatic fp16 needs DeepSpeed's loss scaler, which hybridnb "
+                                   "does not drive; training in fp32"))
+        if trainer.compile:
+            trainer.compile = False
+            trainer._notes.append(("compile_fallback", "strategy='deepspeed': compile=True is "
+                                   "ignored (DeepSpeed's engine wraps the eager model)"))
+        self.config = _merge({
+            "train_micro_batch_size_per_gpu": int(trainer.batch_size),
+            "gradient_accumulation_steps": 1,  # the Trainer marks each window's last micro-batch
+            "gradient_clipping": float(trainer.clip_grad or 0.0),
+            "zero_optimization": {"stage": 2, "contiguous_gradients": True},
+            "zero_allow_untested_optimizer": True,
+            "steps_per_print": 2**31 - 1,
+            "wall_clock_breakdown": False,
+        }, self.user_config)
+        stage = self.config["zero_optimization"].get("stage")
+        if stage not in (1, 2):
+            raise ValueError(f"DeepSpeed config zero_optimization.stage={stage!r}: hybridnb drives "
+                             "ZeRO stages 1 and 2 (stage 3 shards the weights themselves, which "
+                             "EEG-sized models never need)")
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """DeepSpeed's engine around ``model`` and the Trainer's optimizer (built once)."""
+        if self.engine is None:
+            if self._trainer is None:
+                raise RuntimeError("DeepSpeedStrategy.bind(trainer) must run before wrap()")
+            import deepspeed
+
+            self._module = model
+            self.engine, *_ = deepspeed.initialize(model=model,
+                                                   optimizer=self._trainer.optimizer,
+                                                   config=self.config, dist_init_required=False)
+        return self.engine
+
+    def no_sync(self, model, last):
+        return contextlib.nullcontext()  # the engine reduces in backward; ranks agree before it
+
+    # ---------------------------------------------------------------------------- the step
+    def micro_plan(self, pieces: int, samples: int) -> tuple[int, float]:
+        """Every rank runs as many micro-batches as the rank with the most (ZeRO reduces in each
+        backward; a rank with fewer pads with zero-weight passes), and weighs its loss by its
+        share of the global batch: the engine's equal-weight mean over ranks then equals the
+        mean over all samples, as on one device, when shards differ in size."""
+        mine = torch.tensor([pieces, samples], dtype=torch.int64, device=self._comm)
+        every = [torch.zeros_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(every, mine)
+        counts = torch.stack(every).cpu()
+        total = int(counts[:, 1].sum())
+        return int(counts[:, 0].max()), (self.world_size * samples / total if total else 1.0)
+
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        """Agree that every rank's forward succeeded, then ``engine.backward``."""
+        self._vote(None, 0.0, 0.0)
+        self.engine.set_gradient_accumulation_boundary(last)
+        self._dirty = True
+        try:
+            self.engine.backward(loss, scale_wrt_gas=False)
+        except Exception as exc:
+            raise BackwardFailure(
+                f"rank {self.rank} failed inside DeepSpeed's backward ({type(exc).__name__}: "
+                f"{recovery.first_line(exc)}); ZeRO-2 reduces gradients during backward, so the "
+                "other ranks cannot re-run this step with it. The last checkpoint is in "
+                "checkpoint_dir: resume with a smaller batch_size (or larger grad_accum)") from exc
+
+    def settle(self, params, total, window, failed=None):
+        """Agree on the step's outcome: tell the others about a local failure, or return the
+        global batch's mean loss (buffers such as BatchNorm statistics are averaged)."""
+        if failed is not None and isinstance(failed, _Agreed):
+            return None
+        n = float(sum(recovery.batch_len(b) for b in window))
+        loss_sum = 0.0 if failed is not None else float(total) * n
+        result = self._vote(failed, loss_sum, 0.0 if failed is not None else n)
+        if result is None:
+            return None
+        buffers = [b for b in self._module.buffers() if b.is_floating_point()]
+        if buffers:
+            flat = torch.cat([b.reshape(-1).to(self._comm, torch.float32) for b in buffers])
+            dist.all_reduce(flat)
+            flat.div_(self.world_size)
+            for b, v in zip(buffers, flat.split([b.numel() for b in buffers]), strict=True):
+                b.copy_(v.view_as(b))
+        return total.new_tensor(result)
+
+    def _vote(self, failed: BaseException | None, loss_sum: float, n: float) -> float | None:
+        """One all-reduce of (OOM ranks, failed ranks, loss x samples, samples). Raises
+        ``PeerOutOfMemory`` / ``PeerFailure`` on a rank that did not fail when another did;
+        returns None on the failing rank, else the mean loss."""
+        code = 0 if failed is None else (1 if recovery.is_oom(failed) else 2)
+        head = torch.tensor([code == 1, code == 2, loss_sum, n], dtype=torch.float64,
+                            device=self._comm)
+        dist.all_reduce(head)
+        ooms, others, total, count = head.tolist()
+        if ooms or others:
+            notes = self._failures(failed)
+            if failed is not None:
+                return None
+            if others:
+                raise PeerFailure(f"{notes}; rank {self.rank} stops too")
+            raise PeerOutOfMemory(f"{notes}; every rank re-runs the step split the same way")
+        return total / count if count else 0.0
+
+    def step(self) -> bool:
+        """``engine.step()`` (clip, update this rank's partition, gather the weights); False
+        when DeepSpeed skipped it (non-finite gradients)."""
+        self.engine.set_gradient_accumulation_boundary(True)
+        self.engine.step()
+        self._dirty = False
+        return bool(self.engine.was_step_applied())
+
+    def discard(self) -> None:
+        """Drop the gradients this attempt already reduced: every rank backpropagates a NaN
+        loss and steps, which DeepSpeed's overflow check turns into a skipped update that
+        clears its gradient buffers (weights and optimizer state untouched)."""
+        if not self._dirty:
+            return
+        params = [p for p in self._module.parameters() if p.requires_grad]
+        self.engine.set_gradient_accumulation_boundary(True)
+        self.engine.backward(sum(p.sum() for p in params) * math.nan, scale_wrt_gas=False)
+        applied = self.step()
+        if applied:  # would mean NaN reached the weights: never continue silently
+            raise RuntimeError("DeepSpeed applied a step with NaN gradients; the weights are "
+                               "no longer trustworthy (is zero_optimization.compute_grad_norm "
+                               "off?)")
+
+    # ---------------------------------------------------------------------------- state
+    def optimizer_state(self, optimizer) -> dict:
+        """This rank's partition: the base optimizer's state (the master weights follow from
+        the model's weights on restore)."""
+        return {"zero_rank": self.rank, "world_size": self.world_size,
+                "base": self.engine.optimizer.optimizer.state_dict()}
+
+    def load_optimizer_state(self, optimizer, state: dict) -> None:
+        """Load this rank's partition (from a snapshot, or from a file's gathered list)."""
+        if "ranks" in state:
+            if len(state["ranks"]) != self.world_size:
+                raise ValueError(
+                    f"this checkpoint's optimizer state is split over {len(state['ranks'])} "
+                    f"DeepSpeed ranks, this job has {self.world_size}: resume with "
+                    f"{len(state['ranks'])} processes (ZeRO partitions follow the rank count), "
+                    "or load only the weights (trainer.model.load_state_dict)")
+            state = state["ranks"][self.rank]
+        elif state.get("zero_rank") != self.rank:
+            raise ValueError("optimizer state from another rank or strategy cannot be loaded "
+                             "by a DeepSpeed rank")
+        zero = self.engine.optimizer
+        zero.optimizer.load_state_dict(state["base"])
+        zero.refresh_fp32_params()  # master copies from the (just restored) weights
+
+    def for_file(self, state: dict) -> dict:
+        """Gather every rank's optimizer partition into the state rank 0 writes (all ranks
+        call this at the same step)."""
+        parts = [None] * self.world_size
+        dist.all_gather_object(parts, recovery.to_cpu(state["optimizer"]))
+        return {**state, "optimizer": {"world_size": self.world_size, "ranks": parts}}
+
+    def file_ready(self, state: dict) -> bool:
+        return "ranks" in state["optimizer"]

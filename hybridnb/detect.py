@@ -16,6 +16,7 @@ hide GPUs as usual; ``HYBRIDNB_LAUNCHED=1`` (set by ``hn.launch``) or torchrun's
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -154,7 +155,8 @@ def _detect(probe_timeout: float, env: dict[str, str]) -> Hardware:
                     and g.usable and g.probe is not None and g.probe.ok]
     settings = recommend(device.type, chosen, host, frontend,
                          gpus_ok=len(same_kind_ok) if forced is None else 1,
-                         launched=launched, world_size=world)
+                         launched=launched, world_size=world,
+                         deepspeed=importlib.util.find_spec("deepspeed") is not None)
     settings.reasons = {"device": reason, "precision": precision_reason, **settings.reasons}
     advice = [a for g in gpus for a in g.advice]
     if host.cores_note:

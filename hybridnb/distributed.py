@@ -32,6 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 from hybridnb import recovery
 from hybridnb.launcher import launch  # noqa: F401  (the public name hn.launch)
 from hybridnb.loaders import ResumableBatchSampler
+from hybridnb.strategy import SingleDevice
 
 STRATEGIES = ("auto", "single", "ddp", "deepspeed")
 LAUNCH_HELP = ("start one process per device with torchrun (torchrun --nproc_per_node=N "
@@ -60,8 +61,8 @@ def wants_ddp(strategy, environ: dict[str, str] | None = None) -> bool:
 
 
 def make_strategy(strategy, device: torch.device | str):
-    """The strategy object for a Trainer: ``"ddp"`` / ``"deepspeed"`` / ``"auto"`` in a job of
-    2+ ranks; None when the single-device strategy applies."""
+    """The strategy object for a Trainer: ``"ddp"`` / ``"deepspeed"`` (ZeRO-2) / ``"auto"`` in a
+    job of 2+ ranks; None when the single-device strategy applies."""
     if strategy == "deepspeed":
         from hybridnb.deepspeed_strategy import make_strategy as make_deepspeed
 
@@ -150,7 +151,7 @@ class PeerFailure(RuntimeError, _Agreed):
     """Another rank failed in this step with an error that cannot be recovered."""
 
 
-class DDPStrategy:
+class DDPStrategy(SingleDevice):
     """One rank of a DistributedDataParallel job (see the module doc for the step protocol).
 
     ``batch_size`` in the Trainer is per rank: N ranks with batch B train like one process with

@@ -29,7 +29,7 @@ class Settings:
     num_workers: int
     pin_memory: bool
     persistent_workers: bool
-    strategy: str            # "single" | "ddp"
+    strategy: str            # "single" | "ddp" | "deepspeed"
     compile: bool
     torch_threads: int
     devices: int = 1         # processes (GPUs) the strategy uses
@@ -70,11 +70,13 @@ def choose_precision(device_type: str, gpu: GpuInfo | None) -> tuple[str, str]:
 
 
 def recommend(device_type: str, gpu: GpuInfo | None, host: HostInfo, frontend: str,
-              gpus_ok: int = 0, launched: bool = False, world_size: int = 1) -> Settings:
+              gpus_ok: int = 0, launched: bool = False, world_size: int = 1,
+              deepspeed: bool = False) -> Settings:
     """Settings for training on ``device_type`` ("cpu" | "cuda" | "mps").
 
     ``gpus_ok``: GPUs of this kind that passed the probe (DDP candidates); ``launched``: this
-    process is one rank of a launched job (``hn.launch`` / torchrun) of ``world_size`` ranks.
+    process is one rank of a launched job (``hn.launch`` / torchrun) of ``world_size`` ranks;
+    ``deepspeed``: the package is importable (ZeRO-2 is then the advice for 2+ GPUs in scripts).
     """
     reasons: dict[str, str] = {}
     cores = max(1, host.cores_usable)
@@ -90,10 +92,16 @@ def recommend(device_type: str, gpu: GpuInfo | None, host: HostInfo, frontend: s
                                "needs one process per GPU, which a cell is not; use "
                                f"hn.launch(fn, num_processes={gpus_ok}) to train on all of them.")
     elif on_gpu and gpus_ok >= 2:
-        strategy, procs = "ddp", gpus_ok
-        reasons["strategy"] = (f"{gpus_ok} GPUs passed the probe; run the script with "
-                               f"torchrun --nproc-per-node={gpus_ok} (or hn.launch) for one "
-                               "process per GPU.")
+        strategy, procs = ("deepspeed" if deepspeed else "ddp"), gpus_ok
+        run = (f"run the script with torchrun --nproc-per-node={gpus_ok} (or hn.launch) for one "
+               "process per GPU")
+        reasons["strategy"] = (
+            f"{gpus_ok} GPUs passed the probe and deepspeed is installed: "
+            "Trainer(strategy='deepspeed') (ZeRO-2) splits the optimizer state and gradients "
+            f"over them; {run}. strategy='ddp' is as fast while they fit one GPU."
+            if deepspeed else
+            f"{gpus_ok} GPUs passed the probe; {run}. (pip install deepspeed adds ZeRO-2, "
+            "strategy='deepspeed', which also splits the optimizer state over the GPUs.)")
     else:
         strategy, procs = "single", 1
         reasons["strategy"] = ("one GPU passed the probe." if on_gpu

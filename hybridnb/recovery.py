@@ -214,12 +214,19 @@ class LossGuard:
     streak: int = field(default=0)
 
     def check(self, loss: float, grad_norm: float | None = None) -> str:
+        """Judge a step and count it (``verdict`` then ``record``)."""
+        return self.record(self.verdict(loss, grad_norm), loss)
+
+    def verdict(self, loss: float, grad_norm: float | None = None) -> str:
+        """"ok", "nonfinite" or "spike", without counting the step."""
         if not math.isfinite(loss) or (grad_norm is not None and not math.isfinite(grad_norm)):
-            verdict = "nonfinite"
-        elif self.good >= self.warmup and self.spike and loss > self.spike * abs(self._mean()):
-            verdict = "spike"
-        else:
-            verdict = "ok"
+            return "nonfinite"
+        if self.good >= self.warmup and self.spike and loss > self.spike * abs(self._mean()):
+            return "spike"
+        return "ok"
+
+    def record(self, verdict: str, loss: float) -> str:
+        """Count a judged step: a good loss joins the running mean, a bad one the streak."""
         if verdict == "ok":
             self.mean = self.momentum * self.mean + (1 - self.momentum) * loss
             self.good += 1

@@ -22,6 +22,7 @@ class SingleDevice:
     name = "single"
     rank = 0
     world_size = 1
+    owns_update = False  # True: the strategy's engine runs backward and the optimizer step
 
     def __init__(self, device: torch.device | str) -> None:
         self.device = torch.device(device)
@@ -31,6 +32,9 @@ class SingleDevice:
     def is_main(self) -> bool:
         """Whether this process draws the live view and writes files."""
         return self.rank == 0
+
+    def bind(self, trainer) -> None:
+        """Read the Trainer's settings before ``wrap`` (DeepSpeed builds its config here)."""
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """The module the training step calls (DDP wraps it)."""
@@ -48,6 +52,33 @@ class SingleDevice:
         """Context for a micro-step's forward+backward; DDP skips the gradient all-reduce unless
         ``last``."""
         return contextlib.nullcontext()
+
+    def micro_plan(self, pieces: int, samples: int) -> tuple[int, float]:
+        """How many micro-batches this step runs, and the factor on this process's loss for
+        backward (DeepSpeed: the same count on every rank, and each rank's share of the
+        global batch, since its engine averages the ranks' gradients with equal weights)."""
+        return pieces, 1.0
+
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        """Backward of one micro-batch's (scaled) loss; ``last`` marks the window's last."""
+        loss.backward()
+
+    def discard(self) -> None:
+        """Drop gradients of a failed or skipped step that live outside ``param.grad``."""
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        return optimizer.state_dict()
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        optimizer.load_state_dict(state)
+
+    def for_file(self, state: dict) -> dict:
+        """The state rank 0 writes to disk (DeepSpeed gathers every rank's partition)."""
+        return state
+
+    def file_ready(self, state: dict) -> bool:
+        """Whether an in-memory snapshot can be written as a checkpoint as it is."""
+        return True
 
     def agree(self, flag: bool) -> bool:
         """True when any process says True (all processes then take the same branch)."""

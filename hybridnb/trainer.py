@@ -147,6 +147,7 @@ class Trainer:
         self.guard = (recovery.LossGuard() if loss_guard is True else
                       loss_guard if isinstance(loss_guard, recovery.LossGuard) else None)
         self._micro = recovery.MicroBatches()
+        self.strategy.bind(self)
         self._train_model = self.strategy.wrap(self.model)
         self._compiled = False
         self._reset_run()
@@ -285,6 +286,7 @@ class Trainer:
                 failure, detail = self._classify(exc)
             # outside the except block: the failed step's tensors are no longer pinned
             self.optimizer.zero_grad(set_to_none=True)
+            self.strategy.discard()
             recovery.free_memory(self.device)
             cpu_batch = self._recover(failure, detail, window, cpu_batch)
 
@@ -293,18 +295,26 @@ class Trainer:
         each loss is weighted by its share of the window's samples. Returns the summed loss."""
         self._phase = "forward"
         total = 0.0
-        parts = self._micro.count(window)
-        for k, (x, y, weight) in enumerate(self._micro.split(window)):
+        pieces = list(self._micro.split(window))
+        # DeepSpeed: every rank runs as many backward passes (extra ones weigh nothing), and
+        # gradients are weighted by this rank's share of the global batch
+        count, share = self.strategy.micro_plan(
+            len(pieces), sum(recovery.batch_len(b) for b in window))
+        pieces += [(*pieces[-1][:2], 0.0)] * (count - len(pieces))
+        for k, (x, y, weight) in enumerate(pieces):
             x, y = to_device(x), to_device(y)
-            with self.strategy.no_sync(model, last=k == parts - 1):
+            last = k == len(pieces) - 1
+            with self.strategy.no_sync(model, last=last):
                 with precision.autocast():
                     loss = self.loss_fn(model(x), y) * weight
-                scale(loss).backward()
+                self.strategy.backward(scale(loss * share if share != 1.0 else loss), last=last)
             total = total + loss.detach()
         return total
 
     def _update(self, total: torch.Tensor) -> float | None:
         """Unscale, clip, check the loss, step, update the scaler, clear the gradients."""
+        if self.strategy.owns_update:
+            return self._engine_update(total)
         self._phase = "update"
         with self._interrupt.updating():
             self.scaler.unscale_(self.optimizer)
@@ -318,6 +328,28 @@ class Trainer:
                     self.ema.update_parameters(self.model)
             self.scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
+        self._phase = "idle"
+        if verdict != "ok":
+            self._bad_loss(verdict, loss)
+            return None
+        return loss
+
+    def _engine_update(self, total: torch.Tensor) -> float | None:
+        """The update when the strategy's engine (DeepSpeed) clips and steps: the loss guard
+        decides first; a skipped step drops the engine's gradients."""
+        self._phase = "update"
+        with self._interrupt.updating():
+            loss = float(total)
+            verdict = self.guard.verdict(loss) if self.guard else "ok"
+            if verdict == "ok":
+                if not self.strategy.step():  # the engine found non-finite gradients
+                    verdict = "nonfinite"
+                elif self.ema is not None:
+                    self.ema.update_parameters(self.model)
+            else:
+                self.strategy.discard()
+            if self.guard:
+                self.guard.record(verdict, loss)
         self._phase = "idle"
         if verdict != "ok":
             self._bad_loss(verdict, loss)
@@ -362,7 +394,7 @@ class Trainer:
                         f"{self.device} ({detail}); re-running the same batch as micro-batches "
                         f"of {new} (same update); later steps keep {new}")
             return False
-        if cpu_batch or not self.strategy.accelerator:
+        if cpu_batch or not self.strategy.accelerator or self.strategy.owns_update:
             raise MemoryError(f"out of memory on {'the CPU' if cpu_batch else self.device} even "
                               f"with one sample per micro-batch ({detail}); use a smaller model "
                               "or input, or free memory used by other processes")
@@ -549,6 +581,11 @@ class Trainer:
         """An unexpected error: keep the last good state on disk so the run can resume."""
         if self.checkpoint_dir is None or self._snapshot is None or not self.strategy.is_main:
             return
+        if not self.strategy.file_ready(self._snapshot):  # DeepSpeed: partitions not gathered
+            print("hybridnb: training failed; the last checkpoint written (in "
+                  f"{self.checkpoint_dir}) is kept: fit(..., resume=True) continues from there",
+                  file=sys.stderr)
+            return
         path = checkpoint.save(self._snapshot, self.checkpoint_dir / checkpoint.LAST,
                                keep_previous=True)
         print(f"hybridnb: training failed; the last good state (step "
@@ -644,7 +681,7 @@ class Trainer:
             **rng_state(), "loader": gen.get_state() if gen is not None else None}
         tensors = recovery.to_cpu({
             "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self.strategy.optimizer_state(self.optimizer),
             "ema": None if self.ema is None else self.ema.state_dict(),
             "rng": rng,
             "epoch_start": self._epoch_start,
@@ -687,7 +724,7 @@ class Trainer:
     def _restore(self, state: dict) -> None:
         """Weights, optimizer, schedule, scaler, EMA, position and RNG (events are kept)."""
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.strategy.load_optimizer_state(self.optimizer, state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
         if self.scaler.is_enabled() and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
@@ -731,7 +768,7 @@ class Trainer:
         self.resume(where)
 
     def _save_last(self) -> None:
-        self._snapshot = self.state_dict()
+        self._snapshot = self.strategy.for_file(self.state_dict())
         if self.checkpoint_dir is not None and self.strategy.is_main:
             checkpoint.save(self._snapshot, self.checkpoint_dir / checkpoint.LAST,
                             keep_previous=True)

@@ -173,6 +173,12 @@ def test_ddp_in_scripts_single_gpu_in_notebooks_and_under_launch():
     launched = recommend.recommend("cuda", g, host(16), "jupyter", gpus_ok=4, launched=True,
                                    world_size=4)
     assert launched.strategy == "ddp"
+    # with deepspeed importable, scripts on 2+ GPUs are told ZeRO-2; notebooks are not
+    ds = recommend.recommend("cuda", g, host(16), "terminal", gpus_ok=4, deepspeed=True)
+    assert ds.strategy == "deepspeed" and "strategy='deepspeed'" in ds.reasons["strategy"]
+    assert "pip install deepspeed" in script.reasons["strategy"]
+    assert recommend.recommend("cuda", g, host(16), "jupyter", gpus_ok=4,
+                               deepspeed=True).strategy == "single"
 
 
 def test_precision_names_match_precision_module():

@@ -76,7 +76,8 @@ def weights(model):
     return [p.detach().clone() for p in model.parameters()]
 
 
-def train_rank(ckpt_dir, fail_on=(), effect=None, resume=False, epochs=EPOCHS, model=None):
+def train_rank(ckpt_dir, fail_on=(), effect=None, resume=False, epochs=EPOCHS, model=None,
+               strategy="auto", n=TRAIN_N):
     """One rank's run; returns every rank's outcome (gathered), so rank 0's result has all."""
     saves = []
     original = checkpoint.save
@@ -87,8 +88,9 @@ def train_rank(ckpt_dir, fail_on=(), effect=None, resume=False, epochs=EPOCHS, m
 
     checkpoint.save = spy
     tr = Trainer(model or Faulty(fail_on, effect), device="cpu", batch_size=BATCH, grad_accum=ACCUM,
-                 epochs=epochs, lr=1e-2, seed=0, live=False, checkpoint_dir=ckpt_dir)
-    tr.fit(data(TRAIN_N), data(VAL_N, seed=1), resume=resume)
+                 epochs=epochs, lr=1e-2, seed=0, live=False, checkpoint_dir=ckpt_dir,
+                 strategy=strategy)
+    tr.fit(data(n), data(VAL_N, seed=1), resume=resume)
     mine = {"rank": tr.strategy.rank, "strategy": tr.strategy.name, "weights": weights(tr.model),
             "saves": saves, "events": [(e.kind, e.message, e.step) for e in tr.events],
             "micro": tr._micro.size, "global_step": tr.global_step, "history": tr.history,
@@ -101,10 +103,14 @@ def train_rank(ckpt_dir, fail_on=(), effect=None, resume=False, epochs=EPOCHS, m
 
 @pytest.fixture(scope="module")
 def single():
+    return train_single()
+
+
+def train_single(n=TRAIN_N):
     """The same training in one process with twice the per-rank batch."""
     tr = Trainer(Faulty(), device="cpu", batch_size=2 * BATCH, grad_accum=ACCUM, epochs=EPOCHS,
                  lr=1e-2, seed=0, live=False, strategy="single")
-    tr.fit(data(TRAIN_N), data(VAL_N, seed=1))
+    tr.fit(data(n), data(VAL_N, seed=1))
     return tr
 
 
@@ -349,7 +355,7 @@ def test_asking_for_ddp_or_deepspeed_outside_a_job_says_what_to_do(monkeypatch):
     with pytest.raises(ImportError, match="pip install deepspeed"):
         Trainer(nn.Linear(2, 1), device="cpu", batch_size=2, live=False, strategy="deepspeed")
     monkeypatch.setattr(deepspeed_strategy, "available", lambda: True)
-    with pytest.raises(NotImplementedError, match="Use strategy='ddp'"):
+    with pytest.raises(RuntimeError, match="strategy='deepspeed' needs.*torchrun"):
         Trainer(nn.Linear(2, 1), device="cpu", batch_size=2, live=False, strategy="deepspeed")
 
 
@@ -411,3 +417,51 @@ def test_example_script_runs_under_torchrun(tmp_path):
     assert out.count("done: strategy ddp, 2 process(es), backend gloo") == 1, out[-3000:]
     assert out.count("hybridnb · Sequential") == 1  # only rank 0 draws the live view
     assert checkpoint.load(tmp_path / "last.pt")["position"]["global_step"] == 2  # 128/(32x2)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_example_script_runs_as_two_nodes(tmp_path):
+    """Two torchrun agents (--nnodes=2, one process each) on 127.0.0.1: what a 2-machine job
+    does, with LOCAL_RANK 0 on both nodes and RANK 0/1."""
+    root = Path(__file__).resolve().parents[1]
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+         f"--node_rank={k}", "--master_addr=127.0.0.1", f"--master_port={port}",
+         str(root / "examples" / "train_ddp.py"), "--device", "cpu", "--epochs", "1",
+         "--samples", "128", "--out", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=root,
+        env={**env, "OMP_NUM_THREADS": "1"}) for k in (0, 1)]
+    outs = [p.communicate(timeout=110)[0] for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], "\n".join(o[-2000:] for o in outs)
+    assert "done: strategy ddp, 2 process(es), backend gloo" in outs[0]
+    assert "done:" not in outs[1] and "hybridnb · Sequential" not in outs[1]  # rank 1: quiet
+    assert checkpoint.load(tmp_path / "last.pt")["position"]["global_step"] == 2  # 128/(32x2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_example_script_runs_deepspeed_under_torchrun(tmp_path):
+    pytest.importorskip("deepspeed", reason="the optional deepspeed extra is not installed")
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(root / "examples" / "train_ddp.py"), "--device", "cpu", "--epochs", "1",
+           "--samples", "128", "--out", str(tmp_path), "--strategy", "deepspeed"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=170, cwd=root,
+                         env={**env, "OMP_NUM_THREADS": "1"})
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-3000:]
+    assert out.count("done: strategy deepspeed, 2 process(es), backend gloo") == 1, out[-3000:]
+    state = checkpoint.load(tmp_path / "last.pt")
+    assert state["position"]["global_step"] == 2 and len(state["optimizer"]["ranks"]) == 2
