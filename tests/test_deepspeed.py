@@ -10,11 +10,14 @@ skipped by all without touching the weights; an interrupted run resumes where it
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
 import torch
 from test_distributed import (
+    CUDA_OOM,
     EPOCHS,
+    Faulty,
     assert_close,
     nan_loss,
     oom,
@@ -25,7 +28,7 @@ from test_distributed import (
 )
 
 from hybridnb import checkpoint
-from hybridnb.launcher import launch
+from hybridnb.launcher import LaunchError, launch
 
 pytest.importorskip("deepspeed", reason="the optional deepspeed extra is not installed")
 
@@ -102,3 +105,33 @@ def test_ranks_with_uneven_shards_run_as_many_backward_passes(tmp_path):
     assert r0["micro"] == r1["micro"] == 1 and r0["global_step"] == r1["global_step"] == 9
     same_on_both(r0, r1)
     assert_close(r0["weights"], weights(train_single(n=91).model), atol=1e-5)
+
+
+class OomInBackward(torch.autograd.Function):
+    """Identity whose backward raises CUDA's OOM on rank 1's ``at``-th training call."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise torch.OutOfMemoryError(CUDA_OOM)
+
+
+class FailsInBackward(Faulty):
+    def forward(self, x):
+        out = super().forward(x)
+        if self.training and self.calls == 8 and os.environ.get("RANK") == "1":
+            return OomInBackward.apply(out)
+        return out
+
+
+def test_an_oom_inside_backward_stops_the_job_and_keeps_the_last_checkpoint(tmp_path):
+    # call 8 is step 4's second micro-batch (epoch 1): ZeRO-2 is reducing gradients inside
+    # backward there, so the ranks cannot agree on a retry; the job must stop, not hang
+    with pytest.raises(LaunchError) as info:
+        launch(ds_rank, tmp_path, (), None, False, EPOCHS, FailsInBackward(), num_processes=2)
+    assert "failed inside DeepSpeed's backward" in str(info.value)
+    assert "resume with a smaller batch_size" in str(info.value)
+    assert checkpoint.load(tmp_path / "last.pt")["position"]["global_step"] == 3  # epoch 0's
