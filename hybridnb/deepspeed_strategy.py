@@ -28,7 +28,6 @@ optimizer state does not fit on one GPU.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import math
 import os
@@ -144,9 +143,6 @@ class DeepSpeedStrategy(DDPStrategy):
                                                    optimizer=self._trainer.optimizer,
                                                    config=self.config, dist_init_required=False)
         return self.engine
-
-    def no_sync(self, model, last):
-        return contextlib.nullcontext()  # the engine reduces in backward; ranks agree before it
 
     # ---------------------------------------------------------------------------- the step
     def micro_plan(self, pieces: int, samples: int) -> tuple[int, float]:

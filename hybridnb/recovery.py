@@ -149,12 +149,6 @@ class MicroBatches:
         self.size = math.ceil(current / 2)
         return self.size
 
-    def count(self, window: list) -> int:
-        """How many micro-batches ``split(window)`` yields."""
-        if self.size is None:
-            return len(window)
-        return sum(math.ceil(batch_len(b) / self.size) for b in window)
-
 
 @contextlib.contextmanager
 def on_cpu(model: torch.nn.Module, device: torch.device):
