@@ -402,18 +402,30 @@ def test_launch_from_a_notebook_kernel_trains_ddp_and_streams_rank0():
 
 
 # ------------------------------------------------------------------------------- torchrun
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = [str(ROOT / "examples" / "train_ddp.py"), "--device", "cpu", "--epochs", "1",
+           "--samples", "128"]
+
+
+def torchrun(*args: str) -> subprocess.Popen:
+    """``torchrun <args>`` from the repository root, outside any job, output merged."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            env={**env, "OMP_NUM_THREADS": "1"})
+
+
+def finished(*procs: subprocess.Popen, timeout: float) -> list[str]:
+    outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * len(procs), "\n".join(o[-3000:] for o in outs)
+    return outs
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_example_script_runs_under_torchrun(tmp_path):
-    root = Path(__file__).resolve().parents[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(root / "examples" / "train_ddp.py"), "--device", "cpu", "--epochs", "1",
-           "--samples", "128", "--out", str(tmp_path)]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=110, cwd=root,
-                         env={**env, "OMP_NUM_THREADS": "1"})
-    out = run.stdout + run.stderr
-    assert run.returncode == 0, out[-3000:]
+    [out] = finished(torchrun("--standalone", "--nproc_per_node=2", *EXAMPLE, "--out",
+                              str(tmp_path)), timeout=110)
     assert out.count("done: strategy ddp, 2 process(es), backend gloo") == 1, out[-3000:]
     assert out.count("hybridnb · Sequential") == 1  # only rank 0 draws the live view
     assert checkpoint.load(tmp_path / "last.pt")["position"]["global_step"] == 2  # 128/(32x2)
@@ -432,18 +444,10 @@ def free_port() -> int:
 def test_example_script_runs_as_two_nodes(tmp_path):
     """Two torchrun agents (--nnodes=2, one process each) on 127.0.0.1: what a 2-machine job
     does, with LOCAL_RANK 0 on both nodes and RANK 0/1."""
-    root = Path(__file__).resolve().parents[1]
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    nodes = [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
-         f"--node_rank={k}", "--master_addr=127.0.0.1", f"--master_port={port}",
-         str(root / "examples" / "train_ddp.py"), "--device", "cpu", "--epochs", "1",
-         "--samples", "128", "--out", str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=root,
-        env={**env, "OMP_NUM_THREADS": "1"}) for k in (0, 1)]
-    outs = [p.communicate(timeout=110)[0] for p in nodes]
-    assert [p.returncode for p in nodes] == [0, 0], "\n".join(o[-2000:] for o in outs)
+    outs = finished(*(torchrun("--nnodes=2", "--nproc_per_node=1", f"--node_rank={k}",
+                               "--master_addr=127.0.0.1", f"--master_port={port}", *EXAMPLE,
+                               "--out", str(tmp_path)) for k in (0, 1)), timeout=110)
     assert "done: strategy ddp, 2 process(es), backend gloo" in outs[0]
     assert "done:" not in outs[1] and "hybridnb · Sequential" not in outs[1]  # rank 1: quiet
     assert checkpoint.load(tmp_path / "last.pt")["position"]["global_step"] == 2  # 128/(32x2)
@@ -453,15 +457,8 @@ def test_example_script_runs_as_two_nodes(tmp_path):
 @pytest.mark.timeout(180)
 def test_example_script_runs_deepspeed_under_torchrun(tmp_path):
     pytest.importorskip("deepspeed", reason="the optional deepspeed extra is not installed")
-    root = Path(__file__).resolve().parents[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(root / "examples" / "train_ddp.py"), "--device", "cpu", "--epochs", "1",
-           "--samples", "128", "--out", str(tmp_path), "--strategy", "deepspeed"]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=170, cwd=root,
-                         env={**env, "OMP_NUM_THREADS": "1"})
-    out = run.stdout + run.stderr
-    assert run.returncode == 0, out[-3000:]
+    [out] = finished(torchrun("--standalone", "--nproc_per_node=2", *EXAMPLE, "--out",
+                              str(tmp_path), "--strategy", "deepspeed"), timeout=170)
     assert out.count("done: strategy deepspeed, 2 process(es), backend gloo") == 1, out[-3000:]
     state = checkpoint.load(tmp_path / "last.pt")
     assert state["position"]["global_step"] == 2 and len(state["optimizer"]["ranks"]) == 2
