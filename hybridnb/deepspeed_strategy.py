@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from hybridnb import recovery
-from hybridnb.distributed import LAUNCH_HELP, DDPStrategy, PeerFailure, PeerOutOfMemory, _Agreed
+from hybridnb.distributed import LAUNCH_HELP, DDPStrategy, _Agreed
 from hybridnb.distributed import launch_env as _launch_env
 
 MISSING = ("strategy='deepspeed' needs the deepspeed package, which is not installed: pip install "
@@ -199,13 +199,8 @@ class DeepSpeedStrategy(DDPStrategy):
                             device=self._comm)
         dist.all_reduce(head)
         ooms, others, total, count = head.tolist()
-        if ooms or others:
-            notes = self._failures(failed)
-            if failed is not None:
-                return None
-            if others:
-                raise PeerFailure(f"{notes}; rank {self.rank} stops too")
-            raise PeerOutOfMemory(f"{notes}; every rank re-runs the step split the same way")
+        if self._peer_verdict(ooms, others, failed):
+            return None
         return total / count if count else 0.0
 
     def step(self) -> bool:
@@ -235,8 +230,7 @@ class DeepSpeedStrategy(DDPStrategy):
     def optimizer_state(self, optimizer) -> dict:
         """This rank's partition: the base optimizer's state (the master weights follow from
         the model's weights on restore)."""
-        return {"zero_rank": self.rank, "world_size": self.world_size,
-                "base": self.engine.optimizer.optimizer.state_dict()}
+        return {"zero_rank": self.rank, "base": self.engine.optimizer.optimizer.state_dict()}
 
     def load_optimizer_state(self, optimizer, state: dict) -> None:
         """Load this rank's partition (from a snapshot, or from a file's gathered list)."""
@@ -257,9 +251,9 @@ class DeepSpeedStrategy(DDPStrategy):
 
     def for_file(self, state: dict) -> dict:
         """Gather every rank's optimizer partition into the state rank 0 writes (all ranks
-        call this at the same step)."""
+        call this at the same step; ``state`` is a ``Trainer.state_dict()``, already on the CPU)."""
         parts = [None] * self.world_size
-        dist.all_gather_object(parts, recovery.to_cpu(state["optimizer"]))
+        dist.all_gather_object(parts, state["optimizer"])
         return {**state, "optimizer": {"world_size": self.world_size, "ranks": parts}}
 
     def file_ready(self, state: dict) -> bool:

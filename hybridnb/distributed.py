@@ -265,14 +265,9 @@ class DDPStrategy(SingleDevice):
         self._agreed = True
         head_part, present, grads, buf_part = flat.split(sizes)
         ooms, others, loss_sum, count = head_part.tolist()
-        if ooms or others:
-            notes = self._failures(failed)
-            if failed is not None:
-                self._agreed = False
-                return None
-            if others:
-                raise PeerFailure(f"{notes}; rank {self.rank} stops too")
-            raise PeerOutOfMemory(f"{notes}; every rank re-runs the step split the same way")
+        if self._peer_verdict(ooms, others, failed):
+            self._agreed = False
+            return None
         grads.div_(count)
         for p, g, have in zip(params, grads.split([p.numel() for p in params]),
                               present.tolist(), strict=True):
@@ -286,6 +281,18 @@ class DDPStrategy(SingleDevice):
             b.copy_(v.view_as(b))
         self._agreed = False
         return total.new_tensor(loss_sum / count)
+
+    def _peer_verdict(self, ooms: float, others: float, failed: BaseException | None) -> bool:
+        """After the vote: True on a rank that failed itself when some rank failed; raises
+        ``PeerFailure`` / ``PeerOutOfMemory`` on a rank that did not; False when none failed."""
+        if not (ooms or others):
+            return False
+        notes = self._failures(failed)
+        if failed is not None:
+            return True
+        if others:
+            raise PeerFailure(f"{notes}; rank {self.rank} stops too")
+        raise PeerOutOfMemory(f"{notes}; every rank re-runs the step split the same way")
 
     def _failures(self, failed: BaseException | None) -> str:
         """'rank 1 failed (CUDA out of memory...)' for every rank that failed (an all_gather,
