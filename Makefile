@@ -32,7 +32,7 @@ browser:
 	  else echo "chromium missing and not root; the browser test will be skipped"; fi; }
 
 demo: setup
-	$(PY) -m hybridnb demo
+	$(PY) -m hybridnb_tools.demo
 
 # Unit tests run in the normal mode (the Trainer caps epochs in small mode); then every notebook
 # runs top to bottom in small mode under nbval (a failing cell fails; "# Checked:" cells assert

@@ -36,7 +36,7 @@ def flops_per_sample(model_fn, batch: int = 2) -> float:
     """Forward + backward FLOPs of one sample (torch's flop counter; convs and matmuls only)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from hybridnb.compare import random_windows
+    from hybridnb.measure.compare import random_windows
 
     torch.manual_seed(0)
     model = model_fn()
@@ -48,7 +48,7 @@ def flops_per_sample(model_fn, batch: int = 2) -> float:
 
 
 def main() -> None:
-    from hybridnb.compare import MODELS, compare, random_windows
+    from hybridnb.measure.compare import MODELS, compare, random_windows
 
     gpu = torch.cuda.is_available()
     device = "cuda" if gpu else "cpu"

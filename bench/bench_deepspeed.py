@@ -47,7 +47,7 @@ def _state_bytes(trainer) -> int:
 
 
 def _rank_worker() -> list[dict]:
-    from hybridnb.trainer import Trainer
+    from hybridnb.train.trainer import Trainer
 
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
@@ -75,7 +75,7 @@ def _rank_worker() -> list[dict]:
 
 
 def main() -> None:
-    from hybridnb.launcher import launch
+    from hybridnb.dist.launch import launch
 
     load0 = os.getloadavg()[0]
     make_model("ShallowFBCSPNet")  # import braindecode once, before the workers are forked

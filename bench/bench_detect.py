@@ -49,7 +49,7 @@ def cold() -> float:
 
 
 def cached() -> float:
-    D = importlib.import_module("hybridnb.detect")
+    D = importlib.import_module("hybridnb.hardware.detect")
     D.detect()
     n = 2000
     t0 = time.perf_counter()
@@ -61,8 +61,8 @@ def cached() -> float:
 @contextmanager
 def fake_gpu(simulate: dict):
     """One pretend NVIDIA GPU for detect(), and the probe child's simulation switched on."""
-    from hybridnb import gpu_info
-    from hybridnb.gpu_info import GpuInfo
+    from hybridnb.hardware import gpu_info
+    from hybridnb.hardware.gpu_info import GpuInfo
 
     real = gpu_info.nvml_inventory
     gpu = GpuInfo(index=0, physical_index=0, backend="cuda", name="Simulated T4",
@@ -80,7 +80,7 @@ LEFT_BEHIND: list[int] = []
 
 
 def probe_pass() -> float:
-    D = importlib.import_module("hybridnb.detect")
+    D = importlib.import_module("hybridnb.hardware.detect")
     with fake_gpu({"gpu": {"name": "Simulated T4", "capability": [7, 5]}}):
         t0 = time.perf_counter()
         hw = D.detect(refresh=True, probe_timeout=60)
@@ -92,7 +92,7 @@ def probe_pass() -> float:
 def probe_hang() -> float:
     import warnings
 
-    D = importlib.import_module("hybridnb.detect")
+    D = importlib.import_module("hybridnb.hardware.detect")
     with fake_gpu({"hang_at": "memory", "torch": False}), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         t0 = time.perf_counter()

@@ -141,7 +141,7 @@ def loop(kind: str, work: int) -> dict:
 
 def sampler_cost() -> float:
     """Seconds per memory sample on this machine (taken every 0.5 s on a thread)."""
-    from hybridnb.memory import MemorySampler
+    from hybridnb.measure.memory import MemorySampler
 
     s = MemorySampler("cpu")
     t0 = time.perf_counter()

@@ -152,7 +152,7 @@ def warm_up(kind: str) -> None:
 
 def trainer_run(x, y, kind: str, stamps: list[float], spent: dict[str, float], model: str,
                 epochs: int) -> None:
-    import hybridnb.trainer as trainer_mod
+    import hybridnb.train.trainer as trainer_mod
 
     real = trainer_mod.make_view
     trainer_mod.make_view = lambda live: TimedView(renderer(kind), stamps, spent)

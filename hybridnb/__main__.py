@@ -1,4 +1,4 @@
-"""Command line: ``python -m hybridnb detect|compare|demo``.
+"""Command line: ``python -m hybridnb detect|compare``.
 
 Each subcommand lives with its module (``cli_args``/``cli`` pairs), so this file only dispatches.
 """
@@ -11,9 +11,8 @@ import sys
 
 # subcommand -> (module, one-line help)
 COMMANDS = {
-    "detect": ("hybridnb.detect", "probe the hardware and print the recommended settings"),
-    "compare": ("hybridnb.compare", "compare precision / compile variants on a model"),
-    "demo": ("hybridnb.demo", "write the synthetic release and run the notebooks headless"),
+    "detect": ("hybridnb.hardware.detect", "probe the hardware and print the recommended settings"),
+    "compare": ("hybridnb.measure.compare", "compare precision / compile variants on a model"),
 }
 
 

@@ -17,8 +17,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from hybridnb import checkpoint
-from hybridnb.trainer import Trainer
+from hybridnb.train import checkpoint
+from hybridnb.train.trainer import Trainer
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -198,7 +198,7 @@ import sys, time
 import numpy as np, torch
 from torch import nn
 torch.set_num_threads(1)
-from hybridnb.trainer import Trainer
+from hybridnb.train.trainer import Trainer
 
 ck, out, resume, delay = sys.argv[1], sys.argv[2], sys.argv[3] == "resume", float(sys.argv[4])
 

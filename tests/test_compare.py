@@ -14,9 +14,9 @@ import pytest
 import torch
 from torch import nn
 
-from hybridnb.compare import COLUMNS, compare, compare_figure, compare_table
+from hybridnb.measure.compare import COLUMNS, compare, compare_figure, compare_table
 
-cmp = importlib.import_module("hybridnb.compare")  # the module; hn.compare is the function
+cmp = importlib.import_module("hybridnb.measure.compare")  # the module; hn.compare is the function
 
 FAST = dict(steps=2, warmup=1, repeats=2, device="cpu", progress=False)
 

@@ -27,8 +27,8 @@ from test_distributed import (
     weights,
 )
 
-from hybridnb import checkpoint
-from hybridnb.launcher import LaunchError, launch
+from hybridnb.dist.launch import LaunchError, launch
+from hybridnb.train import checkpoint
 
 pytest.importorskip("deepspeed", reason="the optional deepspeed extra is not installed")
 

@@ -1,4 +1,4 @@
-"""The main job's machinery (`python -m hybridnb demo`): notebooks run in order, results read back,
+"""The main job's machinery (`python -m hybridnb_tools.demo`): notebooks run in order, results read back,
 a failing notebook reported, executed copies free of widget state, HTML that draws plotly."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from hybridnb import demo
+from hybridnb_tools import demo
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,7 +61,7 @@ def test_demo_runs_every_notebook_reads_results_and_reports_a_failure(tmp_path):
     nbs = tmp_path / "nbs"
     nbs.mkdir()
     _notebook(nbs / "01_first.ipynb",
-              "import os\nfrom hybridnb.demo import record, run_dir\n"
+              "import os\nfrom hybridnb_tools.demo import record, run_dir\n"
               "record(device='cpu', c1_nrmse=0.5, cwd=os.getcwd(),"
               " headless=os.environ.get('HYBRIDNB_HEADLESS'))\n"
               "(run_dir() / 'made_by_01.txt').write_text('x')",
@@ -70,12 +70,12 @@ def test_demo_runs_every_notebook_reads_results_and_reports_a_failure(tmp_path):
               "raise ValueError('expected, and tagged')",
               tags={3: ["raises-exception"]})
     _notebook(nbs / "02_broken.ipynb",
-              "from hybridnb.demo import record\nrecord(c2_nrmse=0.9)",
+              "from hybridnb_tools.demo import record\nrecord(c2_nrmse=0.9)",
               "raise RuntimeError('this cell is broken')",
               "record(overall=0.1)")
-    _notebook(nbs / "03_after.ipynb", "from hybridnb.demo import record\nrecord(overall=0.78)")
+    _notebook(nbs / "03_after.ipynb", "from hybridnb_tools.demo import record\nrecord(overall=0.78)")
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "hybridnb", "demo", "--notebooks", str(nbs),
+    proc = subprocess.run([sys.executable, "-m", "hybridnb_tools.demo", "--notebooks", str(nbs),
                            "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr

@@ -17,11 +17,11 @@ import pytest
 import torch
 
 import hybridnb
-from hybridnb import gpu_info, probe
-from hybridnb.detect import HardwareWarning
-from hybridnb.gpu_info import BuildInfo, GpuInfo
+from hybridnb.hardware import gpu_info, probe
+from hybridnb.hardware.detect import HardwareWarning
+from hybridnb.hardware.gpu_info import BuildInfo, GpuInfo
 
-D = importlib.import_module("hybridnb.detect")  # (`import a.b as c` may give the function)
+D = importlib.import_module("hybridnb.hardware.detect")  # (`import a.b as c` may give the function)
 GiB = 2**30
 CUDA_BUILD = BuildInfo(torch="2.11.0+cu124", cuda="12.4", hip=None,
                        arch_list=["sm_75", "sm_80", "sm_86", "sm_90"])
@@ -224,7 +224,7 @@ def test_two_good_gpus_ddp_in_a_script_one_gpu_in_a_notebook(machine):
     assert hw.settings.strategy == ("deepspeed" if zero else "ddp")
     assert hw.settings.devices == 2 and "torchrun" in hw.settings.reasons["strategy"]
     # the same machine seen from a notebook (the probe results are facts; the policy differs)
-    from hybridnb.recommend import recommend
+    from hybridnb.hardware.rules import recommend
     nb = recommend("cuda", hw.gpus[0], hw.host, "jupyter", gpus_ok=2)
     assert nb.strategy == "single" and "hn.launch" in nb.reasons["strategy"]
 

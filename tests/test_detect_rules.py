@@ -6,9 +6,10 @@ import importlib.util
 
 import pytest
 
-from hybridnb import gpu_info, recommend
-from hybridnb.gpu_info import BuildInfo, GpuInfo
-from hybridnb.host import HostInfo
+from hybridnb.hardware import gpu_info
+from hybridnb.hardware import rules as recommend
+from hybridnb.hardware.gpu_info import BuildInfo, GpuInfo
+from hybridnb.hardware.host import HostInfo
 
 GiB = 2**30
 CU130 = BuildInfo(torch="2.11.0+cu130", cuda="13.0", hip=None,
@@ -182,7 +183,7 @@ def test_ddp_in_scripts_single_gpu_in_notebooks_and_under_launch():
 
 
 def test_precision_names_match_precision_module():
-    from hybridnb.precision import NAMES
+    from hybridnb.train.precision import NAMES
 
     for device, gpu in (("cpu", None), ("mps", None), ("cuda", nv(0, cap=(7, 5))),
                         ("cuda", nv(0, cap=(9, 0))), ("cuda", amd("gfx1030"))):

@@ -20,11 +20,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hybridnb import checkpoint, distributed
-from hybridnb.distributed import ShardedBatchSampler, global_batches, shard
-from hybridnb.launcher import LaunchError, launch
-from hybridnb.loaders import ResumableBatchSampler
-from hybridnb.trainer import Trainer
+from hybridnb.dist import ddp as distributed
+from hybridnb.dist.ddp import ShardedBatchSampler, global_batches, shard
+from hybridnb.dist.launch import LaunchError, launch
+from hybridnb.train import checkpoint
+from hybridnb.train.data import ResumableBatchSampler
+from hybridnb.train.trainer import Trainer
 
 CUDA_OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 7.79 GiB total capacity; "
             "5.12 GiB already allocated; 1.01 GiB free; 5.50 GiB reserved in total by PyTorch)")
@@ -349,7 +350,7 @@ def test_asking_for_ddp_or_deepspeed_outside_a_job_says_what_to_do(monkeypatch):
         Trainer(nn.Linear(2, 1), device="cpu", batch_size=2, live=False, strategy="ddp")
     with pytest.raises(ValueError, match="strategy='zero'"):
         Trainer(nn.Linear(2, 1), device="cpu", batch_size=2, live=False, strategy="zero")
-    from hybridnb import deepspeed_strategy
+    from hybridnb.dist import deepspeed as deepspeed_strategy
 
     monkeypatch.setattr(deepspeed_strategy, "available", lambda: False)
     with pytest.raises(ImportError, match="pip install deepspeed"):
@@ -365,7 +366,7 @@ import os, torch, hybridnb as hn
 from torch import nn
 
 def fn(n):  # defined in the kernel's __main__, as in a notebook: only a forked worker has it
-    from hybridnb.trainer import Trainer
+    from hybridnb.train.trainer import Trainer
     x = torch.randn(n, 8, generator=torch.Generator().manual_seed(0))
     torch.manual_seed(0)
     tr = Trainer(nn.Linear(8, 1), device="cpu", batch_size=8, epochs=2, seed=0, live="auto")

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hybridnb import memory
+from hybridnb.measure import memory
 
 GIB = 1024**3
 

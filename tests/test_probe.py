@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from hybridnb import probe
+from hybridnb.hardware import probe
 
 CUDA_ERROR = ("CUDA error: no kernel image is available for execution on the device\n"
               "CUDA kernel errors might be asynchronously reported at some other API call")
@@ -27,7 +27,7 @@ def test_child_reports_each_step_as_json_lines(monkeypatch):
     """The protocol itself: a start and an end line per step; nothing else on stdout."""
     sim = {"torch": False, "gpu": {"name": "Fake A100"}, "error_at": "tensor"}
     monkeypatch.setenv(probe.SIMULATE_ENV, json.dumps(sim))
-    out = subprocess.run([sys.executable, "-m", "hybridnb.probe", "--backend", "cuda"],
+    out = subprocess.run([sys.executable, "-m", "hybridnb.hardware.probe", "--backend", "cuda"],
                          capture_output=True, text=True, timeout=60, env=probe._child_env())
     assert out.returncode == 1, out.stderr
     events = [json.loads(line) for line in out.stdout.splitlines()]

@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from hybridnb import recovery
-from hybridnb.strategy import SingleDevice
-from hybridnb.trainer import Trainer
+from hybridnb.dist.base import SingleDevice
+from hybridnb.train import recovery
+from hybridnb.train.trainer import Trainer
 
 torch.set_num_threads(1)
 
@@ -270,7 +270,7 @@ def test_nan_loss_is_skipped_lr_cut_and_the_run_continues():
 
 
 def test_consecutive_bad_steps_restore_the_last_good_state():
-    from hybridnb.recovery import LossGuard
+    from hybridnb.train.recovery import LossGuard
 
     tr = fit(Poison({13, 14, 15}), schedule=None, snapshot_every=5,
              loss_guard=LossGuard(patience=3, lr_cut=0.5))
@@ -285,7 +285,7 @@ def test_consecutive_bad_steps_restore_the_last_good_state():
 
 
 def test_loss_spike_is_detected_against_the_running_mean():
-    from hybridnb.recovery import LossGuard
+    from hybridnb.train.recovery import LossGuard
 
     tr = fit(Poison({25}, factor=1e4), schedule=None, loss_guard=LossGuard(warmup=10))
     spikes = [e for e in tr.events if e.kind == "loss_spike"]

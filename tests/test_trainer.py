@@ -12,12 +12,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-import hybridnb.trainer as trainer_mod
-from hybridnb import checkpoint
+import hybridnb.train.trainer as trainer_mod
 from hybridnb.live import View
-from hybridnb.losses import ReweightedHuber
-from hybridnb.schedules import Plateau, WarmupCosine
-from hybridnb.trainer import Trainer
+from hybridnb.train import checkpoint
+from hybridnb.train.losses import ReweightedHuber
+from hybridnb.train.schedules import Plateau, WarmupCosine
+from hybridnb.train.trainer import Trainer
 
 torch.set_num_threads(1)
 CUDA_OOM = "CUDA out of memory. Tried to allocate 1.00 GiB (GPU 0; 7.79 GiB total capacity)"

@@ -5,7 +5,7 @@ view = make_view(live)      # "auto" | False | None | "widgets" | "html" | "text
 view.start(run); view.update(state); view.event(ev); view.end(summary); view.stop_requested
 ```
 
-The renderer is chosen once, from ``hybridnb.runtime.frontend()`` for ``"auto"``:
+The renderer is chosen once, from ``hybridnb.env.frontend()`` for ``"auto"``:
 
 =============  ==========================================================================
 widgets        JupyterLab / Notebook 7 (a jupyter-server session), Colab once its custom
@@ -59,7 +59,7 @@ def choose_renderer(live: object = "auto", front: str | None = None,
     if not isinstance(live, str) or live not in LIVE_CHOICES:
         raise ValueError(f"live must be one of {LIVE_CHOICES} or False; got live={live!r}")
     if front is None:
-        from hybridnb.runtime import frontend
+        from hybridnb.env import frontend
 
         front = frontend()
     env = os.environ if environ is None else environ

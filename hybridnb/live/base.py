@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hybridnb.events import Event
 from hybridnb.live.record import RunRecord
 from hybridnb.live.throttle import Throttle
+from hybridnb.train.events import Event
 
 
 class View:
@@ -43,7 +43,7 @@ class View:
 
 
 def _default_sampler(device: str):
-    from hybridnb.memory import MemorySampler
+    from hybridnb.measure.memory import MemorySampler
 
     return MemorySampler(device)
 

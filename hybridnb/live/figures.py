@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridnb.memory import SERIES
+from hybridnb.measure.memory import SERIES
 
 GIB = 1024.0**3
 LIVE_POINTS = 600  # per series while training (a panel is ~300 px wide): cheap to resend

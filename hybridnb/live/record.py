@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hybridnb.events import Event
+from hybridnb.train.events import Event
 
 STEP_KEYS = ("epoch", "step", "global_step", "loss", "lr", "samples_per_s", "elapsed_s")
 _INF = float("inf")
@@ -148,7 +148,7 @@ class RunRecord:
 
     def memory(self):
         """The memory series collected so far (empty without a sampler)."""
-        from hybridnb.memory import MemorySeries
+        from hybridnb.measure.memory import MemorySeries
 
         return self.sampler.series() if self.sampler is not None else MemorySeries()
 

@@ -33,12 +33,18 @@ import pandas as pd
 import torch
 from torch import nn
 
-from hybridnb.losses import make_loss
-from hybridnb.memory import peak_bytes, reset_peak
-from hybridnb.precision import Precision, _native_bf16
-from hybridnb.recovery import first_line, free_memory, is_oom
-from hybridnb.runtime import frontend
-from hybridnb.timing import PeakSampler, Stopwatch, heap_reader, nvml_busy_reader, synchronize
+from hybridnb.env import frontend
+from hybridnb.measure.memory import peak_bytes, reset_peak
+from hybridnb.measure.timing import (
+    PeakSampler,
+    Stopwatch,
+    heap_reader,
+    nvml_busy_reader,
+    synchronize,
+)
+from hybridnb.train.losses import make_loss
+from hybridnb.train.precision import Precision, _native_bf16
+from hybridnb.train.recovery import first_line, free_memory, is_oom
 
 __all__ = ["compare", "compare_figure", "compare_table", "CompareResult", "parse_variant",
            "DEFAULT_VARIANTS", "COLUMNS", "cli_args", "cli"]
@@ -467,7 +473,7 @@ def _compile_settings(dev: torch.device, needed: bool):
 
 def _resolve_device(device) -> torch.device:
     if isinstance(device, str) and device == "auto":
-        from hybridnb.detect import detect
+        from hybridnb.hardware.detect import detect
         return torch.device(detect().device)
     try:
         return torch.device(device)

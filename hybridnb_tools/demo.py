@@ -1,6 +1,6 @@
 """The main job: run the five notebooks headless and print what they found.
 
-``python -m hybridnb demo`` executes ``notebooks/0*.ipynb`` in order with nbclient into
+``python -m hybridnb_tools.demo`` (``make demo``) executes ``notebooks/0*.ipynb`` in order with nbclient into
 ``runs/<timestamp>/`` (the executed notebook, without stored widget state, and an HTML copy), then
 prints a closing table: device, Challenge 1 and 2 nRMSE, the overall score, the baselines, the wall
 time of each notebook and where everything is.
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hybridnb.runtime import HEADLESS_ENV, SMOKE_ENV
-from hybridnb.runtime import smoke as runtime_smoke
+from hybridnb.env import HEADLESS_ENV, SMOKE_ENV
+from hybridnb.env import smoke as runtime_smoke
 
 RESULTS_ENV = "HYBRIDNB_RESULTS"
 RUN_DIR_ENV = "HYBRIDNB_RUN_DIR"
@@ -348,3 +348,15 @@ def cli(args: argparse.Namespace) -> int:
                     html=not args.no_html, progress=lambda s: print(s, flush=True))
     print(summary(runs, out_dir, time.perf_counter() - t0, smoke), flush=True)
     return 0 if all(r.ok for r in runs) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hybridnb_tools.demo``: run the five notebooks headless (``make demo``)."""
+    parser = argparse.ArgumentParser(prog="python -m hybridnb_tools.demo",
+                                     description=__doc__.splitlines()[0])
+    cli_args(parser)
+    return cli(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,7 +3,7 @@
 The parent process never calls ``torch.cuda`` to count devices: NVIDIA cards are listed through
 NVML (as ``PYTORCH_NVML_BASED_CUDA_CHECK``, Lightning and Accelerate do), AMD cards through the
 kernel's KFD topology in sysfs. Both keep the process fork-safe for a multi-GPU launch later.
-Whether a card really computes is the probe's job (``hybridnb.probe``), in a child process.
+Whether a card really computes is the probe's job (``hybridnb.hardware.probe``), in a child process.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class GpuInfo:
     usable: bool = True                       # False for known-bad hardware / no kernel image
     warnings: list[str] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
-    probe: Any = None                         # hybridnb.probe.ProbeResult once probed
+    probe: Any = None                         # hybridnb.hardware.probe.ProbeResult once probed
 
     @property
     def torch_device(self) -> str:

@@ -3,8 +3,8 @@
 The Trainer talks to its strategy for everything that changes between one device and many:
 placing tensors, wrapping the model, splitting the data, skipping gradient sync on accumulation
 steps, agreeing on decisions and reducing numbers across processes. ``SingleDevice`` is the
-one-process answer to each; DDP (hybridnb.distributed) and DeepSpeed ZeRO-2
-(hybridnb.deepspeed_strategy, whose engine also runs backward and the step) replace them.
+one-process answer to each; DDP (hybridnb.dist.ddp) and DeepSpeed ZeRO-2
+(hybridnb.dist.deepspeed, whose engine also runs backward and the step) replace them.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import contextlib
 
 import torch
 
-from hybridnb.loaders import ResumableBatchSampler
+from hybridnb.train.data import ResumableBatchSampler
 
 
 class SingleDevice:

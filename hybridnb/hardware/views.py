@@ -5,11 +5,11 @@ from __future__ import annotations
 import html as _html
 from typing import TYPE_CHECKING
 
-from hybridnb.gpu_info import GpuInfo, gib
-from hybridnb.probe import TITLES
+from hybridnb.hardware.gpu_info import GpuInfo, gib
+from hybridnb.hardware.probe import TITLES
 
 if TYPE_CHECKING:
-    from hybridnb.detect import Hardware
+    from hybridnb.hardware.detect import Hardware
 
 SETTING_ROWS = ("batch_size", "grad_accum", "num_workers", "pin_memory", "persistent_workers",
                 "strategy", "compile", "torch_threads")

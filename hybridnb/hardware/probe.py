@@ -1,7 +1,7 @@
 """Validate a GPU in a child process, step by step, under a hard timeout.
 
 A flaky card (an unsupported ROCm GPU, a wedged driver) can hang or crash the process that
-touches it, so the parent never does. It starts ``python -m hybridnb.probe --backend B --index N``
+touches it, so the parent never does. It starts ``python -m hybridnb.hardware.probe --backend B --index N``
 in a new process group; the child runs the steps below and writes one JSON line as each step
 starts and ends, so that when it hangs the parent knows which step. At the deadline the parent
 kills the whole group and reaps it: no orphan, no zombie.
@@ -109,7 +109,7 @@ class _Child:
         self.started = time.monotonic()
         self.stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "hybridnb.probe", "--backend", backend, "--index", str(index)],
+            [sys.executable, "-m", "hybridnb.hardware.probe", "--backend", backend, "--index", str(index)],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.stderr,
             env=_child_env(), **_new_group())
         self.reader = threading.Thread(target=self._read, name=f"probe-{index}", daemon=True)
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     """Child entry point: run the steps for one device, one JSON line per event on stdout."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m hybridnb.probe")
+    parser = argparse.ArgumentParser(prog="python -m hybridnb.hardware.probe")
     parser.add_argument("--backend", choices=("cuda", "rocm", "mps"), required=True)
     parser.add_argument("--index", type=int, default=0)
     args = parser.parse_args(argv)

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hybridnb.runtime import HEADLESS_ENV  # workers have no frontend: a text live view
+from hybridnb.env import HEADLESS_ENV  # workers have no frontend: a text live view
 
 LAUNCHED_ENV = "HYBRIDNB_LAUNCHED"
 TAIL_LINES = 40
@@ -87,7 +87,7 @@ def free_port() -> int:
 
 def _count(num_processes: int | None) -> int:
     if num_processes is None:
-        from hybridnb.detect import detect
+        from hybridnb.hardware.detect import detect
 
         hw = detect()
         return max(1, sum(1 for g in hw.gpus if g.usable and g.probe is not None and g.probe.ok
@@ -99,7 +99,7 @@ def _count(num_processes: int | None) -> int:
 
 def _frontend_draws_cr() -> bool:
     """Whether the parent's output understands a redrawn ``\\r`` progress line."""
-    from hybridnb.runtime import frontend
+    from hybridnb.env import frontend
 
     if frontend() in ("jupyter", "colab", "vscode"):
         return True

@@ -9,8 +9,8 @@ import importlib.util
 import math
 from dataclasses import asdict, dataclass, field
 
-from hybridnb.gpu_info import GiB, GpuInfo, native_bf16
-from hybridnb.host import HostInfo, cpu_flags, cxx_compiler
+from hybridnb.hardware.gpu_info import GiB, GpuInfo, native_bf16
+from hybridnb.hardware.host import HostInfo, cpu_flags, cxx_compiler
 
 TARGET_BATCH = 128          # effective batch the challenge start kit trains with
 CPU_BATCH = 64

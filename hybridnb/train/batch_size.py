@@ -15,10 +15,10 @@ import math
 import torch
 from torch.utils.data import DataLoader
 
-from hybridnb import recovery
-from hybridnb.loaders import as_dataset
-from hybridnb.memory import peak_bytes, reset_peak
-from hybridnb.seeding import set_rng_state
+from hybridnb.measure.memory import peak_bytes, reset_peak
+from hybridnb.train import recovery
+from hybridnb.train.data import as_dataset
+from hybridnb.train.seeding import set_rng_state
 
 
 def find_batch_size(trainer, dataset, headroom: float = 0.1, max_batch: int | None = None,

@@ -35,9 +35,9 @@ import os
 import torch
 import torch.distributed as dist
 
-from hybridnb import recovery
-from hybridnb.distributed import LAUNCH_HELP, DDPStrategy, _Agreed
-from hybridnb.distributed import launch_env as _launch_env
+from hybridnb.train import recovery
+from hybridnb.dist.ddp import LAUNCH_HELP, DDPStrategy, _Agreed
+from hybridnb.dist.ddp import launch_env as _launch_env
 
 MISSING = ("strategy='deepspeed' needs the deepspeed package, which is not installed: pip install "
            "deepspeed (Linux with a compiler; see deepspeed.ai). For EEG-sized models "
@@ -105,7 +105,7 @@ class DeepSpeedStrategy(DDPStrategy):
                 raise ValueError("precision='fp16' with strategy='deepspeed': fp16 needs "
                                  "DeepSpeed's own loss scaler, which hybridnb does not drive; "
                                  "use precision='bf16' (Ampere or newer) or 'fp32'")
-            from hybridnb.precision import Precision
+            from hybridnb.train.precision import Precision
 
             trainer.precision = Precision.choose("fp32", self.device)
             trainer.scaler = trainer.precision.scaler

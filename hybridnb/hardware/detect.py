@@ -28,10 +28,12 @@ from pathlib import Path
 
 import torch
 
-from hybridnb import gpu_info, probe, report_views, runtime
-from hybridnb.gpu_info import BuildInfo, GpuInfo
-from hybridnb.host import HostInfo, host_info
-from hybridnb.recommend import Settings, choose_precision, recommend
+from hybridnb import env as runtime
+from hybridnb.hardware import gpu_info, probe
+from hybridnb.hardware import views as report_views
+from hybridnb.hardware.gpu_info import BuildInfo, GpuInfo
+from hybridnb.hardware.host import HostInfo, host_info
+from hybridnb.hardware.rules import Settings, choose_precision, recommend
 
 DEVICE_ENV = "HYBRIDNB_DEVICE"
 LAUNCHED_ENV = "HYBRIDNB_LAUNCHED"

@@ -1,7 +1,7 @@
 """Several processes, one model: PyTorch's DistributedDataParallel behind the Trainer's strategy.
 
 Under ``torchrun`` (or ``hn.launch``) every process is one rank. ``DDPStrategy`` answers the
-Trainer's strategy questions for that rank (see hybridnb.strategy): it joins the process group
+Trainer's strategy questions for that rank (see hybridnb.dist.base): it joins the process group
 (NCCL on CUDA, gloo on the CPU), wraps the model in ``DistributedDataParallel``, gives each rank
 its shard of every batch and reduces numbers across ranks.
 
@@ -15,7 +15,7 @@ the same step the same way (the OOM split); otherwise every rank holds the same 
 and loss, so the loss guard, clipping and the optimizer take the same decisions everywhere. The
 cost: the gradient all-reduce is not overlapped with backward (bench/bench_ddp.py measures it).
 
-``launch(fn, num_processes=N)`` (hybridnb.launcher) starts the ranks from a notebook cell.
+``launch(fn, num_processes=N)`` (hybridnb.dist.launch) starts the ranks from a notebook cell.
 """
 
 from __future__ import annotations
@@ -29,10 +29,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from hybridnb import recovery
-from hybridnb.launcher import launch  # noqa: F401  (the public name hn.launch)
-from hybridnb.loaders import ResumableBatchSampler
-from hybridnb.strategy import SingleDevice
+from hybridnb.train import recovery
+from hybridnb.train.data import ResumableBatchSampler
+from hybridnb.dist.base import SingleDevice
 
 STRATEGIES = ("auto", "single", "ddp", "deepspeed")
 LAUNCH_HELP = ("start one process per device with torchrun (torchrun --nproc_per_node=N "
@@ -64,7 +63,7 @@ def make_strategy(strategy, device: torch.device | str):
     """The strategy object for a Trainer: ``"ddp"`` / ``"deepspeed"`` (ZeRO-2) / ``"auto"`` in a
     job of 2+ ranks; None when the single-device strategy applies."""
     if strategy == "deepspeed":
-        from hybridnb.deepspeed_strategy import make_strategy as make_deepspeed
+        from hybridnb.dist.deepspeed import make_strategy as make_deepspeed
 
         return make_deepspeed(device)
     if wants_ddp(strategy):

@@ -23,20 +23,20 @@ import pandas as pd
 import torch
 from torch.utils.data import DataLoader
 
-from hybridnb import checkpoint, recovery
-from hybridnb.ema import make_ema
-from hybridnb.events import Event
-from hybridnb.interrupt import GracefulInterrupt
+from hybridnb.dist.base import SingleDevice
+from hybridnb.env import smoke
 from hybridnb.live import make_view
-from hybridnb.loaders import ResumableBatchSampler, as_dataset
-from hybridnb.losses import ReweightedHuber, make_loss
-from hybridnb.memory import peak_bytes, reset_peak
-from hybridnb.metrics import higher_is_better, regression_metrics
-from hybridnb.precision import Precision
-from hybridnb.runtime import smoke
-from hybridnb.schedules import make_schedule
-from hybridnb.seeding import rng_state, seed_everything, set_rng_state, worker_init_fn
-from hybridnb.strategy import SingleDevice
+from hybridnb.measure.memory import peak_bytes, reset_peak
+from hybridnb.train import checkpoint, recovery
+from hybridnb.train.data import ResumableBatchSampler, as_dataset
+from hybridnb.train.ema import make_ema
+from hybridnb.train.events import Event
+from hybridnb.train.interrupt import GracefulInterrupt
+from hybridnb.train.losses import ReweightedHuber, make_loss
+from hybridnb.train.metrics import higher_is_better, regression_metrics
+from hybridnb.train.precision import Precision
+from hybridnb.train.schedules import make_schedule
+from hybridnb.train.seeding import rng_state, seed_everything, set_rng_state, worker_init_fn
 
 COMPILE_MODES = (False, True, "default", "reduce-overhead", "max-autotune")
 SMOKE_EPOCHS, SMOKE_STEPS = 2, 5
@@ -61,7 +61,7 @@ class Trainer:
     - ``compile``: False | True | "default" | "reduce-overhead" | "max-autotune"; any failure
       while compiling or in a compiled step falls back to eager, once, with a message.
     - ``schedule``: "warmup_cosine" (``warmup``: fraction or steps) | "plateau" | None | an object
-      from hybridnb.schedules. Schedules count optimizer steps.
+      from hybridnb.train.schedules. Schedules count optimizer steps.
     - ``ema``: None or a decay (e.g. 0.999); validation, best weights and the final model use it.
     - ``early_stopping``: None or a patience in validations; the best weights are restored.
     - ``freeze``: parameter-name patterns (fnmatch, e.g. ``["features.*"]``) left untrained.
@@ -76,8 +76,8 @@ class Trainer:
     - ``steps_per_epoch``: cap the optimizer steps per epoch. ``seed``: python, numpy, torch
       and loader workers. ``live``: "auto" | "widgets" | "html" | "text" | False.
     - ``strategy``: "auto" (DDP when started by torchrun / ``hn.launch`` with 2+ processes) |
-      "single" | "ddp" | "deepspeed" | a strategy object (see hybridnb.strategy and
-      hybridnb.distributed; under DDP ``batch_size`` is per process).
+      "single" | "ddp" | "deepspeed" | a strategy object (see hybridnb.dist.base and
+      hybridnb.dist.ddp; under DDP ``batch_size`` is per process).
     - ``loader_kwargs``: DataLoader options for Datasets (default: detect()'s recommendation
       with device="auto", else no workers).
     """
@@ -956,14 +956,14 @@ class Trainer:
                         start: int = 1) -> int:
         """The largest batch that fits with ``headroom`` to spare (doubling + bisection over
         real steps); sets ``batch_size`` and raises ``grad_accum`` to keep the effective batch.
-        The model and optimizer are restored afterwards. See hybridnb.batch_size."""
-        from hybridnb.batch_size import find_batch_size
+        The model and optimizer are restored afterwards. See hybridnb.train.batch_size."""
+        from hybridnb.train.batch_size import find_batch_size
         return find_batch_size(self, dataset, headroom=headroom, max_batch=max_batch, start=start)
 
     def report(self, folder: str | Path) -> Path:
         """Write history.csv, steps.csv, events.csv, figures (HTML; PNG when possible) and a
         text summary into ``folder``."""
-        from hybridnb.report import write_report
+        from hybridnb.train.report import write_report
         return write_report(self, folder)
 
 
@@ -990,7 +990,7 @@ def _read(total: torch.Tensor, norm: torch.Tensor | None) -> tuple[float, float 
 
 
 def _detect():
-    from hybridnb.detect import detect
+    from hybridnb.hardware.detect import detect
     return detect()
 
 
@@ -1004,7 +1004,7 @@ def _resolve_device(device, hw, notes: list) -> torch.device:
 
 def _make_strategy(strategy, device: torch.device):
     if strategy is None or isinstance(strategy, str):
-        from hybridnb.distributed import make_strategy  # "auto": DDP under torchrun / hn.launch
+        from hybridnb.dist.ddp import make_strategy  # "auto": DDP under torchrun / hn.launch
 
         return make_strategy(strategy, device) or SingleDevice(device)
     return strategy

@@ -1,0 +1,1 @@
+"""Measuring: ``compare()`` (variants side by side), timing and the memory sampler."""
