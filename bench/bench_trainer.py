@@ -152,17 +152,18 @@ def warm_up(kind: str) -> None:
 
 def trainer_run(x, y, kind: str, stamps: list[float], spent: dict[str, float], model: str,
                 epochs: int) -> None:
+    import hybridnb.train.progress as progress_mod
     import hybridnb.train.trainer as trainer_mod
 
-    real = trainer_mod.make_view
-    trainer_mod.make_view = lambda live: TimedView(renderer(kind), stamps, spent)
+    real = progress_mod.make_view
+    progress_mod.make_view = lambda live: TimedView(renderer(kind), stamps, spent)
     try:
         tr = trainer_mod.Trainer(make_model(model), device="cpu", precision="fp32",
                                  batch_size=BATCH, epochs=epochs, lr=LR, live=kind, seed=0,
                                  schedule="warmup_cosine", clip_grad=1.0)
         tr.fit((x, y))
     finally:
-        trainer_mod.make_view = real
+        progress_mod.make_view = real
 
 
 def measure(model: str, epochs: int, steps: int, rounds: int) -> tuple[list[dict], dict]:

@@ -21,6 +21,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from .participants import RESTORE, read_table
+from .participants import ParticipantsError as ParticipantsError  # re-exported
+
 EXTENSIONS = (".bdf", ".set", ".edf", ".vhdr", ".fif")
 FACTORS = ("p_factor", "attention", "internalizing", "externalizing")
 NUMERIC = ("age", "ehq_total", *FACTORS)
@@ -66,15 +69,16 @@ def to_number(value) -> float:
 def participants(root: str | os.PathLike) -> pd.DataFrame:
     """participants.tsv indexed by subject id without ``sub-``; numeric columns as floats.
 
-    Values are parsed with Python's ``float`` from the text (exactly the numbers the file holds;
-    what eegdash offline users get after ``float()``).
+    Read by :func:`data_prep.participants.read_table` (robust to trailing tabs and blanks;
+    :class:`ParticipantsError` naming the file when it is empty or malformed). Values are parsed
+    with Python's ``float`` from the text (exactly the numbers the file holds; what eegdash
+    offline users get after ``float()``).
     """
     path = Path(root) / "participants.tsv"
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no participants.tsv in the BIDS root {root}")
-    df = pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False)
-    if "participant_id" not in df.columns:
-        raise ValueError(f"{path}: no 'participant_id' column (has {list(df.columns)})")
+        raise FileNotFoundError(f"{path}: no participants.tsv in the BIDS root {root}; "
+                                f"{RESTORE}")
+    df = read_table(path)
     df.index = df["participant_id"].str.replace("^sub-", "", regex=True)
     df.index.name = "subject"
     for col in NUMERIC:
@@ -99,7 +103,7 @@ def find_recordings(root: str | os.PathLike, tasks=None, subjects=None,
     subjects = [subjects] if isinstance(subjects, str) else subjects
     try:
         part = participants(root)
-    except FileNotFoundError:
+    except FileNotFoundError:     # the recipes report it once (participants.gaps)
         part = pd.DataFrame()
     out = []
     for path in root.glob("sub-*/**/eeg/sub-*_eeg.*"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import participants
 from . import windows as _w
 from .bids import Recording
 from .events import EventsError, c1_trials, read_events
@@ -54,15 +55,22 @@ def make_windows(root_or_dataset, shift_after_stim: float = 0.5, window_len: flo
         return _recording_windows(rec, start, stop, size, sfreq, target, last_trial,
                                   drop_bad_windows)
 
-    inputs = [p for r in recs for p in (r.path, r.events_path)] + _participants(recs)
-    return _w.make("challenge1", recs, recipe, inputs, work, (N_CHANS, size),
-                   cache_dir=cache_dir, cache=cache, n_jobs=n_jobs, progress=progress,
-                   dtypes=DTYPES)
+    inputs = [p for r in recs for p in _w.recording_inputs(r, events=True)]
+    return _w.make("challenge1", recs, recipe, inputs + participants.paths_of(recs), work,
+                   (N_CHANS, size), cache_dir=cache_dir, cache=cache, n_jobs=n_jobs,
+                   progress=progress, dtypes=DTYPES, notes=_demographics_notes(recs))
 
 
-def _participants(recs: list[Recording]) -> list:
-    roots = {p.parent for r in recs for p in r.path.parents if p.name.startswith("sub-")}
-    return sorted(r / "participants.tsv" for r in roots)
+def _demographics_notes(recs: list[Recording]) -> list[Problem]:
+    """One note per participants.tsv that could not give demographics (file missing, ...)."""
+    notes = []
+    for gap in participants.gaps(recs, DESCRIPTION):
+        cols = [c for c in DESCRIPTION if any(c not in r.description for r in gap.recordings)]
+        notes.append(Problem(
+            str(gap.path), "note", "no_participants" if gap.whole_file else "not_in_participants",
+            f"{gap.path}: {gap.what}, so the windows of {len(gap.recordings)} recording(s) have "
+            f"no {', '.join(cols)} columns (demographics); {participants.RESTORE} to get them"))
+    return notes
 
 
 def _recording_windows(rec: Recording, start: int, stop: int, size: int, sfreq: float,
@@ -88,9 +96,7 @@ def _recording_windows(rec: Recording, start: int, stop: int, size: int, sfreq: 
                                start_offset=start, stop_offset=stop, last_trial=last_trial,
                                **ids)
         except EventsError as exc:
-            code = "no_trials" if "no trial" in str(exc) or "every trial" in str(exc) \
-                else "bad_events"
-            return skip(code, str(exc))
+            return skip(exc.code, str(exc))
         X, bad = src.windows(trials["i_start_in_trial"], size, check=drop_bad)
     finally:
         src.close()

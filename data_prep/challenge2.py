@@ -14,9 +14,11 @@ import math
 
 import numpy as np
 
+from . import participants
 from . import windows as _w
 from .bids import Recording, to_number
-from .challenge1 import DESCRIPTION, _participants
+from .challenge1 import DESCRIPTION
+from .participants import ParticipantsError
 from .problems import Problem
 from .signal import Unusable, open_checked
 from .store import Chunk
@@ -48,9 +50,21 @@ def make_windows(root_or_dataset, tasks=("RestingState",), target: str = "extern
     def work(rec: Recording) -> Chunk:
         return _recording_windows(rec, target, size, stride, sfreq, drop_bad_windows)
 
-    inputs = [r.path for r in recs] + _participants(recs)
+    _check_targets(recs, target)
+    inputs = [p for r in recs for p in _w.recording_inputs(r, events=False)]
+    inputs += participants.paths_of(recs)
     return _w.make("challenge2", recs, recipe, inputs, work, (N_CHANS, size),
                    cache_dir=cache_dir, cache=cache, n_jobs=n_jobs, progress=progress)
+
+
+def _check_targets(recs: list[Recording], target: str) -> None:
+    """Raise once, naming the file, when a participants.tsv cannot give any subject the target."""
+    for gap in participants.gaps(recs, (target,)):
+        if gap.whole_file:
+            raise ParticipantsError(
+                f"{gap.path}: {gap.what}; Challenge 2's target '{target}' comes from it, so "
+                f"none of the {len(gap.recordings)} recording(s) under {gap.path.parent} has "
+                f"one; {participants.RESTORE}")
 
 
 def window_starts(n_times: int, size: int, stride: int) -> np.ndarray:

@@ -10,7 +10,8 @@ deep inside braindecode or mne-bids:
 * Empty ``duration`` cells make mne-bids fail (``could not convert string to float: ''``):
   the file is read here directly (never edited) and the problem noted as repaired.
 * Unsorted onsets are sorted (stable), missing columns and unparsable onsets skip the
-  recording, trials too close to the end of the recording are dropped, each with the reason.
+  recording, trials whose window starts before or ends after the recording are dropped, each
+  with the reason.
 
 The trial table replicates eegdash 0.9.1 ``build_trial_table`` exactly (vectorised).
 """
@@ -30,7 +31,15 @@ PRESSES = ("left_buttonPress", "right_buttonPress")
 
 
 class EventsError(ValueError):
-    """An events file that cannot be used (the message names the file and the reason)."""
+    """An events file that cannot be used (the message names the file and the reason).
+
+    ``code`` tags the reason for :class:`~data_prep.problems.Problem` (``bad_events``,
+    ``no_trials``, ``too_short``, ``before_start``).
+    """
+
+    def __init__(self, message: str, code: str = "bad_events"):
+        super().__init__(message)
+        self.code = code
 
 
 # the strings pandas' read_csv turns into NaN by default (eegdash reads events with defaults)
@@ -193,9 +202,11 @@ def c1_trials(events, n_times: int, sfreq: float, file: str, problems: list[Prob
     """Trials usable for Challenge 1 (a target and a response) with their window samples.
 
     Returns the trial arrays (:func:`trial_arrays`) plus ``anchor`` (the target's sample) and
-    ``i_start_in_trial``/``i_stop_in_trial`` (the window). Trials whose window runs past the end
-    are dropped with a note (braindecode would stop the whole run: ``"trial_stop_offset_samples"
-    too large``). Raises :class:`EventsError` when no trial is usable (the message says why).
+    ``i_start_in_trial``/``i_stop_in_trial`` (the window). Trials whose window runs past the end,
+    or starts before the recording (shifted onsets), are dropped with a note each kind
+    (braindecode would stop the whole run: ``"trial_stop_offset_samples" too large``, or fail
+    reading negative samples). Raises :class:`EventsError` when no trial is usable; the message
+    says why (for a recording too short for any window: its length and the length needed).
     """
     if "feedback" not in events:
         problems.append(Problem(file, "note", "no_feedback",
@@ -210,25 +221,60 @@ def c1_trials(events, n_times: int, sfreq: float, file: str, problems: list[Prob
         raise EventsError(f"{file}: no trial with both a target and a response ({n_all} trials, "
                           f"{int(np.isin(value, STIMULI).sum())} targets, "
                           f"{int(np.isin(value, PRESSES).sum())} button presses); "
-                          "nothing to window")
+                          "nothing to window", code="no_trials")
+    answered = t["stimulus_onset"][ok]
     # as MNE crops annotations to the data: trial starts / targets after the last sample vanish
     ok &= (t["trial_start_onset"] <= last_s) & (t["stimulus_onset"] <= last_s)
     t = {k: v[ok] for k, v in t.items()}
     anchor = onset_to_sample(t["stimulus_onset"], sfreq)
-    fits = anchor + stop_offset <= n_times
-    if not fits.all():
-        late = t["stimulus_onset"][~fits]
-        problems.append(Problem(
-            file, "dropped", "late_anchor",
-            f"{file}: {len(late)} trial(s) with the target at {', '.join(f'{x:g}' for x in late)}"
-            f" s: the window {start_offset / sfreq:g}–{stop_offset / sfreq:g} s after it runs "
-            f"past the end of the recording ({n_times / sfreq:g} s); dropped those trials "
+    early = anchor + start_offset < 0
+    late = anchor + stop_offset > n_times
+    fits = ~early & ~late
+    span = f"{start_offset / sfreq:g}–{stop_offset / sfreq:g} s"
+    if not fits.any():
+        raise _nothing_fits(file, answered, n_times, sfreq, start_offset, stop_offset, span)
+    at = t["stimulus_onset"]
+    if early.any():
+        problems.append(_dropped(file, "before_start", at[early], span, (
+            "starts before the recording begins (0 s); dropped those trials (are the "
+            "events.tsv onsets shifted?)"), ids))
+    if late.any():
+        problems.append(_dropped(file, "late_anchor", at[late], span, (
+            f"runs past the end of the recording ({n_times / sfreq:g} s); dropped those trials "
             "(braindecode would stop the whole run with '\"trial_stop_offset_samples\" too "
-            "large')", **ids))
+            "large')"), ids))
     t = {k: v[fits] for k, v in t.items()}
-    if not len(t["stimulus_onset"]):
-        raise EventsError(f"{file}: every trial's window runs past the end of the recording")
     anchor = anchor[fits]
     t.update(anchor=anchor, i_start_in_trial=anchor + start_offset,
              i_stop_in_trial=anchor + stop_offset)
     return t
+
+
+def _dropped(file: str, code: str, targets: np.ndarray, span: str, why: str, ids: dict
+             ) -> Problem:
+    return Problem(file, "dropped", code,
+                   f"{file}: {len(targets)} trial(s) with the target at "
+                   f"{', '.join(f'{x:g}' for x in targets)} s: the window {span} after it {why}",
+                   **ids)
+
+
+def _nothing_fits(file: str, answered: np.ndarray, n_times: int, sfreq: float,
+                  start_offset: int, stop_offset: int, span: str) -> EventsError:
+    """The error for a recording where no answered trial's window lies inside the data.
+
+    ``answered``: the targets (s) of the trials with a response, before any was dropped.
+    """
+    anchor = onset_to_sample(answered, sfreq)
+    after_zero = anchor + start_offset >= 0
+    if not after_zero.any():
+        return EventsError(
+            f"{file}: every trial's window ({span} after its target) starts before the "
+            f"recording begins (the latest target at {answered.max():g} s); are the "
+            "events.tsv onsets shifted? Recording left out", code="before_start")
+    k = int(np.argmin(np.where(after_zero, answered, np.inf)))
+    need = int(anchor[k]) + stop_offset
+    return EventsError(
+        f"{file}: the recording is {n_times / sfreq:g} s ({n_times} samples) long, too short "
+        f"for any Challenge 1 window: each window is {span} after a trial's target, and the "
+        f"first target at {answered[k]:g} s needs {need} samples ({need / sfreq:g} s); "
+        "recording left out", code="too_short")

@@ -2,8 +2,10 @@
 
 A store is a folder ``<cache_dir>/<name>-<key>/`` with ``X.f32`` (all windows, one contiguous
 float32 array (N, C, T), read back as a memmap), ``meta.pkl`` (metadata and problems) and
-``info.json``. The key hashes the recipe and every input file's path, size and mtime, so editing
-a file or changing an argument builds a new store; a second identical call only maps the file.
+``info.json``. The key hashes the recipe and every input file: the text files (events.tsv,
+participants.tsv, channels.tsv) by content, the recordings (BDF) by path, size and mtime — so
+editing a file or changing an argument builds a new store; a second identical call only maps the
+file. A BDF rewritten with the same size and mtime is not noticed (``cache=False`` rebuilds).
 The folder is written under a temporary name and renamed when complete, so an interrupted build
 never looks finished.
 """
@@ -27,6 +29,7 @@ from .bids import Recording
 from .problems import Problem, to_frame
 
 STORE_VERSION = 1
+HASHED = (".tsv", ".json")
 
 
 @dataclass
@@ -54,8 +57,18 @@ def default_cache_dir(recordings: list[Recording]) -> Path:
 
 
 def file_stamp(path: Path) -> list:
+    """What the cache key knows of one input: text sidecars by content, recordings by stat.
+
+    Text files (:data:`HASHED`: events.tsv, participants.tsv, channels.tsv, JSON sidecars) are
+    small and hand-edited, so they are keyed by a hash of their bytes: an edit is seen even when
+    it keeps the size and the modification time. Recordings (BDF, ...) are keyed by size and
+    mtime (ns) only: hashing gigabytes on every call would cost more than the build; an edit
+    that keeps both is not seen (``cache=False`` rebuilds).
+    """
     try:
         st = path.stat()
+        if path.suffix.lower() in HASHED:
+            return [str(path.resolve()), "sha256", hashlib.sha256(path.read_bytes()).hexdigest()]
         return [str(path.resolve()), st.st_size, st.st_mtime_ns]
     except OSError:
         return [str(path), None, None]
@@ -78,15 +91,18 @@ def load(folder: Path) -> tuple[np.memmap, pd.DataFrame, pd.DataFrame, dict]:
 
 
 def build(folder: Path, recordings: list[Recording], work: Callable[[Recording], Chunk],
-          shape_tail: tuple[int, int], info: dict, n_jobs: int = 1, progress: bool = True
-          ) -> Path:
-    """Run ``work`` on every recording (in order, ``n_jobs`` threads) and write the store."""
+          shape_tail: tuple[int, int], info: dict, n_jobs: int = 1, progress: bool = True,
+          notes: list[Problem] | None = None) -> Path:
+    """Run ``work`` on every recording (in order, ``n_jobs`` threads) and write the store.
+
+    ``notes``: problems found before the build; stored first, before the recordings' own.
+    """
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     t0 = time.perf_counter()
-    metas, problems, n = [], [], 0
+    metas, problems, n = [], list(notes or []), 0
     try:
         with open(tmp / "X.f32", "wb") as fx:
             for rec_id, chunk in enumerate(_run(work, recordings, n_jobs, progress, info["name"])):

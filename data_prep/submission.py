@@ -9,12 +9,16 @@ each model in ``eval()`` mode and feeds ``float32 (B, 129, 200)`` batches under
 
 So a model is described by a :class:`ModelSpec` (a braindecode class name and its keyword
 arguments) plus a state dict; the generated ``submission.py`` rebuilds it from those two alone.
+That file is :mod:`data_prep.submission_template` with its ``TRAINED_SFREQ`` and ``MODELS`` lines
+filled in; the check runs :mod:`data_prep.submission_check` in a fresh interpreter and scores its
+predictions here with :func:`data_prep.scoring.nrmse`. Both are real modules, linted and tested.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,6 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from . import scoring
+from .submission_check import RESULT_PREFIX
 
 SFREQ = 100
 N_CHANS = 129
@@ -120,78 +127,31 @@ def load_model(path: str | os.PathLike, map_location: str = "cpu"):
 # The zip
 # --------------------------------------------------------------------------------------------
 
-_TEMPLATE = '''\
-"""EEG 2025 challenge submission (written by data_prep.submission from hybridnb).
-
-Challenge 1 (response time) and Challenge 2 (externalizing): braindecode models rebuilt from
-their class name and arguments, weights loaded from the files next to this one.
-Needs only torch and braindecode.
-"""
-
-from pathlib import Path
-
-import torch
-from braindecode import models as _models
-
-_HERE = Path(__file__).resolve().parent
-# challenge -> (braindecode model, constructor arguments, weight file, input scale)
-_MODELS = {
-    1: (%(name1)r, %(kwargs1)r, "weights_challenge_1.pt", %(scale1)r),
-    2: (%(name2)r, %(kwargs2)r, "weights_challenge_2.pt", %(scale2)r),
-}
-
-
-class _InputScale(torch.nn.Module):
-    """The models learnt on inputs multiplied by ``factor`` (e.g. volts -> microvolts)."""
-
-    def __init__(self, model, factor):
-        super().__init__()
-        self.model = model
-        self.factor = factor
-
-    def forward(self, x):
-        return self.model(x * self.factor)
-
-
-def _resolve_path(name):
-    """The weights sit next to this file; Codabench has also used /app/output and /app/input/res."""
-    for folder in (_HERE, Path("/app/output"), Path("/app/input/res"), Path.cwd()):
-        candidate = folder / name
-        if candidate.exists():
-            return candidate
-    raise FileNotFoundError(f"{name} not found next to {__file__} nor in /app/output, /app/input/res")
-
-
-class Submission:
-    def __init__(self, SFREQ, DEVICE):
-        if int(SFREQ) != %(sfreq)d:
-            raise ValueError(f"these models were trained at %(sfreq)d Hz, not SFREQ={SFREQ}")
-        self.sfreq = SFREQ
-        self.device = torch.device(DEVICE)
-
-    def _load(self, challenge):
-        name, kwargs, weights, factor = _MODELS[challenge]
-        model = getattr(_models, name)(**kwargs)
-        state = torch.load(_resolve_path(weights), map_location=self.device, weights_only=True)
-        model.load_state_dict(state)
-        if factor != 1.0:
-            model = _InputScale(model, factor)
-        return model.to(self.device).eval()
-
-    def get_model_challenge_1(self):
-        return self._load(1)
-
-    def get_model_challenge_2(self):
-        return self._load(2)
-'''
+TEMPLATE = Path(__file__).with_name("submission_template.py")
+CHECK_SCRIPT = Path(__file__).with_name("submission_check.py")
 
 
 def submission_source(spec1: ModelSpec, spec2: ModelSpec, sfreq: int = SFREQ) -> str:
-    """The text of ``submission.py`` for these two models."""
-    return _TEMPLATE % {"name1": spec1.name, "kwargs1": dict(spec1.kwargs),
-                        "scale1": float(spec1.input_scale), "name2": spec2.name,
-                        "kwargs2": dict(spec2.kwargs), "scale2": float(spec2.input_scale),
-                        "sfreq": int(sfreq)}
+    """The text of ``submission.py`` for these two models: :data:`TEMPLATE` (a real module,
+    linted and tested) with its ``TRAINED_SFREQ`` and ``MODELS`` lines filled in."""
+    models = {c: (s.name, dict(s.kwargs), f"weights_challenge_{c}.pt", float(s.input_scale))
+              for c, s in ((1, spec1), (2, spec2))}
+    lines = [f"    {c}: {v!r}," for c, v in models.items()]
+    return _fill(TEMPLATE.read_text(encoding="utf-8"), {
+        "TRAINED_SFREQ = 100": f"TRAINED_SFREQ = {int(sfreq)}",
+        "MODELS = {}": "MODELS = {\n" + "\n".join(lines) + "\n}"})
+
+
+def _fill(source: str, lines: dict[str, str]) -> str:
+    """Replace each whole line ``old`` of ``source`` (which must occur exactly once) by ``new``."""
+    out = source.splitlines()
+    for old, new in lines.items():
+        where = [i for i, ln in enumerate(out) if ln == old]
+        if len(where) != 1:
+            raise RuntimeError(f"{TEMPLATE} must hold the line {old!r} exactly once "
+                               f"(found {len(where)}); it is filled in when the zip is written")
+        out[where[0]] = new
+    return "\n".join(out) + "\n"
 
 
 def build_submission(path: str | os.PathLike, challenge1: tuple, challenge2: tuple,
@@ -234,55 +194,6 @@ def build_submission(path: str | os.PathLike, challenge1: tuple, challenge2: tup
 # The check: load it as the harness would, in a fresh interpreter
 # --------------------------------------------------------------------------------------------
 
-# Runs in a fresh `python -I` inside the unpacked submission folder. hybridnb and data_prep are
-# blocked so that a submission leaning on them fails here rather than on the organisers' machine.
-_CHECK = r'''
-import importlib.abc, json, sys, time
-class _Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("hybridnb", "data_prep"):
-            raise ImportError(f"{name} is not available where submissions run")
-        return None
-sys.meta_path.insert(0, _Block())
-sys.path.insert(0, ".")
-import numpy as np
-import torch
-import braindecode
-t0 = time.perf_counter()
-from submission import Submission
-challenge, batch_size = int(sys.argv[1]), int(sys.argv[2])
-X = np.load("X.npy", mmap_mode="r")
-y = np.load("y.npy")
-sub = Submission(100, torch.device("cpu"))
-model = getattr(sub, f"get_model_challenge_{challenge}")()
-model.eval()
-outs, shapes = [], set()
-with torch.inference_mode():
-    for i in range(0, len(X), batch_size):
-        xb = torch.from_numpy(np.ascontiguousarray(X[i:i + batch_size], dtype=np.float32))
-        out = model(xb)
-        if tuple(out.shape) != (xb.shape[0], 1):
-            raise SystemExit(f"challenge {challenge}: model returned shape {tuple(out.shape)} "
-                             f"for a batch of shape {tuple(xb.shape)}; expected ({xb.shape[0]}, 1)")
-        shapes.add(tuple(out.shape))
-        outs.append(out.float().numpy())
-pred = np.concatenate(outs)[:, 0]
-rmse = float(np.sqrt(np.mean((pred - y) ** 2)))
-std = float(np.std(y))
-print("RESULT " + json.dumps({
-    "output_shape": [int(len(pred)), 1],
-    "batch_shapes": sorted(list(s) for s in shapes),
-    "nrmse": rmse / std if std > 0 else None,
-    "rmse": rmse,
-    "n": int(len(y)),
-    "seconds": time.perf_counter() - t0,
-    "torch": torch.__version__,
-    "braindecode": braindecode.__version__,
-    "leaked": sorted(m for m in sys.modules if m.split(".")[0] in ("hybridnb", "data_prep")),
-}))
-'''
-
-
 class SubmissionError(RuntimeError):
     """The submission did not load or run the way the harness runs it."""
 
@@ -315,22 +226,36 @@ def check_submission(zip_path: str | os.PathLike, X, y, challenge: int = 1,
                                   "the harness expects them at the top level of the zip")
         with tempfile.TemporaryDirectory(prefix="hybridnb-submission-") as tmp:
             zf.extractall(tmp)
-            np.save(Path(tmp) / "X.npy", X)
-            np.save(Path(tmp) / "y.npy", y)
-            env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-            env.setdefault("OMP_NUM_THREADS", "1")
-            proc = subprocess.run(
-                [sys.executable, "-I", "-W", "ignore", "-c", _CHECK, str(challenge),
-                 str(batch_size)], cwd=tmp, env=env, capture_output=True, text=True,
-                timeout=timeout)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
+            proc, pred = _run_check(Path(tmp), X, challenge, batch_size, timeout)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
+    if proc.returncode != 0 or not lines or pred is None:
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise SubmissionError(f"{zip_path}: challenge {challenge} failed in a fresh process "
                               f"(exit {proc.returncode}): {tail}")
-    result = json.loads(lines[-1][len("RESULT "):])
+    bad = int(np.count_nonzero(~np.isfinite(pred)))
+    if bad:
+        raise SubmissionError(f"{zip_path}: challenge {challenge}'s model returned {bad} "
+                              f"non-finite predictions (NaN/inf) for {len(pred)} windows")
+    result = json.loads(lines[-1][len(RESULT_PREFIX):])
     result["output_shape"] = tuple(result["output_shape"])
     result["batch_shapes"] = [tuple(s) for s in result["batch_shapes"]]
+    result["rmse"] = scoring.rmse(y, pred)
+    result["nrmse"] = scoring.nrmse(y, pred) if np.std(y) > 0 else None
     result["challenge"] = challenge
     return result
 
+
+def _run_check(folder: Path, X: np.ndarray, challenge: int, batch_size: int,
+               timeout: float) -> tuple[subprocess.CompletedProcess, np.ndarray | None]:
+    """Run :data:`CHECK_SCRIPT` in ``folder`` (the unpacked zip) in a fresh ``python -I``; returns
+    the finished process and its predictions (None when it wrote none)."""
+    np.save(folder / "X.npy", X)
+    script = folder / "_harness_check.py"
+    shutil.copyfile(CHECK_SCRIPT, script)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    proc = subprocess.run([sys.executable, "-I", "-W", "ignore", str(script), str(challenge),
+                           str(batch_size)], cwd=folder, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    pred_path = folder / "pred.npy"
+    return proc, (np.load(pred_path).astype(np.float64) if pred_path.exists() else None)

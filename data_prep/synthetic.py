@@ -6,13 +6,16 @@ challenge release: ``dataset_description.json``, ``participants.tsv`` with the r
 ``_events.tsv`` (HBN columns, ``duration`` = ``n/a``), ``_eeg.json`` and ``_channels.tsv``.
 What is planted and the best nRMSE it allows: :mod:`data_prep.planted` (``PLANTED``,
 ``ceilings()``). Broken recordings on request: ``faults=`` (see :data:`FAULTS`).
-A summary (parameters, ceilings, where each fault sits) goes to ``code/hybridnb_synthetic.json``.
+A summary (parameters, ceilings, where each fault sits) goes to ``code/hybridnb_synthetic.json``;
+that file is also the marker by which ``make_hbn_like`` tells its own releases apart: it never
+writes into a folder without it (a real eegdash release has the same name).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -22,6 +25,9 @@ from . import synth_events as ev
 from .planted import PLANTED, Planted, ceilings
 from .synth_faults import FAULTS, assign_faults, write_recording
 from .synth_signal import montage_positions
+
+MARKER = Path("code") / "hybridnb_synthetic.json"   # tells make_hbn_like's own releases apart
+OWN_KINDS = ("eeg.bdf", "events.tsv", "eeg.json", "channels.tsv")
 
 __all__ = ["make_hbn_like", "PLANTED", "ceilings", "FAULTS", "R5_MINI", "TASKS", "SIZES"]
 
@@ -160,10 +166,15 @@ def make_hbn_like(root: str | os.PathLike, n_subjects: int = 20, release: str = 
     ``size`` "small" (default: 12 CCD trials a run, one resting cycle; seconds to write) or
     "realistic" (≈ real recording lengths); single lengths can be overridden, e.g.
     ``ccd_trials=24``. ``faults``: names from :data:`FAULTS`, each planted in one recording of a
-    different subject, counted from the last subject. Existing output with the same parameters
-    is reused (``overwrite=True`` rewrites it). Deterministic for a given seed. ``n_jobs``:
-    worker processes (default: up to one per core, one per 4 subjects); ``progress``: a bar
+    different subject, counted from the last subject. Deterministic for a given seed.
+    ``n_jobs``: worker processes (default: up to one per core, one per 4 subjects); ``progress``: a bar
     (default for realistic sizes or more than 20 subjects).
+
+    An existing folder: a release this function wrote (its marker ``code/hybridnb_synthetic.json``
+    is there) is reused when the parameters match, else replaced (its old files removed, with a
+    note; ``overwrite=True`` always replaces it); files added to it by hand are kept. Any other
+    non-empty folder (a real eegdash release has the same name) raises FileExistsError and is
+    never written into, with ``overwrite=True`` too.
     """
     if not (release.startswith("R") and release[1:].isdigit()):
         raise ValueError(f"make_hbn_like: release must look like 'R5', got {release!r}")
@@ -180,16 +191,16 @@ def make_hbn_like(root: str | os.PathLike, n_subjects: int = 20, release: str = 
     params = {"n_subjects": n_subjects, "release": release, "mini": mini, "tasks": list(tasks),
               "seed": seed, "faults": list(faults), "sizes": sizes,
               "missing_factors": missing_factors, "planted": planted.to_dict()}
-    summary_path = ds_dir / "code" / "hybridnb_synthetic.json"
-    if not overwrite and summary_path.exists():
-        if json.loads(summary_path.read_text()).get("params") == params:
-            return ds_dir
     t0 = time.perf_counter()
     rng = np.random.default_rng([seed, 10**6])
-    ids = _subject_ids(n_subjects, release, mini, rng)
+    ids = _subject_ids(n_subjects, release, mini, rng)       # argument errors before any change
     parts = _participants(ids, release, tuple(tasks), rng, missing_factors, planted)
     placed = assign_faults(faults, n_subjects, tasks)
-    ds_dir.mkdir(parents=True, exist_ok=True)
+    summary_path = ds_dir / MARKER
+    if _claim(ds_dir, params, overwrite) == "reuse":
+        return ds_dir
+    summary_path.parent.mkdir(parents=True, exist_ok=True)
+    summary_path.write_text(json.dumps({"params": params, "complete": False}, indent=1))
     _write_root_files(ds_dir, release, tasks, parts)
     montage_positions()  # warm the cache before forking workers
     jobs = _n_jobs(n_jobs, n_subjects)
@@ -204,13 +215,58 @@ def make_hbn_like(root: str | os.PathLike, n_subjects: int = 20, release: str = 
         from tqdm.auto import tqdm
         done = tqdm(done, total=n_subjects, desc="writing subjects", unit="subj", leave=False)
     n_rec = sum(done)
-    summary = {"params": params, "ceilings": ceilings(planted), "n_recordings": n_rec,
+    summary = {"params": params, "complete": True, "ceilings": ceilings(planted),
+               "n_recordings": n_rec,
                "faults": [{"fault": f, "subject": ids[i], "task": t, "run": r,
                            "what": FAULTS[f]} for (i, t, r), f in placed.items()],
                "seconds": round(time.perf_counter() - t0, 2)}
-    summary_path.parent.mkdir(exist_ok=True)
     summary_path.write_text(json.dumps(summary, indent=1))
     return ds_dir
+
+
+def _claim(ds_dir: Path, params: dict, overwrite: bool) -> str:
+    """"reuse" (own complete release, same parameters) or "write" (after clearing an own one).
+
+    Raises FileExistsError for a non-empty folder without the marker: it may be a real eegdash
+    release, and nothing is ever written into it (``overwrite=True`` included).
+    """
+    marker = ds_dir / MARKER
+    if marker.is_file():
+        try:
+            old = json.loads(marker.read_text())
+        except ValueError:
+            old = {}
+        complete = old.get("complete", "n_recordings" in old)   # older summaries: no flag
+        if not overwrite and complete and old.get("params") == params:
+            return "reuse"
+        if not overwrite:
+            print(f"data_prep: replacing the synthetic release {ds_dir} (it was written "
+                  + ("with other parameters" if complete else "only partly") + ")",
+                  file=sys.stderr)
+        _remove_own_files(ds_dir)
+        return "write"
+    if ds_dir.exists() and (not ds_dir.is_dir() or any(ds_dir.iterdir())):
+        raise FileExistsError(
+            f"make_hbn_like: {ds_dir} exists and was not written by data_prep.synthetic."
+            f"make_hbn_like (no {MARKER.as_posix()} in it); it may be a real eegdash release, so "
+            "nothing is written into it. Pass another root (e.g. make_hbn_like('data/synthetic'))"
+            " or move that folder away"
+            + ("; overwrite=True only replaces releases make_hbn_like wrote itself"
+               if overwrite else ""))
+    return "write"
+
+
+def _remove_own_files(ds_dir: Path) -> None:
+    """Delete the files make_hbn_like writes (by their names), keeping anything else there."""
+    names = ["dataset_description.json", "participants.tsv", "README", "task-*_eeg.json",
+             MARKER.as_posix(), *(f"sub-*/eeg/sub-*_task-*_{kind}" for kind in OWN_KINDS)]
+    for pattern in names:
+        for path in ds_dir.glob(pattern):
+            if path.is_file():
+                path.unlink()
+    for folder in [*ds_dir.glob("sub-*/eeg"), *ds_dir.glob("sub-*"), ds_dir / "code"]:
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def _n_jobs(n_jobs: int | None, n_subjects: int) -> int:
@@ -222,7 +278,7 @@ def _n_jobs(n_jobs: int | None, n_subjects: int) -> int:
 
 def summary(ds_dir: str | os.PathLike) -> dict:
     """The generator's summary of a synthetic release (parameters, ceilings, faults)."""
-    return json.loads((Path(ds_dir) / "code" / "hybridnb_synthetic.json").read_text())
+    return json.loads((Path(ds_dir) / MARKER).read_text())
 
 
 def _write_root_files(ds_dir: Path, release: str, tasks, parts: list[dict]) -> None:

@@ -131,6 +131,22 @@ def resolve_inputs(root_or_dataset, tasks, subjects=None) -> list[Recording]:
     return recs
 
 
+def recording_inputs(rec: Recording, events: bool) -> list[Path]:
+    """The files of ``rec`` its windows depend on (for the cache key).
+
+    The recording itself, its events.tsv when the recipe reads it, and for recordings opened
+    through mne-bids (anything but a BDF) the events.tsv and channels.tsv mne-bids reads too.
+    """
+    out = [rec.path]
+    via_mne = rec.path.suffix.lower() != ".bdf"
+    if events or via_mne:
+        out.append(rec.events_path)
+    if via_mne:
+        out.append(rec.events_path.with_name(
+            rec.events_path.name.replace("_events.tsv", "_channels.tsv")))
+    return out
+
+
 def default_jobs(n_recordings: int) -> int:
     """Threads for the build. Measured on 2 cores: 2 threads were slower than 1 (C1 ~equal,
     C2 2-4x slower: the writer and the readers fight over memory bandwidth and the GIL), so
@@ -144,10 +160,12 @@ def default_jobs(n_recordings: int) -> int:
 def make(name: str, recordings: list[Recording], recipe: dict, inputs: list[Path],
          work, shape_tail: tuple[int, int], cache_dir=None, cache: bool = True,
          n_jobs: int | None = None, progress: bool | None = None,
-         dtypes: dict | None = None) -> Windows:
+         dtypes: dict | None = None, notes: list[Problem] | None = None) -> Windows:
     """Load the store for ``recipe`` from the cache, or build it (shared by both challenges).
 
-    ``cache=False`` builds again (replacing a stored copy) instead of loading it.
+    ``cache=False`` builds again (replacing a stored copy) instead of loading it. ``notes``:
+    problems found before the build (about the release, not one recording), stored with the
+    recordings' own problems.
     """
     in_memory = any(r.raw is not None and getattr(r.raw, "preload", False) for r in recordings)
     if in_memory and cache:
@@ -168,7 +186,7 @@ def make(name: str, recordings: list[Recording], recipe: dict, inputs: list[Path
         shutil.rmtree(folder)
     jobs = default_jobs(len(recordings)) if n_jobs is None else max(1, n_jobs)
     store.build(folder, recordings, _guarded(work), shape_tail, info, n_jobs=jobs,
-                progress=progress)
+                progress=progress, notes=notes)
     X, meta, problems, info = store.load(folder)
     info.update(cached=False, folder=str(folder))
     return Windows(X, meta, problems, info)

@@ -1,12 +1,32 @@
-"""Where we are running (frontend) and the small/CI mode, each read in one place."""
+"""The process's surroundings, each read in one place: every ``HYBRIDNB_*`` variable, the
+frontend (notebook, terminal, CI), smoke mode, the launch environment (torchrun / ``hn.launch``)
+and the user cache folder. Reading the environment never touches a GPU.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
-SMOKE_ENV = "HYBRIDNB_SMOKE"
-HEADLESS_ENV = "HYBRIDNB_HEADLESS"
+# ------------------------------------------------------------------ every HYBRIDNB_* variable
+SMOKE_ENV = "HYBRIDNB_SMOKE"            # small mode for CI and notebook tests
+HEADLESS_ENV = "HYBRIDNB_HEADLESS"      # set by hn.launch in its workers: no frontend of their own
+DEVICE_ENV = "HYBRIDNB_DEVICE"          # cpu | cuda | cuda:N | mps: forces detect()'s device
+LAUNCHED_ENV = "HYBRIDNB_LAUNCHED"      # "1" in the ranks hn.launch starts
+ISOLATED_ENV = "HYBRIDNB_ISOLATED"      # "1" in an isolated training worker: it never isolates again
+PROBE_SIMULATE_ENV = "HYBRIDNB_PROBE_SIMULATE"   # JSON faults for the probe child (tests only)
+CACHE_DIR_ENV = "HYBRIDNB_CACHE_DIR"    # where hybridnb keeps its cache (the probe's verdicts)
+PROBE_CACHE_TTL_ENV = "HYBRIDNB_PROBE_CACHE_TTL"  # seconds a passed probe is trusted; 0 = never
+RESULTS_ENV = "HYBRIDNB_RESULTS"        # the demo runner: where a notebook records its results
+RUN_DIR_ENV = "HYBRIDNB_RUN_DIR"        # the demo runner: where a notebook leaves its files
+
+DEFAULT_PROBE_CACHE_TTL = 24 * 3600.0
+
+# Frontends that show a notebook (rich output, a redrawn progress line); the interactive ones
+# add a terminal IPython: a person at a prompt, where a script's advice (torchrun) does not fit.
+NOTEBOOK_FRONTENDS = ("jupyter", "colab", "vscode")
+INTERACTIVE_FRONTENDS = NOTEBOOK_FRONTENDS + ("ipython",)
 
 
 def smoke() -> bool:
@@ -86,3 +106,63 @@ def _in_kernel() -> bool:
         return False
     shell = _ipython_shell()
     return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
+# ------------------------------------------------------------------ the launch environment
+
+def launch_env(environ: dict[str, str] | None = None) -> tuple[int, int, int] | None:
+    """``(rank, local_rank, world_size)`` when this process is one rank of a launched job
+    (torchrun or ``hn.launch`` set ``RANK`` and ``WORLD_SIZE``), else None."""
+    env = os.environ if environ is None else environ
+    try:
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return None
+    local = env.get("LOCAL_RANK", "")
+    return rank, int(local) if local.strip().isdigit() else rank, world
+
+
+def launched_rank(environ: dict[str, str] | None = None) -> tuple[bool, int | None, int]:
+    """``(launched?, local rank, world size)`` as detect() needs it: one rank of a job of 2+
+    processes, or any process ``hn.launch`` started (``HYBRIDNB_LAUNCHED=1``, even a job of one).
+    Not launched: ``(False, None, 1)``."""
+    env = os.environ if environ is None else environ
+    job = launch_env(env)
+    by_us = env.get(LAUNCHED_ENV, "") == "1"
+    if job is None and by_us:  # RANK missing: the local rank still says which GPU is ours
+        local = env.get("LOCAL_RANK", "").strip()
+        world = env.get("WORLD_SIZE", "").strip()
+        job = (0, int(local) if local.isdigit() else 0, int(world) if world.isdigit() else 1)
+    if job is None or not (by_us or job[2] > 1):
+        return False, None, 1
+    return True, job[1], job[2]
+
+
+# ------------------------------------------------------------------ the cache folder
+
+def cache_dir(environ: dict[str, str] | None = None) -> Path:
+    """hybridnb's cache folder: ``$HYBRIDNB_CACHE_DIR``, else ``$XDG_CACHE_HOME/hybridnb``, else
+    ``~/.cache/hybridnb``. Not created here."""
+    env = os.environ if environ is None else environ
+    if env.get(CACHE_DIR_ENV):
+        return Path(env[CACHE_DIR_ENV]).expanduser()
+    base = env.get("XDG_CACHE_HOME") or str(Path("~/.cache").expanduser())
+    return Path(base) / "hybridnb"
+
+
+def probe_cache_ttl(environ: dict[str, str] | None = None) -> float:
+    """Seconds a passed GPU probe is trusted (``$HYBRIDNB_PROBE_CACHE_TTL``, default one day;
+    0 turns the cache off). ValueError naming the variable when the value is not a number >= 0."""
+    env = os.environ if environ is None else environ
+    raw = env.get(PROBE_CACHE_TTL_ENV, "").strip()
+    if not raw:
+        return DEFAULT_PROBE_CACHE_TTL
+    try:
+        ttl = float(raw)
+    except ValueError:
+        ttl = -1.0
+    if not ttl >= 0 or ttl == float("inf"):
+        raise ValueError(f"{PROBE_CACHE_TTL_ENV}={raw!r} must be a number of seconds >= 0 "
+                         f"(0 turns the probe cache off; unset means "
+                         f"{DEFAULT_PROBE_CACHE_TTL:g} s, one day).")
+    return ttl

@@ -1,7 +1,10 @@
-"""detect() end to end on a CPU-only machine, with GPUs simulated.
+"""detect() end to end, with GPUs simulated (on any machine: a real GPU stays hidden).
 
 A fake NVML/sysfs inventory makes detect() believe GPUs exist; HYBRIDNB_PROBE_SIMULATE makes the
 real probe child (a real subprocess) pass, hang, crash or compute wrong numbers on CPU tensors.
+The ``machine`` fixture makes the simulated machine complete, so a GPU the test machine really has
+never leaks in: the inventory is faked, the NVIDIA driver file is hidden, the probe child always
+runs simulated, and the probe cache lives in the test's own folder.
 """
 
 from __future__ import annotations
@@ -11,12 +14,15 @@ import importlib.util
 import json
 import os
 import time
+from copy import deepcopy
+from dataclasses import replace
 
 import psutil
 import pytest
 import torch
 
 import hybridnb
+from hybridnb import env
 from hybridnb.hardware import gpu_info, probe
 from hybridnb.hardware.detect import HardwareWarning
 from hybridnb.hardware.gpu_info import BuildInfo, GpuInfo
@@ -30,7 +36,8 @@ ROCM_BUILD = BuildInfo(torch="2.11.0+rocm6.2", cuda=None, hip="6.2.41133",
                                   "gfx1100"])
 ENV_VARS = (D.DEVICE_ENV, D.LAUNCHED_ENV, "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
             "ROCR_VISIBLE_DEVICES", "HSA_OVERRIDE_GFX_VERSION", "PYTORCH_HIP_ALLOC_CONF",
-            "LOCAL_RANK", "WORLD_SIZE", probe.SIMULATE_ENV)
+            "LOCAL_RANK", "WORLD_SIZE", "RANK", probe.SIMULATE_ENV, env.CACHE_DIR_ENV,
+            env.PROBE_CACHE_TTL_ENV)
 
 
 def t4(i: int = 0) -> GpuInfo:
@@ -46,21 +53,30 @@ def a100(i: int = 0) -> GpuInfo:
 
 
 @pytest.fixture
-def machine(monkeypatch):
-    """Clean environment and cache; returns a function that installs a fake machine."""
+def machine(monkeypatch, tmp_path):
+    """Clean environment and caches; returns a function that installs a fake machine.
+
+    Complete, so that a real GPU cannot leak in: the NVML/KFD inventories are fakes, the NVIDIA
+    driver's /proc file is hidden (else detect() would probe "GPU 0" for real), the probe child
+    always runs simulated (``simulate={}`` is a healthy GPU), and the on-disk probe cache is
+    this test's own (``tmp_path``).
+    """
     for var in ENV_VARS:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(D, "_CACHE", {})
+    monkeypatch.setenv(env.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(D, "NVIDIA_PROC", tmp_path / "no-nvidia-driver")
 
     def install(nvidia=(), amd=(), build=CUDA_BUILD, simulate=None, frontend="terminal"):
         monkeypatch.setattr(gpu_info, "nvml_inventory",
-                            lambda: ([g for g in nvidia], f"NVML: {len(nvidia)} fake GPU(s)"))
+                            lambda: ([deepcopy(g) for g in nvidia],
+                                     f"NVML: {len(nvidia)} fake GPU(s)"))
         monkeypatch.setattr(gpu_info, "rocm_inventory",
-                            lambda *a, **k: ([g for g in amd], f"KFD: {len(amd)} fake GPU(s)"))
+                            lambda *a, **k: ([deepcopy(g) for g in amd],
+                                             f"KFD: {len(amd)} fake GPU(s)"))
         monkeypatch.setattr(D, "_torch_build", lambda: build)
         monkeypatch.setattr(D.runtime, "frontend", lambda: frontend)
-        if simulate is not None:
-            monkeypatch.setenv(probe.SIMULATE_ENV, json.dumps(simulate))
+        monkeypatch.setenv(probe.SIMULATE_ENV, json.dumps({} if simulate is None else simulate))
 
     return install
 
@@ -84,11 +100,12 @@ def _assert_no_children():
 
 # ------------------------------------------------------------------ the real machine
 
-def test_this_machine_reports_host_facts_and_caches(monkeypatch):
-    """No fakes: this CPU-only box answers cpu with its real core count and RAM."""
+def test_this_machine_reports_host_facts_and_caches(monkeypatch, tmp_path):
+    """No fakes: this machine's real core count and RAM; on a CPU-only box, the CPU."""
     for var in ENV_VARS:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(D, "_CACHE", {})
+    monkeypatch.setenv(env.CACHE_DIR_ENV, str(tmp_path))
     hw = hybridnb.detect()
     assert hw.host.cores_usable == len(os.sched_getaffinity(0))
     assert hw.host.ram_total == psutil.virtual_memory().total
@@ -160,6 +177,7 @@ def test_passing_probe_chooses_the_gpu_without_initialising_cuda(machine, monkey
     assert g.native_bf16 is False
     assert hw.precision == "fp16" and "GradScaler" in hw.settings.reasons["precision"]
     assert hw.settings.pin_memory is True and hw.settings.batch_size == 128
+    assert hw.settings.num_workers == 0 and "0.8x" in hw.settings.reasons["num_workers"]
     assert hw.warnings == []
     _assert_no_children()
 
@@ -312,7 +330,8 @@ def test_invalid_hybridnb_device_is_a_clear_error(machine, monkeypatch, capsys, 
     with pytest.raises(ValueError, match=f"HYBRIDNB_DEVICE='{value}'.*cpu, cuda, cuda:N"):
         D.detect()
     assert main(["detect"]) == 2
-    assert "HYBRIDNB_DEVICE" in capsys.readouterr().out
+    # errors go to stderr (issue 15, item 18): stdout stays clean for --json
+    assert "HYBRIDNB_DEVICE" in capsys.readouterr().err
 
 
 def test_cache_follows_the_device_variables(machine, monkeypatch):
@@ -337,3 +356,129 @@ def test_html_escapes_device_names(machine, monkeypatch):
     monkeypatch.setenv(D.DEVICE_ENV, "cpu")
     html = D.detect()._repr_html_()
     assert "<script>" not in html and "&lt;script&gt;" in html
+
+
+# ------------------------------------------------------------------ the probe cache (issue 14.4)
+
+def _count_probes(monkeypatch) -> list[list]:
+    """Record each probe run's targets (the real children still run)."""
+    calls: list[list] = []
+    real = probe.run_probes
+
+    def spy(targets, timeout):
+        calls.append(list(targets))
+        return real(targets, timeout)
+
+    monkeypatch.setattr(probe, "run_probes", spy)
+    return calls
+
+
+def _fresh_process() -> None:
+    """What a new Python process starts with: no in-memory report."""
+    D._CACHE.clear()
+
+
+def test_a_passed_probe_is_cached_on_disk_and_a_new_process_starts_no_child(machine, monkeypatch):
+    machine(nvidia=[a100()], simulate={"torch": False})
+    calls = _count_probes(monkeypatch)
+    first = D.detect(probe_timeout=30)
+    assert calls == [[("cuda", 0)]] and first.gpus[0].probe.ok
+    assert first.gpus[0].probe.cached is False and first.gpus[0].probe.proven_at is not None
+
+    _fresh_process()
+    _no_probe(monkeypatch)  # a hit must not start a child (its time: bench/bench_detect.py)
+    again = D.detect(probe_timeout=30)
+    p = again.gpus[0].probe
+    assert again.device == torch.device("cuda:0") and again.precision == "bf16"
+    assert p.ok and p.cached and p.proven_at == first.gpus[0].probe.proven_at
+    assert [s.status for s in p.steps] == ["ok"] * len(probe.STEPS)
+    # the report says when the GPU was last proven
+    assert "cached: proven" in str(again) and "refresh=True" in str(again)
+    assert "cached: proven" in again.settings.reasons["device"]
+    assert "cached" in again._repr_html_()
+    assert again.to_dict()["gpus"][0]["probe"]["cached"] is True
+    _assert_no_children()
+
+
+@pytest.mark.parametrize("change", ["driver", "torch build", "gpu"])
+def test_a_new_driver_torch_build_or_gpu_is_probed_again(machine, monkeypatch, change):
+    machine(nvidia=[a100()], simulate={"torch": False})
+    calls = _count_probes(monkeypatch)
+    D.detect(probe_timeout=30)
+    _fresh_process()
+    if change == "driver":
+        gpu = a100()
+        gpu.driver_version = "580.159.04"
+        machine(nvidia=[gpu], simulate={"torch": False})
+    elif change == "torch build":
+        machine(nvidia=[a100()], build=replace(CUDA_BUILD, torch="2.12.0+cu124"),
+                simulate={"torch": False})
+    else:
+        gpu = a100()
+        gpu.uuid = "GPU-another-card"
+        machine(nvidia=[gpu], simulate={"torch": False})
+    hw = D.detect(probe_timeout=30)
+    assert len(calls) == 2, f"a changed {change} must be probed again"
+    assert hw.gpus[0].probe.ok and not hw.gpus[0].probe.cached
+
+
+def test_refresh_probes_again_and_renews_the_cached_verdict(machine, monkeypatch):
+    machine(nvidia=[a100()], simulate={"torch": False})
+    calls = _count_probes(monkeypatch)
+    first = D.detect(probe_timeout=30)
+    _fresh_process()
+    again = D.detect(refresh=True, probe_timeout=30)
+    assert len(calls) == 2 and not again.gpus[0].probe.cached
+    assert again.gpus[0].probe.proven_at > first.gpus[0].probe.proven_at
+    _fresh_process()
+    third = D.detect(probe_timeout=30)
+    assert len(calls) == 2 and third.gpus[0].probe.proven_at == again.gpus[0].probe.proven_at
+
+
+def test_a_failed_probe_is_never_cached(machine, monkeypatch):
+    machine(nvidia=[a100()], simulate={"wrong_at": "matmul"})
+    calls = _count_probes(monkeypatch)
+    with pytest.warns(HardwareWarning):
+        D.detect(probe_timeout=30)
+    _fresh_process()
+    with pytest.warns(HardwareWarning):
+        hw = D.detect(probe_timeout=30)
+    assert len(calls) == 2 and hw.gpus[0].probe.verdict == "wrong result"
+    assert hw.device == torch.device("cpu")
+
+
+def test_an_old_verdict_expires_and_ttl_zero_turns_the_cache_off(machine, monkeypatch):
+    from hybridnb.hardware.probe import cache
+
+    machine(nvidia=[a100()], simulate={"torch": False})
+    calls = _count_probes(monkeypatch)
+    D.detect(probe_timeout=30)
+    _fresh_process()
+    real_load = cache.load
+    monkeypatch.setattr(cache, "load", lambda key, ttl, environ=None, now=None: real_load(
+        key, ttl, environ, now=time.time() + 2 * env.DEFAULT_PROBE_CACHE_TTL))  # two days on
+    D.detect(probe_timeout=30)
+    assert len(calls) == 2
+    monkeypatch.setattr(cache, "load", real_load)
+    monkeypatch.setenv(env.PROBE_CACHE_TTL_ENV, "0")
+    _fresh_process()
+    D.detect(probe_timeout=30)
+    assert len(calls) == 3
+
+
+@pytest.mark.parametrize("value", ["soon", "-5", "inf"])
+def test_a_bad_cache_ttl_is_a_clear_error(machine, monkeypatch, value):
+    machine()
+    monkeypatch.setenv(env.PROBE_CACHE_TTL_ENV, value)
+    with pytest.raises(ValueError, match=f"HYBRIDNB_PROBE_CACHE_TTL='{value}'.*seconds"):
+        D.detect()
+
+
+def test_an_unwritable_cache_folder_is_a_note_not_a_failure(machine, monkeypatch, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    machine(nvidia=[a100()], simulate={"torch": False})
+    monkeypatch.setenv(env.CACHE_DIR_ENV, str(blocker))
+    hw = D.detect(probe_timeout=30)
+    assert hw.device == torch.device("cuda:0")
+    assert any("could not be cached" in n and "HYBRIDNB_CACHE_DIR" in n for n in hw.notes)

@@ -84,7 +84,7 @@ def test_driver_older_than_the_torch_cuda_major_is_known_bad():
     (amd("gfx1030"), False), (amd("gfx90a"), True), (amd("gfx1100"), True),
     (amd("gfx906"), False)])
 def test_native_bf16_is_hardware_not_emulation(gpu, native):
-    assert gpu_info.native_bf16(gpu) is native
+    assert recommend.native_bf16(gpu) is native
 
 
 @pytest.mark.parametrize("hip, bad", [("6.2.41133", True), ("6.0", True), ("5.7.1", False)])
@@ -159,14 +159,20 @@ def test_gpu_batch_from_memory_tiers_and_accumulation_to_the_target(mem, batch, 
     s = recommend.recommend("cuda", nv(0, mem=mem), host(16), "terminal", gpus_ok=1)
     assert (s.batch_size, s.grad_accum) == (batch, accum)
     assert s.effective_batch >= recommend.TARGET_BATCH
-    assert s.pin_memory is True and s.num_workers == 8 and s.torch_threads == 8
+    # loader workers on GPU hosts come from measurement (issue 13.3), not the core count: the
+    # old rule gave min(8, cores - 1) workers and the rest of the cores as threads
+    assert s.pin_memory is True and s.num_workers == 0 and s.torch_threads == 16
+    assert s.persistent_workers is False
+    assert "0.8x" in s.reasons["num_workers"] and "H100" in s.reasons["num_workers"]
+    assert "CPU memory" in s.reasons["pin_memory"]
 
 
 def test_ddp_in_scripts_single_gpu_in_notebooks_and_under_launch():
     g = nv(0, mem=8)
     script = recommend.recommend("cuda", g, host(16), "terminal", gpus_ok=4)
     assert script.strategy == "ddp" and script.devices == 4
-    assert script.num_workers == 3 and script.grad_accum == 1     # 16 cores / 4 GPUs - 1
+    assert script.num_workers == 0 and script.grad_accum == 1     # measured, see above
+    assert script.torch_threads == 4                               # 16 cores / 4 GPUs
     for frontend in ("jupyter", "colab", "vscode"):
         nb = recommend.recommend("cuda", g, host(16), frontend, gpus_ok=4)
         assert nb.strategy == "single" and "hn.launch(fn, num_processes=4)" in \
@@ -213,3 +219,195 @@ def test_cpu_ranks_of_a_launched_job_share_the_cores_instead_of_oversubscribing(
     assert rank.torch_threads == 2 and "4 ranks" in rank.reasons["torch_threads"]
     assert recommend.recommend("cpu", None, host(2), "terminal", launched=True,
                                world_size=4).torch_threads == 1
+
+
+# ------------------------------------------------------------------ one rule each: bf16, compile
+
+def test_device_native_bf16_is_false_off_cuda():
+    """precision.py asks this one rule (no second bf16 check there)."""
+    from hybridnb.train import precision
+
+    assert recommend.device_native_bf16("cpu") is False
+    assert precision._native_bf16(__import__("torch").device("cpu")) is False
+
+
+@pytest.mark.parametrize("device, mode, needle", [
+    ("cpu", "max-autotune", "max-autotune tunes GPU"),
+    ("cpu", "reduce-overhead", "CUDA graphs"),
+    ("mps", "default", "experimental"),
+])
+def test_compile_unavailable_names_the_reason(device, mode, needle):
+    assert needle in recommend.compile_unavailable(device, mode)
+
+
+def test_compile_unavailable_on_cuda_needs_triton_and_capability_7(monkeypatch):
+    real = importlib.util.find_spec
+    assert recommend.compile_unavailable("cuda", capability=(6, 1)) is not None
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "triton" else real(name, *a))
+    assert recommend.compile_unavailable("cuda:0", capability=(8, 0)) is None
+    assert "7.0" in recommend.compile_unavailable("cuda:0", capability=(6, 1))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "triton" else real(name, *a))
+    assert "Triton" in recommend.compile_unavailable("cuda", capability=(9, 0))
+    monkeypatch.setattr(recommend, "cxx_compiler", lambda: None)
+    assert "C++ compiler" in recommend.compile_unavailable("cpu")
+    monkeypatch.setattr(recommend, "cxx_compiler", lambda: "/usr/bin/g++")
+    assert recommend.compile_unavailable("cpu") is None
+
+
+# ------------------------------------------------------------------ the one NVML module
+
+class FakeNVML:
+    """Just enough of pynvml: two GPUs; GPU 1 can fall off the bus."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, lost: bool = False):
+        self.lost, self.inits = lost, 0
+        self.uuids = ["GPU-aaaa-1111", "GPU-bbbb-2222"]
+
+    def nvmlInit(self):
+        self.inits += 1
+
+    def nvmlSystemGetDriverVersion(self):
+        return b"580.159.04"
+
+    def nvmlSystemGetCudaDriverVersion(self):
+        return 13000
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        if self.lost and i == 1:
+            raise self.NVMLError("GPU is lost")
+        return ("h", i)
+
+    def nvmlDeviceGetUUID(self, h):
+        return self.uuids[h[1]]
+
+    def nvmlDeviceGetName(self, h):
+        return f"Fake H100 #{h[1]}".encode()
+
+    def nvmlDeviceGetCudaComputeCapability(self, h):
+        return (9, 0)
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        from types import SimpleNamespace
+        return SimpleNamespace(total=80 * GiB, free=79 * GiB, used=1 * GiB)
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        from types import SimpleNamespace
+        if h[1] == 1:
+            raise self.NVMLError("Not Supported")
+        return SimpleNamespace(gpu=97)
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch):
+    import sys
+
+    from hybridnb.hardware import nvml
+
+    def install(fake):
+        monkeypatch.setitem(sys.modules, "pynvml", fake)
+        nvml.reset()
+        return nvml
+
+    yield install
+    nvml.reset()
+
+
+def test_nvml_opens_once_and_reads_a_device(fake_nvml, monkeypatch):
+    fake = FakeNVML()
+    nvml = fake_nvml(fake)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    h = nvml.handle("cuda")
+    assert h == ("h", 0) and nvml.handle("cuda:1") == ("h", 1)
+    assert nvml.memory(h) == nvml.Memory(80 * GiB, 79 * GiB, GiB)
+    assert nvml.utilisation(h) == 97.0 and nvml.utilisation(("h", 1)) is None
+    assert nvml.uuid(h) == "GPU-aaaa-1111" and nvml.uuid(1) == "GPU-bbbb-2222"
+    assert nvml.driver() == "580.159.04" and nvml.cuda_driver() == "13.0"
+    assert nvml.capability(h) == (9, 0) and nvml.name(h) == "Fake H100 #0"
+    assert fake.inits == 1
+    assert nvml.handle("cpu") is None and nvml.handle("mps") is None
+
+
+@pytest.mark.parametrize("visible, torch_uuid, physical", [
+    ("1", None, 1), ("bbbb", None, 1), ("GPU-aaaa-1111,1", None, 0), (None, "aaaa-1111", 0),
+    ("0", "GPU-bbbb-2222", 1),   # torch's UUID wins over the list
+    ("5", None, None), ("MIG-xyz", None, None),
+])
+def test_nvml_maps_torch_ordinals_through_cuda_visible_devices(fake_nvml, visible, torch_uuid,
+                                                              physical):
+    nvml = fake_nvml(FakeNVML())
+    env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    h, how = nvml.locate(0, torch_uuid=torch_uuid, environ=env)
+    assert (h[1] if h else None) == physical, how
+
+
+def test_nvml_absent_means_none_everywhere(fake_nvml):
+    class NoDriver(FakeNVML):
+        def nvmlInit(self):
+            raise self.NVMLError("Driver Not Loaded")
+
+    nvml = fake_nvml(NoDriver())
+    assert nvml.library() is None and "Driver Not Loaded" in nvml.status()
+    assert (nvml.count(), nvml.driver(), nvml.handle(0), nvml.memory(None),
+            nvml.utilisation(None), nvml.uuid(0)) == (None,) * 6
+    gpus, status = gpu_info.nvml_inventory()
+    assert gpus == [] and "no NVIDIA driver found" in status
+
+
+def test_inventory_through_nvml_lists_a_lost_gpu_as_unusable(fake_nvml):
+    fake_nvml(FakeNVML(lost=True))
+    gpus, status = gpu_info.nvml_inventory()
+    assert status == "NVML: 2 NVIDIA GPU(s), driver 580.159.04"
+    good, lost = gpus
+    assert good.uuid == "GPU-aaaa-1111" and good.capability == (9, 0)
+    assert good.total_memory == 80 * GiB and good.driver_cuda == "13.0"
+    assert not lost.usable and "GPU is lost" in lost.warnings[0]
+
+
+# ------------------------------------------------------------------ the environment, read once
+
+def test_launch_environment_parsed_once():
+    from hybridnb import env
+
+    assert env.launch_env({"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "4"}) == (1, 1, 4)
+    assert env.launch_env({"WORLD_SIZE": "4"}) is None
+    assert env.launched_rank({}) == (False, None, 1)
+    assert env.launched_rank({"RANK": "0", "WORLD_SIZE": "1"}) == (False, None, 1)
+    assert env.launched_rank({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4"}) == (True, 1, 4)
+    assert env.launched_rank({env.LAUNCHED_ENV: "1", "LOCAL_RANK": "1",
+                              "WORLD_SIZE": "2"}) == (True, 1, 2)
+
+
+def test_cache_folder_and_ttl(tmp_path):
+    from pathlib import Path
+
+    from hybridnb import env
+
+    assert env.cache_dir({env.CACHE_DIR_ENV: str(tmp_path)}) == tmp_path
+    assert env.cache_dir({"XDG_CACHE_HOME": "/x"}) == Path("/x/hybridnb")
+    assert env.cache_dir({}) == Path("~/.cache/hybridnb").expanduser()
+    assert env.probe_cache_ttl({}) == 24 * 3600
+    assert env.probe_cache_ttl({env.PROBE_CACHE_TTL_ENV: "60"}) == 60
+
+
+def test_every_hybridnb_variable_is_named_in_env():
+    """grep: a HYBRIDNB_* name in the package's code is one of env's constants."""
+    import re
+    from pathlib import Path
+
+    from hybridnb import env
+
+    root = Path(__file__).resolve().parents[1]
+    declared = {v for k, v in vars(env).items() if k.endswith("_ENV")}
+    used = set()
+    for package in ("hybridnb", "hybridnb_tools"):
+        for path in (root / package).rglob("*.py"):
+            used |= set(re.findall(r"HYBRIDNB_[A-Z_]+", path.read_text()))
+    assert used <= declared, sorted(used - declared)

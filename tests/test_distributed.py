@@ -94,8 +94,8 @@ def train_rank(ckpt_dir, fail_on=(), effect=None, resume=False, epochs=EPOCHS, m
     tr.fit(data(n), data(VAL_N, seed=1), resume=resume)
     mine = {"rank": tr.strategy.rank, "strategy": tr.strategy.name, "weights": weights(tr.model),
             "saves": saves, "events": [(e.kind, e.message, e.step) for e in tr.events],
-            "micro": tr._micro.size, "global_step": tr.global_step, "history": tr.history,
-            "stopped": tr._stopped,
+            "micro": tr.state.micro, "global_step": tr.global_step, "history": tr.history,
+            "stopped": tr.stopped,
             "pred": tr.predict(data(VAL_N, seed=1)[0]), "val": tr.evaluate(data(VAL_N, seed=1))}
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)

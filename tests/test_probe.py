@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from hybridnb.hardware import probe
+from hybridnb.hardware.probe import supervisor
 
 CUDA_ERROR = ("CUDA error: no kernel image is available for execution on the device\n"
               "CUDA kernel errors might be asynchronously reported at some other API call")
@@ -28,7 +29,7 @@ def test_child_reports_each_step_as_json_lines(monkeypatch):
     sim = {"torch": False, "gpu": {"name": "Fake A100"}, "error_at": "tensor"}
     monkeypatch.setenv(probe.SIMULATE_ENV, json.dumps(sim))
     out = subprocess.run([sys.executable, "-m", "hybridnb.hardware.probe", "--backend", "cuda"],
-                         capture_output=True, text=True, timeout=60, env=probe._child_env())
+                         capture_output=True, text=True, timeout=60, env=supervisor.child_env())
     assert out.returncode == 1, out.stderr
     events = [json.loads(line) for line in out.stdout.splitlines()]
     flow = [(e["e"], e.get("step")) for e in events if e["e"] != "info"]
@@ -99,7 +100,58 @@ def test_an_interrupted_probe_leaves_no_process(monkeypatch):
         time.sleep(0.3)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(probe._Child, "wait_until", interrupted)
+    monkeypatch.setattr(supervisor.Child, "wait_until", interrupted)
     with pytest.raises(KeyboardInterrupt):
         probe.run_probes([("cuda", 0), ("cuda", 1)], 30)
     assert psutil.Process().children(recursive=True) == []
+
+
+# ------------------------------------------------------------------ structure
+
+def test_only_the_simulation_module_knows_the_faults():
+    """The real steps call the simulation's hooks; the fault names live in one module."""
+    import inspect
+
+    from hybridnb.hardware.probe import child, simulate
+
+    source = inspect.getsource(child)
+    for fault in ("hang_at", "crash_at", "error_at", "wrong_at", "by_index", probe.SIMULATE_ENV):
+        assert fault not in source and fault in inspect.getsource(simulate)
+    assert probe.SIMULATE_ENV == "HYBRIDNB_PROBE_SIMULATE"
+
+
+# ------------------------------------------------------------------ the cache, as data
+
+def _passed(proven_at: float) -> probe.ProbeResult:
+    steps = [probe.StepResult(name, "ok", 0.1) for name in probe.STEPS]
+    return probe.ProbeResult("cuda", 0, "passed", steps, 4.2, proven_at=proven_at,
+                             info={"name": "Fake"})
+
+
+def test_cache_round_trip_expiry_and_foreign_files(tmp_path):
+    from hybridnb.hardware.probe import cache
+
+    env = {"HYBRIDNB_CACHE_DIR": str(tmp_path)}
+    key = {"uuid": "GPU-1", "driver": "580", "torch": "2.11"}
+    now = time.time()
+    assert cache.store(key, _passed(now), env) == ""
+    hit = cache.load(key, 3600, env)
+    assert hit is not None and hit.cached and hit.ok and hit.proven_at == pytest.approx(now)
+    assert hit.steps == _passed(now).steps and hit.info == {"name": "Fake"}
+    assert cache.load(key, 3600, env, now=now + 3601) is None          # too old
+    assert cache.load(key, 0, env) is None                              # cache off
+    assert cache.load({**key, "driver": "590"}, 3600, env) is None      # another driver
+    [path] = cache.folder(env).glob("*.json")
+    path.write_text("{broken")
+    assert cache.load(key, 3600, env) is None                           # unreadable: a miss
+    assert list(cache.folder(env).glob(".probe-*")) == []               # no temp file left
+
+
+def test_cache_never_stores_a_failure(tmp_path):
+    from hybridnb.hardware.probe import cache
+
+    env = {"HYBRIDNB_CACHE_DIR": str(tmp_path)}
+    bad = _passed(time.time())
+    bad.verdict = "hung"
+    assert cache.store({"uuid": "GPU-1"}, bad, env) == ""
+    assert not cache.folder(env).exists()

@@ -130,7 +130,7 @@ def test_injected_oom_at_ten_percent_of_steps_gives_the_same_weights():
                           torch.tensor(clean.steps["loss"].values), rtol=1e-5, atol=1e-7)
     splits = [e for e in faulty.events if e.kind == "oom_split"]
     assert len(splits) == 3 and "CUDA out of memory" in splits[0].message
-    assert faulty._micro.size == 2  # 16 -> 8 -> 4 -> 2, remembered
+    assert faulty.state.micro == 2  # 16 -> 8 -> 4 -> 2, remembered
     # each step's loss is the mean over its window's samples: a lost or doubled sample would
     # change it, and the per-step losses above match the clean run's
     assert faulty_model.samples > clean.model.samples == 3 * 320  # aborted attempts were redone

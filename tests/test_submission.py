@@ -147,3 +147,69 @@ def test_saved_model_round_trips_and_a_corrupt_file_is_named(tmp_path):
         S.load_model(path)
     with pytest.raises(FileNotFoundError, match="missing.pt"):
         S.load_model(tmp_path / "missing.pt")
+
+
+# --------------------------------------------------------------------------------------------
+# The template and the check script are real modules: imported and run here as code
+# --------------------------------------------------------------------------------------------
+
+def test_the_template_module_is_the_harness_api(tmp_path, monkeypatch):
+    from data_prep import submission_template as T
+
+    spec = _spec()
+    model = _model(spec, 4)
+    torch.save(model.state_dict(), tmp_path / "weights_challenge_1.pt")
+    monkeypatch.chdir(tmp_path)  # the weights are found in the working folder too
+    monkeypatch.setattr(T, "MODELS", {1: (spec.name, dict(spec.kwargs),
+                                          "weights_challenge_1.pt", 1000.0)})
+    loaded = T.Submission(100, torch.device("cpu")).get_model_challenge_1()
+    X, y = _data(5)
+    assert not loaded.training
+    assert _nrmse(loaded, X, y) == pytest.approx(_nrmse(model, X * 1000.0, y), rel=1e-6)
+    with pytest.raises(KeyError, match="no model for challenge 2"):
+        T.Submission(100, "cpu").get_model_challenge_2()
+    with pytest.raises(ValueError, match="trained at 100 Hz, not SFREQ=250"):
+        T.Submission(250, "cpu")
+
+
+def test_submission_py_is_the_template_with_two_lines_filled_in():
+    spec1, spec2 = _spec(), S.challenge_spec("EEGNeX", input_scale=1e6)
+    source = S.submission_source(spec1, spec2, sfreq=100)
+    template = S.TEMPLATE.read_text().splitlines()
+    changed = [ln for ln in source.splitlines() if ln not in template]
+    assert changed == ["MODELS = {", "    1: ('ShallowFBCSPNet', " + repr(dict(spec1.kwargs))
+                       + ", 'weights_challenge_1.pt', 1.0),",
+                       "    2: ('EEGNeX', " + repr(dict(spec2.kwargs))
+                       + ", 'weights_challenge_2.pt', 1000000.0),", "}"]
+    namespace: dict = {"__file__": "submission.py"}
+    exec(compile(source, "submission.py", "exec"), namespace)
+    assert namespace["TRAINED_SFREQ"] == 100
+    assert namespace["MODELS"][2] == ("EEGNeX", dict(spec2.kwargs), "weights_challenge_2.pt", 1e6)
+
+
+def test_a_template_without_its_fill_in_line_is_named():
+    with pytest.raises(RuntimeError, match=r"submission_template.py must hold the line "
+                                           r"'MODELS = \{\}' exactly once \(found 0\)"):
+        S._fill("TRAINED_SFREQ = 100\n", {"MODELS = {}": "MODELS = {1: 2}"})
+
+
+def test_the_check_script_blocks_this_project_and_nothing_else():
+    from data_prep import submission_check as C
+
+    hook = C.BlockProject()
+    for name in ("hybridnb", "hybridnb.train", "data_prep.scoring"):
+        with pytest.raises(ImportError, match=f"{name} is not available"):
+            hook.find_spec(name)
+    assert hook.find_spec("numpy") is None and hook.find_spec("hybridnb_x") is None
+
+
+@pytest.mark.slow
+def test_non_finite_predictions_are_refused(tmp_path):
+    spec = _spec()
+    model = _model(spec, 0)
+    with torch.no_grad():
+        next(model.parameters()).fill_(float("nan"))
+    path = S.build_submission(tmp_path / "nan.zip", (spec, model), (spec, model))
+    X, y = _data(6)
+    with pytest.raises(S.SubmissionError, match="returned 6 non-finite predictions"):
+        S.check_submission(path, X, y)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+import hybridnb.train.progress as progress_mod
 import hybridnb.train.trainer as trainer_mod
 from hybridnb.live import View
 from hybridnb.train import checkpoint
@@ -155,7 +156,7 @@ def test_ema_weights_are_the_moving_average_of_the_step_weights():
 
     tr = run(Recorder(), ema=0.8, epochs=1)
     # weights after each step: before the next step's forward, and the raw final weights
-    raw_final = list(tr._snapshot["model"].values())
+    raw_final = list(tr.state.snapshot["model"].values())
     after = seen[1:] + [raw_final]
     avg = [w.clone() for w in after[0]]  # the first update copies
     for ws in after[1:]:
@@ -281,11 +282,15 @@ def test_fp16_on_cpu_becomes_bf16_with_one_message(capsys):
                            "110336696336 bytes (injected, while compiling)"),
 ])
 def test_compile_failure_falls_back_to_eager_once(monkeypatch, error):
-    compiled_calls = []
+    import torch._inductor.config as inductor_config
+
+    compiled_calls, layout_during = [], []
+    before = inductor_config.layout_optimization
 
     def fake_compile(model, mode=None):  # torch.compile is lazy: it fails on the first call
         def broken(x):
             compiled_calls.append(mode)
+            layout_during.append(inductor_config.layout_optimization)
             raise error
         return broken
 
@@ -299,9 +304,8 @@ def test_compile_failure_falls_back_to_eager_once(monkeypatch, error):
     bf16 = run(epochs=1, precision="bf16")
     assert close(params(tr.model), params(bf16.model), 0, 0)
     assert not close(params(tr.model), params(eager.model), 0, 0)  # bf16 really was used
-    import torch._inductor.config as inductor_config
-
-    assert inductor_config.layout_optimization is False  # CPU bf16: the oneDNN workaround
+    assert layout_during == [False]  # CPU bf16: the oneDNN workaround while compiling...
+    assert inductor_config.layout_optimization == before  # ...scoped to fit, never left set
 
 
 # ------------------------------------------------------------------------------- interrupts
@@ -360,7 +364,7 @@ def test_live_view_contract_and_stop_button(tmp_path, monkeypatch):
         views.append(FakeView(stop_after=None if live == "text" else 13))
         return views[-1]
 
-    monkeypatch.setattr(trainer_mod, "make_view", make_view)
+    monkeypatch.setattr(progress_mod, "make_view", make_view)
     tr = run(val=data(64, seed=1), epochs=2, live="text", precision="fp16")
     view = views[0]
     assert view.run == {"epochs": 2, "steps_per_epoch": 8, "batch_size": 32, "device": "cpu",

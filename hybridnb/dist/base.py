@@ -1,29 +1,36 @@
-"""Where the run executes: the points a distributed strategy overrides.
+"""Where the run executes: the whole interface a distributed strategy implements.
 
 The Trainer talks to its strategy for everything that changes between one device and many:
 placing tensors, wrapping the model, splitting the data, skipping gradient sync on accumulation
-steps, agreeing on decisions and reducing numbers across processes. ``SingleDevice`` is the
-one-process answer to each; DDP (hybridnb.dist.ddp) and DeepSpeed ZeRO-2
-(hybridnb.dist.deepspeed, whose engine also runs backward and the step) replace them.
+steps, agreeing on decisions and reducing numbers across processes. A strategy also says what it
+supports (precisions, compile, whether its engine runs backward and the update); the Trainer asks
+once when it is built and never gets patched. ``SingleDevice`` is the one-process answer; DDP
+(hybridnb.dist.ddp) and DeepSpeed ZeRO-2 (hybridnb.dist.deepspeed) replace parts of it.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import torch
 
 from hybridnb.train.data import ResumableBatchSampler
 
 
-class SingleDevice:
-    """One process, one device. ``accelerator`` says whether GPU-only recovery (per-batch CPU
-    fallback, moving the run to the CPU after a sticky error) applies."""
+class Strategy:
+    """One process, one device: every method of the interface, with its one-process answer.
+
+    ``accelerator`` says whether GPU-only recovery (per-batch CPU fallback, moving the run to the
+    CPU after a sticky error) applies. Class attributes say what a strategy supports.
+    """
 
     name = "single"
     rank = 0
     world_size = 1
     owns_update = False  # True: the strategy's engine runs backward and the optimizer step
+    supported_precisions: tuple[str, ...] = ("fp32", "bf16", "fp16")
+    supports_compile = True
 
     def __init__(self, device: torch.device | str) -> None:
         self.device = torch.device(device)
@@ -34,11 +41,11 @@ class SingleDevice:
         """Whether this process draws the live view and writes files."""
         return self.rank == 0
 
-    def bind(self, trainer) -> None:
-        """Read the Trainer's settings before ``wrap`` (DeepSpeed builds its config here)."""
+    def configure(self, batch_size: int, clip_grad: float | None) -> None:
+        """The Trainer's settings an engine needs before ``wrap`` (DeepSpeed's config)."""
 
-    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The module the training step calls (DDP wraps it)."""
+    def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
+        """The module the training step calls (DDP wraps it; DeepSpeed builds its engine)."""
         return model
 
     def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -60,9 +67,19 @@ class SingleDevice:
         global batch, since its engine averages the ranks' gradients with equal weights)."""
         return pieces, 1.0
 
-    def backward(self, loss: torch.Tensor, last: bool) -> None:
-        """Backward of one micro-batch's (scaled) loss; ``last`` marks the window's last."""
-        loss.backward()
+    def engine_backward(self) -> Callable[[torch.Tensor, bool], None] | None:
+        """The engine's backward ``(loss, last)`` when it owns backward, else None (the step
+        runs the GradScaler's backward itself)."""
+        return None
+
+    def settle(self, params: list[torch.Tensor], total: torch.Tensor | None, window: list,
+               failed: BaseException | None = None) -> torch.Tensor | None:
+        """Agree on a step across processes (one process: nothing to agree on)."""
+        return total
+
+    def step(self) -> bool:
+        """The engine's optimizer step (only called when ``owns_update``); False if skipped."""
+        raise NotImplementedError(f"strategy {self.name!r} does not own the update")
 
     def discard(self) -> None:
         """Drop gradients of a failed or skipped step that live outside ``param.grad``."""
@@ -96,6 +113,10 @@ class SingleDevice:
     def barrier(self) -> None:
         pass
 
-    def on_cpu(self) -> SingleDevice:
+    def on_cpu(self) -> Strategy:
         """The strategy to continue with after the device was lost."""
         return SingleDevice("cpu")
+
+
+class SingleDevice(Strategy):
+    """One process on one device (the default)."""

@@ -29,9 +29,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from hybridnb.dist.base import Strategy
 from hybridnb.train import recovery
 from hybridnb.train.data import ResumableBatchSampler
-from hybridnb.dist.base import SingleDevice
 
 STRATEGIES = ("auto", "single", "ddp", "deepspeed")
 LAUNCH_HELP = ("start one process per device with torchrun (torchrun --nproc_per_node=N "
@@ -150,7 +150,7 @@ class PeerFailure(RuntimeError, _Agreed):
     """Another rank failed in this step with an error that cannot be recovered."""
 
 
-class DDPStrategy(SingleDevice):
+class DDPStrategy(Strategy):
     """One rank of a DistributedDataParallel job (see the module doc for the step protocol).
 
     ``batch_size`` in the Trainer is per rank: N ranks with batch B train like one process with
@@ -191,7 +191,7 @@ class DDPStrategy(SingleDevice):
         return self.rank == 0
 
     # ---------------------------------------------------------------------------- placement
-    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+    def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
         """DistributedDataParallel around ``model``: checks every rank holds the same
         parameter shapes and copies rank 0's parameters to all ranks. Buffers are not broadcast
         before every forward (DDP's default); ``settle`` averages them after every step."""

@@ -35,9 +35,9 @@ import os
 import torch
 import torch.distributed as dist
 
-from hybridnb.train import recovery
 from hybridnb.dist.ddp import LAUNCH_HELP, DDPStrategy, _Agreed
 from hybridnb.dist.ddp import launch_env as _launch_env
+from hybridnb.train import recovery
 
 MISSING = ("strategy='deepspeed' needs the deepspeed package, which is not installed: pip install "
            "deepspeed (Linux with a compiler; see deepspeed.ai). For EEG-sized models "
@@ -79,6 +79,10 @@ class DeepSpeedStrategy(DDPStrategy):
 
     name = "deepspeed"
     owns_update = True
+    # fp16 would need DeepSpeed's own loss scaler, which hybridnb does not drive; the engine
+    # wraps the eager model, so compile is not supported
+    supported_precisions = ("fp32", "bf16")
+    supports_compile = False
 
     def __init__(self, device: torch.device | str = "auto", config: dict | None = None,
                  timeout_s: float | None = None) -> None:
@@ -93,33 +97,16 @@ class DeepSpeedStrategy(DDPStrategy):
         self.user_config = dict(config or {})
         self.config: dict | None = None
         self.engine = None
-        self._trainer = None
         self._dirty = False  # gradients of this attempt were already reduced into ZeRO's buffers
 
     # ---------------------------------------------------------------------------- set-up
-    def bind(self, trainer) -> None:
-        """Read what the DeepSpeed config needs from the Trainer; adjust what ZeRO cannot do."""
-        self._trainer = trainer
-        if trainer.precision.name == "fp16":
-            if trainer._precision_arg == "fp16":
-                raise ValueError("precision='fp16' with strategy='deepspeed': fp16 needs "
-                                 "DeepSpeed's own loss scaler, which hybridnb does not drive; "
-                                 "use precision='bf16' (Ampere or newer) or 'fp32'")
-            from hybridnb.train.precision import Precision
-
-            trainer.precision = Precision.choose("fp32", self.device)
-            trainer.scaler = trainer.precision.scaler
-            trainer._notes.append(("precision_fallback", "strategy='deepspeed': this GPU's "
-                                   "automatic fp16 needs DeepSpeed's loss scaler, which hybridnb "
-                                   "does not drive; training in fp32"))
-        if trainer.compile:
-            trainer.compile = False
-            trainer._notes.append(("compile_fallback", "strategy='deepspeed': compile=True is "
-                                   "ignored (DeepSpeed's engine wraps the eager model)"))
+    def configure(self, batch_size: int, clip_grad: float | None) -> None:
+        """DeepSpeed's config from the Trainer's batch size and clipping (merged under the
+        user's config)."""
         self.config = _merge({
-            "train_micro_batch_size_per_gpu": int(trainer.batch_size),
+            "train_micro_batch_size_per_gpu": int(batch_size),
             "gradient_accumulation_steps": 1,  # the Trainer marks each window's last micro-batch
-            "gradient_clipping": float(trainer.clip_grad or 0.0),
+            "gradient_clipping": float(clip_grad or 0.0),
             "zero_optimization": {"stage": 2, "contiguous_gradients": True},
             "zero_allow_untested_optimizer": True,
             "steps_per_print": 2**31 - 1,
@@ -131,16 +118,16 @@ class DeepSpeedStrategy(DDPStrategy):
                              "ZeRO stages 1 and 2 (stage 3 shards the weights themselves, which "
                              "EEG-sized models never need)")
 
-    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+    def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
         """DeepSpeed's engine around ``model`` and the Trainer's optimizer (built once)."""
         if self.engine is None:
-            if self._trainer is None:
-                raise RuntimeError("DeepSpeedStrategy.bind(trainer) must run before wrap()")
+            if self.config is None:
+                raise RuntimeError("DeepSpeedStrategy.configure(...) must run before wrap()")
             import deepspeed
 
             self._module = model
             self.engine, *_ = deepspeed.initialize(model=model,
-                                                   optimizer=self._trainer.optimizer,
+                                                   optimizer=optimizer,
                                                    config=self.config, dist_init_required=False)
         return self.engine
 
@@ -157,7 +144,11 @@ class DeepSpeedStrategy(DDPStrategy):
         total = int(counts[:, 1].sum())
         return int(counts[:, 0].max()), (self.world_size * samples / total if total else 1.0)
 
-    def backward(self, loss: torch.Tensor, last: bool) -> None:
+    def engine_backward(self):
+        """DeepSpeed owns backward: ZeRO-2 reduces gradients inside it."""
+        return self._backward
+
+    def _backward(self, loss: torch.Tensor, last: bool) -> None:
         """Agree that every rank's forward succeeded, then ``engine.backward``."""
         self._vote(None, 0.0, 0.0)
         self.engine.set_gradient_accumulation_boundary(last)

@@ -32,9 +32,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hybridnb.env import HEADLESS_ENV  # workers have no frontend: a text live view
+from hybridnb.env import HEADLESS_ENV, LAUNCHED_ENV, NOTEBOOK_FRONTENDS  # HEADLESS: text view
 
-LAUNCHED_ENV = "HYBRIDNB_LAUNCHED"
 TAIL_LINES = 40
 GRACE_S = 10.0  # after one rank fails, the others' time to stop (rank 0 saves a checkpoint)
 
@@ -101,7 +100,7 @@ def _frontend_draws_cr() -> bool:
     """Whether the parent's output understands a redrawn ``\\r`` progress line."""
     from hybridnb.env import frontend
 
-    if frontend() in ("jupyter", "colab", "vscode"):
+    if frontend() in NOTEBOOK_FRONTENDS:
         return True
     try:
         return bool(sys.stdout.isatty())

@@ -1,7 +1,9 @@
 """``detect()``: which device to train on, and with what settings, on this machine.
 
 GPUs are listed without initialising CUDA here (NVML / sysfs, see ``gpu_info``), then each is
-validated in a child process under a timeout (``probe``). The result is cached per process.
+validated in a child process under a timeout (``probe``). The report is cached per process; a
+passed probe is also cached on disk for a day (``probe.cache``), so a fresh process on a known-good
+GPU answers without starting a child.
 
 >>> hw = hybridnb.detect()
 >>> hw.device, hw.precision, hw.settings.batch_size
@@ -15,9 +17,7 @@ hide GPUs as usual; ``HYBRIDNB_LAUNCHED=1`` (set by ``hn.launch``) or torchrun's
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import json
 import os
 import re
 import threading
@@ -29,18 +29,19 @@ from pathlib import Path
 import torch
 
 from hybridnb import env as runtime
-from hybridnb.hardware import gpu_info, probe
-from hybridnb.hardware import views as report_views
+from hybridnb.env import DEVICE_ENV, LAUNCHED_ENV
+from hybridnb.hardware import gpu_info, probe, views
 from hybridnb.hardware.gpu_info import BuildInfo, GpuInfo
 from hybridnb.hardware.host import HostInfo, host_info
-from hybridnb.hardware.rules import Settings, choose_precision, recommend
+from hybridnb.hardware.probe import ProbeResult
+from hybridnb.hardware.probe import cache as probe_cache
+from hybridnb.hardware.rules import Settings, choose_precision, native_bf16, recommend
 
-DEVICE_ENV = "HYBRIDNB_DEVICE"
-LAUNCHED_ENV = "HYBRIDNB_LAUNCHED"
-DEFAULT_PROBE_TIMEOUT = 15.0
+DEFAULT_PROBE_TIMEOUT = probe.DEFAULT_TIMEOUT
 NVIDIA_PROC = Path("/proc/driver/nvidia/version")
 _CACHE_VARS = (DEVICE_ENV, LAUNCHED_ENV, "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
-               "ROCR_VISIBLE_DEVICES", "HSA_OVERRIDE_GFX_VERSION", "LOCAL_RANK", "WORLD_SIZE")
+               "ROCR_VISIBLE_DEVICES", "HSA_OVERRIDE_GFX_VERSION", "LOCAL_RANK", "WORLD_SIZE",
+               "RANK", runtime.PROBE_SIMULATE_ENV)
 
 
 class HardwareWarning(UserWarning):
@@ -65,7 +66,9 @@ class Hardware:
     seconds: float = 0.0
 
     def dataloader_kwargs(self) -> dict:
-        """``num_workers``, ``pin_memory``, ``persistent_workers`` for torch's DataLoader."""
+        """``num_workers``, ``pin_memory``, ``persistent_workers`` for torch's DataLoader
+        (for data held in CPU memory: a dataset that yields GPU tensors takes no workers and
+        no pinning)."""
         s = self.settings
         return {"num_workers": s.num_workers, "pin_memory": s.pin_memory,
                 "persistent_workers": s.persistent_workers}
@@ -85,10 +88,10 @@ class Hardware:
         }
 
     def __str__(self) -> str:
-        return report_views.text(self)
+        return views.text(self)
 
     def _repr_html_(self) -> str:
-        return report_views.html(self)
+        return views.html(self)
 
 
 _CACHE: dict[tuple, Hardware] = {}
@@ -98,8 +101,10 @@ _LOCK = threading.Lock()
 def detect(refresh: bool = False, probe_timeout: float = DEFAULT_PROBE_TIMEOUT) -> Hardware:
     """Find the GPUs, probe each in a child process, and recommend a device and settings.
 
-    Cached for the process (per value of the device-related environment variables);
-    ``refresh=True`` probes again. Returns within ``probe_timeout`` + 1 s whatever a GPU does.
+    Cached for the process (per value of the device-related environment variables), and a
+    passed probe on disk for a day (``HYBRIDNB_PROBE_CACHE_TTL`` seconds; the report says when
+    each GPU was last proven); ``refresh=True`` probes again. Returns within ``probe_timeout``
+    + 1 s whatever a GPU does.
     Warnings (known-bad GPU, failed probe, device request not met) are also raised once as
     ``HardwareWarning``.
     """
@@ -110,7 +115,7 @@ def detect(refresh: bool = False, probe_timeout: float = DEFAULT_PROBE_TIMEOUT) 
         hw = None if refresh else _CACHE.get(key)
         if hw is not None:
             return hw
-        hw = _detect(float(probe_timeout), dict(os.environ))
+        hw = _detect(float(probe_timeout), dict(os.environ), refresh)
         _CACHE.clear()
         _CACHE[key] = hw
     for message in hw.warnings:
@@ -118,10 +123,11 @@ def detect(refresh: bool = False, probe_timeout: float = DEFAULT_PROBE_TIMEOUT) 
     return hw
 
 
-def _detect(probe_timeout: float, env: dict[str, str]) -> Hardware:
+def _detect(probe_timeout: float, env: dict[str, str], refresh: bool = False) -> Hardware:
     t0 = time.perf_counter()
     forced = parse_device(env.get(DEVICE_ENV))
-    launched, local_rank, world = _launch_env(env)
+    ttl = runtime.probe_cache_ttl(env)
+    launched, local_rank, world = runtime.launched_rank(env)
     build = _torch_build()
     host = host_info()
     frontend = runtime.frontend()
@@ -138,13 +144,10 @@ def _detect(probe_timeout: float, env: dict[str, str]) -> Hardware:
         # One GPU when the request names it (cuda:N, or this rank's GPU), else all of them.
         index = forced.index if forced is not None else (local_rank if launched else None)
         targets = [g for g in gpus if g.backend != "mps" and g.index == index] or list(gpus)
-    if targets:
-        results = probe.run_probes([(_probe_backend(g), g.index) for g in targets], probe_timeout)
-        for g, res in zip(targets, results, strict=True):
-            _merge_probe(g, res)
+    _probe(targets, build, env, probe_timeout, ttl, refresh, notes)
     for g in gpus:  # known-bad judgement, with what the probe added
         if g.native_bf16 is None:
-            g.native_bf16 = gpu_info.native_bf16(g)
+            g.native_bf16 = native_bf16(g)
         if g.backend != "mps":
             gpu_info.judge(g, build, env)
         warns.extend(w for w in g.warnings if w not in warns)
@@ -179,20 +182,6 @@ def parse_device(value: str | None) -> torch.device | None:
         return torch.device(text)
     raise ValueError(f"{DEVICE_ENV}={value!r} is not a device hybridnb understands; use one of "
                      "cpu, cuda, cuda:N (N = 0, 1, ...), mps, or leave it unset for automatic.")
-
-
-def _launch_env(env: dict[str, str]) -> tuple[bool, int | None, int]:
-    """(launched?, local rank, world size) from hn.launch's / torchrun's variables."""
-    def _int(name: str) -> int | None:
-        try:
-            return int(env[name])
-        except (KeyError, ValueError):
-            return None
-
-    world = _int("WORLD_SIZE") or 1
-    local = _int("LOCAL_RANK")
-    launched = env.get(LAUNCHED_ENV, "") == "1" or (world > 1 and local is not None)
-    return launched, local if launched else None, world if launched else 1
 
 
 def _torch_build() -> BuildInfo:
@@ -256,11 +245,34 @@ def _find_gpus(build: BuildInfo, env: dict[str, str]) -> tuple[list[GpuInfo], li
 
 # ---------------------------------------------------------------- probe results and choice
 
+def _probe(targets: list[GpuInfo], build: BuildInfo, env: dict[str, str], timeout: float,
+           ttl: float, refresh: bool, notes: list[str]) -> None:
+    """Attach a probe result to each target: a passed verdict from the disk cache when one is
+    younger than ``ttl`` seconds (unless ``refresh``), else a new child's; passes are stored.
+    ``ttl`` 0 turns the cache off."""
+    keys = [probe_cache.key_for(g, build, env) if ttl > 0 else None for g in targets]
+    todo = []
+    for g, key in zip(targets, keys, strict=True):
+        hit = probe_cache.load(key, ttl, env) if key is not None and not refresh else None
+        if hit is not None:
+            _merge_probe(g, hit)
+        else:
+            todo.append((g, key))
+    if not todo:
+        return
+    results = probe.run_probes([(_probe_backend(g), g.index) for g, _ in todo], timeout)
+    for (g, key), res in zip(todo, results, strict=True):
+        _merge_probe(g, res)
+        note = probe_cache.store(key, res, env) if key is not None else ""
+        if note and note not in notes:
+            notes.append(note)
+
+
 def _probe_backend(g: GpuInfo) -> str:
     return "mps" if g.backend == "mps" else "cuda"
 
 
-def _merge_probe(g: GpuInfo, res: probe.ProbeResult) -> None:
+def _merge_probe(g: GpuInfo, res: ProbeResult) -> None:
     """Attach a probe result; fill facts NVML/sysfs could not give from what the child read."""
     g.probe = res
     info = res.info
@@ -306,8 +318,7 @@ def _choose(gpus: list[GpuInfo], forced: torch.device | None, launched: bool,
     best = next((g for g in good if g.backend != "mps"), None) or (good[0] if good else None)
     if best is not None:
         dev = torch.device(best.torch_device)
-        return dev, best, (f"{best.name} passed every probe step in "
-                           f"{best.probe.seconds:.1f} s.")
+        return dev, best, f"{best.name} {views.proven(best.probe)}."
     if failed or any(not g.usable for g in gpus):
         names = "; ".join(f"{g.label} " + _trouble(g) for g in gpus)
         warns.append("Falling back to the CPU: no GPU both passed its probe and is free of "
@@ -322,24 +333,3 @@ def _trouble(g: GpuInfo) -> str:
     if g.probe is not None and not g.probe.ok:
         return g.probe.message
     return "has a known problem (see the warnings)" if not g.usable else "was not probed"
-
-
-# ---------------------------------------------------------------- command line
-
-def cli_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_PROBE_TIMEOUT, metavar="S",
-                        help=f"seconds the GPU probe may take (default {DEFAULT_PROBE_TIMEOUT:g})")
-
-
-def cli(args: argparse.Namespace) -> int:
-    """``python -m hybridnb detect [--json] [--timeout S]``: print the report."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", HardwareWarning)  # they are in the report itself
-            hw = detect(probe_timeout=args.timeout)
-    except ValueError as exc:
-        print(f"error: {exc}")
-        return 2
-    print(json.dumps(hw.to_dict(), indent=2) if args.json else str(hw))
-    return 0

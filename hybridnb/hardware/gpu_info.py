@@ -1,9 +1,10 @@
 """Find GPUs without initialising CUDA, and judge them against known-bad hardware.
 
 The parent process never calls ``torch.cuda`` to count devices: NVIDIA cards are listed through
-NVML (as ``PYTORCH_NVML_BASED_CUDA_CHECK``, Lightning and Accelerate do), AMD cards through the
-kernel's KFD topology in sysfs. Both keep the process fork-safe for a multi-GPU launch later.
-Whether a card really computes is the probe's job (``hybridnb.hardware.probe``), in a child process.
+NVML (``hardware.nvml``; as ``PYTORCH_NVML_BASED_CUDA_CHECK``, Lightning and Accelerate do), AMD
+cards through the kernel's KFD topology in sysfs. Both keep the process fork-safe for a multi-GPU
+launch later. Whether a card really computes is the probe's job (``hybridnb.hardware.probe``), in a
+child process.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from hybridnb.hardware import nvml
+
 GiB = 2**30
 KFD_TOPOLOGY = Path("/sys/class/kfd/kfd/topology/nodes")
 
-# AMD architectures with bf16 matrix hardware (CDNA1+, RDNA3+). RDNA1/2 and Vega only emulate it.
-_AMD_NATIVE_BF16 = re.compile(r"^gfx(908|90a|94\d|95\d|11\d\d|12\d\d)$")
 _RDNA1 = ("gfx1010", "gfx1011", "gfx1012")
 # Consumer RDNA2/RDNA3 chips that ROCm does not list but that run as their officially supported
 # sibling when HSA_OVERRIDE_GFX_VERSION names it.
@@ -57,7 +58,7 @@ class GpuInfo:
     driver_version: str | None = None
     driver_cuda: str | None = None            # highest CUDA the NVIDIA driver supports
     runtime_version: str | None = None        # torch.version.cuda / torch.version.hip
-    native_bf16: bool | None = None
+    native_bf16: bool | None = None           # see hardware.rules.native_bf16
     uuid: str | None = None
     physical_index: int | None = None         # index before CUDA/HIP_VISIBLE_DEVICES
     usable: bool = True                       # False for known-bad hardware / no kernel image
@@ -88,43 +89,27 @@ def nvml_inventory() -> tuple[list[GpuInfo], str]:
 
     Never initialises CUDA. An empty list with the reason when NVML is missing (no driver).
     """
-    try:
-        import pynvml
-    except ImportError:
-        return [], "nvidia-ml-py is not installed, so NVIDIA GPUs cannot be listed"
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError_LibraryNotFound / DriverNotLoaded / ...
-        return [], f"no NVIDIA driver found (NVML: {_text(exc)})"
+    n = nvml.count()
+    if n is None:
+        return [], nvml.status() or "NVML did not answer"
+    driver_text = nvml.driver() or "?"
+    driver_cuda = nvml.cuda_driver()
     gpus: list[GpuInfo] = []
-    try:
-        driver = _safe(lambda: _text(pynvml.nvmlSystemGetDriverVersion()))
-        cuda_drv = _safe(pynvml.nvmlSystemGetCudaDriverVersion)
-        driver_text = driver or "?"
-        driver_cuda = f"{cuda_drv // 1000}.{(cuda_drv % 1000) // 10}" if cuda_drv else None
-        count = pynvml.nvmlDeviceGetCount()
-        for i in range(count):
-            try:
-                h = pynvml.nvmlDeviceGetHandleByIndex(i)
-                mem = _safe(lambda h=h: pynvml.nvmlDeviceGetMemoryInfo(h))
-                cap = _safe(lambda h=h: tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h)))
-                gpus.append(GpuInfo(
-                    index=i, physical_index=i, backend="cuda",
-                    name=_safe(lambda h=h: _text(pynvml.nvmlDeviceGetName(h))) or "NVIDIA GPU",
-                    total_memory=int(mem.total) if mem else None,
-                    free_memory=int(mem.free) if mem else None,
-                    capability=cap, driver_version=driver_text, driver_cuda=driver_cuda,
-                    uuid=_safe(lambda h=h: _text(pynvml.nvmlDeviceGetUUID(h)))))
-            except Exception as exc:  # e.g. NVMLError_GpuIsLost: list it, and say so
-                gpus.append(GpuInfo(index=i, physical_index=i, backend="cuda",
-                                    name="NVIDIA GPU (unreadable)", usable=False,
-                                    warnings=[f"NVML cannot read GPU {i}: {_text(exc)} "
-                                              "(fallen off the bus? check `nvidia-smi`)."]))
-        return gpus, f"NVML: {count} NVIDIA GPU(s), driver {driver_text}"
-    except Exception as exc:
-        return gpus, f"NVML error: {_text(exc)}"
-    finally:
-        _safe(pynvml.nvmlShutdown)
+    for i in range(n):
+        h, why = nvml.attempt("nvmlDeviceGetHandleByIndex", i)
+        if h is None:  # e.g. NVMLError_GpuIsLost: list it, and say so
+            gpus.append(GpuInfo(index=i, physical_index=i, backend="cuda",
+                                name="NVIDIA GPU (unreadable)", usable=False,
+                                warnings=[f"NVML cannot read GPU {i}: {why} "
+                                          "(fallen off the bus? check `nvidia-smi`)."]))
+            continue
+        mem = nvml.memory(h)
+        gpus.append(GpuInfo(
+            index=i, physical_index=i, backend="cuda", name=nvml.name(h) or "NVIDIA GPU",
+            total_memory=mem.total if mem else None, free_memory=mem.free if mem else None,
+            capability=nvml.capability(h), driver_version=driver_text, driver_cuda=driver_cuda,
+            uuid=nvml.uuid(h)))
+    return gpus, f"NVML: {n} NVIDIA GPU(s), driver {driver_text}"
 
 
 # ---------------------------------------------------------------- AMD, through KFD sysfs
@@ -143,9 +128,11 @@ def rocm_inventory(root: Path = KFD_TOPOLOGY) -> tuple[list[GpuInfo], str]:
         total = sum(int(_kv_file(b / "properties").get("size_in_bytes", 0))
                     for b in sorted((node / "mem_banks").glob("*")) if b.is_dir())
         i = len(gpus)
+        unique = props.get("unique_id")  # stable per card on recent kernels
         gpus.append(GpuInfo(index=i, physical_index=i, backend="rocm",
                             name=amd_name(arch, name), arch=arch, total_memory=total or None,
-                            driver_version=_read(Path("/sys/module/amdgpu/version"))))
+                            driver_version=_read(Path("/sys/module/amdgpu/version")),
+                            uuid=f"AMD-{unique}" if unique and unique != "0" else None))
     return gpus, f"KFD: {len(gpus)} AMD GPU(s)"
 
 
@@ -201,18 +188,6 @@ def apply_visible(gpus: list[GpuInfo], value: str | None, var: str) -> tuple[lis
 
 
 # ---------------------------------------------------------------- judgement
-
-def native_bf16(gpu: GpuInfo) -> bool | None:
-    """bf16 in hardware: CUDA capability >= 8.0; CDNA/RDNA3+ on AMD; Apple M-series via MPS no.
-
-    (``torch.cuda.is_bf16_supported()`` also answers True where bf16 is only emulated, e.g. a T4.)
-    """
-    if gpu.backend == "cuda":
-        return None if gpu.capability is None else gpu.capability[0] >= 8
-    if gpu.backend == "rocm":
-        return None if gpu.arch is None else bool(_AMD_NATIVE_BF16.match(gpu.arch))
-    return False
-
 
 def kernel_image_ok(gpu: GpuInfo, build: BuildInfo, environ: dict[str, str]) -> bool | None:
     """Whether the installed torch carries kernels for this GPU (None when it cannot be told).
@@ -332,17 +307,6 @@ def _read(path: Path) -> str | None:
     try:
         return path.read_text().strip() or None
     except OSError:
-        return None
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _safe(fn):
-    try:
-        return fn()
-    except Exception:
         return None
 
 

@@ -1,15 +1,22 @@
-"""Recommended training settings for a chosen device, each with the reason it was chosen.
+"""The rules, each decided in one place: native bf16, whether torch.compile can run, and the
+recommended training settings (each with the reason it was chosen).
 
-Pure functions of the hardware facts (no torch calls), so every rule is testable on a CPU box.
+Pure functions of the hardware facts, so every rule is testable on a CPU box; the two that other
+modules ask about a live device (``device_native_bf16``, ``compile_unavailable``) read torch
+only in a process that already uses that device, never initialising CUDA themselves.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import math
+import re
+import sys
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
-from hybridnb.hardware.gpu_info import GiB, GpuInfo, native_bf16
+from hybridnb.env import INTERACTIVE_FRONTENDS
+from hybridnb.hardware.gpu_info import GiB, GpuInfo
 from hybridnb.hardware.host import HostInfo, cpu_flags, cxx_compiler
 
 TARGET_BATCH = 128          # effective batch the challenge start kit trains with
@@ -17,7 +24,12 @@ CPU_BATCH = 64
 # (GPU memory below this many GiB, per-device batch): a starting point the Trainer's batch-size
 # finder refines. EEG windows are small (129 x 200 floats = 103 KB), models small too.
 MEMORY_TIERS = ((6, 32), (12, 64), (40, 128), (math.inf, 256))
-INTERACTIVE = ("jupyter", "colab", "vscode", "ipython")
+# AMD architectures with bf16 matrix hardware (CDNA1+, RDNA3+). RDNA1/2 and Vega only emulate it.
+_AMD_NATIVE_BF16 = re.compile(r"^gfx(908|90a|94\d|95\d|11\d\d|12\d\d)$")
+# Loader workers on GPU hosts, measured (shared/reference/gpu-h100.md): on a 16-core H100 host an
+# in-memory (N, 129, 200) dataset ran at 0.8x with 8 workers of what it ran with none.
+GPU_LOADER_MEASURED = ("measured on a 16-core H100 host: 8 loader workers ran an in-memory "
+                       "dataset at 0.8x the speed of none (each batch pickled across processes)")
 
 
 @dataclass
@@ -43,6 +55,79 @@ class Settings:
         d = asdict(self)
         d["effective_batch"] = self.effective_batch
         return d
+
+
+def native_bf16(gpu: GpuInfo) -> bool | None:
+    """bf16 in hardware: CUDA capability >= 8.0; CDNA/RDNA3+ on AMD; Apple MPS no.
+
+    (``torch.cuda.is_bf16_supported()`` also answers True where bf16 is only emulated, e.g. a T4.)
+    None when the facts to tell are missing.
+    """
+    if gpu.backend == "cuda":
+        return None if gpu.capability is None else gpu.capability[0] >= 8
+    if gpu.backend == "rocm":
+        return None if gpu.arch is None else bool(_AMD_NATIVE_BF16.match(gpu.arch))
+    return False
+
+
+def device_native_bf16(device: Any) -> bool:
+    """``native_bf16`` for a torch device this process trains on (False for CPU/MPS, or when
+    CUDA is not available). Reads the device's properties through torch, so call it where the
+    device is used anyway (the Trainer, compare()), not in the notebook kernel before that."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    props = torch.cuda.get_device_properties(device)
+    arch = getattr(props, "gcnArchName", "") or ""
+    gpu = GpuInfo(index=device.index or 0, name=props.name,
+                  backend="rocm" if torch.version.hip else "cuda",
+                  capability=(props.major, props.minor), arch=arch.split(":")[0] or None)
+    return bool(native_bf16(gpu))
+
+
+def compile_unavailable(device: Any, mode: str = "default",
+                        capability: tuple[int, int] | None = None) -> str | None:
+    """Why ``torch.compile`` (in ``mode``) cannot work on ``device`` here, or None when it can.
+
+    ``device``: a torch device or its type ("cpu", "cuda", "mps"). ``capability``: the CUDA
+    compute capability when known; otherwise it is read from torch only if this process has
+    already initialised CUDA (never initialised here).
+    """
+    kind = str(device).split(":")[0]
+    mode = mode or "default"
+    if kind == "cpu":
+        if mode.startswith("max-autotune"):
+            return ("max-autotune tunes GPU (Triton) kernels; on the CPU it only adds compile "
+                    "time, so it is not run — use +compile")
+        if mode == "reduce-overhead":
+            return "reduce-overhead replays CUDA graphs, which the CPU does not have"
+        if cxx_compiler() is None:
+            return ("torch.compile on the CPU needs a C++ compiler and none was found "
+                    "(g++, c++, clang++ or $CXX); install one (e.g. apt install g++)")
+        return None
+    if kind == "cuda":
+        if importlib.util.find_spec("triton") is None:
+            return ("torch.compile on the GPU needs Triton, which is not installed, so "
+                    "TorchInductor cannot build GPU kernels")
+        cap = capability if capability is not None else _live_capability(device)
+        if cap is not None and cap[0] < 7:
+            return f"Triton needs a GPU of compute capability >= 7.0; this one is {cap[0]}.{cap[1]}"
+        return None
+    return f"torch.compile on {kind.upper()} is experimental, so it is not used"
+
+
+def _live_capability(device: Any) -> tuple[int, int] | None:
+    """The capability of a CUDA device this process already uses (None otherwise, or on ROCm)."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is None or torch.version.hip or not torch.cuda.is_initialized():
+            return None
+        major, minor = torch.cuda.get_device_capability(torch.device(device))
+    except Exception:
+        return None
+    return int(major), int(minor)
 
 
 def choose_precision(device_type: str, gpu: GpuInfo | None) -> tuple[str, str]:
@@ -86,7 +171,7 @@ def recommend(device_type: str, gpu: GpuInfo | None, host: HostInfo, frontend: s
     if launched and world_size > 1:
         strategy, procs = "ddp", world_size
         reasons["strategy"] = f"this process is one of {world_size} launched ranks."
-    elif on_gpu and gpus_ok >= 2 and frontend in INTERACTIVE:
+    elif on_gpu and gpus_ok >= 2 and frontend in INTERACTIVE_FRONTENDS:
         strategy, procs = "single", 1
         reasons["strategy"] = (f"one GPU: {gpus_ok} GPUs passed, but inside a notebook DDP "
                                "needs one process per GPU, which a cell is not; use "
@@ -128,22 +213,25 @@ def recommend(device_type: str, gpu: GpuInfo | None, host: HostInfo, frontend: s
 
     # --- data loading
     share = max(1, cores // procs)
-    if share <= 2:
+    if on_gpu:
+        workers = 0
+        reasons["num_workers"] = (
+            f"no worker processes: {GPU_LOADER_MEASURED}; a dataset already on the GPU must "
+            "not use workers at all. Raise it only for data read from disk or decoded per item, "
+            "and measure.")
+    elif share <= 2:
         workers = 0
         reasons["num_workers"] = (f"only {share} core(s) per process; measured on 2 cores, "
                                   "loader worker processes made in-memory EEG windows slower "
                                   "(pickling 100-200 KB arrays, cores shared with training).")
-    elif on_gpu:
-        workers = min(8, share - 1)
-        reasons["num_workers"] = (f"this GPU's share of {cores} usable cores "
-                                  f"({share}), minus one for the training process.")
     else:
         workers = min(4, cores // 2)
         reasons["num_workers"] = (f"min(4, cores // 2) with {cores} usable cores; "
                                   "the rest run the model.")
     pin = on_gpu
-    reasons["pin_memory"] = ("page-locked host memory makes copies to the GPU faster and "
-                             "asynchronous." if pin else "no CUDA/ROCm device to copy to.")
+    reasons["pin_memory"] = ("for data held in CPU memory: page-locked copies to the GPU are "
+                             "faster and asynchronous (data already on the GPU is not pinned)."
+                             if pin else "no CUDA/ROCm device to copy to.")
     persistent = workers > 0
     reasons["persistent_workers"] = ("keeps the workers between epochs (no restart cost)."
                                      if persistent else "no worker processes.")
@@ -151,8 +239,8 @@ def recommend(device_type: str, gpu: GpuInfo | None, host: HostInfo, frontend: s
     # --- threads
     if on_gpu:
         threads = max(1, share - workers)
-        reasons["torch_threads"] = ("this process's share of the cores minus its "
-                                    "loader workers (the GPU does the math).")
+        reasons["torch_threads"] = ("this process's share of the cores, minus its loader "
+                                    "workers if any (the GPU does the math).")
     elif launched and world_size > 1:
         threads = max(1, cores // world_size)
         reasons["torch_threads"] = (f"this rank's share of the cores ({cores} over {world_size} "
@@ -163,23 +251,15 @@ def recommend(device_type: str, gpu: GpuInfo | None, host: HostInfo, frontend: s
                                     "processes run 1 thread each (DataLoader sets that).")
 
     # --- torch.compile
-    if on_gpu:
-        triton = importlib.util.find_spec("triton") is not None
-        old = gpu is not None and gpu.capability is not None and gpu.capability[0] < 7
-        compile_ok = triton and not old
-        reasons["compile"] = (
-            "Triton is installed for TorchInductor's GPU kernels." if compile_ok else
-            "Triton needs compute capability >= 7.0." if old else
-            "Triton is not installed, so TorchInductor cannot build GPU kernels.")
-    elif device_type == "cpu":
-        cxx = cxx_compiler()
-        compile_ok = cxx is not None
-        reasons["compile"] = (f"a C++ compiler ({cxx}) is present for TorchInductor's CPU "
-                              "code." if cxx else "no C++ compiler (g++/clang++, $CXX) "
-                              "for TorchInductor's CPU code.")
+    why_not = compile_unavailable(device_type, capability=gpu.capability if gpu else None)
+    compile_ok = why_not is None
+    if compile_ok and on_gpu:
+        reasons["compile"] = "Triton is installed for TorchInductor's GPU kernels."
+    elif compile_ok:
+        reasons["compile"] = (f"a C++ compiler ({cxx_compiler()}) is present for "
+                              "TorchInductor's CPU code.")
     else:
-        compile_ok = False
-        reasons["compile"] = f"torch.compile on {device_type.upper()} is experimental."
+        reasons["compile"] = why_not + "."
 
     return Settings(batch_size=batch, grad_accum=accum, num_workers=workers, pin_memory=pin,
                     persistent_workers=persistent, strategy=strategy, compile=compile_ok,

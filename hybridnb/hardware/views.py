@@ -1,15 +1,35 @@
-"""The hardware report as text (terminals, CI logs) and as an HTML table (notebooks)."""
+"""The hardware report as text (terminals, CI logs) and as an HTML table (notebooks).
+
+The views read a report through the ``Report`` protocol below, so this module needs nothing from
+``detect`` (which uses the views for ``Hardware.__str__``): no import cycle.
+"""
 
 from __future__ import annotations
 
 import html as _html
-from typing import TYPE_CHECKING
+import time
+from typing import Protocol
 
-from hybridnb.hardware.gpu_info import GpuInfo, gib
-from hybridnb.hardware.probe import TITLES
+from hybridnb.hardware.gpu_info import BuildInfo, GpuInfo, gib
+from hybridnb.hardware.host import HostInfo
+from hybridnb.hardware.probe.result import TITLES, ProbeResult
+from hybridnb.hardware.rules import Settings
 
-if TYPE_CHECKING:
-    from hybridnb.hardware.detect import Hardware
+
+class Report(Protocol):
+    """What the views read of ``hybridnb.hardware.detect.Hardware``."""
+
+    device: object
+    precision: str
+    settings: Settings
+    gpus: list[GpuInfo]
+    host: HostInfo
+    frontend: str
+    build: BuildInfo
+    warnings: list[str]
+    advice: list[str]
+    notes: list[str]
+    seconds: float
 
 SETTING_ROWS = ("batch_size", "grad_accum", "num_workers", "pin_memory", "persistent_workers",
                 "strategy", "compile", "torch_threads")
@@ -17,7 +37,7 @@ _MARK = {"ok": "ok", "failed": "FAILED", "wrong": "WRONG", "hung": "HUNG", "cras
          "not run": "-"}
 
 
-def _host_line(hw: Hardware) -> str:
+def _host_line(hw: Report) -> str:
     h = hw.host
     cores = f"{h.cores_usable} usable core{'s' if h.cores_usable != 1 else ''}"
     if h.cores_logical != h.cores_usable:
@@ -26,7 +46,7 @@ def _host_line(hw: Hardware) -> str:
             f"{h.system}; Python {h.python}")
 
 
-def _torch_line(hw: Hardware) -> str:
+def _torch_line(hw: Report) -> str:
     b = hw.build
     kind = f"ROCm {b.hip}" if b.hip else (f"CUDA {b.cuda}" if b.cuda else "CPU-only")
     return f"torch {b.torch} ({kind} build)"
@@ -53,6 +73,18 @@ def _gpu_facts(g: GpuInfo) -> str:
     return ", ".join(parts)
 
 
+def proven(p: ProbeResult, now: float | None = None) -> str:
+    """When and how the GPU was last proven, in a phrase: "passed every probe step in 4.2 s"
+    (+ "(cached: proven 3.1 h ago, at 2026-11-21 09:12; detect(refresh=True) probes again)")."""
+    text = f"passed every probe step in {p.seconds:.1f} s"
+    if p.cached and p.proven_at is not None:
+        age = max(0.0, (time.time() if now is None else now) - p.proven_at)
+        ago = f"{age / 3600:.1f} h" if age >= 3600 else f"{age / 60:.0f} min"
+        at = time.strftime("%Y-%m-%d %H:%M", time.localtime(p.proven_at))
+        text += f" (cached: proven {ago} ago, at {at}; detect(refresh=True) probes again)"
+    return text
+
+
 def _probe_line(g: GpuInfo) -> str:
     p = g.probe
     if p is None:
@@ -60,10 +92,12 @@ def _probe_line(g: GpuInfo) -> str:
     steps = " > ".join(f"{TITLES[s.name]} {_MARK[s.status]}"
                        + (f" {s.seconds:.2f}s" if s.seconds is not None else "") for s in p.steps)
     head = f"probe {p.verdict.upper()} in {p.seconds:.1f} s"
+    if p.cached:
+        head = f"probe PASSED, {proven(p).replace('passed every probe step in ', 'in ')}"
     return f"{head}: {steps}" + (f"\n      {p.message}" if p.message else "")
 
 
-def text(hw: Hardware) -> str:
+def text(hw: Report) -> str:
     """The readable terminal report."""
     s = hw.settings
     lines = [f"hybridnb.detect()  ({hw.seconds:.2f} s, frontend: {hw.frontend})", ""]
@@ -94,7 +128,7 @@ def text(hw: Hardware) -> str:
     return "\n".join(lines)
 
 
-def html(hw: Hardware) -> str:
+def html(hw: Report) -> str:
     """One self-contained HTML table for notebooks (no scripts, no external CSS)."""
     e = _html.escape
     s = hw.settings
@@ -122,7 +156,9 @@ def html(hw: Hardware) -> str:
         out.append(row("-", "none", "; ".join(hw.notes[:1])))
     for g in hw.gpus:
         verdict = g.probe.verdict if g.probe is not None else "not probed"
-        color = "#1a7f37" if verdict == "passed" and g.usable else "#cf222e"
+        if g.probe is not None and g.probe.cached:
+            verdict += " (cached)"
+        color = "#1a7f37" if g.probe is not None and g.probe.ok and g.usable else "#cf222e"
         steps = "".join(
             f"<li>{e(TITLES[st.name])}: <b>{e(_MARK[st.status])}</b>"
             + (f" {st.seconds:.2f} s" if st.seconds is not None else "")
@@ -133,6 +169,7 @@ def html(hw: Hardware) -> str:
             f"<span style='color:{color}'><b>{e(verdict)}</b></span></td>"
             f"<td {td}>{e(_gpu_facts(g))}<ul style='margin:2px 0'>{steps}</ul>"
             + (f"{e(g.probe.message)}" if g.probe is not None and g.probe.message else "")
+            + (f"{e(proven(g.probe))}" if g.probe is not None and g.probe.cached else "")
             + "</td></tr>")
     out.append(section(f"Settings (effective batch {s.effective_batch})"))
     out.extend(row(k, str(getattr(s, k)), s.reasons.get(k, "")) for k in SETTING_ROWS)

@@ -23,6 +23,7 @@ import importlib.util
 import os
 from collections.abc import Mapping
 
+from hybridnb.env import NOTEBOOK_FRONTENDS
 from hybridnb.live.base import LiveView, View
 
 __all__ = ["LIVE_CHOICES", "LiveView", "View", "choose_renderer", "make_view"]
@@ -81,7 +82,7 @@ def choose_renderer(live: object = "auto", front: str | None = None,
                 return "html", f"{why}: showing HTML"
         return "widgets", ""
     # auto
-    if front not in ("jupyter", "colab", "vscode"):
+    if front not in NOTEBOOK_FRONTENDS:
         return "text", ""
     if front == "vscode":
         return "html", ""

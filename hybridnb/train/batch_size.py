@@ -18,7 +18,6 @@ from torch.utils.data import DataLoader
 from hybridnb.measure.memory import peak_bytes, reset_peak
 from hybridnb.train import recovery
 from hybridnb.train.data import as_dataset
-from hybridnb.train.seeding import set_rng_state
 
 
 def find_batch_size(trainer, dataset, headroom: float = 0.1, max_batch: int | None = None,
@@ -61,9 +60,7 @@ def find_batch_size(trainer, dataset, headroom: float = 0.1, max_batch: int | No
                 lo, hi = (mid, hi) if fits(mid) else (lo, mid)
             good, bad = lo, hi
     finally:
-        trainer._restore(state)
-        set_rng_state(trainer._pending_rng)
-        trainer._pending_rng = None
+        trainer.restore(state)
         recovery.free_memory(trainer.device)
     if good == 0:
         raise MemoryError(f"not even a batch of 1 fits on {trainer.device} "
@@ -76,7 +73,7 @@ def find_batch_size(trainer, dataset, headroom: float = 0.1, max_batch: int | No
     trainer.grad_accum, trainer.batch_size = accum, math.ceil(effective / accum)
     why = ("bounded by out-of-memory at " + str(bad) if bad is not None and outcome[bad] == "oom"
            else "peak memory limit" if bad is not None else "the largest size tried")
-    trainer._event("batch_size", f"largest batch that fits on {trainer.device}: {good} ({why}); "
+    trainer.event("batch_size", f"largest batch that fits on {trainer.device}: {good} ({why}); "
                    f"with {headroom:.0%} headroom {found}; now batch_size={trainer.batch_size} "
                    f"x grad_accum={trainer.grad_accum} (effective {effective} kept)")
     return found
@@ -90,14 +87,7 @@ def _try(trainer, data, bs: int, steps: int, limit: float | None) -> str:
     reset_peak(trainer.device)
     try:
         for _ in range(steps):
-            xd, yd = trainer.strategy.to_device(x), trainer.strategy.to_device(y)
-            with trainer.precision.autocast():
-                loss = trainer.loss_fn(trainer._train_model(xd), yd)
-            trainer.scaler.scale(loss).backward()
-            trainer.scaler.step(trainer.optimizer)
-            trainer.scaler.update()
-            trainer.optimizer.zero_grad(set_to_none=True)
-            del loss, xd, yd
+            trainer.step(x, y)  # the Trainer's own step: precision, scaler, clipping
     except Exception as exc:
         if not recovery.is_oom(exc):
             raise

@@ -54,10 +54,10 @@ def load(path: str | os.PathLike) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # zip reader, unpickler and EOF errors all mean the same here
+        # torch's own text may advise weights_only=False (running pickled code): never repeat it
         raise CheckpointError(
-            f"checkpoint {path} is unreadable (truncated or corrupt, {path.stat().st_size} "
-            f"bytes): {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        ) from exc
+            f"checkpoint {path} is unreadable (truncated or corrupt, "
+            f"{path.stat().st_size} bytes; {type(exc).__name__})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path} is not a hybridnb checkpoint "
                               f"(format {state.get('format') if isinstance(state, dict) else '?'})")
@@ -81,7 +81,12 @@ def load_latest(folder: str | os.PathLike) -> tuple[dict, Path, list[str]]:
         except CheckpointError as exc:
             problems.append(str(exc))
     if problems:
-        raise CheckpointError("no usable checkpoint in " + str(folder) + ": " + "; ".join(problems))
+        best = folder / BEST
+        advice = (f"{best} holds the best weights (trainer.model.load_state_dict(torch.load("
+                  f"'{best}', weights_only=True)['model'])), or start afresh without resume"
+                  if best.exists() else "start afresh without resume (or move the folder away)")
+        raise CheckpointError(f"no usable checkpoint in {folder}: " + "; ".join(problems)
+                              + f". To go on: {advice}")
     raise CheckpointError(f"no checkpoint to resume from in {folder} (looked for {LAST}, "
                           f"{PREVIOUS})")
 
@@ -105,3 +110,80 @@ def _fsync_dir(folder: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def read(path: str | os.PathLike, model=None) -> tuple[dict, Path, list[str]]:
+    """A 'last' checkpoint to resume from: a file (its ``.prev`` copy when it is damaged) or
+    the newest good one in a folder, checked against ``model``: the same class and the same
+    parameter names and shapes, else an error naming the file and the first mismatch."""
+    path = Path(path)
+    if path.is_dir():
+        state, used, problems = load_latest(path)
+    else:
+        try:
+            state, used, problems = load(path), path, []
+        except CheckpointError as first:
+            prev = path.with_name(f"{path.stem}.prev{path.suffix}")
+            if not prev.exists():
+                raise
+            state, used, problems = load(prev), prev, [str(first)]
+    if model is not None:
+        check_fits(state, used, model)
+    return state, used, problems
+
+
+def check_fits(state: dict, path: Path, model) -> None:
+    """Raise ``CheckpointError`` naming ``path`` when ``state`` was not saved from a model like
+    ``model`` (class name, parameter names, shapes)."""
+    saved = state.get("config", {}).get("model")
+    if saved is not None and saved != type(model).__name__:
+        raise CheckpointError(f"checkpoint {path} was saved from a {saved}, not a "
+                              f"{type(model).__name__}: resume with the model it was trained on")
+    mine, theirs = model.state_dict(), state.get("model", {})
+    for key in list(mine) + [k for k in theirs if k not in mine]:
+        if key not in theirs or key not in mine:
+            where = "is missing from the checkpoint" if key not in theirs else \
+                "is in the checkpoint but not in the model"
+            raise CheckpointError(f"checkpoint {path} does not fit this model: {key!r} {where}")
+        if tuple(theirs[key].shape) != tuple(mine[key].shape):
+            raise CheckpointError(f"checkpoint {path} does not fit this model: {key!r} has shape "
+                                  f"{tuple(theirs[key].shape)} there and "
+                                  f"{tuple(mine[key].shape)} here")
+
+
+def check_dir(folder: str | os.PathLike | None) -> Path | None:
+    """Check ``checkpoint_dir`` before any training: a folder (created if missing) this process
+    can write into. Temporary files left by a write that was killed are removed."""
+    if folder is None:
+        return None
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"checkpoint_dir={str(folder)!r} is an existing file, not a folder: "
+                         "pass a folder path")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"checkpoint_dir={str(folder)!r} cannot be written "
+                         f"({type(exc).__name__}: {exc.strerror or exc}): pass a folder you "
+                         "can write into") from None
+    for tmp in folder.glob(".*.tmp-*"):
+        pid = tmp.name.rsplit("-", 1)[-1]
+        if not (pid.isdigit() and _alive(int(pid))):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+    return folder
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -53,3 +53,118 @@ def as_dataset(data) -> Dataset | DataLoader:
         return data
     raise TypeError(f"data of type {type(data).__name__} is not a Dataset, a DataLoader or "
                     "(X, y) arrays")
+
+
+SMOKE_EPOCHS, SMOKE_STEPS = 2, 5
+
+
+def plan_epochs(loader, epochs: int, steps_per_epoch: int | None, grad_accum: int,
+                small: bool) -> tuple[int, int, str | None]:
+    """Epochs and batches per epoch for a fit, and a note when smoke mode capped them."""
+    try:
+        n_batches = len(loader)
+    except TypeError as exc:
+        raise TypeError("the training data needs a length (an IterableDataset without "
+                        "__len__ is not supported)") from exc
+    if n_batches == 0:
+        raise ValueError("the training data gives no batches")
+    if steps_per_epoch:
+        n_batches = min(n_batches, steps_per_epoch * grad_accum)
+    if not small:
+        return epochs, n_batches, None
+    capped = min(epochs, SMOKE_EPOCHS), min(n_batches, SMOKE_STEPS * grad_accum)
+    note = None
+    if capped != (epochs, n_batches):
+        note = (f"smoke mode (HYBRIDNB_SMOKE): {capped[0]} epochs of at most {SMOKE_STEPS} steps "
+                f"instead of {epochs} x {math.ceil(n_batches / grad_accum)}")
+    return capped[0], capped[1], note
+
+
+def make_loader(data, *, batch_size: int, shuffle: bool, what: str, seed: int | None, strategy,
+                loader_kwargs: dict) -> DataLoader:
+    """A DataLoader for ``data``: a given DataLoader is used as it is; a Dataset gets the
+    resumable batch order (this rank's shard under DDP), a seeded generator and the loader
+    settings."""
+    from hybridnb.train.seeding import worker_init_fn
+
+    data = as_dataset(data)
+    if isinstance(data, DataLoader):
+        shards = getattr(data.batch_sampler, "world_size", 1)  # 1: every rank sees all of it
+        if shards != strategy.world_size:
+            raise ValueError(f"{what}: pass the Dataset, not a DataLoader, when training with "
+                             f"{strategy.world_size} processes: the Trainer gives each "
+                             "process its shard of every batch")
+        return data
+    if len(data) == 0:
+        raise ValueError(f"{what} dataset is empty")
+    gen = torch.Generator()
+    if seed is not None:
+        gen.manual_seed(seed)
+    else:
+        gen.seed()  # a fresh random seed; its state is still saved in checkpoints
+    sampler = strategy.batch_sampler(len(data), batch_size, shuffle, gen)
+    kwargs = dict(loader_kwargs)
+    if kwargs.get("num_workers", 0) == 0:
+        kwargs.pop("persistent_workers", None)
+        kwargs.pop("prefetch_factor", None)
+    return DataLoader(data, batch_sampler=sampler, generator=gen, worker_init_fn=worker_init_fn,
+                      **kwargs)
+
+
+def epoch_batches(loader, state, event) -> Iterator:
+    """The epoch's batches from ``state.batches_done`` on, with the RNG states a straight run
+    would have at that point (a resumed run continues bit for bit)."""
+    from hybridnb.train.seeding import set_rng_state
+
+    gen = getattr(loader, "generator", None)
+    if state.batches_done == 0:
+        if state.pending_rng is not None:
+            set_rng_state(state.pending_rng)
+            if gen is not None and state.pending_rng.get("loader") is not None:
+                gen.set_state(state.pending_rng["loader"])
+            state.pending_rng = None
+        state.epoch_start = {"torch": torch.get_rng_state(),
+                             "loader": gen.get_state() if gen is not None else None}
+        return iter(loader)
+    torch.set_rng_state(state.epoch_start["torch"])
+    if gen is not None and state.epoch_start["loader"] is not None:
+        gen.set_state(state.epoch_start["loader"])
+    sampler = getattr(loader, "batch_sampler", None)
+    if isinstance(sampler, ResumableBatchSampler):
+        sampler.skip(state.batches_done)
+        it = iter(loader)
+    else:
+        event("resume_skip", f"reading and skipping {state.batches_done} batches of this epoch "
+              "to reach the saved position (pass a Dataset to skip without reading)")
+        it = iter(loader)
+        for _ in range(state.batches_done):
+            next(it)
+    if state.pending_rng is not None:
+        set_rng_state(state.pending_rng)
+        state.pending_rng = None
+    return it
+
+
+class BatchCheck:
+    """Turns a loader's batch into ``(x, y)`` and checks it once: the structure, and float64
+    inputs (numpy's default) cast to the model's floating dtype with one note."""
+
+    def __init__(self, dtype: torch.dtype, note) -> None:
+        self.dtype, self.note, self._noted = dtype, note, False
+
+    def __call__(self, batch) -> tuple:
+        if not isinstance(batch, (tuple, list)) or len(batch) < 2:
+            raise ValueError("training batches must be (x, y) or (x, y, *extras); got "
+                             f"{type(batch).__name__}" + (f" of length {len(batch)}" if
+                                                          isinstance(batch, (tuple, list)) else ""))
+        x, y = batch[0], batch[1]
+        if isinstance(x, torch.Tensor) and x.dtype == torch.float64 != self.dtype:
+            x = x.to(self.dtype)
+            if not self._noted:
+                self._noted = True
+                self.note("dtype", f"the inputs are float64 (numpy's default); casting each "
+                          f"batch to the model's {str(self.dtype).replace('torch.', '')} (cast "
+                          "the arrays once beforehand to skip this)")
+        if isinstance(y, torch.Tensor) and y.dtype == torch.float64 != self.dtype:
+            y = y.to(self.dtype)
+        return x, y

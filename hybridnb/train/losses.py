@@ -15,7 +15,12 @@ import torch.nn.functional as F
 def match_target(pred: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Targets of shape (B,) or (B, 1) against predictions of either shape, both in float32 (a
     regression loss under bf16/fp16 autocast is computed in full precision)."""
-    if y.shape != pred.shape and y.numel() == pred.numel():
+    if y.shape != pred.shape:
+        if y.numel() != pred.numel():
+            raise ValueError(f"the model's output has shape {tuple(pred.shape)} but the targets "
+                             f"have shape {tuple(y.shape)}: the loss would broadcast them into "
+                             "a wrong result. Make the model's number of outputs match the "
+                             "targets (or pass targets of shape (batch,) for one output)")
         y = y.reshape(pred.shape)
     return pred.float(), y.float()
 

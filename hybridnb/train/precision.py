@@ -72,10 +72,7 @@ class Precision:
 
 
 def _native_bf16(device: torch.device) -> bool:
-    """bf16 in hardware: CUDA capability >= 8.0 (is_bf16_supported() also says yes to emulation)."""
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return False
-    if torch.version.hip:
-        return torch.cuda.is_bf16_supported()
-    major, _ = torch.cuda.get_device_capability(device)
-    return major >= 8
+    """bf16 in hardware (the one rule: ``hybridnb.hardware.rules.native_bf16``)."""
+    from hybridnb.hardware.rules import device_native_bf16
+
+    return device_native_bf16(device)

@@ -1,7 +1,9 @@
 """What happens when a step fails: out of memory, a broken device, a loss that explodes.
 
-Two small predicates decide what an error is (``is_oom``, ``is_device_lost``); the policies around
-them are short and separate:
+Two small predicates decide what an error is (``is_oom``, ``is_device_lost``); one object,
+``Recovery``, runs a step and acts on its failures (Composer's ``_train_batch`` shape: try the
+step, classify the failure, agree across ranks, shrink, retry), returning an ``Outcome`` the loop
+reads (no exceptions between the loop and recovery). The policies it uses are small and separate:
 
 - ``MicroBatches``: re-run the same batch as halves, quarters, ... with each micro-batch's loss
   weighted by its share of the samples, so the update equals the unsplit one; the working size is
@@ -13,6 +15,12 @@ them are short and separate:
 
 Memory is freed by ``free_memory`` *after* the ``except`` block has ended: while the exception is
 alive its traceback pins every tensor of the failed step.
+
+What in-process recovery survives: out of memory (split, per-batch CPU fallback), a failing
+compiled step (eager), an exploding loss, and sticky device errors that torch raises as Python
+exceptions (moved to the CPU from a CPU-side snapshot; the lost device is never called again).
+It cannot survive a device that aborts or segfaults the process from a C++ thread, or a kernel
+that never returns: that needs ``Trainer(isolate=True)`` (training in a worker process).
 """
 
 from __future__ import annotations
@@ -102,11 +110,15 @@ def free_memory(device: torch.device) -> None:
 
     A full collection (tenths of a second with torch and pandas loaded) runs for accelerators,
     where cached blocks must go back to the driver; on the CPU the young generations suffice.
+    A device marked lost is never called (after a sticky error every call into it fails).
     """
     if device.type == "cpu":
         gc.collect(1)
-    else:
-        gc.collect()
+        return
+    gc.collect()
+    if str(device) in _LOST or (device.type == "cuda" and _LOST & {"cuda", "cuda:0"}
+                                and device.index in (None, 0)):
+        return
     if device.type == "cuda" and torch.cuda.is_available():
         torch.cuda.empty_cache()
     elif device.type == "mps" and hasattr(torch, "mps"):
@@ -243,3 +255,199 @@ class LossGuard:
     def load_state_dict(self, state: dict) -> None:
         self.mean, self.good, self.streak = float(state["mean"]), int(state["good"]), int(
             state["streak"])
+
+
+def nonfinite_inputs(window: list) -> str | None:
+    """Which tensor of a window holds NaN/Inf ("y: 4 NaN of 32 values"), or None when all are
+    finite. Only called after a non-finite loss, so the cost is paid only then."""
+    found = []
+    for batch in window:
+        for name, t in (("x", batch[0]), ("y", batch[1])):
+            if not (isinstance(t, torch.Tensor) and t.is_floating_point()):
+                continue
+            nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+            if nan or inf:
+                what = " and ".join(f"{k} {v}" for k, v in (("NaN", nan), ("Inf", inf)) if v)
+                found.append(f"{name}: {what} of {t.numel()} values")
+    return "; ".join(found) or None
+
+
+@dataclass
+class Outcome:
+    """What one optimizer step came to.
+
+    ``kind``: "ok" (applied; ``loss``), "skipped" (a bad loss: the step was dropped),
+    "restore" (too many bad steps in a row: the loop restores the last good state), or
+    "device_lost" (a sticky device error: the loop moves the run to the CPU). ``detail`` names
+    the failure.
+    """
+
+    kind: str
+    loss: float | None = None
+    detail: str = ""
+
+
+class _Trace:
+    """Buffers (BatchNorm running statistics) and RNG states from before a step's first
+    attempt, so a failed attempt that is re-run split leaves no trace."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.buffers = [(b, b.detach().clone()) for b in model.buffers()]
+        self.cpu_rng = torch.get_rng_state()
+        self.cuda = device if device.type == "cuda" else None
+        self.cuda_rng = torch.cuda.get_rng_state(device) if self.cuda is not None else None
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for live, saved in self.buffers:
+                live.copy_(saved)
+        torch.set_rng_state(self.cpu_rng)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state(self.cuda_rng, self.cuda)
+
+
+class Recovery:
+    """Runs one optimizer step over a window of batches and recovers from its failures.
+
+    Try the step; on an exception classify it (``classify``), tell the other ranks, free memory
+    and act: a failing compiled step goes eager; out of memory re-runs the same batch split
+    into micro-batches (buffers and RNG restored first), then one batch on the CPU; a sticky
+    device error returns ``Outcome("device_lost")``. A non-finite loss whose batch holds
+    non-finite data is skipped with an event naming the tensor (the model is fine; the learning
+    rate is kept), and ``LossGuard.patience`` such batches in a row stop the run with an error.
+
+    ``eager`` builds the uncompiled step; ``cpu_batch_step`` the per-batch CPU fallback's step
+    (both called at most once). ``updating`` holds Ctrl-C back during the optimizer update.
+    """
+
+    def __init__(self, step, *, model: torch.nn.Module, on_gpu_error: str,
+                 guard: LossGuard | None, state, event,
+                 updating=contextlib.nullcontext, compiled: bool = False, eager=None,
+                 cpu_batch_step=None) -> None:
+        self.step, self.guard, self.state, self.event = step, guard, state, event
+        self.model = model  # the unwrapped module: its buffers are what a failed attempt touched
+        self.strategy = step.strategy
+        self.on_gpu_error, self.updating, self.compiled = on_gpu_error, updating, compiled
+        self._eager, self._cpu_batch_step, self._cpu_step = eager, cpu_batch_step, None
+        self.micro = MicroBatches(state.micro)
+        self.phase = "idle"
+        self._bad_data = 0
+
+    def run(self, window: list) -> Outcome:
+        """One optimizer step over ``window`` (the batches of one accumulation window)."""
+        samples = sum(batch_len(b) for b in window)
+        trace = _Trace(self.model, self.strategy.device)
+        on_cpu_batch = False
+        while True:
+            step = self._cpu() if on_cpu_batch else self.step
+            try:
+                self.phase = "forward"
+                pieces = list(self.micro.split(window))
+                if on_cpu_batch:  # the model visits the CPU; its parameters keep their identity
+                    with on_cpu(step.model, self.strategy.device):
+                        total = step.forward_backward(pieces, samples).to(self.strategy.device)
+                else:
+                    total = step.forward_backward(pieces, samples)
+                if self.strategy.world_size > 1:  # all ranks agree, then gradients are averaged
+                    total = self.strategy.settle(self.step.params, total, window)
+                self.phase = "update"
+                with self.updating():
+                    result = self.step.update(total)
+                self.phase = "idle"
+                break
+            except Exception as exc:
+                if self.strategy.world_size > 1 and self.phase != "update":
+                    self.strategy.settle(self.step.params, None, window, failed=exc)
+                failure, detail = self.classify(exc)
+            # outside the except block: the failed step's tensors are no longer pinned
+            self.step.optimizer.zero_grad(set_to_none=True)
+            self.strategy.discard()
+            if failure == "device_lost":
+                mark_lost(self.strategy.device)
+                gc.collect()
+                return Outcome("device_lost", detail=detail)
+            free_memory(self.strategy.device)
+            trace.restore()
+            on_cpu_batch = self._act(failure, detail, window, on_cpu_batch)
+        return self._judge(result.loss, result.verdict, window)
+
+    def classify(self, exc: Exception) -> tuple[str, str]:
+        """Name a step failure ("compile", "device_lost", "oom"), or re-raise what cannot be
+        recovered. Keeps no reference to the exception (its traceback pins the step's tensors)."""
+        detail = f"{type(exc).__name__}: {first_line(exc)}"
+        lost = is_device_lost(exc)
+        if self.compiled and not lost:
+            return "compile", detail
+        if self.on_gpu_error == "raise":
+            raise exc
+        if lost and self.strategy.accelerator:
+            return "device_lost", detail
+        if is_oom(exc):
+            if self.phase == "update":
+                if self.strategy.accelerator:
+                    return "device_lost", detail + " (during the optimizer update)"
+                raise MemoryError(f"out of memory in the optimizer update on "
+                                  f"{self.strategy.device}; the model and optimizer state do "
+                                  "not fit") from exc
+            return "oom", detail
+        raise exc
+
+    def _act(self, failure: str, detail: str, window: list, on_cpu_batch: bool) -> bool:
+        """Act on a classified failure; returns whether the next attempt runs on the CPU."""
+        if failure == "compile":
+            self.step, self.compiled = self._eager(), False
+            self.event("compile_fallback", f"compiled step failed ({detail}); continuing eager "
+                       "(uncompiled) for the rest of the run")
+            return on_cpu_batch
+        device = self.strategy.device
+        size_before = self.micro.size or max(batch_len(b) for b in window)
+        new = self.micro.shrink(window)
+        self.state.micro = self.micro.size
+        if new is not None:
+            self.event("oom_split", f"out of memory at micro-batch {size_before} on {device} "
+                       f"({detail}); re-running the same batch as micro-batches of {new}; later "
+                       "steps keep it. The failed attempt left no trace (batch-norm statistics "
+                       "and RNG restored); the update equals the unsplit one except for layers "
+                       "that depend on the batch (batch norm normalises per micro-batch)")
+            return False
+        if on_cpu_batch or not self.strategy.accelerator or self.strategy.owns_update:
+            raise MemoryError(f"out of memory on {'the CPU' if on_cpu_batch else device} even "
+                              f"with one sample per micro-batch ({detail}); use a smaller model "
+                              "or input, or free memory used by other processes")
+        self.event("cpu_batch", f"one sample does not fit on {device} ({detail}); this batch "
+                   "runs on the CPU, the next goes back to the GPU")
+        return True
+
+    def _cpu(self):
+        if self._cpu_step is None:
+            self._cpu_step = self._cpu_batch_step()
+        return self._cpu_step
+
+    def _judge(self, loss: float | None, verdict: str, window: list) -> Outcome:
+        """A skipped step: name bad data, or cut the LR; after ``patience`` bad steps in a row
+        the loop restores the last good state."""
+        if verdict == "ok":
+            self._bad_data = 0
+            return Outcome("ok", loss)
+        where = f"epoch {self.state.epoch}, step {self.state.global_step}"
+        bad = nonfinite_inputs(window) if verdict == "nonfinite" else None
+        if self.strategy.agree(bad is not None):
+            self.guard.streak = max(0, self.guard.streak - 1)  # the data, not the model
+            self._bad_data += 1
+            if self._bad_data >= self.guard.patience:
+                raise ValueError(
+                    f"the training data holds non-finite values: {self._bad_data} batches in a "
+                    f"row up to {where} gave a non-finite loss and hold NaN/Inf "
+                    f"({bad or 'on another rank'}). Remove or impute them before training "
+                    "(e.g. keep = np.isfinite(y) & np.isfinite(X).all(axis=(1, 2)))")
+            self.event("nonfinite_batch", f"non-finite loss at {where} from the batch itself "
+                       f"({bad or 'on another rank'}): batch skipped, learning rate kept")
+            return Outcome("skipped", detail=bad or "")
+        self._bad_data = 0
+        self.state.lr_scale *= self.guard.lr_cut
+        what = "non-finite loss or gradient" if verdict == "nonfinite" else \
+            f"loss spike ({loss:.4g} vs running mean {self.guard._mean():.4g})"
+        self.event("nonfinite_loss" if verdict == "nonfinite" else "loss_spike",
+                   f"{what}: step skipped, learning rate x{self.guard.lr_cut} (now "
+                   f"{self.state.lr_scale:.3g} of the schedule)")
+        return Outcome("restore" if self.guard.exhausted else "skipped", detail=what)

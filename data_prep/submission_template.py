@@ -1,0 +1,66 @@
+"""EEG 2025 challenge submission (written by data_prep.submission from this template).
+
+Challenge 1 (response time) and Challenge 2 (externalizing): braindecode models rebuilt from
+their class name and arguments, weights loaded from the files next to this one.
+Needs only torch and braindecode: the organisers' harness has nothing else.
+"""
+
+from pathlib import Path
+
+import torch
+from braindecode import models as _models
+
+_HERE = Path(__file__).resolve().parent
+# Replaced line by line when the zip is written (the lines must stay exactly as they are here).
+TRAINED_SFREQ = 100
+# challenge -> (braindecode model, constructor arguments, weight file, input scale)
+MODELS = {}
+
+
+class _InputScale(torch.nn.Module):
+    """The models learnt on inputs multiplied by ``factor`` (e.g. volts -> microvolts)."""
+
+    def __init__(self, model, factor):
+        super().__init__()
+        self.model = model
+        self.factor = factor
+
+    def forward(self, x):
+        return self.model(x * self.factor)
+
+
+def _resolve_path(name):
+    """The weights sit next to this file; Codabench has also used /app/output and /app/input/res."""
+    for folder in (_HERE, Path("/app/output"), Path("/app/input/res"), Path.cwd()):
+        candidate = folder / name
+        if candidate.exists():
+            return candidate
+    raise FileNotFoundError(f"{name} not found next to {__file__} nor in /app/output, "
+                            "/app/input/res or the working folder")
+
+
+class Submission:
+    """The harness's interface: ``Submission(SFREQ, DEVICE)``, then one model per challenge."""
+
+    def __init__(self, SFREQ, DEVICE):
+        if int(SFREQ) != TRAINED_SFREQ:
+            raise ValueError(f"these models were trained at {TRAINED_SFREQ} Hz, not SFREQ={SFREQ}")
+        self.sfreq = SFREQ
+        self.device = torch.device(DEVICE)
+
+    def _load(self, challenge):
+        if challenge not in MODELS:
+            raise KeyError(f"this submission holds no model for challenge {challenge}")
+        name, kwargs, weights, factor = MODELS[challenge]
+        model = getattr(_models, name)(**kwargs)
+        state = torch.load(_resolve_path(weights), map_location=self.device, weights_only=True)
+        model.load_state_dict(state)
+        if factor != 1.0:
+            model = _InputScale(model, factor)
+        return model.to(self.device).eval()
+
+    def get_model_challenge_1(self):
+        return self._load(1)
+
+    def get_model_challenge_2(self):
+        return self._load(2)

@@ -1,0 +1,118 @@
+"""Command line: ``python -m hybridnb detect|compare`` (also the ``hybridnb`` script).
+
+Each subcommand is a real argparse subparser, so ``detect --help`` and ``compare --help`` list
+their options. Only the chosen subcommand's arguments are built (compare's come from its own
+module, imported when ``compare`` is asked for, with or without ``--help``), so ``--help`` at the
+top costs no torch import. Errors go to stderr with exit code 2; ``detect --json`` prints JSON and
+nothing else on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+PROG = "python -m hybridnb"
+# compare's arguments live with compare: (module, function adding them, function running them)
+COMPARE_CLI = ("hybridnb.measure.compare", "cli_args", "cli")
+
+
+@dataclass(frozen=True)
+class Command:
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+# ---------------------------------------------------------------- detect
+
+def detect_arguments(parser: argparse.ArgumentParser) -> None:
+    from hybridnb.hardware.probe import DEFAULT_TIMEOUT  # light: no torch
+
+    parser.description = ("Find the GPUs, validate each in a child process, and print the "
+                          "recommended device, precision and training settings.")
+    parser.add_argument("--json", action="store_true",
+                        help="print the report as JSON (and nothing else) on stdout")
+    parser.add_argument("--timeout", type=_positive, default=DEFAULT_TIMEOUT, metavar="S",
+                        help=f"seconds the GPU probe may take (default {DEFAULT_TIMEOUT:g})")
+    parser.add_argument("--refresh", action="store_true",
+                        help="probe the GPUs again instead of trusting a cached verdict")
+
+
+def run_detect(args: argparse.Namespace) -> int:
+    """Print the report (text or JSON)."""
+    import json
+
+    from hybridnb.hardware.detect import HardwareWarning, detect
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HardwareWarning)  # they are in the report itself
+        hw = detect(refresh=args.refresh, probe_timeout=args.timeout)
+    print(json.dumps(hw.to_dict(), indent=2) if args.json else str(hw))
+    return 0
+
+
+# ---------------------------------------------------------------- compare
+
+def compare_arguments(parser: argparse.ArgumentParser) -> None:
+    module, add, _ = COMPARE_CLI
+    getattr(importlib.import_module(module), add)(parser)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    module, _, run = COMPARE_CLI
+    return int(getattr(importlib.import_module(module), run)(args) or 0)
+
+
+COMMANDS = {
+    "detect": Command("probe the hardware and print the recommended settings",
+                      detect_arguments, run_detect),
+    "compare": Command("compare precision / layout / compile variants of a model's training "
+                       "step", compare_arguments, run_compare),
+}
+
+
+# ---------------------------------------------------------------- entry point
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """The parser, with the arguments of the subcommand named in ``argv`` (if any) built."""
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="hybridnb: what this machine's hardware can be trusted with, "
+        "and how a model's training step runs on it.")
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}",
+                                required=True)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, command in COMMANDS.items():
+        p = sub.add_parser(name, help=command.help, description=command.help)
+        if name == chosen:
+            command.add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand; returns its exit code (2 for a usage or input error)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2, already printed to stderr)
+        return int(exc.code or 0)
+    try:
+        return COMMANDS[args.command].run(args)
+    except ValueError as exc:  # a bad argument or environment variable: named in the message
+        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value

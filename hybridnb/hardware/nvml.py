@@ -1,0 +1,235 @@
+"""NVIDIA's management library (NVML), opened once and read safely.
+
+The one place hybridnb talks to NVML (``pynvml``, from nvidia-ml-py): the inventory in
+``gpu_info``, the memory sampler and the GPU-busy reader in ``measure``. NVML never initialises
+CUDA, so the kernel process may use it freely. It is opened lazily on the first call and kept
+open for the life of the process (opening it costs ~50 ms; closing it would race with another
+thread still reading). Every function here is safe: without NVML (no driver, no library, an
+AMD or Apple machine) or when a device stops answering, it returns None instead of raising.
+
+>>> h = nvml.handle("cuda:0")          # torch's numbering; None without NVML
+>>> nvml.memory(h), nvml.utilisation(h), nvml.uuid(h), nvml.driver()
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+_LOCK = threading.Lock()
+_STATE: dict[str, Any] = {"opened": False, "lib": None, "error": ""}
+
+
+class Memory(NamedTuple):
+    """Device memory in bytes, as NVML counts it (every process on the GPU)."""
+
+    total: int
+    free: int
+    used: int
+
+
+# ---------------------------------------------------------------- the library
+
+def library() -> Any | None:
+    """The initialised ``pynvml`` module, or None when NVML cannot be used (see ``status()``)."""
+    if not _STATE["opened"]:
+        with _LOCK:
+            if not _STATE["opened"]:
+                _STATE["lib"], _STATE["error"] = _open()
+                _STATE["opened"] = True
+    return _STATE["lib"]
+
+
+def status() -> str:
+    """Why NVML is not usable ("" when it is), in words for a report."""
+    library()
+    return _STATE["error"]
+
+
+def reset() -> None:
+    """Forget the opened library, so the next call opens it again (tests swap ``pynvml``)."""
+    with _LOCK:
+        _STATE.update(opened=False, lib=None, error="")
+
+
+def _open() -> tuple[Any | None, str]:
+    try:
+        import pynvml
+    except ImportError:
+        return None, "nvidia-ml-py is not installed, so NVIDIA GPUs cannot be listed"
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVMLError_LibraryNotFound / DriverNotLoaded / ...
+        return None, f"no NVIDIA driver found (NVML: {text(exc)})"
+    return pynvml, ""
+
+
+def attempt(name: str, *args: Any) -> tuple[Any | None, str]:
+    """Call ``pynvml.<name>(*args)``: ``(value, "")``, or ``(None, why)`` on any failure."""
+    lib = library()
+    if lib is None:
+        return None, _STATE["error"]
+    try:
+        return getattr(lib, name)(*args), ""
+    except Exception as exc:  # NVMLError_GpuIsLost, NotSupported, a missing symbol...
+        return None, text(exc)
+
+
+def _get(name: str, *args: Any) -> Any | None:
+    return attempt(name, *args)[0]
+
+
+# ---------------------------------------------------------------- the system
+
+def count() -> int | None:
+    """How many NVIDIA GPUs NVML sees (all of them: it ignores CUDA_VISIBLE_DEVICES)."""
+    return _get("nvmlDeviceGetCount")
+
+
+def driver() -> str | None:
+    """The NVIDIA driver's version, e.g. "580.159.04"."""
+    value = _get("nvmlSystemGetDriverVersion")
+    return None if value is None else text(value)
+
+
+def cuda_driver() -> str | None:
+    """The highest CUDA version the driver supports, e.g. "13.0"."""
+    value = _get("nvmlSystemGetCudaDriverVersion")
+    return f"{value // 1000}.{(value % 1000) // 10}" if value else None
+
+
+# ---------------------------------------------------------------- finding a device
+
+def handle_by_index(physical: int) -> Any | None:
+    """The handle of NVML device ``physical`` (PCI order, before CUDA_VISIBLE_DEVICES)."""
+    return _get("nvmlDeviceGetHandleByIndex", physical)
+
+
+def handle_by_pci(bus_id: str) -> Any | None:
+    """The handle of the device at PCI bus id ``bus_id`` ("00000000:17:00.0")."""
+    return _get("nvmlDeviceGetHandleByPciBusId", bus_id.encode())
+
+
+def handle(device: Any) -> Any | None:
+    """The NVML handle of a torch device ("cuda", "cuda:N", ``torch.device``, or an ordinal N)."""
+    return locate(device)[0]
+
+
+def locate(device: Any, torch_uuid: str | None = None,
+           environ: Mapping[str, str] | None = None) -> tuple[Any | None, str]:
+    """Map torch's CUDA ordinal for ``device`` to an NVML handle: ``(handle, how)``, or
+    ``(None, why not)``.
+
+    NVML numbers devices in PCI order and ignores ``CUDA_VISIBLE_DEVICES``; CUDA renumbers the
+    visible ones. The stable key is the UUID: the one torch reports for the ordinal (passed as
+    ``torch_uuid``, or read from torch when this process has already initialised CUDA: never
+    initialised here), else the ``CUDA_VISIBLE_DEVICES`` entry for the ordinal (an NVML index, a
+    UUID or a unique UUID prefix), else the ordinal itself.
+    """
+    index = ordinal(device)
+    if index is None:
+        return None, f"{device!r} is not a CUDA device"
+    n = count()
+    if n is None:
+        return None, f"NVML not available ({_STATE['error'] or 'no answer'})"
+    uuids = [(h, norm_uuid(uuid(h))) for h in (handle_by_index(i) for i in range(n))]
+    want = torch_uuid or _torch_uuid(index)
+    if want:
+        want = norm_uuid(want)
+        found = [h for h, u in uuids if u == want]
+        return (found[0], f"matched by UUID GPU-{want}") if found else (
+            None, f"no NVML device has the UUID GPU-{want} that torch reports for cuda:{index}")
+    env = os.environ if environ is None else environ
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or not visible.strip():
+        if index < n:
+            return uuids[index][0], f"NVML index {index} (CUDA_VISIBLE_DEVICES unset)"
+        return None, f"cuda:{index} is past the {n} NVML devices"
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    if index >= len(entries):
+        return None, f"cuda:{index} is past CUDA_VISIBLE_DEVICES={visible!r}"
+    entry = entries[index]
+    if entry.isdigit():
+        i = int(entry)
+        if i < n:
+            return uuids[i][0], f"NVML index {i} from CUDA_VISIBLE_DEVICES={visible!r}"
+        return None, f"CUDA_VISIBLE_DEVICES entry {entry!r} is past the {n} NVML devices"
+    if entry.lower().startswith("mig-"):
+        return None, f"MIG instance {entry!r}: NVML per-device numbers would not be this GPU's"
+    prefix = norm_uuid(entry)
+    found = [h for h, u in uuids if u and u.startswith(prefix)]
+    if len(found) == 1:
+        return found[0], f"matched CUDA_VISIBLE_DEVICES entry {entry!r} by UUID"
+    return None, f"CUDA_VISIBLE_DEVICES entry {entry!r} matches {len(found)} NVML devices"
+
+
+def ordinal(device: Any) -> int | None:
+    """torch's CUDA ordinal of ``device`` (0 for plain "cuda"); None when it is no CUDA device."""
+    if isinstance(device, int):
+        return device
+    kind, _, index = str(device).partition(":")
+    if kind != "cuda":
+        return None
+    return int(index) if index.isdigit() else (0 if not index else None)
+
+
+def _torch_uuid(index: int) -> str | None:
+    """The UUID torch reports for ``cuda:index``, only when CUDA is already initialised here."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is None or not torch.cuda.is_initialized():
+            return None
+        value = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    except Exception:
+        return None
+    return None if value is None else str(value)
+
+
+# ---------------------------------------------------------------- reading a device
+
+def memory(h: Any) -> Memory | None:
+    """Total, free and used bytes of the device (every process's use counts)."""
+    info = _get("nvmlDeviceGetMemoryInfo", h) if h is not None else None
+    return None if info is None else Memory(int(info.total), int(info.free), int(info.used))
+
+
+def utilisation(h: Any) -> float | None:
+    """NVML's "GPU busy" percentage: the share of its last sample period (1/6 s to 1 s) in
+    which any kernel ran. It says nothing about how well the GPU is used (a tiny kernel counts)."""
+    rates = _get("nvmlDeviceGetUtilizationRates", h) if h is not None else None
+    return None if rates is None else float(rates.gpu)
+
+
+def uuid(device: Any) -> str | None:
+    """The device's UUID ("GPU-…"), from a handle or an NVML (physical) index."""
+    h = handle_by_index(device) if isinstance(device, int) else device
+    value = _get("nvmlDeviceGetUUID", h) if h is not None else None
+    return None if value is None else text(value)
+
+
+def name(h: Any) -> str | None:
+    value = _get("nvmlDeviceGetName", h) if h is not None else None
+    return None if value is None else text(value)
+
+
+def capability(h: Any) -> tuple[int, int] | None:
+    value = _get("nvmlDeviceGetCudaComputeCapability", h) if h is not None else None
+    return None if value is None else (int(value[0]), int(value[1]))
+
+
+# ---------------------------------------------------------------- small helpers
+
+def norm_uuid(value: Any) -> str:
+    """A UUID in one spelling: lower case, without the "GPU-" prefix ("" for None)."""
+    if value is None:
+        return ""
+    t = text(value).strip().lower()
+    return t[4:] if t.startswith("gpu-") else t
+
+
+def text(value: Any) -> str:
+    """NVML returns bytes in old bindings and str in new ones."""
+    return value.decode() if isinstance(value, bytes) else str(value)

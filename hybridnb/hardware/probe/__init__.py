@@ -1,0 +1,16 @@
+"""Validate a GPU in a child process, step by step, under a hard timeout.
+
+- ``supervisor``: the parent side: one child per GPU in its own process group, one deadline,
+  the group killed and reaped at the deadline (``run_probes``);
+- ``child``: the steps the child runs (``python -m hybridnb.hardware.probe --backend B --index N``);
+- ``simulate``: the fault simulation the tests use (``HYBRIDNB_PROBE_SIMULATE``), kept apart;
+- ``cache``: passed verdicts on disk, per GPU, driver and torch build, for a bounded time;
+- ``result``: the steps' names and the result types.
+"""
+
+from hybridnb.hardware.probe.result import STEPS, TITLES, ProbeResult, StepResult
+from hybridnb.hardware.probe.simulate import SIMULATE_ENV
+from hybridnb.hardware.probe.supervisor import DEFAULT_TIMEOUT, run_probes
+
+__all__ = ["DEFAULT_TIMEOUT", "STEPS", "TITLES", "ProbeResult", "StepResult", "SIMULATE_ENV",
+           "run_probes"]

@@ -1,0 +1,95 @@
+"""The probe's verdicts on disk, so a known-good GPU is not probed again in every new process.
+
+A passed probe is kept per (GPU UUID, driver version, kernel release, torch version and its
+CUDA/HIP build, probe version) for a bounded time: one day by default,
+``$HYBRIDNB_PROBE_CACHE_TTL`` seconds if set (0 turns the cache off). Any change of driver or
+torch build is a different key, so the GPU is probed again. ``detect(refresh=True)`` ignores
+what is stored and stores the new verdict.
+
+Failures are never stored: a failed, hung or crashed probe is tried again in the next process,
+because a failure can be passing (another process held the GPU, a driver was reloading) and a
+stored one would keep sending training to the CPU without a fresh look. The price is the probe
+time in each new process on a machine whose GPU is broken.
+
+Files: one small JSON file per key in ``<cache dir>/probe/`` (see ``env.cache_dir``), written
+atomically (a temporary file, then a rename), so concurrent ranks of a launched job are safe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+from hybridnb import env
+from hybridnb.hardware.gpu_info import BuildInfo, GpuInfo
+from hybridnb.hardware.probe.result import ProbeResult
+
+VERSION = 1   # bump when the probe's steps change, so older verdicts no longer count
+
+
+def key_for(gpu: GpuInfo, build: BuildInfo, environ: dict[str, str] | None = None
+            ) -> dict | None:
+    """The facts a stored verdict must match, or None when this GPU cannot be cached (no UUID:
+    NVML could not read it)."""
+    environ = os.environ if environ is None else environ
+    if not gpu.uuid:
+        return None
+    return {"uuid": gpu.uuid, "backend": gpu.backend, "driver": gpu.driver_version or "",
+            "driver_cuda": gpu.driver_cuda or "", "kernel": platform.release(),
+            "torch": build.torch, "cuda": build.cuda or "", "hip": build.hip or "",
+            "simulate": environ.get(env.PROBE_SIMULATE_ENV, ""), "version": VERSION}
+
+
+def folder(environ: dict[str, str] | None = None) -> Path:
+    return env.cache_dir(environ) / "probe"
+
+
+def _path(key: dict, environ: dict[str, str] | None) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    return folder(environ) / f"{digest}.json"
+
+
+def load(key: dict, ttl: float, environ: dict[str, str] | None = None,
+         now: float | None = None) -> ProbeResult | None:
+    """The stored passed verdict for ``key`` if younger than ``ttl`` seconds, else None.
+
+    An unreadable or foreign file counts as no entry (it is overwritten by the next store).
+    """
+    if ttl <= 0:
+        return None
+    try:
+        data = json.loads(_path(key, environ).read_text())
+        if data.get("key") != key:
+            return None
+        result = ProbeResult.from_dict(data["result"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    age = (time.time() if now is None else now) - (result.proven_at or 0.0)
+    if not result.ok or not 0 <= age <= ttl:
+        return None
+    result.cached = True
+    return result
+
+
+def store(key: dict, result: ProbeResult, environ: dict[str, str] | None = None) -> str:
+    """Keep a passed ``result`` for ``key``. Returns "" or, when it cannot be written, a note
+    saying where and how to fix it (the run goes on: the cache only saves time)."""
+    if not result.ok or result.cached or result.proven_at is None:
+        return ""
+    path = _path(key, environ)
+    payload = json.dumps({"key": key, "result": result.to_dict()}, indent=1)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".probe-", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(payload)
+        os.replace(tmp, path)
+    except OSError as exc:
+        return (f"The probe's verdict could not be cached in {path.parent} ({exc}); every new "
+                f"process probes again. Set {env.CACHE_DIR_ENV} to a writable folder.")
+    return ""

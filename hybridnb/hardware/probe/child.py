@@ -1,0 +1,188 @@
+"""The probe child: validate one device step by step, one JSON line per event on stdout.
+
+Started by the supervisor as ``python -m hybridnb.hardware.probe --backend B --index N``. Steps:
+import torch -> device available -> memory query -> small tensor -> matrix product checked
+against the CPU result -> copy back (a round trip compared bit for bit). Each step writes a
+"start" line before and an "ok"/"fail" line after, so a hang is placed at its step. Faults for
+tests come from ``probe.simulate``; the steps below only call its hooks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import warnings
+
+from hybridnb.hardware.probe import simulate
+from hybridnb.hardware.probe.result import STEPS
+
+MATMUL_TOLERANCE = 1e-3   # max |gpu - cpu| / max |cpu| for a 256x256 fp32 product (TF32 off)
+
+
+class _WrongResult(Exception):
+    """The device computed, but not what the CPU computed."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Child entry point: run the steps for one device, one JSON line per event on stdout."""
+    parser = argparse.ArgumentParser(prog="python -m hybridnb.hardware.probe")
+    parser.add_argument("--backend", choices=("cuda", "rocm", "mps"), required=True)
+    parser.add_argument("--index", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    # The protocol owns the real stdout; anything else printed (by torch, drivers) goes to stderr.
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    def emit(**event) -> None:
+        out.write(json.dumps(event, default=str) + "\n")
+        out.flush()
+
+    sim = simulate.read(args.index)
+    ctx: dict = {"backend": args.backend, "index": args.index, "sim": sim, "emit": emit}
+    for name in STEPS:
+        emit(e="start", step=name, t=time.time())
+        t0 = time.perf_counter()
+        try:
+            simulate.inject(sim, name, emit)
+            detail = _STEP_FUNCS[name](ctx) or ""
+        except _WrongResult as exc:
+            emit(e="fail", step=name, s=round(time.perf_counter() - t0, 4), error=str(exc),
+                 wrong=True)
+            _exit(out, 1)
+        except BaseException as exc:  # noqa: BLE001 - report any failure, then stop
+            emit(e="fail", step=name, s=round(time.perf_counter() - t0, 4),
+                 error=f"{type(exc).__name__}: {str(exc).strip()[:500]}")
+            _exit(out, 1)
+        emit(e="ok", step=name, s=round(time.perf_counter() - t0, 4), detail=detail)
+    emit(e="end")
+    simulate.inject(sim, "exit", emit)
+    _exit(out, 0)
+    return 0
+
+
+def _exit(out, code: int) -> None:
+    """Leave without the interpreter's teardown (about 1 s with torch loaded); the OS frees
+    the device. Output is flushed first."""
+    out.close()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _torch(ctx: dict):
+    """torch for the tensor steps (a light simulation imports it only here)."""
+    if ctx.get("torch") is None:
+        import torch
+
+        ctx["torch"] = torch
+    if ctx.get("device") is None:
+        ctx["device"] = ctx["torch"].device("cpu")
+    return ctx["torch"]
+
+
+def _step_import(ctx: dict) -> str:
+    if simulate.skips_torch(ctx["sim"]):
+        ctx["torch"] = None  # imported later, only if a step needs it
+        return "skipped (simulation without torch)"
+    import torch
+
+    ctx["torch"] = torch
+    return f"torch {torch.__version__}"
+
+
+def _step_available(ctx: dict) -> str:
+    torch, sim, backend, index = ctx["torch"], ctx["sim"], ctx["backend"], ctx["index"]
+    if sim is not None:
+        facts = simulate.device_facts(sim)
+        ctx["device"], ctx["sync"] = None, (lambda: None)  # CPU tensors, see _torch()
+        ctx["emit"](e="info", info=facts)
+        return f"{facts['name']} (simulated on the CPU)"
+    if backend == "mps":
+        if not torch.backends.mps.is_available():
+            raise RuntimeError("torch.backends.mps.is_available() is False")
+        ctx["device"], ctx["sync"] = torch.device("mps"), torch.mps.synchronize
+        ctx["emit"](e="info", info={"name": "Apple GPU (MPS)"})
+        return "MPS available"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        available = torch.cuda.is_available()
+        count = torch.cuda.device_count() if available else 0
+    if not available:
+        why = " ".join(str(w.message) for w in caught).strip()
+        raise RuntimeError("torch.cuda.is_available() is False" + (f": {why}" if why else ""))
+    if index >= count:
+        raise RuntimeError(f"torch sees {count} device(s); index {index} does not exist")
+    props = torch.cuda.get_device_properties(index)
+    info = {"name": props.name, "total_memory": int(props.total_memory),
+            "capability": [props.major, props.minor], "count": count,
+            "arch_list": torch.cuda.get_arch_list(),
+            "runtime": torch.version.hip or torch.version.cuda}
+    arch = getattr(props, "gcnArchName", None)
+    if torch.version.hip and arch:
+        info["arch"] = arch.split(":")[0]
+    ctx["device"] = torch.device("cuda", index)
+    ctx["sync"] = lambda: torch.cuda.synchronize(ctx["device"])
+    torch.backends.cuda.matmul.allow_tf32 = False  # compare true fp32 against the CPU
+    ctx["emit"](e="info", info=info)
+    return f"{props.name}, {count} device(s) visible"
+
+
+def _step_memory(ctx: dict) -> str:
+    torch, sim = ctx["torch"], ctx["sim"]
+    if sim is not None:
+        free, total = simulate.memory(sim)
+    elif ctx["device"].type == "mps":
+        total = int(torch.mps.recommended_max_memory())
+        free = total - int(torch.mps.current_allocated_memory())
+    else:
+        free, total = (int(v) for v in torch.cuda.mem_get_info(ctx["device"]))
+    ctx["emit"](e="info", info={"free_memory": free, "total_memory": total})
+    return f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free"
+
+
+def _step_tensor(ctx: dict) -> str:
+    torch = _torch(ctx)
+    x = torch.arange(4096, dtype=torch.float32, device=ctx["device"])
+    got = float((x * 2).sum().item())
+    ctx["sync"]()
+    expected = 4095 * 4096.0
+    if got != expected:
+        raise _WrongResult(f"sum of 2*arange(4096) gave {got}, expected {expected}")
+    return "4096 floats allocated and summed"
+
+
+def _step_matmul(ctx: dict) -> str:
+    torch = _torch(ctx)
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(256, 256, generator=gen)
+    b = torch.randn(256, 256, generator=gen)
+    ref = a @ b
+    out = a.to(ctx["device"]) @ b.to(ctx["device"])
+    ctx["sync"]()
+    out = simulate.corrupt(ctx["sim"], "matmul", out, ref)
+    err = float((out - ref.to(out.device)).abs().max().item()) / float(ref.abs().max())
+    if not err <= MATMUL_TOLERANCE:  # also catches NaN
+        raise _WrongResult(f"256x256 fp32 product differs from the CPU result: max relative "
+                           f"error {err:.2e} (tolerance {MATMUL_TOLERANCE:g})")
+    return f"max relative error {err:.1e} vs CPU"
+
+
+def _step_copy_back(ctx: dict) -> str:
+    torch = _torch(ctx)
+    host = torch.randint(-2**31, 2**31 - 1, (1 << 20,), dtype=torch.int32,
+                         generator=torch.Generator().manual_seed(1))
+    dev = simulate.corrupt(ctx["sim"], "copy_back", host.to(ctx["device"]))
+    back = dev.cpu()
+    ctx["sync"]()
+    bad = int((back != host).sum())
+    if bad:
+        raise _WrongResult(f"4 MiB round trip host -> device -> host changed {bad} values")
+    return "4 MiB round trip identical"
+
+
+_STEP_FUNCS = {"import": _step_import, "available": _step_available, "memory": _step_memory,
+               "tensor": _step_tensor, "matmul": _step_matmul, "copy_back": _step_copy_back}

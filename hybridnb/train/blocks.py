@@ -1,0 +1,60 @@
+"""Activation (gradient) checkpointing of a model's top-level blocks, through a wrapper module.
+
+``Checkpointed(block)`` shares the block's parameter, buffer and submodule registries, so it
+holds the very same tensors under the very same state_dict keys; its forward recomputes the
+block's activations in backward (torch.utils.checkpoint). ``checkpointed_blocks(model)`` puts
+the wrappers in place for the duration of a ``with`` and puts the original blocks back after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+
+class Checkpointed(torch.nn.Module):
+    """``block`` with its forward recomputed in backward; same parameters and state_dict keys."""
+
+    def __init__(self, block: torch.nn.Module) -> None:
+        super().__init__()
+        object.__setattr__(self, "block", block)  # not a child: the registries below are its own
+        self._parameters, self._buffers, self._modules = (block._parameters, block._buffers,
+                                                          block._modules)
+
+    def train(self, mode: bool = True) -> Checkpointed:
+        self.block.train(mode)  # the block's own flag (its children are shared already)
+        return super().train(mode)
+
+    def forward(self, *args, **kwargs):
+        if torch.is_grad_enabled():
+            return checkpoint(self.block, *args, use_reentrant=False, **kwargs)
+        return self.block(*args, **kwargs)
+
+
+def eligible(model: torch.nn.Module) -> list[str]:
+    """Top-level children with parameters and without batch norm (whose running statistics the
+    recomputation would update twice)."""
+    names = []
+    for name, child in model.named_children():
+        has_params = any(True for _ in child.parameters())
+        has_bn = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in child.modules())
+        if has_params and not has_bn:
+            names.append(name)
+    return names
+
+
+@contextlib.contextmanager
+def checkpointed_blocks(model: torch.nn.Module, enabled: bool) -> Iterator[list[str]]:
+    """Wrap the eligible blocks while the ``with`` runs; yields their names."""
+    names = eligible(model) if enabled else []
+    originals = {name: model.get_submodule(name) for name in names}
+    for name, block in originals.items():
+        setattr(model, name, Checkpointed(block))
+    try:
+        yield names
+    finally:
+        for name, block in originals.items():
+            setattr(model, name, block)

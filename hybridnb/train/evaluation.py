@@ -1,0 +1,108 @@
+"""Evaluation and prediction: the model in eval mode over a loader, gathered across ranks.
+
+Validation scores with the loss without training-only reweighting, so validation losses stay
+comparable between epochs; non-finite targets are counted and reported, not averaged into NaN.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from hybridnb.train.losses import ReweightedHuber
+from hybridnb.train.metrics import regression_metrics
+
+
+class Evaluation:
+    """``Trainer.evaluate`` / ``predict`` (a mixin: the class is split by concern)."""
+
+    @torch.no_grad()
+    def evaluate(self, data) -> dict:
+        """Loss and regression metrics (rmse, nrmse = rmse / std(y), mae, r2) on ``data``;
+        samples with non-finite targets are left out and counted (``nonfinite_targets``)."""
+        pred, target, loss, bad = self._predict(data, with_targets=True)
+        out = {"loss": loss}
+        if bad:
+            out["nonfinite_targets"] = bad
+        if target is not None and target.dtype.kind == "f" and pred.size == target.size:
+            keep = np.isfinite(target)
+            if keep.any():
+                out.update(regression_metrics(target[keep], pred.reshape(target.shape)[keep]))
+        return out
+
+    @torch.no_grad()
+    def predict(self, data) -> np.ndarray:
+        """Predictions as a numpy array: shape (N,) for one output per sample, else (N, k)."""
+        return self._predict(data, with_targets=False)[0]
+
+    def _predict(self, data, with_targets: bool):
+        loader = self._loader(data, shuffle=False, what="data")
+        interrupt = self._interrupt
+        return predict_loader(self._eval_model(), loader, strategy=self.strategy,
+                              precision=self.precision, loss_fn=self.loss_fn,
+                              with_targets=with_targets,
+                              stop_requested=lambda: bool(interrupt and interrupt.requested))
+
+    def _eval_model(self) -> torch.nn.Module:
+        """During fit, validation scores the EMA weights when EMA is on; after fit, ``self.model``
+        holds the weights fit chose (best or EMA), so evaluate/predict score exactly those."""
+        fitting = self._interrupt is not None
+        return self.ema.module if self.ema is not None and fitting else self.model
+
+
+def eval_loss(loss_fn, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The loss without training-only reweighting."""
+    if isinstance(loss_fn, ReweightedHuber) and loss_fn.reweighting:
+        return ReweightedHuber(loss_fn.delta)(out, y)
+    return loss_fn(out, y)
+
+
+@torch.no_grad()
+def predict_loader(model, loader, *, strategy, precision, loss_fn, with_targets: bool,
+                   stop_requested=lambda: False) -> tuple:
+    """Predictions (N,) or (N, k), targets (or None), the mean loss over finite targets, and
+    the number of samples whose targets are non-finite (left out of loss and metrics)."""
+    was_training = model.training
+    model.eval()
+    preds, targets, loss_sum, n = [], [], 0.0, 0
+    try:
+        for batch in loader:
+            if strategy.agree(stop_requested()):
+                raise KeyboardInterrupt  # on every rank, before the same batch
+            x = batch[0] if isinstance(batch, (tuple, list)) else batch
+            with precision.autocast():
+                out = model(strategy.to_device(x))
+            has_y = isinstance(batch, (tuple, list)) and len(batch) > 1
+            if with_targets and has_y:
+                y = strategy.to_device(batch[1])
+                keep = _finite_rows(y)
+                if keep.all():
+                    loss_sum += float(eval_loss(loss_fn, out, y)) * len(x)
+                    n += len(x)
+                elif keep.any():
+                    loss_sum += float(eval_loss(loss_fn, out[keep], y[keep])) * int(keep.sum())
+                    n += int(keep.sum())
+                targets.append(strategy.gather(y.float().reshape(len(x), -1)).cpu())
+            preds.append(strategy.gather(out.float().reshape(len(x), -1)).cpu())
+    finally:
+        model.train(was_training)
+    if not preds:
+        raise ValueError("no batches to predict on (empty data)")
+    pred = _squeeze(torch.cat(preds).numpy())
+    target = _squeeze(torch.cat(targets).numpy()) if targets else None
+    loss = strategy.sum([loss_sum, float(n)])
+    bad = 0 if target is None else int((~np.isfinite(target.reshape(len(target), -1))
+                                        .all(axis=1)).sum())
+    return pred, target, (loss[0] / loss[1] if loss[1] else math.nan), bad
+
+
+def _finite_rows(y: torch.Tensor) -> torch.Tensor:
+    if not y.is_floating_point():
+        return torch.ones(len(y), dtype=torch.bool, device=y.device)
+    return torch.isfinite(y.reshape(len(y), -1)).all(dim=1)
+
+
+def _squeeze(a: np.ndarray) -> np.ndarray:
+    return a[:, 0] if a.shape[1] == 1 else a

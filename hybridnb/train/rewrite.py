@@ -1,0 +1,240 @@
+"""An exact rewrite of height-spanning depthwise convolutions into a batched matmul.
+
+The rule is about a layer's shape, never a model's name: a ``Conv2d`` with ``groups ==
+in_channels`` (any depth multiplier ``K = out_channels / in_channels``), kernel ``(H, 1)``, stride
+1 along the width, no padding, no dilation, applied to an input of height exactly ``H``. Each
+output channel ``g*K + k`` is then a weighted sum over the H rows of input channel ``g``:
+
+    out[b, g*K + k, 0, t] = sum_h w[g*K + k, 0, h, 0] * x[b, g, h, t]  (+ bias[g*K + k])
+    ==  einsum("bght,gkh->bgkt", x, w.view(G, K, H)).reshape(B, G*K, 1, T)
+
+Why: on CUDA, PyTorch sends NCHW depthwise convolutions with a non-square kernel in bf16/fp32 to
+its own ``conv_depthwise2d`` kernel, which took 52% of an H100's step for a (129, 1) kernel; a
+batched matmul goes to cuBLAS. In fp32 the two agree to rounding (summation order).
+
+How: the convolution keeps its place, its parameters, its state_dict keys and any
+``torch.nn.utils.parametrize`` parametrization (``self.weight`` is read, which applies it). Only its
+class changes, to a subclass whose ``forward`` does the matmul — the same mechanism ``parametrize``
+itself uses — so ``undo_rewrite`` restores the original class. Inputs of another shape (another
+height, an unbatched tensor) take the original convolution path. A rewritten module pickles and
+loads as its original class, so whole-model files need nothing from hybridnb.
+
+Shapes are only known on a real batch: ``rewrite_depthwise`` finds candidates with forward hooks
+on one example batch, compares the matmul with the convolution on that batch layer by layer and
+the whole model's output before and after, and keeps nothing if they differ beyond tolerance.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import copyreg
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+# fp32 agreement demanded on the example batch: |a - b| <= ATOL + RTOL * max|b|
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def is_candidate_conv(module: nn.Module) -> bool:
+    """A depthwise Conv2d with a (H, 1) kernel that the matmul form can replace, whatever H is.
+
+    Subclasses that change ``forward`` or ``_conv_forward`` are left alone: their forward may do
+    more than the convolution.
+    """
+    if not isinstance(module, nn.Conv2d) or isinstance(module, _MatmulDepthwise):
+        return False
+    cls = type(module)
+    return (cls.forward is nn.Conv2d.forward and cls._conv_forward is nn.Conv2d._conv_forward
+            and module.groups == module.in_channels
+            and module.out_channels % module.in_channels == 0
+            and module.kernel_size[1] == 1 and module.stride[1] == 1
+            and tuple(module.dilation) == (1, 1)
+            and module.padding in ((0, 0), "valid"))
+
+
+def spans_height(module: nn.Conv2d, x: torch.Tensor) -> bool:
+    """True when ``x`` is a batched input whose height the kernel covers exactly."""
+    return x.dim() == 4 and x.shape[1] == module.in_channels \
+        and x.shape[2] == module.kernel_size[0]
+
+
+def depthwise_as_matmul(module: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` computed as a batched matmul (``x`` must satisfy ``spans_height``)."""
+    batch, groups, height, width = x.shape
+    mult = module.out_channels // groups
+    weight = module.weight  # through any parametrization
+    out = torch.einsum("bght,gkh->bgkt", x, weight.view(groups, mult, height))
+    out = out.reshape(batch, groups * mult, 1, width)
+    if module.bias is not None:
+        out = out + module.bias.view(1, -1, 1, 1)
+    return out
+
+
+class _MatmulDepthwise:
+    """Mixin placed before a convolution's own class: the matmul forward for spanning inputs."""
+
+    _hn_stock: type  # the class it was before the rewrite
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if spans_height(self, x):
+            return depthwise_as_matmul(self, x)
+        return self._hn_stock.forward(self, x)
+
+    def __reduce_ex__(self, protocol):
+        # pickle as the original class (rebuilt by the standard library), so a whole model saved
+        # with torch.save loads without hybridnb; a class that refuses pickling still refuses
+        return copyreg._reconstructor, (type(self)._hn_stock, object, None), self.__getstate__()
+
+    def __deepcopy__(self, memo):
+        cls = type(self)
+        self.__class__ = cls._hn_stock
+        try:
+            replica = copy.deepcopy(self, memo)
+        finally:
+            self.__class__ = cls
+        replica.__class__ = cls
+        return replica
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def _matmul_class(stock: type) -> type:
+    """The rewritten class for ``stock`` (one per class, built once)."""
+    if stock not in _CLASSES:
+        _CLASSES[stock] = type(f"{stock.__name__}AsMatmul", (_MatmulDepthwise, stock),
+                               {"_hn_stock": stock, "__module__": __name__})
+    return _CLASSES[stock]
+
+
+@dataclass
+class RewriteReport:
+    """What ``rewrite_depthwise`` did: the modules rewritten (names), and why not otherwise."""
+
+    rewritten: list[str] = field(default_factory=list)
+    max_rel_diff: float = 0.0  # worst layer/model disagreement seen on the example batch
+    note: str = ""  # one sentence when something was found but not rewritten
+
+    def __bool__(self) -> bool:
+        return bool(self.rewritten)
+
+
+def find_candidates(model: nn.Module, *example) -> dict[str, float]:
+    """Names of the convolutions ``depthwise_as_matmul`` can replace on this batch, each with the
+    relative difference between the two forms measured on it (fp32, no gradients, eval mode)."""
+    return _scan(model, example)[0]
+
+
+def _scan(model: nn.Module, example: tuple) -> tuple[dict[str, float], object]:
+    """One eval-mode forward with hooks on the candidate layers: (layer -> difference, output)."""
+    found: dict[str, float] = {}
+    hooks = []
+
+    def check(name):
+        def hook(module, args, output):
+            if args and isinstance(args[0], torch.Tensor) and spans_height(module, args[0]):
+                alt = depthwise_as_matmul(module, args[0])
+                found[name] = max(found.get(name, 0.0), _rel_diff(alt, output))
+        return hook
+
+    for name, module in model.named_modules():
+        if is_candidate_conv(module):
+            hooks.append(module.register_forward_hook(check(name)))
+    try:
+        with torch.no_grad(), _evaluating(model):
+            output = model(*example)
+    finally:
+        for h in hooks:
+            h.remove()
+    return found, output
+
+
+def rewrite_depthwise(model: nn.Module, *example) -> RewriteReport:
+    """Rewrite every candidate convolution of ``model`` in place, checked on ``example``.
+
+    ``example`` is one batch's positional inputs on the model's device. The check runs in fp32
+    without gradients in eval mode (no BatchNorm statistics change, no random numbers drawn). If
+    a layer or the whole output differs by more than ``RTOL`` (relative), nothing is rewritten and
+    ``note`` says why.
+    """
+    report = RewriteReport()
+    layers, before = _scan(model, example)
+    if not layers:
+        return report
+    worst_layer = max(layers.values())
+    names = sorted(layers)
+    _swap(model, names)
+    with torch.no_grad(), _evaluating(model):
+        after = model(*example)
+    whole = _rel_diff_any(after, before)
+    report.max_rel_diff = max(worst_layer, whole)
+    if report.max_rel_diff > RTOL:
+        undo_rewrite(model)
+        report.note = (f"depthwise-as-matmul rewrite not used: it differed from the convolution by "
+                       f"{report.max_rel_diff:.2g} (relative) on the first batch, more than "
+                       f"{RTOL:g}; the model runs unchanged")
+        return report
+    report.rewritten = names
+    return report
+
+
+def rewritten_modules(model: nn.Module) -> list[str]:
+    """Names of the modules of ``model`` that currently run the matmul form."""
+    return [n for n, m in model.named_modules() if isinstance(m, _MatmulDepthwise)]
+
+
+def undo_rewrite(model: nn.Module) -> int:
+    """Give every rewritten convolution of ``model`` its original class back; returns how many."""
+    count = 0
+    for module in model.modules():
+        if isinstance(module, _MatmulDepthwise):
+            module.__class__ = type(module)._hn_stock
+            count += 1
+    return count
+
+
+def _swap(model: nn.Module, names: list[str]) -> None:
+    modules = dict(model.named_modules())
+    for name in names:
+        module = modules[name]
+        module.__class__ = _matmul_class(type(module))
+
+
+@contextlib.contextmanager
+def _evaluating(model: nn.Module):
+    """Eval mode for the duration, then each module's own training flag back."""
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, flag in flags:
+            m.training = flag
+
+
+def _rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max|a - b| / (max|b| + ATOL/RTOL): at most RTOL exactly when |a - b| <= ATOL + RTOL max|b|."""
+    a, b = a.detach().float(), b.detach().float()
+    if a.shape != b.shape:
+        return float("inf")
+    finite = b.isfinite()
+    if not torch.equal(a.isfinite(), finite):
+        return float("inf")
+    a, b = a[finite], b[finite]
+    if not b.numel():
+        return 0.0
+    return (a - b).abs().max().item() / (b.abs().max().item() + ATOL / RTOL)
+
+
+def _rel_diff_any(a, b) -> float:
+    """``_rel_diff`` over tensors nested in tuples/lists/dicts (model outputs of any shape)."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return _rel_diff(a, b)
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)) and len(a) == len(b):
+        return max((_rel_diff_any(x, y) for x, y in zip(a, b)), default=0.0)
+    if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+        return max((_rel_diff_any(a[k], b[k]) for k in a), default=0.0)
+    return 0.0 if a == b else float("inf")

@@ -1,0 +1,178 @@
+"""What the Trainer builds before training: argument checks, device, strategy, precision,
+optimizer, frozen parameters, loader settings. Each check runs before any work and its message
+names the argument, the value and the fix (braindecode's windowers.py style)."""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+
+import torch
+
+from hybridnb.dist.base import SingleDevice, Strategy
+from hybridnb.dist.ddp import make_strategy as make_distributed
+from hybridnb.train import recovery
+from hybridnb.train.precision import Precision
+
+COMPILE_MODES = (False, True, "default", "reduce-overhead", "max-autotune")
+DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
+
+
+def check_args(**a) -> None:
+    """Every argument check in one place, before any work; messages name argument and value."""
+    if not isinstance(a["model"], torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(a['model']).__name__}")
+    if not (isinstance(a["lr"], (int, float)) and a["lr"] > 0):
+        raise ValueError(f"lr={a['lr']!r} must be a positive number")
+    if not (isinstance(a["epochs"], int) and a["epochs"] >= 1):
+        raise ValueError(f"epochs={a['epochs']!r} must be an integer >= 1")
+    for name in ("batch_size", "grad_accum", "val_every", "checkpoint_every", "snapshot_every",
+                 "steps_per_epoch", "early_stopping"):
+        v = a[name]
+        if v is not None and not (isinstance(v, int) and v >= 1):
+            raise ValueError(f"{name}={v!r} must be None or an integer >= 1")
+    if a["clip_grad"] is not None and not a["clip_grad"] > 0:
+        raise ValueError(f"clip_grad={a['clip_grad']!r} must be None or > 0")
+    if a["compile"] not in COMPILE_MODES:
+        raise ValueError(f"compile={a['compile']!r} must be one of {COMPILE_MODES}")
+    if a["on_gpu_error"] not in ("recover", "raise"):
+        raise ValueError(f"on_gpu_error={a['on_gpu_error']!r} must be 'recover' or 'raise'")
+    mf = a["memory_fraction"]
+    if mf is not None and not 0 < mf <= 1:
+        raise ValueError(f"memory_fraction={mf!r} must be in (0, 1]")
+    if not isinstance(a["monitor"], str):
+        raise ValueError(f"monitor={a['monitor']!r} must be a metric name such as 'val_loss'")
+
+
+def resolve_device(device, hw, notes: list) -> torch.device:
+    """The device asked for, checked: a clear error naming ``device=`` and what detect() found
+    for a string torch does not know or a device this machine lacks."""
+    if device == "auto":
+        dev = hw.device
+    else:
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"device={device!r} is not a device: use 'auto', 'cpu', 'cuda', "
+                             "'cuda:N' or 'mps'") from exc
+        missing = _missing(dev)
+        if missing:
+            raise ValueError(f"device={device!r}: {missing}; use device='auto' (what "
+                             "hn.detect() recommends) or device='cpu'")
+    if dev.type != "cpu" and str(dev) in recovery.lost_devices():
+        notes.append(("device_lost", f"{dev} failed earlier in this process; using the CPU"))
+        return torch.device("cpu")
+    return dev
+
+
+def _missing(dev: torch.device) -> str | None:
+    """Why ``dev`` cannot be used here, or None. Asks torch without initialising CUDA."""
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            return "this machine has no usable CUDA GPU (hn.detect() found none)"
+        if dev.index is not None and dev.index >= count:
+            return f"this machine has {count} CUDA GPU(s) (cuda:0..cuda:{count - 1})"
+    if dev.type == "mps" and not (getattr(torch.backends, "mps", None)
+                                  and torch.backends.mps.is_available()):
+        return "MPS (Apple GPU) is not available here"
+    return None
+
+
+def make_strategy(strategy, device: torch.device) -> Strategy:
+    if strategy is None or isinstance(strategy, str):  # "auto": DDP under torchrun / hn.launch
+        return make_distributed(strategy, device) or SingleDevice(device)
+    return strategy
+
+
+def choose_precision(asked: str, strategy: Strategy, recommended: str | None,
+                     notes: list) -> Precision:
+    """The precision for the strategy's device, within what the strategy supports (asked once;
+    an automatic choice it cannot run falls back to fp32 and says so, an explicit one is an
+    error)."""
+    precision = Precision.choose(asked, strategy.device, recommended=recommended)
+    if precision.name not in strategy.supported_precisions:
+        if asked == precision.name:
+            raise ValueError(f"precision={asked!r} with strategy={strategy.name!r}: it supports "
+                             f"{strategy.supported_precisions}; use precision='bf16' or 'fp32'")
+        notes.append(("precision_fallback", f"strategy={strategy.name!r} cannot run "
+                      f"{precision.name} here; training in fp32"))
+        return Precision.choose("fp32", strategy.device)
+    if precision.note:
+        notes.append(("precision_fallback", precision.note))
+    return precision
+
+
+def cpu_precision(asked: str) -> Precision:
+    """What to run on the CPU after leaving the GPU: fp32, bf16 only when it was asked for."""
+    return Precision.choose("bf16" if asked == "bf16" else "fp32", "cpu")
+
+
+def loader_kwargs(given: dict | None, hw, device, resolved: torch.device) -> dict:
+    if given is not None:
+        return dict(given)
+    if device == "auto" and hw is not None:
+        return dict(hw.dataloader_kwargs())
+    return {"num_workers": 0, "pin_memory": resolved.type == "cuda"}
+
+
+def cap_memory(fraction: float, device: torch.device, notes: list) -> None:
+    """Cap this process's share of a CUDA device's memory ("cuda" means the current device)."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        torch.cuda.set_per_process_memory_fraction(fraction, index)
+        notes.append(("memory_fraction", f"GPU memory capped at {fraction:.0%} of cuda:{index}"))
+    else:
+        notes.append(("memory_fraction", f"memory_fraction={fraction} has no effect on {device} "
+                      "(CUDA only)"))
+
+
+def freeze(model: torch.nn.Module, patterns: list[str] | str | None) -> list[str]:
+    """Set requires_grad=False on parameters whose name matches a pattern; returns their names."""
+    if not patterns:
+        return []
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    names = [n for n, _ in model.named_parameters()]
+    frozen = []
+    for pattern in patterns:
+        hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        if not hits:
+            raise ValueError(f"freeze pattern {pattern!r} matches no parameter of "
+                             f"{type(model).__name__} (names look like {names[:4]})")
+        frozen.extend(hits)
+    for name, p in model.named_parameters():
+        if name in frozen:
+            p.requires_grad_(False)
+    return sorted(set(frozen))
+
+
+def make_optimizer(optimizer, params, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    if optimizer is None or optimizer == "adamw":
+        opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    elif optimizer == "adam":
+        opt = torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+    elif optimizer == "sgd":
+        opt = torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=weight_decay)
+    elif isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError("pass optimizer as a callable params -> Optimizer (e.g. "
+                        "lambda p: torch.optim.SGD(p, lr=0.1)) so frozen parameters are left out")
+    elif callable(optimizer):
+        opt = optimizer(params)
+    else:
+        raise ValueError(f"optimizer={optimizer!r}: use None, 'adamw', 'adam', 'sgd' or a "
+                         "callable")
+    for group in opt.param_groups:
+        group.setdefault("initial_lr", group["lr"])
+    return opt
+
+
+def compile_settings(compiled: bool, device: torch.device, precision: Precision):
+    """Inductor settings for this fit, scoped with ``config.patch`` (never left set): on the
+    CPU under bf16, no layout optimisation (oneDNN's channels-last bf16 grouped convolution
+    asks for ~110 GB there)."""
+    if not (compiled and device.type == "cpu" and precision.name == "bf16"):
+        return contextlib.nullcontext()
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.patch(layout_optimization=False)

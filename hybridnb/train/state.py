@@ -1,0 +1,112 @@
+"""The run's state as data: position, accumulators, history, best weights, events, RNG, snapshot.
+
+Everything the loop changes between steps lives in one ``RunState``, so a checkpoint, the
+batch-size finder, the report and an isolated worker's hand-over all read and write the same
+object through ``state_dict()`` / ``load_state_dict()`` (Lightning's progress dataclasses).
+Model, optimizer, schedule and scaler states are the Trainer's; it adds them around this one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from hybridnb.train.events import Event
+
+HISTORY_COLUMNS = ["epoch", "step", "train_loss", "val_loss", "val_rmse", "val_nrmse", "val_mae",
+                   "val_r2", "lr", "samples_per_s", "data_wait_pct", "compute_samples_per_s",
+                   "peak_memory_mb", "time_s", "events"]
+STEP_COLUMNS = ["global_step", "epoch", "loss", "lr"]
+
+
+def new_acc() -> dict:
+    """The epoch's accumulators: loss x samples, samples, and wall/compute/data-wait seconds."""
+    return {"loss_sum": 0.0, "loss_samples": 0, "samples": 0, "seconds": 0.0,
+            "compute_s": 0.0, "wait_s": 0.0}
+
+
+def new_best() -> dict:
+    return {"value": None, "step": None, "epoch": None, "bad": 0, "model": None}
+
+
+@dataclass
+class RunState:
+    """Where the run is and what it has seen. ``snapshot`` is the last good full state (the
+    Trainer's ``state_dict()``), kept in memory for recovery; ``pending_rng`` the RNG state a
+    resumed run applies when its epoch starts."""
+
+    epoch: int = 0
+    batches_done: int = 0
+    global_step: int = 0
+    acc: dict = field(default_factory=new_acc)
+    lr_scale: float = 1.0
+    history: list[dict] = field(default_factory=list)
+    steps: list[tuple] = field(default_factory=list)
+    best: dict = field(default_factory=new_best)
+    events: list[Event] = field(default_factory=list)
+    epoch_first_event: int = 0
+    epoch_start: dict | None = None
+    pending_rng: dict | None = None
+    micro: int | None = None
+    last_val: tuple = (None, {})
+    stopped: str | None = None
+    snapshot: dict | None = None
+    restores: dict = field(default_factory=dict)  # global step restored to -> how many times
+
+    @classmethod
+    def fresh(cls, events: list[Event]) -> RunState:
+        """A new run that keeps the events said so far (notes from set-up, earlier fits)."""
+        return cls(events=events, epoch_first_event=len(events))
+
+    def end_epoch(self) -> None:
+        """Move to the next epoch: position and accumulators reset."""
+        self.epoch += 1
+        self.batches_done = 0
+        self.acc = new_acc()
+        self.epoch_first_event = len(self.events)
+
+    def epoch_events(self) -> str:
+        return ",".join(sorted({e.kind for e in self.events[self.epoch_first_event:]}))
+
+    def samples_total(self) -> int:
+        done = sum(r["samples_per_s"] * r["time_s"] for r in self.history
+                   if r["samples_per_s"] == r["samples_per_s"])
+        return int(done + self.acc["samples"])
+
+    def train_loss(self) -> float:
+        """The epoch's mean training loss, weighted by samples (the view shows the same)."""
+        acc = self.acc
+        return acc["loss_sum"] / acc["loss_samples"] if acc["loss_samples"] else math.nan
+
+    def state_dict(self) -> dict:
+        """The run's part of a checkpoint (CPU data only; RNG states are added by the Trainer)."""
+        return {
+            "lr_scale": float(self.lr_scale), "micro": self.micro,
+            "position": {"epoch": self.epoch, "batches_done": self.batches_done,
+                         "global_step": self.global_step},
+            "acc": dict(self.acc),
+            "history": [dict(r) for r in self.history],
+            "steps": [list(s) for s in self.steps],
+            "events": [e.to_dict() for e in self.events],
+            "epoch_first_event": self.epoch_first_event,
+            "best": dict(self.best),  # best["model"] is already a CPU copy
+            "epoch_start": self.epoch_start,
+        }
+
+    def load_state_dict(self, state: dict, events: bool = True) -> None:
+        """Continue from a saved run state; ``events=False`` keeps this run's events (a
+        restore after a failure must not forget why it restored)."""
+        self.lr_scale = float(state["lr_scale"])
+        self.micro = int(state["micro"]) if state.get("micro") else None
+        pos = state["position"]
+        self.epoch, self.batches_done = int(pos["epoch"]), int(pos["batches_done"])
+        self.global_step = int(pos["global_step"])
+        self.acc = {**new_acc(), **state["acc"]}
+        self.history = [{c: r.get(c, math.nan) for c in HISTORY_COLUMNS} for r in state["history"]]
+        self.steps = [tuple(s) for s in state["steps"]]
+        self.best = dict(state["best"])
+        self.epoch_start = state["epoch_start"]
+        self.pending_rng = state["rng"]
+        if events:
+            self.events = [Event(**e) for e in state["events"]]
+            self.epoch_first_event = int(state.get("epoch_first_event", 0))

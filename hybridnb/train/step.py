@@ -1,0 +1,136 @@
+"""The one training step: forward and backward over micro-batches, then unscale, clip, check the
+loss, step the optimizer and update the scaler.
+
+Precision (the autocast context and the GradScaler) and the strategy's hooks are captured once
+when the step is built, so the step has no branches for them (nanoGPT's shape). The Trainer runs
+it through ``recovery.Recovery``; ``hn.compare()`` and the batch-size finder call it directly:
+
+>>> step = TrainStep(model, loss_fn, optimizer, Precision.choose("bf16", "cpu"))
+>>> loss = step(x, y)            # one whole optimizer step; a 0-dim tensor, no host sync
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from hybridnb.dist.base import SingleDevice, Strategy
+from hybridnb.train.precision import Precision
+
+
+@dataclass
+class StepResult:
+    """What an update did: ``verdict`` "ok" (applied), "nonfinite" or "spike" (skipped)."""
+
+    loss: float | None
+    verdict: str = "ok"
+
+
+class TrainStep:
+    """Forward, loss, backward (gradient accumulation over micro-batches) and the update.
+
+    - ``model``: the module the forward calls (compiled and/or wrapped by the strategy).
+    - ``guard``: a ``recovery.LossGuard`` judging each loss before the optimizer steps.
+    - ``on_applied``: called after every applied update (the Trainer's EMA).
+    - ``loss_scale``: for a forward/backward on another device than the optimizer's (the
+      per-batch CPU fallback): the factor the loss is multiplied by before backward, so the
+      gradients match what the device's GradScaler expects.
+    ``phase`` says where a failure happened ("forward" covers backward; "update").
+    """
+
+    def __init__(self, model: torch.nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer,
+                 precision: Precision, *, clip_grad: float | None = None,
+                 strategy: Strategy | None = None, params: list[torch.Tensor] | None = None,
+                 guard=None, on_applied: Callable[[], None] | None = None,
+                 loss_scale: Callable[[], float] | None = None) -> None:
+        self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
+        self.precision = precision
+        self.autocast, self.scaler = precision.autocast, precision.scaler
+        self.strategy = strategy if strategy is not None else SingleDevice(precision.device)
+        self.params = params if params is not None else [
+            p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+        self.clip_grad, self.guard, self.on_applied = clip_grad, guard, on_applied
+        self.to_device = self.strategy.to_device
+        self.phase = "idle"
+        # decided once: who runs backward, who runs the update, whether the norm is read
+        if loss_scale is not None:
+            self._backward = lambda loss, last: (loss * loss_scale()).backward()
+        else:
+            self._backward = self.strategy.engine_backward() or self._scaled_backward
+        self.update = self._engine_update if self.strategy.owns_update else self._optimizer_update
+        self._read_norm = not self.scaler.is_enabled()  # a GradScaler skips inf steps itself
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One whole optimizer step on one batch; returns the loss (0-dim, detached, no sync)."""
+        total = self.forward_backward([(x, y, 1.0)], int(x.shape[0]))
+        self.update(total, read=self.guard is not None)
+        return total
+
+    def forward_backward(self, pieces: list, samples: int) -> torch.Tensor:
+        """Forward and backward of every micro-batch ``(x, y, weight)``; each loss is weighted
+        by its share of the window's ``samples``. Returns the summed (detached) loss."""
+        self.phase = "forward"
+        # DeepSpeed: every rank runs as many backward passes (extra ones weigh nothing), and each
+        # rank's gradients are weighted by its share of the global batch
+        count, share = self.strategy.micro_plan(len(pieces), samples)
+        pieces = list(pieces) + [(*pieces[-1][:2], 0.0)] * (count - len(pieces))
+        total = 0.0
+        for k, (x, y, weight) in enumerate(pieces):
+            x, y = self.to_device(x), self.to_device(y)
+            last = k == len(pieces) - 1
+            with self.strategy.no_sync(self.model, last=last):
+                with self.autocast():
+                    loss = self.loss_fn(self.model(x), y) * weight
+                self._backward(loss * share if share != 1.0 else loss, last)
+            total = total + loss.detach()
+        return total
+
+    def _scaled_backward(self, loss: torch.Tensor, last: bool) -> None:
+        self.scaler.scale(loss).backward()
+
+    def _optimizer_update(self, total: torch.Tensor, read: bool = True) -> StepResult:
+        """Unscale, clip, judge the loss, step (when judged fine), update the scaler, clear."""
+        self.phase = "update"
+        self.scaler.unscale_(self.optimizer)
+        norm = (torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad)
+                if self.clip_grad else None)
+        loss = grad_norm = None
+        if read:
+            loss, grad_norm = _read(total, norm if self._read_norm else None)
+        verdict = self.guard.check(loss, grad_norm) if self.guard else "ok"
+        if verdict == "ok":
+            self.scaler.step(self.optimizer)
+            if self.on_applied is not None:
+                self.on_applied()
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.phase = "idle"
+        return StepResult(loss, verdict)
+
+    def _engine_update(self, total: torch.Tensor, read: bool = True) -> StepResult:
+        """The update when the strategy's engine (DeepSpeed) clips and steps: the loss guard
+        decides first; a skipped step drops the engine's gradients."""
+        self.phase = "update"
+        loss = float(total)
+        verdict = self.guard.verdict(loss) if self.guard else "ok"
+        if verdict == "ok":
+            if not self.strategy.step():  # the engine found non-finite gradients
+                verdict = "nonfinite"
+            elif self.on_applied is not None:
+                self.on_applied()
+        else:
+            self.strategy.discard()
+        if self.guard:
+            self.guard.record(verdict, loss)
+        self.phase = "idle"
+        return StepResult(loss, verdict)
+
+
+def _read(total: torch.Tensor, norm: torch.Tensor | None) -> tuple[float, float | None]:
+    """Loss (and gradient norm) as floats with one device sync."""
+    if norm is None:
+        return float(total), None
+    loss, grad_norm = torch.stack([total.float(), norm.float()]).tolist()
+    return loss, grad_norm

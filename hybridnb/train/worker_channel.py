@@ -1,0 +1,341 @@
+"""The pipe between an isolated training worker and the kernel that supervises it.
+
+The worker calls ``channel.send(kind, payload)``; the kernel reads whole messages, in order, with
+``FrameReader`` (non-blocking, so it can keep watching the worker while a large message arrives).
+A message is one frame::
+
+    header (magic, body length, specs length) | body | specs | raw tensor bytes ...
+
+``body`` is the pickled ``(kind, payload)`` in which every plain CPU tensor was replaced by a
+reference; ``specs`` lists those tensors (dtype, shape, size); their bytes follow as they are in
+memory. The kernel allocates each tensor once and reads the pipe straight into it, so a state of
+tens of MB costs one copy on each side instead of the several of pickling tensors (which goes
+through ``torch.save`` into an in-memory buffer per storage). Tensors arrive on the CPU,
+contiguous, each with its own storage (views of one storage arrive as separate copies; the same
+tensor object sent twice in one message arrives as one tensor).
+
+A frame cut short (the worker died while sending) is never delivered: the kernel keeps the last
+complete message of each kind. The stop request travels the other way through one shared byte
+(``StopFlag``), which the worker can read every step for the cost of a memory load.
+"""
+
+from __future__ import annotations
+
+import io
+import mmap
+import os
+import pickle
+import struct
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+MAGIC = b"HNw1"
+HEADER = struct.Struct("<4sQQ")
+PIPE_BYTES = 1 << 20  # ask Linux for a 1 MiB pipe (the default 64 KiB means 16x more wakeups)
+FLUSH_INTERVAL_S = 0.1  # small messages wait at most this long (or until an urgent one)
+BATCH_BYTES = 64 << 10  # a message larger than this is written at once
+
+# kinds the supervisor itself reads (every message also goes to the caller's on_message)
+DONE, ERROR, STATE, STEP_DONE, HEARTBEAT = "done", "error", "state", "step_done", "heartbeat"
+URGENT = frozenset((DONE, ERROR, STATE, HEARTBEAT))  # written at once, with what came before
+
+
+class ChannelError(RuntimeError):
+    """The message stream from the worker is not what this module writes (a stray writer)."""
+
+
+@dataclass
+class Message:
+    kind: str
+    payload: Any
+    nbytes: int  # size of the frame on the wire
+
+
+def widen_pipe(fd: int, size: int = PIPE_BYTES) -> None:
+    """Best effort: a larger pipe buffer (Linux only; the system limit may refuse it)."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
+    except (ImportError, AttributeError, OSError):
+        pass
+
+
+class StopFlag:
+    """One byte shared by the kernel and a forked worker (anonymous shared memory)."""
+
+    def __init__(self) -> None:
+        self._map = mmap.mmap(-1, 1)
+
+    def set(self) -> None:
+        self._map[0] = 1
+
+    def is_set(self) -> bool:
+        return self._map[0] != 0
+
+    def close(self) -> None:
+        self._map.close()
+
+
+# ============================================================================ worker side
+
+def _sendable(obj: Any) -> bool:
+    """A tensor this module moves as raw bytes (other tensors go through plain pickling)."""
+    import torch
+
+    return (type(obj) in (torch.Tensor, torch.nn.Parameter) and obj.layout == torch.strided
+            and not obj.is_quantized and obj.device.type != "meta")
+
+
+class _TensorPickler(pickle.Pickler):
+    def __init__(self, file, tensors: list, seen: dict) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._tensors, self._seen = tensors, seen
+
+    def persistent_id(self, obj):
+        if not hasattr(obj, "untyped_storage") or not _sendable(obj):
+            return None
+        index = self._seen.get(id(obj))
+        if index is None:
+            index = self._seen[id(obj)] = len(self._tensors)
+            self._tensors.append(obj)
+        return index
+
+
+def encode(kind: str, payload: Any) -> tuple[list[bytes | memoryview], int]:
+    """The frame for one message, as buffers to write in order, and its total size.
+
+    Pickling happens before anything is written, so a payload that cannot be pickled raises
+    here and leaves the stream intact.
+    """
+    import torch
+
+    tensors: list = []
+    buf = io.BytesIO()
+    _TensorPickler(buf, tensors, {}).dump((kind, payload))
+    body = buf.getbuffer()
+    raws, specs = [], []
+    for t in tensors:
+        flat = t.detach()
+        if flat.device.type != "cpu":
+            flat = flat.cpu()
+        flat = flat.resolve_conj().resolve_neg().contiguous()
+        specs.append((flat.dtype, tuple(flat.shape), flat.nbytes,
+                      isinstance(t, torch.nn.Parameter), t.requires_grad))
+        if flat.nbytes:
+            raws.append(memoryview(flat.reshape(-1).view(torch.uint8).numpy()))
+    spec_bytes = pickle.dumps(specs, protocol=pickle.HIGHEST_PROTOCOL)
+    head = HEADER.pack(MAGIC, len(body), len(spec_bytes))
+    parts = [head, body, spec_bytes, *raws]
+    return parts, sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+
+
+def write_all(fd: int, parts: list[bytes | memoryview]) -> None:
+    """Write every buffer completely (a blocking pipe may still return short writes)."""
+    for part in parts:
+        view = memoryview(part).cast("B")
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+
+
+class Channel:
+    """What the worker's ``work(channel)`` uses to talk to the kernel.
+
+    ``send(kind, payload)``: any picklable payload (plain CPU tensors travel as raw bytes).
+    Kinds the supervisor reads itself: ``"step_done"`` (a step finished; payload
+    ``{"seconds": step time}`` or None), ``"heartbeat"`` (alive, no step; payload
+    ``{"grace": s}`` allows up to s seconds for what comes next: compiling, a long evaluation),
+    ``"state"`` (the last good run state: kept by the kernel), ``"done"`` (the result; sent for
+    you with ``work``'s return value), ``"error"`` (sent for you when ``work`` raises). Any other
+    kind (``"view"``, ``"event"``, ...) is passed to the kernel's ``on_message`` as it is.
+
+    Small messages are batched: they go out together at most ``flush_interval`` seconds after
+    they were sent (every write wakes the kernel, and on a busy machine a woken kernel can take
+    the worker's core for milliseconds); a small thread writes what waits while the worker is
+    busy in a long step. "state", "heartbeat", "done" and "error" go out at once, with
+    everything before them. Order is always kept.
+    """
+
+    def __init__(self, fd: int, stop: StopFlag, flush_interval: float = FLUSH_INTERVAL_S
+                 ) -> None:
+        self._fd, self._stop, self.flush_interval = fd, stop, flush_interval
+        self._lock = threading.Lock()
+        self._pending = bytearray()
+        self._last_write = time.monotonic()
+        self._flusher: threading.Thread | None = None
+        self.finished = False  # a "done" or "error" went out
+        self.bytes_sent = 0
+
+    def send(self, kind: str, payload: Any = None) -> None:
+        parts, n = encode(kind, payload)
+        urgent = kind in URGENT
+        with self._lock:
+            now = time.monotonic()
+            if n <= BATCH_BYTES and not urgent:
+                for part in parts:
+                    self._pending += part
+                if now - self._last_write >= self.flush_interval:
+                    self._flush(now)
+                elif self._flusher is None:
+                    self._flusher = threading.Thread(target=self._flush_late, daemon=True,
+                                                     name="hybridnb-channel-flush")
+                    self._flusher.start()
+            else:
+                self._flush(now)
+                write_all(self._fd, parts)
+            self.bytes_sent += n
+        if kind in (DONE, ERROR):
+            self.finished = True
+
+    def flush(self) -> None:
+        """Write the batched messages now."""
+        with self._lock:
+            self._flush(time.monotonic())
+
+    def _flush_late(self) -> None:
+        """Write batched messages that waited ``flush_interval`` (the worker may be in a long
+        step, or hung: the kernel still gets the step_done and view updates before it)."""
+        while True:
+            time.sleep(self.flush_interval)
+            with self._lock:
+                now = time.monotonic()
+                if self._pending and now - self._last_write >= self.flush_interval:
+                    try:
+                        self._flush(now)
+                    except OSError:  # the kernel is gone; the worker's next send says so
+                        return
+
+    def _flush(self, now: float) -> None:
+        if self._pending:
+            write_all(self._fd, [self._pending])
+            self._pending = bytearray()
+        self._last_write = now
+
+    def step_done(self, seconds: float | None = None) -> None:
+        self.send(STEP_DONE, None if seconds is None else {"seconds": float(seconds)})
+
+    def heartbeat(self, grace: float | None = None) -> None:
+        self.send(HEARTBEAT, None if grace is None else {"grace": float(grace)})
+
+    def state(self, state: Any) -> None:
+        self.send(STATE, state)
+
+    def stop_requested(self) -> bool:
+        """True once the kernel asked the run to stop (Stop button, Ctrl-C): finish the step,
+        send the state and return."""
+        return self._stop.is_set()
+
+    def send_error(self, exc: BaseException) -> None:
+        """Report ``exc`` with its formatted traceback (best effort: the pipe may be gone)."""
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        try:
+            self.send(ERROR, {"type": type(exc).__name__, "message": str(exc),
+                              "traceback": text})
+        except Exception:
+            pass
+
+
+# ============================================================================ kernel side
+
+class FrameReader:
+    """Reads frames from a non-blocking pipe as bytes arrive; ``read()`` returns the complete
+    messages so far (never blocks) and ``eof`` says the writer side is closed."""
+
+    def __init__(self, fd: int) -> None:
+        os.set_blocking(fd, False)
+        self.fd = fd
+        self.eof = False
+        self.bytes_read = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self._stage = "header"
+        self._target = memoryview(bytearray(HEADER.size))
+        self._pos = 0
+        self._tensors: list = []
+        self._pending: Iterator | None = None
+        self._size = 0
+
+    @property
+    def partial(self) -> bool:
+        """A frame has started but not finished (it is dropped if the worker dies now)."""
+        return self._stage != "header" or self._pos > 0
+
+    def read(self) -> list[Message]:
+        out: list[Message] = []
+        while not self.eof:
+            if self._pos < len(self._target):
+                try:
+                    n = os.readv(self.fd, [self._target[self._pos:]])
+                except BlockingIOError:
+                    break
+                except InterruptedError:
+                    continue
+                if n == 0:
+                    self.eof = True
+                    break
+                self._pos += n
+                self.bytes_read += n
+                if self._pos < len(self._target):
+                    continue
+            message = self._advance()
+            if message is not None:
+                out.append(message)
+        return out
+
+    def _advance(self) -> Message | None:
+        """The current part is complete: move to the next one; a finished frame is returned."""
+        if self._stage == "header":
+            magic, self._body_len, self._spec_len = HEADER.unpack(self._target)
+            if magic != MAGIC:
+                raise ChannelError(f"unexpected bytes {bytes(self._target)!r} on the worker's "
+                                   "message pipe (something else wrote to it)")
+            self._size = HEADER.size + self._body_len + self._spec_len
+            self._stage, self._target, self._pos = "meta", memoryview(
+                bytearray(self._body_len + self._spec_len)), 0
+            return None
+        if self._stage == "meta":
+            self._body = self._target[:self._body_len]
+            self._tensors, raws = _allocate(pickle.loads(self._target[self._body_len:]))
+            self._size += sum(r.nbytes for r in raws)
+            self._pending = iter(raws)
+            self._stage = "raw"
+        target = next(self._pending, None)
+        if target is not None:
+            self._target, self._pos = target, 0
+            return None
+        kind, payload = _TensorUnpickler(io.BytesIO(self._body), self._tensors).load()
+        size = self._size
+        self._reset()
+        return Message(kind, payload, size)
+
+
+def _allocate(specs: list) -> tuple[list, list[memoryview]]:
+    """Empty tensors for the specs, and the byte views to read their data into."""
+    import torch
+
+    tensors, raws = [], []
+    for dtype, shape, nbytes, is_param, requires_grad in specs:
+        t = torch.empty(shape, dtype=dtype)
+        if nbytes:
+            raws.append(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+        if is_param:
+            t = torch.nn.Parameter(t, requires_grad=requires_grad)
+        elif requires_grad:
+            t.requires_grad_(True)
+        tensors.append(t)
+    return tensors, raws
+
+
+class _TensorUnpickler(pickle.Unpickler):
+    def __init__(self, file, tensors: list) -> None:
+        super().__init__(file)
+        self._tensors = tensors
+
+    def persistent_load(self, pid):
+        return self._tensors[pid]
