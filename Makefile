@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH_PAIR)
-	$(PIP) install -q -e '.[dev,lab]' $(TORCH_PAIR)
+	$(PIP) install -q -e '.[dev,lab,demo]' $(TORCH_PAIR)
 	@# DeepSpeed (strategy="deepspeed", and its tests): the sdist imports torch while it builds,
 	@# so no build isolation; DS_BUILD_OPS=0 compiles no kernels now (DeepSpeed JIT-builds them)
 	$(PIP) install -q wheel setuptools

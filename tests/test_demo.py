@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from hybridnb_tools import demo
+from hybridnb_tools import demo, notebooks, results, scores
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,12 +42,12 @@ def test_record_writes_merged_plain_json_only_when_asked(tmp_path, monkeypatch):
 
 
 def test_summary_has_the_plain_lines_scripts_read(tmp_path):
-    runs = [demo.NotebookRun("04_x", tmp_path / "a.ipynb", seconds=12.5, ok=True,
+    runs = [notebooks.NotebookRun("04_x", tmp_path / "a.ipynb", seconds=12.5, ok=True,
                              results={"device": "cpu", "c1_nrmse": 0.61234, "c1_model": "Shallow",
                                       "c1_ceiling_nrmse": 0.17}),
-            demo.NotebookRun("05_y", tmp_path / "b.ipynb", seconds=3.0, ok=False,
+            notebooks.NotebookRun("05_y", tmp_path / "b.ipynb", seconds=3.0, ok=False,
                              error="ValueError: boom", results={"c2_nrmse": 0.99, "overall": 0.876})]
-    text = demo.summary(runs, tmp_path, 15.5, smoke=False)
+    text = scores.summary(runs, tmp_path, 15.5, smoke=False)
     lines = text.splitlines()
     for expected in ("C1 nRMSE 0.6123", "C2 nRMSE 0.9900", "overall 0.8760", "device cpu"):
         assert expected in lines
@@ -107,8 +107,61 @@ def test_demo_runs_every_notebook_reads_results_and_reports_a_failure(tmp_path):
 
 def test_find_notebooks_names_the_folder(tmp_path):
     with pytest.raises(FileNotFoundError, match=str(tmp_path)):
-        demo.find_notebooks(tmp_path)
+        notebooks.find_notebooks(tmp_path)
     (tmp_path / "02_b.ipynb").write_text("{}")
     (tmp_path / "01_a.ipynb").write_text("{}")
     (tmp_path / "scratch.ipynb").write_text("{}")
-    assert [p.name for p in demo.find_notebooks(tmp_path)] == ["01_a.ipynb", "02_b.ipynb"]
+    assert [p.name for p in notebooks.find_notebooks(tmp_path)] == ["01_a.ipynb", "02_b.ipynb"]
+
+
+def test_notebooks_import_record_and_run_dir_from_demo_without_the_runner_libraries():
+    """A notebook in JupyterLab imports ``record`` from the demo; that must not need nbclient."""
+    code = ("import sys\nfrom hybridnb_tools.demo import record, run_dir\n"
+            "print(sorted(m for m in ('nbclient', 'nbconvert', 'nbformat') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+    assert demo.record is results.record and demo.run_dir is results.run_dir
+
+
+def test_a_missing_runner_library_names_the_extra(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "nbclient", None)   # import nbclient -> ImportError
+    nb = _notebook(tmp_path / "01_x.ipynb", "1")
+    with pytest.raises(ImportError, match=r"needs nbclient.*pip install -e '\.\[demo\]'"):
+        notebooks.execute_notebook(nb, tmp_path / "out")
+
+
+def test_the_demo_extra_holds_the_runner_libraries_and_make_setup_installs_it():
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    demo_reqs = " ".join(extras["demo"])
+    for lib in ("nbclient", "nbconvert", "nbformat", "ipykernel"):
+        assert lib in demo_reqs, (lib, extras["demo"])
+    setup_lines = [ln for ln in (ROOT / "Makefile").read_text().splitlines()
+                   if "pip install" in ln.replace("$(PIP) install", "pip install") and "-e" in ln]
+    assert any("demo" in ln for ln in setup_lines), setup_lines
+
+
+def test_help_says_the_notebooks_write_the_synthetic_release_and_they_do():
+    """The help's claim, checked against the code: the runner never writes the release, and every
+    notebook that does writes it under the cache folder the help names."""
+    proc = subprocess.run([sys.executable, "-m", "hybridnb_tools.demo", "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    text = " ".join(proc.stdout.split())
+    assert proc.returncode == 0
+    assert "The notebooks write the synthetic release on first use" in text
+    assert "~/.cache/hybridnb/synthetic/" in text
+    tools = "".join(p.read_text() for p in (ROOT / "hybridnb_tools").glob("*.py"))
+    assert "make_hbn_like" not in tools
+    assert "import data_prep" not in tools and "from data_prep" not in tools
+    writers = []
+    for path in sorted((ROOT / "notebooks").glob("0*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type == "code" and "make_hbn_like(" in cell.source:
+                writers.append(path.name)
+                assert 'make_hbn_like(CACHE / "synthetic"' in cell.source, path.name
+                assert 'Path.home() / ".cache" / "hybridnb"' in "".join(
+                    c.source for c in nbformat.read(path, as_version=4).cells), path.name
+    assert writers, "no notebook writes the synthetic release any more: fix the demo's help"

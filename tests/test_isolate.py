@@ -201,6 +201,33 @@ def test_a_step_that_hangs_past_step_timeout_is_caught_and_nothing_is_left():
     assert helper and _gone(helper[0])
 
 
+def test_dataloader_workers_inside_the_worker_work_and_die_with_it():
+    """The real set-up: a DataLoader with worker processes of its own, forked by the worker."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    data = TensorDataset(torch.arange(64.0).reshape(32, 2), torch.zeros(32))
+    kids: list[int] = []
+
+    def work(channel):
+        loader = DataLoader(data, batch_size=4, num_workers=2, persistent_workers=True)
+        total = sum(float(x.sum()) for x, _ in loader)
+        channel.send("kids", [p.pid for p in psutil.Process().children()])
+        channel.state({"total": total})
+        for _ in loader:
+            channel.step_done()
+            time.sleep(600)  # hangs while its loader workers are alive
+
+    def on(m):
+        if m.kind == "kids":
+            kids.extend(m.payload)
+
+    out = run_isolated(work, on_message=on, step_timeout=1.0, first_step_grace=30.0,
+                       warmup_steps=1)  # the loader's start-up may be slow; the hang is not
+    assert out.status == "hung"
+    assert out.state["total"] == float(torch.arange(64.0).sum())
+    assert len(kids) == 2 and all(_gone(pid) for pid in kids)
+
+
 def test_a_first_step_that_hangs_is_caught_by_first_step_grace():
     t0 = time.monotonic()
     out = run_isolated(lambda channel: time.sleep(600), step_timeout=0.5, first_step_grace=1.5)

@@ -458,3 +458,50 @@ def test_seed_makes_loader_workers_reproducible():
     c = run(train=NumpyNoise(), seed=12, **kw)
     assert a.steps["loss"].tolist() == b.steps["loss"].tolist()
     assert a.steps["loss"].tolist() != c.steps["loss"].tolist()
+
+
+# ------------------------------------------------------------------------------- speed truth
+class SlowData(Dataset):
+    """Each item takes ``delay`` seconds to load: the run is data-bound."""
+
+    def __init__(self, n=160, delay=0.005):
+        self.x, self.y = data(n)
+        self.delay = delay
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        import time
+
+        time.sleep(self.delay)
+        return self.x[i], self.y[i]
+
+
+def test_samples_per_s_is_wall_clock_and_names_the_data_wait():
+    import time
+
+    tr = Trainer(mlp(), device="cpu", batch_size=16, epochs=1, live=False, seed=0,
+                 loader_kwargs={"num_workers": 0})
+    t0 = time.perf_counter()
+    tr.fit(SlowData())
+    wall = time.perf_counter() - t0
+    row = tr.history.iloc[0]
+    truth = 160 / wall
+    assert abs(row["samples_per_s"] - truth) / truth < 0.10, (row["samples_per_s"], truth)
+    assert row["data_wait_pct"] > 50
+    assert row["compute_samples_per_s"] > 3 * row["samples_per_s"]  # the step alone, labelled
+
+
+def test_in_memory_tensors_are_batched_by_indexing_without_a_dataloader():
+    from hybridnb.train.data import IndexedBatches
+
+    tr = Trainer(mlp(), device="cpu", batch_size=32, epochs=1, live=False, seed=0)
+    loader = tr._loader(TensorDataset(*data()), shuffle=True, what="train")
+    assert isinstance(loader, IndexedBatches) and len(loader) == 8
+    # the same batches, in the same order, as a DataLoader with the same generator state
+    gen = torch.Generator().manual_seed(0)
+    ref = DataLoader(TensorDataset(*data()), batch_sampler=tr.strategy.batch_sampler(
+        256, 32, True, gen), generator=gen)
+    for (a, b), (c, d) in zip(loader, ref, strict=True):
+        assert torch.equal(a, c) and torch.equal(b, d)

@@ -67,7 +67,7 @@ class Strategy:
         global batch, since its engine averages the ranks' gradients with equal weights)."""
         return pieces, 1.0
 
-    def engine_backward(self) -> Callable[[torch.Tensor, bool], None] | None:
+    def engine_backprop(self) -> Callable[[torch.Tensor, bool], None] | None:
         """The engine's backward ``(loss, last)`` when it owns backward, else None (the step
         runs the GradScaler's backward itself)."""
         return None

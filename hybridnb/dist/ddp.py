@@ -30,25 +30,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from hybridnb.dist.base import Strategy
+from hybridnb.env import launch_env
 from hybridnb.train import recovery
 from hybridnb.train.data import ResumableBatchSampler
 
-STRATEGIES = ("auto", "single", "ddp", "deepspeed")
 LAUNCH_HELP = ("start one process per device with torchrun (torchrun --nproc_per_node=N "
                "script.py) or, from a notebook, hn.launch(fn, num_processes=N)")
-
-
-# --------------------------------------------------------------------------------- environment
-def launch_env(environ: dict[str, str] | None = None) -> tuple[int, int, int] | None:
-    """``(rank, local_rank, world_size)`` when this process is one rank of a launched job (torchrun
-    or ``hn.launch`` set RANK and WORLD_SIZE), else None."""
-    env = os.environ if environ is None else environ
-    try:
-        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
-    except (KeyError, ValueError):
-        return None
-    local = env.get("LOCAL_RANK", "")
-    return rank, int(local) if local.strip().isdigit() else rank, world
 
 
 def wants_ddp(strategy, environ: dict[str, str] | None = None) -> bool:
@@ -57,20 +44,6 @@ def wants_ddp(strategy, environ: dict[str, str] | None = None) -> bool:
         return True
     job = launch_env(environ)
     return strategy in ("auto", None) and job is not None and job[2] > 1
-
-
-def make_strategy(strategy, device: torch.device | str):
-    """The strategy object for a Trainer: ``"ddp"`` / ``"deepspeed"`` (ZeRO-2) / ``"auto"`` in a
-    job of 2+ ranks; None when the single-device strategy applies."""
-    if strategy == "deepspeed":
-        from hybridnb.dist.deepspeed import make_strategy as make_deepspeed
-
-        return make_deepspeed(device)
-    if wants_ddp(strategy):
-        return DDPStrategy(device)
-    if strategy in ("auto", "single", None):
-        return None
-    raise ValueError(f"strategy={strategy!r} is not one of {STRATEGIES} or a strategy object")
 
 
 def shutdown() -> None:

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from hybridnb.dist.ddp import LAUNCH_HELP, DDPStrategy, _Agreed
-from hybridnb.dist.ddp import launch_env as _launch_env
+from hybridnb.env import launch_env as _launch_env
 from hybridnb.train import recovery
 
 MISSING = ("strategy='deepspeed' needs the deepspeed package, which is not installed: pip install "
@@ -144,7 +144,7 @@ class DeepSpeedStrategy(DDPStrategy):
         total = int(counts[:, 1].sum())
         return int(counts[:, 0].max()), (self.world_size * samples / total if total else 1.0)
 
-    def engine_backward(self):
+    def engine_backprop(self):
         """DeepSpeed owns backward: ZeRO-2 reduces gradients inside it."""
         return self._backward
 

@@ -1,7 +1,8 @@
 """The live plots' data, as plotly figures (widgets, end snapshot, reports) and plain series.
 
 ``panels(record)`` turns a RunRecord into three panels of named series (loss, learning rate,
-memory); ``make_figure`` / ``update_figure`` draw them with plotly and ``svg.render`` draws the
+memory); the loss panel holds each step's loss ("step loss") and, at each epoch end, the train
+loss the Trainer sent ("train loss (epoch)", the same numbers as ``history["train_loss"]``); ``make_figure`` / ``update_figure`` draw them with plotly and ``svg.render`` draws the
 same panels without JavaScript. Long runs are averaged down to ``max_points`` per series, so a
 render costs the same after 100 steps as after 100 000.
 """
@@ -86,7 +87,10 @@ def panels(record, max_points: int = SNAPSHOT_POINTS) -> list[Series]:
     """Every series to draw for ``record`` (a RunRecord), with short runs left point for point."""
     out: list[Series] = []
     x, y = downsample(record.steps, record.losses, max_points)
-    out.append(Series("train_loss", "train loss", x, y, 0, "#1f77b4"))
+    out.append(Series("step_loss", "step loss", x, y, 0, "#aec7e8"))
+    px, py = record.epoch_points("train_loss")  # the Trainer's number: history's train_loss
+    out.append(Series("train_loss", "train loss (epoch)", px, _clean(py), 0, "#1f77b4",
+                      mode="lines+markers"))
     vx, vy = record.val_points("val_loss")
     out.append(Series("val_loss", "val loss", vx, _clean(vy), 0, "#ff7f0e",
                       mode="lines+markers"))

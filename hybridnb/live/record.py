@@ -1,7 +1,10 @@
 """What the view has seen of one run: the numbers every renderer draws from.
 
 ``add`` is called on every training step and only appends to lists (O(1)); renderers read the
-record when their throttle says it is time.
+record when their throttle says it is time. The record computes no loss of its own: the train
+loss it holds is the one the Trainer sends (``train_loss``: the epoch's running mean weighted by
+samples, which is ``history["train_loss"]`` at the epoch's end), so every renderer shows the same
+number as the history.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ from typing import Any
 from hybridnb.train.events import Event
 
 STEP_KEYS = ("epoch", "step", "global_step", "loss", "lr", "samples_per_s", "elapsed_s")
-_INF = float("inf")
 
 
 def _float(x: Any) -> float:
@@ -43,8 +45,6 @@ class RunRecord:
         self.state: dict[str, Any] = {}
         self.sampler = sampler
         self.summary: dict[str, Any] | None = None
-        self._loss_sum = 0.0
-        self._loss_n = 0
         self._at_epoch_end = False
         self._first_fraction: float | None = None
 
@@ -65,9 +65,6 @@ class RunRecord:
         self.losses.append(loss)
         lr = state.get("lr")
         self.lrs.append(float("nan") if lr is None else float(lr))
-        if loss == loss and loss not in (_INF, -_INF):
-            self._loss_sum += loss
-            self._loss_n += 1
         if self._first_fraction is None and self.steps_per_epoch:  # where this fit started
             spe = self.steps_per_epoch
             self._first_fraction = (self.epoch * spe + self.step - 1) / (self.epochs * spe)
@@ -75,8 +72,6 @@ class RunRecord:
     def _end_epoch(self, state: Mapping[str, Any]) -> None:
         row = dict(self.state)
         row.update(state)
-        if "train_loss" not in row:
-            row["train_loss"] = self._loss_sum / self._loss_n if self._loss_n else float("nan")
         row.setdefault("epoch", len(self.epoch_ends))
         row.setdefault("global_step", self.steps[-1] if self.steps else 0)
         self.epoch_ends.append(row)
@@ -84,7 +79,6 @@ class RunRecord:
             self.val_rows.append(row)
         if self.steps_per_epoch is None and row.get("step"):
             self.steps_per_epoch = int(row["step"])  # learnt from the first epoch
-        self._loss_sum, self._loss_n = 0.0, 0
         self.state = row
         self._at_epoch_end = True
 
@@ -137,6 +131,11 @@ class RunRecord:
         if done <= 0:
             return None
         return self.elapsed() * (1 - frac) / done
+
+    def epoch_points(self, key: str = "train_loss") -> tuple[list[int], list[float]]:
+        """``key`` at each epoch end (x: the global step), as the Trainer sent it."""
+        rows = [r for r in self.epoch_ends if r.get(key) is not None]
+        return [int(r.get("global_step") or 0) for r in rows], [_float(r[key]) for r in rows]
 
     def val_points(self, key: str = "val_loss") -> tuple[list[int], list[float]]:
         xs, ys = [], []

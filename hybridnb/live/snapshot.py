@@ -27,7 +27,8 @@ def progress_html(record, note: str = "", live: bool = True) -> str:
     sampler = rec.sampler
     memory = sampler.latest() if sampler is not None else {}
     rows = [f'<div><b>hybridnb</b> · {escape(text.header(rec.run, note))}</div>',
-            _bar("epoch", epochs_done, rec.epochs),
+            _bar("epochs", epochs_done, rec.epochs, " done"),  # a count; the status line's
+            # "epoch 1/2" is the epoch index, counted from 0 as in the history
             _bar("step", step, spe),
             f'<div style="margin-top:2px">{escape(text.status(rec, memory))}</div>']
     if rec.events:
@@ -37,9 +38,9 @@ def progress_html(record, note: str = "", live: bool = True) -> str:
             'line-height:1.4">' + "".join(rows) + "</div>")
 
 
-def _bar(label: str, value: int, total: int | None) -> str:
+def _bar(label: str, value: int, total: int | None, suffix: str = "") -> str:
     pct = 100.0 * value / total if total else 0.0
-    shown = f"{value}/{total}" if total else f"{value}"
+    shown = (f"{value}/{total}" if total else f"{value}") + suffix
     return (f'<div style="display:flex;align-items:center;gap:6px">'
             f'<span style="width:3.5em">{label}</span>'
             f'<span style="display:inline-block;width:240px;height:10px;background:#eee;'

@@ -1,4 +1,12 @@
-"""Sentences every renderer shares: the run header, the status line and the end paragraph."""
+"""Sentences every renderer shares: the run header, the status line and the end paragraph.
+
+One epoch convention everywhere: epochs count from 0, as in ``trainer.history["epoch"]``, the
+events and the Trainer's messages. The status line's ``epoch 2/9`` is epoch 2 of epochs 0–9 (the
+third of ten; the progress bars count epochs done, "3/10 done"), and the summary's "best at
+epoch 2" is history's row with ``epoch == 2``. One train loss everywhere: the status line shows
+the ``train_loss`` the Trainer sends (the epoch's running mean weighted by samples), which is the
+history's ``train_loss`` once the epoch ends.
+"""
 
 from __future__ import annotations
 
@@ -61,14 +69,15 @@ def memory_line(latest: Mapping[str, float]) -> str:
 
 
 def status(record, memory: Mapping[str, float] | None = None) -> str:
-    """``epoch 2/3 · step 12/20 · loss 0.41 · val_loss 0.39 · lr 1.00e-03 · ...``."""
+    """``epoch 1/2 · step 12/20 · train_loss 0.41 · val_loss 0.39 · lr 1.00e-03 · ...``
+    (epoch 1 of epochs 0–2: counted from 0, as in the history)."""
     st = record.state
     spe = record.steps_per_epoch
-    parts = [f"epoch {record.epoch + 1}/{record.epochs}",
+    parts = [f"epoch {record.epoch}/{record.epochs - 1}",
              f"step {record.step}/{spe}" if spe else f"step {record.step}"]
-    if record.at_epoch_end and st.get("train_loss") is not None:
+    if st.get("train_loss") is not None:  # the Trainer's number, as history will show it
         parts.append(f"train_loss {fmt.number(st['train_loss'])}")
-    elif st.get("loss") is not None:
+    elif st.get("loss") is not None:  # a caller that sends only the step's loss
         parts.append(f"loss {fmt.number(st['loss'])}")
     if record.val_rows:
         last = record.val_rows[-1]
@@ -91,11 +100,12 @@ def status(record, memory: Mapping[str, float] | None = None) -> str:
     return " · ".join(parts)
 
 
-def _best(summary: Mapping[str, Any], monitor: str) -> tuple[float | None, int | None]:
-    """Best monitored value and its epoch, 1-based for people (the Trainer counts from 0)."""
+def _best(summary: Mapping[str, Any], monitor: str
+          ) -> tuple[float | None, int | None, int | None]:
+    """Best monitored value, its epoch (counted from 0, as in the history) and step."""
     best = summary.get("best") or {}
     value = best.get(monitor, best.get("value"))
-    epoch = best.get("epoch")
+    epoch, step = best.get("epoch"), best.get("step")
     hist = summary.get("history")
     if value is None and hist is not None and monitor in getattr(hist, "columns", ()):
         col = hist[monitor].dropna()
@@ -103,10 +113,12 @@ def _best(summary: Mapping[str, Any], monitor: str) -> tuple[float | None, int |
             i = col.idxmax() if monitor.endswith("r2") else col.idxmin()
             value = float(col[i])
             epoch = int(hist.loc[i, "epoch"]) if "epoch" in hist.columns else int(i)
+            step = int(hist.loc[i, "step"]) if "step" in hist.columns else None
     value = float(value) if value is not None else None
     if value is not None and not math.isfinite(value):
         value = None
-    return value, (int(epoch) + 1 if epoch is not None else None)
+    return (value, int(epoch) if epoch is not None else None,
+            int(step) if step is not None else None)
 
 
 def paragraph(summary: Mapping[str, Any], record) -> str:
@@ -126,9 +138,10 @@ def paragraph(summary: Mapping[str, Any], record) -> str:
         text[0] += f", {fmt.rate(sps)} samples/s"
     text[0] += "."
     monitor = run.get("monitor") or "val_loss"
-    value, epoch = _best(summary, monitor)
+    value, epoch, step = _best(summary, monitor)
     if value is not None:
-        at = f" at epoch {epoch}" if epoch is not None else ""
+        at = "" if epoch is None else f" at epoch {epoch}" + (
+            f", step {step}" if step is not None else "") + " (epochs count from 0, as in history)"
         text.append(f"Best {monitor} {fmt.number(value)}{at}.")
     else:
         text.append(f"No {monitor} was recorded (no validation data).")

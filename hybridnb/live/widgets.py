@@ -54,9 +54,10 @@ class WidgetView(LiveView):
         rec = self.record
         spe = rec.steps_per_epoch
         self.header = W.HTML(f"<b>hybridnb</b> · {escape(text.header(run, self.note))}")
-        self.epoch_bar = W.IntProgress(value=0, min=0, max=rec.epochs, description="epoch",
+        # epochs done (a count); the status line names the epoch counted from 0, as history
+        self.epoch_bar = W.IntProgress(value=0, min=0, max=rec.epochs, description="epochs",
                                        layout=W.Layout(width="420px"))
-        self.epoch_label = W.Label(f"0/{rec.epochs}")
+        self.epoch_label = W.Label(f"0/{rec.epochs} done")
         self.step_bar = W.IntProgress(value=0, min=0, max=spe or 1, description="step",
                                       layout=W.Layout(width="420px"))
         self.step_label = W.Label(f"0/{spe}" if spe else "0")
@@ -99,7 +100,7 @@ class WidgetView(LiveView):
         spe = rec.steps_per_epoch
         done = rec.epochs_done
         self.epoch_bar.value = min(done, rec.epochs)
-        self.epoch_label.value = f"{done}/{rec.epochs}"
+        self.epoch_label.value = f"{done}/{rec.epochs} done"
         if spe:
             step = spe if rec.at_epoch_end else min(rec.step, spe)
             if self.step_bar.max != spe:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -19,6 +20,8 @@ import torch
 
 FORMAT = "hybridnb-checkpoint-1"
 LAST, PREVIOUS, BEST = "last.pt", "last.prev.pt", "best.pt"
+# the temporary names ``save`` / ``_keep_copy`` / ``check_dir`` write (".last.pt.tmp-<pid>")
+_OUR_TEMP = re.compile(r"\.(?:(?:last|last\.prev|best)\.pt\.tmp|write-test)-(?P<pid>\d+)")
 
 
 class CheckpointError(RuntimeError):
@@ -81,14 +84,24 @@ def load_latest(folder: str | os.PathLike) -> tuple[dict, Path, list[str]]:
         except CheckpointError as exc:
             problems.append(str(exc))
     if problems:
-        best = folder / BEST
-        advice = (f"{best} holds the best weights (trainer.model.load_state_dict(torch.load("
-                  f"'{best}', weights_only=True)['model'])), or start afresh without resume"
-                  if best.exists() else "start afresh without resume (or move the folder away)")
         raise CheckpointError(f"no usable checkpoint in {folder}: " + "; ".join(problems)
-                              + f". To go on: {advice}")
+                              + f". To go on: {_advice(folder)}")
     raise CheckpointError(f"no checkpoint to resume from in {folder} (looked for {LAST}, "
                           f"{PREVIOUS})")
+
+
+def _advice(folder: Path) -> str:
+    """What to do when no 'last' checkpoint can be read: best.pt when it loads, else afresh."""
+    best = folder / BEST
+    if best.is_file():
+        try:
+            load(best)
+        except CheckpointError:
+            return (f"{best} is unreadable too; start afresh without resume (or move the "
+                    "folder away)")
+        return (f"{best} holds the best weights (trainer.model.load_state_dict(torch.load("
+                f"'{best}', weights_only=True)['model'])), or start afresh without resume")
+    return "start afresh without resume (or move the folder away)"
 
 
 def _keep_copy(src: Path, dst: Path) -> None:
@@ -120,16 +133,27 @@ def read(path: str | os.PathLike, model=None) -> tuple[dict, Path, list[str]]:
     if path.is_dir():
         state, used, problems = load_latest(path)
     else:
-        try:
-            state, used, problems = load(path), path, []
-        except CheckpointError as first:
-            prev = path.with_name(f"{path.stem}.prev{path.suffix}")
-            if not prev.exists():
-                raise
-            state, used, problems = load(prev), prev, [str(first)]
+        state, used, problems = _load_or_previous(path)
     if model is not None:
         check_fits(state, used, model)
     return state, used, problems
+
+
+def _load_or_previous(path: Path) -> tuple[dict, Path, list[str]]:
+    """``path``, else its ``.prev`` copy; when neither loads, one error naming both and what
+    to do."""
+    try:
+        return load(path), path, []
+    except CheckpointError as exc:
+        first = str(exc)
+    prev = path.with_name(f"{path.stem}.prev{path.suffix}")
+    problems = [first]
+    if prev.exists():
+        try:
+            return load(prev), prev, problems
+        except CheckpointError as exc:
+            problems.append(str(exc))
+    raise CheckpointError("; ".join(problems) + f". To go on: {_advice(path.parent)}")
 
 
 def check_fits(state: dict, path: Path, model) -> None:
@@ -137,8 +161,9 @@ def check_fits(state: dict, path: Path, model) -> None:
     ``model`` (class name, parameter names, shapes)."""
     saved = state.get("config", {}).get("model")
     if saved is not None and saved != type(model).__name__:
-        raise CheckpointError(f"checkpoint {path} was saved from a {saved}, not a "
-                              f"{type(model).__name__}: resume with the model it was trained on")
+        raise CheckpointError(f"checkpoint {path} was saved from a model of class {saved}, this "
+                              f"model is a {type(model).__name__}: resume with the model class "
+                              "it was trained with (or start afresh without resume)")
     mine, theirs = model.state_dict(), state.get("model", {})
     for key in list(mine) + [k for k in theirs if k not in mine]:
         if key not in theirs or key not in mine:
@@ -153,7 +178,8 @@ def check_fits(state: dict, path: Path, model) -> None:
 
 def check_dir(folder: str | os.PathLike | None) -> Path | None:
     """Check ``checkpoint_dir`` before any training: a folder (created if missing) this process
-    can write into. Temporary files left by a write that was killed are removed."""
+    can write into. Temporary files that a killed write left (``.last.pt.tmp-<pid>`` of a
+    process that is gone) are removed; nothing else in the folder is touched."""
     if folder is None:
         return None
     folder = Path(folder)
@@ -169,9 +195,9 @@ def check_dir(folder: str | os.PathLike | None) -> Path | None:
         raise ValueError(f"checkpoint_dir={str(folder)!r} cannot be written "
                          f"({type(exc).__name__}: {exc.strerror or exc}): pass a folder you "
                          "can write into") from None
-    for tmp in folder.glob(".*.tmp-*"):
-        pid = tmp.name.rsplit("-", 1)[-1]
-        if not (pid.isdigit() and _alive(int(pid))):
+    for tmp in folder.iterdir():
+        ours = _OUR_TEMP.fullmatch(tmp.name)
+        if ours and tmp.is_file() and not _alive(int(ours.group("pid"))):
             with contextlib.suppress(OSError):
                 tmp.unlink()
     return folder

@@ -80,13 +80,70 @@ def plan_epochs(loader, epochs: int, steps_per_epoch: int | None, grad_accum: in
     return capped[0], capped[1], note
 
 
+class IndexedBatches:
+    """Batches of in-memory tensors by indexing: no loader workers, no per-item collate.
+
+    For a TensorDataset (and ``(X, y)`` arrays): each batch is ``t[idx]`` for every tensor,
+    in the order of a ``ResumableBatchSampler``, exactly the values a DataLoader would collate.
+    The tensors sit where ``to_device`` put them once (the GPU when they fit), so a step never
+    waits for the host. On the H100 host the collation of 256 (129, 200) items was the
+    bottleneck of ShallowFBCSPNet (14-18k samples/s against ~53k for the GPU).
+    """
+
+    def __init__(self, tensors: tuple[torch.Tensor, ...], batch_sampler: ResumableBatchSampler,
+                 generator: torch.Generator) -> None:
+        self.tensors, self.batch_sampler, self.generator = tensors, batch_sampler, generator
+        self.device = tensors[0].device
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        # a DataLoader draws its workers' base seed from the generator first: so do we, so the
+        # batch order is the same as through a DataLoader with this generator
+        torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+        for idx in self.batch_sampler:
+            index = torch.as_tensor(idx, dtype=torch.long, device=self.device)
+            yield tuple(t.index_select(0, index) for t in self.tensors)
+
+
+def _resident(data: TensorDataset, device: torch.device, note) -> tuple[torch.Tensor, ...]:
+    """The dataset's tensors on ``device`` when it is an accelerator and they fit in half of
+    its free memory (moved once, said once with the memory taken); else where they are."""
+    tensors = tuple(data.tensors)
+    size = sum(t.numel() * t.element_size() for t in tensors)
+    if device.type != "cuda" or all(t.device == device for t in tensors):
+        return tensors
+    free, _ = torch.cuda.mem_get_info(device)
+    if size > 0.5 * free:
+        note("data_streamed", f"the data ({size / 2**20:.0f} MiB) does not fit in half of "
+             f"{device}'s free memory ({free / 2**20:.0f} MiB): batches are copied per step")
+        return tensors
+    note("data_on_device", f"the data was moved to {device} once ({size / 2**20:.0f} MiB); "
+         "batches are made there by indexing")
+    return tuple(t.to(device) for t in tensors)
+
+
+def yields_device_tensors(data) -> bool:
+    """Whether the dataset's items are already on an accelerator (then no loader workers and
+    no pinned memory: a forked worker cannot touch CUDA tensors)."""
+    try:
+        item = data[0]
+    except Exception:
+        return False
+    items = item if isinstance(item, (tuple, list)) else (item,)
+    return any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in items)
+
+
 def make_loader(data, *, batch_size: int, shuffle: bool, what: str, seed: int | None, strategy,
-                loader_kwargs: dict) -> DataLoader:
-    """A DataLoader for ``data``: a given DataLoader is used as it is; a Dataset gets the
-    resumable batch order (this rank's shard under DDP), a seeded generator and the loader
-    settings."""
+                loader_kwargs: dict, note=lambda kind, message: None):
+    """Batches for ``data``: a given DataLoader is used as it is; in-memory tensors become
+    ``IndexedBatches`` (on the device when they fit); other Datasets get a DataLoader. Both
+    follow the resumable batch order (this rank's shard under DDP) of a seeded generator."""
     from hybridnb.train.seeding import worker_init_fn
 
+    if isinstance(data, IndexedBatches):
+        return data
     data = as_dataset(data)
     if isinstance(data, DataLoader):
         shards = getattr(data.batch_sampler, "world_size", 1)  # 1: every rank sees all of it
@@ -103,7 +160,13 @@ def make_loader(data, *, batch_size: int, shuffle: bool, what: str, seed: int | 
     else:
         gen.seed()  # a fresh random seed; its state is still saved in checkpoints
     sampler = strategy.batch_sampler(len(data), batch_size, shuffle, gen)
+    if type(data) is TensorDataset:
+        return IndexedBatches(_resident(data, strategy.device, note), sampler, gen)
     kwargs = dict(loader_kwargs)
+    if yields_device_tensors(data) and (kwargs.get("num_workers") or kwargs.get("pin_memory")):
+        note("loader", f"the {what} dataset yields tensors already on the device: no loader "
+             "workers and no pinned memory for it")
+        kwargs.update(num_workers=0, pin_memory=False)
     if kwargs.get("num_workers", 0) == 0:
         kwargs.pop("persistent_workers", None)
         kwargs.pop("prefetch_factor", None)

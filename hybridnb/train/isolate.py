@@ -251,24 +251,30 @@ class _Supervisor:
         self.reaped = False
         self.exit_text = ""
         self.pidfd: int | None = None
+        self.pid: int | None = None
+        self.fds: list[int] = []
+        self.stop = StopFlag()
 
     # ---------------------------------------------------------------- start and stop
     def run(self) -> Outcome:
-        self._start()
         try:
-            with self._sigint():
+            with self._sigint():  # before the fork: a Ctrl-C can never strand a worker
+                self._start()
                 cause = self._loop()
         finally:
-            self._kill_and_reap()
+            if self.pid is not None:
+                self._kill_and_reap()
             self._close()
         return self._outcome(cause)
 
     def _start(self) -> None:
         msg_r, msg_w = os.pipe()
+        self.fds += (msg_r, msg_w)
         widen_pipe(msg_w)
         out_r, out_w = os.pipe()
+        self.fds += (out_r, out_w)
         err_r, err_w = os.pipe()
-        self.stop = StopFlag()
+        self.fds += (err_r, err_w)
         sys.stdout.flush()  # or the worker would print again what is still buffered here
         sys.stderr.flush()
         parent = os.getpid()
@@ -285,6 +291,7 @@ class _Supervisor:
             os.setpgid(pid, pid)
         for fd in (msg_w, out_w, err_w):
             os.close(fd)
+            self.fds.remove(fd)
         self.t0 = self.last_progress = self.last_step = time.monotonic()
         self.reader = FrameReader(msg_r)
         self.text_fds = {out_r: 1, err_r: 2}
@@ -295,6 +302,7 @@ class _Supervisor:
         if hasattr(os, "pidfd_open"):
             with contextlib.suppress(OSError):
                 self.pidfd = os.pidfd_open(pid)
+                self.fds.append(self.pidfd)
 
     @contextlib.contextmanager
     def _sigint(self):
@@ -343,10 +351,10 @@ class _Supervisor:
             time.sleep(0.005)
 
     def _close(self) -> None:
-        for fd in [self.reader.fd, *self.text_fds, self.pidfd]:
-            if fd is not None:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds.clear()
         self.stop.close()
 
     # ---------------------------------------------------------------- the loop
@@ -399,6 +407,7 @@ class _Supervisor:
             if not data:
                 del self.text_fds[fd]
                 os.close(fd)
+                self.fds.remove(fd)
                 return
             text = self.decoders[fd].decode(data)
             if self.forward_output:

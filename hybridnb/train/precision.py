@@ -3,7 +3,7 @@
 >>> p = Precision.choose("auto", torch.device("cpu"))
 >>> with p.autocast():
 ...     loss = model(x)
->>> p.scaler.scale(loss).backward()
+>>> p.scaler.scale(loss)      # the training step (step.py) scales before its backward pass
 """
 
 from __future__ import annotations

@@ -345,9 +345,9 @@ class Recovery:
                 pieces = list(self.micro.split(window))
                 if on_cpu_batch:  # the model visits the CPU; its parameters keep their identity
                     with on_cpu(step.model, self.strategy.device):
-                        total = step.forward_backward(pieces, samples).to(self.strategy.device)
+                        total = step.accumulate(pieces, samples).to(self.strategy.device)
                 else:
-                    total = step.forward_backward(pieces, samples)
+                    total = step.accumulate(pieces, samples)
                 if self.strategy.world_size > 1:  # all ranks agree, then gradients are averaged
                     total = self.strategy.settle(self.step.params, total, window)
                 self.phase = "update"

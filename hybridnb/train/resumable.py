@@ -1,5 +1,6 @@
-"""The Trainer's state in and out: ``state_dict()`` / ``load_state_dict()``, restoring the last
-good state after a failure, resuming from a checkpoint, and writing ``last.pt``.
+"""The Trainer's state in and out: ``state_dict()`` / ``load_state_dict()``, going back to the
+last good state after a failure (a lost device, bad steps, an interrupt), resuming from a
+checkpoint, and writing ``last.pt``.
 
 A mixin of ``Trainer`` (the class is split by concern so the loop stays on one screen); the
 run's own state is ``state.RunState``, to which this adds model, optimizer, schedule, scaler, EMA
@@ -11,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from hybridnb.train import checkpoint, recovery
+from hybridnb.train import checkpoint, recovery, setup
 from hybridnb.train.seeding import rng_state, set_rng_state
 
 
@@ -95,6 +96,57 @@ class Resumable:
         self._restore(state)
         set_rng_state(self.state.pending_rng)
         self.state.pending_rng = None
+
+    def _move_to_cpu(self, detail: str) -> str:
+        """Sticky device error: continue the whole run on the CPU from the last good state
+        (a CPU-side snapshot; nothing reads the lost device again)."""
+        lost, snapshot = self.device, self.state.snapshot
+        self.event("device_lost", f"{detail} — {lost} cannot be trusted again in this process. "
+                    "Moving the run (model, optimizer state, scaler, EMA) to the CPU and "
+                    f"continuing from the last good state (step "
+                    f"{snapshot['position']['global_step']}); steps will be slower")
+        recovery.rebuild_on_cpu(self.model)
+        if self.ema is not None:
+            recovery.rebuild_on_cpu(self.ema)
+        self.strategy = self.strategy.on_cpu()
+        self.precision = setup.cpu_precision(self.precision_arg)
+        self.compile = False
+        self._restore(snapshot)
+        self.state.micro = None  # the GPU's micro-batch size means nothing here
+        self._build_step(compiled=False)
+        return "rewind"
+
+    def _restore_after_bad_steps(self) -> str:
+        """``patience`` bad steps in a row: back to the last good state with the lower LR;
+        a bounded number of times at the same place, then a clear error."""
+        state, snapshot = self.state, self.state.snapshot
+        at = snapshot["position"]["global_step"]
+        state.restores[at] = state.restores.get(at, 0) + 1
+        if state.restores[at] > 3:
+            raise FloatingPointError(
+                f"the loss stays non-finite or spiking after 3 restores to step {at} (epoch "
+                f"{snapshot['position']['epoch']}), with the learning rate cut to "
+                f"{state.lr_scale:.3g} of the schedule. Likely causes: non-finite values in a "
+                "custom loss or model output, or a learning rate far too high; check "
+                "trainer.steps and trainer.events")
+        lr_scale = state.lr_scale
+        self.event("restore", f"{self.guard.patience} bad steps in a row: restoring the last "
+                    f"good state (step {at}) and keeping the lower learning rate ({lr_scale:.3g} "
+                    "of the schedule)")
+        self._restore(snapshot)
+        state.lr_scale = lr_scale
+        self.guard.streak = 0
+        return "rewind"
+
+    def _interrupted(self) -> str:
+        """A KeyboardInterrupt inside a step: drop the step, keep the last good weights."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if self._recovery.phase == "update":  # the optimizer may have been half-way through
+            self._restore(self.state.snapshot)
+            self.event("restore", "interrupted during the optimizer update: restored the last "
+                        f"good state (step {self.state.global_step})")
+        self._recovery.phase = "idle"
+        return self._stop("interrupt", "interrupted: the current step was dropped")
 
     def _save_last(self) -> None:
         self.state.snapshot = self.strategy.for_file(self.state_dict())

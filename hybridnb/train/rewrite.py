@@ -234,7 +234,7 @@ def _rel_diff_any(a, b) -> float:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         return _rel_diff(a, b)
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)) and len(a) == len(b):
-        return max((_rel_diff_any(x, y) for x, y in zip(a, b)), default=0.0)
+        return max((_rel_diff_any(x, y) for x, y in zip(a, b, strict=True)), default=0.0)
     if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
         return max((_rel_diff_any(a[k], b[k]) for k in a), default=0.0)
     return 0.0 if a == b else float("inf")

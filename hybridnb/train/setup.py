@@ -10,11 +10,13 @@ import fnmatch
 import torch
 
 from hybridnb.dist.base import SingleDevice, Strategy
-from hybridnb.dist.ddp import make_strategy as make_distributed
+from hybridnb.dist.ddp import DDPStrategy, wants_ddp
+from hybridnb.dist.deepspeed import make_strategy as make_deepspeed
 from hybridnb.train import recovery
 from hybridnb.train.precision import Precision
 
 COMPILE_MODES = (False, True, "default", "reduce-overhead", "max-autotune")
+STRATEGIES = ("auto", "single", "ddp", "deepspeed")
 DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
 
 
@@ -80,9 +82,17 @@ def _missing(dev: torch.device) -> str | None:
 
 
 def make_strategy(strategy, device: torch.device) -> Strategy:
-    if strategy is None or isinstance(strategy, str):  # "auto": DDP under torchrun / hn.launch
-        return make_distributed(strategy, device) or SingleDevice(device)
-    return strategy
+    """The strategy object: "auto" is DDP in a job of 2+ ranks (torchrun, ``hn.launch``),
+    else one device; "ddp" / "deepspeed" (ZeRO-2) / "single"; or a strategy object as given."""
+    if strategy is not None and not isinstance(strategy, str):
+        return strategy
+    if strategy == "deepspeed":
+        return make_deepspeed(device)
+    if wants_ddp(strategy):
+        return DDPStrategy(device)
+    if strategy in ("auto", "single", None):
+        return SingleDevice(device)
+    raise ValueError(f"strategy={strategy!r} is not one of {STRATEGIES} or a strategy object")
 
 
 def choose_precision(asked: str, strategy: Strategy, recommended: str | None,
@@ -176,3 +186,10 @@ def compile_settings(compiled: bool, device: torch.device, precision: Precision)
     import torch._inductor.config as inductor_config
 
     return inductor_config.patch(layout_optimization=False)
+
+
+def detect():
+    """``hn.detect()``'s cached answer (imported when a Trainer needs a recommendation)."""
+    from hybridnb.hardware.detect import detect as detect_hardware
+
+    return detect_hardware()

@@ -58,17 +58,17 @@ class TrainStep:
         if loss_scale is not None:
             self._backward = lambda loss, last: (loss * loss_scale()).backward()
         else:
-            self._backward = self.strategy.engine_backward() or self._scaled_backward
+            self._backward = self.strategy.engine_backprop() or self._scaled_backward
         self.update = self._engine_update if self.strategy.owns_update else self._optimizer_update
         self._read_norm = not self.scaler.is_enabled()  # a GradScaler skips inf steps itself
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One whole optimizer step on one batch; returns the loss (0-dim, detached, no sync)."""
-        total = self.forward_backward([(x, y, 1.0)], int(x.shape[0]))
+        total = self.accumulate([(x, y, 1.0)], int(x.shape[0]))
         self.update(total, read=self.guard is not None)
         return total
 
-    def forward_backward(self, pieces: list, samples: int) -> torch.Tensor:
+    def accumulate(self, pieces: list, samples: int) -> torch.Tensor:
         """Forward and backward of every micro-batch ``(x, y, weight)``; each loss is weighted
         by its share of the window's ``samples``. Returns the summed (detached) loss."""
         self.phase = "forward"

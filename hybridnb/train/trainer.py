@@ -103,7 +103,7 @@ class Trainer(Progress, Resumable, Evaluation):
         self.checkpoint_dir = checkpoint.check_dir(checkpoint_dir)
         self.state, self._notes, self._pending = RunState(), [], None
         self._view, self._interrupt = make_view(False), None
-        hw = _detect() if ("auto" in (device, precision) or batch_size is None
+        hw = setup.detect() if ("auto" in (device, precision) or batch_size is None
                            or grad_accum is None) else None
         self.strategy = setup.make_strategy(strategy, setup.resolve_device(device, hw, self._notes))
         self.batch_size = int(batch_size if batch_size is not None else hw.settings.batch_size)
@@ -279,57 +279,6 @@ class Trainer(Progress, Resumable, Evaluation):
                          setup.cpu_precision(self.precision_arg), strategy=SingleDevice("cpu"),
                          params=self._params, loss_scale=self.scaler.get_scale)
 
-    def _move_to_cpu(self, detail: str) -> str:
-        """Sticky device error: continue the whole run on the CPU from the last good state
-        (a CPU-side snapshot; nothing reads the lost device again)."""
-        lost, snapshot = self.device, self.state.snapshot
-        self.event("device_lost", f"{detail} — {lost} cannot be trusted again in this process. "
-                    "Moving the run (model, optimizer state, scaler, EMA) to the CPU and "
-                    f"continuing from the last good state (step "
-                    f"{snapshot['position']['global_step']}); steps will be slower")
-        recovery.rebuild_on_cpu(self.model)
-        if self.ema is not None:
-            recovery.rebuild_on_cpu(self.ema)
-        self.strategy = self.strategy.on_cpu()
-        self.precision = setup.cpu_precision(self.precision_arg)
-        self.compile = False
-        self._restore(snapshot)
-        self.state.micro = None  # the GPU's micro-batch size means nothing here
-        self._build_step(compiled=False)
-        return "rewind"
-
-    def _restore_after_bad_steps(self) -> str:
-        """``patience`` bad steps in a row: back to the last good state with the lower LR;
-        a bounded number of times at the same place, then a clear error."""
-        state, snapshot = self.state, self.state.snapshot
-        at = snapshot["position"]["global_step"]
-        state.restores[at] = state.restores.get(at, 0) + 1
-        if state.restores[at] > 3:
-            raise FloatingPointError(
-                f"the loss stays non-finite or spiking after 3 restores to step {at} (epoch "
-                f"{snapshot['position']['epoch']}), with the learning rate cut to "
-                f"{state.lr_scale:.3g} of the schedule. Likely causes: non-finite values in a "
-                "custom loss or model output, or a learning rate far too high; check "
-                "trainer.steps and trainer.events")
-        lr_scale = state.lr_scale
-        self.event("restore", f"{self.guard.patience} bad steps in a row: restoring the last "
-                    f"good state (step {at}) and keeping the lower learning rate ({lr_scale:.3g} "
-                    "of the schedule)")
-        self._restore(snapshot)
-        state.lr_scale = lr_scale
-        self.guard.streak = 0
-        return "rewind"
-
-    def _interrupted(self) -> str:
-        """A KeyboardInterrupt inside a step: drop the step, keep the last good weights."""
-        self.optimizer.zero_grad(set_to_none=True)
-        if self._recovery.phase == "update":  # the optimizer may have been half-way through
-            self._restore(self.state.snapshot)
-            self.event("restore", "interrupted during the optimizer update: restored the last "
-                        f"good state (step {self.state.global_step})")
-        self._recovery.phase = "idle"
-        return self._stop("interrupt", "interrupted: the current step was dropped")
-
     def _set_lr(self) -> None:
         factor = self.schedule.factor(self.state.global_step) * self.state.lr_scale
         for group in self.optimizer.param_groups:
@@ -339,7 +288,7 @@ class Trainer(Progress, Resumable, Evaluation):
     def _loader(self, data, shuffle: bool, what: str):
         return make_loader(data, batch_size=self.batch_size, shuffle=shuffle, what=what,
                            seed=self.seed, strategy=self.strategy,
-                           loader_kwargs=self._loader_kwargs)
+                           loader_kwargs=self._loader_kwargs, note=self._note)
 
     def _plan(self, loader) -> None:
         """Epochs and batches per epoch for this fit (smoke mode caps both and says so)."""
@@ -380,8 +329,3 @@ class Trainer(Progress, Resumable, Evaluation):
         text summary into ``folder``."""
         from hybridnb.train.report import write_report
         return write_report(self, folder)
-
-
-def _detect():
-    from hybridnb.hardware.detect import detect
-    return detect()

@@ -106,12 +106,36 @@ class _TensorPickler(pickle.Pickler):
         return index
 
 
+_SCALARS = (str, int, float, bool, type(None), bytes)
+_NO_SPECS = pickle.dumps([], protocol=pickle.HIGHEST_PROTOCOL)
+PLAIN_NODES = 256  # a larger payload takes the general path (which also handles plain data)
+
+
+def _plain(obj: Any, budget: list[int]) -> bool:
+    """Only dicts, lists and tuples of numbers and strings (no tensor, nothing custom), small."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        return False
+    kind = type(obj)
+    if kind in _SCALARS:
+        return True
+    if kind is dict:
+        return all(type(k) in _SCALARS and _plain(v, budget) for k, v in obj.items())
+    if kind is list or kind is tuple:
+        return all(_plain(v, budget) for v in obj)
+    return False
+
+
 def encode(kind: str, payload: Any) -> tuple[list[bytes | memoryview], int]:
     """The frame for one message, as buffers to write in order, and its total size.
 
     Pickling happens before anything is written, so a payload that cannot be pickled raises
     here and leaves the stream intact.
     """
+    if _plain(payload, [PLAIN_NODES]):  # the per-step messages: no tensor can be inside
+        body = pickle.dumps((kind, payload), protocol=pickle.HIGHEST_PROTOCOL)
+        head = HEADER.pack(MAGIC, len(body), len(_NO_SPECS))
+        return [head, body, _NO_SPECS], len(head) + len(body) + len(_NO_SPECS)
     import torch
 
     tensors: list = []

@@ -1,0 +1,260 @@
+"""Speedups: the depthwise-as-matmul rewrite must be exact, reversible and invisible to saved
+weights; apply_speedups must keep only what measured faster and leave the model's state alone.
+
+Everything runs on the CPU with small shapes; EEGNeX (braindecode) is the real case.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+
+from hybridnb.train import rewrite, speedups
+from hybridnb.train.rewrite import rewrite_depthwise, rewritten_modules, undo_rewrite
+from hybridnb.train.speedups import apply_speedups
+
+
+class MaxNorm(nn.Module):
+    """A max-norm parametrization like braindecode's: each output filter's norm capped at 1."""
+
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        return torch.renorm(w, p=2, dim=0, maxnorm=1.0)
+
+
+class Spatial(nn.Module):
+    """(B, 1, H, T) -> temporal conv -> depthwise conv over the whole height -> BN -> head."""
+
+    def __init__(self, height: int, groups: int, mult: int, bias: bool, max_norm: bool) -> None:
+        super().__init__()
+        self.temporal = nn.Conv2d(1, groups, (1, 5), padding=(0, 2), bias=False)
+        self.spatial = nn.Conv2d(groups, groups * mult, (height, 1), groups=groups, bias=bias)
+        if max_norm:
+            parametrize.register_parametrization(self.spatial, "weight", MaxNorm())
+        self.bn = nn.BatchNorm2d(groups * mult)
+        self.head = nn.Linear(groups * mult, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.bn(self.spatial(self.temporal(x)))
+        return self.head(h.mean((2, 3)))
+
+
+def _scaled(model: nn.Module) -> nn.Module:
+    with torch.no_grad():  # weights large enough that max-norm really clips
+        for p in model.parameters():
+            p.mul_(3.0)
+    return model
+
+
+@pytest.mark.parametrize("mult", [1, 2, 4])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("max_norm", [False, True])
+def test_rewrite_is_exact_over_random_depthwise_shapes(mult, bias, max_norm):
+    g = torch.Generator().manual_seed(mult * 10 + bias * 2 + max_norm)
+    for _ in range(3):
+        groups = int(torch.randint(1, 7, (1,), generator=g))
+        height = int(torch.randint(2, 20, (1,), generator=g))
+        width = int(torch.randint(3, 30, (1,), generator=g))
+        conv = nn.Conv2d(groups, groups * mult, (height, 1), groups=groups, bias=bias)
+        if max_norm:
+            _scaled(conv)
+            parametrize.register_parametrization(conv, "weight", MaxNorm())
+        stock = copy.deepcopy(conv)
+        x = torch.randn(5, groups, height, width, generator=g)
+        report = rewrite_depthwise(conv, x)
+        assert report.rewritten == [""], "the module itself is the candidate"
+        assert type(conv) is not type(stock)
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out, ref = conv(xa), stock(xb)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+        grad = torch.randn(ref.shape, generator=g)
+        out.backward(grad)
+        ref.backward(grad)
+        torch.testing.assert_close(xa.grad, xb.grad, atol=1e-5, rtol=1e-5)
+        for (name, p), (_, q) in zip(conv.named_parameters(), stock.named_parameters(),
+                                     strict=True):
+            torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_only_height_spanning_depthwise_convs_are_rewritten():
+    x = torch.randn(2, 4, 6, 9)
+    cases = {
+        "taller input": (nn.Conv2d(4, 8, (5, 1), groups=4), x),
+        "not depthwise": (nn.Conv2d(4, 8, (6, 1)), x),
+        "wide kernel": (nn.Conv2d(4, 8, (6, 3), groups=4), x),
+        "padded": (nn.Conv2d(4, 8, (6, 1), groups=4, padding=(1, 0)), x),
+        "strided in time": (nn.Conv2d(4, 8, (6, 1), groups=4, stride=(1, 2)), x),
+    }
+    for why, (conv, inp) in cases.items():
+        assert not rewrite_depthwise(conv, inp), why
+        assert type(conv) is nn.Conv2d, why
+
+
+def test_other_shapes_take_the_convolution_path_after_rewrite():
+    conv = nn.Conv2d(3, 6, (4, 1), groups=3)
+    stock = copy.deepcopy(conv)
+    assert rewrite_depthwise(conv, torch.randn(2, 3, 4, 7))
+    taller = torch.randn(2, 3, 9, 7)  # kernel no longer spans the height: the conv runs
+    torch.testing.assert_close(conv(taller), stock(taller))
+    unbatched = torch.randn(3, 4, 7)
+    torch.testing.assert_close(conv(unbatched), stock(unbatched))
+
+
+def test_state_dict_round_trip_into_the_stock_model():
+    torch.manual_seed(0)
+    model = _scaled(Spatial(height=7, groups=3, mult=2, bias=True, max_norm=True))
+    x = torch.randn(6, 1, 7, 20)
+    keys = list(model.state_dict())
+    assert rewrite_depthwise(model, x).rewritten == ["spatial"]
+    assert list(model.state_dict()) == keys  # parametrization and names untouched
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):  # train the rewritten model so its weights move
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+    stock = Spatial(height=7, groups=3, mult=2, bias=True, max_norm=True)
+    stock.load_state_dict(model.state_dict())  # strict
+    model.eval()
+    stock.eval()
+    torch.testing.assert_close(model(x), stock(x), atol=1e-5, rtol=1e-5)
+    buf = io.BytesIO()
+    torch.save(model.state_dict(), buf)
+    buf.seek(0)
+    fresh = Spatial(height=7, groups=3, mult=2, bias=True, max_norm=True).eval()
+    fresh.load_state_dict(torch.load(buf))
+    torch.testing.assert_close(fresh(x), stock(x))
+
+
+def test_whole_model_files_load_as_the_stock_class_and_undo_restores_it():
+    model = Spatial(height=5, groups=2, mult=2, bias=False, max_norm=False)
+    x = torch.randn(3, 1, 5, 11)
+    rewrite_depthwise(model, x)
+    assert rewritten_modules(model) == ["spatial"]
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert type(loaded.spatial) is nn.Conv2d
+    assert rewritten_modules(copy.deepcopy(model)) == ["spatial"]  # a copy stays fast
+    assert undo_rewrite(model) == 1
+    assert type(model.spatial) is nn.Conv2d and not rewritten_modules(model)
+
+
+def test_a_rewrite_that_differs_is_not_used_and_says_so(monkeypatch):
+    real = rewrite.depthwise_as_matmul
+    monkeypatch.setattr(rewrite, "depthwise_as_matmul", lambda m, x: real(m, x) + 1.0)
+    model = Spatial(height=5, groups=2, mult=1, bias=True, max_norm=False)
+    x = torch.randn(3, 1, 5, 11)
+    report = rewrite_depthwise(model, x)
+    assert not report and "not used" in report.note
+    assert type(model.spatial) is nn.Conv2d
+    applied = apply_speedups(model, x, "cpu", mode="all", knobs=["rewrite"])
+    assert applied.notes == [report.note]  # said once
+    assert "rewrite" not in applied.applied and "rewrite" in applied.skipped
+
+
+def test_rewrite_check_leaves_batchnorm_and_training_flags_alone():
+    model = Spatial(height=5, groups=2, mult=2, bias=True, max_norm=True).train()
+    before = copy.deepcopy(model.state_dict())
+    rewrite_depthwise(model, torch.randn(4, 1, 5, 9))
+    assert model.training and model.bn.training
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_eegnex_trains_the_same_after_rewrite():
+    models = pytest.importorskip("braindecode.models")
+    torch.manual_seed(0)
+    stock = models.EEGNeX(n_chans=24, n_outputs=1, n_times=64)
+    fast = copy.deepcopy(stock)
+    x = torch.randn(4, 24, 64)
+    report = rewrite_depthwise(fast, x)
+    assert len(report.rewritten) == 1, "EEGNeX's spatial filter spans all channels"
+    assert "parametrizations" in dict(fast.named_modules())[report.rewritten[0]]._modules
+    for model in (stock, fast):
+        torch.manual_seed(1)  # same dropout masks
+        model.train()
+        model(x).pow(2).mean().backward()
+    torch.testing.assert_close(fast.eval()(x), stock.eval()(x), atol=1e-5, rtol=1e-4)
+    for (name, p), (_, q) in zip(fast.named_parameters(), stock.named_parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
+    back = models.EEGNeX(n_chans=24, n_outputs=1, n_times=64).eval()
+    back.load_state_dict(fast.state_dict())
+    torch.testing.assert_close(back(x), stock(x), atol=1e-5, rtol=1e-4)
+
+
+# -- apply_speedups ----------------------------------------------------------------------------
+
+def test_auto_keeps_only_the_knobs_that_measured_faster(monkeypatch):
+    gains = {"rewrite": 0.8, "channels_last": 1.5}
+    calls = []
+
+    def fake_race(toggle, model, inputs, device, prec, budget):
+        knob = list(gains)[len(calls)]  # the knobs are raced in this order
+        calls.append(knob)
+        return gains[knob]
+
+    monkeypatch.setattr(speedups, "_race", fake_race)
+    model = Spatial(height=5, groups=2, mult=2, bias=True, max_norm=True)
+    applied = apply_speedups(model, torch.randn(4, 1, 5, 9), "cpu")
+    assert calls == ["rewrite", "channels_last"]
+    assert applied.applied == ["channels_last"]
+    assert applied.speedup == gains
+    assert "rewrite" in applied.skipped and not rewritten_modules(model)
+    assert model.temporal.weight.is_contiguous(memory_format=torch.channels_last)
+    assert "channels_last 1.50x" in applied.message and "not kept: rewrite 0.80x" in applied.message
+    applied.undo()
+    assert model.temporal.weight.is_contiguous()
+
+
+def test_auto_measures_for_real_and_leaves_the_state_as_it_was():
+    torch.manual_seed(0)
+    model = Spatial(height=5, groups=2, mult=2, bias=True, max_norm=True).train()
+    model.head.weight.grad = torch.ones_like(model.head.weight)
+    before = copy.deepcopy(model.state_dict())
+    rng = torch.random.get_rng_state()
+    applied = apply_speedups(model, torch.randn(16, 1, 5, 9), "cpu", budget_s=2.0)
+    assert not applied.skipped or "measured" in str(applied.skipped), applied.skipped
+    assert set(applied.speedup) == {"rewrite", "channels_last"}
+    assert all(g > 0 for g in applied.speedup.values())
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert torch.equal(model.head.weight.grad, torch.ones_like(model.head.weight))
+    assert model.temporal.weight.grad is None
+    assert torch.equal(torch.random.get_rng_state(), rng)
+    assert ("rewrite" in applied.applied) == bool(rewritten_modules(model))
+
+
+def test_all_applies_everything_applicable_and_undo_takes_it_back():
+    model = Spatial(height=5, groups=2, mult=2, bias=True, max_norm=False)
+    x = torch.randn(4, 1, 5, 9)
+    ref = copy.deepcopy(model).eval()(x)
+    applied = apply_speedups(model, x, "cpu", mode="all")
+    assert applied.applied == ["rewrite", "channels_last"] and applied.rewritten == ["spatial"]
+    torch.testing.assert_close(model.eval()(x), ref, atol=1e-5, rtol=1e-5)
+    applied.undo()
+    assert type(model.spatial) is nn.Conv2d and model.temporal.weight.is_contiguous()
+    off = apply_speedups(model, x, "cpu", mode="off")
+    assert not off and off.message == "speedups off"
+
+
+def test_models_without_candidates_say_why():
+    model = nn.Sequential(nn.Flatten(), nn.Linear(20, 1))
+    applied = apply_speedups(model, torch.randn(4, 4, 5), "cpu", mode="all")
+    assert not applied
+    assert "no depthwise" in applied.skipped["rewrite"]
+    assert "no 2-D convolution" in applied.skipped["channels_last"]
+
+
+def test_bad_arguments_name_the_argument():
+    model = nn.Linear(3, 1)
+    with pytest.raises(ValueError, match="mode='fast'"):
+        apply_speedups(model, torch.randn(2, 3), "cpu", mode="fast")
+    with pytest.raises(ValueError, match="knobs"):
+        apply_speedups(model, torch.randn(2, 3), "cpu", knobs=["warp"])
+    with pytest.raises(TypeError, match="example_x"):
+        apply_speedups(model, "x", "cpu")
