@@ -199,7 +199,6 @@ def main() -> None:
     rounds, steps = (1, 20) if smoke else (ROUNDS, STEPS)
     rows, res = measure(rounds, steps)
     xfer = transfer((1, 10, 50), repeats=2 if smoke else 5)
-    goal = res["ratio"] <= 1.02 or res["direct"] <= 0.02
     body = (
         f"Model: Conv1d({CHANS}->16, 9) + BatchNorm + ELU + pool + Linear (~20k parameters), "
         f"input {CHANS}x{TIMES}, batch {BATCH}, fp32, CPU, 1 torch thread, AdamW, loss.item() "
@@ -228,9 +227,13 @@ def main() -> None:
     if smoke:
         print(body)
         return
+    busy = os.getloadavg()[0] > 0.75 * len(os.sched_getaffinity(0))
     write_result("isolate", "Isolated training: supervised worker vs in-process", body, [
-        (f"isolation costs <= 2% of a {1e3 * res['step']:.0f} ms step (direct "
-         f"{res['direct']:.3%}; measured step ratio {res['ratio']:.4f}x)", goal)])
+        (f"isolation's direct CPU cost <= 2% of a {1e3 * res['step']:.0f} ms step (measured "
+         f"{res['direct']:.3%})", res["direct"] <= 0.02),
+        (f"measured step time isolated / in-process <= 1.02 (measured {res['ratio']:.4f}x"
+         + ("; the host was busy, see the load note" if busy else "") + ")",
+         res["ratio"] <= 1.02)])
 
 
 if __name__ == "__main__":

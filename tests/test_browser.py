@@ -47,7 +47,7 @@ OBSERVER = """() => {
       if (!gd.closest('.hybridnb-live-plots') || !gd.data) continue;  // the live FigureWidget
       for (const t of gd.data) {
         const n = (t.y || []).filter(v => v !== null && v !== undefined).length;
-        if (t.name === 'train loss' && n > s.liveLoss) s.liveLoss = n;
+        if (t.name === 'step loss' && n > s.liveLoss) s.liveLoss = n;
         if (t.name === 'process RSS' && n > s.liveMem) s.liveMem = n;
       }
     }
@@ -204,7 +204,7 @@ def test_widgets_train_and_stop_in_jupyterlab(lab, tmp_path):
     assert snap["widgets"] == 0 and snap["bars"] == 0  # live widgets replaced ...
     assert len(snap["plots"]) == 1  # ... by one static figure:
     plot = snap["plots"][0]
-    assert plot["train loss"] == result["steps"]  # one loss point per logged step
+    assert plot["step loss"] == result["steps"]  # one loss point per logged step
     assert plot["val loss"] == 3
     assert plot["process RSS"] >= 2  # and the memory plot has data
     assert len(snap["summary"]) == 1 and "Trained SlowLinear" in snap["summary"][0]

@@ -253,14 +253,14 @@ def test_text_renderer_prints_a_line_per_epoch_events_at_once_and_a_summary():
     assert "\r" not in text  # no carriage returns in logs
     assert lines[0].startswith("hybridnb · TinyNet · 1.2 k params · cpu · fp32 · batch 32")
     epoch_lines = [ln for ln in lines if ln.startswith("epoch ")]
-    assert [ln.split(" · ")[0] for ln in epoch_lines] == ["epoch 1/3", "epoch 2/3", "epoch 3/3"]
+    assert [ln.split(" · ")[0] for ln in epoch_lines] == ["epoch 0/2", "epoch 1/2", "epoch 2/2"]
     assert "step 20/20" in epoch_lines[0] and "val_loss 0.5 " in epoch_lines[0] + " "
     assert "val_loss 0.1667" in epoch_lines[2] and "RSS" in epoch_lines[0]
     ev = lines.index("! [step 25] oom_split: batch 32 split into 2 x 16")
     assert lines.index(epoch_lines[0]) < ev < lines.index(epoch_lines[1])  # shown at once
     summary = lines[-1]
     assert summary.startswith("Trained TinyNet (1.2 k parameters) for 3 of 3 epochs (60 steps)")
-    assert "Best val_loss 0.1667 at epoch 3" in summary
+    assert "Best val_loss 0.1667 at epoch 2, step 60 (epochs count from 0" in summary
     assert "Peak memory 300 MiB" in summary and "1 × oom_split" in summary
 
 
@@ -284,7 +284,7 @@ def test_text_heartbeat_shows_progress_in_a_slow_epoch():
     view = ConsoleView(stream=out, tty=False, heartbeat_s=0.0, sampler_factory=None)
     view.start(RUN)
     view.update(dict(epoch=0, step=3, global_step=3, loss=0.5))
-    assert out.getvalue().splitlines()[-1].startswith("  epoch 1/3 · step 3/20")
+    assert out.getvalue().splitlines()[-1].startswith("  epoch 0/2 · step 3/20")
 
 
 # ------------------------------------------------------------------ HTML renderer + snapshot
@@ -305,14 +305,14 @@ def test_html_renderer_updates_two_handles_and_ends_with_a_static_snapshot():
 
     summary = panel.last
     assert set(summary) == {"text/html", "text/plain"}
-    assert "Best val_loss 0.1667 at epoch 3" in summary["text/html"]
+    assert "Best val_loss 0.1667 at epoch 2, step 60" in summary["text/html"]
     assert "Peak memory 300 MiB" in summary["text/plain"]
 
     fig = plots.last
     assert WIDGET_VIEW not in fig and "text/html" not in fig  # nothing needing JS or a kernel
     ET.fromstring(fig["image/svg+xml"])  # well-formed SVG
     traces = {t["name"]: t for t in fig[PLOTLY_MIME]["data"]}
-    assert len(traces["train loss"]["x"]) == steps == 60
+    assert len(traces["step loss"]["x"]) == steps == 60
     assert traces["val loss"]["y"] == pytest.approx([0.5, 0.25, 0.5 / 3])
     assert len(traces["process RSS"]["y"]) >= 2 and traces["process RSS"]["y"][0] > 0
     assert traces["events"]["text"] == ["oom_split"]
@@ -327,7 +327,7 @@ def test_nonfinite_losses_become_gaps_not_invalid_json():
         view.update(dict(epoch=0, step=g, global_step=g, loss=loss, lr=1e-3))
     view.end(dict(elapsed_s=1.0, events=[], device="cpu", precision="fp32"))
     fig = disp.handles[1].last
-    y = next(t["y"] for t in fig[PLOTLY_MIME]["data"] if t["name"] == "train loss")
+    y = next(t["y"] for t in fig[PLOTLY_MIME]["data"] if t["name"] == "step loss")
     assert y == [1.0, None, None, 0.5]
     json.dumps(fig[PLOTLY_MIME], allow_nan=False)
 
@@ -374,7 +374,7 @@ def test_widget_renderer_bars_plots_stop_and_cleanup():
     view.update(dict(epoch=0, step=20, global_step=20, epoch_end=True, val_loss=0.4))
     assert view.step_bar.value == view.step_bar.max == 20  # always drawn at epoch end
     assert view.epoch_bar.value == 1
-    loss = next(t for t in view.fig.data if t.name == "train loss")
+    loss = next(t for t in view.fig.data if t.name == "step loss")
     assert len(loss.x) == 20
     assert len(next(t for t in view.fig.data if t.name == "process RSS").y) >= 1
 

@@ -50,7 +50,7 @@ def test_training_cell_headless_gives_text_and_html(tmp_path, monkeypatch):
     assert lines[0].startswith("hybridnb · SlowLinear") and "smoke mode" in lines[0]
     assert any(ln.startswith("! [step 0] smoke: smoke mode (HYBRIDNB_SMOKE)") for ln in lines)
     assert [ln.split(" · ")[0] for ln in lines if ln.startswith("epoch ")] == \
-        ["epoch 1/2", "epoch 2/2"]
+        ["epoch 0/1", "epoch 1/1"]  # counted from 0, as in the history
     assert lines[-1].startswith("Trained SlowLinear") and "Best val_loss" in lines[-1]
 
     # live="html" -> two display handles, replaced at the end by the static snapshot
@@ -59,8 +59,9 @@ def test_training_cell_headless_gives_text_and_html(tmp_path, monkeypatch):
     summary, figure = shown[0].data, shown[1].data
     assert "Trained SlowLinear" in summary["text/html"] and "smoke mode" in summary["text/html"]
     assert figure["image/svg+xml"].startswith("<svg")
-    loss = next(t for t in figure[PLOTLY_MIME]["data"] if t["name"] == "train loss")
+    loss = next(t for t in figure[PLOTLY_MIME]["data"] if t["name"] == "step loss")
+    epoch_loss = next(t for t in figure[PLOTLY_MIME]["data"] if t["name"] == "train loss (epoch)")
     val = next(t for t in figure[PLOTLY_MIME]["data"] if t["name"] == "val loss")
-    assert len(loss["x"]) > 0 and len(val["y"]) == 2
+    assert len(loss["x"]) > 0 and len(val["y"]) == 2 and len(epoch_loss["y"]) == 2
     size = len(nbformat.writes(nb))
     assert size < 200_000, f"the executed notebook is {size} bytes"

@@ -218,6 +218,66 @@ def test_sticky_device_error_moves_the_run_to_cpu_from_the_last_good_state(monke
     assert tr.steps["global_step"].tolist() == list(range(1, 31))  # redone steps not doubled
 
 
+class FakeGpu(SingleDevice):
+    """A pretend GPU (tensors stay on the CPU) that fails the test if anything calls into it
+    after it was lost: placing tensors, wrapping, reductions, RNG or memory queries."""
+
+    def __init__(self):
+        super().__init__("cpu")
+        self.accelerator = True
+        self.lost = False
+        self.calls_after_loss = []
+
+    def _touch(self, what):
+        if self.lost:
+            self.calls_after_loss.append(what)
+            raise RuntimeError(f"called the lost device ({what})")
+
+    def to_device(self, tensor):
+        self._touch("to_device")
+        return super().to_device(tensor)
+
+    def wrap(self, model, optimizer):
+        self._touch("wrap")
+        return model
+
+    def agree(self, flag):
+        self._touch("agree")
+        return flag
+
+    def sum(self, values):
+        self._touch("sum")
+        return values
+
+    def optimizer_state(self, optimizer):
+        self._touch("optimizer_state")
+        return super().optimizer_state(optimizer)
+
+
+def test_after_a_lost_device_nothing_calls_into_it_and_the_run_finishes_on_cpu(monkeypatch):
+    monkeypatch.setattr(recovery, "_LOST", set())
+    gpu = FakeGpu()
+    calls = []
+    for name in ("empty_cache", "synchronize", "mem_get_info", "memory_allocated",
+                 "max_memory_allocated", "reset_peak_memory_stats", "get_rng_state",
+                 "set_rng_state"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, _n=name, **k: calls.append(_n))
+
+    def lose():
+        gpu.lost = True
+        return RuntimeError("CUDA error: device-side assert triggered (fake)")
+
+    clean = fit(Faulty(), snapshot_every=5)
+    tr = fit(Faulty(fail_on={13}, make_error=lose), strategy=gpu, snapshot_every=5)
+    assert gpu.calls_after_loss == [] and calls == []
+    assert [e.kind for e in tr.events].count("device_lost") == 1
+    assert tr.strategy is not gpu and tr.global_step == 30 and len(tr.history) == 3
+    for a, b in zip(params(tr.model), params(clean.model), strict=True):
+        assert torch.equal(a, b)  # finished on the CPU from the snapshot, as a clean run
+    with pytest.raises(RuntimeError, match="called the lost device"):
+        gpu.to_device(torch.zeros(1))  # the fake really refuses (the test can fail)
+
+
 def test_oom_in_the_optimizer_update_on_a_gpu_is_treated_as_lost_device(monkeypatch):
     monkeypatch.setattr(recovery, "_LOST", set())
     gpu = SingleDevice("cpu")

@@ -216,8 +216,9 @@ def test_auto_measures_for_real_and_leaves_the_state_as_it_was():
     model = Spatial(height=5, groups=2, mult=2, bias=True, max_norm=True).train()
     model.head.weight.grad = torch.ones_like(model.head.weight)
     before = copy.deepcopy(model.state_dict())
+    x = torch.randn(16, 1, 5, 9)
     rng = torch.random.get_rng_state()
-    applied = apply_speedups(model, torch.randn(16, 1, 5, 9), "cpu", budget_s=2.0)
+    applied = apply_speedups(model, x, "cpu", budget_s=2.0)
     assert not applied.skipped or "measured" in str(applied.skipped), applied.skipped
     assert set(applied.speedup) == {"rewrite", "channels_last"}
     assert all(g > 0 for g in applied.speedup.values())

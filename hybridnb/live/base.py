@@ -115,6 +115,9 @@ class LiveView(View):
         if self.record is None:
             raise RuntimeError("view.event() called before view.start(run)")
         self.record.add_event(ev)
+        if ev.kind == "device_lost" and self.record.sampler is not None:
+            self.record.sampler.close()  # never read a lost device again
+            self.record.sampler = None
         self.plots.force()
         if self.failed is None:
             self._safe(self._draw_event, ev)

@@ -1,4 +1,4 @@
-"""Memory numbers per backend: torch.cuda / NVML / MPS / psutil.
+"""Memory numbers per backend: torch.cuda / NVML (``hardware.nvml``) / MPS / psutil.
 
 ``peak_bytes`` and ``reset_peak`` are what the Trainer records per epoch. The live view uses a
 ``MemorySampler``: a small background thread that only *collects* numbers (it never touches a
@@ -12,13 +12,17 @@ broken NVML never stops training and never fails silently.
 
 from __future__ import annotations
 
-import os
+import contextlib
+import math
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
+
+from hybridnb.hardware import nvml
 
 #: Series names and what they mean (bytes unless the name ends in ``_util``).
 SERIES = {
@@ -58,7 +62,6 @@ def reset_peak(device: torch.device | str) -> None:
 def _host_peak_rss() -> int | None:
     try:
         import resource
-        import sys
 
         # ru_maxrss is in KiB on Linux, bytes on macOS.
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -68,6 +71,15 @@ def _host_peak_rss() -> int | None:
 
 
 # --------------------------------------------------------------------------- probes
+
+
+def cuda_index(device: torch.device | str) -> int:
+    """The ordinal of a CUDA device; plain "cuda" means the current device (0 until CUDA is
+    initialised: asking would initialise it)."""
+    device = torch.device(device)
+    if device.index is not None:
+        return device.index
+    return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
 
 
 def torch_cuda_probe(index: int) -> Probe:
@@ -113,129 +125,94 @@ def host_probe() -> Probe:
     return probe
 
 
-def nvml_probe(handle, nvml) -> Probe:
-    """NVML numbers for one device handle: memory used by every process, total, utilisation."""
+def nvml_probe(handle) -> Probe:
+    """NVML numbers for one device handle: memory used by every process, total, utilisation.
+    A device that stops answering raises (the sampler then drops this probe, saying why)."""
 
     def probe() -> dict[str, float]:
-        mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+        mem, why = nvml.attempt("nvmlDeviceGetMemoryInfo", handle)
+        if mem is None:
+            raise RuntimeError(why)
         out = {"gpu_used": float(mem.used), "gpu_total": float(mem.total)}
-        try:
-            out["gpu_util"] = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-        except nvml.NVMLError:  # some vGPU/MIG setups do not report utilisation
-            pass
+        util = nvml.utilisation(handle)  # some vGPU/MIG setups do not report utilisation
+        if util is not None:
+            out["gpu_util"] = util
         return out
 
     return probe
 
 
-def _norm_uuid(uuid: object) -> str:
-    text = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
-    text = text.strip().lower()
-    return text[4:] if text.startswith("gpu-") else text
-
-
-def torch_device_uuid(index: int) -> str | None:
-    """The UUID torch reports for CUDA ordinal ``index`` (None when unknown)."""
-    try:
-        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
-    except (RuntimeError, AssertionError, AttributeError):
-        return None
-    return _norm_uuid(uuid) if uuid is not None else None
-
-
-def nvml_handle_for(index: int, nvml, uuid: str | None = None,
-                    environ: Mapping[str, str] | None = None):
-    """Map CUDA ordinal ``index`` (what torch calls ``cuda:index``) to an NVML device handle.
-
-    NVML numbers devices in PCI order and ignores ``CUDA_VISIBLE_DEVICES``; CUDA renumbers the
-    visible devices (and may order them fastest-first). The one stable key is the UUID: match the
-    UUID torch reports (``uuid``), else the ``CUDA_VISIBLE_DEVICES`` entry for this ordinal (an
-    NVML index, or a ``GPU-`` UUID or unique UUID prefix). Returns ``(handle, how)``; handle is
-    None when no device can be matched, with ``how`` saying why.
-    """
-    env = os.environ if environ is None else environ
-    count = nvml.nvmlDeviceGetCount()
-    uuids = []
-    for i in range(count):
-        h = nvml.nvmlDeviceGetHandleByIndex(i)
-        uuids.append((h, _norm_uuid(nvml.nvmlDeviceGetUUID(h))))
-    if uuid:
-        want = _norm_uuid(uuid)
-        for h, u in uuids:
-            if u == want:
-                return h, f"matched by UUID GPU-{want}"
-        return None, f"no NVML device has the UUID GPU-{want} that torch reports for cuda:{index}"
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is None or not visible.strip():
-        if index < count:
-            return uuids[index][0], f"NVML index {index} (CUDA_VISIBLE_DEVICES unset)"
-        return None, f"cuda:{index} is past the {count} NVML devices"
-    entries = [e.strip() for e in visible.split(",") if e.strip()]
-    if index >= len(entries):
-        return None, f"cuda:{index} is past CUDA_VISIBLE_DEVICES={visible!r}"
-    entry = entries[index]
-    if entry.isdigit():
-        i = int(entry)
-        if i < count:
-            return uuids[i][0], f"NVML index {i} from CUDA_VISIBLE_DEVICES={visible!r}"
-        return None, f"CUDA_VISIBLE_DEVICES entry {entry!r} is past the {count} NVML devices"
-    if entry.lower().startswith("mig-"):
-        return None, f"MIG instance {entry!r}: NVML per-device numbers would not be this GPU's"
-    prefix = _norm_uuid(entry)
-    found = [h for h, u in uuids if u.startswith(prefix)]
-    if len(found) == 1:
-        return found[0], f"matched CUDA_VISIBLE_DEVICES entry {entry!r} by UUID"
-    return None, f"CUDA_VISIBLE_DEVICES entry {entry!r} matches {len(found)} NVML devices"
-
-
-def _load_nvml():
-    import pynvml  # provided by nvidia-ml-py
-
-    pynvml.nvmlInit()
-    return pynvml
-
-
-def probes_for(device: torch.device | str, nvml_loader: Callable | None = None,
-               ) -> tuple[list[tuple[str, Probe]], list[str], Callable[[], None]]:
-    """Choose the probes for ``device`` once. Returns ``(probes, notes, close)``: named probes,
-    sentences saying why a source is missing, and a function that releases NVML."""
+def probes_for(device: torch.device | str) -> tuple[list[tuple[str, Probe]], list[str]]:
+    """Choose the probes for ``device`` once: ``(probes, notes)``, named probes and sentences
+    saying why a source is missing. NVML is ``hardware.nvml``'s, opened once per process."""
     device = torch.device(device)
     probes: list[tuple[str, Probe]] = []
     notes: list[str] = []
-    close: Callable[[], None] = lambda: None  # noqa: E731
     if device.type == "cuda":
-        index = device.index if device.index is not None else 0
+        index = cuda_index(device)
         probes.append(("torch.cuda", torch_cuda_probe(index)))
         if getattr(torch.version, "hip", None):
             notes.append("ROCm device: NVML numbers are not available; showing torch's allocator")
+        elif nvml.library() is None:
+            notes.append(f"NVML not available ({nvml.status()})")
         else:
-            try:
-                nvml = (nvml_loader or _load_nvml)()
-                handle, how = nvml_handle_for(index, nvml, uuid=torch_device_uuid(index))
-                if handle is None:
-                    notes.append(f"NVML not used: {how}")
-                    with _suppress():
-                        nvml.nvmlShutdown()
-                else:
-                    probes.append(("nvml", nvml_probe(handle, nvml)))
-                    close = nvml.nvmlShutdown
-            except Exception as exc:  # library missing, driver missing, permission
-                notes.append(f"NVML not available ({type(exc).__name__}: {exc})")
+            handle, how = nvml.locate(index)
+            if handle is None:
+                notes.append(f"NVML not used: {how}")
+            else:
+                probes.append(("nvml", nvml_probe(handle)))
     elif device.type == "mps":
         probes.append(("mps", mps_probe()))
     try:
         probes.append(("host", host_probe()))
     except ImportError as exc:
         notes.append(f"host memory not shown: {exc}")
-    return probes, notes, close
+    return probes, notes
 
 
-class _suppress:
-    def __enter__(self):
-        return self
+def heap_reader() -> tuple[Callable[[], float], str]:
+    """A reader of this process's host memory in use, and what it measures.
 
-    def __exit__(self, *exc):
-        return True
+    With glibc, ``mallinfo2()`` gives the bytes malloc has handed out and not taken back (arenas
+    plus mmapped blocks): what torch's CPU tensors use, whether or not freed memory was returned
+    to the OS. Elsewhere the resident set is the fallback; it lags frees and reuse, so a rise in it
+    is approximate.
+    """
+    info = _mallinfo2()
+    if info is not None:
+        return info, "heap bytes in use (glibc mallinfo2, sampled every 2 ms)"
+    return _rss_bytes, "resident-set rise (approximate: sampled, and freed memory may be reused)"
+
+
+def _rss_bytes() -> float:
+    import psutil
+    return float(psutil.Process().memory_info().rss)
+
+
+def _mallinfo2() -> Callable[[], float] | None:
+    import ctypes
+    import ctypes.util
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        fn = libc.mallinfo2
+    except (OSError, AttributeError):
+        return None
+
+    class _Info(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+            "fordblks", "keepcost")]
+
+    fn.restype = _Info
+
+    def read() -> float:
+        info = fn()
+        return float(info.uordblks + info.hblkhd)
+
+    return read
 
 
 # --------------------------------------------------------------------------- sampler
@@ -244,16 +221,20 @@ class _suppress:
 @dataclass
 class MemorySeries:
     """Time series of memory numbers: ``times`` (seconds since the sampler started) and one list
-    per series name, all the same length (NaN where a source had nothing)."""
+    per series name, all the same length (NaN where a source had nothing). ``peaks`` holds each
+    series' highest value over every sample taken, including those dropped by ``halve``."""
 
     times: list[float] = field(default_factory=list)
     values: dict[str, list[float]] = field(default_factory=dict)
+    peaks: dict[str, float] = field(default_factory=dict)
 
     def append(self, t: float, sample: Mapping[str, float]) -> None:
         n = len(self.times)
         self.times.append(t)
         for name, value in sample.items():
             self.values.setdefault(name, [float("nan")] * n).append(value)
+            if value == value and not value <= self.peaks.get(name, -math.inf):
+                self.peaks[name] = value
         for seq in self.values.values():
             if len(seq) == n:
                 seq.append(float("nan"))
@@ -269,32 +250,36 @@ class MemorySeries:
         return {k: v[-1] for k, v in self.values.items() if v[-1] == v[-1]}
 
     def peak(self, name: str) -> float | None:
+        if name in self.peaks:
+            return self.peaks[name]
         vals = [v for v in self.values.get(name, ()) if v == v]
         return max(vals) if vals else None
 
 
 class MemorySampler:
-    """Collects memory numbers for one device every ``interval`` seconds on a daemon thread.
+    """Collects numbers for one device every ``interval`` seconds on a daemon thread: the one
+    sampling thread of hybridnb (the live view's memory plot, compare()'s step memory and
+    NVML busy readings).
 
     Only numbers are collected there; renderers call ``series()`` from the main thread. The
     series is bounded: past ``max_points`` samples it keeps every second one and doubles the
-    interval, so a day-long run costs the same memory as a short one.
+    interval, so a day-long run costs the same memory as a short one (``series().peak(name)``
+    stays exact). ``probes`` replaces the device's default sources. As a context manager it
+    samples once on entry, then on the thread, then once more on exit.
     """
 
     def __init__(self, device: torch.device | str, interval: float = 0.5,
                  max_points: int = 4000, probes: list[tuple[str, Probe]] | None = None,
-                 nvml_loader: Callable | None = None, clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time):
         self.device = str(device)
         self.interval = float(interval)
         self.max_points = int(max_points)
         self.clock = clock
+        notes: list[str] = []
         if probes is None:
-            probes, notes, close = probes_for(device, nvml_loader=nvml_loader)
-        else:
-            notes, close = [], (lambda: None)
+            probes, notes = probes_for(device)
         self.probes = list(probes)
         self.notes: list[str] = list(notes)
-        self._close_sources = close
         self.start_time = clock()
         self._series = MemorySeries()
         self._lock = threading.Lock()
@@ -304,12 +289,13 @@ class MemorySampler:
     def sample(self) -> dict[str, float]:
         """Read every probe once (a failing probe is dropped and its reason noted)."""
         out: dict[str, float] = {}
-        for name, probe in list(self.probes):
+        with self._lock:
+            probes = list(self.probes)
+        for name, probe in probes:
             try:
                 out.update(probe())
             except Exception as exc:
-                self.probes.remove((name, probe))
-                self.notes.append(f"{name} memory probe stopped ({type(exc).__name__}: {exc})")
+                self._drop([name], f"{name} memory probe stopped ({type(exc).__name__}: {exc})")
         now = self.clock()
         with self._lock:
             self._series.append(now - self.start_time, out)
@@ -318,13 +304,31 @@ class MemorySampler:
                 self.interval *= 2
         return out
 
+    def drop_device(self, reason: str) -> None:
+        """Stop reading the device itself (torch allocator, NVML, MPS) and keep the host's: after
+        a device is lost, nothing may call into it again. ``reason`` goes into ``notes``."""
+        self._drop(["torch.cuda", "nvml", "mps"], f"device memory no longer read: {reason}")
+
+    def _drop(self, names: list[str], note: str) -> None:
+        with self._lock:
+            kept = [(n, p) for n, p in self.probes if n not in names]
+            if len(kept) != len(self.probes):
+                self.probes = kept
+                self.notes.append(note)
+
     def start(self) -> MemorySampler:
         if self._thread is None:
             self.sample()
-            self._thread = threading.Thread(target=self._run, name="hybridnb-memory",
+            self._thread = threading.Thread(target=self._run, name="hybridnb-sampler",
                                             daemon=True)
             self._thread.start()
         return self
+
+    def __enter__(self) -> MemorySampler:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -334,20 +338,20 @@ class MemorySampler:
         """A copy of what was collected so far (safe to read while the thread keeps going)."""
         with self._lock:
             return MemorySeries(list(self._series.times),
-                                {k: list(v) for k, v in self._series.values.items()})
+                                {k: list(v) for k, v in self._series.values.items()},
+                                dict(self._series.peaks))
 
     def latest(self) -> dict[str, float]:
         with self._lock:
             return self._series.latest()
 
     def close(self) -> None:
-        """Stop the thread, take one last sample and release NVML. Safe to call twice."""
+        """Stop the thread and take one last sample. Safe to call twice. NVML stays open: it
+        is ``hardware.nvml``'s, shared by the whole process."""
         if self._stop.is_set():
             return
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        with _suppress():
+        with contextlib.suppress(Exception):
             self.sample()
-        with _suppress():
-            self._close_sources()

@@ -91,9 +91,19 @@ class IndexedBatches:
     """
 
     def __init__(self, tensors: tuple[torch.Tensor, ...], batch_sampler: ResumableBatchSampler,
-                 generator: torch.Generator) -> None:
+                 generator: torch.Generator, source: tuple[torch.Tensor, ...] | None = None) -> None:
         self.tensors, self.batch_sampler, self.generator = tensors, batch_sampler, generator
+        self.source = source if source is not None else tensors  # where they came from
         self.device = tensors[0].device
+
+    def to_cpu(self) -> None:
+        """Batches from the CPU copy from now on (after the device was lost: its copy is never
+        read again)."""
+        if self.source[0].device.type != "cpu":
+            raise RuntimeError("the data was given as tensors on the lost device; nothing in "
+                               "this process can read them again: pass CPU tensors (or arrays) "
+                               "to continue on the CPU after a device failure")
+        self.tensors, self.device = self.source, torch.device("cpu")
 
     def __len__(self) -> int:
         return len(self.batch_sampler)
@@ -161,7 +171,8 @@ def make_loader(data, *, batch_size: int, shuffle: bool, what: str, seed: int | 
         gen.seed()  # a fresh random seed; its state is still saved in checkpoints
     sampler = strategy.batch_sampler(len(data), batch_size, shuffle, gen)
     if type(data) is TensorDataset:
-        return IndexedBatches(_resident(data, strategy.device, note), sampler, gen)
+        return IndexedBatches(_resident(data, strategy.device, note), sampler, gen,
+                              source=tuple(data.tensors))
     kwargs = dict(loader_kwargs)
     if yields_device_tensors(data) and (kwargs.get("num_workers") or kwargs.get("pin_memory")):
         note("loader", f"the {what} dataset yields tensors already on the device: no loader "
@@ -231,3 +242,13 @@ class BatchCheck:
         if isinstance(y, torch.Tensor) and y.dtype == torch.float64 != self.dtype:
             y = y.to(self.dtype)
         return x, y
+
+
+def leave_device(loaders: list) -> None:
+    """After a lost device: loaders stop pinning memory (a CUDA call) and in-memory batches
+    come from the CPU copy."""
+    for loader in loaders:
+        if isinstance(loader, IndexedBatches):
+            loader.to_cpu()
+        elif isinstance(loader, DataLoader) and loader.pin_memory:
+            loader.pin_memory = False

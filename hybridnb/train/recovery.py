@@ -96,9 +96,22 @@ def first_line(exc: BaseException, limit: int = 160) -> str:
 _LOST: set[str] = set()
 
 
+def _key(device: torch.device) -> str:
+    """"cuda" and "cuda:N" name the same GPU when N is the current one."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        index = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+        return f"cuda:{index}"
+    return str(device)
+
+
 def mark_lost(device: torch.device) -> None:
     """Remember that ``device`` failed with a sticky error: never use it again in this process."""
-    _LOST.add(str(device))
+    _LOST.add(_key(device))
+
+
+def is_lost(device: torch.device) -> bool:
+    return _key(device) in _LOST
 
 
 def lost_devices() -> frozenset[str]:
@@ -116,8 +129,7 @@ def free_memory(device: torch.device) -> None:
         gc.collect(1)
         return
     gc.collect()
-    if str(device) in _LOST or (device.type == "cuda" and _LOST & {"cuda", "cuda:0"}
-                                and device.index in (None, 0)):
+    if is_lost(device):
         return
     if device.type == "cuda" and torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -439,7 +451,7 @@ class Recovery:
                     f"the training data holds non-finite values: {self._bad_data} batches in a "
                     f"row up to {where} gave a non-finite loss and hold NaN/Inf "
                     f"({bad or 'on another rank'}). Remove or impute them before training "
-                    "(e.g. keep = np.isfinite(y) & np.isfinite(X).all(axis=(1, 2)))")
+                    "(e.g. keep = np.isfinite(y) & np.isfinite(X).reshape(len(X), -1).all(1))")
             self.event("nonfinite_batch", f"non-finite loss at {where} from the batch itself "
                        f"({bad or 'on another rank'}): batch skipped, learning rate kept")
             return Outcome("skipped", detail=bad or "")

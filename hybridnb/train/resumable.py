@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from hybridnb.train import checkpoint, recovery, setup
+from hybridnb.train.data import leave_device
 from hybridnb.train.seeding import rng_state, set_rng_state
 
 
@@ -105,6 +106,8 @@ class Resumable:
                     "Moving the run (model, optimizer state, scaler, EMA) to the CPU and "
                     f"continuing from the last good state (step "
                     f"{snapshot['position']['global_step']}); steps will be slower")
+        leave_device(self._loaders)
+        self._loader_kwargs["pin_memory"] = False
         recovery.rebuild_on_cpu(self.model)
         if self.ema is not None:
             recovery.rebuild_on_cpu(self.ema)

@@ -61,7 +61,7 @@ def resolve_device(device, hw, notes: list) -> torch.device:
         if missing:
             raise ValueError(f"device={device!r}: {missing}; use device='auto' (what "
                              "hn.detect() recommends) or device='cpu'")
-    if dev.type != "cpu" and str(dev) in recovery.lost_devices():
+    if dev.type != "cpu" and recovery.is_lost(dev):
         notes.append(("device_lost", f"{dev} failed earlier in this process; using the CPU"))
         return torch.device("cpu")
     return dev

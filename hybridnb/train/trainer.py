@@ -101,7 +101,7 @@ class Trainer(Progress, Resumable, Evaluation):
         self.val_every, self.checkpoint_every = val_every, checkpoint_every
         self.snapshot_every, self.steps_per_epoch = snapshot_every, steps_per_epoch
         self.checkpoint_dir = checkpoint.check_dir(checkpoint_dir)
-        self.state, self._notes, self._pending = RunState(), [], None
+        self.state, self._notes, self._pending, self._loaders = RunState(), [], None, []
         self._view, self._interrupt = make_view(False), None
         hw = setup.detect() if ("auto" in (device, precision) or batch_size is None
                            or grad_accum is None) else None
@@ -162,6 +162,7 @@ class Trainer(Progress, Resumable, Evaluation):
         train_loader = self._loader(train, shuffle=True, what="train")
         val_loader = None if val is None else self._loader(val, shuffle=False, what="val")
         self._plan(train_loader)
+        self._loaders = [loader for loader in (train_loader, val_loader) if loader is not None]
         if resume is not False and resume is not None:
             self._load_resume(resume)
         pending, self._pending = self._pending, None

@@ -1,0 +1,119 @@
+"""How a compare() table is shown: a notebook table with a bar chart, or plain text.
+
+``COLUMNS`` is the table's schema; ``CompareResult`` is the DataFrame compare() returns, which
+draws itself (table, chart in a notebook, notes as numbered footnotes).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from hybridnb.env import NOTEBOOK_FRONTENDS, frontend
+
+COLUMNS = [
+    "variant", "precision", "compile", "batch_size", "status",
+    "samples_per_s", "samples_per_s_min", "samples_per_s_max", "speedup", "step_ms",
+    "peak_mem_mb", "compile_s", "final_loss", "loss_rel_diff", "loss_ok", "gpu_busy_pct", "note",
+]
+
+
+class CompareResult(pd.DataFrame):
+    """The comparison table: a pandas DataFrame that, displayed in a notebook, also draws the bar
+    chart. Derived frames (``df[cols]``, ``df.query(...)``) are plain DataFrames."""
+
+    @property
+    def _constructor(self):
+        return pd.DataFrame
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+        display(_display_frame(self))
+        if frontend() in NOTEBOOK_FRONTENDS:
+            display(compare_figure(self))
+        for line in _footer(self):
+            print(line)
+
+
+def _cell(value, fmt: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return fmt.format(value)
+
+
+def _display_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """The table as people read it: formatted text, notes as numbered footnotes."""
+    multi = df["batch_size"].nunique() > 1
+    out = []
+    for i, row in enumerate(df.to_dict("records")):
+        spread = ("–" if row["status"] != "ok" else
+                  f"{row['samples_per_s_min']:.4g}–{row['samples_per_s_max']:.4g}")
+        out.append({
+            "variant": row["variant"], **({"batch": row["batch_size"]} if multi else {}),
+            "status": row["status"],
+            "samples/s": _cell(row["samples_per_s"], "{:.4g}"), "spread": spread,
+            "speed-up": _cell(row["speedup"], "{:.2f}×"),
+            "step ms": _cell(row["step_ms"], "{:.4g}"),
+            "peak MiB": _cell(row["peak_mem_mb"], "{:.4g}"),
+            "compile s": _cell(row["compile_s"], "{:.1f}"),
+            "loss Δ vs fp32": _cell(row["loss_rel_diff"], "{:.1e}"),
+            "note": f"[{i + 1}]" if row["note"] else "",
+        })
+    return pd.DataFrame(out)
+
+
+def _footer(df: pd.DataFrame) -> list[str]:
+    lines = [f"[{i + 1}] {row['variant']}"
+             f"{' @' + str(row['batch_size']) if df['batch_size'].nunique() > 1 else ''}: "
+             f"{row['note']}" for i, row in enumerate(df.to_dict("records")) if row["note"]]
+    a = df.attrs
+    if a:
+        lines.append(f"{a.get('model', 'model')} on {a.get('device')}: {a.get('warmup')} warm-up "
+                     f"+ 1 memory step, then {a.get('repeats')} interleaved windows of "
+                     f"{a.get('steps')} steps; speed-up = median per-window ratio to fp32 eager.")
+        lines.append(f"memory: this variant's weights, optimizer state and batch + the step's "
+                     f"peak working memory ({a.get('memory_method')}).")
+        if (df["compile"] != "eager").any():
+            lines.append("compiled variants draw dropout masks from torch's generator like eager "
+                         "(inductor fallback_random), so their loss compares with fp32.")
+        lines.extend(a.get("notes", ()))
+    return lines
+
+
+def compare_table(df: pd.DataFrame) -> str:
+    """The comparison as plain text (terminal, logs): the table, then the notes."""
+    return "\n".join([_display_frame(df).to_string(index=False), *_footer(df)])
+
+
+def compare_figure(df: pd.DataFrame):
+    """A plotly bar chart: median samples/s per variant (whiskers: min–max over windows),
+    labelled with the speed-up; skipped / failed / OOM variants appear with their status."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    multi = df["batch_size"].nunique() > 1
+    for bs, part in df.groupby("batch_size", sort=False):
+        ok = part["status"] == "ok"
+        y = part["samples_per_s"].where(ok, 0.0).fillna(0.0)
+        text = [f"{s:.2f}×" if good and pd.notna(s) else status
+                for s, good, status in zip(part["speedup"], ok, part["status"], strict=True)]
+        fig.add_bar(
+            x=part["variant"], y=y, name=f"batch {bs}", text=text, textposition="outside",
+            hovertext=part["note"].where(part["note"] != "", part["status"]),
+            error_y=dict(type="data", symmetric=False,
+                         array=(part["samples_per_s_max"] - y).where(ok, 0.0).fillna(0.0),
+                         arrayminus=(y - part["samples_per_s_min"]).where(ok, 0.0).fillna(0.0)))
+    where = f"{df.attrs.get('model', 'model')} on {df.attrs.get('device', '?')}"
+    fig.update_layout(
+        title=f"Training throughput by variant — {where}", barmode="group",
+        yaxis_title="samples/s (median; whiskers min–max)", xaxis_title="variant",
+        showlegend=multi, template="plotly_white", height=420)
+    return fig
+
+
+def show(df: CompareResult) -> None:
+    if frontend() in NOTEBOOK_FRONTENDS + ("ci",):
+        df._ipython_display_()
+    else:
+        print(compare_table(df))

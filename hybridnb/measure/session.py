@@ -1,0 +1,289 @@
+"""One compare() variant's whole life: build the model, apply the variant's changes, warm up,
+measure the step's memory, then time windows of steps on request.
+
+A session answers with plain dicts (status, note, numbers), never with an exception, so it runs
+the same way in the caller's process and in a variant's own process (``measure.worker``), where
+its answers travel over a pipe. Status is ok | skipped | oom | failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from hybridnb.hardware.rules import device_native_bf16
+from hybridnb.measure.memory import MemorySampler, heap_reader, peak_bytes, reset_peak
+from hybridnb.measure.timing import Stopwatch, nvml_busy_reader, synchronize
+from hybridnb.measure.variants import Variant, unavailable
+from hybridnb.train.losses import make_loss
+from hybridnb.train.precision import Precision
+from hybridnb.train.recovery import first_line, free_memory, is_oom
+from hybridnb.train.rewrite import rewrite_depthwise
+from hybridnb.train.step import TrainStep
+
+CPU_BF16_NOTE = ("bf16 on the CPU runs with oneDNN off (torch.backends.mkldnn.flags): oneDNN's "
+                 "bf16 grouped convolutions asked for 110-880 GB on Xeon CPUs with AMX")
+
+
+@dataclass
+class Job:
+    """Everything a variant needs, picklable (with cloudpickle) for its own process."""
+
+    variant: Variant
+    model_fn: Callable[[], nn.Module]
+    x: torch.Tensor  # the batch, on the CPU; the session moves it to ``device``
+    y: torch.Tensor
+    device: str
+    loss: Any = "mse"
+    lr: float = 1e-3
+    seed: int = 0
+    warmup: int = 3
+
+
+class VariantSession:
+    """Runs one variant; see the module docstring. ``prepare()`` once, then ``window(steps)``."""
+
+    def __init__(self, job: Job) -> None:
+        self.job, self.variant = job, job.variant
+        self.device = torch.device(job.device)
+        self._run: Callable[[], torch.Tensor] | None = None
+        self._rng: tuple | None = None
+        self._busy = None
+        self._loss: torch.Tensor | None = None
+        self._held: tuple = ()
+
+    # ------------------------------------------------------------------ the two requests
+
+    def prepare(self) -> dict:
+        """Build, change, warm up (compiling when asked) and measure memory:
+        ``{status, note, first_step_s, mem_bytes, loss}``."""
+        reason = unavailable(self.variant, self.device, live=True)
+        if reason:
+            return {"status": "skipped", "note": reason}
+        try:
+            with self._context():
+                answer = self._build()
+                if answer is None:
+                    answer = self._warm_up()
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an answer
+            answer = _failure(exc, "warm-up", self.job.x.shape[0])
+        if answer["status"] != "ok":
+            self.release()  # outside the except block: its traceback pins the tensors
+        return answer
+
+    def window(self, steps: int) -> dict:
+        """Time ``steps`` training steps: ``{status, note, seconds, busy, loss}``."""
+        watch = Stopwatch(self.device)
+        busy = self._busy_sampler()
+        try:
+            with self._context(), self._own_rng(), busy:
+                watch.start()
+                for _ in range(steps):
+                    self._loss = self._run()
+                seconds = watch.stop()
+            answer = {"status": "ok", "note": "", "seconds": seconds,
+                      "busy": _values(busy, "gpu_util"), "loss": float(self._loss)}
+        except Exception as exc:  # noqa: BLE001
+            answer = _failure(exc, "timed window", self.job.x.shape[0])
+        if answer["status"] != "ok":
+            self.release()
+        return answer
+
+    def release(self) -> None:
+        """Drop the model, optimizer and batch so their memory comes back."""
+        self._run, self._held, self._loss = None, (), None
+        free_memory(self.device)
+
+    # ------------------------------------------------------------------ building
+
+    def _build(self) -> dict | None:
+        """The model with the variant's changes and its step; an answer when it cannot run."""
+        job, dev = self.job, self.device
+        torch.manual_seed(job.seed)
+        model = _checked(job.model_fn()).to(dev)
+        model.train()
+        x, y = job.x.to(dev), job.y.to(dev)
+        skip = self._apply_changes(model, x)
+        if skip:
+            return {"status": "skipped", "note": skip}
+        if self.variant.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        opt = torch.optim.AdamW(model.parameters(), lr=job.lr)
+        native = device_native_bf16(dev) if dev.type == "cuda" else None
+        prec = Precision.choose(self.variant.precision, dev, native_bf16=native)
+        net = _compile(model, self.variant.compile) if self.variant.compile else model
+        step = TrainStep(net, make_loss(job.loss), opt, prec)
+        mark = (torch.compiler.cudagraph_mark_step_begin
+                if self.variant.compile == "reduce-overhead" and dev.type == "cuda" else None)
+
+        def run() -> torch.Tensor:
+            if mark is not None:
+                mark()
+            return step(x, y)
+
+        self._run, self._held = run, (model, opt, x, y)
+        self._rng = _rng_state(dev)  # right after the seeded init: the same for every variant
+        return None
+
+    def _apply_changes(self, model: nn.Module, x: torch.Tensor) -> str:
+        """Rewrite, then channels_last; the reason when a change has nothing to act on."""
+        if self.variant.rewrite:
+            report = rewrite_depthwise(model, x)
+            if not report:
+                return report.note or ("+rewrite changes nothing here: the model has no "
+                                       "depthwise convolution whose kernel spans its input's "
+                                       "height (the rewrite's rule)")
+        if self.variant.channels_last:
+            if not any(isinstance(m, nn.Conv2d) for m in model.modules()):
+                return ("+channels_last changes nothing here: the model has no 2-D convolution "
+                        "(the layout applies to 4-D weights and activations)")
+            model.to(memory_format=torch.channels_last)
+        return ""
+
+    def _warm_up(self) -> dict:
+        model, opt, x, y = self._held
+        with self._own_rng():
+            watch = Stopwatch(self.device)
+            watch.start()
+            self._loss = self._run()
+            first = watch.stop()
+            for _ in range(self.job.warmup - 1):
+                self._loss = self._run()
+            persistent = _state_bytes(model, opt) + _tensor_bytes(x) + _tensor_bytes(y)
+            mem = persistent + self._step_rise()
+        return {"status": "ok", "note": "", "first_step_s": first, "mem_bytes": mem,
+                "loss": float(self._loss)}
+
+    def _step_rise(self) -> float:
+        """The peak working memory of one (untimed) step above what was allocated before it:
+        exact on CUDA, sampled from the host heap (or MPS allocator) elsewhere."""
+        dev = self.device
+        if dev.type == "cuda":
+            synchronize(dev)
+            base = torch.cuda.memory_allocated(dev)
+            reset_peak(dev)
+            self._loss = self._run()
+            synchronize(dev)
+            return max((peak_bytes(dev) or base) - base, 0)
+        read = torch.mps.current_allocated_memory if dev.type == "mps" else heap_reader()[0]
+        with MemorySampler(dev, interval=0.002, probes=[("step", lambda: {"heap": read()})]
+                           ) as sampler:
+            self._loss = self._run()
+            synchronize(dev)
+        series = sampler.series().values.get("heap", [])
+        peak = sampler.series().peak("heap")
+        return max(peak - series[0], 0.0) if series and peak is not None else math.nan
+
+    # ------------------------------------------------------------------ context
+
+    @contextlib.contextmanager
+    def _context(self) -> Iterator[None]:
+        """Settings this variant's steps run under, scoped to its own calls."""
+        with contextlib.ExitStack() as stack:
+            if self.device.type == "cpu" and self.variant.precision == "bf16":
+                stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
+            if self.variant.compile:
+                stack.enter_context(_compile_settings(self.device))
+            yield
+
+    @contextlib.contextmanager
+    def _own_rng(self) -> Iterator[None]:
+        """Give the variant its own random stream while it has its turn.
+
+        Variants take turns, so in one process each one's dropout masks would depend on how many
+        steps the others took; the A/A check and the loss comparison would then measure mask
+        noise instead of numerics. Swapping states costs microseconds, outside the timed window.
+        """
+        outside = _rng_state(self.device)
+        _set_rng_state(self.device, self._rng)
+        try:
+            yield
+        finally:
+            self._rng = _rng_state(self.device)
+            _set_rng_state(self.device, outside)
+
+    def _busy_sampler(self):
+        if self._busy is None:
+            self._busy = nvml_busy_reader(self.device) or False
+        if not self._busy:
+            return contextlib.nullcontext()
+        read = self._busy
+        return MemorySampler(self.device, interval=0.05,
+                             probes=[("nvml busy", lambda: {"gpu_util": read()})])
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+@contextlib.contextmanager
+def _compile_settings(device: torch.device) -> Iterator[None]:
+    """Compiler settings for the comparison only, scoped with ``config.patch``.
+
+    Each variant compiles its own fresh model, so the recompile limit is raised (hitting it would
+    silently fall back to eager). Compiled random ops (dropout) draw from torch's generator like
+    eager ones (``fallback_random``), so a compiled run sees the same dropout masks as fp32 eager
+    and its loss can be compared. On the CPU, inductor's layout optimisation is off: it crashes
+    oneDNN on models like EEGNeX under bf16 autocast.
+    """
+    import torch._dynamo
+    import torch._inductor.config as inductor_config
+
+    dyn = torch._dynamo.config
+    key = "recompile_limit" if hasattr(dyn, "recompile_limit") else "cache_size_limit"
+    settings = {"fallback_random": True}
+    if device.type == "cpu":
+        settings["layout_optimization"] = False
+    with dyn.patch(**{key: max(getattr(dyn, key), 64)}), inductor_config.patch(**settings):
+        yield
+
+
+def _compile(model: nn.Module, mode: str | None):
+    return torch.compile(model, mode=None if mode in (None, "default") else mode)
+
+
+def _checked(model: Any) -> nn.Module:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model_fn returned {type(model).__name__}, not an nn.Module")
+    return model
+
+
+def _failure(exc: BaseException, stage: str, batch_size: int) -> dict:
+    if is_oom(exc):
+        return {"status": "oom", "note": f"out of memory during {stage} at batch {batch_size}: "
+                                         f"{first_line(exc, 240)}"}
+    return {"status": "failed", "note": f"{stage}: {type(exc).__name__}: {first_line(exc, 240)}"}
+
+
+def _values(sampler, name: str) -> list[float]:
+    if not isinstance(sampler, MemorySampler):
+        return []
+    return [v for v in sampler.series().values.get(name, []) if v == v]
+
+
+def _rng_state(dev: torch.device) -> tuple:
+    cuda = torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None
+    return torch.random.get_rng_state(), cuda
+
+
+def _set_rng_state(dev: torch.device, state: tuple) -> None:
+    torch.random.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], dev)
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _state_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> int:
+    total = sum(_tensor_bytes(p) for p in model.parameters())
+    total += sum(_tensor_bytes(b) for b in model.buffers())
+    for state in opt.state.values():
+        total += sum(_tensor_bytes(v) for v in state.values() if isinstance(v, torch.Tensor))
+    return total

@@ -1,0 +1,135 @@
+"""ThroughputMonitor: the rate it reports must be the wall clock's, with the waiting for data
+named; FLOP counts must be the analytic ones; MFU must use the right peak."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from hybridnb.measure.throughput import ThroughputMonitor, count_flops, peak_key, peak_tflops
+
+
+class SlowDataset(Dataset):
+    """Each item takes ``delay`` seconds to load: a loader-bound run."""
+
+    def __init__(self, n: int, delay: float) -> None:
+        self.n, self.delay = n, delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        time.sleep(self.delay)
+        return torch.randn(16), torch.randn(1)
+
+
+def _train_step(model, opt, x, y) -> None:
+    opt.zero_grad()
+    nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+
+
+def test_slow_dataset_rate_is_the_wall_clock_and_data_bound():
+    model = nn.Linear(16, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(SlowDataset(4 * 24, delay=0.005), batch_size=4)
+    mon = ThroughputMonitor("cpu", warmup_steps=2, every=5)
+    t0 = time.perf_counter()
+    n = 0
+    for x, y in mon.batches(loader):
+        _train_step(model, opt, x, y)
+        mon.step_done(len(x))
+        n += len(x)
+    wall_rate = n / (time.perf_counter() - t0)
+    s = mon.summary()
+    assert s["samples_per_s"] == pytest.approx(wall_rate, rel=0.10)
+    assert s["data_wait_pct"] > 50
+    assert s["data_bound"] is True
+    assert s["samples"] == n - 2 * 4 and s["steps"] == 22  # warm-up steps are not counted
+    # the compute-only figure is what a step timer would say: far above the truth
+    assert s["compute_samples_per_s"] > 2 * s["samples_per_s"]
+    assert "data-bound" in mon.describe()
+
+
+def test_compute_bound_loop_is_not_data_bound_and_start_wait_end_wait_count():
+    w = torch.randn(128, 128) / 12
+    batches = [torch.randn(64, 128) for _ in range(12)]
+    mon = ThroughputMonitor("cpu", warmup_steps=1, every=4)
+    for x in batches:
+        mon.start_wait()
+        mon.end_wait()
+        for _ in range(20):
+            x = torch.tanh(x @ w)
+        mon.step_done(64)
+    s = mon.summary()
+    assert s["data_wait_pct"] < 20 and s["data_bound"] is False
+    assert s["steps"] == 11 and s["samples"] == 11 * 64
+    assert s["compute_samples_per_s"] >= s["samples_per_s"]
+
+
+def test_batch_ready_counts_the_time_since_the_last_step_as_waiting():
+    mon = ThroughputMonitor("cpu", warmup_steps=0, every=100)
+    for _ in range(5):
+        time.sleep(0.02)  # the loader
+        mon.batch_ready()
+        mon.step_done(1)
+    s = mon.summary()
+    assert s["data_wait_pct"] > 80
+    assert s["samples_per_s"] == pytest.approx(1 / 0.02, rel=0.3)
+
+
+def test_warmup_steps_are_left_out():
+    mon = ThroughputMonitor("cpu", warmup_steps=2, every=3)
+    for i in range(8):
+        time.sleep(0.15 if i < 2 else 0.01)  # compiling, then fast steps
+        mon.step_done(10)
+    s = mon.summary()
+    assert s["steps"] == 6
+    assert s["samples_per_s"] > 300  # 10 samples / ~0.01 s, not dragged down by the warm-up
+    assert ThroughputMonitor("cpu", warmup_steps=3).summary()["samples_per_s"] is None
+
+
+def test_linear_flops_match_the_analytic_count():
+    batch, fan_in, fan_out = 8, 64, 32
+    layer = nn.Linear(fan_in, fan_out)
+    x = torch.randn(batch, fan_in)
+    forward = 2 * batch * fan_in * fan_out  # one multiply and one add per weight per sample
+    assert count_flops(layer, (x,), backward=False) == forward
+    assert count_flops(layer, (x,)) == 2 * forward  # + the weight gradient
+    assert count_flops(layer, x.requires_grad_()) == 3 * forward  # + the input gradient
+    assert layer.weight.grad is None, "counting leaves gradients as they were"
+
+
+def test_count_flops_leaves_batchnorm_statistics_alone():
+    model = nn.Sequential(nn.Linear(6, 4), nn.BatchNorm1d(4)).train()
+    count_flops(model, torch.randn(5, 6))
+    assert model.training and int(model[1].num_batches_tracked) == 0
+
+
+def test_mfu_uses_the_peak_for_the_precision():
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.0
+    assert peak_tflops("NVIDIA H100 PCIe", "bf16") == 756.0
+    assert peak_tflops("NVIDIA H100 NVL", "bf16") is None  # not in the table: no guess
+    assert peak_tflops("NVIDIA A100-SXM4-80GB", "tf32") == 156.0
+    assert peak_tflops("NVIDIA A10", "bf16") == 125.0
+    assert peak_tflops("Tesla T4", "bf16") is None  # no bf16 hardware
+    assert peak_tflops("Some Future GPU", "bf16") is None
+    assert peak_key("bf16") == "bf16"
+    mon = ThroughputMonitor("cpu", warmup_steps=0, every=2, flops_per_sample=1e9, peak=10.0,
+                            precision="bf16")
+    for _ in range(4):
+        time.sleep(0.01)
+        mon.step_done(100)
+    s = mon.summary()
+    assert s["tflops"] == pytest.approx(s["samples_per_s"] * 1e9 / 1e12)
+    assert s["mfu"] == pytest.approx(s["tflops"] / 10.0)
+    assert ThroughputMonitor("cpu").summary()["mfu"] is None  # no peak on a CPU
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="every=0"):
+        ThroughputMonitor("cpu", every=0)
