@@ -38,7 +38,7 @@ demo: setup
 # runs top to bottom in small mode under nbval (a failing cell fails; "# Checked:" cells assert
 # their deterministic answers, so no output is stored in the notebooks).
 test: setup
-	$(VENV)/bin/ruff check hybridnb data_prep tests bench
+	$(VENV)/bin/ruff check hybridnb data_prep hybridnb_tools examples tests bench
 	env -u HYBRIDNB_SMOKE $(PY) -m pytest -q
 	HYBRIDNB_SMOKE=1 HYBRIDNB_RUN_DIR=$(CURDIR)/runs/nbval $(PY) -m pytest -q \
 	  --nbval-lax --nbval-current-env --nbval-cell-timeout=900 notebooks

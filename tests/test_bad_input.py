@@ -11,14 +11,23 @@ import hashlib
 import json
 import os
 import re
+import shutil
+import subprocess
+import sys
+import time
+import traceback
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from data_fixtures import CLEAN, clean_release, private_release
+from torch import nn
 
 from data_prep import bids, challenge1, challenge2, synthetic
 from data_prep.bdf import read_header
+from hybridnb.train import checkpoint
+from hybridnb.train.trainer import Trainer
 
 USES_FIXTURES = (clean_release, private_release)  # imported for pytest
 
@@ -327,3 +336,394 @@ def test_cache_sees_same_size_edits_of_text_files(private_release, tmp_path, cas
         assert np.isclose(diff[~mine], 0).all()
     # and unchanged inputs still load from the cache
     assert _windows(challenge, private_release, tmp_path).info["cached"]
+
+
+# ==============================================================================================
+# training
+# ==============================================================================================
+# Small runs on the CPU: 200 samples of 8 features, batches of 32 (the last one holds 8, so a
+# mean over steps and a mean over samples differ), an MLP with one output.
+torch.set_num_threads(1)
+N, D, BATCH = 200, 8, 32
+SECONDS = 30.0  # bad data returns from fit well within this, even on a 2-core CI machine
+
+
+def _xy(n: int = N, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, D, generator=g)
+    return x, torch.sin(x @ torch.linspace(-1, 1, D))
+
+
+def _mlp(outputs: int = 1) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(D, 16), nn.Tanh(), nn.Linear(16, outputs))
+
+
+class _NanOutput(nn.Module):
+    """A model whose output is NaN whatever the data (a broken custom layer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(D, 1)
+
+    def forward(self, x):
+        return self.lin(x) * float("nan")
+
+
+class _Renamed(nn.Sequential):
+    """The same parameter names as _mlp(), another class."""
+
+
+def _trainer(model=None, **kw) -> Trainer:
+    kw = {"device": "cpu", "batch_size": BATCH, "epochs": 2, "lr": 1e-2, "seed": 0,
+          "live": False, "verbose": False, **kw}
+    return Trainer(model if model is not None else _mlp(), **kw)
+
+
+def _kinds(tr: Trainer, kind: str) -> list:
+    return [e for e in tr.events if e.kind == kind]
+
+
+# --- bad data and arguments met during fit (items 1-5) ----------------------------------------
+def _nan_y_every_10th(x, y):
+    y[::10] = float("nan")
+
+
+def _nan_x_every_10th(x, y):
+    x[::10, 3] = float("nan")
+
+
+def _inf_y_every_10th(x, y):
+    y[::10] = float("inf")
+
+
+def _nan_y_once(x, y):
+    y[5] = float("nan")
+
+
+FIT_CASES = [
+    # (case id, change to the training data, Trainer kwargs, expected answer)
+    ("nan_in_targets_every_batch", _nan_y_every_10th, {},
+     {"raises": (ValueError, r"training data holds non-finite values.*epoch 0, step \d+.*"
+                             r"y: NaN \d+ of 32 values.*Remove or impute"), "restores": 0}),
+    ("nan_in_inputs_every_batch", _nan_x_every_10th, {},
+     {"raises": (ValueError, r"non-finite values.*epoch 0, step \d+.*x: NaN \d+ of \d+ values"),
+      "restores": 0}),
+    ("inf_in_targets_every_batch", _inf_y_every_10th, {},
+     {"raises": (ValueError, r"non-finite values.*y: Inf \d+ of 32 values"), "restores": 0}),
+    ("nan_in_one_batch_is_skipped", _nan_y_once, {},
+     {"events": {"nonfinite_batch": 2, "restore": 0, "nonfinite_loss": 0}, "lr_kept": True}),
+    ("nan_from_the_model_bounded_restores", None, {"model": _NanOutput()},
+     {"raises": (FloatingPointError, r"non-finite or spiking after 3 restores to step 0 "
+                                     r"\(epoch 0\).*model output"), "restores": 3}),
+    ("targets_n2_for_output_n1", lambda x, y: torch.stack([y, y], 1), {},
+     {"raises": (ValueError, r"output has shape \(32, 1\) but the targets have shape \(32, 2\)"),
+      "steps": 0}),
+    ("targets_n_for_output_n2", None, {"model": _mlp(outputs=2)},
+     {"raises": (ValueError, r"output has shape \(32, 2\) but the targets have shape \(32,\)"),
+      "steps": 0}),
+    ("float64_numpy_arrays", "float64", {},
+     {"events": {"dtype": 1}, "finite_history": True}),
+    ("monitor_that_does_not_exist", None, {"monitor": "val_acc", "early_stopping": 2},
+     {"raises": (ValueError, r"monitor='val_acc' is not a validation metric.*'val_loss'.*"
+                             r"'val_rmse'"), "steps": 7}),
+    ("nan_in_validation_targets", "val_nan", {"early_stopping": 5},
+     {"events": {"nonfinite_targets": 1}, "says": r"10 validation samples have non-finite "
+                                                 r"targets", "finite_history": True,
+      "best_pt": True}),
+]
+
+
+@pytest.mark.timeout(120)  # the old code looped forever on NaN data: fail, never hang
+@pytest.mark.parametrize("case,change,kwargs,expected", FIT_CASES, ids=[c[0] for c in FIT_CASES])
+def test_fit_with_bad_data(tmp_path, case, change, kwargs, expected):
+    (x, y), val = _xy(), _xy(64, seed=1)
+    if change == "float64":                      # numpy's default dtype, for train and val
+        train = (x.double().numpy(), y.double().numpy())
+        val = (val[0].double().numpy(), val[1].double().numpy())
+    elif change == "val_nan":
+        val[1][::7] = float("nan")                       # 10 of 64 validation targets
+        train = (x, y)
+    else:
+        out = change(x, y) if callable(change) else None
+        train = (x, out if out is not None else y)
+    tr = _trainer(checkpoint_dir=tmp_path / "ck", **kwargs)
+    started = time.perf_counter()
+    if "raises" in expected:
+        exc, pattern = expected["raises"]
+        with pytest.raises(exc, match=pattern):
+            tr.fit(train, val)
+    else:
+        tr.fit(train, val)
+    assert time.perf_counter() - started < SECONDS        # returns, never hangs
+    if "restores" in expected:                             # bounded, at the same place
+        assert len(_kinds(tr, "restore")) == expected["restores"], [e.kind for e in tr.events]
+    if "steps" in expected:                                # where it stopped
+        assert len(tr.steps) == expected["steps"]
+    for kind, count in expected.get("events", {}).items():
+        assert len(_kinds(tr, kind)) == count, [str(e) for e in tr.events]
+    if "says" in expected:
+        assert any(re.search(expected["says"], e.message) for e in tr.events), tr.events
+    if expected.get("lr_kept"):                            # bad data is not the model's fault
+        assert tr.state.lr_scale == 1.0
+        assert any("y: NaN 1 of 32 values" in e.message for e in _kinds(tr, "nonfinite_batch"))
+    if expected.get("finite_history"):
+        cols = ["train_loss", "val_loss", "val_rmse", "val_r2"]
+        assert np.isfinite(tr.history[cols].to_numpy()).all(), tr.history[cols]
+        assert np.isfinite(tr.evaluate(val)["rmse"])      # evaluate takes the same data
+        assert tr.predict(val[0]).dtype == np.float32
+    if expected.get("best_pt"):                            # best weights are still kept
+        assert (tmp_path / "ck" / checkpoint.BEST).is_file()
+        assert tr.state.best["value"] is not None
+
+
+# --- the Trainer's arguments, checked when it is built (items 6, 8, 11) -----------------------
+def _dead_pid() -> int:
+    """The id of a process that has ended."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _lock(folder: Path) -> None:
+    """Make ``folder`` unwritable, for root too (chattr +i); skip where that is impossible."""
+    folder.chmod(0o555)
+    probe = folder / ".probe"
+    try:
+        probe.write_bytes(b"")
+    except OSError:
+        return
+    probe.unlink()
+    if shutil.which("chattr") and subprocess.run(["chattr", "+i", str(folder)],
+                                                 capture_output=True).returncode == 0:
+        return
+    pytest.skip("cannot make a folder read-only here (root without chattr)")
+
+
+def _unlock(folder: Path) -> None:
+    if shutil.which("chattr"):
+        subprocess.run(["chattr", "-i", str(folder)], capture_output=True)
+    folder.chmod(0o755)
+
+
+def _existing_file(tmp: Path) -> Path:
+    path = tmp / "runs"
+    path.write_text("my notes")
+    return path
+
+
+def _read_only(tmp: Path) -> Path:
+    folder = tmp / "runs"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("mine")
+    _lock(folder)
+    return folder
+
+
+def _missing_under_read_only(tmp: Path) -> Path:
+    _read_only(tmp)
+    return tmp / "runs" / "c1"
+
+
+def _stale_temp_files(tmp: Path) -> Path:
+    folder = tmp / "runs"
+    folder.mkdir()
+    dead = _dead_pid()
+    for name in (f".last.pt.tmp-{dead}", f".last.prev.pt.tmp-{dead}", f".best.pt.tmp-{dead}",
+                 f".write-test-{dead}",                          # ours, from a killed process
+                 f".last.pt.tmp-{os.getpid()}",                  # a live process is writing
+                 ".notes.tmp-abc", f".my.tmp-{dead}", "last.pt.tmp-1", "keep.txt"):  # the user's
+        (folder / name).write_text("x")
+    return folder
+
+
+BUILD_CASES = [
+    # (case id, Trainer kwargs (a callable makes the folder), expected answer)
+    ("device_nonsense", {"device": "nonsense"},
+     {"raises": (ValueError, r"device='nonsense' is not a device: use 'auto', 'cpu'")}),
+    ("device_cuda_without_cuda", {"device": "cuda"},
+     {"raises": (ValueError, r"device='cuda': this machine has no usable CUDA GPU.*"
+                             r"device='auto'"), "no_cuda": True}),
+    ("device_cuda_index_without_cuda", {"device": "cuda:1"},
+     {"raises": (ValueError, r"device='cuda:1': .*no usable CUDA GPU"), "no_cuda": True}),
+    ("checkpoint_dir_is_a_file", {"checkpoint_dir": _existing_file},
+     {"raises": (ValueError, r"checkpoint_dir='.*runs' is an existing file, not a folder")}),
+    ("checkpoint_dir_read_only", {"checkpoint_dir": _read_only},
+     {"raises": (ValueError, r"checkpoint_dir='.*runs' cannot be written.*Error")}),
+    ("checkpoint_dir_under_a_read_only_folder", {"checkpoint_dir": _missing_under_read_only},
+     {"raises": (ValueError, r"checkpoint_dir='.*runs/c1' cannot be written")}),
+    ("stale_temp_files_of_dead_processes", {"checkpoint_dir": _stale_temp_files},
+     {"left": [f".last.pt.tmp-{os.getpid()}", ".my.tmp-{dead}", ".notes.tmp-abc",
+               "keep.txt", "last.pt.tmp-1"]}),
+]
+
+
+@pytest.mark.parametrize("case,kwargs,expected", BUILD_CASES, ids=[c[0] for c in BUILD_CASES])
+def test_trainer_arguments_checked_when_built(tmp_path, case, kwargs, expected):
+    if expected.get("no_cuda") and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    kwargs = {k: v(tmp_path) if callable(v) else v for k, v in kwargs.items()}
+    where = kwargs.get("checkpoint_dir")
+    top = tmp_path / "runs"
+    before = _digest(top) if top.is_dir() else (top.read_text() if top.exists() else None)
+    try:
+        if "raises" in expected:
+            exc, pattern = expected["raises"]
+            with pytest.raises(exc, match=pattern):
+                _trainer(**kwargs)
+        else:
+            _trainer(**kwargs)
+    finally:
+        if top.is_dir():
+            _unlock(top)
+    if "left" in expected:                     # only our temporary files of dead processes go
+        dead = next(p.name.rsplit("-", 1)[1] for p in where.glob(".my.tmp-*"))
+        assert sorted(p.name for p in where.iterdir()) == sorted(
+            n.replace("{dead}", dead) for n in expected["left"])
+    elif top.is_dir():                         # nothing the user had is touched
+        assert _digest(top) == before
+        assert not (top / "c1").exists()
+    elif before is not None:
+        assert top.read_text() == before
+
+
+# --- checkpoints met during fit and resume (items 8, 9, 10) -----------------------------------
+def _train_into(folder: Path) -> None:
+    """A finished short run: last.pt, last.prev.pt and best.pt in ``folder``."""
+    _trainer(checkpoint_dir=folder).fit(_xy(), _xy(64, seed=1))
+
+
+def _garbage(folder: Path, best: bool) -> None:
+    (folder / checkpoint.LAST).write_bytes(b"not a checkpoint " * 8)
+    (folder / checkpoint.PREVIOUS).write_bytes(b"PK\x03\x04 cut short")
+    if not best:
+        (folder / checkpoint.BEST).unlink()
+
+
+RESUME_CASES = [
+    # (case id, change to a finished run's folder, model and resume= of the new run, expected)
+    ("another_model_class_same_names", None, (lambda: _Renamed(*_mlp()), True),
+     {"raises": (checkpoint.CheckpointError, r"last\.pt was saved from a model of class "
+                                             r"Sequential, this model is a _Renamed")}),
+    ("other_layer_sizes", None, (lambda: nn.Sequential(nn.Linear(D, 17), nn.Tanh(),
+                                                       nn.Linear(17, 1)), True),
+     {"raises": (checkpoint.CheckpointError, r"last\.pt does not fit this model: '0\.weight' "
+                                             r"has shape \(16, 8\) there and \(17, 8\) here")}),
+    ("garbage_last_and_prev_best_offered", lambda f: _garbage(f, best=True), (_mlp, True),
+     {"raises": (checkpoint.CheckpointError, r"last\.pt is unreadable.*last\.prev\.pt is "
+                                             r"unreadable.*best\.pt holds the best weights.*"
+                                             r"weights_only=True.*or start afresh")}),
+    ("garbage_last_and_prev_no_best", lambda f: _garbage(f, best=False), (_mlp, True),
+     {"raises": (checkpoint.CheckpointError, r"last\.pt is unreadable.*last\.prev\.pt is "
+                                             r"unreadable.*start afresh without resume")}),
+    ("garbage_file_given_as_resume_path", lambda f: _garbage(f, best=True), (_mlp, "last.pt"),
+     {"raises": (checkpoint.CheckpointError, r"last\.pt is unreadable.*last\.prev\.pt is "
+                                             r"unreadable.*best\.pt holds the best weights")}),
+    ("folder_turns_read_only_during_fit", "lock", (_mlp, False),
+     {"raises": (PermissionError, r"Permission denied|Operation not permitted"),
+      "stderr": r"training failed, and saving the last good state into .* failed too"}),
+]
+
+
+@pytest.mark.parametrize("case,change,new_run,expected", RESUME_CASES,
+                         ids=[c[0] for c in RESUME_CASES])
+def test_checkpoint_problems_during_fit(tmp_path, capfd, case, change, new_run, expected):
+    folder = tmp_path / "runs"
+    _train_into(folder)
+    (folder / "notes.txt").write_text("mine")
+    if callable(change):
+        change(folder)
+    before = _digest(folder)
+    make_model, resume = new_run
+    resume = folder / resume if isinstance(resume, str) else resume
+    tr = _trainer(make_model(), checkpoint_dir=folder, epochs=3)
+    if change == "lock":
+        _lock(folder)
+    capfd.readouterr()
+    exc, pattern = expected["raises"]
+    try:
+        with pytest.raises(exc, match=pattern) as info:
+            tr.fit(_xy(), _xy(64, seed=1), resume=resume)
+    finally:
+        _unlock(folder)
+    message = str(info.value)
+    assert "weights_only=False" not in message and "weights_only set to False" not in message
+    if exc is checkpoint.CheckpointError:      # names the file(s)
+        assert str(folder) in message
+    if "stderr" in expected:                   # the original error, and the failed save said
+        assert re.search(expected["stderr"], capfd.readouterr().err)
+        assert info.value.__context__ is None
+        assert "_save_crash" not in "".join(traceback.format_tb(info.value.__traceback__))
+    assert _digest(folder) == before           # nothing overwritten or lost
+
+
+# --- the live view and the history give one number, one epoch convention (item 7) -------------
+class _Handle:
+    """Display handle of a notebook output: keeps what was shown last."""
+
+    def __init__(self, bundle: dict) -> None:
+        self.last = bundle
+
+    def update(self, bundle: dict, **_) -> None:
+        self.last = bundle
+
+
+def _text_view(monkeypatch) -> dict:
+    return {"live": "text"}
+
+
+def _html_view(monkeypatch) -> dict:
+    import hybridnb.env
+    import hybridnb.live.html as html
+
+    shown = []
+    monkeypatch.setattr(hybridnb.env, "frontend", lambda: "vscode")
+    monkeypatch.setattr(html, "_IPythonHandle", lambda b: shown.append(_Handle(b)) or shown[-1])
+    return {"live": "html", "_shown": shown}
+
+
+def _epoch_lines(out: str) -> list[tuple[int, str]]:
+    """(epoch, train loss) of each epoch line the text view printed."""
+    found = re.findall(r"^epoch (\d+)/\d+ · step \d+/\d+ · train_loss (\S+)", out, re.M)
+    return [(int(e), loss) for e, loss in found]
+
+
+LIVE_CASES = [
+    # (case id, renderer, Trainer kwargs, expected: what must equal the history)
+    ("text_line_per_epoch", _text_view, {}, {"epoch_lines": True, "summary": True}),
+    ("text_with_grad_accum", _text_view, {"grad_accum": 3}, {"epoch_lines": True,
+                                                             "summary": True}),
+    ("html_snapshot", _html_view, {}, {"figure": True, "summary": True}),
+]
+
+
+@pytest.mark.parametrize("case,renderer,kwargs,expected", LIVE_CASES,
+                         ids=[c[0] for c in LIVE_CASES])
+def test_live_view_shows_the_history_numbers(monkeypatch, capsys, case, renderer, kwargs,
+                                             expected):
+    from hybridnb.live import fmt
+
+    view = renderer(monkeypatch)
+    shown = view.pop("_shown", None)
+    val = _xy(64, seed=1)
+    val[1][:] = torch.linspace(1.0, -1.0, 64)           # best epoch is not the last one
+    tr = _trainer(epochs=3, lr=5e-2, **view, **kwargs)
+    capsys.readouterr()
+    tr.fit(_xy(), val)
+    out = capsys.readouterr().out
+    hist = tr.history
+    sample_mean = [fmt.number(v) for v in hist["train_loss"]]
+    if expected.get("epoch_lines"):
+        assert _epoch_lines(out) == list(zip(hist["epoch"].tolist(), sample_mean, strict=True))
+    best = hist.loc[hist["val_loss"].idxmin()]
+    said = (f"Best val_loss {fmt.number(best['val_loss'])} at epoch {int(best['epoch'])}, "
+            f"step {int(best['step'])} (epochs count from 0")
+    if expected.get("figure"):
+        summary, figure = shown[0].last, shown[1].last
+        trace = next(t for t in figure["application/vnd.plotly.v1+json"]["data"]
+                     if t["name"] == "train loss (epoch)")
+        assert trace["y"] == pytest.approx(hist["train_loss"].tolist(), rel=1e-12)
+        assert trace["x"] == hist["step"].tolist()
+        out = summary["text/plain"]
+    if expected.get("summary"):
+        assert said in out, out

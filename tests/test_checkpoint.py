@@ -273,3 +273,17 @@ def test_resume_with_another_batch_size_continues_by_samples_and_says_so(tmp_pat
     note = next(e for e in tr.events if e.kind == "resume" and "batch_size=32" in e.message)
     assert "160 samples" in note.message
     assert tr.global_step == 5 + 10  # the remaining 160 samples in batches of 16
+
+
+def test_a_fresh_run_keeps_an_earlier_runs_checkpoints_and_says_so(tmp_path):
+    first = trainer(Stopper(), tmp_path, epochs=1)
+    first.fit(Noisy(), val=Noisy(64, seed=1))
+    before = {n: (tmp_path / n).read_bytes() for n in ("last.pt", "last.prev.pt", "best.pt")}
+    second = trainer(Stopper(), tmp_path, epochs=1, seed=4)
+    second.fit(Noisy(), val=Noisy(64, seed=1))
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith("earlier-")]
+    assert len(kept) == 1
+    assert {n: (kept[0] / n).read_bytes() for n in before} == before  # nothing overwritten
+    notes = [e for e in second.events if e.kind == "earlier_run"]
+    assert len(notes) == 1 and kept[0].name in notes[0].message
+    assert (tmp_path / "last.pt").read_bytes() != before["last.pt"]  # the new run's own

@@ -1,20 +1,28 @@
 """compare(): the table people use to pick a precision / compile mode must be complete and honest.
 
-Everything runs on the CPU with a tiny model. Variants that cannot run here, compile failures and
-out-of-memory are injected, and the tests check what the table kept.
+Everything runs on the CPU with a tiny model. Variants that cannot run here, compile failures,
+out-of-memory, aborts and hangs are injected, and the tests check what the table kept. Each
+variant runs in its own process by default, so faults are injected through the model (which
+travels there) rather than by patching this process.
 """
 
 from __future__ import annotations
 
 import importlib
 import math
+import os
+import subprocess
+import sys
+import time
 
 import pandas as pd
 import pytest
 import torch
 from torch import nn
 
+from hybridnb.measure import compare_view
 from hybridnb.measure.compare import COLUMNS, compare, compare_figure, compare_table
+from hybridnb.measure.variants import DEFAULT_VARIANTS, parse_variant
 
 cmp = importlib.import_module("hybridnb.measure.compare")  # the module; hn.compare is the function
 
@@ -80,18 +88,21 @@ def test_fp32_baseline_is_added_when_not_asked():
     assert not math.isnan(row(df, "bf16")["speedup"])
 
 
-def test_variants_take_turns_in_every_round():
-    calls: list[int] = []
-    built = []
+def test_variants_take_turns_in_every_round(tmp_path):
+    log = tmp_path / "calls"
 
-    def tagged() -> nn.Module:
-        model, tag = tiny(), len(built)
-        model.register_forward_hook(lambda *_: calls.append(tag))
-        built.append(model)
+    def tagged() -> nn.Module:  # tags forward calls 0 (fp32) / 1 (bf16) in one shared file
+        model = tiny()
+
+        def hook(*_):
+            with open(log, "a") as f:
+                f.write(f"{int(torch.is_autocast_enabled('cpu'))}\n")
+        model.register_forward_hook(hook)
         return model
 
     df = compare(tagged, batch(), ("fp32", "bf16"), steps=2, warmup=2, repeats=3,
                  device="cpu", progress=False)
+    calls = [int(t) for t in log.read_text().split()]
     warm = [0, 0, 0, 1, 1, 1]  # each: 2 warm-up steps + 1 memory step
     rounds = [0, 0, 1, 1] * 3  # A A B B, A A B B, ... (2 steps per window)
     assert calls == warm + rounds
@@ -99,7 +110,9 @@ def test_variants_take_turns_in_every_round():
 
 
 def test_compile_without_a_compiler_is_skipped_with_the_reason(monkeypatch):
-    monkeypatch.setattr(cmp.shutil, "which", lambda name: None)
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
     monkeypatch.delenv("CXX", raising=False)
 
     def no_compile(*a, **k):
@@ -121,8 +134,9 @@ def test_compile_failure_is_a_row_and_the_other_variants_keep_their_numbers(monk
                                "'['g++', 'kernel.cpp']' returned non-zero exit status 1.")
         return run
 
-    monkeypatch.setattr(cmp, "_compile", broken_compile)
-    df = compare(tiny, batch(), ("fp32", "fp32+compile", "bf16"), **FAST)
+    monkeypatch.setattr(importlib.import_module("hybridnb.measure.session"), "_compile",
+                        broken_compile)
+    df = compare(tiny, batch(), ("fp32", "fp32+compile", "bf16"), **FAST, isolate=False)
     failed = row(df, "fp32+compile")
     assert failed["status"] == "failed"
     assert "warm-up" in failed["note"] and "inductor" in failed["note"]
@@ -159,19 +173,16 @@ def test_oom_at_one_batch_size_is_reported_and_the_other_size_is_kept():
 
 
 def test_oom_in_a_timed_window_keeps_the_rest():
-    built = []
-
     def second_model_ooms_later() -> nn.Module:
         model = tiny()
-        if len(built) == 1:  # the bf16 variant: fine for warm-up, out of memory when timed
-            calls = []
+        calls = []
 
-            def hook(*_):
+        def hook(*_):  # the bf16 variant: fine for warm-up, out of memory when timed
+            if torch.is_autocast_enabled("cpu"):
                 calls.append(1)
                 if len(calls) > 3:
                     raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20 MiB")
-            model.register_forward_pre_hook(hook)
-        built.append(model)
+        model.register_forward_pre_hook(hook)
         return model
 
     df = compare(second_model_ooms_later, batch(), ("fp32", "bf16", "fp32"), **FAST)
@@ -235,7 +246,7 @@ def test_notebook_display_shows_table_and_chart(monkeypatch):
     import IPython.display
     monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
 
-    monkeypatch.setattr(cmp, "frontend", lambda: "jupyter")
+    monkeypatch.setattr(compare_view, "frontend", lambda: "jupyter")
     df._ipython_display_()
     table, fig = shown
     assert list(table["variant"]) == ["fp32", "bf16", "fp16"]
@@ -243,7 +254,7 @@ def test_notebook_display_shows_table_and_chart(monkeypatch):
     assert fig.data[0].text[0] == "1.00×" and fig.data[0].text[2] == "skipped"
 
     shown.clear()
-    monkeypatch.setattr(cmp, "frontend", lambda: "ci")
+    monkeypatch.setattr(compare_view, "frontend", lambda: "ci")
     df._ipython_display_()
     assert len(shown) == 1  # headless notebooks get the table, not a plotly payload
 
@@ -261,7 +272,7 @@ def test_text_table_lists_skip_reasons_as_notes():
 def test_cli_prints_the_table(capsys):
     from hybridnb.__main__ import main
 
-    code = main(["compare", "--model", "shallow", "--batch", "4", "--steps", "1", "--warmup", "1",
+    code = main(["compare", "--model", "hybridnb_tools.models:shallow", "--batch", "4", "--steps", "1", "--warmup", "1",
                  "--repeats", "1", "--variants", "fp32,fp16", "--device", "cpu"])
     out = capsys.readouterr().out
     assert code == 0
@@ -275,3 +286,146 @@ def test_hn_compare_is_callable_whatever_was_imported_first():
 
     df = hn.compare(tiny, batch(), ("fp32",), **FAST)
     assert list(df["variant"]) == ["fp32"] and df["speedup"].iloc[0] == 1.0
+
+
+# ------------------------------------------------------------------ each variant in its own process
+
+def aborts_under_bf16() -> nn.Module:
+    """A model whose process aborts (SIGABRT, as a C++ thread's std::terminate does) under bf16."""
+    model = tiny()
+
+    def hook(*_):
+        if torch.is_autocast_enabled("cpu"):
+            sys.stderr.write("terminate called after throwing an instance of 'c10::Error'\n")
+            sys.stderr.flush()
+            os.abort()
+    model.register_forward_pre_hook(hook)
+    return model
+
+
+def test_a_variant_whose_process_aborts_is_a_row_and_the_caller_lives():
+    df = compare(aborts_under_bf16, batch(), ("fp32", "bf16", "fp32"), **FAST)
+    crashed = row(df, "bf16")
+    assert crashed["status"] == "crashed" and math.isnan(crashed["samples_per_s"])
+    assert "SIGABRT" in crashed["note"] and "warm-up" in crashed["note"]
+    assert "terminate called" in crashed["note"]  # the last line it wrote, as a clue
+    for v in ("fp32", "fp32 #2"):  # the others kept their numbers
+        assert row(df, v)["status"] == "ok" and row(df, v)["samples_per_s"] > 0
+    assert row(df, "fp32 #2")["loss_rel_diff"] == 0.0
+    assert df.attrs["isolated"] is True
+    assert "crashed" in compare_table(df)
+
+
+def test_a_variant_that_hangs_is_killed_after_the_timeout_with_nothing_left_behind():
+    def hangs_when_timed() -> nn.Module:
+        model = tiny()
+        calls = []
+
+        def hook(*_):
+            if torch.is_autocast_enabled("cpu"):
+                calls.append(1)
+                if len(calls) > 2:  # warm-up and memory step pass; the first window hangs
+                    time.sleep(3600)
+        model.register_forward_pre_hook(hook)
+        return model
+
+    t0 = time.perf_counter()
+    df = compare(hangs_when_timed, batch(), ("fp32", "bf16"), **FAST, timeout=20)
+    assert time.perf_counter() - t0 < 20 + 40  # start-up of two interpreters + the timeout
+    hung = row(df, "bf16")
+    assert hung["status"] == "timeout" and "20 s" in hung["note"]
+    assert "timed window 1" in hung["note"]
+    assert row(df, "fp32")["status"] == "ok"
+    leftovers = subprocess.run(["pgrep", "-f", "hybridnb.measure.worker", "-P", str(os.getpid())],
+                               capture_output=True, text=True).stdout.split()
+    assert leftovers == []
+
+
+def test_the_new_variants_are_listed_and_skipped_with_reasons_where_they_change_nothing():
+    assert {"bf16+channels_last", "bf16+channels_last+rewrite",
+            "bf16+channels_last+rewrite+compile"} <= set(DEFAULT_VARIANTS)
+    v = parse_variant("bf16+compile:max-autotune+rewrite+channels_last")
+    assert (v.precision, v.compile, v.rewrite, v.channels_last) == (
+        "bf16", "max-autotune", True, True)
+    df = compare(tiny, batch(), ("fp32", "bf16+channels_last", "bf16+channels_last+rewrite"),
+                 **FAST)
+    assert list(df["variant"]) == ["fp32", "bf16+channels_last", "bf16+channels_last+rewrite"]
+    assert row(df, "bf16+channels_last")["status"] == "skipped"
+    assert "no 2-D convolution" in row(df, "bf16+channels_last")["note"]
+    assert "depthwise" in row(df, "bf16+channels_last+rewrite")["note"]
+
+
+class HeightSpanningDepthwise(nn.Module):
+    """(B, C, T) windows -> a depthwise conv whose kernel spans all C rows (the rewrite's rule)."""
+
+    def __init__(self, chans: int = 4, times: int = 16) -> None:
+        super().__init__()
+        self.first = nn.Conv2d(1, 2, (1, 3), padding=(0, 1))
+        self.spatial = nn.Conv2d(2, 4, (chans, 1), groups=2)
+        self.head = nn.Linear(4 * times, 1)
+
+    def forward(self, x):
+        return self.head(self.spatial(self.first(x.unsqueeze(1))).flatten(1))
+
+
+def test_layout_and_rewrite_variants_run_on_a_model_they_apply_to():
+    df = compare(HeightSpanningDepthwise, batch(), ("fp32", "fp32+channels_last",
+                                                     "fp32+rewrite"), **FAST)
+    for v in ("fp32+channels_last", "fp32+rewrite"):
+        r = row(df, v)
+        assert r["status"] == "ok" and r["samples_per_s"] > 0, r["note"]
+        assert r["loss_rel_diff"] < 1e-4 and r["loss_ok"] is True  # exact changes
+
+
+def test_in_process_runs_give_the_same_table():
+    df = compare(tiny, batch(), ("fp32", "bf16", "fp16"), **FAST, isolate=False)
+    assert list(df["variant"]) == ["fp32", "bf16", "fp16"] and df.attrs["isolated"] is False
+    assert list(df["status"]) == ["ok", "ok", "skipped"]
+    assert row(df, "bf16")["final_loss"] == compare(
+        tiny, batch(), ("bf16",), **FAST)["final_loss"].iloc[1]  # same numbers either way
+
+
+def test_an_unpicklable_model_function_runs_here_and_says_so(capsys):
+    import threading
+
+    lock = threading.Lock()  # cannot be pickled: the function cannot travel
+
+    def holds_a_lock() -> nn.Module:
+        with lock:
+            return tiny()
+
+    df = compare(holds_a_lock, batch(), ("fp32",), steps=1, warmup=1, repeats=1, device="cpu")
+    assert row(df, "fp32")["status"] == "ok" and df.attrs["isolated"] is False
+    assert "run in this process" in capsys.readouterr().out
+    assert any("run in this process" in n for n in df.attrs["notes"])
+
+
+def test_cpu_bf16_runs_with_onednn_off():
+    seen = []
+
+    def records_onednn() -> nn.Module:
+        model = tiny()
+        model.register_forward_pre_hook(
+            lambda *_: seen.append(torch.backends.mkldnn.enabled) if torch.is_autocast_enabled(
+                "cpu") else None)
+        return model
+
+    df = compare(records_onednn, batch(), ("fp32", "bf16"), **FAST, isolate=False)
+    assert seen and not any(seen) and torch.backends.mkldnn.enabled  # scoped, then restored
+    assert any("oneDNN off" in n for n in df.attrs["notes"])
+
+
+def test_the_command_line_module_is_light_and_names_bad_model_specs():
+    code = ("import sys, hybridnb.measure.compare_cli as c, argparse; "
+            "assert 'torch' not in sys.modules, 'compare_cli imported torch'; "
+            "p = argparse.ArgumentParser(); c.add_arguments(p); print(p.format_help())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    for option in ("--model", "--input-shape", "--variants", "--timeout", "--batch"):
+        assert option in out.stdout
+    from hybridnb.measure.compare_cli import load_factory
+
+    for spec, words in (("eegnex", "package.module:factory"), ("no_such_mod:f", "cannot import"),
+                        ("hybridnb_tools.models:nope", "no function or class 'nope'")):
+        with pytest.raises(ValueError, match=words):
+            load_factory(spec)
+    assert load_factory("hybridnb_tools.models:eegnex").input_shape == (129, 200)

@@ -1,18 +1,20 @@
 """Memory samplers: NVML device mapping by UUID, torch/MPS/host numbers, the sampler thread.
 
-GPU numbers are faked (monkeypatched torch.cuda / torch.mps functions and a fake pynvml module);
-no test needs a GPU.
+GPU numbers are faked (monkeypatched torch.cuda / torch.mps functions and a fake pynvml module
+installed under ``hardware.nvml``, the one NVML module); no test needs a GPU.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from hybridnb.measure import memory
+from hybridnb.hardware import nvml as nvml_module
+from hybridnb.measure import memory, timing
 
 GIB = 1024**3
 
@@ -54,6 +56,19 @@ class FakeNVML:
 
 
 @pytest.fixture
+def use_nvml(monkeypatch):
+    """Install a fake pynvml behind ``hardware.nvml``; returns the function that installs it."""
+
+    def install(fake):
+        monkeypatch.setitem(sys.modules, "pynvml", fake)
+        nvml_module.reset()
+        return fake
+
+    yield install
+    nvml_module.reset()
+
+
+@pytest.fixture
 def fake_cuda(monkeypatch):
     """torch.cuda allocator numbers for ordinals 0 and 1, CUDA 'initialised'."""
     alloc = {0: 1 * GIB, 1: 5 * GIB}
@@ -65,64 +80,86 @@ def fake_cuda(monkeypatch):
     return alloc
 
 
-def test_uuid_from_torch_picks_the_right_nvml_device_even_when_ordinals_differ():
-    nvml = FakeNVML()
+def test_uuid_from_torch_picks_the_right_nvml_device_even_when_ordinals_differ(use_nvml):
+    use_nvml(FakeNVML())
+    locate = nvml_module.locate
     # torch's cuda:0 is the third card in PCI order (CUDA_DEVICE_ORDER=FASTEST_FIRST, say).
-    handle, how = memory.nvml_handle_for(0, nvml, uuid="cccc-2222", environ={})
+    handle, how = locate(0, torch_uuid="cccc-2222", environ={})
     assert handle == ("handle", 2) and "UUID" in how
-    handle, _ = memory.nvml_handle_for(0, nvml, uuid="GPU-BBBB-1111", environ={})
+    handle, _ = locate(0, torch_uuid="GPU-BBBB-1111", environ={})
     assert handle == ("handle", 1)
-    handle, how = memory.nvml_handle_for(0, nvml, uuid="dddd", environ={})
+    handle, how = locate(0, torch_uuid="dddd", environ={})
     assert handle is None and "dddd" in how
 
 
-def test_cuda_visible_devices_indices_and_uuid_prefixes_are_respected():
-    nvml = FakeNVML()
+def test_cuda_visible_devices_indices_and_uuid_prefixes_are_respected(use_nvml):
+    use_nvml(FakeNVML())
+    locate = nvml_module.locate
     env = {"CUDA_VISIBLE_DEVICES": "2,0"}
-    assert memory.nvml_handle_for(0, nvml, environ=env)[0] == ("handle", 2)
-    assert memory.nvml_handle_for(1, nvml, environ=env)[0] == ("handle", 0)
-    handle, how = memory.nvml_handle_for(2, nvml, environ=env)
+    assert locate(0, environ=env)[0] == ("handle", 2)
+    assert locate(1, environ=env)[0] == ("handle", 0)
+    handle, how = locate(2, environ=env)
     assert handle is None and "past" in how
     env = {"CUDA_VISIBLE_DEVICES": "GPU-bbbb"}  # CUDA accepts unique UUID prefixes
-    assert memory.nvml_handle_for(0, nvml, environ=env)[0] == ("handle", 1)
-    handle, how = memory.nvml_handle_for(0, FakeNVML(uuids=("GPU-ab1", "GPU-ab2")),
-                                         environ={"CUDA_VISIBLE_DEVICES": "GPU-ab"})
-    assert handle is None and "matches 2" in how
-    handle, how = memory.nvml_handle_for(0, nvml, environ={"CUDA_VISIBLE_DEVICES": "MIG-x"})
+    assert locate(0, environ=env)[0] == ("handle", 1)
+    handle, how = locate(0, environ={"CUDA_VISIBLE_DEVICES": "MIG-x"})
     assert handle is None and "MIG" in how
-    assert memory.nvml_handle_for(1, nvml, environ={})[0] == ("handle", 1)
+    assert locate(1, environ={})[0] == ("handle", 1)
+    use_nvml(FakeNVML(uuids=("GPU-ab1", "GPU-ab2")))
+    handle, how = locate(0, environ={"CUDA_VISIBLE_DEVICES": "GPU-ab"})
+    assert handle is None and "matches 2" in how
 
 
-def test_cuda_sampler_reads_torch_and_the_uuid_matched_nvml_device(fake_cuda, monkeypatch):
-    nvml = FakeNVML()
-    monkeypatch.setattr(memory, "torch_device_uuid", lambda i: "GPU-aaaa-0000" if i == 1
-                        else "GPU-cccc-2222")
+def torch_uuids(monkeypatch, by_index: dict[int, str]) -> None:
+    """What torch reports as each CUDA ordinal's UUID (CUDA 'initialised' by fake_cuda)."""
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: SimpleNamespace(uuid=by_index[i]))
+
+
+def test_cuda_sampler_reads_torch_and_the_uuid_matched_nvml_device(fake_cuda, monkeypatch,
+                                                                   use_nvml):
+    nvml = use_nvml(FakeNVML())
+    torch_uuids(monkeypatch, {1: "GPU-aaaa-0000", 0: "GPU-cccc-2222"})
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")  # would say NVML 0: the UUID wins
-    sampler = memory.MemorySampler("cuda:1", nvml_loader=lambda: nvml)
+    sampler = memory.MemorySampler("cuda:1")
     s = sampler.sample()
     assert s["gpu_allocated"] == 5 * GIB and s["gpu_reserved"] == 6 * GIB
     assert s["gpu_peak"] == 10 * GIB
     assert s["gpu_used"] == 1 * GIB and s["gpu_total"] == 16 * GIB and s["gpu_util"] == 10
     assert s["rss"] > 0 and s["ram_total"] >= s["ram_used"] > 0
     sampler.close()
-    assert nvml.shutdowns == 1
+    # NVML belongs to hardware.nvml, open for the whole process: a sampler never shuts it down
+    # (another sampler, or the probe cache, may be reading it)
+    assert nvml.shutdowns == 0
     sampler.close()  # twice is harmless
-    assert nvml.shutdowns == 1
+    assert nvml.shutdowns == 0 and len(sampler.series().times) == 2
 
 
-def test_nvml_failures_are_reported_not_fatal(fake_cuda, monkeypatch):
-    def broken_loader():
-        raise OSError("libnvidia-ml.so.1: cannot open shared object file")
+def test_plain_cuda_means_the_current_device(fake_cuda, monkeypatch, use_nvml):
+    use_nvml(FakeNVML())
+    torch_uuids(monkeypatch, {1: "GPU-aaaa-0000", 0: "GPU-cccc-2222"})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    s = memory.MemorySampler("cuda").sample()
+    assert s["gpu_allocated"] == 5 * GIB and s["gpu_used"] == 1 * GIB
+    assert memory.cuda_index("cuda") == 1 and memory.cuda_index("cuda:0") == 0
+    assert timing.nvml_busy_reader("cuda")() == 10.0
 
-    sampler = memory.MemorySampler("cuda:0", nvml_loader=broken_loader)
+
+def test_nvml_failures_are_reported_not_fatal(fake_cuda, monkeypatch, use_nvml):
+    class NoLibrary(FakeNVML):
+        def nvmlInit(self):
+            raise OSError("libnvidia-ml.so.1: cannot open shared object file")
+
+    use_nvml(NoLibrary())
+    sampler = memory.MemorySampler("cuda:0")
     assert any("NVML not available" in n and "libnvidia-ml" in n for n in sampler.notes)
     s = sampler.sample()
     assert s["gpu_allocated"] == 1 * GIB and "gpu_used" not in s and s["rss"] > 0
 
     # NVML working at start, then the GPU falls off the bus: the probe is dropped, noted.
-    nvml = FakeNVML()
-    monkeypatch.setattr(memory, "torch_device_uuid", lambda i: "GPU-aaaa-0000")
-    sampler = memory.MemorySampler("cuda:0", nvml_loader=lambda: nvml)
+    nvml = use_nvml(FakeNVML())
+    torch_uuids(monkeypatch, {0: "GPU-aaaa-0000"})
+    sampler = memory.MemorySampler("cuda:0")
     assert sampler.sample()["gpu_used"] == 1 * GIB
     nvml.fail_memory = True
     s = sampler.sample()
@@ -143,22 +180,62 @@ def test_torch_probe_never_initialises_cuda(monkeypatch):
     assert memory.torch_cuda_probe(0)() == {}
 
 
-def test_rocm_skips_nvml(fake_cuda, monkeypatch):
+class CountingNVML(FakeNVML):
+    def __init__(self, called: list) -> None:
+        super().__init__()
+        self.called = called
+
+    def nvmlInit(self):
+        self.called.append(1)
+
+
+def test_rocm_skips_nvml(fake_cuda, monkeypatch, use_nvml):
     monkeypatch.setattr(torch.version, "hip", "6.2")
     called = []
-    probes, notes, _ = memory.probes_for("cuda:0", nvml_loader=lambda: called.append(1))
+    use_nvml(CountingNVML(called))
+    probes, notes = memory.probes_for("cuda:0")
     assert not called and [n for n, _ in probes] == ["torch.cuda", "host"]
     assert "ROCm" in notes[0]
 
 
-def test_mps_and_cpu_probes(monkeypatch):
+def test_mps_and_cpu_probes(monkeypatch, use_nvml):
     monkeypatch.setattr(torch.mps, "current_allocated_memory", lambda: 3 * GIB)
     monkeypatch.setattr(torch.mps, "driver_allocated_memory", lambda: 4 * GIB)
     s = memory.MemorySampler("mps").sample()
     assert s["mps_current"] == 3 * GIB and s["mps_driver"] == 4 * GIB and s["rss"] > 0
     called = []
-    probes, notes, _ = memory.probes_for("cpu", nvml_loader=lambda: called.append(1))
+    use_nvml(CountingNVML(called))
+    probes, notes = memory.probes_for("cpu")
     assert not called and [n for n, _ in probes] == ["host"] and notes == []
+
+
+def test_a_lost_device_is_no_longer_read(fake_cuda, monkeypatch, use_nvml):
+    use_nvml(FakeNVML())
+    torch_uuids(monkeypatch, {0: "GPU-aaaa-0000"})
+    sampler = memory.MemorySampler("cuda:0")
+    assert "gpu_used" in sampler.sample()
+
+    def boom(*a):
+        raise AssertionError("the lost device was called")
+
+    sampler.drop_device("device-side assert triggered")
+    monkeypatch.setattr(torch.cuda, "memory_allocated", boom)
+    s = sampler.sample()
+    assert "gpu_allocated" not in s and "gpu_used" not in s and s["rss"] > 0
+    assert any("device-side assert" in n for n in sampler.notes)
+
+
+def test_one_sampler_thread_serves_as_a_peak_reader_with_an_exact_peak():
+    values = iter([1.0, 5.0, 2.0] + [3.0] * 10**6)
+    with memory.MemorySampler("cpu", interval=0.001, max_points=4,
+                              probes=[("x", lambda: {"v": next(values)})]) as sampler:
+        time.sleep(0.05)
+    series = sampler.series()
+    assert series.values["v"][0] == 1.0  # sampled on entry
+    assert series.peak("v") == 5.0  # exact though the series was halved past max_points
+    assert len(series.times) <= 5
+    assert not [t for t in __import__("threading").enumerate() if t.name == "hybridnb-sampler"
+                and t.is_alive()]
 
 
 def test_sampler_thread_collects_until_closed_and_stays_bounded():

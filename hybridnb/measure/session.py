@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -187,6 +188,8 @@ class VariantSession:
         """Settings this variant's steps run under, scoped to its own calls."""
         with contextlib.ExitStack() as stack:
             if self.device.type == "cpu" and self.variant.precision == "bf16":
+                stack.enter_context(warnings.catch_warnings())
+                warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
                 stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
             if self.variant.compile:
                 stack.enter_context(_compile_settings(self.device))

@@ -213,3 +213,24 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def set_aside(folder: Path | None) -> Path | None:
+    """A fresh run into a folder that holds an earlier run's checkpoints: move them into
+    ``earlier-<time>/`` inside it (nothing is overwritten); returns that folder, or None."""
+    if folder is None:
+        return None
+    found = [folder / n for n in (LAST, PREVIOUS, BEST) if (folder / n).exists()]
+    if not found:
+        return None
+    import time
+
+    target = folder / time.strftime("earlier-%Y%m%d-%H%M%S")
+    k = 1
+    while target.exists():
+        target = folder / f"{target.name.split('.')[0]}.{k}"
+        k += 1
+    target.mkdir()
+    for path in found:
+        os.replace(path, target / path.name)
+    return target

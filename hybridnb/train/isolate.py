@@ -44,7 +44,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from hybridnb.dist.launch import LAUNCHED_ENV
@@ -179,7 +179,6 @@ class Outcome:
     messages: int = 0
     bytes_received: int = 0
     output_tail: str = ""          # the worker's last lines of stdout/stderr
-    timings: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -444,12 +443,14 @@ class _Supervisor:
         self.messages += 1
         if m.kind == STEP_DONE:
             self.steps += 1
-            seconds = m.payload.get("seconds") if isinstance(m.payload, dict) else None
-            if seconds is None and self.steps > 1:
-                seconds = now - self.last_step
-            if seconds is not None and self.steps > 1:  # the first one includes start-up
+            info = m.payload if isinstance(m.payload, dict) else {}
+            seconds, at = info.get("seconds"), info.get("at")
+            at = now if at is None else at  # time.monotonic() is one clock for both processes
+            if seconds is None and self.steps > 1:  # the first one includes start-up
+                seconds = at - self.last_step
+            if seconds is not None:
                 self.durations.append(float(seconds))
-            self.last_step = self.last_progress = now
+            self.last_step, self.last_progress = at, now
             self.grace = None
         elif m.kind == HEARTBEAT:
             self.last_progress = now

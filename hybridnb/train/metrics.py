@@ -1,4 +1,4 @@
-"""Regression metrics: RMSE, nRMSE (= RMSE / population std of the targets, the challenge's
+"""Regression metrics: RMSE, nRMSE (= RMSE / population std of the targets, a generic normalised
 score), MAE and R²."""
 
 from __future__ import annotations

@@ -165,6 +165,9 @@ class Trainer(Progress, Resumable, Evaluation):
         self._loaders = [loader for loader in (train_loader, val_loader) if loader is not None]
         if resume is not False and resume is not None:
             self._load_resume(resume)
+        elif self.strategy.is_main and (kept := checkpoint.set_aside(self.checkpoint_dir)):
+            self._note("earlier_run", f"{self.checkpoint_dir} held an earlier run's checkpoints: "
+                       f"moved to {kept} (fit(..., resume=True) would have continued it)")
         pending, self._pending = self._pending, None
         self.state = RunState.fresh(self.state.events)
         if pending is not None:

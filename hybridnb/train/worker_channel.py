@@ -172,7 +172,7 @@ class Channel:
 
     ``send(kind, payload)``: any picklable payload (plain CPU tensors travel as raw bytes).
     Kinds the supervisor reads itself: ``"step_done"`` (a step finished; payload
-    ``{"seconds": step time}`` or None), ``"heartbeat"`` (alive, no step; payload
+    ``{"seconds": step time, "at": time.monotonic()}``, either may be None), ``"heartbeat"`` (alive, no step; payload
     ``{"grace": s}`` allows up to s seconds for what comes next: compiling, a long evaluation),
     ``"state"`` (the last good run state: kept by the kernel), ``"done"`` (the result; sent for
     you with ``work``'s return value), ``"error"`` (sent for you when ``work`` raises). Any other
@@ -241,7 +241,10 @@ class Channel:
         self._last_write = now
 
     def step_done(self, seconds: float | None = None) -> None:
-        self.send(STEP_DONE, None if seconds is None else {"seconds": float(seconds)})
+        """A step finished (``seconds``: its duration; by default the time since the previous
+        step_done, measured here: batching would blur it on the kernel's side)."""
+        self.send(STEP_DONE, {"seconds": None if seconds is None else float(seconds),
+                              "at": time.monotonic()})
 
     def heartbeat(self, grace: float | None = None) -> None:
         self.send(HEARTBEAT, None if grace is None else {"grace": float(grace)})
