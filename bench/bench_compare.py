@@ -3,7 +3,8 @@
 On this CPU machine: ShallowFBCSPNet at batch 64 with every variant (fp16 and compile modes the CPU
 lacks show up as skipped rows), and EEGNeX at batch 8 eager only (one EEGNeX step takes seconds
 here and compiling it about a minute). With a GPU: EEGNeX and ShallowFBCSPNet at batch 256 with
-fp32 / bf16 / fp16 / +compile, NVML utilisation, and the achieved FLOP rate.
+fp32 / bf16 / fp16 / +compile, bf16 with channels_last, the depthwise-as-matmul rewrite and
+compile, NVML utilisation, and the achieved FLOP rate. Each variant runs in its own process.
 Goal (H100): bf16 + compile >= 2x fp32 eager; GPU busy >= 80% of the time.
 """
 
@@ -24,7 +25,9 @@ CPU_PLANS = [
     ("eegnex", 8, ("fp32", "bf16"), 2, 1, 2),
 ]
 GPU_PLANS = [
-    ("eegnex", 256, ("fp32", "bf16", "fp16", "fp32+compile", "bf16+compile", "fp32"), 20, 5, 5),
+    ("eegnex", 256, ("fp32", "bf16", "fp16", "fp32+compile", "bf16+compile",
+                     "bf16+channels_last", "bf16+channels_last+rewrite",
+                     "bf16+channels_last+rewrite+compile", "fp32"), 20, 5, 5),
     ("shallow", 256, ("fp32", "bf16", "fp16", "fp32+compile", "bf16+compile"), 20, 5, 5),
 ]
 NAMES = {"eegnex": "EEGNeX", "shallow": "ShallowFBCSPNet"}
@@ -40,7 +43,7 @@ def flops_per_sample(model_fn, batch: int = 2) -> float:
 
     torch.manual_seed(0)
     model = model_fn()
-    x, y = random_windows(batch)
+    x, y = random_windows(batch, *model_fn.input_shape)
     with FlopCounterMode(display=False) as counter:
         out = model(x).squeeze(-1)
         torch.nn.functional.mse_loss(out, y).backward()
@@ -48,7 +51,8 @@ def flops_per_sample(model_fn, batch: int = 2) -> float:
 
 
 def main() -> None:
-    from hybridnb.measure.compare import MODELS, compare, random_windows
+    from hybridnb.measure.compare import compare, random_windows
+    from hybridnb_tools.models import MODELS
 
     gpu = torch.cuda.is_available()
     device = "cuda" if gpu else "cpu"
@@ -59,7 +63,7 @@ def main() -> None:
     t_all, load0 = time.perf_counter(), os.getloadavg()[0]
     for model, batch, variants, steps, warmup, repeats in plans:
         print(f"\n## {NAMES[model]} · batch {batch} · {device}", flush=True)
-        x, y = random_windows(batch)
+        x, y = random_windows(batch, *MODELS[model].input_shape)
         df = compare(MODELS[model], (x, y), variants, steps=steps, warmup=warmup, repeats=repeats,
                      device=device)
         flops = flops_per_sample(MODELS[model])

@@ -264,6 +264,32 @@ def test_text_renderer_prints_a_line_per_epoch_events_at_once_and_a_summary():
     assert "Peak memory 300 MiB" in summary and "1 × oom_split" in summary
 
 
+def test_every_renderer_shows_the_train_loss_the_trainer_sends():
+    """One number everywhere: the view computes no loss of its own. Steps of 32 samples (loss
+    1.0) and 8 samples (loss 4.0): the Trainer's sample-weighted mean is 1.6, the mean of the
+    two step losses 2.5 — only 1.6 may appear, and epochs are counted from 0 as in history."""
+    from hybridnb.live import summary as text
+
+    out = io.StringIO()
+    view = ConsoleView(stream=out, tty=False, sampler_factory=None)
+    view.start(dict(RUN, epochs=2, steps_per_epoch=2))
+    view.update(dict(epoch=0, step=1, global_step=1, loss=1.0, train_loss=1.0))
+    view.update(dict(epoch=0, step=2, global_step=2, loss=4.0, train_loss=1.6))
+    assert text.status(view.record).startswith("epoch 0/1 · step 2/2 · train_loss 1.6 ")
+    view.update(dict(epoch=0, step=2, global_step=2, loss=1.6, train_loss=1.6, epoch_end=True,
+                     val_loss=0.5))
+    line = out.getvalue().splitlines()[-1]
+    assert line.startswith("epoch 0/1 · step 2/2 · train_loss 1.6 · val_loss 0.5 ")
+    assert "2.5" not in line
+    series = {s.name: s for s in figures.panels(view.record)}
+    assert series["train loss (epoch)"].x == [2] and series["train loss (epoch)"].y == [1.6]
+    assert series["step loss"].y == [1.0, 4.0]
+    view.end(dict(history=pd.DataFrame({"epoch": [0], "step": [2], "val_loss": [0.5]}),
+                  elapsed_s=1.0, events=[], device="cpu", precision="fp32"))
+    assert "Best val_loss 0.5 at epoch 0, step 2 (epochs count from 0" in \
+        out.getvalue().splitlines()[-1]
+
+
 def test_text_renderer_smoke_mode_stop_and_tty_progress():
     out = io.StringIO()
     view = ConsoleView(stream=out, tty=True, sampler_factory=None)

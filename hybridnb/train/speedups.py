@@ -45,7 +45,7 @@ KNOBS = ("rewrite", "channels_last", "cudnn_benchmark", "precision")
 MODES = ("auto", "all", "off")
 MARGIN = {"cuda": 0.03, "cpu": 0.10}  # a knob must win by this share; other devices: cuda's
 BUDGET_S = {"cuda": 2.0, "cpu": 4.0}  # seconds of timed steps, all comparisons together
-CPU_SLICE = 8  # samples of the example batch timed on the CPU
+CPU_SLICE = 4  # samples of the example batch timed on the CPU
 
 
 @dataclass
@@ -86,10 +86,12 @@ class Applied:
                      "precision": f"precision {self.precision}"}.get(knob, knob)
             parts.append(f"{label} {gain:.2f}x" if gain else label)
         losers = [f"{k} {v:.2f}x" for k, v in self.speedup.items() if k not in self.applied]
-        text = (f"speedups on {self.device}: " + (", ".join(parts) if parts else "none applied"))
+        reasons = sorted(set(self.skipped.values()))
+        text = f"speedups on {self.device}: " + (", ".join(parts) if parts else (
+            "none applied" + (f" ({'; '.join(reasons)})" if reasons else "")))
         if losers:
             text += f" (not kept: {', '.join(losers)})"
-        how = "measured" if self.mode == "auto" and self.speedup else "set"
+        how = ("set" if self.mode == "all" else "measured" if self.speedup else "checked")
         return text + f"; {how} in {self.seconds:.1f} s on the first batch"
 
     def undo(self) -> None:
@@ -160,6 +162,11 @@ def _measure(model, inputs, device, prec, toggles, measure_precision, applied, b
             if isinstance(gain, str):
                 applied.skipped[knob] = gain
                 toggle(False)
+                if gain.startswith("not measured"):  # the other knobs would not be either
+                    for other in list(toggles)[list(toggles).index(knob) + 1:]:
+                        applied.skipped[other] = gain
+                    measure_precision = False
+                    break
                 continue
             applied.speedup[knob] = gain
             keep = gain >= 1 + margin
@@ -192,21 +199,26 @@ def _measure(model, inputs, device, prec, toggles, measure_precision, applied, b
 def _race(toggle, model, inputs, device, prec, budget) -> float | str:
     """Time one step with the knob off and on, interleaved, for about ``budget`` s.
 
+    Each state runs once untimed first (allocation, cuDNN autotuning, layout conversion). On the
+    CPU a race whose warm-up step shows it cannot fit two rounds in the budget is not run.
     Returns the gain (off time / on time, fastest step of each), or why it was not measured.
     """
     times = {False: [], True: []}
-    t_start = time.perf_counter()
+    min_rounds = 2 if device.type == "cpu" else 1
     try:
-        for state in (False, True):  # warm-up: first calls allocate, autotune, convert
+        for state in (False, True):
             toggle(state)
+            synchronize(device)
+            t0 = time.perf_counter()
             _step(model, inputs, _prec(prec))
-        synchronize(device)
-        warm = (time.perf_counter() - t_start) / 2
-        if 4 * warm > budget:  # two rounds would overrun the budget: not worth measuring
-            toggle(False)
-            return f"not measured: a step takes {warm:.2g} s here (budget {budget:.2g} s)"
-        t_end = time.perf_counter() + budget - 2 * warm
-        while (len(times[True]) < 2 or time.perf_counter() < t_end) and len(times[True]) < 20:
+            synchronize(device)
+            warm = time.perf_counter() - t0
+            if device.type == "cpu" and not state and 2 * min_rounds * warm > budget:
+                toggle(False)
+                return f"not measured: a step takes {warm:.2g} s here (budget {budget:.2g} s)"
+        t_end = time.perf_counter() + budget
+        while (len(times[True]) < min_rounds or time.perf_counter() < t_end) \
+                and len(times[True]) < 20:
             for state in (False, True):
                 toggle(state)
                 synchronize(device)
