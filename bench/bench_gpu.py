@@ -417,7 +417,7 @@ def main(dry_run: bool) -> None:
                   ("EEGNeX: native depthwise kernel < 5% of GPU time", None),
                   ("EEGNeX hybridnb wall time incl. start-up <= 0.5x Lightning's", None)]
     body, g = cpu_section(batch=8 if dry_run else 16, repeats=1 if dry_run else 4,
-                          steps=1 if dry_run else 2)
+                          steps=1)
     parts.append(f"## CPU\n\n{body}")
     goals += g
     text = "\n".join(parts) + f"\nWhole benchmark: {time.perf_counter() - t0:.0f} s. " \

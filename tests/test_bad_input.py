@@ -601,7 +601,8 @@ def _garbage(folder: Path, best: bool) -> None:
 
 
 RESUME_CASES = [
-    # (case id, change to a finished run's folder, model and resume= of the new run, expected)
+    # (case id, change to a finished run's folder ("lock": an empty folder made read-only once
+    #  the Trainer is built), model and resume= of the new run, expected answer)
     ("another_model_class_same_names", None, (lambda: _Renamed(*_mlp()), True),
      {"raises": (checkpoint.CheckpointError, r"last\.pt was saved from a model of class "
                                              r"Sequential, this model is a _Renamed")}),
@@ -629,7 +630,10 @@ RESUME_CASES = [
                          ids=[c[0] for c in RESUME_CASES])
 def test_checkpoint_problems_during_fit(tmp_path, capfd, case, change, new_run, expected):
     folder = tmp_path / "runs"
-    _train_into(folder)
+    if change == "lock":                     # a fresh run: no earlier checkpoints to set aside
+        folder.mkdir()
+    else:
+        _train_into(folder)
     (folder / "notes.txt").write_text("mine")
     if callable(change):
         change(folder)

@@ -190,7 +190,7 @@ def test_eegnex_trains_the_same_after_rewrite():
 # -- apply_speedups ----------------------------------------------------------------------------
 
 def test_auto_keeps_only_the_knobs_that_measured_faster(monkeypatch):
-    gains = {"rewrite": 0.8, "channels_last": 1.5}
+    gains = {"channels_last": 1.5, "rewrite": 0.8}
     calls = []
 
     def fake_race(toggle, model, inputs, device, prec, budget):
@@ -201,7 +201,7 @@ def test_auto_keeps_only_the_knobs_that_measured_faster(monkeypatch):
     monkeypatch.setattr(speedups, "_race", fake_race)
     model = Spatial(height=5, groups=2, mult=2, bias=True, max_norm=True)
     applied = apply_speedups(model, torch.randn(4, 1, 5, 9), "cpu")
-    assert calls == ["rewrite", "channels_last"]
+    assert calls == ["channels_last", "rewrite"]
     assert applied.applied == ["channels_last"]
     assert applied.speedup == gains
     assert "rewrite" in applied.skipped and not rewritten_modules(model)
@@ -218,8 +218,8 @@ def test_auto_measures_for_real_and_leaves_the_state_as_it_was():
     before = copy.deepcopy(model.state_dict())
     x = torch.randn(16, 1, 5, 9)
     rng = torch.random.get_rng_state()
-    applied = apply_speedups(model, x, "cpu", budget_s=2.0)
-    assert not applied.skipped or "measured" in str(applied.skipped), applied.skipped
+    applied = apply_speedups(model, x, "cpu", budget_s=20.0)  # ends after 20 rounds
+    assert "not measured" not in str(applied.skipped), applied.skipped
     assert set(applied.speedup) == {"rewrite", "channels_last"}
     assert all(g > 0 for g in applied.speedup.values())
     for k, v in model.state_dict().items():
@@ -259,3 +259,18 @@ def test_bad_arguments_name_the_argument():
         apply_speedups(model, torch.randn(2, 3), "cpu", knobs=["warp"])
     with pytest.raises(TypeError, match="example_x"):
         apply_speedups(model, "x", "cpu")
+
+
+def test_the_check_runs_without_tf32_and_restores_the_flags(monkeypatch):
+    seen = []
+    real = rewrite.depthwise_as_matmul
+
+    def spy(module, x):
+        seen.append((torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32))
+        return real(module, x)
+
+    monkeypatch.setattr(rewrite, "depthwise_as_matmul", spy)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    assert rewrite_depthwise(nn.Conv2d(2, 4, (3, 1), groups=2), torch.randn(2, 2, 3, 5))
+    assert set(seen) == {(False, False)}  # layer check and whole-model check: exact fp32
+    assert torch.backends.cudnn.allow_tf32 is True

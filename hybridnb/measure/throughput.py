@@ -20,6 +20,7 @@ the share of time any kernel was running: an H100 read 97-100% busy at 2% of its
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Iterable, Iterator
@@ -171,6 +172,23 @@ class ThroughputMonitor:
             self.end_wait()
             yield batch
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Leave the time inside out of the wall clock (validation, checkpoint writes between
+        training steps); the steps before it are measured first."""
+        if self._start is not None and self._counted != self._point[2]:
+            self._measure()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            gap = time.perf_counter() - t0
+            self._mark += gap
+            if self._start is not None:
+                t, samples, steps, wait = self._point
+                self._start += gap
+                self._point = (t + gap, samples, steps, wait)
+
     def reset(self) -> None:
         """Start a new window now (after a synchronise): counts from here on."""
         synchronize(self.device)
@@ -185,16 +203,17 @@ class ThroughputMonitor:
     def warming_up(self) -> bool:
         return self._start is None
 
-    def summary(self) -> dict:
+    def summary(self, measure: bool = True) -> dict:
         """The window's numbers (a synchronise first when steps ran since the last point).
 
         samples_per_s: wall clock, waiting included; data_wait_pct: % of that time spent waiting
         for batches; compute_samples_per_s: samples over the time not waiting (compute-only, not
         what the run achieves); tflops: achieved model TFLOP/s by the wall clock; mfu: tflops over
         the device's dense peak for the precision (None when either is unknown); data_bound:
-        waiting took more than DATA_BOUND_PCT % of the time.
+        waiting took more than DATA_BOUND_PCT % of the time. ``measure=False`` reports the last
+        measuring point without synchronising the device (for per-step displays).
         """
-        if self._start is not None and self._counted != self._point[2]:
+        if measure and self._start is not None and self._counted != self._point[2]:
             self._measure()
         t, samples, steps, wait = self._point
         wall = t - self._start if self._start is not None else 0.0

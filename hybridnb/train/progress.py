@@ -2,11 +2,14 @@
 validation with best weights and early stopping, stopping, and the end of a fit.
 
 A mixin of ``Trainer`` (the class is split by concern so the loop stays on one screen). Speeds
-are wall clock: ``samples_per_s`` divides the epoch's samples by the time its training loop
-took (waiting for data, the step and this bookkeeping; validation and checkpoint writes are
-left out), ``data_wait_pct`` is the share of that time spent waiting for the next batch, and
-``compute_samples_per_s`` (labelled as such) counts the step alone. One epoch convention
-everywhere: epochs count from 0, as in ``history["epoch"]``.
+come from ``measure.throughput.ThroughputMonitor`` and are wall clock: ``samples_per_s`` divides
+the epoch's samples by the time its training loop took (waiting for data, the step and this
+bookkeeping; validation and checkpoint writes are left out; the first two steps of a fit,
+compiling and warming up, are not counted), ``data_wait_pct`` is the share of that time spent
+waiting for the next batch, ``compute_samples_per_s`` (labelled as such) the rate without the
+waiting, and ``mfu`` the model's FLOP/s over the GPU's dense peak for the precision (NVML's
+"utilisation" is only the share of time any kernel ran: an H100 read 100% at 2% of its peak).
+One epoch convention everywhere: epochs count from 0, as in ``history["epoch"]``.
 """
 
 from __future__ import annotations
@@ -17,10 +20,9 @@ import time
 from hybridnb.env import smoke
 from hybridnb.live import make_view
 from hybridnb.measure.memory import peak_bytes
+from hybridnb.measure.throughput import ThroughputMonitor
 from hybridnb.train import checkpoint, recovery
 from hybridnb.train.metrics import higher_is_better
-
-DATA_BOUND_PCT = 50.0  # above this share of wall time waiting for data, the run is data-bound
 
 
 class Progress:
@@ -47,34 +49,34 @@ class Progress:
                 "n_params": sum(p.numel() for p in self.model.parameters()),
                 "monitor": self.monitor, "smoke": smoke()}
 
-    def _speeds(self) -> dict:
-        acc = self.state.acc
-        wall = acc["seconds"]
-        return {"samples_per_s": acc["samples"] / wall if wall > 0 else math.nan,
-                "data_wait_pct": 100.0 * acc["wait_s"] / wall if wall > 0 else math.nan,
-                "compute_samples_per_s": acc["samples"] / acc["compute_s"]
-                if acc["compute_s"] > 0 else math.nan}
+    def _new_monitor(self) -> ThroughputMonitor:
+        """The epoch's throughput window (the fit's first two steps are warm-up)."""
+        first = self.state.global_step == getattr(self, "_fit_first_step", -1)
+        return ThroughputMonitor(self.device, warmup_steps=2 if first else 0,
+                                 flops_per_sample=getattr(self, "_flops", None),
+                                 precision=self.precision.name)
+
+    def _speeds(self, measure: bool = False) -> dict:
+        s = self._monitor.summary(measure=measure)
+        nan = math.nan
+        return {"samples_per_s": nan if s["samples_per_s"] is None else s["samples_per_s"],
+                "data_wait_pct": nan if s["data_wait_pct"] is None else s["data_wait_pct"],
+                "compute_samples_per_s": nan if s["compute_samples_per_s"] is None
+                else s["compute_samples_per_s"],
+                "mfu": nan if s["mfu"] is None else s["mfu"], "data_bound": s["data_bound"]}
 
     def _view_row(self, **extra) -> dict:
         state = self.state
-        speeds = self._speeds()
         return {"epoch": state.epoch, "step": math.ceil(state.batches_done / self.grad_accum),
                 "global_step": state.global_step, "lr": self._current_lr(),
-                "train_loss": state.train_loss(), **speeds,
-                "data_bound": speeds["data_wait_pct"] > DATA_BOUND_PCT,
+                "train_loss": state.train_loss(), **self._speeds(),
                 "elapsed_s": time.perf_counter() - self._run_started, **extra}
 
     def _current_lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
-    def _record_step(self, loss: float | None, n: int, started: float, waited_from: float) -> None:
-        """Account one step (wall time since the last step ended, its data wait and compute)
-        and show it."""
-        now, acc = time.perf_counter(), self.state.acc
-        acc["samples"] += n
-        acc["seconds"] += now - waited_from
-        acc["wait_s"] += started - waited_from
-        acc["compute_s"] += now - started
+    def _record_step(self, loss: float | None) -> None:
+        """Keep the step's row and show it."""
         loss = math.nan if loss is None else loss
         self.state.steps.append((self.state.global_step, self.state.epoch, loss,
                                  self._current_lr()))
@@ -127,12 +129,17 @@ class Progress:
     def _end_epoch(self, metrics: dict) -> None:
         state = self.state
         peak = peak_bytes(self.device)
+        window = self._monitor.summary()
+        state.acc.update(samples=window["samples"], seconds=window["seconds"])
+        speeds = self._speeds()
         row = {"epoch": state.epoch, "step": state.global_step, "train_loss": state.train_loss(),
                **{c: float(metrics.get(c, math.nan)) for c in
                   ("val_loss", "val_rmse", "val_nrmse", "val_mae", "val_r2")},
-               "lr": self._current_lr(), **self._speeds(),
+               "lr": self._current_lr(), "samples_per_s": speeds["samples_per_s"],
+               "data_wait_pct": speeds["data_wait_pct"],
+               "compute_samples_per_s": speeds["compute_samples_per_s"], "mfu": speeds["mfu"],
                "peak_memory_mb": peak / 2**20 if peak is not None else math.nan,
-               "time_s": state.acc["seconds"], "events": state.epoch_events()}
+               "time_s": window["seconds"], "events": state.epoch_events()}
         state.history.append(row)
         self._view.update(self._view_row(loss=row["train_loss"], epoch_end=True, **metrics))
         state.end_epoch()

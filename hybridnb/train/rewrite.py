@@ -144,7 +144,7 @@ def _scan(model: nn.Module, example: tuple) -> tuple[dict[str, float], object]:
         if is_candidate_conv(module):
             hooks.append(module.register_forward_hook(check(name)))
     try:
-        with torch.no_grad(), _evaluating(model):
+        with torch.no_grad(), _evaluating(model), _exact_fp32():
             output = model(*example)
     finally:
         for h in hooks:
@@ -167,7 +167,7 @@ def rewrite_depthwise(model: nn.Module, *example) -> RewriteReport:
     worst_layer = max(layers.values())
     names = sorted(layers)
     _swap(model, names)
-    with torch.no_grad(), _evaluating(model):
+    with torch.no_grad(), _evaluating(model), _exact_fp32():
         after = model(*example)
     whole = _rel_diff_any(after, before)
     report.max_rel_diff = max(worst_layer, whole)
@@ -213,6 +213,18 @@ def _evaluating(model: nn.Module):
     finally:
         for m, flag in flags:
             m.training = flag
+
+
+@contextlib.contextmanager
+def _exact_fp32():
+    """TF32 off for the check: cuDNN would run the convolution in TF32 (10-bit mantissa) by
+    default, which differs from the fp32 matmul by ~1e-3 for reasons unrelated to the rewrite."""
+    cudnn, matmul = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = cudnn, matmul
 
 
 def _rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:

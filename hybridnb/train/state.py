@@ -15,14 +15,14 @@ from hybridnb.train.events import Event
 
 HISTORY_COLUMNS = ["epoch", "step", "train_loss", "val_loss", "val_rmse", "val_nrmse", "val_mae",
                    "val_r2", "lr", "samples_per_s", "data_wait_pct", "compute_samples_per_s",
-                   "peak_memory_mb", "time_s", "events"]
+                   "mfu", "peak_memory_mb", "time_s", "events"]
 STEP_COLUMNS = ["global_step", "epoch", "loss", "lr"]
 
 
 def new_acc() -> dict:
-    """The epoch's accumulators: loss x samples, samples, and wall/compute/data-wait seconds."""
-    return {"loss_sum": 0.0, "loss_samples": 0, "samples": 0, "seconds": 0.0,
-            "compute_s": 0.0, "wait_s": 0.0}
+    """The epoch's accumulators: loss x samples, and the samples and wall seconds its
+    throughput window counted (set at the epoch's end)."""
+    return {"loss_sum": 0.0, "loss_samples": 0, "samples": 0, "seconds": 0.0}
 
 
 def new_best() -> dict:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -183,6 +182,7 @@ class Trainer(Progress, Resumable, Evaluation):
                 setup.compile_settings(bool(self.compile), self.device, self.precision):
             self._build_step(compiled=bool(self.compile))
             self.state.snapshot = self.state_dict()
+            self._fit_first_step = self.state.global_step
             self._start_view(blocks)
             try:
                 stopped = self._run(train_loader, val_loader)
@@ -218,16 +218,15 @@ class Trainer(Progress, Resumable, Evaluation):
             self.loss_fn.set_epoch(state.epoch)
         if state.batches_done == 0:
             reset_peak(self.device)
-        window, last = [], time.perf_counter()
-        for i, batch in enumerate(epoch_batches(loader, state, self.event),
-                                  start=state.batches_done):
+        window, self._monitor = [], self._new_monitor()
+        batches = self._monitor.batches(epoch_batches(loader, state, self.event))
+        for i, batch in enumerate(batches, start=state.batches_done):
             if i >= self._batches_per_epoch:
                 break
             window.append(self._batch(batch))
             if len(window) < self.grad_accum and i + 1 < self._batches_per_epoch:
                 continue
             self._set_lr()
-            t0 = time.perf_counter()
             outcome = self._recovery.run(window)
             if outcome.kind == "device_lost":
                 return self._move_to_cpu(outcome.detail)
@@ -240,11 +239,12 @@ class Trainer(Progress, Resumable, Evaluation):
             state.batches_done += len(window)
             state.global_step += 1
             window = []
-            self._record_step(outcome.loss, n, t0, last)
-            stopped = self._between_steps(val_loader)
+            self._monitor.step_done(n)
+            self._record_step(outcome.loss)
+            with self._monitor.paused():
+                stopped = self._between_steps(val_loader)
             if stopped:
                 return stopped
-            last = time.perf_counter()
         return None
 
     # ----------------------------------------------------------------------------- the step
