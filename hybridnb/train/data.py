@@ -96,6 +96,22 @@ class IndexedBatches:
         self.source = source if source is not None else tensors  # where they came from
         self.device = tensors[0].device
 
+    def place(self, device: torch.device, note) -> None:
+        """The tensors on ``device`` when it is CUDA and they fit in half of its free memory
+        (moved once, said once with the memory taken); else they stay where they are."""
+        size = sum(t.numel() * t.element_size() for t in self.source)
+        if device.type != "cuda" or self.device == device:
+            return
+        free, _ = torch.cuda.mem_get_info(device)
+        if size > 0.5 * free:
+            note("data_streamed", f"the data ({size / 2**20:.0f} MiB) does not fit in half of "
+                 f"{device}'s free memory ({free / 2**20:.0f} MiB): batches are copied per step")
+            return
+        self.tensors = tuple(t.to(device) for t in self.source)
+        self.device = device
+        note("data_on_device", f"the data was moved to {device} once ({size / 2**20:.0f} MiB); "
+             "batches are made there by indexing")
+
     def to_cpu(self) -> None:
         """Batches from the CPU copy from now on (after the device was lost: its copy is never
         read again)."""
@@ -115,23 +131,6 @@ class IndexedBatches:
         for idx in self.batch_sampler:
             index = torch.as_tensor(idx, dtype=torch.long, device=self.device)
             yield tuple(t.index_select(0, index) for t in self.tensors)
-
-
-def _resident(data: TensorDataset, device: torch.device, note) -> tuple[torch.Tensor, ...]:
-    """The dataset's tensors on ``device`` when it is an accelerator and they fit in half of
-    its free memory (moved once, said once with the memory taken); else where they are."""
-    tensors = tuple(data.tensors)
-    size = sum(t.numel() * t.element_size() for t in tensors)
-    if device.type != "cuda" or all(t.device == device for t in tensors):
-        return tensors
-    free, _ = torch.cuda.mem_get_info(device)
-    if size > 0.5 * free:
-        note("data_streamed", f"the data ({size / 2**20:.0f} MiB) does not fit in half of "
-             f"{device}'s free memory ({free / 2**20:.0f} MiB): batches are copied per step")
-        return tensors
-    note("data_on_device", f"the data was moved to {device} once ({size / 2**20:.0f} MiB); "
-         "batches are made there by indexing")
-    return tuple(t.to(device) for t in tensors)
 
 
 def yields_device_tensors(data) -> bool:
@@ -171,8 +170,7 @@ def make_loader(data, *, batch_size: int, shuffle: bool, what: str, seed: int | 
         gen.seed()  # a fresh random seed; its state is still saved in checkpoints
     sampler = strategy.batch_sampler(len(data), batch_size, shuffle, gen)
     if type(data) is TensorDataset:
-        return IndexedBatches(_resident(data, strategy.device, note), sampler, gen,
-                              source=tuple(data.tensors))
+        return IndexedBatches(tuple(data.tensors), sampler, gen)
     kwargs = dict(loader_kwargs)
     if yields_device_tensors(data) and (kwargs.get("num_workers") or kwargs.get("pin_memory")):
         note("loader", f"the {what} dataset yields tensors already on the device: no loader "

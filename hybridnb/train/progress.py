@@ -23,15 +23,20 @@ from hybridnb.measure.memory import peak_bytes
 from hybridnb.measure.throughput import ThroughputMonitor
 from hybridnb.train import checkpoint, recovery
 from hybridnb.train.metrics import higher_is_better
+from hybridnb.train.worker_fit import ChannelView
 
 
 class Progress:
     """The view, history rows, validation and early stopping, stopping and finishing."""
 
-    def _start_view(self, blocks: list[str]) -> None:
-        self._view = make_view(self.live) if self.strategy.is_main else make_view(False)
-        self._run_started = time.perf_counter()
-        self._view.start(self._run_info())
+    def _start_view(self, blocks: list[str], started: bool = False) -> None:
+        """The view for this fit (in an isolated worker: the channel to the kernel's view);
+        ``started``: the kernel's view already runs (continuing after the worker was lost)."""
+        self._run_started = getattr(self, "_run_started", 0.0) if started else time.perf_counter()
+        if not started:
+            self._view = ChannelView(self._channel) if self._channel is not None else \
+                make_view(self.live) if self.strategy.is_main else make_view(False)
+            self._view.start(self._run_info())
         for kind, message in self._notes:
             self.event(kind, message)
         self._notes = []
@@ -103,7 +108,7 @@ class Progress:
             self._save_last()
         elif (self.snapshot_every and state.global_step % self.snapshot_every == 0
               and (self.guard is None or self.guard.streak == 0)):
-            state.snapshot = self.state_dict()
+            self._keep(self.state_dict())
         return None
 
     def _stop(self, reason: str, message: str | None) -> str:
@@ -146,7 +151,7 @@ class Progress:
         if self.checkpoint_dir is not None:
             self._save_last()
         else:
-            state.snapshot = self.state_dict()
+            self._keep(self.state_dict())
 
     def _after_validation(self, metrics: dict) -> bool:
         """Track the best weights; returns True when early stopping says stop."""

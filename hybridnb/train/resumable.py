@@ -151,8 +151,15 @@ class Resumable:
         self._recovery.phase = "idle"
         return self._stop("interrupt", "interrupted: the current step was dropped")
 
+    def _keep(self, snapshot: dict) -> None:
+        """The last good state: kept for recovery (and, in an isolated worker, sent to the
+        kernel)."""
+        self.state.snapshot = snapshot
+        if self._channel is not None:
+            self._channel.state(recovery.to_cpu(snapshot))
+
     def _save_last(self) -> None:
-        self.state.snapshot = self.strategy.for_file(self.state_dict())
+        self._keep(self.strategy.for_file(self.state_dict()))
         if self.checkpoint_dir is not None and self.strategy.is_main:
             checkpoint.save(self.state.snapshot, self.checkpoint_dir / checkpoint.LAST,
                             keep_previous=True)

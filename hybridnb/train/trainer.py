@@ -12,7 +12,6 @@ schedules.py, losses.py, ema.py, blocks.py (activation checkpointing), dist/ (st
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 from pathlib import Path
@@ -23,23 +22,25 @@ import torch
 from hybridnb.env import smoke
 from hybridnb.live import make_view
 from hybridnb.measure.memory import reset_peak
-from hybridnb.train import checkpoint, recovery, setup
+from hybridnb.train import checkpoint, isolate, recovery, setup
 from hybridnb.train.blocks import checkpointed_blocks
 from hybridnb.train.data import BatchCheck, epoch_batches, make_loader, plan_epochs
 from hybridnb.train.ema import make_ema
 from hybridnb.train.evaluation import Evaluation
 from hybridnb.train.events import Event
 from hybridnb.train.interrupt import GracefulInterrupt
+from hybridnb.train.isolate import isolate_decision
 from hybridnb.train.losses import make_loss
+from hybridnb.train.placement import Placement
 from hybridnb.train.progress import Progress
 from hybridnb.train.resumable import Resumable
 from hybridnb.train.schedules import make_schedule
 from hybridnb.train.seeding import seed_everything
 from hybridnb.train.state import HISTORY_COLUMNS, STEP_COLUMNS, RunState
-from hybridnb.train.step import TrainStep
+from hybridnb.train.worker_fit import Isolation
 
 
-class Trainer(Progress, Resumable, Evaluation):
+class Trainer(Progress, Resumable, Evaluation, Placement, Isolation):
     """Train a PyTorch model on whatever device works, surviving OOM and device failures.
 
     ``batch_size=None``, ``device="auto"``, ``grad_accum=None`` and ``precision="auto"`` take
@@ -71,7 +72,15 @@ class Trainer(Progress, Resumable, Evaluation):
       "single" | "ddp" | "deepspeed" | a strategy object (hybridnb.dist; under DDP
       ``batch_size`` is per process).
     - ``loader_kwargs``: DataLoader options for Datasets (default: detect()'s recommendation
-      with device="auto", else no workers).
+      with device="auto", else no workers). In-memory tensors are batched by indexing, on the GPU
+      when they fit.
+    - ``isolate``: "auto" (GPU runs train in a supervised worker process, so a crash or hang of
+      the GPU costs the steps since the last good state, not the kernel) | True | False.
+      ``step_timeout``: seconds without a finished step before the worker counts as hung
+      (None: max(120 s, 20x the median step)).
+    - ``speedups``: "auto" (on CUDA: channels_last, the depthwise-convolution rewrite, cuDNN
+      autotuning and precision, each kept only where it measures faster) | True (any device) |
+      False.
     """
 
     def __init__(self, model: torch.nn.Module, *, loss="mse", lr: float = 1e-3,
@@ -87,7 +96,8 @@ class Trainer(Progress, Resumable, Evaluation):
                  steps_per_epoch: int | None = None, loss_guard=True, huber_delta: float = 1.0,
                  reweight_after: int | None = None, memory_fraction: float | None = None,
                  grad_checkpointing: bool = False, loader_kwargs: dict | None = None,
-                 strategy="auto", verbose: bool = True) -> None:
+                 strategy="auto", isolate="auto", step_timeout: float | None = None,
+                 speedups="auto", verbose: bool = True) -> None:
         setup.check_args(model=model, lr=lr, epochs=epochs, batch_size=batch_size,
                          grad_accum=grad_accum, clip_grad=clip_grad, compile=compile,
                          on_gpu_error=on_gpu_error, val_every=val_every,
@@ -99,6 +109,9 @@ class Trainer(Progress, Resumable, Evaluation):
         self.early_stopping, self.grad_checkpointing = early_stopping, grad_checkpointing
         self.val_every, self.checkpoint_every = val_every, checkpoint_every
         self.snapshot_every, self.steps_per_epoch = snapshot_every, steps_per_epoch
+        self.memory_fraction, self.step_timeout, self.speedups = memory_fraction, step_timeout, \
+            speedups
+        self._channel = None  # the pipe to the kernel, in an isolated worker
         self.checkpoint_dir = checkpoint.check_dir(checkpoint_dir)
         self.state, self._notes, self._pending, self._loaders = RunState(), [], None, []
         self._view, self._interrupt = make_view(False), None
@@ -118,9 +131,11 @@ class Trainer(Progress, Resumable, Evaluation):
         self.precision_arg = precision
         self.precision = setup.choose_precision(precision, self.strategy,
                                                 hw.precision if hw else None, self._notes)
-        if memory_fraction is not None:
-            setup.cap_memory(memory_fraction, self.device, self._notes)
-        self.model = model.to(self.device)
+        self.isolated, why = isolate_decision(isolate, self.device,
+                                              in_distributed=self.strategy.world_size > 1)
+        if isolate is True and not self.isolated or self.isolated and self.device.type == "cpu":
+            self._notes.append(("isolate", why))
+        self.model = model
         self.frozen = setup.freeze(self.model, freeze)
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         if not self._params:
@@ -133,6 +148,8 @@ class Trainer(Progress, Resumable, Evaluation):
         self.guard = (recovery.LossGuard() if loss_guard is True else
                       loss_guard if isinstance(loss_guard, recovery.LossGuard) else None)
         self.strategy.configure(self.batch_size, clip_grad)
+        if not self.isolated:  # isolated: the worker places the model (the kernel never does)
+            self._place(None, [])
         self._build_step(compiled=False)
 
     # ----------------------------------------------------------------------------- properties
@@ -176,14 +193,24 @@ class Trainer(Progress, Resumable, Evaluation):
         self._train_gen = getattr(train_loader, "generator", None)
         self.schedule.bind(self._total_steps)
         self._batch = BatchCheck(self._params[0].dtype, self._note)
+        if self.isolated and not isolate.cuda_initialized():
+            return self._fit_isolated(train_loader, val_loader)
+        if self.isolated:
+            self._note("isolate", "CUDA was initialised in this process after the Trainer was "
+                       "built: training in this process, without isolation")
+        return self._fit_here(train_loader, val_loader)
+
+    def _fit_here(self, train_loader, val_loader, view_started: bool = False) -> pd.DataFrame:
+        """The fit in this process (the kernel, or the isolated worker)."""
+        self._place(train_loader, self._loaders)
         stopped, failed = None, True
         with GracefulInterrupt() as self._interrupt, \
                 checkpointed_blocks(self.model, self.grad_checkpointing) as blocks, \
                 setup.compile_settings(bool(self.compile), self.device, self.precision):
             self._build_step(compiled=bool(self.compile))
-            self.state.snapshot = self.state_dict()
+            self._keep(self.state_dict())
             self._fit_first_step = self.state.global_step
-            self._start_view(blocks)
+            self._start_view(blocks, view_started)
             try:
                 stopped = self._run(train_loader, val_loader)
                 failed = False
@@ -241,47 +268,13 @@ class Trainer(Progress, Resumable, Evaluation):
             window = []
             self._monitor.step_done(n)
             self._record_step(outcome.loss)
+            if self._channel is not None:
+                self._channel.step_done()
             with self._monitor.paused():
                 stopped = self._between_steps(val_loader)
             if stopped:
                 return stopped
         return None
-
-    # ----------------------------------------------------------------------------- the step
-    def _build_step(self, compiled: bool) -> None:
-        """The step (compiled when asked) and the recovery object that runs it."""
-        model = self.model
-        if compiled:
-            mode = None if self.compile is True else self.compile
-            try:
-                model = torch.compile(model, mode=mode)
-            except Exception as exc:  # compile is lazy; this catches a missing backend
-                compiled = False
-                self.event("compile_fallback", f"torch.compile unavailable ("
-                            f"{type(exc).__name__}: {recovery.first_line(exc)}); training eager")
-        self.step = self._make_step(model, self.precision)
-        self._recovery = recovery.Recovery(
-            self.step, model=self.model, on_gpu_error=self.on_gpu_error, guard=self.guard, state=self.state,
-            event=self.event, compiled=compiled,
-            updating=self._interrupt.updating if self._interrupt else contextlib.nullcontext,
-            eager=lambda: self._make_step(self.model, self.precision),
-            cpu_batch_step=self._cpu_batch_step)
-
-    def _make_step(self, model: torch.nn.Module, precision, strategy=None, **kw) -> TrainStep:
-        strategy = strategy or self.strategy
-        on_applied = (lambda: self.ema.update_parameters(self.model)) if self.ema else None
-        return TrainStep(strategy.wrap(model, self.optimizer), self.loss_fn, self.optimizer,
-                         precision, clip_grad=self.clip_grad, strategy=strategy,
-                         params=self._params, guard=self.guard, on_applied=on_applied, **kw)
-
-    def _cpu_batch_step(self) -> TrainStep:
-        """The per-batch fallback: forward/backward on the CPU (the model moved there for the
-        batch), gradients scaled as the device's GradScaler expects."""
-        from hybridnb.dist.base import SingleDevice
-
-        return TrainStep(self.model, self.loss_fn, self.optimizer,
-                         setup.cpu_precision(self.precision_arg), strategy=SingleDevice("cpu"),
-                         params=self._params, loss_scale=self.scaler.get_scale)
 
     def _set_lr(self) -> None:
         factor = self.schedule.factor(self.state.global_step) * self.state.lr_scale
