@@ -4,8 +4,9 @@ Starts JupyterLab (127.0.0.1, no token, a free port, a temp root), opens tests/b
 (a tiny model trained with ``Trainer(live="widgets")``), runs all cells and checks from the DOM:
 the ipywidgets progress bar reached 100 %, the live plotly loss trace grew while training, and
 at the end the live widgets were replaced by the static snapshot whose loss trace has one point
-per logged step and whose memory plot has data. Then tests/browser/stop.ipynb: click Stop while
-it trains and check that training ended early with a checkpoint on disk. Screenshots are saved in
+per logged step and whose memory plot has data. Then tests/browser/stop.ipynb, whose steps run in
+an isolated worker process (``isolate=True``): the kernel's live plots update from the worker's
+messages, and clicking Stop ends training early with a checkpoint on disk. Screenshots are saved in
 the test's tmp folder.
 
 Chromium is Debian's (``make setup`` installs it when missing); the test installs nothing and
@@ -225,6 +226,7 @@ def test_widgets_train_and_stop_in_jupyterlab(lab, tmp_path):
     stop.screenshot(path=str(tmp_path / "lab-stop.png"), full_page=True)
 
     assert "stop_button" in result["events"]
+    assert "isolate" in result["events"]  # it trained in the worker, drawn by the kernel
     assert result["epochs"] < result["planned_epochs"] and result["steps"] < 50 * 16
     assert took < 30  # after the current step, not at the end of 50 epochs
     assert "last.pt" in result["files"]

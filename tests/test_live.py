@@ -30,7 +30,7 @@ RUN = dict(epochs=3, steps_per_epoch=20, batch_size=32, device="cpu", precision=
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
-def fake_sampler(device):
+def fake_sampler(device, pid=None):
     """A real MemorySampler with deterministic host numbers (no thread timing involved)."""
     values = iter(range(1, 10**6))
     return MemorySampler(device, interval=3600,

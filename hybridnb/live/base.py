@@ -42,10 +42,10 @@ class View:
         """The run is over: replace live output with a static summary."""
 
 
-def _default_sampler(device: str):
+def _default_sampler(device: str, pid: int | None = None):
     from hybridnb.measure.memory import MemorySampler
 
-    return MemorySampler(device)
+    return MemorySampler(device, pid=pid)
 
 
 class LiveView(View):
@@ -57,7 +57,7 @@ class LiveView(View):
     plot_budget = 0.002
 
     def __init__(self, note: str = "",
-                 sampler_factory: Callable[[str], Any] | None = _default_sampler,
+                 sampler_factory: Callable[[str, int | None], Any] | None = _default_sampler,
                  clock: Callable[[], float] = time.perf_counter):
         super().__init__()
         self.note = note
@@ -75,7 +75,8 @@ class LiveView(View):
         notes = []
         if self._sampler_factory is not None:
             try:
-                sampler = self._sampler_factory(str(run.get("device", "cpu")))
+                # the training process: this one, or an isolated worker (its pid in the run)
+                sampler = self._sampler_factory(str(run.get("device", "cpu")), run.get("pid"))
                 sampler.start()
                 notes = list(getattr(sampler, "notes", []))
             except Exception as exc:

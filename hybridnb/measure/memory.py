@@ -108,11 +108,12 @@ def mps_probe() -> Probe:
     return probe
 
 
-def host_probe() -> Probe:
-    """This process's resident set and the machine's RAM in use (total - available)."""
+def host_probe(pid: int | None = None) -> Probe:
+    """The resident set of this process (or of ``pid``: an isolated training worker) and the
+    machine's RAM in use (total - available)."""
     import psutil
 
-    proc = psutil.Process()
+    proc = psutil.Process(pid)
 
     def probe() -> dict[str, float]:
         vm = psutil.virtual_memory()
@@ -142,7 +143,8 @@ def nvml_probe(handle) -> Probe:
     return probe
 
 
-def probes_for(device: torch.device | str) -> tuple[list[tuple[str, Probe]], list[str]]:
+def probes_for(device: torch.device | str, pid: int | None = None
+               ) -> tuple[list[tuple[str, Probe]], list[str]]:
     """Choose the probes for ``device`` once: ``(probes, notes)``, named probes and sentences
     saying why a source is missing. NVML is ``hardware.nvml``'s, opened once per process."""
     device = torch.device(device)
@@ -164,7 +166,7 @@ def probes_for(device: torch.device | str) -> tuple[list[tuple[str, Probe]], lis
     elif device.type == "mps":
         probes.append(("mps", mps_probe()))
     try:
-        probes.append(("host", host_probe()))
+        probes.append(("host", host_probe(pid)))
     except ImportError as exc:
         notes.append(f"host memory not shown: {exc}")
     return probes, notes
@@ -270,14 +272,14 @@ class MemorySampler:
 
     def __init__(self, device: torch.device | str, interval: float = 0.5,
                  max_points: int = 4000, probes: list[tuple[str, Probe]] | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, pid: int | None = None):
         self.device = str(device)
         self.interval = float(interval)
         self.max_points = int(max_points)
         self.clock = clock
         notes: list[str] = []
         if probes is None:
-            probes, notes = probes_for(device)
+            probes, notes = probes_for(device, pid)
         self.probes = list(probes)
         self.notes: list[str] = list(notes)
         self.start_time = clock()

@@ -15,6 +15,7 @@ One epoch convention everywhere: epochs count from 0, as in ``history["epoch"]``
 from __future__ import annotations
 
 import math
+import os
 import time
 
 from hybridnb.env import smoke
@@ -52,7 +53,7 @@ class Progress:
                 "batch_size": self.batch_size, "device": str(self.device),
                 "precision": self.precision.name, "model": type(self.model).__name__,
                 "n_params": sum(p.numel() for p in self.model.parameters()),
-                "monitor": self.monitor, "smoke": smoke()}
+                "monitor": self.monitor, "smoke": smoke(), "pid": os.getpid()}
 
     def _new_monitor(self) -> ThroughputMonitor:
         """The epoch's throughput window (the fit's first two steps are warm-up)."""
