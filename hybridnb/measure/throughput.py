@@ -29,6 +29,8 @@ import torch
 from torch import nn
 
 from hybridnb.measure.timing import synchronize
+from hybridnb.train.precision import Precision
+from hybridnb.train.step import measure_pass
 
 DATA_BOUND_PCT = 50.0  # waiting for data above this share of wall time: the run is data-bound
 
@@ -79,12 +81,11 @@ def count_flops(model: nn.Module, inputs: tuple | torch.Tensor, backward: bool =
     model.eval()  # no BatchNorm statistics update; the FLOPs of the layers are the same
     try:
         with FlopCounterMode(display=False) as counter:
-            out = model(*inputs)
-            first = out if isinstance(out, torch.Tensor) else next(
-                v for v in (out.values() if isinstance(out, dict) else out)
-                if isinstance(v, torch.Tensor))
-            if backward and first.requires_grad:
-                first.float().mean().backward()
+            if backward:
+                measure_pass(model, tuple(inputs), Precision.choose("fp32", "cpu"))
+            else:
+                with torch.no_grad():
+                    model(*inputs)
     finally:
         for m, flag in flags:
             m.training = flag

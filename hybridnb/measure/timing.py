@@ -1,6 +1,6 @@
 """Device-synchronised timers for honest speed numbers, and NVML's busy reading.
 
-GPU work is asynchronous: a host clock read right after ``loss.backward()`` measures how fast the
+GPU work is asynchronous: a host clock read right after the backward pass measures how fast the
 Python loop *queued* kernels, not how fast they ran. ``Stopwatch`` brackets a window with CUDA events
 (after a synchronise) on CUDA/ROCm, synchronises MPS/XPU before reading the host clock, and uses
 ``time.perf_counter`` on the CPU, where every op is synchronous already.

@@ -43,6 +43,7 @@ from torch import nn
 from hybridnb.measure.timing import synchronize
 from hybridnb.train import rewrite as _rewrite
 from hybridnb.train.precision import Precision
+from hybridnb.train.step import measure_pass
 
 KNOBS = ("rewrite", "channels_last", "cudnn_benchmark", "precision")
 MODES = ("auto", "all", "off")
@@ -244,11 +245,7 @@ def _prec(prec) -> Precision:
 
 
 def _step(model: nn.Module, inputs: tuple, prec: Precision) -> None:
-    with prec.autocast():
-        out = model(*inputs)
-    loss = _first_tensor(out).float().mean()
-    if loss.requires_grad:
-        loss.backward()
+    measure_pass(model, inputs, prec)
     for p in model.parameters():
         p.grad = None
 
@@ -357,14 +354,3 @@ def _check_device(model: nn.Module, device: torch.device) -> None:
     if param is not None and param.device.type != device.type:
         raise ValueError(f"apply_speedups: the model is on {param.device} but device={device}; "
                          f"move it first (model.to(device))")
-
-
-def _first_tensor(out) -> torch.Tensor:
-    if isinstance(out, torch.Tensor):
-        return out
-    values = out.values() if isinstance(out, dict) else out
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            return v
-    raise TypeError(f"apply_speedups: the model returned {type(out).__name__} with no tensor; "
-                    f"the timed step needs one to call backward on")

@@ -134,3 +134,25 @@ def _read(total: torch.Tensor, norm: torch.Tensor | None) -> tuple[float, float 
         return float(total), None
     loss, grad_norm = torch.stack([total.float(), norm.float()]).tolist()
     return loss, grad_norm
+
+
+def measure_pass(model: torch.nn.Module, inputs: tuple, precision: Precision) -> None:
+    """One forward and backward as the training step runs them (the precision's autocast, then
+    backward of the mean of the first output), for timing and FLOP counting; the caller drops
+    the gradients. Every backward pass of hybridnb lives in this module."""
+    with precision.autocast():
+        out = model(*inputs)
+    loss = first_tensor(out).float().mean()
+    if loss.requires_grad:
+        loss.backward()
+
+
+def first_tensor(out) -> torch.Tensor:
+    """The first tensor of a model's output (a tensor, a tuple/list, or a dict)."""
+    if isinstance(out, torch.Tensor):
+        return out
+    for v in (out.values() if isinstance(out, dict) else out):
+        if isinstance(v, torch.Tensor):
+            return v
+    raise TypeError(f"the model returned a {type(out).__name__} without a tensor; a backward "
+                    "pass needs one")
