@@ -19,10 +19,7 @@ import argparse
 import inspect
 import json
 import os
-import signal
 import statistics
-import subprocess
-import sys
 import time
 import warnings
 
@@ -231,26 +228,9 @@ def _kernel_time(prof, device: str) -> tuple[float, float]:
 
 
 def run_child(args: list[str], timeout: float = 420) -> dict:
-    t_spawn = time.time()
-    t0 = time.perf_counter()
-    cmd = [sys.executable, "-m", "bench.bench_gpu", *args, "--t0", repr(t_spawn)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            errors="replace", start_new_session=True,
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        return {"error": f"timed out after {timeout:.0f} s"}
-    line = next((ln for ln in reversed(out.splitlines()) if ln.startswith(MARK)), None)
-    if proc.returncode != 0 or line is None:
-        tail = [ln for ln in out.splitlines() if ln.strip()][-12:]
-        print(f"  {' '.join(args)} failed (exit {proc.returncode}):\n" + "\n".join(tail))
-        return {"error": f"exit {proc.returncode}: {tail[-1][:160] if tail else ''}"}
-    result = json.loads(line[len(MARK):])
-    result["total_s"] = time.perf_counter() - t0
-    return result
+    from bench.common import run_fresh
+
+    return run_fresh("bench.bench_gpu", args, MARK, timeout)[0]
 
 
 def gpu_section(device: str, batch: int, steps_scale: float, repeats: int,

@@ -19,11 +19,10 @@ import argparse
 import json
 import os
 import resource
-import signal
 import statistics
-import subprocess
-import sys
 import time
+
+from bench.common import run_fresh
 
 CONTENDERS = ("loop", "hybridnb", "lightning", "skorch")
 LIVES = ("off", "on")
@@ -167,29 +166,11 @@ def child(name: str, live: bool, model: str, batch: int, steps: int, device: str
 
 def run_child(name: str, live: str, model: str, batch: int, steps: int, device: str,
               timeout: float = 240) -> dict:
-    t_spawn = time.time()
-    t0 = time.perf_counter()
-    cmd = [sys.executable, "-m", "bench.bench_peers", "--child", name, "--live", live,
-           "--model", model, "--batch", str(batch), "--steps", str(steps), "--device", device,
-           "--t0", repr(t_spawn)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            errors="replace", start_new_session=True,
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        return {"error": f"timed out after {timeout:.0f} s"}
-    wall = time.perf_counter() - t0
-    line = next((ln for ln in reversed(out.splitlines()) if ln.startswith(MARK)), None)
-    if proc.returncode != 0 or line is None:
-        tail = "\n".join(out.splitlines()[-15:])
-        print(f"  {name}/{live} failed (exit {proc.returncode}):\n{tail}", flush=True)
-        return {"error": f"exit {proc.returncode}: {tail.splitlines()[-1] if tail else ''}"}
-    result = json.loads(line[len(MARK):])
-    result["total_s"] = wall
-    result["output_lines"] = sum(1 for ln in out.splitlines() if ln.strip()) - 1
+    result, out = run_fresh("bench.bench_peers", [
+        "--child", name, "--live", live, "--model", model, "--batch", str(batch),
+        "--steps", str(steps), "--device", device], MARK, timeout)
+    if "error" not in result:
+        result["output_lines"] = sum(1 for ln in out.splitlines() if ln.strip()) - 1
     return result
 
 

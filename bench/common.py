@@ -7,9 +7,13 @@ repeats, prints a markdown table and writes it, dated, under ``bench/results/``.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 import platform
+import signal
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -132,3 +136,30 @@ def write_result(name: str, title: str, body: str, goals: list[tuple[str, bool |
     (RESULTS / f"{name}-latest.md").write_text(text)
     print(text)
     return path
+
+
+def run_fresh(module: str, args: list[str], mark: str, timeout: float) -> tuple[dict, str]:
+    """Run ``python -m module args --t0 <spawn time>`` in a fresh process (its own session,
+    killed with its group on timeout) and parse the JSON line it prints after ``mark``.
+    Returns (result, output); the result has ``total_s`` (wall clock from spawn) or ``error``."""
+    t_spawn, t0 = time.time(), time.perf_counter()
+    cmd = [sys.executable, "-m", module, *args, "--t0", repr(t_spawn)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace", start_new_session=True,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return {"error": f"timed out after {timeout:.0f} s"}, out
+    wall = time.perf_counter() - t0
+    line = next((ln for ln in reversed(out.splitlines()) if ln.startswith(mark)), None)
+    if proc.returncode != 0 or line is None:
+        tail = [ln for ln in out.splitlines() if ln.strip()][-12:]
+        print(f"  {module} {' '.join(args)} failed (exit {proc.returncode}):\n"
+              + "\n".join(tail), flush=True)
+        return {"error": f"exit {proc.returncode}: {tail[-1][:160] if tail else ''}"}, out
+    result = json.loads(line[len(mark):])
+    result["total_s"] = wall
+    return result, out

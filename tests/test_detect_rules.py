@@ -305,21 +305,6 @@ class FakeNVML:
         return SimpleNamespace(gpu=97)
 
 
-@pytest.fixture
-def fake_nvml(monkeypatch):
-    import sys
-
-    from hybridnb.hardware import nvml
-
-    def install(fake):
-        monkeypatch.setitem(sys.modules, "pynvml", fake)
-        nvml.reset()
-        return nvml
-
-    yield install
-    nvml.reset()
-
-
 def test_nvml_opens_once_and_reads_a_device(fake_nvml, monkeypatch):
     fake = FakeNVML()
     nvml = fake_nvml(fake)

@@ -6,7 +6,6 @@ installed under ``hardware.nvml``, the one NVML module); no test needs a GPU.
 
 from __future__ import annotations
 
-import sys
 import time
 from types import SimpleNamespace
 
@@ -56,19 +55,6 @@ class FakeNVML:
 
 
 @pytest.fixture
-def use_nvml(monkeypatch):
-    """Install a fake pynvml behind ``hardware.nvml``; returns the function that installs it."""
-
-    def install(fake):
-        monkeypatch.setitem(sys.modules, "pynvml", fake)
-        nvml_module.reset()
-        return fake
-
-    yield install
-    nvml_module.reset()
-
-
-@pytest.fixture
 def fake_cuda(monkeypatch):
     """torch.cuda allocator numbers for ordinals 0 and 1, CUDA 'initialised'."""
     alloc = {0: 1 * GIB, 1: 5 * GIB}
@@ -80,8 +66,8 @@ def fake_cuda(monkeypatch):
     return alloc
 
 
-def test_uuid_from_torch_picks_the_right_nvml_device_even_when_ordinals_differ(use_nvml):
-    use_nvml(FakeNVML())
+def test_uuid_from_torch_picks_the_right_nvml_device_even_when_ordinals_differ(fake_nvml):
+    fake_nvml(FakeNVML())
     locate = nvml_module.locate
     # torch's cuda:0 is the third card in PCI order (CUDA_DEVICE_ORDER=FASTEST_FIRST, say).
     handle, how = locate(0, torch_uuid="cccc-2222", environ={})
@@ -92,8 +78,8 @@ def test_uuid_from_torch_picks_the_right_nvml_device_even_when_ordinals_differ(u
     assert handle is None and "dddd" in how
 
 
-def test_cuda_visible_devices_indices_and_uuid_prefixes_are_respected(use_nvml):
-    use_nvml(FakeNVML())
+def test_cuda_visible_devices_indices_and_uuid_prefixes_are_respected(fake_nvml):
+    fake_nvml(FakeNVML())
     locate = nvml_module.locate
     env = {"CUDA_VISIBLE_DEVICES": "2,0"}
     assert locate(0, environ=env)[0] == ("handle", 2)
@@ -105,7 +91,7 @@ def test_cuda_visible_devices_indices_and_uuid_prefixes_are_respected(use_nvml):
     handle, how = locate(0, environ={"CUDA_VISIBLE_DEVICES": "MIG-x"})
     assert handle is None and "MIG" in how
     assert locate(1, environ={})[0] == ("handle", 1)
-    use_nvml(FakeNVML(uuids=("GPU-ab1", "GPU-ab2")))
+    fake_nvml(FakeNVML(uuids=("GPU-ab1", "GPU-ab2")))
     handle, how = locate(0, environ={"CUDA_VISIBLE_DEVICES": "GPU-ab"})
     assert handle is None and "matches 2" in how
 
@@ -117,8 +103,9 @@ def torch_uuids(monkeypatch, by_index: dict[int, str]) -> None:
 
 
 def test_cuda_sampler_reads_torch_and_the_uuid_matched_nvml_device(fake_cuda, monkeypatch,
-                                                                   use_nvml):
-    nvml = use_nvml(FakeNVML())
+                                                                   fake_nvml):
+    nvml = FakeNVML()
+    fake_nvml(nvml)
     torch_uuids(monkeypatch, {1: "GPU-aaaa-0000", 0: "GPU-cccc-2222"})
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")  # would say NVML 0: the UUID wins
     sampler = memory.MemorySampler("cuda:1")
@@ -135,8 +122,8 @@ def test_cuda_sampler_reads_torch_and_the_uuid_matched_nvml_device(fake_cuda, mo
     assert nvml.shutdowns == 0 and len(sampler.series().times) == 2
 
 
-def test_plain_cuda_means_the_current_device(fake_cuda, monkeypatch, use_nvml):
-    use_nvml(FakeNVML())
+def test_plain_cuda_means_the_current_device(fake_cuda, monkeypatch, fake_nvml):
+    fake_nvml(FakeNVML())
     torch_uuids(monkeypatch, {1: "GPU-aaaa-0000", 0: "GPU-cccc-2222"})
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     s = memory.MemorySampler("cuda").sample()
@@ -145,19 +132,20 @@ def test_plain_cuda_means_the_current_device(fake_cuda, monkeypatch, use_nvml):
     assert timing.nvml_busy_reader("cuda")() == 10.0
 
 
-def test_nvml_failures_are_reported_not_fatal(fake_cuda, monkeypatch, use_nvml):
+def test_nvml_failures_are_reported_not_fatal(fake_cuda, monkeypatch, fake_nvml):
     class NoLibrary(FakeNVML):
         def nvmlInit(self):
             raise OSError("libnvidia-ml.so.1: cannot open shared object file")
 
-    use_nvml(NoLibrary())
+    fake_nvml(NoLibrary())
     sampler = memory.MemorySampler("cuda:0")
     assert any("NVML not available" in n and "libnvidia-ml" in n for n in sampler.notes)
     s = sampler.sample()
     assert s["gpu_allocated"] == 1 * GIB and "gpu_used" not in s and s["rss"] > 0
 
     # NVML working at start, then the GPU falls off the bus: the probe is dropped, noted.
-    nvml = use_nvml(FakeNVML())
+    nvml = FakeNVML()
+    fake_nvml(nvml)
     torch_uuids(monkeypatch, {0: "GPU-aaaa-0000"})
     sampler = memory.MemorySampler("cuda:0")
     assert sampler.sample()["gpu_used"] == 1 * GIB
@@ -189,28 +177,28 @@ class CountingNVML(FakeNVML):
         self.called.append(1)
 
 
-def test_rocm_skips_nvml(fake_cuda, monkeypatch, use_nvml):
+def test_rocm_skips_nvml(fake_cuda, monkeypatch, fake_nvml):
     monkeypatch.setattr(torch.version, "hip", "6.2")
     called = []
-    use_nvml(CountingNVML(called))
+    fake_nvml(CountingNVML(called))
     probes, notes = memory.probes_for("cuda:0")
     assert not called and [n for n, _ in probes] == ["torch.cuda", "host"]
     assert "ROCm" in notes[0]
 
 
-def test_mps_and_cpu_probes(monkeypatch, use_nvml):
+def test_mps_and_cpu_probes(monkeypatch, fake_nvml):
     monkeypatch.setattr(torch.mps, "current_allocated_memory", lambda: 3 * GIB)
     monkeypatch.setattr(torch.mps, "driver_allocated_memory", lambda: 4 * GIB)
     s = memory.MemorySampler("mps").sample()
     assert s["mps_current"] == 3 * GIB and s["mps_driver"] == 4 * GIB and s["rss"] > 0
     called = []
-    use_nvml(CountingNVML(called))
+    fake_nvml(CountingNVML(called))
     probes, notes = memory.probes_for("cpu")
     assert not called and [n for n, _ in probes] == ["host"] and notes == []
 
 
-def test_a_lost_device_is_no_longer_read(fake_cuda, monkeypatch, use_nvml):
-    use_nvml(FakeNVML())
+def test_a_lost_device_is_no_longer_read(fake_cuda, monkeypatch, fake_nvml):
+    fake_nvml(FakeNVML())
     torch_uuids(monkeypatch, {0: "GPU-aaaa-0000"})
     sampler = memory.MemorySampler("cuda:0")
     assert "gpu_used" in sampler.sample()

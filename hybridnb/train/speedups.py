@@ -214,30 +214,30 @@ def _race(toggle, model, inputs, device, prec, budget) -> float | str:
     t_end = time.perf_counter() + budget  # warm-ups included
     try:
         for state in (False, True):
-            toggle(state)
-            synchronize(device)
-            t0 = time.perf_counter()
-            _step(model, inputs, _prec(prec))
-            synchronize(device)
-            warm = time.perf_counter() - t0
+            warm = _timed_step(toggle, state, model, inputs, device, prec)
             if device.type == "cpu" and not state and (2 * min_rounds + 2) * warm > budget:
                 toggle(False)
                 return f"not measured: a step takes {warm:.2g} s here (budget {budget:.2g} s)"
         while (len(times[True]) < min_rounds or time.perf_counter() < t_end) \
                 and len(times[True]) < 20:
             for state in (False, True):
-                toggle(state)
-                synchronize(device)
-                t0 = time.perf_counter()
-                _step(model, inputs, _prec(prec))
-                synchronize(device)
-                times[state].append(time.perf_counter() - t0)
+                times[state].append(_timed_step(toggle, state, model, inputs, device, prec))
     except Exception as exc:  # noqa: BLE001 — a knob that breaks the step is simply not kept
         toggle(False)
         if device.type == "cuda":
             torch.cuda.empty_cache()
         return f"its timed step failed ({type(exc).__name__}: {str(exc)[:80]})"
     return min(times[False]) / min(times[True])
+
+
+def _timed_step(toggle, state: bool, model, inputs, device, prec) -> float:
+    """Seconds for one step with the knob in ``state`` (synchronised before and after)."""
+    toggle(state)
+    synchronize(device)
+    t0 = time.perf_counter()
+    _step(model, inputs, _prec(prec))
+    synchronize(device)
+    return time.perf_counter() - t0
 
 
 def _prec(prec) -> Precision:
