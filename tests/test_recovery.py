@@ -358,3 +358,51 @@ def test_loss_guard_unit():
     assert g.check(100.0) == "spike" and g.check(float("inf")) == "nonfinite" and g.exhausted
     assert g.check(1.0) == "ok" and g.streak == 0
     assert g.check(1.0, grad_norm=float("nan")) == "nonfinite"
+
+
+def test_a_failed_attempt_leaves_no_trace_in_batch_norm_statistics_or_the_rng():
+    """An OOM after batch norm has updated its running statistics and dropout has drawn from
+    the RNG: the split re-run starts from the state before the failed attempt, so the result
+    equals running the split directly (and the event says batch norm normalises per
+    micro-batch)."""
+    from hybridnb.train.precision import Precision
+    from hybridnb.train.state import RunState
+    from hybridnb.train.step import TrainStep
+
+    class BnNet(nn.Module):
+        def __init__(self, fail_first=False):
+            super().__init__()
+            torch.manual_seed(0)
+            self.bn, self.drop, self.lin = nn.BatchNorm1d(8), nn.Dropout(0.3), nn.Linear(8, 1)
+            self.fail_first = fail_first
+
+        def forward(self, x):
+            h = self.drop(self.bn(x))  # statistics updated, random numbers drawn ...
+            if self.fail_first and len(x) == 32:
+                self.fail_first = False
+                raise torch.OutOfMemoryError(CUDA_OOM)  # ... then the attempt fails
+            return self.lin(h)
+
+    def one_step(model, micro):
+        torch.manual_seed(7)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        step = TrainStep(model, lambda out, y: nn.functional.mse_loss(out[:, 0], y), opt,
+                         Precision.choose("fp32", "cpu"))
+        events = []
+        rec = recovery.Recovery(step, model=model, on_gpu_error="recover", guard=None,
+                                state=RunState(micro=micro), event=lambda k, m: events.append(
+                                    (k, m)))
+        x, y = data(32)
+        assert rec.run([(x, y)]).kind == "ok"
+        return events, torch.rand(3)  # the RNG's position after the step
+
+    failed = BnNet(fail_first=True)
+    events, rng_after = one_step(failed, None)
+    direct = BnNet()
+    _, rng_direct = one_step(direct, 16)
+    assert [k for k, _ in events] == ["oom_split"] and "batch norm" in events[0][1]
+    assert torch.equal(failed.bn.running_mean, direct.bn.running_mean)
+    assert torch.equal(failed.bn.running_var, direct.bn.running_var)
+    assert failed.bn.num_batches_tracked == direct.bn.num_batches_tracked == 2
+    assert torch.equal(rng_after, rng_direct)
+    assert_close(params(failed), params(direct))

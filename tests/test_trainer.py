@@ -493,6 +493,32 @@ def test_samples_per_s_is_wall_clock_and_names_the_data_wait():
     assert row["compute_samples_per_s"] > 3 * row["samples_per_s"]  # the step alone, labelled
 
 
+def test_the_live_line_names_a_data_bound_run(capsys):
+    tr = Trainer(mlp(), device="cpu", batch_size=16, epochs=1, live="text", seed=0,
+                 loader_kwargs={"num_workers": 0})
+    tr.fit(SlowData())
+    out = capsys.readouterr().out
+    assert "data-bound" in out and "waiting for the next batch" in out
+    fast = Trainer(mlp(), device="cpu", batch_size=16, epochs=1, live="text", seed=0)
+    fast.fit(data())
+    assert "data-bound" not in capsys.readouterr().out  # in-memory tensors: compute sets the pace
+
+
+def test_a_dataset_yielding_device_tensors_gets_no_loader_workers():
+    class OnDevice(Dataset):  # "meta" stands in for a GPU: a tensor not in CPU memory
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return torch.empty(3, device="meta"), torch.empty((), device="meta")
+
+    tr = Trainer(mlp(), device="cpu", batch_size=4, epochs=1, live=False,
+                 loader_kwargs={"num_workers": 2, "pin_memory": True})
+    loader = tr._loader(OnDevice(), shuffle=False, what="train")
+    assert loader.num_workers == 0 and loader.pin_memory is False
+    assert [k for k, _ in tr._notes].count("loader") == 1
+
+
 def test_in_memory_tensors_are_batched_by_indexing_without_a_dataloader():
     from hybridnb.train.data import IndexedBatches
 
@@ -505,3 +531,33 @@ def test_in_memory_tensors_are_batched_by_indexing_without_a_dataloader():
         256, 32, True, gen), generator=gen)
     for (a, b), (c, d) in zip(loader, ref, strict=True):
         assert torch.equal(a, c) and torch.equal(b, d)
+
+
+def test_speedups_are_measured_said_once_and_leave_the_weights_loadable_by_the_stock_model():
+    class Spatial(nn.Module):  # a depthwise convolution spanning the whole input height
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.conv = nn.Conv2d(4, 8, (6, 1), groups=4)
+            self.head = nn.Linear(8 * 20, 1)
+
+        def forward(self, x):
+            return self.head(self.conv(x).flatten(1))
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 4, 6, 20, generator=g), torch.randn(64, generator=g)
+    tr = Trainer(Spatial(), device="cpu", batch_size=16, epochs=1, live=False, seed=0,
+                 speedups=True)
+    tr.fit((x, y))
+    said = [e.message for e in tr.events if e.kind == "speedups"]
+    assert said and said[0] == tr.applied_speedups.message  # what was applied and measured
+    assert said.count(said[0]) == 1  # said once
+    stock = Spatial()
+    stock.load_state_dict(tr.model.state_dict())  # same keys and shapes
+    tr.model.eval()
+    stock.eval()
+    with torch.no_grad():
+        assert torch.allclose(stock(x), tr.model(x), atol=1e-5)
+    off = Trainer(Spatial(), device="cpu", batch_size=16, epochs=1, live=False, seed=0)
+    off.fit((x, y))
+    assert not any(e.kind == "speedups" for e in off.events)  # "auto" measures on CUDA only

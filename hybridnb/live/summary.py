@@ -68,6 +68,22 @@ def memory_line(latest: Mapping[str, float]) -> str:
     return " · ".join(parts)
 
 
+def speed(st: Mapping[str, Any]) -> list[str]:
+    """Wall-clock samples/s (data loading included), MFU when known, and the bottleneck when
+    waiting for data dominates; nothing until the first measuring point after warm-up."""
+    rate = st.get("samples_per_s")
+    if rate is None or rate != rate:
+        return []
+    parts = [f"{fmt.rate(rate)} samples/s"]
+    mfu = st.get("mfu")
+    if mfu is not None and mfu == mfu:
+        parts.append(f"MFU {100 * mfu:.1f}%")
+    if st.get("data_bound"):
+        parts.append(f"data-bound: {st.get('data_wait_pct', 0):.0f}% of the time waiting for "
+                     "the next batch")
+    return parts
+
+
 def status(record, memory: Mapping[str, float] | None = None) -> str:
     """``epoch 1/2 · step 12/20 · train_loss 0.41 · val_loss 0.39 · lr 1.00e-03 · ...``
     (epoch 1 of epochs 0–2: counted from 0, as in the history)."""
@@ -88,8 +104,7 @@ def status(record, memory: Mapping[str, float] | None = None) -> str:
                     break
     if st.get("lr") is not None:
         parts.append(f"lr {fmt.lr(st['lr'])}")
-    if st.get("samples_per_s") is not None:
-        parts.append(f"{fmt.rate(st['samples_per_s'])} samples/s")
+    parts.extend(speed(st))
     parts.append(f"{fmt.duration(record.elapsed())} elapsed")
     remaining = record.remaining_s()
     if remaining is not None:

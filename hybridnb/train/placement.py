@@ -22,9 +22,12 @@ from hybridnb.train.step import TrainStep
 class Placement:
     """Device placement, speedups, and the step with its recovery."""
 
-    def _place(self, train_loader, loaders: list) -> None:
-        """Model, EMA, optimizer state and in-memory data on ``self.device`` (once per device),
-        the memory cap, and ``speedups`` measured on a real batch."""
+    def _place(self, loaders: list) -> None:
+        """Model, EMA, optimizer state and in-memory data on ``self.device`` (the model once per
+        device), and the memory cap."""
+        for loader in loaders:
+            if isinstance(loader, IndexedBatches):
+                loader.place(self.device, self._note)
         if getattr(self, "_placed_on", None) == self.device:
             return
         self.model.to(self.device)
@@ -34,15 +37,15 @@ class Placement:
             self.optimizer.load_state_dict(self.optimizer.state_dict())
         if self.memory_fraction is not None:
             setup.cap_memory(self.memory_fraction, self.device, self._notes)
-        for loader in loaders:
-            if isinstance(loader, IndexedBatches):
-                loader.place(self.device, self._note)
         self._placed_on = self.device
-        if self.speedups is True or (self.speedups == "auto" and self.device.type == "cuda"):
-            self._speed_up(train_loader)
 
     def _speed_up(self, train_loader) -> None:
-        """Apply what measures faster on this model and device, said once with the numbers."""
+        """Apply what measures faster on this model and device (once per device; ``speedups``
+        "auto": on CUDA only), said once with the numbers."""
+        wanted = self.speedups is True or (self.speedups == "auto" and self.device.type == "cuda")
+        if not wanted or getattr(self, "_sped_up_on", None) == self.device:
+            return
+        self._sped_up_on = self.device
         from hybridnb.measure.throughput import count_flops
         from hybridnb.train.speedups import apply_speedups
 

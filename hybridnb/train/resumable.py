@@ -105,7 +105,7 @@ class Resumable:
         self.event("device_lost", f"{detail} — {lost} cannot be trusted again in this process. "
                     "Moving the run (model, optimizer state, scaler, EMA) to the CPU and "
                     f"continuing from the last good state (step "
-                    f"{snapshot['position']['global_step']}); steps will be slower")
+                    f"{snapshot['position']['global_step']}) in fp32; steps will be slower")
         leave_device(self._loaders)
         self._loader_kwargs["pin_memory"] = False
         recovery.rebuild_on_cpu(self.model)

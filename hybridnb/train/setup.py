@@ -114,8 +114,10 @@ def choose_precision(asked: str, strategy: Strategy, recommended: str | None,
 
 
 def cpu_precision(asked: str) -> Precision:
-    """What to run on the CPU after leaving the GPU: fp32, bf16 only when it was asked for."""
-    return Precision.choose("bf16" if asked == "bf16" else "fp32", "cpu")
+    """What a run continues with on the CPU after leaving the GPU: fp32, whatever was asked.
+    bf16 autocast on a CPU sends convolutions through oneDNN, which asked an Intel Xeon for
+    ~880 GB on EEGNeX and got the process killed; fp32 is safe everywhere."""
+    return Precision.choose("fp32", "cpu")
 
 
 def loader_kwargs(given: dict | None, hw, device, resolved: torch.device) -> dict:

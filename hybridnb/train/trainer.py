@@ -149,7 +149,7 @@ class Trainer(Progress, Resumable, Evaluation, Placement, Isolation):
                       loss_guard if isinstance(loss_guard, recovery.LossGuard) else None)
         self.strategy.configure(self.batch_size, clip_grad)
         if not self.isolated:  # isolated: the worker places the model (the kernel never does)
-            self._place(None, [])
+            self._place([])
         self._build_step(compiled=False)
 
     # ----------------------------------------------------------------------------- properties
@@ -202,7 +202,8 @@ class Trainer(Progress, Resumable, Evaluation, Placement, Isolation):
 
     def _fit_here(self, train_loader, val_loader, view_started: bool = False) -> pd.DataFrame:
         """The fit in this process (the kernel, or the isolated worker)."""
-        self._place(train_loader, self._loaders)
+        self._place(self._loaders)
+        self._speed_up(train_loader)
         stopped, failed = None, True
         with GracefulInterrupt() as self._interrupt, \
                 checkpointed_blocks(self.model, self.grad_checkpointing) as blocks, \

@@ -90,7 +90,7 @@ class Isolation:
         recovery.mark_lost(device)
         self.event("worker_lost", f"{out.reason}. {device} is not used again in this process: the "
                    f"run continues on the CPU from the last good state (step "
-                   f"{self.state.global_step}); steps will be slower")
+                   f"{self.state.global_step}) in fp32; steps will be slower")
         self.strategy, self.compile = SingleDevice("cpu"), False
         self.precision = setup.cpu_precision(self.precision_arg)
         self.state.micro = None
