@@ -112,3 +112,18 @@ def test_an_error_in_the_worker_is_raised_in_the_kernel_with_its_type():
         fit(Net(at=3, fault=bad), isolate=True)
     assert "raise ValueError" in str(info.value.__cause__)  # the worker's traceback
     assert not children()
+
+
+def test_evaluate_and_predict_after_an_isolated_fit_run_in_a_worker_too(monkeypatch):
+    here = fit(Net(), isolate=False)
+    there = fit(Net(), isolate=True)
+    started = []
+    import hybridnb.train.isolate as isolate_mod
+
+    real = isolate_mod.run_isolated
+    monkeypatch.setattr(isolate_mod, "run_isolated",
+                        lambda *a, **k: started.append(1) or real(*a, **k))
+    x, y = data(64, seed=2)
+    assert torch.equal(torch.as_tensor(there.predict(x)), torch.as_tensor(here.predict(x)))
+    assert there.evaluate((x, y)) == here.evaluate((x, y))
+    assert len(started) == 2 and not children()

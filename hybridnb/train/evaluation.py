@@ -40,6 +40,9 @@ class Evaluation:
 
     def _predict(self, data, with_targets: bool):
         loader = self._loader(data, shuffle=False, what="data")
+        if self.isolated and self._interrupt is None:  # after an isolated fit: in a worker too
+            return self._predict_isolated(loader, with_targets)
+        self._place([loader])
         interrupt = self._interrupt
         return predict_loader(self._eval_model(), loader, strategy=self.strategy,
                               precision=self.precision, loss_fn=self.loss_fn,

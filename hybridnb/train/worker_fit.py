@@ -62,9 +62,8 @@ class Isolation:
         self._view = make_view(self.live)
 
         def work(channel):
+            _in_worker(self, channel)
             random.setstate(py_random)
-            torch.set_num_threads(1)  # libgomp's thread pool does not survive a fork
-            self._channel = channel
             self._fit_here(train_loader, val_loader)
             return recovery.to_cpu(self.state_dict())
 
@@ -91,10 +90,36 @@ class Isolation:
         self.event("worker_lost", f"{out.reason}. {device} is not used again in this process: the "
                    f"run continues on the CPU from the last good state (step "
                    f"{self.state.global_step}) in fp32; steps will be slower")
-        self.strategy, self.compile = SingleDevice("cpu"), False
+        self.strategy, self.compile, self.isolated = SingleDevice("cpu"), False, False
         self.precision = setup.cpu_precision(self.precision_arg)
         self.state.micro = None
         return self._fit_here(train_loader, val_loader, view_started=True)
+
+
+    def _predict_isolated(self, loader, with_targets: bool):
+        """evaluate/predict after an isolated fit: in a worker as well (the kernel keeps away
+        from the GPU); if the worker dies, on the CPU here, said once."""
+        def work(channel):
+            _in_worker(self, channel)
+            return self._predict(loader, with_targets)
+
+        out = isolate.run_isolated(work, step_timeout=self.step_timeout)
+        if out.status == "done":
+            return out.result
+        if out.status == "error":
+            raise _reraise(out.error)
+        recovery.mark_lost(self.device)
+        self._note("worker_lost", f"{out.reason}; predicting on the CPU in this process")
+        self.isolated, self.strategy = False, SingleDevice("cpu")
+        self.precision = setup.cpu_precision(self.precision_arg)
+        return self._predict(loader, with_targets)
+
+
+def _in_worker(trainer, channel) -> None:
+    """The forked copy of the Trainer becomes the one that trains: no further isolation, the
+    channel to the kernel, one CPU thread (libgomp's thread pool does not survive a fork)."""
+    trainer.isolated, trainer._channel = False, channel
+    torch.set_num_threads(1)
 
 
 def _reraise(error: dict) -> BaseException:
