@@ -47,8 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hybridnb.dist.launch import LAUNCHED_ENV
-from hybridnb.env import HEADLESS_ENV
+from hybridnb.env import HEADLESS_ENV, ISOLATED_ENV, LAUNCHED_ENV
 from hybridnb.train.worker_channel import (
     DONE,
     ERROR,
@@ -62,7 +61,6 @@ from hybridnb.train.worker_channel import (
     widen_pipe,
 )
 
-ISOLATED_ENV = "HYBRIDNB_ISOLATED"   # set in the worker: a Trainer there never isolates again
 STEP_TIMEOUT_FLOOR_S = 120.0         # the automatic step timeout is never shorter than this
 STEP_TIMEOUT_FACTOR = 20.0           # ... and at least this many median steps
 FIRST_STEP_GRACE_S = 600.0           # the first steps: CUDA start-up, compiling, autotuning
