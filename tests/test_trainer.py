@@ -4,6 +4,7 @@ precision and compile fallbacks, interrupts, the live-view calls, batch-size sea
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pandas as pd
@@ -369,7 +370,8 @@ def test_live_view_contract_and_stop_button(tmp_path, monkeypatch):
     view = views[0]
     assert view.run == {"epochs": 2, "steps_per_epoch": 8, "batch_size": 32, "device": "cpu",
                         "precision": "bf16", "model": "Sequential", "n_params": 321,
-                        "monitor": "val_loss", "smoke": False}
+                        "monitor": "val_loss", "smoke": False,
+                        "pid": os.getpid()}  # the training process: its memory is plotted
     steps = [u for u in view.updates if not u.get("epoch_end")]
     ends = [u for u in view.updates if u.get("epoch_end")]
     assert len(steps) == 16 and len(ends) == 2
