@@ -230,7 +230,13 @@ def set_aside(folder: Path | None) -> Path | None:
     while target.exists():
         target = folder / f"{target.name.split('.')[0]}.{k}"
         k += 1
-    target.mkdir()
-    for path in found:
-        os.replace(path, target / path.name)
+    try:
+        target.mkdir()
+        for path in found:
+            os.replace(path, target / path.name)
+    except OSError as exc:
+        raise ValueError(f"checkpoint_dir={str(folder)!r} holds an earlier run's checkpoints "
+                         f"and they cannot be moved aside ({type(exc).__name__}: "
+                         f"{exc.strerror or exc}): pass another folder, or fit(..., "
+                         "resume=True) to continue that run") from None
     return target
