@@ -133,8 +133,8 @@ class Trainer(Progress, Resumable, Evaluation, Placement, Isolation):
                                                 hw.precision if hw else None, self._notes)
         self.isolated, why = isolate_decision(isolate, self.device,
                                               in_distributed=self.strategy.world_size > 1)
-        if isolate is True and not self.isolated or self.isolated and self.device.type == "cpu":
-            self._notes.append(("isolate", why))
+        if self.isolated or isolate is True or (isolate == "auto" and self.device.type != "cpu"):
+            self._notes.append(("isolate", why))  # where it trains, and why, said once
         self.model = model
         self.frozen = setup.freeze(self.model, freeze)
         self._params = [p for p in self.model.parameters() if p.requires_grad]
