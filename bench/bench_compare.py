@@ -39,7 +39,7 @@ def flops_per_sample(model_fn, batch: int = 2) -> float:
     """Forward + backward FLOPs of one sample (torch's flop counter; convs and matmuls only)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from hybridnb.measure.compare import random_windows
+    from hybridnb.comparison.compare import random_windows
 
     torch.manual_seed(0)
     model = model_fn()
@@ -51,7 +51,7 @@ def flops_per_sample(model_fn, batch: int = 2) -> float:
 
 
 def main() -> None:
-    from hybridnb.measure.compare import compare, random_windows
+    from hybridnb.comparison.compare import compare, random_windows
     from hybridnb_tools.models import MODELS
 
     gpu = torch.cuda.is_available()

@@ -14,7 +14,7 @@ _LAZY = {
     "detect": "hybridnb.hardware.detect",
     "Hardware": "hybridnb.hardware.detect",
     "Trainer": "hybridnb.train.trainer",
-    "compare": "hybridnb.measure.compare",
+    "compare": "hybridnb.comparison.compare",
     "launch": "hybridnb.dist.launch",
     "smoke": "hybridnb.env",
     "frontend": "hybridnb.env",

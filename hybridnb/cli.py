@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 PROG = "python -m hybridnb"
 # compare's arguments live with compare: (module, function adding them, function running them)
-COMPARE_CLI = ("hybridnb.measure.compare_cli", "add_arguments", "run")
+COMPARE_CLI = ("hybridnb.comparison.compare_cli", "add_arguments", "run")
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,11 @@ import pytest
 import torch
 from torch import nn
 
-from hybridnb.measure import compare_view
-from hybridnb.measure.compare import COLUMNS, compare, compare_figure, compare_table
-from hybridnb.measure.variants import DEFAULT_VARIANTS, parse_variant
+from hybridnb.comparison import compare_view
+from hybridnb.comparison.compare import COLUMNS, compare, compare_figure, compare_table
+from hybridnb.comparison.variants import DEFAULT_VARIANTS, parse_variant
 
-cmp = importlib.import_module("hybridnb.measure.compare")  # the module; hn.compare is the function
+cmp = importlib.import_module("hybridnb.comparison.compare")  # the module; hn.compare is the function
 
 FAST = dict(steps=2, warmup=1, repeats=2, device="cpu", progress=False)
 
@@ -134,7 +134,7 @@ def test_compile_failure_is_a_row_and_the_other_variants_keep_their_numbers(monk
                                "'['g++', 'kernel.cpp']' returned non-zero exit status 1.")
         return run
 
-    monkeypatch.setattr(importlib.import_module("hybridnb.measure.session"), "_compile",
+    monkeypatch.setattr(importlib.import_module("hybridnb.comparison.session"), "_compile",
                         broken_compile)
     df = compare(tiny, batch(), ("fp32", "fp32+compile", "bf16"), **FAST, isolate=False)
     failed = row(df, "fp32+compile")
@@ -336,7 +336,7 @@ def test_a_variant_that_hangs_is_killed_after_the_timeout_with_nothing_left_behi
     assert hung["status"] == "timeout" and "20 s" in hung["note"]
     assert "timed window 1" in hung["note"]
     assert row(df, "fp32")["status"] == "ok"
-    leftovers = subprocess.run(["pgrep", "-f", "hybridnb.measure.worker", "-P", str(os.getpid())],
+    leftovers = subprocess.run(["pgrep", "-f", "hybridnb.comparison.worker", "-P", str(os.getpid())],
                                capture_output=True, text=True).stdout.split()
     assert leftovers == []
 
@@ -416,13 +416,13 @@ def test_cpu_bf16_runs_with_onednn_off():
 
 
 def test_the_command_line_module_is_light_and_names_bad_model_specs():
-    code = ("import sys, hybridnb.measure.compare_cli as c, argparse; "
+    code = ("import sys, hybridnb.comparison.compare_cli as c, argparse; "
             "assert 'torch' not in sys.modules, 'compare_cli imported torch'; "
             "p = argparse.ArgumentParser(); c.add_arguments(p); print(p.format_help())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     for option in ("--model", "--input-shape", "--variants", "--timeout", "--batch"):
         assert option in out.stdout
-    from hybridnb.measure.compare_cli import load_factory
+    from hybridnb.comparison.compare_cli import load_factory
 
     for spec, words in (("eegnex", "package.module:factory"), ("no_such_mod:f", "cannot import"),
                         ("hybridnb_tools.models:nope", "no function or class 'nope'")):

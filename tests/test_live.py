@@ -16,6 +16,7 @@ import pytest
 
 import hybridnb.live as live
 from hybridnb import env as runtime
+from hybridnb.events import Event
 from hybridnb.live import figures
 from hybridnb.live.base import LiveView, View
 from hybridnb.live.console import ConsoleView
@@ -23,7 +24,6 @@ from hybridnb.live.html import HtmlView
 from hybridnb.live.snapshot import PLOTLY_MIME
 from hybridnb.live.throttle import Throttle
 from hybridnb.measure.memory import MemorySampler
-from hybridnb.train.events import Event
 
 RUN = dict(epochs=3, steps_per_epoch=20, batch_size=32, device="cpu", precision="fp32",
            model="TinyNet", n_params=1234, monitor="val_loss", smoke=False)

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from hybridnb.measure.throughput import ThroughputMonitor, count_flops, peak_key, peak_tflops
+from hybridnb.measure.throughput import ThroughputMonitor, peak_key, peak_tflops
+from hybridnb.train.step import count_flops
 
 
 class SlowDataset(Dataset):

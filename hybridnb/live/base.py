@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from hybridnb.events import Event
 from hybridnb.live.record import RunRecord
 from hybridnb.live.throttle import Throttle
-from hybridnb.train.events import Event
 
 
 class View:

@@ -13,9 +13,9 @@ import sys
 import time
 from typing import Any, TextIO
 
+from hybridnb.events import Event
 from hybridnb.live import summary as text
 from hybridnb.live.base import LiveView
-from hybridnb.train.events import Event
 
 
 class ConsoleView(LiveView):

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from hybridnb.events import Event
 from hybridnb.live import snapshot
 from hybridnb.live.base import LiveView
-from hybridnb.train.events import Event
 
 Bundle = dict[str, Any]
 

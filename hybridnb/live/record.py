@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hybridnb.train.events import Event
+from hybridnb.events import Event
 
 STEP_KEYS = ("epoch", "step", "global_step", "loss", "lr", "samples_per_s", "elapsed_s")
 

@@ -16,12 +16,12 @@ from collections.abc import Callable
 from html import escape
 from typing import Any
 
+from hybridnb.events import Event
 from hybridnb.live import figures, snapshot
 from hybridnb.live import summary as text
 from hybridnb.live.base import LiveView
 from hybridnb.live.clicks import ClickRoute, route_clicks
 from hybridnb.live.throttle import Throttle
-from hybridnb.train.events import Event
 
 
 def _display_with_handle(obj: Any) -> Any:

@@ -7,7 +7,7 @@ loading included), the share of it spent waiting for the next batch, and a compu
 labelled as such. The device is synchronised only at the measuring points (the end of warm-up,
 every ``every`` steps, and ``summary()``), so measuring does not slow the loop.
 
->>> mon = ThroughputMonitor(device, flops_per_sample=count_flops(model, (x,)) / len(x))
+>>> mon = ThroughputMonitor(device, flops_per_sample=step.count_flops(model, (x,)) / len(x))
 >>> for x, y in mon.batches(loader):           # or mon.start_wait() / mon.end_wait() by hand
 ...     step(x, y)
 ...     mon.step_done(len(x))
@@ -26,11 +26,8 @@ import time
 from collections.abc import Iterable, Iterator
 
 import torch
-from torch import nn
 
 from hybridnb.measure.timing import synchronize
-from hybridnb.train.precision import Precision
-from hybridnb.train.step import measure_pass
 
 DATA_BOUND_PCT = 50.0  # waiting for data above this share of wall time: the run is data-bound
 
@@ -66,34 +63,6 @@ def peak_key(precision: str) -> str:
     return precision
 
 
-def count_flops(model: nn.Module, inputs: tuple | torch.Tensor, backward: bool = True) -> int:
-    """FLOPs of one forward (+ backward) pass of ``model`` on ``inputs``, counted once.
-
-    Uses ``torch.utils.flop_counter.FlopCounterMode`` (matmuls, convolutions, attention; cheap
-    element-wise work is not counted, as is usual for MFU). The backward is of the mean of the
-    first output. Gradients, BatchNorm statistics and training flags are left as they were.
-    """
-    from torch.utils.flop_counter import FlopCounterMode
-
-    inputs = inputs if isinstance(inputs, (tuple, list)) else (inputs,)
-    grads = [(p, p.grad) for p in model.parameters()]
-    flags = [(m, m.training) for m in model.modules()]
-    model.eval()  # no BatchNorm statistics update; the FLOPs of the layers are the same
-    try:
-        with FlopCounterMode(display=False) as counter:
-            if backward:
-                measure_pass(model, tuple(inputs), Precision.choose("fp32", "cpu"))
-            else:
-                with torch.no_grad():
-                    model(*inputs)
-    finally:
-        for m, flag in flags:
-            m.training = flag
-        for p, g in grads:
-            p.grad = g
-    return int(counter.get_total_flops())
-
-
 class ThroughputMonitor:
     """Samples/s by the wall clock, data-wait share, FLOP/s and MFU for a training loop.
 
@@ -103,7 +72,7 @@ class ThroughputMonitor:
     autotuning, loader start-up) are not counted. ``summary()`` gives the numbers over the steps
     since warm-up or the last ``reset()``.
 
-    ``flops_per_sample``: from ``count_flops`` (divide by the batch size); ``precision``: the
+    ``flops_per_sample``: from ``hybridnb.train.step.count_flops`` (divide by the batch size); ``precision``: the
     training precision, for the peak; ``peak`` (TFLOP/s) overrides the table.
     """
 

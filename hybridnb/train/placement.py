@@ -16,7 +16,7 @@ from hybridnb.dist.base import SingleDevice
 from hybridnb.train import recovery, setup
 from hybridnb.train.data import IndexedBatches
 from hybridnb.train.precision import Precision
-from hybridnb.train.step import TrainStep
+from hybridnb.train.step import TrainStep, count_flops
 
 
 class Placement:
@@ -46,7 +46,6 @@ class Placement:
         if not wanted or getattr(self, "_sped_up_on", None) == self.device:
             return
         self._sped_up_on = self.device
-        from hybridnb.measure.throughput import count_flops
         from hybridnb.train.speedups import apply_speedups
 
         x = example_batch(train_loader, self.batch_size)[0].to(self.device)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from hybridnb.train.events import Event
+from hybridnb.events import Event
 
 HISTORY_COLUMNS = ["epoch", "step", "train_loss", "val_loss", "val_rmse", "val_nrmse", "val_mae",
                    "val_r2", "lr", "samples_per_s", "data_wait_pct", "compute_samples_per_s",

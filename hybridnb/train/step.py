@@ -147,6 +147,33 @@ def measure_pass(model: torch.nn.Module, inputs: tuple, precision: Precision) ->
         loss.backward()
 
 
+def count_flops(model: torch.nn.Module, inputs: tuple | torch.Tensor, backward: bool = True
+                ) -> int:
+    """FLOPs of one forward (+ backward, as ``measure_pass`` runs it) of ``model`` on
+    ``inputs``, counted once with ``torch.utils.flop_counter.FlopCounterMode`` (matmuls,
+    convolutions, attention; cheap element-wise work is not counted, as is usual for MFU).
+    Gradients, BatchNorm statistics and training flags are left as they were."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    grads = [(p, p.grad) for p in model.parameters()]
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()  # no BatchNorm statistics update; the FLOPs of the layers are the same
+    try:
+        with FlopCounterMode(display=False) as counter:
+            if backward:
+                measure_pass(model, inputs, Precision.choose("fp32", "cpu"))
+            else:
+                with torch.no_grad():
+                    model(*inputs)
+    finally:
+        for m, flag in flags:
+            m.training = flag
+        for p, g in grads:
+            p.grad = g
+    return int(counter.get_total_flops())
+
+
 def first_tensor(out) -> torch.Tensor:
     """The first tensor of a model's output (a tensor, a tuple/list, or a dict)."""
     if isinstance(out, torch.Tensor):

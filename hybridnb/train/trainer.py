@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 
 from hybridnb.env import smoke
+from hybridnb.events import Event
 from hybridnb.live import make_view
 from hybridnb.measure.memory import reset_peak
 from hybridnb.train import checkpoint, isolate, recovery, setup
@@ -27,7 +28,6 @@ from hybridnb.train.blocks import checkpointed_blocks
 from hybridnb.train.data import BatchCheck, epoch_batches, make_loader, plan_epochs
 from hybridnb.train.ema import make_ema
 from hybridnb.train.evaluation import Evaluation
-from hybridnb.train.events import Event
 from hybridnb.train.interrupt import GracefulInterrupt
 from hybridnb.train.isolate import isolate_decision
 from hybridnb.train.losses import make_loss

@@ -6,7 +6,7 @@ thread, an allocation the OS refuses) the answer is status "crashed" naming the 
 last line it wrote; if it does not answer within ``timeout`` seconds its whole process group is
 killed and the answer is status "timeout".
 
-Why a fresh interpreter (``python -m hybridnb.measure.worker``) and not ``fork``: a forked child
+Why a fresh interpreter (``python -m hybridnb.comparison.worker``) and not ``fork``: a forked child
 of a process that has already run a multi-threaded OpenMP region (any torch CPU op of some size)
 hangs in its own first parallel region (libgomp is not fork-safe; measured: a Conv1d backward never
 returns), and limiting the child to one thread would measure the wrong CPU speed. A fresh process
@@ -27,7 +27,7 @@ import tempfile
 from multiprocessing import Pipe
 from pathlib import Path
 
-from hybridnb.measure.session import Job, VariantSession
+from hybridnb.comparison.session import Job, VariantSession
 
 
 class LocalVariant:
@@ -60,7 +60,7 @@ class ChildVariant:
             [p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "hybridnb.measure.worker", str(job_file),
+                [sys.executable, "-m", "hybridnb.comparison.worker", str(job_file),
                  str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),), start_new_session=True, stdin=subprocess.DEVNULL,
                 stdout=self.log, stderr=self.log, env=env)

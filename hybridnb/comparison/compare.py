@@ -34,18 +34,18 @@ import cloudpickle
 import torch
 from torch import nn
 
-from hybridnb.hardware.detect import detect
-from hybridnb.measure.compare_view import (
+from hybridnb.comparison.compare_view import (
     COLUMNS,
     CompareResult,
     compare_figure,
     compare_table,
 )
-from hybridnb.measure.compare_view import show as show_table
-from hybridnb.measure.isolation import ChildVariant, LocalVariant
+from hybridnb.comparison.compare_view import show as show_table
+from hybridnb.comparison.isolation import ChildVariant, LocalVariant
+from hybridnb.comparison.session import CPU_BF16_NOTE, Job
+from hybridnb.comparison.variants import DEFAULT_VARIANTS, Variant, parse_variant, unavailable
+from hybridnb.hardware.detect import detect
 from hybridnb.measure.memory import heap_reader
-from hybridnb.measure.session import CPU_BF16_NOTE, Job
-from hybridnb.measure.variants import DEFAULT_VARIANTS, Variant, parse_variant, unavailable
 from hybridnb.train.losses import make_loss
 
 __all__ = ["compare", "compare_figure", "compare_table", "CompareResult", "parse_variant",

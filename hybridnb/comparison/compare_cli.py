@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Build random inputs of the model's shape, run compare(), print the table."""
-    from hybridnb.measure.compare import (
+    from hybridnb.comparison.compare import (
         DEFAULT_VARIANTS,
         compare,
         compare_table,

@@ -1,4 +1,4 @@
-"""A compare() variant's own process: ``python -m hybridnb.measure.worker JOB_FILE FD``.
+"""A compare() variant's own process: ``python -m hybridnb.comparison.worker JOB_FILE FD``.
 
 It loads its job (a cloudpickled ``session.Job``), then answers the caller's requests over the
 connection on file descriptor FD — ``("ready",)``, ``("prepare",)``, ``("window", steps)``,
@@ -13,7 +13,7 @@ import pickle
 import sys
 from multiprocessing.connection import Connection
 
-from hybridnb.measure.session import VariantSession
+from hybridnb.comparison.session import VariantSession
 
 
 def serve(job_file: str, conn: Connection) -> None:
