@@ -406,3 +406,15 @@ def test_a_failed_attempt_leaves_no_trace_in_batch_norm_statistics_or_the_rng():
     assert failed.bn.num_batches_tracked == direct.bn.num_batches_tracked == 2
     assert torch.equal(rng_after, rng_direct)
     assert_close(params(failed), params(direct))
+
+
+def test_without_the_loss_guard_a_non_finite_loss_is_said_once():
+    x, y = data()
+    y[::10] = float("nan")
+    tr = Trainer(Faulty(), device="cpu", batch_size=32, epochs=2, live=False, seed=0,
+                 loss_guard=False)
+    tr.fit((x, y))
+    said = [e for e in tr.events if e.kind == "nonfinite_loss"]
+    assert len(said) == 1 and "loss_guard=False" in said[0].message
+    assert "y: NaN" in said[0].message  # names the tensor that holds it
+    assert tr.global_step == 20  # it did what was asked: trained every step

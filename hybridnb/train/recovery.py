@@ -343,7 +343,7 @@ class Recovery:
         self._eager, self._cpu_batch_step, self._cpu_step = eager, cpu_batch_step, None
         self.micro = MicroBatches(state.micro)
         self.phase = "idle"
-        self._bad_data = 0
+        self._bad_data, self._said_unguarded = 0, False
 
     def run(self, window: list) -> Outcome:
         """One optimizer step over ``window`` (the batches of one accumulation window)."""
@@ -438,10 +438,18 @@ class Recovery:
     def _judge(self, loss: float | None, verdict: str, window: list) -> Outcome:
         """A skipped step: name bad data, or cut the LR; after ``patience`` bad steps in a row
         the loop restores the last good state."""
+        where = f"epoch {self.state.epoch}, step {self.state.global_step}"
         if verdict == "ok":
             self._bad_data = 0
+            if self.guard is None and loss is not None and not math.isfinite(loss) \
+                    and not self._said_unguarded:
+                self._said_unguarded = True
+                bad = nonfinite_inputs(window)
+                self.event("nonfinite_loss", f"non-finite loss at {where}"
+                           f"{f' ({bad})' if bad else ''} and loss_guard=False: the update was "
+                           "applied, so the weights may now hold NaN. Pass loss_guard=True to "
+                           "skip such steps (said once)")
             return Outcome("ok", loss)
-        where = f"epoch {self.state.epoch}, step {self.state.global_step}"
         bad = nonfinite_inputs(window) if verdict == "nonfinite" else None
         if self.strategy.agree(bad is not None):
             self.guard.streak = max(0, self.guard.streak - 1)  # the data, not the model
