@@ -134,3 +134,19 @@ def test_mfu_uses_the_peak_for_the_precision():
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="every=0"):
         ThroughputMonitor("cpu", every=0)
+
+
+def test_pausing_between_steps_does_not_synchronise_and_leaves_the_pause_out(monkeypatch):
+    import hybridnb.measure.throughput as throughput
+
+    syncs = []
+    monkeypatch.setattr(throughput, "synchronize", lambda device: syncs.append(device))
+    mon = ThroughputMonitor("cpu", warmup_steps=0, every=20)
+    synced_at_start = len(syncs)
+    for _ in range(5):
+        mon.step_done(10)
+        with mon.paused():
+            time.sleep(0.05)  # validation between steps
+    assert len(syncs) == synced_at_start  # only the measuring points synchronise
+    s = mon.summary()
+    assert s["seconds"] < 0.05 and s["samples"] == 50  # the 0.25 s of pauses are left out

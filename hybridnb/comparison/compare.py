@@ -7,7 +7,7 @@ steps (``train.step.TrainStep``: forward, backward, AdamW) with device-synchroni
 Variants take turns (A B A B ...) so drift on a busy machine does not favour one; speed-ups are
 the median of per-round ratios against fp32 eager.
 
-Each variant runs in its own process (``measure.isolation``): an out-of-memory, an abort, a
+Each variant runs in its own process (``comparison.isolation``): an out-of-memory, an abort, a
 segfault or a hang in one variant is a row with its reason, and the caller carries on. Variants
 that cannot run here are rows with a reason, never silently dropped.
 
@@ -46,6 +46,7 @@ from hybridnb.comparison.session import CPU_BF16_NOTE, Job
 from hybridnb.comparison.variants import DEFAULT_VARIANTS, Variant, parse_variant, unavailable
 from hybridnb.hardware.detect import detect
 from hybridnb.measure.memory import heap_reader
+from hybridnb.train import setup
 from hybridnb.train.losses import make_loss
 
 __all__ = ["compare", "compare_figure", "compare_table", "CompareResult", "parse_variant",
@@ -99,7 +100,7 @@ def compare(model_fn: Callable[[], nn.Module] | nn.Module, data: Any,
     so every variant starts from the same weights); an ``nn.Module`` is copied instead.
     ``data`` is a sample batch ``(x, y)``, a Dataset or a DataLoader (its first batch).
     ``variants``: a precision (fp32, bf16, fp16) with ``+channels_last``, ``+rewrite``,
-    ``+compile`` or ``+compile:<mode>`` (see ``measure.variants``).
+    ``+compile`` or ``+compile:<mode>`` (see ``comparison.variants``).
     ``batch_sizes`` default to the sample batch's size (64 for a Dataset); a larger size repeats
     the samples. Each variant runs ``warmup`` steps (compiling, if asked), one untimed step for
     memory, then ``repeats`` timed windows of ``steps`` steps, taking turns with the other
@@ -125,7 +126,7 @@ def compare(model_fn: Callable[[], nn.Module] | nn.Module, data: Any,
     batches = _batches(data, sorted({r.batch_size for r in runs}))
     jobs = {id(r): Job(r.variant, _factory(model_fn), *batches[r.batch_size], str(dev), loss,
                        lr, seed, warmup) for r in runs if r.status == "ok"}
-    isolate, why_not = _can_isolate(isolate, jobs)
+    blobs, why_not = _pickled(isolate, jobs)
     if why_not:
         say(why_not)
         attrs["notes"].append(why_not)
@@ -133,7 +134,7 @@ def compare(model_fn: Callable[[], nn.Module] | nn.Module, data: Any,
     t_start = time.perf_counter()
     folder = Path(tempfile.mkdtemp(prefix="hybridnb-compare-"))
     try:
-        _start(runs, jobs, isolate, folder, timeout, say)
+        _start(runs, jobs, blobs, folder, timeout, say)
         for run in runs:
             if run.status == "ok":
                 _prepare(run, say)
@@ -210,37 +211,35 @@ def _plan(model_fn, data, variants, steps, warmup, repeats, batch_sizes, device,
               "MPS allocator, sampled every 2 ms" if dev.type == "mps" else heap_reader()[1])
     attrs = dict(device=str(dev), steps=steps, warmup=warmup, repeats=repeats,
                  model=_model_name(model_fn), torch=torch.__version__, memory_method=method,
-                 gpu_busy_method="NVML utilisation, median of samples in timed windows"
-                 if dev.type == "cuda" else "not measured (no NVML for this device)", notes=[])
+                 notes=[])
     return runs, dev, attrs
 
 
-def _can_isolate(isolate: bool, jobs: dict) -> tuple[bool, str]:
-    """Whether the variants get their own processes, and the one sentence when they cannot."""
+def _pickled(isolate: bool, jobs: dict) -> tuple[dict | None, str]:
+    """Each job pickled once for its own process, or None (and the one sentence) when the
+    variants cannot get processes of their own."""
     if not isolate or not jobs:
-        return False, ""
+        return None, ""
     try:
-        for job in jobs.values():
-            cloudpickle.dumps(job)
+        return {key: cloudpickle.dumps(job) for key, job in jobs.items()}, ""
     except Exception as exc:  # noqa: BLE001 - any pickling failure means: run here, and say so
-        return False, (f"the model function, loss or batch cannot be sent to a variant's own "
-                       f"process ({type(exc).__name__}: {str(exc)[:160]}), so the variants run "
-                       f"in this process: a crash in one would end it")
-    return True, ""
+        return None, (f"the model function, loss or batch cannot be sent to a variant's own "
+                      f"process ({type(exc).__name__}: {str(exc)[:160]}), so the variants run "
+                      f"in this process: a crash in one would end it")
 
 
-def _start(runs: list[_Run], jobs: dict, isolate: bool, folder: Path, timeout, say) -> None:
+def _start(runs: list[_Run], jobs: dict, blobs: dict | None, folder: Path, timeout,
+           say) -> None:
     """Start every variant's process at once (their imports overlap), then wait until each is
     ready, so no warm-up shares the CPU with another process's start."""
     t0 = time.perf_counter()
     live = [r for r in runs if r.status == "ok"]
     for i, run in enumerate(live):
-        job = jobs[id(run)]
-        run.where = (ChildVariant(cloudpickle.dumps(job), folder, f"variant-{i}", timeout)
-                     if isolate else LocalVariant(job))
+        run.where = (ChildVariant(blobs[id(run)], folder, f"variant-{i}", timeout)
+                     if blobs is not None else LocalVariant(jobs[id(run)]))
     for run in live:
         run.take(run.where.call("ready", stage="start-up"))
-    if isolate and live:
+    if blobs is not None and live:
         say(f"{len(live)} variant processes started in {time.perf_counter() - t0:.1f} s")
 
 
@@ -287,13 +286,9 @@ def random_windows(n: int, n_chans: int, n_times: int, seed: int = 0
 
 
 def resolve_device(device) -> torch.device:
-    if isinstance(device, str) and device == "auto":
-        return torch.device(detect().device)
-    try:
-        return torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device={device!r} is not a torch device ('cpu', 'cuda:0', 'auto')"
-                         ) from exc
+    """The variants' device: "auto" is detect()'s choice; others are checked as the Trainer
+    checks ``device=`` (setup.resolve_device)."""
+    return setup.resolve_device(device, detect() if device == "auto" else None, [])
 
 
 def _factory(model_fn):

@@ -28,6 +28,7 @@ from multiprocessing import Pipe
 from pathlib import Path
 
 from hybridnb.comparison.session import Job, VariantSession
+from hybridnb.train.isolate import signal_name
 
 
 class LocalVariant:
@@ -116,10 +117,7 @@ class ChildVariant:
 
 def _death(code: int, stage: str, last: str) -> str:
     if code < 0:
-        try:
-            how = f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            how = f"killed by signal {-code}"
+        how = f"killed by {signal_name(-code)}"
     else:
         how = f"exited with code {code}"
     tail = f"; its last words: {last}" if last else ""

@@ -2,7 +2,7 @@
 measure the step's memory, then time windows of steps on request.
 
 A session answers with plain dicts (status, note, numbers), never with an exception, so it runs
-the same way in the caller's process and in a variant's own process (``measure.worker``), where
+the same way in the caller's process and in a variant's own process (``comparison.worker``), where
 its answers travel over a pipe. Status is ok | skipped | oom | failed.
 """
 
@@ -107,7 +107,7 @@ class VariantSession:
         """The model with the variant's changes and its step; an answer when it cannot run."""
         job, dev = self.job, self.device
         torch.manual_seed(job.seed)
-        model = _checked(job.model_fn()).to(dev)
+        model = job.model_fn().to(dev)  # compare._factory checked it returns a Module
         model.train()
         x, y = job.x.to(dev), job.y.to(dev)
         skip = self._apply_changes(model, x)
@@ -248,12 +248,6 @@ def _compile_settings(device: torch.device) -> Iterator[None]:
 
 def _compile(model: nn.Module, mode: str | None):
     return torch.compile(model, mode=None if mode in (None, "default") else mode)
-
-
-def _checked(model: Any) -> nn.Module:
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model_fn returned {type(model).__name__}, not an nn.Module")
-    return model
 
 
 def _failure(exc: BaseException, stage: str, batch_size: int) -> dict:

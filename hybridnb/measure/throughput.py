@@ -93,9 +93,10 @@ class ThroughputMonitor:
         self._wait_t0: float | None = None
         self._mark = time.perf_counter()  # end of the last step (for batch_ready)
         self._start: float | None = None  # the window's first measuring point
-        self._point = (0.0, 0, 0, 0.0)  # last measuring point: (time, samples, steps, wait)
+        # last measuring point: (time, samples, steps, seconds waiting, seconds paused)
+        self._point = (0.0, 0, 0, 0.0, 0.0)
         self._samples = self._counted = 0
-        self._wait = 0.0
+        self._wait = self._paused = 0.0
         if warmup_steps == 0:
             self.reset()
 
@@ -145,9 +146,7 @@ class ThroughputMonitor:
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """Leave the time inside out of the wall clock (validation, checkpoint writes between
-        training steps); the steps before it are measured first."""
-        if self._start is not None and self._counted != self._point[2]:
-            self._measure()
+        training steps). Counted apart, so no device synchronise is needed here."""
         t0 = time.perf_counter()
         try:
             yield
@@ -155,9 +154,7 @@ class ThroughputMonitor:
             gap = time.perf_counter() - t0
             self._mark += gap
             if self._start is not None:
-                t, samples, steps, wait = self._point
-                self._start += gap
-                self._point = (t + gap, samples, steps, wait)
+                self._paused += gap
 
     def reset(self) -> None:
         """Start a new window now (after a synchronise): counts from here on."""
@@ -165,14 +162,10 @@ class ThroughputMonitor:
         now = time.perf_counter()
         self._start = self._mark = now
         self._samples = self._counted = 0
-        self._wait = 0.0
-        self._point = (now, 0, 0, 0.0)
+        self._wait = self._paused = 0.0
+        self._point = (now, 0, 0, 0.0, 0.0)
 
     # -- the numbers -----------------------------------------------------------------------
-    @property
-    def warming_up(self) -> bool:
-        return self._start is None
-
     def summary(self, measure: bool = True) -> dict:
         """The window's numbers (a synchronise first when steps ran since the last point).
 
@@ -185,8 +178,8 @@ class ThroughputMonitor:
         """
         if measure and self._start is not None and self._counted != self._point[2]:
             self._measure()
-        t, samples, steps, wait = self._point
-        wall = t - self._start if self._start is not None else 0.0
+        t, samples, steps, wait, paused = self._point
+        wall = t - self._start - paused if self._start is not None else 0.0
         rate = samples / wall if wall > 0 else None
         wait_pct = 100.0 * wait / wall if wall > 0 else None
         busy = wall - wait
@@ -225,4 +218,5 @@ class ThroughputMonitor:
 
     def _measure(self) -> None:
         synchronize(self.device)
-        self._point = (time.perf_counter(), self._samples, self._counted, self._wait)
+        self._point = (time.perf_counter(), self._samples, self._counted, self._wait,
+                       self._paused)

@@ -91,9 +91,9 @@ class IndexedBatches:
     """
 
     def __init__(self, tensors: tuple[torch.Tensor, ...], batch_sampler: ResumableBatchSampler,
-                 generator: torch.Generator, source: tuple[torch.Tensor, ...] | None = None) -> None:
+                 generator: torch.Generator) -> None:
         self.tensors, self.batch_sampler, self.generator = tensors, batch_sampler, generator
-        self.source = source if source is not None else tensors  # where they came from
+        self.source = tensors  # where they came from (placing on a device keeps this copy)
         self.device = tensors[0].device
 
     def place(self, device: torch.device, note) -> None:
@@ -172,7 +172,7 @@ def make_loader(data, *, batch_size: int, shuffle: bool, what: str, seed: int | 
     if type(data) is TensorDataset:
         return IndexedBatches(tuple(data.tensors), sampler, gen)
     kwargs = dict(loader_kwargs)
-    if yields_device_tensors(data) and (kwargs.get("num_workers") or kwargs.get("pin_memory")):
+    if (kwargs.get("num_workers") or kwargs.get("pin_memory")) and yields_device_tensors(data):
         note("loader", f"the {what} dataset yields tensors already on the device: no loader "
              "workers and no pinned memory for it")
         kwargs.update(num_workers=0, pin_memory=False)

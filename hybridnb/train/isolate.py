@@ -174,7 +174,6 @@ class Outcome:
     exit: str = ""                 # "code 0", "signal SIGABRT", "not reaped" ...
     interrupted: bool = False      # a Ctrl-C reached the kernel while supervising
     stop_sent: bool = False        # the worker was asked to stop (Ctrl-C or should_stop)
-    messages: int = 0
     bytes_received: int = 0
     output_tail: str = ""          # the worker's last lines of stdout/stderr
 
@@ -198,7 +197,6 @@ def run_isolated(work: Callable[[Channel], Any], *,
                  stop_grace: float = STOP_GRACE_S,
                  timeout_floor: float = STEP_TIMEOUT_FLOOR_S,
                  warmup_steps: int = WARMUP_STEPS,
-                 env: dict[str, str] | None = None,
                  forward_output: bool = True) -> Outcome:
     """Run ``work(channel)`` in a forked worker, pass each message to ``on_message``, and return
     how it ended (see ``Outcome``). Nothing is left running when this returns or raises.
@@ -206,8 +204,8 @@ def run_isolated(work: Callable[[Channel], Any], *,
     ``step_timeout``: seconds a step may take (None: ``auto_step_timeout`` of the measured steps
     with ``timeout_floor``); until ``warmup_steps`` steps completed ``first_step_grace`` applies
     if longer. A "step_done" or "heartbeat" message restarts the clock. ``poll``: how often the
-    worker and ``should_stop`` are checked when no message comes. ``env``: extra environment
-    variables for the worker. An exception from ``on_message`` kills the worker and propagates.
+    worker and ``should_stop`` are checked when no message comes. An exception from
+    ``on_message`` kills the worker and propagates.
     """
     if not fork_available():
         raise RuntimeError("run_isolated needs os.fork, which this platform lacks; train in "
@@ -220,7 +218,7 @@ def run_isolated(work: Callable[[Channel], Any], *,
         raise ValueError(f"step_timeout={step_timeout!r} must be > 0 seconds, or None (auto)")
     sup = _Supervisor(work, on_message, step_timeout, first_step_grace, poll, should_stop,
                       stop_grace, timeout_floor, warmup_steps,
-                      {HEADLESS_ENV: "1", ISOLATED_ENV: "1", **(env or {})}, forward_output)
+                      {HEADLESS_ENV: "1", ISOLATED_ENV: "1"}, forward_output)
     return sup.run()
 
 
@@ -237,7 +235,7 @@ class _Supervisor:
         self.partial_line = {1: "", 2: ""}
         self.last_line = self.error_line = ""  # before faulthandler's dump, if any
         self.in_dump = False
-        self.steps = self.messages = self.interrupts = 0
+        self.steps = self.interrupts = 0
         self.state = self.state_steps = self.result = self.error = None
         self.got_done = self.stop_sent = False
         self.finished_at: float | None = None
@@ -438,7 +436,6 @@ class _Supervisor:
 
     def _note(self, m: Message) -> None:
         now = time.monotonic()
-        self.messages += 1
         if m.kind == STEP_DONE:
             self.steps += 1
             info = m.payload if isinstance(m.payload, dict) else {}
@@ -524,13 +521,13 @@ class _Supervisor:
         now = time.monotonic()
         median = statistics.median(self.durations) if self.durations else None
         how, number = self.exit_info or ("unknown", -1)
-        exit_text = self.exit_text or (f"signal {_signal_name(number)}" if how == "signal"
+        exit_text = self.exit_text or (f"signal {signal_name(number)}" if how == "signal"
                                        else f"code {number}" if how == "code" else "unknown")
         out = Outcome(status="", reason="", result=self.result, error=self.error,
                       state=self.state, state_steps=self.state_steps, steps=self.steps,
                       median_step_s=median, seconds=now - self.t0, exit=exit_text,
                       interrupted=self.interrupts > 0, stop_sent=self.stop_sent,
-                      messages=self.messages, bytes_received=self.reader.bytes_read,
+                      bytes_received=self.reader.bytes_read,
                       output_tail="\n".join([*self.tail, *filter(None, self.partial_line.values())]))
         steps = f"after {self.steps} step{'s' if self.steps != 1 else ''}"
         if self.got_done:
@@ -553,7 +550,7 @@ class _Supervisor:
         else:  # it exited without "done" or "error"
             out.status = "died"
             if how == "signal":
-                name = _signal_name(number)
+                name = signal_name(number)
                 hint = _SIGNAL_HINTS.get(name)
                 out.reason = f"worker killed by {name} {steps}" + (f" ({hint})" if hint else "")
             else:
@@ -641,7 +638,8 @@ def _decode_status(status: int) -> tuple[str, int]:
     return "code", os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
 
 
-def _signal_name(number: int) -> str:
+def signal_name(number: int) -> str:
+    """"SIGABRT" for 6; "signal N" for a number Python does not name."""
     try:
         return signal.Signals(number).name
     except ValueError:

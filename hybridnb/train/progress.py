@@ -62,14 +62,12 @@ class Progress:
                                  flops_per_sample=getattr(self, "_flops", None),
                                  precision=self.precision.name)
 
-    def _speeds(self, measure: bool = False) -> dict:
-        s = self._monitor.summary(measure=measure)
-        nan = math.nan
-        return {"samples_per_s": nan if s["samples_per_s"] is None else s["samples_per_s"],
-                "data_wait_pct": nan if s["data_wait_pct"] is None else s["data_wait_pct"],
-                "compute_samples_per_s": nan if s["compute_samples_per_s"] is None
-                else s["compute_samples_per_s"],
-                "mfu": nan if s["mfu"] is None else s["mfu"], "data_bound": s["data_bound"]}
+    def _speeds(self) -> dict:
+        """The epoch's speeds at the monitor's last measuring point (no device sync here)."""
+        s = self._monitor.summary(measure=False)
+        speeds = {k: math.nan if s[k] is None else s[k]
+                  for k in ("samples_per_s", "data_wait_pct", "compute_samples_per_s", "mfu")}
+        return {**speeds, "data_bound": s["data_bound"]}
 
     def _view_row(self, **extra) -> dict:
         state = self.state

@@ -52,7 +52,6 @@ class ChannelError(RuntimeError):
 class Message:
     kind: str
     payload: Any
-    nbytes: int  # size of the frame on the wire
 
 
 def widen_pipe(fd: int, size: int = PIPE_BYTES) -> None:
@@ -193,7 +192,6 @@ class Channel:
         self._last_write = time.monotonic()
         self._flusher: threading.Thread | None = None
         self.finished = False  # a "done" or "error" went out
-        self.bytes_sent = 0
 
     def send(self, kind: str, payload: Any = None) -> None:
         parts, n = encode(kind, payload)
@@ -212,7 +210,6 @@ class Channel:
             else:
                 self._flush(now)
                 write_all(self._fd, parts)
-            self.bytes_sent += n
         if kind in (DONE, ERROR):
             self.finished = True
 
@@ -286,7 +283,6 @@ class FrameReader:
         self._pos = 0
         self._tensors: list = []
         self._pending: Iterator | None = None
-        self._size = 0
 
     @property
     def partial(self) -> bool:
@@ -322,14 +318,12 @@ class FrameReader:
             if magic != MAGIC:
                 raise ChannelError(f"unexpected bytes {bytes(self._target)!r} on the worker's "
                                    "message pipe (something else wrote to it)")
-            self._size = HEADER.size + self._body_len + self._spec_len
             self._stage, self._target, self._pos = "meta", memoryview(
                 bytearray(self._body_len + self._spec_len)), 0
             return None
         if self._stage == "meta":
             self._body = self._target[:self._body_len]
             self._tensors, raws = _allocate(pickle.loads(self._target[self._body_len:]))
-            self._size += sum(r.nbytes for r in raws)
             self._pending = iter(raws)
             self._stage = "raw"
         target = next(self._pending, None)
@@ -337,9 +331,8 @@ class FrameReader:
             self._target, self._pos = target, 0
             return None
         kind, payload = _TensorUnpickler(io.BytesIO(self._body), self._tensors).load()
-        size = self._size
         self._reset()
-        return Message(kind, payload, size)
+        return Message(kind, payload)
 
 
 def _allocate(specs: list) -> tuple[list, list[memoryview]]:
