@@ -117,8 +117,7 @@ class LiveView(View):
             raise RuntimeError("view.event() called before view.start(run)")
         self.record.add_event(ev)
         if ev.kind == "device_lost" and self.record.sampler is not None:
-            self.record.sampler.close()  # never read a lost device again
-            self.record.sampler = None
+            self.record.sampler.drop_device(ev.message)  # host memory only from now on
         self.plots.force()
         if self.failed is None:
             self._safe(self._draw_event, ev)

@@ -218,8 +218,9 @@ def epoch_batches(loader, state, event) -> Iterator:
 
 
 class BatchCheck:
-    """Turns a loader's batch into ``(x, y)`` and checks it once: the structure, and float64
-    inputs (numpy's default) cast to the model's floating dtype with one note."""
+    """Turns a loader's batch into ``(x, y)`` and checks it: the structure, and float64 inputs
+    (numpy's default) cast to the model's floating dtype, said once for training and
+    evaluation together."""
 
     def __init__(self, dtype: torch.dtype, note) -> None:
         self.dtype, self.note, self._noted = dtype, note, False
@@ -229,7 +230,13 @@ class BatchCheck:
             raise ValueError("training batches must be (x, y) or (x, y, *extras); got "
                              f"{type(batch).__name__}" + (f" of length {len(batch)}" if
                                                           isinstance(batch, (tuple, list)) else ""))
-        x, y = batch[0], batch[1]
+        x, y = self.cast(batch[0]), batch[1]
+        if isinstance(y, torch.Tensor) and y.dtype == torch.float64 != self.dtype:
+            y = y.to(self.dtype)
+        return x, y
+
+    def cast(self, x):
+        """Inputs in the model's dtype (float64 cast, with one note)."""
         if isinstance(x, torch.Tensor) and x.dtype == torch.float64 != self.dtype:
             x = x.to(self.dtype)
             if not self._noted:
@@ -237,9 +244,7 @@ class BatchCheck:
                 self.note("dtype", f"the inputs are float64 (numpy's default); casting each "
                           f"batch to the model's {str(self.dtype).replace('torch.', '')} (cast "
                           "the arrays once beforehand to skip this)")
-        if isinstance(y, torch.Tensor) and y.dtype == torch.float64 != self.dtype:
-            y = y.to(self.dtype)
-        return x, y
+        return x
 
 
 def leave_device(loaders: list) -> None:

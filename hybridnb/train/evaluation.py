@@ -48,16 +48,7 @@ class Evaluation:
                               precision=self.precision, loss_fn=self.loss_fn,
                               with_targets=with_targets,
                               stop_requested=lambda: bool(interrupt and interrupt.requested),
-                              dtype=self._params[0].dtype, on_cast=self._cast_note)
-
-    def _cast_note(self, dtype: torch.dtype) -> None:
-        """float64 inputs in evaluate/predict/validation: said once (not again when training
-        already said it)."""
-        said = {e.kind for e in self.events} | {kind for kind, _ in self._notes}
-        if "dtype" not in said:
-            self._note("dtype", f"the inputs are float64 (numpy's default); casting each batch "
-                       f"to the model's {str(dtype).replace('torch.', '')} (cast the arrays "
-                       "once beforehand to skip this)")
+                              cast=self._batch.cast)
 
     def _eval_model(self) -> torch.nn.Module:
         """During fit, validation scores the EMA weights when EMA is on; after fit, ``self.model``
@@ -75,26 +66,18 @@ def eval_loss(loss_fn, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def predict_loader(model, loader, *, strategy, precision, loss_fn, with_targets: bool,
-                   stop_requested=lambda: False, dtype: torch.dtype | None = None,
-                   on_cast=lambda dtype: None) -> tuple:
+                   stop_requested=lambda: False, cast=lambda x: x) -> tuple:
     """Predictions (N,) or (N, k), targets (or None), the mean loss over finite targets, and
     the number of samples whose targets are non-finite (left out of loss and metrics).
-    float64 inputs are cast to ``dtype`` (``on_cast(dtype)`` is told once)."""
+    ``cast`` brings each input to the model's dtype (``BatchCheck.cast``)."""
     was_training = model.training
     model.eval()
     preds, targets, loss_sum, n = [], [], 0.0, 0
-    cast_said = False
     try:
         for batch in loader:
             if strategy.agree(stop_requested()):
                 raise KeyboardInterrupt  # on every rank, before the same batch
-            x = batch[0] if isinstance(batch, (tuple, list)) else batch
-            if (dtype is not None and isinstance(x, torch.Tensor) and x.dtype == torch.float64
-                    and dtype != torch.float64):
-                x = x.to(dtype)
-                if not cast_said:
-                    cast_said = True
-                    on_cast(dtype)
+            x = cast(batch[0] if isinstance(batch, (tuple, list)) else batch)
             with precision.autocast():
                 out = model(strategy.to_device(x))
             has_y = isinstance(batch, (tuple, list)) and len(batch) > 1

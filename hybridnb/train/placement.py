@@ -16,6 +16,7 @@ from hybridnb.dist.base import SingleDevice
 from hybridnb.train import recovery, setup
 from hybridnb.train.data import IndexedBatches
 from hybridnb.train.precision import Precision
+from hybridnb.train.speedups import apply_speedups
 from hybridnb.train.step import TrainStep, count_flops
 
 
@@ -46,14 +47,12 @@ class Placement:
         if not wanted or getattr(self, "_sped_up_on", None) == self.device:
             return
         self._sped_up_on = self.device
-        from hybridnb.train.speedups import apply_speedups
-
         x = example_batch(train_loader, self.batch_size)[0].to(self.device)
         asked = "auto" if self.precision_arg == "auto" else self.precision
         applied = apply_speedups(self.model, x, self.device, precision=asked)
         self.applied_speedups = applied
-        if applied.precision != self.precision.name and applied.precision in \
-                self.strategy.supported_precisions:
+        if "precision" in applied.applied and applied.precision in \
+                self.strategy.supported_precisions:  # measured faster than the first choice
             self.precision = Precision.choose(applied.precision, self.device)
         self._note("speedups", applied.message)
         for note in applied.notes:
@@ -80,18 +79,17 @@ class Placement:
             eager=lambda: self._make_step(self.model, self.precision),
             cpu_batch_step=self._cpu_batch_step)
 
-    def _make_step(self, model: torch.nn.Module, precision, strategy=None, **kw) -> TrainStep:
-        strategy = strategy or self.strategy
+    def _make_step(self, model: torch.nn.Module, precision) -> TrainStep:
         on_applied = (lambda: self.ema.update_parameters(self.model)) if self.ema else None
-        return TrainStep(strategy.wrap(model, self.optimizer), self.loss_fn, self.optimizer,
-                         precision, clip_grad=self.clip_grad, strategy=strategy,
-                         params=self._params, guard=self.guard, on_applied=on_applied, **kw)
+        return TrainStep(self.strategy.wrap(model, self.optimizer), self.loss_fn, self.optimizer,
+                         precision, clip_grad=self.clip_grad, strategy=self.strategy,
+                         params=self._params, guard=self.guard, on_applied=on_applied)
 
     def _cpu_batch_step(self) -> TrainStep:
         """The per-batch fallback: forward/backward on the CPU (the model moved there for the
         batch), gradients scaled as the device's GradScaler expects."""
         return TrainStep(self.model, self.loss_fn, self.optimizer,
-                         setup.cpu_precision(self.precision_arg), strategy=SingleDevice("cpu"),
+                         setup.cpu_precision(), strategy=SingleDevice("cpu"),
                          params=self._params, loss_scale=self.scaler.get_scale)
 
 

@@ -134,7 +134,6 @@ class Progress:
         state = self.state
         peak = peak_bytes(self.device)
         window = self._monitor.summary()
-        state.acc.update(samples=window["samples"], seconds=window["seconds"])
         speeds = self._speeds()
         row = {"epoch": state.epoch, "step": state.global_step, "train_loss": state.train_loss(),
                **{c: float(metrics.get(c, math.nan)) for c in
@@ -214,7 +213,7 @@ class Progress:
         hist = self.history
         started = getattr(self, "_run_started", 0.0)
         elapsed = time.perf_counter() - started if started else 0.0
-        secs = float(hist["time_s"].sum()) if len(hist) else self.state.acc["seconds"]
+        secs = float(hist["time_s"].sum()) if len(hist) else 0.0
         peak = hist["peak_memory_mb"].max() if len(hist) else math.nan
         best = self.state.best
         return {"history": hist, "elapsed_s": elapsed,

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hybridnb.measure.memory import cuda_index
+
 # Messages that mean "this batch does not fit", across backends (torch raises some of them as a
 # plain RuntimeError, e.g. from cuDNN, the driver or the CPU allocator).
 OOM_MESSAGES = (
@@ -99,10 +101,7 @@ _LOST: set[str] = set()
 def _key(device: torch.device) -> str:
     """"cuda" and "cuda:N" name the same GPU when N is the current one."""
     device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        index = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
-        return f"cuda:{index}"
-    return str(device)
+    return f"cuda:{cuda_index(device)}" if device.type == "cuda" else str(device)
 
 
 def mark_lost(device: torch.device) -> None:
@@ -256,6 +255,10 @@ class LossGuard:
     def _mean(self) -> float:
         # bias-corrected running mean (like Adam's), so early steps are not pulled towards 0
         return self.mean / (1 - self.momentum ** max(self.good, 1))
+
+    def reset(self) -> None:
+        """A new run: no running mean, no streak."""
+        self.mean, self.good, self.streak = 0.0, 0, 0
 
     @property
     def exhausted(self) -> bool:

@@ -65,8 +65,7 @@ class Resumable:
         if self.guard is not None and state["guard"] is not None:
             self.guard.load_state_dict(state["guard"])
         self.state.load_state_dict(state, events=events)
-        if hasattr(self, "_recovery"):
-            self._recovery.micro.size = self.state.micro
+        self._recovery.micro.size = self.state.micro
         self.optimizer.zero_grad(set_to_none=True)
 
     def resume(self, path: str | Path) -> Resumable:
@@ -106,18 +105,24 @@ class Resumable:
                     "Moving the run (model, optimizer state, scaler, EMA) to the CPU and "
                     f"continuing from the last good state (step "
                     f"{snapshot['position']['global_step']}) in fp32; steps will be slower")
-        leave_device(self._loaders)
-        self._loader_kwargs["pin_memory"] = False
+        self._continue_on_cpu()
         recovery.rebuild_on_cpu(self.model)
         if self.ema is not None:
             recovery.rebuild_on_cpu(self.ema)
-        self.strategy = self.strategy.on_cpu()
-        self.precision = setup.cpu_precision(self.precision_arg)
-        self.compile = False
         self._restore(snapshot)
         self.state.micro = None  # the GPU's micro-batch size means nothing here
         self._build_step(compiled=False)
         return "rewind"
+
+    def _continue_on_cpu(self) -> None:
+        """The device is lost: it is never used again in this process, and what follows runs on
+        the CPU in fp32 (no pinned memory, no compile, no isolation)."""
+        recovery.mark_lost(self.device)
+        leave_device(self._loaders)
+        self._loader_kwargs["pin_memory"] = False
+        self.strategy = self.strategy.on_cpu()
+        self.precision = setup.cpu_precision()
+        self.compile = self.isolated = False
 
     def _restore_after_bad_steps(self) -> str:
         """``patience`` bad steps in a row: back to the last good state with the lower LR;

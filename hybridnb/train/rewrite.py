@@ -122,12 +122,6 @@ class RewriteReport:
         return bool(self.rewritten)
 
 
-def find_candidates(model: nn.Module, *example) -> dict[str, float]:
-    """Names of the convolutions ``depthwise_as_matmul`` can replace on this batch, each with the
-    relative difference between the two forms measured on it (fp32, no gradients, eval mode)."""
-    return _scan(model, example)[0]
-
-
 def _scan(model: nn.Module, example: tuple) -> tuple[dict[str, float], object]:
     """One eval-mode forward with hooks on the candidate layers: (layer -> difference, output)."""
     found: dict[str, float] = {}

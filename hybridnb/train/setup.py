@@ -12,12 +12,12 @@ import torch
 from hybridnb.dist.base import SingleDevice, Strategy
 from hybridnb.dist.ddp import DDPStrategy, wants_ddp
 from hybridnb.dist.deepspeed import make_strategy as make_deepspeed
+from hybridnb.measure.memory import cuda_index
 from hybridnb.train import recovery
 from hybridnb.train.precision import Precision
 
 COMPILE_MODES = (False, True, "default", "reduce-overhead", "max-autotune")
 STRATEGIES = ("auto", "single", "ddp", "deepspeed")
-DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
 
 
 def check_args(**a) -> None:
@@ -113,7 +113,7 @@ def choose_precision(asked: str, strategy: Strategy, recommended: str | None,
     return precision
 
 
-def cpu_precision(asked: str) -> Precision:
+def cpu_precision() -> Precision:
     """What a run continues with on the CPU after leaving the GPU: fp32, whatever was asked.
     bf16 autocast on a CPU sends convolutions through oneDNN, which asked an Intel Xeon for
     ~880 GB on EEGNeX and got the process killed; fp32 is safe everywhere."""
@@ -131,7 +131,7 @@ def loader_kwargs(given: dict | None, hw, device, resolved: torch.device) -> dic
 def cap_memory(fraction: float, device: torch.device, notes: list) -> None:
     """Cap this process's share of a CUDA device's memory ("cuda" means the current device)."""
     if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        index = cuda_index(device)
         torch.cuda.set_per_process_memory_fraction(fraction, index)
         notes.append(("memory_fraction", f"GPU memory capped at {fraction:.0%} of cuda:{index}"))
     else:

@@ -43,6 +43,7 @@ from torch import nn
 from hybridnb.measure.timing import synchronize
 from hybridnb.train import rewrite as _rewrite
 from hybridnb.train.precision import Precision
+from hybridnb.train.recovery import free_memory
 from hybridnb.train.step import measure_pass
 
 KNOBS = ("rewrite", "channels_last", "cudnn_benchmark", "precision")
@@ -223,11 +224,12 @@ def _race(toggle, model, inputs, device, prec, budget) -> float | str:
             for state in (False, True):
                 times[state].append(_timed_step(toggle, state, model, inputs, device, prec))
     except Exception as exc:  # noqa: BLE001 — a knob that breaks the step is simply not kept
-        toggle(False)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        return f"its timed step failed ({type(exc).__name__}: {str(exc)[:80]})"
-    return min(times[False]) / min(times[True])
+        failed = f"its timed step failed ({type(exc).__name__}: {str(exc)[:80]})"
+    else:
+        return min(times[False]) / min(times[True])
+    toggle(False)
+    free_memory(device)  # outside the except: the failed step's tensors are free now
+    return failed
 
 
 def _timed_step(toggle, state: bool, model, inputs, device, prec) -> float:

@@ -20,9 +20,9 @@ STEP_COLUMNS = ["global_step", "epoch", "loss", "lr"]
 
 
 def new_acc() -> dict:
-    """The epoch's accumulators: loss x samples, and the samples and wall seconds its
-    throughput window counted (set at the epoch's end)."""
-    return {"loss_sum": 0.0, "loss_samples": 0, "samples": 0, "seconds": 0.0}
+    """The epoch's accumulators: the training loss x samples, and those samples (speeds are the
+    throughput monitor's)."""
+    return {"loss_sum": 0.0, "loss_samples": 0}
 
 
 def new_best() -> dict:
@@ -69,9 +69,9 @@ class RunState:
         return ",".join(sorted({e.kind for e in self.events[self.epoch_first_event:]}))
 
     def samples_total(self) -> int:
-        done = sum(r["samples_per_s"] * r["time_s"] for r in self.history
-                   if r["samples_per_s"] == r["samples_per_s"])
-        return int(done + self.acc["samples"])
+        """Samples the finished epochs' throughput windows counted."""
+        return int(sum(r["samples_per_s"] * r["time_s"] for r in self.history
+                       if r["samples_per_s"] == r["samples_per_s"]))
 
     def train_loss(self) -> float:
         """The epoch's mean training loss, weighted by samples (the view shows the same)."""
@@ -101,7 +101,7 @@ class RunState:
         pos = state["position"]
         self.epoch, self.batches_done = int(pos["epoch"]), int(pos["batches_done"])
         self.global_step = int(pos["global_step"])
-        self.acc = {**new_acc(), **state["acc"]}
+        self.acc = {k: state["acc"][k] for k in new_acc()}
         self.history = [{c: r.get(c, math.nan) for c in HISTORY_COLUMNS} for r in state["history"]]
         self.steps = [tuple(s) for s in state["steps"]]
         self.best = dict(state["best"])

@@ -37,7 +37,6 @@ class TrainStep:
     - ``loss_scale``: for a forward/backward on another device than the optimizer's (the
       per-batch CPU fallback): the factor the loss is multiplied by before backward, so the
       gradients match what the device's GradScaler expects.
-    ``phase`` says where a failure happened ("forward" covers backward; "update").
     """
 
     def __init__(self, model: torch.nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer,
@@ -46,14 +45,12 @@ class TrainStep:
                  guard=None, on_applied: Callable[[], None] | None = None,
                  loss_scale: Callable[[], float] | None = None) -> None:
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
-        self.precision = precision
         self.autocast, self.scaler = precision.autocast, precision.scaler
         self.strategy = strategy if strategy is not None else SingleDevice(precision.device)
         self.params = params if params is not None else [
             p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
         self.clip_grad, self.guard, self.on_applied = clip_grad, guard, on_applied
         self.to_device = self.strategy.to_device
-        self.phase = "idle"
         # decided once: who runs backward, who runs the update, whether the norm is read
         if loss_scale is not None:
             self._backward = lambda loss, last: (loss * loss_scale()).backward()
@@ -71,7 +68,6 @@ class TrainStep:
     def accumulate(self, pieces: list, samples: int) -> torch.Tensor:
         """Forward and backward of every micro-batch ``(x, y, weight)``; each loss is weighted
         by its share of the window's ``samples``. Returns the summed (detached) loss."""
-        self.phase = "forward"
         # DeepSpeed: every rank runs as many backward passes (extra ones weigh nothing), and each
         # rank's gradients are weighted by its share of the global batch
         count, share = self.strategy.micro_plan(len(pieces), samples)
@@ -92,7 +88,6 @@ class TrainStep:
 
     def _optimizer_update(self, total: torch.Tensor, read: bool = True) -> StepResult:
         """Unscale, clip, judge the loss, step (when judged fine), update the scaler, clear."""
-        self.phase = "update"
         self.scaler.unscale_(self.optimizer)
         norm = (torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad)
                 if self.clip_grad else None)
@@ -106,13 +101,11 @@ class TrainStep:
                 self.on_applied()
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        self.phase = "idle"
         return StepResult(loss, verdict)
 
     def _engine_update(self, total: torch.Tensor, read: bool = True) -> StepResult:
         """The update when the strategy's engine (DeepSpeed) clips and steps: the loss guard
         decides first; a skipped step drops the engine's gradients."""
-        self.phase = "update"
         loss = float(total)
         verdict = self.guard.verdict(loss) if self.guard else "ok"
         if verdict == "ok":
@@ -124,7 +117,6 @@ class TrainStep:
             self.strategy.discard()
         if self.guard:
             self.guard.record(verdict, loss)
-        self.phase = "idle"
         return StepResult(loss, verdict)
 
 

@@ -142,6 +142,7 @@ class Trainer(Progress, Resumable, Evaluation, Placement, Isolation):
             raise ValueError(f"freeze={freeze!r} leaves no trainable parameter in "
                              f"{type(model).__name__}")
         self.optimizer = setup.make_optimizer(optimizer, self._params, lr, weight_decay)
+        self._batch = BatchCheck(self._params[0].dtype, self._note)
         self.ema = make_ema(self.model, ema) if ema is not None else None
         self.loss_fn = make_loss(loss, huber_delta=huber_delta, reweight_after=reweight_after)
         self.schedule = make_schedule(schedule, warmup=warmup)
@@ -186,13 +187,14 @@ class Trainer(Progress, Resumable, Evaluation, Placement, Isolation):
                        f"moved to {kept} (fit(..., resume=True) would have continued it)")
         pending, self._pending = self._pending, None
         self.state = RunState.fresh(self.state.events)
+        if self.guard is not None:
+            self.guard.reset()  # a resumed run loads the checkpoint's guard below
         if pending is not None:
             self.load_state_dict(pending)
         elif self.seed is not None:
             seed_everything(self.seed)
         self._train_gen = getattr(train_loader, "generator", None)
         self.schedule.bind(self._total_steps)
-        self._batch = BatchCheck(self._params[0].dtype, self._note)
         if self.isolated and not isolate.cuda_initialized():
             return self._fit_isolated(train_loader, val_loader)
         if self.isolated:

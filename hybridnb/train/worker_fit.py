@@ -19,9 +19,8 @@ import random
 
 import torch
 
-from hybridnb.dist.base import SingleDevice
 from hybridnb.live import make_view
-from hybridnb.train import isolate, recovery, setup
+from hybridnb.train import isolate, recovery
 
 
 class ChannelView:
@@ -65,7 +64,7 @@ class Isolation:
             _in_worker(self, channel)
             random.setstate(py_random)
             self._fit_here(train_loader, val_loader)
-            return recovery.to_cpu(self.state_dict())
+            return {**recovery.to_cpu(self.state_dict()), "stopped": self.state.stopped}
 
         def on_message(m) -> None:
             if m.kind == "view":
@@ -76,7 +75,7 @@ class Isolation:
                                    should_stop=lambda: bool(self._view.stop_requested))
         if out.status == "done":
             self._restore(out.result, events=True)  # the model holds the weights fit chose
-            self.state.stopped = out.result.get("stopped", self.state.stopped)
+            self.state.stopped = out.result["stopped"]
             return self.history
         self._restore(out.state or start, events=True)
         if out.status == "error":
@@ -86,12 +85,10 @@ class Isolation:
                        f"{self.state.global_step}) is kept")
             self._view.end(self.summary("interrupt"))
             return self.history
-        recovery.mark_lost(device)
+        self._continue_on_cpu()
         self.event("worker_lost", f"{out.reason}. {device} is not used again in this process: the "
                    f"run continues on the CPU from the last good state (step "
                    f"{self.state.global_step}) in fp32; steps will be slower")
-        self.strategy, self.compile, self.isolated = SingleDevice("cpu"), False, False
-        self.precision = setup.cpu_precision(self.precision_arg)
         self.state.micro = None
         return self._fit_here(train_loader, val_loader, view_started=True)
 
@@ -108,10 +105,8 @@ class Isolation:
             return out.result
         if out.status == "error":
             raise _reraise(out.error)
-        recovery.mark_lost(self.device)
         self._note("worker_lost", f"{out.reason}; predicting on the CPU in this process")
-        self.isolated, self.strategy = False, SingleDevice("cpu")
-        self.precision = setup.cpu_precision(self.precision_arg)
+        self._continue_on_cpu()
         return self._predict(loader, with_targets)
 
 
