@@ -31,34 +31,27 @@ GPU_PLANS = [
     ("shallow", 256, ("fp32", "bf16", "fp16", "fp32+compile", "bf16+compile"), 20, 5, 5),
 ]
 NAMES = {"eegnex": "EEGNeX", "shallow": "ShallowFBCSPNet"}
-# dense bf16 tensor-core peak (TFLOP/s), for "how far from what the GPU could do"
-BF16_PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L4": 121.0, "A10": 125.0}
-
 
 def flops_per_sample(model_fn, batch: int = 2) -> float:
-    """Forward + backward FLOPs of one sample (torch's flop counter; convs and matmuls only)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
+    """Forward + backward FLOPs of one sample (the step module's counter; convs and matmuls)."""
     from hybridnb.comparison.compare import random_windows
+    from hybridnb.train.step import count_flops
 
     torch.manual_seed(0)
-    model = model_fn()
-    x, y = random_windows(batch, *model_fn.input_shape)
-    with FlopCounterMode(display=False) as counter:
-        out = model(x).squeeze(-1)
-        torch.nn.functional.mse_loss(out, y).backward()
-    return counter.get_total_flops() / batch
+    x, _ = random_windows(batch, *model_fn.input_shape)
+    return count_flops(model_fn(), (x,)) / batch
 
 
 def main() -> None:
     from hybridnb.comparison.compare import compare, random_windows
+    from hybridnb.measure.throughput import peak_tflops
     from hybridnb_tools.models import MODELS
 
     gpu = torch.cuda.is_available()
     device = "cuda" if gpu else "cpu"
     plans = GPU_PLANS if gpu else CPU_PLANS
     gpu_name = torch.cuda.get_device_name(0) if gpu else ""
-    peak = next((v for k, v in BF16_PEAK_TFLOPS.items() if k in gpu_name), None)
+    peak = peak_tflops(gpu_name, "bf16") if gpu else None  # dense bf16 peak, TFLOP/s
     sections, goals = [], []
     t_all, load0 = time.perf_counter(), os.getloadavg()[0]
     for model, batch, variants, steps, warmup, repeats in plans:

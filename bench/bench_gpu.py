@@ -16,7 +16,6 @@ than stock.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import statistics
@@ -38,21 +37,17 @@ DEPTHWISE_KERNEL = "conv_depthwise2d"  # PyTorch's native (non-cuDNN) depthwise 
 
 def build_model(name: str):
     warnings.filterwarnings("ignore", category=UserWarning)
-    from braindecode.models import EEGNeX, ShallowFBCSPNet
+    from hybridnb_tools.models import MODELS
 
-    if name == "eegnex":
-        return EEGNeX(n_chans=129, n_outputs=1, n_times=200, sfreq=100)
-    return ShallowFBCSPNet(n_chans=129, n_outputs=1, n_times=200, final_conv_length="auto")
+    return MODELS[name]()
 
 
 def windows(n: int, seed: int = 0):
-    """n synthetic (129, 200) windows with a learnable target, as CPU tensors."""
-    import torch
+    """n synthetic (129, 200) windows with a learnable target (N, 1), as CPU tensors."""
+    from hybridnb.comparison.compare import random_windows
 
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 129, 200, generator=g)
-    w = torch.randn(129, generator=g) / 129 ** 0.5
-    return x, (x.mean(-1) @ w * 200 ** 0.5).unsqueeze(1)
+    x, y = random_windows(n, 129, 200, seed)
+    return x, y.unsqueeze(1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,16 +120,14 @@ def _fit_hybridnb(net, x, y, batch, steps, device, best, compile_ok):
 
     kwargs = dict(loss="mse", lr=LR, epochs=1, batch_size=batch, live=False, verbose=False,
                   steps_per_epoch=steps, seed=0)
-    accepted = inspect.signature(hn.Trainer).parameters
     reps = -(-steps * batch // len(x))  # enough data for `steps` steps
     ds = torch.utils.data.TensorDataset(x.repeat(reps, 1, 1), y.repeat(reps, 1))
-    tr = hn.Trainer(net, **{k: v for k, v in kwargs.items() if k in accepted})
+    tr = hn.Trainer(net, **kwargs)
     hist = tr.fit(ds)
     row = hist.iloc[-1].to_dict() if len(hist) else {}
     return {"trainer_samples_per_s": row.get("samples_per_s"),
             "trainer_data_wait_pct": row.get("data_wait_pct"),
-            "precision": getattr(tr.precision, "name", str(tr.precision)),
-            "speedups": "speedups" in accepted}
+            "precision": tr.precision.name}
 
 
 def _fit_lightning(net, x, y, batch, steps, device, best, compile_ok):

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from bench.common import interleaved, load_note, markdown_table, median, spread, write_result
+from hybridnb import env
 from hybridnb.train.isolate import run_isolated
 
 BATCH, CHANS, TIMES = 64, 129, 200
@@ -224,7 +225,7 @@ def transfer(sizes_mb: tuple[int, ...], repeats: int = 5) -> list[dict]:
 def main() -> None:
     torch.set_num_threads(1)  # as bench_trainer: one thread; the kernel's receiving has a core
     load0 = os.getloadavg()[0]
-    smoke = os.environ.get("HYBRIDNB_SMOKE") not in (None, "", "0")
+    smoke = env.smoke()
     rounds, steps = (1, 20) if smoke else (ROUNDS, STEPS)
     rows, res = measure(rounds, steps)
     xfer = transfer((1, 10, 50), repeats=2 if smoke else 5)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import io
 import math
-import os
 import time
 import warnings
 
@@ -27,6 +26,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from bench.common import interleaved, markdown_table, median, spread, write_result
+from hybridnb import env
 
 BATCH, CHANS, TIMES = 64, 129, 200
 EPOCHS, STEPS_PER_EPOCH, ROUNDS = 2, 5, 6
@@ -233,7 +233,7 @@ def measure(model: str, epochs: int, steps: int, rounds: int) -> tuple[list[dict
 
 def main() -> None:
     torch.set_num_threads(1)  # faster than 2 on this busy 2-core host (see feasibility notes)
-    smoke = os.environ.get("HYBRIDNB_SMOKE") not in (None, "", "0")
+    smoke = env.smoke()
     plan = {"shallow": (EPOCHS, 2 if smoke else STEPS_PER_EPOCH, 1 if smoke else ROUNDS),
             "linear": (10, 5 if smoke else 20, 1 if smoke else 5)}
     x, y = make_data(1)

@@ -45,17 +45,10 @@ def machine() -> dict:
 
 
 def _gpu_names() -> str:
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-        try:
-            n = pynvml.nvmlDeviceGetCount()
-            return ", ".join(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
-                             for i in range(n))
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return ""
+    from hybridnb.hardware import nvml
+
+    return ", ".join(nvml.name(nvml.handle_by_index(i)) or "?"
+                     for i in range(nvml.count() or 0))
 
 
 def interleaved(funcs: dict[str, Callable[[], float | None]], repeats: int = 3

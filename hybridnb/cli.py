@@ -10,15 +10,12 @@ nothing else on stdout.
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
 PROG = "python -m hybridnb"
-# compare's arguments live with compare: (module, function adding them, function running them)
-COMPARE_CLI = ("hybridnb.comparison.compare_cli", "add_arguments", "run")
 
 
 @dataclass(frozen=True)
@@ -59,13 +56,15 @@ def run_detect(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- compare
 
 def compare_arguments(parser: argparse.ArgumentParser) -> None:
-    module, add, _ = COMPARE_CLI
-    getattr(importlib.import_module(module), add)(parser)
+    from hybridnb.comparison import compare_cli  # compare's arguments live with compare (light)
+
+    compare_cli.add_arguments(parser)
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    module, _, run = COMPARE_CLI
-    return int(getattr(importlib.import_module(module), run)(args) or 0)
+    from hybridnb.comparison import compare_cli
+
+    return int(compare_cli.run(args) or 0)
 
 
 COMMANDS = {

@@ -20,8 +20,6 @@ CACHE_DIR_ENV = "HYBRIDNB_CACHE_DIR"    # where hybridnb keeps its cache (the pr
 PROBE_CACHE_TTL_ENV = "HYBRIDNB_PROBE_CACHE_TTL"  # seconds a passed probe is trusted; 0 = never
 RESULTS_ENV = "HYBRIDNB_RESULTS"        # the demo runner: where a notebook records its results
 RUN_DIR_ENV = "HYBRIDNB_RUN_DIR"        # the demo runner: where a notebook leaves its files
-DATA_ENV = "HYBRIDNB_DATA"              # the notebooks: a real challenge release (BIDS root) on disk
-NOTEBOOK_CACHE_ENV = "HYBRIDNB_CACHE"   # the notebooks: where their synthetic release is written
 
 DEFAULT_PROBE_CACHE_TTL = 24 * 3600.0
 

@@ -127,3 +127,11 @@ def test_evaluate_and_predict_after_an_isolated_fit_run_in_a_worker_too(monkeypa
     assert torch.equal(torch.as_tensor(there.predict(x)), torch.as_tensor(here.predict(x)))
     assert there.evaluate((x, y)) == here.evaluate((x, y))
     assert len(started) == 2 and not children()
+
+
+def test_why_an_isolated_fit_stopped_reaches_the_kernel():
+    kw = {"early_stopping": 1, "epochs": 5, "lr": 1e-12}  # no improvement: stops after epoch 1
+    here = fit(Net(), isolate=False, **kw)
+    there = fit(Net(), isolate=True, **kw)
+    assert here.stopped == "early_stopping" and there.stopped == here.stopped
+    assert len(there.history) == len(here.history) == 2 and not children()

@@ -154,7 +154,7 @@ def compare(model_fn: Callable[[], nn.Module] | nn.Module, data: Any,
     df = CompareResult(_rows(runs, steps, loss_tol, warmup, repeats), columns=COLUMNS)
     df.attrs.update(attrs)
     df.attrs.update(order=order, elapsed_s=round(time.perf_counter() - t_start, 2),
-                    isolated=isolate)
+                    isolated=blobs is not None)
     if dev.type == "cpu" and any(r.variant.precision == "bf16" and r.status == "ok"
                                  for r in runs):
         df.attrs["notes"].append(CPU_BF16_NOTE + ".")

@@ -157,7 +157,7 @@ def _detect(probe_timeout: float, env: dict[str, str], refresh: bool = False) ->
                                      none_found)
     precision, precision_reason = choose_precision(device.type, chosen)
     same_kind_ok = [g for g in gpus if g.backend == (chosen.backend if chosen else None)
-                    and g.usable and g.probe is not None and g.probe.ok]
+                    and g.trusted]
     settings = recommend(device.type, chosen, host, frontend,
                          gpus_ok=len(same_kind_ok) if forced is None else 1,
                          launched=launched, world_size=world,
@@ -300,9 +300,8 @@ def _choose(gpus: list[GpuInfo], forced: torch.device | None, launched: bool,
         pool = [g for g in gpus if g.backend in kind and (forced.index is None
                                                          or g.index == forced.index)]
         if pool:
-            g = next((g for g in pool if g.usable and g.probe is not None and g.probe.ok),
-                     pool[0])
-            if not (g.usable and g.probe is not None and g.probe.ok):
+            g = next((g for g in pool if g.trusted), pool[0])
+            if not g.trusted:
                 why = g.probe.message if g.probe is not None and not g.probe.ok else \
                     "it is known-bad (see the warnings)"
                 warns.append(f"{DEVICE_ENV}={env.get(DEVICE_ENV)} forces {g.label} although "
@@ -312,7 +311,7 @@ def _choose(gpus: list[GpuInfo], forced: torch.device | None, launched: bool,
         have = ", ".join(g.torch_device for g in gpus) or "no GPU"
         warns.append(f"{DEVICE_ENV}={env.get(DEVICE_ENV)} asks for {forced}, but this machine "
                      f"has {have}; choosing automatically instead.")
-    good = [g for g in gpus if g.usable and g.probe is not None and g.probe.ok]
+    good = [g for g in gpus if g.trusted]
     if launched and local_rank is not None:
         good = [g for g in good if g.index == local_rank] or good
     best = next((g for g in good if g.backend != "mps"), None) or (good[0] if good else None)

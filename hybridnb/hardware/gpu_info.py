@@ -67,6 +67,11 @@ class GpuInfo:
     probe: Any = None                         # hybridnb.hardware.probe.ProbeResult once probed
 
     @property
+    def trusted(self) -> bool:
+        """Usable hardware whose probe passed: the only kind detect() recommends."""
+        return self.usable and self.probe is not None and self.probe.ok
+
+    @property
     def torch_device(self) -> str:
         return "mps" if self.backend == "mps" else f"cuda:{self.index}"
 

@@ -108,10 +108,6 @@ def handle_by_index(physical: int) -> Any | None:
     return _get("nvmlDeviceGetHandleByIndex", physical)
 
 
-def handle_by_pci(bus_id: str) -> Any | None:
-    """The handle of the device at PCI bus id ``bus_id`` ("00000000:17:00.0")."""
-    return _get("nvmlDeviceGetHandleByPciBusId", bus_id.encode())
-
 
 def handle(device: Any) -> Any | None:
     """The NVML handle of a torch device ("cuda", "cuda:N", ``torch.device``, or an ordinal N)."""

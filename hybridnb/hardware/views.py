@@ -158,7 +158,7 @@ def html(hw: Report) -> str:
         verdict = g.probe.verdict if g.probe is not None else "not probed"
         if g.probe is not None and g.probe.cached:
             verdict += " (cached)"
-        color = "#1a7f37" if g.probe is not None and g.probe.ok and g.usable else "#cf222e"
+        color = "#1a7f37" if g.trusted else "#cf222e"
         steps = "".join(
             f"<li>{e(TITLES[st.name])}: <b>{e(_MARK[st.status])}</b>"
             + (f" {st.seconds:.2f} s" if st.seconds is not None else "")

@@ -252,10 +252,8 @@ class MemorySeries:
         return {k: v[-1] for k, v in self.values.items() if v[-1] == v[-1]}
 
     def peak(self, name: str) -> float | None:
-        if name in self.peaks:
-            return self.peaks[name]
-        vals = [v for v in self.values.get(name, ()) if v == v]
-        return max(vals) if vals else None
+        """The exact peak of ``name`` (kept through halving), or None if never sampled."""
+        return self.peaks.get(name)
 
 
 class MemorySampler:

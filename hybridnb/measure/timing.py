@@ -73,7 +73,7 @@ def nvml_busy_reader(device: torch.device | str) -> Callable[[], float | None] |
     device = torch.device(device)
     if device.type != "cuda" or torch.version.hip:
         return None
-    handle = nvml.locate(cuda_index(device))[0]
+    handle = nvml.handle(cuda_index(device))
     if handle is None:
         return None
     return lambda: nvml.utilisation(handle)
