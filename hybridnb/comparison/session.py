@@ -26,6 +26,7 @@ from hybridnb.train.losses import make_loss
 from hybridnb.train.precision import Precision
 from hybridnb.train.recovery import first_line, free_memory, is_oom
 from hybridnb.train.rewrite import rewrite_depthwise
+from hybridnb.train.seeding import set_torch_rng_state, torch_rng_state
 from hybridnb.train.step import TrainStep
 
 CPU_BF16_NOTE = ("bf16 on the CPU runs with oneDNN off (torch.backends.mkldnn.flags): oneDNN's "
@@ -129,7 +130,7 @@ class VariantSession:
             return step(x, y)
 
         self._run, self._held = run, (model, opt, x, y)
-        self._rng = _rng_state(dev)  # right after the seeded init: the same for every variant
+        self._rng = torch_rng_state(dev)  # right after the seeded init: the same for every variant
         return None
 
     def _apply_changes(self, model: nn.Module, x: torch.Tensor) -> str:
@@ -203,13 +204,13 @@ class VariantSession:
         steps the others took; the A/A check and the loss comparison would then measure mask
         noise instead of numerics. Swapping states costs microseconds, outside the timed window.
         """
-        outside = _rng_state(self.device)
-        _set_rng_state(self.device, self._rng)
+        outside = torch_rng_state(self.device)
+        set_torch_rng_state(self._rng, self.device)
         try:
             yield
         finally:
-            self._rng = _rng_state(self.device)
-            _set_rng_state(self.device, outside)
+            self._rng = torch_rng_state(self.device)
+            set_torch_rng_state(outside, self.device)
 
     def _busy_sampler(self):
         if self._busy is None:
@@ -261,17 +262,6 @@ def _values(sampler, name: str) -> list[float]:
     if not isinstance(sampler, MemorySampler):
         return []
     return [v for v in sampler.series().values.get(name, []) if v == v]
-
-
-def _rng_state(dev: torch.device) -> tuple:
-    cuda = torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None
-    return torch.random.get_rng_state(), cuda
-
-
-def _set_rng_state(dev: torch.device, state: tuple) -> None:
-    torch.random.set_rng_state(state[0])
-    if state[1] is not None:
-        torch.cuda.set_rng_state(state[1], dev)
 
 
 def _tensor_bytes(t: torch.Tensor) -> int:

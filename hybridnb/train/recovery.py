@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hybridnb.measure.memory import cuda_index
+from hybridnb.train.seeding import set_torch_rng_state, torch_rng_state
 
 # Messages that mean "this batch does not fit", across backends (torch raises some of them as a
 # plain RuntimeError, e.g. from cuDNN, the driver or the CPU allocator).
@@ -308,17 +309,13 @@ class _Trace:
 
     def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
         self.buffers = [(b, b.detach().clone()) for b in model.buffers()]
-        self.cpu_rng = torch.get_rng_state()
-        self.cuda = device if device.type == "cuda" else None
-        self.cuda_rng = torch.cuda.get_rng_state(device) if self.cuda is not None else None
+        self.device, self.rng = device, torch_rng_state(device)
 
     def restore(self) -> None:
         with torch.no_grad():
             for live, saved in self.buffers:
                 live.copy_(saved)
-        torch.set_rng_state(self.cpu_rng)
-        if self.cuda is not None:
-            torch.cuda.set_rng_state(self.cuda_rng, self.cuda)
+        set_torch_rng_state(self.rng, self.device)
 
 
 class Recovery:

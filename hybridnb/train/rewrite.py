@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from hybridnb.train.step import evaluating
+
 # fp32 agreement demanded on the example batch: |a - b| <= ATOL + RTOL * max|b|
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -138,7 +140,7 @@ def _scan(model: nn.Module, example: tuple) -> tuple[dict[str, float], object]:
         if is_candidate_conv(module):
             hooks.append(module.register_forward_hook(check(name)))
     try:
-        with torch.no_grad(), _evaluating(model), _exact_fp32():
+        with torch.no_grad(), evaluating(model), _exact_fp32():
             output = model(*example)
     finally:
         for h in hooks:
@@ -161,7 +163,7 @@ def rewrite_depthwise(model: nn.Module, *example) -> RewriteReport:
     worst_layer = max(layers.values())
     names = sorted(layers)
     _swap(model, names)
-    with torch.no_grad(), _evaluating(model), _exact_fp32():
+    with torch.no_grad(), evaluating(model), _exact_fp32():
         after = model(*example)
     whole = _rel_diff_any(after, before)
     report.max_rel_diff = max(worst_layer, whole)
@@ -195,18 +197,6 @@ def _swap(model: nn.Module, names: list[str]) -> None:
     for name in names:
         module = modules[name]
         module.__class__ = _matmul_class(type(module))
-
-
-@contextlib.contextmanager
-def _evaluating(model: nn.Module):
-    """Eval mode for the duration, then each module's own training flag back."""
-    flags = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, flag in flags:
-            m.training = flag
 
 
 @contextlib.contextmanager

@@ -58,3 +58,16 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def torch_rng_state(device: torch.device) -> tuple:
+    """torch's CPU generator and, on a CUDA device, that device's: what one step draws from."""
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def set_torch_rng_state(state: tuple, device: torch.device) -> None:
+    """Put back what ``torch_rng_state(device)`` returned."""
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)

@@ -44,6 +44,7 @@ from hybridnb.measure.timing import synchronize
 from hybridnb.train import rewrite as _rewrite
 from hybridnb.train.precision import Precision
 from hybridnb.train.recovery import free_memory
+from hybridnb.train.seeding import set_torch_rng_state, torch_rng_state
 from hybridnb.train.step import measure_pass
 
 KNOBS = ("rewrite", "channels_last", "cudnn_benchmark", "precision")
@@ -321,9 +322,7 @@ class _Snapshot:
         self.state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         self.grads = [(p, None if p.grad is None else p.grad.detach().clone())
                       for p in model.parameters()]
-        self.rng = torch.random.get_rng_state()
-        self.cuda_rng = (torch.cuda.get_rng_state(device)
-                         if device.type == "cuda" else None)
+        self.rng = torch_rng_state(device)
         for p in model.parameters():
             p.grad = None
 
@@ -334,9 +333,7 @@ class _Snapshot:
                 current[k].copy_(v)
         for p, g in self.grads:
             p.grad = g
-        torch.random.set_rng_state(self.rng)
-        if self.cuda_rng is not None:
-            torch.cuda.set_rng_state(self.cuda_rng, self.device)
+        set_torch_rng_state(self.rng, self.device)
 
 
 def _on_device(x, device: torch.device) -> tuple:

@@ -11,7 +11,8 @@ it through ``recovery.Recovery``; ``hn.compare()`` and the batch-size finder cal
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -149,21 +150,30 @@ def count_flops(model: torch.nn.Module, inputs: tuple | torch.Tensor, backward: 
 
     inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     grads = [(p, p.grad) for p in model.parameters()]
-    flags = [(m, m.training) for m in model.modules()]
-    model.eval()  # no BatchNorm statistics update; the FLOPs of the layers are the same
+    # eval mode: no BatchNorm statistics update; the FLOPs of the layers are the same
     try:
-        with FlopCounterMode(display=False) as counter:
+        with evaluating(model), FlopCounterMode(display=False) as counter:
             if backward:
                 measure_pass(model, inputs, Precision.choose("fp32", "cpu"))
             else:
                 with torch.no_grad():
                     model(*inputs)
     finally:
-        for m, flag in flags:
-            m.training = flag
         for p, g in grads:
             p.grad = g
     return int(counter.get_total_flops())
+
+
+@contextlib.contextmanager
+def evaluating(model: torch.nn.Module) -> Iterator[None]:
+    """Eval mode for the duration, then each module's own training flag back."""
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, flag in flags:
+            m.training = flag
 
 
 def first_tensor(out) -> torch.Tensor:
