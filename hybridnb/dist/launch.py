@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from hybridnb.output import OutputLines
 from hybridnb.env import HEADLESS_ENV, LAUNCHED_ENV, NOTEBOOK_FRONTENDS  # HEADLESS: text view
 
 TAIL_LINES = 40
@@ -112,9 +113,7 @@ class _Supervisor:
 
     def __init__(self, fn, args, n: int, port: int, method: str) -> None:
         self.fn, self.args, self.n, self.port, self.method = fn, args, n, port, method
-        self.tails = [collections.deque(maxlen=TAIL_LINES) for _ in range(n)]
-        self.partial = [""] * n
-        self.decoders = [codecs.getincrementaldecoder("utf-8")("replace") for _ in range(n)]
+        self.outputs = [OutputLines(maxlen=TAIL_LINES) for _ in range(n)]
 
     def run(self) -> Any:
         import torch.multiprocessing as tmp
@@ -173,7 +172,6 @@ class _Supervisor:
         for fd in list(open_fds):  # what is left; never block (a stray grandchild may hold it)
             while select.select([fd], [], [], 0.2)[0] and self._pump(fd, open_fds):
                 pass
-        self._flush_partial()
         if not got and receiver.poll():
             result, got = pickle.loads(receiver.recv_bytes()), True
         if not got or isinstance(result, _NoResult):
@@ -188,12 +186,12 @@ class _Supervisor:
             return context.join(timeout=0, grace_period=GRACE_S)
         except ProcessException as exc:
             rank = exc.error_index
-            tail = "".join(self.tails[rank]) + self.partial[rank]
-            others = [r for r in range(self.n) if r != rank and self.tails[r]]
+            tail = self.outputs[rank].text()
+            others = [r for r in range(self.n) if r != rank and self.outputs[r].text()]
             raise LaunchError(
                 f"rank {rank} of {self.n} failed; the other ranks were stopped.\n{exc}"
                 + (f"\n--- last output of rank {rank} ---\n{tail}" if tail.strip() else "")
-                + "".join(f"\n--- last output of rank {r} ---\n" + "".join(self.tails[r])
+                + "".join(f"\n--- last output of rank {r} ---\n" + self.outputs[r].text()
                           for r in others[:1])) from None
 
     def _pump(self, fd: int, open_fds: dict[int, int]) -> bool:
@@ -206,19 +204,11 @@ class _Supervisor:
         if not data:
             del open_fds[fd]
             return False
-        text = self.decoders[rank].decode(data)
+        text, _ = self.outputs[rank].feed(data)
         if rank == 0:
             sys.stdout.write(text)
             sys.stdout.flush()
-        lines = (self.partial[rank] + text).split("\n")
-        self.partial[rank] = lines.pop()[-2000:]
-        self.tails[rank].extend(line.rsplit("\r", 1)[-1] + "\n" for line in lines)
         return True
-
-    def _flush_partial(self) -> None:
-        for rank, rest in enumerate(self.partial):
-            if rest:
-                self.tails[rank].append(rest)
 
 
 class _NoResult:

@@ -30,7 +30,6 @@ has not finished within ``stop_grace`` (or at a second Ctrl-C) it is killed. ``s
 
 from __future__ import annotations
 
-import codecs
 import collections
 import contextlib
 import faulthandler
@@ -48,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridnb.env import HEADLESS_ENV, ISOLATED_ENV, LAUNCHED_ENV
+from hybridnb.output import OutputLines
 from hybridnb.train.worker_channel import (
     DONE,
     ERROR,
@@ -232,7 +232,6 @@ class _Supervisor:
         self.queue: collections.deque[Message] = collections.deque()
         self.durations: collections.deque[float] = collections.deque(maxlen=201)
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-        self.partial_line = {1: "", 2: ""}
         self.last_line = self.error_line = ""  # before faulthandler's dump, if any
         self.in_dump = False
         self.steps = self.interrupts = 0
@@ -292,8 +291,7 @@ class _Supervisor:
         self.text_fds = {out_r: 1, err_r: 2}
         for fd in self.text_fds:
             os.set_blocking(fd, False)
-        self.decoders = {fd: codecs.getincrementaldecoder("utf-8")("replace")
-                         for fd in self.text_fds}
+        self.outputs = {fd: OutputLines(self.tail) for fd in self.text_fds}
         if hasattr(os, "pidfd_open"):
             with contextlib.suppress(OSError):
                 self.pidfd = os.pidfd_open(pid)
@@ -404,16 +402,12 @@ class _Supervisor:
                 os.close(fd)
                 self.fds.remove(fd)
                 return
-            text = self.decoders[fd].decode(data)
+            text, lines = self.outputs[fd].feed(data)
             if self.forward_output:
                 out = sys.stdout if stream == 1 else sys.stderr
                 out.write(text)
                 out.flush()
-            lines = (self.partial_line[stream] + text).split("\n")
-            self.partial_line[stream] = lines.pop()[-2000:]
             for line in lines:
-                line = line.rsplit("\r", 1)[-1]
-                self.tail.append(line)
                 self._watch_line(line.strip())
 
     def _watch_line(self, line: str) -> None:
@@ -528,7 +522,8 @@ class _Supervisor:
                       median_step_s=median, seconds=now - self.t0, exit=exit_text,
                       interrupted=self.interrupts > 0, stop_sent=self.stop_sent,
                       bytes_received=self.reader.bytes_read,
-                      output_tail="\n".join([*self.tail, *filter(None, self.partial_line.values())]))
+                      output_tail="\n".join([*self.tail, *filter(
+                          None, (o.partial for o in self.outputs.values()))]))
         steps = f"after {self.steps} step{'s' if self.steps != 1 else ''}"
         if self.got_done:
             out.status, out.reason = "done", f"the worker finished {steps}"
