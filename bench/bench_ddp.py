@@ -48,7 +48,7 @@ def make_model(kind: str) -> nn.Module:
 
 def _rank_worker(kinds: list[str]) -> list[dict]:
     """Runs in each of the 2 ranks; returns rank 0's per-step times."""
-    from hybridnb.dist.ddp import DDPStrategy
+    from hybridnb.strategies.ddp import DDPStrategy
 
     strategy = DDPStrategy("cpu")
     torch.set_num_threads(1)
@@ -102,7 +102,7 @@ def _measure(strategy, kind: str) -> dict:
 
 
 def main() -> None:
-    from hybridnb.dist.launch import launch
+    from hybridnb.strategies.launch import launch
 
     load0 = os.getloadavg()[0]
     make_model("shallow")  # import braindecode once, before the workers are forked

@@ -75,7 +75,7 @@ def _rank_worker() -> list[dict]:
 
 
 def main() -> None:
-    from hybridnb.dist.launch import launch
+    from hybridnb.strategies.launch import launch
 
     load0 = os.getloadavg()[0]
     make_model("ShallowFBCSPNet")  # import braindecode once, before the workers are forked

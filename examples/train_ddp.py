@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 import hybridnb as hn
-from hybridnb.dist.ddp import shutdown
+from hybridnb.strategies.ddp import shutdown
 
 
 def synthetic(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

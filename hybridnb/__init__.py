@@ -15,7 +15,7 @@ _LAZY = {
     "Hardware": "hybridnb.hardware.detect",
     "Trainer": "hybridnb.train.trainer",
     "compare": "hybridnb.comparison.compare",
-    "launch": "hybridnb.dist.launch",
+    "launch": "hybridnb.strategies.launch",
     "smoke": "hybridnb.env",
     "frontend": "hybridnb.env",
 }

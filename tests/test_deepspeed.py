@@ -27,7 +27,7 @@ from test_distributed import (
     weights,
 )
 
-from hybridnb.dist.launch import LaunchError, launch
+from hybridnb.strategies.launch import LaunchError, launch
 from hybridnb.train import checkpoint
 
 pytest.importorskip("deepspeed", reason="the optional deepspeed extra is not installed")

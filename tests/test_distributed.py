@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hybridnb.dist import ddp as distributed
-from hybridnb.dist.ddp import ShardedBatchSampler, global_batches, shard
-from hybridnb.dist.launch import LaunchError, launch
+from hybridnb.strategies import ddp as distributed
+from hybridnb.strategies.ddp import ShardedBatchSampler, global_batches, shard
+from hybridnb.strategies.launch import LaunchError, launch
 from hybridnb.train import checkpoint
 from hybridnb.train.data import ResumableBatchSampler
 from hybridnb.train.trainer import Trainer
@@ -350,7 +350,7 @@ def test_asking_for_ddp_or_deepspeed_outside_a_job_says_what_to_do(monkeypatch):
         Trainer(nn.Linear(2, 1), device="cpu", batch_size=2, live=False, strategy="ddp")
     with pytest.raises(ValueError, match="strategy='zero'"):
         Trainer(nn.Linear(2, 1), device="cpu", batch_size=2, live=False, strategy="zero")
-    from hybridnb.dist import deepspeed as deepspeed_strategy
+    from hybridnb.strategies import deepspeed as deepspeed_strategy
 
     monkeypatch.setattr(deepspeed_strategy, "available", lambda: False)
     with pytest.raises(ImportError, match="pip install deepspeed"):

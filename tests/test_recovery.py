@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from hybridnb.dist.base import SingleDevice
+from hybridnb.strategies.base import SingleDevice
 from hybridnb.train import recovery
 from hybridnb.train.trainer import Trainer
 

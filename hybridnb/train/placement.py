@@ -12,7 +12,7 @@ import contextlib
 import torch
 from torch.utils.data import default_collate
 
-from hybridnb.dist.base import SingleDevice
+from hybridnb.strategies.base import SingleDevice
 from hybridnb.train import recovery, setup
 from hybridnb.train.data import IndexedBatches
 from hybridnb.train.precision import Precision

@@ -9,9 +9,9 @@ import fnmatch
 
 import torch
 
-from hybridnb.dist.base import SingleDevice, Strategy
-from hybridnb.dist.ddp import DDPStrategy, wants_ddp
-from hybridnb.dist.deepspeed import make_strategy as make_deepspeed
+from hybridnb.strategies.base import SingleDevice, Strategy
+from hybridnb.strategies.ddp import DDPStrategy, wants_ddp
+from hybridnb.strategies.deepspeed import make_strategy as make_deepspeed
 from hybridnb.measure.memory import cuda_index
 from hybridnb.train import recovery
 from hybridnb.train.precision import Precision

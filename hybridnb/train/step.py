@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridnb.dist.base import SingleDevice, Strategy
+from hybridnb.strategies.base import SingleDevice, Strategy
 from hybridnb.train.precision import Precision
 
 

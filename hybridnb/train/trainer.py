@@ -3,7 +3,7 @@
 The pieces live in their own modules: setup.py (checks and factories), step.py (the one training
 step), recovery.py (what a failure is and what to do), state.py (the run's state as data),
 data.py (loaders, resumable batch order), evaluation.py, checkpoint.py, precision.py,
-schedules.py, losses.py, ema.py, blocks.py (activation checkpointing), dist/ (strategies), live/.
+schedules.py, losses.py, ema.py, blocks.py (activation checkpointing), strategies/, live/.
 
 >>> tr = Trainer(model, loss="mse", lr=1e-3, epochs=10, checkpoint_dir="runs/c1")
 >>> history = tr.fit(train, val)          # Datasets or DataLoaders; batches (x, y[, extras])
@@ -69,7 +69,7 @@ class Trainer(Progress, Resumable, Evaluation, Placement, Isolation):
     - ``steps_per_epoch``: cap the optimizer steps per epoch. ``seed``: python, numpy, torch
       and loader workers. ``live``: "auto" | "widgets" | "html" | "text" | False.
     - ``strategy``: "auto" (DDP when started by torchrun / ``hn.launch`` with 2+ processes) |
-      "single" | "ddp" | "deepspeed" | a strategy object (hybridnb.dist; under DDP
+      "single" | "ddp" | "deepspeed" | a strategy object (hybridnb.strategies; under DDP
       ``batch_size`` is per process).
     - ``loader_kwargs``: DataLoader options for Datasets (default: detect()'s recommendation
       with device="auto", else no workers). In-memory tensors are batched by indexing, on the GPU

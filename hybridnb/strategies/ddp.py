@@ -1,7 +1,7 @@
 """Several processes, one model: PyTorch's DistributedDataParallel behind the Trainer's strategy.
 
 Under ``torchrun`` (or ``hn.launch``) every process is one rank. ``DDPStrategy`` answers the
-Trainer's strategy questions for that rank (see hybridnb.dist.base): it joins the process group
+Trainer's strategy questions for that rank (see hybridnb.strategies.base): it joins the process group
 (NCCL on CUDA, gloo on the CPU), wraps the model in ``DistributedDataParallel``, gives each rank
 its shard of every batch and reduces numbers across ranks.
 
@@ -15,7 +15,7 @@ the same step the same way (the OOM split); otherwise every rank holds the same 
 and loss, so the loss guard, clipping and the optimizer take the same decisions everywhere. The
 cost: the gradient all-reduce is not overlapped with backward (bench/bench_ddp.py measures it).
 
-``launch(fn, num_processes=N)`` (hybridnb.dist.launch) starts the ranks from a notebook cell.
+``launch(fn, num_processes=N)`` (hybridnb.strategies.launch) starts the ranks from a notebook cell.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from hybridnb.dist.base import Strategy
+from hybridnb.strategies.base import Strategy
 from hybridnb.env import launch_env
 from hybridnb.train import recovery
 from hybridnb.train.data import ResumableBatchSampler

@@ -5,7 +5,7 @@ placing tensors, wrapping the model, splitting the data, skipping gradient sync 
 steps, agreeing on decisions and reducing numbers across processes. A strategy also says what it
 supports (precisions, compile, whether its engine runs backward and the update); the Trainer asks
 once when it is built and never gets patched. ``SingleDevice`` is the one-process answer; DDP
-(hybridnb.dist.ddp) and DeepSpeed ZeRO-2 (hybridnb.dist.deepspeed) replace parts of it.
+(hybridnb.strategies.ddp) and DeepSpeed ZeRO-2 (hybridnb.strategies.deepspeed) replace parts of it.
 """
 
 from __future__ import annotations

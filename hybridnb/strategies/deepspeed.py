@@ -35,7 +35,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from hybridnb.dist.ddp import LAUNCH_HELP, DDPStrategy, _Agreed
+from hybridnb.strategies.ddp import LAUNCH_HELP, DDPStrategy, _Agreed
 from hybridnb.env import launch_env as _launch_env
 from hybridnb.train import recovery
 
