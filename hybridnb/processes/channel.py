@@ -1,6 +1,6 @@
-"""The pipe between an isolated training worker and the kernel that supervises it.
+"""The message pipe between a supervised child (a forked or spawned worker) and its parent.
 
-The worker calls ``channel.send(kind, payload)``; the kernel reads whole messages, in order, with
+The child calls ``channel.send(kind, payload)``; the kernel reads whole messages, in order, with
 ``FrameReader`` (non-blocking, so it can keep watching the worker while a large message arrives).
 A message is one frame::
 
@@ -16,7 +16,8 @@ tensor object sent twice in one message arrives as one tensor).
 
 A frame cut short (the worker died while sending) is never delivered: the kernel keeps the last
 complete message of each kind. The stop request travels the other way through one shared byte
-(``StopFlag``), which the worker can read every step for the cost of a memory load.
+(``StopFlag``), which the worker can read every step for the cost of a memory load; for a
+spawned child (a fresh interpreter) that byte lives in a memfd whose descriptor it inherits.
 """
 
 from __future__ import annotations
@@ -65,10 +66,21 @@ def widen_pipe(fd: int, size: int = PIPE_BYTES) -> None:
 
 
 class StopFlag:
-    """One byte shared by the kernel and a forked worker (anonymous shared memory)."""
+    """One byte shared by the parent and its child: anonymous shared memory (kept across a
+    fork), or with ``shareable=True`` a memfd whose descriptor (``fd``) a spawned child
+    inherits and opens with ``StopFlag.attach(fd)``."""
 
-    def __init__(self) -> None:
-        self._map = mmap.mmap(-1, 1)
+    def __init__(self, shareable: bool = False, fd: int | None = None) -> None:
+        self.fd: int | None = fd
+        if fd is None and shareable and hasattr(os, "memfd_create"):
+            self.fd = os.memfd_create("hybridnb-stop", 0)  # no CLOEXEC flag: inheritable
+            os.ftruncate(self.fd, 1)
+        self._map = mmap.mmap(-1, 1) if self.fd is None else mmap.mmap(self.fd, 1)
+
+    @classmethod
+    def attach(cls, fd: int) -> StopFlag:
+        """The child's side of a shareable flag."""
+        return cls(fd=fd)
 
     def set(self) -> None:
         self._map[0] = 1
@@ -78,6 +90,12 @@ class StopFlag:
 
     def close(self) -> None:
         self._map.close()
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = None
 
 
 # ============================================================================ worker side
@@ -167,12 +185,14 @@ def write_all(fd: int, parts: list[bytes | memoryview]) -> None:
 
 
 class Channel:
-    """What the worker's ``work(channel)`` uses to talk to the kernel.
+    """What the child's function uses to talk to its parent.
 
     ``send(kind, payload)``: any picklable payload (plain CPU tensors travel as raw bytes).
     Kinds the supervisor reads itself: ``"step_done"`` (a step finished; payload
-    ``{"seconds": step time, "at": time.monotonic()}``, either may be None), ``"heartbeat"`` (alive, no step; payload
-    ``{"grace": s}`` allows up to s seconds for what comes next: compiling, a long evaluation),
+    ``{"seconds": step time, "at": time.monotonic()}``, either may be None), ``"heartbeat"``
+    (alive, no step; payload ``{"phase": "validation", "grace": s}``: the phase names what the
+    child is doing now, and the outcome of a child that goes silent names it; ``grace`` allows
+    up to s seconds of silence for what comes next: compiling, a long evaluation),
     ``"state"`` (the last good run state: kept by the kernel), ``"done"`` (the result; sent for
     you with ``work``'s return value), ``"error"`` (sent for you when ``work`` raises). Any other
     kind (``"view"``, ``"event"``, ...) is passed to the kernel's ``on_message`` as it is.
@@ -243,8 +263,16 @@ class Channel:
         self.send(STEP_DONE, {"seconds": None if seconds is None else float(seconds),
                               "at": time.monotonic()})
 
-    def heartbeat(self, grace: float | None = None) -> None:
-        self.send(HEARTBEAT, None if grace is None else {"grace": float(grace)})
+    def heartbeat(self, phase: str | None = None, grace: float | None = None) -> None:
+        """Alive: restarts the parent's silence clock. ``phase`` (e.g. "validation") is kept
+        until the next one names another; ``grace``: seconds of silence allowed from now on
+        (until the next step or heartbeat), when longer than the parent's limit."""
+        payload: dict = {}
+        if phase is not None:
+            payload["phase"] = str(phase)
+        if grace is not None:
+            payload["grace"] = float(grace)
+        self.send(HEARTBEAT, payload or None)
 
     def state(self, state: Any) -> None:
         self.send(STATE, state)
@@ -274,8 +302,18 @@ class FrameReader:
         os.set_blocking(fd, False)
         self.fd = fd
         self.eof = False
+        self.closed = False
         self.bytes_read = 0
         self._reset()
+
+    def close(self) -> None:
+        """Close the pipe's read end (a child still writing gets EPIPE)."""
+        if not self.closed:
+            self.closed = self.eof = True
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
 
     def _reset(self) -> None:
         self._stage = "header"

@@ -1,0 +1,25 @@
+"""The one supervisor of child processes: start, messages and output, heartbeats with a silence
+limit, process-group kill, and how it ended. Used by the GPU probe, compare()'s variants, the
+isolated fit and ``hn.launch``'s ranks.
+
+- ``child``: start a child (``start_fork``, ``start_spawn``: a fresh interpreter running a
+  cloudpickled callable, ``start_command``), read its output, kill its process group, reap it;
+  the only module of hybridnb that sends signals;
+- ``supervise``: the watch loop (messages, output, heartbeats naming the phase, the silence
+  limit, a deadline, Ctrl-C and stop requests) returning an ``Outcome``;
+- ``ended``: ``Ended`` (the kinds of ending, a str enum), ``Exit``, ``Outcome``;
+- ``channel``: framed messages between child and parent (tensors as raw bytes), ``StopFlag``;
+- ``payload``: cloudpickle with big CPU tensors through shared memory (for ``start_spawn``);
+- ``output``: a child's output lines and its last words;
+- ``worker``: the spawned child's entry point (``python -m hybridnb.processes.worker``).
+
+This floor sits low: it imports only ``hybridnb.env``. Importing it does not import torch.
+"""
+
+from hybridnb.processes.channel import Channel, Message
+from hybridnb.processes.child import Child, start_command, start_fork, start_spawn
+from hybridnb.processes.ended import Ended, Exit, Outcome, signal_name
+from hybridnb.processes.supervise import Progress, supervise
+
+__all__ = ["Channel", "Child", "Ended", "Exit", "Message", "Outcome", "Progress", "signal_name",
+           "start_command", "start_fork", "start_spawn", "supervise"]

@@ -1,0 +1,458 @@
+"""Start a child process, read it, signal it, reap it, and say how it ended.
+
+The one module of hybridnb that sends signals (``os.kill``/``os.killpg``; tests check it).
+Every child runs in its own process group (its pid), so ``Child.kill()`` reaches the helpers it
+started too (DataLoader workers, a driver's helper), and it is reaped before this returns: no
+orphan, no zombie. Three ways to start one:
+
+- ``start_fork(fn, *args)``: ``os.fork``; ``fn(channel, *args)`` runs in a copy of this process
+  (what ``hn.launch`` needs for functions defined in a notebook). Unsafe once this process has
+  touched CUDA, or run OpenMP/threads (a forked child can hang in its first parallel region).
+- ``start_spawn(fn, *args)``: a fresh interpreter, ``python -m hybridnb.processes.worker``,
+  that receives ``fn`` and its arguments cloudpickled (big CPU tensors through shared memory:
+  ``payload``) and runs ``fn(channel, *args)``. Nothing this process did can break it.
+- ``start_command(argv)``: any command (the GPU probe, a compare() variant).
+
+Forked and spawned children talk back through a ``Channel`` (framed messages); their stdout and
+stderr come through pipes (``Child.read_output``), and they die with the parent
+(``PR_SET_PDEATHSIG``). Spawned children are marked headless and isolated by default (``WORKER_ENV``).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hybridnb.env import HEADLESS_ENV, ISOLATED_ENV
+from hybridnb.processes.channel import FrameReader, StopFlag, widen_pipe
+from hybridnb.processes.ended import Exit
+from hybridnb.processes.output import LastWords, OutputLines
+
+REAP_S = 10.0        # after SIGKILL: time to reap (a process stuck in a driver call cannot die)
+TAIL_LINES = 120     # the child's last output lines kept
+WORKER_MODULE = "hybridnb.processes.worker"
+WORKER_ENV = {HEADLESS_ENV: "1", ISOLATED_ENV: "1"}  # a worker draws nothing, never isolates again
+
+
+class Child:
+    """A started child: ``pid`` (also its process group), the parent's ends of its pipes.
+
+    ``messages``: the ``FrameReader`` of its channel (None for a command). ``output_fds``: the
+    open stdout/stderr pipes (fd -> 1 or 2); ``read_output(fd)`` reads one. ``tail``: its last
+    lines; ``last_words``: the line that best says why it died. ``stop``: the shared stop flag.
+    """
+
+    def __init__(self, pid: int, *, popen: subprocess.Popen | None = None,
+                 messages_fd: int | None = None, output_fds: dict[int, int] | None = None,
+                 stop: StopFlag | None = None, files: Sequence[str] = (),
+                 tail_lines: int = TAIL_LINES) -> None:
+        self.pid, self.popen, self.stop = pid, popen, stop
+        self.started = time.monotonic()
+        self.messages = FrameReader(messages_fd) if messages_fd is not None else None
+        self.output_fds = dict(output_fds or {})
+        self.tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+        self.last_words = LastWords()
+        self._outputs = {fd: OutputLines(self.tail) for fd in self.output_fds}
+        for fd in self.output_fds:
+            os.set_blocking(fd, False)
+        self.files = list(files)
+        self.exit: Exit | None = None
+        self.reaped = False
+        self.not_reaped = ""  # why the exit is unknown after kill(), when it is
+        self.pidfd: int | None = None
+        if hasattr(os, "pidfd_open"):
+            with contextlib.suppress(OSError):
+                self.pidfd = os.pidfd_open(pid)
+
+    # ---------------------------------------------------------------- reading
+    def read_output(self, fd: int) -> tuple[int, str, list[str]] | None:
+        """Read what is there on one output pipe: (1 or 2, the text, the lines it completed);
+        None once the pipe is closed (then it is no longer in ``output_fds``)."""
+        stream = self.output_fds[fd]
+        chunks: list[str] = []
+        lines: list[str] = []
+        while True:
+            try:
+                data = os.read(fd, 65536)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                data = b""
+            if not data:
+                del self.output_fds[fd]
+                os.close(fd)
+                if not chunks:
+                    return None
+                break
+            text, done = self._outputs[fd].feed(data)
+            chunks.append(text)
+            lines.extend(done)
+            for line in done:
+                self.last_words.feed(line)
+        return stream, "".join(chunks), lines
+
+    def output_text(self) -> str:
+        """The kept lines and any unfinished ones."""
+        partial = [o.partial for o in self._outputs.values() if o.partial]
+        return "\n".join([*self.tail, *partial])
+
+    def wait_fds(self) -> list[int]:
+        """The descriptors that become readable when something happens to the child."""
+        fds = list(self.output_fds)
+        if self.messages is not None and not self.messages.eof:
+            fds.append(self.messages.fd)
+        if self.pidfd is not None and self.exit is None:
+            fds.append(self.pidfd)
+        return fds
+
+    # ---------------------------------------------------------------- its end
+    def poll(self) -> Exit | None:
+        """How it ended, once it has; it stays unreaped (so ``kill`` cannot hit a stranger)."""
+        if self.exit is not None:
+            return self.exit
+        try:
+            r = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # reaped elsewhere
+            if self.popen is not None and self.popen.returncode is not None:
+                self.exit = Exit.from_returncode(self.popen.returncode)
+            else:
+                self.exit = Exit("unknown", -1)
+            self.reaped = True
+            return self.exit
+        if r is None:
+            return None
+        killed = r.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+        self.exit = Exit("signal" if killed else "code", r.si_status)
+        return self.exit
+
+    def wait(self, timeout: float | None) -> Exit | None:
+        """Wait up to ``timeout`` seconds (None: for ever) for it to end, reading nothing."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            left = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
+            if left <= 0:
+                return None
+            if self.pidfd is not None:
+                select.select([self.pidfd], [], [], left)
+            else:
+                time.sleep(left)
+        return self.exit
+
+    def send_signal(self, sig: int) -> None:
+        """Send ``sig`` to the child itself (not its group), while it is not reaped."""
+        if not self.reaped:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.pid, sig)
+
+    def kill(self, reap_s: float = REAP_S) -> None:
+        """SIGKILL its whole process group (its own children too) and reap it.
+
+        The group is killed before the child is reaped: while it is unreaped its id cannot be
+        reused, so the signal cannot reach an unrelated process. A child stuck in a driver call
+        that is not gone after ``reap_s`` is reaped later by a thread; ``not_reaped`` says so."""
+        if not self.reaped:
+            for kill in (os.killpg, os.kill):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    kill(self.pid, signal.SIGKILL)
+        self._reap(reap_s)
+
+    def _reap(self, reap_s: float) -> None:
+        if self.reaped:
+            return
+        if self.popen is not None:
+            try:
+                rc = self.popen.wait(timeout=reap_s)
+            except subprocess.TimeoutExpired:  # subprocess reaps it on a later Popen call
+                self.not_reaped = f"not reaped {reap_s:g} s after SIGKILL (stuck in a driver?)"
+                return
+            self.reaped = True
+            self.exit = self.exit or Exit.from_returncode(rc)
+            return
+        deadline = time.monotonic() + reap_s
+        while True:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.reaped = True
+                self.exit = self.exit or Exit("unknown", -1)
+                return
+            if pid:
+                self.reaped = True
+                self.exit = self.exit or Exit.from_status(status)
+                return
+            if time.monotonic() > deadline:
+                self.not_reaped = f"not reaped {reap_s:g} s after SIGKILL (stuck in a driver?)"
+                threading.Thread(target=_reap_later, args=(self.pid,), daemon=True).start()
+                return
+            time.sleep(0.005)
+
+    def close(self) -> None:
+        """Kill and reap it if needed, then release every descriptor and shared file."""
+        self.kill()
+        for fd in list(self.output_fds):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.output_fds.clear()
+        if self.messages is not None and not self.messages.closed:
+            self.messages.close()
+        if self.pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.pidfd)
+            self.pidfd = None
+        if self.stop is not None:
+            self.stop.close()
+        if self.files:
+            from hybridnb.processes.payload import discard
+
+            discard(self.files)
+            self.files = []
+        if self.popen is not None:
+            for stream in (self.popen.stdout, self.popen.stderr):
+                if stream is not None:
+                    with contextlib.suppress(OSError):
+                        stream.close()
+
+    def __enter__(self) -> Child:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ============================================================================ starting
+
+def fork_available() -> bool:
+    """Whether this platform can fork (POSIX)."""
+    return hasattr(os, "fork")
+
+
+def start_fork(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None = None,
+               death_signal: int = signal.SIGKILL, merge_output: bool = False) -> Child:
+    """Fork a child that runs ``fn(channel, *args)`` and sends its return value back.
+
+    ``env``: variables set in the child (default ``WORKER_ENV``). ``death_signal``: what the
+    child gets when this process dies (SIGKILL; ``hn.launch``'s ranks get SIGINT, to stop at an
+    agreed step). ``merge_output``: stdout and stderr through one pipe (the order kept)."""
+    made: list[int] = []
+    try:
+        msg_r, msg_w = _pipe(made)
+        widen_pipe(msg_w)
+        out_r, out_w = _pipe(made)
+        err_r, err_w = (None, None) if merge_output else _pipe(made)
+        stop = StopFlag()
+    except BaseException:
+        _close(made)
+        raise
+    sys.stdout.flush()  # or the child would print again what is still buffered here
+    sys.stderr.flush()
+    parent = os.getpid()
+    with warnings.catch_warnings():  # python >= 3.12 warns on fork in a threaded process;
+        # the kernel's own threads (ZMQ, heartbeat) hold no lock the worker needs
+        warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks",
+                                category=DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child; never returns
+        _forked_child(fn, args, parent, death_signal, msg_w, out_w,
+                      out_w if err_w is None else err_w,
+                      [fd for fd in (msg_r, out_r, err_r) if fd is not None], stop,
+                      WORKER_ENV if env is None else env)
+    with contextlib.suppress(OSError):  # the child does it too; whichever comes first
+        os.setpgid(pid, pid)
+    _close([fd for fd in (msg_w, out_w, err_w) if fd is not None])
+    outputs = {out_r: 1} if err_r is None else {out_r: 1, err_r: 2}
+    return Child(pid, messages_fd=msg_r, output_fds=outputs, stop=stop)
+
+
+def start_spawn(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None = None,
+                death_signal: int = signal.SIGKILL, merge_output: bool = False,
+                **kwargs: Any) -> Child:
+    """Start ``python -m hybridnb.processes.worker``, a fresh interpreter, that runs
+    ``fn(channel, *args, **kwargs)`` and sends its return value back.
+
+    ``fn`` and its arguments travel cloudpickled through a memfd (a notebook's functions and
+    classes too); CPU tensors of 1 MiB or more through shared memory (``payload``). The child
+    has this process's environment, ``env`` on top (default ``WORKER_ENV``), this process's
+    ``sys.path`` on its ``PYTHONPATH``, its own process group, faulthandler on, and dies with
+    this process. An argument that cannot be pickled raises here, before anything starts."""
+    from hybridnb.processes.payload import discard, pack
+
+    data, files = pack((fn, args, kwargs))
+    made: list[int] = []
+    stop: StopFlag | None = None
+    try:
+        payload_fd = _payload_fd(data)
+        made.append(payload_fd)
+        msg_r, msg_w = _pipe(made)
+        widen_pipe(msg_w)
+        out_r, out_w = _pipe(made)
+        err_r, err_w = (None, None) if merge_output else _pipe(made)
+        stop = StopFlag(shareable=True)
+        if stop.fd is None:
+            raise RuntimeError("a spawned child needs os.memfd_create (Linux) for its stop flag")
+        child_env = dict(os.environ)
+        child_env.update(WORKER_ENV if env is None else env)
+        child_env["PYTHONPATH"] = os.pathsep.join(
+            [p for p in sys.path if p] + [child_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        argv = [sys.executable, "-m", WORKER_MODULE, str(payload_fd), str(msg_w), str(stop.fd),
+                str(os.getpid()), str(int(death_signal))]
+        sys.stdout.flush()
+        sys.stderr.flush()
+        popen = subprocess.Popen(argv, pass_fds=(payload_fd, msg_w, stop.fd),
+                                 stdin=subprocess.DEVNULL, stdout=out_w,
+                                 stderr=out_w if err_w is None else err_w, env=child_env,
+                                 start_new_session=True)
+    except BaseException:
+        _close(made)
+        if stop is not None:
+            stop.close()
+        discard(files)
+        raise
+    _close([fd for fd in (payload_fd, msg_w, out_w, err_w) if fd is not None])
+    outputs = {out_r: 1} if err_r is None else {out_r: 1, err_r: 2}
+    return Child(popen.pid, popen=popen, messages_fd=msg_r, output_fds=outputs, stop=stop,
+                 files=files)
+
+
+def start_command(argv: Sequence[str], *, env: dict[str, str] | None = None,
+                  capture: bool = True, merge_output: bool = False,
+                  pass_fds: Sequence[int] = (), stdout: Any = None, stderr: Any = None) -> Child:
+    """Start a command in its own process group (stdin from /dev/null).
+
+    ``env``: its whole environment (default: this process's). ``capture``: its stdout and
+    stderr come through pipes (``Child.read_output``); else ``stdout``/``stderr`` are passed to
+    Popen as they are (a file, None to inherit)."""
+    made: list[int] = []
+    try:
+        if capture:
+            out_r, out_w = _pipe(made)
+            err_r, err_w = (None, None) if merge_output else _pipe(made)
+            stdout, stderr = out_w, out_w if err_w is None else err_w
+        popen = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=stdout,
+                                 stderr=stderr, env=env, pass_fds=tuple(pass_fds),
+                                 start_new_session=True)
+    except BaseException:
+        _close(made)
+        raise
+    outputs: dict[int, int] = {}
+    if capture:
+        _close([fd for fd in (out_w, err_w) if fd is not None])
+        outputs = {out_r: 1} if err_r is None else {out_r: 1, err_r: 2}
+    return Child(popen.pid, popen=popen, output_fds=outputs)
+
+
+def alive(pid: int) -> bool:
+    """Whether a process with this id exists (one of another user's counts)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def group_gone(pgid: int) -> bool:
+    """True when no process of the group ``pgid`` is left (zombies aside)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+# ============================================================================ in the child
+
+def _forked_child(fn, args, parent: int, death_signal: int, msg_w: int, out_w: int, err_w: int,
+                  read_fds: list[int], stop: StopFlag, env: dict[str, str]) -> None:
+    """The forked child: its own process group, its output into pipes, ``fn``, exit.
+
+    It always leaves with ``os._exit``: never back into the parent's code, its atexit handlers
+    or its threads' teardown."""
+    code = 70
+    try:
+        with contextlib.suppress(OSError):
+            os.setpgid(0, 0)  # a Ctrl-C in the parent's group does not reach it; killpg does
+        die_with(parent, death_signal)
+        for fd in read_fds:
+            os.close(fd)
+        os.environ.update(env)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        for fd in {out_w, err_w}:
+            os.close(fd)
+        sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace",
+                          closefd=False)
+        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace",
+                          closefd=False)
+        sys.stdin = open(os.devnull)
+        from hybridnb.processes.worker import prepare, run
+
+        prepare()
+        code = run(msg_w, stop, fn, args, {})
+    finally:
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def die_with(parent: int, death_signal: int = signal.SIGKILL) -> None:
+    """Linux: this process gets ``death_signal`` when ``parent`` dies (best effort elsewhere);
+    it exits at once if the parent is already gone."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(death_signal))  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+# ============================================================================ small helpers
+
+def _pipe(made: list[int]) -> tuple[int, int]:
+    r, w = os.pipe()
+    made += (r, w)
+    return r, w
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _payload_fd(data: bytes) -> int:
+    """A descriptor, at offset 0, holding ``data`` (a memfd; a deleted temporary file
+    elsewhere): the child reads it whenever it is ready, so nothing blocks here."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("hybridnb-payload", 0)
+    else:
+        import tempfile
+
+        fd = os.dup(tempfile.TemporaryFile().fileno())
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _reap_later(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)

@@ -1,0 +1,98 @@
+"""A spawned child: ``python -m hybridnb.processes.worker PAYLOAD_FD MESSAGES_FD STOP_FD PARENT
+DEATH_SIGNAL`` (started by ``child.start_spawn``; not a command for people).
+
+It reads the cloudpickled ``(fn, args, kwargs)`` from PAYLOAD_FD, runs ``fn(channel, *args,
+**kwargs)`` with a ``Channel`` on MESSAGES_FD and the stop flag on STOP_FD, sends the return value
+("done") or the exception with its traceback ("error"), and leaves with ``os._exit`` (no
+interpreter teardown: with torch loaded it costs about a second). Its process group is its own
+(Popen's new session); it dies with PARENT (``PR_SET_PDEATHSIG``); faulthandler prints the
+Python stack of a segfault or abort on stderr. Threads are left as torch sets them (the
+machine's cores): a fresh interpreter has no broken OpenMP pool to avoid.
+
+``run`` and ``prepare`` are shared with the forked child (``child.start_fork``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from hybridnb.processes.channel import DONE, Channel, StopFlag
+
+
+def prepare() -> None:
+    """Signals as a plain Python process has them, and faulthandler on stderr."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    faulthandler.enable(file=sys.stderr)  # a segfault or abort prints the Python stack
+
+
+def run(msg_fd: int, stop: StopFlag, fn: Callable[..., Any], args: tuple, kwargs: dict) -> int:
+    """Run ``fn(channel, *args, **kwargs)``; send its result or its error; the exit code."""
+    channel = Channel(msg_fd, stop)
+    try:
+        result = fn(channel, *args, **kwargs)
+        if not channel.finished:
+            try:
+                channel.send(DONE, result)
+            except Exception as exc:
+                raise TypeError(f"the result ({type(result).__name__}) cannot be sent to the "
+                                f"parent ({type(exc).__name__}: {exc}); return plain values "
+                                "(numbers, dicts, CPU tensors)") from exc
+        return 0
+    except BaseException as exc:
+        if not channel.finished:
+            channel.send_error(exc)
+        else:
+            with contextlib.suppress(BaseException):
+                import traceback
+
+                traceback.print_exc()
+        return 1
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while True:
+        data = os.read(fd, 1 << 20)
+        if not data:
+            break
+        chunks.append(data)
+    os.close(fd)
+    return b"".join(chunks)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The spawned child's life; never returns."""
+    code = 70
+    try:
+        payload_fd, msg_fd, stop_fd, parent, death = (int(a) for a in (argv or sys.argv[1:]))
+        from hybridnb.processes.child import die_with
+
+        die_with(parent, death)
+        prepare()
+        sys.stdin = open(os.devnull)
+        stop = StopFlag.attach(stop_fd)
+        try:
+            from hybridnb.processes.payload import unpack
+
+            fn, args, kwargs = unpack(_read_all(payload_fd))
+        except BaseException as exc:  # say it through the channel: the parent shows it
+            Channel(msg_fd, stop).send_error(exc)
+            code = 1
+            return
+        code = run(msg_fd, stop, fn, args, kwargs)
+    finally:
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    main()
