@@ -1,10 +1,11 @@
 """participants.tsv: read it robustly, and say once what a release's file cannot give.
 
-* :func:`read_table` parses the tab-separated text itself: cells are stripped, and empty cells at
-  the end of a line (a trailing tab, ``\\r\\n`` line ends, trailing blanks) are ignored. pandas
-  would take a trailing tab on every row as "the first column is the index" and shift every
-  column silently (subject ids become ``R5``). An empty file raises :class:`ParticipantsError`
-  naming the file instead of pandas' ``EmptyDataError``.
+* :func:`read_table` reads the tab-separated file with pandas' ``read_csv(sep="\\t",
+  index_col=False)``, pandas' documented answer to a delimiter at the end of each line: without
+  ``index_col=False`` a trailing tab on the data rows makes pandas take the first column as the
+  index and shift every column silently (subject ids become ``R5``). Cells are kept as text and
+  stripped (trailing blanks, ``\\r\\n`` line ends). An empty file raises
+  :class:`ParticipantsError` naming the file instead of pandas' ``EmptyDataError``.
 * :func:`gaps` finds, once per BIDS root, why recordings got no participants.tsv values
   (file missing, no rows, a column or a subject's row absent); the recipes turn that into one
   note (Challenge 1: demographics) or one error (Challenge 2: the target), not one message per
@@ -14,6 +15,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,41 +29,48 @@ class ParticipantsError(ValueError):
     """A participants.tsv that cannot be used (the message names the file and what to do)."""
 
 
-def _cells(line: str) -> list[str]:
-    cells = [c.strip() for c in line.split("\t")]
-    while cells and cells[-1] == "":
-        cells.pop()
-    return cells
-
-
 def read_table(path: str | os.PathLike) -> pd.DataFrame:
-    """The rows of ``path`` as strings (one column per header cell); see the module docstring.
+    """The rows of ``path`` as stripped strings, one column per header cell (see the module
+    docstring); missing cells are empty strings.
 
-    Short rows are padded with empty cells (read as missing); a row with more non-empty cells
-    than the header raises :class:`ParticipantsError`, as does an empty file or one without a
-    ``participant_id`` column.
+    Raises :class:`ParticipantsError` naming the file when it is empty, not UTF-8 text, has no
+    ``participant_id`` column, or has a row with more cells than the header names.
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8-sig")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", pd.errors.ParserWarning)  # longer rows: see below
+            df = pd.read_csv(path, sep="\t", index_col=False, dtype=str, keep_default_na=False,
+                             encoding="utf-8-sig", skip_blank_lines=True)
+    except pd.errors.EmptyDataError as exc:
+        raise ParticipantsError(f"{path}: the file is empty (not even the header line "
+                                f"'participant_id<TAB>...'); {RESTORE}") from exc
     except UnicodeDecodeError as exc:
         raise ParticipantsError(f"{path}: not a UTF-8 text file ({exc}); {RESTORE}") from exc
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if not lines:
-        raise ParticipantsError(f"{path}: the file is empty (not even the header line "
-                                f"'participant_id<TAB>...'); {RESTORE}")
-    header = _cells(lines[0])
-    if "participant_id" not in header:
-        raise ParticipantsError(f"{path}: no 'participant_id' column (has {header}); the file "
-                                f"must be tab-separated with that column; {RESTORE}")
-    rows = []
-    for k, line in enumerate(lines[1:], start=2):
-        cells = _cells(line)
-        if len(cells) > len(header):
+    except pd.errors.ParserError as exc:
+        raise ParticipantsError(f"{path}: cannot be read as a tab-separated table "
+                                f"({str(exc).strip()}); {RESTORE}") from exc
+    if caught:  # pandas dropped cells past the header's width: fine when they are empty
+        _no_extra_cells(path, len(df.columns))
+    df.columns = [str(c).strip() for c in df.columns]
+    df = df.loc[:, [not c.startswith("Unnamed:") for c in df.columns]]  # a trailing tab's column
+    if "participant_id" not in df.columns:
+        raise ParticipantsError(f"{path}: no 'participant_id' column (has {list(df.columns)}); "
+                                f"the file must be tab-separated with that column; {RESTORE}")
+    df = df.apply(lambda col: col.str.strip())
+    return df[df.ne("").any(axis=1)].reset_index(drop=True).astype(str)
+
+
+def _no_extra_cells(path: Path, width: int) -> None:
+    """ParticipantsError naming the first line with more non-empty cells than ``width``."""
+    lines = path.read_text(encoding="utf-8-sig").splitlines()
+    for k, line in enumerate(lines, start=1):
+        cells = [c.strip() for c in line.split("\t")]
+        while cells and not cells[-1]:
+            cells.pop()
+        if len(cells) > width:
             raise ParticipantsError(f"{path}: line {k} has {len(cells)} cells but the header "
-                                    f"names {len(header)} columns; fix that line or {RESTORE}")
-        rows.append(cells + [""] * (len(header) - len(cells)))
-    return pd.DataFrame(rows, columns=header, dtype=object).astype(str)
+                                    f"names {width} columns; fix that line or {RESTORE}")
 
 
 def path_of(rec) -> Path | None:

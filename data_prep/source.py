@@ -1,0 +1,319 @@
+"""Where the data come from: one setting, ``DATA``, turned into a release's BIDS root.
+
+``DATA`` is one of
+
+* ``"synthetic"`` (the default): the HBN-like synthetic release, written on first use under
+  ``<cache>/synthetic/<kind>/`` and reused afterwards; offline.
+* a folder on disk: a release's BIDS root (the folder holding ``participants.tsv`` and the
+  ``sub-*`` folders, e.g. an unpacked zip from https://sccn.ucsd.edu/download/eeg2025/), or an
+  eegdash cache folder holding exactly one release (``.../EEG2025r5mini``).
+* a release name, ``"R1"`` ... ``"R11"`` with ``"-mini"`` (20 subjects, 2.8–3.8 GB) or
+  ``"-full"`` (135–533 subjects, 18–46 GB), e.g. ``"R5-mini"``: eegdash downloads the tasks asked
+  for into ``<cache>/eegdash/EEG2025r5mini/`` with a progress bar; an interrupted download
+  resumes, and a finished one is reused without the network.
+
+:func:`resolve` is the one call the notebooks make. The windows are the same whichever way a
+release arrives: the recipes read the same BIDS root. ``<cache>`` is ``$HYBRIDNB_CACHE_DIR``,
+else ``$XDG_CACHE_HOME/hybridnb``, else ``~/.cache/hybridnb`` (hybridnb's own cache folder).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import bids, synthetic
+
+__all__ = ["CHALLENGE_TASKS", "RELEASES", "SYNTHETIC", "CACHE_ENV", "DATA_ENV", "Source",
+           "parse", "resolve", "default_cache", "release_size", "estimated_bytes",
+           "eegdash_folder"]
+
+CACHE_ENV = "HYBRIDNB_CACHE_DIR"   # hybridnb's cache folder (hybridnb.env.CACHE_DIR_ENV)
+DATA_ENV = "HYBRIDNB_DATA"         # what a notebook's DATA defaults to (``make demo`` on real data)
+RELEASES = tuple(f"R{n}" for n in range(1, 12))
+CHALLENGE_TASKS = ("contrastChangeDetection", "RestingState")
+RUNS_PER_SUBJECT = {"contrastChangeDetection": 3, "surroundSupp": 2}   # 1 for the other tasks
+SYNTHETIC = {   # the synthetic releases the notebooks use, by kind
+    "default": {"n_subjects": 20, "size": "realistic", "seed": 0},
+    "small": {"n_subjects": 10, "size": "small", "seed": 0},
+    "faults": {"n_subjects": 12, "size": "small", "seed": 1, "faults": tuple(synthetic.FAULTS)},
+}
+DOWNLOADED = Path("code") / "hybridnb_download.json"   # written when a download has finished
+ZIPS = "https://sccn.ucsd.edu/download/eeg2025/"
+FORMS = ('"synthetic", a release folder on disk (the BIDS root holding participants.tsv and '
+         'the sub-* folders), or a release to download: "R1".."R11" followed by "-mini" or '
+         '"-full", e.g. "R5-mini"')
+
+
+@dataclass(frozen=True)
+class Source:
+    """What a ``DATA`` value names (nothing read or written yet)."""
+
+    kind: str                   # "synthetic" | "folder" | "eegdash"
+    value: str                  # the DATA value as given
+    path: Path | None = None    # kind "folder"
+    release: str | None = None  # kind "eegdash": "R1".."R11"
+    mini: bool = True
+
+    @property
+    def name(self) -> str:
+        if self.kind == "eegdash":
+            return f"{self.release}-{'mini' if self.mini else 'full'}"
+        return self.value
+
+
+def default_cache(environ: dict[str, str] | None = None) -> Path:
+    """``$HYBRIDNB_CACHE_DIR``, else ``$XDG_CACHE_HOME/hybridnb``, else ``~/.cache/hybridnb``
+    (the same folder as ``hybridnb.env.cache_dir``; data_prep does not import hybridnb)."""
+    env = os.environ if environ is None else environ
+    if env.get(CACHE_ENV):
+        return Path(env[CACHE_ENV]).expanduser()
+    base = env.get("XDG_CACHE_HOME") or str(Path("~/.cache").expanduser())
+    return Path(base) / "hybridnb"
+
+
+def parse(data: str | os.PathLike | None) -> Source:
+    """Read a ``DATA`` value; ValueError naming the value and the accepted forms."""
+    if data is None or (isinstance(data, str) and data.strip().lower() in ("", "synthetic")):
+        return Source("synthetic", "synthetic")
+    if isinstance(data, os.PathLike):
+        return Source("folder", os.fspath(data), path=Path(data).expanduser())
+    if not isinstance(data, str):
+        raise TypeError(f"DATA={data!r}: expected a string or a path, got "
+                        f"{type(data).__name__}; use {FORMS}")
+    text = data.strip()
+    m = re.fullmatch(r"[rR](\d{1,2})(?:[-_ ]?(mini|full))?", text, flags=re.IGNORECASE)
+    if m:
+        release = f"R{int(m.group(1))}"
+        if release not in RELEASES:
+            raise ValueError(f"DATA={data!r}: the challenge's releases are R1..R11; use "
+                             f"e.g. \"R5-mini\"")
+        if m.group(2) is None:
+            raise ValueError(
+                f"DATA={data!r}: say which copy of {release}: \"{release}-mini\" (20 subjects, "
+                f"{_size_text(release, True)}) or \"{release}-full\" (all subjects, "
+                f"{_size_text(release, False)})")
+        return Source("eegdash", text, release=release, mini=m.group(2).lower() == "mini")
+    if re.fullmatch(r"[A-Za-z]+\d*([-_][A-Za-z]+)?", text) and not Path(text).expanduser().exists():
+        raise ValueError(f"DATA={data!r} is neither a folder nor a release name; use {FORMS}")
+    return Source("folder", text, path=Path(text).expanduser())
+
+
+def resolve(data: str | os.PathLike | None = "synthetic", *, cache: str | os.PathLike | None = None,
+            tasks: tuple[str, ...] | list[str] | str = CHALLENGE_TASKS,
+            synthetic_kind: str = "default", download: bool = True,
+            progress: bool = True) -> Path:
+    """The BIDS root ``data`` names, ready to window (see the module docstring).
+
+    ``cache``: where downloads and the synthetic release go (default :func:`default_cache`).
+    ``tasks``: the tasks the caller will window (a download fetches only these; a folder must
+    hold at least one of their recordings). ``synthetic_kind``: which synthetic release
+    (:data:`SYNTHETIC`: ``"default"``, ``"small"``, ``"faults"``). ``download=False`` refuses
+    the network: a release must already be in the cache. Errors name the value and what to do.
+    """
+    source = parse(data)
+    tasks = (tasks,) if isinstance(tasks, str) else tuple(tasks)
+    cache = Path(cache).expanduser() if cache is not None else default_cache()
+    if source.kind == "synthetic":
+        if synthetic_kind not in SYNTHETIC:
+            raise ValueError(f"synthetic_kind={synthetic_kind!r}: use one of {list(SYNTHETIC)}")
+        return synthetic.make_hbn_like(cache / "synthetic" / synthetic_kind,
+                                       **SYNTHETIC[synthetic_kind])
+    if source.kind == "folder":
+        return _folder(source, tasks)
+    return _eegdash(source, cache, tasks, download, progress)
+
+
+# ---------------------------------------------------------------- a folder on disk
+
+def _folder(source: Source, tasks: tuple[str, ...]) -> Path:
+    path = source.path
+    if not path.exists():
+        raise FileNotFoundError(f"DATA={source.value!r}: {path.resolve()} does not exist; give "
+                                f"the folder of a release on disk, or use {FORMS}")
+    if not path.is_dir():
+        raise NotADirectoryError(f"DATA={source.value!r}: {path} is a file; give the release's "
+                                 f"folder (unpack a zip first)")
+    root = path
+    if not _is_bids_root(root):   # an eegdash cache folder holding one release?
+        inner = [p for p in sorted(root.iterdir()) if p.is_dir() and _is_bids_root(p)]
+        if len(inner) != 1:
+            found = f"; it holds {len(inner)} releases: {[p.name for p in inner]}" if inner else ""
+            raise FileNotFoundError(
+                f"DATA={source.value!r}: {path} is not a release's BIDS root (no "
+                f"participants.tsv or dataset_description.json next to sub-* folders){found}; "
+                f"give the folder that holds participants.tsv and the sub-* folders")
+        root = inner[0]
+    found = bids.find_recordings(root, tasks=list(tasks))
+    if not found:
+        raise FileNotFoundError(f"DATA={source.value!r}: no EEG recording of the task(s) "
+                                f"{list(tasks)} under {root}; give a challenge release "
+                                f"(BDF files in sub-*/eeg/)")
+    return root
+
+
+def _is_bids_root(path: Path) -> bool:
+    has_meta = (path / "participants.tsv").exists() or (path / "dataset_description.json").exists()
+    return has_meta and any(path.glob("sub-*"))
+
+
+# ---------------------------------------------------------------- a release through eegdash
+
+def eegdash_folder(cache: str | os.PathLike, release: str, mini: bool) -> Path:
+    """Where eegdash (>= 0.5) keeps a release: ``<cache>/eegdash/EEG2025r5mini`` and the like."""
+    return Path(cache) / "eegdash" / (f"EEG2025r{release[1:]}" + ("mini" if mini else ""))
+
+
+def release_size(release: str, mini: bool) -> tuple[int, int, int] | None:
+    """(subjects, recordings, bytes) of a whole release (all tasks), from the summary table
+    eegdash ships (``eegdash/dataset/dataset_summary.csv``); None when unknown there."""
+    try:
+        import importlib.resources
+
+        import pandas as pd
+
+        table = importlib.resources.files("eegdash.dataset") / "dataset_summary.csv"
+        with table.open() as fh:
+            df = pd.read_csv(fh, usecols=["dataset", "n_subjects", "n_records", "size_bytes"])
+    except Exception:
+        return None
+    row = df[df["dataset"] == f"EEG2025r{release[1:]}" + ("mini" if mini else "")]
+    if row.empty:
+        return None
+    r = row.iloc[0]
+    size = int(r["size_bytes"]) if r["size_bytes"] == r["size_bytes"] else 0
+    return int(r["n_subjects"]), int(r["n_records"]), size
+
+
+def estimated_bytes(release: str, mini: bool, tasks) -> int | None:
+    """About how many bytes the recordings of ``tasks`` take in a release: its size times their
+    share of a subject's recordings (an estimate: recordings differ in length)."""
+    size = release_size(release, mini)
+    if not size or not size[2]:
+        return None
+    per_subject = size[1] / size[0]          # ~10-12 recordings per subject
+    share = sum(RUNS_PER_SUBJECT.get(t, 1) for t in tasks) / per_subject
+    return int(size[2] * min(share, 1.0))
+
+
+def _size_text(release: str, mini: bool) -> str:
+    size = release_size(release, mini)
+    if size and size[2]:
+        return f"{size[2] / 1e9:.1f} GB for all tasks"
+    return "about 3-4 GB for all tasks" if mini else "18-46 GB for all tasks"
+
+
+def _eegdash(source: Source, cache: Path, tasks: tuple[str, ...], download: bool,
+             progress: bool) -> Path:
+    folder = eegdash_folder(cache, source.release, source.mini)
+    done = _downloaded_tasks(folder)
+    placed = folder.is_dir() and not (folder / DOWNLOADED).exists() and _is_bids_root(folder)
+    missing = [] if placed else [t for t in tasks if t not in done]
+    if missing:
+        if not download:
+            raise FileNotFoundError(
+                f"DATA={source.value!r}: {folder} does not hold the task(s) {missing} yet and "
+                f"download=False; run once with download=True (needs the internet), or set "
+                f"DATA to a folder that holds the release")
+        _download(source, cache, folder, missing, progress)
+    n = _check_offline(source, cache, tasks)
+    if progress:
+        print(f"{source.name}: {n} recordings of {', '.join(tasks)} in {folder}")
+    return folder
+
+
+def _downloaded_tasks(folder: Path) -> set[str]:
+    try:
+        return set(json.loads((folder / DOWNLOADED).read_text()).get("tasks", []))
+    except (OSError, ValueError):
+        return set()
+
+
+def _check_offline(source: Source, cache: Path, tasks: tuple[str, ...]) -> int:
+    """eegdash's own offline reading of the release (its local-BIDS mode, no network): the
+    number of recordings of ``tasks`` it finds."""
+    try:
+        ds = bids.load_eegdash(cache / "eegdash", source.release, mini=source.mini,
+                               task=list(tasks), download=False)
+    except (ImportError, FileNotFoundError):
+        raise
+    except Exception as exc:
+        raise RuntimeError(f"DATA={source.value!r}: eegdash cannot read the release in "
+                           f"{eegdash_folder(cache, source.release, source.mini)} offline "
+                           f"({type(exc).__name__}: {exc}); delete that folder and download "
+                           f"again") from exc
+    n = len(ds.datasets)
+    if n == 0:
+        raise FileNotFoundError(f"DATA={source.value!r}: eegdash finds no recording of "
+                                f"{list(tasks)} in {eegdash_folder(cache, source.release, source.mini)}; "
+                                f"delete that folder and download again")
+    return n
+
+
+def _download(source: Source, cache: Path, folder: Path, tasks: list[str],
+              progress: bool) -> None:
+    """eegdash downloads ``tasks`` of the release into ``folder`` (files already there are
+    kept), with one progress bar counting recordings; then the marker file is written."""
+    root = cache / "eegdash"
+    root.mkdir(parents=True, exist_ok=True)
+    need, free = estimated_bytes(source.release, source.mini, tasks), shutil.disk_usage(root).free
+    if need and free < need * 1.2:
+        raise OSError(f"DATA={source.value!r}: {free / 1e9:.1f} GB free in {root}, but the "
+                      f"task(s) {tasks} of {source.name} take about {need / 1e9:.1f} GB "
+                      f"(estimate); free space, or pass cache= (or set {CACHE_ENV}) to a "
+                      f"folder on a bigger disk")
+    advice = (f"check the internet connection and run again (finished files are kept), or "
+              f"download {source.release}{'_mini' if source.mini else ''}_L100_bdf from {ZIPS} "
+              f"and set DATA to its unpacked folder")
+    try:
+        ds = bids.load_eegdash(root, source.release, mini=source.mini, task=list(tasks),
+                               download=True)
+    except ImportError:
+        raise
+    except Exception as exc:
+        raise ConnectionError(f"DATA={source.value!r}: eegdash could not list {source.name} "
+                              f"({_short(exc)}); {advice}") from exc
+    recordings = list(ds.datasets)
+    errors: list[BaseException] = []
+
+    def fetch():
+        try:
+            ds.download_all()
+        except BaseException as exc:  # handed to the main thread
+            errors.append(exc)
+
+    worker = threading.Thread(target=fetch, name="eegdash-download", daemon=True)
+    t0 = time.perf_counter()
+    bar = _bar(len(recordings), f"{source.name} {'+'.join(tasks)}", progress)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.5)
+        have = sum(1 for r in recordings if Path(r.filecache).exists())
+        bar.update(have - bar.n)
+    bar.close()
+    if errors:
+        raise ConnectionError(f"DATA={source.value!r}: downloading {source.name} into {folder} "
+                              f"stopped ({_short(errors[0])}); "
+                              f"{advice}") from errors[0]
+    (folder / DOWNLOADED.parent).mkdir(parents=True, exist_ok=True)
+    record = {"release": source.release, "mini": source.mini,
+              "tasks": sorted(_downloaded_tasks(folder) | set(tasks)),
+              "recordings": len(recordings), "seconds": round(time.perf_counter() - t0, 1)}
+    (folder / DOWNLOADED).write_text(json.dumps(record, indent=1))
+
+
+def _short(exc: BaseException, limit: int = 160) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def _bar(total: int, desc: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="recording", disable=not enabled)
