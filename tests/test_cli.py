@@ -90,3 +90,30 @@ def test_a_value_error_from_a_subcommand_is_a_message_not_a_traceback(monkeypatc
     assert cli.main(["compare"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("python -m hybridnb compare: error: variants: 'fp64'")
+
+
+def test_compare_knows_the_registered_model_names():
+    from hybridnb.comparison import compare_cli
+
+    names = compare_cli.registered_models()
+    assert names["eegnex"] == "hybridnb_tools.models:eegnex"
+    assert compare_cli.load_factory("eegnex").model_name == "EEGNeX"
+    assert compare_cli.load_factory("shallow").input_shape == (129, 200)
+
+
+def test_compare_with_an_unknown_model_name_lists_the_known_ones(capsys):
+    assert cli.main(["compare", "--model", "eegnet"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "--model 'eegnet'" in err and "eegnex" in err and "shallow" in err
+
+
+def test_detect_lists_simulated_gpus_and_falls_back_from_a_wrong_one(tmp_path):
+    """HYBRIDNB_PROBE_SIMULATE with "gpus": N replaces NVML's list (notebook 01's public way)."""
+    sim = {"gpus": 2, "gpu": {"name": "A100"}, "by_index": {"1": {"wrong_at": "matmul"}}}
+    run = hybridnb("detect", "--json", "--timeout", "60", "--refresh", tmp_path=tmp_path,
+                   **{DEVICE_ENV: "", PROBE_SIMULATE_ENV: json.dumps(sim)})
+    assert run.returncode == 0, run.stderr
+    data = json.loads(run.stdout)
+    assert [g["name"] for g in data["gpus"]] == ["A100 (simulated)"] * 2
+    assert [g["probe"]["verdict"] for g in data["gpus"]] == ["passed", "wrong result"]
+    assert data["device"] == "cuda:0"     # the healthy one; the wrong one is not trusted

@@ -2,9 +2,14 @@
 
 Light on purpose: importing this module imports nothing heavy (no torch), so ``--help`` is
 instant; ``run`` imports compare when it runs. The model comes as an import spec
-(``package.module:factory``), so hybridnb needs to know no model zoo:
+(``package.module:factory``) or a short name that an installed package registers in the
+``hybridnb.models`` entry-point group (this distribution registers ``eegnex`` and ``shallow``
+from ``hybridnb_tools.models``), so hybridnb itself needs to know no model zoo:
 
+    python -m hybridnb compare --model eegnex
     python -m hybridnb compare --model hybridnb_tools.models:eegnex --variants fp32 bf16
+
+In small mode (``HYBRIDNB_SMOKE=1``) the defaults shrink to one fp32 step of batch 4 on the CPU.
 """
 
 from __future__ import annotations
@@ -22,9 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Time training steps of a model on random inputs under precision / "
                           "layout / compile variants, side by side, each variant in its own "
                           "process.")
-    parser.add_argument("--model", required=True, metavar="MODULE:FACTORY",
-                        help="a function (or class) building the model, as an import spec, "
-                             "e.g. hybridnb_tools.models:eegnex")
+    parser.add_argument("--model", required=True, metavar="NAME|MODULE:FACTORY",
+                        help="the model: a registered name (e.g. eegnex, shallow) or a function "
+                             "(or class) building it, as an import spec, e.g. "
+                             "hybridnb_tools.models:eegnex")
     parser.add_argument("--input-shape", type=_shape, default=None, metavar="C,T",
                         help="one sample's input shape (default: the factory's input_shape "
                              "attribute, if it has one)")
@@ -32,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="batch size(s); default 256 on a GPU, 32 on the CPU")
     parser.add_argument("--steps", type=int, default=None,
                         help="timed steps per window (default 20 on a GPU, 3 on the CPU)")
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="untimed steps per variant first (default 3; 1 in small mode)")
     parser.add_argument("--repeats", type=int, default=None,
                         help="interleaved windows per variant (default 3 on a GPU, 2 on the CPU)")
     parser.add_argument("--variants", nargs="+", default=None, help=VARIANTS_HELP)
@@ -60,17 +67,21 @@ def run(args: argparse.Namespace) -> int:
     if shape is None or len(shape) != 2:
         raise ValueError(f"--input-shape: {args.model} has no input_shape attribute; give one "
                          f"sample's shape as C,T (e.g. --input-shape 129,200)")
+    from hybridnb.env import smoke
+
     dev = resolve_device(args.device)
     gpu = dev.type != "cpu"
-    batch = args.batch or [256 if gpu else 32]
-    steps = args.steps or (20 if gpu else 3)
-    repeats = args.repeats or (3 if gpu else 2)
-    variants = [v for item in (args.variants or [",".join(DEFAULT_VARIANTS)])
-                for v in item.replace(",", " ").split()]
-    print(f"compare: {args.model} on {dev}, batch {batch}, {args.warmup} warm-up + {repeats} × "
+    small = smoke() and not gpu
+    batch = args.batch or [4 if small else 256 if gpu else 32]
+    steps = args.steps or (1 if small else 20 if gpu else 3)
+    repeats = args.repeats or (1 if small else 3 if gpu else 2)
+    warmup = args.warmup if args.warmup is not None else (1 if small else 3)
+    default = ["fp32"] if small else [",".join(DEFAULT_VARIANTS)]
+    variants = [v for item in (args.variants or default) for v in item.replace(",", " ").split()]
+    print(f"compare: {args.model} on {dev}, batch {batch}, {warmup} warm-up + {repeats} × "
           f"{steps} timed steps per variant: {', '.join(variants)}", flush=True)
     x, y = random_windows(max(batch), *shape, seed=args.seed)
-    df = compare(factory, (x, y), variants, steps=steps, warmup=args.warmup, repeats=repeats,
+    df = compare(factory, (x, y), variants, steps=steps, warmup=warmup, repeats=repeats,
                  batch_sizes=batch, device=dev, lr=args.lr, seed=args.seed,
                  timeout=args.timeout)
     df.attrs["model"] = getattr(factory, "model_name", args.model)
@@ -81,8 +92,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+ENTRY_POINTS = "hybridnb.models"   # packages register model factories here by short name
+
+
+def registered_models() -> dict[str, str]:
+    """Short model names the installed packages register (``hybridnb.models`` entry points),
+    each with its import spec."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINTS)}
+
+
 def load_factory(spec: str):
-    """``"package.module:factory"`` -> the factory; a ValueError says what is wrong."""
+    """A registered short name or ``"package.module:factory"`` -> the factory; a ValueError
+    says what is wrong."""
+    if ":" not in spec:
+        known = registered_models()
+        if spec not in known:
+            names = ", ".join(sorted(known)) or "none registered"
+            raise ValueError(f"--model {spec!r}: not a registered model name ({names}); give "
+                             f"one of those, or the factory as package.module:factory "
+                             f"(e.g. hybridnb_tools.models:eegnex)")
+        spec = known[spec]
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"--model {spec!r}: write it as package.module:factory "

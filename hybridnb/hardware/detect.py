@@ -213,6 +213,11 @@ def _find_gpus(build: BuildInfo, env: dict[str, str]) -> tuple[list[GpuInfo], li
             notes += [note] if note else []
     else:
         raw, status = gpu_info.nvml_inventory()
+        simulated = probe.simulate.listed(env)
+        if simulated is not None:  # HYBRIDNB_PROBE_SIMULATE asked for N simulated GPUs
+            raw = [GpuInfo(index=i, physical_index=i, backend="cuda", free_memory=int(g[
+                "total_memory"] * 0.95), **g) for i, g in enumerate(simulated)]
+            status = f"{len(raw)} simulated GPU(s) ({runtime.PROBE_SIMULATE_ENV})"
         if not raw and build.cuda and NVIDIA_PROC.exists():
             # The driver is loaded but NVML is not usable here (e.g. a container without
             # libnvidia-ml): let the probe child find out what GPU 0 is.

@@ -11,7 +11,9 @@ for:
 - ``gpu`` (properties to report: name, total_memory, free_memory, capability);
 - ``torch: false`` (skip importing torch until a tensor step needs it: fast, for timing tests);
 - ``delay`` (seconds each step after the import takes);
-- ``by_index`` (``{"1": {...}}``: settings for one GPU index only).
+- ``by_index`` (``{"1": {...}}``: settings for one GPU index only);
+- ``gpus`` (N: ``detect()`` lists N simulated NVIDIA GPUs instead of NVML's, each probed with
+  its ``by_index`` settings: how notebook 01 shows a hung or broken GPU on any machine).
 
 The real steps (``probe.child``) call the hooks below and know nothing of the faults.
 """
@@ -45,6 +47,23 @@ def read(index: int, environ: dict[str, str] | None = None) -> dict | None:
     return merged
 
 
+def listed(environ: dict[str, str] | None = None) -> list[dict] | None:
+    """The simulated GPUs ``detect()`` lists (name and memory per index) when the simulation
+    asks for ``gpus``: N; None otherwise (NVML's inventory is used)."""
+    env = os.environ if environ is None else environ
+    raw = env.get(SIMULATE_ENV)
+    n = json.loads(raw).get("gpus") if raw else None
+    if not n:
+        return None
+    out = []
+    for i in range(int(n)):
+        gpu = {**DEFAULT_GPU, **(read(i, env) or {}).get("gpu", {})}
+        name = gpu["name"] if "simulated" in gpu["name"].lower() else f"{gpu['name']} (simulated)"
+        out.append({"name": name, "total_memory": gpu["total_memory"],
+                    "capability": tuple(gpu["capability"])})
+    return out
+
+
 def inject(sim: dict | None, step: str, emit: Callable[..., None]) -> None:
     """Before ``step`` (or at ``"exit"``): hang, crash, raise or wait as the simulation says."""
     if not sim:
@@ -57,7 +76,7 @@ def inject(sim: dict | None, step: str, emit: Callable[..., None]) -> None:
             time.sleep(3600)
     if sim.get("crash_at") == step:
         if hasattr(signal, "SIGSEGV") and os.name == "posix":
-            os.kill(os.getpid(), signal.SIGSEGV)
+            signal.raise_signal(signal.SIGSEGV)
         os.abort()
     if sim.get("error_at") == step:
         raise RuntimeError(sim.get("message") or "CUDA error: an illegal memory access was "
