@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import subprocess
 import sys
-import tempfile
 from multiprocessing import Pipe
 from pathlib import Path
 
 from hybridnb.comparison.session import Job, VariantSession
-from hybridnb.train.isolate import signal_name
+from hybridnb.processes.child import start_command
+from hybridnb.processes.ended import Ended
 
 
 class LocalVariant:
@@ -47,24 +45,23 @@ class LocalVariant:
 
 
 class ChildVariant:
-    """The variant in its own process group, started now; see the module docstring."""
+    """The variant in its own process group (``hybridnb.processes``), started now; see the
+    module docstring. Its output is read into a bounded tail (its last words name a crash)."""
 
     def __init__(self, job_bytes: bytes, folder: Path, name: str, timeout: float | None) -> None:
         self.timeout = timeout
         self.ended: dict | None = None  # the final answer once the process is gone
         job_file = folder / f"{name}.job"
         job_file.write_bytes(job_bytes)
-        self.log = tempfile.TemporaryFile(dir=folder)
         self.conn, theirs = Pipe()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             [p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         try:
-            self.proc = subprocess.Popen(
+            self.child = start_command(
                 [sys.executable, "-m", "hybridnb.comparison.worker", str(job_file),
-                 str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),), start_new_session=True, stdin=subprocess.DEVNULL,
-                stdout=self.log, stderr=self.log, env=env)
+                 str(theirs.fileno())], env=env, merge_output=True,
+                pass_fds=(theirs.fileno(),))
         finally:
             theirs.close()
 
@@ -74,17 +71,35 @@ class ChildVariant:
             return self.ended
         try:
             self.conn.send((request, *args))
-            if not self.conn.poll(self.timeout):
+            if not self._answered():
                 self._end()
-                self.ended = {"status": "timeout", "note": (
+                self.ended = {"status": Ended.TIMEOUT.value, "note": (
                     f"no answer within {self.timeout:g} s during {stage}; its process group was "
                     f"killed (raise compare's timeout= if it is only slow)")}
                 return self.ended
             return self.conn.recv()
         except (EOFError, OSError):  # the process is gone: BrokenPipe, ConnectionReset, EOF
-            code = self._end()
-            self.ended = {"status": "crashed", "note": _death(code, stage, self._last_line())}
+            self._end()
+            self.ended = {"status": "crashed", "note": self._death(stage)}
             return self.ended
+
+    def _answered(self) -> bool:
+        """Wait for the answer (or the end of the connection) while reading the process's output
+        so a chatty variant never blocks on a full pipe; False after ``timeout`` seconds."""
+        import select
+        import time
+
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        while True:
+            left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+            if left <= 0:
+                return self.conn.poll(0)
+            ready = select.select([self.conn, *self.child.output_fds], [], [], left)[0]
+            for fd in ready:
+                if fd in self.child.output_fds:
+                    self.child.read_output(fd)
+            if self.conn in ready:
+                return True
 
     def close(self) -> None:
         """Ask the process to finish, then make sure nothing of its process group is left."""
@@ -93,32 +108,18 @@ class ChildVariant:
                 self.conn.send(("close",))
                 self.conn.poll(5)
         self._end()
-        self.log.close()
         self.ended = self.ended or {"status": "closed"}
 
-    def _end(self) -> int:
-        """Kill the process group (the process is not reaped before this, so its id is still
-        its own), reap the process and release the pipe, once; returns its exit code."""
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-            self.conn.close()
-        return self.proc.returncode
+    def _end(self) -> None:
+        """Kill the process group, reap the process and release the pipes, once."""
+        for fd in list(self.child.output_fds):  # its last words, before they are dropped
+            self.child.read_output(fd)
+        self.child.close()
+        self.conn.close()
 
-    def _last_line(self) -> str:
-        with contextlib.suppress(OSError, ValueError):
-            self.log.seek(0)
-            lines = [ln.strip() for ln in self.log.read().decode(errors="replace").splitlines()]
-            lines = [ln for ln in lines if ln]
-            return lines[-1][:240] if lines else ""
-        return ""
-
-
-def _death(code: int, stage: str, last: str) -> str:
-    if code < 0:
-        how = f"killed by {signal_name(-code)}"
-    else:
-        how = f"exited with code {code}"
-    tail = f"; its last words: {last}" if last else ""
-    return f"the variant's process was {how} during {stage}{tail}"
+    def _death(self, stage: str) -> str:
+        exit_ = self.child.exit
+        how = exit_.says() if exit_ is not None else "lost"
+        last = self.child.last_words.best()
+        tail = f"; its last words: {last}" if last else ""
+        return f"the variant's process was {how} during {stage}{tail}"

@@ -2,23 +2,25 @@
 
 A flaky card (an unsupported ROCm GPU, a wedged driver) can hang or crash the process that
 touches it, so the parent never does. Each child (``probe.child``) runs in a new process group
-and writes one JSON line as each step starts and ends, so that when it hangs the parent knows
-which step. At the deadline the parent kills the whole group and reaps it: no orphan, no zombie.
+(``hybridnb.processes``) and writes one JSON line as each step starts and ends, so that when it
+hangs the parent knows which step. At the deadline the parent kills the whole group and reaps
+it: no orphan, no zombie. The verdict (``ProbeResult``) is built from the steps the child
+reported and how the process ended.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
+import select
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
 from hybridnb.hardware.probe.result import STEPS, TITLES, ProbeResult, StepResult
+from hybridnb.processes.child import Child as Process
+from hybridnb.processes.child import start_command
+from hybridnb.processes.ended import Exit
 
 DEFAULT_TIMEOUT = 15.0    # seconds all probes together may take (detect()'s probe_timeout)
 REAP_S = 0.5              # after the deadline: time to collect killed children
@@ -40,70 +42,64 @@ def run_probes(targets: list[tuple[str, int]], timeout: float) -> list[ProbeResu
             child.wait_until(deadline)
     finally:
         for child in children:
-            if child.proc.returncode is None:
-                child.kill_group()
-        reap_by = time.monotonic() + REAP_S
-        for child in children:
-            child.reap(reap_by)
+            child.end(REAP_S)
     return [child.result(timeout) for child in children]
 
 
 class Child:
-    """One probe process: started in its own process group, read line by line by a thread."""
+    """One probe process, in its own process group; its JSON lines read as they come."""
 
     def __init__(self, backend: str, index: int) -> None:
         self.backend, self.index = backend, index
         self.events: list[dict] = []
         self.timed_out = False
-        self.closed_at: float | None = None
         self.started = time.monotonic()
-        self.stderr = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(
+        self.closed_at: float | None = None
+        self.seconds = 0.0
+        self.proc: Process = start_command(
             [sys.executable, "-m", CHILD_MODULE, "--backend", backend, "--index", str(index)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.stderr,
-            env=child_env(), **_new_group())
-        self.reader = threading.Thread(target=self._read, name=f"probe-{index}", daemon=True)
-        self.reader.start()
+            env=child_env())
+        self.stdout_fd = next(fd for fd, stream in self.proc.output_fds.items() if stream == 1)
+        self._buffer = ""
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            try:
-                self.events.append(json.loads(raw))
-            except ValueError:
-                continue  # a stray line; the protocol lines are JSON objects
-        self.closed_at = time.monotonic()  # the child exited (or was killed)
+    def _pump(self, fds: list[int]) -> None:
+        for fd in fds:
+            if fd not in self.proc.output_fds:
+                continue
+            got = self.proc.read_output(fd)
+            if fd == self.stdout_fd:
+                if got is None:
+                    self.closed_at = self.closed_at or time.monotonic()
+                    continue
+                for raw in got[2]:
+                    try:
+                        self.events.append(json.loads(raw))
+                    except ValueError:
+                        continue  # a stray line; the protocol lines are JSON objects
 
     def wait_until(self, deadline: float) -> None:
-        try:
-            self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            self.timed_out = True
+        """Read its lines until it ends or ``deadline`` passes (then ``timed_out``)."""
+        while self.proc.poll() is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.timed_out = True
+                return
+            fds = self.proc.wait_fds()
+            self._pump(select.select(fds, [], [], min(left, 0.1))[0])
+        self._pump(list(self.proc.output_fds))
 
-    def kill_group(self) -> None:
-        """SIGKILL the child's whole process group (helpers it started too)."""
-        try:
-            if os.name == "posix":
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            else:
-                self.proc.kill()
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def reap(self, by: float) -> None:
-        """Collect the exit status (no zombie) and the last output lines, waiting until ``by``.
-
-        A child stuck in a driver call cannot die until the call returns; it is then left to
-        subprocess's own later reaping, and the report says so.
-        """
-        try:
-            self.proc.wait(timeout=max(0.0, by - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-        self.reader.join(timeout=max(0.0, by - time.monotonic()))
+    def end(self, reap_s: float) -> None:
+        """Kill its process group (helpers it started too) if it still runs, reap it, and read
+        what it wrote. A child stuck in a driver call cannot die until the call returns; it is
+        then reaped later, and the report says so."""
+        self.proc.kill(reap_s)
+        self._pump(list(self.proc.output_fds))
         self.seconds = (self.closed_at or time.monotonic()) - self.started
-        if self.proc.stdout is not None and not self.reader.is_alive():
-            self.proc.stdout.close()  # (a reader still blocked means a helper escaped the group)
+
+    @property
+    def returncode(self) -> int | None:
+        """As Popen says it (minus the signal), None when it could not be reaped."""
+        return self.proc.exit.returncode if self.proc.reaped and self.proc.exit else None
 
     def result(self, timeout: float) -> ProbeResult:
         steps = {name: StepResult(name, "not run") for name in STEPS}
@@ -123,7 +119,7 @@ class Child:
                 info.update(ev.get("info", {}))
             elif kind == "end":
                 ended = True
-        rc = self.proc.returncode
+        rc = self.returncode
         res = ProbeResult(self.backend, self.index, "passed", list(steps.values()),
                           round(self.seconds, 3), info=info, returncode=rc,
                           proven_at=round(time.time(), 3))
@@ -157,16 +153,12 @@ class Child:
             at = f"at step '{TITLES[where]}'" if self.events else "before its first step"
             res.message = f"crashed {at} ({why})" + (f": {tail}" if tail else "")
         res.steps = list(steps.values())
-        self.stderr.close()
+        self.proc.close()
         return res
 
     def _stderr_tail(self, limit: int = 400) -> str:
-        try:
-            self.stderr.seek(0)
-            text = self.stderr.read().decode(errors="replace").strip()
-        except (OSError, ValueError):
-            return ""
-        lines = [ln for ln in text.splitlines() if ln.strip()]
+        """Its last lines that were not protocol lines (stderr: the protocol owns stdout)."""
+        lines = [ln for ln in self.proc.tail if ln.strip() and not ln.startswith('{"e"')]
         return " | ".join(lines[-3:])[-limit:]
 
 
@@ -184,10 +176,7 @@ def _exit_reason(rc: int | None) -> str:
     if rc is None:
         return "did not exit"
     if rc < 0:
-        try:
-            return f"killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"killed by signal {-rc}"
+        return Exit.from_returncode(rc).says()
     return f"exit code {rc} before finishing"
 
 
@@ -200,8 +189,3 @@ def child_env() -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
-
-def _new_group() -> dict:
-    if os.name == "posix":
-        return {"start_new_session": True}
-    return {"creationflags": getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)}
