@@ -1,10 +1,13 @@
 """``hn.launch(fn, *args, num_processes=N)``: multi-process (DDP) training from a notebook cell.
 
-Like Accelerate's ``notebook_launcher``: the workers are started with the ``fork`` start method,
-because a function defined in a notebook lives in the kernel's ``__main__``, which a ``spawn``ed
-process cannot import; a forked worker already has it in memory. Forking is only safe while CUDA
-is not initialised in the kernel (a CUDA context does not survive ``fork``), so ``launch`` refuses
-with a clear message when it is; ``hn.detect()`` is safe to call first (it probes in a child).
+Like Accelerate's ``notebook_launcher``: the workers are started with the ``fork`` start method
+by default, so a function defined in a notebook is already in their memory. Forking is only safe
+while CUDA is not initialised in the kernel (a CUDA context does not survive ``fork``), so
+``launch`` refuses with a clear message when it is; ``hn.detect()`` is safe to call first (it
+probes in a child). ``start_method="spawn"`` starts fresh interpreters instead, which receive
+``fn`` and its arguments with cloudpickle (``hybridnb.processes``), so it works after CUDA too.
+Starting, reading and killing the ranks is ``hybridnb.processes``'s; each rank has its own
+process group, killed and reaped before ``launch`` returns or raises.
 
 Each worker gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1``, a free
 ``MASTER_PORT`` and ``HYBRIDNB_LAUNCHED=1``, so ``Trainer(strategy="auto")`` inside ``fn`` runs
@@ -18,13 +21,8 @@ checkpoint; a second one kills them. With one process ``launch`` simply calls ``
 
 from __future__ import annotations
 
-import codecs
-import collections
 import io
-import multiprocessing
 import os
-import pickle
-import select
 import signal
 import socket
 import sys
@@ -32,11 +30,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hybridnb.output import OutputLines
 from hybridnb.env import HEADLESS_ENV, LAUNCHED_ENV, NOTEBOOK_FRONTENDS  # HEADLESS: text view
+from hybridnb.processes.channel import DONE, ERROR
+from hybridnb.processes.child import Child, fork_available, start_fork, start_spawn
 
 TAIL_LINES = 40
 GRACE_S = 10.0  # after one rank fails, the others' time to stop (rank 0 saves a checkpoint)
+START_METHODS = ("fork", "spawn")
 
 
 class LaunchError(RuntimeError):
@@ -49,21 +49,16 @@ def launch(fn: Callable[..., Any], *args: Any, num_processes: int | None = None,
     gloo) and return rank 0's result.
 
     ``num_processes=None`` uses every GPU that passed ``hn.detect()``'s probe (1 on a CPU-only
-    machine, where ``fn`` is just called). ``start_method``: "fork" (default; needed for
-    notebook-defined functions) or "spawn" (``fn`` must be importable; output is not captured).
+    machine, where ``fn`` is just called). ``start_method``: "fork" (default) or "spawn" (fresh
+    interpreters; ``fn`` and ``args`` must pickle with cloudpickle).
     """
     n = _count(num_processes)
     if n == 1:
         return fn(*args)
-    method = start_method or ("fork" if "fork" in multiprocessing.get_all_start_methods()
-                              else "spawn")
-    if method not in multiprocessing.get_all_start_methods():
-        raise ValueError(f"start_method={start_method!r} is not available here; use one of "
-                         f"{multiprocessing.get_all_start_methods()}")
-    if start_method is None and method != "fork":
-        print("hybridnb: fork is not available on this platform; starting workers with spawn "
-              "(fn must be importable from a module, and their output is not captured)",
-              file=sys.stderr)
+    method = start_method or ("fork" if fork_available() else "spawn")
+    if method not in START_METHODS or (method == "fork" and not fork_available()):
+        raise ValueError(f"start_method={start_method!r} is not available here; use 'spawn'"
+                         + (" or 'fork'" if fork_available() else ""))
     import torch
 
     if method == "fork" and torch.cuda.is_initialized():
@@ -75,7 +70,7 @@ def launch(fn: Callable[..., Any], *args: Any, num_processes: int | None = None,
             "and data inside the launched function (hn.detect() is safe to call before).")
     if method == "fork":
         import torch._dynamo  # noqa: F401  DDP imports it (seconds): once here, not once per rank
-    return _Supervisor(fn, args, n, master_port or free_port(), method).run()
+    return _run(fn, args, n, master_port or free_port(), method)
 
 
 def free_port() -> int:
@@ -108,132 +103,126 @@ def _frontend_draws_cr() -> bool:
         return False
 
 
-class _Supervisor:
-    """Starts the workers, streams rank 0's output, collects its result, stops everything."""
+class _Rank:
+    """One rank's process and what it sent: its result (rank 0) or its error."""
 
-    def __init__(self, fn, args, n: int, port: int, method: str) -> None:
-        self.fn, self.args, self.n, self.port, self.method = fn, args, n, port, method
-        self.outputs = [OutputLines(maxlen=TAIL_LINES) for _ in range(n)]
+    def __init__(self, index: int, child: Child) -> None:
+        self.index, self.child = index, child
+        self.result: Any = None
+        self.error: dict | None = None
+        self.done = False
 
-    def run(self) -> Any:
-        import torch.multiprocessing as tmp
+    def read(self, ready: list[int]) -> None:
+        """Its messages, and its output (rank 0's into this process's stdout)."""
+        reader = self.child.messages
+        if reader is not None and reader.fd in ready and not reader.eof:
+            for m in reader.read():
+                if m.kind == DONE:
+                    self.result, self.done = m.payload, True
+                elif m.kind == ERROR:
+                    self.error = m.payload
+        for fd in ready:
+            if fd in self.child.output_fds:
+                got = self.child.read_output(fd)
+                if got is not None and self.index == 0 and got[1]:
+                    sys.stdout.write(got[1])
+                    sys.stdout.flush()
 
-        capture = self.method == "fork"
-        pipes = [os.pipe() for _ in range(self.n)] if capture else []
-        ctx = multiprocessing.get_context(self.method)
-        receiver, sender = ctx.Pipe(duplex=False)
-        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self.port),
-               "WORLD_SIZE": str(self.n), "LOCAL_WORLD_SIZE": str(self.n), LAUNCHED_ENV: "1",
-               HEADLESS_ENV: "1"}
-        sys.stdout.flush()  # or a forked worker would print what is still buffered here
-        sys.stderr.flush()
-        context = tmp.start_processes(
-            _worker, args=(self.fn, self.args, env, sender, pipes, _frontend_draws_cr()),
-            nprocs=self.n, join=False, start_method=self.method)
-        sender.close()
-        readers = {}
-        for rank, (r, w) in enumerate(pipes):
-            os.close(w)
-            readers[r] = rank
+    def failed(self) -> str | None:
+        """Why this rank failed (its traceback, or how its process ended), or None."""
+        if self.error is not None:
+            return str(self.error.get("traceback") or self.error.get("message"))
+        ended = self.child.poll()
+        if ended is None or (self.done and ended.returncode == 0):
+            return None
+        if ended.how == "code" and ended.number == 0:
+            return None
+        return f"process {self.index} {ended.says()}"
+
+    def drain(self) -> None:
+        """What it wrote before it ended (never blocks: a stray grandchild may hold a pipe)."""
+        fds = list(self.child.output_fds)
+        if self.child.messages is not None:
+            fds.append(self.child.messages.fd)
+        self.read(fds)
+
+
+def _run(fn, args, n: int, port: int, method: str) -> Any:
+    """Start the ranks, stream rank 0's output, collect its result, stop everything."""
+    begin = start_fork if method == "fork" else start_spawn
+    base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(n),
+            "LOCAL_WORLD_SIZE": str(n), LAUNCHED_ENV: "1", HEADLESS_ENV: "1", "GROUP_RANK": "0"}
+    draws_cr = _frontend_draws_cr()
+    ranks: list[_Rank] = []
+    try:
+        for i in range(n):
+            env = {**base, "RANK": str(i), "LOCAL_RANK": str(i)}
+            # a rank gets SIGINT when this process dies: the ranks then stop after an agreed
+            # step and save a checkpoint
+            ranks.append(_Rank(i, begin(_rank_main, i, fn, args, draws_cr, env=env,
+                                        death_signal=signal.SIGINT, merge_output=True)))
+        return _supervise(ranks)
+    finally:
+        for rank in ranks:
+            rank.child.close()
+
+
+def _supervise(ranks: list[_Rank]) -> Any:
+    n = len(ranks)
+    interrupts, failure, failed_at = 0, None, 0.0
+    import select
+
+    while True:
         try:
-            return self._supervise(context, receiver, readers)
-        finally:
-            _stop_all(context.processes)
-            for fd in readers:
-                os.close(fd)
-            receiver.close()
-
-    def _supervise(self, context, receiver, readers: dict[int, int]) -> Any:
-        result, got, interrupts = None, False, 0
-        open_fds = dict(readers)
-        while True:
-            try:
-                waiting = list(open_fds) + ([receiver] if not got else [])
-                ready = select.select(waiting, [], [], 0.1)[0] if waiting else []
-                for item in ready:
-                    if item is receiver:
-                        try:
-                            result, got = pickle.loads(receiver.recv_bytes()), True
-                        except EOFError:
-                            got = True  # rank 0 ended without sending (it failed or was stopped)
-                    else:
-                        self._pump(item, open_fds)
-                if self._joined(context):
-                    break
-            except KeyboardInterrupt:
-                interrupts += 1
-                if interrupts > 1:
-                    raise
-                print("hybridnb: interrupt sent to every rank: they stop after the current "
-                      "step and save a checkpoint (interrupt again to kill them)", file=sys.stderr)
-                for p in context.processes:
-                    if p.is_alive():
-                        os.kill(p.pid, signal.SIGINT)
-        for fd in list(open_fds):  # what is left; never block (a stray grandchild may hold it)
-            while select.select([fd], [], [], 0.2)[0] and self._pump(fd, open_fds):
-                pass
-        if not got and receiver.poll():
-            result, got = pickle.loads(receiver.recv_bytes()), True
-        if not got or isinstance(result, _NoResult):
-            raise LaunchError("rank 0 ended without a result" + (
-                f": {result.why}" if isinstance(result, _NoResult) else " (interrupted?)"))
-        return result
-
-    def _joined(self, context) -> bool:
-        from torch.multiprocessing.spawn import ProcessException
-
-        try:
-            return context.join(timeout=0, grace_period=GRACE_S)
-        except ProcessException as exc:
-            rank = exc.error_index
-            tail = self.outputs[rank].text()
-            others = [r for r in range(self.n) if r != rank and self.outputs[r].text()]
-            raise LaunchError(
-                f"rank {rank} of {self.n} failed; the other ranks were stopped.\n{exc}"
-                + (f"\n--- last output of rank {rank} ---\n{tail}" if tail.strip() else "")
-                + "".join(f"\n--- last output of rank {r} ---\n" + self.outputs[r].text()
-                          for r in others[:1])) from None
-
-    def _pump(self, fd: int, open_fds: dict[int, int]) -> bool:
-        """Read what a rank wrote; rank 0's text goes to this process's stdout."""
-        rank = open_fds[fd]
-        try:
-            data = os.read(fd, 65536)
-        except OSError:
-            data = b""
-        if not data:
-            del open_fds[fd]
-            return False
-        text, _ = self.outputs[rank].feed(data)
-        if rank == 0:
-            sys.stdout.write(text)
-            sys.stdout.flush()
-        return True
+            fds = [fd for r in ranks for fd in r.child.wait_fds()]
+            ready = select.select(fds, [], [], 0.1)[0] if fds else []
+            for r in ranks:
+                r.read(ready)
+            for r in ranks:
+                why = r.failed()
+                if why is not None and failure is None:
+                    failure, failed_at = (r, why), time.monotonic()
+            if all(r.child.poll() is not None for r in ranks):
+                break
+            if failure is not None and time.monotonic() > failed_at + GRACE_S:
+                break  # the others had their time to stop; they are killed below
+        except KeyboardInterrupt:
+            interrupts += 1
+            if interrupts > 1:
+                raise
+            print("hybridnb: interrupt sent to every rank: they stop after the current "
+                  "step and save a checkpoint (interrupt again to kill them)", file=sys.stderr)
+            for r in ranks:
+                r.child.send_signal(signal.SIGINT)
+    for r in ranks:
+        r.drain()
+    if failure is not None:
+        rank, why = failure
+        tail = rank.child.output_text()
+        others = [r for r in ranks if r is not rank and r.child.output_text()]
+        raise LaunchError(
+            f"rank {rank.index} of {n} failed; the other ranks were stopped.\n{why}"
+            + (f"\n--- last output of rank {rank.index} ---\n{tail}" if tail.strip() else "")
+            + "".join(f"\n--- last output of rank {r.index} ---\n" + r.child.output_text()
+                      for r in others[:1])) from None
+    if not ranks[0].done:
+        raise LaunchError("rank 0 ended without a result (interrupted?)")
+    return ranks[0].result
 
 
-class _NoResult:
-    def __init__(self, why: str) -> None:
-        self.why = why
-
-
-def _worker(index: int, fn, args, env: dict[str, str], sender, pipes, draws_cr: bool) -> None:
-    """One rank: its environment, its output into the pipe, fn, rank 0's result back."""
-    os.environ.update(env, RANK=str(index), LOCAL_RANK=str(index), GROUP_RANK="0")
-    if hasattr(os, "setpgrp"):
-        os.setpgrp()  # a Ctrl-C reaches the ranks only through the parent, once
-    # (torch's wrapper already asks Linux for a SIGINT when the parent dies: the ranks then stop
-    # after an agreed step and save a checkpoint)
-    if pipes:
-        _redirect(pipes, index, draws_cr)
+def _rank_main(channel, index: int, fn, args, draws_cr: bool) -> Any:
+    """One rank (in its own process): its output, fn, rank 0's result back."""
+    sys.stdout = _PipeText(1, draws_cr)
+    sys.stderr = _PipeText(2, draws_cr)
     import torch
 
     if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, torch.get_num_threads() // int(env["WORLD_SIZE"])))
+        torch.set_num_threads(max(1, torch.get_num_threads() // int(os.environ["WORLD_SIZE"])))
     try:
         result = fn(*args)
-    except KeyboardInterrupt:  # torch's wrapper would end the rank silently with exit code 0
+    except KeyboardInterrupt:
         print(f"rank {index}: interrupted", file=sys.stderr, flush=True)
-        raise SystemExit(130) from None
+        raise
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -243,29 +232,7 @@ def _worker(index: int, fn, args, env: dict[str, str], sender, pipes, draws_cr: 
         # only after success: leaving while another rank waits in a collective could block
         # both; a failed rank just exits, and the others' collectives then fail at once
         dist.destroy_process_group()
-    if index == 0:  # plain pickle: tensors are copied, not shared with a process about to end
-        try:
-            payload = pickle.dumps(result)
-        except Exception as exc:
-            payload = pickle.dumps(_NoResult(
-                f"its result ({type(result).__name__}) cannot be sent back ({type(exc).__name__}"
-                f": {exc}); return plain values such as trainer.history, metrics or a "
-                "state_dict"))
-        sender.send_bytes(payload)
-
-
-def _redirect(pipes, index: int, draws_cr: bool) -> None:
-    """Point fd 1 and 2 (C++ and NCCL output too) and sys.stdout/stderr at this rank's pipe."""
-    mine = pipes[index][1]
-    for r, w in pipes:
-        os.close(r)
-        if w != mine:
-            os.close(w)
-    os.dup2(mine, 1)
-    os.dup2(mine, 2)
-    os.close(mine)
-    sys.stdout = _PipeText(1, draws_cr)
-    sys.stderr = _PipeText(2, draws_cr)
+    return result if index == 0 else None
 
 
 class _PipeText(io.TextIOWrapper):
@@ -280,15 +247,3 @@ class _PipeText(io.TextIOWrapper):
     def isatty(self) -> bool:
         return self._tty
 
-
-def _stop_all(processes, grace_s: float = 5.0) -> None:
-    """Terminate the workers still running, then kill those that ignore it."""
-    alive = [p for p in processes if p.is_alive()]
-    for p in alive:
-        p.terminate()
-    deadline = time.monotonic() + grace_s
-    for p in alive:
-        p.join(max(0.0, deadline - time.monotonic()))
-        if p.is_alive():
-            p.kill()
-            p.join(1.0)
