@@ -31,9 +31,23 @@ RESULTS = BENCH / "results"
 DEFAULT_TIMEOUT = 360.0
 
 
+# benchmarks whose result files are named otherwise than the module: module name -> file stem
+RESULT_STEMS = {"cpu_speedups": "cpu-speedups"}
+
+
 def discover() -> list[str]:
     """Benchmark names: ``bench/bench_<name>.py`` -> ``<name>``, sorted."""
     return sorted(p.stem[len("bench_"):] for p in BENCH.glob("bench_*.py"))
+
+
+def result_stem(name: str) -> str:
+    """The stem of a benchmark's result files (``results/<stem>-latest.md``)."""
+    return RESULT_STEMS.get(name, name)
+
+
+def bench_name(stem: str) -> str:
+    """The benchmark that writes ``results/<stem>-latest.md``."""
+    return next((n for n, s in RESULT_STEMS.items() if s == stem), stem)
 
 
 def run_one(name: str, timeout: float) -> dict:
@@ -59,14 +73,14 @@ def run_one(name: str, timeout: float) -> dict:
         raise
     reader.join(timeout=5)
     seconds = time.perf_counter() - t0
-    result = BENCH / "results" / f"{name}-latest.md"
+    result = BENCH / "results" / f"{result_stem(name)}-latest.md"
     wrote = result.exists() and result.stat().st_mtime >= started - 1
     if timed_out:
         status = f"timeout after {timeout:.0f} s"
     elif proc.returncode != 0:
         status = f"failed (exit {proc.returncode})"
     elif not wrote:
-        status = f"ran, but wrote no results/{name}-latest.md"
+        status = f"ran, but wrote no results/{result_stem(name)}-latest.md"
     else:
         status = "ok"
     print(f"=== bench {name}: {status} in {seconds:.0f} s ===", flush=True)
@@ -133,7 +147,7 @@ def write_index(this_run: list[dict], total_s: float | None) -> Path:
         info = _summary(path)
         counts = collections.Counter(v for v, _ in info["goals"])
         verdict = " · ".join(f"{counts[k]} {k}" for k in ("MET", "not met", "n/a") if counts[k])
-        meaning = describe(name) or info["title"]
+        meaning = describe(bench_name(name)) or info["title"]
         lines.append(f"| {name} | [{path.name}]({path.name}) | {info['date']} | "
                      f"{verdict or '–'} | {meaning} |")
         goal_lines += [f"- **{name}** — {v}: {text}" for v, text in info["goals"]]

@@ -200,7 +200,7 @@ def test_auto_keeps_only_the_knobs_that_measured_faster(monkeypatch):
 
     monkeypatch.setattr(speedups, "_race", fake_race)
     model = Spatial(height=5, groups=2, mult=2, bias=True, max_norm=True)
-    applied = apply_speedups(model, torch.randn(4, 1, 5, 9), "cpu")
+    applied = apply_speedups(model, torch.randn(4, 1, 5, 9), "cpu", mode="measure")
     assert calls == ["channels_last", "rewrite"]
     assert applied.applied == ["channels_last"]
     assert applied.speedup == gains
@@ -218,7 +218,7 @@ def test_auto_measures_for_real_and_leaves_the_state_as_it_was():
     before = copy.deepcopy(model.state_dict())
     x = torch.randn(16, 1, 5, 9)
     rng = torch.random.get_rng_state()
-    applied = apply_speedups(model, x, "cpu", budget_s=20.0)  # ends after 20 rounds
+    applied = apply_speedups(model, x, "cpu", mode="measure", budget_s=20.0)  # <= 20 rounds
     assert "not measured" not in str(applied.skipped), applied.skipped
     assert set(applied.speedup) == {"rewrite", "channels_last"}
     assert all(g > 0 for g in applied.speedup.values())
@@ -274,3 +274,152 @@ def test_the_check_runs_without_tf32_and_restores_the_flags(monkeypatch):
     assert rewrite_depthwise(nn.Conv2d(2, 4, (3, 1), groups=2), torch.randn(2, 2, 3, 5))
     assert set(seen) == {(False, False)}  # layer check and whole-model check: exact fp32
     assert torch.backends.cudnn.allow_tf32 is True
+
+
+# -- the CPU's cheap decision, process-wide flags, FLOP counting --------------------------------
+
+class ConvNet(nn.Module):
+    """A small Conv2d model: (B, C, T) -> temporal and spatial convolutions -> head."""
+
+    def __init__(self, chans: int = 8, times: int = 64) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 8, (1, 9), padding=(0, 4))
+        self.depthwise = nn.Conv2d(8, 16, (chans, 1), groups=8)
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.depthwise(torch.relu(self.conv(x.unsqueeze(1))))
+        return self.head(h.mean((2, 3)))
+
+
+def test_wanted_follows_the_setting_and_the_device():
+    assert speedups.wanted(True, "cpu") and speedups.wanted(True, "mps")
+    assert speedups.wanted("auto", "cuda") and speedups.wanted("auto", torch.device("cpu"))
+    assert not speedups.wanted("auto", "mps")
+    assert not speedups.wanted(False, "cuda") and not speedups.wanted(None, "cpu")
+    with pytest.raises(ValueError, match="speedups='fast'"):
+        speedups.wanted("fast", "cpu")
+
+
+def test_cpu_auto_puts_a_conv_model_in_channels_last_within_a_second(monkeypatch):
+    import time
+
+    race = []
+    monkeypatch.setattr(speedups, "_race", lambda *a, **k: race.append(a) or 2.0)
+    model = ConvNet()
+    x = torch.randn(32, 8, 64)
+    ref = copy.deepcopy(model).eval()(x)
+    t0 = time.perf_counter()
+    applied = apply_speedups(model, x, "cpu", precision="fp32", steps=10_000)
+    assert time.perf_counter() - t0 <= 1.0
+    assert applied.applied == ["channels_last"] and "channels_last" in applied.rules
+    assert model.conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert not rewritten_modules(model) and "rewrite" in applied.skipped
+    assert not race, "precision fp32 was asked: nothing to time"
+    assert "channels_last" in applied.message
+    torch.testing.assert_close(model.eval()(x), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_cpu_auto_leaves_an_mlp_alone():
+    model = nn.Sequential(nn.Flatten(), nn.Linear(40, 16), nn.ReLU(), nn.Linear(16, 1))
+    applied = apply_speedups(model, torch.randn(8, 4, 10), "cpu", precision="fp32")
+    assert not applied and applied.applied == []
+    assert all(p.is_contiguous() for p in model.parameters())
+    assert "none applied" in applied.message
+
+
+def test_no_bf16_on_a_cpu_without_bf16_in_hardware(monkeypatch):
+    monkeypatch.setattr(speedups, "cpu_flags", lambda: {"avx2", "avx512f", "fma"})
+    monkeypatch.setattr(speedups, "_cores", lambda: 64)  # enough cores for a trial otherwise
+    tried = []
+    monkeypatch.setattr(speedups, "_race", lambda *a, **k: tried.append(a) or 2.0)
+    monkeypatch.setattr(speedups, "_timed_step", lambda *a, **k: tried.append(a) or 0.0)
+    real_autocast = torch.autocast
+
+    def spy_autocast(*args, **kwargs):
+        if kwargs.get("dtype") == torch.bfloat16 and kwargs.get("enabled", True):
+            tried.append("bf16 autocast")
+        return real_autocast(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "autocast", spy_autocast)
+    model = ConvNet()
+    applied = apply_speedups(model, torch.randn(16, 8, 64), "cpu", precision="auto")
+    assert not tried
+    assert applied.precision == "fp32" and "precision" not in applied.applied
+    assert "bf16" in applied.skipped["precision"]
+    assert not speedups.cpu_native_bf16()
+    monkeypatch.setattr(speedups, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
+    assert speedups.cpu_native_bf16()
+
+
+def test_cpu_bf16_is_kept_only_when_the_trial_says_faster(monkeypatch):
+    monkeypatch.setattr(speedups, "cpu_flags", lambda: {"amx_bf16", "amx_tile"})
+    monkeypatch.setattr(speedups, "_cores", lambda: 64)
+    monkeypatch.setattr(speedups, "_timed_step", lambda *a, **k: 0.0)
+    for gain, kept in ((1.5, True), (1.02, False), ("its timed step failed (x)", False)):
+        monkeypatch.setattr(speedups, "_race", lambda *a, g=gain, **k: g)
+        model = ConvNet()
+        applied = apply_speedups(model, torch.randn(16, 8, 64), "cpu", precision="auto")
+        assert (applied.precision == "bf16") is kept, gain
+        assert ("precision" in applied.applied) is kept
+        assert bool(rewritten_modules(model)) is kept, "the rewrite goes with bf16 only"
+    short = apply_speedups(ConvNet(), torch.randn(16, 8, 64), "cpu", precision="auto", steps=5)
+    assert short.precision == "fp32" and "short run" in short.skipped["precision"]
+
+
+def test_the_memory_cap_turns_a_runaway_allocation_into_an_error():
+    if not speedups._can_cap_memory():
+        pytest.skip("no address-space cap here")
+    import resource
+
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    with speedups._memory_cap(), pytest.raises(RuntimeError):
+        torch.empty(2**50, dtype=torch.uint8)  # a PiB
+    assert resource.getrlimit(resource.RLIMIT_AS) == before
+
+
+def test_restore_globals_puts_cudnn_benchmark_back(monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    applied = speedups.Applied(device="cuda", precision="bf16", mode="auto")
+    speedups._cudnn_benchmark(applied, fixed_shapes=True)
+    assert torch.backends.cudnn.benchmark is True and "cudnn_benchmark" in applied.applied
+    applied.restore_globals()
+    assert torch.backends.cudnn.benchmark is False and "cudnn_benchmark" not in applied.applied
+    applied.restore_globals()  # twice is harmless
+    assert torch.backends.cudnn.benchmark is False
+    varying = speedups.Applied(device="cuda", precision="bf16", mode="auto")
+    speedups._cudnn_benchmark(varying, fixed_shapes=False)
+    assert torch.backends.cudnn.benchmark is False and "cudnn_benchmark" in varying.skipped
+
+
+@pytest.mark.parametrize("error", [
+    torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"),
+    RuntimeError("HIP out of memory. Tried to allocate 2.00 GiB"),
+])
+def test_a_flop_count_that_runs_out_of_memory_returns_none_with_a_note(error):
+    from hybridnb.train.step import count_flops
+
+    model = ConvNet()
+    grads_before = [p.grad for p in model.parameters()]
+
+    def oom(module, args):
+        raise error
+
+    handle = model.depthwise.register_forward_pre_hook(oom)
+    notes = []
+    assert count_flops(model, torch.randn(4, 8, 64), on_skip=notes.append) is None
+    assert len(notes) == 1 and notes[0].startswith("FLOP count skipped")
+    assert count_flops(model, torch.randn(4, 8, 64)) is None  # no callback: still None
+    assert [p.grad for p in model.parameters()] == grads_before and model.training
+    handle.remove()
+    assert count_flops(model, torch.randn(4, 8, 64)) > 0
+
+
+def test_a_flop_count_error_that_is_not_memory_propagates():
+    from hybridnb.train.step import count_flops
+
+    model = ConvNet()
+    model.depthwise.register_forward_pre_hook(lambda m, a: (_ for _ in ()).throw(
+        RuntimeError("shape mismatch")))
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        count_flops(model, torch.randn(4, 8, 64))

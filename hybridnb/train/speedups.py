@@ -1,4 +1,4 @@
-"""Speed knobs chosen by measurement on the model's own first batch: ``apply_speedups``.
+"""Speed knobs chosen for the model's own first batch: ``wanted`` and ``apply_speedups``.
 
 The knobs (each a rule about layers or devices, never about a model's name):
 
@@ -6,40 +6,63 @@ The knobs (each a rule about layers or devices, never about a model's name):
   exact, checked on the batch. On an H100 it took EEGNeX (bf16) from 1,945 to 3,849 samples/s.
 - ``channels_last``: 4-D parameters and 4-D inputs in NHWC, for models with 2-D convolutions.
   cuDNN's depthwise and many 2-D kernels prefer it: EEGNeX bf16 1,945 -> 4,885 samples/s (H100).
-- ``cudnn_benchmark``: cuDNN tries its algorithms once per input shape and keeps the fastest;
-  right when shapes are fixed (``fixed_shapes=True``), wasteful when every batch differs. CUDA only;
-  not measured (its cost is the first step of each shape).
-- ``precision``: when ``precision="auto"`` on CUDA, the low precision detect() would pick is
-  timed against fp32 and the faster kept (bf16 was 0.93x fp32 for ShallowFBCSPNet on an H100).
+- ``cudnn_benchmark``: a rule, not measured: cuDNN tries its algorithms once per input shape and
+  keeps the fastest; on (CUDA only) when shapes are fixed (``fixed_shapes=True``), off when every
+  batch differs (each new shape pays the search again). It is a process-wide flag:
+  ``Applied.restore_globals()`` puts it back as it was (the Trainer calls it at the end of fit).
+- ``precision``: when ``precision="auto"``: on CUDA the low precision detect() would pick is
+  timed against fp32 and the faster kept (bf16 was 0.93x fp32 for ShallowFBCSPNet on an H100);
+  on a CPU with bf16 in hardware, bf16 autocast is timed against fp32 (see below).
 
-``mode="auto"`` keeps a knob only where a few timed forward+backward steps on the first batch say
-it is faster (greedy: rewrite, then channels_last on top, then precision; interleaved A B A B, the
-fastest step of each counted, a knob kept only when at least ``MARGIN`` faster). The model's
-weights, BatchNorm statistics, gradients and random-number streams are as they were afterwards.
-``mode="all"`` applies every applicable knob without measuring (what ``compare()``'s variants use);
-``mode="off"`` applies nothing. ``Applied.undo()`` takes everything back; nothing needs undoing to
-save: the rewrite keeps parameters and state_dict keys, so weights, checkpoints and whole-model
-files load into the unmodified model.
+``mode="auto"`` on CUDA (and ``mode="measure"`` on any device) keeps a knob only where a few timed
+forward+backward steps on the first batch say it is faster (greedy: rewrite, then channels_last
+on top, then precision; interleaved A B A B, the fastest step of each counted, a knob kept only
+when at least ``MARGIN`` faster). On a CPU that costs about 9 s (a step there costs seconds), so
+``mode="auto"`` on the CPU decides in at most ``BUDGET_S["cpu"]`` (1 s) instead:
 
-On the CPU the same measurement runs on a slice of the batch (``CPU_SLICE`` samples), because a
-step there costs seconds, and only when two rounds fit the budget (else the model stays as it is
-and the message says so). Measured on this project's 2-core Intel Xeon (EEGNeX, fp32, batch 16,
-forward + backward + AdamW, 4 interleaved rounds, other jobs sharing the cores; bench/bench_gpu.py):
-channels_last 1.69x stock (fastest round; 2.27x by the median), the rewrite 0.95x (0.95x), both
-1.20x (1.50x); an earlier, busier run gave 1.45x, 0.86x and 1.02x. ``auto`` kept channels_last
-(1.65x on its 4-sample slice) and dropped the rewrite (0.96x), in 9.1 s: on a CPU the rewrite is
-normally not kept, channels_last is.
+- channels_last by rule, for any model with a ``Conv2d`` (measured on this project's shared
+  2-core AMD EPYC, fp32, batch 32, forward + backward + AdamW: EEGNeX 1.6-1.8x, ShallowFBCSPNet
+  about 6x; oneDNN's NHWC convolutions are far faster than its NCHW ones there).
+- the rewrite not in fp32 (EEGNeX: 0.95x NCHW, 0.62x on top of channels_last, where the einsum
+  copies its input out of NHWC); it goes with bf16 only (next item).
+- bf16 autocast only when ``precision="auto"``, the CPU has bf16 in hardware (``amx_bf16`` or
+  ``avx512_bf16`` in /proc/cpuinfo; without them oneDNN emulates bf16, and EEGNeX asked it for
+  ~880 GB on an Intel Xeon and the process was killed), the run is long enough to pay back the
+  trial (``steps`` unknown or >= ``MIN_TRIAL_STEPS``), the CPU has ``MIN_TRIAL_CORES`` cores
+  (on the shared 2-core EPYC one first EEGNeX step on 4 samples took 0.5-3 s, so no trial fits
+  1 s there), AND a bounded trial on a slice of the batch (one fp32 step first: no trial unless
+  four such steps fit what is left) measures it at least ``MARGIN["cpu"]`` faster than fp32. Even with those flags (AMD EPYC,
+  avx512_bf16) a bf16 depthwise ``(129, 1)`` convolution in channels_last asks oneDNN for 110 GB,
+  so the bf16 side of the trial runs with the rewrite where it applies (EEGNeX bf16 + rewrite +
+  channels_last 1.15x fp32 channels_last at batch 32) and under an address-space cap (what the
+  process holds plus the machine's available memory, Linux only; no cap possible, no trial), so
+  a runaway allocation fails as an error and bf16 is simply not kept.
+- no ``torch.compile``: on the 2-core CPU EEGNeX compiled in 38 s and then stepped 1.0x eager
+  channels_last (0.97 s vs 0.95-1.09 s at batch 32), so it never pays back, and whether it would
+  on another model is only known after paying the compile; ``Trainer(compile=True)`` remains.
+
+The model's weights, BatchNorm statistics, gradients and random-number streams are as they were
+after any measuring. ``mode="all"`` applies every applicable knob without measuring (what
+``compare()``'s variants use); ``mode="off"`` applies nothing. ``Applied.undo()`` takes everything
+back; nothing needs undoing to save: the rewrite keeps parameters and state_dict keys, so weights,
+checkpoints and whole-model files load into the unmodified model.
+
+On the CPU, timing runs on a slice of the batch (``CPU_SLICE`` samples), and only when the rounds
+fit the budget (else the knob is not measured, not kept, and the message says so).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
+from hybridnb.hardware.host import cpu_flags
 from hybridnb.measure.timing import synchronize
 from hybridnb.train import rewrite as _rewrite
 from hybridnb.train.precision import Precision
@@ -48,10 +71,33 @@ from hybridnb.train.seeding import set_torch_rng_state, torch_rng_state
 from hybridnb.train.step import measure_pass
 
 KNOBS = ("rewrite", "channels_last", "cudnn_benchmark", "precision")
-MODES = ("auto", "all", "off")
+MODES = ("auto", "measure", "all", "off")
+AUTO_DEVICES = ("cuda", "cpu")  # where speedups="auto" applies speedups
 MARGIN = {"cuda": 0.03, "cpu": 0.10}  # a knob must win by this share; other devices: cuda's
-BUDGET_S = {"cuda": 2.0, "cpu": 8.0}  # seconds for all races, warm-up steps included
+BUDGET_S = {"cuda": 2.0, "cpu": 1.0}  # seconds for the whole decision, warm-up steps included
+MEASURE_BUDGET_S = 8.0  # mode="measure" on the CPU: every knob timed (about 9 s for EEGNeX)
 CPU_SLICE = 4  # samples of the example batch timed on the CPU
+MIN_TRIAL_STEPS = 50  # a 1 s trial won by 10% on a >= 0.2 s step pays back within 50 steps
+NATIVE_BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
+# fewer cores: EEGNeX's first 4-sample step alone took 0.5-3 s on the shared 2-core EPYC
+MIN_TRIAL_CORES = 8
+
+
+def wanted(setting: bool | str | None, device: torch.device | str) -> bool:
+    """Whether the Trainer's ``speedups`` setting asks for ``apply_speedups`` on ``device``:
+    True on any device, "auto" on CUDA and the CPU (``AUTO_DEVICES``), False/None never."""
+    if setting is True:
+        return True
+    if setting is False or setting is None:
+        return False
+    if setting == "auto":
+        return torch.device(device).type in AUTO_DEVICES
+    raise ValueError(f"speedups={setting!r} is not understood; use True, False or \"auto\"")
+
+
+def cpu_native_bf16() -> bool:
+    """True when this CPU computes bf16 in hardware (AMX or AVX-512 BF16 in /proc/cpuinfo)."""
+    return bool(cpu_flags() & NATIVE_BF16_FLAGS)
 
 
 @dataclass
@@ -62,8 +108,10 @@ class Applied:
     ``"precision"`` when it changed the choice). ``speedup``: knob -> measured gain (x) where it
     was measured, kept or not. ``skipped``: knob -> why it is not in effect. ``precision``: the
     precision name to train with. ``rewritten``: module names running the matmul form.
+    ``rules``: knob -> the rule that applied it without measuring (the CPU's channels_last).
     ``seconds``: time spent, checks and measuring included. ``message``: one sentence for the
     run's log; ``notes``: sentences that must be shown (a rewrite that failed its check).
+    ``restore_globals()``: process-wide flags back as they were (call it when the run ends).
     """
 
     device: str
@@ -74,8 +122,10 @@ class Applied:
     skipped: dict[str, str] = field(default_factory=dict)
     rewritten: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    rules: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
     _undo: list[Callable[[], None]] = field(default_factory=list, repr=False)
+    _globals: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
     def __bool__(self) -> bool:
         return bool(self.applied)
@@ -90,6 +140,8 @@ class Applied:
             gain = self.speedup.get(knob)
             label = {"rewrite": f"depthwise-as-matmul ({', '.join(self.rewritten)})",
                      "precision": f"precision {self.precision}"}.get(knob, knob)
+            if knob in self.rules:
+                label += f" (rule: {self.rules[knob]})"
             parts.append(f"{label} {gain:.2f}x" if gain else label)
         losers = [f"{k} {v:.2f}x" for k, v in self.speedup.items() if k not in self.applied]
         unmeasured = sorted({v for k, v in self.skipped.items()
@@ -99,13 +151,23 @@ class Applied:
             text += f" (not kept: {', '.join(losers)})"
         if unmeasured:
             text += f" ({'; '.join(unmeasured)})"
-        how = ("set" if self.mode == "all" else "measured" if self.speedup else "checked")
+        how = ("set" if self.mode == "all" else "measured" if self.speedup
+               else "decided by rule" if self.rules else "checked")
         return text + f"; {how} in {self.seconds:.1f} s on the first batch"
 
+    def restore_globals(self) -> None:
+        """Put every process-wide flag these speedups changed back as it was (the cuDNN
+        autotuner); the model keeps its knobs. Safe to call twice."""
+        while self._globals:
+            self._globals.pop()()
+        if "cudnn_benchmark" in self.applied:
+            self.applied.remove("cudnn_benchmark")
+
     def undo(self) -> None:
-        """Take back every knob (the model's layout and classes, the cuDNN flag)."""
+        """Take back every knob (the model's layout and classes) and the process-wide flags."""
         while self._undo:
             self._undo.pop()()
+        self.restore_globals()
         self.applied.clear()
         self.rewritten = []
 
@@ -113,12 +175,16 @@ class Applied:
 def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
                    precision: str | Precision = "auto", mode: str = "auto",
                    knobs: Iterable[str] | None = None, fixed_shapes: bool = True,
-                   budget_s: float | None = None) -> Applied:
+                   budget_s: float | None = None, steps: int | None = None) -> Applied:
     """Apply the speed knobs that help ``model`` on ``device``; see the module docstring.
 
     ``model`` must already be on ``device``. ``example_x``: one batch's input (a tensor, or a
     tuple/list of the model's positional inputs). ``precision``: a Precision, a name, or "auto"
-    (on CUDA: measured). ``knobs``: a subset of ``KNOBS`` to consider (default all).
+    (measured: on CUDA the low precision against fp32, on a CPU with native bf16 bf16 against
+    fp32). ``knobs``: a subset of ``KNOBS`` to consider (default all). ``budget_s``: seconds for
+    the decision (default ``BUDGET_S``; ``MEASURE_BUDGET_S`` for mode="measure" on the CPU).
+    ``steps``: the run's expected number of optimizer steps, when known: a CPU run shorter than
+    ``MIN_TRIAL_STEPS`` gets the rules without a timed trial.
     """
     if mode not in MODES:
         raise ValueError(f"apply_speedups: mode={mode!r} is not one of {MODES}")
@@ -138,13 +204,19 @@ def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
         inputs = _slice(inputs, CPU_SLICE)
     if device.type == "cuda" and "cudnn_benchmark" in chosen:
         _cudnn_benchmark(applied, fixed_shapes)
+    if device.type == "cpu" and mode == "auto":
+        budget = BUDGET_S["cpu"] if budget_s is None else budget_s
+        _cpu_auto(model, inputs, device, prec, precision, chosen, applied, steps,
+                  deadline=t0 + budget)
+        applied.seconds = time.perf_counter() - t0
+        return applied
     toggles = {}  # raced in this order: channels_last measured the larger gain on both devices
     if "channels_last" in chosen:
         toggles["channels_last"] = _channels_last_toggle(model, applied)
     if "rewrite" in chosen:
         toggles["rewrite"] = _rewrite_toggle(model, inputs, applied)
     toggles = {k: t for k, t in toggles.items() if t is not None}
-    measure_precision = ("precision" in chosen and device.type == "cuda" and mode == "auto"
+    measure_precision = ("precision" in chosen and device.type == "cuda" and mode != "all"
                          and not isinstance(precision, Precision) and precision == "auto"
                          and prec.name != "fp32")
     if mode == "all":
@@ -152,10 +224,124 @@ def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
             toggle(True)
             applied.applied.append(knob)
     elif toggles or measure_precision:
+        default = MEASURE_BUDGET_S if device.type == "cpu" else BUDGET_S.get(
+            device.type, BUDGET_S["cuda"])
         _measure(model, inputs, device, prec, toggles, measure_precision, applied,
-                 BUDGET_S.get(device.type, BUDGET_S["cuda"]) if budget_s is None else budget_s)
+                 default if budget_s is None else budget_s)
     applied.seconds = time.perf_counter() - t0
     return applied
+
+
+def _cpu_auto(model, inputs, device, prec, asked, chosen, applied, steps, deadline) -> None:
+    """The CPU's decision within ``deadline``: channels_last by rule, bf16 (with the rewrite)
+    only where the CPU has it in hardware and a bounded, memory-capped trial says it is faster."""
+    if "channels_last" in chosen:
+        toggle = _channels_last_toggle(model, applied)
+        if toggle is not None:
+            toggle(True)
+            applied.applied.append("channels_last")
+            applied.rules["channels_last"] = "2-D convolutions"
+    if "precision" in chosen and not isinstance(asked, Precision) and asked == "auto" \
+            and prec.name == "fp32":
+        _cpu_bf16(model, inputs, device, prec, "rewrite" in chosen, applied, steps, deadline)
+    if "rewrite" in chosen and "rewrite" not in applied.applied \
+            and "rewrite" not in applied.skipped:
+        applied.skipped["rewrite"] = "not used in fp32 on the CPU (EEGNeX measured 0.95x)"
+
+
+def _cpu_bf16(model, inputs, device, prec, with_rewrite, applied, steps, deadline) -> None:
+    """bf16 autocast (plus the rewrite where it applies) raced against fp32 until ``deadline``;
+    kept when ``MARGIN["cpu"]`` faster. Never tried without bf16 in the CPU's hardware."""
+    why = None
+    if not cpu_native_bf16():
+        why = "no bf16 in this CPU's hardware (AMX / AVX-512 BF16): bf16 not tried"
+    elif _cores() < MIN_TRIAL_CORES:
+        why = (f"{_cores()} cores: a bf16 trial cannot fit the {BUDGET_S['cpu']:.0f} s budget, "
+               "bf16 not tried")
+    elif steps is not None and steps < MIN_TRIAL_STEPS:
+        why = f"a short run ({steps} steps): bf16 not tried"
+    elif not _can_cap_memory():
+        why = "no address-space cap on this system: bf16 not tried"
+    if why:
+        applied.skipped["precision"] = why
+        return
+    saved = _Snapshot(model, device)
+    try:
+        # one fp32 step first: it primes oneDNN and says whether a race can fit what is left
+        first = _timed_step(lambda on: None, False, model, inputs, device, prec)
+        left = deadline - time.perf_counter()
+        if 4 * first > left:  # the bf16 side's first step, then one timed round of each
+            applied.skipped["precision"] = (f"bf16 not measured: a first step takes {first:.2g} s "
+                                            f"here, {max(left, 0):.2g} s of the budget left")
+            return
+        rewrite = _rewrite_toggle(model, inputs, applied) if with_rewrite else None
+        low, holder = Precision("bf16", device), {"p": prec}
+
+        def use_bf16(on: bool) -> None:
+            holder["p"] = low if on else prec
+            if rewrite is not None:
+                rewrite(on)
+
+        with _memory_cap():
+            gain = _race(use_bf16, model, inputs, device, holder,
+                         deadline - time.perf_counter(), min_rounds=1)
+    finally:
+        saved.restore()
+    keep = not isinstance(gain, str) and gain >= 1 + MARGIN["cpu"]
+    use_bf16(keep)
+    if isinstance(gain, str):
+        applied.skipped["precision"] = f"bf16 {gain}"
+        return
+    applied.speedup["precision"] = gain
+    if not keep:
+        applied.skipped["precision"] = f"bf16 measured {gain:.2f}x fp32 here, not faster"
+        return
+    applied.precision = "bf16"
+    applied.applied.append("precision")
+    if rewrite is not None:
+        applied.applied.append("rewrite")
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _can_cap_memory() -> bool:
+    try:
+        import resource  # noqa: F401 — POSIX only
+    except ImportError:
+        return False
+    return os.path.exists("/proc/self/status") and os.path.exists("/proc/meminfo")
+
+
+@contextlib.contextmanager
+def _memory_cap() -> Iterator[None]:
+    """Cap this process's address space at what it maps now plus the machine's available memory,
+    for the duration: an allocation the machine could never satisfy (oneDNN's emulated bf16
+    asking for hundreds of GB) fails as an error instead of the kernel killing the process."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = _kib("/proc/self/status", "VmSize:") * 1024 + _kib("/proc/meminfo",
+                                                                "MemAvailable:") * 1024
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    if soft != resource.RLIM_INFINITY and soft <= cap:
+        yield  # already capped at least as tightly
+        return
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def _kib(path: str, key: str) -> int:
+    with open(path) as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1])
+    raise OSError(f"{key} not in {path}")
 
 
 def _measure(model, inputs, device, prec, toggles, measure_precision, applied, budget) -> None:
@@ -204,7 +390,8 @@ def _measure(model, inputs, device, prec, toggles, measure_precision, applied, b
         saved.restore()
 
 
-def _race(toggle, model, inputs, device, prec, budget) -> float | str:
+def _race(toggle, model, inputs, device, prec, budget, min_rounds: int | None = None
+          ) -> float | str:
     """Time one step with the knob off and on, interleaved, for about ``budget`` s.
 
     Each state runs once untimed first (allocation, cuDNN autotuning, layout conversion). On the
@@ -212,7 +399,8 @@ def _race(toggle, model, inputs, device, prec, budget) -> float | str:
     Returns the gain (off time / on time, fastest step of each), or why it was not measured.
     """
     times = {False: [], True: []}
-    min_rounds = 2 if device.type == "cpu" else 1
+    if min_rounds is None:
+        min_rounds = 2 if device.type == "cpu" else 1
     t_end = time.perf_counter() + budget  # warm-ups included
     try:
         for state in (False, True):
@@ -311,7 +499,7 @@ def _cudnn_benchmark(applied: Applied, fixed_shapes: bool) -> None:
     before = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = True
     applied.applied.append("cudnn_benchmark")
-    applied._undo.append(lambda: setattr(torch.backends.cudnn, "benchmark", before))
+    applied._globals.append(lambda: setattr(torch.backends.cudnn, "benchmark", before))
 
 
 class _Snapshot:

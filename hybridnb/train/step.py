@@ -140,16 +140,23 @@ def measure_pass(model: torch.nn.Module, inputs: tuple, precision: Precision) ->
         loss.backward()
 
 
-def count_flops(model: torch.nn.Module, inputs: tuple | torch.Tensor, backward: bool = True
-                ) -> int:
+def count_flops(model: torch.nn.Module, inputs: tuple | torch.Tensor, backward: bool = True,
+                *, on_skip: Callable[[str], None] | None = None) -> int | None:
     """FLOPs of one forward (+ backward, as ``measure_pass`` runs it) of ``model`` on
     ``inputs``, counted once with ``torch.utils.flop_counter.FlopCounterMode`` (matmuls,
     convolutions, attention; cheap element-wise work is not counted, as is usual for MFU).
-    Gradients, BatchNorm statistics and training flags are left as they were."""
+    Gradients, BatchNorm statistics and training flags are left as they were.
+
+    The count runs a whole fp32 batch, which may not fit where training fits (training may run
+    in bf16, after speedups): when it runs out of memory the count is skipped, the memory is
+    freed, ``on_skip`` gets one sentence for the run's log ("FLOP count skipped: ...") and the
+    result is None (MFU is then not shown). Any other error propagates.
+    """
     from torch.utils.flop_counter import FlopCounterMode
 
     inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     grads = [(p, p.grad) for p in model.parameters()]
+    skipped = None
     # eval mode: no BatchNorm statistics update; the FLOPs of the layers are the same
     try:
         with evaluating(model), FlopCounterMode(display=False) as counter:
@@ -158,10 +165,45 @@ def count_flops(model: torch.nn.Module, inputs: tuple | torch.Tensor, backward: 
             else:
                 with torch.no_grad():
                     model(*inputs)
+    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
+        if not _is_oom(exc):
+            raise
+        skipped = (f"FLOP count skipped: an fp32 batch of {_batch_size(inputs)} ran out of "
+                   f"memory ({_first_line(exc)}); training goes on, MFU is not shown")
     finally:
         for p, g in grads:
             p.grad = g
-    return int(counter.get_total_flops())
+    if skipped is None:
+        return int(counter.get_total_flops())
+    _free(inputs)  # outside the except: the failed pass's tensors are unreferenced now
+    if on_skip is not None:
+        on_skip(skipped)
+    return None
+
+
+def _is_oom(exc: BaseException) -> bool:
+    """torch.OutOfMemoryError, MemoryError, or a RuntimeError saying "out of memory"."""
+    from hybridnb.train.recovery import is_oom
+
+    return is_oom(exc) or (isinstance(exc, RuntimeError) and "out of memory" in str(exc))
+
+
+def _first_line(exc: BaseException) -> str:
+    from hybridnb.train.recovery import first_line
+
+    return first_line(exc, limit=100)
+
+
+def _batch_size(inputs: tuple) -> str:
+    first = inputs[0] if inputs else None
+    return str(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() else "?"
+
+
+def _free(inputs: tuple) -> None:
+    from hybridnb.train.recovery import free_memory
+
+    first = next((a for a in inputs if isinstance(a, torch.Tensor)), None)
+    free_memory(first.device if first is not None else torch.device("cpu"))
 
 
 @contextlib.contextmanager
