@@ -1,9 +1,11 @@
 """The main job (``make demo``): run the numbered notebooks headless, in order, into
 ``runs/<timestamp>/`` and print the Challenge score table.
 
-This runner does not write data itself: the notebooks do. On first use they write the HBN-like
-synthetic release under ``~/.cache/hybridnb/synthetic/`` (reused afterwards), or read a real
-release already on disk (README, "Environment variables"). Each executed notebook is
+This runner does not write data itself: the notebooks do, through ``data_prep.source.resolve``
+and their ``DATA`` setting. By default they write the HBN-like synthetic release under
+``$HYBRIDNB_CACHE_DIR/synthetic/`` (``~/.cache/hybridnb/synthetic/``; reused afterwards);
+``HYBRIDNB_DATA=R5-mini`` (or a release folder) runs them on real data (README, "Train on the
+real data"). Each executed notebook is
 kept without stored widget state, with an HTML copy; the table reads what each notebook
 recorded. The parts: :mod:`hybridnb_tools.results` (what a notebook calls: :func:`record`,
 :func:`run_dir`, re-exported here for the notebooks' ``from hybridnb_tools.demo import record``),
@@ -29,8 +31,9 @@ __all__ = ["RESULTS_ENV", "RUN_DIR_ENV", "NotebookRun", "record", "run_dir", "ru
 
 DESCRIPTION = ("Run the numbered notebooks (notebooks/0*.ipynb) headless, in order, into "
                "runs/<timestamp>/ and print the Challenge score table. The notebooks write the "
-               "synthetic release on first use (under ~/.cache/hybridnb/synthetic/) and reuse it "
-               "afterwards. In the run folder this runner writes the executed notebooks, their "
+               "synthetic release on first use (under ~/.cache/hybridnb/synthetic/, or "
+               "$HYBRIDNB_CACHE_DIR/synthetic/) and reuse it afterwards; HYBRIDNB_DATA=R5-mini "
+               "(or a release folder) runs them on real data instead. In the run folder this runner writes the executed notebooks, their "
                "HTML copies and results.json; the notebooks leave their checkpoints and "
                "submission.zip beside them.")
 

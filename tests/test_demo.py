@@ -156,12 +156,13 @@ def test_help_says_the_notebooks_write_the_synthetic_release_and_they_do():
     tools = "".join(p.read_text() for p in (ROOT / "hybridnb_tools").glob("*.py"))
     assert "make_hbn_like" not in tools
     assert "import data_prep" not in tools and "from data_prep" not in tools
+    from data_prep import source
+
+    assert source.default_cache({"HOME": "/h"}).parts[-2:] == (".cache", "hybridnb")
+    assert "synthetic" in source.resolve.__code__.co_consts          # <cache>/synthetic/<kind>
     writers = []
     for path in sorted((ROOT / "notebooks").glob("0*.ipynb")):
         for cell in nbformat.read(path, as_version=4).cells:
-            if cell.cell_type == "code" and "make_hbn_like(" in cell.source:
+            if cell.cell_type == "code" and "source.resolve(DATA" in cell.source:
                 writers.append(path.name)
-                assert 'make_hbn_like(CACHE / "synthetic"' in cell.source, path.name
-                assert 'Path.home() / ".cache" / "hybridnb"' in "".join(
-                    c.source for c in nbformat.read(path, as_version=4).cells), path.name
     assert writers, "no notebook writes the synthetic release any more: fix the demo's help"
