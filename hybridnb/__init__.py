@@ -6,7 +6,12 @@ Public names are loaded lazily so that ``import hybridnb`` stays cheap and never
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
+
+# torch.cuda.is_available() asks NVML instead of starting the CUDA driver (a process forked
+# after the driver started cannot use CUDA; Lightning sets the same default)
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
 __version__ = "0.1.0"
 

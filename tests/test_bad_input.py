@@ -474,7 +474,7 @@ def test_fit_with_bad_data(tmp_path, case, change, kwargs, expected):
         assert tr.predict(val[0]).dtype == np.float32
     if expected.get("best_pt"):                            # best weights are still kept
         assert (tmp_path / "ck" / checkpoint.BEST).is_file()
-        assert tr.state.best["value"] is not None
+        assert tr.state.best.value is not None
 
 
 # --- the Trainer's arguments, checked when it is built (items 6, 8, 11) -----------------------

@@ -110,7 +110,8 @@ def test_an_error_in_the_worker_is_raised_in_the_kernel_with_its_type():
 
     with pytest.raises(ValueError, match="bad batch") as info:
         fit(Net(at=3, fault=bad), isolate=True)
-    assert "raise ValueError" in str(info.value.__cause__)  # the worker's traceback
+    assert "in forward" in str(info.value.__cause__)  # the worker's traceback, its frames
+    assert "ValueError: bad batch" in str(info.value.__cause__)
     assert not children()
 
 

@@ -157,7 +157,7 @@ def test_ema_weights_are_the_moving_average_of_the_step_weights():
 
     tr = run(Recorder(), ema=0.8, epochs=1)
     # weights after each step: before the next step's forward, and the raw final weights
-    raw_final = list(tr.state.snapshot["model"].values())
+    raw_final = list(tr.checkpoints.snapshot["model"].values())
     after = seen[1:] + [raw_final]
     avg = [w.clone() for w in after[0]]  # the first update copies
     for ws in after[1:]:

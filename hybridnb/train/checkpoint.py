@@ -14,6 +14,8 @@ import contextlib
 import os
 import re
 import shutil
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -204,15 +206,9 @@ def check_dir(folder: str | os.PathLike | None) -> Path | None:
 
 
 def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    import psutil
+
+    return pid == os.getpid() or psutil.pid_exists(pid)
 
 
 def set_aside(folder: Path | None) -> Path | None:
@@ -240,3 +236,62 @@ def set_aside(folder: Path | None) -> Path | None:
                          f"{exc.strerror or exc}): pass another folder, or fit(..., "
                          "resume=True) to continue that run") from None
     return target
+
+
+class Checkpoints:
+    """A run's last good state: kept in memory for recovery, handed to ``on_keep`` (an isolated
+    worker sends it to the kernel), and written as ``last.pt`` / ``best.pt`` into ``folder``
+    (rank 0 only; ``folder=None`` keeps it in memory only)."""
+
+    def __init__(self, folder: Path | None, is_main: bool = True,
+                 on_keep: Callable[[dict], None] | None = None) -> None:
+        self.folder, self.is_main, self.on_keep = folder, is_main, on_keep
+        self.snapshot: dict | None = None
+
+    def keep(self, state: dict) -> None:
+        """``state`` (a ``Trainer.state_dict()``) is the last good state from now on."""
+        self.snapshot = state
+        if self.on_keep is not None:
+            self.on_keep(state)
+
+    def save_last(self, state: dict) -> None:
+        """Keep ``state`` and write it as ``last.pt`` (the old one becomes ``last.prev.pt``)."""
+        self.keep(state)
+        if self.folder is not None and self.is_main:
+            save(state, self.folder / LAST, keep_previous=True)
+
+    def save_best(self, record: dict) -> None:
+        if self.folder is not None and self.is_main:
+            save({"kind": "best", **record}, self.folder / BEST)
+
+    def set_aside(self) -> Path | None:
+        """A fresh run: an earlier run's files move into ``earlier-<time>/`` (see
+        ``set_aside``); returns where, or None."""
+        return set_aside(self.folder) if self.is_main else None
+
+    def has_last(self) -> bool:
+        return self.folder is not None and any((self.folder / n).exists()
+                                               for n in (LAST, PREVIOUS))
+
+    def save_crash(self, file_ready: Callable[[dict], bool]) -> None:
+        """An unexpected error: keep the last good state on disk so the run can resume. A
+        failing save is reported and never hides the original error."""
+        snapshot = self.snapshot
+        if self.folder is None or snapshot is None or not self.is_main:
+            return
+        if not file_ready(snapshot):  # DeepSpeed: partitions not gathered
+            print("hybridnb: training failed; the last checkpoint written (in "
+                  f"{self.folder}) is kept: fit(..., resume=True) continues from there",
+                  file=sys.stderr)
+            return
+        try:
+            path = save(snapshot, self.folder / LAST, keep_previous=True)
+        except Exception as exc:
+            print(f"hybridnb: training failed, and saving the last good state into "
+                  f"{self.folder} failed too ({type(exc).__name__}: "
+                  f"{str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ''}); "
+                  "the original error follows", file=sys.stderr)
+            return
+        print(f"hybridnb: training failed; the last good state (step "
+              f"{snapshot['position']['global_step']}) is in {path}; "
+              "fit(..., resume=True) continues from there", file=sys.stderr)

@@ -13,48 +13,6 @@ import numpy as np
 import torch
 
 from hybridnb.train.losses import ReweightedHuber
-from hybridnb.train.metrics import regression_metrics
-
-
-class Evaluation:
-    """``Trainer.evaluate`` / ``predict`` (a mixin: the class is split by concern)."""
-
-    @torch.no_grad()
-    def evaluate(self, data) -> dict:
-        """Loss and regression metrics (rmse, nrmse = rmse / std(y), mae, r2) on ``data``;
-        samples with non-finite targets are left out and counted (``nonfinite_targets``)."""
-        pred, target, loss, bad = self._predict(data, with_targets=True)
-        out = {"loss": loss}
-        if bad:
-            out["nonfinite_targets"] = bad
-        if target is not None and target.dtype.kind == "f" and pred.size == target.size:
-            keep = np.isfinite(target)
-            if keep.any():
-                out.update(regression_metrics(target[keep], pred.reshape(target.shape)[keep]))
-        return out
-
-    @torch.no_grad()
-    def predict(self, data) -> np.ndarray:
-        """Predictions as a numpy array: shape (N,) for one output per sample, else (N, k)."""
-        return self._predict(data, with_targets=False)[0]
-
-    def _predict(self, data, with_targets: bool):
-        loader = self._loader(data, shuffle=False, what="data")
-        if self.isolated and self._interrupt is None:  # after an isolated fit: in a worker too
-            return self._predict_isolated(loader, with_targets)
-        self._place([loader])
-        interrupt = self._interrupt
-        return predict_loader(self._eval_model(), loader, strategy=self.strategy,
-                              precision=self.precision, loss_fn=self.loss_fn,
-                              with_targets=with_targets,
-                              stop_requested=lambda: bool(interrupt and interrupt.requested),
-                              cast=self._batch.cast)
-
-    def _eval_model(self) -> torch.nn.Module:
-        """During fit, validation scores the EMA weights when EMA is on; after fit, ``self.model``
-        holds the weights fit chose (best or EMA), so evaluate/predict score exactly those."""
-        fitting = self._interrupt is not None
-        return self.ema.module if self.ema is not None and fitting else self.model
 
 
 def eval_loss(loss_fn, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -66,7 +24,8 @@ def eval_loss(loss_fn, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def predict_loader(model, loader, *, strategy, precision, loss_fn, with_targets: bool,
-                   stop_requested=lambda: False, cast=lambda x: x) -> tuple:
+                   stop_requested=lambda: False, cast=lambda x: x,
+                   on_batch=lambda: None) -> tuple:
     """Predictions (N,) or (N, k), targets (or None), the mean loss over finite targets, and
     the number of samples whose targets are non-finite (left out of loss and metrics).
     ``cast`` brings each input to the model's dtype (``BatchCheck.cast``)."""
@@ -75,6 +34,7 @@ def predict_loader(model, loader, *, strategy, precision, loss_fn, with_targets:
     preds, targets, loss_sum, n = [], [], 0.0, 0
     try:
         for batch in loader:
+            on_batch()  # an isolated worker's heartbeat
             if strategy.agree(stop_requested()):
                 raise KeyboardInterrupt  # on every rank, before the same batch
             x = cast(batch[0] if isinstance(batch, (tuple, list)) else batch)

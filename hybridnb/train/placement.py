@@ -1,96 +1,145 @@
-"""Where a run executes: the model, its EMA, optimizer state and in-memory data placed on the
-device (the first device calls of a run: in the isolated worker when there is one), measured
-speedups, and the training step and the recovery object built for that device.
+"""Where a run executes: the strategy (and so the device), the precision decided once, the
+learner and in-memory data placed on the device, measured speedups, and the training step with
+the recovery object built for that device.
 
-A mixin of ``Trainer`` (the class is split by concern so the loop stays on one screen).
+The first device calls of a run happen here, in the process that trains (the isolated worker
+when there is one). After a lost device, ``continue_on_cpu`` moves everything to the CPU in fp32
+and nothing reads the device again.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import torch
 from torch.utils.data import default_collate
 
 from hybridnb.strategies.base import SingleDevice
-from hybridnb.train import recovery, setup
-from hybridnb.train.data import IndexedBatches
+from hybridnb.train import recovery, setup, speedups
+from hybridnb.train.data import IndexedBatches, leave_device
+from hybridnb.train.learner import Learner
 from hybridnb.train.precision import Precision
-from hybridnb.train.speedups import apply_speedups
+from hybridnb.train.settings import Settings
 from hybridnb.train.step import TrainStep, count_flops
 
 
 class Placement:
-    """Device placement, speedups, and the step with its recovery."""
+    """Device, precision, placement, speedups, and the step with its recovery."""
 
-    def _place(self, loaders: list) -> None:
-        """Model, EMA, optimizer state and in-memory data on ``self.device`` (the model once per
-        device), and the memory cap."""
+    def __init__(self, settings: Settings, learner: Learner, notes: list) -> None:
+        self.settings, self.learner = settings, learner
+        self.strategy = setup.make_strategy(settings.strategy, torch.device(settings.device))
+        self.compile = settings.compile if self.strategy.supports_compile else False
+        if settings.compile and not self.strategy.supports_compile:
+            notes.append(("compile_fallback", f"strategy={self.strategy.name!r}: compile="
+                          f"{settings.compile!r} is ignored (its engine runs eager)"))
+        self.precision = setup.choose_precision(settings.precision, self.strategy,
+                                                settings.recommended_precision, notes)
+        self.strategy.configure(settings.batch_size, settings.clip_grad)
+        self.applied_speedups: speedups.Applied | None = None
+        self.flops_per_sample: float | None = None
+        self.step: TrainStep | None = None
+        self.recovery: recovery.Recovery | None = None
+        self._placed_on: torch.device | None = None
+        self._sped_up_on: torch.device | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.strategy.device
+
+    def place(self, loaders: list, note: Callable[[str, str], None], notes: list) -> None:
+        """The learner and in-memory data on the device (the learner once per device), and the
+        memory cap."""
         for loader in loaders:
             if isinstance(loader, IndexedBatches):
-                loader.place(self.device, self._note)
-        if getattr(self, "_placed_on", None) == self.device:
+                loader.place(self.device, note)
+        if self._placed_on == self.device:
             return
-        self.model.to(self.device)
-        if self.ema is not None:
-            self.ema.to(self.device)
-        if self.optimizer.state:  # loading casts the state to each parameter's device
-            self.optimizer.load_state_dict(self.optimizer.state_dict())
-        if self.memory_fraction is not None:
-            setup.cap_memory(self.memory_fraction, self.device, self._notes)
+        self.learner.to(self.device)
+        if self.settings.memory_fraction is not None:
+            setup.cap_memory(self.settings.memory_fraction, self.device, notes)
         self._placed_on = self.device
 
-    def _speed_up(self, train_loader) -> None:
-        """Apply what measures faster on this model and device (once per device; ``speedups``
-        "auto": on CUDA only), said once with the numbers."""
-        wanted = self.speedups is True or (self.speedups == "auto" and self.device.type == "cuda")
-        if not wanted or getattr(self, "_sped_up_on", None) == self.device:
+    def speed_up(self, train_loader, batch_size: int, steps: int,
+                 note: Callable[[str, str], None]) -> None:
+        """Apply what measures faster on this model and device (once per device), said once
+        with the numbers; the FLOP rate per sample for MFU on CUDA."""
+        if not _wanted(self.settings.speedups, self.device) or \
+                self._sped_up_on == self.device:
             return
         self._sped_up_on = self.device
-        x = example_batch(train_loader, self.batch_size)[0].to(self.device)
-        asked = "auto" if self.precision_arg == "auto" else self.precision
-        applied = apply_speedups(self.model, x, self.device, precision=asked)
+        model = self.learner.model
+        x = example_batch(train_loader, batch_size)[0].to(self.device)
+        asked = "auto" if self.settings.precision == "auto" else self.precision
+        applied = speedups.apply_speedups(model, x, self.device, precision=asked)  # TEMP steps
         self.applied_speedups = applied
         if "precision" in applied.applied and applied.precision in \
                 self.strategy.supported_precisions:  # measured faster than the first choice
             self.precision = Precision.choose(applied.precision, self.device)
-        self._note("speedups", applied.message)
-        for note in applied.notes:
-            self._note("speedups", note)
+        note("speedups", applied.message)
+        for line in applied.notes:
+            note("speedups", line)
         if self.device.type == "cuda":
-            self._flops = count_flops(self.model, (x,)) / len(x)
+            flops, why = count_flops(model, (x,)), None  # TEMP
+            self.flops_per_sample = None if flops is None else flops / len(x)
+            if why:
+                note("flops", why)
 
-    def _build_step(self, compiled: bool) -> None:
+    def end_fit(self) -> None:
+        """Process-wide switches the speedups turned on are put back (cuDNN autotuning)."""
+        if self.applied_speedups is not None and hasattr(self.applied_speedups, "restore_globals"):  # TEMP
+            self.applied_speedups.restore_globals()
+
+    def build_step(self, compiled: bool, event, updating=contextlib.nullcontext,
+                   state=None) -> None:
         """The step (compiled when asked) and the recovery object that runs it."""
-        model = self.model
+        learner, model = self.learner, self.learner.model
         if compiled:
             mode = None if self.compile is True else self.compile
             try:
                 model = torch.compile(model, mode=mode)
             except Exception as exc:  # compile is lazy; this catches a missing backend
                 compiled = False
-                self.event("compile_fallback", f"torch.compile unavailable ("
-                            f"{type(exc).__name__}: {recovery.first_line(exc)}); training eager")
-        self.step = self._make_step(model, self.precision)
-        self._recovery = recovery.Recovery(
-            self.step, model=self.model, on_gpu_error=self.on_gpu_error, guard=self.guard, state=self.state,
-            event=self.event, compiled=compiled,
-            updating=self._interrupt.updating if self._interrupt else contextlib.nullcontext,
-            eager=lambda: self._make_step(self.model, self.precision),
+                event("compile_fallback", f"torch.compile unavailable ({type(exc).__name__}: "
+                      f"{recovery.first_line(exc)}); training eager")
+        self.step = self._make_step(model)
+        self.recovery = recovery.Recovery(
+            self.step, model=learner.model, on_gpu_error=self.settings.on_gpu_error,
+            guard=learner.guard, state=state, event=event, compiled=compiled,
+            updating=updating, eager=lambda: self._make_step(learner.model),
             cpu_batch_step=self._cpu_batch_step)
 
-    def _make_step(self, model: torch.nn.Module, precision) -> TrainStep:
-        on_applied = (lambda: self.ema.update_parameters(self.model)) if self.ema else None
-        return TrainStep(self.strategy.wrap(model, self.optimizer), self.loss_fn, self.optimizer,
-                         precision, clip_grad=self.clip_grad, strategy=self.strategy,
-                         params=self._params, guard=self.guard, on_applied=on_applied)
+    def _make_step(self, model: torch.nn.Module) -> TrainStep:
+        learner = self.learner
+        on_applied = (lambda: learner.ema.update_parameters(learner.model)) if learner.ema \
+            else None
+        return TrainStep(self.strategy.wrap(model, learner.optimizer), learner.loss_fn,
+                         learner.optimizer, self.precision, clip_grad=self.settings.clip_grad,
+                         strategy=self.strategy, params=learner.params, guard=learner.guard,
+                         on_applied=on_applied)
 
     def _cpu_batch_step(self) -> TrainStep:
         """The per-batch fallback: forward/backward on the CPU (the model moved there for the
         batch), gradients scaled as the device's GradScaler expects."""
-        return TrainStep(self.model, self.loss_fn, self.optimizer,
+        learner = self.learner
+        return TrainStep(learner.model, learner.loss_fn, learner.optimizer,
                          setup.cpu_precision(), strategy=SingleDevice("cpu"),
-                         params=self._params, loss_scale=self.scaler.get_scale)
+                         params=learner.params, loss_scale=self.precision.scaler.get_scale)
+
+    def resume_micro(self, size: int | None) -> None:
+        """The micro-batch size a restored state ran with (after an OOM split)."""
+        self.recovery.micro.size = size
+
+    def continue_on_cpu(self, loaders: list) -> None:
+        """The device is lost: it is never used again in this process, and what follows runs
+        on the CPU in fp32 (no pinned memory, no compile)."""
+        recovery.mark_lost(self.device)
+        leave_device(loaders)
+        self.strategy = self.strategy.on_cpu()
+        self.precision = setup.cpu_precision()
+        self.compile = False
+        self._placed_on = None
 
 
 def example_batch(loader, n: int) -> tuple:
@@ -99,3 +148,7 @@ def example_batch(loader, n: int) -> tuple:
         return tuple(t[:n] for t in loader.tensors)
     data = loader.dataset
     return tuple(default_collate([data[i] for i in range(min(n, len(data)))]))
+
+
+def _wanted(setting, device):  # TEMP
+    return setting is True or (setting == "auto" and device.type == "cuda")

@@ -26,6 +26,7 @@ that never returns: that needs ``Trainer(isolate=True)`` (training in a worker p
 from __future__ import annotations
 
 import contextlib
+import enum
 import gc
 import math
 from collections.abc import Iterator
@@ -288,17 +289,25 @@ def nonfinite_inputs(window: list) -> str | None:
     return "; ".join(found) or None
 
 
+class Came(str, enum.Enum):
+    """What one optimizer step came to: applied (``OK``), dropped for a bad loss (``SKIPPED``),
+    too many bad steps in a row (``RESTORE``: the loop goes back to the last good state), or a
+    sticky device error (``DEVICE_LOST``: the loop moves the run to the CPU)."""
+
+    OK = "ok"
+    SKIPPED = "skipped"
+    RESTORE = "restore"
+    DEVICE_LOST = "device_lost"
+
+    __str__ = str.__str__
+
+
 @dataclass
 class Outcome:
-    """What one optimizer step came to.
+    """What one optimizer step came to (``kind``), its loss when applied, and ``detail`` naming
+    the failure."""
 
-    ``kind``: "ok" (applied; ``loss``), "skipped" (a bad loss: the step was dropped),
-    "restore" (too many bad steps in a row: the loop restores the last good state), or
-    "device_lost" (a sticky device error: the loop moves the run to the CPU). ``detail`` names
-    the failure.
-    """
-
-    kind: str
+    kind: Came
     loss: float | None = None
     detail: str = ""
 
@@ -377,7 +386,7 @@ class Recovery:
             if failure == "device_lost":
                 mark_lost(self.strategy.device)
                 gc.collect()
-                return Outcome("device_lost", detail=detail)
+                return Outcome(Came.DEVICE_LOST, detail=detail)
             free_memory(self.strategy.device)
             trace.restore()
             on_cpu_batch = self._act(failure, detail, window, on_cpu_batch)
@@ -449,7 +458,7 @@ class Recovery:
                            f"{f' ({bad})' if bad else ''} and loss_guard=False: the update was "
                            "applied, so the weights may now hold NaN. Pass loss_guard=True to "
                            "skip such steps (said once)")
-            return Outcome("ok", loss)
+            return Outcome(Came.OK, loss)
         bad = nonfinite_inputs(window) if verdict == "nonfinite" else None
         if self.strategy.agree(bad is not None):
             self.guard.streak = max(0, self.guard.streak - 1)  # the data, not the model
@@ -462,7 +471,7 @@ class Recovery:
                     "(e.g. keep = np.isfinite(y) & np.isfinite(X).reshape(len(X), -1).all(1))")
             self.event("nonfinite_batch", f"non-finite loss at {where} from the batch itself "
                        f"({bad or 'on another rank'}): batch skipped, learning rate kept")
-            return Outcome("skipped", detail=bad or "")
+            return Outcome(Came.SKIPPED, detail=bad or "")
         self._bad_data = 0
         self.state.lr_scale *= self.guard.lr_cut
         what = "non-finite loss or gradient" if verdict == "nonfinite" else \
@@ -470,4 +479,4 @@ class Recovery:
         self.event("nonfinite_loss" if verdict == "nonfinite" else "loss_spike",
                    f"{what}: step skipped, learning rate x{self.guard.lr_cut} (now "
                    f"{self.state.lr_scale:.3g} of the schedule)")
-        return Outcome("restore" if self.guard.exhausted else "skipped", detail=what)
+        return Outcome(Came.RESTORE if self.guard.exhausted else Came.SKIPPED, detail=what)

@@ -18,7 +18,7 @@ def write_report(trainer, folder) -> Path:
     """Write the report files into ``folder`` (created); returns the folder."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    summary = trainer.summary(getattr(trainer, "_stopped", None))
+    summary = trainer.summary()
     hist, steps = trainer.history, trainer.steps
     hist.to_csv(folder / "history.csv", index=False)
     steps.to_csv(folder / "steps.csv", index=False)

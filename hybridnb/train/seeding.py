@@ -6,10 +6,13 @@ States are kept as tensors, lists and ints so that a checkpoint holding them loa
 
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
 import torch
+
+from hybridnb.env import ISOLATED_ENV
 
 
 def seed_everything(seed: int) -> None:
@@ -42,7 +45,7 @@ def rng_state() -> dict:
         "torch": torch.get_rng_state(),
         "cuda": None,
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():  # never starts CUDA: a kernel that isolates must not
         state["cuda"] = list(torch.cuda.get_rng_state_all())
     return state
 
@@ -56,8 +59,15 @@ def set_rng_state(state: dict) -> None:
                          "state": {"key": npy["key"].numpy().astype(np.uint32), "pos": npy["pos"]},
                          "has_gauss": npy["has_gauss"], "gauss": npy["gauss"]})
     torch.set_rng_state(state["torch"])
-    if state.get("cuda") is not None and torch.cuda.is_available():
+    if state.get("cuda") is not None and _owns_cuda():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _owns_cuda() -> bool:
+    """Whether this process may touch CUDA: it already did, or it is an isolated worker (a
+    kernel that hands training to a worker never starts the CUDA driver)."""
+    return torch.cuda.is_initialized() or (bool(os.environ.get(ISOLATED_ENV))
+                                           and torch.cuda.is_available())
 
 
 def torch_rng_state(device: torch.device) -> tuple:

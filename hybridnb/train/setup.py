@@ -9,41 +9,14 @@ import fnmatch
 
 import torch
 
+from hybridnb.measure.memory import cuda_index
 from hybridnb.strategies.base import SingleDevice, Strategy
 from hybridnb.strategies.ddp import DDPStrategy, wants_ddp
 from hybridnb.strategies.deepspeed import make_strategy as make_deepspeed
-from hybridnb.measure.memory import cuda_index
 from hybridnb.train import recovery
 from hybridnb.train.precision import Precision
 
-COMPILE_MODES = (False, True, "default", "reduce-overhead", "max-autotune")
 STRATEGIES = ("auto", "single", "ddp", "deepspeed")
-
-
-def check_args(**a) -> None:
-    """Every argument check in one place, before any work; messages name argument and value."""
-    if not isinstance(a["model"], torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(a['model']).__name__}")
-    if not (isinstance(a["lr"], (int, float)) and a["lr"] > 0):
-        raise ValueError(f"lr={a['lr']!r} must be a positive number")
-    if not (isinstance(a["epochs"], int) and a["epochs"] >= 1):
-        raise ValueError(f"epochs={a['epochs']!r} must be an integer >= 1")
-    for name in ("batch_size", "grad_accum", "val_every", "checkpoint_every", "snapshot_every",
-                 "steps_per_epoch", "early_stopping"):
-        v = a[name]
-        if v is not None and not (isinstance(v, int) and v >= 1):
-            raise ValueError(f"{name}={v!r} must be None or an integer >= 1")
-    if a["clip_grad"] is not None and not a["clip_grad"] > 0:
-        raise ValueError(f"clip_grad={a['clip_grad']!r} must be None or > 0")
-    if a["compile"] not in COMPILE_MODES:
-        raise ValueError(f"compile={a['compile']!r} must be one of {COMPILE_MODES}")
-    if a["on_gpu_error"] not in ("recover", "raise"):
-        raise ValueError(f"on_gpu_error={a['on_gpu_error']!r} must be 'recover' or 'raise'")
-    mf = a["memory_fraction"]
-    if mf is not None and not 0 < mf <= 1:
-        raise ValueError(f"memory_fraction={mf!r} must be in (0, 1]")
-    if not isinstance(a["monitor"], str):
-        raise ValueError(f"monitor={a['monitor']!r} must be a metric name such as 'val_loss'")
 
 
 def resolve_device(device, hw, notes: list) -> torch.device:

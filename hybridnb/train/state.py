@@ -1,4 +1,4 @@
-"""The run's state as data: position, accumulators, history, best weights, events, RNG, snapshot.
+"""The run's state as data: position, accumulators, history, best weights, events, RNG.
 
 Everything the loop changes between steps lives in one ``RunState``, so a checkpoint, the
 batch-size finder, the report and an isolated worker's hand-over all read and write the same
@@ -8,8 +8,9 @@ Model, optimizer, schedule and scaler states are the Trainer's; it adds them aro
 
 from __future__ import annotations
 
+import enum
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from hybridnb.events import Event
 
@@ -19,38 +20,68 @@ HISTORY_COLUMNS = ["epoch", "step", "train_loss", "val_loss", "val_rmse", "val_n
 STEP_COLUMNS = ["global_step", "epoch", "loss", "lr"]
 
 
-def new_acc() -> dict:
-    """The epoch's accumulators: the training loss x samples, and those samples (speeds are the
-    throughput monitor's)."""
-    return {"loss_sum": 0.0, "loss_samples": 0}
+class Stop(str, enum.Enum):
+    """Why a fit stopped before its last epoch (``trainer.stopped``; compares equal to its
+    value, e.g. ``"interrupt"``)."""
+
+    INTERRUPT = "interrupt"
+    STOP_BUTTON = "stop_button"
+    EARLY_STOPPING = "early_stopping"
+
+    __str__ = str.__str__
 
 
-def new_best() -> dict:
-    return {"value": None, "step": None, "epoch": None, "bad": 0, "model": None}
+@dataclass
+class EpochTotals:
+    """The epoch's training loss x samples, and those samples (speeds are the throughput
+    monitor's)."""
+
+    loss_sum: float = 0.0
+    loss_samples: int = 0
+
+    def add(self, loss: float, samples: int) -> None:
+        self.loss_sum += loss * samples
+        self.loss_samples += samples
+
+    def mean(self) -> float:
+        return self.loss_sum / self.loss_samples if self.loss_samples else math.nan
+
+
+@dataclass
+class Best:
+    """The best validation so far: ``value`` of the monitored metric, where it was reached,
+    validations since without improvement (``bad``) and the weights then (a CPU copy)."""
+
+    value: float | None = None
+    step: int | None = None
+    epoch: int | None = None
+    bad: int = 0
+    model: dict | None = None
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass
 class RunState:
-    """Where the run is and what it has seen. ``snapshot`` is the last good full state (the
-    Trainer's ``state_dict()``), kept in memory for recovery; ``pending_rng`` the RNG state a
-    resumed run applies when its epoch starts."""
+    """Where the run is and what it has seen; ``pending_rng`` is the RNG state a resumed run
+    applies when its epoch starts. (The last good full state is the checkpoints part's.)"""
 
     epoch: int = 0
     batches_done: int = 0
     global_step: int = 0
-    acc: dict = field(default_factory=new_acc)
+    acc: EpochTotals = field(default_factory=EpochTotals)
     lr_scale: float = 1.0
     history: list[dict] = field(default_factory=list)
     steps: list[tuple] = field(default_factory=list)
-    best: dict = field(default_factory=new_best)
+    best: Best = field(default_factory=Best)
     events: list[Event] = field(default_factory=list)
     epoch_first_event: int = 0
     epoch_start: dict | None = None
     pending_rng: dict | None = None
     micro: int | None = None
     last_val: tuple = (None, {})
-    stopped: str | None = None
-    snapshot: dict | None = None
+    stopped: Stop | None = None
     restores: dict = field(default_factory=dict)  # global step restored to -> how many times
 
     @classmethod
@@ -62,7 +93,7 @@ class RunState:
         """Move to the next epoch: position and accumulators reset."""
         self.epoch += 1
         self.batches_done = 0
-        self.acc = new_acc()
+        self.acc = EpochTotals()
         self.epoch_first_event = len(self.events)
 
     def epoch_events(self) -> str:
@@ -75,8 +106,7 @@ class RunState:
 
     def train_loss(self) -> float:
         """The epoch's mean training loss, weighted by samples (the view shows the same)."""
-        acc = self.acc
-        return acc["loss_sum"] / acc["loss_samples"] if acc["loss_samples"] else math.nan
+        return self.acc.mean()
 
     def state_dict(self) -> dict:
         """The run's part of a checkpoint (CPU data only; RNG states are added by the Trainer)."""
@@ -84,12 +114,12 @@ class RunState:
             "lr_scale": float(self.lr_scale), "micro": self.micro,
             "position": {"epoch": self.epoch, "batches_done": self.batches_done,
                          "global_step": self.global_step},
-            "acc": dict(self.acc),
+            "acc": {"loss_sum": self.acc.loss_sum, "loss_samples": self.acc.loss_samples},
             "history": [dict(r) for r in self.history],
             "steps": [list(s) for s in self.steps],
             "events": [e.to_dict() for e in self.events],
             "epoch_first_event": self.epoch_first_event,
-            "best": dict(self.best),  # best["model"] is already a CPU copy
+            "best": self.best.to_dict(),  # best.model is already a CPU copy
             "epoch_start": self.epoch_start,
         }
 
@@ -101,10 +131,10 @@ class RunState:
         pos = state["position"]
         self.epoch, self.batches_done = int(pos["epoch"]), int(pos["batches_done"])
         self.global_step = int(pos["global_step"])
-        self.acc = {k: state["acc"][k] for k in new_acc()}
+        self.acc = EpochTotals(float(state["acc"]["loss_sum"]), int(state["acc"]["loss_samples"]))
         self.history = [{c: r.get(c, math.nan) for c in HISTORY_COLUMNS} for r in state["history"]]
         self.steps = [tuple(s) for s in state["steps"]]
-        self.best = dict(state["best"])
+        self.best = Best(**state["best"])
         self.epoch_start = state["epoch_start"]
         self.pending_rng = state["rng"]
         if events:

@@ -1,9 +1,11 @@
 """Trainer: the public class and the loop, on one screen each.
 
-The pieces live in their own modules: setup.py (checks and factories), step.py (the one training
-step), recovery.py (what a failure is and what to do), state.py (the run's state as data),
-data.py (loaders, resumable batch order), evaluation.py, checkpoint.py, precision.py,
-schedules.py, losses.py, ema.py, blocks.py (activation checkpointing), strategies/, live/.
+The Trainer holds its parts, each owning its state and offering a few public methods:
+``settings`` (the checked, frozen options), ``learner`` (model, optimizer, loss, schedule, EMA,
+guard), ``placement`` (device, precision decided once, speedups, the step and its recovery),
+``checkpoints`` (the last good state, files, earlier runs), ``progress`` (the live view, rows,
+throughput), ``stopping`` (best weights, early stopping) and ``state`` (the run as data). An
+isolated fit hands the worker a ``FitJob`` built from the same parts (worker_fit.py).
 
 >>> tr = Trainer(model, loss="mse", lr=1e-3, epochs=10, checkpoint_dir="runs/c1")
 >>> history = tr.fit(train, val)          # Datasets or DataLoaders; batches (x, y[, extras])
@@ -12,35 +14,64 @@ schedules.py, losses.py, ema.py, blocks.py (activation checkpointing), strategie
 
 from __future__ import annotations
 
+import contextlib
+import enum
+import functools
 import math
+import os
+import random
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
+import numpy as np
 import pandas as pd
 import torch
 
 from hybridnb.env import smoke
 from hybridnb.events import Event
-from hybridnb.live import make_view
 from hybridnb.measure.memory import reset_peak
-from hybridnb.train import checkpoint, isolate, recovery, setup
+from hybridnb.train import isolate, recovery, setup
 from hybridnb.train.blocks import checkpointed_blocks
+from hybridnb.train.checkpoint import Checkpoints
+from hybridnb.train.checkpoint import read as read_checkpoint
 from hybridnb.train.data import BatchCheck, epoch_batches, make_loader, plan_epochs
-from hybridnb.train.ema import make_ema
-from hybridnb.train.evaluation import Evaluation
+from hybridnb.train.evaluation import predict_loader
 from hybridnb.train.interrupt import GracefulInterrupt
-from hybridnb.train.isolate import isolate_decision
-from hybridnb.train.losses import make_loss
+from hybridnb.train.learner import Learner
+from hybridnb.train.metrics import regression_metrics
 from hybridnb.train.placement import Placement
 from hybridnb.train.progress import Progress
-from hybridnb.train.resumable import Resumable
-from hybridnb.train.schedules import make_schedule
-from hybridnb.train.seeding import seed_everything
-from hybridnb.train.state import HISTORY_COLUMNS, STEP_COLUMNS, RunState
-from hybridnb.train.worker_fit import Isolation
+from hybridnb.train.recovery import Came
+from hybridnb.train.seeding import rng_state, seed_everything, set_rng_state
+from hybridnb.train.settings import Settings
+from hybridnb.train.state import HISTORY_COLUMNS, STEP_COLUMNS, RunState, Stop
+from hybridnb.train.validation import EarlyStopping
+from hybridnb.train.worker_fit import Faults, FitJob, KernelView, reraise
 
 
-class Trainer(Progress, Resumable, Evaluation, Placement, Isolation):
+class Epoch(enum.Enum):
+    """How a pass over the epoch's batches ended."""
+
+    COMPLETE = "complete"
+    REWOUND = "rewound"    # back to the last good state (lost device, bad steps): go again
+    STOPPED = "stopped"    # Stop, Ctrl-C or early stopping: ``state.stopped`` says which
+
+
+class Plan(NamedTuple):
+    """Epochs and batches of one fit (smoke mode caps both)."""
+
+    epochs: int
+    batches_per_epoch: int
+    steps_per_epoch: int
+    total_steps: int
+
+
+def _setting(name: str) -> property:
+    return property(lambda self: getattr(self.settings, name), doc=f"``{name}=`` as given")
+
+
+class Trainer:
     """Train a PyTorch model on whatever device works, surviving OOM and device failures.
 
     ``batch_size=None``, ``device="auto"``, ``grad_accum=None`` and ``precision="auto"`` take
@@ -83,6 +114,7 @@ class Trainer(Progress, Resumable, Evaluation, Placement, Isolation):
       False.
     """
 
+
     def __init__(self, model: torch.nn.Module, *, loss="mse", lr: float = 1e-3,
                  epochs: int = 10, batch_size: int | None = None, device="auto",
                  precision: str = "auto", live="auto", seed: int | None = None,
@@ -98,69 +130,90 @@ class Trainer(Progress, Resumable, Evaluation, Placement, Isolation):
                  grad_checkpointing: bool = False, loader_kwargs: dict | None = None,
                  strategy="auto", isolate="auto", step_timeout: float | None = None,
                  speedups="auto", verbose: bool = True) -> None:
-        setup.check_args(model=model, lr=lr, epochs=epochs, batch_size=batch_size,
-                         grad_accum=grad_accum, clip_grad=clip_grad, compile=compile,
-                         on_gpu_error=on_gpu_error, val_every=val_every,
-                         checkpoint_every=checkpoint_every, snapshot_every=snapshot_every,
-                         steps_per_epoch=steps_per_epoch, memory_fraction=memory_fraction,
-                         early_stopping=early_stopping, monitor=monitor)
-        self.epochs, self.lr, self.seed, self.live, self.verbose = epochs, lr, seed, live, verbose
-        self.clip_grad, self.on_gpu_error, self.monitor = clip_grad, on_gpu_error, monitor
-        self.early_stopping, self.grad_checkpointing = early_stopping, grad_checkpointing
-        self.val_every, self.checkpoint_every = val_every, checkpoint_every
-        self.snapshot_every, self.steps_per_epoch = snapshot_every, steps_per_epoch
-        self.memory_fraction, self.step_timeout, self.speedups = memory_fraction, step_timeout, \
-            speedups
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        kwargs = {k: v for k, v in locals().items() if k not in ("self", "model", "__class__")}
+        self._assemble(model, Settings.build(**kwargs))
+
+    @classmethod
+    def from_settings(cls, model: torch.nn.Module, settings: Settings) -> Trainer:
+        """The Trainer for ``settings`` (an isolated worker builds its copy this way)."""
+        trainer = cls.__new__(cls)
+        trainer._assemble(model, settings)
+        return trainer
+
+    def _assemble(self, model: torch.nn.Module, settings: Settings) -> None:
+        self._notes: list[tuple[str, str]] = []  # said when the next fit starts
+        self._interrupt: GracefulInterrupt | None = None
         self._channel = None  # the pipe to the kernel, in an isolated worker
-        self.checkpoint_dir = checkpoint.check_dir(checkpoint_dir)
-        self.state, self._notes, self._pending, self._loaders = RunState(), [], None, []
-        self._view, self._interrupt = make_view(False), None
-        hw = setup.detect() if ("auto" in (device, precision) or batch_size is None
-                           or grad_accum is None) else None
-        self.strategy = setup.make_strategy(strategy, setup.resolve_device(device, hw, self._notes))
-        self.batch_size = int(batch_size if batch_size is not None else hw.settings.batch_size)
-        self.grad_accum = int(grad_accum if grad_accum is not None else
-                              (hw.settings.grad_accum if batch_size is None else 1))
-        self._loader_kwargs = setup.loader_kwargs(loader_kwargs, hw, device, self.device)
-        if device == "auto" and hw is not None and hw.settings.torch_threads:
-            torch.set_num_threads(int(hw.settings.torch_threads))
-        self.compile = compile if self.strategy.supports_compile else False
-        if compile and not self.strategy.supports_compile:
-            self._notes.append(("compile_fallback", f"strategy={self.strategy.name!r}: "
-                                f"compile={compile!r} is ignored (its engine runs eager)"))
-        self.precision_arg = precision
-        self.precision = setup.choose_precision(precision, self.strategy,
-                                                hw.precision if hw else None, self._notes)
-        self.isolated, why = isolate_decision(isolate, self.device,
-                                              in_distributed=self.strategy.world_size > 1)
-        if self.isolated or isolate is True or (isolate == "auto" and self.device.type != "cpu"):
+        self._faults = Faults("")  # an isolated worker reads HYBRIDNB_FAULT (tests)
+        self._pending: dict | None = None  # a checkpoint resume() read for the next fit
+        self._loaders: list = []
+        self._train_gen: torch.Generator | None = None
+        self._plan = Plan(settings.epochs, 0, 0, 0)
+        self._first_step = 0
+        hw = setup.detect() if settings.needs_detect else None
+        device = setup.resolve_device(settings.device, hw, self._notes)
+        self.settings = settings = settings.resolved(hw, device)
+        if settings.torch_threads:
+            torch.set_num_threads(settings.torch_threads)
+        self._loader_kwargs = dict(settings.loader_kwargs)
+        self.state = RunState()
+        self.learner = Learner(model, settings)
+        self.placement = Placement(settings, self.learner, self._notes)
+        self.checkpoints = Checkpoints(settings.checkpoint_dir, self.strategy.is_main)
+        self.progress = Progress()
+        self.stopping = EarlyStopping(settings.monitor, settings.early_stopping)
+        self.batch_check = BatchCheck(self.learner.dtype, self._note)
+        self.isolated, why = isolate.isolate_decision(
+            settings.isolate, self.device, in_distributed=self.strategy.world_size > 1)
+        self._fit_where = "worker" if self.isolated else "here"
+        if self.isolated or settings.isolate is True or (
+                settings.isolate == "auto" and self.device.type != "cpu"):
             self._notes.append(("isolate", why))  # where it trains, and why, said once
-        self.model = model
-        self.frozen = setup.freeze(self.model, freeze)
-        self._params = [p for p in self.model.parameters() if p.requires_grad]
-        if not self._params:
-            raise ValueError(f"freeze={freeze!r} leaves no trainable parameter in "
-                             f"{type(model).__name__}")
-        self.optimizer = setup.make_optimizer(optimizer, self._params, lr, weight_decay)
-        self._batch = BatchCheck(self._params[0].dtype, self._note)
-        self.ema = make_ema(self.model, ema) if ema is not None else None
-        self.loss_fn = make_loss(loss, huber_delta=huber_delta, reweight_after=reweight_after)
-        self.schedule = make_schedule(schedule, warmup=warmup)
-        self.guard = (recovery.LossGuard() if loss_guard is True else
-                      loss_guard if isinstance(loss_guard, recovery.LossGuard) else None)
-        self.strategy.configure(self.batch_size, clip_grad)
         if not self.isolated:  # isolated: the worker places the model (the kernel never does)
-            self._place([])
+            self.placement.place([], self._note, self._notes)
         self._build_step(compiled=False)
 
     # ----------------------------------------------------------------------------- properties
-    device = property(lambda self: self.strategy.device)
-    scaler = property(lambda self: self.precision.scaler)
+    epochs, lr, seed, live, verbose = (_setting(n) for n in
+                                       ("epochs", "lr", "seed", "live", "verbose"))
+    monitor, early_stopping, checkpoint_dir = (_setting(n) for n in
+                                               ("monitor", "early_stopping", "checkpoint_dir"))
+    model = property(lambda self: self.learner.model)
+    optimizer = property(lambda self: self.learner.optimizer)
+    loss_fn = property(lambda self: self.learner.loss_fn)
+    schedule = property(lambda self: self.learner.schedule)
+    ema = property(lambda self: self.learner.ema)
+    guard = property(lambda self: self.learner.guard)
+    frozen = property(lambda self: self.learner.frozen)
+    strategy = property(lambda self: self.placement.strategy)
+    device = property(lambda self: self.placement.device)
+    precision = property(lambda self: self.placement.precision)
+    scaler = property(lambda self: self.placement.precision.scaler)
+    step = property(lambda self: self.placement.step, doc="The training step: step(x, y).")
+    applied_speedups = property(lambda self: self.placement.applied_speedups)
     events = property(lambda self: self.state.events)
     epoch = property(lambda self: self.state.epoch)
     global_step = property(lambda self: self.state.global_step)
     stopped = property(lambda self: self.state.stopped, doc="Why the last fit stopped early.")
     ema_model = property(lambda self: None if self.ema is None else self.ema.module)
+
+    @property
+    def batch_size(self) -> int:
+        return self.settings.batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: int) -> None:
+        self.settings = self.settings.replace(batch_size=int(value))
+
+    @property
+    def grad_accum(self) -> int:
+        return self.settings.grad_accum
+
+    @grad_accum.setter
+    def grad_accum(self, value: int) -> None:
+        self.settings = self.settings.replace(grad_accum=int(value))
 
     @property
     def history(self) -> pd.DataFrame:
@@ -176,13 +229,118 @@ class Trainer(Progress, Resumable, Evaluation, Placement, Isolation):
     def fit(self, train, val=None, resume: bool | str | Path = False) -> pd.DataFrame:
         """Train for ``epochs`` epochs; returns the history. ``resume=True`` continues from
         ``checkpoint_dir``'s last good checkpoint, ``resume=path`` from that file."""
+        train_loader, val_loader = self._open(train, val)
+        self._begin(resume)
+        if self.isolated and not isolate.cuda_initialized():
+            return self._fit_isolated(train, val, train_loader, val_loader)
+        if self.isolated:
+            self._note("isolate", "CUDA was initialised in this process after the Trainer was "
+                       "built: training in this process, without isolation")
+        return self._fit_here(train_loader, val_loader)
+
+    def _fit_here(self, train_loader, val_loader, view_started: bool = False) -> pd.DataFrame:
+        """The fit in this process (the kernel, or the isolated worker)."""
+        self._fit_where = "here"
+        self._beat("setup")
+        self.placement.place(self._loaders, self._note, self._notes)
+        self.placement.speed_up(train_loader, self.batch_size, self._plan.total_steps,
+                                self._note)
+        failed = True
+        with GracefulInterrupt() as self._interrupt, \
+                checkpointed_blocks(self.model, self.settings.grad_checkpointing) as blocks, \
+                setup.compile_settings(bool(self.placement.compile), self.device,
+                                       self.precision):
+            self._build_step(compiled=bool(self.placement.compile))
+            self.checkpoints.keep(self.state_dict())
+            self._first_step = self.state.global_step
+            self._start_view(blocks, view_started)
+            self._beat("first step", grace=isolate.FIRST_STEP_GRACE_S if self.placement.compile
+                       else None)
+            try:
+                self._run(train_loader, val_loader)
+                failed = False
+            finally:
+                self._finish(failed)
+                self._interrupt = None  # a Ctrl-C that stopped fit does not also stop evaluate()
+        return self.history
+
+    def _run(self, train_loader, val_loader) -> None:
+        """Epochs until done or stopped (``state.stopped`` says why it stopped early)."""
+        while self.state.epoch < self._plan.epochs:
+            try:
+                end = self._train_epoch(train_loader, val_loader)
+                if end is Epoch.REWOUND:
+                    continue
+                if end is Epoch.STOPPED:
+                    return
+                metrics, stop = self._validate_epoch(val_loader)
+            except KeyboardInterrupt:  # outside a step: loading data or validating
+                self._interrupted()
+                return
+            self._end_epoch(metrics)
+            if stop:
+                self.state.stopped = Stop.EARLY_STOPPING
+                return
+
+    def _train_epoch(self, loader, val_loader) -> Epoch:
+        """One epoch from the current position."""
+        state, learner, placement, plan = self.state, self.learner, self.placement, self._plan
+        learner.start_epoch(state.epoch)
+        if state.batches_done == 0:
+            reset_peak(self.device)
+        self.progress.new_epoch(self.device, state.global_step == self._first_step,
+                                placement.flops_per_sample, self.precision.name)
+        window = []
+        batches = self.progress.batches(epoch_batches(loader, state, self.event))
+        for i, batch in enumerate(batches, start=state.batches_done):
+            if i >= plan.batches_per_epoch:
+                break
+            window.append(self.batch_check(batch))
+            if len(window) < self.grad_accum and i + 1 < plan.batches_per_epoch:
+                continue
+            learner.set_lr(self.schedule.factor(state.global_step) * state.lr_scale)
+            self._faults.enter("first step" if state.global_step == self._first_step else "step")
+            outcome = placement.recovery.run(window)
+            if outcome.kind is Came.DEVICE_LOST:
+                return self._move_to_cpu(outcome.detail)
+            if outcome.kind is Came.RESTORE:
+                return self._restore_after_bad_steps()
+            n = sum(recovery.batch_len(b) for b in window)
+            if outcome.kind is Came.OK:
+                state.acc.add(outcome.loss, n)
+            state.batches_done += len(window)
+            state.global_step += 1
+            window = []
+            self.progress.step_done(n)
+            self.progress.show_step(state, self.grad_accum, learner.lr(), outcome.loss)
+            if self._channel is not None:
+                self._channel.step_done()
+            with self.progress.paused():
+                if self._between_steps(val_loader):
+                    return Epoch.STOPPED
+        return Epoch.COMPLETE
+
+    # ----------------------------------------------------------------------------- set-up
+    def _open(self, train, val) -> tuple:
+        """The loaders and the plan of this fit."""
         train_loader = self._loader(train, shuffle=True, what="train")
         val_loader = None if val is None else self._loader(val, shuffle=False, what="val")
-        self._plan(train_loader)
+        epochs, batches, note = plan_epochs(train_loader, self.epochs,
+                                            self.settings.steps_per_epoch, self.grad_accum,
+                                            smoke())
+        if note:
+            self._note("smoke", note)
+        steps = math.ceil(batches / self.grad_accum)
+        self._plan = Plan(epochs, batches, steps, epochs * steps)
         self._loaders = [loader for loader in (train_loader, val_loader) if loader is not None]
+        self._train_gen = getattr(train_loader, "generator", None)
+        return train_loader, val_loader
+
+    def _begin(self, resume) -> None:
+        """A fresh run state: resumed, or started (earlier files set aside, seeded)."""
         if resume is not False and resume is not None:
             self._load_resume(resume)
-        elif self.strategy.is_main and (kept := checkpoint.set_aside(self.checkpoint_dir)):
+        elif kept := self.checkpoints.set_aside():
             self._note("earlier_run", f"{self.checkpoint_dir} held an earlier run's checkpoints: "
                        f"moved to {kept} (fit(..., resume=True) would have continued it)")
         pending, self._pending = self._pending, None
@@ -193,111 +351,398 @@ class Trainer(Progress, Resumable, Evaluation, Placement, Isolation):
             self.load_state_dict(pending)
         elif self.seed is not None:
             seed_everything(self.seed)
-        self._train_gen = getattr(train_loader, "generator", None)
-        self.schedule.bind(self._total_steps)
-        if self.isolated and not isolate.cuda_initialized():
-            return self._fit_isolated(train_loader, val_loader)
-        if self.isolated:
-            self._note("isolate", "CUDA was initialised in this process after the Trainer was "
-                       "built: training in this process, without isolation")
-        return self._fit_here(train_loader, val_loader)
+        self.schedule.bind(self._plan.total_steps)
 
-    def _fit_here(self, train_loader, val_loader, view_started: bool = False) -> pd.DataFrame:
-        """The fit in this process (the kernel, or the isolated worker)."""
-        self._place(self._loaders)
-        self._speed_up(train_loader)
-        stopped, failed = None, True
-        with GracefulInterrupt() as self._interrupt, \
-                checkpointed_blocks(self.model, self.grad_checkpointing) as blocks, \
-                setup.compile_settings(bool(self.compile), self.device, self.precision):
-            self._build_step(compiled=bool(self.compile))
-            self._keep(self.state_dict())
-            self._fit_first_step = self.state.global_step
-            self._start_view(blocks, view_started)
-            try:
-                stopped = self._run(train_loader, val_loader)
-                failed = False
-            finally:
-                self._finish(stopped, failed)
-                self._interrupt = None  # a Ctrl-C that stopped fit does not also stop evaluate()
-        return self.history
-
-    def _run(self, train_loader, val_loader) -> str | None:
-        """Epochs until done or stopped; returns why it stopped early (or None)."""
-        while self.state.epoch < self._epochs:
-            try:
-                outcome = self._train_epoch(train_loader, val_loader)
-                if outcome == "rewind":
-                    continue
-                if outcome:
-                    return outcome
-                metrics, stop = self._validate_epoch(val_loader)
-            except KeyboardInterrupt:  # outside a step: loading data or validating
-                return self._interrupted()
-            self._end_epoch(metrics)
-            if stop:
-                return "early_stopping"
-        return None
-
-    def _train_epoch(self, loader, val_loader) -> str | None:
-        """One epoch from the current position: None when complete, "rewind" after a restore,
-        else why it stopped."""
-        state, acc = self.state, self.state.acc
-        self.model.train()
-        if hasattr(self.loss_fn, "set_epoch"):
-            self.loss_fn.set_epoch(state.epoch)
-        if state.batches_done == 0:
-            reset_peak(self.device)
-        window, self._monitor = [], self._new_monitor()
-        batches = self._monitor.batches(epoch_batches(loader, state, self.event))
-        for i, batch in enumerate(batches, start=state.batches_done):
-            if i >= self._batches_per_epoch:
-                break
-            window.append(self._batch(batch))
-            if len(window) < self.grad_accum and i + 1 < self._batches_per_epoch:
-                continue
-            self._set_lr()
-            outcome = self._recovery.run(window)
-            if outcome.kind == "device_lost":
-                return self._move_to_cpu(outcome.detail)
-            if outcome.kind == "restore":
-                return self._restore_after_bad_steps()
-            n = sum(recovery.batch_len(b) for b in window)
-            if outcome.kind == "ok":
-                acc["loss_sum"] += outcome.loss * n
-                acc["loss_samples"] += n
-            state.batches_done += len(window)
-            state.global_step += 1
-            window = []
-            self._monitor.step_done(n)
-            self._record_step(outcome.loss)
-            if self._channel is not None:
-                self._channel.step_done()
-            with self._monitor.paused():
-                stopped = self._between_steps(val_loader)
-            if stopped:
-                return stopped
-        return None
-
-    def _set_lr(self) -> None:
-        factor = self.schedule.factor(self.state.global_step) * self.state.lr_scale
-        for group in self.optimizer.param_groups:
-            group["lr"] = group["initial_lr"] * factor
-
-    # ----------------------------------------------------------------------------- data
     def _loader(self, data, shuffle: bool, what: str):
         return make_loader(data, batch_size=self.batch_size, shuffle=shuffle, what=what,
                            seed=self.seed, strategy=self.strategy,
                            loader_kwargs=self._loader_kwargs, note=self._note)
 
-    def _plan(self, loader) -> None:
-        """Epochs and batches per epoch for this fit (smoke mode caps both and says so)."""
-        self._epochs, self._batches_per_epoch, note = plan_epochs(
-            loader, self.epochs, self.steps_per_epoch, self.grad_accum, smoke())
+    def _build_step(self, compiled: bool) -> None:
+        self.placement.build_step(compiled, self.event, updating=self._interrupt.updating
+                                  if self._interrupt else contextlib.nullcontext,
+                                  state=self.state)
+
+    def _start_view(self, blocks: list[str], started: bool) -> None:
+        """The view for this fit (in an isolated worker: the channel to the kernel's view);
+        ``started``: the kernel's view already runs (continuing after the worker was lost)."""
+        if not started:
+            view = self.progress.make_view(self.live, channel=self._channel,
+                                           is_main=self.strategy.is_main)
+            self.progress.start(view, self._run_info())
+        for kind, message in self._notes:
+            self.event(kind, message)
+        self._notes = []
+        if self.settings.grad_checkpointing:
+            self.event("grad_checkpointing", (
+                f"recomputing activations of {len(blocks)} blocks ({', '.join(blocks[:6])}"
+                f"{'...' if len(blocks) > 6 else ''}) in backward") if blocks else (
+                "no top-level block with parameters and without batch norm to checkpoint; "
+                "running without"))
+
+    def _run_info(self) -> dict:
+        return {"epochs": self._plan.epochs, "steps_per_epoch": self._plan.steps_per_epoch,
+                "batch_size": self.batch_size, "device": str(self.device),
+                "precision": self.precision.name, "model": type(self.model).__name__,
+                "n_params": sum(p.numel() for p in self.model.parameters()),
+                "monitor": self.monitor, "smoke": smoke(), "pid": os.getpid()}
+
+    # ----------------------------------------------------------------------------- between steps
+    def _between_steps(self, val_loader) -> bool:
+        """Stop requests, validation every ``val_every`` steps, checkpoints and snapshots;
+        True when the fit stops here."""
+        state, s = self.state, self.settings
+        # summed over ranks: a stop asked on any rank stops every rank after this same step
+        interrupt, button = self.strategy.sum([float(self._interrupt.requested),
+                                               float(self.progress.stop_requested)])
+        if interrupt:
+            return self._stop(Stop.INTERRUPT, "interrupted: stopping after the current step")
+        if button:
+            return self._stop(Stop.STOP_BUTTON, "Stop clicked: stopping after the current step")
+        if s.val_every and state.global_step % s.val_every == 0 and val_loader is not None:
+            metrics = self._validate(val_loader)
+            self.model.train()
+            state.last_val = (state.global_step, metrics)
+            self.progress.show(state, self.grad_accum, self.learner.lr(),
+                               loss=state.steps[-1][2], **metrics)
+            if self._after_validation(metrics):
+                return self._stop(Stop.EARLY_STOPPING, None)
+        if s.checkpoint_every and state.global_step % s.checkpoint_every == 0:
+            self._save_last()
+        elif (s.snapshot_every and state.global_step % s.snapshot_every == 0
+              and (self.guard is None or self.guard.streak == 0)):
+            self.checkpoints.keep(self.state_dict())
+        return False
+
+    def _stop(self, reason: Stop, message: str | None) -> bool:
+        if message:
+            self.event(reason.value, message + (f"; checkpoint saved in {self.checkpoint_dir}"
+                                                if self.checkpoint_dir else
+                                                "; no checkpoint_dir, state kept in memory"))
+        self._save_last()
+        self.state.stopped = reason
+        return True
+
+    def _validate(self, loader) -> dict:
+        metrics = {"val_" + k: v for k, v in self._evaluate_here(loader, "validation").items()}
+        self._beat("step")
+        return metrics
+
+    def _validate_epoch(self, val_loader) -> tuple[dict, bool]:
+        """The epoch's validation (reused when ``val_every`` just ran); whether to stop."""
+        if val_loader is None:
+            return {}, False
+        if self.state.last_val[0] == self.state.global_step:
+            return self.state.last_val[1], False
+        metrics = self._validate(val_loader)
+        return metrics, self._after_validation(metrics)
+
+    def _after_validation(self, metrics: dict) -> bool:
+        """Track the best weights; True when early stopping says stop (on every rank)."""
+        state, stopping = self.state, self.stopping
+        said = stopping.check(metrics)
+        if said and not any(e.kind == "nonfinite_targets" for e in state.events):
+            self.event("nonfinite_targets", said)
+        improved = stopping.improved(state.best, metrics)
+        if improved is None:
+            return False
+        stopping.record(state.best, metrics, improved, state.global_step, state.epoch,
+                        lambda: recovery.to_cpu(self.learner.eval_model(True).state_dict()))
+        if improved:
+            best = state.best
+            self.checkpoints.save_best({"model": best.model, "monitor": self.monitor,
+                                        "value": best.value, "epoch": best.epoch,
+                                        "global_step": best.step, "ema": self.ema is not None})
+        note = self.schedule.on_validation(improved)
         if note:
-            self._note("smoke", note)
-        self._steps_per_epoch = math.ceil(self._batches_per_epoch / self.grad_accum)
-        self._total_steps = self._epochs * self._steps_per_epoch
+            self.event("lr_plateau", note)
+        if self.strategy.agree(stopping.should_stop(state.best)):
+            self.event("early_stop", stopping.message(state.best))
+            return True
+        return False
+
+    def _end_epoch(self, metrics: dict) -> None:
+        self.progress.end_epoch(self.state, self.grad_accum, self.learner.lr(), metrics,
+                                self.device)
+        self.state.end_epoch()
+        if self.checkpoint_dir is not None:
+            self._save_last()
+        else:
+            self.checkpoints.keep(self.state_dict())
+
+    def _finish(self, failed: bool) -> None:
+        """Restore best/EMA weights, close the view (the last checkpoint is already written)."""
+        best = self.state.best
+        self.placement.end_fit()
+        if failed:
+            self.checkpoints.save_crash(self.strategy.file_ready)
+        elif self.early_stopping and best.model is not None:
+            self.model.load_state_dict(best.model)
+            self.event("best_restored", f"model holds the best weights ({self.monitor} "
+                       f"{best.value:.4g} at epoch {best.epoch}, step {best.step})")
+        elif self.ema is not None:
+            self.model.load_state_dict(self.ema.module.state_dict())
+            self.event("ema_weights", "model holds the EMA weights (raw weights are in "
+                       "last.pt)" if self.checkpoint_dir else "model holds the EMA weights")
+        self.progress.end(self.summary())
+
+    def summary(self, stopped: Stop | None = None) -> dict:
+        """What the view's end() and report() show (speeds are wall clock: progress.py)."""
+        return self.progress.summary(self.state, self.monitor, self.device,
+                                     self.precision.name, stopped)
+
+    # ----------------------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        """Everything needed to continue exactly: weights, optimizer, schedule, scaler, EMA,
+        the run's state and RNG states (CPU copies; loads with weights_only=True)."""
+        gen = self._train_gen
+        rng = self.state.pending_rng if self.state.pending_rng is not None else {
+            **rng_state(), "loader": gen.get_state() if gen is not None else None}
+        return {"kind": "last", **self.learner.state_dict(self.strategy),
+                "rng": recovery.to_cpu(rng), **recovery.to_cpu(self.state.state_dict()),
+                "scaler": self.scaler.state_dict(),
+                "config": {"lr": self.lr, "epochs": self.epochs, "batch_size": self.batch_size,
+                           "grad_accum": self.grad_accum, "seed": self.seed,
+                           "model": type(self.model).__name__},
+                "device": str(self.device), "precision": self.precision.name}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` (a ``state_dict()`` or a checkpoint file's content)."""
+        self._restore(state, events=True)
+        old = (state.get("config", {}).get("batch_size"), state.get("config", {}).get("grad_accum"))
+        if None not in old and old != (self.batch_size, self.grad_accum) and \
+                self.state.batches_done:
+            samples = self.state.batches_done * old[0]
+            self.state.batches_done = samples // self.batch_size // self.grad_accum * \
+                self.grad_accum
+            self._note("resume", f"the checkpoint used batch_size={old[0]} x grad_accum="
+                       f"{old[1]}, this run {self.batch_size} x {self.grad_accum}: the epoch "
+                       f"continues after about {samples} samples, not bit for bit")
+
+    def _restore(self, state: dict, events: bool = False) -> None:
+        """Weights, optimizer, schedule, scaler, EMA, guard and the run's state."""
+        self.learner.load_state_dict(state, self.strategy)
+        if self.scaler.is_enabled() and state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])
+        self.state.load_state_dict(state, events=events)
+        self.placement.resume_micro(self.state.micro)
+
+    def restore(self, state: dict) -> None:
+        """Back to a ``state_dict()`` taken earlier in this process (weights, optimizer, run
+        state, RNG); the events said since are kept."""
+        self._restore(state)
+        set_rng_state(self.state.pending_rng)
+        self.state.pending_rng = None
+
+    def resume(self, path: str | Path) -> Trainer:
+        """Load a checkpoint file (or the newest good one in a folder) now; the next ``fit``
+        continues from it."""
+        state, used, problems = read_checkpoint(path, self.model)
+        for p in problems:
+            self._note("checkpoint_fallback", f"{p}; using {used} instead")
+        self.model.load_state_dict(state["model"])
+        self._pending = state
+        self._note("resume", f"resuming from {used} (epoch {state['position']['epoch']}, "
+                   f"step {state['position']['global_step']})")
+        return self
+
+    def _load_resume(self, resume) -> None:
+        where = self.checkpoint_dir if resume is True else Path(resume)
+        if where is None:
+            raise ValueError("fit(resume=True) needs checkpoint_dir=; or pass resume=<path>")
+        if resume is True and not self.checkpoints.has_last():
+            self._note("resume", f"no checkpoint in {where} yet: starting from scratch")
+            return
+        self.resume(where)
+
+    def _save_last(self) -> None:
+        self._beat("checkpoint")
+        self.checkpoints.save_last(self.strategy.for_file(self.state_dict()))
+        self._beat("step")
+
+    def _beat(self, phase: str, grace: float | None = None) -> None:
+        """In an isolated worker: alive, in ``phase`` (the kernel's silence clock restarts; a
+        lost worker's event names the phase). Nothing elsewhere."""
+        if self._channel is not None:
+            self._channel.heartbeat(phase=phase, grace=grace)
+            self._faults.enter(phase)
+
+    # ----------------------------------------------------------------------------- recovery
+    def _move_to_cpu(self, detail: str) -> Epoch:
+        """Sticky device error: continue the whole run on the CPU from the last good state
+        (a CPU-side snapshot; nothing reads the lost device again)."""
+        lost, snapshot = self.device, self.checkpoints.snapshot
+        self.event("device_lost", f"{detail} — {lost} cannot be trusted again in this process. "
+                   "Moving the run (model, optimizer state, scaler, EMA) to the CPU and "
+                   f"continuing from the last good state (step "
+                   f"{snapshot['position']['global_step']}) in fp32; steps will be slower")
+        self._continue_on_cpu()
+        self.learner.rebuild_on_cpu()
+        self._restore(snapshot)
+        self.state.micro = None  # the GPU's micro-batch size means nothing here
+        self._build_step(compiled=False)
+        return Epoch.REWOUND
+
+    def _continue_on_cpu(self) -> None:
+        """The device is lost: never used again in this process; the rest runs on the CPU in
+        fp32 (no pinned memory, no compile, no isolation)."""
+        self.placement.continue_on_cpu(self._loaders)
+        self._loader_kwargs["pin_memory"] = False
+        self.isolated = False
+
+    def _restore_after_bad_steps(self) -> Epoch:
+        """``patience`` bad steps in a row: back to the last good state with the lower LR;
+        a bounded number of times at the same place, then a clear error."""
+        state, snapshot = self.state, self.checkpoints.snapshot
+        at = snapshot["position"]["global_step"]
+        state.restores[at] = state.restores.get(at, 0) + 1
+        if state.restores[at] > 3:
+            raise FloatingPointError(
+                f"the loss stays non-finite or spiking after 3 restores to step {at} (epoch "
+                f"{snapshot['position']['epoch']}), with the learning rate cut to "
+                f"{state.lr_scale:.3g} of the schedule. Likely causes: non-finite values in a "
+                "custom loss or model output, or a learning rate far too high; check "
+                "trainer.steps and trainer.events")
+        lr_scale = state.lr_scale
+        self.event("restore", f"{self.guard.patience} bad steps in a row: restoring the last "
+                   f"good state (step {at}) and keeping the lower learning rate ({lr_scale:.3g} "
+                   "of the schedule)")
+        self._restore(snapshot)
+        state.lr_scale = lr_scale
+        self.guard.streak = 0
+        return Epoch.REWOUND
+
+    def _interrupted(self) -> None:
+        """A KeyboardInterrupt inside a step: drop the step, keep the last good weights."""
+        self.optimizer.zero_grad(set_to_none=True)
+        rec = self.placement.recovery
+        if rec.phase == "update":  # the optimizer may have been half-way through
+            self._restore(self.checkpoints.snapshot)
+            self.event("restore", "interrupted during the optimizer update: restored the last "
+                       f"good state (step {self.state.global_step})")
+        rec.phase = "idle"
+        self._stop(Stop.INTERRUPT, "interrupted: the current step was dropped")
+
+    # ----------------------------------------------------------------------------- isolation
+    def _fit_isolated(self, train, val, train_loader, val_loader) -> pd.DataFrame:
+        """The fit in a supervised worker (worker_fit.py); if it dies or hangs, on the CPU here
+        from the last state it sent (the start state when none came)."""
+        device, start = self.device, self.state_dict()
+        job = FitJob(self.settings.replace(isolate=False), self.model, train, val, start,
+                     list(self._notes), random.getstate())
+        kernel = KernelView(self.progress.make_view(self.live))
+        out = self._run_job(job, on_message=kernel.on_message,
+                            should_stop=lambda: bool(kernel.view.stop_requested))
+        if out.status == "done":
+            self._notes = []
+            self._restore(out.result, events=True)  # the model holds the weights fit chose
+            self.state.stopped = out.result["stopped"]
+            self._fit_where = "worker"
+            return self.history
+        if out.state is not None:
+            self._notes = []  # the worker said them; its state holds them
+        self._restore(out.state or start, events=True)
+        if not kernel.started:  # lost before it drew anything: the kernel's view starts here
+            self.progress.start(kernel.view, self._run_info())
+        else:
+            self.progress.view = kernel.view
+        if out.status == "interrupted":
+            self.event("interrupt", f"{out.reason}; the last good state (step "
+                       f"{self.state.global_step}) is kept")
+            self.progress.end(self.summary(Stop.INTERRUPT))
+            return self.history
+        self._continue_on_cpu()
+        self.event("worker_lost", f"{out.reason}. {device} is not used again in this process: the "
+                   f"run continues on the CPU from the last good state (step "
+                   f"{self.state.global_step}) in fp32; steps will be slower")
+        self.state.micro = None
+        return self._fit_here(train_loader, val_loader, view_started=True)
+
+    def _in_worker(self) -> bool:
+        """Whether evaluate/predict/find_batch_size run in a worker: where fit ran (or would)."""
+        return self._fit_where == "worker" and self.isolated and self._interrupt is None
+
+    def _run_job(self, job: FitJob, **supervise):
+        """``job`` in a fresh worker process (spawned: whatever this process did before, CUDA,
+        threads, OpenMP, cannot break it); the worker's own error is re-raised here."""
+        out = isolate.run_isolated(functools.partial(Trainer._work, job), start="spawn",
+                                   step_timeout=self.settings.step_timeout, **supervise)
+        if out.status == "error":
+            raise reraise(out.error)
+        return out
+
+    @staticmethod
+    def _work(job: FitJob, channel) -> object:
+        """In the isolated worker: the same Trainer from the job, trained (or predicting) here;
+        returns its final state (or the predictions)."""
+        trainer = Trainer.from_settings(job.model, job.settings)
+        trainer._channel, trainer._faults = channel, Faults()
+        trainer.checkpoints.on_keep = lambda state: channel.state(recovery.to_cpu(state))
+        if job.predict is not None or job.find_batch is not None:
+            trainer._notes = []
+            if job.predict is not None:
+                return trainer._predict(*job.predict)
+            dataset, kwargs = job.find_batch
+            found = trainer.find_batch_size(dataset, **kwargs)
+            return {"found": found, "batch_size": trainer.batch_size,
+                    "grad_accum": trainer.grad_accum, "events": trainer.events}
+        trainer._notes = list(job.notes or [])
+        if job.py_random is not None:
+            random.setstate(job.py_random)
+        train_loader, val_loader = trainer._open(job.train, job.val)
+        trainer.state = RunState.fresh([])
+        trainer.load_state_dict(job.start)
+        trainer.schedule.bind(trainer._plan.total_steps)
+        trainer._fit_here(train_loader, val_loader)
+        trainer._beat("hand-over")
+        return {**recovery.to_cpu(trainer.state_dict()), "stopped": trainer.state.stopped}
+
+    # ----------------------------------------------------------------------------- evaluate
+    @torch.no_grad()
+    def evaluate(self, data) -> dict:
+        """Loss and regression metrics (rmse, nrmse = rmse / std(y), mae, r2) on ``data``;
+        samples with non-finite targets are left out and counted (``nonfinite_targets``)."""
+        return self._metrics(*self._predict(data, with_targets=True))
+
+    def _evaluate_here(self, loader, phase: str = "evaluate") -> dict:
+        return self._metrics(*self._predict_here(loader, with_targets=True, phase=phase))
+
+    @staticmethod
+    def _metrics(pred, target, loss, bad) -> dict:
+        out = {"loss": loss}
+        if bad:
+            out["nonfinite_targets"] = bad
+        if target is not None and target.dtype.kind == "f" and pred.size == target.size:
+            keep = np.isfinite(target)
+            if keep.any():
+                out.update(regression_metrics(target[keep], pred.reshape(target.shape)[keep]))
+        return out
+
+    @torch.no_grad()
+    def predict(self, data) -> np.ndarray:
+        """Predictions as a numpy array: shape (N,) for one output per sample, else (N, k)."""
+        return self._predict(data, with_targets=False)[0]
+
+    def _predict(self, data, with_targets: bool) -> tuple:
+        """Where fit ran: in a worker after an isolated fit (if it dies, here on the CPU, said
+        once), else in this process."""
+        if self._in_worker():
+            out = self._run_job(FitJob(self.settings.replace(isolate=False), self.model,
+                                       predict=(data, with_targets)))
+            if out.status == "done":
+                return out.result
+            self._note("worker_lost", f"{out.reason}; predicting on the CPU in this process")
+            self._continue_on_cpu()
+        return self._predict_here(self._loader(data, shuffle=False, what="data"), with_targets)
+
+    def _predict_here(self, loader, with_targets: bool, phase: str = "evaluate") -> tuple:
+        self.placement.place([loader], self._note, self._notes)
+        interrupt = self._interrupt
+        return predict_loader(self.learner.eval_model(interrupt is not None), loader,
+                              strategy=self.strategy, precision=self.precision,
+                              loss_fn=self.loss_fn, with_targets=with_targets,
+                              stop_requested=lambda: bool(interrupt and interrupt.requested),
+                              cast=self.batch_check.cast, on_batch=lambda: self._beat(phase))
 
     # ----------------------------------------------------------------------------- messages
     def _note(self, kind: str, message: str) -> None:
@@ -311,7 +756,7 @@ class Trainer(Progress, Resumable, Evaluation, Placement, Isolation):
         """Record an event (kept in ``events``, shown by the live view)."""
         ev = Event(kind, message, step=self.state.global_step, epoch=self.state.epoch)
         self.state.events.append(ev)
-        self._view.event(ev)
+        self.progress.event(ev)
         if self.verbose and (self.live is False or self.live is None) and self.strategy.is_main:
             print(f"hybridnb: {ev}", file=sys.stderr)
         return ev
@@ -321,8 +766,20 @@ class Trainer(Progress, Resumable, Evaluation, Placement, Isolation):
         """The largest batch that fits with ``headroom`` to spare (doubling + bisection over
         real steps); sets ``batch_size`` and raises ``grad_accum`` to keep the effective batch.
         The model and optimizer are restored afterwards. See hybridnb.train.batch_size."""
+        kwargs = {"headroom": headroom, "max_batch": max_batch, "start": start}
+        if self._in_worker():  # the device is the worker's: measured there
+            out = self._run_job(FitJob(self.settings.replace(isolate=False), self.model,
+                                       find_batch=(dataset, kwargs)))
+            if out.status == "done":
+                self.batch_size, self.grad_accum = out.result["batch_size"], \
+                    out.result["grad_accum"]
+                for ev in out.result["events"]:
+                    self.state.events.append(ev)
+                return out.result["found"]
+            self._note("worker_lost", f"{out.reason}; finding the batch size on the CPU here")
+            self._continue_on_cpu()
         from hybridnb.train.batch_size import find_batch_size
-        return find_batch_size(self, dataset, headroom=headroom, max_batch=max_batch, start=start)
+        return find_batch_size(self, dataset, **kwargs)
 
     def report(self, folder: str | Path) -> Path:
         """Write history.csv, steps.csv, events.csv, figures (HTML; PNG when possible) and a

@@ -1,26 +1,76 @@
-"""``Trainer.fit`` in an isolated worker: what the worker runs and what the kernel does with it.
+"""``Trainer.fit`` in an isolated worker: the job the worker receives, the view it draws through
+the kernel, and the worker's exception rebuilt in the kernel.
 
-The kernel (the notebook's process) never touches the GPU: it forks a worker (``isolate.py``)
-that places the model and data on the device and runs the ordinary loop. The worker's live view
-is a ``ChannelView`` that sends every call to the kernel, where the real renderer draws it (the
-Stop button keeps working); at every snapshot and checkpoint the worker sends its state. When
-the worker finishes, the kernel loads its final state into the Trainer (the model object the
-user passed ends with the trained weights). When it dies (a signal, an abort or segfault in a C++
-thread) or hangs past ``step_timeout``, the kernel records an event naming what happened and
-continues the run on the CPU from the last state it received; ``history`` stays continuous.
-
-A mixin of ``Trainer`` (the class is split by concern so the loop stays on one screen).
+The kernel (the notebook's process) never touches the GPU. It hands the worker a ``FitJob``: the
+run's settings (resolved, so the worker never detects again), the model, the data as the user
+gave it, the start state (``Trainer.state_dict()``) and the notes not yet said. The worker builds
+the same Trainer from them and runs the ordinary loop; its live view is a ``ChannelView`` that
+sends every call to the kernel, where the real renderer draws it (the Stop button keeps working);
+at every snapshot and checkpoint it sends its state. How the kernel answers the worker's end is
+the Trainer's (``trainer.py``): the final state is loaded into the user's model; a death or hang
+continues on the CPU from the last state received (the start state when none came).
 """
 
 from __future__ import annotations
 
 import builtins
-import random
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from hybridnb.live import make_view
-from hybridnb.train import isolate, recovery
+from hybridnb.env import FAULT_ENV
+from hybridnb.train.settings import Settings
+
+# The phases an isolated worker names in its heartbeats (a lost worker's event names the last)
+PHASES = ("setup", "first step", "step", "validation", "checkpoint", "hand-over", "evaluate")
+
+
+@dataclass
+class FitJob:
+    """What an isolated worker needs to run a fit (or, with ``predict``, an evaluation)."""
+
+    settings: Settings
+    model: torch.nn.Module
+    train: Any = None
+    val: Any = None
+    start: dict | None = None
+    notes: list | None = None
+    py_random: Any = None
+    predict: tuple | None = None   # (data, with_targets): evaluate/predict instead of fit
+    find_batch: tuple | None = None  # (dataset, kwargs): find_batch_size instead of fit
+
+
+class Faults:
+    """Fault injection for tests of the safety net: ``HYBRIDNB_FAULT="phase:kind[:n]"`` makes the
+    worker die (kind ``kill``: SIGKILL, ``abort``: SIGABRT as a crashing driver does) or hang
+    (``hang``) the ``n``-th time (default 1) it enters ``phase`` (one of ``PHASES``). Read in
+    isolated workers only; the kernel never injects."""
+
+    def __init__(self, spec: str | None = None) -> None:
+        spec = os.environ.get(FAULT_ENV, "") if spec is None else spec
+        parts = spec.split(":") if spec else []
+        self.phase = parts[0] if parts else None
+        self.kind = parts[1] if len(parts) > 1 else "kill"
+        self.at = int(parts[2]) if len(parts) > 2 else 1
+        if self.phase is not None and (self.phase not in PHASES
+                                       or self.kind not in ("kill", "abort", "hang")):
+            raise ValueError(f"{FAULT_ENV}={spec!r}: use phase:kind[:n] with a phase in {PHASES} "
+                             "and a kind in kill|abort|hang")
+        self.seen = 0
+
+    def enter(self, phase: str) -> None:
+        if phase != self.phase:
+            return
+        self.seen += 1
+        if self.seen != self.at:
+            return
+        if self.kind == "hang":
+            time.sleep(3600)
+        signal.raise_signal(signal.SIGKILL if self.kind == "kill" else signal.SIGABRT)
 
 
 class ChannelView:
@@ -47,77 +97,26 @@ class ChannelView:
         return self.channel.stop_requested()
 
 
+class KernelView:
+    """The kernel's side: draws what the worker's ``ChannelView`` sent, and knows whether the
+    worker started the view (a worker lost before that leaves it to the kernel)."""
+
+    def __init__(self, view) -> None:
+        self.view, self.started = view, False
+
+    def on_message(self, message) -> None:
+        if message.kind == "view":
+            method, arg = message.payload
+            if method == "start":
+                self.started = True
+            getattr(self.view, method)(arg)
+
+
 class WorkerError(Exception):
     """The traceback of an error raised in the isolated worker (the cause of the re-raise)."""
 
 
-class Isolation:
-    """``fit`` through an isolated worker, and the kernel's answer to how the worker ended."""
-
-    def _fit_isolated(self, train_loader, val_loader):
-        """Run the fit in a worker; returns the history (see the module doc)."""
-        device, start = self.device, self.state_dict()
-        py_random = random.getstate()  # a forked child reseeds Python's random module
-        self._view = make_view(self.live)
-
-        def work(channel):
-            _in_worker(self, channel)
-            random.setstate(py_random)
-            self._fit_here(train_loader, val_loader)
-            return {**recovery.to_cpu(self.state_dict()), "stopped": self.state.stopped}
-
-        def on_message(m) -> None:
-            if m.kind == "view":
-                method, arg = m.payload
-                getattr(self._view, method)(arg)
-
-        out = isolate.run_isolated(work, on_message=on_message, step_timeout=self.step_timeout,
-                                   should_stop=lambda: bool(self._view.stop_requested))
-        if out.status == "done":
-            self._restore(out.result, events=True)  # the model holds the weights fit chose
-            self.state.stopped = out.result["stopped"]
-            return self.history
-        self._restore(out.state or start, events=True)
-        if out.status == "error":
-            raise _reraise(out.error)
-        if out.status == "interrupted":
-            self.event("interrupt", f"{out.reason}; the last good state (step "
-                       f"{self.state.global_step}) is kept")
-            self._view.end(self.summary("interrupt"))
-            return self.history
-        self._continue_on_cpu()
-        self.event("worker_lost", f"{out.reason}. {device} is not used again in this process: the "
-                   f"run continues on the CPU from the last good state (step "
-                   f"{self.state.global_step}) in fp32; steps will be slower")
-        self.state.micro = None
-        return self._fit_here(train_loader, val_loader, view_started=True)
-
-
-    def _predict_isolated(self, loader, with_targets: bool):
-        """evaluate/predict after an isolated fit: in a worker as well (the kernel keeps away
-        from the GPU); if the worker dies, on the CPU here, said once."""
-        def work(channel):
-            _in_worker(self, channel)
-            return self._predict(loader, with_targets)
-
-        out = isolate.run_isolated(work, step_timeout=self.step_timeout)
-        if out.status == "done":
-            return out.result
-        if out.status == "error":
-            raise _reraise(out.error)
-        self._note("worker_lost", f"{out.reason}; predicting on the CPU in this process")
-        self._continue_on_cpu()
-        return self._predict(loader, with_targets)
-
-
-def _in_worker(trainer, channel) -> None:
-    """The forked copy of the Trainer becomes the one that trains: no further isolation, the
-    channel to the kernel, one CPU thread (libgomp's thread pool does not survive a fork)."""
-    trainer.isolated, trainer._channel = False, channel
-    torch.set_num_threads(1)
-
-
-def _reraise(error: dict) -> BaseException:
+def reraise(error: dict) -> BaseException:
     """The worker's exception, rebuilt in the kernel with the same type and message when it is
     a builtin one (a RuntimeError otherwise), its traceback as the cause."""
     cls = getattr(builtins, error.get("type", ""), None)

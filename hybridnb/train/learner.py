@@ -1,0 +1,96 @@
+"""What learns: the model, its trainable parameters, the optimizer, loss, LR schedule, EMA copy
+and loss guard, built once from the settings, with their states in and out together.
+
+The Trainer's other parts use these objects through this one (``placement`` puts them on a
+device and builds the step around them; ``state_dict`` feeds checkpoints and the worker's
+hand-over). fastai calls this bundle a Learner.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybridnb.train import recovery, setup
+from hybridnb.train.ema import make_ema
+from hybridnb.train.losses import make_loss
+from hybridnb.train.schedules import make_schedule
+from hybridnb.train.settings import Settings
+
+
+class Learner:
+    """Model, parameters, optimizer, loss, schedule, EMA and guard of one run."""
+
+    def __init__(self, model: torch.nn.Module, settings: Settings) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        self.model = model
+        self.frozen = setup.freeze(model, list(settings.freeze or ()))
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError(f"freeze={list(settings.freeze or ())!r} leaves no trainable "
+                             f"parameter in {type(model).__name__}")
+        self.optimizer = setup.make_optimizer(settings.optimizer, self.params, settings.lr,
+                                              settings.weight_decay)
+        self.ema = make_ema(model, settings.ema) if settings.ema is not None else None
+        self.loss_fn = make_loss(settings.loss, huber_delta=settings.huber_delta,
+                                 reweight_after=settings.reweight_after)
+        self.schedule = make_schedule(settings.schedule, warmup=settings.warmup)
+        guard = settings.loss_guard
+        self.guard = (recovery.LossGuard() if guard is True else
+                      guard if isinstance(guard, recovery.LossGuard) else None)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype inputs are cast to (the first trainable parameter's)."""
+        return self.params[0].dtype
+
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def set_lr(self, factor: float) -> None:
+        """Every group's LR at ``factor`` of its initial LR."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * factor
+
+    def start_epoch(self, epoch: int) -> None:
+        self.model.train()
+        if hasattr(self.loss_fn, "set_epoch"):
+            self.loss_fn.set_epoch(epoch)
+
+    def eval_model(self, fitting: bool) -> torch.nn.Module:
+        """During fit, validation scores the EMA weights when EMA is on; after fit the model
+        holds the weights fit chose (best or EMA), so evaluate/predict score exactly those."""
+        return self.ema.module if self.ema is not None and fitting else self.model
+
+    def state_dict(self, strategy) -> dict:
+        """Weights, optimizer, EMA (CPU copies), schedule and guard."""
+        return {**recovery.to_cpu({
+            "model": self.model.state_dict(),
+            "optimizer": strategy.optimizer_state(self.optimizer),
+            "ema": None if self.ema is None else self.ema.state_dict()}),
+            "schedule": self.schedule.state_dict(),
+            "guard": None if self.guard is None else self.guard.state_dict()}
+
+    def load_state_dict(self, state: dict, strategy) -> None:
+        self.model.load_state_dict(state["model"])
+        strategy.load_optimizer_state(self.optimizer, state["optimizer"])
+        self.schedule.load_state_dict(state["schedule"])
+        if self.ema is not None and state["ema"] is not None:
+            self.ema.load_state_dict(state["ema"])
+        if self.guard is not None and state["guard"] is not None:
+            self.guard.load_state_dict(state["guard"])
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def to(self, device: torch.device) -> None:
+        """Model, EMA and optimizer state on ``device``."""
+        self.model.to(device)
+        if self.ema is not None:
+            self.ema.to(device)
+        if self.optimizer.state:  # loading casts the state to each parameter's device
+            self.optimizer.load_state_dict(self.optimizer.state_dict())
+
+    def rebuild_on_cpu(self) -> None:
+        """Fresh CPU storage after a lost device (nothing reads the device again)."""
+        recovery.rebuild_on_cpu(self.model)
+        if self.ema is not None:
+            recovery.rebuild_on_cpu(self.ema)

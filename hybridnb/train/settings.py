@@ -1,0 +1,141 @@
+"""The run's settings: ``Trainer(...)``'s keyword arguments, checked once and frozen.
+
+One validated, picklable dataclass, so the kernel and an isolated worker build the same run from
+the same object. ``Settings.build(**kwargs)`` checks every argument before any work (messages name
+the argument, the value and the fix, as braindecode's windowers do); ``resolved(hw)`` fills in
+what ``"auto"``/``None`` leave to ``hn.detect()`` (device, batch size, accumulation, loader
+options), so a worker never has to detect again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hybridnb.train import checkpoint
+
+COMPILE_MODES = (False, True, "default", "reduce-overhead", "max-autotune")
+ON_GPU_ERROR = ("recover", "raise")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every ``Trainer`` option (see ``Trainer``'s docstring for each one's meaning)."""
+
+    loss: Any = "mse"
+    lr: float = 1e-3
+    epochs: int = 10
+    batch_size: int | None = None
+    device: Any = "auto"
+    precision: str = "auto"
+    live: Any = "auto"
+    seed: int | None = None
+    checkpoint_dir: Path | None = None
+    optimizer: Any = None
+    weight_decay: float = 0.01
+    grad_accum: int | None = None
+    clip_grad: float | None = 1.0
+    schedule: Any = "warmup_cosine"
+    warmup: float = 0.05
+    ema: float | None = None
+    early_stopping: int | None = None
+    monitor: str = "val_loss"
+    freeze: tuple[str, ...] | None = None
+    compile: Any = False
+    on_gpu_error: str = "recover"
+    val_every: int | None = None
+    checkpoint_every: int | None = None
+    snapshot_every: int | None = 100
+    steps_per_epoch: int | None = None
+    loss_guard: Any = True
+    huber_delta: float = 1.0
+    reweight_after: int | None = None
+    memory_fraction: float | None = None
+    grad_checkpointing: bool = False
+    loader_kwargs: dict | None = None
+    strategy: Any = "auto"
+    isolate: Any = "auto"
+    step_timeout: float | None = None
+    speedups: Any = "auto"
+    verbose: bool = True
+    # filled in by resolved(): what detect() recommended, so nobody asks it again
+    recommended_precision: str | None = None
+    torch_threads: int | None = None
+    resolved_: bool = False
+
+    @classmethod
+    def build(cls, **kwargs: Any) -> Settings:
+        """The checked settings; unknown names are a TypeError naming them, as a call would."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(f"Trainer() got unexpected keyword arguments {unknown}")
+        if isinstance(kwargs.get("freeze"), (list, str)):
+            f = kwargs["freeze"]
+            kwargs["freeze"] = (f,) if isinstance(f, str) else tuple(f)
+        kwargs["checkpoint_dir"] = checkpoint.check_dir(kwargs.get("checkpoint_dir"))
+        settings = cls(**kwargs)
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        """Every argument check in one place, before any work."""
+        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
+            raise ValueError(f"lr={self.lr!r} must be a positive number")
+        if not (isinstance(self.epochs, int) and self.epochs >= 1):
+            raise ValueError(f"epochs={self.epochs!r} must be an integer >= 1")
+        for name in ("batch_size", "grad_accum", "val_every", "checkpoint_every",
+                     "snapshot_every", "steps_per_epoch", "early_stopping"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, int) and v >= 1):
+                raise ValueError(f"{name}={v!r} must be None or an integer >= 1")
+        if self.clip_grad is not None and not self.clip_grad > 0:
+            raise ValueError(f"clip_grad={self.clip_grad!r} must be None or > 0")
+        if self.compile not in COMPILE_MODES:
+            raise ValueError(f"compile={self.compile!r} must be one of {COMPILE_MODES}")
+        if self.on_gpu_error not in ON_GPU_ERROR:
+            raise ValueError(f"on_gpu_error={self.on_gpu_error!r} must be 'recover' or 'raise'")
+        mf = self.memory_fraction
+        if mf is not None and not 0 < mf <= 1:
+            raise ValueError(f"memory_fraction={mf!r} must be in (0, 1]")
+        if not isinstance(self.monitor, str):
+            raise ValueError(f"monitor={self.monitor!r} must be a metric name such as "
+                             "'val_loss'")
+        if self.isolate not in ("auto", True, False):
+            raise ValueError(f"isolate={self.isolate!r}: use 'auto', True or False")
+        if self.step_timeout is not None and not self.step_timeout > 0:
+            raise ValueError(f"step_timeout={self.step_timeout!r} must be > 0 seconds, or None "
+                             "(automatic)")
+
+    @property
+    def needs_detect(self) -> bool:
+        """Whether some option is left to ``hn.detect()``'s recommendation."""
+        return not self.resolved_ and ("auto" in (self.device, self.precision)
+                                       or self.batch_size is None or self.grad_accum is None)
+
+    def resolved(self, hw: Any, device: torch.device) -> Settings:
+        """The settings with ``device`` (already checked) and what ``hw`` (``detect()``'s
+        answer, or None) recommends filled in."""
+        batch_size = self.batch_size if self.batch_size is not None else hw.settings.batch_size
+        grad_accum = self.grad_accum if self.grad_accum is not None else (
+            hw.settings.grad_accum if self.batch_size is None else 1)
+        from_hw = self.device == "auto" and hw is not None
+        if self.loader_kwargs is not None:
+            loader = dict(self.loader_kwargs)
+        elif from_hw:
+            loader = dict(hw.dataloader_kwargs())
+        else:
+            loader = {"num_workers": 0, "pin_memory": device.type == "cuda"}
+        return dataclasses.replace(
+            self, device=str(device), batch_size=int(batch_size), grad_accum=int(grad_accum),
+            loader_kwargs=loader, resolved_=True,
+            recommended_precision=hw.precision if hw is not None else None,
+            torch_threads=(int(hw.settings.torch_threads) if from_hw
+                           and hw.settings.torch_threads else None))
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
