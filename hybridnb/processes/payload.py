@@ -8,11 +8,13 @@ are touched) and unlinks it at once, so the memory goes when the child lets go o
 The child's tensor is a snapshot: later changes in the parent do not reach it, nor the other way.
 The parent unlinks whatever the child did not (``discard``), e.g. when it died before loading.
 
-Measured (this machine, 64 MiB float32 tensor, median of 5; ``bench`` numbers in the report):
-writing the file ~25 ms in the parent and mapping it ~0.1 ms in the child, against
-``share_memory_()`` with the 'file_system' strategy ~30 ms in the parent (a copy into shared
-memory, and afterwards the parent's own tensor lives there, shared with the child, which
-breaks the snapshot a crashed worker's parent relies on) and ~0.3 ms to rebuild in the child.
+Measured (2 shared CPU cores, median of 5; parent = pickling with the copy into shared memory,
+child = unpickling and touching the tensor): a file in /dev/shm costs 31 ms (4 MiB) / 104 ms
+(64 MiB) in the parent and 0.2 ms in the child; torch's ``share_memory_()`` with the
+'file_system' strategy and its ForkingPickler costs 58 ms / 224 ms in the parent and 0.2 ms in
+the child, and it moves the parent's own tensor into shared memory (the child's writes would
+then change the parent's copy: the start state a crashed worker's parent relies on). Hence the
+file.
 """
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ class _Watch:
                 cause = self._loop()
         finally:
             if self.child is not None:
-                self.child.kill()
+                self.child.kill_group()
                 ended_at = time.monotonic()
                 self.bytes = self.child.messages.bytes_read if self.child.messages else 0
                 self.partial = bool(self.child.messages and self.child.messages.partial)
@@ -321,7 +321,7 @@ def _secs(seconds: float | None) -> str:
 def outcome_of(child: Child, *, name: str = "the child", timed_out: bool = False,
                deadline: float | None = None) -> tuple[Ended, str]:
     """For a child watched by other means (a request with a timeout, a probe's deadline): its
-    kind of ending and a sentence, from its exit and its last words. Call after ``kill()``."""
+    kind of ending and a sentence, from its exit and its last words. Call after ``kill_group()``."""
     if timed_out:
         return Ended.TIMEOUT, (f"{name} was still running at its deadline"
                                + (f" of {_secs(deadline)}" if deadline is not None else "")

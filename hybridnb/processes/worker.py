@@ -25,6 +25,19 @@ from typing import Any
 from hybridnb.processes.channel import DONE, Channel, StopFlag
 
 
+def die_with(parent: int, death_signal: int = signal.SIGKILL) -> None:
+    """Linux: this process gets ``death_signal`` when ``parent`` dies (best effort elsewhere);
+    it exits at once if the parent is already gone."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(death_signal))  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
 def prepare() -> None:
     """Signals as a plain Python process has them, and faulthandler on stderr."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -72,8 +85,6 @@ def main(argv: list[str] | None = None) -> None:
     code = 70
     try:
         payload_fd, msg_fd, stop_fd, parent, death = (int(a) for a in (argv or sys.argv[1:]))
-        from hybridnb.processes.child import die_with
-
         die_with(parent, death)
         prepare()
         sys.stdin = open(os.devnull)
