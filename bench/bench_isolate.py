@@ -252,7 +252,7 @@ def main() -> None:
         "same loop in a bare forked child: what it costs over in-process is the price of a "
         "forked process on this host (its CPU time per step), not of the supervisor.\n\n"
         "## Sending the last good state to the kernel\n\n"
-        "Raw tensor frames on a 1 MiB pipe (worker_channel.py); for comparison on this host, "
+        "Raw tensor frames on a 1 MiB pipe (processes/channel.py); for comparison on this host, "
         "pickling the same 50 MB took 455 ms to deliver (341 ms blocking the worker) and "
         "torch.save to a /dev/shm file + torch.load 158 ms (120 ms).\n\n"
         + markdown_table(xfer) + "\n" + load_note(load0) + "\n")
