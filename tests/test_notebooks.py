@@ -198,7 +198,7 @@ def executed(tmp_path_factory):
     out = tmp_path_factory.mktemp("notebooks")
     old = os.environ.pop("HYBRIDNB_DATA", None)   # the default: the synthetic release
     try:
-        runs = run_demo(NOTEBOOKS, out, smoke=True, html=False, progress=None)
+        runs = run_demo(NOTEBOOKS, out, smoke=True, html=False, progress=lambda line: None)
     finally:
         if old is not None:
             os.environ["HYBRIDNB_DATA"] = old
