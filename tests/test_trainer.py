@@ -560,6 +560,12 @@ def test_speedups_are_measured_said_once_and_leave_the_weights_loadable_by_the_s
     stock.eval()
     with torch.no_grad():
         assert torch.allclose(stock(x), tr.model(x), atol=1e-5)
-    off = Trainer(Spatial(), device="cpu", batch_size=16, epochs=1, live=False, seed=0)
+    auto = Trainer(Spatial(), device="cpu", batch_size=16, epochs=1, live=False, seed=0)
+    auto.fit((x, y))  # "auto" on a CPU: decided by rule, said once, only when it applies
+    assert auto.applied_speedups.applied == ["channels_last"]
+    assert [e.kind for e in auto.events].count("speedups") == 1
+    off = Trainer(Spatial(), device="cpu", batch_size=16, epochs=1, live=False, seed=0,
+                  speedups=False)
     off.fit((x, y))
-    assert not any(e.kind == "speedups" for e in off.events)  # "auto" measures on CUDA only
+    assert off.applied_speedups is None
+    assert not any(e.kind == "speedups" for e in off.events)

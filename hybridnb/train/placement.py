@@ -65,30 +65,32 @@ class Placement:
                  note: Callable[[str, str], None]) -> None:
         """Apply what measures faster on this model and device (once per device), said once
         with the numbers; the FLOP rate per sample for MFU on CUDA."""
-        if not _wanted(self.settings.speedups, self.device) or \
+        if not speedups.wanted(self.settings.speedups, self.device) or \
                 self._sped_up_on == self.device:
             return
         self._sped_up_on = self.device
         model = self.learner.model
+        if self.device.type == "cpu" and self.settings.speedups == "auto" and \
+                not speedups.cpu_candidate(model):
+            return
         x = example_batch(train_loader, batch_size)[0].to(self.device)
         asked = "auto" if self.settings.precision == "auto" else self.precision
-        applied = speedups.apply_speedups(model, x, self.device, precision=asked)  # TEMP steps
+        applied = speedups.apply_speedups(model, x, self.device, precision=asked, steps=steps)
         self.applied_speedups = applied
         if "precision" in applied.applied and applied.precision in \
                 self.strategy.supported_precisions:  # measured faster than the first choice
             self.precision = Precision.choose(applied.precision, self.device)
-        note("speedups", applied.message)
-        for line in applied.notes:
-            note("speedups", line)
+        if applied.applied or self.device.type != "cpu":  # a CPU left as it was: nothing to say
+            note("speedups", applied.message)
+            for line in applied.notes:
+                note("speedups", line)
         if self.device.type == "cuda":
-            flops, why = count_flops(model, (x,)), None  # TEMP
+            flops = count_flops(model, (x,), on_skip=lambda why: note("flops", why))
             self.flops_per_sample = None if flops is None else flops / len(x)
-            if why:
-                note("flops", why)
 
     def end_fit(self) -> None:
         """Process-wide switches the speedups turned on are put back (cuDNN autotuning)."""
-        if self.applied_speedups is not None and hasattr(self.applied_speedups, "restore_globals"):  # TEMP
+        if self.applied_speedups is not None:
             self.applied_speedups.restore_globals()
 
     def build_step(self, compiled: bool, event, updating=contextlib.nullcontext,
@@ -148,7 +150,3 @@ def example_batch(loader, n: int) -> tuple:
         return tuple(t[:n] for t in loader.tensors)
     data = loader.dataset
     return tuple(default_collate([data[i] for i in range(min(n, len(data)))]))
-
-
-def _wanted(setting, device):  # TEMP
-    return setting is True or (setting == "auto" and device.type == "cuda")

@@ -95,6 +95,13 @@ def wanted(setting: bool | str | None, device: torch.device | str) -> bool:
     raise ValueError(f"speedups={setting!r} is not understood; use True, False or \"auto\"")
 
 
+def cpu_candidate(model: nn.Module) -> bool:
+    """Whether any CPU knob could apply to ``model`` (a 2-D convolution for channels_last, or a
+    CPU with native bf16), decided without a batch: the Trainer skips drawing an example batch
+    from a slow Dataset when nothing could apply."""
+    return cpu_native_bf16() or any(isinstance(m, nn.Conv2d) for m in model.modules())
+
+
 def cpu_native_bf16() -> bool:
     """True when this CPU computes bf16 in hardware (AMX or AVX-512 BF16 in /proc/cpuinfo)."""
     return bool(cpu_flags() & NATIVE_BF16_FLAGS)
