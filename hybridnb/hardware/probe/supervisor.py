@@ -92,7 +92,7 @@ class Child:
         """Kill its process group (helpers it started too) if it still runs, reap it, and read
         what it wrote. A child stuck in a driver call cannot die until the call returns; it is
         then reaped later, and the report says so."""
-        self.proc.kill(reap_s)
+        self.proc.kill_group(reap_s)
         self._pump(list(self.proc.output_fds))
         self.seconds = (self.closed_at or time.monotonic()) - self.started
 
