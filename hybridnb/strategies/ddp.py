@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from hybridnb.strategies.base import Strategy
 from hybridnb.env import launch_env
+from hybridnb.strategies.base import Strategy
 from hybridnb.train import recovery
 from hybridnb.train.data import ResumableBatchSampler
 

@@ -35,8 +35,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from hybridnb.strategies.ddp import LAUNCH_HELP, DDPStrategy, _Agreed
 from hybridnb.env import launch_env as _launch_env
+from hybridnb.strategies.ddp import LAUNCH_HELP, DDPStrategy, _Agreed
 from hybridnb.train import recovery
 
 MISSING = ("strategy='deepspeed' needs the deepspeed package, which is not installed: pip install "

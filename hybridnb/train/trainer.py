@@ -634,6 +634,7 @@ class Trainer:
         out = self._run_job(job, on_message=kernel.on_message,
                             should_stop=lambda: bool(kernel.view.stop_requested))
         if out.status == "done":
+            kernel.finish()
             self._notes = []
             self._restore(out.result, events=True)  # the model holds the weights fit chose
             self.state.stopped = out.result["stopped"]

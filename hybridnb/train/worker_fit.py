@@ -99,17 +99,27 @@ class ChannelView:
 
 class KernelView:
     """The kernel's side: draws what the worker's ``ChannelView`` sent, and knows whether the
-    worker started the view (a worker lost before that leaves it to the kernel)."""
+    worker started the view (a worker lost before that leaves it to the kernel). The worker's
+    ``end`` is held until its final state arrived (``finish``): a worker lost during the
+    hand-over leaves the view open for the run to continue here."""
 
     def __init__(self, view) -> None:
-        self.view, self.started = view, False
+        self.view, self.started, self.summary = view, False, None
 
     def on_message(self, message) -> None:
         if message.kind == "view":
             method, arg = message.payload
             if method == "start":
                 self.started = True
+            if method == "end":
+                self.summary = arg
+                return
             getattr(self.view, method)(arg)
+
+    def finish(self) -> None:
+        """The worker's fit arrived whole: close the view with its summary."""
+        if self.summary is not None:
+            self.view.end(self.summary)
 
 
 class WorkerError(Exception):

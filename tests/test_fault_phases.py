@@ -1,0 +1,163 @@
+"""The safety net, phase by phase: an isolated worker (a spawned, fresh interpreter) that is
+killed, aborts or hangs in each phase of a fit (set-up before its first state, the first step,
+mid-epoch, validation, a checkpoint write, the final hand-over) or of evaluate/predict. Every
+case continues on the CPU in the kernel from the last good state (the start state when none
+arrived): the live view keeps working, history is continuous, the model ends trained, the lost
+worker's event names the phase, and no child is left. Faults come from ``HYBRIDNB_FAULT``, which
+only an isolated worker reads.
+
+Also the kernel's invariant: on an isolated run it never starts the CUDA driver (tripwires on
+every torch entry point that would)."""
+
+from __future__ import annotations
+
+import math
+
+import psutil
+import pytest
+import torch
+from torch import nn
+
+from hybridnb.env import FAULT_ENV
+from hybridnb.train import recovery
+from hybridnb.train.trainer import Trainer
+
+pytestmark = pytest.mark.slow
+EPOCHS, STEPS = 2, 8  # 256 samples / batch 32
+
+
+def data(n=256, d=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g)
+    return x, torch.sin(x @ torch.linspace(-1, 1, d)).unsqueeze(1)
+
+
+def net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+
+
+class Recorder:
+    """A live view that keeps what the kernel drew."""
+
+    def __init__(self):
+        self.started, self.rows, self.events, self.ended = 0, [], [], 0
+        self.stop_requested = False
+
+    def start(self, run):
+        self.started += 1
+
+    def update(self, row):
+        self.rows.append(row)
+
+    def event(self, ev):
+        self.events.append(ev.kind)
+
+    def end(self, summary):
+        self.ended += 1
+
+
+def children():
+    return [p for p in psutil.Process().children(recursive=True) if p.status() != "zombie"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_lost_devices(monkeypatch):
+    monkeypatch.setattr(recovery, "_LOST", set())
+
+
+@pytest.fixture
+def view(monkeypatch):
+    from hybridnb.train import progress
+
+    rec = Recorder()
+    monkeypatch.setattr(progress, "make_view", lambda live: rec)
+    return rec
+
+
+def trainer(tmp_path, **kw):
+    kw = {"device": "cpu", "batch_size": 32, "epochs": EPOCHS, "lr": 1e-2, "seed": 0,
+          "live": "text", "isolate": True, "snapshot_every": 3, "checkpoint_every": 5,
+          "checkpoint_dir": tmp_path / "ck", "schedule": None, **kw}
+    return Trainer(net(), **kw)
+
+
+# (fault, what the lost worker's event names)
+FIT_CASES = [
+    ("setup:kill", "setup"),          # before the worker's first state reaches the kernel
+    ("first step:abort", "first step"),
+    ("step:kill:6", None),            # mid-epoch (the 6th step or step-phase heartbeat)
+    ("validation:abort", "validation"),
+    ("checkpoint:kill", "checkpoint"),
+    ("hand-over:kill", "hand-over"),
+    ("validation:hang", "validation"),
+    ("checkpoint:hang:2", "checkpoint"),
+]
+
+
+@pytest.mark.parametrize("fault,phase", FIT_CASES, ids=[c[0] for c in FIT_CASES])
+def test_a_fault_in_any_phase_of_fit_continues_on_the_cpu(tmp_path, monkeypatch, view, fault,
+                                                           phase):
+    monkeypatch.setenv(FAULT_ENV, fault)
+    start = [p.detach().clone() for p in net().parameters()]
+    tr = trainer(tmp_path, step_timeout=3 if fault.endswith(("hang", "hang:2")) else None)
+    tr.fit(data(), val=data(64, seed=1))
+
+    lost = [e for e in tr.events if e.kind == "worker_lost"]
+    assert len(lost) == 1, [str(e) for e in tr.events]
+    if phase is not None:
+        assert f"'{phase}'" in lost[0].message
+    assert tr.device.type == "cpu" and not tr.isolated
+    # history continuous: every epoch once, every step once, in order
+    assert tr.history["epoch"].tolist() == list(range(EPOCHS))
+    assert [s for s in tr.steps["global_step"]] == list(range(1, EPOCHS * STEPS + 1))
+    assert math.isfinite(tr.history["val_loss"].iloc[-1])
+    # the model object holds trained weights
+    assert any(not torch.equal(a, b) for a, b in zip(start, tr.model.parameters(), strict=True))
+    # the kernel's view was started once, kept drawing and ended once
+    assert view.started == 1 and view.ended == 1 and "worker_lost" in view.events
+    assert view.rows and view.rows[-1]["global_step"] == EPOCHS * STEPS
+    assert (tmp_path / "ck" / "last.pt").is_file()
+    assert not children()
+
+
+@pytest.mark.parametrize("fault", ["evaluate:kill", "evaluate:abort"])
+def test_a_fault_in_evaluate_or_predict_answers_on_the_cpu(tmp_path, monkeypatch, view, fault):
+    tr = trainer(tmp_path)
+    tr.fit(data(), val=data(64, seed=1))
+    expected = tr.predict(data(64, seed=2)[0])  # in a worker, where fit ran
+    monkeypatch.setenv(FAULT_ENV, fault)
+    metrics = tr.evaluate(data(64, seed=2))
+    assert math.isfinite(metrics["rmse"])
+    assert [e for e in tr._notes if e[0] == "worker_lost"]  # said at the next fit
+    assert tr.isolated is False  # from now on, here
+    assert torch.allclose(torch.as_tensor(tr.predict(data(64, seed=2)[0])),
+                          torch.as_tensor(expected), atol=1e-6)
+    assert not children()
+
+
+def test_the_kernel_never_starts_cuda_on_an_isolated_run(tmp_path, monkeypatch, view):
+    """Tripwires on every entry point that starts the CUDA driver, armed in the kernel only (the
+    spawned worker is a fresh interpreter): fit, evaluate, predict and find_batch_size."""
+    tripped = []
+
+    def wire(name):
+        def trip(*a, **k):
+            tripped.append(name)
+            raise AssertionError(f"the kernel called {name}")
+        return trip
+
+    for name in ("_cuda_init", "_cuda_getDeviceCount", "_cuda_getDevice"):
+        if hasattr(torch._C, name):
+            monkeypatch.setattr(torch._C, name, wire(f"torch._C.{name}"))
+    for name in ("_lazy_init", "init", "is_available", "device_count", "mem_get_info",
+                 "get_rng_state_all", "set_rng_state_all", "synchronize"):
+        monkeypatch.setattr(torch.cuda, name, wire(f"torch.cuda.{name}"))
+    tr = trainer(tmp_path, checkpoint_every=None)
+    tr.fit(data(), val=data(64, seed=1))
+    tr.evaluate(data(64, seed=2))
+    tr.predict(data(64, seed=2)[0])
+    tr.find_batch_size(torch.utils.data.TensorDataset(*data()), max_batch=64)
+    assert tripped == []
+    assert not torch.cuda.is_initialized()
+    assert not any(e.kind == "worker_lost" for e in tr.events)
