@@ -424,7 +424,9 @@ def test_the_command_line_module_is_light_and_names_bad_model_specs():
         assert option in out.stdout
     from hybridnb.comparison.compare_cli import load_factory
 
-    for spec, words in (("eegnex", "package.module:factory"), ("no_such_mod:f", "cannot import"),
+    assert load_factory("eegnex").input_shape == (129, 200)  # a registered short name
+    for spec, words in (("no_such_model", "package.module:factory"),
+                        ("no_such_mod:f", "cannot import"),
                         ("hybridnb_tools.models:nope", "no function or class 'nope'")):
         with pytest.raises(ValueError, match=words):
             load_factory(spec)

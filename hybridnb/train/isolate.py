@@ -76,11 +76,10 @@ def isolate_decision(isolate: bool | str, device: Any, *, in_distributed: bool
                      ) -> tuple[bool, str]:
     """Whether ``fit`` should run its steps in an isolated worker, and the reason in a sentence.
 
-    ``"auto"``: on for CUDA/ROCm runs where fork is available and CUDA is not initialised in
-    this process; off on the CPU, under torchrun / ``hn.launch`` (each rank is already a
-    supervised process), inside a worker, and where fork is unavailable. ``True`` isolates on the
-    CPU too; where isolation cannot work it is off and the reason says why (say it once:
-    ``say_once``).
+    ``"auto"``: on for CUDA/ROCm runs; off on the CPU, under torchrun / ``hn.launch`` (each rank
+    is already a supervised process) and inside a worker. ``True`` isolates on the CPU too. The
+    worker is a fresh interpreter (spawned), so what this process did before (CUDA, threads,
+    OpenMP) does not matter; where isolation cannot work it is off and the reason says why.
     """
     if isolate not in ("auto", True, False):
         raise ValueError(f"isolate={isolate!r}: use 'auto', True or False")
@@ -93,9 +92,6 @@ def isolate_decision(isolate: bool | str, device: Any, *, in_distributed: bool
     if in_distributed or env.get(LAUNCHED_ENV) == "1" or "LOCAL_RANK" in env:
         return False, ("distributed run (torchrun or hn.launch): each rank is already a "
                        "supervised process, training in it without a second worker")
-    if not fork_available():
-        return False, ("isolated training needs os.fork, which this platform lacks: training "
-                       "in this process (a GPU crash or hang can take the kernel down)")
     if kind == "cpu":
         if isolate is True:
             return True, "isolate=True: training on the CPU in a supervised worker process"
@@ -103,12 +99,6 @@ def isolate_decision(isolate: bool | str, device: Any, *, in_distributed: bool
     if kind != "cuda":
         return False, (f"isolated training supports CUDA/ROCm devices, not {kind!r}: training "
                        "in this process")
-    if cuda_initialized():
-        return False, (
-            "CUDA is already initialised in this kernel (something used the GPU before fit: a "
-            "model or tensor moved to 'cuda', a torch.cuda call), and a forked worker cannot "
-            "use it: training in this process, without isolation. Restart the kernel and call "
-            "fit before anything touches the GPU (hn.detect() is safe) to get isolation.")
     return True, ("training in a supervised worker process: a crash or hang of the GPU costs "
                   "the steps since the last good state, not the kernel")
 

@@ -231,11 +231,8 @@ class Trainer:
         ``checkpoint_dir``'s last good checkpoint, ``resume=path`` from that file."""
         train_loader, val_loader = self._open(train, val)
         self._begin(resume)
-        if self.isolated and not isolate.cuda_initialized():
-            return self._fit_isolated(train, val, train_loader, val_loader)
         if self.isolated:
-            self._note("isolate", "CUDA was initialised in this process after the Trainer was "
-                       "built: training in this process, without isolation")
+            return self._fit_isolated(train, val, train_loader, val_loader)
         return self._fit_here(train_loader, val_loader)
 
     def _fit_here(self, train_loader, val_loader, view_started: bool = False) -> pd.DataFrame:
