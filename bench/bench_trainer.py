@@ -155,18 +155,16 @@ def trainer_run(x, y, kind: str, stamps: list[float], spent: dict[str, float], m
     """The Trainer; ``isolate``: its steps in a supervised worker process, drawn by this one."""
     import hybridnb.train.progress as progress_mod
     import hybridnb.train.trainer as trainer_mod
-    import hybridnb.train.worker_fit as worker_mod
 
-    real = progress_mod.make_view, worker_mod.make_view
-    progress_mod.make_view = worker_mod.make_view = \
-        lambda live: TimedView(renderer(kind), stamps, spent)
+    real = progress_mod.make_view  # the kernel's view, also for an isolated (spawned) worker
+    progress_mod.make_view = lambda live: TimedView(renderer(kind), stamps, spent)
     try:
         tr = trainer_mod.Trainer(make_model(model), device="cpu", precision="fp32",
                                  batch_size=BATCH, epochs=epochs, lr=LR, live=kind, seed=0,
                                  schedule="warmup_cosine", clip_grad=1.0, isolate=isolate)
         tr.fit((x, y))
     finally:
-        progress_mod.make_view, worker_mod.make_view = real
+        progress_mod.make_view = real
 
 
 def measure(model: str, epochs: int, steps: int, rounds: int) -> tuple[list[dict], dict]:
