@@ -326,6 +326,11 @@ def test_cpu_auto_leaves_an_mlp_alone():
     assert not applied and applied.applied == []
     assert all(p.is_contiguous() for p in model.parameters())
     assert "none applied" in applied.message
+    plain = nn.Sequential(nn.Unflatten(1, (1, 4)), nn.Conv2d(1, 4, (1, 5)), nn.Flatten(),
+                          nn.LazyLinear(1))
+    plain(torch.randn(2, 4, 10))
+    assert not apply_speedups(plain, torch.randn(8, 4, 10), "cpu", precision="fp32"), \
+        "plain convolutions stay NCHW on the CPU (ShallowFBCSPNet measured 0.94x)"
 
 
 def test_no_bf16_on_a_cpu_without_bf16_in_hardware(monkeypatch):

@@ -20,9 +20,10 @@ on top, then precision; interleaved A B A B, the fastest step of each counted, a
 when at least ``MARGIN`` faster). On a CPU that costs about 9 s (a step there costs seconds), so
 ``mode="auto"`` on the CPU decides in at most ``BUDGET_S["cpu"]`` (1 s) instead:
 
-- channels_last by rule, for any model with a ``Conv2d`` (measured on this project's shared
-  2-core AMD EPYC, fp32, batch 32, forward + backward + AdamW: EEGNeX 1.6-1.8x, ShallowFBCSPNet
-  about 6x; oneDNN's NHWC convolutions are far faster than its NCHW ones there).
+- channels_last by rule, for models with a grouped (e.g. depthwise) ``Conv2d``, whose NCHW
+  oneDNN path is slow (measured on this project's shared 2-core AMD EPYC, fp32, batch 32,
+  forward + backward + AdamW, bench/bench_cpu_speedups.py: EEGNeX 1.5-1.6x); not for plain
+  convolutions (ShallowFBCSPNet 0.94x in a quiet run, 1.08x in a busy one).
 - the rewrite not in fp32 (EEGNeX: 0.95x NCHW, 0.62x on top of channels_last, where the einsum
   copies its input out of NHWC); it goes with bf16 only (next item).
 - bf16 autocast only when ``precision="auto"``, the CPU has bf16 in hardware (``amx_bf16`` or
@@ -240,14 +241,15 @@ def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
 
 
 def _cpu_auto(model, inputs, device, prec, asked, chosen, applied, steps, deadline) -> None:
-    """The CPU's decision within ``deadline``: channels_last by rule, bf16 (with the rewrite)
+    """The CPU's decision within ``deadline``: channels_last by rule (grouped Conv2d), bf16 (+ rewrite)
     only where the CPU has it in hardware and a bounded, memory-capped trial says it is faster."""
     if "channels_last" in chosen:
-        toggle = _channels_last_toggle(model, applied)
-        if toggle is not None:
+        if not any(isinstance(m, nn.Conv2d) and m.groups > 1 for m in model.modules()):
+            applied.skipped["channels_last"] = "no grouped 2-D convolution (the CPU's rule)"
+        elif (toggle := _channels_last_toggle(model, applied)) is not None:
             toggle(True)
             applied.applied.append("channels_last")
-            applied.rules["channels_last"] = "2-D convolutions"
+            applied.rules["channels_last"] = "grouped 2-D convolutions"
     if "precision" in chosen and not isinstance(asked, Precision) and asked == "auto" \
             and prec.name == "fp32":
         _cpu_bf16(model, inputs, device, prec, "rewrite" in chosen, applied, steps, deadline)
