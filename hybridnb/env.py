@@ -15,6 +15,7 @@ HEADLESS_ENV = "HYBRIDNB_HEADLESS"      # set by hn.launch in its workers: no fr
 DEVICE_ENV = "HYBRIDNB_DEVICE"          # cpu | cuda | cuda:N | mps: forces detect()'s device
 LAUNCHED_ENV = "HYBRIDNB_LAUNCHED"      # "1" in the ranks hn.launch starts
 ISOLATED_ENV = "HYBRIDNB_ISOLATED"      # "1" in an isolated training worker: it never isolates again
+DATA_ENV = "HYBRIDNB_DATA"              # the notebooks' DATA: synthetic | a folder | R5-mini ...
 FAULT_ENV = "HYBRIDNB_FAULT"            # "phase:kind[:n]" a fault in an isolated worker (tests only)
 PROBE_SIMULATE_ENV = "HYBRIDNB_PROBE_SIMULATE"   # JSON faults for the probe child (tests only)
 CACHE_DIR_ENV = "HYBRIDNB_CACHE_DIR"    # where hybridnb keeps its cache (the probe's verdicts)
