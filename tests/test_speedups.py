@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import io
+import pickle
 
 import pytest
 import torch
@@ -312,11 +313,12 @@ def test_cpu_auto_puts_a_conv_model_in_channels_last_within_a_second(monkeypatch
     t0 = time.perf_counter()
     applied = apply_speedups(model, x, "cpu", precision="fp32", steps=10_000)
     assert time.perf_counter() - t0 <= 1.0
-    assert applied.applied == ["channels_last"] and "channels_last" in applied.rules
+    assert applied.applied == ["rows", "channels_last"] and "channels_last" in applied.rules
+    assert applied.folded == ["conv"] and "rows" in applied.rules
     assert model.conv.weight.is_contiguous(memory_format=torch.channels_last)
     assert not rewritten_modules(model) and "rewrite" in applied.skipped
     assert not race, "precision fp32 was asked: nothing to time"
-    assert "channels_last" in applied.message
+    assert "channels_last" in applied.message and "as 1-D (conv)" in applied.message
     torch.testing.assert_close(model.eval()(x), ref, atol=1e-5, rtol=1e-5)
 
 
@@ -326,7 +328,7 @@ def test_cpu_auto_leaves_an_mlp_alone():
     assert not applied and applied.applied == []
     assert all(p.is_contiguous() for p in model.parameters())
     assert "none applied" in applied.message
-    plain = nn.Sequential(nn.Unflatten(1, (1, 4)), nn.Conv2d(1, 4, (1, 5)), nn.Flatten(),
+    plain = nn.Sequential(nn.Unflatten(1, (1, 4)), nn.Conv2d(1, 4, (3, 1)), nn.Flatten(),
                           nn.LazyLinear(1))
     plain(torch.randn(2, 4, 10))
     assert not apply_speedups(plain, torch.randn(8, 4, 10), "cpu", precision="fp32"), \
@@ -428,3 +430,51 @@ def test_a_flop_count_error_that_is_not_memory_propagates():
         RuntimeError("shape mismatch")))
     with pytest.raises(RuntimeError, match="shape mismatch"):
         count_flops(model, torch.randn(4, 8, 64))
+
+
+# -- the rows rewrite: (1, K) convolutions over several rows as 1-D convolutions ----------------
+
+def _rows_net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(2, 4, (1, 8), padding="same", dilation=(1, 3), bias=False),
+                         nn.ELU(), nn.Conv2d(4, 3, (1, 5), padding=(0, 2)),
+                         nn.Conv2d(3, 3, (1, 4)), nn.Conv2d(3, 2, (3, 1)))
+
+
+def test_rows_rewrite_computes_the_same_forward_and_gradients():
+    model, x = _rows_net(), torch.randn(5, 2, 7, 40)
+    stock = copy.deepcopy(model)
+    report = rewrite.rewrite_rows(model, x)
+    assert report.rewritten == ["0", "2", "3"]  # the (3, 1) convolution is not a (1, K) one
+    assert [type(m).__name__ for m in model][:4] == ["Conv2dAsConv1d", "ELU", "Conv2dAsConv1d",
+                                                    "Conv2dAsConv1d"]
+    target = torch.randn_like(stock(x))
+    (model(x) * target).sum().backward()
+    (stock(x) * target).sum().backward()
+    torch.testing.assert_close(model(x), stock(x), atol=1e-5, rtol=1e-5)
+    for (name, p), (_, q) in zip(model.named_parameters(), stock.named_parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4, msg=name)
+    assert model.state_dict().keys() == stock.state_dict().keys()
+    again = pickle.loads(pickle.dumps(model))  # pickles as the stock class
+    assert type(again[0]) is nn.Conv2d
+    assert rewrite.undo_rewrite(model, "rows") == 3 and type(model[0]) is nn.Conv2d
+
+
+def test_rows_rewrite_leaves_single_row_inputs_alone():
+    model = nn.Sequential(nn.Conv2d(2, 4, (1, 5), padding="same"))
+    assert not rewrite.rewrite_rows(model, torch.randn(3, 2, 1, 30))
+    assert type(model[0]) is nn.Conv2d
+
+
+def test_cpu_auto_folds_eegnex_temporal_convolutions_and_says_so():
+    models = pytest.importorskip("braindecode.models")
+    model = models.EEGNeX(n_chans=24, n_outputs=1, n_times=64)
+    x = torch.randn(6, 24, 64)
+    ref = copy.deepcopy(model).eval()(x)
+    applied = apply_speedups(model, x, "cpu", precision="fp32", steps=10)
+    assert applied.applied[:2] == ["rows", "channels_last"]
+    assert applied.folded == ["block_1.1", "block_2.0"]  # blocks 4 and 5 see one row
+    assert "block_2.0" in applied.message
+    torch.testing.assert_close(model.eval()(x), ref, atol=1e-5, rtol=1e-4)
+    applied.undo()
+    assert not rewrite.rewritten_modules(model, "rows")

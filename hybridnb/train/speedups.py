@@ -4,6 +4,8 @@ The knobs (each a rule about layers or devices, never about a model's name):
 
 - ``rewrite``: height-spanning depthwise convolutions as a batched matmul (``train/rewrite.py``);
   exact, checked on the batch. On an H100 it took EEGNeX (bf16) from 1,945 to 3,849 samples/s.
+- ``rows`` (CPU only): temporal ``(1, K)`` convolutions over several rows as 1-D convolutions
+  with the rows folded into the batch (``train/rewrite.py``); exact, checked on the batch.
 - ``channels_last``: 4-D parameters and 4-D inputs in NHWC, for models with 2-D convolutions.
   cuDNN's depthwise and many 2-D kernels prefer it: EEGNeX bf16 1,945 -> 4,885 samples/s (H100).
 - ``cudnn_benchmark``: a rule, not measured: cuDNN tries its algorithms once per input shape and
@@ -24,6 +26,10 @@ when at least ``MARGIN`` faster). On a CPU that costs about 9 s (a step there co
   oneDNN path is slow (measured on this project's shared 2-core AMD EPYC, fp32, batch 32,
   forward + backward + AdamW, bench/bench_cpu_speedups.py: EEGNeX 1.5-1.6x); not for plain
   convolutions (ShallowFBCSPNet 0.94x in a quiet run, 1.08x in a busy one).
+- the rows rewrite by rule, for every ``(1, K)`` convolution that sees more than one row on the
+  first batch (checked exact there): oneDNN runs the folded 1-D form faster. EEGNeX: channels_last
+  alone 1.51x the stock step, with the rows rewrite 2.02x (same run, load average 5-7); models
+  without such a layer (ShallowFBCSPNet's temporal kernel is ``(25, 1)``) are untouched.
 - the rewrite not in fp32 (EEGNeX: 0.95x NCHW, 0.62x on top of channels_last, where the einsum
   copies its input out of NHWC); it goes with bf16 only (next item).
 - bf16 autocast only when ``precision="auto"``, the CPU has bf16 in hardware (``amx_bf16`` or
@@ -71,7 +77,7 @@ from hybridnb.train.recovery import free_memory
 from hybridnb.train.seeding import set_torch_rng_state, torch_rng_state
 from hybridnb.train.step import measure_pass
 
-KNOBS = ("rewrite", "channels_last", "cudnn_benchmark", "precision")
+KNOBS = ("rewrite", "rows", "channels_last", "cudnn_benchmark", "precision")
 MODES = ("auto", "measure", "all", "off")
 AUTO_DEVICES = ("cuda", "cpu")  # where speedups="auto" applies speedups
 MARGIN = {"cuda": 0.03, "cpu": 0.10}  # a knob must win by this share; other devices: cuda's
@@ -100,7 +106,12 @@ def cpu_candidate(model: nn.Module) -> bool:
     """Whether any CPU knob could apply to ``model`` (the channels_last rule, or a CPU with
     native bf16), decided without a batch: the Trainer skips drawing an example batch from a
     slow Dataset when nothing could apply."""
-    return cpu_native_bf16() or has_grouped_conv2d(model)
+    return cpu_native_bf16() or has_grouped_conv2d(model) or has_rows_conv(model)
+
+
+def has_rows_conv(model: nn.Module) -> bool:
+    """The rows rewrite's rule, before any batch: a ``(1, K)`` convolution it can compute."""
+    return any(_rewrite.is_rows_candidate(m) for m in model.modules())
 
 
 def has_grouped_conv2d(model: nn.Module) -> bool:
@@ -121,7 +132,8 @@ class Applied:
     ``applied``: knob names in effect (``"rewrite"``, ``"channels_last"``, ``"cudnn_benchmark"``,
     ``"precision"`` when it changed the choice). ``speedup``: knob -> measured gain (x) where it
     was measured, kept or not. ``skipped``: knob -> why it is not in effect. ``precision``: the
-    precision name to train with. ``rewritten``: module names running the matmul form.
+    precision name to train with. ``rewritten``: module names running the matmul form;
+    ``folded``: those running the rows-as-1-D form.
     ``rules``: knob -> the rule that applied it without measuring (the CPU's channels_last).
     ``seconds``: time spent, checks and measuring included. ``message``: one sentence for the
     run's log; ``notes``: sentences that must be shown (a rewrite that failed its check).
@@ -135,6 +147,7 @@ class Applied:
     speedup: dict[str, float] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     rewritten: list[str] = field(default_factory=list)
+    folded: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     rules: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
@@ -153,6 +166,7 @@ class Applied:
         for knob in self.applied:
             gain = self.speedup.get(knob)
             label = {"rewrite": f"depthwise-as-matmul ({', '.join(self.rewritten)})",
+                     "rows": f"(1, K) convolutions as 1-D ({', '.join(self.folded)})",
                      "precision": f"precision {self.precision}"}.get(knob, knob)
             if knob in self.rules:
                 label += f" (rule: {self.rules[knob]})"
@@ -184,6 +198,7 @@ class Applied:
         self.restore_globals()
         self.applied.clear()
         self.rewritten = []
+        self.folded = []
 
 
 def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
@@ -247,8 +262,11 @@ def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
 
 
 def _cpu_auto(model, inputs, device, prec, asked, chosen, applied, steps, deadline) -> None:
-    """The CPU's decision within ``deadline``: channels_last by rule (grouped Conv2d), bf16 (+ rewrite)
-    only where the CPU has it in hardware and a bounded, memory-capped trial says it is faster."""
+    """The CPU's decision within ``deadline``: the rows rewrite and channels_last by rule (``(1, K)``
+    convolutions over rows; grouped Conv2d), bf16 (+ rewrite) only where the CPU has it in
+    hardware and a bounded, memory-capped trial says it is faster."""
+    if "rows" in chosen:
+        _cpu_rows(model, inputs, applied)
     if "channels_last" in chosen:
         if not has_grouped_conv2d(model):
             applied.skipped["channels_last"] = "no grouped 2-D convolution (the CPU's rule)"
@@ -262,6 +280,32 @@ def _cpu_auto(model, inputs, device, prec, asked, chosen, applied, steps, deadli
     if "rewrite" in chosen and "rewrite" not in applied.applied \
             and "rewrite" not in applied.skipped:
         applied.skipped["rewrite"] = "not used in fp32 on the CPU (EEGNeX measured 0.95x)"
+
+
+def _cpu_rows(model, inputs, applied: Applied) -> None:
+    """The rows rewrite by rule, kept only where it computes the same on the example batch."""
+    report = _rewrite.rewrite_rows(model, *inputs)
+    if report.note:
+        applied.notes.append(report.note)
+        applied.skipped["rows"] = report.note
+        return
+    if not report:
+        applied.skipped["rows"] = ("already rewritten" if _rewrite.rewritten_modules(model, "rows")
+                                   else "no (1, K) convolution over several rows")
+        return
+    names = report.rewritten
+    applied.applied.append("rows")
+    applied.rules["rows"] = "(1, K) convolutions over several rows"
+    applied.folded = list(names)
+    modules = dict(model.named_modules())
+
+    def undo() -> None:
+        for n in names:
+            if isinstance(modules[n], _rewrite._RowsAsConv1d):
+                modules[n].__class__ = type(modules[n])._hn_stock
+        applied.folded = []
+
+    applied._undo.append(undo)
 
 
 def _cpu_bf16(model, inputs, device, prec, with_rewrite, applied, steps, deadline) -> None:
