@@ -16,24 +16,17 @@ skips, saying why, only when no Chromium can be found.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from hybridnb_tools.lab import CHROMIUM_FLAGS, chromium, jupyterlab, open_and_run_all
+
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(300)]
 
 HERE = Path(__file__).parent / "browser"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                  "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync"]
-
 # Records what the live widgets showed while training: the fullest progress bar and the longest
 # loss/memory traces of the live FigureWidget (inside a widget-view output), on every DOM change.
 OBSERVER = """() => {
@@ -71,29 +64,11 @@ SNAPSHOT = """() => {
 }"""
 
 
-def _chromium() -> str | None:
-    for path in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser")):
-        if path and os.access(path, os.X_OK):
-            return path
-    return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(url: str):
-    with urllib.request.urlopen(url, timeout=2) as r:
-        return json.loads(r.read() or b"null")
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """A JupyterLab server in a temp root holding copies of tests/browser/*.ipynb."""
-    chromium = _chromium()
-    if chromium is None:
+    path = chromium()
+    if path is None:
         pytest.skip("no Chromium found (/usr/bin/chromium); `make setup` installs Debian's "
                     "chromium when run as root")
     pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
@@ -101,76 +76,18 @@ def lab(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab")
     for nb in HERE.glob("*.ipynb"):
         shutil.copy(nb, root / nb.name)
-    settings = root / ".settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)
-    (settings / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False, "doNotDisturbMode": True}))
-    port = _free_port()
-    # The kernel must see a person's JupyterLab, not pytest/CI.
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTEST_CURRENT_TEST", "CI", "HYBRIDNB_SMOKE", "NBVAL")}
-    env["JUPYTERLAB_SETTINGS_DIR"] = str(root / ".settings")
-    env["JUPYTERLAB_WORKSPACES_DIR"] = str(root / ".ws")
-    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-           f"--ServerApp.port={port}", "--IdentityProvider.token=", "--ServerApp.password=",
-           "--ServerApp.disable_check_xsrf=True",
-           f"--ServerApp.root_dir={root}"]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        cmd.append("--allow-root")
-    log = open(root / "server.log", "w")
-    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                _get(f"{url}/api/status")
-                break
-            except OSError:
-                if server.poll() is not None or time.time() > deadline:
-                    raise RuntimeError("JupyterLab did not start:\n"
-                                       + (root / "server.log").read_text()[-3000:]) from None
-                time.sleep(0.2)
-        for name in ("train.ipynb", "stop.ipynb"):  # both kernels boot while Chromium starts
-            body = json.dumps({"path": name, "name": name, "type": "notebook",
-                               "kernel": {"name": "python3"}}).encode()
-            req = urllib.request.Request(f"{url}/api/sessions", data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})
-            urllib.request.urlopen(req, timeout=30).close()
+    # both kernels boot while Chromium starts
+    with jupyterlab(root, start_kernels=("train.ipynb", "stop.ipynb")) as url:
         from playwright.sync_api import sync_playwright
 
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+            browser = p.chromium.launch(executable_path=path, args=CHROMIUM_FLAGS)
             yield {"url": url, "root": root, "browser": browser}
             browser.close()
-    finally:
-        server.terminate()
-        try:
-            server.wait(15)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
 
 
 def _open_and_run_all(lab, name: str):
-    """Open a notebook, wait for its kernel to be idle (a fresh server races the kernel start),
-    install the DOM observer and Run All Cells."""
-    context = lab["browser"].new_context(viewport={"width": 1400, "height": 1100})
-    page = context.new_page()  # its own window: never throttled as a background tab
-    page.goto(f"{lab['url']}/lab/tree/{name}")
-    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-    deadline = time.time() + 60
-    while True:
-        sessions = [s for s in _get(f"{lab['url']}/api/sessions") if s["path"] == name]
-        if sessions and sessions[0]["kernel"]["execution_state"] == "idle" and \
-                page.query_selector('.jp-Notebook-ExecutionIndicator[data-status="idle"]'):
-            break
-        assert time.time() < deadline, f"the kernel of {name} never became idle"
-        time.sleep(0.2)
-    page.evaluate(OBSERVER)
-    page.click(".lm-MenuBar-itemLabel:text-is('Run')")
-    page.click("li[data-command='runmenu:run-all']")
-    return page
+    return open_and_run_all(lab["browser"], lab["url"], name, observer=OBSERVER)
 
 
 def _wait_for(path: Path, page, seconds: float) -> dict:
