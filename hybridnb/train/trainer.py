@@ -633,6 +633,7 @@ class Trainer:
         if out.status == "done":
             kernel.finish()
             self._notes = []
+            self._adopt(out.result)
             self._restore(out.result, events=True)  # the model holds the weights fit chose
             self.state.stopped = out.result["stopped"]
             self._fit_where = "worker"
@@ -655,6 +656,14 @@ class Trainer:
                    f"{self.state.global_step}) in fp32; steps will be slower")
         self.state.micro = None
         return self._fit_here(train_loader, val_loader, view_started=True)
+
+    def _adopt(self, result: dict) -> None:
+        """What the worker decided and measured (precision, speedups, FLOPs, batch size) is
+        this Trainer's from now on (nothing here touches the device)."""
+        if self.placement.adopt(result["placement"]):
+            self._build_step(compiled=False)
+        self.batch_size, self.grad_accum = result["config"]["batch_size"], \
+            result["config"]["grad_accum"]
 
     def _in_worker(self) -> bool:
         """Whether evaluate/predict/find_batch_size run in a worker: where fit ran (or would)."""
@@ -693,7 +702,8 @@ class Trainer:
         trainer.schedule.bind(trainer._plan.total_steps)
         trainer._fit_here(train_loader, val_loader)
         trainer._beat("hand-over")
-        return {**recovery.to_cpu(trainer.state_dict()), "stopped": trainer.state.stopped}
+        return {**recovery.to_cpu(trainer.state_dict()), "stopped": trainer.state.stopped,
+                "placement": trainer.placement.facts()}
 
     # ----------------------------------------------------------------------------- evaluate
     @torch.no_grad()
