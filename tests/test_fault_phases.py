@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from hybridnb.env import FAULT_ENV
+from hybridnb.env import FAULT_ENV, FIRST_STEP_GRACE_ENV
 from hybridnb.train import recovery
 from hybridnb.train.trainer import Trainer
 
@@ -82,31 +82,48 @@ def trainer(tmp_path, **kw):
     return Trainer(net(), **kw)
 
 
-# (fault, what the lost worker's event names)
+# (fault, the phase the lost worker's event names): every phase meets each kind of fault at
+# least once, each hang twice or more; the full product would cost minutes for no new path
 FIT_CASES = [
     ("setup:kill", "setup"),          # before the worker's first state reaches the kernel
+    ("setup:hang", "setup"),          # silent past first_step_grace (shortened below)
     ("first step:abort", "first step"),
+    ("first step:hang", "first step"),
     ("step:kill:6", None),            # mid-epoch (the 6th step or step-phase heartbeat)
+    ("step:hang:4", "step"),
     ("validation:abort", "validation"),
-    ("checkpoint:kill", "checkpoint"),
-    ("hand-over:kill", "hand-over"),
     ("validation:hang", "validation"),
+    ("checkpoint:kill", "checkpoint"),
     ("checkpoint:hang:2", "checkpoint"),
+    ("hand-over:kill", "hand-over"),
+    ("hand-over:abort", "hand-over"),
+    ("hand-over:hang", "hand-over"),
 ]
+HANG_S = 3.0  # step_timeout and first_step_grace of the hang cases
+
+
+def hangs(fault: str) -> bool:
+    return fault.split(":")[1] == "hang"
 
 
 @pytest.mark.parametrize("fault,phase", FIT_CASES, ids=[c[0] for c in FIT_CASES])
 def test_a_fault_in_any_phase_of_fit_continues_on_the_cpu(tmp_path, monkeypatch, view, fault,
                                                            phase):
     monkeypatch.setenv(FAULT_ENV, fault)
+    monkeypatch.setenv(FIRST_STEP_GRACE_ENV, str(HANG_S))
     start = [p.detach().clone() for p in net().parameters()]
-    tr = trainer(tmp_path, step_timeout=3 if fault.endswith(("hang", "hang:2")) else None)
+    tr = trainer(tmp_path, step_timeout=HANG_S if hangs(fault) else None)
     tr.fit(data(), val=data(64, seed=1))
 
     lost = [e for e in tr.events if e.kind == "worker_lost"]
     assert len(lost) == 1, [str(e) for e in tr.events]
     if phase is not None:
         assert f"'{phase}'" in lost[0].message
+    if hangs(fault):  # the silence, and the limit it passed, are named
+        rule = "first_step_grace" if phase in ("setup", "first step") else "step_timeout"
+        assert "silent for" in lost[0].message and f"{rule}=" in lost[0].message
+    else:
+        assert ("SIGKILL" if fault.split(":")[1] == "kill" else "SIGABRT") in lost[0].message
     assert tr.device.type == "cpu" and not tr.isolated
     # history continuous: every epoch once, every step once, in order
     assert tr.history["epoch"].tolist() == list(range(EPOCHS))
@@ -121,18 +138,33 @@ def test_a_fault_in_any_phase_of_fit_continues_on_the_cpu(tmp_path, monkeypatch,
     assert not children()
 
 
-@pytest.mark.parametrize("fault", ["evaluate:kill", "evaluate:abort"])
-def test_a_fault_in_evaluate_or_predict_answers_on_the_cpu(tmp_path, monkeypatch, view, fault):
-    tr = trainer(tmp_path)
-    tr.fit(data(), val=data(64, seed=1))
-    expected = tr.predict(data(64, seed=2)[0])  # in a worker, where fit ran
+EVAL_CASES = [("evaluate", "evaluate:kill"), ("evaluate", "evaluate:abort"),
+              ("predict", "evaluate:abort"), ("predict", "evaluate:hang:2")]
+
+
+@pytest.mark.parametrize("call,fault", EVAL_CASES, ids=[f"{c}-{f}" for c, f in EVAL_CASES])
+def test_a_fault_in_evaluate_or_predict_answers_on_the_cpu(tmp_path, monkeypatch, view, call,
+                                                           fault):
+    """An isolated Trainer evaluates and predicts in a worker (where its fit runs); a worker
+    lost there answers on the CPU here, says so at the next fit, and stays here."""
     monkeypatch.setenv(FAULT_ENV, fault)
-    metrics = tr.evaluate(data(64, seed=2))
-    assert math.isfinite(metrics["rmse"])
-    assert [e for e in tr._notes if e[0] == "worker_lost"]  # said at the next fit
+    monkeypatch.setenv(FIRST_STEP_GRACE_ENV, str(HANG_S))
+    tr = trainer(tmp_path, step_timeout=HANG_S if hangs(fault) else None)
+    x, y = data(64, seed=2)
+    with torch.no_grad():
+        expected = net()(x)
+    if call == "evaluate":
+        got = tr.evaluate((x, y))
+        rmse = float(torch.sqrt(torch.mean((expected - y) ** 2)))
+        assert got["rmse"] == pytest.approx(rmse, rel=1e-5)
+    else:
+        got = tr.predict(x)
+        assert torch.allclose(torch.as_tensor(got).reshape(-1), expected.reshape(-1), atol=1e-6)
+    lost = [m for k, m in tr._notes if k == "worker_lost"]  # said at the next fit
+    assert len(lost) == 1 and "'evaluate'" in lost[0]
+    if hangs(fault):
+        assert "silent for" in lost[0]
     assert tr.isolated is False  # from now on, here
-    assert torch.allclose(torch.as_tensor(tr.predict(data(64, seed=2)[0])),
-                          torch.as_tensor(expected), atol=1e-6)
     assert not children()
 
 

@@ -42,6 +42,8 @@ class FitJob:
     py_random: Any = None
     predict: tuple | None = None   # (data, with_targets): evaluate/predict instead of fit
     find_batch: tuple | None = None  # (dataset, kwargs): find_batch_size instead of fit
+    sent_at: float | None = None   # time.monotonic() when the kernel handed it to a prestarted
+    #                                worker (its start-up note compares it with its own times)
 
 
 class Faults:
