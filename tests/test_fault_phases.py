@@ -7,7 +7,8 @@ worker's event names the phase, and no child is left. Faults come from ``HYBRIDN
 only an isolated worker reads.
 
 Also the kernel's invariant: on an isolated run it never starts the CUDA driver (tripwires on
-every torch entry point that would)."""
+every torch entry point that would), against a worker that simulates CUDA on the CPU
+(``HYBRIDNB_SIMULATE_CUDA=1``)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 import torch
 from torch import nn
 
-from hybridnb.env import FAULT_ENV, FIRST_STEP_GRACE_ENV
+from hybridnb.env import FAULT_ENV, FIRST_STEP_GRACE_ENV, SIMULATE_CUDA_ENV
 from hybridnb.train import recovery
 from hybridnb.train.trainer import Trainer
 
@@ -168,10 +169,33 @@ def test_a_fault_in_evaluate_or_predict_answers_on_the_cpu(tmp_path, monkeypatch
     assert not children()
 
 
-def test_the_kernel_never_starts_cuda_on_an_isolated_run(tmp_path, monkeypatch, view):
-    """Tripwires on every entry point that starts the CUDA driver, armed in the kernel only (the
-    spawned worker is a fresh interpreter): fit, evaluate, predict and find_batch_size."""
-    tripped = []
+# Every way the kernel could start the CUDA driver: the driver's own entry points, torch's lazy
+# initialisation (tensor creation on "cuda" goes through it too) and the torch.cuda calls that
+# need a context. torch.cuda.is_available() / device_count() stay: with
+# PYTORCH_NVML_BASED_CUDA_CHECK=1 they ask NVML (here told one GPU exists), never the driver;
+# their fallback, torch._C._cuda_getDeviceCount, is wired.
+DRIVER = ("_cuda_init", "_cuda_getDeviceCount", "_cuda_getDevice", "_cuda_setDevice",
+          "_cuda_emptyCache", "_cuda_memoryStats", "_cuda_resetPeakMemoryStats",
+          "_cuda_synchronize", "_cuda_getDeviceProperties", "_cuda_set_sync_debug_mode")
+TORCH_CUDA = ("_lazy_init", "init", "cudart", "mem_get_info", "synchronize", "set_device",
+              "current_device", "get_device_properties", "get_device_name",
+              "get_device_capability", "get_rng_state", "set_rng_state", "get_rng_state_all",
+              "set_rng_state_all", "empty_cache", "memory_allocated", "max_memory_allocated",
+              "reset_peak_memory_stats", "set_per_process_memory_fraction", "memory_stats",
+              "is_bf16_supported")
+
+
+class Tripped(list):
+    """The tripwires that fired; ``asked``: graph-capture questions (allowed, counted)."""
+
+    asked: list
+
+
+@pytest.fixture
+def tripwires(monkeypatch):
+    """The kernel believes one CUDA GPU exists (NVML says so) and every call that would start
+    the driver raises; the spawned worker (a fresh interpreter) simulates CUDA on the CPU."""
+    tripped = Tripped()
 
     def wire(name):
         def trip(*a, **k):
@@ -179,17 +203,55 @@ def test_the_kernel_never_starts_cuda_on_an_isolated_run(tmp_path, monkeypatch, 
             raise AssertionError(f"the kernel called {name}")
         return trip
 
-    for name in ("_cuda_init", "_cuda_getDeviceCount", "_cuda_getDevice"):
+    monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.cuda, "_raw_device_count_nvml", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "_cached_device_count", None)
+    for name in DRIVER:
         if hasattr(torch._C, name):
             monkeypatch.setattr(torch._C, name, wire(f"torch._C.{name}"))
-    for name in ("_lazy_init", "init", "is_available", "device_count", "mem_get_info",
-                 "get_rng_state_all", "set_rng_state_all", "synchronize"):
+    for name in TORCH_CUDA:
         monkeypatch.setattr(torch.cuda, name, wire(f"torch.cuda.{name}"))
-    tr = trainer(tmp_path, checkpoint_every=None)
-    tr.fit(data(), val=data(64, seed=1))
-    tr.evaluate(data(64, seed=2))
-    tr.predict(data(64, seed=2)[0])
-    tr.find_batch_size(torch.utils.data.TensorDataset(*data()), max_batch=64)
+    # torch's optimizers ask before every step whether a CUDA graph is being captured, on any
+    # device, whenever CUDA is available; without a CUDA context the answer is "no" and none is
+    # created. Counted, not tripped: only the kernel's CPU continuation steps an optimizer.
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing",
+                        lambda: asked.append(1) or False)
+    monkeypatch.setenv(SIMULATE_CUDA_ENV, "1")
+    assert torch.cuda.is_available() and torch.cuda.device_count() == 1  # by NVML alone
     assert tripped == []
+    tripped.asked = asked
+    return tripped
+
+
+def test_the_kernel_never_starts_cuda_on_an_isolated_run(tmp_path, view, tripwires):
+    """fit, evaluate, predict and find_batch_size on device="cuda" in fp16 (the GradScaler every
+    Colab T4 gets), isolated: the kernel computes nothing on CUDA."""
+    tr = trainer(tmp_path, device="cuda", precision="fp16", checkpoint_every=None,
+                 memory_fraction=0.5)
+    assert tr.device.type == "cuda" and tr.isolated and tr.scaler.is_enabled()
+    tr.fit(data(), val=data(64, seed=1))
+    assert not any(e.kind == "worker_lost" for e in tr.events), [str(e) for e in tr.events]
+    assert any(e.kind == "simulated_cuda" for e in tr.events)  # the worker's side was simulated
+    assert tr.history["epoch"].tolist() == list(range(EPOCHS))
+    metrics = tr.evaluate(data(64, seed=2))
+    pred = tr.predict(data(64, seed=2)[0])
+    found = tr.find_batch_size(torch.utils.data.TensorDataset(*data()), max_batch=64)
+    assert math.isfinite(metrics["rmse"]) and pred.shape == (64,) and found >= 1
+    assert tr.device.type == "cuda" and tr.isolated and not tr._notes  # no worker was lost
+    assert tripwires == [] and tripwires.asked == []  # the kernel never stepped an optimizer
     assert not torch.cuda.is_initialized()
-    assert not any(e.kind == "worker_lost" for e in tr.events)
+
+
+def test_a_lost_cuda_worker_continues_on_the_cpu_without_starting_cuda(tmp_path, monkeypatch,
+                                                                      view, tripwires):
+    monkeypatch.setenv(FAULT_ENV, "step:kill:3")
+    tr = trainer(tmp_path, device="cuda", precision="bf16")
+    tr.fit(data(), val=data(64, seed=1))
+    assert [e.kind for e in tr.events].count("worker_lost") == 1
+    assert tr.device.type == "cpu" and not tr.isolated
+    assert tr.history["epoch"].tolist() == list(range(EPOCHS))
+    assert math.isfinite(tr.evaluate(data(64, seed=2))["rmse"])  # here, on the CPU
+    assert tripwires == []
+    assert not torch.cuda.is_initialized()

@@ -49,7 +49,7 @@ from hybridnb.train.seeding import rng_state, seed_everything, set_rng_state
 from hybridnb.train.settings import Settings
 from hybridnb.train.state import HISTORY_COLUMNS, STEP_COLUMNS, RunState, Stop
 from hybridnb.train.validation import EarlyStopping
-from hybridnb.train.worker_fit import Faults, FitJob, KernelView, reraise
+from hybridnb.train.worker_fit import Faults, FitJob, KernelView, reraise, simulate_cuda
 
 
 class Epoch(enum.Enum):
@@ -704,7 +704,8 @@ class Trainer:
     def _work(job: FitJob, channel) -> object:
         """In the isolated worker: the same Trainer from the job, trained (or predicting) here;
         returns its final state (or the predictions)."""
-        trainer = Trainer.from_settings(job.model, job.settings)
+        settings, simulated = simulate_cuda(job.settings)
+        trainer = Trainer.from_settings(job.model, settings)
         trainer._channel, trainer._faults, trainer._phase = channel, Faults(), None
         trainer.checkpoints.on_keep = lambda state: channel.state(recovery.to_cpu(state))
         if job.predict is not None or job.find_batch is not None:
@@ -715,7 +716,8 @@ class Trainer:
             found = trainer.find_batch_size(dataset, **kwargs)
             return {"found": found, "batch_size": trainer.batch_size,
                     "grad_accum": trainer.grad_accum, "events": trainer.events}
-        trainer._notes = list(job.notes or [])
+        trainer._notes = list(job.notes or []) + ([("simulated_cuda", simulated)]
+                                                  if simulated else [])
         began = worker_startup()
         if job.sent_at is not None and {"spawned_at", "ready_at"} <= set(began):
             trainer._notes.append(("worker_start", isolate.startup_note(
