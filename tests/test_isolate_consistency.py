@@ -12,6 +12,7 @@ training's alone.
 from __future__ import annotations
 
 import math
+import re
 import time
 
 import pytest
@@ -64,6 +65,11 @@ def test_what_the_worker_applied_and_measured_reaches_the_kernel(tmp_path):
     tr.fit(windows(), val=windows(32, seed=1))
 
     assert tr._fit_where == "worker" and not any(e.kind == "worker_lost" for e in tr.events)
+    # the worker started with fit, in parallel with the kernel's set-up; said once, in seconds
+    began = [e.message for e in tr.events if e.kind == "worker_start"]
+    assert len(began) == 1
+    startup, setup, waited = map(float, re.findall(r"(\d+\.\d) s", began[0]))
+    assert 0 < startup < 120 and waited <= startup
     said = [e.message for e in tr.events if e.kind == "speedups"]
     assert tr.applied_speedups is not None and said[0] == tr.applied_speedups.message
     assert "channels_last" in tr.applied_speedups.applied  # the CPU's grouped-Conv2d rule

@@ -107,8 +107,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         argv = list(argv or sys.argv[1:])
         payload_fd, msg_fd, stop_fd, parent, death = (int(a) for a in argv[:5])
+        # run as __main__: the times go where ``startup()``'s importers look
+        times = importlib.import_module("hybridnb.processes.worker")._STARTUP
         if len(argv) > 5:
-            _STARTUP["spawned_at"] = float(argv[5])
+            times["spawned_at"] = float(argv[5])
         preload = [m for m in (argv[6] if len(argv) > 6 else "").split(",") if m]
         die_with(parent, death)
         prepare()
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
             for module in preload:  # while the parent prepares the job
                 importlib.import_module(module)
             if preload:
-                _STARTUP["ready_at"] = time.monotonic()
+                times["ready_at"] = time.monotonic()
                 channel.ready()
             from hybridnb.processes.payload import unpack
 
@@ -128,9 +130,9 @@ def main(argv: list[str] | None = None) -> None:
             channel.send_error(exc)
             code = 1
             return
-        _STARTUP["job_at"] = time.monotonic()
+        times["job_at"] = time.monotonic()
         if not preload:
-            _STARTUP["ready_at"] = _STARTUP["job_at"]
+            times["ready_at"] = times["job_at"]
             channel.ready()
         code = run(msg_fd, stop, fn, args, kwargs, channel=channel)
     finally:
