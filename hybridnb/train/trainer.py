@@ -681,7 +681,10 @@ class Trainer:
 
     def _adopt(self, result: dict) -> None:
         """What the worker decided and measured (precision, speedups, FLOPs, batch size) is
-        this Trainer's from now on (nothing here touches the device)."""
+        this Trainer's from now on (nothing here touches the device). A worker that lost its
+        GPU and finished on the CPU (its event said so) leaves this Trainer on the CPU too."""
+        if result.get("device") == "cpu" and self.device.type != "cpu":
+            self._continue_on_cpu()
         if self.placement.adopt(result["placement"]):
             self._build_step(compiled=False)
         self.batch_size, self.grad_accum = result["config"]["batch_size"], \
@@ -731,8 +734,10 @@ class Trainer:
         trainer.schedule.bind(trainer._plan.total_steps)
         trainer._fit_here(train_loader, val_loader)
         trainer._beat("hand-over")
-        return {**recovery.to_cpu(trainer.state_dict()), "stopped": trainer.state.stopped,
-                "placement": trainer.placement.facts()}
+        state = recovery.to_cpu(trainer.state_dict())
+        if simulated:  # the kernel's run stays on the device it believes in
+            state["device"] = job.settings.device
+        return {**state, "stopped": trainer.state.stopped, "placement": trainer.placement.facts()}
 
     # ----------------------------------------------------------------------------- evaluate
     @torch.no_grad()
