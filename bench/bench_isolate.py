@@ -2,7 +2,7 @@
 
 Both variants run the same loop on the same model (a small EEG-sized conv net, built in this
 process before the fork, as a notebook cell would): forward, backward, AdamW, ``loss.item()``.
-Per step the isolated worker sends what the Trainer will send through ``run_isolated``'s
+Per step the isolated worker (spawned, as the Trainer's) sends what the Trainer sends through ``run_isolated``'s
 channel: a view update and a "step_done"; every SNAPSHOT_EVERY steps the model and optimizer
 state. In this process the same step calls a function that keeps the view update, and the
 snapshot is a clone (what in-process recovery keeps). Variants run interleaved (in-process,
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import statistics
 import time
 
@@ -84,15 +85,19 @@ def in_process(batches, out: dict) -> None:
 
 
 def isolated(batches, out: dict) -> None:
-    model = make_model()  # defined in the kernel, used by the forked worker
+    model = make_model()  # defined in the kernel, sent to the spawned worker (as the Trainer)
     marks: dict[str, float] = {}
+    steps = len(batches)
 
     def work(channel):
+        torch.set_num_threads(1)  # as this process: the same loop on the same threads
+        mine = make_batches(steps)  # the same batches, made there (not 1 GB through /dev/shm)
+
         def report(i, loss):
             channel.send("view", {"step": i, "loss": loss, "epoch": 0, "lr": 1e-3})
             channel.step_done()
 
-        return train(model, batches, report, channel.state)
+        return train(model, mine, report, channel.state)
 
     def on_message(m):
         marks.setdefault("first", time.perf_counter())
@@ -100,7 +105,7 @@ def isolated(batches, out: dict) -> None:
             marks["done"] = time.perf_counter()
 
     t0, c0 = time.perf_counter(), time.process_time()
-    outcome = run_isolated(work, on_message=on_message)
+    outcome = run_isolated(work, on_message=on_message, start="spawn")
     t1, c1 = time.perf_counter(), time.process_time()
     assert outcome.ok, outcome.reason
     r = outcome.result
@@ -188,6 +193,70 @@ def measure(rounds: int, steps: int) -> tuple[list[dict], dict]:
                   "end": median([r["end"] for r in per["isolated"]])}
 
 
+class FirstRow:
+    """A live view that notes when the first step's row arrived."""
+
+    def __init__(self) -> None:
+        self.t0, self.first = time.perf_counter(), None
+        self.stop_requested = False
+
+    def start(self, run) -> None:
+        pass
+
+    def update(self, row) -> None:
+        if self.first is None and row.get("global_step", 0) >= 1:
+            self.first = time.perf_counter() - self.t0
+
+    def event(self, ev) -> None:
+        pass
+
+    def end(self, summary) -> None:
+        pass
+
+
+def first_steps(rounds: int) -> tuple[list[dict], dict]:
+    """Time from ``fit()`` to the first step's row, the Trainer in this process vs isolated
+    (a spawned worker started with fit, importing torch while the kernel sets up)."""
+    from hybridnb.train import progress
+    from hybridnb.train.trainer import Trainer
+
+    g = torch.Generator().manual_seed(0)
+    data = (torch.randn(5 * BATCH, CHANS, TIMES, generator=g), torch.randn(5 * BATCH, 1,
+                                                                            generator=g))
+    times: dict[str, list[float]] = {"in-process": [], "isolated": []}
+    notes: list[tuple[float, ...]] = []
+    real = progress.make_view
+
+    def fit(isolate: bool) -> None:
+        view = FirstRow()
+        progress.make_view = lambda live: view
+        try:
+            tr = Trainer(make_model(), device="cpu", isolate=isolate, batch_size=BATCH, epochs=1,
+                         steps_per_epoch=3, schedule=None, speedups=False, live="text",
+                         verbose=False)
+            view.t0 = time.perf_counter()
+            tr.fit(data)
+        finally:
+            progress.make_view = real
+        times["isolated" if isolate else "in-process"].append(view.first)
+        said = [e.message for e in tr.events if e.kind == "worker_start"]
+        if said:
+            notes.append(tuple(float(v) for v in re.findall(r"(\d+\.\d+) s", said[0])))
+
+    interleaved({"in-process": lambda: fit(False), "isolated": lambda: fit(True)},
+                repeats=1)  # warm-up, dropped
+    for v in times.values():
+        v.clear()
+    notes.clear()
+    interleaved({"in-process": lambda: fit(False), "isolated": lambda: fit(True)},
+                repeats=rounds)
+    rows = [{"variant": name, "fit() to first step s": median(v), "range s": spread(v)}
+            for name, v in times.items()]
+    startup, setup, waited = (median([n[i] for n in notes]) for i in range(3))
+    return rows, {"startup": startup, "setup": setup, "waited": waited,
+                  "extra": median(times["isolated"]) - median(times["in-process"])}
+
+
 def transfer(sizes_mb: tuple[int, ...], repeats: int = 5) -> list[dict]:
     """A state of n MB (float32 tensors of 1 MiB... 4 MiB) sent by the worker to the kernel."""
     rows = []
@@ -229,6 +298,7 @@ def main() -> None:
     rounds, steps = (1, 20) if smoke else (ROUNDS, STEPS)
     rows, res = measure(rounds, steps)
     xfer = transfer((1, 10, 50), repeats=2 if smoke else 5)
+    first_rows, first = first_steps(1 if smoke else 3)
     body = (
         f"Model: Conv1d({CHANS}->16, 9) + BatchNorm + ELU + pool + Linear (~20k parameters), "
         f"input {CHANS}x{TIMES}, batch {BATCH}, fp32, CPU, 1 torch thread, AdamW, loss.item() "
@@ -243,7 +313,9 @@ def main() -> None:
         "training process's CPU time over the loop (all its threads) per step; "
         "'kernel CPU per step' is the supervising process's CPU time per step (receiving, "
         "decoding, on_message); 'start' is the call to the first message minus the first step "
-        "(fork and start-up), 'end' the \"done\" message to return (worker reaped).\n\n"
+        "(spawn: a fresh interpreter importing torch), 'end' the \"done\" message to return "
+        "(worker reaped). The isolated worker is spawned, as the Trainer's is, and runs on one "
+        "torch thread like this process; 'plain fork' is the control without a supervisor.\n\n"
         + markdown_table(rows)
         + f"\nDirect cost of isolation to a step: (worker's CPU time in the channel - "
         f"in-process hand-over CPU time) / in-process step = {res['direct']:.3%}; measured "
@@ -251,6 +323,16 @@ def main() -> None:
         f"run wall ratio {res['wall_ratio']:.4f}x (start and end included). 'plain fork' is the "
         "same loop in a bare forked child: what it costs over in-process is the price of a "
         "forked process on this host (its CPU time per step), not of the supervisor.\n\n"
+        "## Time to the first step: the Trainer in this process vs isolated\n\n"
+        f"`Trainer(device='cpu', isolate=False|True, speedups=False)`, the model above, "
+        f"batch {BATCH}, 3 steps; from `fit()` to the first step's row in the view; interleaved "
+        "rounds after a warm-up round. The isolated worker is spawned when `fit` starts and "
+        "imports torch while the kernel sets up (loaders, start state, pickling the job).\n\n"
+        + markdown_table(first_rows)
+        + f"\nThe worker's own note (medians): ready {first['startup']:.1f} s after fit "
+        f"started, the kernel's set-up {first['setup']:.1f} s meanwhile, the fit waited "
+        f"{first['waited']:.1f} s for it; isolation adds {first['extra']:.2f} s to the first "
+        "step.\n\n"
         "## Sending the last good state to the kernel\n\n"
         "Raw tensor frames on a 1 MiB pipe (processes/channel.py); for comparison on this host, "
         "pickling the same 50 MB took 455 ms to deliver (341 ms blocking the worker) and "

@@ -18,6 +18,10 @@ ISOLATED_ENV = "HYBRIDNB_ISOLATED"      # "1" in an isolated training worker: it
 DATA_ENV = "HYBRIDNB_DATA"              # the notebooks' DATA: synthetic | a folder | R5-mini ...
 FAULT_ENV = "HYBRIDNB_FAULT"            # "phase:kind[:n]" a fault in an isolated worker (tests only)
 PROBE_SIMULATE_ENV = "HYBRIDNB_PROBE_SIMULATE"   # JSON faults for the probe child (tests only)
+FIRST_STEP_GRACE_ENV = "HYBRIDNB_FIRST_STEP_GRACE"  # seconds an isolated worker may be silent
+#                                                   before its first steps (default 600)
+SIMULATE_CUDA_ENV = "HYBRIDNB_SIMULATE_CUDA"  # "1": an isolated worker trains a "cuda" run on the
+#                                               CPU (tests of a kernel that never starts CUDA)
 CACHE_DIR_ENV = "HYBRIDNB_CACHE_DIR"    # where hybridnb keeps its cache (the probe's verdicts)
 PROBE_CACHE_TTL_ENV = "HYBRIDNB_PROBE_CACHE_TTL"  # seconds a passed probe is trusted; 0 = never
 RESULTS_ENV = "HYBRIDNB_RESULTS"        # the demo runner: where a notebook records its results
@@ -150,6 +154,23 @@ def cache_dir(environ: dict[str, str] | None = None) -> Path:
         return Path(env[CACHE_DIR_ENV]).expanduser()
     base = env.get("XDG_CACHE_HOME") or str(Path("~/.cache").expanduser())
     return Path(base) / "hybridnb"
+
+
+def seconds_from_env(name: str, default: float, environ: dict[str, str] | None = None) -> float:
+    """A positive number of seconds from ``$name`` (``default`` when unset); ValueError naming
+    the variable otherwise."""
+    env = os.environ if environ is None else environ
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{name}={raw!r} must be a number of seconds > 0 (unset means "
+                         f"{default:g} s)")
+    return value
 
 
 def probe_cache_ttl(environ: dict[str, str] | None = None) -> float:

@@ -243,6 +243,59 @@ def test_the_spawn_start_reports_its_first_message_quickly():
     assert first[0] < 20
 
 
+def test_a_prestarted_worker_imports_first_and_runs_the_job_sent_later():
+    """Start now, job later: the worker imports its modules and says "ready" while this
+    process is still busy; the job sent afterwards runs at once; the worker knows its times."""
+    from hybridnb.processes.child import prestart_spawn
+
+    kinds: list[str] = []
+    early = prestart_spawn(preload=("json",))
+    time.sleep(0.5)  # this process's own set-up
+    sent = time.monotonic()
+
+    def job(channel, x):
+        from hybridnb.processes.worker import startup
+
+        return {"x": x * 2, **startup()}
+
+    out = supervise(lambda: early.send(job, 21), silence=60, start_grace=60,
+                    on_message=lambda m: kinds.append(m.kind))
+    early.close()  # after send: nothing to do
+    assert out.ok and out.result["x"] == 42
+    assert kinds[0] == "ready"
+    times = out.result
+    assert times["spawned_at"] < times["ready_at"] < sent + 5
+    assert times["job_at"] >= times["ready_at"]
+
+
+def test_a_prestarted_worker_whose_job_never_comes_is_killed():
+    from hybridnb.processes.child import prestart_spawn
+
+    early = prestart_spawn(preload=())
+    pid = early.child.pid
+    early.close()
+    assert _gone(pid)
+    with pytest.raises(RuntimeError, match="already given its job or closed"):
+        early.send(print)
+
+
+def test_the_start_grace_covers_a_slow_start_and_ends_at_ready():
+    """Silence before the first message is allowed up to ``start_grace`` (an interpreter that
+    imports torch); after "ready" the ordinary limit applies and names the phase."""
+    def slow_then_hang(channel):
+        channel.heartbeat(phase="setup")
+        time.sleep(600)
+
+    from hybridnb.processes.child import prestart_spawn
+
+    early = prestart_spawn(preload=())
+    out = supervise(lambda: early.send(slow_then_hang), silence=1.0, start_grace=30)
+    assert out.status == "hung" and out.phase == "setup" and out.limit_name == "silence_limit"
+    silent = supervise(lambda: start_command([sys.executable, "-c", "import time; "
+                                              "time.sleep(600)"]), silence=0.5, start_grace=1.5)
+    assert silent.status == "hung" and silent.limit_name == "start_grace"
+
+
 # ------------------------------------------------------------------ fork, commands, run_isolated
 
 def test_run_isolated_spawn_start_keeps_its_outcome_fields():

@@ -131,17 +131,29 @@ class ThroughputMonitor:
         self._mark = time.perf_counter()
 
     def batches(self, iterable: Iterable) -> Iterator:
-        """Yield from ``iterable``, timing each fetch as waiting for data."""
+        """Yield from ``iterable``, timing each fetch as waiting for data. When the loop over
+        them ends (exhausted, or left with ``break``/``return``), so does the window
+        (``close``): what the caller does next, validating, is never counted."""
         it = iter(iterable)
-        while True:
-            self.start_wait()
-            try:
-                batch = next(it)
-            except StopIteration:
-                self._wait_t0 = None
-                return
-            self.end_wait()
-            yield batch
+        try:
+            while True:
+                self.start_wait()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    self._wait_t0 = None
+                    return
+                self.end_wait()
+                yield batch
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """The training loop ended: a measuring point now, so that a later ``summary()`` does
+        not stretch the window over what came after (validation, checkpoint writes)."""
+        self._wait_t0 = None
+        if self._start is not None and self._counted != self._point[2]:
+            self._measure()
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:

@@ -42,7 +42,8 @@ BATCH_BYTES = 64 << 10  # a message larger than this is written at once
 
 # kinds the supervisor itself reads (every message also goes to the caller's on_message)
 DONE, ERROR, STATE, STEP_DONE, HEARTBEAT = "done", "error", "state", "step_done", "heartbeat"
-URGENT = frozenset((DONE, ERROR, STATE, HEARTBEAT))  # written at once, with what came before
+READY = "ready"  # a started child is up (imports done): {"at": time.monotonic()}
+URGENT = frozenset((DONE, ERROR, STATE, HEARTBEAT, READY))  # written at once, with what came before
 
 
 class ChannelError(RuntimeError):
@@ -273,6 +274,11 @@ class Channel:
         if grace is not None:
             payload["grace"] = float(grace)
         self.send(HEARTBEAT, payload or None)
+
+    def ready(self) -> None:
+        """Up and about to run (or to wait for) its work: the parent's start-up allowance ends
+        and its silence clock starts."""
+        self.send(READY, {"at": time.monotonic()})
 
     def state(self, state: Any) -> None:
         self.send(STATE, state)

@@ -11,6 +11,8 @@ orphan, no zombie. Three ways to start one:
 - ``start_spawn(fn, *args)``: a fresh interpreter, ``python -m hybridnb.processes.worker``,
   that receives ``fn`` and its arguments cloudpickled (big CPU tensors through shared memory:
   ``payload``) and runs ``fn(channel, *args)``. Nothing this process did can break it.
+- ``prestart_spawn()`` then ``.send(fn, *args)``: the same worker started before its job
+  exists; it imports torch while this process prepares the job (start now, job later).
 - ``start_command(argv)``: any command (the GPU probe, a compare() variant).
 
 Start-up cost of ``start_spawn`` (measured on 2 shared CPU cores, start to the child's first
@@ -293,10 +295,70 @@ def start_spawn(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None =
 
     data, files = pack((fn, args, kwargs))
     made: list[int] = []
-    stop: StopFlag | None = None
     try:
         payload_fd = _payload_fd(data)
         made.append(payload_fd)
+        child = _spawn(payload_fd, made, env, death_signal, merge_output, preload=())
+    except BaseException:
+        discard(files)
+        raise
+    child.files = files
+    return child
+
+
+class Prestarted:
+    """A spawned worker started before its job exists (``prestart_spawn``): it imports its
+    modules while this process prepares the job. ``send(fn, *args, **kwargs)`` hands the job
+    over and returns the ``Child`` (the caller supervises and closes it); ``close()`` kills a
+    worker whose job never came (safe after ``send``: then it does nothing)."""
+
+    def __init__(self, child: Child, payload_w: int, spawned_at: float) -> None:
+        self.child, self.spawned_at = child, spawned_at
+        self._payload_w: int | None = payload_w
+
+    def send(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Child:
+        """Pickle the job (an argument that cannot be pickled raises here) and write it to the
+        worker from a thread, so the caller starts watching the worker at once."""
+        from hybridnb.processes.payload import pack
+
+        if self._payload_w is None:
+            raise RuntimeError("this prestarted worker was already given its job or closed")
+        data, files = pack((fn, args, kwargs))
+        self.child.files.extend(files)
+        fd, self._payload_w = self._payload_w, None
+        threading.Thread(target=_write_all, args=(fd, data), daemon=True,
+                         name="hybridnb-payload").start()
+        return self.child
+
+    def close(self) -> None:
+        if self._payload_w is not None:
+            _close([self._payload_w])
+            self._payload_w = None
+            self.child.close()
+
+
+def prestart_spawn(*, preload: Sequence[str] = ("torch",), env: dict[str, str] | None = None,
+                   death_signal: int = signal.SIGKILL, merge_output: bool = False
+                   ) -> Prestarted:
+    """Start the spawned worker now, without its job: it imports ``preload`` (``import torch``
+    costs about 1.7 s here), sends "ready", and waits for the job on a pipe that
+    ``Prestarted.send`` writes. So the start-up runs in parallel with this process's own
+    preparation. The rest is as ``start_spawn``."""
+    made: list[int] = []
+    payload_r, payload_w = _pipe(made)
+    spawned_at = time.monotonic()
+    child = _spawn(payload_r, made, env, death_signal, merge_output, preload=preload,
+                   spawned_at=spawned_at)  # on failure it closed both ends
+    return Prestarted(child, payload_w, spawned_at)
+
+
+def _spawn(payload_fd: int, made: list[int], env: dict[str, str] | None, death_signal: int,
+           merge_output: bool, preload: Sequence[str], spawned_at: float | None = None
+           ) -> Child:
+    """Popen the worker module reading its job from ``payload_fd`` (closed here once the
+    child has it, like every descriptor in ``made`` on failure)."""
+    stop: StopFlag | None = None
+    try:
         msg_r, msg_w = _pipe(made)
         widen_pipe(msg_w)
         out_r, out_w = _pipe(made)
@@ -308,8 +370,9 @@ def start_spawn(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None =
         child_env.update(WORKER_ENV if env is None else env)
         child_env["PYTHONPATH"] = os.pathsep.join(
             [p for p in sys.path if p] + [child_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        spawned_at = time.monotonic() if spawned_at is None else spawned_at
         argv = [sys.executable, "-m", WORKER_MODULE, str(payload_fd), str(msg_w), str(stop.fd),
-                str(os.getpid()), str(int(death_signal))]
+                str(os.getpid()), str(int(death_signal)), repr(spawned_at), ",".join(preload)]
         sys.stdout.flush()
         sys.stderr.flush()
         popen = subprocess.Popen(argv, pass_fds=(payload_fd, msg_w, stop.fd),
@@ -320,12 +383,10 @@ def start_spawn(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None =
         _close(made)
         if stop is not None:
             stop.close()
-        discard(files)
         raise
     _close([fd for fd in (payload_fd, msg_w, out_w, err_w) if fd is not None])
     outputs = {out_r: 1} if err_r is None else {out_r: 1, err_r: 2}
-    return Child(popen.pid, popen=popen, messages_fd=msg_r, output_fds=outputs, stop=stop,
-                 files=files)
+    return Child(popen.pid, popen=popen, messages_fd=msg_r, output_fds=outputs, stop=stop)
 
 
 def start_command(argv: Sequence[str], *, env: dict[str, str] | None = None,
@@ -419,6 +480,18 @@ def _payload_fd(data: bytes) -> int:
         view = view[os.write(fd, view):]
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write ``data`` to a pipe and close it; a reader that died ends it quietly."""
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError:
+        pass
+    finally:
+        _close([fd])
 
 
 def _reap_later(pid: int) -> None:

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from hybridnb.processes.channel import DONE, ERROR, HEARTBEAT, STATE, STEP_DONE, Message
+from hybridnb.processes.channel import DONE, ERROR, HEARTBEAT, READY, STATE, STEP_DONE, Message
 from hybridnb.processes.child import Child
 from hybridnb.processes.ended import SIGNAL_HINTS, Ended, Outcome
 
@@ -50,6 +50,8 @@ class Progress:
     grace: float | None = None            # from the last heartbeat, until the next message
     last_message: float = 0.0             # time.monotonic() of the last step or heartbeat
     last_step: float = 0.0
+    started: bool = False                 # it sent something ("ready" or more)
+    ready_at: float | None = None         # when it said "ready" (its clock: time.monotonic())
 
     @property
     def median_step_s(self) -> float | None:
@@ -69,17 +71,21 @@ def supervise(start: Callable[[], Child], *, name: str = "the worker",
               silence: SilenceLimit | float | None = None, deadline: float | None = None,
               poll: float = 0.1, should_stop: Callable[[], bool] | None = None,
               stop_grace: float = STOP_GRACE_S, exit_grace: float = EXIT_GRACE_S,
-              forward_output: bool = True) -> Outcome:
+              forward_output: bool = True, start_grace: float | None = None) -> Outcome:
     """Start a child with ``start()`` and watch it until it ends; see the module docstring.
 
     ``name``: how reasons call it ("the worker"). ``silence``: seconds of silence allowed, or a
     function of ``Progress`` returning (seconds, the rule's name), or None (no limit).
     ``deadline``: seconds the whole run may take (None: no bound). ``poll``: how often the child
-    and ``should_stop`` are checked when nothing arrives."""
+    and ``should_stop`` are checked when nothing arrives. ``start_grace``: seconds of silence
+    allowed before the child's first message (its interpreter starting, ``import torch``: a
+    child of ``start_spawn``/``start_fork`` says "ready" first), when longer than the limit."""
     if isinstance(silence, (int, float)):
         silence = fixed_silence(float(silence))
-    return _Watch(name, on_message, silence, deadline, poll, should_stop, stop_grace,
-                  exit_grace, forward_output).run(start)
+    watch = _Watch(name, on_message, silence, deadline, poll, should_stop, stop_grace,
+                   exit_grace, forward_output)
+    watch.start_grace = start_grace
+    return watch.run(start)
 
 
 class _Watch:
@@ -98,6 +104,7 @@ class _Watch:
         self.stop_wait = 0.0
         self.child: Child | None = None
         self.t0 = time.monotonic()
+        self.start_grace: float | None = None
 
     # ---------------------------------------------------------------- start and stop
     def run(self, start: Callable[[], Child]) -> Outcome:
@@ -191,8 +198,11 @@ class _Watch:
     def _note(self, m: Message) -> None:
         now = time.monotonic()
         p = self.progress
+        p.started = True
         info = m.payload if isinstance(m.payload, dict) else {}
-        if m.kind == STEP_DONE:
+        if m.kind == READY:
+            p.last_message, p.ready_at = now, info.get("at", now)
+        elif m.kind == STEP_DONE:
             p.steps += 1
             seconds, at = info.get("seconds"), info.get("at")
             at = now if at is None else at  # time.monotonic() is one clock for both processes
@@ -240,6 +250,9 @@ class _Watch:
         grace = self.progress.grace
         if grace is not None and grace > limit:
             limit, name = grace, "the grace the worker asked for"
+        if not self.progress.started and self.start_grace is not None and \
+                self.start_grace > limit:
+            limit, name = self.start_grace, "start_grace"
         return limit, name
 
     def _deadline(self) -> float:

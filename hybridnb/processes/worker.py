@@ -1,9 +1,13 @@
 """A spawned child: ``python -m hybridnb.processes.worker PAYLOAD_FD MESSAGES_FD STOP_FD PARENT
-DEATH_SIGNAL`` (started by ``child.start_spawn``; not a command for people).
+DEATH_SIGNAL [SPAWNED_AT PRELOAD]`` (started by ``child.start_spawn`` or ``child.prestart_spawn``;
+not a command for people).
 
-It reads the cloudpickled ``(fn, args, kwargs)`` from PAYLOAD_FD, runs ``fn(channel, *args,
-**kwargs)`` with a ``Channel`` on MESSAGES_FD and the stop flag on STOP_FD, sends the return value
-("done") or the exception with its traceback ("error"), and leaves with ``os._exit`` (no
+It imports the PRELOAD modules (comma-separated; prestarted workers: ``import torch`` while the
+parent is still preparing the job), says it is ready, reads the cloudpickled ``(fn, args,
+kwargs)`` from PAYLOAD_FD (a memfd, or a pipe the parent writes when the job is ready), runs
+``fn(channel, *args, **kwargs)`` with a ``Channel`` on MESSAGES_FD and the stop flag on STOP_FD,
+sends the return value ("done") or the exception with its traceback ("error"), and leaves with
+``os._exit`` (no
 interpreter teardown: with torch loaded it costs about a second). Its process group is its own
 (Popen's new session); it dies with PARENT (``PR_SET_PDEATHSIG``); faulthandler prints the
 Python stack of a segfault or abort on stderr. Threads are left as torch sets them (the
@@ -16,13 +20,26 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import importlib
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
 from hybridnb.processes.channel import DONE, Channel, StopFlag
+
+# When this worker was started (the parent's time.monotonic(), one clock for both processes),
+# ready (its imports done) and given its job: what ``startup()`` returns
+_STARTUP: dict[str, float] = {}
+
+
+def startup() -> dict[str, float]:
+    """In a spawned worker: ``spawned_at`` (when the parent started it), ``ready_at`` (its
+    imports done) and ``job_at`` (its job read), on ``time.monotonic()``'s clock; empty
+    elsewhere."""
+    return dict(_STARTUP)
 
 
 def die_with(parent: int, death_signal: int = signal.SIGKILL) -> None:
@@ -45,9 +62,13 @@ def prepare() -> None:
     faulthandler.enable(file=sys.stderr)  # a segfault or abort prints the Python stack
 
 
-def run(msg_fd: int, stop: StopFlag, fn: Callable[..., Any], args: tuple, kwargs: dict) -> int:
-    """Run ``fn(channel, *args, **kwargs)``; send its result or its error; the exit code."""
-    channel = Channel(msg_fd, stop)
+def run(msg_fd: int, stop: StopFlag, fn: Callable[..., Any], args: tuple, kwargs: dict,
+        channel: Channel | None = None) -> int:
+    """Run ``fn(channel, *args, **kwargs)``; send its result or its error; the exit code.
+    A new channel says "ready" first (``channel``: one that already did)."""
+    if channel is None:
+        channel = Channel(msg_fd, stop)
+        channel.ready()
     try:
         result = fn(channel, *args, **kwargs)
         if not channel.finished:
@@ -84,20 +105,36 @@ def main(argv: list[str] | None = None) -> None:
     """The spawned child's life; never returns."""
     code = 70
     try:
-        payload_fd, msg_fd, stop_fd, parent, death = (int(a) for a in (argv or sys.argv[1:]))
+        argv = list(argv or sys.argv[1:])
+        payload_fd, msg_fd, stop_fd, parent, death = (int(a) for a in argv[:5])
+        # run as __main__: the times go where ``startup()``'s importers look
+        times = importlib.import_module("hybridnb.processes.worker")._STARTUP
+        if len(argv) > 5:
+            times["spawned_at"] = float(argv[5])
+        preload = [m for m in (argv[6] if len(argv) > 6 else "").split(",") if m]
         die_with(parent, death)
         prepare()
         sys.stdin = open(os.devnull)
         stop = StopFlag.attach(stop_fd)
+        channel = Channel(msg_fd, stop)
         try:
+            for module in preload:  # while the parent prepares the job
+                importlib.import_module(module)
+            if preload:
+                times["ready_at"] = time.monotonic()
+                channel.ready()
             from hybridnb.processes.payload import unpack
 
             fn, args, kwargs = unpack(_read_all(payload_fd))
         except BaseException as exc:  # say it through the channel: the parent shows it
-            Channel(msg_fd, stop).send_error(exc)
+            channel.send_error(exc)
             code = 1
             return
-        code = run(msg_fd, stop, fn, args, kwargs)
+        times["job_at"] = time.monotonic()
+        if not preload:
+            times["ready_at"] = times["job_at"]
+            channel.ready()
+        code = run(msg_fd, stop, fn, args, kwargs, channel=channel)
     finally:
         with contextlib.suppress(BaseException):
             sys.stdout.flush()

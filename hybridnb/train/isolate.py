@@ -43,19 +43,22 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from hybridnb.env import ISOLATED_ENV, LAUNCHED_ENV
+from hybridnb.env import FIRST_STEP_GRACE_ENV, ISOLATED_ENV, LAUNCHED_ENV, seconds_from_env
 from hybridnb.processes import child as _child
 from hybridnb.processes.channel import Channel, Message
 from hybridnb.processes.ended import Ended, Outcome, signal_name
 from hybridnb.processes.supervise import STOP_GRACE_S, Progress, supervise
 
-__all__ = ["Channel", "Ended", "Message", "Outcome", "auto_step_timeout", "cuda_initialized",
+__all__ = ["Channel", "Ended", "Message", "Outcome", "auto_step_timeout", "cuda_initialized", "first_step_grace_s", "prestart",
            "isolate_decision", "run_isolated", "say_once", "signal_name"]
 
 STEP_TIMEOUT_FLOOR_S = 120.0         # the automatic step timeout is never shorter than this
 STEP_TIMEOUT_FACTOR = 20.0           # ... and at least this many median steps
 FIRST_STEP_GRACE_S = 600.0           # the first steps: CUDA start-up, compiling, autotuning
+#                                      ($HYBRIDNB_FIRST_STEP_GRACE overrides it: first_step_grace_s())
 WARMUP_STEPS = 3                     # steps that run under first_step_grace
+START_GRACE_S = 120.0                # a worker's start-up, before it says "ready" (import torch)
+PRELOAD = ("torch", "hybridnb.train.trainer")  # what a prestarted worker imports while it waits
 STARTS = ("fork", "spawn")
 
 
@@ -103,6 +106,13 @@ def isolate_decision(isolate: bool | str, device: Any, *, in_distributed: bool
                   "the steps since the last good state, not the kernel")
 
 
+def first_step_grace_s() -> float:
+    """Seconds an isolated worker may stay silent before its first steps have completed
+    (start-up, CUDA's first context, compiling, autotuning): ``$HYBRIDNB_FIRST_STEP_GRACE``, else
+    ``FIRST_STEP_GRACE_S``. Tests shorten it to see a hang at set-up or the first step end."""
+    return seconds_from_env(FIRST_STEP_GRACE_ENV, FIRST_STEP_GRACE_S)
+
+
 _said: set[str] = set()
 
 
@@ -126,27 +136,34 @@ def auto_step_timeout(step_seconds: list[float], floor: float = STEP_TIMEOUT_FLO
 def run_isolated(work: Callable[[Channel], Any], *,
                  on_message: Callable[[Message], None] | None = None,
                  step_timeout: float | None = None,
-                 first_step_grace: float = FIRST_STEP_GRACE_S,
+                 first_step_grace: float | None = None,
                  poll: float = 0.1,
                  should_stop: Callable[[], bool] | None = None,
                  stop_grace: float = STOP_GRACE_S,
                  timeout_floor: float = STEP_TIMEOUT_FLOOR_S,
                  warmup_steps: int = WARMUP_STEPS,
                  forward_output: bool = True,
-                 start: str = "fork") -> Outcome:
+                 start: str = "fork",
+                 prestarted: _child.Prestarted | None = None,
+                 start_grace: float = START_GRACE_S) -> Outcome:
     """Run ``work(channel)`` in a worker, pass each message to ``on_message``, and return how
     it ended (an ``Outcome``). Nothing is left running when this returns or raises.
 
     ``step_timeout``: seconds of silence allowed (None: ``auto_step_timeout`` of the measured
     steps with ``timeout_floor``); until ``warmup_steps`` steps completed ``first_step_grace``
-    applies if longer. A "step_done" or "heartbeat" message restarts the clock; a heartbeat may
+    (None: ``first_step_grace_s()``) applies if longer. A "step_done" or "heartbeat" message restarts the clock; a heartbeat may
     name the phase (``channel.heartbeat(phase="validation")``), which a silent worker's outcome
     names. ``poll``: how often the worker and ``should_stop`` are checked when no message
     comes. ``start``: "fork" (a copy of this process) or "spawn" (a fresh interpreter; ``work``
-    travels with cloudpickle). An exception from ``on_message`` kills the worker and propagates.
+    travels with cloudpickle). ``prestarted``: a worker ``prestart()`` started earlier, which is
+    handed ``work`` now (``start`` is then ignored). ``start_grace``: silence allowed before the
+    worker's first message (its start-up). An exception from ``on_message`` kills the worker and
+    propagates.
     """
     if start not in STARTS:
         raise ValueError(f"start={start!r}: use 'fork' or 'spawn'")
+    if first_step_grace is None:
+        first_step_grace = first_step_grace_s()
     if start == "fork" and not fork_available():
         raise RuntimeError("run_isolated needs os.fork, which this platform lacks; train in "
                            "this process (Trainer(isolate=False)) or use start='spawn'")
@@ -161,11 +178,32 @@ def run_isolated(work: Callable[[Channel], Any], *,
         """The step timeout: fixed, or following the measured steps; longer while warming up."""
         limit = (step_timeout if step_timeout is not None
                  else auto_step_timeout(list(progress.step_seconds), timeout_floor))
-        if progress.steps < warmup_steps and first_step_grace > limit:
+        if progress.steps < warmup_steps and first_step_grace >= limit:
             return first_step_grace, "first_step_grace"
         return limit, "step_timeout"
 
-    begin = _child.start_fork if start == "fork" else _child.start_spawn
+    if prestarted is not None:
+        def begin(fn):
+            return prestarted.send(fn)
+    else:
+        begin = _child.start_fork if start == "fork" else _child.start_spawn
     return supervise(lambda: begin(work), name="the worker", on_message=on_message,
                      silence=silence, poll=poll, should_stop=should_stop,
-                     stop_grace=stop_grace, forward_output=forward_output)
+                     stop_grace=stop_grace, forward_output=forward_output,
+                     start_grace=start_grace)
+
+
+def prestart() -> _child.Prestarted:
+    """A spawned worker started now, importing ``PRELOAD`` while the caller prepares its job
+    (pass it to ``run_isolated(prestarted=...)``; ``close()`` it if the job never comes)."""
+    return _child.prestart_spawn(preload=PRELOAD)
+
+
+def startup_note(spawned_at: float, ready_at: float, sent_at: float) -> str:
+    """One sentence on a prestarted worker's start-up: how long it took, the kernel's set-up
+    it overlapped, and how long the fit waited for it (``time.monotonic()`` times)."""
+    startup, setup = ready_at - spawned_at, sent_at - spawned_at
+    waited = max(0.0, ready_at - sent_at)
+    return (f"worker process ready {startup:.1f} s after fit started (a fresh interpreter "
+            f"importing torch), in parallel with the kernel's set-up ({setup:.1f} s): the fit "
+            f"waited {waited:.1f} s for it")

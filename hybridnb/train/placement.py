@@ -10,6 +10,7 @@ and nothing reads the device again.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -22,6 +23,8 @@ from hybridnb.train.learner import Learner
 from hybridnb.train.precision import Precision
 from hybridnb.train.settings import Settings
 from hybridnb.train.step import TrainStep, count_flops
+
+FLOP_SLICE = 8  # samples of the example batch the FLOP count runs on
 
 
 class Placement:
@@ -64,7 +67,7 @@ class Placement:
     def speed_up(self, train_loader, batch_size: int, steps: int,
                  note: Callable[[str, str], None]) -> None:
         """Apply what measures faster on this model and device (once per device), said once
-        with the numbers; the FLOP rate per sample for MFU on CUDA."""
+        with the numbers; the FLOPs per sample (the live view's MFU on a GPU)."""
         if not speedups.wanted(self.settings.speedups, self.device) or \
                 self._sped_up_on == self.device:
             return
@@ -84,9 +87,31 @@ class Placement:
             note("speedups", applied.message)
             for line in applied.notes:
                 note("speedups", line)
-        if self.device.type == "cuda":
-            flops = count_flops(model, (x,), on_skip=lambda why: note("flops", why))
-            self.flops_per_sample = None if flops is None else flops / len(x)
+        # per sample, counted on a slice (FLOPs grow linearly with the batch; a slice is cheap
+        # and rarely runs out of memory where the whole fp32 batch might)
+        x = x[:FLOP_SLICE]
+        flops = count_flops(model, (x,), on_skip=lambda why: note("flops", why))
+        self.flops_per_sample = None if flops is None else flops / len(x)
+
+    def facts(self) -> dict:
+        """What this process decided and measured (an isolated worker sends it with its final
+        state, so the kernel's Trainer reports what the run really used)."""
+        applied = self.applied_speedups
+        if applied is not None:  # its undo closures stay in the worker
+            applied = dataclasses.replace(applied, _undo=[], _globals=[])
+        return {"precision": self.precision.name, "applied_speedups": applied,
+                "flops_per_sample": self.flops_per_sample, "compile": self.compile}
+
+    def adopt(self, facts: dict) -> bool:
+        """Take what the isolated worker decided (``facts()``); True when the precision changed
+        (the step must be rebuilt). Touches no device: the kernel never does."""
+        self.applied_speedups = facts.get("applied_speedups")
+        self.flops_per_sample = facts.get("flops_per_sample")
+        name = facts.get("precision")
+        if name is None or name == self.precision.name:
+            return False
+        self.precision = Precision.choose(name, self.device)
+        return True
 
     def end_fit(self) -> None:
         """Process-wide switches the speedups turned on are put back (cuDNN autotuning)."""

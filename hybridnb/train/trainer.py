@@ -21,6 +21,7 @@ import math
 import os
 import random
 import sys
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -31,6 +32,7 @@ import torch
 from hybridnb.env import smoke
 from hybridnb.events import Event
 from hybridnb.measure.memory import reset_peak
+from hybridnb.processes.worker import startup as worker_startup
 from hybridnb.train import isolate, recovery, setup
 from hybridnb.train.blocks import checkpointed_blocks
 from hybridnb.train.checkpoint import Checkpoints
@@ -47,7 +49,7 @@ from hybridnb.train.seeding import rng_state, seed_everything, set_rng_state
 from hybridnb.train.settings import Settings
 from hybridnb.train.state import HISTORY_COLUMNS, STEP_COLUMNS, RunState, Stop
 from hybridnb.train.validation import EarlyStopping
-from hybridnb.train.worker_fit import Faults, FitJob, KernelView, reraise
+from hybridnb.train.worker_fit import Faults, FitJob, KernelView, reraise, simulate_cuda
 
 
 class Epoch(enum.Enum):
@@ -229,10 +231,16 @@ class Trainer:
     def fit(self, train, val=None, resume: bool | str | Path = False) -> pd.DataFrame:
         """Train for ``epochs`` epochs; returns the history. ``resume=True`` continues from
         ``checkpoint_dir``'s last good checkpoint, ``resume=path`` from that file."""
-        train_loader, val_loader = self._open(train, val)
-        self._begin(resume)
-        if self.isolated:
-            return self._fit_isolated(train, val, train_loader, val_loader)
+        # an isolated fit's worker starts first: it imports torch while this process sets up
+        early = isolate.prestart() if self.isolated else None
+        try:
+            train_loader, val_loader = self._open(train, val)
+            self._begin(resume)
+            if self.isolated:
+                return self._fit_isolated(train, val, train_loader, val_loader, early)
+        finally:
+            if early is not None:
+                early.close()  # it never got its job (after run_isolated: nothing to do)
         return self._fit_here(train_loader, val_loader)
 
     def _fit_here(self, train_loader, val_loader, view_started: bool = False) -> pd.DataFrame:
@@ -251,7 +259,7 @@ class Trainer:
             self.checkpoints.keep(self.state_dict())
             self._first_step = self.state.global_step
             self._start_view(blocks, view_started)
-            self._beat("first step", grace=isolate.FIRST_STEP_GRACE_S if self.placement.compile
+            self._beat("first step", grace=isolate.first_step_grace_s() if self.placement.compile
                        else None)
             try:
                 self._run(train_loader, val_loader)
@@ -296,7 +304,7 @@ class Trainer:
             if len(window) < self.grad_accum and i + 1 < plan.batches_per_epoch:
                 continue
             learner.set_lr(self.schedule.factor(state.global_step) * state.lr_scale)
-            self._faults.enter("first step" if state.global_step == self._first_step else "step")
+            self._step_phase(first=state.global_step == self._first_step)
             outcome = placement.recovery.run(window)
             if outcome.kind is Came.DEVICE_LOST:
                 return self._move_to_cpu(outcome.detail)
@@ -562,7 +570,19 @@ class Trainer:
         lost worker's event names the phase). Nothing elsewhere."""
         if self._channel is not None:
             self._channel.heartbeat(phase=phase, grace=grace)
+            self._phase = phase
             self._faults.enter(phase)
+
+    def _step_phase(self, first: bool) -> None:
+        """Before a training step, in an isolated worker: the phase is "first step" or "step"
+        (a heartbeat only when it changes; the step's own completion restarts the clock)."""
+        if self._channel is None:
+            return
+        phase = "first step" if first else "step"
+        if self._phase != phase:
+            self._channel.heartbeat(phase=phase)
+            self._phase = phase
+        self._faults.enter(phase)
 
     # ----------------------------------------------------------------------------- recovery
     def _move_to_cpu(self, detail: str) -> Epoch:
@@ -621,18 +641,21 @@ class Trainer:
         self._stop(Stop.INTERRUPT, "interrupted: the current step was dropped")
 
     # ----------------------------------------------------------------------------- isolation
-    def _fit_isolated(self, train, val, train_loader, val_loader) -> pd.DataFrame:
-        """The fit in a supervised worker (worker_fit.py); if it dies or hangs, on the CPU here
-        from the last state it sent (the start state when none came)."""
+    def _fit_isolated(self, train, val, train_loader, val_loader, early=None) -> pd.DataFrame:
+        """The fit in a supervised worker (worker_fit.py; ``early``: the worker ``fit`` started
+        first); if it dies or hangs, on the CPU here from the last state it sent (the start
+        state when none came)."""
         device, start = self.device, self.state_dict()
         job = FitJob(self.settings.replace(isolate=False), self.model, train, val, start,
                      list(self._notes), random.getstate())
         kernel = KernelView(self.progress.make_view(self.live))
-        out = self._run_job(job, on_message=kernel.on_message,
+        job.sent_at = time.monotonic()
+        out = self._run_job(job, prestarted=early, on_message=kernel.on_message,
                             should_stop=lambda: bool(kernel.view.stop_requested))
         if out.status == "done":
             kernel.finish()
             self._notes = []
+            self._adopt(out.result)
             self._restore(out.result, events=True)  # the model holds the weights fit chose
             self.state.stopped = out.result["stopped"]
             self._fit_where = "worker"
@@ -656,6 +679,17 @@ class Trainer:
         self.state.micro = None
         return self._fit_here(train_loader, val_loader, view_started=True)
 
+    def _adopt(self, result: dict) -> None:
+        """What the worker decided and measured (precision, speedups, FLOPs, batch size) is
+        this Trainer's from now on (nothing here touches the device). A worker that lost its
+        GPU and finished on the CPU (its event said so) leaves this Trainer on the CPU too."""
+        if result.get("device") == "cpu" and self.device.type != "cpu":
+            self._continue_on_cpu()
+        if self.placement.adopt(result["placement"]):
+            self._build_step(compiled=False)
+        self.batch_size, self.grad_accum = result["config"]["batch_size"], \
+            result["config"]["grad_accum"]
+
     def _in_worker(self) -> bool:
         """Whether evaluate/predict/find_batch_size run in a worker: where fit ran (or would)."""
         return self._fit_where == "worker" and self.isolated and self._interrupt is None
@@ -673,8 +707,9 @@ class Trainer:
     def _work(job: FitJob, channel) -> object:
         """In the isolated worker: the same Trainer from the job, trained (or predicting) here;
         returns its final state (or the predictions)."""
-        trainer = Trainer.from_settings(job.model, job.settings)
-        trainer._channel, trainer._faults = channel, Faults()
+        settings, simulated = simulate_cuda(job.settings)
+        trainer = Trainer.from_settings(job.model, settings)
+        trainer._channel, trainer._faults, trainer._phase = channel, Faults(), None
         trainer.checkpoints.on_keep = lambda state: channel.state(recovery.to_cpu(state))
         if job.predict is not None or job.find_batch is not None:
             trainer._notes = []
@@ -684,7 +719,13 @@ class Trainer:
             found = trainer.find_batch_size(dataset, **kwargs)
             return {"found": found, "batch_size": trainer.batch_size,
                     "grad_accum": trainer.grad_accum, "events": trainer.events}
-        trainer._notes = list(job.notes or [])
+        trainer._notes = list(job.notes or []) + ([("simulated_cuda", simulated)]
+                                                  if simulated else [])
+        began = worker_startup()
+        if job.sent_at is not None and {"spawned_at", "ready_at"} <= set(began):
+            trainer._notes.append(("worker_start", isolate.startup_note(
+                began["spawned_at"], began["ready_at"], job.sent_at)))
+        channel.heartbeat(phase="setup")  # the job arrived: alive (its faults come later)
         if job.py_random is not None:
             random.setstate(job.py_random)
         train_loader, val_loader = trainer._open(job.train, job.val)
@@ -693,7 +734,10 @@ class Trainer:
         trainer.schedule.bind(trainer._plan.total_steps)
         trainer._fit_here(train_loader, val_loader)
         trainer._beat("hand-over")
-        return {**recovery.to_cpu(trainer.state_dict()), "stopped": trainer.state.stopped}
+        state = recovery.to_cpu(trainer.state_dict())
+        if simulated:  # the kernel's run stays on the device it believes in
+            state["device"] = job.settings.device
+        return {**state, "stopped": trainer.state.stopped, "placement": trainer.placement.facts()}
 
     # ----------------------------------------------------------------------------- evaluate
     @torch.no_grad()

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from hybridnb.env import FAULT_ENV
+from hybridnb.env import FAULT_ENV, SIMULATE_CUDA_ENV
 from hybridnb.train.settings import Settings
 
 # The phases an isolated worker names in its heartbeats (a lost worker's event names the last)
@@ -42,6 +42,8 @@ class FitJob:
     py_random: Any = None
     predict: tuple | None = None   # (data, with_targets): evaluate/predict instead of fit
     find_batch: tuple | None = None  # (dataset, kwargs): find_batch_size instead of fit
+    sent_at: float | None = None   # time.monotonic() when the kernel handed it to a prestarted
+    #                                worker (its start-up note compares it with its own times)
 
 
 class Faults:
@@ -71,6 +73,20 @@ class Faults:
         if self.kind == "hang":
             time.sleep(3600)
         signal.raise_signal(signal.SIGKILL if self.kind == "kill" else signal.SIGABRT)
+
+
+def simulate_cuda(settings: Settings) -> tuple[Settings, str | None]:
+    """A test seam: with ``HYBRIDNB_SIMULATE_CUDA=1`` an isolated worker given a CUDA run trains
+    it on the CPU in fp32 (no pinned memory) and says so; the kernel still believes its device
+    is CUDA. Tests arm tripwires on every CUDA entry point in the kernel and run fit, evaluate,
+    predict and find_batch_size isolated without a GPU (tests/test_fault_phases.py). Read in
+    isolated workers only; without the variable the settings are returned as they are."""
+    if os.environ.get(SIMULATE_CUDA_ENV, "") != "1" or not settings.device.startswith("cuda"):
+        return settings, None
+    loader = {**settings.loader_kwargs, "pin_memory": False}
+    note = (f"{SIMULATE_CUDA_ENV}=1: this worker runs the {settings.device} run on the CPU in "
+            "fp32 (a test of the kernel's side)")
+    return settings.replace(device="cpu", precision="fp32", loader_kwargs=loader), note
 
 
 class ChannelView:
