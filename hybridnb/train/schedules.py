@@ -130,6 +130,10 @@ class TorchSchedule(Constant):
 
     def bind(self, total_steps: int) -> None:
         self.total_steps = max(int(total_steps), 1)
+        # a resumed fit's optimizer already holds the hyper-parameters the scheduler had set
+        # (OneCycleLR's momentum too); building a scheduler resets them to its start
+        loaded = [{k: v for k, v in g.items() if k != "params"}
+                  for g in self.optimizer.param_groups] if self._pending else None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # "step() before optimizer.step()"
             sched = self.factory(self.optimizer)
@@ -146,6 +150,8 @@ class TorchSchedule(Constant):
                      for g in self.optimizer.param_groups]
         self.current = 1.0
         if self._pending:
+            for group, values in zip(self.optimizer.param_groups, loaded, strict=True):
+                group.update(values)
             self.load_state_dict(self._pending)
 
     def factor(self, step: int) -> float:
@@ -166,7 +172,7 @@ class TorchSchedule(Constant):
                     self.sched.step()
             except ValueError as exc:  # OneCycleLR past its total_steps
                 raise ValueError(f"schedule={_name(self.factory)}: the scheduler failed at "
-                                 f"optimizer step {self.sched.last_epoch + 1} of this fit's "
+                                 f"optimizer step {step + 1} of this fit's "
                                  f"{self.total_steps} ({exc}); build it for the fit's number "
                                  "of optimizer steps") from None
         return float(self.sched.get_last_lr()[0]) / self.base[0]
@@ -174,11 +180,14 @@ class TorchSchedule(Constant):
     def on_validation(self, improved: bool, value: float | None = None) -> str | None:
         if not self.plateau or value is None or not math.isfinite(value):
             return None
-        before = self.current
-        for group, base in zip(self.optimizer.param_groups, self.base, strict=True):
+        before, groups = self.current, self.optimizer.param_groups
+        used = [g["lr"] for g in groups]  # the LRs the loop set: back after the scheduler's say
+        for group, base in zip(groups, self.base, strict=True):
             group["lr"] = base * self.current
         self.sched.step(value)
-        self.current = self.optimizer.param_groups[0]["lr"] / self.base[0]
+        self.current = groups[0]["lr"] / self.base[0]
+        for group, lr in zip(groups, used, strict=True):
+            group["lr"] = lr
         if self.current < before:
             return (f"ReduceLROnPlateau cut the learning rate (monitored value {value:.4g}); "
                     f"LR factor now {self.current:.3g}")
