@@ -50,10 +50,30 @@ def save_model(model: torch.nn.Module, path: str | os.PathLike, *,
               "model_class": {"module": cls.__module__, "qualname": cls.__qualname__},
               "input_shape": None if input_shape is None else [int(n) for n in input_shape],
               "weights": weights,
-              "versions": {"hybridnb": hybridnb.__version__, "torch": torch.__version__},
+              "versions": {"hybridnb": str(hybridnb.__version__), "torch": str(torch.__version__)},
               "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-              "extra": dict(extra or {})}
+              "extra": {str(k): _plain(v, f"extra[{k!r}]") for k, v in (extra or {}).items()}}
     return checkpoint.atomic_save(record, path)
+
+
+def _plain(value, where: str):
+    """``value`` as data ``torch.load(weights_only=True)`` reads (numpy scalars become Python
+    numbers); anything else is a TypeError naming where it is."""
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if hasattr(value, "item") and getattr(value, "shape", None) == ():  # numpy scalar
+        return value.item()
+    if isinstance(value, (bool, int, float, str)):  # subclasses (e.g. TorchVersion)
+        return type(value).__mro__[-2](value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        return {str(k): _plain(v, f"{where}[{k!r}]") for k, v in value.items()}
+    raise TypeError(f"{where} is a {type(value).__name__}: the saved metadata must be plain "
+                    "data (numbers, strings, lists, dicts, tensors) so it loads with "
+                    "weights_only=True")
 
 
 def _read(path: str | os.PathLike) -> dict:
