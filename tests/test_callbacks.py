@@ -5,6 +5,7 @@ in history.csv); an exception in a callback names it and keeps the run's last ch
 from __future__ import annotations
 
 import os
+import threading
 
 import pandas as pd
 import psutil
@@ -33,10 +34,12 @@ def net():
 
 
 class Record:
-    """Where and with what each hook was called (as a notebook cell's callback would)."""
+    """Where and with what each hook was called (as a notebook cell's callback would); its lock
+    cannot be pickled: a callback never travels to a worker."""
 
     def __init__(self):
         self.calls = []
+        self.lock = threading.Lock()
 
     def on_fit_start(self, trainer):
         self.calls.append(("start", os.getpid(), None))
@@ -104,6 +107,7 @@ def test_isolated_fit_calls_back_in_the_kernel_also_when_the_worker_dies(tmp_pat
     tr.fit(data(), val=data(64, seed=1))
     assert [e.kind for e in tr.events].count("worker_lost") == (1 if fault else 0)
     check_calls(rec, tr)
+    assert tr.predict(data(32, seed=2)[0]).shape == (32,)  # evaluate/predict jobs too
     assert not [p for p in psutil.Process().children(recursive=True) if p.status() != "zombie"]
 
 

@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from hybridnb.train import checkpoint
-from hybridnb.train.callbacks import check_callbacks
 from hybridnb.train.loggers import TB_INSTALL, logger_names, tensorboard_available
 
 COMPILE_MODES = (False, True, "default", "reduce-overhead", "max-autotune")
@@ -65,7 +64,6 @@ class Settings:
     speedups: Any = "auto"
     logger: Any = "auto"
     log_dir: Path | None = None
-    callbacks: tuple = ()
     verbose: bool = True
     # filled in by resolved(): what detect() recommended, so nobody asks it again
     recommended_precision: str | None = None
@@ -85,7 +83,6 @@ class Settings:
         kwargs["checkpoint_dir"] = checkpoint.check_dir(kwargs.get("checkpoint_dir"))
         if kwargs.get("log_dir") is not None:
             kwargs["log_dir"] = _checked_log_dir(kwargs["log_dir"])
-        kwargs["callbacks"] = check_callbacks(kwargs.get("callbacks"))
         settings = cls(**kwargs)
         settings.check()
         return settings
@@ -141,9 +138,10 @@ class Settings:
         return self.log_dir if self.log_dir is not None else self.checkpoint_dir
 
     def for_worker(self) -> Settings:
-        """What an isolated worker trains with: no isolation again, and no loggers or callbacks
-        (they run in the user's process, fed by the worker's view messages)."""
-        return dataclasses.replace(self, isolate=False, logger=None, callbacks=())
+        """What an isolated worker trains with: no isolation again, and no loggers (they run in
+        the user's process, fed by the worker's view messages, as the callbacks do, which are
+        not settings: ``Trainer(callbacks=...)`` keeps them in the user's process)."""
+        return dataclasses.replace(self, isolate=False, logger=None)
 
     @property
     def needs_detect(self) -> bool:

@@ -33,6 +33,7 @@ from hybridnb.events import Event
 from hybridnb.measure.memory import reset_peak
 from hybridnb.train import isolate, loggers, recovery, setup
 from hybridnb.train.blocks import checkpointed_blocks
+from hybridnb.train.callbacks import check_callbacks
 from hybridnb.train.checkpoint import Checkpoints
 from hybridnb.train.checkpoint import read as read_checkpoint
 from hybridnb.train.data import BatchCheck, epoch_batches, make_loader, plan_epochs
@@ -152,8 +153,9 @@ class Trainer:
                  callbacks: list | None = None, verbose: bool = True) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        kwargs = {k: v for k, v in locals().items() if k not in ("self", "model", "__class__")}
-        self._assemble(model, Settings.build(**kwargs))
+        kwargs = {k: v for k, v in locals().items()
+                  if k not in ("self", "model", "__class__", "callbacks")}
+        self._assemble(model, Settings.build(**kwargs), check_callbacks(callbacks))
 
     @classmethod
     def from_settings(cls, model: torch.nn.Module, settings: Settings) -> Trainer:
@@ -162,7 +164,8 @@ class Trainer:
         trainer._assemble(model, settings)
         return trainer
 
-    def _assemble(self, model: torch.nn.Module, settings: Settings) -> None:
+    def _assemble(self, model: torch.nn.Module, settings: Settings,
+                  callbacks: tuple = ()) -> None:
         self._notes: list[tuple[str, str]] = []  # said when the next fit starts
         self._interrupt: GracefulInterrupt | None = None
         self._channel = None  # the pipe to the kernel, in an isolated worker
@@ -187,7 +190,7 @@ class Trainer:
             if settings.log_folder == settings.checkpoint_dir else ())
         self.sinks = Sinks(lambda storage: loggers.make_loggers(
             settings.loggers, settings.log_folder if self.strategy.is_main else None, storage),
-            settings.callbacks)
+            callbacks)  # objects of the user's process: never in settings, never sent to a worker
         self.progress = Progress()
         self.stopping = EarlyStopping(settings.monitor, settings.early_stopping)
         self.target_scale = TargetScale(model, self._note, enabled=not settings.compile)
@@ -259,8 +262,8 @@ class Trainer:
         ``checkpoint_dir``'s last good checkpoint, ``resume=path`` from that file."""
         train_loader, val_loader = self._open(train, val)
         self._begin(resume)
-        self.sinks.begin(self)  # loggers and callbacks: here, also for an isolated fit
         try:
+            self.sinks.begin(self)  # loggers and callbacks: here, also for an isolated fit
             if self.isolated:
                 self._fit_isolated(train, val, train_loader, val_loader)
             else:
