@@ -133,6 +133,7 @@ class TensorBoardLogger:
 
     name = "tensorboard"
     patterns = (TB_EVENTS,)
+    per_step = True  # fed every step's row
 
     def __init__(self, folder: Path, storage: StorageGuard) -> None:
         self.folder, self.storage, self.writer = Path(folder), storage, None

@@ -26,6 +26,7 @@ class Sinks:
         ``storage``."""
         self.storage = StorageGuard(self._say)
         self.loggers, self.callbacks = make_loggers(self.storage), callbacks
+        self.wants_steps = any(getattr(lg, "per_step", False) for lg in self.loggers)
         self.next_epoch = 0
         self.open = False
         self.trainer = None
@@ -99,7 +100,7 @@ class SinkView:
 
     def update(self, row: dict) -> None:
         self.view.update(row)
-        if self.sinks is not None and is_step_row(row):
+        if self.sinks is not None and self.sinks.wants_steps and is_step_row(row):
             self.sinks.step(row)
 
     def event(self, ev) -> None:
