@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import builtins
 import errno
+import shutil
+import subprocess
 
 import pandas as pd
 import pytest
@@ -159,6 +161,60 @@ def test_a_log_write_failing_is_said_and_the_row_written_with_the_next(tmp_path,
     assert len(said) == 2 and "history.csv" in said[0].message
     assert "ENOSPC" in said[0].message and "works again" in said[1].message
     assert pd.read_csv(tmp_path / "history.csv")["epoch"].tolist() == [0, 1, 2]
+
+
+def _lock(folder) -> bool:
+    """Make ``folder`` unwritable, for root too (chattr +i); False where that is impossible."""
+    folder.chmod(0o555)
+    try:
+        (folder / ".probe").write_bytes(b"")
+    except OSError:
+        return True
+    (folder / ".probe").unlink()
+    return bool(shutil.which("chattr")) and subprocess.run(
+        ["chattr", "+i", str(folder)], capture_output=True).returncode == 0
+
+
+def _unlock(folder) -> None:
+    if shutil.which("chattr"):
+        subprocess.run(["chattr", "-i", str(folder)], capture_output=True)
+    folder.chmod(0o755)
+
+
+class LockAfterFirstEpoch:
+    def __init__(self, folder):
+        self.folder, self.locked, self.digest = folder, None, None
+
+    def on_epoch_end(self, trainer, row):
+        if row["epoch"] == 0:
+            self.locked = _lock(self.folder)
+            self.digest = {p.name: p.read_bytes() for p in self.folder.iterdir() if p.is_file()}
+
+
+def test_a_folder_turning_read_only_mid_run_is_said_and_the_run_goes_on(tmp_path):
+    folder = tmp_path / "run"
+    lock = LockAfterFirstEpoch(folder)
+    tr = trainer(checkpoint_dir=folder, epochs=3, callbacks=[lock])
+    try:
+        tr.fit(data(), val=data(64, seed=1))
+        if not lock.locked:
+            pytest.skip("cannot make a folder read-only here (root without chattr)")
+        after = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    finally:
+        _unlock(folder)
+    assert len(tr.history) == 3 and tr.global_step == 12
+    said = kinds(tr, "storage")
+    files = sorted(f for e in said for f in ("last.pt", "history.csv", "best.pt")
+                   if f in e.message)
+    assert "last.pt" in files
+    assert len(said) == len(files)  # each file said once, not at every write
+    assert all(("EACCES" in e.message or "EPERM" in e.message) for e in said)
+    assert "step 4" in next(e for e in said if "last.pt" in e.message).message  # named
+    # an immutable folder still lets existing files grow: history.csv got every row
+    assert pd.read_csv(folder / "history.csv")["epoch"].tolist() == [0, 1, 2]
+    after.pop("history.csv"), lock.digest.pop("history.csv")
+    assert after == lock.digest  # the checkpoints of epoch 0 stay as they were, whole
+    assert checkpoint.load(folder / "last.pt")["position"]["global_step"] == 4
 
 
 # --- nothing to train --------------------------------------------------------------------------
