@@ -23,6 +23,7 @@ _LAZY = {
     "launch": "hybridnb.strategies.launch",
     "smoke": "hybridnb.env",
     "frontend": "hybridnb.env",
+    "load": "hybridnb.saving",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

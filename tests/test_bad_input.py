@@ -620,10 +620,9 @@ RESUME_CASES = [
     ("garbage_file_given_as_resume_path", lambda f: _garbage(f, best=True), (_mlp, "last.pt"),
      {"raises": (checkpoint.CheckpointError, r"last\.pt is unreadable.*last\.prev\.pt is "
                                              r"unreadable.*best\.pt holds the best weights")}),
-    ("folder_turns_read_only_during_fit", "lock", (_mlp, False),
-     {"raises": (PermissionError, r"Permission denied|Operation not permitted"),
-      "stderr": r"training failed, and saving the last good state into .* failed too"}),
 ]
+# A folder that turns read-only during fit no longer ends the run (issue 21): the run continues
+# from memory, said once: tests/test_misuse.py::test_a_folder_turning_read_only_mid_run_*
 
 
 @pytest.mark.parametrize("case,change,new_run,expected", RESUME_CASES,

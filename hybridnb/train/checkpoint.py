@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from hybridnb.train.storage import StorageGuard
+
 FORMAT = "hybridnb-checkpoint-1"
 LAST, PREVIOUS, BEST = "last.pt", "last.prev.pt", "best.pt"
 # the temporary names ``save`` / ``_keep_copy`` / ``check_dir`` write (".last.pt.tmp-<pid>")
@@ -33,12 +35,18 @@ class CheckpointError(RuntimeError):
 def save(state: dict, path: str | os.PathLike, keep_previous: bool = False) -> Path:
     """Write ``state`` to ``path`` atomically; with ``keep_previous`` the old file becomes
     ``<stem>.prev.pt`` first (``last.pt`` -> ``last.prev.pt``)."""
+    return atomic_save({"format": FORMAT, **state}, path, keep_previous)
+
+
+def atomic_save(obj: dict, path: str | os.PathLike, keep_previous: bool = False) -> Path:
+    """``torch.save(obj)`` into a temporary file in ``path``'s folder, flushed and fsynced, then
+    renamed over ``path``: a crash at any moment leaves the old file or the new one, whole."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
-            torch.save({"format": FORMAT, **state}, f)
+            torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         if keep_previous and path.exists():
@@ -211,12 +219,16 @@ def _alive(pid: int) -> bool:
     return pid == os.getpid() or psutil.pid_exists(pid)
 
 
-def set_aside(folder: Path | None) -> Path | None:
-    """A fresh run into a folder that holds an earlier run's checkpoints: move them into
+def set_aside(folder: Path | None, patterns: tuple[str, ...] = (),
+              checkpoints: bool = True) -> Path | None:
+    """A fresh run into a folder that holds an earlier run's checkpoints (and the files matching
+    ``patterns``: its logs; ``checkpoints=False``: those only): move them into
     ``earlier-<time>/`` inside it (nothing is overwritten); returns that folder, or None."""
     if folder is None:
         return None
-    found = [folder / n for n in (LAST, PREVIOUS, BEST) if (folder / n).exists()]
+    found = [folder / n for n in (LAST, PREVIOUS, BEST)
+             if checkpoints and (folder / n).exists()]
+    found += sorted({p for pattern in patterns for p in folder.glob(pattern) if p.is_file()})
     if not found:
         return None
     import time
@@ -231,10 +243,11 @@ def set_aside(folder: Path | None) -> Path | None:
         for path in found:
             os.replace(path, target / path.name)
     except OSError as exc:
-        raise ValueError(f"checkpoint_dir={str(folder)!r} holds an earlier run's checkpoints "
-                         f"and they cannot be moved aside ({type(exc).__name__}: "
-                         f"{exc.strerror or exc}): pass another folder, or fit(..., "
-                         "resume=True) to continue that run") from None
+        what = "checkpoints" if checkpoints else "logs"
+        raise ValueError(f"{'checkpoint_dir' if checkpoints else 'log_dir'}={str(folder)!r} "
+                         f"holds an earlier run's {what} and they cannot be moved aside "
+                         f"({type(exc).__name__}: {exc.strerror or exc}): pass another folder, "
+                         "or fit(..., resume=True) to continue that run") from None
     return target
 
 
@@ -244,9 +257,13 @@ class Checkpoints:
     (rank 0 only; ``folder=None`` keeps it in memory only)."""
 
     def __init__(self, folder: Path | None, is_main: bool = True,
-                 on_keep: Callable[[dict], None] | None = None) -> None:
+                 on_keep: Callable[[dict], None] | None = None,
+                 storage: StorageGuard | None = None,
+                 log_patterns: tuple[str, ...] = ()) -> None:
         self.folder, self.is_main, self.on_keep = folder, is_main, on_keep
         self.snapshot: dict | None = None
+        self.storage = storage if storage is not None else StorageGuard()
+        self.log_patterns = log_patterns  # the logs in this folder, set aside with a fresh run
 
     def keep(self, state: dict) -> None:
         """``state`` (a ``Trainer.state_dict()``) is the last good state from now on."""
@@ -258,16 +275,30 @@ class Checkpoints:
         """Keep ``state`` and write it as ``last.pt`` (the old one becomes ``last.prev.pt``)."""
         self.keep(state)
         if self.folder is not None and self.is_main:
-            save(state, self.folder / LAST, keep_previous=True)
+            self._write(state, LAST, keep_previous=True)
 
     def save_best(self, record: dict) -> None:
         if self.folder is not None and self.is_main:
-            save({"kind": "best", **record}, self.folder / BEST)
+            self._write({"kind": "best", **record}, BEST)
+
+    def _write(self, state: dict, name: str, keep_previous: bool = False) -> None:
+        """Write a file; an ``OSError`` (full disk, read-only folder) is said once and the run
+        goes on from memory (``storage.StorageGuard``), the file on disk left as it was."""
+        path = self.folder / name
+        try:
+            save(state, path, keep_previous=keep_previous)
+        except OSError as exc:
+            self.storage.failed(path, exc, lambda: (
+                f"the last good {name} on disk (step {_step_of(path)}) is intact and the "
+                "current state is kept in memory" if path.exists() else
+                "the state is kept in memory only"))
+            return
+        self.storage.worked(path)
 
     def set_aside(self) -> Path | None:
         """A fresh run: an earlier run's files move into ``earlier-<time>/`` (see
         ``set_aside``); returns where, or None."""
-        return set_aside(self.folder) if self.is_main else None
+        return set_aside(self.folder, self.log_patterns) if self.is_main else None
 
     def has_last(self) -> bool:
         return self.folder is not None and any((self.folder / n).exists()
@@ -295,3 +326,12 @@ class Checkpoints:
         print(f"hybridnb: training failed; the last good state (step "
               f"{snapshot['position']['global_step']}) is in {path}; "
               "fit(..., resume=True) continues from there", file=sys.stderr)
+
+
+def _step_of(path: Path) -> str:
+    """The global step a checkpoint on disk holds ('?' when it cannot be read)."""
+    try:
+        state = load(path)
+        return str(state.get("global_step", state.get("position", {}).get("global_step", "?")))
+    except CheckpointError:
+        return "?"

@@ -220,10 +220,12 @@ def epoch_batches(loader, state, event) -> Iterator:
 class BatchCheck:
     """Turns a loader's batch into ``(x, y)`` and checks it: the structure, and float64 inputs
     (numpy's default) cast to the model's floating dtype, said once for training and
-    evaluation together."""
+    evaluation together. ``first(x, y)`` sees the first training batch (the input shape for
+    ``Trainer.save``, the targets' scale)."""
 
-    def __init__(self, dtype: torch.dtype, note) -> None:
+    def __init__(self, dtype: torch.dtype, note, first=None) -> None:
         self.dtype, self.note, self._noted = dtype, note, False
+        self.first = first
 
     def __call__(self, batch) -> tuple:
         if not isinstance(batch, (tuple, list)) or len(batch) < 2:
@@ -233,6 +235,9 @@ class BatchCheck:
         x, y = self.cast(batch[0]), batch[1]
         if isinstance(y, torch.Tensor) and y.dtype == torch.float64 != self.dtype:
             y = y.to(self.dtype)
+        if self.first is not None:
+            first, self.first = self.first, None
+            first(x, y)
         return x, y
 
     def cast(self, x):

@@ -27,17 +27,24 @@ class Learner:
         self.frozen = setup.freeze(model, list(settings.freeze or ()))
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
-            raise ValueError(f"freeze={list(settings.freeze or ())!r} leaves no trainable "
-                             f"parameter in {type(model).__name__}")
+            raise ValueError(_no_params(model, settings.freeze))
         self.optimizer = setup.make_optimizer(settings.optimizer, self.params, settings.lr,
                                               settings.weight_decay)
         self.ema = make_ema(model, settings.ema) if settings.ema is not None else None
         self.loss_fn = make_loss(settings.loss, huber_delta=settings.huber_delta,
                                  reweight_after=settings.reweight_after)
-        self.schedule = make_schedule(settings.schedule, warmup=settings.warmup)
+        self.schedule = make_schedule(settings.schedule, warmup=settings.warmup,
+                                      optimizer=self.optimizer)
+        self.input_shape: tuple[int, ...] | None = None  # one sample's x, from the first batch
         guard = settings.loss_guard
         self.guard = (recovery.LossGuard() if guard is True else
                       guard if isinstance(guard, recovery.LossGuard) else None)
+
+    def see_input(self, x) -> None:
+        """Remember one sample's input shape (the first batch's ``x.shape[1:]``) for
+        ``Trainer.save``."""
+        if self.input_shape is None and isinstance(x, torch.Tensor) and x.dim() >= 1:
+            self.input_shape = tuple(int(n) for n in x.shape[1:])
 
     @property
     def dtype(self) -> torch.dtype:
@@ -69,7 +76,8 @@ class Learner:
             "optimizer": strategy.optimizer_state(self.optimizer),
             "ema": None if self.ema is None else self.ema.state_dict()}),
             "schedule": self.schedule.state_dict(),
-            "guard": None if self.guard is None else self.guard.state_dict()}
+            "guard": None if self.guard is None else self.guard.state_dict(),
+            "input_shape": None if self.input_shape is None else list(self.input_shape)}
 
     def load_state_dict(self, state: dict, strategy) -> None:
         self.model.load_state_dict(state["model"])
@@ -79,6 +87,8 @@ class Learner:
             self.ema.load_state_dict(state["ema"])
         if self.guard is not None and state["guard"] is not None:
             self.guard.load_state_dict(state["guard"])
+        if state.get("input_shape") is not None:
+            self.input_shape = tuple(int(n) for n in state["input_shape"])
         self.optimizer.zero_grad(set_to_none=True)
 
     def to(self, device: torch.device) -> None:
@@ -94,3 +104,15 @@ class Learner:
         recovery.rebuild_on_cpu(self.model)
         if self.ema is not None:
             recovery.rebuild_on_cpu(self.ema)
+
+
+def _no_params(model: torch.nn.Module, freeze) -> str:
+    """Why nothing would train, and what to do."""
+    name = type(model).__name__
+    if not any(True for _ in model.parameters()):
+        return (f"{name} has no parameters to train (its layers are not registered as "
+                "submodules? keep them as attributes or in nn.ModuleList, not a plain list)")
+    if freeze:
+        return f"freeze={list(freeze)!r} leaves no trainable parameter in {name}"
+    return (f"every parameter of {name} has requires_grad=False: unfreeze the layers to train "
+            "(p.requires_grad_(True)), or use freeze=[...] to leave some untrained")

@@ -15,6 +15,8 @@ import torch.nn.functional as F
 def match_target(pred: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Targets of shape (B,) or (B, 1) against predictions of either shape, both in float32 (a
     regression loss under bf16/fp16 autocast is computed in full precision)."""
+    if not isinstance(pred, torch.Tensor):
+        raise TypeError(output_structure(pred))
     if y.shape != pred.shape:
         if y.numel() != pred.numel():
             raise ValueError(f"the model's output has shape {tuple(pred.shape)} but the targets "
@@ -23,6 +25,47 @@ def match_target(pred: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, tor
                              "targets (or pass targets of shape (batch,) for one output)")
         y = y.reshape(pred.shape)
     return pred.float(), y.float()
+
+
+def output_structure(out) -> str:
+    """What a model returned that is not one tensor, and how to train it anyway."""
+    if isinstance(out, dict):  # also transformers' ModelOutput (a dict subclass)
+        parts = [f"{k!r}: {_shape(v)}" for k, v in out.items()]
+        pick = f"out[{next(iter(out))!r}]" if out else "out[...]"
+    elif isinstance(out, (tuple, list)):
+        parts = [f"[{i}]: {_shape(v)}" for i, v in enumerate(out)]
+        pick = "out[0]"
+    else:
+        return (f"the model returned a {type(out).__name__}, not a tensor: the loss needs the "
+                "predictions as one tensor of shape (batch,) or (batch, outputs)")
+    return (f"the model returned a {type(out).__name__} ({', '.join(parts[:6])}"
+            f"{', ...' if len(parts) > 6 else ''}), not one tensor: the named losses need the "
+            "predictions alone. Return them alone from forward(), or pass a loss that picks "
+            f"them, e.g. loss=lambda out, y: torch.nn.functional.mse_loss({pick}.squeeze(-1), y)")
+
+
+def _shape(v) -> str:
+    return f"tensor {tuple(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__
+
+
+# torch's regression losses broadcast (batch, 1) against (batch,) into (batch, batch) with only a
+# warning: passed as loss=, they get the same shape check as the named losses
+_REGRESSION_MODULES = (torch.nn.MSELoss, torch.nn.L1Loss, torch.nn.HuberLoss,
+                       torch.nn.SmoothL1Loss)
+
+
+class ShapeChecked:
+    """A torch regression loss module, its inputs matched as the named losses' are."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+        self.__name__ = type(module).__name__
+
+    def __call__(self, pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.module(*match_target(pred, y))
+
+    def __repr__(self) -> str:
+        return f"ShapeChecked({self.module!r})"
 
 
 class ReweightedHuber:
@@ -72,6 +115,11 @@ def _named(fn) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
 def make_loss(loss, huber_delta: float = 1.0, reweight_after: int | None = None) -> Callable:
     """``"mse"`` | ``"l1"`` | ``"huber"`` | a callable ``(pred, y) -> scalar`` (a mean over samples
     for micro-batch splitting to stay exact)."""
+    if isinstance(loss, _REGRESSION_MODULES):
+        return ShapeChecked(loss)
+    if isinstance(loss, type) and issubclass(loss, torch.nn.Module):
+        raise ValueError(f"loss={loss.__name__} is a class: pass an instance, "
+                         f"loss={loss.__name__}()")
     if callable(loss):
         return loss
     if loss == "mse":

@@ -4,6 +4,12 @@ Each schedule answers ``factor(step)`` for an optimizer step, is told the run's 
 ``bind(total_steps)`` and hears every validation through ``on_validation(improved)``. Their state
 is plain numbers (saved in checkpoints).
 
+``schedule=`` may also be a factory ``optimizer -> torch.optim.lr_scheduler.LRScheduler``
+(``TorchSchedule``): the scheduler is stepped once per optimizer step (``ReduceLROnPlateau``:
+with the monitored metric at each validation), and the loop reads its LR as a factor of the
+base LR like any schedule here, so the loss guard's LR cut, resume and an isolated worker treat it
+the same way.
+
 >>> s = WarmupCosine(warmup=0.1); s.bind(1000)
 >>> s.factor(0), s.factor(100), s.factor(1000)
 (0.01, 1.0, 0.0)
@@ -12,6 +18,10 @@ is plain numbers (saved in checkpoints).
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Callable
+
+import torch
 
 
 class Constant:
@@ -94,8 +104,124 @@ class Plateau(Constant):
         self.current, self.bad = float(state["current"]), int(state["bad"])
 
 
-def make_schedule(schedule, warmup: float = 0.05) -> Constant:
-    """``"warmup_cosine"`` | ``"plateau"`` | ``"constant"`` | None | a schedule object."""
+class TorchSchedule(Constant):
+    """A ``torch.optim.lr_scheduler`` made by ``factory(optimizer)``, as a factor of the base LR.
+
+    The scheduler is built at ``bind`` (every fit starts it afresh; a resumed fit loads its
+    state), stepped once per optimizer step (``factor(step)`` catches up to ``step``), and its LR
+    divided by the base LR is the factor; the loop multiplies in the loss guard's cut itself, so
+    a chained scheduler never compounds it. ``ReduceLROnPlateau`` is stepped at each validation
+    with the monitored metric instead. Its state (plain numbers) is saved in checkpoints. The
+    factor of the first parameter group applies to every group (each keeps its own base LR).
+    """
+
+    name = "torch"
+    wants_value = True  # on_validation receives the monitored metric
+
+    def __init__(self, factory: Callable, optimizer: torch.optim.Optimizer) -> None:
+        self.factory, self.optimizer = factory, optimizer
+        self.sched = None
+        self._pending: dict | None = None
+        self.total_steps = 1
+
+    @property
+    def plateau(self) -> bool:
+        return isinstance(self.sched, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+    def bind(self, total_steps: int) -> None:
+        self.total_steps = max(int(total_steps), 1)
+        # a resumed fit's optimizer already holds the hyper-parameters the scheduler had set
+        # (OneCycleLR's momentum too); building a scheduler resets them to its start
+        loaded = [{k: v for k, v in g.items() if k != "params"}
+                  for g in self.optimizer.param_groups] if self._pending else None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "step() before optimizer.step()"
+            sched = self.factory(self.optimizer)
+        if not isinstance(sched, (torch.optim.lr_scheduler.LRScheduler,
+                                  torch.optim.lr_scheduler.ReduceLROnPlateau)):
+            raise TypeError(f"schedule={_name(self.factory)} returned a {type(sched).__name__}; "
+                            "a schedule factory must return a torch.optim.lr_scheduler object "
+                            "built on the optimizer it is given")
+        if getattr(sched, "optimizer", self.optimizer) is not self.optimizer:
+            raise ValueError(f"schedule={_name(self.factory)} built its scheduler on another "
+                             "optimizer: use the optimizer the factory is given")
+        self.sched = sched
+        self.base = [g["initial_lr"] if "initial_lr" in g else g["lr"]
+                     for g in self.optimizer.param_groups]
+        self.current = 1.0
+        if self._pending:
+            for group, values in zip(self.optimizer.param_groups, loaded, strict=True):
+                group.update(values)
+            self.load_state_dict(self._pending)
+
+    def factor(self, step: int) -> float:
+        if self.sched is None:
+            raise RuntimeError("TorchSchedule.factor() before bind(): the Trainer binds it when "
+                               "a fit starts")
+        if self.plateau:
+            return self.current
+        while self.sched.last_epoch < step:
+            # the scheduler's own LRs back first: a chained scheduler multiplies the group's LR,
+            # which the loop set with the loss guard's cut in it
+            for group, lr in zip(self.optimizer.param_groups, self.sched.get_last_lr(),
+                                 strict=True):
+                group["lr"] = lr
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)
+                    self.sched.step()
+            except ValueError as exc:  # OneCycleLR past its total_steps
+                raise ValueError(f"schedule={_name(self.factory)}: the scheduler failed at "
+                                 f"optimizer step {step + 1} of this fit's "
+                                 f"{self.total_steps} ({exc}); build it for the fit's number "
+                                 "of optimizer steps") from None
+        return float(self.sched.get_last_lr()[0]) / self.base[0]
+
+    def on_validation(self, improved: bool, value: float | None = None) -> str | None:
+        if not self.plateau or value is None or not math.isfinite(value):
+            return None
+        before, groups = self.current, self.optimizer.param_groups
+        used = [g["lr"] for g in groups]  # the LRs the loop set: back after the scheduler's say
+        for group, base in zip(groups, self.base, strict=True):
+            group["lr"] = base * self.current
+        self.sched.step(value)
+        self.current = groups[0]["lr"] / self.base[0]
+        for group, lr in zip(groups, used, strict=True):
+            group["lr"] = lr
+        if self.current < before:
+            return (f"ReduceLROnPlateau cut the learning rate (monitored value {value:.4g}); "
+                    f"LR factor now {self.current:.3g}")
+        return None
+
+    def state_dict(self) -> dict:
+        if self.sched is None:
+            return dict(self._pending or {})
+        return {"torch": self.sched.state_dict(), "current": float(self.current)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.sched is None or not state:
+            self._pending = dict(state) if state else None
+            return
+        self.sched.load_state_dict(state["torch"])
+        self.current = float(state.get("current", 1.0))
+        self._pending = None
+
+
+def _name(factory) -> str:
+    return getattr(factory, "__qualname__", None) or type(factory).__name__
+
+
+def is_factory(schedule) -> bool:
+    """Whether ``schedule`` is a factory ``optimizer -> LRScheduler`` (a callable that is not
+    a schedule object or a scheduler class used by mistake)."""
+    return callable(schedule) and not isinstance(schedule, (str, type)) and not hasattr(
+        schedule, "factor")
+
+
+def make_schedule(schedule, warmup: float = 0.05,
+                  optimizer: torch.optim.Optimizer | None = None) -> Constant:
+    """``"warmup_cosine"`` | ``"plateau"`` | ``"constant"`` | None | a schedule object | a
+    factory ``optimizer -> torch.optim.lr_scheduler.LRScheduler`` (needs ``optimizer``)."""
     if schedule is None or schedule == "constant":
         return Constant()
     if schedule == "warmup_cosine":
@@ -104,5 +230,25 @@ def make_schedule(schedule, warmup: float = 0.05) -> Constant:
         return Plateau()
     if all(hasattr(schedule, m) for m in ("bind", "factor", "on_validation", "state_dict")):
         return schedule
-    raise ValueError(f"schedule={schedule!r}: use 'warmup_cosine', 'plateau', 'constant', None "
-                     "or an object with bind/factor/on_validation/state_dict")
+    if isinstance(schedule, type) and issubclass(
+            schedule, (torch.optim.lr_scheduler.LRScheduler,
+                       torch.optim.lr_scheduler.ReduceLROnPlateau)):
+        raise ValueError(f"schedule={schedule.__name__} is a scheduler class: pass a factory "
+                         f"that builds it on the optimizer, e.g. schedule=lambda opt: "
+                         f"torch.optim.lr_scheduler.{schedule.__name__}(opt, ...)")
+    if is_factory(schedule):
+        if optimizer is None:
+            raise ValueError("a schedule factory needs the optimizer (make_schedule(..., "
+                             "optimizer=...))")
+        return TorchSchedule(schedule, optimizer)
+    raise ValueError(f"schedule={schedule!r}: use 'warmup_cosine', 'plateau', 'constant', None, "
+                     "an object with bind/factor/on_validation/state_dict, or a factory "
+                     "optimizer -> torch.optim.lr_scheduler.LRScheduler")
+
+
+def tell_validation(schedule, improved: bool, value: float | None) -> str | None:
+    """``schedule.on_validation``, with the monitored metric for schedules that want it
+    (``wants_value``; a user's schedule object keeps its one-argument method)."""
+    if getattr(schedule, "wants_value", False):
+        return schedule.on_validation(improved, value)
+    return schedule.on_validation(improved)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from hybridnb.train import checkpoint
+from hybridnb.train.loggers import TB_INSTALL, logger_names, tensorboard_available
 
 COMPILE_MODES = (False, True, "default", "reduce-overhead", "max-autotune")
 ON_GPU_ERROR = ("recover", "raise")
@@ -61,6 +62,8 @@ class Settings:
     isolate: Any = "auto"
     step_timeout: float | None = None
     speedups: Any = "auto"
+    logger: Any = "auto"
+    log_dir: Path | None = None
     verbose: bool = True
     # filled in by resolved(): what detect() recommended, so nobody asks it again
     recommended_precision: str | None = None
@@ -78,6 +81,8 @@ class Settings:
             f = kwargs["freeze"]
             kwargs["freeze"] = (f,) if isinstance(f, str) else tuple(f)
         kwargs["checkpoint_dir"] = checkpoint.check_dir(kwargs.get("checkpoint_dir"))
+        if kwargs.get("log_dir") is not None:
+            kwargs["log_dir"] = _checked_log_dir(kwargs["log_dir"])
         settings = cls(**kwargs)
         settings.check()
         return settings
@@ -107,9 +112,36 @@ class Settings:
                              "'val_loss'")
         if self.isolate not in ("auto", True, False):
             raise ValueError(f"isolate={self.isolate!r}: use 'auto', True or False")
+        self._check_loggers()
         if self.step_timeout is not None and not self.step_timeout > 0:
             raise ValueError(f"step_timeout={self.step_timeout!r} must be > 0 seconds, or None "
                              "(automatic)")
+
+    def _check_loggers(self) -> None:
+        names = self.loggers  # raises on an unknown name
+        if self.logger != "auto" and names and self.log_folder is None:
+            raise ValueError(f"logger={self.logger!r} needs a folder to write into: pass "
+                             "log_dir= (or checkpoint_dir=, which log_dir defaults to)")
+        if "tensorboard" in names and not tensorboard_available():
+            raise ImportError(f"logger='tensorboard' needs the tensorboard package: {TB_INSTALL}")
+
+    @property
+    def loggers(self) -> tuple[str, ...]:
+        """The loggers this run writes: ``"auto"`` is csv when there is a folder, else none."""
+        if self.logger == "auto":
+            return ("csv",) if self.log_folder is not None else ()
+        return logger_names(self.logger)
+
+    @property
+    def log_folder(self) -> Path | None:
+        """Where the loggers write: ``log_dir``, else ``checkpoint_dir``."""
+        return self.log_dir if self.log_dir is not None else self.checkpoint_dir
+
+    def for_worker(self) -> Settings:
+        """What an isolated worker trains with: no isolation again, and no loggers (they run in
+        the user's process, fed by the worker's view messages, as the callbacks do, which are
+        not settings: ``Trainer(callbacks=...)`` keeps them in the user's process)."""
+        return dataclasses.replace(self, isolate=False, logger=None)
 
     @property
     def needs_detect(self) -> bool:
@@ -139,3 +171,11 @@ class Settings:
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
+
+
+def _checked_log_dir(folder) -> Path:
+    """``log_dir=``: a folder this process can write into (created if missing)."""
+    try:
+        return checkpoint.check_dir(folder)
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("checkpoint_dir=", "log_dir=", 1)) from None

@@ -33,8 +33,9 @@ from hybridnb.env import smoke
 from hybridnb.events import Event
 from hybridnb.measure.memory import reset_peak
 from hybridnb.processes.worker import startup as worker_startup
-from hybridnb.train import isolate, recovery, setup
+from hybridnb.train import isolate, loggers, recovery, setup
 from hybridnb.train.blocks import checkpointed_blocks
+from hybridnb.train.callbacks import check_callbacks
 from hybridnb.train.checkpoint import Checkpoints
 from hybridnb.train.checkpoint import read as read_checkpoint
 from hybridnb.train.data import BatchCheck, epoch_batches, make_loader, plan_epochs
@@ -45,9 +46,13 @@ from hybridnb.train.metrics import regression_metrics
 from hybridnb.train.placement import Placement
 from hybridnb.train.progress import Progress
 from hybridnb.train.recovery import Came
+from hybridnb.train.schedules import tell_validation
 from hybridnb.train.seeding import rng_state, seed_everything, set_rng_state
 from hybridnb.train.settings import Settings
+from hybridnb.train.sinks import Sinks, SinkView
 from hybridnb.train.state import HISTORY_COLUMNS, STEP_COLUMNS, RunState, Stop
+from hybridnb.train.storage import StorageGuard
+from hybridnb.train.target_scale import TargetScale
 from hybridnb.train.validation import EarlyStopping
 from hybridnb.train.worker_fit import Faults, FitJob, KernelView, reraise, simulate_cuda
 
@@ -86,7 +91,10 @@ class Trainer:
     - ``compile``: False | True | "default" | "reduce-overhead" | "max-autotune"; any failure
       while compiling or in a compiled step falls back to eager, once, with a message.
     - ``schedule``: "warmup_cosine" (``warmup``: fraction or steps) | "plateau" | None | an object
-      from hybridnb.train.schedules. Schedules count optimizer steps.
+      from hybridnb.train.schedules | a factory ``optimizer -> torch.optim.lr_scheduler`` object
+      (e.g. ``lambda opt: OneCycleLR(opt, max_lr=1e-2, total_steps=N)``), stepped once per
+      optimizer step (ReduceLROnPlateau: with the ``monitor`` value at each validation).
+      Schedules count optimizer steps.
     - ``ema``: None or a decay (e.g. 0.999); validation, best weights and the final model use it.
     - ``early_stopping``: None or a patience in validations; the best weights are restored.
       ``monitor``: the validation metric it watches (checked at the first validation).
@@ -114,6 +122,18 @@ class Trainer:
     - ``speedups``: "auto" (on CUDA: channels_last, the depthwise-convolution rewrite, cuDNN
       autotuning and precision, each kept only where it measures faster) | True (any device) |
       False.
+    - ``logger``: "auto" (csv when there is a folder, else nothing) | "csv" (each epoch's
+      history row appended to ``<log_dir>/history.csv`` as the epoch ends, flushed: a killed
+      run keeps its finished epochs) | "tensorboard" (event files in ``log_dir``: train/loss and
+      train/lr per step, epoch/<column> per epoch; ``pip install 'hybridnb[tensorboard]'``) | a
+      list | None. ``log_dir``: where (default ``checkpoint_dir``). hybridnb.train.loggers.
+    - ``callbacks``: objects with any of ``on_fit_start(trainer)``, ``on_epoch_end(trainer,
+      row)`` (the epoch's history row as a dict), ``on_fit_end(trainer)``; they run in this
+      process, also for an isolated fit (hybridnb.train.callbacks).
+
+    ``save(path)`` writes ``model``'s weights with their class and input shape;
+    ``hn.load(path, model)`` loads them (hybridnb.saving). A checkpoint or log write that fails
+    (full disk, read-only folder) is said once; the run continues from memory.
     """
 
 
@@ -131,11 +151,13 @@ class Trainer:
                  reweight_after: int | None = None, memory_fraction: float | None = None,
                  grad_checkpointing: bool = False, loader_kwargs: dict | None = None,
                  strategy="auto", isolate="auto", step_timeout: float | None = None,
-                 speedups="auto", verbose: bool = True) -> None:
+                 speedups="auto", logger="auto", log_dir: str | Path | None = None,
+                 callbacks: list | None = None, verbose: bool = True) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        kwargs = {k: v for k, v in locals().items() if k not in ("self", "model", "__class__")}
-        self._assemble(model, Settings.build(**kwargs))
+        kwargs = {k: v for k, v in locals().items()
+                  if k not in ("self", "model", "__class__", "callbacks")}
+        self._assemble(model, Settings.build(**kwargs), check_callbacks(callbacks))
 
     @classmethod
     def from_settings(cls, model: torch.nn.Module, settings: Settings) -> Trainer:
@@ -144,7 +166,8 @@ class Trainer:
         trainer._assemble(model, settings)
         return trainer
 
-    def _assemble(self, model: torch.nn.Module, settings: Settings) -> None:
+    def _assemble(self, model: torch.nn.Module, settings: Settings,
+                  callbacks: tuple = ()) -> None:
         self._notes: list[tuple[str, str]] = []  # said when the next fit starts
         self._interrupt: GracefulInterrupt | None = None
         self._channel = None  # the pipe to the kernel, in an isolated worker
@@ -163,10 +186,18 @@ class Trainer:
         self.state = RunState()
         self.learner = Learner(model, settings)
         self.placement = Placement(settings, self.learner, self._notes)
-        self.checkpoints = Checkpoints(settings.checkpoint_dir, self.strategy.is_main)
+        self.checkpoints = Checkpoints(
+            settings.checkpoint_dir, self.strategy.is_main, storage=StorageGuard(self._note),
+            log_patterns=loggers.patterns(settings.loggers)
+            if settings.log_folder == settings.checkpoint_dir else ())
+        self.sinks = Sinks(lambda storage: loggers.make_loggers(
+            settings.loggers, settings.log_folder if self.strategy.is_main else None, storage),
+            callbacks)  # objects of the user's process: never in settings, never sent to a worker
         self.progress = Progress()
         self.stopping = EarlyStopping(settings.monitor, settings.early_stopping)
-        self.batch_check = BatchCheck(self.learner.dtype, self._note)
+        self.target_scale = TargetScale(model, self._note, enabled=not settings.compile)
+        self.batch_check = BatchCheck(self.learner.dtype, self._note, first=lambda x, y: (
+            self.learner.see_input(x), self.target_scale.targets(y)))
         self.isolated, why = isolate.isolate_decision(
             settings.isolate, self.device, in_distributed=self.strategy.world_size > 1)
         self._fit_where = "worker" if self.isolated else "here"
@@ -236,12 +267,19 @@ class Trainer:
         try:
             train_loader, val_loader = self._open(train, val)
             self._begin(resume)
+            self.sinks.begin(self)  # loggers and callbacks: here, also for an isolated fit
             if self.isolated:
-                return self._fit_isolated(train, val, train_loader, val_loader, early)
+                self._fit_isolated(train, val, train_loader, val_loader, early)
+            else:
+                self._fit_here(train_loader, val_loader)
+        except BaseException:
+            self.sinks.close()  # the rows logged so far stay in the files
+            raise
         finally:
             if early is not None:
                 early.close()  # it never got its job (after run_isolated: nothing to do)
-        return self._fit_here(train_loader, val_loader)
+        self.sinks.end(self)
+        return self.history
 
     def _fit_here(self, train_loader, val_loader, view_started: bool = False) -> pd.DataFrame:
         """The fit in this process (the kernel, or the isolated worker)."""
@@ -372,8 +410,9 @@ class Trainer:
         """The view for this fit (in an isolated worker: the channel to the kernel's view);
         ``started``: the kernel's view already runs (continuing after the worker was lost)."""
         if not started:
-            view = self.progress.make_view(self.live, channel=self._channel,
-                                           is_main=self.strategy.is_main)
+            view = SinkView(self.progress.make_view(self.live, channel=self._channel,
+                                                    is_main=self.strategy.is_main),
+                            self.sinks, self, channel=self._channel)
             self.progress.start(view, self._run_info())
         for kind, message in self._notes:
             self.event(kind, message)
@@ -458,7 +497,7 @@ class Trainer:
             self.checkpoints.save_best({"model": best.model, "monitor": self.monitor,
                                         "value": best.value, "epoch": best.epoch,
                                         "global_step": best.step, "ema": self.ema is not None})
-        note = self.schedule.on_validation(improved)
+        note = tell_validation(self.schedule, improved, metrics.get(self.monitor))
         if note:
             self.event("lr_plateau", note)
         if self.strategy.agree(stopping.should_stop(state.best)):
@@ -474,6 +513,9 @@ class Trainer:
             self._save_last()
         else:
             self.checkpoints.keep(self.state_dict())
+        rows = getattr(self.progress.view, "epoch_rows", None)  # loggers, callbacks (sinks.py)
+        if rows is not None:
+            rows(self.state.history)
 
     def _finish(self, failed: bool) -> None:
         """Restore best/EMA weights, close the view (the last checkpoint is already written)."""
@@ -646,9 +688,9 @@ class Trainer:
         first); if it dies or hangs, on the CPU here from the last state it sent (the start
         state when none came)."""
         device, start = self.device, self.state_dict()
-        job = FitJob(self.settings.replace(isolate=False), self.model, train, val, start,
+        job = FitJob(self.settings.for_worker(), self.model, train, val, start,
                      list(self._notes), random.getstate())
-        kernel = KernelView(self.progress.make_view(self.live))
+        kernel = KernelView(SinkView(self.progress.make_view(self.live), self.sinks, self))
         job.sent_at = time.monotonic()
         out = self._run_job(job, prestarted=early, on_message=kernel.on_message,
                             should_stop=lambda: bool(kernel.view.stop_requested))
@@ -822,6 +864,21 @@ class Trainer:
             self._continue_on_cpu()
         from hybridnb.train.batch_size import find_batch_size
         return find_batch_size(self, dataset, **kwargs)
+
+    def save(self, path: str | Path, extra: dict | None = None) -> Path:
+        """Write ``model``'s weights (after fit: the ones fit chose, best or EMA) with the
+        model's class, one sample's input shape, the versions and ``extra`` (plain data) to
+        ``path``, atomically; ``hn.load(path, model)`` reads it back (hybridnb.saving)."""
+        from hybridnb.saving import save_model
+
+        best = self.early_stopping and self.state.best.model is not None and any(
+            e.kind == "best_restored" for e in self.events)
+        weights = "best" if best else "ema" if self.ema is not None else "final"
+        return save_model(self.model, path, input_shape=self.learner.input_shape,
+                          weights=weights, extra={
+                              "epochs": len(self.state.history), "global_step": self.global_step,
+                              "monitor": self.monitor, "best_value": self.state.best.value,
+                              **(extra or {})})
 
     def report(self, folder: str | Path) -> Path:
         """Write history.csv, steps.csv, events.csv, figures (HTML; PNG when possible) and a

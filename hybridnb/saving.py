@@ -1,0 +1,153 @@
+"""Trained weights in one file, with what is needed to use them, and their safe load.
+
+``trainer.save(path)`` (or ``save_model(model, path, ...)``) writes ``trainer.model``'s weights
+(after fit: the best or EMA weights when fit chose them) with the model's class (module and
+qualified name), one sample's input shape (e.g. ``(129, 200)``), the hybridnb and torch versions
+and a format tag, atomically (a temporary file renamed over the old one). ``hn.load(path,
+model)`` loads them with ``torch.load(weights_only=True)`` (no pickled code runs) into a model
+built with the same arguments, after checking the file is one of ours and the class matches,
+and returns it in eval mode; ``read_metadata(path)`` returns everything but the weights.
+
+>>> trainer.save("runs/c1/model.pt")
+>>> model = hn.load("runs/c1/model.pt", ShallowFBCSPNet(n_chans=129, n_outputs=1, n_times=200))
+>>> hybridnb.saving.read_metadata("runs/c1/model.pt")["input_shape"]
+[129, 200]
+
+A hybridnb checkpoint (``last.pt``, ``best.pt``) loads too: its weights, checked the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from hybridnb.train import checkpoint
+
+FORMAT = "hybridnb-model-1"
+
+
+class ModelFileError(ValueError):
+    """A model file that cannot be used: missing, unreadable, not ours, or not this model's."""
+
+
+def save_model(model: torch.nn.Module, path: str | os.PathLike, *,
+               input_shape: tuple[int, ...] | None = None, weights: str = "final",
+               extra: dict | None = None) -> Path:
+    """Write ``model``'s weights and metadata to ``path`` atomically; returns the path.
+
+    ``weights``: which weights these are ("final", "best", "ema"); ``extra``: more metadata
+    (plain numbers, strings, lists, dicts: it must load with ``weights_only=True``)."""
+    import hybridnb
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    cls = type(model)
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    record = {"format": FORMAT, "model": state,
+              "model_class": {"module": cls.__module__, "qualname": cls.__qualname__},
+              "input_shape": None if input_shape is None else [int(n) for n in input_shape],
+              "weights": weights,
+              "versions": {"hybridnb": str(hybridnb.__version__), "torch": str(torch.__version__)},
+              "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "extra": {str(k): _plain(v, f"extra[{k!r}]") for k, v in (extra or {}).items()}}
+    return checkpoint.atomic_save(record, path)
+
+
+def _plain(value, where: str):
+    """``value`` as data ``torch.load(weights_only=True)`` reads (numpy scalars become Python
+    numbers); anything else is a TypeError naming where it is."""
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if hasattr(value, "item") and getattr(value, "shape", None) == ():  # numpy scalar
+        return value.item()
+    if isinstance(value, (bool, int, float, str)):  # subclasses (e.g. TorchVersion)
+        return type(value).__mro__[-2](value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        return {str(k): _plain(v, f"{where}[{k!r}]") for k, v in value.items()}
+    raise TypeError(f"{where} is a {type(value).__name__}: the saved metadata must be plain "
+                    "data (numbers, strings, lists, dicts, tensors) so it loads with "
+                    "weights_only=True")
+
+
+def _read(path: str | os.PathLike) -> dict:
+    """The file's content, as a model record (a checkpoint's weights are converted)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"model file {path} does not exist")
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ModelFileError(f"{path} is not a readable model file (truncated, corrupt, or not "
+                             f"written by torch.save; {type(exc).__name__})") from None
+    fmt = data.get("format") if isinstance(data, dict) else None
+    if fmt == FORMAT:
+        return data
+    if fmt == checkpoint.FORMAT and isinstance(data.get("model"), dict):
+        name = data.get("config", {}).get("model")
+        return {"format": fmt, "model": data["model"],
+                "model_class": {"module": None, "qualname": name} if name else None,
+                "input_shape": data.get("input_shape"), "weights": data.get("kind", "last"),
+                "versions": {}, "extra": {}}
+    raise ModelFileError(f"{path} is not a model saved by hybridnb (trainer.save / "
+                         f"hybridnb.saving.save_model): its format is "
+                         f"{fmt!r}" + ("" if isinstance(data, dict) else
+                                       f" (it holds a {type(data).__name__})") +
+                         ". A plain state dict loads with model.load_state_dict(torch.load("
+                         "path, weights_only=True))")
+
+
+def read_metadata(path: str | os.PathLike) -> dict:
+    """Everything ``save_model`` wrote except the weights (class, input shape, versions, ...)."""
+    data = _read(path)
+    return {k: v for k, v in data.items() if k != "model"}
+
+
+def load(path: str | os.PathLike, model: torch.nn.Module) -> torch.nn.Module:
+    """Load the weights saved in ``path`` into ``model`` (built with the same arguments as the
+    saved one); returns it in eval mode. Clear errors for a file that is not ours, another
+    model class, and missing, unexpected or differently shaped weights."""
+    if isinstance(model, type):
+        raise TypeError(f"load(path, {model.__name__}) needs a model instance built with the "
+                        f"same arguments as the saved one, e.g. {model.__name__}(...)")
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    data = _read(path)
+    saved = data.get("model_class") or {}
+    mine = type(model)
+    if saved.get("qualname") and saved["qualname"] != mine.__qualname__:
+        where = f"{saved['module']}.{saved['qualname']}" if saved.get("module") else \
+            saved["qualname"]
+        raise ModelFileError(f"{path} holds weights of a {where}, but the model given is a "
+                             f"{mine.__module__}.{mine.__qualname__}: build the saved class "
+                             "with the same arguments and load into that")
+    _check_keys(path, data["model"], model)
+    model.load_state_dict(data["model"])
+    return model.eval()
+
+
+def _check_keys(path, theirs: dict, model: torch.nn.Module) -> None:
+    """One error listing every missing, unexpected and differently shaped weight."""
+    mine = model.state_dict()
+    missing = [k for k in mine if k not in theirs]
+    unexpected = [k for k in theirs if k not in mine]
+    shapes = [f"{k} {tuple(theirs[k].shape)} in the file, {tuple(v.shape)} in the model"
+              for k, v in mine.items() if k in theirs and tuple(theirs[k].shape) != tuple(v.shape)]
+    if not (missing or unexpected or shapes):
+        return
+    parts = []
+    for label, items in (("missing from the file", missing),
+                         ("in the file but not in the model", unexpected),
+                         ("shaped differently", shapes)):
+        if items:
+            parts.append(f"{len(items)} {label}: {', '.join(items[:5])}"
+                         f"{', ...' if len(items) > 5 else ''}")
+    raise ModelFileError(f"{path} does not fit this model ({'; '.join(parts)}): build the "
+                         "model with the arguments it was trained with (n_chans, n_outputs, "
+                         "n_times, ...)")

@@ -1,0 +1,77 @@
+"""Targets on another scale than the model's outputs: said once, never rescaled.
+
+Response times in milliseconds (std in the hundreds), or any targets whose mean lies many stds
+from where a freshly initialised model predicts (near 0), make a regression spend its first
+epochs finding the mean, and with MSE give losses and gradients that dwarf the learning rate's
+intent. The Trainer compares the first training batch's targets with the model's outputs on
+that batch (read once by a forward hook at the first step, then removed; nothing else changes)
+and says what it saw and what to do. It does not rescale: the targets are the user's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+FAR_STDS = 3.0      # the outputs' mean this many target stds from the targets' mean
+LARGE_STD = 50.0    # targets spread this wide (milliseconds, raw counts) whatever the outputs
+
+
+class TargetScale:
+    """The check: ``targets(y)`` with the first batch arms the hook; the first forward after it
+    judges, says it (``note(kind, message)``) when off, and removes itself."""
+
+    def __init__(self, model: torch.nn.Module, note: Callable[[str, str], None],
+                 enabled: bool = True) -> None:
+        self.model, self.note, self.enabled = model, note, enabled
+        self.y: torch.Tensor | None = None
+        self._hook = None
+
+    def targets(self, y) -> None:
+        if not self.enabled or self._hook is not None or not isinstance(y, torch.Tensor) \
+                or y.numel() < 2:
+            return
+        self.enabled = False  # once per Trainer
+        self.y = y.detach()
+        self._hook = self.model.register_forward_hook(self._judge_output)
+
+    def _judge_output(self, module, args, out) -> None:
+        self._hook.remove()
+        y, self.y = self.y, None
+        if not isinstance(out, torch.Tensor) or out.numel() != y.numel():
+            return  # the loss says what is wrong with the output's structure
+        with torch.no_grad():
+            yf = y.reshape(-1).float().to(out.device)
+            keep = torch.isfinite(yf)
+            if int(keep.sum()) < 2:
+                return
+            yf, of = yf[keep], out.detach().reshape(-1)[keep].float()
+            y_mean, y_std, o_mean, o_std = torch.stack(
+                [yf.mean(), yf.std(), of.mean(), of.std()]).tolist()
+        message = judge(y_mean, y_std, o_mean, o_std)
+        if message:
+            self.note("target_scale", message)
+
+
+def judge(y_mean: float, y_std: float, o_mean: float, o_std: float) -> str | None:
+    """What to say about targets (mean, std) against first outputs (mean, std), or None."""
+    if not all(map(math.isfinite, (y_mean, y_std, o_mean, o_std))) or y_std <= 0:
+        return None
+    away = abs(y_mean - o_mean) / y_std
+    large = y_std >= LARGE_STD
+    if away < FAR_STDS and not large:
+        return None
+    seen = (f"the first batch's targets have mean {y_mean:.4g} and std {y_std:.4g}; the model's "
+            f"first outputs have mean {o_mean:.3g} (std {o_std:.3g})")
+    why = []
+    if large:
+        why.append("targets spread in the hundreds (milliseconds? raw counts?) make the loss "
+                   "and its gradients that many times larger than the learning rate expects")
+    if away >= FAR_STDS:
+        why.append(f"the outputs start {away:.1f} target stds from the targets' mean, so the "
+                   "first epochs are spent finding it")
+    return (f"{seen}: {'; '.join(why)}. Standardise the targets (y - mean) / std and undo it on "
+            "the predictions (pred * std + mean), or use other units (seconds), or start the "
+            "output layer's bias at the targets' mean; hybridnb does not rescale them")

@@ -1,0 +1,114 @@
+"""Save and load (issue 21): ``trainer.save`` then ``hn.load`` gives identical predictions; the
+file says what it holds; a file that is not ours, another model class and mismatched weights
+get errors naming the file and what differs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import hybridnb as hn
+from hybridnb import saving
+from hybridnb.train.trainer import Trainer
+
+torch.set_num_threads(1)
+
+
+class Conv(nn.Module):
+    """(channels, times) inputs, as the EEG windows are."""
+
+    def __init__(self, chans=4, times=20, hidden=8):
+        super().__init__()
+        self.conv = nn.Conv1d(chans, hidden, 5)
+        self.head = nn.Linear(hidden * (times - 4), 1)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.conv(x)).flatten(1))
+
+
+class Other(Conv):
+    pass
+
+
+def data(n=96, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 4, 20, generator=g)
+    return x, x.mean((1, 2))
+
+
+def fitted(tmp_path, **kw):
+    torch.manual_seed(0)
+    tr = Trainer(Conv(), device="cpu", batch_size=32, epochs=2, live=False, isolate=False,
+                 seed=0, checkpoint_dir=tmp_path / "ck", **kw)
+    tr.fit(data(), val=data(32, seed=1))
+    return tr
+
+
+def test_save_then_load_predicts_the_same(tmp_path):
+    tr = fitted(tmp_path, ema=0.9)
+    path = tr.save(tmp_path / "model.pt", extra={"target_scale": 1e6})
+    assert not list(tmp_path.glob(".model.pt.tmp-*"))  # written through a temporary file
+    meta = saving.read_metadata(path)
+    assert meta["format"] == saving.FORMAT
+    assert meta["model_class"] == {"module": Conv.__module__, "qualname": "Conv"}
+    assert meta["input_shape"] == [4, 20]  # one sample, from the first batch
+    assert meta["weights"] == "ema"  # fit left the EMA weights in trainer.model
+    assert meta["versions"]["torch"] == torch.__version__
+    assert meta["versions"]["hybridnb"] == hn.__version__
+    assert meta["extra"]["target_scale"] == 1e6 and meta["extra"]["epochs"] == 2
+
+    torch.manual_seed(123)
+    model = hn.load(path, Conv())
+    assert not model.training
+    x = data(32, seed=2)[0]
+    with torch.no_grad():
+        assert torch.equal(model(x).squeeze(1), torch.as_tensor(tr.predict(x)))
+
+
+def test_best_weights_are_what_is_saved_after_early_stopping(tmp_path):
+    tr = fitted(tmp_path, early_stopping=5)
+    assert any(e.kind == "best_restored" for e in tr.events)
+    meta = saving.read_metadata(tr.save(tmp_path / "m.pt"))
+    assert meta["weights"] == "best"
+
+
+def test_the_wrong_file_class_or_shape_is_named(tmp_path):
+    tr = fitted(tmp_path)
+    path = tr.save(tmp_path / "model.pt")
+
+    with pytest.raises(saving.ModelFileError, match=r"model\.pt holds weights of a .*\.Conv, "
+                                                    r"but the model given is a .*\.Other"):
+        hn.load(path, Other())
+    with pytest.raises(saving.ModelFileError, match=r"does not fit this model \(3 shaped "
+                                                    r"differently: conv\.weight \(8, 4, 5\)"):
+        hn.load(path, Conv(hidden=6))
+    grown = Conv()
+    grown.extra = nn.Linear(1, 1)
+    with pytest.raises(saving.ModelFileError, match=r"2 missing from the file: extra\.weight, "
+                                                    r"extra\.bias"):
+        hn.load(path, grown)
+    with pytest.raises(TypeError, match=r"needs a model instance .* Conv\(\.\.\.\)"):
+        hn.load(path, Conv)
+
+    plain = tmp_path / "plain.pt"
+    torch.save(Conv().state_dict(), plain)
+    with pytest.raises(saving.ModelFileError, match=r"plain\.pt is not a model saved by "
+                                                    r"hybridnb"):
+        hn.load(plain, Conv())
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a torch file")
+    with pytest.raises(saving.ModelFileError, match="garbage.pt is not a readable model file"):
+        hn.load(garbage, Conv())
+    with pytest.raises(FileNotFoundError, match="missing.pt"):
+        hn.load(tmp_path / "missing.pt", Conv())
+
+
+def test_a_checkpoint_loads_as_a_model(tmp_path):
+    tr = fitted(tmp_path)
+    model = hn.load(tmp_path / "ck" / "last.pt", Conv())
+    for a, b in zip(model.state_dict().values(), tr.model.state_dict().values(), strict=True):
+        assert np.array_equal(a.numpy(), b.numpy())
+    with pytest.raises(saving.ModelFileError, match="Other"):
+        hn.load(tmp_path / "ck" / "last.pt", Other())
