@@ -74,6 +74,10 @@ def jupyterlab(root: Path, env: dict[str, str] | None = None,
     settings.mkdir(parents=True, exist_ok=True)
     (settings / "notification.jupyterlab-settings").write_text(
         json.dumps({"fetchNews": "false", "checkForUpdates": False, "doNotDisturbMode": True}))
+    # every cell stays in the page (JupyterLab 4 otherwise renders only those near the view)
+    tracker = root / ".settings" / "@jupyterlab" / "notebook-extension"
+    tracker.mkdir(parents=True, exist_ok=True)
+    (tracker / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
     port = _free_port()
     full = {k: v for k, v in os.environ.items()
             if k not in ("PYTEST_CURRENT_TEST", "CI", SMOKE_ENV, "NBVAL")}
