@@ -75,7 +75,8 @@ def test_an_isolated_run_equals_an_in_process_run_and_fills_the_kernels_model():
     timing = ["samples_per_s", "data_wait_pct", "compute_samples_per_s", "mfu", "time_s",
               "peak_memory_mb", "events"]
     assert there.history.drop(columns=timing).equals(here.history.drop(columns=timing))
-    assert [e.kind for e in there.events] == ["isolate"]  # said once, nothing else happened
+    # where it trains and the worker's start-up, each said once; nothing else happened
+    assert [e.kind for e in there.events] == ["isolate", "worker_start"]
     assert not children()
 
 

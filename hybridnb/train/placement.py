@@ -77,6 +77,8 @@ class Placement:
                 not speedups.cpu_candidate(model):
             return
         x = example_batch(train_loader, batch_size)[0].to(self.device)
+        if x.is_floating_point() and x.dtype != self.learner.dtype:  # as BatchCheck casts it
+            x = x.to(self.learner.dtype)
         asked = "auto" if self.settings.precision == "auto" else self.precision
         applied = speedups.apply_speedups(model, x, self.device, precision=asked, steps=steps)
         self.applied_speedups = applied

@@ -233,6 +233,8 @@ def _scan(model: nn.Module, example: tuple, form: type, candidate
 def _rewrite(model: nn.Module, example: tuple, kind: str) -> RewriteReport:
     form, candidate, label = _FORMS[kind]
     report = RewriteReport()
+    if not any(candidate(m) for m in model.modules()):
+        return report  # nothing to check: no forward
     layers, before = _scan(model, example, form, candidate)
     if not layers:
         return report

@@ -103,10 +103,11 @@ def wanted(setting: bool | str | None, device: torch.device | str) -> bool:
 
 
 def cpu_candidate(model: nn.Module) -> bool:
-    """Whether any CPU knob could apply to ``model`` (the channels_last rule, or a CPU with
-    native bf16), decided without a batch: the Trainer skips drawing an example batch from a
+    """Whether any CPU knob could apply to ``model`` (the rows and channels_last rules, or a CPU
+    with native bf16 and the cores for its trial), decided without a batch: the Trainer skips drawing an example batch from a
     slow Dataset when nothing could apply."""
-    return cpu_native_bf16() or has_grouped_conv2d(model) or has_rows_conv(model)
+    return has_grouped_conv2d(model) or has_rows_conv(model) or (
+        cpu_native_bf16() and _cores() >= MIN_TRIAL_CORES)  # else no bf16 trial could run
 
 
 def has_rows_conv(model: nn.Module) -> bool:

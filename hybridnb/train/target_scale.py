@@ -72,6 +72,7 @@ def judge(y_mean: float, y_std: float, o_mean: float, o_std: float) -> str | Non
     if away >= FAR_STDS:
         why.append(f"the outputs start {away:.1f} target stds from the targets' mean, so the "
                    "first epochs are spent finding it")
+    units = ", or use other units (seconds, not milliseconds)" if large else ""
     return (f"{seen}: {'; '.join(why)}. Standardise the targets (y - mean) / std and undo it on "
-            "the predictions (pred * std + mean), or use other units (seconds), or start the "
-            "output layer's bias at the targets' mean; hybridnb does not rescale them")
+            f"the predictions (pred * std + mean){units}, or start the output layer's bias at "
+            "the targets' mean; hybridnb does not rescale them")
