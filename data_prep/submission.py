@@ -92,35 +92,27 @@ def _state_dict(model) -> dict:
 
 
 def save_model(path: str | os.PathLike, spec: ModelSpec, model) -> Path:
-    """Write ``model``'s weights and its spec to ``path`` (a torch file holding only tensors and
-    plain values, so it loads with ``weights_only=True``). Atomic: temp file + rename."""
-    import torch
+    """Write ``model``'s weights with its spec to ``path``: a ``hybridnb.saving`` model file (class,
+    input shape, versions; loads with ``weights_only=True``), the spec in its ``extra``. Atomic."""
+    from hybridnb.saving import save_model as save_weights
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save({"spec": spec.to_dict(), "state_dict": _state_dict(model)}, tmp)
-    os.replace(tmp, path)
-    return path
+    shape = (spec.kwargs.get("n_chans"), spec.kwargs.get("n_times"))
+    return save_weights(model, path, input_shape=shape if None not in shape else None,
+                        extra={"spec": spec.to_dict()})
 
 
-def load_model(path: str | os.PathLike, map_location: str = "cpu"):
-    """Rebuild a model written by :func:`save_model`. Returns ``(spec, model)``."""
-    import torch
+def load_model(path: str | os.PathLike):
+    """Rebuild a model written by :func:`save_model`: ``(spec, model)``, the weights loaded and
+    checked by ``hybridnb.load`` (class, names and shapes of every weight)."""
+    from hybridnb.saving import ModelFileError, load, read_metadata
 
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no saved model at {path}")
-    try:
-        blob = torch.load(path, map_location=map_location, weights_only=True)
-        spec = ModelSpec.from_dict(blob["spec"])
-        state = blob["state_dict"]
-    except (KeyError, TypeError, RuntimeError, EOFError) as exc:
-        raise ValueError(f"{path} is not a model saved by data_prep.submission.save_model "
-                         f"({type(exc).__name__}: {exc})") from exc
-    model = spec.build()
-    model.load_state_dict(state)
-    return spec, model
+    meta = read_metadata(path)  # FileNotFoundError / ModelFileError name the file
+    if "spec" not in meta.get("extra", {}):
+        raise ModelFileError(f"{path} holds weights but no model spec: it was not written by "
+                             "data_prep.submission.save_model (trainer.save files load with "
+                             "hybridnb.load(path, model))")
+    spec = ModelSpec.from_dict(meta["extra"]["spec"])
+    return spec, load(path, spec.build())
 
 
 # --------------------------------------------------------------------------------------------

@@ -149,6 +149,25 @@ def test_saved_model_round_trips_and_a_corrupt_file_is_named(tmp_path):
         S.load_model(tmp_path / "missing.pt")
 
 
+def test_a_saved_challenge_model_is_a_hybridnb_model_file(tmp_path):
+    import hybridnb as hn
+    from hybridnb.saving import ModelFileError, read_metadata, save_model
+
+    spec = S.challenge_spec("ShallowFBCSPNet", input_scale=1e6, **SMALL)
+    model = _model(spec, 3)
+    path = S.save_model(tmp_path / "c1.pt", spec, model)
+    meta = read_metadata(path)
+    assert meta["model_class"]["qualname"] == type(model).__qualname__
+    assert meta["input_shape"] == [spec.kwargs["n_chans"], spec.kwargs["n_times"]]
+    assert meta["extra"]["spec"]["name"] == "ShallowFBCSPNet"
+    again = hn.load(path, spec.build())  # the same file, through hybridnb's own loader
+    X, y = _data(6)
+    assert _nrmse(again, X, y) == pytest.approx(_nrmse(model, X, y), rel=1e-6)
+    plain = save_model(model, tmp_path / "plain.pt")  # weights without a spec: said so
+    with pytest.raises(ModelFileError, match="no model spec"):
+        S.load_model(plain)
+
+
 # --------------------------------------------------------------------------------------------
 # The template and the check script are real modules: imported and run here as code
 # --------------------------------------------------------------------------------------------
