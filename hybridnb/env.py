@@ -156,9 +156,10 @@ def cache_dir(environ: dict[str, str] | None = None) -> Path:
     return Path(base) / "hybridnb"
 
 
-def seconds_from_env(name: str, default: float, environ: dict[str, str] | None = None) -> float:
-    """A positive number of seconds from ``$name`` (``default`` when unset); ValueError naming
-    the variable otherwise."""
+def seconds_from_env(name: str, default: float, environ: dict[str, str] | None = None,
+                     zero: str | None = None) -> float:
+    """A number of seconds from ``$name`` (``default`` when unset): > 0, or >= 0 when ``zero``
+    says what 0 means; ValueError naming the variable otherwise."""
     env = os.environ if environ is None else environ
     raw = env.get(name, "").strip()
     if not raw:
@@ -167,25 +168,14 @@ def seconds_from_env(name: str, default: float, environ: dict[str, str] | None =
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not 0 < value < float("inf"):
-        raise ValueError(f"{name}={raw!r} must be a number of seconds > 0 (unset means "
-                         f"{default:g} s)")
+    if not (value >= 0 if zero else value > 0) or value == float("inf"):
+        raise ValueError(f"{name}={raw!r} must be a number of seconds {'>=' if zero else '>'} 0 "
+                         f"({f'0 {zero}; ' if zero else ''}unset means {default:g} s)")
     return value
 
 
 def probe_cache_ttl(environ: dict[str, str] | None = None) -> float:
     """Seconds a passed GPU probe is trusted (``$HYBRIDNB_PROBE_CACHE_TTL``, default one day;
     0 turns the cache off). ValueError naming the variable when the value is not a number >= 0."""
-    env = os.environ if environ is None else environ
-    raw = env.get(PROBE_CACHE_TTL_ENV, "").strip()
-    if not raw:
-        return DEFAULT_PROBE_CACHE_TTL
-    try:
-        ttl = float(raw)
-    except ValueError:
-        ttl = -1.0
-    if not ttl >= 0 or ttl == float("inf"):
-        raise ValueError(f"{PROBE_CACHE_TTL_ENV}={raw!r} must be a number of seconds >= 0 "
-                         f"(0 turns the probe cache off; unset means "
-                         f"{DEFAULT_PROBE_CACHE_TTL:g} s, one day).")
-    return ttl
+    return seconds_from_env(PROBE_CACHE_TTL_ENV, DEFAULT_PROBE_CACHE_TTL, environ,
+                            zero="turns the probe cache off")

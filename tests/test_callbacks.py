@@ -11,7 +11,7 @@ import pandas as pd
 import psutil
 import pytest
 import torch
-from torch import nn
+from tiny import sine_data, sine_net
 
 from hybridnb.env import FAULT_ENV
 from hybridnb.train import checkpoint, recovery
@@ -23,14 +23,11 @@ EPOCHS = 3
 
 
 def data(n=128, d=8, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, d, generator=g)
-    return x, torch.sin(x @ torch.linspace(-1, 1, d)).unsqueeze(1)
+    return sine_data(n, d, seed)
 
 
 def net():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    return sine_net(16)
 
 
 class Record:

@@ -17,7 +17,7 @@ import math
 import psutil
 import pytest
 import torch
-from torch import nn
+from tiny import sine_data, sine_net
 
 from hybridnb.env import FAULT_ENV, FIRST_STEP_GRACE_ENV, SIMULATE_CUDA_ENV
 from hybridnb.train import recovery
@@ -28,14 +28,11 @@ EPOCHS, STEPS = 2, 8  # 256 samples / batch 32
 
 
 def data(n=256, d=8, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, d, generator=g)
-    return x, torch.sin(x @ torch.linspace(-1, 1, d)).unsqueeze(1)
+    return sine_data(n, d, seed)
 
 
 def net():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+    return sine_net(32)
 
 
 class Recorder:

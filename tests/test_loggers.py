@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from torch import nn
+from tiny import sine_data, sine_net
 
 from hybridnb.train import loggers
 from hybridnb.train.trainer import Trainer
@@ -24,14 +24,11 @@ torch.set_num_threads(1)
 
 
 def data(n=128, d=8, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, d, generator=g)
-    return x, torch.sin(x @ torch.linspace(-1, 1, d)).unsqueeze(1)
+    return sine_data(n, d, seed)
 
 
 def net():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    return sine_net(16)
 
 
 def trainer(**kw):

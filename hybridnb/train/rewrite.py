@@ -129,12 +129,12 @@ class _Rewritten:
     (``_hn_applies``/``_hn_compute``), the class's own forward for any other input."""
 
     _hn_stock: type  # the class it was before the rewrite
-    _hn_applies: staticmethod
-    _hn_compute: staticmethod
+    _hn_form: tuple[str, str]  # this module's functions: (applies, compute)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if type(self)._hn_applies(self, x):
-            return type(self)._hn_compute(self, x)
+        applies, compute = _form_functions(type(self))
+        if applies(self, x):
+            return compute(self, x)
         return self._hn_stock.forward(self, x)
 
     def __reduce_ex__(self, protocol):
@@ -156,25 +156,18 @@ class _Rewritten:
 class _MatmulDepthwise(_Rewritten):
     """The depthwise convolution as a batched matmul (``rewrite_depthwise``)."""
 
-    @staticmethod
-    def _hn_applies(module: nn.Conv2d, x: torch.Tensor) -> bool:
-        return spans_height(module, x)
-
-    @staticmethod
-    def _hn_compute(module: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
-        return depthwise_as_matmul(module, x)  # looked up when called (tests replace it)
+    _hn_form = ("spans_height", "depthwise_as_matmul")
 
 
 class _RowsAsConv1d(_Rewritten):
     """The ``(1, K)`` convolution as a 1-D convolution over folded rows (``rewrite_rows``)."""
 
-    @staticmethod
-    def _hn_applies(module: nn.Conv2d, x: torch.Tensor) -> bool:
-        return several_rows(module, x)
+    _hn_form = ("several_rows", "rows_as_conv1d")
 
-    @staticmethod
-    def _hn_compute(module: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
-        return rows_as_conv1d(module, x)
+
+def _form_functions(form: type) -> tuple:
+    """``form``'s (applies, compute) functions, looked up when called (tests replace them)."""
+    return tuple(globals()[name] for name in form._hn_form)
 
 
 _CLASSES: dict[tuple[type, type], type] = {}
@@ -213,8 +206,9 @@ def _scan(model: nn.Module, example: tuple, form: type, candidate
 
     def check(name):
         def hook(module, args, output):
-            if args and isinstance(args[0], torch.Tensor) and form._hn_applies(module, args[0]):
-                alt = form._hn_compute(module, args[0])
+            applies, compute = _form_functions(form)
+            if args and isinstance(args[0], torch.Tensor) and applies(module, args[0]):
+                alt = compute(module, args[0])
                 found[name] = max(found.get(name, 0.0), _rel_diff(alt, output))
         return hook
 
