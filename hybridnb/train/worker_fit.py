@@ -42,6 +42,7 @@ class FitJob:
     py_random: Any = None
     predict: tuple | None = None   # (data, with_targets): evaluate/predict instead of fit
     find_batch: tuple | None = None  # (dataset, kwargs): find_batch_size instead of fit
+    lr_find: tuple | None = None  # (data, kwargs): lr_find instead of fit
 
 
 class Faults:
