@@ -7,7 +7,8 @@ smoothed loss passes ``diverge`` times its best. The suggestion is read off the 
 
 * ``"valley"`` (fastai's default): the longest stretch over which the loss keeps falling, and a
   point a little past its first third, where the loss falls fast and is still far from blowing up;
-* ``"steepest"`` (Lightning's): the learning rate of the steepest descent of the smoothed loss.
+* ``"steepest"`` (Lightning's): the learning rate of the steepest descent of the smoothed loss
+  (its slope measured over a tenth of the sweep: step to step it is mostly batch noise).
 
 The sweep trains on a copy of nothing: it steps the Trainer's own model and optimizer, then puts
 the weights, optimizer and schedule state, EMA, loss guard, run state and every RNG back, so a fit
@@ -26,7 +27,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from hybridnb.env import smoke
+
 SUGGESTIONS = ("valley", "steepest")
+SMOKE_STEPS = 20  # small mode (HYBRIDNB_SMOKE=1): a short sweep, as the Trainer caps fits
 
 
 @dataclass
@@ -86,6 +90,9 @@ def lr_find(trainer, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_s
         raise ValueError(f"lr_find: beta={beta!r} must be in [0, 1) and diverge={diverge!r} > 1")
     if suggest not in SUGGESTIONS:
         raise ValueError(f"lr_find: suggest={suggest!r}; use one of {SUGGESTIONS}")
+    capped = ""
+    if smoke() and num_steps > SMOKE_STEPS:
+        num_steps, capped = SMOKE_STEPS, f"small mode: the sweep capped at {SMOKE_STEPS} steps"
     loader = trainer._loader(data, shuffle=True, what="lr_find data")
     trainer.placement.place([loader], trainer._note, trainer._notes)
     lrs = start_lr * (end_lr / start_lr) ** (np.arange(num_steps) / (num_steps - 1))
@@ -119,7 +126,8 @@ def lr_find(trainer, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_s
         trainer.restore(saved)
     result = LRFindResult(np.array(tried), np.array(smooth), np.array(raw), None, suggest,
                           stopped)
-    result.suggestion, result.note = suggestion(result.lrs, result.losses, suggest)
+    result.suggestion, why = suggestion(result.lrs, result.losses, suggest)
+    result.note = "; ".join(n for n in (capped, why) if n)
     return result
 
 
