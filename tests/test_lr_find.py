@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -112,3 +114,27 @@ def test_flat_curve_gives_no_suggestion_and_bad_arguments_are_named():
         _trainer().lr_find(_regression(), start_lr=1.0, end_lr=1e-3)
     with pytest.raises(ValueError, match="suggest"):
         _trainer().lr_find(_regression(), suggest="median")
+
+
+class OnlyInWorker(torch.nn.Linear):
+    """Trains only in an isolated worker (HYBRIDNB_ISOLATED is set there): a sweep that ran in
+    the kernel would raise."""
+
+    def forward(self, x):
+        if self.training and not os.environ.get("HYBRIDNB_ISOLATED"):
+            raise RuntimeError("trained in the kernel")
+        return super().forward(x)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="isolation needs os.fork")
+def test_an_isolated_trainer_sweeps_in_its_worker_and_applies_here():
+    torch.manual_seed(0)
+    model = OnlyInWorker(8, 1)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    tr = hn.Trainer(model, loss="mse", lr=1e-3, batch_size=32, device="cpu", live=False,
+                    verbose=False, seed=0, isolate=True, optimizer=_sgd)
+    result = tr.lr_find(_regression(), start_lr=1e-5, end_lr=10.0, num_steps=40, apply=True)
+    assert not any(kind == "worker_lost" for kind, _ in tr._notes)
+    assert result.suggestion is not None and tr.lr == pytest.approx(result.suggestion)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, weights[k]), k
