@@ -26,13 +26,16 @@ class WindowDataset(Dataset):
     """(x, y) pairs of a :class:`~data_prep.windows.Windows` set; see the module docstring."""
 
     def __init__(self, windows, crop: int | None = None, seed: int | None = None, device=None,
-                 scale: float = 1.0):
+                 scale: float = 1.0, target=None):
         n_times = windows.shape[2]
         if crop is not None and not 0 < crop <= n_times:
             raise ValueError(f"crop must be in 1..{n_times} samples (window length), got {crop}")
         self._base = windows._base
         self.index = windows.index
-        self.y = torch.from_numpy(np.ascontiguousarray(windows.y, np.float32))
+        y = np.asarray(windows.y, np.float64)
+        if target is not None:  # a data_prep.targets.TargetScaling: standardised targets
+            y = target.apply(y)
+        self.y = torch.from_numpy(np.ascontiguousarray(y, np.float32))
         meta = windows._meta_all
         rec = meta["recording"].to_numpy() if "recording" in meta.columns else \
             np.zeros(len(meta), np.int64)

@@ -85,10 +85,12 @@ class Windows:
 
     # --- training ----------------------------------------------------------------------------
     def dataset(self, crop: int | None = None, seed: int | None = None, device=None,
-                scale: float = 1.0):
-        """A torch Dataset of (x, y) over these windows; see :class:`WindowDataset`."""
+                scale: float = 1.0, target=None):
+        """A torch Dataset of (x, y) over these windows; see :class:`WindowDataset`.
+        ``target``: a :class:`~data_prep.targets.TargetScaling` to standardise ``y`` with."""
         from .loader import WindowDataset
-        return WindowDataset(self, crop=crop, seed=seed, device=device, scale=scale)
+        return WindowDataset(self, crop=crop, seed=seed, device=device, scale=scale,
+                             target=target)
 
     def loader(self, batch_size: int = 128, shuffle: bool = True, crop: int | None = None,
                seed: int | None = None, device=None, scale: float = 1.0, **kwargs):

@@ -267,8 +267,16 @@ def test_04_windows_split_and_score(executed):
     assert r["c1_window_shape"] == [129, 200] and r["c1_window_dtype"] == "float32"
     assert r["c1_starts_after_target"] is True
     assert r["c1_subjects_in_two_splits"] == []
-    assert r["c1_nrmse"] > 0 and r["c1_test_windows"] > 0   # small mode: a few steps, any score
+    assert r["c1_test_windows"] > 0
+    # small mode trains 10 steps with EMA 0.99: the EMA weights and batch-norm statistics are
+    # still near their start, so no score bound holds there (bench/results/demo-*: default mode)
+    assert 0 < r["c1_nrmse"] < float("inf") and r["c1_constant_nrmse"] == 1.0
     assert r["c1_model"] == ("EEGNeX" if r["device"].startswith("cuda") else "ShallowFBCSPNet")
+    # the range test ran (capped in small mode), its suggestion became the trainer's lr
+    assert r["c1_lr_sweep_steps"] == 20
+    assert r["c1_lr_suggestion"] is not None and 1e-5 < r["c1_lr_suggestion"] < 1.0
+    assert r["c1_lr"] == r["c1_lr_suggestion"]
+    assert 0.3 < r["c1_target_mean"] < 2.4 and 0 < r["c1_target_std"] < 1.0  # seconds
 
 
 @pytest.mark.slow
@@ -281,3 +289,7 @@ def test_05_windows_scores_and_the_submission_checked_in_a_fresh_process(execute
     assert r["submission_c1_diff"] < 1e-3 and r["submission_c2_diff"] < 1e-3
     assert r["submission_output_shape"][1] == 1
     assert abs(r["overall"] - (0.3 * r["c1_nrmse"] + 0.7 * r["c2_nrmse"])) < 1e-4
+    # notebook 04 trained on standardised targets and folded the scaling into the model: the
+    # saved model, and the submission built from it, predict seconds (the same score as 04's)
+    c1 = _results(executed, "04_challenge1_training")["c1_nrmse"]
+    assert abs(r["c1_nrmse"] - c1) < 1e-3 and abs(r["submission_nrmse"] - c1) < 1e-3

@@ -753,10 +753,12 @@ class Trainer:
         trainer = Trainer.from_settings(job.model, settings)
         trainer._channel, trainer._faults, trainer._phase = channel, Faults(), None
         trainer.checkpoints.on_keep = lambda state: channel.state(recovery.to_cpu(state))
-        if job.predict is not None or job.find_batch is not None:
+        if job.predict is not None or job.find_batch is not None or job.lr_find is not None:
             trainer._notes = []
             if job.predict is not None:
                 return trainer._predict(*job.predict)
+            if job.lr_find is not None:
+                return trainer.lr_find(job.lr_find[0], **job.lr_find[1])
             dataset, kwargs = job.find_batch
             found = trainer.find_batch_size(dataset, **kwargs)
             return {"found": found, "batch_size": trainer.batch_size,
@@ -811,7 +813,7 @@ class Trainer:
         """Where fit ran: in a worker after an isolated fit (if it dies, here on the CPU, said
         once), else in this process."""
         if self._in_worker():
-            out = self._run_job(FitJob(self.settings.replace(isolate=False), self.model,
+            out = self._run_job(FitJob(self.settings.for_worker(), self.model,
                                        predict=(data, with_targets)))
             if out.status == "done":
                 return out.result
@@ -852,7 +854,7 @@ class Trainer:
         The model and optimizer are restored afterwards. See hybridnb.train.batch_size."""
         kwargs = {"headroom": headroom, "max_batch": max_batch, "start": start}
         if self._in_worker():  # the device is the worker's: measured there
-            out = self._run_job(FitJob(self.settings.replace(isolate=False), self.model,
+            out = self._run_job(FitJob(self.settings.for_worker(), self.model,
                                        find_batch=(dataset, kwargs)))
             if out.status == "done":
                 self.batch_size, self.grad_accum = out.result["batch_size"], \
@@ -885,3 +887,28 @@ class Trainer:
         text summary into ``folder``."""
         from hybridnb.train.report import write_report
         return write_report(self, folder)
+
+    def lr_find(self, data, *, apply: bool = False, **kwargs):
+        """The learning-rate range test: an exponential sweep of real steps on ``data`` (1e-7 to
+        1 over at most 100 steps; stops when the loss diverges). Returns ``.lrs``, ``.losses``,
+        ``.suggestion`` and ``.plot()``; the model, optimizer, schedule and RNG are restored.
+        ``apply=True`` sets ``lr`` to the suggestion. See hybridnb.train.lr_find."""
+        from hybridnb.train import lr_find as finder
+        result = None
+        if self._in_worker():  # the device is the worker's: swept there
+            out = self._run_job(FitJob(self.settings.for_worker(), self.model,
+                                       lr_find=(data, kwargs)))
+            if out.status == "done":
+                result = out.result
+            else:
+                self._note("worker_lost", f"{out.reason}; running lr_find on the CPU here")
+                self._continue_on_cpu()
+        if result is None:
+            result = finder.lr_find(self, data, **kwargs)
+        if apply and result.suggestion is not None:
+            old = self.lr
+            finder.apply_lr(self, result.suggestion)
+            result.applied = True
+            self._note("lr_find", f"lr set to {result.suggestion:.3g} (was {old:.3g}), the "
+                       f"{result.method} suggestion of lr_find")
+        return result

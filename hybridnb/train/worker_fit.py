@@ -44,6 +44,7 @@ class FitJob:
     find_batch: tuple | None = None  # (dataset, kwargs): find_batch_size instead of fit
     sent_at: float | None = None   # time.monotonic() when the kernel handed it to a prestarted
     #                                worker (its start-up note compares it with its own times)
+    lr_find: tuple | None = None  # (data, kwargs): lr_find instead of fit
 
 
 class Faults:

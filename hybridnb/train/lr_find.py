@@ -1,0 +1,196 @@
+"""The learning-rate range test (Smith 2015; fastai's ``lr_find``, Lightning's ``Tuner.lr_find``).
+
+An exponential sweep of the learning rate, one real optimizer step per value, from ``start_lr`` to
+``end_lr`` over at most ``num_steps`` steps. The loss is smoothed (an exponential moving average
+with bias correction, ``beta=0.98`` as both libraries do) and the sweep stops early once the
+smoothed loss passes ``diverge`` times its best. The suggestion is read off the smoothed curve:
+
+* ``"valley"`` (fastai's default): the longest stretch over which the loss keeps falling, and a
+  point a little past its first third, where the loss falls fast and is still far from blowing up;
+* ``"steepest"`` (Lightning's): the learning rate of the steepest descent of the smoothed loss
+  (its slope measured over a tenth of the sweep: step to step it is mostly batch noise).
+
+The sweep trains on a copy of nothing: it steps the Trainer's own model and optimizer, then puts
+the weights, optimizer and schedule state, EMA, loss guard, run state and every RNG back, so a fit
+afterwards starts exactly where it would have without the sweep.
+
+>>> result = trainer.lr_find(train)        # result.lrs, result.losses, result.suggestion
+>>> result.plot()                          # plotly figure, the suggestion marked
+>>> trainer.lr_find(train, apply=True)     # ... and the trainer's lr set to the suggestion
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from hybridnb.env import smoke
+
+SUGGESTIONS = ("valley", "steepest")
+SMOKE_STEPS = 20  # small mode (HYBRIDNB_SMOKE=1): a short sweep, as the Trainer caps fits
+
+
+@dataclass
+class LRFindResult:
+    """One sweep: the learning rates tried, the smoothed (``losses``) and raw losses, the
+    suggested learning rate (None when the curve has no falling stretch to read it from)."""
+
+    lrs: np.ndarray
+    losses: np.ndarray
+    raw_losses: np.ndarray
+    suggestion: float | None
+    method: str = "valley"
+    stopped_early: bool = False
+    note: str = ""
+    applied: bool = field(default=False)
+
+    def __repr__(self) -> str:
+        lr = "none" if self.suggestion is None else f"{self.suggestion:.3g}"
+        return (f"LRFindResult({len(self.lrs)} steps, {self.lrs[0]:.1e}..{self.lrs[-1]:.1e}, "
+                f"suggestion {lr} ({self.method}){', stopped early' if self.stopped_early else ''})")
+
+    def plot(self, title: str = "Learning-rate range test"):
+        """The smoothed loss against the learning rate (log axis), the suggestion marked."""
+        import plotly.graph_objects as go
+
+        fig = go.Figure()
+        fig.add_scatter(x=self.lrs, y=self.raw_losses, mode="lines", name="loss per step",
+                        line=dict(color="lightgrey"))
+        fig.add_scatter(x=self.lrs, y=self.losses, mode="lines", name="smoothed loss",
+                        line=dict(color="royalblue"))
+        if self.suggestion is not None:
+            k = int(np.argmin(np.abs(np.log(self.lrs) - math.log(self.suggestion))))
+            fig.add_scatter(x=[self.suggestion], y=[self.losses[k]], mode="markers",
+                            marker=dict(size=12, color="crimson", symbol="circle"),
+                            name=f"suggestion ({self.method}): {self.suggestion:.2g}")
+            fig.add_vline(x=self.suggestion, line_dash="dot", line_color="crimson")
+        finite = self.losses[np.isfinite(self.losses)]
+        top = float(min(finite.max(), 4 * finite.min())) if finite.size and finite.min() > 0 \
+            else None
+        fig.update_layout(template="plotly_white", height=360, title=title,
+                          xaxis=dict(type="log", title="learning rate"),
+                          yaxis=dict(title="training loss",
+                                     range=None if top is None else [0, top * 1.05]))
+        return fig
+
+
+def lr_find(trainer, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_steps: int = 100,
+            beta: float = 0.98, diverge: float = 4.0, suggest: str = "valley") -> LRFindResult:
+    """Sweep the learning rate over ``num_steps`` real steps on ``data`` (a Dataset, a
+    DataLoader or ``(X, y)``) and restore the trainer's state afterwards; see the module."""
+    if not 0 < start_lr < end_lr:
+        raise ValueError(f"lr_find: need 0 < start_lr < end_lr, got start_lr={start_lr!r}, "
+                         f"end_lr={end_lr!r}")
+    if num_steps < 5:
+        raise ValueError(f"lr_find: num_steps={num_steps!r} is too few to read a curve (use >= 5)")
+    if not 0 <= beta < 1 or diverge <= 1:
+        raise ValueError(f"lr_find: beta={beta!r} must be in [0, 1) and diverge={diverge!r} > 1")
+    if suggest not in SUGGESTIONS:
+        raise ValueError(f"lr_find: suggest={suggest!r}; use one of {SUGGESTIONS}")
+    capped = ""
+    if smoke() and num_steps > SMOKE_STEPS:
+        num_steps, capped = SMOKE_STEPS, f"small mode: the sweep capped at {SMOKE_STEPS} steps"
+    loader = trainer._loader(data, shuffle=True, what="lr_find data")
+    trainer.placement.place([loader], trainer._note, trainer._notes)
+    lrs = start_lr * (end_lr / start_lr) ** (np.arange(num_steps) / (num_steps - 1))
+    saved = trainer.state_dict()
+    step, guard = trainer.step, trainer.step.guard
+    step.guard = None  # the sweep wants every step applied, the bad ones too
+    tried, raw, smooth = [], [], []
+    avg, best, stopped = 0.0, math.inf, False
+    try:
+        trainer.learner.start_epoch(0)
+        for lr, batch in zip(lrs, _cycle(loader), strict=False):
+            x, y = trainer.batch_check(batch)
+            _set_lr(trainer.optimizer, float(lr), trainer.lr)
+            loss = float(step(x, y))
+            tried.append(float(lr))
+            raw.append(loss)
+            if not math.isfinite(loss):
+                smooth.append(math.inf)
+                stopped = True
+                break
+            avg = beta * avg + (1 - beta) * loss
+            smoothed = avg / (1 - beta ** len(raw))
+            smooth.append(smoothed)
+            best = min(best, smoothed)
+            if len(raw) > 1 and smoothed > diverge * best:
+                stopped = True
+                break
+    finally:
+        step.guard = guard
+        trainer.optimizer.zero_grad(set_to_none=True)
+        trainer.restore(saved)
+    result = LRFindResult(np.array(tried), np.array(smooth), np.array(raw), None, suggest,
+                          stopped)
+    result.suggestion, why = suggestion(result.lrs, result.losses, suggest)
+    result.note = "; ".join(n for n in (capped, why) if n)
+    return result
+
+
+def suggestion(lrs: np.ndarray, losses: np.ndarray, method: str = "valley"
+               ) -> tuple[float | None, str]:
+    """The suggested LR on a smoothed curve, and a note when there is none."""
+    keep = np.isfinite(losses)
+    lrs, losses = np.asarray(lrs)[keep], np.asarray(losses)[keep]
+    if len(losses) < 5:
+        return None, f"only {len(losses)} finite losses: too few to suggest a learning rate"
+    if method == "steepest":
+        # Lightning's rule (skip the first 10 steps, whose average holds few losses), with the
+        # slope measured over a tenth of the sweep: step-to-step slopes are mostly batch noise
+        lo, w = min(10, len(losses) // 5), max(2, len(losses) // 10)
+        log_lr = np.log(lrs)
+        slope = (losses[lo + w:] - losses[lo:-w]) / (log_lr[lo + w:] - log_lr[lo:-w])
+        if not len(slope) or slope.min() >= 0:
+            return None, "the loss never falls: no steepest descent to suggest"
+        k = lo + int(np.argmin(slope))
+        return float(np.exp((log_lr[k] + log_lr[k + w]) / 2)), ""
+    start, end = _longest_valley(losses)
+    if end - start < 2:
+        return None, "the loss never falls for long: no valley to suggest"
+    third = (end - start) / 3
+    return float(lrs[start + int(third) + int(third / 2)]), ""
+
+
+def _longest_valley(losses: np.ndarray) -> tuple[int, int]:
+    """fastai's valley: the longest decreasing subsequence of the losses, as (start, end)."""
+    n = len(losses)
+    lds = [1] * n
+    best_end = 0
+    for i in range(1, n):
+        for j in range(i):
+            if losses[i] < losses[j] and lds[i] < lds[j] + 1:
+                lds[i] = lds[j] + 1
+        if lds[i] > lds[best_end]:
+            best_end = i
+    return best_end - lds[best_end] + 1, best_end
+
+
+def _set_lr(optimizer: torch.optim.Optimizer, lr: float, base_lr: float) -> None:
+    """Every group at ``lr``, groups with their own initial LR kept in proportion."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group.get("initial_lr", base_lr) / base_lr
+
+
+def _cycle(loader):
+    """The loader's batches, over and over (a small dataset may have fewer than num_steps)."""
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError("lr_find: the data yielded no batch")
+
+
+def apply_lr(trainer, lr: float) -> None:
+    """Set the trainer's learning rate to ``lr`` (settings and every optimizer group, groups with
+    their own initial LR kept in proportion)."""
+    base = trainer.lr
+    for group in trainer.optimizer.param_groups:
+        ratio = group.get("initial_lr", base) / base
+        group["initial_lr"] = group["lr"] = lr * ratio
+    trainer.settings = trainer.settings.replace(lr=float(lr))
