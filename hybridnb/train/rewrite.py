@@ -5,10 +5,10 @@ Two forms, each a rule about a layer's shape (never a model's name), each checke
 - ``rewrite_depthwise``: height-spanning depthwise convolutions as a batched matmul (below).
 - ``rewrite_rows``: a temporal ``Conv2d`` with a ``(1, K)`` kernel over several rows (EEG
   channels) as a 1-D convolution with the rows folded into the batch: ``(B, C, H, T)`` ->
-  ``(B*H, C, T)``. Same sums, same padding. Why: oneDNN runs the folded 1-D form much faster on
-  the CPU; on this project's shared 2-core AMD EPYC, EEGNeX's two ``(1, 64)`` convolutions over
-  129 rows took it from 1.51x (channels_last alone) to 2.02x the stock step (fp32, batch 32,
-  forward + backward + AdamW, 5 interleaved rounds in one run, load average 5-7).
+  ``(B*H, C, T)``. Same sums, same padding. Why: with the rest in channels_last, oneDNN runs the
+  folded 1-D form faster on the CPU; on this project's 2-core AMD EPYC, EEGNeX's two ``(1, 64)``
+  convolutions over 129 rows took it from 1.65x (channels_last alone) to 1.86x the stock step
+  (fp32, batch 32, forward + backward + AdamW, 4 interleaved rounds in one run, load ~1.5).
 
 The depthwise form:
 
