@@ -304,7 +304,7 @@ def main() -> None:
         f"step {1e3 * shallow_step:.0f} ms + extra) / loop step.\n\n"
         + markdown_table(proj_rows)
         + "\n## Isolation: the same Trainer with its steps in a supervised worker process\n\n"
-        "isolate=True forks a worker that trains and sends its view updates, states and step "
+        "isolate=True starts a worker process (spawned) that trains and sends its view updates, states and step "
         "completions to this process, which draws them. Updates arrive in batches, so steps are "
         "compared by their mean (span of steps 2..N / steps) for both variants, paired per "
         "round; the run's fork and hand-over are in 'run wall' above.\n\n"
