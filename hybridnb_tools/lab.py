@@ -165,6 +165,20 @@ def wait_until_run(page, url: str, name: str, timeout_s: float,
             return state
 
 
+def cell_screenshots(page, out: Path) -> list[str]:
+    """One picture per code cell that shows a plot, a table or the Trainer's summary (the
+    notebook scrolls inside its panel, so a page screenshot shows only what is in view)."""
+    shots = []
+    cells = page.locator(".jp-Notebook .jp-CodeCell")
+    for i in range(cells.count()):
+        cell = cells.nth(i)
+        if cell.locator(".js-plotly-plot, .hybridnb-summary, table").count():
+            path = out / f"cell-{i + 1:02d}.png"
+            cell.screenshot(path=str(path))
+            shots.append(str(path))
+    return shots
+
+
 def run_notebook(notebook: Path, out: Path, *, small: bool = False, timeout_s: float = 1800,
                  env: dict[str, str] | None = None, progress=print) -> dict:
     """Run ``notebook`` top to bottom in JupyterLab; screenshots and ``lab-run.json`` in ``out``."""
@@ -192,12 +206,12 @@ def run_notebook(notebook: Path, out: Path, *, small: bool = False, timeout_s: f
             page = open_and_run_all(browser, url, notebook.name)
             progress(f"JupyterLab at {url}: running {notebook.name}")
             state = wait_until_run(page, url, notebook.name, timeout_s, progress)
-            page.screenshot(path=str(out / "lab-full.png"), full_page=True)
             page.screenshot(path=str(out / "lab-view.png"))
+            shots = cell_screenshots(page, out)
         finally:
             browser.close()
     state.update(notebook=notebook.name, small=small,
-                 screenshots=[str(out / "lab-full.png"), str(out / "lab-view.png")])
+                 screenshots=[str(out / "lab-view.png"), *shots])
     (out / "lab-run.json").write_text(json.dumps(state, indent=1))
     return state
 
