@@ -79,13 +79,9 @@ def _plain(value, where: str):
 def _read(path: str | os.PathLike) -> dict:
     """The file's content, as a model record (a checkpoint's weights are converted)."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"model file {path} does not exist")
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise ModelFileError(f"{path} is not a readable model file (truncated, corrupt, or not "
-                             f"written by torch.save; {type(exc).__name__})") from None
+    data = checkpoint.read_safely(path, "model file", "is not a readable model file (truncated, "
+                                  "corrupt, or not written by torch.save)", FileNotFoundError,
+                                  ModelFileError)
     fmt = data.get("format") if isinstance(data, dict) else None
     if fmt == FORMAT:
         return data

@@ -59,18 +59,26 @@ def atomic_save(obj: dict, path: str | os.PathLike, keep_previous: bool = False)
     return path
 
 
+def read_safely(path: str | os.PathLike, what: str, unreadable: str,
+                missing: type[Exception], bad: type[Exception]) -> object:
+    """``torch.load(path, weights_only=True)`` on the CPU; a missing file raises ``missing`` and
+    an unreadable one ``bad``, naming ``what`` and the file (``unreadable``: what to say)."""
+    path = Path(path)
+    if not path.is_file():
+        raise missing(f"{what} {path} does not exist")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # zip reader, unpickler and EOF errors all mean the same here
+        # torch's own text may advise weights_only=False (running pickled code): never repeat it
+        raise bad(f"{path} {unreadable} ({path.stat().st_size} bytes; "
+                  f"{type(exc).__name__})") from None
+
+
 def load(path: str | os.PathLike) -> dict:
     """Read a checkpoint with ``weights_only=True``; a bad file raises ``CheckpointError`` naming it."""
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # zip reader, unpickler and EOF errors all mean the same here
-        # torch's own text may advise weights_only=False (running pickled code): never repeat it
-        raise CheckpointError(
-            f"checkpoint {path} is unreadable (truncated or corrupt, "
-            f"{path.stat().st_size} bytes; {type(exc).__name__})") from None
+    state = read_safely(path, "checkpoint", "is unreadable (truncated or corrupt)",
+                        CheckpointError, CheckpointError)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path} is not a hybridnb checkpoint "
                               f"(format {state.get('format') if isinstance(state, dict) else '?'})")
