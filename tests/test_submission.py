@@ -232,3 +232,35 @@ def test_non_finite_predictions_are_refused(tmp_path):
     X, y = _data(6)
     with pytest.raises(S.SubmissionError, match="returned 6 non-finite predictions"):
         S.check_submission(path, X, y)
+
+
+@pytest.mark.slow
+def test_an_ensemble_predicts_the_mean_of_its_members_in_the_fresh_process(tmp_path):
+    """Challenge 2 as the mean of 3 independently trained models: the zip carries each
+    member's weights and rebuilds the averaging module with torch + braindecode only."""
+    spec = _spec()
+    members = [_model(spec, seed) for seed in (3, 4, 5)]
+    spec_k, ens = S.average(spec, members)
+    assert spec_k.members == 3 and S.ModelSpec.from_dict(spec_k.to_dict()) == spec_k
+    X, y = _data(40, seed=1)
+    with torch.inference_mode():
+        mean = torch.stack([m(torch.from_numpy(X)) for m in members]).mean(0).numpy()[:, 0]
+    path = S.build_submission(tmp_path / "submission.zip", (spec, _model(spec, 1)),
+                              (spec_k, ens))
+    r = S.check_submission(path, X, y, challenge=2, batch_size=16)
+    assert r["output_shape"] == (40, 1) and r["leaked"] == []
+    assert r["rmse"] == pytest.approx(float(np.sqrt(np.mean((mean - y) ** 2))), rel=1e-4)
+    # 3 members' weights under a spec of 2: named here, not on the organisers' machine
+    with pytest.raises(ValueError, match=r"(?s)members=2.*members\.2\."):
+        S.build_submission(tmp_path / "bad.zip", (spec, members[0]),
+                           (spec_k.ensemble(2), ens))
+
+
+def test_average_refuses_models_of_another_architecture_and_an_empty_list():
+    spec = _spec()
+    with pytest.raises(ValueError, match="not a ShallowFBCSPNet"):
+        S.average(spec, [_model(spec, 0), torch.nn.Linear(2, 1)])
+    with pytest.raises(ValueError, match="at least one"):
+        S.average(spec, [])
+    with pytest.raises(ValueError, match="whole number"):
+        S.ModelSpec("ShallowFBCSPNet", members=0)
