@@ -180,7 +180,7 @@ def test_the_template_module_is_the_harness_api(tmp_path, monkeypatch):
     torch.save(model.state_dict(), tmp_path / "weights_challenge_1.pt")
     monkeypatch.chdir(tmp_path)  # the weights are found in the working folder too
     monkeypatch.setattr(T, "MODELS", {1: (spec.name, dict(spec.kwargs),
-                                          "weights_challenge_1.pt", 1000.0)})
+                                          "weights_challenge_1.pt", 1000.0, 1)})
     loaded = T.Submission(100, torch.device("cpu")).get_model_challenge_1()
     X, y = _data(5)
     assert not loaded.training
@@ -197,13 +197,13 @@ def test_submission_py_is_the_template_with_two_lines_filled_in():
     template = S.TEMPLATE.read_text().splitlines()
     changed = [ln for ln in source.splitlines() if ln not in template]
     assert changed == ["MODELS = {", "    1: ('ShallowFBCSPNet', " + repr(dict(spec1.kwargs))
-                       + ", 'weights_challenge_1.pt', 1.0),",
+                       + ", 'weights_challenge_1.pt', 1.0, 1),",
                        "    2: ('EEGNeX', " + repr(dict(spec2.kwargs))
-                       + ", 'weights_challenge_2.pt', 1000000.0),", "}"]
+                       + ", 'weights_challenge_2.pt', 1000000.0, 1),", "}"]
     namespace: dict = {"__file__": "submission.py"}
     exec(compile(source, "submission.py", "exec"), namespace)
     assert namespace["TRAINED_SFREQ"] == 100
-    assert namespace["MODELS"][2] == ("EEGNeX", dict(spec2.kwargs), "weights_challenge_2.pt", 1e6)
+    assert namespace["MODELS"][2] == ("EEGNeX", dict(spec2.kwargs), "weights_challenge_2.pt", 1e6, 1)
 
 
 def test_a_template_without_its_fill_in_line_is_named():
