@@ -25,11 +25,15 @@ import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import scoring
 from .submission_check import RESULT_PREFIX
+
+if TYPE_CHECKING:
+    import torch
 
 SFREQ = 100
 N_CHANS = 129
@@ -45,13 +49,21 @@ class ModelSpec:
     ``input_scale``: the factor the model's inputs were multiplied by in training (e.g. 1e6 when
     it learnt on microvolts, ``windows.dataset(scale=1e6)``). The harness feeds volts, so the
     generated ``submission.py`` multiplies by it before calling the model.
+
+    ``members``: more than 1 for an ensemble, the mean output of that many independently
+    trained models of this architecture (:func:`average`); the generated ``submission.py``
+    rebuilds it with the same averaging module, torch + braindecode only.
     """
 
     name: str
     kwargs: dict = field(default_factory=dict)
     input_scale: float = 1.0
+    members: int = 1
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.members, int) and self.members >= 1):
+            raise ValueError(f"ModelSpec({self.name!r}) members must be a whole number >= 1, "
+                             f"got {self.members!r}")
         try:
             json.dumps(self.kwargs)
         except TypeError as exc:
@@ -65,15 +77,43 @@ class ModelSpec:
         cls = getattr(models, self.name, None)
         if cls is None:
             raise ValueError(f"braindecode.models has no model named {self.name!r}")
-        return cls(**self.kwargs)
+        if self.members == 1:
+            return cls(**self.kwargs)
+        from .submission_template import Average
+
+        return Average([cls(**self.kwargs) for _ in range(self.members)])
+
+    def ensemble(self, members: int) -> ModelSpec:
+        """This spec as an ensemble of ``members`` models (see :func:`average`)."""
+        return ModelSpec(self.name, dict(self.kwargs), self.input_scale, int(members))
 
     def to_dict(self) -> dict:
         return {"name": self.name, "kwargs": dict(self.kwargs),
-                "input_scale": float(self.input_scale)}
+                "input_scale": float(self.input_scale), "members": self.members}
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelSpec:
-        return cls(d["name"], dict(d.get("kwargs", {})), float(d.get("input_scale", 1.0)))
+        return cls(d["name"], dict(d.get("kwargs", {})), float(d.get("input_scale", 1.0)),
+                   int(d.get("members", 1)))
+
+
+def average(spec: ModelSpec, models) -> tuple[ModelSpec, torch.nn.Module]:
+    """``(spec.ensemble(k), ensemble)`` for ``k`` trained models of ``spec``: one module whose
+    output is the mean of theirs (the submission template's :class:`Average`, so the zip
+    rebuilds the same thing). Averaging independently trained models steadies a noisy target:
+    each member's seed-to-seed wobble partly cancels."""
+    models = list(models)
+    if not models:
+        raise ValueError("average needs at least one trained model")
+    if spec.members != 1:
+        raise ValueError(f"average takes the spec of one member, got members={spec.members}")
+    for i, m in enumerate(models):
+        if type(m).__name__ != spec.name:
+            raise ValueError(f"average: model {i} is a {type(m).__name__}, not a {spec.name} "
+                             "(every member must be built from the spec)")
+    from .submission_template import Average
+
+    return spec.ensemble(len(models)), Average([m.eval() for m in models])
 
 
 def challenge_spec(name: str, input_scale: float = 1.0, **kwargs) -> ModelSpec:
@@ -126,8 +166,8 @@ CHECK_SCRIPT = Path(__file__).with_name("submission_check.py")
 def submission_source(spec1: ModelSpec, spec2: ModelSpec, sfreq: int = SFREQ) -> str:
     """The text of ``submission.py`` for these two models: :data:`TEMPLATE` (a real module,
     linted and tested) with its ``TRAINED_SFREQ`` and ``MODELS`` lines filled in."""
-    models = {c: (s.name, dict(s.kwargs), f"weights_challenge_{c}.pt", float(s.input_scale))
-              for c, s in ((1, spec1), (2, spec2))}
+    models = {c: (s.name, dict(s.kwargs), f"weights_challenge_{c}.pt", float(s.input_scale),
+                  s.members) for c, s in ((1, spec1), (2, spec2))}
     lines = [f"    {c}: {v!r}," for c, v in models.items()]
     return _fill(TEMPLATE.read_text(encoding="utf-8"), {
         "TRAINED_SFREQ = 100": f"TRAINED_SFREQ = {int(sfreq)}",
@@ -167,8 +207,10 @@ def build_submission(path: str | os.PathLike, challenge1: tuple, challenge2: tup
         try:
             spec.build().load_state_dict(state)
         except RuntimeError as exc:
+            what = f"{spec.name}(**{spec.kwargs})" + (
+                f" x members={spec.members}" if spec.members > 1 else "")
             raise ValueError(f"challenge {challenge}: the weights of {type(model).__name__} do "
-                             f"not fit {spec.name}(**{spec.kwargs}): {exc}") from exc
+                             f"not fit {what}: {exc}") from exc
         buf = io.BytesIO()
         torch.save(state, buf)
         blobs[f"weights_challenge_{challenge}.pt"] = buf.getvalue()

@@ -13,8 +13,20 @@ from braindecode import models as _models
 _HERE = Path(__file__).resolve().parent
 # Replaced line by line when the zip is written (the lines must stay exactly as they are here).
 TRAINED_SFREQ = 100
-# challenge -> (braindecode model, constructor arguments, weight file, input scale)
+# challenge -> (braindecode model, constructor arguments, weight file, input scale, members)
 MODELS = {}
+
+
+class Average(torch.nn.Module):
+    """The mean output of several models of one architecture (an ensemble of independently
+    trained members); its weights are the members' weights under ``members.<i>.``."""
+
+    def __init__(self, members):
+        super().__init__()
+        self.members = torch.nn.ModuleList(members)
+
+    def forward(self, x):
+        return torch.stack([m(x) for m in self.members]).mean(dim=0)
 
 
 class _InputScale(torch.nn.Module):
@@ -51,8 +63,9 @@ class Submission:
     def _load(self, challenge):
         if challenge not in MODELS:
             raise KeyError(f"this submission holds no model for challenge {challenge}")
-        name, kwargs, weights, factor = MODELS[challenge]
-        model = getattr(_models, name)(**kwargs)
+        name, kwargs, weights, factor, members = MODELS[challenge]
+        cls = getattr(_models, name)
+        model = cls(**kwargs) if members == 1 else Average([cls(**kwargs) for _ in range(members)])
         state = torch.load(_resolve_path(weights), map_location=self.device, weights_only=True)
         model.load_state_dict(state)
         if factor != 1.0:

@@ -10,11 +10,13 @@ fails the run; the one cell tagged ``raises-exception`` may raise.
 from __future__ import annotations
 
 import os
+import zipfile
 from pathlib import Path
 from unittest import mock
 
 import nbformat
 import pytest
+import torch
 from nbformat.v4 import new_code_cell, new_notebook
 
 from hybridnb_tools.demo import run_demo
@@ -289,6 +291,14 @@ def test_05_windows_scores_and_the_submission_checked_in_a_fresh_process(execute
     assert r["submission_c1_diff"] < 1e-3 and r["submission_c2_diff"] < 1e-3
     assert r["submission_output_shape"][1] == 1
     assert abs(r["overall"] - (0.3 * r["c1_nrmse"] + 0.7 * r["c2_nrmse"])) < 1e-4
+    # Challenge 2's submission is the model chosen beforehand (not on 3 validation subjects);
+    # on the CPU its alpha-power front end was frozen: the zip holds it as it was set
+    assert r["c2_nrmse"] == r["c2_scratch_test_nrmse"]
+    if not _results(executed, "04_challenge1_training")["device"].startswith("cuda"):
+        assert r["c2_frozen"] == ["conv_time_spat.*"]
+        with zipfile.ZipFile(r["submission"]) as zf, zf.open("weights_challenge_2.pt") as f:
+            spat = torch.load(f, weights_only=True)["conv_time_spat.conv_spat.weight"]
+        assert spat.nonzero().tolist() == [[j, j, 0, 74] for j in range(spat.shape[0])]
     # notebook 04 trained on standardised targets and folded the scaling into the model: the
     # saved model, and the submission built from it, predict seconds (the same score as 04's)
     c1 = _results(executed, "04_challenge1_training")["c1_nrmse"]

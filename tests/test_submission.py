@@ -180,7 +180,7 @@ def test_the_template_module_is_the_harness_api(tmp_path, monkeypatch):
     torch.save(model.state_dict(), tmp_path / "weights_challenge_1.pt")
     monkeypatch.chdir(tmp_path)  # the weights are found in the working folder too
     monkeypatch.setattr(T, "MODELS", {1: (spec.name, dict(spec.kwargs),
-                                          "weights_challenge_1.pt", 1000.0)})
+                                          "weights_challenge_1.pt", 1000.0, 1)})
     loaded = T.Submission(100, torch.device("cpu")).get_model_challenge_1()
     X, y = _data(5)
     assert not loaded.training
@@ -197,13 +197,13 @@ def test_submission_py_is_the_template_with_two_lines_filled_in():
     template = S.TEMPLATE.read_text().splitlines()
     changed = [ln for ln in source.splitlines() if ln not in template]
     assert changed == ["MODELS = {", "    1: ('ShallowFBCSPNet', " + repr(dict(spec1.kwargs))
-                       + ", 'weights_challenge_1.pt', 1.0),",
+                       + ", 'weights_challenge_1.pt', 1.0, 1),",
                        "    2: ('EEGNeX', " + repr(dict(spec2.kwargs))
-                       + ", 'weights_challenge_2.pt', 1000000.0),", "}"]
+                       + ", 'weights_challenge_2.pt', 1000000.0, 1),", "}"]
     namespace: dict = {"__file__": "submission.py"}
     exec(compile(source, "submission.py", "exec"), namespace)
     assert namespace["TRAINED_SFREQ"] == 100
-    assert namespace["MODELS"][2] == ("EEGNeX", dict(spec2.kwargs), "weights_challenge_2.pt", 1e6)
+    assert namespace["MODELS"][2] == ("EEGNeX", dict(spec2.kwargs), "weights_challenge_2.pt", 1e6, 1)
 
 
 def test_a_template_without_its_fill_in_line_is_named():
@@ -232,3 +232,35 @@ def test_non_finite_predictions_are_refused(tmp_path):
     X, y = _data(6)
     with pytest.raises(S.SubmissionError, match="returned 6 non-finite predictions"):
         S.check_submission(path, X, y)
+
+
+@pytest.mark.slow
+def test_an_ensemble_predicts_the_mean_of_its_members_in_the_fresh_process(tmp_path):
+    """Challenge 2 as the mean of 3 independently trained models: the zip carries each
+    member's weights and rebuilds the averaging module with torch + braindecode only."""
+    spec = _spec()
+    members = [_model(spec, seed) for seed in (3, 4, 5)]
+    spec_k, ens = S.average(spec, members)
+    assert spec_k.members == 3 and S.ModelSpec.from_dict(spec_k.to_dict()) == spec_k
+    X, y = _data(40, seed=1)
+    with torch.inference_mode():
+        mean = torch.stack([m(torch.from_numpy(X)) for m in members]).mean(0).numpy()[:, 0]
+    path = S.build_submission(tmp_path / "submission.zip", (spec, _model(spec, 1)),
+                              (spec_k, ens))
+    r = S.check_submission(path, X, y, challenge=2, batch_size=16)
+    assert r["output_shape"] == (40, 1) and r["leaked"] == []
+    assert r["rmse"] == pytest.approx(float(np.sqrt(np.mean((mean - y) ** 2))), rel=1e-4)
+    # 3 members' weights under a spec of 2: named here, not on the organisers' machine
+    with pytest.raises(ValueError, match=r"(?s)members=2.*members\.2\."):
+        S.build_submission(tmp_path / "bad.zip", (spec, members[0]),
+                           (spec_k.ensemble(2), ens))
+
+
+def test_average_refuses_models_of_another_architecture_and_an_empty_list():
+    spec = _spec()
+    with pytest.raises(ValueError, match="not a ShallowFBCSPNet"):
+        S.average(spec, [_model(spec, 0), torch.nn.Linear(2, 1)])
+    with pytest.raises(ValueError, match="at least one"):
+        S.average(spec, [])
+    with pytest.raises(ValueError, match="whole number"):
+        S.ModelSpec("ShallowFBCSPNet", members=0)
