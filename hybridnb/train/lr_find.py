@@ -25,7 +25,6 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from hybridnb.env import smoke
 
@@ -105,7 +104,7 @@ def lr_find(trainer, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_s
         trainer.learner.start_epoch(0)
         for lr, batch in zip(lrs, _cycle(loader), strict=False):
             x, y = trainer.batch_check(batch)
-            _set_lr(trainer.optimizer, float(lr), trainer.lr)
+            trainer.learner.set_lr(float(lr) / trainer.lr)  # groups kept in proportion
             loss = float(step(x, y))
             tried.append(float(lr))
             raw.append(loss)
@@ -167,12 +166,6 @@ def _longest_valley(losses: np.ndarray) -> tuple[int, int]:
         if lds[i] > lds[best_end]:
             best_end = i
     return best_end - lds[best_end] + 1, best_end
-
-
-def _set_lr(optimizer: torch.optim.Optimizer, lr: float, base_lr: float) -> None:
-    """Every group at ``lr``, groups with their own initial LR kept in proportion."""
-    for group in optimizer.param_groups:
-        group["lr"] = lr * group.get("initial_lr", base_lr) / base_lr
 
 
 def _cycle(loader):

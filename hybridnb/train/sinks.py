@@ -95,19 +95,10 @@ class SinkView:
     def __init__(self, view, sinks: Sinks | None = None, trainer=None, channel=None) -> None:
         self.view, self.sinks, self.trainer, self.channel = view, sinks, trainer, channel
 
-    def start(self, run: dict) -> None:
-        self.view.start(run)
-
     def update(self, row: dict) -> None:
         self.view.update(row)
         if self.sinks is not None and self.sinks.wants_steps and is_step_row(row):
             self.sinks.step(row)
-
-    def event(self, ev) -> None:
-        self.view.event(ev)
-
-    def end(self, summary: dict) -> None:
-        self.view.end(summary)
 
     def epoch_rows(self, rows: list[dict]) -> None:
         """The epoch rows so far (the Trainer's ``state.history``; from a worker, its last)."""
@@ -116,11 +107,7 @@ class SinkView:
         elif self.sinks is not None:
             self.sinks.epoch_rows(rows, self.trainer)
 
-    @property
-    def stop_requested(self) -> bool:
-        return bool(self.view.stop_requested)
-
     def __getattr__(self, name: str):
         if name == "view":
             raise AttributeError(name)
-        return getattr(self.view, name)  # anything else the renderer offers
+        return getattr(self.view, name)  # start, event, end, stop_requested, ...: the renderer's

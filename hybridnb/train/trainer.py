@@ -74,8 +74,13 @@ class Plan(NamedTuple):
     total_steps: int
 
 
-def _setting(name: str) -> property:
-    return property(lambda self: getattr(self.settings, name), doc=f"``{name}=`` as given")
+def _setting(name: str, writable: bool = False) -> property:
+    """A read-only view of a setting; ``writable``: an int setting the Trainer may change."""
+    def set_int(self, value: int) -> None:
+        self.settings = self.settings.replace(**{name: int(value)})
+
+    return property(lambda self: getattr(self.settings, name), set_int if writable else None,
+                    doc=f"``{name}=`` as given" + (" (settable)" if writable else ""))
 
 
 class Trainer:
@@ -232,21 +237,7 @@ class Trainer:
     stopped = property(lambda self: self.state.stopped, doc="Why the last fit stopped early.")
     ema_model = property(lambda self: None if self.ema is None else self.ema.module)
 
-    @property
-    def batch_size(self) -> int:
-        return self.settings.batch_size
-
-    @batch_size.setter
-    def batch_size(self, value: int) -> None:
-        self.settings = self.settings.replace(batch_size=int(value))
-
-    @property
-    def grad_accum(self) -> int:
-        return self.settings.grad_accum
-
-    @grad_accum.setter
-    def grad_accum(self, value: int) -> None:
-        self.settings = self.settings.replace(grad_accum=int(value))
+    batch_size, grad_accum = (_setting(n, writable=True) for n in ("batch_size", "grad_accum"))
 
     @property
     def history(self) -> pd.DataFrame:
@@ -736,6 +727,19 @@ class Trainer:
         """Whether evaluate/predict/find_batch_size run in a worker: where fit ran (or would)."""
         return self._fit_where == "worker" and self.isolated and self._interrupt is None
 
+    def _job_in_worker(self, what: str, **job) -> tuple[bool, object]:
+        """Where fit ran: ``job`` (a FitJob field) in a worker after an isolated fit; (True,
+        its result). (False, None) when this process does it: no worker, or the worker was lost
+        (then said once, and the rest runs on the CPU here)."""
+        if not self._in_worker():
+            return False, None
+        out = self._run_job(FitJob(self.settings.for_worker(), self.model, **job))
+        if out.status == "done":
+            return True, out.result
+        self._note("worker_lost", f"{out.reason}; {what} on the CPU in this process")
+        self._continue_on_cpu()
+        return False, None
+
     def _run_job(self, job: FitJob, **supervise):
         """``job`` in a fresh worker process (spawned: whatever this process did before, CUDA,
         threads, OpenMP, cannot break it); the worker's own error is re-raised here."""
@@ -812,13 +816,9 @@ class Trainer:
     def _predict(self, data, with_targets: bool) -> tuple:
         """Where fit ran: in a worker after an isolated fit (if it dies, here on the CPU, said
         once), else in this process."""
-        if self._in_worker():
-            out = self._run_job(FitJob(self.settings.for_worker(), self.model,
-                                       predict=(data, with_targets)))
-            if out.status == "done":
-                return out.result
-            self._note("worker_lost", f"{out.reason}; predicting on the CPU in this process")
-            self._continue_on_cpu()
+        done, result = self._job_in_worker("predicting", predict=(data, with_targets))
+        if done:
+            return result
         return self._predict_here(self._loader(data, shuffle=False, what="data"), with_targets)
 
     def _predict_here(self, loader, with_targets: bool, phase: str = "evaluate") -> tuple:
@@ -853,17 +853,11 @@ class Trainer:
         real steps); sets ``batch_size`` and raises ``grad_accum`` to keep the effective batch.
         The model and optimizer are restored afterwards. See hybridnb.train.batch_size."""
         kwargs = {"headroom": headroom, "max_batch": max_batch, "start": start}
-        if self._in_worker():  # the device is the worker's: measured there
-            out = self._run_job(FitJob(self.settings.for_worker(), self.model,
-                                       find_batch=(dataset, kwargs)))
-            if out.status == "done":
-                self.batch_size, self.grad_accum = out.result["batch_size"], \
-                    out.result["grad_accum"]
-                for ev in out.result["events"]:
-                    self.state.events.append(ev)
-                return out.result["found"]
-            self._note("worker_lost", f"{out.reason}; finding the batch size on the CPU here")
-            self._continue_on_cpu()
+        done, result = self._job_in_worker("finding the batch size", find_batch=(dataset, kwargs))
+        if done:  # the device is the worker's: measured there
+            self.batch_size, self.grad_accum = result["batch_size"], result["grad_accum"]
+            self.state.events.extend(result["events"])
+            return result["found"]
         from hybridnb.train.batch_size import find_batch_size
         return find_batch_size(self, dataset, **kwargs)
 
@@ -894,16 +888,8 @@ class Trainer:
         ``.suggestion`` and ``.plot()``; the model, optimizer, schedule and RNG are restored.
         ``apply=True`` sets ``lr`` to the suggestion. See hybridnb.train.lr_find."""
         from hybridnb.train import lr_find as finder
-        result = None
-        if self._in_worker():  # the device is the worker's: swept there
-            out = self._run_job(FitJob(self.settings.for_worker(), self.model,
-                                       lr_find=(data, kwargs)))
-            if out.status == "done":
-                result = out.result
-            else:
-                self._note("worker_lost", f"{out.reason}; running lr_find on the CPU here")
-                self._continue_on_cpu()
-        if result is None:
+        done, result = self._job_in_worker("running lr_find", lr_find=(data, kwargs))
+        if not done:  # no worker, or it was lost: here
             result = finder.lr_find(self, data, **kwargs)
         if apply and result.suggestion is not None:
             old = self.lr
