@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from hybridnb.measure.throughput import ThroughputMonitor, peak_key, peak_tflops
+from hybridnb.train.step import _count_pass as _REAL_COUNT_PASS
 from hybridnb.train.step import count_flops
 
 
@@ -109,6 +110,49 @@ def test_count_flops_leaves_batchnorm_statistics_alone():
     model = nn.Sequential(nn.Linear(6, 4), nn.BatchNorm1d(4)).train()
     count_flops(model, torch.randn(5, 6))
     assert model.training and int(model[1].num_batches_tracked) == 0
+
+
+class _MadeOnTheCpu(nn.Module):
+    """A forward that makes a tensor on a real device: it cannot run on meta."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(3, 4, 5)
+
+    def forward(self, x):
+        return self.conv(x) + torch.ones(1)
+
+
+def test_count_flops_on_meta_equals_the_real_count(monkeypatch):
+    from braindecode.models import EEGNeX
+
+    from hybridnb.train import step
+
+    torch.manual_seed(0)
+    model = EEGNeX(n_chans=4, n_outputs=1, n_times=64, sfreq=32)  # parametrized constraints too
+    x = torch.randn(3, 4, 64)
+    weights = [p.detach().clone() for p in model.parameters()]
+    on_meta = count_flops(model, (x,))
+    real_passes = []
+    monkeypatch.setattr(step, "_count_on_meta", lambda *a: None)
+    monkeypatch.setattr(step, "_count_pass", lambda *a: real_passes.append(a[1]) or
+                        _REAL_COUNT_PASS(*a))
+    assert count_flops(model, (x,)) == on_meta > 0
+    assert real_passes and real_passes[0][0] is x  # the second count really ran on the tensors
+    assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters(), strict=True))
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_model_that_cannot_run_on_meta_is_counted_for_real():
+    from hybridnb.train import step
+
+    model = _MadeOnTheCpu()
+    x = torch.randn(2, 3, 20)
+    assert step._count_on_meta(model, (x,), True) is None
+    forward = 2 * 2 * 4 * 3 * 5 * 16  # batch, out, in, taps, output length
+    assert count_flops(model, (x,), backward=False) == forward
+    assert count_flops(model, (x,)) == 2 * forward
+    assert model.conv.weight.grad is None
 
 
 def test_mfu_uses_the_peak_for_the_precision():

@@ -129,12 +129,14 @@ def _read(total: torch.Tensor, norm: torch.Tensor | None) -> tuple[float, float 
     return loss, grad_norm
 
 
-def measure_pass(model: torch.nn.Module, inputs: tuple, precision: Precision) -> None:
+def measure_pass(model: torch.nn.Module, inputs: tuple, precision: Precision,
+                 call: Callable | None = None) -> None:
     """One forward and backward as the training step runs them (the precision's autocast, then
     backward of the mean of the first output), for timing and FLOP counting; the caller drops
-    the gradients. Every backward pass of hybridnb lives in this module."""
+    the gradients. ``call`` runs the forward instead of ``model`` (the FLOP count's meta-device
+    call). Every backward pass of hybridnb lives in this module."""
     with precision.autocast():
-        out = model(*inputs)
+        out = (call or model)(*inputs)
     loss = first_tensor(out).float().mean()
     if loss.requires_grad:
         loss.backward()
@@ -147,24 +149,63 @@ def count_flops(model: torch.nn.Module, inputs: tuple | torch.Tensor, backward: 
     convolutions, attention; cheap element-wise work is not counted, as is usual for MFU).
     Gradients, BatchNorm statistics and training flags are left as they were.
 
-    The count runs a whole fp32 batch, which may not fit where training fits (training may run
-    in bf16, after speedups): when it runs out of memory the count is skipped, the memory is
+    The count first runs on the meta device (the model's parameters, buffers and ``inputs`` as
+    meta tensors through ``torch.func.functional_call``): shapes only, no arithmetic and no
+    memory. Why: on the CPU the real pass was a full forward and backward before training, 0.47 s
+    for EEGNeX on 8 samples on this project's 2-core EPYC against 0.03 s on meta (the same
+    count). A model that cannot run on meta (an op without a meta kernel, a tensor made on a real
+    device inside ``forward``, data-dependent control flow) is counted on the real tensors.
+
+    The real pass runs a whole fp32 batch, which may not fit where training fits (training may
+    run in bf16, after speedups): when it runs out of memory the count is skipped, the memory is
     freed, ``on_skip`` gets one sentence for the run's log ("FLOP count skipped: ...") and the
     result is None (MFU is then not shown). Any other error propagates.
     """
+    inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    counted = _count_on_meta(model, inputs, backward)
+    if counted is not None:
+        return counted
+    return _count_for_real(model, inputs, backward, on_skip)
+
+
+def _count_pass(model: torch.nn.Module, inputs: tuple, backward: bool, call) -> int:
+    """FLOPs of ``call(*inputs)`` (+ its backward) with ``model`` in eval mode (no BatchNorm
+    statistics update; the FLOPs of the layers are the same)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
-    grads = [(p, p.grad) for p in model.parameters()]
-    skipped = None
-    # eval mode: no BatchNorm statistics update; the FLOPs of the layers are the same
+    with evaluating(model), FlopCounterMode(display=False) as counter:
+        if backward:
+            measure_pass(model, inputs, Precision.choose("fp32", "cpu"), call)
+        else:
+            with torch.no_grad():
+                call(*inputs)
+    return int(counter.get_total_flops())
+
+
+def _count_on_meta(model: torch.nn.Module, inputs: tuple, backward: bool) -> int | None:
+    """The count on meta tensors, or None when the model cannot run on meta."""
+    from torch.func import functional_call
+
+    def meta(t: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(t, device="meta").requires_grad_(t.requires_grad)
+
     try:
-        with evaluating(model), FlopCounterMode(display=False) as counter:
-            if backward:
-                measure_pass(model, inputs, Precision.choose("fp32", "cpu"))
-            else:
-                with torch.no_grad():
-                    model(*inputs)
+        swapped = {name: meta(t) for name, t in
+                   [*model.named_parameters(remove_duplicate=False),
+                    *model.named_buffers(remove_duplicate=False)]}
+        fake = tuple(meta(x) if isinstance(x, torch.Tensor) else x for x in inputs)
+        return _count_pass(model, fake, backward,
+                           lambda *xs: functional_call(model, swapped, xs, tie_weights=True))
+    except Exception:  # noqa: BLE001 - any failure on meta means: count on the real tensors
+        return None
+
+
+def _count_for_real(model: torch.nn.Module, inputs: tuple, backward: bool,
+                    on_skip: Callable[[str], None] | None) -> int | None:
+    """The count on the real tensors; None (said through ``on_skip``) when it ran out of memory."""
+    grads = [(p, p.grad) for p in model.parameters()]
+    try:
+        return _count_pass(model, inputs, backward, model)
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
         if not _is_oom(exc):
             raise
@@ -173,8 +214,6 @@ def count_flops(model: torch.nn.Module, inputs: tuple | torch.Tensor, backward: 
     finally:
         for p, g in grads:
             p.grad = g
-    if skipped is None:
-        return int(counter.get_total_flops())
     _free(inputs)  # outside the except: the failed pass's tensors are unreferenced now
     if on_skip is not None:
         on_skip(skipped)

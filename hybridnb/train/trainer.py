@@ -40,6 +40,7 @@ from hybridnb.train.checkpoint import Checkpoints
 from hybridnb.train.checkpoint import read as read_checkpoint
 from hybridnb.train.data import BatchCheck, epoch_batches, make_loader, plan_epochs
 from hybridnb.train.evaluation import predict_loader
+from hybridnb.train.heap import frozen_heap
 from hybridnb.train.interrupt import GracefulInterrupt
 from hybridnb.train.learner import Learner
 from hybridnb.train.metrics import regression_metrics
@@ -162,13 +163,15 @@ class Trainer:
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         kwargs = {k: v for k, v in locals().items()
                   if k not in ("self", "model", "__class__", "callbacks")}
-        self._assemble(model, Settings.build(**kwargs), check_callbacks(callbacks))
+        with frozen_heap():  # building the optimizer imports torch._dynamo (heap.py)
+            self._assemble(model, Settings.build(**kwargs), check_callbacks(callbacks))
 
     @classmethod
     def from_settings(cls, model: torch.nn.Module, settings: Settings) -> Trainer:
         """The Trainer for ``settings`` (an isolated worker builds its copy this way)."""
         trainer = cls.__new__(cls)
-        trainer._assemble(model, settings)
+        with frozen_heap():
+            trainer._assemble(model, settings)
         return trainer
 
     def _assemble(self, model: torch.nn.Module, settings: Settings,
