@@ -137,6 +137,10 @@ class _Rewritten:
             return compute(self, x)
         return self._hn_stock.forward(self, x)
 
+    def _hn_undo(self) -> None:
+        """Back to the original class (forms that hold more in ``__dict__`` drop it too)."""
+        self.__class__ = type(self)._hn_stock
+
     def __reduce_ex__(self, protocol):
         # pickle as the original class (rebuilt by the standard library), so a whole model saved
         # with torch.save loads without hybridnb; a class that refuses pickling still refuses
@@ -279,7 +283,7 @@ def undo_rewrite(model: nn.Module, kind: str | None = None) -> int:
     count = 0
     for module in model.modules():
         if isinstance(module, form):
-            module.__class__ = type(module)._hn_stock
+            module._hn_undo()
             count += 1
     return count
 
