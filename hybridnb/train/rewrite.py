@@ -9,6 +9,8 @@ Two forms, each a rule about a layer's shape (never a model's name), each checke
   folded 1-D form faster on the CPU; on this project's 2-core AMD EPYC, EEGNeX's two ``(1, 64)``
   convolutions over 129 rows took it from 1.65x (channels_last alone) to 1.86x the stock step
   (fp32, batch 32, forward + backward + AdamW, 4 interleaved rounds in one run, load ~1.5).
+  Since then the speedups' CPU rule computes those two as one convolution first (the chain
+  rewrite, ``rewrite_chain.py``: 2.24x), and the rows form takes the ``(1, K)`` convolutions left.
 
 The depthwise form:
 

@@ -4,6 +4,9 @@ The knobs (each a rule about layers or devices, never about a model's name):
 
 - ``rewrite``: height-spanning depthwise convolutions as a batched matmul (``train/rewrite.py``);
   exact, checked on the batch. On an H100 it took EEGNeX (bf16) from 1,945 to 3,849 samples/s.
+- ``chain`` (CPU only): ``Conv2d (1, k1) -> BatchNorm2d -> Conv2d (1, k2)`` with nothing in between
+  computed as one ``(1, k1 + k2 - 1)`` convolution of the chain's input plus edge corrections
+  (``train/rewrite_chain.py``); exact, checked on the batch in eval and training mode.
 - ``rows`` (CPU only): temporal ``(1, K)`` convolutions over several rows as 1-D convolutions
   with the rows folded into the batch (``train/rewrite.py``); exact, checked on the batch.
 - ``channels_last``: 4-D parameters and 4-D inputs in NHWC, for models with 2-D convolutions.
@@ -26,11 +29,19 @@ when at least ``MARGIN`` faster). On a CPU that costs about 9 s (a step there co
   oneDNN path is slow (measured on this project's shared 2-core AMD EPYC, fp32, batch 32,
   forward + backward + AdamW, bench/bench_cpu_speedups.py: EEGNeX 1.5-1.6x); not for plain
   convolutions (ShallowFBCSPNet 0.94x in a quiet run, 1.08x in a busy one).
-- the rows rewrite by rule, for every ``(1, K)`` convolution that sees more than one row on the
-  first batch (checked exact there): oneDNN runs the folded 1-D form faster. EEGNeX (fp32,
-  batch 32, forward + backward + AdamW, 4 interleaved rounds, load ~1.5): channels_last alone
-  1.65x the stock step, with the rows rewrite 1.86x; ShallowFBCSPNet is untouched (its
-  ``(1, 129)`` convolution runs inside braindecode's CombinedConv, never as a module call).
+- the chain rewrite by rule, first, for every conv-BatchNorm-conv chain whose composite costs at
+  most half the multiply-adds (``rewrite_chain.MAX_COST_SHARE``; checked exact on 2 samples of
+  the batch: eval output, and a training step's output, gradients and statistics on copies):
+  EEGNeX's blocks 1-2 go from ~16,900 to ~4,900 multiply-adds per (row, sample). EEGNeX (fp32,
+  batch 32, forward + backward + AdamW, bench/bench_cpu_speedups.py, load 0.9-1.6): 2.24x the
+  stock step with channels_last (rows + channels_last was 1.83-1.86x); through ``hn.Trainer``
+  2.06x the stock hand-written loop, whole runs (was 1.57-1.60x).
+- the rows rewrite by rule, for every ``(1, K)`` convolution left that sees more than one row on
+  the first batch (checked exact there): oneDNN runs the folded 1-D form faster. EEGNeX (fp32,
+  batch 32, forward + backward + AdamW, 4 interleaved rounds, load ~1.5, without the chain):
+  channels_last alone 1.65x the stock step, with the rows rewrite 1.86x; ShallowFBCSPNet is
+  untouched (its ``(1, 129)`` convolution runs inside braindecode's CombinedConv, never as a
+  module call).
 - the rewrite not in fp32 (EEGNeX: 0.95x NCHW, 0.62x on top of channels_last, where the einsum
   copies its input out of NHWC); it goes with bf16 only (next item).
 - bf16 autocast only when ``precision="auto"``, the CPU has bf16 in hardware (``amx_bf16`` or
