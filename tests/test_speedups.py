@@ -471,10 +471,23 @@ def test_cpu_auto_folds_eegnex_temporal_convolutions_and_says_so():
     model = models.EEGNeX(n_chans=24, n_outputs=1, n_times=64)
     x = torch.randn(6, 24, 64)
     ref = copy.deepcopy(model).eval()(x)
-    applied = apply_speedups(model, x, "cpu", precision="fp32", steps=10)
+    no_chain = [k for k in speedups.KNOBS if k != "chain"]  # the chain rule would take both
+    applied = apply_speedups(model, x, "cpu", precision="fp32", steps=10, knobs=no_chain)
     assert applied.applied[:2] == ["rows", "channels_last"]
     assert applied.folded == ["block_1.1", "block_2.0"]  # blocks 4 and 5 see one row
     assert "block_2.0" in applied.message
     torch.testing.assert_close(model.eval()(x), ref, atol=1e-5, rtol=1e-4)
     applied.undo()
     assert not rewrite.rewritten_modules(model, "rows")
+
+
+def test_cpu_auto_computes_eegnex_blocks_1_2_as_one_convolution_and_says_so():
+    models = pytest.importorskip("braindecode.models")
+    model = models.EEGNeX(n_chans=24, n_outputs=1, n_times=64)
+    x = torch.randn(6, 24, 64)
+    ref = copy.deepcopy(model).eval()(x)
+    applied = apply_speedups(model, x, "cpu", precision="fp32", steps=10)
+    assert applied.applied[:2] == ["chain", "channels_last"]
+    assert applied.fused == ["block_1.1>block_1.2>block_2.0"] and not applied.folded
+    assert "block_1.1>block_1.2>block_2.0" in applied.message
+    torch.testing.assert_close(model.eval()(x), ref, atol=1e-5, rtol=1e-4)

@@ -4,6 +4,9 @@ The knobs (each a rule about layers or devices, never about a model's name):
 
 - ``rewrite``: height-spanning depthwise convolutions as a batched matmul (``train/rewrite.py``);
   exact, checked on the batch. On an H100 it took EEGNeX (bf16) from 1,945 to 3,849 samples/s.
+- ``chain`` (CPU only): ``Conv2d (1, k1) -> BatchNorm2d -> Conv2d (1, k2)`` with nothing in between
+  computed as one ``(1, k1 + k2 - 1)`` convolution of the chain's input plus edge corrections
+  (``train/rewrite_chain.py``); exact, checked on the batch in eval and training mode.
 - ``rows`` (CPU only): temporal ``(1, K)`` convolutions over several rows as 1-D convolutions
   with the rows folded into the batch (``train/rewrite.py``); exact, checked on the batch.
 - ``channels_last``: 4-D parameters and 4-D inputs in NHWC, for models with 2-D convolutions.
@@ -26,11 +29,19 @@ when at least ``MARGIN`` faster). On a CPU that costs about 9 s (a step there co
   oneDNN path is slow (measured on this project's shared 2-core AMD EPYC, fp32, batch 32,
   forward + backward + AdamW, bench/bench_cpu_speedups.py: EEGNeX 1.5-1.6x); not for plain
   convolutions (ShallowFBCSPNet 0.94x in a quiet run, 1.08x in a busy one).
-- the rows rewrite by rule, for every ``(1, K)`` convolution that sees more than one row on the
-  first batch (checked exact there): oneDNN runs the folded 1-D form faster. EEGNeX (fp32,
-  batch 32, forward + backward + AdamW, 4 interleaved rounds, load ~1.5): channels_last alone
-  1.65x the stock step, with the rows rewrite 1.86x; ShallowFBCSPNet is untouched (its
-  ``(1, 129)`` convolution runs inside braindecode's CombinedConv, never as a module call).
+- the chain rewrite by rule, first, for every conv-BatchNorm-conv chain whose composite costs at
+  most half the multiply-adds (``rewrite_chain.MAX_COST_SHARE``; checked exact on 2 samples of
+  the batch: eval output, and a training step's output, gradients and statistics on copies):
+  EEGNeX's blocks 1-2 go from ~16,900 to ~4,900 multiply-adds per (row, sample). EEGNeX (fp32,
+  batch 32, forward + backward + AdamW, bench/bench_cpu_speedups.py, load 0.9-1.6): 2.24x the
+  stock step with channels_last (rows + channels_last was 1.83-1.86x); through ``hn.Trainer``
+  2.06x the stock hand-written loop, whole runs (was 1.57-1.60x).
+- the rows rewrite by rule, for every ``(1, K)`` convolution left that sees more than one row on
+  the first batch (checked exact there): oneDNN runs the folded 1-D form faster. EEGNeX (fp32,
+  batch 32, forward + backward + AdamW, 4 interleaved rounds, load ~1.5, without the chain):
+  channels_last alone 1.65x the stock step, with the rows rewrite 1.86x; ShallowFBCSPNet is
+  untouched (its ``(1, 129)`` convolution runs inside braindecode's CombinedConv, never as a
+  module call).
 - the rewrite not in fp32 (EEGNeX: 0.95x NCHW, 0.62x on top of channels_last, where the einsum
   copies its input out of NHWC); it goes with bf16 only (next item).
 - bf16 autocast only when ``precision="auto"``, the CPU has bf16 in hardware (``amx_bf16`` or
@@ -73,12 +84,13 @@ from torch import nn
 from hybridnb.hardware.host import cpu_flags
 from hybridnb.measure.timing import synchronize
 from hybridnb.train import rewrite as _rewrite
+from hybridnb.train import rewrite_chain as _chain
 from hybridnb.train.precision import Precision
 from hybridnb.train.recovery import free_memory
 from hybridnb.train.seeding import set_torch_rng_state, torch_rng_state
 from hybridnb.train.step import measure_pass
 
-KNOBS = ("rewrite", "rows", "channels_last", "cudnn_benchmark", "precision")
+KNOBS = ("rewrite", "chain", "rows", "channels_last", "cudnn_benchmark", "precision")
 MODES = ("auto", "measure", "all", "off")
 AUTO_DEVICES = ("cuda", "cpu")  # where speedups="auto" applies speedups
 MARGIN = {"cuda": 0.03, "cpu": 0.10}  # a knob must win by this share; other devices: cuda's
@@ -135,7 +147,8 @@ class Applied:
     ``"precision"`` when it changed the choice). ``speedup``: knob -> measured gain (x) where it
     was measured, kept or not. ``skipped``: knob -> why it is not in effect. ``precision``: the
     precision name to train with. ``rewritten``: module names running the matmul form;
-    ``folded``: those running the rows-as-1-D form.
+    ``fused``: the conv-BatchNorm-conv chains computed as one convolution ("a>bn>b" names);
+    ``folded``: the modules running the rows-as-1-D form.
     ``rules``: knob -> the rule that applied it without measuring (the CPU's channels_last).
     ``seconds``: time spent, checks and measuring included. ``message``: one sentence for the
     run's log; ``notes``: sentences that must be shown (a rewrite that failed its check).
@@ -149,6 +162,7 @@ class Applied:
     speedup: dict[str, float] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     rewritten: list[str] = field(default_factory=list)
+    fused: list[str] = field(default_factory=list)
     folded: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     rules: dict[str, str] = field(default_factory=dict)
@@ -168,6 +182,7 @@ class Applied:
         for knob in self.applied:
             gain = self.speedup.get(knob)
             label = {"rewrite": f"depthwise-as-matmul ({', '.join(self.rewritten)})",
+                     "chain": f"conv-BatchNorm-conv as one convolution ({', '.join(self.fused)})",
                      "rows": f"(1, K) convolutions as 1-D ({', '.join(self.folded)})",
                      "precision": f"precision {self.precision}"}.get(knob, knob)
             if knob in self.rules:
@@ -200,6 +215,7 @@ class Applied:
         self.restore_globals()
         self.applied.clear()
         self.rewritten = []
+        self.fused = []
         self.folded = []
 
 
@@ -264,9 +280,12 @@ def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
 
 
 def _cpu_auto(model, inputs, device, prec, asked, chosen, applied, steps, deadline) -> None:
-    """The CPU's decision within ``deadline``: the rows rewrite and channels_last by rule (``(1, K)``
-    convolutions over rows; grouped Conv2d), bf16 (+ rewrite) only where the CPU has it in
-    hardware and a bounded, memory-capped trial says it is faster."""
+    """The CPU's decision within ``deadline``: the chain and rows rewrites and channels_last by
+    rule (conv-BatchNorm-conv chains; ``(1, K)`` convolutions over rows; grouped Conv2d), bf16
+    (+ rewrite) only where the CPU has it in hardware and a bounded, memory-capped trial says it
+    is faster."""
+    if "chain" in chosen:  # first: the rows rewrite then takes the (1, K) convolutions left
+        _cpu_chain(model, inputs, applied)
     if "rows" in chosen:
         _cpu_rows(model, inputs, applied)
     if "channels_last" in chosen:
@@ -282,6 +301,35 @@ def _cpu_auto(model, inputs, device, prec, asked, chosen, applied, steps, deadli
     if "rewrite" in chosen and "rewrite" not in applied.applied \
             and "rewrite" not in applied.skipped:
         applied.skipped["rewrite"] = "not used in fp32 on the CPU (EEGNeX measured 0.95x)"
+
+
+def _cpu_chain(model, inputs, applied: Applied) -> None:
+    """The chain rewrite by rule, kept only where it computes the same on the example batch
+    (eval output, and a training step's output, gradients and statistics on copies)."""
+    report = _chain.rewrite_chain(model, *inputs)
+    if report.note:
+        applied.notes.append(report.note)
+        applied.skipped["chain"] = report.note
+        return
+    if not report:
+        applied.skipped["chain"] = ("already rewritten" if _chain.chained_modules(model)
+                                    else "no conv-BatchNorm-conv chain that one convolution "
+                                    "computes with fewer multiply-adds")
+        return
+    applied.applied.append("chain")
+    applied.rules["chain"] = (f"conv-BatchNorm-conv with <= {_chain.MAX_COST_SHARE:g} of the "
+                              "multiply-adds as one convolution")
+    applied.fused = list(report.rewritten)
+    modules = dict(model.named_modules())
+    names = [n for chain in report.rewritten for n in chain.split(">")]
+
+    def undo() -> None:
+        for n in names:
+            if isinstance(modules[n], _chain._ChainForm):
+                modules[n]._hn_undo()
+        applied.fused = []
+
+    applied._undo.append(undo)
 
 
 def _cpu_rows(model, inputs, applied: Applied) -> None:

@@ -1,0 +1,552 @@
+"""The "chain" rewrite: ``Conv2d (1, k1) -> BatchNorm2d -> Conv2d (1, k2)`` as one convolution.
+
+No nonlinearity sits between the two temporal convolutions and the BatchNorm, so with
+``c1 = convA(x)`` and the BatchNorm's per-channel affine ``z = a * c1 + b`` (``a = gamma /
+sqrt(var + eps)``, ``b = beta - mean * a``; batch statistics in training, running ones in eval),
+convB's output is, exactly (same sums, other order):
+
+    convB(z)[o, t] = bias_B[o] + sum_c (b_c + a_c bias_A[c]) S[o, c, t]        (a (C2, T2) table)
+                   + sum_{i, m} K[o, i, m] x_padded[i, t + m]                   (one convolution)
+                   - (the edge correction below)
+    K[o, i, m] = sum_c a_c sum_{j + k = m} wB[o, c, j] wA[c, i, k]   (kernel k1 + k2 - 1)
+
+where ``S[o, c, t]`` sums convB's taps that land inside ``z``'s extent (its zero padding sees
+zeros, not ``b``). The composite convolution also sums convA's output at the ``k1 - 1 - left_A``
+positions left of ``z`` (and ``k1 - 1 - right_A`` right of it) that convB's padding would have
+zeroed; the correction subtracts them. It is a linear map from the first (last) few samples of
+``x`` to the first ``left_B`` (last ``right_B``) outputs, built each call as a small matrix by
+passing an identity basis through the two convolutions, and applied as one matmul per edge.
+Checked to 1e-13 in fp64 (forward and every parameter's gradient), "same", "valid" and explicit
+paddings, odd and even kernels.
+
+Why: in EEGNeX (129 rows x 200 samples, 1 -> 8 -> 32 channels, two (1, 64) kernels) convB costs
+16,384 multiply-adds per (row, sample) and the whole chain ~16,900; the composite costs 32 x 127
+= 4,064, plus convA (512, still computed: the BatchNorm needs its statistics) and the edges
+(~320). On this project's 2-core EPYC (fp32, batch 32, forward + backward + AdamW, with
+channels_last, interleaved, load 1.6-2.5) the EEGNeX step took 0.64-0.69 s against 0.84 s with
+the rows rewrite instead and 1.47-1.54 s stock; bench/bench_cpu_speedups.py: 2.24x the stock
+step (load 0.9-1.6).
+
+Rule (shapes, never names): convA and convB are stock ``Conv2d`` with a ``(1, k)`` kernel,
+stride 1, dilation 1, groups 1, zeros padding along the time axis only ("same", "valid" or
+``(0, p)``); the BatchNorm is a stock ``BatchNorm2d`` over convA's channels; convB takes convA's
+channels. On the example batch (forward hooks) each is called once, the BatchNorm's input is
+convA's output object and convB's input is the BatchNorm's output object, and no other module
+receives either intermediate (containers that hand them on excepted). The composite must cost at
+most ``MAX_COST_SHARE`` (half) of the two convolutions' multiply-adds per (row, sample).
+
+Design: all three modules keep their place, parameters and state_dict keys; each gets a subclass
+(the ``_Rewritten`` mechanism of ``rewrite.py``), and the three share a small link object (in
+their ``__dict__``, not a submodule: no new keys) that carries the call in flight. convA computes
+its real output and remembers its input; the BatchNorm computes its real output (by its own
+forward: the running statistics and ``num_batches_tracked`` move exactly as they would) and
+hands ``a`` and ``b`` on (the batch statistics again, by a differentiable ``torch.var_mean``);
+convB, when its input is that very tensor, computes the composite from convA's input instead of convolving. So every
+intermediate stays real: calling ``block_1`` alone, a hook, or a residual that reuses ``z``
+functionally still sees the stock values (the residual's gradient flows through ``z`` as usual);
+only convB's arithmetic changes. Any other input (another shape, an interrupted chain, autocast,
+a dtype other than fp32/fp64) takes the stock path. Modules pickle as their stock classes (the
+link is dropped); a deepcopy keeps the form with the link pointing at the copies.
+
+Precision: ``b`` absorbs ``-mean * a``, so when convA's output has a mean far larger than its
+spread, the composite and the table cancel and lose about that ratio in relative precision
+(1e-7 x mean/std in fp32). The first-batch check (eval output, and a training-mode forward +
+backward on copies: output, every gradient, the running statistics) refuses the rewrite when
+that costs more than ``RTOL``.
+"""
+
+from __future__ import annotations
+
+import copy
+import copyreg
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hybridnb.train import rewrite as _rw
+from hybridnb.train.seeding import set_torch_rng_state, torch_rng_state
+from hybridnb.train.step import evaluating
+
+MAX_COST_SHARE = 0.5  # the composite's multiply-adds must be at most this share of the stock two
+# a gradient is compared relative to its own size, but at least this share of the largest one: a
+# parameter whose gradient is zero in exact arithmetic (a bias right before a BatchNorm) holds
+# only rounding noise, which scales with the others
+GRAD_FLOOR = 1e-2
+CHECK_SAMPLES = 2  # the check runs on this many samples of the example batch (EEGNeX: 0.2 s)
+LABEL = "conv-BatchNorm-conv chain as one convolution"
+
+
+# ----------------------------------------------------------------------------- rule and shapes
+
+def is_temporal_conv(module: nn.Module) -> bool:
+    """A stock ``Conv2d`` with a ``(1, k)`` kernel, stride 1, dilation 1, no groups, zero padding
+    along time only."""
+    if not isinstance(module, nn.Conv2d) or isinstance(module, _rw._Rewritten):
+        return False
+    cls = type(module)
+    padding = module.padding
+    return (cls.forward is nn.Conv2d.forward and cls._conv_forward is nn.Conv2d._conv_forward
+            and module.groups == 1 and module.kernel_size[0] == 1
+            and tuple(module.stride) == (1, 1) and tuple(module.dilation) == (1, 1)
+            and module.padding_mode == "zeros"
+            and (padding in ("same", "valid") or padding[0] == 0))
+
+
+def is_plain_batchnorm(module: nn.Module) -> bool:
+    """A ``BatchNorm2d`` whose forward is BatchNorm2d's own."""
+    return (isinstance(module, nn.BatchNorm2d) and not isinstance(module, _rw._Rewritten)
+            and type(module).forward is nn.BatchNorm2d.forward)
+
+
+def time_padding(conv: nn.Conv2d) -> tuple[int, int]:
+    """(left, right) zeros convolution ``conv`` adds along time (PyTorch's "same" split: the odd
+    sample goes right)."""
+    reach = conv.kernel_size[1] - 1
+    if conv.padding == "same":
+        return reach // 2, reach - reach // 2
+    if conv.padding == "valid":
+        return 0, 0
+    return conv.padding[1], conv.padding[1]
+
+
+def _geometry(conv_a: nn.Conv2d, conv_b: nn.Conv2d, width: int) -> dict:
+    k1, k2 = conv_a.kernel_size[1], conv_b.kernel_size[1]
+    la, ra = time_padding(conv_a)
+    lb, rb = time_padding(conv_b)
+    t1 = width + la + ra - k1 + 1
+    return {"k1": k1, "k2": k2, "la": la, "ra": ra, "lb": lb, "rb": rb, "t1": t1,
+            "t2": t1 + lb + rb - k2 + 1, "nl": max(k1 - 1 - la, 0), "nr": max(k1 - 1 - ra, 0)}
+
+
+def cost_share(conv_a: nn.Conv2d, conv_b: nn.Conv2d, width: int) -> float:
+    """The composite's multiply-adds per (row, sample) over the stock chain's: the composite
+    kernel, convA (still run for the statistics) and the two edge matmuls, against convA +
+    convB."""
+    g = _geometry(conv_a, conv_b, width)
+    ci, c1, c2 = conv_a.in_channels, conv_a.out_channels, conv_b.out_channels
+    edges = ci * c2 * (g["nl"] * g["lb"] + g["nr"] * g["rb"]) / max(width, 1)
+    fused = c2 * ci * (g["k1"] + g["k2"] - 1) + c1 * ci * g["k1"] + edges
+    return fused / (c1 * ci * g["k1"] + c2 * c1 * g["k2"])
+
+
+def _fits(link: _Link, x: torch.Tensor) -> bool:
+    """Whether the composite form computes this call: a batched fp32/fp64 input wide enough that
+    the two edge corrections do not overlap, no autocast."""
+    conv_a, _, conv_b = link.modules
+    if x.dim() != 4 or x.shape[1] != conv_a.in_channels or x.dtype not in (torch.float32,
+                                                                           torch.float64):
+        return False
+    if torch.is_autocast_enabled(x.device.type):
+        return False
+    width = x.shape[3]
+    g = _geometry(conv_a, conv_b, width)
+    return (g["t1"] >= 1 and g["nl"] <= width and g["nr"] <= width
+            and g["t2"] >= g["lb"] + g["rb"] and x.shape[0] * x.shape[2] * g["t1"] > 1)
+
+
+# ----------------------------------------------------------------------------- the arithmetic
+
+def batchnorm_affine(bn: nn.BatchNorm2d, c1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-channel ``(a, mean)`` with which ``bn`` normalises ``c1``: ``bn(c1) = (c1 - mean)
+    * a + beta``; batch statistics (biased variance) where BatchNorm2d uses them (training mode,
+    or no running statistics), the running ones otherwise. Call it after ``bn``'s own forward:
+    the running statistics are then the ones it used (in eval mode they do not move)."""
+    if bn.training or (bn.running_mean is None and bn.running_var is None):
+        var, mean = torch.var_mean(c1, dim=(0, 2, 3), unbiased=False)
+    else:
+        mean, var = bn.running_mean, bn.running_var
+    a = torch.rsqrt(var + bn.eps)
+    if bn.weight is not None:
+        a = a * bn.weight
+    return a, mean
+
+
+def chain_output(conv_a: nn.Conv2d, conv_b: nn.Conv2d, x: torch.Tensor, a: torch.Tensor,
+                 shift: torch.Tensor) -> torch.Tensor:
+    """``conv_b(a * conv_a(x) + shift)`` (per-channel ``a``, ``shift``; ``conv_a`` without its
+    bias, which ``shift`` holds) computed as one convolution of ``x`` plus a table and edge
+    corrections; see the module docstring."""
+    batch, ci, rows, width = x.shape
+    g = _geometry(conv_a, conv_b, width)
+    k2, lb, rb, t2 = g["k2"], g["lb"], g["rb"], g["t2"]
+    wa = conv_a.weight[:, :, 0, :]  # (C1, Ci, k1), through any parametrization
+    wb = conv_b.weight[:, :, 0, :]  # (C2, C1, k2)
+    c1n, c2n = wa.shape[0], wb.shape[0]
+    scaled = wb * a.view(1, c1n, 1)
+    # K[o, i, m] = sum_c sum_j scaled[o, c, j] wa[c, i, m - j]: convA's kernels convolved by convB's
+    composite = F.conv1d(F.pad(wa.transpose(0, 1), (k2 - 1, k2 - 1)),
+                         scaled.flip(-1)).transpose(0, 1)  # (C2, Ci, k1 + k2 - 1)
+    # shift on z's extent [0, T1), zeros in convB's padding: a (C2, T2) table, constant inside
+    table = _shift_table(wb, shift, g)
+    if conv_b.bias is not None:
+        table = table + conv_b.bias.view(c2n, 1)
+    inner = table[:, lb] if t2 > lb + rb else table.new_zeros(c2n)  # (all of convB's taps in z)
+    folded = x.transpose(1, 2).reshape(batch * rows, ci, width)
+    folded = F.pad(folded, (g["la"] + lb, g["ra"] + rb))
+    out = F.conv1d(folded, composite, inner)  # (B*H, C2, T2)
+    # the first lb and last rb outputs: the table's edges and the edge corrections
+    nl, nr = g["nl"], g["nr"]
+    left = right = None
+    if lb:
+        left = (table[:, :lb] - inner.view(c2n, 1)).expand(batch * rows, c2n, lb)
+        if nl:
+            xl = x[..., :nl].transpose(1, 2).reshape(batch * rows, ci * nl)
+            left = left - (xl @ _left_edge(wa, scaled, g, ci)).view(batch * rows, c2n, lb)
+    if rb:
+        right = (table[:, t2 - rb:] - inner.view(c2n, 1)).expand(batch * rows, c2n, rb)
+        if nr:
+            xr = x[..., width - nr:].transpose(1, 2).reshape(batch * rows, ci * nr)
+            right = right - (xr @ _right_edge(wa, scaled, g, ci)).view(batch * rows, c2n, rb)
+    out = _AddEdges.apply(out, left, right)
+    out = out.view(batch, rows, c2n, t2)
+    return out.transpose(1, 2)
+
+
+def _left_edge(wa, scaled, g, ci) -> torch.Tensor:
+    """(Ci*nl, C2*lb): what the composite adds to the first ``lb`` outputs from convA's output at
+    the positions s < 0 (left of z), as a map from x's first ``nl`` samples. Output t, tap j and
+    position s = t + j - lb; x sample p = s + k - la for convA's tap k."""
+    nl, lb, la = g["nl"], g["lb"], g["la"]
+    s = torch.arange(-min(nl, lb), 0, device=wa.device)
+    taps = s.view(1, -1) - torch.arange(lb, device=wa.device).view(-1, 1) + lb  # (t, s) -> j
+    reach = torch.arange(nl, device=wa.device).view(-1, 1) - s.view(1, -1) + la  # (p, s) -> k
+    return _edge_map(wa, scaled, taps, reach, ci)
+
+
+def _right_edge(wa, scaled, g, ci) -> torch.Tensor:
+    """(Ci*nr, C2*rb): the same for the last ``rb`` outputs, positions s = T1 + r (right of z),
+    and x's last ``nr`` samples (q = r + k)."""
+    nr, rb, k2 = g["nr"], g["rb"], g["k2"]
+    r = torch.arange(min(nr, rb), device=wa.device)
+    taps = r.view(1, -1) - torch.arange(rb, device=wa.device).view(-1, 1) + k2 - 1  # (v, r) -> j
+    reach = torch.arange(nr, device=wa.device).view(-1, 1) - r.view(1, -1)  # (q, r) -> k
+    return _edge_map(wa, scaled, taps, reach, ci)
+
+
+def _edge_map(wa, scaled, taps, reach, ci) -> torch.Tensor:
+    """sum over positions and convA's channels of convB's (scaled) tap ``taps[t, s]`` times convA's
+    tap ``reach[p, s]`` (each zero where out of its kernel): a (Ci*P, C2*T) matrix."""
+    k1, k2 = wa.shape[-1], scaled.shape[-1]
+    wb_at = scaled[:, :, taps.clamp(0, k2 - 1)] * ((taps >= 0) & (taps < k2))  # (C2, C1, T, S)
+    wa_at = wa[:, :, reach.clamp(0, k1 - 1)] * ((reach >= 0) & (reach < k1))  # (C1, Ci, P, S)
+    out = torch.einsum("octs,cips->ipot", wb_at, wa_at)
+    return out.reshape(ci * reach.shape[0], -1)
+
+
+def _shift_table(wb, shift, g) -> torch.Tensor:
+    """(C2, T2): ``sum_c shift_c`` times the sum of convB's taps that land inside z's extent
+    [0, T1) (its padding holds zeros, not the shift), by prefix sums over the taps."""
+    k2, lb, t1, t2 = g["k2"], g["lb"], g["t1"], g["t2"]
+    prefix = F.pad(wb.cumsum(-1), (1, 0))  # (C2, C1, k2 + 1): sums of the first n taps
+    t = torch.arange(t2, device=wb.device)
+    hi = (t1 + lb - t).clamp(0, k2)
+    lo = (lb - t).clamp(0, k2)
+    inside = prefix[:, :, hi] - prefix[:, :, lo]  # (C2, C1, T2)
+    return torch.einsum("oct,c->ot", inside, shift)
+
+
+class _AddEdges(torch.autograd.Function):
+    """``out[..., :L] += left; out[..., -R:] += right`` in place (``out`` is a fresh convolution
+    output nothing saved). Autograd's own in-place slice add would copy the whole gradient in
+    backward, and ``index_add_`` gathers it slowly; here the gradient passes through and the
+    edges take slices of it."""
+
+    @staticmethod
+    def forward(ctx, out, left, right):
+        ctx.widths = (None if left is None else left.shape[-1],
+                      None if right is None else right.shape[-1])
+        if left is not None:
+            out[..., :left.shape[-1]] += left
+        if right is not None:
+            out[..., out.shape[-1] - right.shape[-1]:] += right
+        ctx.mark_dirty(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        lw, rw = ctx.widths
+        return (grad, None if lw is None else grad[..., :lw],
+                None if rw is None else grad[..., grad.shape[-1] - rw:])
+
+
+# ----------------------------------------------------------------------------- the forms
+
+class _Link:
+    """The three modules of one rewritten chain and the call in flight (never pickled)."""
+
+    def __init__(self, conv_a: nn.Module, bn: nn.Module, conv_b: nn.Module) -> None:
+        self.modules = (conv_a, bn, conv_b)
+        self.pending = None
+
+    def __getstate__(self):
+        return {"modules": self.modules, "pending": None}
+
+
+class _ChainForm(_rw._Rewritten):
+    """A module of a rewritten chain: pickles as its stock class without the link."""
+
+    _hn_form = ()
+    _hn_chain: _Link
+
+    def __reduce_ex__(self, protocol):
+        state = dict(self.__getstate__())
+        state.pop("_hn_chain", None)
+        return copyreg._reconstructor, (type(self)._hn_stock, object, None), state
+
+    def _hn_undo(self) -> None:
+        self.__dict__.pop("_hn_chain", None)
+        self.__class__ = type(self)._hn_stock
+
+
+class _ChainHead(_ChainForm):
+    """convA: its own output; remembers its input for convB."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        link = self._hn_chain
+        link.pending = None
+        out = self._hn_stock.forward(self, x)
+        if _fits(link, x):
+            link.pending = ("head", x, weakref.ref(out))
+        return out
+
+
+class _ChainNorm(_ChainForm):
+    """The BatchNorm: its own output by BatchNorm2d's arithmetic; hands ``a`` and the shift on."""
+
+    def forward(self, c1: torch.Tensor) -> torch.Tensor:
+        link = self._hn_chain
+        pending, link.pending = link.pending, None
+        if pending is None or pending[0] != "head" or pending[2]() is not c1:
+            return self._hn_stock.forward(self, c1)
+        x = pending[1]
+        out = self._hn_stock.forward(self, c1)  # the stock output and statistics update
+        a, mean = batchnorm_affine(self, c1)
+        conv_a = link.modules[0]
+        shift = -mean * a
+        if self.bias is not None:
+            shift = shift + self.bias
+        if conv_a.bias is not None:
+            shift = shift + a * conv_a.bias  # the composite runs convA without its bias
+        link.pending = ("norm", x, weakref.ref(out), a, shift)
+        return out
+
+
+class _ChainTail(_ChainForm):
+    """convB: the composite when its input is the chain's BatchNorm output, else a convolution."""
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        link = self._hn_chain
+        pending, link.pending = link.pending, None
+        if pending is None or pending[0] != "norm" or pending[2]() is not z:
+            return self._hn_stock.forward(self, z)
+        _, x, _, a, shift = pending
+        return chain_output(link.modules[0], self, x, a, shift)
+
+
+_FORMS = (_ChainHead, _ChainNorm, _ChainTail)
+_CLASSES: dict[tuple[type, type], type] = {}
+
+
+def _form_class(stock: type, form: type) -> type:
+    if (stock, form) not in _CLASSES:
+        suffix = form.__name__.removeprefix("_")
+        _CLASSES[(stock, form)] = type(f"{stock.__name__}{suffix}", (form, stock),
+                                       {"_hn_stock": stock, "__module__": __name__})
+    return _CLASSES[(stock, form)]
+
+
+def _swap(modules: tuple[nn.Module, nn.Module, nn.Module]) -> None:
+    link = _Link(*modules)
+    for module, form in zip(modules, _FORMS, strict=True):
+        module.__dict__["_hn_chain"] = link
+        module.__class__ = _form_class(type(module), form)
+
+
+# ----------------------------------------------------------------------------- find and check
+
+@dataclass
+class ChainReport:
+    """What ``rewrite_chain`` did: the chains rewritten ("convA>bn>convB" names) and why not."""
+
+    rewritten: list[str] = field(default_factory=list)
+    max_rel_diff: float = 0.0
+    note: str = ""
+
+    def __bool__(self) -> bool:
+        return bool(self.rewritten)
+
+
+def has_chain_candidate(model: nn.Module) -> bool:
+    """Cheap, before any batch: a temporal conv and a plain BatchNorm2d exist at all."""
+    mods = list(model.modules())
+    return any(is_plain_batchnorm(m) for m in mods) and sum(
+        is_temporal_conv(m) for m in mods) >= 2
+
+
+def find_chains(model: nn.Module, *example) -> list[tuple[str, str, str]]:
+    """The (convA, bn, convB) names that follow the rule on ``example`` (one eval-mode forward
+    without gradients, forward hooks on every module)."""
+    names = {m: n for n, m in model.named_modules()}
+    calls: list[tuple[nn.Module, list[int], int]] = []
+    keep: list = []  # the tensors seen, alive until the end so their ids stay unique
+
+    def hook(module, args, output):
+        ins = [a for a in args if isinstance(a, torch.Tensor)]
+        keep.extend(ins)
+        if isinstance(output, torch.Tensor):
+            keep.append(output)
+        calls.append((module, [id(a) for a in ins],
+                      id(output) if isinstance(output, torch.Tensor) else -1))
+
+    hooks = [m.register_forward_hook(hook) for m in names]
+    try:
+        with torch.no_grad(), evaluating(model):
+            model(*example)
+    finally:
+        for h in hooks:
+            h.remove()
+    count: dict[nn.Module, int] = {}
+    for module, _, _ in calls:
+        count[module] = count.get(module, 0) + 1
+    by_name = {n: m for m, n in names.items()}
+    ancestors = {m: {by_name[".".join(n.split(".")[:i])] for i in range(n.count(".") + 1)}
+                 if n else set() for m, n in names.items()}
+
+    def sole_consumer(tensor_id: int, consumer: nn.Module) -> bool:
+        takers = {m for m, ins, _ in calls if tensor_id in ins}
+        return takers <= ({consumer} | ancestors[consumer])
+
+    found = []
+    by_output = {out: module for module, _, out in calls}
+    for bn, ins, out in calls:
+        if not is_plain_batchnorm(bn) or count[bn] != 1 or len(ins) != 1:
+            continue
+        conv_a = by_output.get(ins[0])
+        if conv_a is None or not is_temporal_conv(conv_a) or count[conv_a] != 1 \
+                or conv_a.out_channels != bn.num_features:
+            continue
+        tails = [m for m, m_ins, _ in calls if m_ins == [out] and is_temporal_conv(m)
+                 and m.in_channels == conv_a.out_channels and count[m] == 1]
+        if len(tails) != 1 or not sole_consumer(ins[0], bn) or not sole_consumer(out, tails[0]):
+            continue
+        found.append((names[conv_a], names[bn], names[tails[0]]))
+    return found
+
+
+def rewrite_chain(model: nn.Module, *example) -> ChainReport:
+    """Rewrite every conv-BatchNorm-conv chain of ``model`` that follows the rule on ``example``
+    and costs at most ``MAX_COST_SHARE`` of its stock multiply-adds, in place; checked there.
+
+    The check, in fp32 on the first ``CHECK_SAMPLES`` samples: the eval-mode output before and
+    after, and on copies of the model
+    (the model's own statistics, gradients and random streams untouched) one training-mode
+    forward + backward of each (same random streams, a fixed random projection of the output as
+    the loss): output, every parameter's gradient and every buffer. Any difference beyond
+    ``RTOL`` (relative, as ``rewrite.py``) or an error: nothing is rewritten and ``note`` says
+    why.
+    """
+    report = ChainReport()
+    if not has_chain_candidate(model):
+        return report
+    inputs = tuple(a[:CHECK_SAMPLES] if isinstance(a, torch.Tensor) and a.dim() else a
+                   for a in example)
+    width = next((a.shape[-1] for a in inputs if isinstance(a, torch.Tensor) and a.dim()), 0)
+    modules = dict(model.named_modules())
+    chains = [c for c in find_chains(model, *inputs)
+              if cost_share(modules[c[0]], modules[c[2]], width) <= MAX_COST_SHARE]
+    if not chains:
+        return report
+    stock_copy = copy.deepcopy(model)
+    with torch.no_grad(), evaluating(model), _rw._exact_fp32():
+        before = model(*inputs)
+    for chain in chains:
+        _swap(tuple(modules[n] for n in chain))
+    try:
+        with torch.no_grad(), evaluating(model), _rw._exact_fp32():
+            after = model(*inputs)
+        worst = _rw._rel_diff_any(after, before)
+        worst = max(worst, _training_diff(stock_copy, copy.deepcopy(model), inputs))
+    except Exception as exc:  # noqa: BLE001 — a form that fails its check is simply not used
+        undo_chain(model)
+        report.note = (f"{LABEL} not used: its check failed on the first batch "
+                       f"({type(exc).__name__}: {str(exc)[:100]}); the model runs unchanged")
+        return report
+    report.max_rel_diff = worst
+    if worst > _rw.RTOL:
+        undo_chain(model)
+        report.note = (f"{LABEL} not used: it differed from the stock layers by {worst:.2g} "
+                       f"(relative) on the first batch, more than {_rw.RTOL:g}; the model runs "
+                       "unchanged")
+        return report
+    report.rewritten = [">".join(c) for c in chains]
+    return report
+
+
+def _training_diff(stock: nn.Module, fast: nn.Module, inputs: tuple) -> float:
+    """Largest relative difference of one training step's output, gradients and buffers."""
+    device = next((a.device for a in inputs if isinstance(a, torch.Tensor)), torch.device("cpu"))
+    state = torch_rng_state(device)
+    results = []
+    try:
+        for model in (stock, fast):
+            set_torch_rng_state(state, device)
+            model.train()
+            for p in model.parameters():
+                p.grad = None
+            with _rw._exact_fp32():
+                out = model(*inputs)
+                tensors = _tensors(out)
+                gen = torch.Generator().manual_seed(0)
+                loss = sum((t.float() * torch.randn(t.shape, generator=gen).to(t.device)).sum()
+                           for t in tensors if t.is_floating_point() and t.requires_grad)
+                if isinstance(loss, torch.Tensor):
+                    loss.backward()
+            results.append(([t.detach() for t in tensors],
+                            [p.grad for p in model.parameters()],
+                            [b.detach() for b in model.buffers()]))
+    finally:
+        set_torch_rng_state(state, device)
+    worst = 0.0
+    for kind, (part_a, part_b) in enumerate(zip(results[0], results[1], strict=True)):
+        if len(part_a) != len(part_b) or any((a is None) != (b is None)
+                                             for a, b in zip(part_a, part_b, strict=True)):
+            return float("inf")
+        pairs = [(a, b) for a, b in zip(part_a, part_b, strict=True) if a is not None]
+        if kind == 1 and pairs:  # gradients: rounding noise scales with the largest of them
+            floor = GRAD_FLOOR * max(a.detach().abs().max().item() for a, _ in pairs)
+            for a, b in pairs:
+                a, b = a.detach().float(), b.detach().float()
+                worst = max(worst, (b - a).abs().max().item()
+                            / (max(a.abs().max().item(), floor) + _rw.ATOL / _rw.RTOL))
+            continue
+        for a, b in pairs:
+            worst = max(worst, _rw._rel_diff(b, a))
+    return worst
+
+
+def _tensors(out) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (tuple, list)):
+        return [t for item in out for t in _tensors(item)]
+    return []
+
+
+def chained_modules(model: nn.Module) -> list[str]:
+    """Names of the modules of ``model`` that currently run a chain form."""
+    return [n for n, m in model.named_modules() if isinstance(m, _ChainForm)]
+
+
+def undo_chain(model: nn.Module) -> int:
+    """Every chain module of ``model`` back to its stock class, links dropped; returns how many."""
+    count = 0
+    for module in model.modules():
+        if isinstance(module, _ChainForm):
+            module._hn_undo()
+            count += 1
+    return count
