@@ -377,6 +377,56 @@ def test_layout_and_rewrite_variants_run_on_a_model_they_apply_to():
         assert r["loss_rel_diff"] < 1e-4 and r["loss_ok"] is True  # exact changes
 
 
+class TemporalChain(nn.Module):
+    """(B, C, T) windows -> conv (1, 8) -> BatchNorm -> conv (1, 8): the chain rewrite's rule."""
+
+    def __init__(self, times: int = 16) -> None:
+        super().__init__()
+        self.first = nn.Conv2d(1, 8, (1, 8), padding="same", bias=False)
+        self.norm = nn.BatchNorm2d(8)
+        self.second = nn.Conv2d(8, 16, (1, 8), padding="same", bias=False)
+        self.head = nn.Linear(16 * 4 * times, 1)
+
+    def forward(self, x):
+        return self.head(self.second(self.norm(self.first(x.unsqueeze(1)))).flatten(1))
+
+
+def test_the_speedups_variant_applies_the_trainers_own_decision_and_names_it():
+    v = parse_variant("fp32+speedups+compile")
+    assert (v.speedups, v.compile, v.is_baseline) == (True, "default", False)
+    with pytest.raises(ValueError, match="'speedups' decides the layout"):
+        parse_variant("fp32+speedups+rewrite")
+    df = compare(TemporalChain, batch(), ("fp32", "fp32+speedups"), **FAST)
+    r = row(df, "fp32+speedups")
+    assert r["status"] == "ok" and r["samples_per_s"] > 0, r["note"]
+    assert "first>norm>second" in r["note"]  # the chain it fused, by module name
+    assert r["loss_rel_diff"] < 1e-4 and r["loss_ok"] is True  # an exact rewrite
+    nothing = compare(tiny, batch(), ("fp32", "fp32+speedups"), **FAST)
+    assert row(nothing, "fp32+speedups")["status"] == "skipped"
+    assert "changes nothing" in row(nothing, "fp32+speedups")["note"]
+
+
+class DropsUnderChannelsLast(HeightSpanningDepthwise):
+    """The depthwise model with dropout after its convolutions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.head(self.drop(self.spatial(self.first(x.unsqueeze(1)))).flatten(1))
+
+
+def test_dropout_under_channels_last_is_not_called_a_loss_disagreement():
+    df = compare(DropsUnderChannelsLast, batch(), ("fp32", "fp32+channels_last", "fp32+rewrite"),
+                 **FAST, loss_tol=1e-9)
+    nhwc = row(df, "fp32+channels_last")
+    assert nhwc["status"] == "ok" and nhwc["loss_ok"] is None
+    assert nhwc["loss_rel_diff"] > 0 and "dropout" in nhwc["note"]
+    # the same seed and layout draw the same masks: an exact rewrite is still compared
+    assert row(df, "fp32+rewrite")["loss_rel_diff"] < 1e-4
+
+
 def test_in_process_runs_give_the_same_table():
     df = compare(tiny, batch(), ("fp32", "bf16", "fp16"), **FAST, isolate=False)
     assert list(df["variant"]) == ["fp32", "bf16", "fp16"] and df.attrs["isolated"] is False

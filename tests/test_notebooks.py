@@ -260,6 +260,7 @@ def test_03_fp32_runs_and_every_other_variant_says_why_not(executed):
     assert all(str(note).strip() for note in r["compare_not_run"].values())
     if r["compare_device"] == "cpu":
         assert r["compare_status"]["fp16"] == "skipped"
+        assert r["compare_status"]["fp32+speedups"] == "ok"  # the CPU's rules apply to EEGNeX
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ import argparse
 import importlib
 from pathlib import Path
 
-VARIANTS_HELP = ("e.g. fp32 bf16 fp16 fp32+compile bf16+channels_last "
+VARIANTS_HELP = ("e.g. fp32 bf16 fp16 fp32+compile fp32+speedups bf16+channels_last "
                  "bf16+channels_last+rewrite+compile:max-autotune (comma or space separated)")
 
 

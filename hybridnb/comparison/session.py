@@ -22,6 +22,7 @@ from hybridnb.comparison.variants import Variant, unavailable
 from hybridnb.hardware.rules import device_native_bf16
 from hybridnb.measure.memory import MemorySampler, heap_reader, peak_bytes, reset_peak
 from hybridnb.measure.timing import Stopwatch, nvml_busy_reader, synchronize
+from hybridnb.train import speedups
 from hybridnb.train.losses import make_loss
 from hybridnb.train.precision import Precision
 from hybridnb.train.recovery import first_line, free_memory, is_oom
@@ -59,6 +60,8 @@ class VariantSession:
         self._busy = None
         self._loss: torch.Tensor | None = None
         self._held: tuple = ()
+        self._said = ""  # what +speedups applied, for the row's note
+        self._nhwc = False  # the variant runs channels_last (dropout then draws other masks)
 
     # ------------------------------------------------------------------ the two requests
 
@@ -111,14 +114,14 @@ class VariantSession:
         model = job.model_fn().to(dev)  # compare._factory checked it returns a Module
         model.train()
         x, y = job.x.to(dev), job.y.to(dev)
-        skip = self._apply_changes(model, x)
+        native = device_native_bf16(dev) if dev.type == "cuda" else None
+        prec = Precision.choose(self.variant.precision, dev, native_bf16=native)
+        skip = self._apply_changes(model, x, prec)
         if skip:
             return {"status": "skipped", "note": skip}
         if self.variant.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         opt = torch.optim.AdamW(model.parameters(), lr=job.lr)
-        native = device_native_bf16(dev) if dev.type == "cuda" else None
-        prec = Precision.choose(self.variant.precision, dev, native_bf16=native)
         net = _compile(model, self.variant.compile) if self.variant.compile else model
         step = TrainStep(net, make_loss(job.loss), opt, prec)
         mark = (torch.compiler.cudagraph_mark_step_begin
@@ -133,8 +136,17 @@ class VariantSession:
         self._rng = torch_rng_state(dev)  # right after the seeded init: the same for every variant
         return None
 
-    def _apply_changes(self, model: nn.Module, x: torch.Tensor) -> str:
-        """Rewrite, then channels_last; the reason when a change has nothing to act on."""
+    def _apply_changes(self, model: nn.Module, x: torch.Tensor, prec: Precision) -> str:
+        """Rewrite, then channels_last, or the Trainer's own decision (+speedups, at the
+        variant's precision); the reason when a change has nothing to act on."""
+        if self.variant.speedups:
+            knobs = [k for k in speedups.KNOBS if k != "precision"]  # the variant's precision
+            applied = speedups.apply_speedups(model, x, self.device, precision=prec, knobs=knobs)
+            if not applied.applied:
+                return f"+speedups changes nothing here: {applied.message}"
+            self._said = applied.message
+            self._nhwc = "channels_last" in applied.applied
+            return ""
         if self.variant.rewrite:
             report = rewrite_depthwise(model, x)
             if not report:
@@ -146,6 +158,7 @@ class VariantSession:
                 return ("+channels_last changes nothing here: the model has no 2-D convolution "
                         "(the layout applies to 4-D weights and activations)")
             model.to(memory_format=torch.channels_last)
+            self._nhwc = True
         return ""
 
     def _warm_up(self) -> dict:
@@ -159,8 +172,8 @@ class VariantSession:
                 self._loss = self._run()
             persistent = _state_bytes(model, opt) + _tensor_bytes(x) + _tensor_bytes(y)
             mem = persistent + self._step_rise()
-        return {"status": "ok", "note": "", "first_step_s": first, "mem_bytes": mem,
-                "loss": float(self._loss)}
+        return {"status": "ok", "note": self._said, "first_step_s": first, "mem_bytes": mem,
+                "loss": float(self._loss), "other_masks": self._nhwc and _has_dropout(model)}
 
     def _step_rise(self) -> float:
         """The peak working memory of one (untimed) step above what was allocated before it:
@@ -274,3 +287,10 @@ def _state_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> int:
     for state in opt.state.values():
         total += sum(_tensor_bytes(v) for v in state.values() if isinstance(v, torch.Tensor))
     return total
+
+
+def _has_dropout(model: nn.Module) -> bool:
+    """Whether ``model`` drops anything in training. Dropout draws its mask in the tensor's
+    memory order, so under channels_last the same seed gives other masks (same distribution):
+    the loss then cannot be compared step for step with the NCHW baseline."""
+    return any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules())

@@ -2,8 +2,11 @@
 
 A variant is a precision followed by ``+``-joined changes, applied in this order whatever order
 they are written in: ``channels_last`` (weights and 4-D inputs in NHWC), ``rewrite`` (the exact
-depthwise-convolution-as-matmul rewrite of ``hybridnb.train.rewrite``), ``compile`` or
-``compile:<mode>`` (torch.compile). Examples: ``"bf16"``, ``"fp32+compile"``,
+depthwise-convolution-as-matmul rewrite of ``hybridnb.train.rewrite``), ``speedups`` (what the
+Trainer's ``speedups="auto"`` decides for this model and device, ``hybridnb.train.speedups``:
+on a CPU the exact chain and rows rewrites and channels_last by rule; it picks the layout and
+rewrites itself, so it does not combine with the two before), ``compile`` or ``compile:<mode>``
+(torch.compile). Examples: ``"bf16"``, ``"fp32+compile"``, ``"fp32+speedups"``,
 ``"bf16+channels_last+rewrite+compile:max-autotune"``.
 """
 
@@ -18,7 +21,7 @@ from hybridnb.train.precision import Precision
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-CHANGES = ("channels_last", "rewrite", "compile")
+CHANGES = ("channels_last", "rewrite", "speedups", "compile")
 DEFAULT_VARIANTS = ("fp32", "bf16", "fp16", "fp32+compile", "bf16+compile", "bf16+channels_last",
                     "bf16+channels_last+rewrite", "bf16+channels_last+rewrite+compile")
 
@@ -33,12 +36,13 @@ class Variant:
     compile: str | None = None
     channels_last: bool = False
     rewrite: bool = False
+    speedups: bool = False
 
     @property
     def is_baseline(self) -> bool:
         """fp32 eager with nothing changed: what every speed-up is measured against."""
         return (self.precision == "fp32" and self.compile is None and not self.channels_last
-                and not self.rewrite)
+                and not self.rewrite and not self.speedups)
 
 
 def parse_variant(text: str) -> Variant:
@@ -64,9 +68,12 @@ def parse_variant(text: str) -> Variant:
             found[kind] = mode
         else:
             found[kind] = True
+    if "speedups" in found and ("channels_last" in found or "rewrite" in found):
+        raise ValueError(f"variants: {text!r} — 'speedups' decides the layout and the rewrites "
+                         f"itself; write it without 'channels_last' and 'rewrite'")
     return Variant(label=spec, precision=prec, compile=found.get("compile"),
                    channels_last=bool(found.get("channels_last")),
-                   rewrite=bool(found.get("rewrite")))
+                   rewrite=bool(found.get("rewrite")), speedups=bool(found.get("speedups")))
 
 
 def unavailable(variant: Variant, device: torch.device, *, live: bool = False) -> str:
