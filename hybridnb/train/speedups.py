@@ -28,7 +28,10 @@ when at least ``MARGIN`` faster). On a CPU that costs about 9 s (a step there co
 - channels_last by rule, for models with a grouped (e.g. depthwise) ``Conv2d``, whose NCHW
   oneDNN path is slow (measured on this project's shared 2-core AMD EPYC, fp32, batch 32,
   forward + backward + AdamW, bench/bench_cpu_speedups.py: EEGNeX 1.5-1.6x); not for plain
-  convolutions (ShallowFBCSPNet 0.94x in a quiet run, 1.08x in a busy one).
+  convolutions (ShallowFBCSPNet 0.94x in a quiet run, 1.08x in a busy one). The same numbers,
+  other random masks: dropout draws its mask in memory order, so under channels_last a seeded
+  run with dropout follows another (equally likely) path than with ``speedups=False``; a run
+  and its resume use the same layout and stay identical.
 - the chain rewrite by rule, first, for every conv-BatchNorm-conv chain whose composite costs at
   most half the multiply-adds (``rewrite_chain.MAX_COST_SHARE``; checked exact on 2 samples of
   the batch: eval output, and a training step's output, gradients and statistics on copies):
