@@ -281,7 +281,12 @@ def rewritten_modules(model: nn.Module, kind: str = "depthwise") -> list[str]:
 def undo_rewrite(model: nn.Module, kind: str | None = None) -> int:
     """Give every rewritten convolution of ``model`` (of ``kind``, or of any form) its original
     class back; returns how many."""
-    form = _Rewritten if kind is None else _FORMS[kind][0]
+    return undo_forms(model, _Rewritten if kind is None else _FORMS[kind][0])
+
+
+def undo_forms(model: nn.Module, form: type) -> int:
+    """Every module of ``model`` running ``form`` (a ``_Rewritten`` subclass) back to its stock
+    class; returns how many."""
     count = 0
     for module in model.modules():
         if isinstance(module, form):

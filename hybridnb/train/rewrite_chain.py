@@ -544,9 +544,4 @@ def chained_modules(model: nn.Module) -> list[str]:
 
 def undo_chain(model: nn.Module) -> int:
     """Every chain module of ``model`` back to its stock class, links dropped; returns how many."""
-    count = 0
-    for module in model.modules():
-        if isinstance(module, _ChainForm):
-            module._hn_undo()
-            count += 1
-    return count
+    return _rw.undo_forms(model, _ChainForm)

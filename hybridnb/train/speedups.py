@@ -310,53 +310,52 @@ def _cpu_chain(model, inputs, applied: Applied) -> None:
     """The chain rewrite by rule, kept only where it computes the same on the example batch
     (eval output, and a training step's output, gradients and statistics on copies)."""
     report = _chain.rewrite_chain(model, *inputs)
-    if report.note:
-        applied.notes.append(report.note)
-        applied.skipped["chain"] = report.note
+    if not _kept(report, applied, "chain", bool(_chain.chained_modules(model)),
+                 "no conv-BatchNorm-conv chain that one convolution computes with fewer "
+                 "multiply-adds"):
         return
-    if not report:
-        applied.skipped["chain"] = ("already rewritten" if _chain.chained_modules(model)
-                                    else "no conv-BatchNorm-conv chain that one convolution "
-                                    "computes with fewer multiply-adds")
-        return
-    applied.applied.append("chain")
     applied.rules["chain"] = (f"conv-BatchNorm-conv with <= {_chain.MAX_COST_SHARE:g} of the "
                               "multiply-adds as one convolution")
     applied.fused = list(report.rewritten)
-    modules = dict(model.named_modules())
     names = [n for chain in report.rewritten for n in chain.split(">")]
-
-    def undo() -> None:
-        for n in names:
-            if isinstance(modules[n], _chain._ChainForm):
-                modules[n]._hn_undo()
-        applied.fused = []
-
-    applied._undo.append(undo)
+    _undo_later(model, names, _chain._ChainForm, applied, "fused")
 
 
 def _cpu_rows(model, inputs, applied: Applied) -> None:
     """The rows rewrite by rule, kept only where it computes the same on the example batch."""
     report = _rewrite.rewrite_rows(model, *inputs)
-    if report.note:
-        applied.notes.append(report.note)
-        applied.skipped["rows"] = report.note
+    if not _kept(report, applied, "rows", bool(_rewrite.rewritten_modules(model, "rows")),
+                 "no (1, K) convolution over several rows"):
         return
-    if not report:
-        applied.skipped["rows"] = ("already rewritten" if _rewrite.rewritten_modules(model, "rows")
-                                   else "no (1, K) convolution over several rows")
-        return
-    names = report.rewritten
-    applied.applied.append("rows")
     applied.rules["rows"] = "(1, K) convolutions over several rows"
-    applied.folded = list(names)
+    applied.folded = list(report.rewritten)
+    _undo_later(model, report.rewritten, _rewrite._RowsAsConv1d, applied, "folded")
+
+
+def _kept(report, applied: Applied, knob: str, already: bool, none_found: str) -> bool:
+    """Record a rewrite's report under ``knob``: applied (True), or skipped and why."""
+    if report.note:  # found, but not exact on the batch: said
+        applied.notes.append(report.note)
+        applied.skipped[knob] = report.note
+        return False
+    if not report:
+        applied.skipped[knob] = "already rewritten" if already else none_found
+        return False
+    applied.applied.append(knob)
+    return True
+
+
+def _undo_later(model, names: list[str], form: type, applied: Applied, listed: str) -> None:
+    """``applied.undo()`` gives the ``names`` modules still in ``form`` their stock class back
+    and empties ``applied.<listed>``."""
     modules = dict(model.named_modules())
+    names = list(names)
 
     def undo() -> None:
         for n in names:
-            if isinstance(modules[n], _rewrite._RowsAsConv1d):
-                modules[n].__class__ = type(modules[n])._hn_stock
-        applied.folded = []
+            if isinstance(modules[n], form):
+                modules[n]._hn_undo()
+        setattr(applied, listed, [])
 
     applied._undo.append(undo)
 
