@@ -132,6 +132,8 @@ class _Rewritten:
 
     _hn_stock: type  # the class it was before the rewrite
     _hn_form: tuple[str, str]  # this module's functions: (applies, compute)
+    _hn_transient: tuple[str, ...] = ()  # ``__dict__`` keys the form adds: never pickled
+    _hn_suffix: str = ""  # the rewritten class's name: the stock name + this
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         applies, compute = _form_functions(type(self))
@@ -140,13 +142,18 @@ class _Rewritten:
         return self._hn_stock.forward(self, x)
 
     def _hn_undo(self) -> None:
-        """Back to the original class (forms that hold more in ``__dict__`` drop it too)."""
+        """Back to the original class, without what the form added to ``__dict__``."""
+        for key in self._hn_transient:
+            self.__dict__.pop(key, None)
         self.__class__ = type(self)._hn_stock
 
     def __reduce_ex__(self, protocol):
         # pickle as the original class (rebuilt by the standard library), so a whole model saved
         # with torch.save loads without hybridnb; a class that refuses pickling still refuses
-        return copyreg._reconstructor, (type(self)._hn_stock, object, None), self.__getstate__()
+        state = self.__getstate__()
+        if self._hn_transient:
+            state = {k: v for k, v in state.items() if k not in self._hn_transient}
+        return copyreg._reconstructor, (type(self)._hn_stock, object, None), state
 
     def __deepcopy__(self, memo):
         cls = type(self)
@@ -163,12 +170,14 @@ class _MatmulDepthwise(_Rewritten):
     """The depthwise convolution as a batched matmul (``rewrite_depthwise``)."""
 
     _hn_form = ("spans_height", "depthwise_as_matmul")
+    _hn_suffix = "AsMatmul"
 
 
 class _RowsAsConv1d(_Rewritten):
     """The ``(1, K)`` convolution as a 1-D convolution over folded rows (``rewrite_rows``)."""
 
     _hn_form = ("several_rows", "rows_as_conv1d")
+    _hn_suffix = "AsConv1d"
 
 
 def _form_functions(form: type) -> tuple:
@@ -177,14 +186,14 @@ def _form_functions(form: type) -> tuple:
 
 
 _CLASSES: dict[tuple[type, type], type] = {}
-_SUFFIX = {_MatmulDepthwise: "AsMatmul", _RowsAsConv1d: "AsConv1d"}
 
 
 def _rewritten_class(stock: type, form: type) -> type:
-    """The rewritten class for ``stock`` in ``form`` (one per pair, built once)."""
+    """The rewritten class for ``stock`` in ``form`` (one per pair, built once; every form,
+    the chain's included)."""
     if (stock, form) not in _CLASSES:
-        _CLASSES[(stock, form)] = type(f"{stock.__name__}{_SUFFIX[form]}", (form, stock),
-                                       {"_hn_stock": stock, "__module__": __name__})
+        _CLASSES[(stock, form)] = type(f"{stock.__name__}{form._hn_suffix}", (form, stock),
+                                       {"_hn_stock": stock, "__module__": form.__module__})
     return _CLASSES[(stock, form)]
 
 

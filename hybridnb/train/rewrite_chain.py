@@ -58,7 +58,6 @@ that costs more than ``RTOL``.
 from __future__ import annotations
 
 import copy
-import copyreg
 import weakref
 from dataclasses import dataclass, field
 
@@ -284,25 +283,27 @@ class _Link:
     def __getstate__(self):
         return {"modules": self.modules, "pending": None}
 
+    def take(self, step: str, tensor: torch.Tensor) -> tuple | None:
+        """The call in flight if its ``step`` produced exactly ``tensor``, else None; either way
+        the link is cleared (a chain is computed once per call)."""
+        pending, self.pending = self.pending, None
+        if pending is None or pending[0] != step or pending[2]() is not tensor:
+            return None
+        return pending
+
 
 class _ChainForm(_rw._Rewritten):
     """A module of a rewritten chain: pickles as its stock class without the link."""
 
     _hn_form = ()
+    _hn_transient = ("_hn_chain",)
     _hn_chain: _Link
-
-    def __reduce_ex__(self, protocol):
-        state = dict(self.__getstate__())
-        state.pop("_hn_chain", None)
-        return copyreg._reconstructor, (type(self)._hn_stock, object, None), state
-
-    def _hn_undo(self) -> None:
-        self.__dict__.pop("_hn_chain", None)
-        self.__class__ = type(self)._hn_stock
 
 
 class _ChainHead(_ChainForm):
     """convA: its own output; remembers its input for convB."""
+
+    _hn_suffix = "ChainHead"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         link = self._hn_chain
@@ -316,10 +317,12 @@ class _ChainHead(_ChainForm):
 class _ChainNorm(_ChainForm):
     """The BatchNorm: its own output by BatchNorm2d's arithmetic; hands ``a`` and the shift on."""
 
+    _hn_suffix = "ChainNorm"
+
     def forward(self, c1: torch.Tensor) -> torch.Tensor:
         link = self._hn_chain
-        pending, link.pending = link.pending, None
-        if pending is None or pending[0] != "head" or pending[2]() is not c1:
+        pending = link.take("head", c1)
+        if pending is None:
             return self._hn_stock.forward(self, c1)
         x = pending[1]
         out = self._hn_stock.forward(self, c1)  # the stock output and statistics update
@@ -337,32 +340,25 @@ class _ChainNorm(_ChainForm):
 class _ChainTail(_ChainForm):
     """convB: the composite when its input is the chain's BatchNorm output, else a convolution."""
 
+    _hn_suffix = "ChainTail"
+
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         link = self._hn_chain
-        pending, link.pending = link.pending, None
-        if pending is None or pending[0] != "norm" or pending[2]() is not z:
+        pending = link.take("norm", z)
+        if pending is None:
             return self._hn_stock.forward(self, z)
         _, x, _, a, shift = pending
         return chain_output(link.modules[0], self, x, a, shift)
 
 
 _FORMS = (_ChainHead, _ChainNorm, _ChainTail)
-_CLASSES: dict[tuple[type, type], type] = {}
-
-
-def _form_class(stock: type, form: type) -> type:
-    if (stock, form) not in _CLASSES:
-        suffix = form.__name__.removeprefix("_")
-        _CLASSES[(stock, form)] = type(f"{stock.__name__}{suffix}", (form, stock),
-                                       {"_hn_stock": stock, "__module__": __name__})
-    return _CLASSES[(stock, form)]
 
 
 def _swap(modules: tuple[nn.Module, nn.Module, nn.Module]) -> None:
     link = _Link(*modules)
     for module, form in zip(modules, _FORMS, strict=True):
         module.__dict__["_hn_chain"] = link
-        module.__class__ = _form_class(type(module), form)
+        module.__class__ = _rw._rewritten_class(type(module), form)
 
 
 # ----------------------------------------------------------------------------- find and check
@@ -389,6 +385,11 @@ def has_chain_candidate(model: nn.Module) -> bool:
 def find_chains(model: nn.Module, *example) -> list[tuple[str, str, str]]:
     """The (convA, bn, convB) names that follow the rule on ``example`` (one eval-mode forward
     without gradients, forward hooks on every module)."""
+    return _scan(model, example)[0]
+
+
+def _scan(model: nn.Module, example: tuple) -> tuple[list[tuple[str, str, str]], object]:
+    """``find_chains`` and the stock eval-mode output it saw (the check's reference)."""
     names = {m: n for n, m in model.named_modules()}
     calls: list[tuple[nn.Module, list[int], int]] = []
     keep: list = []  # the tensors seen, alive until the end so their ids stay unique
@@ -403,8 +404,8 @@ def find_chains(model: nn.Module, *example) -> list[tuple[str, str, str]]:
 
     hooks = [m.register_forward_hook(hook) for m in names]
     try:
-        with torch.no_grad(), evaluating(model):
-            model(*example)
+        with torch.no_grad(), evaluating(model), _rw._exact_fp32():
+            output = model(*example)
     finally:
         for h in hooks:
             h.remove()
@@ -433,7 +434,7 @@ def find_chains(model: nn.Module, *example) -> list[tuple[str, str, str]]:
         if len(tails) != 1 or not sole_consumer(ins[0], bn) or not sole_consumer(out, tails[0]):
             continue
         found.append((names[conv_a], names[bn], names[tails[0]]))
-    return found
+    return found, output
 
 
 def rewrite_chain(model: nn.Module, *example) -> ChainReport:
@@ -455,13 +456,12 @@ def rewrite_chain(model: nn.Module, *example) -> ChainReport:
                    for a in example)
     width = next((a.shape[-1] for a in inputs if isinstance(a, torch.Tensor) and a.dim()), 0)
     modules = dict(model.named_modules())
-    chains = [c for c in find_chains(model, *inputs)
+    found, before = _scan(model, inputs)
+    chains = [c for c in found
               if cost_share(modules[c[0]], modules[c[2]], width) <= MAX_COST_SHARE]
     if not chains:
         return report
     stock_copy = copy.deepcopy(model)
-    with torch.no_grad(), evaluating(model), _rw._exact_fp32():
-        before = model(*inputs)
     for chain in chains:
         _swap(tuple(modules[n] for n in chain))
     try:
