@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import os
 from collections.abc import Iterator
 
 import torch
@@ -30,7 +29,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from hybridnb import failures
-from hybridnb.env import launch_env
+from hybridnb.env import launch_env, visible_gpus
 from hybridnb.strategies.base import Strategy
 from hybridnb.strategies.batches import ResumableBatchSampler, batch_len
 
@@ -322,7 +321,7 @@ def _rank_device(device, local_rank: int) -> torch.device:
     index = local_rank if local_rank < count else 0 if count == 1 else None
     if index is None:
         raise RuntimeError(f"LOCAL_RANK={local_rank} but this process sees {count} GPU(s) "
-                           f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); "
+                           f"(CUDA_VISIBLE_DEVICES={visible_gpus()!r}); "
                            f"NCCL needs one GPU per process: start at most {count} processes "
                            "per machine")
     if device.index is not None and device.index != index:
