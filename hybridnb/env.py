@@ -144,6 +144,27 @@ def launched_rank(environ: dict[str, str] | None = None) -> tuple[bool, int | No
     return True, job[1], job[2]
 
 
+# ------------------------------------------------------------------ this process's role and tools
+
+def isolated_worker(environ: dict[str, str] | None = None) -> bool:
+    """True in an isolated training worker (``HYBRIDNB_ISOLATED`` set): it owns CUDA and never
+    isolates again."""
+    env = os.environ if environ is None else environ
+    return bool(env.get(ISOLATED_ENV))
+
+
+def visible_gpus(environ: dict[str, str] | None = None) -> str | None:
+    """``$CUDA_VISIBLE_DEVICES`` as set (None when unset), for messages about GPU counts."""
+    env = os.environ if environ is None else environ
+    return env.get("CUDA_VISIBLE_DEVICES")
+
+
+def cxx(environ: dict[str, str] | None = None) -> str | None:
+    """``$CXX``: the C++ compiler the user chose for TorchInductor (None when unset or empty)."""
+    env = os.environ if environ is None else environ
+    return env.get("CXX") or None
+
+
 # ------------------------------------------------------------------ the cache folder
 
 def cache_dir(environ: dict[str, str] | None = None) -> Path:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from hybridnb.train import checkpoint
+from hybridnb import files
 
 FORMAT = "hybridnb-model-1"
 
@@ -39,7 +39,9 @@ def save_model(model: torch.nn.Module, path: str | os.PathLike, *,
     """Write ``model``'s weights and metadata to ``path`` atomically; returns the path.
 
     ``weights``: which weights these are ("final", "best", "ema"); ``extra``: more metadata
-    (plain numbers, strings, lists, dicts: it must load with ``weights_only=True``)."""
+    (plain numbers, strings, lists, dicts: it must load with ``weights_only=True``). A write that
+    fails (a full disk, a read-only folder) raises ``files.WriteError`` (an ``OSError``) naming
+    ``path`` and the cause; an older file at ``path`` is left as it was, and no partial file."""
     import hybridnb
 
     if not isinstance(model, torch.nn.Module):
@@ -53,7 +55,16 @@ def save_model(model: torch.nn.Module, path: str | os.PathLike, *,
               "versions": {"hybridnb": str(hybridnb.__version__), "torch": str(torch.__version__)},
               "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "extra": {str(k): _plain(v, f"extra[{k!r}]") for k, v in (extra or {}).items()}}
-    return checkpoint.atomic_save(record, path)
+    try:
+        return files.atomic_save(record, path)
+    except Exception as exc:
+        if not files.is_write_failure(exc):
+            raise
+        kept = "the older file there is unchanged" if Path(path).exists() else "no file written"
+        message = (f"saving the model to {path} failed ({files.describe(exc, path)}); {kept}: "
+                   "free space there or save into another folder")
+        code = getattr(exc, "errno", None)
+        raise (files.WriteError(code, message) if code else files.WriteError(message)) from None
 
 
 def _plain(value, where: str):
@@ -76,16 +87,21 @@ def _plain(value, where: str):
                     "weights_only=True")
 
 
+_PICKLED_ADVICE = ("save the weights with trainer.save(path) or torch.save(model.state_dict(), "
+                   "path) and load those; or, only if you trust the file, load it yourself with "
+                   "torch.load(path, weights_only=False)")
+
+
 def _read(path: str | os.PathLike) -> dict:
     """The file's content, as a model record (a checkpoint's weights are converted)."""
     path = Path(path)
-    data = checkpoint.read_safely(path, "model file", "is not a readable model file (truncated, "
-                                  "corrupt, or not written by torch.save)", FileNotFoundError,
-                                  ModelFileError)
+    data = files.read_safely(path, "model file", "is not a readable model file (truncated, "
+                             "corrupt, or not written by torch.save)", FileNotFoundError,
+                             ModelFileError, _PICKLED_ADVICE)
     fmt = data.get("format") if isinstance(data, dict) else None
     if fmt == FORMAT:
         return data
-    if fmt == checkpoint.FORMAT and isinstance(data.get("model"), dict):
+    if fmt == files.CHECKPOINT_FORMAT and isinstance(data.get("model"), dict):
         name = data.get("config", {}).get("model")
         return {"format": fmt, "model": data["model"],
                 "model_class": {"module": None, "qualname": name} if name else None,

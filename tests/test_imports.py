@@ -159,3 +159,37 @@ def test_no_import_cycles_in_hybridnb():
     if found:
         pytest.fail("import cycles (function-level imports count):\n"
                     + "\n".join("  " + " -> ".join(c) for c in found))
+
+
+def packages(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph folded into hybridnb's sub-packages and top-level modules
+    (``hybridnb.train.trainer`` -> ``hybridnb.train``); edges inside one unit are dropped, and so
+    is the root package (its lazy public names import every part; no part imports it for more
+    than ``__version__``)."""
+    def unit(name: str) -> str:
+        return ".".join(name.split(".")[:2])
+
+    out: dict[str, set[str]] = {}
+    for name, targets in edges.items():
+        if unit(name) == PACKAGE:
+            continue
+        out.setdefault(unit(name), set()).update(
+            unit(t) for t in targets if unit(t) not in (unit(name), PACKAGE))
+    return out
+
+
+def test_packages_fold_modules_into_their_sub_package():
+    folded = packages({"hybridnb.train.a": {"hybridnb.train.b", "hybridnb.strategies.c"},
+                       "hybridnb.strategies.c": {"hybridnb.files", "hybridnb"},
+                       "hybridnb": {"hybridnb.train.a"}})
+    assert folded == {"hybridnb.train": {"hybridnb.strategies"},
+                      "hybridnb.strategies": {"hybridnb.files"}}
+
+
+def test_no_import_cycles_between_hybridnb_sub_packages():
+    """train <-> strategies and train <-> saving were such cycles (issue 27): a lower layer
+    (strategies, saving) must not reach up into train, even inside a function."""
+    found = cycles(packages(graph()))
+    if found:
+        pytest.fail("import cycles between sub-packages (function-level imports count):\n"
+                    + "\n".join("  " + " -> ".join(c) for c in found))

@@ -113,7 +113,7 @@ def test_checkpoint_writes_failing_mid_run_keep_the_run_and_the_last_good_file(t
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(obj, f, *a, **kw)
 
-    monkeypatch.setattr(checkpoint.torch, "save", full_disk)
+    monkeypatch.setattr(torch, "save", full_disk)
     tr = trainer(checkpoint_dir=tmp_path, epochs=3, checkpoint_every=2, logger=None)
     tr.fit(data())  # writes at steps 2, 4 (fails), 4 end of epoch (fails), 6, ...
     assert tr.global_step == 12 and len(tr.history) == 3  # the run went on
@@ -135,7 +135,7 @@ def test_last_good_checkpoint_is_intact_while_writes_keep_failing(tmp_path, monk
             raise OSError(errno.EROFS, "Read-only file system")
         return real(obj, f, *a, **kw)
 
-    monkeypatch.setattr(checkpoint.torch, "save", read_only)
+    monkeypatch.setattr(torch, "save", read_only)
     tr = trainer(checkpoint_dir=tmp_path, epochs=2, logger=None)
     tr.fit(data())
     assert len(tr.history) == 2

@@ -9,6 +9,8 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from hybridnb.env import cxx
+
 
 @dataclass
 class HostInfo:
@@ -96,7 +98,7 @@ def cpu_flags() -> set[str]:
 
 def cxx_compiler() -> str | None:
     """The C++ compiler TorchInductor would use for CPU code ($CXX, else g++/c++/clang++)."""
-    candidates = [os.environ.get("CXX")] if os.environ.get("CXX") else []
+    candidates = [cxx()] if cxx() else []
     candidates += ["cl"] if os.name == "nt" else ["g++", "c++", "clang++"]
     for name in candidates:
         path = shutil.which(name) if name else None

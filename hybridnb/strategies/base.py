@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from hybridnb.train.data import ResumableBatchSampler
+from hybridnb.strategies.batches import ResumableBatchSampler
 
 
 class Strategy:

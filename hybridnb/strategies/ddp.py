@@ -22,17 +22,16 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import os
 from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from hybridnb.env import launch_env
+from hybridnb import failures
+from hybridnb.env import launch_env, visible_gpus
 from hybridnb.strategies.base import Strategy
-from hybridnb.train import recovery
-from hybridnb.train.data import ResumableBatchSampler
+from hybridnb.strategies.batches import ResumableBatchSampler, batch_len
 
 LAUNCH_HELP = ("start one process per device with torchrun (torchrun --nproc_per_node=N "
                "script.py) or, from a notebook, hn.launch(fn, num_processes=N)")
@@ -216,8 +215,8 @@ class DDPStrategy(Strategy):
             return None
         buffers = ([b for b in self._module.buffers() if b.is_floating_point()]
                    if self._module is not None else [])
-        n = float(sum(recovery.batch_len(b) for b in window))
-        code = 0 if failed is None else (1 if recovery.is_oom(failed) else 2)
+        n = float(sum(batch_len(b) for b in window))
+        code = 0 if failed is None else (1 if failures.is_oom(failed) else 2)
         head = torch.tensor([code == 1, code == 2, 0.0, 0.0 if failed else n])
         if failed is None:
             head[2] = float(total) * n
@@ -269,7 +268,7 @@ class DDPStrategy(Strategy):
     def _failures(self, failed: BaseException | None) -> str:
         """'rank 1 failed (CUDA out of memory...)' for every rank that failed (an all_gather,
         only run when some rank failed)."""
-        mine = None if failed is None else f"{type(failed).__name__}: {recovery.first_line(failed)}"
+        mine = None if failed is None else f"{type(failed).__name__}: {failures.first_line(failed)}"
         notes: list[str | None] = [None] * self.world_size
         dist.all_gather_object(notes, mine)
         return "; ".join(f"rank {r} failed ({note})" for r, note in enumerate(notes) if note)
@@ -322,7 +321,7 @@ def _rank_device(device, local_rank: int) -> torch.device:
     index = local_rank if local_rank < count else 0 if count == 1 else None
     if index is None:
         raise RuntimeError(f"LOCAL_RANK={local_rank} but this process sees {count} GPU(s) "
-                           f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); "
+                           f"(CUDA_VISIBLE_DEVICES={visible_gpus()!r}); "
                            f"NCCL needs one GPU per process: start at most {count} processes "
                            "per machine")
     if device.index is not None and device.index != index:

@@ -35,9 +35,10 @@ import os
 import torch
 import torch.distributed as dist
 
+from hybridnb import failures
 from hybridnb.env import launch_env as _launch_env
+from hybridnb.strategies.batches import batch_len
 from hybridnb.strategies.ddp import LAUNCH_HELP, DDPStrategy, _Agreed
-from hybridnb.train import recovery
 
 MISSING = ("strategy='deepspeed' needs the deepspeed package, which is not installed: pip install "
            "deepspeed (Linux with a compiler; see deepspeed.ai). For EEG-sized models "
@@ -158,7 +159,7 @@ class DeepSpeedStrategy(DDPStrategy):
         except Exception as exc:
             raise BackwardFailure(
                 f"rank {self.rank} failed inside DeepSpeed's backward ({type(exc).__name__}: "
-                f"{recovery.first_line(exc)}); ZeRO-2 reduces gradients during backward, so the "
+                f"{failures.first_line(exc)}); ZeRO-2 reduces gradients during backward, so the "
                 "other ranks cannot re-run this step with it. The last checkpoint is in "
                 "checkpoint_dir: resume with a smaller batch_size (or larger grad_accum)") from exc
 
@@ -167,7 +168,7 @@ class DeepSpeedStrategy(DDPStrategy):
         global batch's mean loss (buffers such as BatchNorm statistics are averaged)."""
         if failed is not None and isinstance(failed, _Agreed):
             return None
-        n = float(sum(recovery.batch_len(b) for b in window))
+        n = float(sum(batch_len(b) for b in window))
         loss_sum = 0.0 if failed is not None else float(total) * n
         result = self._vote(failed, loss_sum, 0.0 if failed is not None else n)
         if result is None:
@@ -185,7 +186,7 @@ class DeepSpeedStrategy(DDPStrategy):
         """One all-reduce of (OOM ranks, failed ranks, loss x samples, samples). Raises
         ``PeerOutOfMemory`` / ``PeerFailure`` on a rank that did not fail when another did;
         returns None on the failing rank, else the mean loss."""
-        code = 0 if failed is None else (1 if recovery.is_oom(failed) else 2)
+        code = 0 if failed is None else (1 if failures.is_oom(failed) else 2)
         head = torch.tensor([code == 1, code == 2, loss_sum, n], dtype=torch.float64,
                             device=self._comm)
         dist.all_reduce(head)

@@ -13,16 +13,23 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
+from hybridnb.files import CHECKPOINT_FORMAT as FORMAT
+from hybridnb.files import (
+    atomic_save,
+    describe,
+    fsync_dir,
+    is_write_failure,
+    keep_copy,
+    read_safely,
+)
 from hybridnb.train.storage import StorageGuard
 
-FORMAT = "hybridnb-checkpoint-1"
+__all__ = ["FORMAT", "atomic_save", "read_safely", "save", "load", "read", "Checkpoints"]
+_keep_copy, _fsync_dir = keep_copy, fsync_dir  # the names this module had before files.py
 LAST, PREVIOUS, BEST = "last.pt", "last.prev.pt", "best.pt"
 # the temporary names ``save`` / ``_keep_copy`` / ``check_dir`` write (".last.pt.tmp-<pid>")
 _OUR_TEMP = re.compile(r"\.(?:(?:last|last\.prev|best)\.pt\.tmp|write-test)-(?P<pid>\d+)")
@@ -38,47 +45,17 @@ def save(state: dict, path: str | os.PathLike, keep_previous: bool = False) -> P
     return atomic_save({"format": FORMAT, **state}, path, keep_previous)
 
 
-def atomic_save(obj: dict, path: str | os.PathLike, keep_previous: bool = False) -> Path:
-    """``torch.save(obj)`` into a temporary file in ``path``'s folder, flushed and fsynced, then
-    renamed over ``path``: a crash at any moment leaves the old file or the new one, whole."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        if keep_previous and path.exists():
-            _keep_copy(path, path.with_name(f"{path.stem}.prev{path.suffix}"))
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-    return path
-
-
-def read_safely(path: str | os.PathLike, what: str, unreadable: str,
-                missing: type[Exception], bad: type[Exception]) -> object:
-    """``torch.load(path, weights_only=True)`` on the CPU; a missing file raises ``missing`` and
-    an unreadable one ``bad``, naming ``what`` and the file (``unreadable``: what to say)."""
-    path = Path(path)
-    if not path.is_file():
-        raise missing(f"{what} {path} does not exist")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # zip reader, unpickler and EOF errors all mean the same here
-        # torch's own text may advise weights_only=False (running pickled code): never repeat it
-        raise bad(f"{path} {unreadable} ({path.stat().st_size} bytes; "
-                  f"{type(exc).__name__})") from None
+_PICKLED_ADVICE = ("a hybridnb checkpoint holds only tensors and plain data, so this file was "
+                   "written some other way; resume from a folder fit(checkpoint_dir=...) wrote, "
+                   "or, only if you trust the file, load it yourself with torch.load(path, "
+                   "weights_only=False)")
 
 
 def load(path: str | os.PathLike) -> dict:
     """Read a checkpoint with ``weights_only=True``; a bad file raises ``CheckpointError`` naming it."""
     path = Path(path)
     state = read_safely(path, "checkpoint", "is unreadable (truncated or corrupt)",
-                        CheckpointError, CheckpointError)
+                        CheckpointError, CheckpointError, _PICKLED_ADVICE)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path} is not a hybridnb checkpoint "
                               f"(format {state.get('format') if isinstance(state, dict) else '?'})")
@@ -120,27 +97,6 @@ def _advice(folder: Path) -> str:
         return (f"{best} holds the best weights (trainer.model.load_state_dict(torch.load("
                 f"'{best}', weights_only=True)['model'])), or start afresh without resume")
     return "start afresh without resume (or move the folder away)"
-
-
-def _keep_copy(src: Path, dst: Path) -> None:
-    """Make ``dst`` a copy of ``src`` while ``src`` stays in place (hard link, else a copy)."""
-    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    try:
-        os.link(src, tmp)
-    except OSError:
-        shutil.copy2(src, tmp)
-    os.replace(tmp, dst)
-
-
-def _fsync_dir(folder: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def read(path: str | os.PathLike, model=None) -> tuple[dict, Path, list[str]]:
@@ -290,12 +246,15 @@ class Checkpoints:
             self._write({"kind": "best", **record}, BEST)
 
     def _write(self, state: dict, name: str, keep_previous: bool = False) -> None:
-        """Write a file; an ``OSError`` (full disk, read-only folder) is said once and the run
-        goes on from memory (``storage.StorageGuard``), the file on disk left as it was."""
+        """Write a file; a write failure (full disk, read-only folder: an ``OSError`` or
+        torch's writer error) is said once and the run goes on from memory
+        (``storage.StorageGuard``), the file on disk left as it was."""
         path = self.folder / name
         try:
             save(state, path, keep_previous=keep_previous)
-        except OSError as exc:
+        except Exception as exc:
+            if not is_write_failure(exc):
+                raise
             self.storage.failed(path, exc, lambda: (
                 f"the last good {name} on disk (step {_step_of(path)}) is intact and the "
                 "current state is kept in memory" if path.exists() else
@@ -326,10 +285,14 @@ class Checkpoints:
         try:
             path = save(snapshot, self.folder / LAST, keep_previous=True)
         except Exception as exc:
-            print(f"hybridnb: training failed, and saving the last good state into "
-                  f"{self.folder} failed too ({type(exc).__name__}: "
-                  f"{str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ''}); "
-                  "the original error follows", file=sys.stderr)
+            last = self.folder / LAST
+            cause = describe(exc, last) if is_write_failure(exc) else (
+                f"{type(exc).__name__}: "
+                f"{str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ''}")
+            kept = (f"the {LAST} on disk (step {_step_of(last)}) is intact" if last.exists()
+                    else "no checkpoint is on disk")
+            print(f"hybridnb: training failed, and saving the last good state into {last} "
+                  f"failed too ({cause}); {kept}; the original error follows", file=sys.stderr)
             return
         print(f"hybridnb: training failed; the last good state (step "
               f"{snapshot['position']['global_step']}) is in {path}; "

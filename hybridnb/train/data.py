@@ -1,8 +1,9 @@
 """DataLoaders for the Trainer: built from a Dataset with a resumable batch order.
 
-``ResumableBatchSampler`` draws each epoch's order from the loader's own generator, and can start
-an epoch at batch k without reading the k batches before it, so a run resumed mid-epoch sees
-exactly the batches a straight run would have seen next.
+``ResumableBatchSampler`` (defined in ``strategies.batches``, importable from here) draws each
+epoch's order from the loader's own generator, and can start an epoch at batch k without reading
+the k batches before it, so a run resumed mid-epoch sees exactly the batches a straight run would
+have seen next.
 """
 
 from __future__ import annotations
@@ -12,32 +13,9 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-
-class ResumableBatchSampler(Sampler[list[int]]):
-    """Batches of indices over ``n`` samples; ``skip(k)`` makes the next epoch start at batch k."""
-
-    def __init__(self, n: int, batch_size: int, shuffle: bool, generator: torch.Generator,
-                 drop_last: bool = False) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size!r} must be >= 1")
-        self.n, self.batch_size, self.shuffle = int(n), int(batch_size), shuffle
-        self.generator, self.drop_last = generator, drop_last
-        self._skip = 0
-
-    def skip(self, batches: int) -> None:
-        self._skip = int(batches)
-
-    def __iter__(self) -> Iterator[list[int]]:
-        order = (torch.randperm(self.n, generator=self.generator).tolist() if self.shuffle
-                 else list(range(self.n)))
-        start, self._skip = self._skip, 0
-        for b in range(start, len(self)):
-            yield order[b * self.batch_size:(b + 1) * self.batch_size]
-
-    def __len__(self) -> int:
-        return self.n // self.batch_size if self.drop_last else math.ceil(self.n / self.batch_size)
+from hybridnb.strategies.batches import ResumableBatchSampler
 
 
 def as_dataset(data) -> Dataset | DataLoader:
@@ -185,7 +163,13 @@ def make_loader(data, *, batch_size: int, shuffle: bool, what: str, seed: int | 
 
 def epoch_batches(loader, state, event) -> Iterator:
     """The epoch's batches from ``state.batches_done`` on, with the RNG states a straight run
-    would have at that point (a resumed run continues bit for bit)."""
+    would have at that point (a resumed run continues bit for bit). Each batch's sample shape is
+    checked against the epoch's first (``same_sample_shape``)."""
+    return same_sample_shape(_epoch_iter(loader, state, event), state.batches_done,
+                             state.epoch, "training")
+
+
+def _epoch_iter(loader, state, event) -> Iterator:
     from hybridnb.train.seeding import set_rng_state
 
     gen = getattr(loader, "generator", None)
@@ -215,6 +199,43 @@ def epoch_batches(loader, state, event) -> Iterator:
         set_rng_state(state.pending_rng)
         state.pending_rng = None
     return it
+
+
+_COLLATE_SIZES = "stack expects each tensor to be equal size"
+
+
+def same_sample_shape(batches: Iterator, start: int, epoch: int, source: str) -> Iterator:
+    """``batches`` (numbered from ``start`` within ``epoch``), each checked to hold samples of
+    the first batch's shape (``x.shape[1:]``: a tuple compare per batch): another shape raises
+    a ValueError naming the batch, the epoch, ``source`` and both shapes, where torch would say
+    only ``mat1 and mat2 shapes cannot be multiplied`` later. Samples of different shapes
+    inside one batch (torch's collate cannot stack them) are named the same way."""
+    batches = iter(batches)
+    first, index = None, start
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except RuntimeError as exc:
+            if _COLLATE_SIZES not in str(exc):
+                raise
+            raise ValueError(f"{source} batch {index} of epoch {epoch}: its samples have "
+                             f"different shapes ({str(exc).strip().splitlines()[0]}): every "
+                             "sample must have the same shape (crop or pad them in the "
+                             "Dataset)") from None
+        x = batch[0] if isinstance(batch, (tuple, list)) and batch else None
+        if isinstance(x, torch.Tensor) and x.dim() > 0:
+            shape = tuple(x.shape[1:])
+            if first is None:
+                first = (index, shape)
+            elif shape != first[1]:
+                raise ValueError(f"{source} batch {index} of epoch {epoch} holds samples of "
+                                 f"shape {shape}, but batch {first[0]}'s are {first[1]}: every "
+                                 "sample must have the same shape (look at that batch's items "
+                                 "in the Dataset; crop or pad them)")
+        yield batch
+        index += 1
 
 
 class BatchCheck:

@@ -17,6 +17,7 @@ said once and retried with the next row (``storage.StorageGuard``); rows are nev
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib.util
 import io
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from hybridnb.train import checkpoint
 from hybridnb.train.state import HISTORY_COLUMNS
-from hybridnb.train.storage import StorageGuard
+from hybridnb.train.storage import StorageGuard, is_write_failure
 
 HISTORY = "history.csv"
 TB_EVENTS = "events.out.tfevents.*"
@@ -83,11 +84,18 @@ class CsvLogger:
         if len(kept) == len(rows):
             return
         tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        with open(tmp, "w", newline="") as f:
-            csv.writer(f).writerows(kept)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        try:
+            with open(tmp, "w", newline="") as f:
+                csv.writer(f).writerows(kept)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            self.storage.failed(self.path, exc, f"the file still holds the resumed run's rows "
+                                f"from epoch {epoch} on (each new row follows them)")
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
 
     def step(self, global_step: int, loss: float, lr: float) -> None:
         pass
@@ -137,6 +145,7 @@ class TensorBoardLogger:
 
     def __init__(self, folder: Path, storage: StorageGuard) -> None:
         self.folder, self.storage, self.writer = Path(folder), storage, None
+        self._purge: int | None = None
 
     def open(self, start_epoch: int, global_step: int) -> None:
         try:
@@ -146,13 +155,25 @@ class TensorBoardLogger:
                               f"{TB_INSTALL}") from exc
         if start_epoch == 0:
             checkpoint.set_aside(self.folder, self.patterns, checkpoints=False)
-        self.writer = SummaryWriter(str(self.folder),
-                                    purge_step=global_step + 1 if start_epoch else None)
+        self._purge = global_step + 1 if start_epoch else None  # a resumed run's later steps
+        self._make = lambda: SummaryWriter(str(self.folder), purge_step=self._purge)
+        self._guarded(lambda: None)
 
     def _guarded(self, write) -> None:
+        """Run ``write`` on the writer (made first when there is none); a write failure is said
+        once and drops the writer, whose thread keeps the error: the next write makes a new
+        one (TensorBoard reads every event file in the folder)."""
         try:
+            if self.writer is None:
+                self.writer, self._purge = self._make(), None  # purged once, not again
             write()
-        except OSError as exc:
+        except Exception as exc:
+            if not is_write_failure(exc):
+                raise
+            if self.writer is not None:
+                with contextlib.suppress(Exception):
+                    self.writer.close()
+            self.writer = None
             self.storage.failed(self.folder / "events.out.tfevents", exc,
                                 "the scalars are kept in trainer.history and trainer.steps")
             return
@@ -178,7 +199,7 @@ class TensorBoardLogger:
 
     def close(self) -> None:
         if self.writer is not None:
-            self._guarded(self.writer.close)
+            self._guarded(lambda: self.writer.close())
             self.writer = None
 
 

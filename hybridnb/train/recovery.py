@@ -34,68 +34,16 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hybridnb.failures import (  # noqa: F401  (their old home: kept importable from here)
+    DEVICE_LOST_MESSAGES,
+    OOM_MESSAGES,
+    first_line,
+    is_device_lost,
+    is_oom,
+)
 from hybridnb.measure.memory import cuda_index
+from hybridnb.strategies.batches import batch_len
 from hybridnb.train.seeding import set_torch_rng_state, torch_rng_state
-
-# Messages that mean "this batch does not fit", across backends (torch raises some of them as a
-# plain RuntimeError, e.g. from cuDNN, the driver or the CPU allocator).
-OOM_MESSAGES = (
-    "CUDA out of memory",
-    "HIP out of memory",
-    "MPS backend out of memory",
-    "XPU out of memory",
-    "CUDA error: out of memory",
-    "hipErrorOutOfMemory",
-    "CUBLAS_STATUS_ALLOC_FAILED",
-    "CUDNN_STATUS_NOT_SUPPORTED",  # cuDNN's answer to a batch too large for its kernels
-    "DefaultCPUAllocator: can't allocate memory",
-)
-
-# Messages after which the device (or its context) cannot be trusted again in this process.
-DEVICE_LOST_MESSAGES = (
-    "device-side assert",
-    "illegal memory access",
-    "an illegal instruction was encountered",
-    "misaligned address",
-    "unspecified launch failure",
-    "hipErrorLaunchFailure",
-    "hipErrorIllegalAddress",
-    "hipErrorNoDevice",
-    "HIP error: an illegal",
-    "uncorrectable ECC error",
-    "GPU is lost",
-    "device lost",
-    "CUDA error: unknown error",
-    "CUBLAS_STATUS_EXECUTION_FAILED",
-    "CUDNN_STATUS_EXECUTION_FAILED",
-    "no CUDA GPUs are available",
-    "CUDA driver version is insufficient",
-)
-
-
-def is_oom(exc: BaseException) -> bool:
-    """True when ``exc`` says the batch did not fit in memory (any backend, or the CPU)."""
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
-        return True
-    if not isinstance(exc, RuntimeError):
-        return False
-    text = str(exc)
-    return any(m in text for m in OOM_MESSAGES) and not is_device_lost(exc)
-
-
-def is_device_lost(exc: BaseException) -> bool:
-    """True for a sticky device error: the GPU must not be used again in this process."""
-    if not isinstance(exc, RuntimeError) or isinstance(exc, torch.OutOfMemoryError):
-        return False
-    text = str(exc)
-    return any(m in text for m in DEVICE_LOST_MESSAGES)
-
-
-def first_line(exc: BaseException, limit: int = 160) -> str:
-    """The exception's first line, shortened, for an event message."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
 
 _LOST: set[str] = set()
 
@@ -136,12 +84,6 @@ def free_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
     elif device.type == "mps" and hasattr(torch, "mps"):
         torch.mps.empty_cache()
-
-
-def batch_len(batch) -> int:
-    """Number of samples in a batch ``x`` or ``(x, y, *extras)``."""
-    x = batch[0] if isinstance(batch, (tuple, list)) else batch
-    return int(x.shape[0])
 
 
 @dataclass

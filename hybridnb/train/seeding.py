@@ -6,13 +6,12 @@ States are kept as tensors, lists and ints so that a checkpoint holding them loa
 
 from __future__ import annotations
 
-import os
 import random
 
 import numpy as np
 import torch
 
-from hybridnb.env import ISOLATED_ENV
+from hybridnb.env import isolated_worker
 
 
 def seed_everything(seed: int) -> None:
@@ -66,7 +65,7 @@ def set_rng_state(state: dict) -> None:
 def _owns_cuda() -> bool:
     """Whether this process may touch CUDA: it already did, or it is an isolated worker (a
     kernel that hands training to a worker never starts the CUDA driver)."""
-    return torch.cuda.is_initialized() or (bool(os.environ.get(ISOLATED_ENV))
+    return torch.cuda.is_initialized() or (isolated_worker()
                                            and torch.cuda.is_available())
 
 

@@ -1,0 +1,68 @@
+"""What an error from torch means: the batch did not fit in memory (``is_oom``), or the device
+cannot be trusted again in this process (``is_device_lost``); ``first_line`` words an error for
+an event. Plain predicates over the exception's type and text, with no state: the strategies
+(which agree on a failure across ranks) and train's recovery (which acts on it) both use them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Messages that mean "this batch does not fit", across backends (torch raises some of them as a
+# plain RuntimeError, e.g. from cuDNN, the driver or the CPU allocator).
+OOM_MESSAGES = (
+    "CUDA out of memory",
+    "HIP out of memory",
+    "MPS backend out of memory",
+    "XPU out of memory",
+    "CUDA error: out of memory",
+    "hipErrorOutOfMemory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_NOT_SUPPORTED",  # cuDNN's answer to a batch too large for its kernels
+    "DefaultCPUAllocator: can't allocate memory",
+)
+
+# Messages after which the device (or its context) cannot be trusted again in this process.
+DEVICE_LOST_MESSAGES = (
+    "device-side assert",
+    "illegal memory access",
+    "an illegal instruction was encountered",
+    "misaligned address",
+    "unspecified launch failure",
+    "hipErrorLaunchFailure",
+    "hipErrorIllegalAddress",
+    "hipErrorNoDevice",
+    "HIP error: an illegal",
+    "uncorrectable ECC error",
+    "GPU is lost",
+    "device lost",
+    "CUDA error: unknown error",
+    "CUBLAS_STATUS_EXECUTION_FAILED",
+    "CUDNN_STATUS_EXECUTION_FAILED",
+    "no CUDA GPUs are available",
+    "CUDA driver version is insufficient",
+)
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True when ``exc`` says the batch did not fit in memory (any backend, or the CPU)."""
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    if not isinstance(exc, RuntimeError):
+        return False
+    text = str(exc)
+    return any(m in text for m in OOM_MESSAGES) and not is_device_lost(exc)
+
+
+def is_device_lost(exc: BaseException) -> bool:
+    """True for a sticky device error: the GPU must not be used again in this process."""
+    if not isinstance(exc, RuntimeError) or isinstance(exc, torch.OutOfMemoryError):
+        return False
+    text = str(exc)
+    return any(m in text for m in DEVICE_LOST_MESSAGES)
+
+
+def first_line(exc: BaseException, limit: int = 160) -> str:
+    """The exception's first line, shortened, for an event message."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

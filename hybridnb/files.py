@@ -1,0 +1,151 @@
+"""Files written whole or not at all, read without running code, and what a failed write means.
+
+The low layer under ``train.checkpoint`` (checkpoints) and ``saving`` (model files): both write
+with ``atomic_save`` and read with ``read_safely``, so neither needs the other's package.
+
+A failed write comes as an ``OSError`` from Python's own file calls, or as a ``RuntimeError`` from
+torch's writer (``torch.save``'s zip writer drops the errno: ``[enforce fail at
+inline_container.cc:...] unexpected pos ...``, ``file write failed``). ``is_write_failure`` tells
+those apart from every other RuntimeError (a bug stays a bug); ``describe`` words either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+
+# the format tag of train.checkpoint's files (here so that saving.py recognises a checkpoint)
+CHECKPOINT_FORMAT = "hybridnb-checkpoint-1"
+
+# errnos a full or failing disk gives; their texts appear inside torch's own write errors
+_DISK_ERRNOS = tuple(getattr(errno, name) for name in
+                     ("ENOSPC", "EDQUOT", "EROFS", "EIO", "EFBIG", "ENOLINK", "ESTALE")
+                     if hasattr(errno, name))
+_TORCH_WRITE = re.compile(
+    r"unexpected pos \d+(?: vs \d+)?|file write failed|PytorchStreamWriter failed writing[^.]*|"
+    + "|".join(re.escape(os.strerror(code)) for code in _DISK_ERRNOS), re.IGNORECASE)
+# torch's weights-only unpickler refusing a pickled global (a class or function: code)
+_REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
+
+
+class WriteError(OSError):
+    """A file the user asked for could not be written; the message names the file and the
+    cause, and no partial file is left in its place."""
+
+
+def is_write_failure(exc: BaseException) -> bool:
+    """True for an error a write raises when storage fails: any ``OSError``, and torch's
+    serialization write errors (``unexpected pos``, ``file write failed``, an errno text such as
+    ``No space left on device``); False for every other exception."""
+    if isinstance(exc, OSError):
+        return True
+    return isinstance(exc, RuntimeError) and _TORCH_WRITE.search(str(exc)) is not None
+
+
+def describe(exc: BaseException, path: str | os.PathLike | None = None) -> str:
+    """``ENOSPC: No space left on device`` (the errno's name, then the text); for torch's
+    writer errors its own words and the free space left in ``path``'s folder."""
+    if isinstance(exc, OSError):
+        code = errno.errorcode.get(exc.errno, "") if exc.errno is not None else ""
+        text = exc.strerror or str(exc) or type(exc).__name__
+        return f"{code}: {text}" if code else f"{type(exc).__name__}: {text}"
+    match = _TORCH_WRITE.search(str(exc))
+    words = match.group(0) if match else (str(exc).strip().splitlines() or [""])[0][:160]
+    free = _free(path)
+    return (f"torch's writer stopped: {words}; the disk is full or failing"
+            + (f", {free} free there" if free else ""))
+
+
+def _free(path: str | os.PathLike | None) -> str:
+    """The free space in ``path``'s folder ('' when it cannot be read)."""
+    if path is None:
+        return ""
+    try:
+        free = float(shutil.disk_usage(Path(path).parent).free)
+    except OSError:
+        return ""
+    if free < 1024:
+        return f"{free:.0f} bytes"
+    for unit in ("KB", "MB", "GB"):
+        free /= 1024
+        if free < 1024 or unit == "GB":
+            return f"{free:.1f} {unit}"
+    return ""
+
+
+def atomic_save(obj: dict, path: str | os.PathLike, keep_previous: bool = False) -> Path:
+    """``torch.save(obj)`` into a temporary file in ``path``'s folder, flushed and fsynced, then
+    renamed over ``path``: a crash at any moment leaves the old file or the new one, whole. With
+    ``keep_previous`` the old file becomes ``<stem>.prev<suffix>`` first. A failing write raises
+    (see ``is_write_failure``) and removes its temporary file; ``path`` is left as it was."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        if keep_previous and path.exists():
+            keep_copy(path, path.with_name(f"{path.stem}.prev{path.suffix}"))
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    return path
+
+
+def keep_copy(src: Path, dst: Path) -> None:
+    """Make ``dst`` a copy of ``src`` while ``src`` stays in place (hard link, else a copy);
+    a copy that fails leaves ``dst`` as it was and no temporary file."""
+    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copy2(src, tmp)
+        os.replace(tmp, dst)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (best effort: some file systems refuse)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def read_safely(path: str | os.PathLike, what: str, unreadable: str,
+                missing: type[Exception], bad: type[Exception], pickled_advice: str) -> object:
+    """``torch.load(path, weights_only=True)`` on the CPU; a missing file raises ``missing`` and
+    an unreadable one ``bad``, naming ``what`` and the file. A file that holds pickled objects
+    (code, which weights-only loading refuses to run) says so and ``pickled_advice``; any other
+    unreadable file says ``unreadable``."""
+    path = Path(path)
+    if not path.is_file():
+        raise missing(f"{what} {path} does not exist")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # zip reader, unpickler and EOF errors
+        refused = _REFUSED_GLOBAL.search(str(exc))
+        if refused:
+            raise bad(f"{what} {path} holds pickled objects ({refused.group(1).rstrip('.,')}), "
+                      "which weights_only loading refuses because loading them would run "
+                      f"their code: {pickled_advice}") from None
+        # torch's own text advises weights_only=False (running pickled code): never repeat it
+        raise bad(f"{path} {unreadable} ({path.stat().st_size} bytes; "
+                  f"{type(exc).__name__})") from None
