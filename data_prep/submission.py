@@ -123,36 +123,8 @@ def challenge_spec(name: str, input_scale: float = 1.0, **kwargs) -> ModelSpec:
     return ModelSpec(name, {**base, **kwargs}, float(input_scale))
 
 
-# --------------------------------------------------------------------------------------------
-# Saving one model (spec + weights) so another notebook can pick it up
-# --------------------------------------------------------------------------------------------
-
 def _state_dict(model) -> dict:
     return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-
-
-def save_model(path: str | os.PathLike, spec: ModelSpec, model) -> Path:
-    """Write ``model``'s weights with its spec to ``path``: a ``hybridnb.saving`` model file (class,
-    input shape, versions; loads with ``weights_only=True``), the spec in its ``extra``. Atomic."""
-    from hybridnb.saving import save_model as save_weights
-
-    shape = (spec.kwargs.get("n_chans"), spec.kwargs.get("n_times"))
-    return save_weights(model, path, input_shape=shape if None not in shape else None,
-                        extra={"spec": spec.to_dict()})
-
-
-def load_model(path: str | os.PathLike):
-    """Rebuild a model written by :func:`save_model`: ``(spec, model)``, the weights loaded and
-    checked by ``hybridnb.load`` (class, names and shapes of every weight)."""
-    from hybridnb.saving import ModelFileError, load, read_metadata
-
-    meta = read_metadata(path)  # FileNotFoundError / ModelFileError name the file
-    if "spec" not in meta.get("extra", {}):
-        raise ModelFileError(f"{path} holds weights but no model spec: it was not written by "
-                             "data_prep.submission.save_model (trainer.save files load with "
-                             "hybridnb.load(path, model))")
-    spec = ModelSpec.from_dict(meta["extra"]["spec"])
-    return spec, load(path, spec.build())
 
 
 # --------------------------------------------------------------------------------------------

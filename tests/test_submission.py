@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from data_prep import submission as S
+from hybridnb_tools import model_files as M
 
 # A ShallowFBCSPNet small enough to build and run in milliseconds.
 SMALL = {"n_filters_time": 4, "n_filters_spat": 4, "final_conv_length": "auto"}
@@ -137,16 +138,16 @@ def test_saved_model_round_trips_and_a_corrupt_file_is_named(tmp_path):
     spec = _spec()
     model = _model(spec, 3)
     spec = S.challenge_spec("ShallowFBCSPNet", input_scale=1e6, **SMALL)
-    path = S.save_model(tmp_path / "c1.pt", spec, model)
-    spec2, again = S.load_model(path)
+    path = M.save_model(tmp_path / "c1.pt", spec, model)
+    spec2, again = M.load_model(path)
     X, y = _data(6)
     assert spec2 == spec
     assert _nrmse(again.eval(), X, y) == pytest.approx(_nrmse(model, X, y), rel=1e-6)
     path.write_bytes(path.read_bytes()[:200])
     with pytest.raises(ValueError, match="c1.pt"):
-        S.load_model(path)
+        M.load_model(path)
     with pytest.raises(FileNotFoundError, match="missing.pt"):
-        S.load_model(tmp_path / "missing.pt")
+        M.load_model(tmp_path / "missing.pt")
 
 
 def test_a_saved_challenge_model_is_a_hybridnb_model_file(tmp_path):
@@ -155,7 +156,7 @@ def test_a_saved_challenge_model_is_a_hybridnb_model_file(tmp_path):
 
     spec = S.challenge_spec("ShallowFBCSPNet", input_scale=1e6, **SMALL)
     model = _model(spec, 3)
-    path = S.save_model(tmp_path / "c1.pt", spec, model)
+    path = M.save_model(tmp_path / "c1.pt", spec, model)
     meta = read_metadata(path)
     assert meta["model_class"]["qualname"] == type(model).__qualname__
     assert meta["input_shape"] == [spec.kwargs["n_chans"], spec.kwargs["n_times"]]
@@ -165,7 +166,7 @@ def test_a_saved_challenge_model_is_a_hybridnb_model_file(tmp_path):
     assert _nrmse(again, X, y) == pytest.approx(_nrmse(model, X, y), rel=1e-6)
     plain = save_model(model, tmp_path / "plain.pt")  # weights without a spec: said so
     with pytest.raises(ModelFileError, match="no model spec"):
-        S.load_model(plain)
+        M.load_model(plain)
 
 
 # --------------------------------------------------------------------------------------------
@@ -264,3 +265,16 @@ def test_average_refuses_models_of_another_architecture_and_an_empty_list():
         S.average(spec, [])
     with pytest.raises(ValueError, match="whole number"):
         S.ModelSpec("ShallowFBCSPNet", members=0)
+
+
+def test_importing_data_prep_never_imports_hybridnb():
+    import subprocess
+    import sys
+
+    code = ("import pkgutil, importlib, sys, data_prep\n"
+            "for m in pkgutil.walk_packages(data_prep.__path__, 'data_prep.'):\n"
+            "    importlib.import_module(m.name)\n"
+            "print(sorted(n for n in sys.modules if n.split('.')[0] == 'hybridnb'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip().splitlines()[-1]
+    assert out == "[]"
