@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import bids, synthetic
+from . import bids, environment, synthetic
 
 __all__ = ["CHALLENGE_TASKS", "RELEASES", "SYNTHETIC", "CACHE_ENV", "DATA_ENV", "Source",
            "parse", "resolve", "default_cache", "release_size", "estimated_bytes",
@@ -71,7 +71,7 @@ class Source:
 def default_cache(environ: dict[str, str] | None = None) -> Path:
     """``$HYBRIDNB_CACHE_DIR``, else ``$XDG_CACHE_HOME/hybridnb``, else ``~/.cache/hybridnb``
     (the same folder as ``hybridnb.env.cache_dir``; data_prep does not import hybridnb)."""
-    env = os.environ if environ is None else environ
+    env = environment.current() if environ is None else environ
     if env.get(CACHE_ENV):
         return Path(env[CACHE_ENV]).expanduser()
     base = env.get("XDG_CACHE_HOME") or str(Path("~/.cache").expanduser())

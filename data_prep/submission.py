@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import scoring
+from . import environment, scoring
 from .submission_check import RESULT_PREFIX
 
 if TYPE_CHECKING:
@@ -258,7 +258,7 @@ def _run_check(folder: Path, X: np.ndarray, challenge: int, batch_size: int,
     np.save(folder / "X.npy", X)
     script = folder / "_harness_check.py"
     shutil.copyfile(CHECK_SCRIPT, script)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env = environment.for_child("PYTHON")
     env.setdefault("OMP_NUM_THREADS", "1")
     proc = subprocess.run([sys.executable, "-I", "-W", "ignore", str(script), str(challenge),
                            str(batch_size)], cwd=folder, env=env, capture_output=True,

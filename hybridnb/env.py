@@ -35,6 +35,12 @@ NOTEBOOK_FRONTENDS = ("jupyter", "colab", "vscode")
 INTERACTIVE_FRONTENDS = NOTEBOOK_FRONTENDS + ("ipython",)
 
 
+def current() -> dict[str, str]:
+    """This process's environment as a mapping: the one read of ``os.environ`` that the
+    functions taking an ``environ=`` argument (tests pass their own) fall back to."""
+    return os.environ  # type: ignore[return-value]
+
+
 def smoke() -> bool:
     """True when ``HYBRIDNB_SMOKE`` asks for the small mode (CI, notebook tests)."""
     return os.environ.get(SMOKE_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")

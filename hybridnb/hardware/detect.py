@@ -18,7 +18,6 @@ hide GPUs as usual; ``HYBRIDNB_LAUNCHED=1`` (set by ``hn.launch``) or torchrun's
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import threading
 import time
@@ -29,7 +28,7 @@ from pathlib import Path
 import torch
 
 from hybridnb import env as runtime
-from hybridnb.env import DEVICE_ENV, LAUNCHED_ENV
+from hybridnb.env import DEVICE_ENV, LAUNCHED_ENV, current
 from hybridnb.hardware import gpu_info, probe, views
 from hybridnb.hardware.gpu_info import BuildInfo, GpuInfo
 from hybridnb.hardware.host import HostInfo, host_info
@@ -110,12 +109,12 @@ def detect(refresh: bool = False, probe_timeout: float = DEFAULT_PROBE_TIMEOUT) 
     """
     if not isinstance(probe_timeout, (int, float)) or not probe_timeout > 0:
         raise ValueError(f"probe_timeout={probe_timeout!r} must be a positive number of seconds")
-    key = tuple(os.environ.get(v) for v in _CACHE_VARS)
+    key = tuple(current().get(v) for v in _CACHE_VARS)
     with _LOCK:
         hw = None if refresh else _CACHE.get(key)
         if hw is not None:
             return hw
-        hw = _detect(float(probe_timeout), dict(os.environ), refresh)
+        hw = _detect(float(probe_timeout), dict(current()), refresh)
         _CACHE.clear()
         _CACHE[key] = hw
     for message in hw.warnings:

@@ -13,11 +13,12 @@ AMD or Apple machine) or when a device stops answering, it returns None instead 
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from collections.abc import Mapping
 from typing import Any, NamedTuple
+
+from hybridnb.env import current
 
 _LOCK = threading.Lock()
 _STATE: dict[str, Any] = {"opened": False, "lib": None, "error": ""}
@@ -138,7 +139,7 @@ def locate(device: Any, torch_uuid: str | None = None,
         found = [h for h, u in uuids if u == want]
         return (found[0], f"matched by UUID GPU-{want}") if found else (
             None, f"no NVML device has the UUID GPU-{want} that torch reports for cuda:{index}")
-    env = os.environ if environ is None else environ
+    env = current() if environ is None else environ
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible is None or not visible.strip():
         if index < n:

@@ -20,10 +20,9 @@ Every fallback is said once, in the view's header line.
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Mapping
 
-from hybridnb.env import NOTEBOOK_FRONTENDS
+from hybridnb.env import NOTEBOOK_FRONTENDS, current
 from hybridnb.live.base import LiveView, View
 
 __all__ = ["LIVE_CHOICES", "LiveView", "View", "choose_renderer", "make_view"]
@@ -63,7 +62,7 @@ def choose_renderer(live: object = "auto", front: str | None = None,
         from hybridnb.env import frontend
 
         front = frontend()
-    env = os.environ if environ is None else environ
+    env = current() if environ is None else environ
     if live == "text":
         return "text", ""
     if live == "html":

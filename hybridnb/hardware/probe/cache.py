@@ -36,7 +36,7 @@ def key_for(gpu: GpuInfo, build: BuildInfo, environ: dict[str, str] | None = Non
             ) -> dict | None:
     """The facts a stored verdict must match, or None when this GPU cannot be cached (no UUID:
     NVML could not read it)."""
-    environ = os.environ if environ is None else environ
+    environ = env.current() if environ is None else environ
     if not gpu.uuid:
         return None
     return {"uuid": gpu.uuid, "backend": gpu.backend, "driver": gpu.driver_version or "",

@@ -29,13 +29,14 @@ import time
 from collections.abc import Callable
 
 from hybridnb.env import PROBE_SIMULATE_ENV as SIMULATE_ENV
+from hybridnb.env import current
 
 DEFAULT_GPU = {"name": "Simulated GPU", "total_memory": 16 * 2**30, "capability": [8, 0]}
 
 
 def read(index: int, environ: dict[str, str] | None = None) -> dict | None:
     """This GPU's simulation settings, or None when no simulation is asked for."""
-    raw = (os.environ if environ is None else environ).get(SIMULATE_ENV)
+    raw = (current() if environ is None else environ).get(SIMULATE_ENV)
     if not raw:
         return None
     try:
@@ -50,7 +51,7 @@ def read(index: int, environ: dict[str, str] | None = None) -> dict | None:
 def listed(environ: dict[str, str] | None = None) -> list[dict] | None:
     """The simulated GPUs ``detect()`` lists (name and memory per index) when the simulation
     asks for ``gpus``: N; None otherwise (NVML's inventory is used)."""
-    env = os.environ if environ is None else environ
+    env = current() if environ is None else environ
     raw = env.get(SIMULATE_ENV)
     n = json.loads(raw).get("gpus") if raw else None
     if not n:
