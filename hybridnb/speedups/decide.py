@@ -16,18 +16,18 @@ The knobs, each a rule about layers or devices, never about a model's name:
 the first batch say it is faster (``trial.py``; greedy: channels_last, then the rewrite on top,
 then precision; a knob kept only when at least ``MARGIN`` faster), within ``BUDGET_S``.
 
-``mode="auto"`` on the CPU, where a step costs seconds, decides by exact rules within
-``BUDGET_S["cpu"]``: the chain rewrite first, then the rows rewrite (each checked exact on a
-slice of the batch), channels_last for models with a grouped ``Conv2d`` (plain convolutions do not
-gain from it), no depthwise rewrite in fp32, and bf16 only where the CPU has it in hardware
-(``amx_bf16``/``avx512_bf16``), there are ``MIN_TRIAL_CORES`` cores, the run has at least
-``MIN_TRIAL_STEPS`` steps, and a bounded trial under an address-space cap (oneDNN's bf16 paths
-can ask for more memory than the machine has) measures it ``MARGIN["cpu"]`` faster. channels_last
-makes dropout draw other (equally likely) masks for the same seed: a run and its resume use the
-same layout and stay identical. No ``torch.compile``: it never pays back its compile time on a
-CPU run of this size (``Trainer(compile=True)`` remains). The measurements behind these rules:
-``bench/results/cpu-speedups-latest.md``, ``bench/results/gpu-latest.md`` and
-``bench/results/speedups-rules.md``.
+``mode="auto"`` on the CPU, where a step costs seconds, decides by exact rules, with no timed
+trial but the bf16 one (bounded by ``BUDGET_S["cpu"]``): the chain rewrite first, then the rows
+rewrite (each checked exact on a slice of the batch), channels_last for models with a grouped
+``Conv2d`` (plain convolutions do not gain from it), no depthwise rewrite in fp32, and bf16 only
+where the CPU has it in hardware (``amx_bf16``/``avx512_bf16``), there are ``MIN_TRIAL_CORES``
+cores, the run has at least ``MIN_TRIAL_STEPS`` steps, and a bounded trial under an address-space
+cap (oneDNN's bf16 paths can ask for more memory than the machine has) measures it
+``MARGIN["cpu"]`` faster. channels_last makes dropout draw other (equally likely) masks for the
+same seed: a run and its resume use the same layout and stay identical. No ``torch.compile``: it
+never pays back its compile time on a CPU run of this size (``Trainer(compile=True)`` remains).
+The measurements behind these rules: ``bench/results/cpu-speedups-latest.md``,
+``bench/results/gpu-latest.md`` and ``bench/results/speedups-rules.md``.
 
 The model's weights, BatchNorm statistics, gradients and random-number streams are as they were
 after any measuring. ``mode="all"`` applies every applicable knob without measuring;

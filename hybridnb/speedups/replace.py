@@ -90,7 +90,7 @@ def put(model: nn.Module, name: str, module: nn.Module) -> None:
                          "place (wrap it, e.g. nn.Sequential(model))")
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
-    parent._modules[child] = module
+    parent.register_module(child, module)  # takes the place of the module of that name
 
 
 def replaced(model: nn.Module, kind: type[Replacement] = Replacement
