@@ -59,7 +59,7 @@ class Copy:
     """One model copy with its optimizer; ``round()`` trains ``steps`` batches, returns samples/s."""
 
     def __init__(self, factory, x, y, sped_up: bool) -> None:
-        from hybridnb.train.speedups import apply_speedups
+        from hybridnb.speedups import apply_speedups
 
         self.model = build(factory).train()
         self.applied = apply_speedups(self.model, x[:BATCH], "cpu") if sped_up else None

@@ -95,7 +95,7 @@ def _hand_loop(net, x, y, batch, steps, device, best, compile_ok):
     opt = torch.optim.AdamW(net.parameters(), lr=LR)
     extra, autocast = {}, torch.autocast(device, dtype=torch.bfloat16, enabled=best)
     if best:
-        from hybridnb.train.speedups import apply_speedups
+        from hybridnb.speedups import apply_speedups
 
         applied = apply_speedups(net, xd[:batch], device, "bf16", mode="all",
                                  knobs=["rewrite", "channels_last", "cudnn_benchmark"])
@@ -162,7 +162,7 @@ def profile_child(model: str, batch: int, device: str) -> dict:
     import torch.nn.functional as F
     from torch.profiler import ProfilerActivity, profile
 
-    from hybridnb.train.speedups import apply_speedups
+    from hybridnb.speedups import apply_speedups
 
     x, y = windows(batch)
     x, y = x.to(device), y.to(device)
@@ -305,8 +305,7 @@ def cpu_section(batch: int, repeats: int, steps: int) -> tuple[str, list]:
     import torch.nn.functional as F
 
     from bench.common import interleaved, markdown_table, median, spread
-    from hybridnb.train.rewrite import rewrite_depthwise
-    from hybridnb.train.speedups import apply_speedups
+    from hybridnb.speedups import apply_speedups, rewrite_depthwise
 
     x, y = windows(batch)
     nets = {}

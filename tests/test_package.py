@@ -18,9 +18,12 @@ def _run(code: str) -> str:
 
 
 def _modules(package: str) -> list[str]:
+    # with the prefix, sub-packages are imported as package.sub, never as a top-level name that
+    # a tests/ folder of the same name (tests/speedups) would shadow
     path = ROOT / package
-    return [f"{package}.{m.name}" for m in pkgutil.walk_packages([str(path)])
-            if not m.name.startswith("_") and m.name != "__main__"]
+    found = pkgutil.walk_packages([str(path)], prefix=f"{package}.")
+    return [m.name for m in found if not m.name[len(package) + 1:].startswith("_")
+            and m.name != f"{package}.__main__"]
 
 
 def test_import_hybridnb_is_lazy_and_does_not_import_torch():

@@ -18,15 +18,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from hybridnb import speedups
 from hybridnb.comparison.variants import Variant, unavailable
 from hybridnb.hardware.rules import device_native_bf16
 from hybridnb.measure.memory import MemorySampler, heap_reader, peak_bytes, reset_peak
 from hybridnb.measure.timing import Stopwatch, nvml_busy_reader, synchronize
-from hybridnb.train import speedups
+from hybridnb.speedups import rewrite_depthwise
 from hybridnb.train.losses import make_loss
 from hybridnb.train.precision import Precision
 from hybridnb.train.recovery import first_line, free_memory, is_oom
-from hybridnb.train.rewrite import rewrite_depthwise
 from hybridnb.train.seeding import set_torch_rng_state, torch_rng_state
 from hybridnb.train.step import TrainStep
 

@@ -2,8 +2,8 @@
 
 A variant is a precision followed by ``+``-joined changes, applied in this order whatever order
 they are written in: ``channels_last`` (weights and 4-D inputs in NHWC), ``rewrite`` (the exact
-depthwise-convolution-as-matmul rewrite of ``hybridnb.train.rewrite``), ``speedups`` (what the
-Trainer's ``speedups="auto"`` decides for this model and device, ``hybridnb.train.speedups``:
+depthwise-convolution-as-matmul rewrite of ``hybridnb.speedups.depthwise``), ``speedups`` (what the
+Trainer's ``speedups="auto"`` decides for this model and device, ``hybridnb.speedups``:
 on a CPU the exact chain and rows rewrites and channels_last by rule; it picks the layout and
 rewrites itself, so it does not combine with the two before), ``compile`` or ``compile:<mode>``
 (torch.compile). Examples: ``"bf16"``, ``"fp32+compile"``, ``"fp32+speedups"``,

@@ -16,8 +16,9 @@ from collections.abc import Callable
 import torch
 from torch.utils.data import default_collate
 
+from hybridnb import speedups
 from hybridnb.strategies.base import SingleDevice
-from hybridnb.train import recovery, setup, speedups
+from hybridnb.train import recovery, setup
 from hybridnb.train.data import IndexedBatches, leave_device
 from hybridnb.train.learner import Learner
 from hybridnb.train.precision import Precision

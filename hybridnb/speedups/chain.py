@@ -16,16 +16,10 @@ positions left of ``z`` (and ``k1 - 1 - right_A`` right of it) that convB's padd
 zeroed; the correction subtracts them. It is a linear map from the first (last) few samples of
 ``x`` to the first ``left_B`` (last ``right_B``) outputs, built each call as a small matrix by
 passing an identity basis through the two convolutions, and applied as one matmul per edge.
-Checked to 1e-13 in fp64 (forward and every parameter's gradient), "same", "valid" and explicit
-paddings, odd and even kernels.
 
-Why: in EEGNeX (129 rows x 200 samples, 1 -> 8 -> 32 channels, two (1, 64) kernels) convB costs
-16,384 multiply-adds per (row, sample) and the whole chain ~16,900; the composite costs 32 x 127
-= 4,064, plus convA (512, still computed: the BatchNorm needs its statistics) and the edges
-(~320). On this project's 2-core EPYC (fp32, batch 32, forward + backward + AdamW, with
-channels_last, interleaved, load 1.6-2.5) the EEGNeX step took 0.64-0.69 s against 0.84 s with
-the rows rewrite instead and 1.47-1.54 s stock; bench/bench_cpu_speedups.py: 2.24x the stock
-step (load 0.9-1.6).
+Why: when convB maps many channels to many (EEGNeX's blocks 1-2: 1 -> 8 -> 32 channels, two
+(1, 64) kernels), the composite kernel costs a fraction of convB's multiply-adds
+(``cost_share``); the CPU's rules apply it by rule (``bench/results/cpu-speedups-latest.md``).
 
 Rule (shapes, never names): convA and convB are stock ``Conv2d`` with a ``(1, k)`` kernel,
 stride 1, dilation 1, groups 1, zeros padding along the time axis only ("same", "valid" or
@@ -33,48 +27,58 @@ stride 1, dilation 1, groups 1, zeros padding along the time axis only ("same", 
 channels. On the example batch (forward hooks) each is called once, the BatchNorm's input is
 convA's output object and convB's input is the BatchNorm's output object, and no other module
 receives either intermediate (containers that hand them on excepted). The composite must cost at
-most ``MAX_COST_SHARE`` (half) of the two convolutions' multiply-adds per (row, sample).
+most ``MAX_COST_SHARE`` of the two convolutions' multiply-adds per (row, sample).
 
-Design: all three modules keep their place, parameters and state_dict keys; each gets a subclass
-(the ``_Rewritten`` mechanism of ``rewrite.py``), and the three share a small link object (in
-their ``__dict__``, not a submodule: no new keys) that carries the call in flight. convA computes
-its real output and remembers its input; the BatchNorm computes its real output (by its own
-forward: the running statistics and ``num_batches_tracked`` move exactly as they would) and
-hands ``a`` and ``b`` on (the batch statistics again, by a differentiable ``torch.var_mean``);
-convB, when its input is that very tensor, computes the composite from convA's input instead of convolving. So every
+Design: each of the three modules is replaced (``replace.Replacement``: same parameters, buffers
+and state_dict keys), and the three replacements share a small link object (a plain attribute,
+not a submodule: no new keys) that carries the call in flight. convA computes its real output
+and remembers its input; the BatchNorm computes its real output (by its own forward: the running
+statistics and ``num_batches_tracked`` move exactly as they would) and hands ``a`` and ``b`` on
+(the batch statistics again, by a differentiable ``torch.var_mean``); convB, when its input is
+that very tensor, computes the composite from convA's input instead of convolving. So every
 intermediate stays real: calling ``block_1`` alone, a hook, or a residual that reuses ``z``
-functionally still sees the stock values (the residual's gradient flows through ``z`` as usual);
-only convB's arithmetic changes. Any other input (another shape, an interrupted chain, autocast,
-a dtype other than fp32/fp64) takes the stock path. Modules pickle as their stock classes (the
-link is dropped); a deepcopy keeps the form with the link pointing at the copies.
+functionally still sees the stock values; only convB's arithmetic changes. Any other input
+(another shape, an interrupted chain, autocast, a dtype other than fp32/fp64) takes the stock
+path. A deepcopy keeps the form with the link pointing at the copies; pickling writes the stock
+modules.
 
 Precision: ``b`` absorbs ``-mean * a``, so when convA's output has a mean far larger than its
-spread, the composite and the table cancel and lose about that ratio in relative precision
-(1e-7 x mean/std in fp32). The first-batch check (eval output, and a training-mode forward +
-backward on copies: output, every gradient, the running statistics) refuses the rewrite when
-that costs more than ``RTOL``.
+spread, the composite and the table cancel and lose about that ratio in relative precision. The
+first-batch check (eval output, and a training-mode forward + backward on copies: output, every
+gradient, the running statistics) refuses the rewrite when that costs more than ``RTOL``.
 """
 
 from __future__ import annotations
 
 import copy
 import weakref
-from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridnb.train import rewrite as _rw
-from hybridnb.train.seeding import set_torch_rng_state, torch_rng_state
-from hybridnb.train.step import evaluating
+from hybridnb.speedups import replace
+from hybridnb.speedups.exact import (
+    ATOL,
+    RTOL,
+    eval_output,
+    evaluating,
+    exact_fp32,
+    rel_diff,
+    rel_diff_any,
+    rng_state,
+    set_rng_state,
+    tensors_of,
+)
+from hybridnb.speedups.rewrite import Found, Rewrite, RewriteReport
 
 MAX_COST_SHARE = 0.5  # the composite's multiply-adds must be at most this share of the stock two
 # a gradient is compared relative to its own size, but at least this share of the largest one: a
 # parameter whose gradient is zero in exact arithmetic (a bias right before a BatchNorm) holds
 # only rounding noise, which scales with the others
 GRAD_FLOOR = 1e-2
-CHECK_SAMPLES = 2  # the check runs on this many samples of the example batch (EEGNeX: 0.2 s)
+CHECK_SAMPLES = 2  # the check runs on this many samples of the example batch
 LABEL = "conv-BatchNorm-conv chain as one convolution"
 
 
@@ -83,7 +87,7 @@ LABEL = "conv-BatchNorm-conv chain as one convolution"
 def is_temporal_conv(module: nn.Module) -> bool:
     """A stock ``Conv2d`` with a ``(1, k)`` kernel, stride 1, dilation 1, no groups, zero padding
     along time only."""
-    if not isinstance(module, nn.Conv2d) or isinstance(module, _rw._Rewritten):
+    if not isinstance(module, nn.Conv2d):
         return False
     cls = type(module)
     padding = module.padding
@@ -96,8 +100,7 @@ def is_temporal_conv(module: nn.Module) -> bool:
 
 def is_plain_batchnorm(module: nn.Module) -> bool:
     """A ``BatchNorm2d`` whose forward is BatchNorm2d's own."""
-    return (isinstance(module, nn.BatchNorm2d) and not isinstance(module, _rw._Rewritten)
-            and type(module).forward is nn.BatchNorm2d.forward)
+    return isinstance(module, nn.BatchNorm2d) and type(module).forward is nn.BatchNorm2d.forward
 
 
 def time_padding(conv: nn.Conv2d) -> tuple[int, int]:
@@ -134,7 +137,7 @@ def cost_share(conv_a: nn.Conv2d, conv_b: nn.Conv2d, width: int) -> float:
 def _fits(link: _Link, x: torch.Tensor) -> bool:
     """Whether the composite form computes this call: a batched fp32/fp64 input wide enough that
     the two edge corrections do not overlap, no autocast."""
-    conv_a, _, conv_b = link.modules
+    conv_a, _, conv_b = link.originals()
     if x.dim() != 4 or x.shape[1] != conv_a.in_channels or x.dtype not in (torch.float32,
                                                                            torch.float64):
         return False
@@ -274,14 +277,18 @@ class _AddEdges(torch.autograd.Function):
 # ----------------------------------------------------------------------------- the forms
 
 class _Link:
-    """The three modules of one rewritten chain and the call in flight (never pickled)."""
+    """The three replacements of one rewritten chain and the call in flight (never pickled)."""
 
-    def __init__(self, conv_a: nn.Module, bn: nn.Module, conv_b: nn.Module) -> None:
-        self.modules = (conv_a, bn, conv_b)
+    def __init__(self, head: nn.Module, norm: nn.Module, tail: nn.Module) -> None:
+        self.modules = (head, norm, tail)
         self.pending = None
 
     def __getstate__(self):
         return {"modules": self.modules, "pending": None}
+
+    def originals(self) -> tuple[nn.Module, nn.Module, nn.Module]:
+        """The stock convA, BatchNorm and convB (their arithmetic and attributes)."""
+        return tuple(m.original for m in self.modules)
 
     def take(self, step: str, tensor: torch.Tensor) -> tuple | None:
         """The call in flight if its ``step`` produced exactly ``tensor``, else None; either way
@@ -292,100 +299,64 @@ class _Link:
         return pending
 
 
-class _ChainForm(_rw._Rewritten):
-    """A module of a rewritten chain: pickles as its stock class without the link."""
+class ChainForm(replace.Replacement):
+    """A module of a rewritten chain; ``link`` joins the three."""
 
-    _hn_form = ()
-    _hn_transient = ("_hn_chain",)
-    _hn_chain: _Link
+    link: _Link
 
 
-class _ChainHead(_ChainForm):
+class ChainHead(ChainForm):
     """convA: its own output; remembers its input for convB."""
 
-    _hn_suffix = "ChainHead"
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        link = self._hn_chain
+        link = self.link
         link.pending = None
-        out = self._hn_stock.forward(self, x)
+        out = self.stock(x)
         if _fits(link, x):
             link.pending = ("head", x, weakref.ref(out))
         return out
 
 
-class _ChainNorm(_ChainForm):
+class ChainNorm(ChainForm):
     """The BatchNorm: its own output by BatchNorm2d's arithmetic; hands ``a`` and the shift on."""
 
-    _hn_suffix = "ChainNorm"
-
     def forward(self, c1: torch.Tensor) -> torch.Tensor:
-        link = self._hn_chain
+        link = self.link
         pending = link.take("head", c1)
+        out = self.stock(c1)  # the stock output and statistics update
         if pending is None:
-            return self._hn_stock.forward(self, c1)
-        x = pending[1]
-        out = self._hn_stock.forward(self, c1)  # the stock output and statistics update
-        a, mean = batchnorm_affine(self, c1)
-        conv_a = link.modules[0]
+            return out
+        conv_a, bn, _ = link.originals()
+        a, mean = batchnorm_affine(bn, c1)
         shift = -mean * a
-        if self.bias is not None:
-            shift = shift + self.bias
+        if bn.bias is not None:
+            shift = shift + bn.bias
         if conv_a.bias is not None:
             shift = shift + a * conv_a.bias  # the composite runs convA without its bias
-        link.pending = ("norm", x, weakref.ref(out), a, shift)
+        link.pending = ("norm", pending[1], weakref.ref(out), a, shift)
         return out
 
 
-class _ChainTail(_ChainForm):
+class ChainTail(ChainForm):
     """convB: the composite when its input is the chain's BatchNorm output, else a convolution."""
 
-    _hn_suffix = "ChainTail"
-
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        link = self._hn_chain
+        link = self.link
         pending = link.take("norm", z)
         if pending is None:
-            return self._hn_stock.forward(self, z)
+            return self.stock(z)
         _, x, _, a, shift = pending
-        return chain_output(link.modules[0], self, x, a, shift)
-
-
-_FORMS = (_ChainHead, _ChainNorm, _ChainTail)
-
-
-def _swap(modules: tuple[nn.Module, nn.Module, nn.Module]) -> None:
-    link = _Link(*modules)
-    for module, form in zip(modules, _FORMS, strict=True):
-        module.__dict__["_hn_chain"] = link
-        module.__class__ = _rw._rewritten_class(type(module), form)
+        conv_a, _, conv_b = link.originals()
+        return chain_output(conv_a, conv_b, x, a, shift)
 
 
 # ----------------------------------------------------------------------------- find and check
-
-@dataclass
-class ChainReport:
-    """What ``rewrite_chain`` did: the chains rewritten ("convA>bn>convB" names) and why not."""
-
-    rewritten: list[str] = field(default_factory=list)
-    max_rel_diff: float = 0.0
-    note: str = ""
-
-    def __bool__(self) -> bool:
-        return bool(self.rewritten)
-
 
 def has_chain_candidate(model: nn.Module) -> bool:
     """Cheap, before any batch: a temporal conv and a plain BatchNorm2d exist at all."""
     mods = list(model.modules())
     return any(is_plain_batchnorm(m) for m in mods) and sum(
         is_temporal_conv(m) for m in mods) >= 2
-
-
-def find_chains(model: nn.Module, *example) -> list[tuple[str, str, str]]:
-    """The (convA, bn, convB) names that follow the rule on ``example`` (one eval-mode forward
-    without gradients, forward hooks on every module)."""
-    return _scan(model, example)[0]
 
 
 def _scan(model: nn.Module, example: tuple) -> tuple[list[tuple[str, str, str]], object]:
@@ -404,7 +375,7 @@ def _scan(model: nn.Module, example: tuple) -> tuple[list[tuple[str, str, str]],
 
     hooks = [m.register_forward_hook(hook) for m in names]
     try:
-        with torch.no_grad(), evaluating(model), _rw._exact_fp32():
+        with torch.no_grad(), evaluating(model), exact_fp32():
             output = model(*example)
     finally:
         for h in hooks:
@@ -437,68 +408,82 @@ def _scan(model: nn.Module, example: tuple) -> tuple[list[tuple[str, str, str]],
     return found, output
 
 
-def rewrite_chain(model: nn.Module, *example) -> ChainReport:
-    """Rewrite every conv-BatchNorm-conv chain of ``model`` that follows the rule on ``example``
-    and costs at most ``MAX_COST_SHARE`` of its stock multiply-adds, in place; checked there.
+class ChainRewrite(Rewrite):
+    """The ``chain`` knob; see the module docstring. ``check`` compares, in fp32 on the first
+    ``CHECK_SAMPLES`` samples, the eval-mode output and, on copies of the model (the model's own
+    statistics, gradients and random streams untouched), one training-mode forward + backward of
+    each (same random streams, a fixed random projection of the output as the loss): output,
+    every parameter's gradient and every buffer."""
 
-    The check, in fp32 on the first ``CHECK_SAMPLES`` samples: the eval-mode output before and
-    after, and on copies of the model
-    (the model's own statistics, gradients and random streams untouched) one training-mode
-    forward + backward of each (same random streams, a fixed random projection of the output as
-    the loss): output, every parameter's gradient and every buffer. Any difference beyond
-    ``RTOL`` (relative, as ``rewrite.py``) or an error: nothing is rewritten and ``note`` says
-    why.
-    """
-    report = ChainReport()
-    if not has_chain_candidate(model):
-        return report
-    inputs = tuple(a[:CHECK_SAMPLES] if isinstance(a, torch.Tensor) and a.dim() else a
-                   for a in example)
-    width = next((a.shape[-1] for a in inputs if isinstance(a, torch.Tensor) and a.dim()), 0)
-    modules = dict(model.named_modules())
-    found, before = _scan(model, inputs)
-    chains = [c for c in found
-              if cost_share(modules[c[0]], modules[c[2]], width) <= MAX_COST_SHARE]
-    if not chains:
-        return report
-    stock_copy = copy.deepcopy(model)
-    for chain in chains:
-        _swap(tuple(modules[n] for n in chain))
-    try:
-        with torch.no_grad(), evaluating(model), _rw._exact_fp32():
-            after = model(*inputs)
-        worst = _rw._rel_diff_any(after, before)
-        worst = max(worst, _training_diff(stock_copy, copy.deepcopy(model), inputs))
-    except Exception as exc:  # noqa: BLE001 — a form that fails its check is simply not used
-        undo_chain(model)
-        report.note = (f"{LABEL} not used: its check failed on the first batch "
-                       f"({type(exc).__name__}: {str(exc)[:100]}); the model runs unchanged")
-        return report
-    report.max_rel_diff = worst
-    if worst > _rw.RTOL:
-        undo_chain(model)
-        report.note = (f"{LABEL} not used: it differed from the stock layers by {worst:.2g} "
-                       f"(relative) on the first batch, more than {_rw.RTOL:g}; the model runs "
-                       "unchanged")
-        return report
-    report.rewritten = [">".join(c) for c in chains]
-    return report
+    name = "chain"
+    label = LABEL
+    kind = ChainForm
+
+    def applies(self, module: nn.Module) -> bool:
+        return is_temporal_conv(module) or is_plain_batchnorm(module)
+
+    def could_apply(self, model: nn.Module) -> bool:
+        return has_chain_candidate(model)
+
+    def sample(self, example: tuple) -> tuple:
+        return tuple(a[:CHECK_SAMPLES] if isinstance(a, torch.Tensor) and a.dim() else a
+                     for a in example)
+
+    def find(self, model: nn.Module, example: tuple) -> Found:
+        """The chains ``find_chains`` sees whose composite costs at most ``MAX_COST_SHARE``."""
+        width = next((a.shape[-1] for a in example if isinstance(a, torch.Tensor) and a.dim()), 0)
+        found, output = _scan(model, example)
+        return Found([c for c in found
+                      if cost_share(model.get_submodule(c[0]), model.get_submodule(c[2]),
+                                    width) <= MAX_COST_SHARE], output)
+
+    def swap_in(self, model: nn.Module, group: tuple[str, ...]) -> None:
+        forms = [form(model.get_submodule(n))
+                 for form, n in zip((ChainHead, ChainNorm, ChainTail), group, strict=True)]
+        link = _Link(*forms)
+        for name, form in zip(group, forms, strict=True):
+            form.link = link
+            replace.put(model, name, form)
+
+    def _compare(self, model: nn.Module, example: tuple, reference: Any) -> float:
+        stock = self.stock_copy(model)
+        if reference is None:
+            reference = eval_output(stock, example)
+        worst = rel_diff_any(eval_output(model, example), reference)
+        return max(worst, _training_diff(stock, copy.deepcopy(model), example))
+
+
+CHAIN = ChainRewrite()
+
+
+def find_chains(model: nn.Module, *example) -> list[tuple[str, str, str]]:
+    """The (convA, bn, convB) names that follow the rule on ``example`` (one eval-mode forward
+    without gradients, forward hooks on every module)."""
+    return _scan(model, example)[0]
+
+
+def rewrite_chain(model: nn.Module, *example) -> RewriteReport:
+    """``CHAIN.apply``: every conv-BatchNorm-conv chain of ``model`` that follows the rule on
+    ``example`` and costs at most ``MAX_COST_SHARE`` of its stock multiply-adds, in place,
+    checked there; any difference beyond ``RTOL`` or an error: nothing is rewritten and ``note``
+    says why."""
+    return CHAIN.apply(model, *example)
 
 
 def _training_diff(stock: nn.Module, fast: nn.Module, inputs: tuple) -> float:
     """Largest relative difference of one training step's output, gradients and buffers."""
     device = next((a.device for a in inputs if isinstance(a, torch.Tensor)), torch.device("cpu"))
-    state = torch_rng_state(device)
+    state = rng_state(device)
     results = []
     try:
         for model in (stock, fast):
-            set_torch_rng_state(state, device)
+            set_rng_state(state, device)
             model.train()
             for p in model.parameters():
                 p.grad = None
-            with _rw._exact_fp32():
+            with exact_fp32():
                 out = model(*inputs)
-                tensors = _tensors(out)
+                tensors = tensors_of(out)
                 gen = torch.Generator().manual_seed(0)
                 loss = sum((t.float() * torch.randn(t.shape, generator=gen).to(t.device)).sum()
                            for t in tensors if t.is_floating_point() and t.requires_grad)
@@ -508,7 +493,7 @@ def _training_diff(stock: nn.Module, fast: nn.Module, inputs: tuple) -> float:
                             [p.grad for p in model.parameters()],
                             [b.detach() for b in model.buffers()]))
     finally:
-        set_torch_rng_state(state, device)
+        set_rng_state(state, device)
     worst = 0.0
     for kind, (part_a, part_b) in enumerate(zip(results[0], results[1], strict=True)):
         if len(part_a) != len(part_b) or any((a is None) != (b is None)
@@ -520,28 +505,8 @@ def _training_diff(stock: nn.Module, fast: nn.Module, inputs: tuple) -> float:
             for a, b in pairs:
                 a, b = a.detach().float(), b.detach().float()
                 worst = max(worst, (b - a).abs().max().item()
-                            / (max(a.abs().max().item(), floor) + _rw.ATOL / _rw.RTOL))
+                            / (max(a.abs().max().item(), floor) + ATOL / RTOL))
             continue
         for a, b in pairs:
-            worst = max(worst, _rw._rel_diff(b, a))
+            worst = max(worst, rel_diff(b, a))
     return worst
-
-
-def _tensors(out) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, dict):
-        out = list(out.values())
-    if isinstance(out, (tuple, list)):
-        return [t for item in out for t in _tensors(item)]
-    return []
-
-
-def chained_modules(model: nn.Module) -> list[str]:
-    """Names of the modules of ``model`` that currently run a chain form."""
-    return [n for n, m in model.named_modules() if isinstance(m, _ChainForm)]
-
-
-def undo_chain(model: nn.Module) -> int:
-    """Every chain module of ``model`` back to its stock class, links dropped; returns how many."""
-    return _rw.undo_forms(model, _ChainForm)

@@ -15,9 +15,14 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from hybridnb.train import rewrite, speedups
-from hybridnb.train.rewrite import rewrite_depthwise, rewritten_modules, undo_rewrite
-from hybridnb.train.speedups import apply_speedups
+from hybridnb import speedups
+from hybridnb.speedups import DEPTHWISE, ROWS, apply_speedups, decide, depthwise, trial
+from hybridnb.speedups.depthwise import rewrite_depthwise
+from hybridnb.speedups.rows import rewrite_rows
+
+
+def rewritten_modules(model: nn.Module) -> list[str]:
+    return DEPTHWISE.active(model)
 
 
 class MaxNorm(nn.Module):
@@ -65,10 +70,11 @@ def test_rewrite_is_exact_over_random_depthwise_shapes(mult, bias, max_norm):
             _scaled(conv)
             parametrize.register_parametrization(conv, "weight", MaxNorm())
         stock = copy.deepcopy(conv)
+        conv = nn.Sequential(conv)  # a replacement takes the place of a submodule
         x = torch.randn(5, groups, height, width, generator=g)
         report = rewrite_depthwise(conv, x)
-        assert report.rewritten == [""], "the module itself is the candidate"
-        assert type(conv) is not type(stock)
+        assert report.rewritten == ["0"]
+        assert DEPTHWISE.active(conv) == ["0"]
         xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
         out, ref = conv(xa), stock(xb)
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
@@ -76,7 +82,7 @@ def test_rewrite_is_exact_over_random_depthwise_shapes(mult, bias, max_norm):
         out.backward(grad)
         ref.backward(grad)
         torch.testing.assert_close(xa.grad, xb.grad, atol=1e-5, rtol=1e-5)
-        for (name, p), (_, q) in zip(conv.named_parameters(), stock.named_parameters(),
+        for (name, p), (_, q) in zip(conv[0].named_parameters(), stock.named_parameters(),
                                      strict=True):
             torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-5, msg=name)
 
@@ -96,13 +102,14 @@ def test_only_height_spanning_depthwise_convs_are_rewritten():
 
 
 def test_other_shapes_take_the_convolution_path_after_rewrite():
-    conv = nn.Conv2d(3, 6, (4, 1), groups=3)
+    conv = nn.Sequential(nn.Conv2d(3, 6, (4, 1), groups=3))
     stock = copy.deepcopy(conv)
     assert rewrite_depthwise(conv, torch.randn(2, 3, 4, 7))
     taller = torch.randn(2, 3, 9, 7)  # kernel no longer spans the height: the conv runs
     torch.testing.assert_close(conv(taller), stock(taller))
     unbatched = torch.randn(3, 4, 7)
     torch.testing.assert_close(conv(unbatched), stock(unbatched))
+    assert DEPTHWISE.check(conv, taller).ok and DEPTHWISE.check(conv, unbatched).ok
 
 
 def test_state_dict_round_trip_into_the_stock_model():
@@ -141,13 +148,13 @@ def test_whole_model_files_load_as_the_stock_class_and_undo_restores_it():
     loaded = torch.load(buf, weights_only=False)
     assert type(loaded.spatial) is nn.Conv2d
     assert rewritten_modules(copy.deepcopy(model)) == ["spatial"]  # a copy stays fast
-    assert undo_rewrite(model) == 1
+    assert DEPTHWISE.undo(model) == 1
     assert type(model.spatial) is nn.Conv2d and not rewritten_modules(model)
 
 
 def test_a_rewrite_that_differs_is_not_used_and_says_so(monkeypatch):
-    real = rewrite.depthwise_as_matmul
-    monkeypatch.setattr(rewrite, "depthwise_as_matmul", lambda m, x: real(m, x) + 1.0)
+    real = depthwise.depthwise_as_matmul
+    monkeypatch.setattr(depthwise, "depthwise_as_matmul", lambda m, x: real(m, x) + 1.0)
     model = Spatial(height=5, groups=2, mult=1, bias=True, max_norm=False)
     x = torch.randn(3, 1, 5, 11)
     report = rewrite_depthwise(model, x)
@@ -199,7 +206,7 @@ def test_auto_keeps_only_the_knobs_that_measured_faster(monkeypatch):
         calls.append(knob)
         return gains[knob]
 
-    monkeypatch.setattr(speedups, "_race", fake_race)
+    monkeypatch.setattr(trial, "race", fake_race)
     model = Spatial(height=5, groups=2, mult=2, bias=True, max_norm=True)
     applied = apply_speedups(model, torch.randn(4, 1, 5, 9), "cpu", mode="measure")
     assert calls == ["channels_last", "rewrite"]
@@ -264,15 +271,16 @@ def test_bad_arguments_name_the_argument():
 
 def test_the_check_runs_without_tf32_and_restores_the_flags(monkeypatch):
     seen = []
-    real = rewrite.depthwise_as_matmul
+    real = depthwise.depthwise_as_matmul
 
     def spy(module, x):
         seen.append((torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32))
         return real(module, x)
 
-    monkeypatch.setattr(rewrite, "depthwise_as_matmul", spy)
+    monkeypatch.setattr(depthwise, "depthwise_as_matmul", spy)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
-    assert rewrite_depthwise(nn.Conv2d(2, 4, (3, 1), groups=2), torch.randn(2, 2, 3, 5))
+    assert rewrite_depthwise(nn.Sequential(nn.Conv2d(2, 4, (3, 1), groups=2)),
+                             torch.randn(2, 2, 3, 5))
     assert set(seen) == {(False, False)}  # layer check and whole-model check: exact fp32
     assert torch.backends.cudnn.allow_tf32 is True
 
@@ -306,7 +314,7 @@ def test_cpu_auto_puts_a_conv_model_in_channels_last_within_a_second(monkeypatch
     import time
 
     race = []
-    monkeypatch.setattr(speedups, "_race", lambda *a, **k: race.append(a) or 2.0)
+    monkeypatch.setattr(trial, "race", lambda *a, **k: race.append(a) or 2.0)
     model = ConvNet()
     x = torch.randn(32, 8, 64)
     ref = copy.deepcopy(model).eval()(x)
@@ -336,11 +344,11 @@ def test_cpu_auto_leaves_an_mlp_alone():
 
 
 def test_no_bf16_on_a_cpu_without_bf16_in_hardware(monkeypatch):
-    monkeypatch.setattr(speedups, "cpu_flags", lambda: {"avx2", "avx512f", "fma"})
-    monkeypatch.setattr(speedups, "_cores", lambda: 64)  # enough cores for a trial otherwise
+    monkeypatch.setattr(decide, "cpu_flags", lambda: {"avx2", "avx512f", "fma"})
+    monkeypatch.setattr(trial, "cores", lambda: 64)  # enough cores for a trial otherwise
     tried = []
-    monkeypatch.setattr(speedups, "_race", lambda *a, **k: tried.append(a) or 2.0)
-    monkeypatch.setattr(speedups, "_timed_step", lambda *a, **k: tried.append(a) or 0.0)
+    monkeypatch.setattr(trial, "race", lambda *a, **k: tried.append(a) or 2.0)
+    monkeypatch.setattr(trial, "timed_step", lambda *a, **k: tried.append(a) or 0.0)
     real_autocast = torch.autocast
 
     def spy_autocast(*args, **kwargs):
@@ -354,17 +362,17 @@ def test_no_bf16_on_a_cpu_without_bf16_in_hardware(monkeypatch):
     assert not tried
     assert applied.precision == "fp32" and "precision" not in applied.applied
     assert "bf16" in applied.skipped["precision"]
-    assert not speedups.cpu_native_bf16()
-    monkeypatch.setattr(speedups, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
-    assert speedups.cpu_native_bf16()
+    assert not decide.cpu_native_bf16()
+    monkeypatch.setattr(decide, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
+    assert decide.cpu_native_bf16()
 
 
 def test_cpu_bf16_is_kept_only_when_the_trial_says_faster(monkeypatch):
-    monkeypatch.setattr(speedups, "cpu_flags", lambda: {"amx_bf16", "amx_tile"})
-    monkeypatch.setattr(speedups, "_cores", lambda: 64)
-    monkeypatch.setattr(speedups, "_timed_step", lambda *a, **k: 0.0)
+    monkeypatch.setattr(decide, "cpu_flags", lambda: {"amx_bf16", "amx_tile"})
+    monkeypatch.setattr(trial, "cores", lambda: 64)
+    monkeypatch.setattr(trial, "timed_step", lambda *a, **k: 0.0)
     for gain, kept in ((1.5, True), (1.02, False), ("its timed step failed (x)", False)):
-        monkeypatch.setattr(speedups, "_race", lambda *a, g=gain, **k: g)
+        monkeypatch.setattr(trial, "race", lambda *a, g=gain, **k: g)
         model = ConvNet()
         applied = apply_speedups(model, torch.randn(16, 8, 64), "cpu", precision="auto")
         assert (applied.precision == "bf16") is kept, gain
@@ -375,12 +383,12 @@ def test_cpu_bf16_is_kept_only_when_the_trial_says_faster(monkeypatch):
 
 
 def test_the_memory_cap_turns_a_runaway_allocation_into_an_error():
-    if not speedups._can_cap_memory():
+    if not trial.can_cap_memory():
         pytest.skip("no address-space cap here")
     import resource
 
     before = resource.getrlimit(resource.RLIMIT_AS)
-    with speedups._memory_cap(), pytest.raises(RuntimeError):
+    with trial.memory_cap(), pytest.raises(RuntimeError):
         torch.empty(2**50, dtype=torch.uint8)  # a PiB
     assert resource.getrlimit(resource.RLIMIT_AS) == before
 
@@ -388,14 +396,14 @@ def test_the_memory_cap_turns_a_runaway_allocation_into_an_error():
 def test_restore_globals_puts_cudnn_benchmark_back(monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
     applied = speedups.Applied(device="cuda", precision="bf16", mode="auto")
-    speedups._cudnn_benchmark(applied, fixed_shapes=True)
+    decide.use_cudnn_benchmark(applied, fixed_shapes=True)
     assert torch.backends.cudnn.benchmark is True and "cudnn_benchmark" in applied.applied
     applied.restore_globals()
     assert torch.backends.cudnn.benchmark is False and "cudnn_benchmark" not in applied.applied
     applied.restore_globals()  # twice is harmless
     assert torch.backends.cudnn.benchmark is False
     varying = speedups.Applied(device="cuda", precision="bf16", mode="auto")
-    speedups._cudnn_benchmark(varying, fixed_shapes=False)
+    decide.use_cudnn_benchmark(varying, fixed_shapes=False)
     assert torch.backends.cudnn.benchmark is False and "cudnn_benchmark" in varying.skipped
 
 
@@ -444,10 +452,9 @@ def _rows_net() -> nn.Module:
 def test_rows_rewrite_computes_the_same_forward_and_gradients():
     model, x = _rows_net(), torch.randn(5, 2, 7, 40)
     stock = copy.deepcopy(model)
-    report = rewrite.rewrite_rows(model, x)
+    report = rewrite_rows(model, x)
     assert report.rewritten == ["0", "2", "3"]  # the (3, 1) convolution is not a (1, K) one
-    assert [type(m).__name__ for m in model][:4] == ["Conv2dAsConv1d", "ELU", "Conv2dAsConv1d",
-                                                    "Conv2dAsConv1d"]
+    assert ROWS.active(model) == ["0", "2", "3"]
     target = torch.randn_like(stock(x))
     (model(x) * target).sum().backward()
     (stock(x) * target).sum().backward()
@@ -457,12 +464,12 @@ def test_rows_rewrite_computes_the_same_forward_and_gradients():
     assert model.state_dict().keys() == stock.state_dict().keys()
     again = pickle.loads(pickle.dumps(model))  # pickles as the stock class
     assert type(again[0]) is nn.Conv2d
-    assert rewrite.undo_rewrite(model, "rows") == 3 and type(model[0]) is nn.Conv2d
+    assert ROWS.undo(model) == 3 and type(model[0]) is nn.Conv2d
 
 
 def test_rows_rewrite_leaves_single_row_inputs_alone():
     model = nn.Sequential(nn.Conv2d(2, 4, (1, 5), padding="same"))
-    assert not rewrite.rewrite_rows(model, torch.randn(3, 2, 1, 30))
+    assert not rewrite_rows(model, torch.randn(3, 2, 1, 30))
     assert type(model[0]) is nn.Conv2d
 
 
@@ -478,7 +485,7 @@ def test_cpu_auto_folds_eegnex_temporal_convolutions_and_says_so():
     assert "block_2.0" in applied.message
     torch.testing.assert_close(model.eval()(x), ref, atol=1e-5, rtol=1e-4)
     applied.undo()
-    assert not rewrite.rewritten_modules(model, "rows")
+    assert not ROWS.active(model)
 
 
 def test_cpu_auto_computes_eegnex_blocks_1_2_as_one_convolution_and_says_so():

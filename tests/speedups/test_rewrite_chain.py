@@ -11,10 +11,14 @@ import pytest
 import torch
 from torch import nn
 
-from hybridnb.train import rewrite
-from hybridnb.train import rewrite_chain as rc
-from hybridnb.train.rewrite_chain import chained_modules, find_chains, rewrite_chain, undo_chain
-from hybridnb.train.speedups import apply_speedups
+from hybridnb.speedups import CHAIN, apply_speedups, exact, undo_rewrites
+from hybridnb.speedups import ROWS as ROWS_REWRITE
+from hybridnb.speedups import chain as rc
+from hybridnb.speedups.chain import find_chains, rewrite_chain
+
+
+def chained_modules(model: nn.Module) -> list[str]:
+    return CHAIN.active(model)
 
 ROWS, TIMES = 5, 40
 
@@ -61,8 +65,7 @@ def test_three_steps_match_the_stock_model(k, pad_a, pad_b, bias, momentum, opti
     xs = batches()
     report = rewrite_chain(fast, xs[0])
     assert report.rewritten == ["1>2>3"] and not report.note
-    assert [type(m).__name__ for m in fast][1:4] == ["Conv2dChainHead", "BatchNorm2dChainNorm",
-                                                    "Conv2dChainTail"]
+    assert [type(m) for m in fast][1:4] == [rc.ChainHead, rc.ChainNorm, rc.ChainTail]
     make = torch.optim.AdamW if optimizer == "adamw" else torch.optim.SGD
     opts = [make(m.parameters(), lr=1e-2) for m in (stock, fast)]
     target = torch.randn(4, 1, generator=torch.Generator().manual_seed(2))
@@ -97,18 +100,19 @@ def test_keys_pickle_deepcopy_and_undo():
     assert list(model.state_dict()) == keys
     again = pickle.loads(pickle.dumps(model))  # the stock classes, no link
     assert [type(m) for m in again][1:4] == [nn.Conv2d, nn.BatchNorm2d, nn.Conv2d]
-    assert not any("_hn_chain" in m.__dict__ for m in again.modules())
+    assert not any(hasattr(m, "link") for m in again.modules())
     twin = copy.deepcopy(model)  # stays fast, linked to its own modules
     assert chained_modules(twin) == ["1", "2", "3"]
-    assert twin[1]._hn_chain.modules == (twin[1], twin[2], twin[3])
+    assert twin[1].link.modules == (twin[1], twin[2], twin[3])
+    assert twin[1].weight is not model[1].weight and twin[1].weight is twin[1].original.weight
     before = model[2].running_mean.clone()
     twin.train()(x)
     assert torch.equal(model[2].running_mean, before)  # the copy's statistics are its own
     assert not torch.equal(twin[2].running_mean, before)
-    assert undo_chain(model) == 3 and not chained_modules(model)
+    assert CHAIN.undo(model) == 3 and not chained_modules(model)
     assert [type(m) for m in model][1:4] == [nn.Conv2d, nn.BatchNorm2d, nn.Conv2d]
-    assert not any("_hn_chain" in m.__dict__ for m in model.modules())
-    assert rewrite.undo_rewrite(twin) == 3 and not chained_modules(twin)
+    assert list(model.state_dict()) == keys
+    assert undo_rewrites(twin) == 3 and not chained_modules(twin)
 
 
 def test_intermediates_stay_real_and_other_inputs_take_the_stock_path():
@@ -120,7 +124,7 @@ def test_intermediates_stay_real_and_other_inputs_take_the_stock_path():
     close(head(x), ref_head(x))
     short = torch.randn(4, ROWS, 6)  # too short for the edge corrections: a convolution
     close(fast(short), stock(short))
-    assert fast[1]._hn_chain.pending is None  # nothing held after a call
+    assert fast[1].link.pending is None  # nothing held after a call
 
 
 class Residual(nn.Module):
@@ -171,7 +175,7 @@ def test_a_chain_that_differs_is_not_used_and_says_so(monkeypatch):
     monkeypatch.setattr(rc, "chain_output", lambda *a: real(*a) * 1.01)
     model = eegnex_like()
     report = rewrite_chain(model, batches(1)[0])
-    assert not report and "differed" in report.note and report.max_rel_diff > rewrite.RTOL
+    assert not report and "differed" in report.note and report.max_rel_diff > exact.RTOL
     assert not chained_modules(model)
     assert all(m.training for m in model.modules())  # the check left the flags alone
     assert model[2].num_batches_tracked.item() == 0  # and the statistics
@@ -183,7 +187,7 @@ def test_cpu_rule_applies_the_chain_before_rows_and_says_so():
     applied = apply_speedups(model, x, "cpu", precision="fp32", steps=10)
     assert applied.applied[0] == "chain" and applied.fused == ["1>2>3"]
     assert "chain" in applied.rules and "1>2>3" in applied.message
-    assert not rewrite.rewritten_modules(model, "rows")  # rows found nothing left
+    assert not ROWS_REWRITE.active(model)  # rows found nothing left
     applied.undo()
     assert not chained_modules(model) and applied.fused == []
 

@@ -1,0 +1,35 @@
+"""Speedups: exact rewrites of a model's layers and the decision of which knobs a run gets.
+
+One interface for a rewrite (``rewrite.Rewrite``): ``applies(module)`` (the rule),
+``apply(model, *example)`` (find, replace, check; a ``RewriteReport``), ``check(model,
+*example)`` (exactness on a sample: a ``Verdict``), ``undo(model)``, ``active(model)``; a rewrite
+swaps replacement modules in that share the originals' parameters and buffers
+(``replace.Replacement``), so ``state_dict()`` keys and values are unchanged.
+
+Modules: ``exact`` (tolerances and comparisons), ``replace`` (replacement modules), ``rewrite``
+(the interface), ``depthwise``/``rows``/``chain`` (the three rewrites: ``DEPTHWISE``, ``ROWS``,
+``CHAIN``), ``trial`` (timed trials), ``applied`` (``Applied``: what was done, its message, its
+undo), ``decide`` (``wanted``, ``cpu_candidate``, ``apply_speedups``: the one entry point the
+Trainer's placement uses).
+"""
+
+from hybridnb.speedups.applied import Applied
+from hybridnb.speedups.chain import CHAIN, find_chains, rewrite_chain
+from hybridnb.speedups.decide import KNOBS, MODES, apply_speedups, cpu_candidate, wanted
+from hybridnb.speedups.depthwise import DEPTHWISE, rewrite_depthwise
+from hybridnb.speedups.replace import Replacement
+from hybridnb.speedups.rewrite import Rewrite, RewriteReport, Verdict
+from hybridnb.speedups.rows import ROWS, rewrite_rows
+
+REWRITES: tuple[Rewrite, ...] = (DEPTHWISE, CHAIN, ROWS)
+
+
+def undo_rewrites(model) -> int:
+    """Every rewrite of ``model`` undone (the original modules back); returns how many."""
+    return sum(r.undo(model) for r in REWRITES)
+
+
+__all__ = ["CHAIN", "DEPTHWISE", "KNOBS", "MODES", "REWRITES", "ROWS", "Applied", "Replacement",
+           "Rewrite", "RewriteReport", "Verdict", "apply_speedups", "cpu_candidate",
+           "find_chains", "rewrite_chain", "rewrite_depthwise", "rewrite_rows", "undo_rewrites",
+           "wanted"]

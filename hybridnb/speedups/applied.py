@@ -1,0 +1,101 @@
+"""``Applied``: what ``apply_speedups`` applied and measured, its one-sentence message, and how
+to take it back."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Applied:
+    """What ``apply_speedups`` applied and measured.
+
+    ``applied``: knob names in effect (``"rewrite"``, ``"chain"``, ``"rows"``,
+    ``"channels_last"``, ``"cudnn_benchmark"``, ``"precision"`` when it changed the choice).
+    ``speedup``: knob -> measured gain (x) where it was measured, kept or not. ``skipped``: knob ->
+    why it is not in effect. ``precision``: the precision name to train with. ``rewritten``:
+    module names running the matmul form; ``fused``: the conv-BatchNorm-conv chains computed as
+    one convolution ("a>bn>b" names); ``folded``: the modules running the rows-as-1-D form.
+    ``rules``: knob -> the rule that applied it without measuring (the CPU's rules).
+    ``seconds``: time spent, checks and measuring included. ``message``: one sentence for the
+    run's log; ``notes``: sentences that must be shown (a rewrite that failed its check).
+    ``restore_globals()``: process-wide flags back as they were (call it when the run ends);
+    ``undo()``: everything back; ``portable()``: a copy without the undo actions (to send).
+    """
+
+    device: str
+    precision: str
+    mode: str
+    applied: list[str] = field(default_factory=list)
+    speedup: dict[str, float] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    rewritten: list[str] = field(default_factory=list)
+    fused: list[str] = field(default_factory=list)
+    folded: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    rules: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    _undo: list[Callable[[], None]] = field(default_factory=list, repr=False)
+    _globals: list[Callable[[], None]] = field(default_factory=list, repr=False)
+
+    def __bool__(self) -> bool:
+        return bool(self.applied)
+
+    @property
+    def message(self) -> str:
+        """One sentence: what was applied, with the measured gains, and what it cost."""
+        if self.mode == "off":
+            return "speedups off"
+        parts = []
+        for knob in self.applied:
+            gain = self.speedup.get(knob)
+            label = {"rewrite": f"depthwise-as-matmul ({', '.join(self.rewritten)})",
+                     "chain": f"conv-BatchNorm-conv as one convolution ({', '.join(self.fused)})",
+                     "rows": f"(1, K) convolutions as 1-D ({', '.join(self.folded)})",
+                     "precision": f"precision {self.precision}"}.get(knob, knob)
+            if knob in self.rules:
+                label += f" (rule: {self.rules[knob]})"
+            parts.append(f"{label} {gain:.2f}x" if gain else label)
+        losers = [f"{k} {v:.2f}x" for k, v in self.speedup.items() if k not in self.applied]
+        unmeasured = sorted({v for k, v in self.skipped.items()
+                             if k not in self.speedup and k != "precision"})
+        text = f"speedups on {self.device}: " + (", ".join(parts) if parts else "none applied")
+        if losers:
+            text += f" (not kept: {', '.join(losers)})"
+        if unmeasured:
+            text += f" ({'; '.join(unmeasured)})"
+        how = ("set" if self.mode == "all" else "measured" if self.speedup
+               else "decided by rule" if self.rules else "checked")
+        return text + f"; {how} in {self.seconds:.1f} s on the first batch"
+
+    def on_undo(self, action: Callable[[], None]) -> None:
+        """``undo()`` runs ``action`` (last registered, first run)."""
+        self._undo.append(action)
+
+    def on_restore_globals(self, action: Callable[[], None]) -> None:
+        """``restore_globals()`` runs ``action`` (a process-wide flag put back)."""
+        self._globals.append(action)
+
+    def portable(self) -> Applied:
+        """A copy without the undo actions (they hold the model): what a worker sends back."""
+        return dataclasses.replace(self, _undo=[], _globals=[])
+
+    def restore_globals(self) -> None:
+        """Put every process-wide flag these speedups changed back as it was (the cuDNN
+        autotuner); the model keeps its knobs. Safe to call twice."""
+        while self._globals:
+            self._globals.pop()()
+        if "cudnn_benchmark" in self.applied:
+            self.applied.remove("cudnn_benchmark")
+
+    def undo(self) -> None:
+        """Take back every knob (the model's layout and modules) and the process-wide flags."""
+        while self._undo:
+            self._undo.pop()()
+        self.restore_globals()
+        self.applied.clear()
+        self.rewritten = []
+        self.fused = []
+        self.folded = []

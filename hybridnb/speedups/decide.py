@@ -1,0 +1,411 @@
+"""Which speedups a run gets: ``wanted`` (the Trainer's setting) and ``apply_speedups`` (the
+decision on the model's own first batch).
+
+The knobs, each a rule about layers or devices, never about a model's name:
+
+- ``rewrite``: height-spanning depthwise convolutions as a batched matmul (``depthwise.py``).
+- ``chain`` (CPU only): conv-BatchNorm-conv chains as one convolution (``chain.py``).
+- ``rows`` (CPU only): ``(1, K)`` convolutions over several rows as 1-D ones (``rows.py``).
+- ``channels_last``: 4-D parameters and inputs in NHWC, for models with 2-D convolutions.
+- ``cudnn_benchmark`` (CUDA only, a rule): cuDNN's autotuner when the input shapes are fixed
+  (``fixed_shapes=True``); a process-wide flag, put back by ``Applied.restore_globals()``.
+- ``precision`` (only when ``precision="auto"``): on CUDA the low precision timed against fp32;
+  on a CPU with bf16 in hardware, bf16 autocast timed against fp32.
+
+``mode="auto"`` on CUDA (and ``mode="measure"`` anywhere) keeps a knob only where timed steps on
+the first batch say it is faster (``trial.py``; greedy: channels_last, then the rewrite on top,
+then precision; a knob kept only when at least ``MARGIN`` faster), within ``BUDGET_S``.
+
+``mode="auto"`` on the CPU, where a step costs seconds, decides by exact rules, with no timed
+trial but the bf16 one (bounded by ``BUDGET_S["cpu"]``): the chain rewrite first, then the rows
+rewrite (each checked exact on a slice of the batch), channels_last for models with a grouped
+``Conv2d`` (plain convolutions do not gain from it), no depthwise rewrite in fp32, and bf16 only
+where the CPU has it in hardware (``amx_bf16``/``avx512_bf16``), there are ``MIN_TRIAL_CORES``
+cores, the run has at least ``MIN_TRIAL_STEPS`` steps, and a bounded trial under an address-space
+cap (oneDNN's bf16 paths can ask for more memory than the machine has) measures it
+``MARGIN["cpu"]`` faster. channels_last makes dropout draw other (equally likely) masks for the
+same seed: a run and its resume use the same layout and stay identical. No ``torch.compile``: it
+never pays back its compile time on a CPU run of this size (``Trainer(compile=True)`` remains).
+The measurements behind these rules: ``bench/results/cpu-speedups-latest.md``,
+``bench/results/gpu-latest.md`` and ``bench/results/speedups-rules.md``.
+
+The model's weights, BatchNorm statistics, gradients and random-number streams are as they were
+after any measuring. ``mode="all"`` applies every applicable knob without measuring;
+``mode="off"`` applies nothing. ``Applied.undo()`` takes everything back; nothing needs undoing
+to save: the rewrites keep parameters and state_dict keys.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from hybridnb.hardware.host import cpu_flags
+from hybridnb.speedups import replace, trial
+from hybridnb.speedups.applied import Applied
+from hybridnb.speedups.chain import CHAIN, MAX_COST_SHARE
+from hybridnb.speedups.depthwise import DEPTHWISE
+from hybridnb.speedups.rewrite import Rewrite
+from hybridnb.speedups.rows import ROWS
+
+KNOBS = ("rewrite", "chain", "rows", "channels_last", "cudnn_benchmark", "precision")
+MODES = ("auto", "measure", "all", "off")
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+AUTO_DEVICES = ("cuda", "cpu")  # where speedups="auto" applies speedups
+MARGIN = {"cuda": 0.03, "cpu": 0.10}  # a knob must win by this share; other devices: cuda's
+BUDGET_S = {"cuda": 2.0, "cpu": 1.0}  # seconds for the whole decision, warm-up steps included
+MEASURE_BUDGET_S = 8.0  # mode="measure" on the CPU: every knob timed
+CPU_SLICE = 4  # samples of the example batch timed on the CPU
+MIN_TRIAL_STEPS = 50  # a 1 s trial won by 10% on a >= 0.2 s step pays back within 50 steps
+NATIVE_BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
+MIN_TRIAL_CORES = 8  # fewer cores: one first bf16 step alone can take the whole budget
+
+
+def wanted(setting: bool | str | None, device: torch.device | str) -> bool:
+    """Whether the Trainer's ``speedups`` setting asks for ``apply_speedups`` on ``device``:
+    True on any device, "auto" on CUDA and the CPU (``AUTO_DEVICES``), False/None never."""
+    if setting is True:
+        return True
+    if setting is False or setting is None:
+        return False
+    if setting == "auto":
+        return torch.device(device).type in AUTO_DEVICES
+    raise ValueError(f"speedups={setting!r} is not understood; use True, False or \"auto\"")
+
+
+def cpu_candidate(model: nn.Module) -> bool:
+    """Whether any CPU knob could apply to ``model`` (the rows and channels_last rules, or a CPU
+    with native bf16 and the cores for its trial), decided without a batch: the Trainer skips
+    drawing an example batch from a slow Dataset when nothing could apply."""
+    return has_grouped_conv2d(model) or has_rows_conv(model) or (
+        cpu_native_bf16() and trial.cores() >= MIN_TRIAL_CORES)  # else no bf16 trial could run
+
+
+def has_rows_conv(model: nn.Module) -> bool:
+    """The rows rewrite's rule, before any batch: a ``(1, K)`` convolution it can compute."""
+    return ROWS.could_apply(model)
+
+
+def has_grouped_conv2d(model: nn.Module) -> bool:
+    """The CPU's channels_last rule: a grouped (e.g. depthwise) 2-D convolution, whose NCHW
+    oneDNN path is slow."""
+    return any(isinstance(m, nn.Conv2d) and m.groups > 1 for m in replace.originals(model))
+
+
+def cpu_native_bf16() -> bool:
+    """True when this CPU computes bf16 in hardware (AMX or AVX-512 BF16 in /proc/cpuinfo)."""
+    return bool(cpu_flags() & NATIVE_BF16_FLAGS)
+
+
+def precision_name(precision, device: torch.device) -> str:
+    """The precision a run uses for ``precision`` (a name, or an object with ``.name`` such as
+    the Trainer's ``Precision``, taken as decided): "auto" is bf16 on a CUDA GPU with bf16 in
+    hardware, fp16 on an older one, fp32 elsewhere; fp16 on a CPU is bf16 (as ``Precision``)."""
+    name = getattr(precision, "name", precision)
+    if name not in PRECISIONS:
+        raise ValueError(f"apply_speedups: precision={name!r} is not one of {PRECISIONS}")
+    if name == "auto":
+        if device.type != "cuda":
+            return "fp32"
+        from hybridnb.hardware.rules import device_native_bf16
+
+        return "bf16" if device_native_bf16(device) else "fp16"
+    return "bf16" if name == "fp16" and device.type == "cpu" else name
+
+
+def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
+                   precision="auto", mode: str = "auto",
+                   knobs: Iterable[str] | None = None, fixed_shapes: bool = True,
+                   budget_s: float | None = None, steps: int | None = None) -> Applied:
+    """Apply the speed knobs that help ``model`` on ``device``; see the module docstring.
+
+    ``model`` must already be on ``device``. ``example_x``: one batch's input (a tensor, or a
+    tuple/list of the model's positional inputs). ``precision``: a name ("auto" lets the trials
+    change it) or the run's decided ``Precision``. ``knobs``: a subset of ``KNOBS`` to consider
+    (default all). ``budget_s``: seconds for the decision (default ``BUDGET_S``;
+    ``MEASURE_BUDGET_S`` for mode="measure" on the CPU). ``steps``: the run's expected number of
+    optimizer steps, when known: a CPU run shorter than ``MIN_TRIAL_STEPS`` gets the rules
+    without a timed trial.
+    """
+    if mode not in MODES:
+        raise ValueError(f"apply_speedups: mode={mode!r} is not one of {MODES}")
+    chosen = set(KNOBS if knobs is None else knobs)
+    unknown = chosen - set(KNOBS)
+    if unknown:
+        raise ValueError(f"apply_speedups: knobs {sorted(unknown)} unknown; choose from {KNOBS}")
+    device = torch.device(device)
+    prec = precision_name(precision, device)
+    auto = getattr(precision, "name", None) is None and precision == "auto"
+    applied = Applied(device=str(device), precision=prec, mode=mode)
+    if mode == "off":
+        return applied
+    t0 = time.perf_counter()
+    inputs = _on_device(example_x, device)
+    _check_device(model, device)
+    if device.type == "cpu":  # a CPU step costs seconds: check and time a slice of the batch
+        inputs = _slice(inputs, CPU_SLICE)
+    if device.type == "cuda" and "cudnn_benchmark" in chosen:
+        use_cudnn_benchmark(applied, fixed_shapes)
+    if device.type == "cpu" and mode == "auto":
+        budget = BUDGET_S["cpu"] if budget_s is None else budget_s
+        _cpu_auto(model, inputs, device, prec, auto, chosen, applied, steps,
+                  deadline=t0 + budget)
+        applied.seconds = time.perf_counter() - t0
+        return applied
+    toggles = {}  # raced in this order: channels_last measured the larger gain on both devices
+    if "channels_last" in chosen:
+        toggles["channels_last"] = _channels_last_toggle(model, applied)
+    if "rewrite" in chosen:
+        toggles["rewrite"] = _rewrite_toggle(model, inputs, applied)
+    toggles = {k: t for k, t in toggles.items() if t is not None}
+    measure_precision = ("precision" in chosen and device.type == "cuda" and mode != "all"
+                         and auto and prec != "fp32")
+    if mode == "all":
+        for knob, toggle in sorted(toggles.items(), key=lambda kv: KNOBS.index(kv[0])):
+            toggle(True)
+            applied.applied.append(knob)
+    elif toggles or measure_precision:
+        default = MEASURE_BUDGET_S if device.type == "cpu" else BUDGET_S.get(
+            device.type, BUDGET_S["cuda"])
+        _measure(model, inputs, device, prec, toggles, measure_precision, applied,
+                 default if budget_s is None else budget_s)
+    applied.seconds = time.perf_counter() - t0
+    return applied
+
+
+def _cpu_auto(model, inputs, device, prec: str, auto: bool, chosen, applied: Applied, steps,
+              deadline: float) -> None:
+    """The CPU's decision within ``deadline``: the chain and rows rewrites and channels_last by
+    rule, bf16 (+ rewrite) only where the CPU has it in hardware and a bounded, memory-capped
+    trial says it is faster."""
+    if "chain" in chosen:  # first: the rows rewrite then takes the (1, K) convolutions left
+        _by_rule(CHAIN, model, inputs, applied, "fused",
+                 f"conv-BatchNorm-conv with <= {MAX_COST_SHARE:g} of the multiply-adds as one "
+                 "convolution",
+                 "no conv-BatchNorm-conv chain that one convolution computes with fewer "
+                 "multiply-adds")
+    if "rows" in chosen:
+        _by_rule(ROWS, model, inputs, applied, "folded", "(1, K) convolutions over several rows",
+                 "no (1, K) convolution over several rows")
+    if "channels_last" in chosen:
+        if not has_grouped_conv2d(model):
+            applied.skipped["channels_last"] = "no grouped 2-D convolution (the CPU's rule)"
+        elif (toggle := _channels_last_toggle(model, applied)) is not None:
+            toggle(True)
+            applied.applied.append("channels_last")
+            applied.rules["channels_last"] = "grouped 2-D convolutions"
+    if "precision" in chosen and auto and prec == "fp32":
+        _cpu_bf16(model, inputs, device, prec, "rewrite" in chosen, applied, steps, deadline)
+    if "rewrite" in chosen and "rewrite" not in applied.applied \
+            and "rewrite" not in applied.skipped:
+        applied.skipped["rewrite"] = "not used in fp32 on the CPU (EEGNeX measured 0.95x)"
+
+
+def _by_rule(rewrite: Rewrite, model, inputs, applied: Applied, listed: str, rule: str,
+             none_found: str) -> None:
+    """``rewrite`` applied by rule, kept only where it computes the same on the example batch;
+    recorded under its knob (applied, or skipped and why), its modules listed in
+    ``applied.<listed>``, and undone by ``applied.undo()``."""
+    knob = rewrite.name
+    report = rewrite.apply(model, *inputs)
+    if report.note:  # found, but not exact on the batch: said
+        applied.notes.append(report.note)
+        applied.skipped[knob] = report.note
+        return
+    if not report:
+        applied.skipped[knob] = "already rewritten" if rewrite.active(model) else none_found
+        return
+    applied.applied.append(knob)
+    applied.rules[knob] = rule
+    setattr(applied, listed, list(report.rewritten))
+    names = [n for group in report.rewritten for n in group.split(">")]
+
+    def undo() -> None:
+        rewrite.undo(model, names)
+        setattr(applied, listed, [])
+
+    applied.on_undo(undo)
+
+
+def _cpu_bf16(model, inputs, device, prec: str, with_rewrite: bool, applied: Applied, steps,
+              deadline: float) -> None:
+    """bf16 autocast (plus the rewrite where it applies) raced against fp32 until ``deadline``;
+    kept when ``MARGIN["cpu"]`` faster. Never tried without bf16 in the CPU's hardware."""
+    why = None
+    if not cpu_native_bf16():
+        why = "no bf16 in this CPU's hardware (AMX / AVX-512 BF16): bf16 not tried"
+    elif trial.cores() < MIN_TRIAL_CORES:
+        why = (f"{trial.cores()} cores: a bf16 trial cannot fit the {BUDGET_S['cpu']:.0f} s "
+               "budget, bf16 not tried")
+    elif steps is not None and steps < MIN_TRIAL_STEPS:
+        why = f"a short run ({steps} steps): bf16 not tried"
+    elif not trial.can_cap_memory():
+        why = "no address-space cap on this system: bf16 not tried"
+    if why:
+        applied.skipped["precision"] = why
+        return
+    saved = trial.Snapshot(model, device)
+    holder = {"p": prec}
+    rewrite = None
+
+    def use_bf16(on: bool) -> None:
+        holder["p"] = "bf16" if on else prec
+        if rewrite is not None:
+            rewrite(on)
+
+    try:
+        # one fp32 step first: it primes oneDNN and says whether a race can fit what is left
+        first = trial.timed_step(lambda on: None, False, model, inputs, device, prec)
+        left = deadline - time.perf_counter()
+        if 4 * first > left:  # the bf16 side's first step, then one timed round of each
+            applied.skipped["precision"] = (f"bf16 not measured: a first step takes {first:.2g} s "
+                                            f"here, {max(left, 0):.2g} s of the budget left")
+            return
+        rewrite = _rewrite_toggle(model, inputs, applied) if with_rewrite else None
+        with trial.memory_cap():
+            gain = trial.race(use_bf16, model, inputs, device, holder,
+                              deadline - time.perf_counter(), min_rounds=1)
+    finally:
+        saved.restore()
+    keep = not isinstance(gain, str) and gain >= 1 + MARGIN["cpu"]
+    use_bf16(keep)
+    if isinstance(gain, str):
+        applied.skipped["precision"] = f"bf16 {gain}"
+        return
+    applied.speedup["precision"] = gain
+    if not keep:
+        applied.skipped["precision"] = f"bf16 measured {gain:.2f}x fp32 here, not faster"
+        return
+    applied.precision = "bf16"
+    applied.applied.append("precision")
+    if rewrite is not None:
+        applied.applied.append("rewrite")
+
+
+def _measure(model, inputs, device, prec: str, toggles, measure_precision: bool,
+             applied: Applied, budget: float) -> None:
+    """Greedy, interleaved: each knob on top of what was kept; restore the model's state after."""
+    margin = MARGIN.get(device.type, MARGIN["cuda"])
+    share = budget / max(len(toggles) + int(measure_precision), 1)
+    saved = trial.Snapshot(model, device)
+    try:
+        for knob, toggle in toggles.items():
+            gain = trial.race(lambda on, t=toggle: t(on), model, inputs, device, prec, share)
+            if isinstance(gain, str):
+                applied.skipped[knob] = gain
+                toggle(False)
+                if gain.startswith("not measured"):  # the other knobs would not be either
+                    for other in list(toggles)[list(toggles).index(knob) + 1:]:
+                        applied.skipped[other] = gain
+                    measure_precision = False
+                    break
+                continue
+            applied.speedup[knob] = gain
+            keep = gain >= 1 + margin
+            toggle(keep)
+            if keep:
+                applied.applied.append(knob)
+            else:
+                applied.skipped[knob] = f"measured {gain:.2f}x here, not faster"
+        if measure_precision:
+            holder = {"p": prec}
+
+            def use_fp32(on: bool) -> None:
+                holder["p"] = "fp32" if on else prec
+
+            gain = trial.race(use_fp32, model, inputs, device, holder, share)
+            if isinstance(gain, str):
+                applied.skipped["precision"] = gain
+            elif gain >= 1 + margin:
+                applied.precision = "fp32"
+                applied.applied.append("precision")
+                applied.speedup["precision"] = gain
+            else:
+                applied.skipped["precision"] = f"fp32 measured {gain:.2f}x {prec}; {prec} kept"
+    finally:
+        saved.restore()
+
+
+def _rewrite_toggle(model, inputs, applied: Applied):
+    """The depthwise rewrite applied (checked), then switched off; the returned toggle puts its
+    replacements in (True) or the originals back (False)."""
+    report = DEPTHWISE.apply(model, *inputs)
+    if report.note:
+        applied.notes.append(report.note)
+        applied.skipped["rewrite"] = report.note
+        return None
+    if not report:
+        applied.skipped["rewrite"] = ("already rewritten" if DEPTHWISE.active(model)
+                                      else "no depthwise convolution spans its input's height")
+        return None
+    fast = replace.replaced(model, DEPTHWISE.kind)
+    names = list(report.rewritten)
+
+    def toggle(on: bool) -> None:
+        for n in names:
+            replace.put(model, n, fast[n] if on else fast[n].original)
+        applied.rewritten = list(names) if on else []
+
+    toggle(False)
+    applied.on_undo(lambda: toggle(False))
+    return toggle
+
+
+def _channels_last_toggle(model: nn.Module, applied: Applied):
+    if not any(isinstance(m, nn.Conv2d) for m in replace.originals(model)):
+        applied.skipped["channels_last"] = "no 2-D convolution"
+        return None
+    hook = {"handle": None}
+
+    def toggle(on: bool) -> None:
+        model.to(memory_format=torch.channels_last if on else torch.contiguous_format)
+        if on and hook["handle"] is None:
+            hook["handle"] = model.register_forward_pre_hook(_inputs_channels_last)
+        elif not on and hook["handle"] is not None:
+            hook["handle"].remove()
+            hook["handle"] = None
+
+    applied.on_undo(lambda: toggle(False))
+    return toggle
+
+
+def _inputs_channels_last(module: nn.Module, args: tuple):
+    """Forward pre-hook: 4-D tensor inputs in channels_last (others untouched)."""
+    if not any(isinstance(a, torch.Tensor) and a.dim() == 4 for a in args):
+        return None
+    return tuple(a.contiguous(memory_format=torch.channels_last)
+                 if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args)
+
+
+def use_cudnn_benchmark(applied: Applied, fixed_shapes: bool) -> None:
+    """The ``cudnn_benchmark`` knob: on when shapes are fixed, recorded in ``applied`` (put back
+    by ``applied.restore_globals()``), else skipped and why."""
+    if not fixed_shapes:
+        applied.skipped["cudnn_benchmark"] = "input shapes vary"
+        return
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    applied.applied.append("cudnn_benchmark")
+    applied.on_restore_globals(lambda: setattr(torch.backends.cudnn, "benchmark", before))
+
+
+def _on_device(x, device: torch.device) -> tuple:
+    items = tuple(x) if isinstance(x, (tuple, list)) else (x,)
+    if not items or not isinstance(items[0], torch.Tensor):
+        raise TypeError(f"apply_speedups: example_x must be a tensor or a tuple of the model's "
+                        f"inputs starting with a tensor, got {type(x).__name__}")
+    return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in items)
+
+
+def _slice(inputs: tuple, n: int) -> tuple:
+    return tuple(a[:n] if isinstance(a, torch.Tensor) and a.dim() else a for a in inputs)
+
+
+def _check_device(model: nn.Module, device: torch.device) -> None:
+    param = next(model.parameters(), None)
+    if param is not None and param.device.type != device.type:
+        raise ValueError(f"apply_speedups: the model is on {param.device} but device={device}; "
+                         f"move it first (model.to(device))")

@@ -1,0 +1,97 @@
+"""Height-spanning depthwise convolutions as a batched matmul (the ``rewrite`` knob).
+
+The rule is about a layer's shape, never a model's name: a stock ``Conv2d`` with ``groups ==
+in_channels`` (any depth multiplier ``K = out_channels / in_channels``), kernel ``(H, 1)``,
+stride 1 along the width, no padding, no dilation, applied to an input of height exactly ``H``.
+Each output channel ``g*K + k`` is then a weighted sum over the H rows of input channel ``g``:
+
+    out[b, g*K + k, 0, t] = sum_h w[g*K + k, 0, h, 0] * x[b, g, h, t]  (+ bias[g*K + k])
+    ==  einsum("bght,gkh->bgkt", x, w.view(G, K, H)).reshape(B, G*K, 1, T)
+
+Why: on CUDA, PyTorch sends NCHW depthwise convolutions with a non-square kernel in bf16/fp32 to
+its own ``conv_depthwise2d`` kernel, which dominates EEGNeX's step on a GPU; a batched matmul goes
+to cuBLAS (``bench/results/gpu-latest.md``). In fp32 the two agree to rounding.
+
+The weight is read through any ``torch.nn.utils.parametrize`` parametrization (braindecode's
+max-norm). Inputs of another shape (another height, an unbatched tensor) take the convolution.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hybridnb.speedups.replace import Replacement
+from hybridnb.speedups.rewrite import LayerRewrite, RewriteReport
+
+
+def is_candidate_conv(module: nn.Module) -> bool:
+    """A depthwise Conv2d with a (H, 1) kernel that the matmul form can replace, whatever H is.
+
+    Subclasses that change ``forward`` or ``_conv_forward`` are left alone: their forward may do
+    more than the convolution.
+    """
+    if not isinstance(module, nn.Conv2d):
+        return False
+    cls = type(module)
+    return (cls.forward is nn.Conv2d.forward and cls._conv_forward is nn.Conv2d._conv_forward
+            and module.groups == module.in_channels
+            and module.out_channels % module.in_channels == 0
+            and module.kernel_size[1] == 1 and module.stride[1] == 1
+            and tuple(module.dilation) == (1, 1)
+            and module.padding in ((0, 0), "valid"))
+
+
+def spans_height(module: nn.Conv2d, x: torch.Tensor) -> bool:
+    """True when ``x`` is a batched input whose height the kernel covers exactly."""
+    return x.dim() == 4 and x.shape[1] == module.in_channels \
+        and x.shape[2] == module.kernel_size[0]
+
+
+def depthwise_as_matmul(module: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` computed as a batched matmul (``x`` must satisfy ``spans_height``)."""
+    batch, groups, height, width = x.shape
+    mult = module.out_channels // groups
+    weight = module.weight  # through any parametrization
+    out = torch.einsum("bght,gkh->bgkt", x, weight.view(groups, mult, height))
+    out = out.reshape(batch, groups * mult, 1, width)
+    if module.bias is not None:
+        out = out + module.bias.view(1, -1, 1, 1)
+    return out
+
+
+class MatmulDepthwise(Replacement):
+    """A depthwise convolution computed as a batched matmul where its kernel spans the input."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if spans_height(self.original, x):
+            return depthwise_as_matmul(self.original, x)
+        return self.stock(x)
+
+
+class DepthwiseRewrite(LayerRewrite):
+    """The ``rewrite`` knob; see the module docstring."""
+
+    name = "rewrite"
+    label = "depthwise-as-matmul rewrite"
+    kind = MatmulDepthwise
+    differs_from = "the convolution"
+
+    def applies(self, module: nn.Module) -> bool:
+        return is_candidate_conv(module)
+
+    def fits(self, module: nn.Module, x: torch.Tensor) -> bool:
+        return spans_height(module, x)
+
+    def compute(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return depthwise_as_matmul(module, x)
+
+
+DEPTHWISE = DepthwiseRewrite()
+
+
+def rewrite_depthwise(model: nn.Module, *example) -> RewriteReport:
+    """``DEPTHWISE.apply``: every height-spanning depthwise convolution of ``model`` as a matmul,
+    in place, checked on ``example`` (eval mode, fp32, no gradients: no BatchNorm statistics
+    move, no random numbers are drawn)."""
+    return DEPTHWISE.apply(model, *example)

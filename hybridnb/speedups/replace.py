@@ -1,0 +1,125 @@
+"""Replacement modules: a faster module put in a stock module's place, sharing its state.
+
+A ``Replacement`` holds the module it stands in for (``original``, kept outside ``_modules``) and
+shares the original's parameter, buffer and submodule dicts and its hooks — the same dict
+objects, not copies. So ``state_dict()`` has the same keys and the same tensors (a
+``torch.nn.utils.parametrize`` parametrization included), an optimizer built before or after the
+swap steps the same Parameters, ``model.to(...)`` moves both, and putting the original back
+(``restore``) undoes the swap with everything learnt in between.
+
+Two things cannot come naturally and are said here once:
+
+- Pickling (``torch.save(model)``, cloudpickle) writes the original module: a saved whole model
+  loads into the stock classes without hybridnb. A ``deepcopy`` copies the replacement itself
+  (the copy stays fast), which is why ``__deepcopy__`` is written out next to ``__reduce_ex__``.
+- Attributes the replacement does not have (a convolution's ``kernel_size``) are read from the
+  original; ``train()``/``eval()`` set both; ``original.training`` follows the replacement's flag
+  whenever the original's own code runs.
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+
+class Replacement(nn.Module):
+    """Stands in for ``original``; subclasses write ``forward`` and call ``stock(x)`` for inputs
+    their form does not compute."""
+
+    original: nn.Module
+
+    def __init__(self, original: nn.Module) -> None:
+        super().__init__()
+        for key in list(self.__dict__):  # every dict nn.Module keeps: parameters, hooks, ...
+            if key != "training":
+                self.__dict__[key] = original.__dict__[key]
+        self.__dict__["_version"] = original._version  # the state_dict metadata of the original
+        self.__dict__["original"] = original  # not a submodule: no state_dict key of its own
+        self.training = original.training
+
+    def stock(self, *args, **kwargs):
+        """The original module's own forward (its hooks are shared, so they ran already)."""
+        self.original.training = self.training
+        return self.original.forward(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            original = self.__dict__.get("original")
+            if original is None:
+                raise
+            return getattr(original, name)
+
+    def train(self, mode: bool = True) -> Replacement:
+        self.original.training = mode
+        return super().train(mode)
+
+    def extra_repr(self) -> str:
+        return self.original.extra_repr()
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
+        self.original._save_to_state_dict(destination, prefix, keep_vars)
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        self.original._load_from_state_dict(*args, **kwargs)  # BatchNorm's version rules included
+
+    def __reduce_ex__(self, protocol):
+        # pickled as the original object itself (by its own pickling): unpickling calls
+        # itemgetter(0)((original,)), which is the original; nothing of hybridnb is needed
+        self.original.training = self.training
+        return operator.itemgetter(0), ((self.original,),)
+
+    def __deepcopy__(self, memo: dict) -> Replacement:
+        replica = type(self).__new__(type(self))
+        memo[id(self)] = replica
+        for key, value in self.__dict__.items():  # the shared dicts stay shared in the copy
+            replica.__dict__[key] = copy.deepcopy(value, memo)
+        return replica
+
+
+def put(model: nn.Module, name: str, module: nn.Module) -> None:
+    """``module`` in the place of ``model``'s submodule ``name`` (not the model itself)."""
+    if not name:
+        raise ValueError("a replacement needs a parent: the model itself cannot be replaced in "
+                         "place (wrap it, e.g. nn.Sequential(model))")
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    parent.register_module(child, module)  # takes the place of the module of that name
+
+
+def replaced(model: nn.Module, kind: type[Replacement] = Replacement
+             ) -> dict[str, Replacement]:
+    """The modules of ``model`` that are ``kind`` replacements, by name."""
+    return {n: m for n, m in model.named_modules() if isinstance(m, kind)}
+
+
+def restore(model: nn.Module, kind: type[Replacement] = Replacement,
+            names: list[str] | None = None) -> int:
+    """Every ``kind`` replacement of ``model`` (of ``names`` only, when given) back to its
+    original; returns how many."""
+    found = replaced(model, kind)
+    count = 0
+    for name, module in found.items():
+        if names is None or name in names:
+            module.original.training = module.training
+            put(model, name, module.original)
+            count += 1
+    return count
+
+
+def originals(model: nn.Module) -> Iterator[nn.Module]:
+    """``model.modules()`` with each replacement read as the module it stands in for (rules
+    about layers, such as "a grouped Conv2d", see the stock layers)."""
+    for module in model.modules():
+        yield module.original if isinstance(module, Replacement) else module
+
+
+def first_tensor(args: tuple) -> torch.Tensor | None:
+    """A forward call's first positional input when it is a tensor."""
+    return args[0] if args and isinstance(args[0], torch.Tensor) else None

@@ -1,0 +1,192 @@
+"""The one interface of a rewrite: a rule, a check on a batch, and an undo.
+
+A ``Rewrite`` puts replacement modules (``replace.Replacement``) in the place of stock layers
+whose arithmetic a faster form computes exactly. Every rewrite:
+
+- ``applies(module)``: its rule, about a layer's type and shape (never a model's name);
+- ``apply(model, *example)``: finds the layers the rule takes on one example batch, replaces
+  them, ``check``s, and keeps nothing when the check fails (the report's ``note`` says why);
+- ``check(model, *example)``: exactness on the batch, the model as it is against a copy with this
+  rewrite undone (``exact.RTOL``);
+- ``undo(model)``: the original modules back in their places;
+- keeps ``state_dict()`` keys and values (replacements share the originals' tensors).
+
+``LayerRewrite`` is the common case, one layer for one layer, checked layer by layer on the
+batch (forward hooks) and on the whole model's output.
+"""
+
+from __future__ import annotations
+
+import copy
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from hybridnb.speedups import exact, replace
+
+
+@dataclass
+class RewriteReport:
+    """What ``Rewrite.apply`` did: the modules rewritten (names; a chain's as "a>bn>b"), the
+    worst relative difference seen on the batch, and one sentence when something was found but
+    not rewritten."""
+
+    rewritten: list[str] = field(default_factory=list)
+    max_rel_diff: float = 0.0
+    note: str = ""
+
+    def __bool__(self) -> bool:
+        return bool(self.rewritten)
+
+
+@dataclass
+class Verdict:
+    """A check's answer: ``ok`` when the rewritten model computed what the stock one does."""
+
+    max_rel_diff: float = 0.0
+    why: str = ""  # empty when ok: what differed, or how the check failed
+
+    @property
+    def ok(self) -> bool:
+        return not self.why
+
+
+@dataclass
+class Found:
+    """The layers a rule takes on a batch (groups of module names), the stock eval output seen
+    while finding them (the check's reference), and the worst layer-level difference."""
+
+    groups: list[tuple[str, ...]] = field(default_factory=list)
+    reference: Any = None
+    worst: float = 0.0
+
+
+class Rewrite(ABC):
+    """A rewrite of stock layers into replacement modules; see the module docstring."""
+
+    name: ClassVar[str]  # the speedups knob: "rewrite", "rows", "chain"
+    label: ClassVar[str]  # how messages name it
+    kind: ClassVar[type[replace.Replacement]]  # the base class of its replacements
+    differs_from: ClassVar[str] = "the stock layers"  # the note's wording
+
+    @abstractmethod
+    def applies(self, module: nn.Module) -> bool:
+        """The rule before any batch: ``module`` is a layer this rewrite can take."""
+
+    def could_apply(self, model: nn.Module) -> bool:
+        """Cheap, before any batch: whether ``model`` has layers the rule could take."""
+        return any(self.applies(m) for m in model.modules())
+
+    @abstractmethod
+    def find(self, model: nn.Module, example: tuple) -> Found:
+        """The layers the rule takes on ``example`` (one eval-mode forward, no gradients)."""
+
+    @abstractmethod
+    def swap_in(self, model: nn.Module, group: tuple[str, ...]) -> None:
+        """Put the replacement(s) for one found group in place."""
+
+    def sample(self, example: tuple) -> tuple:
+        """The part of the example batch finding and checking run on (default: all of it)."""
+        return example
+
+    def apply(self, model: nn.Module, *example) -> RewriteReport:
+        """Rewrite every layer of ``model`` the rule takes on ``example`` (one batch's positional
+        inputs, on the model's device), in place, if the rewritten model passes ``check``;
+        else nothing is rewritten and ``note`` says why."""
+        report = RewriteReport()
+        if not self.could_apply(model):
+            return report  # nothing to check: no forward
+        example = self.sample(example)
+        found = self.find(model, example)
+        if not found.groups:
+            return report
+        for group in found.groups:
+            self.swap_in(model, group)
+        verdict = self.check(model, *example, reference=found.reference)
+        report.max_rel_diff = max(found.worst, verdict.max_rel_diff)
+        if verdict.ok and found.worst > exact.RTOL:
+            verdict = Verdict(found.worst, self._differed(found.worst))
+        if not verdict.ok:
+            self.undo(model)
+            report.note = f"{self.label} not used: {verdict.why}; the model runs unchanged"
+            return report
+        report.rewritten = [">".join(g) for g in found.groups]
+        return report
+
+    def check(self, model: nn.Module, *example, reference: Any = None) -> Verdict:
+        """Exactness on ``example``: ``model`` as it is against a copy of it with this rewrite
+        undone, eval-mode outputs (``reference``: the stock output, when already known). Never
+        raises: a check that fails says how."""
+        try:
+            worst = self._compare(model, example, reference)
+        except Exception as exc:  # noqa: BLE001 — a form that fails its check is not used
+            return Verdict(float("inf"), f"its check failed on the first batch "
+                           f"({type(exc).__name__}: {str(exc)[:100]})")
+        return Verdict(worst, self._differed(worst) if worst > exact.RTOL else "")
+
+    def _compare(self, model: nn.Module, example: tuple, reference: Any) -> float:
+        """The largest relative difference the check measures (override to measure more)."""
+        if reference is None:
+            reference = exact.eval_output(self.stock_copy(model), example)
+        return exact.rel_diff_any(exact.eval_output(model, example), reference)
+
+    def _differed(self, worst: float) -> str:
+        return (f"it differed from {self.differs_from} by {worst:.2g} (relative) on the first "
+                f"batch, more than {exact.RTOL:g}")
+
+    def stock_copy(self, model: nn.Module) -> nn.Module:
+        """A deep copy of ``model`` with this rewrite undone (``model`` untouched)."""
+        twin = copy.deepcopy(model)
+        self.undo(twin)
+        return twin
+
+    def undo(self, model: nn.Module, names: list[str] | None = None) -> int:
+        """The original modules back in place of this rewrite's replacements (those at
+        ``names`` only, when given); returns how many."""
+        return replace.restore(model, self.kind, names)
+
+    def active(self, model: nn.Module) -> list[str]:
+        """Names of the modules of ``model`` that currently run this rewrite's form."""
+        return list(replace.replaced(model, self.kind))
+
+
+class LayerRewrite(Rewrite):
+    """One layer for one layer: ``fits(module, x)`` says whether the form computes this input,
+    ``compute(module, x)`` computes it; any other input takes the stock layer's forward."""
+
+    def swap_in(self, model: nn.Module, group: tuple[str, ...]) -> None:
+        (name,) = group
+        replace.put(model, name, self.kind(model.get_submodule(name)))
+
+    @abstractmethod
+    def fits(self, module: nn.Module, x: torch.Tensor) -> bool: ...
+
+    @abstractmethod
+    def compute(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor: ...
+
+    def find(self, model: nn.Module, example: tuple) -> Found:
+        """Candidates found with forward hooks on one eval forward; each one's faster form is
+        computed on the same input and compared with the layer's output there."""
+        worst: dict[str, float] = {}
+        hooks = []
+
+        def check(name):
+            def hook(module, args, output):
+                x = replace.first_tensor(args)
+                if x is not None and self.fits(module, x):
+                    diff = exact.rel_diff(self.compute(module, x), output)
+                    worst[name] = max(worst.get(name, 0.0), diff)
+            return hook
+
+        for name, module in model.named_modules():
+            if name and self.applies(module):  # the model itself has no parent to swap in
+                hooks.append(module.register_forward_hook(check(name)))
+        try:
+            output = exact.eval_output(model, example)
+        finally:
+            for h in hooks:
+                h.remove()
+        return Found([(n,) for n in sorted(worst)], output, max(worst.values(), default=0.0))

@@ -1,0 +1,89 @@
+"""Temporal ``(1, K)`` convolutions over several rows as 1-D convolutions (the ``rows`` knob).
+
+A ``Conv2d`` with a ``(1, K)`` kernel over several rows (EEG channels) is computed as a 1-D
+convolution with the rows folded into the batch: ``(B, C, H, T)`` -> ``(B*H, C, T)``. Same sums,
+same padding. Why: with the rest of the model in channels_last, oneDNN runs the folded 1-D form
+faster on the CPU (``bench/results/cpu-speedups-latest.md``). The CPU's rules run the chain
+rewrite first (``chain.py``), and this form takes the ``(1, K)`` convolutions left.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hybridnb.speedups.replace import Replacement
+from hybridnb.speedups.rewrite import LayerRewrite, RewriteReport
+
+
+def is_rows_candidate(module: nn.Module) -> bool:
+    """A stock ``Conv2d`` with a ``(1, K)`` kernel (K >= 2), stride 1, zero padding along the
+    width only, no groups: the 1-D form computes it for inputs of any height."""
+    if not isinstance(module, nn.Conv2d):
+        return False
+    cls = type(module)
+    padding = module.padding
+    return (cls.forward is nn.Conv2d.forward and cls._conv_forward is nn.Conv2d._conv_forward
+            and module.groups == 1 and module.kernel_size[0] == 1
+            and module.kernel_size[1] >= 2 and tuple(module.stride) == (1, 1)
+            and module.padding_mode == "zeros"
+            and (padding in ("same", "valid") or padding[0] == 0))
+
+
+def several_rows(module: nn.Conv2d, x: torch.Tensor) -> bool:
+    """True when ``x`` is a batched input with more than one row (one row gains nothing)."""
+    return x.dim() == 4 and x.shape[1] == module.in_channels and x.shape[2] > 1
+
+
+def rows_as_conv1d(module: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` computed as a 1-D convolution over ``(B*H, C, T)``."""
+    batch, chans, rows, width = x.shape
+    reach = module.dilation[1] * (module.kernel_size[1] - 1)
+    if module.padding == "same":  # PyTorch's own split: the odd sample goes to the right
+        left, right = reach // 2, reach - reach // 2
+    elif module.padding == "valid":
+        left = right = 0
+    else:
+        left = right = module.padding[1]
+    folded = x.transpose(1, 2).reshape(batch * rows, chans, width)
+    if left or right:
+        folded = F.pad(folded, (left, right))
+    out = F.conv1d(folded, module.weight[:, :, 0, :], module.bias, dilation=module.dilation[1])
+    return out.reshape(batch, rows, module.out_channels, -1).transpose(1, 2)
+
+
+class RowsAsConv1d(Replacement):
+    """A ``(1, K)`` convolution computed as a 1-D convolution over folded rows."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if several_rows(self.original, x):
+            return rows_as_conv1d(self.original, x)
+        return self.stock(x)
+
+
+class RowsRewrite(LayerRewrite):
+    """The ``rows`` knob; see the module docstring."""
+
+    name = "rows"
+    label = "rows-as-1-D-convolution rewrite"
+    kind = RowsAsConv1d
+    differs_from = "the convolution"
+
+    def applies(self, module: nn.Module) -> bool:
+        return is_rows_candidate(module)
+
+    def fits(self, module: nn.Module, x: torch.Tensor) -> bool:
+        return several_rows(module, x)
+
+    def compute(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return rows_as_conv1d(module, x)
+
+
+ROWS = RowsRewrite()
+
+
+def rewrite_rows(model: nn.Module, *example) -> RewriteReport:
+    """``ROWS.apply``: every ``(1, K)`` convolution of ``model`` that sees several rows on
+    ``example`` in the folded 1-D form, in place; checked like the depthwise rewrite."""
+    return ROWS.apply(model, *example)

@@ -1,0 +1,172 @@
+"""Timed trials: a knob off and on, interleaved, on the first batch, the model's state put back.
+
+Each state runs once untimed first (allocation, cuDNN autotuning, layout conversion); then one
+forward + backward (as the training step runs it) per state and round, A B A B, the fastest step
+of each counted. Weights, BatchNorm statistics, gradients and random-number streams are restored
+after (``Snapshot``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+
+from hybridnb.measure.timing import synchronize
+from hybridnb.speedups.exact import rng_state, set_rng_state, tensors_of
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast(name: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """The forward's context for precision ``name`` (a no-op for fp32)."""
+    if name not in DTYPES:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=DTYPES[name])
+
+
+def precision_of(prec) -> str:
+    """The precision name of a trial's ``prec``: a name, or a holder ``{"p": name}`` that a
+    toggle switches."""
+    return prec["p"] if isinstance(prec, dict) else prec
+
+
+def race(toggle: Callable[[bool], None], model: nn.Module, inputs: tuple,
+         device: torch.device, prec, budget: float, min_rounds: int | None = None
+         ) -> float | str:
+    """Time one step with the knob off and on, interleaved, for about ``budget`` s.
+
+    On the CPU a race whose warm-up step shows it cannot fit ``min_rounds`` rounds is not run.
+    Returns the gain (off time / on time, fastest step of each), or why it was not measured.
+    """
+    times = {False: [], True: []}
+    if min_rounds is None:
+        min_rounds = 2 if device.type == "cpu" else 1
+    t_end = time.perf_counter() + budget  # warm-ups included
+    try:
+        for state in (False, True):
+            warm = timed_step(toggle, state, model, inputs, device, prec)
+            if device.type == "cpu" and not state and (2 * min_rounds + 2) * warm > budget:
+                toggle(False)
+                return f"not measured: a step takes {warm:.2g} s here (budget {budget:.2g} s)"
+        while (len(times[True]) < min_rounds or time.perf_counter() < t_end) \
+                and len(times[True]) < 20:
+            for state in (False, True):
+                times[state].append(timed_step(toggle, state, model, inputs, device, prec))
+    except Exception as exc:  # noqa: BLE001 — a knob that breaks the step is simply not kept
+        failed = f"its timed step failed ({type(exc).__name__}: {str(exc)[:80]})"
+    else:
+        return min(times[False]) / min(times[True])
+    toggle(False)
+    free_memory(device)  # outside the except: the failed step's tensors are free now
+    return failed
+
+
+def timed_step(toggle: Callable[[bool], None], state: bool, model: nn.Module, inputs: tuple,
+               device: torch.device, prec) -> float:
+    """Seconds for one step with the knob in ``state`` (synchronised before and after)."""
+    toggle(state)
+    synchronize(device)
+    t0 = time.perf_counter()
+    train_pass(model, inputs, precision_of(prec), device)
+    synchronize(device)
+    return time.perf_counter() - t0
+
+
+def train_pass(model: nn.Module, inputs: tuple, precision: str, device: torch.device) -> None:
+    """One forward under ``precision``'s autocast and a backward of the mean of the first
+    output, as the training step runs them; the gradients are dropped."""
+    with autocast(precision, device):
+        out = model(*inputs)
+    found = tensors_of(out)
+    if not found:
+        raise TypeError(f"the model returned a {type(out).__name__} without a tensor; a "
+                        "backward pass needs one")
+    loss = found[0].float().mean()
+    if loss.requires_grad:
+        loss.backward()
+    for p in model.parameters():
+        p.grad = None
+
+
+def free_memory(device: torch.device) -> None:
+    """What a failed step left behind, released (call it outside the ``except``); on the CPU
+    the young generations suffice."""
+    if device.type == "cpu":
+        gc.collect(1)
+        return
+    gc.collect()
+    if device.type == "cuda" and torch.cuda.is_initialized():
+        with contextlib.suppress(RuntimeError):  # a device in a sticky error state refuses
+            torch.cuda.empty_cache()
+
+
+class Snapshot:
+    """Weights, buffers, gradients and RNG streams, put back after measuring."""
+
+    def __init__(self, model: nn.Module, device: torch.device) -> None:
+        self.model, self.device = model, device
+        self.state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.grads = [(p, None if p.grad is None else p.grad.detach().clone())
+                      for p in model.parameters()]
+        self.rng = rng_state(device)
+        for p in model.parameters():
+            p.grad = None
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            current = self.model.state_dict()
+            for k, v in self.state.items():
+                current[k].copy_(v)
+        for p, g in self.grads:
+            p.grad = g
+        set_rng_state(self.rng, self.device)
+
+
+def cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def can_cap_memory() -> bool:
+    """Whether ``memory_cap`` can work here (POSIX ``resource`` and Linux's /proc)."""
+    try:
+        import resource  # noqa: F401 — POSIX only
+    except ImportError:
+        return False
+    return os.path.exists("/proc/self/status") and os.path.exists("/proc/meminfo")
+
+
+@contextlib.contextmanager
+def memory_cap() -> Iterator[None]:
+    """Cap this process's address space at what it maps now plus the machine's available memory,
+    for the duration: an allocation the machine could never satisfy (oneDNN's emulated bf16
+    asking for hundreds of GB) fails as an error instead of the kernel killing the process."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = _kib("/proc/self/status", "VmSize:") * 1024 + _kib("/proc/meminfo",
+                                                                "MemAvailable:") * 1024
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    if soft != resource.RLIM_INFINITY and soft <= cap:
+        yield  # already capped at least as tightly
+        return
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def _kib(path: str, key: str) -> int:
+    with open(path) as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1])
+    raise OSError(f"{key} not in {path}")
