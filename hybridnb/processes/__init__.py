@@ -9,7 +9,9 @@ isolated fit and ``hn.launch``'s ranks.
   limit, a deadline, Ctrl-C and stop requests) returning an ``Outcome``;
 - ``ended``: ``Ended`` (the kinds of ending, a str enum), ``Exit``, ``Outcome``;
 - ``channel``: framed messages between child and parent (tensors as raw bytes), ``StopFlag``;
-- ``payload``: cloudpickle with big CPU tensors through shared memory (for ``start_spawn``);
+- ``payload``: what a spawned child is given (cloudpickle; memory-mapped data by reference
+  (``refs``), other big CPU tensors and arrays through shared memory, DataLoaders rebuilt
+  (``loaders``), an object that cannot be sent named (``unsendable``: ``NotSendable``));
 - ``output``: a child's output lines and its last words;
 - ``worker``: the spawned child's entry point (``python -m hybridnb.processes.worker``).
 
@@ -20,6 +22,7 @@ from hybridnb.processes.channel import Channel, Message
 from hybridnb.processes.child import Child, start_command, start_fork, start_spawn
 from hybridnb.processes.ended import Ended, Exit, Outcome, signal_name
 from hybridnb.processes.supervise import Progress, supervise
+from hybridnb.processes.unsendable import NotSendable
 
-__all__ = ["Channel", "Child", "Ended", "Exit", "Message", "Outcome", "Progress", "signal_name",
+__all__ = ["Channel", "Child", "Ended", "Exit", "Message", "NotSendable", "Outcome", "Progress", "signal_name",
            "start_command", "start_fork", "start_spawn", "supervise"]

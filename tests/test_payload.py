@@ -1,0 +1,146 @@
+"""What a spawned worker is given (hybridnb.processes.payload): memory-mapped data by reference,
+not by value; an object that cannot be sent named by its attribute path; a DataLoader with live
+workers rebuilt from its dataset and settings. Memory is measured relative to the run itself.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+import psutil
+import pytest
+import torch
+
+from hybridnb.processes import start_spawn, supervise
+from hybridnb.processes.payload import discard, pack, unpack
+from hybridnb.processes.refs import SentFileChanged
+
+pytestmark = pytest.mark.timeout(180)
+
+ROWS, COLS = 200, 1 << 18          # float32: 200 MiB
+SIZE = ROWS * COLS * 4
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_running():
+    yield
+    children = psutil.Process().children(recursive=True)
+    assert children == [], f"processes left behind: {children}"
+
+
+@pytest.fixture
+def big_file(tmp_path):
+    """A 200 MiB float32 file (sparse: a few rows written, the rest reads as zeros)."""
+    path = tmp_path / "windows.f32"
+    with open(path, "wb") as f:
+        f.truncate(SIZE)
+    mm = np.memmap(path, np.float32, "r+", shape=(ROWS, COLS))
+    for row in (0, 7, 100, 150, ROWS - 1):
+        mm[row, :1000] = np.arange(1000, dtype=np.float32) + row
+    mm.flush()
+    del mm
+    return path
+
+
+class MemmapDataset(torch.utils.data.Dataset):
+    """A user's Dataset over a memmap, scaled lazily (like data_prep's window store)."""
+
+    def __init__(self, x: np.ndarray, scale: float = 1e6) -> None:
+        self.x, self.scale = x, scale
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return torch.from_numpy(np.array(self.x[i])) * self.scale
+
+
+def _uss() -> int:
+    return psutil.Process().memory_full_info().uss
+
+
+def _shm_bytes(paths: list[str]) -> int:
+    return sum(os.path.getsize(p) for p in paths if os.path.exists(p))
+
+
+def test_a_memmap_dataset_is_packed_by_reference_without_reading_it(big_file):
+    views = {
+        "dataset": MemmapDataset(np.memmap(big_file, np.float32, "r", shape=(ROWS, COLS))),
+        "slice": np.memmap(big_file, np.float32, "r", shape=(ROWS, COLS))[100:160, ::2],
+        "tensor": torch.from_numpy(np.memmap(big_file, np.float32, "c", shape=(ROWS, COLS))),
+        "from_file": torch.from_file(str(big_file), shared=False, size=ROWS * COLS),
+    }
+    before = _uss()
+    data, files = pack(views)
+    grown = _uss() - before
+    assert len(data) < SIZE // 1000 and _shm_bytes(files) == 0
+    assert grown < SIZE // 10, f"packing grew this process by {grown >> 20} MiB"
+    out = unpack(data)
+    assert isinstance(out["dataset"].x, np.memmap) and not out["dataset"].x.flags.writeable
+    assert float(out["dataset"][7][5]) == 12.0 * 1e6
+    assert np.array_equal(out["slice"][:, :500], views["slice"][:, :500])
+    assert out["tensor"][150, 999] == 1149 and out["from_file"][COLS * 100 + 3] == 103
+    out["tensor"][0, 0] = -1.0  # copy-on-write there as here: the file keeps its values
+    assert np.memmap(big_file, np.float32, "r", shape=(ROWS, COLS))[0, 0] == 0.0
+
+
+def test_a_spawned_child_reads_the_memmap_the_parent_never_copied(big_file):
+    ds = MemmapDataset(np.memmap(big_file, np.float32, "r", shape=(ROWS, COLS)))
+
+    def work(channel, dataset):
+        return {"sum": float(dataset.x[95:155, :1000].sum()),
+                "mapped": isinstance(dataset.x, np.memmap)}
+
+    before, shm_before = _uss(), set(glob.glob("/dev/shm/hybridnb-*"))
+    child = start_spawn(work, ds)
+    shm = set(glob.glob("/dev/shm/hybridnb-*")) - shm_before
+    assert _shm_bytes(list(shm)) < SIZE // 100
+    out = supervise(lambda: child, silence=60)
+    grown = _uss() - before
+    assert out.ok, out.reason
+    assert out.result == {"sum": float(ds.x[95:155, :1000].sum()), "mapped": True}
+    assert grown < SIZE // 10, f"sending grew this process by {grown >> 20} MiB"
+
+
+def test_the_window_store_dataset_travels_by_reference(big_file):
+    """data_prep's Windows.dataset(scale=...) over its float32 memmap store."""
+    import pandas as pd
+
+    from data_prep.windows import Windows
+
+    X = np.memmap(big_file, np.float32, "r", shape=(ROWS, 1, COLS))
+    meta = pd.DataFrame({"subject": [f"s{i % 4}" for i in range(ROWS)],
+                         "target": np.arange(ROWS, dtype=np.float32),
+                         "recording": np.arange(ROWS) // 10})
+    w = Windows(X, meta, pd.DataFrame({"level": []}))
+    ds = w.subset(np.arange(50, 160)).dataset(scale=1e6)
+    before = _uss()
+    data, files = pack(ds)
+    assert len(data) < SIZE // 1000 and not files and _uss() - before < SIZE // 10
+    X2, y2 = unpack(data)[[50, 51]]  # positions 50, 51 of the subset: rows 100 and 101
+    assert float(X2[0, 0, 4]) == 104.0 * 1e6 and y2.tolist() == [100.0, 101.0]
+
+
+@pytest.mark.parametrize("change", ["vanished", "truncated"])
+def test_a_file_that_changed_before_the_worker_opened_it_is_named(big_file, change):
+    data, _ = pack(np.memmap(big_file, np.float32, "r", shape=(ROWS, COLS)))
+    if change == "vanished":
+        os.unlink(big_file)
+    else:
+        with open(big_file, "r+b") as f:
+            f.truncate(SIZE // 2)
+    with pytest.raises(SentFileChanged, match=str(big_file)) as err:
+        unpack(data)
+    assert ("gone" if change == "vanished" else "size") in str(err.value)
+
+
+def test_anonymous_tensors_and_arrays_still_go_through_shared_memory():
+    arr, t = np.arange(1 << 18, dtype=np.float64), torch.ones(1 << 19)
+    data, files = pack((arr, t))
+    assert len(files) == 2 and len(data) < 10_000
+    a2, t2 = unpack(data)
+    discard(files)
+    assert np.array_equal(a2, arr) and torch.equal(t2, t) and a2.flags.writeable
+    assert not [p for p in files if os.path.exists(p)]
