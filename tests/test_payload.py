@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import glob
 import os
+import threading
 
 import numpy as np
 import psutil
 import pytest
 import torch
 
-from hybridnb.processes import start_spawn, supervise
+from hybridnb.processes import NotSendable, start_spawn, supervise
 from hybridnb.processes.payload import discard, pack, unpack
 from hybridnb.processes.refs import SentFileChanged
 
@@ -144,3 +145,78 @@ def test_anonymous_tensors_and_arrays_still_go_through_shared_memory():
     discard(files)
     assert np.array_equal(a2, arr) and torch.equal(t2, t) and a2.flags.writeable
     assert not [p for p in files if os.path.exists(p)]
+
+
+# ------------------------------------------------------------------ what cannot be sent
+
+class Encoder(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv1d(2, 2, 3)
+        self._lock = threading.Lock()
+
+
+class Job:
+    def __init__(self, model) -> None:
+        self.model, self.epochs = model, 3
+
+
+def test_an_object_that_cannot_be_sent_is_named_by_its_attribute_path(tmp_path):
+    import functools
+
+    def work(job, channel):
+        return job.epochs
+
+    model = torch.nn.Sequential()
+    model.add_module("encoder", Encoder())
+    with pytest.raises(NotSendable) as err:
+        pack((functools.partial(work, Job(model)), (), {}))
+    assert isinstance(err.value, TypeError)
+    assert err.value.path == "job.model.encoder._lock" and err.value.kind == "_thread.lock"
+    assert "__getstate__" in str(err.value) and "isolate=False" in str(err.value)
+    assert err.value.__cause__ is None and not glob.glob(f"/dev/shm/hybridnb-{os.getpid()}-*")
+
+    with open(tmp_path / "log.txt", "w") as log:
+        with pytest.raises(NotSendable) as err:
+            start_spawn(lambda channel, data, *, logger: 0, torch.ones(1 << 19),
+                        logger={"file": log})
+    assert err.value.path == "logger['file']" and "TextIOWrapper" in err.value.kind
+
+
+# ------------------------------------------------------------------ loaders
+
+class Squares(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i):
+        return torch.tensor([float(i * i)])
+
+
+def test_a_peeked_persistent_loader_is_rebuilt_in_a_spawned_child(capfd):
+    loader = torch.utils.data.DataLoader(Squares(), batch_size=4, num_workers=1,
+                                         persistent_workers=True, drop_last=True)
+    next(iter(loader))  # live workers now
+    data, files = pack(loader)
+    assert "hybridnb:" in capfd.readouterr().err
+    rebuilt = unpack(data)
+    assert (rebuilt.batch_size, rebuilt.num_workers, rebuilt.persistent_workers,
+            rebuilt.drop_last) == (4, 1, True, True)
+    del rebuilt
+
+    def work(channel, dl):
+        return [b.flatten().tolist() for b in dl]
+
+    out = supervise(lambda: start_spawn(work, loader), silence=60)
+    assert out.ok, out.reason
+    assert out.result == [[0.0, 1.0, 4.0, 9.0], [16.0, 25.0, 36.0, 49.0],
+                          [64.0, 81.0, 100.0, 121.0]]
+    loader._iterator._shutdown_workers()  # this process's own loader workers
+
+
+def test_a_shuffled_loader_keeps_its_sampler_and_generator():
+    g = torch.Generator().manual_seed(3)
+    loader = torch.utils.data.DataLoader(Squares(), batch_size=5, shuffle=True, generator=g)
+    rebuilt = unpack(pack(loader)[0])
+    assert type(rebuilt.sampler).__name__ == "RandomSampler"
+    assert [b.flatten().tolist() for b in rebuilt] == [b.flatten().tolist() for b in loader]
