@@ -36,8 +36,8 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 from hybridnb.env import HEADLESS_ENV, ISOLATED_ENV
 from hybridnb.processes.channel import FrameReader, StopFlag, widen_pipe
@@ -232,6 +232,14 @@ class Child:
     def __enter__(self) -> Child:
         return self
 
+    def __del__(self) -> None:
+        # A child nobody holds any more is killed (e.g. one whose start returned just as a
+        # Ctrl-C reached the caller, before the caller could keep it)
+        if getattr(self, "reaped", True):
+            return
+        with contextlib.suppress(Exception):
+            self.close()
+
     def __exit__(self, *exc: object) -> None:
         self.close()
 
@@ -250,6 +258,11 @@ def start_fork(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None = 
     ``env``: variables set in the child (default ``WORKER_ENV``). ``death_signal``: what the
     child gets when this process dies (SIGKILL; ``hn.launch``'s ranks get SIGINT, to stop at an
     agreed step). ``merge_output``: stdout and stderr through one pipe (the order kept)."""
+    return _atomically(lambda: _fork(fn, args, env, death_signal, merge_output))
+
+
+def _fork(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None, death_signal: int,
+          merge_output: bool) -> Child:
     made: list[int] = []
     try:
         msg_r, msg_w = _pipe(made)
@@ -293,17 +306,25 @@ def start_spawn(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None =
     this process. An argument that cannot be pickled raises here, before anything starts."""
     from hybridnb.processes.payload import discard, pack
 
-    data, files = pack((fn, args, kwargs))
-    made: list[int] = []
-    try:
-        payload_fd = _payload_fd(data)
-        made.append(payload_fd)
+    files: list[str] = []  # filled as pack makes them: discarded whenever this fails
+
+    def spawn() -> Child:
+        made: list[int] = []
+        try:
+            payload_fd = _payload_fd(data, made)
+        except BaseException:
+            _close(made)
+            raise
         child = _spawn(payload_fd, made, env, death_signal, merge_output, preload=())
+        child.files = files
+        return child
+
+    try:
+        data, _ = pack((fn, args, kwargs), files)
+        return _atomically(spawn)
     except BaseException:
         discard(files)
         raise
-    child.files = files
-    return child
 
 
 class Prestarted:
@@ -319,21 +340,37 @@ class Prestarted:
     def send(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Child:
         """Pickle the job (an argument that cannot be pickled raises here) and write it to the
         worker from a thread, so the caller starts watching the worker at once."""
-        from hybridnb.processes.payload import pack
+        from hybridnb.processes.payload import discard, pack
 
         if self._payload_w is None:
             raise RuntimeError("this prestarted worker was already given its job or closed")
-        data, files = pack((fn, args, kwargs))
-        self.child.files.extend(files)
-        fd, self._payload_w = self._payload_w, None
-        threading.Thread(target=_write_all, args=(fd, data), daemon=True,
-                         name="hybridnb-payload").start()
-        return self.child
+        files: list[str] = []
+
+        def hand_over() -> Child:
+            self.child.files.extend(files)
+            fd, self._payload_w = self._payload_w, None
+            threading.Thread(target=_write_all, args=(fd, data), daemon=True,
+                             name="hybridnb-payload").start()
+            return self.child
+
+        try:
+            data, _ = pack((fn, args, kwargs), files)
+            return _atomically(hand_over)
+        except BaseException:  # nothing is left: not the files, not the worker
+            discard(files)
+            self._close_now()
+            raise
 
     def close(self) -> None:
+        """Kill the worker if its job never came (after ``send``: nothing to do)."""
         if self._payload_w is not None:
-            _close([self._payload_w])
-            self._payload_w = None
+            self._close_now()
+
+    def _close_now(self) -> None:
+        with _held_signals():
+            if self._payload_w is not None:
+                _close([self._payload_w])
+                self._payload_w = None
             self.child.close()
 
 
@@ -344,12 +381,15 @@ def prestart_spawn(*, preload: Sequence[str] = ("torch",), env: dict[str, str] |
     costs about 1.7 s here), sends "ready", and waits for the job on a pipe that
     ``Prestarted.send`` writes. So the start-up runs in parallel with this process's own
     preparation. The rest is as ``start_spawn``."""
-    made: list[int] = []
-    payload_r, payload_w = _pipe(made)
-    spawned_at = time.monotonic()
-    child = _spawn(payload_r, made, env, death_signal, merge_output, preload=preload,
-                   spawned_at=spawned_at)  # on failure it closed both ends
-    return Prestarted(child, payload_w, spawned_at)
+    def spawn() -> Prestarted:
+        made: list[int] = []
+        payload_r, payload_w = _pipe(made)
+        spawned_at = time.monotonic()
+        child = _spawn(payload_r, made, env, death_signal, merge_output, preload=preload,
+                       spawned_at=spawned_at)  # on failure it closed both ends
+        return Prestarted(child, payload_w, spawned_at)
+
+    return _atomically(spawn)
 
 
 def _spawn(payload_fd: int, made: list[int], env: dict[str, str] | None, death_signal: int,
@@ -466,15 +506,17 @@ def _close(fds: list[int]) -> None:
             os.close(fd)
 
 
-def _payload_fd(data: bytes) -> int:
+def _payload_fd(data: bytes, made: list[int]) -> int:
     """A descriptor, at offset 0, holding ``data`` (a memfd; a deleted temporary file
-    elsewhere): the child reads it whenever it is ready, so nothing blocks here."""
+    elsewhere): the child reads it whenever it is ready, so nothing blocks here. It is added
+    to ``made`` (closed by ``_spawn`` on failure)."""
     if hasattr(os, "memfd_create"):
         fd = os.memfd_create("hybridnb-payload", 0)
     else:
         import tempfile
 
         fd = os.dup(tempfile.TemporaryFile().fileno())
+    made.append(fd)
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
@@ -492,6 +534,54 @@ def _write_all(fd: int, data: bytes) -> None:
         pass
     finally:
         _close([fd])
+
+
+# ============================================================================ atomic starts
+
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _held_signals() -> Iterator[list[int]]:
+    """SIGINT and SIGTERM wait while the block runs: their Python handlers are swapped for one
+    that notes them (the list yielded). Python runs signal handlers in the main thread only, so
+    elsewhere nothing can interrupt the block and nothing is swapped."""
+    pending: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield pending
+        return
+    old: dict[int, Any] = {}
+    try:
+        for sig in HELD_SIGNALS:
+            handler = signal.getsignal(sig)
+            if handler is None or handler == signal.SIG_IGN:
+                continue  # set outside Python, or ignored: nothing to hold
+            old[sig] = signal.signal(sig, lambda number, frame: pending.append(number))
+        yield pending
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+T = TypeVar("T", Child, "Prestarted")
+
+
+def _atomically(start: Callable[[], T]) -> T:
+    """``start()`` with SIGINT and SIGTERM held, so it returns a child the caller owns or
+    leaves nothing running. A signal that came meanwhile is delivered afterwards to the
+    handler in place; when that raises (Ctrl-C's KeyboardInterrupt), the child is killed and
+    reaped (and its shared files removed) before the exception goes on."""
+    with _held_signals() as pending:
+        started = start()
+    if pending:
+        try:
+            for sig in dict.fromkeys(pending):
+                signal.raise_signal(sig)
+        except BaseException:
+            with _held_signals():
+                started.close()
+            raise
+    return started
 
 
 def _reap_later(pid: int) -> None:

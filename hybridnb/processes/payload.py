@@ -48,9 +48,9 @@ def _cpu_tensor(obj: Any, torch: Any) -> bool:
 
 
 class _Pickler(cloudpickle.Pickler):
-    def __init__(self, file, folder: str) -> None:
+    def __init__(self, file, folder: str, paths: list[str]) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self.folder, self.paths, self._seen = folder, [], {}
+        self.folder, self.paths, self._seen = folder, paths, {}
         self.live_loaders: list[str] = []
         self._locator = refs.Locator()
 
@@ -110,14 +110,15 @@ class _Pickler(cloudpickle.Pickler):
         return ("shm-array", path, flat.dtype.str, flat.shape, bool(obj.flags.writeable))
 
 
-def pack(obj: Any) -> tuple[bytes, list[str]]:
+def pack(obj: Any, files: list[str] | None = None) -> tuple[bytes, list[str]]:
     """The pickled ``obj`` and the shared-memory files its big tensors and arrays went into
-    (the caller passes them to ``discard`` once the child is gone). ``NotSendable`` (a
-    TypeError) names the part that cannot be pickled when ``obj`` is a job ``(fn, args,
-    kwargs)`` or any other object."""
+    (the caller passes them to ``discard`` once the child is gone). ``files``: a list the
+    file names are added to as each file is made (so a caller interrupted at any moment knows
+    what to discard); it is also the list returned. ``NotSendable`` (a TypeError) names the
+    part that cannot be pickled, in a job ``(fn, args, kwargs)`` or any other object."""
     folder = SHM_DIR if os.path.isdir(SHM_DIR) else tempfile.gettempdir()
     buf = io.BytesIO()
-    pickler = _Pickler(buf, folder)
+    pickler = _Pickler(buf, folder, [] if files is None else files)
     try:
         pickler.dump(obj)
     except Exception:
