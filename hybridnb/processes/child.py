@@ -39,7 +39,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from hybridnb.env import HEADLESS_ENV, ISOLATED_ENV
+from hybridnb.env import HEADLESS_ENV, ISOLATED_ENV, environment
 from hybridnb.processes.channel import FrameReader, StopFlag, widen_pipe
 from hybridnb.processes.ended import Exit
 from hybridnb.processes.output import LastWords, OutputLines
@@ -331,15 +331,20 @@ class Prestarted:
     """A spawned worker started before its job exists (``prestart_spawn``): it imports its
     modules while this process prepares the job. ``send(fn, *args, **kwargs)`` hands the job
     over and returns the ``Child`` (the caller supervises and closes it); ``close()`` kills a
-    worker whose job never came (safe after ``send``: then it does nothing)."""
+    worker whose job never came (safe after ``send``: then it does nothing). ``spare``: it
+    was a spare started earlier (``hybridnb.processes.spare``), not for this request."""
 
     def __init__(self, child: Child, payload_w: int, spawned_at: float) -> None:
         self.child, self.spawned_at = child, spawned_at
         self._payload_w: int | None = payload_w
+        self.spare = False
+        self._next: tuple | None = None  # (spare key, start) of the spare to start after send
 
     def send(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Child:
-        """Pickle the job (an argument that cannot be pickled raises here) and write it to the
-        worker from a thread, so the caller starts watching the worker at once."""
+        """Pickle the job (``NotSendable`` names a part that cannot be pickled) and write it to
+        the worker from a thread, so the caller starts watching the worker at once; then start
+        the spare for the next request (warm workers on). Whatever fails or interrupts this
+        kills the worker and removes its shared files before the exception goes on."""
         from hybridnb.processes.payload import discard, pack
 
         if self._payload_w is None:
@@ -355,7 +360,10 @@ class Prestarted:
 
         try:
             data, _ = pack((fn, args, kwargs), files)
-            return _atomically(hand_over)
+            child = _atomically(hand_over)
+            if self._next is not None:
+                _start_spare(*self._next)
+            return child
         except BaseException:  # nothing is left: not the files, not the worker
             discard(files)
             self._close_now()
@@ -377,10 +385,18 @@ class Prestarted:
 def prestart_spawn(*, preload: Sequence[str] = ("torch",), env: dict[str, str] | None = None,
                    death_signal: int = signal.SIGKILL, merge_output: bool = False
                    ) -> Prestarted:
-    """Start the spawned worker now, without its job: it imports ``preload`` (``import torch``
-    costs about 1.7 s here), sends "ready", and waits for the job on a pipe that
-    ``Prestarted.send`` writes. So the start-up runs in parallel with this process's own
-    preparation. The rest is as ``start_spawn``."""
+    """A spawned worker that imports ``preload``, sends "ready", and waits for its job on a
+    pipe that ``Prestarted.send`` writes: so its start-up runs in parallel with this process's
+    own preparation. The rest is as ``start_spawn``.
+
+    With warm workers on (``HYBRIDNB_WARM_WORKER``, the default) this is the spare started after
+    the previous request's ``send`` when one is running (``spare``: it has usually imported
+    ``preload`` already), else a worker started now; each ``send`` then starts the next spare."""
+    from hybridnb.processes import spare
+
+    preload = tuple(preload)
+    key = spare.key_of(preload, env, death_signal, merge_output)
+
     def spawn() -> Prestarted:
         made: list[int] = []
         payload_r, payload_w = _pipe(made)
@@ -389,7 +405,28 @@ def prestart_spawn(*, preload: Sequence[str] = ("torch",), env: dict[str, str] |
                        spawned_at=spawned_at)  # on failure it closed both ends
         return Prestarted(child, payload_w, spawned_at)
 
-    return _atomically(spawn)
+    with _held_signals():  # handed over whole, or kept
+        early = spare.take(key) if spare.enabled() else None
+        if early is not None:
+            early.spare = True
+    if early is None:
+        early = _atomically(spawn)
+    early._next = (preload, env, death_signal, merge_output, spawn)
+    return early
+
+
+def _start_spare(preload: tuple[str, ...], env: dict[str, str] | None, death_signal: int,
+                 merge_output: bool, spawn: Callable[[], Prestarted]) -> None:
+    """Start the spare for the next request like this one (``spare.replenish``); a failure to
+    start one is said here and costs only the warm start."""
+    from hybridnb.processes import spare
+
+    try:
+        spare.replenish(spare.key_of(preload, env, death_signal, merge_output),
+                        lambda: _atomically(spawn))
+    except Exception as exc:  # noqa: BLE001 - said, and the next fit starts a worker itself
+        print(f"hybridnb: no spare worker for the next fit ({type(exc).__name__}: {exc}); it "
+              "will start its own", file=sys.stderr)
 
 
 def _spawn(payload_fd: int, made: list[int], env: dict[str, str] | None, death_signal: int,
@@ -406,7 +443,7 @@ def _spawn(payload_fd: int, made: list[int], env: dict[str, str] | None, death_s
         stop = StopFlag(shareable=True)
         if stop.fd is None:
             raise RuntimeError("a spawned child needs os.memfd_create (Linux) for its stop flag")
-        child_env = dict(os.environ)
+        child_env = environment()
         child_env.update(WORKER_ENV if env is None else env)
         child_env["PYTHONPATH"] = os.pathsep.join(
             [p for p in sys.path if p] + [child_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
