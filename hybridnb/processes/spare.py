@@ -25,12 +25,18 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from hybridnb.env import environment, warm_worker
 
-if TYPE_CHECKING:
-    from hybridnb.processes.child import Prestarted
+
+class Prestarted(Protocol):
+    """What this module needs of ``child.Prestarted`` (not imported: child imports this)."""
+
+    child: Any
+
+    def close(self) -> None: ...
+
 
 Key = tuple
 
