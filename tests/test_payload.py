@@ -220,3 +220,17 @@ def test_a_shuffled_loader_keeps_its_sampler_and_generator():
     rebuilt = unpack(pack(loader)[0])
     assert type(rebuilt.sampler).__name__ == "RandomSampler"
     assert [b.flatten().tolist() for b in rebuilt] == [b.flatten().tolist() for b in loader]
+
+
+def test_structured_arrays_keep_their_fields_by_reference_and_through_shared_memory(tmp_path):
+    dtype = np.dtype([("t", "<f8"), ("label", "<i4")])
+    anon = np.zeros(1 << 17, dtype)
+    anon["label"] = 7
+    path = tmp_path / "records.bin"
+    anon.tofile(path)
+    mapped = np.memmap(path, dtype, "r")
+    data, files = pack((anon, mapped))
+    a2, m2 = unpack(data)
+    discard(files)
+    assert a2.dtype == dtype and m2.dtype == dtype and isinstance(m2, np.memmap)
+    assert int(a2["label"][5]) == 7 and int(m2["label"][-1]) == 7 and len(files) == 1

@@ -107,7 +107,7 @@ class _Pickler(cloudpickle.Pickler):
         path = self._new_file()
         with open(path, "wb") as f:
             f.write(memoryview(flat.reshape(-1).view(np.uint8)))
-        return ("shm-array", path, flat.dtype.str, flat.shape, bool(obj.flags.writeable))
+        return ("shm-array", path, flat.dtype, flat.shape, bool(obj.flags.writeable))
 
 
 def pack(obj: Any, files: list[str] | None = None) -> tuple[bytes, list[str]]:
@@ -160,7 +160,7 @@ class _Unpickler(pickle.Unpickler):
         return t.requires_grad_(True) if requires_grad else t
 
 
-def _open_shm_array(path: str, dtype: str, shape: tuple, writeable: bool) -> Any:
+def _open_shm_array(path: str, dtype: Any, shape: tuple, writeable: bool) -> Any:
     import numpy as np
 
     try:

@@ -1,12 +1,12 @@
 """Arrays and tensors whose memory lies in a file mapping travel as a reference, not a copy.
 
 An ``np.memmap``, a view of one, ``torch.from_numpy(memmap)`` or ``torch.from_file(...)``: their
-bytes are already in a file. ``file_ref`` finds the file and the byte range from the pointer
-(Linux: ``/proc/self/maps``) and returns a ``FileRef`` (path, offset, dtype, shape, strides,
+bytes are already in a file. ``ndarray_ref``/``tensor_ref`` find the file and the byte range
+from the pointer (Linux: ``/proc/self/maps``) and return a ``FileRef`` (path, offset, dtype, shape, strides,
 mode, the file's identity); ``open_ref`` maps the same bytes again in the worker, without a
 copy (pages are read as they are touched). Nothing else of the array is read here.
 
-When the reference is not taken (``file_ref`` returns None, and the caller sends the bytes):
+When the reference is not taken (they return None, and the caller sends the bytes):
 the memory is anonymous, the file was deleted or replaced since it was mapped, the array holds
 Python objects, or a private (copy-on-write) mapping has pages written since it was mapped
 (``/proc/self/smaps``: then the file no longer holds what the array holds).
@@ -53,8 +53,8 @@ class FileRef:
     """Where an array's bytes lie in a file, and how to view them again.
 
     ``offset``/``nbytes``: the byte range of the file the array spans; ``first``: the byte of
-    element 0 within that range; ``strides`` in bytes; ``dtype``: a numpy dtype string or a
-    torch dtype name; ``kind``: "ndarray", "memmap", "tensor" or "parameter"; ``mode``: the
+    element 0 within that range; ``strides`` in bytes; ``dtype``: a numpy dtype or a torch
+    dtype name; ``kind``: "ndarray", "memmap", "tensor" or "parameter"; ``mode``: the
     np.memmap mode to open it with; ``stamp``: (device, inode, size, mtime_ns or None)."""
 
     path: str
@@ -63,7 +63,7 @@ class FileRef:
     first: int
     shape: tuple[int, ...]
     strides: tuple[int, ...]
-    dtype: str
+    dtype: Any
     kind: str
     mode: str
     stamp: tuple
@@ -142,7 +142,7 @@ class Locator:
         return None
 
     def ref(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int,
-            dtype: str, kind: str, requires_grad: bool = False) -> FileRef | None:
+            dtype: Any, kind: str, requires_grad: bool = False) -> FileRef | None:
         """A ``FileRef`` for the array at ``ptr`` if its bytes lie in a file that still holds
         them; None otherwise (see the module docstring)."""
         if any(n == 0 for n in shape) or not sys.platform.startswith("linux"):
@@ -174,7 +174,7 @@ def ndarray_ref(arr: Any, locator: Locator) -> FileRef | None:
         return None
     kind = "memmap" if type(arr).__name__ == "memmap" else "ndarray"
     return locator.ref(arr.__array_interface__["data"][0], arr.shape,
-                       arr.strides, arr.itemsize, arr.dtype.str, kind)
+                       arr.strides, arr.itemsize, arr.dtype, kind)
 
 
 def tensor_ref(t: Any, locator: Locator) -> FileRef | None:
@@ -212,7 +212,8 @@ def _check(ref: FileRef) -> None:
 
 def open_ref(ref: FileRef) -> Any:
     """The worker's side: the same bytes mapped again (no copy), as the same kind of object.
-    ``SentFileChanged`` names the file when it vanished or changed since ``file_ref``."""
+    ``SentFileChanged`` names the file when it vanished or changed since the reference was
+    taken."""
     import numpy as np
 
     _check(ref)
