@@ -608,17 +608,26 @@ def _atomically(start: Callable[[], T]) -> T:
     leaves nothing running. A signal that came meanwhile is delivered afterwards to the
     handler in place; when that raises (Ctrl-C's KeyboardInterrupt), the child is killed and
     reaped (and its shared files removed) before the exception goes on."""
-    with _held_signals() as pending:
-        started = start()
-    if pending:
-        try:
-            for sig in dict.fromkeys(pending):
-                signal.raise_signal(sig)
-        except BaseException:
-            with _held_signals():
-                started.close()
-            raise
+    pending: list[int] = []
+    try:
+        with _held_signals() as pending:
+            started = start()
+    except BaseException:  # it cleaned up after itself; a signal that came still counts
+        _deliver(pending)
+        raise
+    try:
+        _deliver(pending)
+    except BaseException:
+        with _held_signals():
+            started.close()
+        raise
     return started
+
+
+def _deliver(pending: list[int]) -> None:
+    """Raise each held signal once, in order, to the handler now in place."""
+    for sig in dict.fromkeys(pending):
+        signal.raise_signal(sig)
 
 
 def _reap_later(pid: int) -> None:
