@@ -12,10 +12,13 @@ isolated fit and ``hn.launch``'s ranks.
 - ``payload``: what a spawned child is given (cloudpickle; memory-mapped data by reference
   (``refs``), other big CPU tensors and arrays through shared memory, DataLoaders rebuilt
   (``loaders``), an object that cannot be sent named (``unsendable``: ``NotSendable``));
+- ``spare``: the warm worker, one spare prestarted worker kept for the next ``prestart_spawn``
+  (``HYBRIDNB_WARM_WORKER=0`` turns it off);
 - ``output``: a child's output lines and its last words;
 - ``worker``: the spawned child's entry point (``python -m hybridnb.processes.worker``).
 
-This floor sits low: it imports only ``hybridnb.env``. Importing it does not import torch.
+This floor sits low: of hybridnb it imports only ``hybridnb.env``. Importing it does not
+import torch or numpy.
 """
 
 from hybridnb.processes.channel import Channel, Message

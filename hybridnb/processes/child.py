@@ -9,15 +9,18 @@ orphan, no zombie. Three ways to start one:
   (what ``hn.launch`` needs for functions defined in a notebook). Unsafe once this process has
   touched CUDA, or run OpenMP/threads (a forked child can hang in its first parallel region).
 - ``start_spawn(fn, *args)``: a fresh interpreter, ``python -m hybridnb.processes.worker``,
-  that receives ``fn`` and its arguments cloudpickled (big CPU tensors through shared memory:
-  ``payload``) and runs ``fn(channel, *args)``. Nothing this process did can break it.
+  that receives ``fn`` and its arguments (``payload``: cloudpickle, memory-mapped data by
+  reference, big CPU tensors and arrays through shared memory) and runs ``fn(channel, *args)``.
+  Nothing this process did can break it.
 - ``prestart_spawn()`` then ``.send(fn, *args)``: the same worker started before its job
-  exists; it imports torch while this process prepares the job (start now, job later).
+  exists; it imports torch while this process prepares the job (start now, job later). With
+  warm workers on, it is the spare started after the previous ``send`` (``spare``).
 - ``start_command(argv)``: any command (the GPU probe, a compare() variant).
 
-Start-up cost of ``start_spawn`` (measured on 2 shared CPU cores, start to the child's first
-message): 60-170 ms when the payload needs no torch, about 1.7 s when it holds tensors or a
-model (the child's ``import torch``). ``start_fork`` costs a few ms.
+Starts are atomic with respect to Ctrl-C and SIGTERM: ``start_fork``, ``start_spawn``,
+``prestart_spawn`` and ``Prestarted.send`` either return a child the caller owns, or leave
+nothing (no process, no shared file): the signals are held while the child is made and
+delivered afterwards; a handler that raises then gets the child killed and reaped first.
 
 Forked and spawned children talk back through a ``Channel`` (framed messages); their stdout and
 stderr come through pipes (``Child.read_output``), and they die with the parent
