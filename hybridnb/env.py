@@ -206,3 +206,20 @@ def probe_cache_ttl(environ: dict[str, str] | None = None) -> float:
     0 turns the cache off). ValueError naming the variable when the value is not a number >= 0."""
     return seconds_from_env(PROBE_CACHE_TTL_ENV, DEFAULT_PROBE_CACHE_TTL, environ,
                             zero="turns the probe cache off")
+
+
+# --- payload
+WARM_WORKER_ENV = "HYBRIDNB_WARM_WORKER"  # "0": no spare worker kept ready between isolated fits
+
+
+def warm_worker(environ: dict[str, str] | None = None) -> bool:
+    """Whether a spare worker (torch imported) is kept ready for the next isolated fit:
+    ``$HYBRIDNB_WARM_WORKER``, on unless it says 0/false/no/off. It costs the memory of one
+    idle interpreter with torch loaded."""
+    env = os.environ if environ is None else environ
+    return env.get(WARM_WORKER_ENV, "").strip().lower() not in ("0", "false", "no", "off")
+
+
+def environment() -> dict[str, str]:
+    """A copy of this process's environment: what a child process starts from."""
+    return dict(os.environ)

@@ -20,3 +20,10 @@ def fake_nvml(monkeypatch):
 
     yield install
     nvml.reset()
+
+
+@pytest.fixture(autouse=True)
+def _no_warm_worker(monkeypatch):
+    """No spare worker kept between a test's isolated fits (tests of the spare turn it on):
+    tests check that no child process is left, and a spare imports torch on 2 cores."""
+    monkeypatch.setenv("HYBRIDNB_WARM_WORKER", "0")

@@ -341,3 +341,75 @@ def test_only_the_child_module_sends_signals():
                 if isinstance(value, ast.Name) and value.id == "os" or node.attr == "kill":
                     senders.add(path.relative_to(ROOT).as_posix())
     assert senders == {"hybridnb/processes/child.py"}
+
+
+# ------------------------------------------------------------------ Ctrl-C during start-up
+
+INTERRUPTED_STARTS = r"""
+import glob, json, os, signal, sys, threading, time
+import psutil, torch
+from hybridnb.processes import spare
+from hybridnb.processes.child import prestart_spawn, start_fork, start_spawn
+
+def job(channel, t):
+    return float(t.sum())
+
+big = torch.ones(1 << 20)  # 4 MiB: it goes through a /dev/shm file
+
+def start(kind, held):
+    if kind == "spawn":
+        held.append(start_spawn(job, big))
+    elif kind == "fork":
+        held.append(start_fork(job, big))
+    else:
+        held.append(prestart_spawn(preload=()))
+        held.append(held[-1].send(job, big))
+
+report = []
+for kind in ("spawn", "fork", "prestart"):
+    t0 = time.perf_counter()
+    held = []
+    start(kind, held)
+    took = time.perf_counter() - t0
+    for h in held:
+        h.close()
+    n = int(sys.argv[1])
+    for i in range(n):
+        offset = took * 1.2 * i / (n - 1)
+        timer = threading.Timer(offset, os.kill, (os.getpid(), signal.SIGINT))
+        held, hit = [], False
+        try:
+            timer.start()
+            start(kind, held)
+            timer.join()
+            time.sleep(0.5)  # the interrupt comes here when it missed the start
+        except KeyboardInterrupt:
+            hit = len(held) < (2 if kind == "prestart" else 1)
+        for h in held:
+            h.close()
+        spares = {w.child.pid for w in spare.waiting()}  # kept on purpose (warm workers)
+        left = [p.pid for p in psutil.Process().children(recursive=True) if p.pid not in spares]
+        shm = glob.glob(f"/dev/shm/hybridnb-{os.getpid()}-*")
+        report.append({"kind": kind, "offset": offset, "during_start": hit, "left": left,
+                       "shm": shm})
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.parametrize("warm", ["0", "1"])
+def test_ctrl_c_at_any_moment_of_a_start_leaves_no_child_and_no_shared_file(warm):
+    """SIGINT at offsets spread over each start (spawn, fork, prestart + send; with warm
+    workers on, prestart hands out the spare and send starts the next), measured in the same
+    run: a start either returns a child its caller closes, or leaves nothing."""
+    done = subprocess.run([sys.executable, "-c", INTERRUPTED_STARTS, "12"], capture_output=True,
+                          text=True, timeout=240, cwd=ROOT,
+                          env={**os.environ, "HYBRIDNB_WARM_WORKER": warm})
+    assert done.returncode == 0, done.stderr[-3000:]
+    import json
+
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(report) == 36
+    assert [r for r in report if r["left"] or r["shm"]] == []
+    hits = {kind: sum(r["during_start"] for r in report if r["kind"] == kind)
+            for kind in ("spawn", "fork", "prestart")}
+    assert all(hits.values()), hits  # some interrupts did land inside each kind of start

@@ -9,17 +9,23 @@ isolated fit and ``hn.launch``'s ranks.
   limit, a deadline, Ctrl-C and stop requests) returning an ``Outcome``;
 - ``ended``: ``Ended`` (the kinds of ending, a str enum), ``Exit``, ``Outcome``;
 - ``channel``: framed messages between child and parent (tensors as raw bytes), ``StopFlag``;
-- ``payload``: cloudpickle with big CPU tensors through shared memory (for ``start_spawn``);
+- ``payload``: what a spawned child is given (cloudpickle; memory-mapped data by reference
+  (``refs``), other big CPU tensors and arrays through shared memory, DataLoaders rebuilt
+  (``loaders``), an object that cannot be sent named (``unsendable``: ``NotSendable``));
+- ``spare``: the warm worker, one spare prestarted worker kept for the next ``prestart_spawn``
+  (``HYBRIDNB_WARM_WORKER=0`` turns it off);
 - ``output``: a child's output lines and its last words;
 - ``worker``: the spawned child's entry point (``python -m hybridnb.processes.worker``).
 
-This floor sits low: it imports only ``hybridnb.env``. Importing it does not import torch.
+This floor sits low: of hybridnb it imports only ``hybridnb.env``. Importing it does not
+import torch or numpy.
 """
 
 from hybridnb.processes.channel import Channel, Message
 from hybridnb.processes.child import Child, start_command, start_fork, start_spawn
 from hybridnb.processes.ended import Ended, Exit, Outcome, signal_name
 from hybridnb.processes.supervise import Progress, supervise
+from hybridnb.processes.unsendable import NotSendable
 
-__all__ = ["Channel", "Child", "Ended", "Exit", "Message", "Outcome", "Progress", "signal_name",
+__all__ = ["Channel", "Child", "Ended", "Exit", "Message", "NotSendable", "Outcome", "Progress", "signal_name",
            "start_command", "start_fork", "start_spawn", "supervise"]

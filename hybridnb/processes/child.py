@@ -9,15 +9,18 @@ orphan, no zombie. Three ways to start one:
   (what ``hn.launch`` needs for functions defined in a notebook). Unsafe once this process has
   touched CUDA, or run OpenMP/threads (a forked child can hang in its first parallel region).
 - ``start_spawn(fn, *args)``: a fresh interpreter, ``python -m hybridnb.processes.worker``,
-  that receives ``fn`` and its arguments cloudpickled (big CPU tensors through shared memory:
-  ``payload``) and runs ``fn(channel, *args)``. Nothing this process did can break it.
+  that receives ``fn`` and its arguments (``payload``: cloudpickle, memory-mapped data by
+  reference, big CPU tensors and arrays through shared memory) and runs ``fn(channel, *args)``.
+  Nothing this process did can break it.
 - ``prestart_spawn()`` then ``.send(fn, *args)``: the same worker started before its job
-  exists; it imports torch while this process prepares the job (start now, job later).
+  exists; it imports torch while this process prepares the job (start now, job later). With
+  warm workers on, it is the spare started after the previous ``send`` (``spare``).
 - ``start_command(argv)``: any command (the GPU probe, a compare() variant).
 
-Start-up cost of ``start_spawn`` (measured on 2 shared CPU cores, start to the child's first
-message): 60-170 ms when the payload needs no torch, about 1.7 s when it holds tensors or a
-model (the child's ``import torch``). ``start_fork`` costs a few ms.
+Starts are atomic with respect to Ctrl-C and SIGTERM: ``start_fork``, ``start_spawn``,
+``prestart_spawn`` and ``Prestarted.send`` either return a child the caller owns, or leave
+nothing (no process, no shared file): the signals are held while the child is made and
+delivered afterwards; a handler that raises then gets the child killed and reaped first.
 
 Forked and spawned children talk back through a ``Channel`` (framed messages); their stdout and
 stderr come through pipes (``Child.read_output``), and they die with the parent
@@ -36,10 +39,10 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
-from hybridnb.env import HEADLESS_ENV, ISOLATED_ENV
+from hybridnb.env import HEADLESS_ENV, ISOLATED_ENV, environment
 from hybridnb.processes.channel import FrameReader, StopFlag, widen_pipe
 from hybridnb.processes.ended import Exit
 from hybridnb.processes.output import LastWords, OutputLines
@@ -232,6 +235,14 @@ class Child:
     def __enter__(self) -> Child:
         return self
 
+    def __del__(self) -> None:
+        # A child nobody holds any more is killed (e.g. one whose start returned just as a
+        # Ctrl-C reached the caller, before the caller could keep it)
+        if getattr(self, "reaped", True):
+            return
+        with contextlib.suppress(Exception):
+            self.close()
+
     def __exit__(self, *exc: object) -> None:
         self.close()
 
@@ -250,6 +261,11 @@ def start_fork(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None = 
     ``env``: variables set in the child (default ``WORKER_ENV``). ``death_signal``: what the
     child gets when this process dies (SIGKILL; ``hn.launch``'s ranks get SIGINT, to stop at an
     agreed step). ``merge_output``: stdout and stderr through one pipe (the order kept)."""
+    return _atomically(lambda: _fork(fn, args, env, death_signal, merge_output))
+
+
+def _fork(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None, death_signal: int,
+          merge_output: bool) -> Child:
     made: list[int] = []
     try:
         msg_r, msg_w = _pipe(made)
@@ -293,63 +309,127 @@ def start_spawn(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None =
     this process. An argument that cannot be pickled raises here, before anything starts."""
     from hybridnb.processes.payload import discard, pack
 
-    data, files = pack((fn, args, kwargs))
-    made: list[int] = []
-    try:
-        payload_fd = _payload_fd(data)
-        made.append(payload_fd)
+    files: list[str] = []  # filled as pack makes them: discarded whenever this fails
+
+    def spawn() -> Child:
+        made: list[int] = []
+        try:
+            payload_fd = _payload_fd(data, made)
+        except BaseException:
+            _close(made)
+            raise
         child = _spawn(payload_fd, made, env, death_signal, merge_output, preload=())
+        child.files = files
+        return child
+
+    try:
+        data, _ = pack((fn, args, kwargs), files)
+        return _atomically(spawn)
     except BaseException:
         discard(files)
         raise
-    child.files = files
-    return child
 
 
 class Prestarted:
     """A spawned worker started before its job exists (``prestart_spawn``): it imports its
     modules while this process prepares the job. ``send(fn, *args, **kwargs)`` hands the job
     over and returns the ``Child`` (the caller supervises and closes it); ``close()`` kills a
-    worker whose job never came (safe after ``send``: then it does nothing)."""
+    worker whose job never came (safe after ``send``: then it does nothing). ``spare``: it
+    was a spare started earlier (``hybridnb.processes.spare``), not for this request."""
 
     def __init__(self, child: Child, payload_w: int, spawned_at: float) -> None:
         self.child, self.spawned_at = child, spawned_at
         self._payload_w: int | None = payload_w
+        self.spare = False
+        self._next: tuple | None = None  # (spare key, start) of the spare to start after send
 
     def send(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Child:
-        """Pickle the job (an argument that cannot be pickled raises here) and write it to the
-        worker from a thread, so the caller starts watching the worker at once."""
-        from hybridnb.processes.payload import pack
+        """Pickle the job (``NotSendable`` names a part that cannot be pickled) and write it to
+        the worker from a thread, so the caller starts watching the worker at once; then start
+        the spare for the next request (warm workers on). Whatever fails or interrupts this
+        kills the worker and removes its shared files before the exception goes on."""
+        from hybridnb.processes.payload import discard, pack
 
         if self._payload_w is None:
             raise RuntimeError("this prestarted worker was already given its job or closed")
-        data, files = pack((fn, args, kwargs))
-        self.child.files.extend(files)
-        fd, self._payload_w = self._payload_w, None
-        threading.Thread(target=_write_all, args=(fd, data), daemon=True,
-                         name="hybridnb-payload").start()
-        return self.child
+        files: list[str] = []
+
+        def hand_over() -> Child:
+            self.child.files.extend(files)
+            fd, self._payload_w = self._payload_w, None
+            threading.Thread(target=_write_all, args=(fd, data), daemon=True,
+                             name="hybridnb-payload").start()
+            return self.child
+
+        try:
+            data, _ = pack((fn, args, kwargs), files)
+            child = _atomically(hand_over)
+            if self._next is not None:
+                _start_spare(*self._next)
+            return child
+        except BaseException:  # nothing is left: not the files, not the worker
+            discard(files)
+            self._close_now()
+            raise
 
     def close(self) -> None:
+        """Kill the worker if its job never came (after ``send``: nothing to do)."""
         if self._payload_w is not None:
-            _close([self._payload_w])
-            self._payload_w = None
+            self._close_now()
+
+    def _close_now(self) -> None:
+        with _held_signals():
+            if self._payload_w is not None:
+                _close([self._payload_w])
+                self._payload_w = None
             self.child.close()
 
 
 def prestart_spawn(*, preload: Sequence[str] = ("torch",), env: dict[str, str] | None = None,
                    death_signal: int = signal.SIGKILL, merge_output: bool = False
                    ) -> Prestarted:
-    """Start the spawned worker now, without its job: it imports ``preload`` (``import torch``
-    costs about 1.7 s here), sends "ready", and waits for the job on a pipe that
-    ``Prestarted.send`` writes. So the start-up runs in parallel with this process's own
-    preparation. The rest is as ``start_spawn``."""
-    made: list[int] = []
-    payload_r, payload_w = _pipe(made)
-    spawned_at = time.monotonic()
-    child = _spawn(payload_r, made, env, death_signal, merge_output, preload=preload,
-                   spawned_at=spawned_at)  # on failure it closed both ends
-    return Prestarted(child, payload_w, spawned_at)
+    """A spawned worker that imports ``preload``, sends "ready", and waits for its job on a
+    pipe that ``Prestarted.send`` writes: so its start-up runs in parallel with this process's
+    own preparation. The rest is as ``start_spawn``.
+
+    With warm workers on (``HYBRIDNB_WARM_WORKER``, the default) this is the spare started after
+    the previous request's ``send`` when one is running (``spare``: it has usually imported
+    ``preload`` already), else a worker started now; each ``send`` then starts the next spare."""
+    from hybridnb.processes import spare
+
+    preload = tuple(preload)
+    key = spare.key_of(preload, env, death_signal, merge_output)
+
+    def spawn() -> Prestarted:
+        made: list[int] = []
+        payload_r, payload_w = _pipe(made)
+        spawned_at = time.monotonic()
+        child = _spawn(payload_r, made, env, death_signal, merge_output, preload=preload,
+                       spawned_at=spawned_at)  # on failure it closed both ends
+        return Prestarted(child, payload_w, spawned_at)
+
+    with _held_signals():  # handed over whole, or kept
+        early = spare.take(key) if spare.enabled() else None
+        if early is not None:
+            early.spare = True
+    if early is None:
+        early = _atomically(spawn)
+    early._next = (preload, env, death_signal, merge_output, spawn)
+    return early
+
+
+def _start_spare(preload: tuple[str, ...], env: dict[str, str] | None, death_signal: int,
+                 merge_output: bool, spawn: Callable[[], Prestarted]) -> None:
+    """Start the spare for the next request like this one (``spare.replenish``); a failure to
+    start one is said here and costs only the warm start."""
+    from hybridnb.processes import spare
+
+    try:
+        spare.replenish(spare.key_of(preload, env, death_signal, merge_output),
+                        lambda: _atomically(spawn))
+    except Exception as exc:  # noqa: BLE001 - said, and the next fit starts a worker itself
+        print(f"hybridnb: no spare worker for the next fit ({type(exc).__name__}: {exc}); it "
+              "will start its own", file=sys.stderr)
 
 
 def _spawn(payload_fd: int, made: list[int], env: dict[str, str] | None, death_signal: int,
@@ -366,7 +446,7 @@ def _spawn(payload_fd: int, made: list[int], env: dict[str, str] | None, death_s
         stop = StopFlag(shareable=True)
         if stop.fd is None:
             raise RuntimeError("a spawned child needs os.memfd_create (Linux) for its stop flag")
-        child_env = dict(os.environ)
+        child_env = environment()
         child_env.update(WORKER_ENV if env is None else env)
         child_env["PYTHONPATH"] = os.pathsep.join(
             [p for p in sys.path if p] + [child_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -466,15 +546,17 @@ def _close(fds: list[int]) -> None:
             os.close(fd)
 
 
-def _payload_fd(data: bytes) -> int:
+def _payload_fd(data: bytes, made: list[int]) -> int:
     """A descriptor, at offset 0, holding ``data`` (a memfd; a deleted temporary file
-    elsewhere): the child reads it whenever it is ready, so nothing blocks here."""
+    elsewhere): the child reads it whenever it is ready, so nothing blocks here. It is added
+    to ``made`` (closed by ``_spawn`` on failure)."""
     if hasattr(os, "memfd_create"):
         fd = os.memfd_create("hybridnb-payload", 0)
     else:
         import tempfile
 
         fd = os.dup(tempfile.TemporaryFile().fileno())
+    made.append(fd)
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
@@ -492,6 +574,63 @@ def _write_all(fd: int, data: bytes) -> None:
         pass
     finally:
         _close([fd])
+
+
+# ============================================================================ atomic starts
+
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _held_signals() -> Iterator[list[int]]:
+    """SIGINT and SIGTERM wait while the block runs: their Python handlers are swapped for one
+    that notes them (the list yielded). Python runs signal handlers in the main thread only, so
+    elsewhere nothing can interrupt the block and nothing is swapped."""
+    pending: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield pending
+        return
+    old: dict[int, Any] = {}
+    try:
+        for sig in HELD_SIGNALS:
+            handler = signal.getsignal(sig)
+            if handler is None or handler == signal.SIG_IGN:
+                continue  # set outside Python, or ignored: nothing to hold
+            old[sig] = signal.signal(sig, lambda number, frame: pending.append(number))
+        yield pending
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+T = TypeVar("T", Child, "Prestarted")
+
+
+def _atomically(start: Callable[[], T]) -> T:
+    """``start()`` with SIGINT and SIGTERM held, so it returns a child the caller owns or
+    leaves nothing running. A signal that came meanwhile is delivered afterwards to the
+    handler in place; when that raises (Ctrl-C's KeyboardInterrupt), the child is killed and
+    reaped (and its shared files removed) before the exception goes on."""
+    pending: list[int] = []
+    try:
+        with _held_signals() as pending:
+            started = start()
+    except BaseException:  # it cleaned up after itself; a signal that came still counts
+        _deliver(pending)
+        raise
+    try:
+        _deliver(pending)
+    except BaseException:
+        with _held_signals():
+            started.close()
+        raise
+    return started
+
+
+def _deliver(pending: list[int]) -> None:
+    """Raise each held signal once, in order, to the handler now in place."""
+    for sig in dict.fromkeys(pending):
+        signal.raise_signal(sig)
 
 
 def _reap_later(pid: int) -> None:

@@ -1,20 +1,23 @@
 """What a spawned child is given: a callable and its arguments, pickled with cloudpickle (so
-functions and classes defined in a notebook's ``__main__`` travel by value), with every plain CPU
-tensor of ``SHM_MIN_BYTES`` or more moved through shared memory instead of the pickle stream.
+functions and classes defined in a notebook's ``__main__`` travel by value), with the big data
+kept out of the pickle stream:
 
-Each such tensor is written once into its own file under ``/dev/shm`` (one copy, in the parent);
-the child maps that file with ``torch.from_file(shared=True)`` (no copy: pages are read as they
-are touched) and unlinks it at once, so the memory goes when the child lets go of the tensor.
-The child's tensor is a snapshot: later changes in the parent do not reach it, nor the other way.
-The parent unlinks whatever the child did not (``discard``), e.g. when it died before loading.
+- an array or CPU tensor whose bytes lie in a file mapping (an ``np.memmap``, a view of one,
+  ``torch.from_numpy(memmap)``, ``torch.from_file``) travels as a reference to that file
+  (``refs``): the worker maps the same bytes, nothing is copied or even read here;
+- any other plain CPU tensor or numpy array of ``SHM_MIN_BYTES`` or more is written once into its
+  own file under ``/dev/shm`` (one copy, here); the child maps that file (no copy: pages are read
+  as they are touched) and unlinks it at once, so the memory goes when the child lets go of it.
+  The child's copy is a snapshot: later changes on either side do not reach the other. The parent
+  unlinks whatever the child did not (``discard``), e.g. when it died before loading;
+- a torch ``DataLoader`` travels as its dataset and settings and is built again (``loaders``);
+  one holding live worker processes (persistent workers, already iterated) says so once.
 
-Measured (2 shared CPU cores, median of 5; parent = pickling with the copy into shared memory,
-child = unpickling and touching the tensor): a file in /dev/shm costs 31 ms (4 MiB) / 104 ms
-(64 MiB) in the parent and 0.2 ms in the child; torch's ``share_memory_()`` with the
-'file_system' strategy and its ForkingPickler costs 58 ms / 224 ms in the parent and 0.2 ms in
-the child, and it moves the parent's own tensor into shared memory (the child's writes would
-then change the parent's copy: the start state a crashed worker's parent relies on). Hence the
-file.
+An object that cannot be pickled raises ``NotSendable`` naming where it is (``unsendable``).
+
+Why files rather than torch's ``share_memory_()``: that moves the parent's own tensor into shared
+memory, so the child's writes would change the parent's copy (the start state a crashed worker's
+parent relies on).
 """
 
 from __future__ import annotations
@@ -23,64 +26,126 @@ import contextlib
 import io
 import os
 import pickle
+import sys
 import tempfile
 import uuid
 from typing import Any
 
 import cloudpickle
 
+from hybridnb.processes import loaders, refs
+from hybridnb.processes.unsendable import NotSendable, job_parts, not_sendable
+
+__all__ = ["NotSendable", "SHM_MIN_BYTES", "discard", "pack", "unpack"]
+
 SHM_MIN_BYTES = 1 << 20
 SHM_DIR = "/dev/shm"
 
 
-def _big_cpu_tensor(obj: Any) -> bool:
-    import sys
-
-    torch = sys.modules.get("torch")  # no tensor can exist before torch is imported
-    if torch is None or type(obj) not in (torch.Tensor, torch.nn.Parameter):
-        return False
-    return (obj.device.type == "cpu" and obj.layout == torch.strided and not obj.is_quantized
-            and obj.nbytes >= SHM_MIN_BYTES)
+def _cpu_tensor(obj: Any, torch: Any) -> bool:
+    return (type(obj) in (torch.Tensor, torch.nn.Parameter) and obj.device.type == "cpu"
+            and obj.layout == torch.strided and not obj.is_quantized)
 
 
 class _Pickler(cloudpickle.Pickler):
-    def __init__(self, file, folder: str) -> None:
+    def __init__(self, file, folder: str, paths: list[str]) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self.folder, self.paths, self._seen = folder, [], {}
+        self.folder, self.paths, self._seen = folder, paths, {}
+        self.live_loaders: list[str] = []
+        self._locator = refs.Locator()
 
     def persistent_id(self, obj: Any):
-        if not _big_cpu_tensor(obj):
+        cls = type(obj)
+        if cls.__module__ == "builtins":  # the common case, at once
             return None
         key = id(obj)
-        if key not in self._seen:
-            import torch
+        if key in self._seen:
+            return self._seen[key][1]
+        torch = sys.modules.get("torch")  # no tensor can exist before torch is imported
+        np = sys.modules.get("numpy")
+        pid = None
+        if torch is not None and _cpu_tensor(obj, torch):
+            # pickled by value, a view would take its whole storage along
+            if max(obj.nbytes, obj.untyped_storage().nbytes()) >= SHM_MIN_BYTES:
+                ref = refs.tensor_ref(obj, self._locator)
+                pid = ("ref", ref) if ref is not None else self._tensor_to_shm(obj)
+        elif np is not None and cls in (np.ndarray, np.memmap) and not obj.dtype.hasobject:
+            ref = (refs.ndarray_ref(obj, self._locator)
+                   if cls is np.memmap or obj.nbytes >= SHM_MIN_BYTES else None)
+            pid = ("ref", ref) if ref is not None else (
+                self._array_to_shm(obj) if obj.nbytes >= SHM_MIN_BYTES else None)
+        if pid is not None:
+            self._seen[key] = (obj, pid)  # obj kept alive: its id stays its own
+        return pid
 
-            flat = obj.detach().resolve_conj().resolve_neg().contiguous()
-            path = os.path.join(self.folder, f"hybridnb-{os.getpid()}-{uuid.uuid4().hex[:12]}")
-            with open(path, "wb") as f:
-                f.write(memoryview(flat.reshape(-1).view(torch.uint8).numpy()))
-            self.paths.append(path)
-            self._seen[key] = ("shm", path, flat.dtype, tuple(flat.shape), flat.nbytes,
-                               isinstance(obj, torch.nn.Parameter), obj.requires_grad)
-        return self._seen[key]
+    def reducer_override(self, obj: Any):
+        if loaders.is_loader(obj):
+            if loaders.has_live_workers(obj):
+                self.live_loaders.append(type(obj).__name__)
+            return loaders.reduce_loader(obj)
+        return super().reducer_override(obj)
+
+    def _new_file(self) -> str:
+        path = os.path.join(self.folder, f"hybridnb-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        self.paths.append(path)  # first: an interrupted write is discarded too
+        return path
+
+    def _tensor_to_shm(self, obj: Any) -> tuple:
+        import torch
+
+        flat = obj.detach().resolve_conj().resolve_neg().contiguous()
+        path = self._new_file()
+        with open(path, "wb") as f:
+            f.write(memoryview(flat.reshape(-1).view(torch.uint8).numpy()))
+        return ("shm", path, flat.dtype, tuple(flat.shape), flat.nbytes,
+                isinstance(obj, torch.nn.Parameter), obj.requires_grad)
+
+    def _array_to_shm(self, obj: Any) -> tuple:
+        import numpy as np
+
+        flat = np.ascontiguousarray(obj)
+        path = self._new_file()
+        with open(path, "wb") as f:
+            f.write(memoryview(flat.reshape(-1).view(np.uint8)))
+        return ("shm-array", path, flat.dtype, flat.shape, bool(obj.flags.writeable))
 
 
-def pack(obj: Any) -> tuple[bytes, list[str]]:
-    """The pickled ``obj`` and the shared-memory files its big tensors went into (the caller
-    passes them to ``discard`` once the child is gone)."""
+def pack(obj: Any, files: list[str] | None = None) -> tuple[bytes, list[str]]:
+    """The pickled ``obj`` and the shared-memory files its big tensors and arrays went into
+    (the caller passes them to ``discard`` once the child is gone). ``files``: a list the
+    file names are added to as each file is made (so a caller interrupted at any moment knows
+    what to discard); it is also the list returned. ``NotSendable`` (a TypeError) names the
+    part that cannot be pickled, in a job ``(fn, args, kwargs)`` or any other object."""
     folder = SHM_DIR if os.path.isdir(SHM_DIR) else tempfile.gettempdir()
     buf = io.BytesIO()
-    pickler = _Pickler(buf, folder)
+    pickler = _Pickler(buf, folder, [] if files is None else files)
     try:
         pickler.dump(obj)
+    except Exception:
+        discard(pickler.paths)
+        named = (job_parts(*obj) if isinstance(obj, tuple) and len(obj) == 3
+                 and callable(obj[0]) and isinstance(obj[1], tuple)
+                 and isinstance(obj[2], dict) else [("the object", obj)])
+        found = not_sendable(named)
+        if found is None:
+            raise
+        raise found from None
     except BaseException:
         discard(pickler.paths)
         raise
+    if pickler.live_loaders:
+        print("hybridnb: a DataLoader with live worker processes (persistent_workers, already "
+              "iterated) is sent as its dataset and settings; the worker process starts its own "
+              "loader workers, and this process keeps its own", file=sys.stderr)
     return buf.getvalue(), pickler.paths
 
 
 class _Unpickler(pickle.Unpickler):
     def persistent_load(self, pid):
+        if pid[0] == "ref":
+            return refs.open_ref(pid[1])
+        if pid[0] == "shm-array":
+            return _open_shm_array(*pid[1:])
         _, path, dtype, shape, nbytes, is_param, requires_grad = pid
         import torch
 
@@ -95,8 +160,22 @@ class _Unpickler(pickle.Unpickler):
         return t.requires_grad_(True) if requires_grad else t
 
 
+def _open_shm_array(path: str, dtype: Any, shape: tuple, writeable: bool) -> Any:
+    import numpy as np
+
+    try:
+        mm = np.memmap(path, np.uint8, "r+")
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # mapped: the pages live as long as the array
+    arr = np.ndarray(shape, np.dtype(dtype), buffer=mm)
+    arr.flags.writeable = writeable
+    return arr
+
+
 def unpack(data: bytes | memoryview) -> Any:
-    """The child's side of ``pack``."""
+    """The child's side of ``pack``. ``refs.SentFileChanged`` names a file sent by reference
+    that vanished or changed in between."""
     return _Unpickler(io.BytesIO(data)).load()
 
 

@@ -1,0 +1,74 @@
+"""A torch ``DataLoader`` travels as its dataset and settings and is built again in the worker.
+
+A loader that was iterated with ``persistent_workers=True`` holds live worker processes (its
+``_iterator``), which cannot be pickled; they stay in this process, and the worker's loader
+starts its own when it is first iterated. ``reduce_loader`` is the pickler's reduction: a plain
+``DataLoader`` is rebuilt through its constructor (batch_size or batch_sampler, the sampler,
+which says shuffle or not, collate_fn, num_workers, pin_memory, drop_last, timeout,
+worker_init_fn, multiprocessing_context, generator, prefetch_factor, persistent_workers,
+pin_memory_device, in_order); a subclass (whose constructor may take other arguments) is
+rebuilt from its attributes without the live iterator.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+SETTINGS = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
+            "multiprocessing_context", "generator", "prefetch_factor", "persistent_workers",
+            "pin_memory_device", "in_order")
+
+
+def is_loader(obj: Any) -> bool:
+    import sys
+
+    data = sys.modules.get("torch.utils.data")
+    return data is not None and isinstance(obj, data.DataLoader)
+
+
+def has_live_workers(loader: Any) -> bool:
+    """Whether the loader holds an iterator with worker processes (persistent workers)."""
+    it = loader.__dict__.get("_iterator")
+    return it is not None and type(it).__name__ == "_MultiProcessingDataLoaderIter"
+
+
+def loader_settings(loader: Any) -> dict[str, Any]:
+    """The constructor arguments that build ``loader`` again (no live iterator)."""
+    from torch.utils.data import DataLoader, IterableDataset
+
+    accepted = inspect.signature(DataLoader.__init__).parameters
+    kw: dict[str, Any] = {k: getattr(loader, k) for k in SETTINGS
+                          if k in accepted and hasattr(loader, k)}
+    if kw.get("num_workers", 0) == 0:
+        kw.pop("prefetch_factor", None)
+        kw["persistent_workers"] = False
+    if loader.batch_size is None and loader.batch_sampler is not None:
+        kw["batch_sampler"] = loader.batch_sampler       # the user's own batch sampler
+    else:
+        kw["batch_size"] = loader.batch_size
+        kw["drop_last"] = loader.drop_last
+        if not isinstance(loader.dataset, IterableDataset):
+            kw["sampler"] = loader.sampler                # RandomSampler: shuffled
+    return kw
+
+
+def _rebuild(cls: type, dataset: Any, settings: dict[str, Any]) -> Any:
+    return cls(dataset, **settings)
+
+
+def _restore(cls: type, state: dict[str, Any]) -> Any:
+    obj = object.__new__(cls)
+    obj.__dict__.update(state)
+    return obj
+
+
+def reduce_loader(loader: Any) -> tuple:
+    """The pickle reduction of a DataLoader (see the module docstring)."""
+    from torch.utils.data import DataLoader
+
+    if type(loader) is DataLoader:
+        return _rebuild, (DataLoader, loader.dataset, loader_settings(loader))
+    state = dict(loader.__dict__)
+    state["_iterator"] = None
+    return _restore, (type(loader), state)

@@ -1,0 +1,238 @@
+"""Arrays and tensors whose memory lies in a file mapping travel as a reference, not a copy.
+
+An ``np.memmap``, a view of one, ``torch.from_numpy(memmap)`` or ``torch.from_file(...)``: their
+bytes are already in a file. ``ndarray_ref``/``tensor_ref`` find the file and the byte range
+from the pointer (Linux: ``/proc/self/maps``) and return a ``FileRef`` (path, offset, dtype, shape, strides,
+mode, the file's identity); ``open_ref`` maps the same bytes again in the worker, without a
+copy (pages are read as they are touched). Nothing else of the array is read here.
+
+When the reference is not taken (they return None, and the caller sends the bytes):
+the memory is anonymous, the file was deleted or replaced since it was mapped, the array holds
+Python objects, or a private (copy-on-write) mapping has pages written since it was mapped
+(``/proc/self/smaps``: then the file no longer holds what the array holds).
+
+A writable shared mapping (``np.memmap(mode="r+")``, ``torch.from_file(shared=True)``) is
+opened shared in the worker too: writes on either side reach the file and the other side, as
+they do between two memmaps of one file. A read-only one stays read-only; an unwritten private
+one is opened copy-on-write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+MAPS = "/proc/self/maps"
+SMAPS = "/proc/self/smaps"
+
+
+class SentFileChanged(RuntimeError):
+    """The file behind an array sent by reference vanished or changed before the worker opened
+    it."""
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """One file mapping of this process (adjacent pieces of one mapping merged)."""
+
+    start: int
+    end: int
+    perms: str
+    offset: int
+    dev: tuple[int, int]
+    inode: int
+    path: str
+
+
+@dataclass(frozen=True)
+class FileRef:
+    """Where an array's bytes lie in a file, and how to view them again.
+
+    ``offset``/``nbytes``: the byte range of the file the array spans; ``first``: the byte of
+    element 0 within that range; ``strides`` in bytes; ``dtype``: a numpy dtype or a torch
+    dtype name; ``kind``: "ndarray", "memmap", "tensor" or "parameter"; ``mode``: the
+    np.memmap mode to open it with; ``stamp``: (device, inode, size, mtime_ns or None)."""
+
+    path: str
+    offset: int
+    nbytes: int
+    first: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: Any
+    kind: str
+    mode: str
+    stamp: tuple
+    requires_grad: bool = False
+
+
+def read_mappings(maps: str = MAPS) -> list[Mapping]:
+    """This process's file mappings, sorted by address (empty where /proc is missing)."""
+    try:
+        with open(maps) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    out: list[Mapping] = []
+    for line in lines:
+        parts = line.split(None, 5)
+        if len(parts) < 6 or not parts[5].startswith("/") or parts[5].endswith(" (deleted)"):
+            continue
+        lo, hi = (int(x, 16) for x in parts[0].split("-"))
+        major, minor = (int(x, 16) for x in parts[3].split(":"))
+        m = Mapping(lo, hi, parts[1], int(parts[2], 16), (major, minor), int(parts[4]), parts[5])
+        prev = out[-1] if out else None
+        if (prev is not None and prev.end == m.start and prev.path == m.path
+                and prev.perms == m.perms and prev.inode == m.inode
+                and prev.offset + (prev.end - prev.start) == m.offset):
+            out[-1] = Mapping(prev.start, m.end, prev.perms, prev.offset, prev.dev, prev.inode,
+                              prev.path)
+        else:
+            out.append(m)
+    return out
+
+
+def _written_private_pages(start: int, end: int, smaps: str = SMAPS) -> int:
+    """kB of copied-on-write (anonymous) pages in the private mappings within [start, end);
+    -1 when unknown."""
+    total, inside, found = 0, False, False
+    try:
+        with open(smaps) as f:
+            for line in f:
+                head = line.split(None, 1)[0]
+                if "-" in head and not head.endswith(":"):
+                    lo, hi = (int(x, 16) for x in head.split("-"))
+                    inside = lo < end and hi > start
+                elif inside and head == "Anonymous:":
+                    total += int(line.split()[1])
+                    found = True
+    except (OSError, ValueError):
+        return -1
+    return total if found else -1
+
+
+def _span(ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int
+          ) -> tuple[int, int]:
+    """The lowest and one-past-the-highest byte address an array touches."""
+    lo = hi = ptr
+    for n, s in zip(shape, strides, strict=True):
+        if s < 0:
+            lo += (n - 1) * s
+        else:
+            hi += (n - 1) * s
+    return lo, hi + itemsize
+
+
+class Locator:
+    """Finds the file mapping an address range lies in (reads /proc/self/maps once)."""
+
+    def __init__(self) -> None:
+        self._maps: list[Mapping] | None = None
+
+    def find(self, lo: int, hi: int) -> Mapping | None:
+        if self._maps is None:
+            self._maps = read_mappings()
+        for m in self._maps:
+            if m.start <= lo and hi <= m.end:
+                return m
+        return None
+
+    def ref(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int,
+            dtype: Any, kind: str, requires_grad: bool = False) -> FileRef | None:
+        """A ``FileRef`` for the array at ``ptr`` if its bytes lie in a file that still holds
+        them; None otherwise (see the module docstring)."""
+        if any(n == 0 for n in shape) or not sys.platform.startswith("linux"):
+            return None
+        lo, hi = _span(ptr, shape, strides, itemsize)
+        m = self.find(lo, hi)
+        if m is None:
+            return None
+        shared, writable = m.perms[3] == "s", m.perms[1] == "w"
+        if not shared and writable and _written_private_pages(m.start, m.end) != 0:
+            return None  # copy-on-write pages written: the file no longer holds these values
+        try:
+            st = os.stat(m.path)
+        except OSError:
+            return None
+        if st.st_ino != m.inode or (os.major(st.st_dev), os.minor(st.st_dev)) != m.dev:
+            return None  # the path now names another file
+        mode = ("r+" if writable else "r") if shared else ("c" if writable else "r")
+        # a writable shared mapping's own writes move the mtime: only its size and identity
+        mtime = None if mode == "r+" else st.st_mtime_ns
+        return FileRef(m.path, m.offset + (lo - m.start), hi - lo, ptr - lo, tuple(shape),
+                       tuple(strides), dtype, kind, mode,
+                       (st.st_dev, st.st_ino, st.st_size, mtime), requires_grad)
+
+
+def ndarray_ref(arr: Any, locator: Locator) -> FileRef | None:
+    """A reference for a numpy array (np.memmap or a view into a file mapping), or None."""
+    if arr.dtype.hasobject:
+        return None
+    kind = "memmap" if type(arr).__name__ == "memmap" else "ndarray"
+    return locator.ref(arr.__array_interface__["data"][0], arr.shape,
+                       arr.strides, arr.itemsize, arr.dtype, kind)
+
+
+def tensor_ref(t: Any, locator: Locator) -> FileRef | None:
+    """A reference for a CPU tensor whose storage lies in a file mapping, or None."""
+    import torch
+
+    size = t.element_size()
+    kind = "parameter" if isinstance(t, torch.nn.Parameter) else "tensor"
+    return locator.ref(t.data_ptr(), tuple(t.shape), tuple(s * size for s in t.stride()), size,
+                       str(t.dtype).removeprefix("torch."), kind, bool(t.requires_grad))
+
+
+def _check(ref: FileRef) -> None:
+    try:
+        st = os.stat(ref.path)
+    except OSError as exc:
+        raise SentFileChanged(
+            f"{ref.path}: the file behind an array sent by reference is gone ({exc.strerror}); "
+            "keep it in place until the worker has started, or send a copy (np.array(x))"
+        ) from None
+    dev, ino, size, mtime = ref.stamp
+    changes = []
+    if (st.st_dev, st.st_ino) != (dev, ino):
+        changes.append("replaced by another file")
+    if st.st_size != size:
+        changes.append(f"size {size} -> {st.st_size} bytes")
+    if mtime is not None and st.st_mtime_ns != mtime:
+        changes.append("modified")
+    if changes:
+        raise SentFileChanged(
+            f"{ref.path}: the file behind an array sent by reference changed before the worker "
+            f"opened it ({', '.join(changes)}); keep it unchanged until the worker has started, "
+            "or send a copy (np.array(x))")
+
+
+def open_ref(ref: FileRef) -> Any:
+    """The worker's side: the same bytes mapped again (no copy), as the same kind of object.
+    ``SentFileChanged`` names the file when it vanished or changed since the reference was
+    taken."""
+    import numpy as np
+
+    _check(ref)
+    mm = np.memmap(ref.path, np.uint8, ref.mode, offset=ref.offset, shape=(ref.nbytes,))
+    if ref.kind in ("ndarray", "memmap"):
+        cls = np.memmap if ref.kind == "memmap" else np.ndarray
+        return np.ndarray.__new__(cls, ref.shape, np.dtype(ref.dtype), buffer=mm,
+                                  offset=ref.first, strides=ref.strides)
+    import torch
+
+    dtype = getattr(torch, ref.dtype)
+    with warnings.catch_warnings():  # a read-only mapping: writes fail there as they did here
+        warnings.filterwarnings("ignore", message=".*not writable.*")
+        raw = torch.from_numpy(mm)
+    flat = raw.view(dtype)
+    size = flat.element_size()
+    t = flat.as_strided(ref.shape, [s // size for s in ref.strides], ref.first // size)
+    if ref.kind == "parameter":
+        return torch.nn.Parameter(t, requires_grad=ref.requires_grad)
+    with contextlib.suppress(RuntimeError):
+        t.requires_grad_(ref.requires_grad)
+    return t

@@ -1,0 +1,214 @@
+"""Which part of a job cannot be sent to a worker: the attribute path from the root.
+
+Run only once pickling the whole job has failed (no cost when it works). ``find`` walks the
+object the way pickle does (module children, attributes, dict/list/tuple items, a partial's
+arguments, a function's closure and defaults) and returns the first object that fails to
+pickle on its own while none of its parts does, e.g. ``job.model.encoder._lock``. Tensors and
+arrays are replaced by a placeholder while probing, so no data is copied.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+import pickle
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import cloudpickle
+
+MAX_DEPTH = 40
+MAX_NODES = 20000
+
+
+class NotSendable(TypeError):
+    """An object in the job cannot be sent to a worker process (it cannot be pickled).
+
+    ``path``: where it is, from the root (``job.model.encoder._lock``); ``kind``: its type."""
+
+    def __init__(self, message: str, path: str = "", kind: str = "") -> None:
+        super().__init__(message)
+        self.path, self.kind = path, kind
+
+
+class _Null(io.RawIOBase):
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        return len(b)
+
+
+class _Probe(cloudpickle.Pickler):
+    """cloudpickle, with arrays and tensors left out (their data pickles anyway)."""
+
+    def persistent_id(self, obj: Any):
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(obj, torch.Tensor) and not obj.is_meta:
+            return "tensor"
+        np = sys.modules.get("numpy")
+        if np is not None and isinstance(obj, np.ndarray) and not obj.dtype.hasobject:
+            return "array"
+        return None
+
+    def reducer_override(self, obj: Any):
+        from hybridnb.processes import loaders
+
+        if loaders.is_loader(obj):  # sent as its dataset and settings (payload)
+            return loaders.reduce_loader(obj)
+        return super().reducer_override(obj)
+
+
+def _fails(obj: Any) -> BaseException | None:
+    try:
+        _Probe(_Null(), protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    except RecursionError as exc:
+        return exc
+    except Exception as exc:  # noqa: BLE001 - any failure marks the object
+        return exc
+    return None
+
+
+def _has_own_getstate(obj: Any) -> bool:
+    getstate = getattr(type(obj), "__getstate__", None)
+    return getstate is not None and getstate is not getattr(object, "__getstate__", None)
+
+
+def _parts(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
+    """(path, part) for each part pickle would send of ``obj``."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield f"{path}[{k!r}]", v
+        return
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        for i, v in enumerate(obj):
+            yield f"{path}[{i}]", v
+        return
+    import functools
+
+    if isinstance(obj, functools.partial):
+        try:
+            names = list(inspect.signature(obj.func).parameters)
+        except (TypeError, ValueError):
+            names = []
+        yield f"{path}.func", obj.func
+        for i, v in enumerate(obj.args):
+            yield f"{path}.<argument {names[i] if i < len(names) else i}>", v
+        for k, v in obj.keywords.items():
+            yield f"{path}.<argument {k}>", v
+        return
+    if inspect.isfunction(obj):
+        for name, cell in zip(obj.__code__.co_freevars, obj.__closure__ or (), strict=False):
+            with contextlib.suppress(ValueError):
+                yield f"{path}.<closure {name}>", cell.cell_contents
+        for i, v in enumerate(obj.__defaults__ or ()):
+            yield f"{path}.<default {i}>", v
+        for k, v in (obj.__kwdefaults__ or {}).items():
+            yield f"{path}.<default {k}>", v
+        if obj.__module__ == "__main__" or obj.__module__ not in sys.modules:
+            for name in obj.__code__.co_names:  # globals travel with a notebook's function
+                if name in obj.__globals__:
+                    yield f"{path}.<global {name}>", obj.__globals__[name]
+        return
+    if inspect.ismethod(obj):
+        yield f"{path}.__self__", obj.__self__
+        return
+    state: Any = None
+    if _has_own_getstate(obj):
+        with contextlib.suppress(Exception):
+            state = obj.__getstate__()
+    elif hasattr(obj, "__dict__"):
+        state = vars(obj)
+    if isinstance(state, dict):
+        modules = state.get("_modules") if isinstance(state.get("_modules"), dict) else {}
+        for name, child in modules.items():  # nn.Module children first: model.encoder
+            yield f"{path}.{name}", child
+        for key in ("_parameters", "_buffers"):
+            if isinstance(state.get(key), dict):
+                for name, v in state[key].items():
+                    yield f"{path}.{name}", v
+        for k, v in state.items():
+            if k not in ("_modules", "_parameters", "_buffers"):
+                yield f"{path}.{k}", v
+    elif state is not None:
+        yield f"{path}.<state>", state
+    for cls in type(obj).__mro__:
+        for name in getattr(cls, "__slots__", ()):
+            if isinstance(name, str) and name not in ("__dict__", "__weakref__") \
+                    and hasattr(obj, name):
+                yield f"{path}.{name}", getattr(obj, name)
+
+
+def find(named: list[tuple[str, Any]]) -> tuple[str, Any, BaseException] | None:
+    """(path, object, its error) of the innermost part that cannot be pickled, searching each
+    (name, object) of ``named`` in turn; None when every part on its own can be pickled."""
+    seen: set[int] = set()
+    nodes = 0
+
+    def walk(path: str, node: Any, err: BaseException, depth: int):
+        nonlocal nodes
+        seen.add(id(node))
+        if depth < MAX_DEPTH:
+            for sub_path, part in _parts(node, path):
+                nodes += 1
+                if nodes > MAX_NODES:
+                    break
+                if id(part) in seen or part is None or isinstance(part, (str, int, float)):
+                    continue
+                sub_err = _fails(part)
+                if sub_err is not None:
+                    return walk(sub_path, part, sub_err, depth + 1)
+        return path, node, err
+
+    for name, obj in named:
+        error = _fails(obj)
+        if error is not None:
+            return walk(name, obj, error, 0)
+    return None
+
+
+def job_parts(fn: Any, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
+    """A job ``fn(channel, *args, **kwargs)`` as named parts: the arguments by their parameter
+    names (a partial's too: ``partial(work, job)`` gives ``job``), then the function."""
+    import functools
+
+    named: list[tuple[str, Any]] = []
+    if isinstance(fn, functools.partial):
+        try:
+            names = list(inspect.signature(fn.func).parameters)
+        except (TypeError, ValueError):
+            names = []
+        named += [(names[i] if i < len(names) else f"args[{i}]", a)
+                  for i, a in enumerate(fn.args)]
+        named += list(fn.keywords.items())
+    try:
+        params = list(inspect.signature(fn).parameters)[1:]  # after the channel
+    except (TypeError, ValueError):
+        params = []
+    named += [(params[i] if i < len(params) else f"args[{i}]", a) for i, a in enumerate(args)]
+    named += list(kwargs.items())
+    inner = fn.func if isinstance(fn, functools.partial) else fn
+    named.append((getattr(inner, "__qualname__", None) or "the function", inner))
+    return named
+
+
+def _type_name(obj: Any) -> str:
+    cls = type(obj)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def not_sendable(named: list[tuple[str, Any]]) -> NotSendable | None:
+    """The ``NotSendable`` naming the part of ``named`` (see ``find``) that cannot be pickled,
+    or None when no part can be named."""
+    found = find(named)
+    if found is None:
+        return None
+    path, part, err = found
+    kind = _type_name(part)
+    why = f"{type(err).__name__}: {err}"
+    return NotSendable(
+        f"{path} (a {kind}) cannot be sent to the worker process ({why}). Drop it or create it "
+        "again in its class's __getstate__/__setstate__, or train in this process with "
+        "isolate=False", path, kind)
