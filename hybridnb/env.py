@@ -179,3 +179,15 @@ def probe_cache_ttl(environ: dict[str, str] | None = None) -> float:
     0 turns the cache off). ValueError naming the variable when the value is not a number >= 0."""
     return seconds_from_env(PROBE_CACHE_TTL_ENV, DEFAULT_PROBE_CACHE_TTL, environ,
                             zero="turns the probe cache off")
+
+
+# --- supervisor
+
+def environment() -> dict[str, str]:
+    """A copy of this process's environment (what a child command is started with)."""
+    return dict(os.environ)
+
+
+def omp_threads_set(environ: dict[str, str] | None = None) -> bool:
+    """Whether ``OMP_NUM_THREADS`` is set (then a launched rank keeps torch's thread count)."""
+    return "OMP_NUM_THREADS" in (os.environ if environ is None else environ)
