@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from hybridnb import env as _env
 from hybridnb.processes.channel import (
@@ -83,11 +84,14 @@ def start_framed(module: str, *args: str, environ: dict[str, str] | None = None,
 
 
 def child_environment() -> dict[str, str]:
-    """This process's environment with its ``sys.path`` on ``PYTHONPATH`` (a notebook may have
-    added the package's folder to sys.path only) and unbuffered output."""
+    """This process's environment with the folder holding hybridnb and this process's
+    ``sys.path`` on ``PYTHONPATH`` (a notebook may have added them to sys.path only), and
+    unbuffered output."""
     environ = _env.environment()
+    package_root = str(Path(__file__).resolve().parents[2])
     environ["PYTHONPATH"] = os.pathsep.join(
-        [p for p in sys.path if p] + [environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        [package_root] + [p for p in sys.path if p] + [environ.get("PYTHONPATH", "")]
+    ).rstrip(os.pathsep)
     environ["PYTHONUNBUFFERED"] = "1"
     return environ
 
