@@ -43,7 +43,8 @@ BATCH_BYTES = 64 << 10  # a message larger than this is written at once
 # kinds the supervisor itself reads (every message also goes to the caller's on_message)
 DONE, ERROR, STATE, STEP_DONE, HEARTBEAT = "done", "error", "state", "step_done", "heartbeat"
 READY = "ready"  # a started child is up (imports done): {"at": time.monotonic()}
-URGENT = frozenset((DONE, ERROR, STATE, HEARTBEAT, READY))  # written at once, with what came before
+ANSWER = "answer"  # a child's answer to its parent's request (processes.framed)
+URGENT = frozenset((DONE, ERROR, STATE, HEARTBEAT, READY, ANSWER))  # written at once, with what came before
 
 
 class ChannelError(RuntimeError):
