@@ -198,3 +198,21 @@ def test_sigterm_to_a_script_in_launch_stops_every_rank(tmp_path):
                        tmp_path)
     _clean(got)
     assert got["code"] == -signal.SIGTERM
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGKILL])
+def test_compare_closed_with_its_terminal_or_killed_outright_leaves_no_process(tmp_path, sig):
+    """SIGHUP (the terminal closed) is handled as SIGTERM; SIGKILL reaches no handler, and the
+    variant's process dies with its parent."""
+    first_seen: list[float] = []
+
+    def working(cmds):
+        if not first_seen and _has("hybridnb.comparison.worker")(cmds):
+            first_seen.append(time.monotonic())
+        return bool(first_seen) and time.monotonic() - first_seen[0] > 8
+
+    got = _signal_when(COMPARE + ["--steps", "100000"], sig, working, tmp_path)
+    _clean(got)
+    assert got["code"] == -sig

@@ -15,18 +15,20 @@ long it had been silent. A heartbeat's ``grace`` lengthens the limit until the n
 (compiling). ``deadline`` bounds the run, or one request (``Watched.arm``), instead
 (``Ended.TIMEOUT``).
 
-The interrupt policy, in this one place: the handlers for SIGINT and SIGTERM are installed when
-the watch opens, before any child starts, so a signal at any moment (a child's start-up
-included) is counted and never strands a child. The first signal asks every child to stop:
-its stop flag says "interrupt" (``Channel.stop_reason()``) and a child with a ``stop_signal``
-(launch's ranks: SIGINT) gets that signal; it finishes its step and sends its state and result.
-A child that has not ended after its ``stop_grace`` is killed with its process group
-(``Ended.INTERRUPTED``); a child with nothing to keep (``stop_grace=0``: a probe, a compare()
-variant) is killed at once. A second signal kills every child at once. Once the children are
-gone, SIGTERM is delivered again to this process as it was handled before the watch (by
-default: it ends); SIGINT too, unless the watch keeps it (``keep_interrupt=True``: the
-isolated fit and launch answer it with their outcome). ``should_stop`` (a Stop button) sets
-the flag with the reason "stop", without a time limit.
+The interrupt policy, in this one place: the handlers for SIGINT, SIGTERM and SIGHUP are
+installed when the watch opens, before any child starts, so a signal at any moment (a child's
+start-up included) is counted and never strands a child. The first signal asks every child to
+stop: its stop flag says "interrupt" (``Channel.stop_reason()``) and a child with a
+``stop_signal`` (launch's ranks: SIGINT) gets that signal; it finishes its step and sends its
+state and result. A child that has not ended after its ``stop_grace`` is killed with its process
+group (``Ended.INTERRUPTED``); a child with nothing to keep (``stop_grace=0``: a probe, a
+compare() variant) is killed at once. A second signal kills every child at once. Once the
+children are gone, SIGTERM (or SIGHUP) is delivered again to this process as it was handled
+before the watch (by default: it ends); SIGINT too, unless the watch keeps it
+(``keep_interrupt=True``: the isolated fit and launch answer it with their outcome).
+``should_stop`` (a Stop button) sets the flag with the reason "stop", without a time limit. A
+parent killed outright (SIGKILL, which no handler sees) takes its children with it: each dies
+with its parent (``PR_SET_PDEATHSIG``, set by the child at its start).
 """
 
 from __future__ import annotations
@@ -55,11 +57,13 @@ from hybridnb.processes.channel import (
     Message,
 )
 from hybridnb.processes.child import REAP_S, Child
-from hybridnb.processes.ended import SIGNAL_HINTS, Ended, Outcome
+from hybridnb.processes.ended import SIGNAL_HINTS, Ended, Outcome, signal_name
 
 STOP_GRACE_S = 30.0     # after an interrupt: time to finish the step and send the result
 EXIT_GRACE_S = 10.0     # after "done"/"error": time for the child to exit by itself
-SIGNALS = (signal.SIGINT, signal.SIGTERM)  # the signals the policy answers
+# the signals the policy answers: an interrupt, and the two that end a process by default
+# (SIGTERM: a service manager, ``kill``; SIGHUP: the terminal closed)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @dataclass
@@ -263,7 +267,7 @@ class Watched:
             out.reason = f"interrupted twice: {who} was killed {steps}{in_phase}"
         elif cause == "stop_timeout":
             out.status = Ended.INTERRUPTED
-            by = "SIGTERM" if self.signal == signal.SIGTERM else "Ctrl-C"
+            by = "Ctrl-C" if self.signal in (None, signal.SIGINT) else signal_name(self.signal)
             out.reason = (f"interrupted: {who} had not stopped {_secs(self.stop_wait)} after "
                           f"{by} and was killed {steps}{in_phase}")
         elif cause == "closed":
@@ -314,9 +318,9 @@ class Watch:
                     self._previous[sig] = signal.signal(sig, self._on_signal)
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind, value, tb) -> None:
         try:
-            self.close()
+            self.close(deliver=kind is None)  # after an error: no more calls into the caller
         finally:
             self._restore()
             self._deliver_signal()
@@ -331,13 +335,15 @@ class Watch:
         self._previous = {}
 
     def _deliver_signal(self) -> None:
-        """Once the children are gone: SIGTERM (and SIGINT unless kept) to this process again,
+        """Once the children are gone: SIGTERM or SIGHUP (and SIGINT unless kept) to this
+        process again,
         handled as before the watch (SIGINT's default raises KeyboardInterrupt)."""
         if self._delivered or not self.signals:
             return
         self._delivered = True
-        if signal.SIGTERM in self.signals:
-            signal.raise_signal(signal.SIGTERM)
+        ending = [sig for sig in self.signals if sig != signal.SIGINT]
+        if ending:
+            signal.raise_signal(ending[0])
         elif not self.keep_interrupt:
             if threading.current_thread() is threading.main_thread():
                 signal.raise_signal(signal.SIGINT)
@@ -395,23 +401,33 @@ class Watch:
                     cause = w.overdue(now)
                     if cause is not None:
                         self._end(w, cause)
-        if self.signals and not self.live() and (signal.SIGTERM in self.signals
+        if self.signals and not self.live() and (set(self.signals) - {signal.SIGINT}
                                                  or not self.keep_interrupt):
             self.close()
             self._restore()
             self._deliver_signal()
 
-    def end(self, watched: Watched) -> Outcome:
-        """End one child now (killed with its process group if still running): its outcome."""
+    def end(self, watched: Watched, deliver: bool = True) -> Outcome:
+        """End one child now (killed with its process group if still running): its outcome.
+        What it sent last goes to its ``on_message`` (``deliver``), and if that raises, the
+        child is ended all the same."""
         if not watched.ended:
-            self._read(watched, self._fds(watched))
-            self._end(watched, "exited" if watched.child.poll() is not None else "closed")
+            try:
+                self._read(watched, self._fds(watched), deliver)
+            finally:
+                self._end(watched, "exited" if watched.child.poll() is not None else "closed")
         return watched.outcome
 
-    def close(self) -> None:
-        """End every child still running (see ``end``)."""
+    def close(self, deliver: bool = True) -> None:
+        """End every child still running (see ``end``); every one, whatever raises."""
+        failed: BaseException | None = None
         for w in self.children:
-            self.end(w)
+            try:
+                self.end(w, deliver)
+            except BaseException as exc:  # the others are ended first
+                failed = failed or exc
+        if failed is not None:
+            raise failed
 
     # ---------------------------------------------------------------- the loop's parts
     @staticmethod
@@ -421,7 +437,7 @@ class Watch:
             fds.append(w.child.messages.fd)
         return fds
 
-    def _read(self, w: Watched, ready) -> None:
+    def _read(self, w: Watched, ready, deliver: bool = True) -> None:
         child = w.child
         reader = child.messages
         if reader is not None and reader.fd in ready and not reader.eof:
@@ -436,7 +452,7 @@ class Watch:
         while w.queue:
             message = w.queue.popleft()
             w.note(message)
-            if w.on_message is not None:
+            if deliver and w.on_message is not None:
                 w.on_message(message)
 
     def _end(self, w: Watched, cause: str) -> None:
