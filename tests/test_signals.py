@@ -104,6 +104,7 @@ def _has(part: str) -> Callable[[list[str]], bool]:
 def _clean(got: dict) -> None:
     """No process left, no file of hybridnb's in the temporary folder or /dev/shm (torch's own
     caches may stay), and the command ended in time."""
+    print(f"ended {got['seconds']:.2f} s after the signal, exit {got['code']}")
     assert got["left"] == [], got
     assert got["files"] == [] and got["shm"] == [], got
     assert got["seconds"] < EXIT_S

@@ -336,8 +336,8 @@ class Watch:
 
     def _deliver_signal(self) -> None:
         """Once the children are gone: SIGTERM or SIGHUP (and SIGINT unless kept) to this
-        process again,
-        handled as before the watch (SIGINT's default raises KeyboardInterrupt)."""
+        process again, handled as before the watch (SIGINT's default raises
+        KeyboardInterrupt; SIGTERM's ends the process)."""
         if self._delivered or not self.signals:
             return
         self._delivered = True
@@ -384,10 +384,14 @@ class Watch:
             wait = max(0.0, min([self.poll] + [w.next_check() - now for w in live]))
             try:
                 fds = [fd for w in live for fd in w.child.wait_fds()]
-                ready = set(select.select(fds, [], [], wait)[0]) if fds else set()
+                if fds:
+                    ready = set(select.select(fds, [], [], wait)[0])
+                else:  # nothing to wait on (a command without pipes, no pidfd): poll
+                    ready = set()
+                    time.sleep(wait)
                 for w in live:
                     self._read(w, ready)
-            except KeyboardInterrupt:  # not the main thread: it lands here
+            except KeyboardInterrupt:  # no handler of ours (it could not be installed)
                 self.signals.append(signal.SIGINT)
             self._ask_stop()
             now = time.monotonic()
