@@ -101,6 +101,17 @@ def _has(part: str) -> Callable[[list[str]], bool]:
     return lambda cmds: any(part in c for c in cmds)
 
 
+def _after(seconds: float, ready: Callable[[list[str]], bool]) -> Callable[[list[str]], bool]:
+    """``seconds`` after ``ready`` first held (a started child reached its work)."""
+    first: list[float] = []
+
+    def check(cmds: list[str]) -> bool:
+        if not first and ready(cmds):
+            first.append(time.monotonic())
+        return bool(first) and time.monotonic() - first[0] > seconds
+    return check
+
+
 def _clean(got: dict) -> None:
     """No process left, no file of hybridnb's in the temporary folder or /dev/shm (torch's own
     caches may stay), and the command ended in time."""
@@ -118,13 +129,7 @@ def _clean(got: dict) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_compare_while_a_variant_runs_leaves_no_process_and_no_file(tmp_path, sig):
     """The variant is timing a long window when the command is told to stop."""
-    first_seen: list[float] = []
-
-    def working(cmds):  # some seconds after the variant's process appeared: in its window
-        if not first_seen and _has("hybridnb.comparison.worker")(cmds):
-            first_seen.append(time.monotonic())
-        return bool(first_seen) and time.monotonic() - first_seen[0] > 8
-
+    working = _after(8, _has("hybridnb.comparison.worker"))  # in its timed window by then
     got = _signal_when(COMPARE + ["--steps", "100000"], sig, working, tmp_path)
     _clean(got)
     if sig == signal.SIGTERM:
@@ -207,13 +212,40 @@ def test_sigterm_to_a_script_in_launch_stops_every_rank(tmp_path):
 def test_compare_closed_with_its_terminal_or_killed_outright_leaves_no_process(tmp_path, sig):
     """SIGHUP (the terminal closed) is handled as SIGTERM; SIGKILL reaches no handler, and the
     variant's process dies with its parent."""
-    first_seen: list[float] = []
-
-    def working(cmds):
-        if not first_seen and _has("hybridnb.comparison.worker")(cmds):
-            first_seen.append(time.monotonic())
-        return bool(first_seen) and time.monotonic() - first_seen[0] > 8
-
+    working = _after(8, _has("hybridnb.comparison.worker"))
     got = _signal_when(COMPARE + ["--steps", "100000"], sig, working, tmp_path)
     _clean(got)
     assert got["code"] == -sig
+
+
+# ------------------------------------------------------------------ a supervised worker
+
+SUPERVISED = """
+import sys, time
+from hybridnb.processes import start_spawn, supervise
+
+def work(channel, path):
+    while channel.stop_reason() is None:
+        channel.step_done(0.01)
+        time.sleep(0.01)
+    with open(path, "w") as f:
+        f.write(channel.stop_reason())
+    return "stopped"
+
+out = supervise(lambda: start_spawn(work, sys.argv[1]), silence=60)
+print("returned", out.status, flush=True)
+"""
+
+
+@pytest.mark.timeout(200)
+def test_sigterm_asks_a_supervised_worker_to_stop_then_ends_the_parent(tmp_path):
+    """The worker hears "interrupt", stops after its step and says so; then the parent ends as
+    SIGTERM ends it (it does not carry on as if nothing happened)."""
+    script, said = tmp_path / "fit.py", tmp_path / "said"
+    script.write_text(SUPERVISED)
+    got = _signal_when([sys.executable, str(script), str(said)], signal.SIGTERM,
+                       _after(3, _has("hybridnb.processes.worker")), tmp_path)
+    _clean(got)
+    assert said.read_text() == "interrupt"
+    assert got["code"] == -signal.SIGTERM
+
