@@ -118,7 +118,10 @@ class ChildVariant:
             except OSError:
                 pass
         self.watch.end(self.watched)
-        if self.requests is not None:
+        # the job's writer gets EPIPE now that the process is gone; its descriptor is closed
+        # only once it has returned (a closed number could be reused under a late write)
+        self._job.join(timeout=CLOSE_S)
+        if self.requests is not None and not self._job.is_alive():
             self.requests.close()
         self.ended = self.ended or {"status": "closed"}
 

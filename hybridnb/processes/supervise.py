@@ -363,10 +363,14 @@ class Watch:
         output into this process's (else only its tail is kept). ``reap_s``: after SIGKILL, how
         long to wait for it to go."""
         child = start()
-        watched = Watched(child, name=name, on_message=on_message, silence=silence,
-                          deadline=deadline, stop_grace=stop_grace, exit_grace=exit_grace,
-                          forward_output=forward_output, start_grace=start_grace,
-                          stop_signal=stop_signal, reap_s=reap_s)
+        try:
+            watched = Watched(child, name=name, on_message=on_message, silence=silence,
+                              deadline=deadline, stop_grace=stop_grace, exit_grace=exit_grace,
+                              forward_output=forward_output, start_grace=start_grace,
+                              stop_signal=stop_signal, reap_s=reap_s)
+        except BaseException:  # a bad argument: the child must not outlive it
+            child.close()
+            raise
         self.children.append(watched)
         return watched
 
@@ -512,21 +516,3 @@ def _secs(seconds: float | None) -> str:
     if seconds is None:
         return "?"
     return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
-
-
-def outcome_of(child: Child, *, name: str = "the child", timed_out: bool = False,
-               deadline: float | None = None) -> tuple[Ended, str]:
-    """For a child watched by other means (a request with a timeout, a probe's deadline): its
-    kind of ending and a sentence, from its exit and its last words. Call after ``kill_group()``."""
-    if timed_out:
-        return Ended.TIMEOUT, (f"{name} was still running at its deadline"
-                               + (f" of {_secs(deadline)}" if deadline is not None else "")
-                               + " and its process group was killed")
-    ex = child.exit
-    if ex is None:
-        return Ended.DIED, f"{name} {child.not_reaped or 'ended (how is unknown)'}"
-    if ex.how == "code" and ex.number == 0:
-        return Ended.DONE, f"{name} exited with code 0"
-    words = child.last_words.best()
-    return Ended.DIED, f"{name} {ex.says()}" + (f"; its last words: {words}" if words else "")
-
