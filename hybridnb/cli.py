@@ -4,7 +4,8 @@ Each subcommand is a real argparse subparser, so ``detect --help`` and ``compare
 their options. Only the chosen subcommand's arguments are built (compare's come from its own
 module, imported when ``compare`` is asked for, with or without ``--help``), so ``--help`` at the
 top costs no torch import. Errors go to stderr with exit code 2; ``detect --json`` prints JSON and
-nothing else on stdout.
+nothing else on stdout. An interrupt (SIGINT) ends a command with code 130 once its child
+processes are gone; SIGTERM ends it as SIGTERM does, once they are gone (``processes.supervise``).
 """
 
 from __future__ import annotations
@@ -105,6 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # a bad argument or environment variable: named in the message
         print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # its children are already gone (processes.supervise.Watch)
+        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
+
+
+INTERRUPTED = 130  # the shell's code for a command ended by SIGINT
 
 
 def _positive(text: str) -> float:

@@ -223,3 +223,10 @@ def warm_worker(environ: dict[str, str] | None = None) -> bool:
 def environment() -> dict[str, str]:
     """A copy of this process's environment: what a child process starts from."""
     return dict(os.environ)
+
+
+# --- supervisor
+
+def omp_threads_set(environ: dict[str, str] | None = None) -> bool:
+    """Whether ``OMP_NUM_THREADS`` is set (then a launched rank keeps torch's thread count)."""
+    return "OMP_NUM_THREADS" in (os.environ if environ is None else environ)

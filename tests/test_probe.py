@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import psutil
@@ -24,14 +22,20 @@ def _run(monkeypatch, sim: dict, timeout: float = 30, targets=(("cuda", 0),)):
     return results
 
 
-def test_child_reports_each_step_as_json_lines(monkeypatch):
-    """The protocol itself: a start and an end line per step; nothing else on stdout."""
+def test_child_reports_each_step_as_framed_messages(monkeypatch):
+    """The protocol itself (the channel's frames, as every child): a start and an end event per
+    step."""
+    from hybridnb.processes import supervise
+    from hybridnb.processes.framed import start_framed
+
     sim = {"torch": False, "gpu": {"name": "Fake A100"}, "error_at": "tensor"}
     monkeypatch.setenv(probe.SIMULATE_ENV, json.dumps(sim))
-    out = subprocess.run([sys.executable, "-m", "hybridnb.hardware.probe", "--backend", "cuda"],
-                         capture_output=True, text=True, timeout=60, env=supervisor.child_env())
-    assert out.returncode == 1, out.stderr
-    events = [json.loads(line) for line in out.stdout.splitlines()]
+    got = []
+    out = supervise(lambda: start_framed(supervisor.CHILD_MODULE, "--backend", "cuda")[0],
+                    on_message=got.append, deadline=60)
+    assert out.exit_code == 1, out.output_tail
+    assert {m.kind for m in got} == {"probe"}
+    events = [m.payload for m in got]
     flow = [(e["e"], e.get("step")) for e in events if e["e"] != "info"]
     assert flow == [("start", "import"), ("ok", "import"), ("start", "available"),
                     ("ok", "available"), ("start", "memory"), ("ok", "memory"),
@@ -93,16 +97,25 @@ def test_children_run_in_parallel_under_one_deadline(monkeypatch):
 
 
 def test_an_interrupted_probe_leaves_no_process(monkeypatch):
-    """Ctrl-C (a notebook's interrupt) while waiting: the children are killed and reaped."""
+    """Ctrl-C (a notebook's interrupt) while waiting: the children are killed at once and
+    reaped, then the KeyboardInterrupt reaches the caller."""
+    import os
+    import signal
+    import threading
+
     monkeypatch.setenv(probe.SIMULATE_ENV, json.dumps({"torch": False, "hang_at": "available"}))
 
-    def interrupted(self, deadline):
-        time.sleep(0.3)
-        raise KeyboardInterrupt
+    def interrupt_when_probing():
+        deadline = time.monotonic() + 20
+        while len(psutil.Process().children()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)
 
-    monkeypatch.setattr(supervisor.Child, "wait_until", interrupted)
+    threading.Thread(target=interrupt_when_probing, daemon=True).start()
+    t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         probe.run_probes([("cuda", 0), ("cuda", 1)], 30)
+    assert time.monotonic() - t0 < 20
     assert psutil.Process().children(recursive=True) == []
 
 

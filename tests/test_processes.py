@@ -19,7 +19,6 @@ import psutil
 import pytest
 
 from hybridnb.processes import Ended, start_command, start_fork, start_spawn, supervise
-from hybridnb.processes.supervise import outcome_of
 from hybridnb.train.isolate import run_isolated
 
 pytestmark = pytest.mark.timeout(120)
@@ -316,15 +315,11 @@ def test_run_isolated_spawn_start_keeps_its_outcome_fields():
 def test_a_forked_child_and_a_command_end_the_same_way():
     out = supervise(lambda: start_fork(lambda channel: os._exit(4)), silence=30)
     assert out.status == Ended.DIED and out.exit_code == 4
-    child = start_command([sys.executable, "-c", "import sys; print('bye'); sys.exit(3)"])
-    child.wait(30)
-    for fd in list(child.output_fds):
-        child.read_output(fd)
-    child.kill_group()
-    status, reason = outcome_of(child, name="the command")
-    assert status == Ended.DIED and child.exit.code == 3 and "code 3" in reason
-    assert "bye" in child.output_text()
-    child.close()
+    cmd = supervise(lambda: start_command([sys.executable, "-c",
+                                           "import sys; print('bye'); sys.exit(3)"]),
+                    name="the command", silence=30)
+    assert cmd.status == Ended.DIED and cmd.exit_code == 3 and "code 3" in cmd.reason
+    assert "bye" in cmd.output_tail
 
 
 def test_ended_is_a_string_enum():

@@ -19,15 +19,13 @@ The batch stays on the device: compare() measures the model step, not the data p
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
-import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import cloudpickle
@@ -46,6 +44,7 @@ from hybridnb.comparison.session import CPU_BF16_NOTE, Job
 from hybridnb.comparison.variants import DEFAULT_VARIANTS, Variant, parse_variant, unavailable
 from hybridnb.hardware.detect import detect
 from hybridnb.measure.memory import heap_reader
+from hybridnb.processes.supervise import Watch
 from hybridnb.train import setup
 from hybridnb.train.losses import make_loss
 
@@ -137,9 +136,12 @@ def compare(model_fn: Callable[[], nn.Module] | nn.Module, data: Any,
         attrs["notes"].append(why_not)
     order: list[tuple[str, int, int]] = []
     t_start = time.perf_counter()
-    folder = Path(tempfile.mkdtemp(prefix="hybridnb-compare-"))
-    try:
-        _start(runs, jobs, blobs, folder, timeout, say)
+    # one Watch for every variant's process: from before the first starts, its signal
+    # policy ends them all, whatever moment an interrupt comes
+    with contextlib.ExitStack() as stack:
+        watch = stack.enter_context(Watch()) if blobs is not None else None
+        stack.callback(_close_all, runs)  # first, then the watch closes what is left
+        _start(runs, jobs, blobs, watch, timeout, say)
         for run in runs:
             if run.status == "ok":
                 _prepare(run, say)
@@ -150,12 +152,6 @@ def compare(model_fn: Callable[[], nn.Module] | nn.Module, data: Any,
             done = [f"{r.variant.label}@{r.batch_size} {_median_rate(r, steps):.1f}/s"
                     for r in runs if r.status == "ok"]
             say(f"round {rnd + 1}/{repeats}: " + ", ".join(done))
-    finally:
-        for run in runs:
-            if run.where is not None:
-                run.where.close()
-                run.where = None
-        shutil.rmtree(folder, ignore_errors=True)
     df = CompareResult(_rows(runs, steps, loss_tol, warmup, repeats), columns=COLUMNS)
     df.attrs.update(attrs)
     df.attrs.update(order=order, elapsed_s=round(time.perf_counter() - t_start, 2),
@@ -233,14 +229,22 @@ def _pickled(isolate: bool, jobs: dict) -> tuple[dict | None, str]:
                       f"in this process: a crash in one would end it")
 
 
-def _start(runs: list[_Run], jobs: dict, blobs: dict | None, folder: Path, timeout,
+def _close_all(runs: list[_Run]) -> None:
+    """Close every variant (its process, or its session here), whatever happened."""
+    for run in runs:
+        if run.where is not None:
+            where, run.where = run.where, None
+            where.close()
+
+
+def _start(runs: list[_Run], jobs: dict, blobs: dict | None, watch: Watch | None, timeout,
            say) -> None:
     """Start every variant's process at once (their imports overlap), then wait until each is
     ready, so no warm-up shares the CPU with another process's start."""
     t0 = time.perf_counter()
     live = [r for r in runs if r.status == "ok"]
     for i, run in enumerate(live):
-        run.where = (ChildVariant(blobs[id(run)], folder, f"variant-{i}", timeout)
+        run.where = (ChildVariant(blobs[id(run)], watch, f"variant-{i}", timeout)
                      if blobs is not None else LocalVariant(jobs[id(run)]))
     for run in live:
         run.take(run.where.call("ready", stage="start-up"))

@@ -6,6 +6,11 @@ thread, an allocation the OS refuses) the answer is status "crashed" naming the 
 last line it wrote; if it does not answer within ``timeout`` seconds its whole process group is
 killed and the answer is status "timeout".
 
+Every variant's process is watched by the caller's one ``Watch`` (``hybridnb.processes``):
+requests and answers travel in the channel's frames; an interrupt (SIGINT, SIGTERM) kills every
+variant's process group at once (a variant has nothing to keep), and each process dies with the
+caller.
+
 Why a fresh interpreter (``python -m hybridnb.comparison.worker``) and not ``fork``: a forked child
 of a process that has already run a multi-threaded OpenMP region (any torch CPU op of some size)
 hangs in its own first parallel region (libgomp is not fork-safe; measured: a Conv1d backward never
@@ -18,15 +23,16 @@ classes defined in a notebook or a script work.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
-from multiprocessing import Pipe
-from pathlib import Path
+import threading
 
 from hybridnb.comparison.session import Job, VariantSession
-from hybridnb.processes.child import start_command
+from hybridnb.processes.channel import ANSWER, Message
 from hybridnb.processes.ended import Ended
+from hybridnb.processes.framed import Requests, start_framed
+from hybridnb.processes.supervise import Watch, Watched
+
+WORKER_MODULE = "hybridnb.comparison.worker"
+CLOSE_S = 5.0  # after "close": time for the variant's process to exit by itself
 
 
 class LocalVariant:
@@ -45,81 +51,83 @@ class LocalVariant:
 
 
 class ChildVariant:
-    """The variant in its own process group (``hybridnb.processes``), started now; see the
-    module docstring. Its output is read into a bounded tail (its last words name a crash)."""
+    """The variant in its own process (a framed command, ``processes.framed``), started now and
+    watched by the caller's ``Watch``; see the module docstring. Its job (the cloudpickled
+    ``Job``) is its first request, written by a thread so every variant starts at once; the
+    "ready" call waits for the answer to it. Its output is kept as a bounded tail (its last
+    words name a crash)."""
 
-    def __init__(self, job_bytes: bytes, folder: Path, name: str, timeout: float | None) -> None:
-        self.timeout = timeout
+    def __init__(self, job_bytes: bytes, watch: Watch, name: str, timeout: float | None) -> None:
+        self.timeout, self.watch = timeout, watch
         self.ended: dict | None = None  # the final answer once the process is gone
-        job_file = folder / f"{name}.job"
-        job_file.write_bytes(job_bytes)
-        self.conn, theirs = Pipe()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            [p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        self.answers: list[dict] = []
+        self.requests: Requests | None = None
+
+        def start():
+            child, self.requests = start_framed(WORKER_MODULE, name, requests=True,
+                                                merge_output=True)
+            return child
+
+        self.watched: Watched = watch.start(start, name=f"the variant's process ({name})",
+                                            on_message=self._take, stop_grace=0.0,
+                                            forward_output=False)
+        self._job = threading.Thread(target=self._send_quietly, args=("job", job_bytes),
+                                     daemon=True, name=f"hybridnb-{name}-job")
+        self._job.start()
+
+    def _take(self, message: Message) -> None:
+        if message.kind == ANSWER:
+            self.answers.append(message.payload)
+
+    def _send_quietly(self, kind: str, payload) -> None:
         try:
-            self.child = start_command(
-                [sys.executable, "-m", "hybridnb.comparison.worker", str(job_file),
-                 str(theirs.fileno())], env=env, merge_output=True,
-                pass_fds=(theirs.fileno(),))
-        finally:
-            theirs.close()
+            self.requests.send(kind, payload)
+        except OSError:  # the process is gone; the watch says how
+            pass
 
     def call(self, request: str, *args, stage: str = "") -> dict:
         """Send one request and wait for its answer (at most ``timeout`` seconds)."""
         if self.ended is not None:
             return self.ended
-        try:
-            self.conn.send((request, *args))
-            if not self._answered():
-                self._end()
-                self.ended = {"status": Ended.TIMEOUT.value, "note": (
-                    f"no answer within {self.timeout:g} s during {stage}; its process group was "
-                    f"killed (raise compare's timeout= if it is only slow)")}
-                return self.ended
-            return self.conn.recv()
-        except (EOFError, OSError):  # the process is gone: BrokenPipe, ConnectionReset, EOF
-            self._end()
+        if request != "ready":  # "ready" is the answer to the job, already on its way
+            try:
+                self.requests.send(request, args)
+            except OSError:
+                pass  # it died: the watch below says how
+        self.watched.arm(self.timeout)
+        self.watch.run(until=lambda: bool(self.answers) or self.watched.ended)
+        self.watched.arm(None)
+        if self.answers:
+            return self.answers.pop(0)
+        out = self.watch.end(self.watched)
+        if out.status == Ended.TIMEOUT:
+            self.ended = {"status": Ended.TIMEOUT.value, "note": (
+                f"no answer within {self.timeout:g} s during {stage}; its process group was "
+                f"killed (raise compare's timeout= if it is only slow)")}
+        else:
             self.ended = {"status": "crashed", "note": self._death(stage)}
-            return self.ended
-
-    def _answered(self) -> bool:
-        """Wait for the answer (or the end of the connection) while reading the process's output
-        so a chatty variant never blocks on a full pipe; False after ``timeout`` seconds."""
-        import select
-        import time
-
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        while True:
-            left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
-            if left <= 0:
-                return self.conn.poll(0)
-            ready = select.select([self.conn, *self.child.output_fds], [], [], left)[0]
-            for fd in ready:
-                if fd in self.child.output_fds:
-                    self.child.read_output(fd)
-            if self.conn in ready:
-                return True
+        return self.ended
 
     def close(self) -> None:
         """Ask the process to finish, then make sure nothing of its process group is left."""
-        if self.ended is None:
-            with contextlib.suppress(EOFError, OSError):
-                self.conn.send(("close",))
-                self.conn.poll(5)
-        self._end()
+        if not self.watched.ended and not self._job.is_alive():  # the pipe has room
+            try:
+                self.requests.send("close")
+                self.watched.arm(CLOSE_S)
+                self.watch.run(until=lambda: self.watched.ended)
+            except OSError:
+                pass
+        self.watch.end(self.watched)
+        # the job's writer gets EPIPE now that the process is gone; its descriptor is closed
+        # only once it has returned (a closed number could be reused under a late write)
+        self._job.join(timeout=CLOSE_S)
+        if self.requests is not None and not self._job.is_alive():
+            self.requests.close()
         self.ended = self.ended or {"status": "closed"}
 
-    def _end(self) -> None:
-        """Kill the process group, reap the process and release the pipes, once."""
-        for fd in list(self.child.output_fds):  # its last words, before they are dropped
-            self.child.read_output(fd)
-        self.child.close()
-        self.conn.close()
-
     def _death(self, stage: str) -> str:
-        exit_ = self.child.exit
+        exit_ = self.watched.child.exit
         how = exit_.says() if exit_ is not None else "lost"
-        last = self.child.last_words.best()
+        last = self.watched.child.last_words.best()
         tail = f"; its last words: {last}" if last else ""
         return f"the variant's process was {how} during {stage}{tail}"

@@ -1,50 +1,71 @@
-"""A compare() variant's own process: ``python -m hybridnb.comparison.worker JOB_FILE FD``.
+"""A compare() variant's own process: ``python -m hybridnb.comparison.worker WIRING NAME``
+(a framed command: ``processes.framed``).
 
-It loads its job (a cloudpickled ``session.Job``), then answers the caller's requests over the
-connection on file descriptor FD — ``("ready",)``, ``("prepare",)``, ``("window", steps)``,
-``("close",)`` — with the session's plain-dict answers, until told to close or the caller goes
-away. Whatever happens in here (an abort, a segfault, an allocation the OS refuses, a GPU that
-never returns) ends this process, not the caller's: the caller turns it into a row.
+Its first request is its job (a cloudpickled ``session.Job``); it answers it ({"status": "ok"}
+once loaded), then answers the caller's requests — ``prepare``, ``window`` (steps) — with the
+session's plain-dict answers, in the channel's frames, until ``close`` or until the caller goes
+away (then it dies with it). Whatever happens in here (an abort, a segfault, an allocation the
+OS refuses, a GPU that never returns) ends this process, not the caller's: the caller turns it
+into a row.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pickle
 import sys
-from multiprocessing.connection import Connection
 
-from hybridnb.comparison.session import VariantSession
+from hybridnb.processes.channel import ANSWER, Channel, Inbox
+from hybridnb.processes.framed import connect
+
+REQUESTS = ("prepare", "window")
 
 
-def serve(job_file: str, conn: Connection) -> None:
-    """Answer requests until ``close`` or until the caller closes its end."""
+def serve(channel: Channel, inbox: Inbox) -> None:
+    """Load the job, then answer requests until ``close`` or until the caller closes its end."""
+    from hybridnb.comparison.session import VariantSession
+
+    first = inbox.get()
+    if first is None:
+        return
+    session = None
     try:
-        with open(job_file, "rb") as f:
-            session: VariantSession | None = VariantSession(pickle.load(f))
+        session = VariantSession(pickle.loads(first.payload))
         broken = None
     except Exception as exc:  # noqa: BLE001 - a job this process cannot load becomes an answer
-        session, broken = None, {"status": "failed", "note": f"the variant's process could not "
-                                 f"load its job: {type(exc).__name__}: {exc}"}
+        broken = {"status": "failed", "note": f"the variant's process could not load its job: "
+                                              f"{type(exc).__name__}: {exc}"}
+    channel.send(ANSWER, broken or {"status": "ok"})
     while True:
-        try:
-            name, *args = conn.recv()
-        except EOFError:
-            return
-        if name == "close":
-            conn.send({"status": "closed"})
+        request = inbox.get()
+        if request is None or request.kind == "close":
             return
         if broken is not None:
-            conn.send(broken)
-        elif name == "ready":
-            conn.send({"status": "ok"})
+            channel.send(ANSWER, broken)
+        elif request.kind in REQUESTS:
+            channel.send(ANSWER, getattr(session, request.kind)(*(request.payload or ())))
         else:
-            conn.send(getattr(session, name)(*args))
+            channel.send(ANSWER, {"status": "failed", "note": f"unknown request "
+                                                             f"{request.kind!r}"})
 
 
 def main(argv: list[str] | None = None) -> int:
-    job_file, fd = argv if argv is not None else sys.argv[1:]
-    serve(job_file, Connection(int(fd)))
-    return 0
+    channel, inbox, _ = connect(sys.argv[1:] if argv is None else argv)
+    code = 0
+    try:
+        serve(channel, inbox)
+    except BaseException:  # noqa: BLE001 - said on stderr, where the caller reads last words
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        with contextlib.suppress(BaseException):
+            channel.flush()
+            sys.stdout.flush()
+            sys.stderr.flush()
+    os._exit(code)  # no interpreter teardown (about a second with torch loaded)
 
 
 if __name__ == "__main__":

@@ -5,10 +5,15 @@ isolated fit and ``hn.launch``'s ranks.
 - ``child``: start a child (``start_fork``, ``start_spawn``: a fresh interpreter running a
   cloudpickled callable, ``start_command``), read its output, kill its process group, reap it;
   the only module of hybridnb that sends signals;
-- ``supervise``: the watch loop (messages, output, heartbeats naming the phase, the silence
-  limit, a deadline, Ctrl-C and stop requests) returning an ``Outcome``;
+- ``supervise``: the one watch loop, ``Watch`` (several children at once: messages, output,
+  heartbeats naming the phase, the silence limit, a deadline, stop requests) and the one
+  interrupt policy (SIGINT and SIGTERM ask the children to stop, a grace, then their groups are
+  killed; a second signal kills at once); ``supervise`` watches one child;
+- ``framed``: a command (``python -m MODULE``) that talks in the channel's frames, with a
+  request pipe the other way (the GPU probe, compare()'s variants);
 - ``ended``: ``Ended`` (the kinds of ending, a str enum), ``Exit``, ``Outcome``;
-- ``channel``: framed messages between child and parent (tensors as raw bytes), ``StopFlag``;
+- ``channel``: framed messages between child and parent (tensors as raw bytes), ``StopFlag``
+  (which says why a stop was asked: "stop" or "interrupt");
 - ``payload``: what a spawned child is given (cloudpickle; memory-mapped data by reference
   (``refs``), other big CPU tensors and arrays through shared memory, DataLoaders rebuilt
   (``loaders``), an object that cannot be sent named (``unsendable``: ``NotSendable``));
@@ -24,8 +29,9 @@ import torch or numpy.
 from hybridnb.processes.channel import Channel, Message
 from hybridnb.processes.child import Child, start_command, start_fork, start_spawn
 from hybridnb.processes.ended import Ended, Exit, Outcome, signal_name
-from hybridnb.processes.supervise import Progress, supervise
+from hybridnb.processes.supervise import Progress, Watch, Watched, supervise
 from hybridnb.processes.unsendable import NotSendable
 
-__all__ = ["Channel", "Child", "Ended", "Exit", "Message", "NotSendable", "Outcome", "Progress", "signal_name",
-           "start_command", "start_fork", "start_spawn", "supervise"]
+__all__ = ["Channel", "Child", "Ended", "Exit", "Message", "NotSendable", "Outcome", "Progress",
+           "Watch", "Watched", "signal_name", "start_command", "start_fork", "start_spawn",
+           "supervise"]

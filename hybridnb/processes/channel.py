@@ -43,7 +43,8 @@ BATCH_BYTES = 64 << 10  # a message larger than this is written at once
 # kinds the supervisor itself reads (every message also goes to the caller's on_message)
 DONE, ERROR, STATE, STEP_DONE, HEARTBEAT = "done", "error", "state", "step_done", "heartbeat"
 READY = "ready"  # a started child is up (imports done): {"at": time.monotonic()}
-URGENT = frozenset((DONE, ERROR, STATE, HEARTBEAT, READY))  # written at once, with what came before
+ANSWER = "answer"  # a child's answer to its parent's request (processes.framed)
+URGENT = frozenset((DONE, ERROR, STATE, HEARTBEAT, READY, ANSWER))  # written at once, with what came before
 
 
 class ChannelError(RuntimeError):
@@ -66,10 +67,18 @@ def widen_pipe(fd: int, size: int = PIPE_BYTES) -> None:
         pass
 
 
+STOP, INTERRUPT = "stop", "interrupt"  # why a stop was asked: a should_stop callback, a signal
+_REASONS = {1: STOP, 2: INTERRUPT}
+
+
 class StopFlag:
     """One byte shared by the parent and its child: anonymous shared memory (kept across a
     fork), or with ``shareable=True`` a memfd whose descriptor (``fd``) a spawned child
-    inherits and opens with ``StopFlag.attach(fd)``."""
+    inherits and opens with ``StopFlag.attach(fd)``.
+
+    The byte says why the parent asked the child to stop: 0 (it did not), 1 ("stop": a
+    ``should_stop`` callback such as a Stop button) or 2 ("interrupt": SIGINT or SIGTERM
+    reached the parent). An interrupt is never turned back into a plain stop."""
 
     def __init__(self, shareable: bool = False, fd: int | None = None) -> None:
         self.fd: int | None = fd
@@ -83,8 +92,16 @@ class StopFlag:
         """The child's side of a shareable flag."""
         return cls(fd=fd)
 
-    def set(self) -> None:
-        self._map[0] = 1
+    def set(self, reason: str = STOP) -> None:
+        """Ask the child to stop, saying why: "stop" or "interrupt"."""
+        code = {STOP: 1, INTERRUPT: 2}.get(reason)
+        if code is None:
+            raise ValueError(f"reason={reason!r}: use {STOP!r} or {INTERRUPT!r}")
+        self._map[0] = max(self._map[0], code)
+
+    def reason(self) -> str | None:
+        """None (no stop asked), "stop" or "interrupt"."""
+        return _REASONS.get(self._map[0])
 
     def is_set(self) -> bool:
         return self._map[0] != 0
@@ -283,10 +300,15 @@ class Channel:
     def state(self, state: Any) -> None:
         self.send(STATE, state)
 
+    def stop_reason(self) -> str | None:
+        """Why the parent asked the run to stop: None (it did not), "stop" (a ``should_stop``
+        callback: the live view's Stop button) or "interrupt" (SIGINT or SIGTERM reached the
+        parent). Either way: finish the step, send the state and return."""
+        return self._stop.reason()
+
     def stop_requested(self) -> bool:
-        """True once the kernel asked the run to stop (Stop button, Ctrl-C): finish the step,
-        send the state and return."""
-        return self._stop.is_set()
+        """True once the parent asked the run to stop (``stop_reason()`` is not None)."""
+        return self.stop_reason() is not None
 
     def send_error(self, exc: BaseException) -> None:
         """Report ``exc`` with its formatted traceback (best effort: the pipe may be gone)."""
@@ -403,3 +425,34 @@ class _TensorUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid):
         return self._tensors[pid]
+
+
+# ============================================================================ requests
+
+def send_frame(fd: int, kind: str, payload: Any = None) -> None:
+    """Write one message to a pipe the other way (parent to child: a request), in the same
+    framing; blocks until it is written. OSError when the reader is gone."""
+    parts, _ = encode(kind, payload)
+    write_all(fd, parts)
+
+
+class Inbox:
+    """A child's side of a request pipe its parent writes with ``send_frame``: ``get()``
+    blocks until the next message and returns None once the parent closed its end."""
+
+    def __init__(self, fd: int) -> None:
+        self._reader = FrameReader(fd)
+        self._queue: list[Message] = []
+
+    def get(self) -> Message | None:
+        import select
+
+        while not self._queue:
+            if self._reader.eof:
+                return None
+            select.select([self._reader.fd], [], [])
+            self._queue.extend(self._reader.read())
+        return self._queue.pop(0)
+
+    def close(self) -> None:
+        self._reader.close()

@@ -28,7 +28,7 @@ class Ended(str, enum.Enum):
     DIED = "died"                # a signal, or an exit without a result (non-zero for a command)
     HUNG = "hung"                # silent longer than its silence limit: killed
     TIMEOUT = "timeout"          # still running at its deadline (a bound on the whole run): killed
-    INTERRUPTED = "interrupted"  # Ctrl-C in the parent, and the child did not finish: killed
+    INTERRUPTED = "interrupted"  # SIGINT/SIGTERM in the parent, and the child did not finish: killed
 
     def __str__(self) -> str:
         return self.value
@@ -123,8 +123,8 @@ class Outcome:
     exit: str = ""
     signal: str | None = None
     exit_code: int | None = None
-    interrupted: bool = False      # a Ctrl-C reached the parent while supervising
-    stop_sent: bool = False        # the child was asked to stop (Ctrl-C or should_stop)
+    interrupted: bool = False      # SIGINT or SIGTERM reached the parent while supervising
+    stop_sent: bool = False        # the child was asked to stop (an interrupt or should_stop)
     bytes_received: int = 0
     output_tail: str = ""
     last_words: str = ""

@@ -1,22 +1,34 @@
-"""Watch one child until it ends: its messages, its output, heartbeats and a silence limit.
+"""The one watch loop for every child of hybridnb, under one interrupt policy.
 
-``supervise(start, ...)`` starts the child (``start()`` returns a ``Child``; the Ctrl-C handler
-is in place first, so an interrupt can never strand one), passes each message to
-``on_message``, copies the child's stdout/stderr into this process's (keeping the tail), and
-returns an ``Outcome``. Nothing is left running when it returns or raises (an exception in
-``on_message``, a KeyboardInterrupt): the child's process group is killed and reaped.
+``Watch`` watches several children together (the GPU probes, compare()'s variants, an isolated
+fit, ``hn.launch``'s ranks) in one ``select`` loop: it passes each child's messages (the
+channel's frames) to its ``on_message``, copies its stdout/stderr into this process's (or keeps
+only the tail), applies its limits, and turns how it ended into an ``Outcome``. ``supervise``
+is the shorthand for one child. Nothing is left running when a ``Watch`` closes, whatever
+raised: every child's process group is killed and reaped.
 
-The silence limit bounds *silence*, not a phase's length: every "step_done" or "heartbeat"
-restarts the clock, so a validation of an hour that beats every minute is fine, and a child
-silent for longer than the limit is killed; its outcome (``Ended.HUNG``) names the last phase
-a heartbeat reported (``{"phase": "validation"}``) and how long it had been silent. A
-heartbeat's ``grace`` lengthens the limit until the next message (compiling). ``deadline``
-bounds the whole run instead (``Ended.TIMEOUT``).
+Limits, per child. The silence limit bounds *silence*, not a phase's length: every
+"step_done" or "heartbeat" restarts the clock, so a validation of an hour that beats every
+minute is fine, and a child silent for longer than the limit is killed; its outcome
+(``Ended.HUNG``) names the last phase a heartbeat reported (``{"phase": "validation"}``) and how
+long it had been silent. A heartbeat's ``grace`` lengthens the limit until the next message
+(compiling). ``deadline`` bounds the run, or one request (``Watched.arm``), instead
+(``Ended.TIMEOUT``).
 
-Ctrl-C while supervising asks the child to stop (``channel.stop_requested()`` turns true): it
-finishes its step, sends its state and result; if it has not finished within ``stop_grace``
-(or at a second Ctrl-C) it is killed (``Ended.INTERRUPTED``). ``should_stop`` (a Stop button)
-sends the same request without a time limit.
+The interrupt policy, in this one place: the handlers for SIGINT, SIGTERM and SIGHUP are
+installed when the watch opens, before any child starts, so a signal at any moment (a child's
+start-up included) is counted and never strands a child. The first signal asks every child to
+stop: its stop flag says "interrupt" (``Channel.stop_reason()``) and a child with a
+``stop_signal`` (launch's ranks: SIGINT) gets that signal; it finishes its step and sends its
+state and result. A child that has not ended after its ``stop_grace`` is killed with its process
+group (``Ended.INTERRUPTED``); a child with nothing to keep (``stop_grace=0``: a probe, a
+compare() variant) is killed at once. A second signal kills every child at once. Once the
+children are gone, SIGTERM (or SIGHUP) is delivered again to this process as it was handled
+before the watch (by default: it ends); SIGINT too, unless the watch keeps it
+(``keep_interrupt=True``: the isolated fit and launch answer it with their outcome).
+``should_stop`` (a Stop button) sets the flag with the reason "stop", without a time limit. A
+parent killed outright (SIGKILL, which no handler sees) takes its children with it: each dies
+with its parent (``PR_SET_PDEATHSIG``, set by the child at its start).
 """
 
 from __future__ import annotations
@@ -31,13 +43,27 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from hybridnb.processes.channel import DONE, ERROR, HEARTBEAT, READY, STATE, STEP_DONE, Message
-from hybridnb.processes.child import Child
-from hybridnb.processes.ended import SIGNAL_HINTS, Ended, Outcome
+from hybridnb.processes.channel import (
+    DONE,
+    ERROR,
+    HEARTBEAT,
+    INTERRUPT,
+    READY,
+    STATE,
+    STEP_DONE,
+    STOP,
+    Message,
+)
+from hybridnb.processes.child import REAP_S, Child
+from hybridnb.processes.ended import SIGNAL_HINTS, Ended, Outcome, signal_name
 
-STOP_GRACE_S = 30.0     # after Ctrl-C: time to finish the step and send the result
+STOP_GRACE_S = 30.0     # after an interrupt: time to finish the step and send the result
 EXIT_GRACE_S = 10.0     # after "done"/"error": time for the child to exit by itself
+# the signals the policy answers: an interrupt, and the two that end a process by default
+# (SIGTERM: a service manager, ``kill``; SIGHUP: the terminal closed)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @dataclass
@@ -72,130 +98,66 @@ def supervise(start: Callable[[], Child], *, name: str = "the worker",
               poll: float = 0.1, should_stop: Callable[[], bool] | None = None,
               stop_grace: float = STOP_GRACE_S, exit_grace: float = EXIT_GRACE_S,
               forward_output: bool = True, start_grace: float | None = None) -> Outcome:
-    """Start a child with ``start()`` and watch it until it ends; see the module docstring.
+    """Start one child with ``start()`` and watch it until it ends; see the module docstring.
 
     ``name``: how reasons call it ("the worker"). ``silence``: seconds of silence allowed, or a
     function of ``Progress`` returning (seconds, the rule's name), or None (no limit).
     ``deadline``: seconds the whole run may take (None: no bound). ``poll``: how often the child
     and ``should_stop`` are checked when nothing arrives. ``start_grace``: seconds of silence
     allowed before the child's first message (its interpreter starting, ``import torch``: a
-    child of ``start_spawn``/``start_fork`` says "ready" first), when longer than the limit."""
-    if isinstance(silence, (int, float)):
-        silence = fixed_silence(float(silence))
-    watch = _Watch(name, on_message, silence, deadline, poll, should_stop, stop_grace,
-                   exit_grace, forward_output)
-    watch.start_grace = start_grace
-    return watch.run(start)
+    child of ``start_spawn``/``start_fork`` says "ready" first), when longer than the limit.
+    An interrupt is answered by the outcome (``Ended.INTERRUPTED``, or the child's own result
+    when it stopped in time); SIGTERM is delivered again once the child is gone."""
+    with Watch(poll=poll, should_stop=should_stop, keep_interrupt=True) as watch:
+        watched = watch.start(start, name=name, on_message=on_message, silence=silence,
+                              deadline=deadline, stop_grace=stop_grace, exit_grace=exit_grace,
+                              forward_output=forward_output, start_grace=start_grace)
+        watch.run()
+    return watched.outcome
 
 
-class _Watch:
-    def __init__(self, name, on_message, silence, deadline, poll, should_stop, stop_grace,
-                 exit_grace, forward_output) -> None:
-        self.name, self.on_message, self.silence = name, on_message, silence
-        self.deadline_s, self.poll, self.should_stop = deadline, poll, should_stop
-        self.stop_grace, self.exit_grace, self.forward_output = stop_grace, exit_grace, forward_output
+class Watched:
+    """One child under a ``Watch``: what it said, its limits, and (once ``ended``) its
+    ``outcome``. ``child`` stays readable after it ended (``exit``, ``tail``)."""
+
+    def __init__(self, child: Child, *, name: str, on_message, silence, deadline, stop_grace,
+                 exit_grace, forward_output, start_grace, stop_signal, reap_s) -> None:
+        if isinstance(silence, (int, float)):
+            silence = fixed_silence(float(silence))
+        self.child, self.name, self.on_message, self.silence = child, name, on_message, silence
+        self.stop_grace, self.exit_grace, self.start_grace = stop_grace, exit_grace, start_grace
+        self.forward_output, self.stop_signal, self.reap_s = forward_output, stop_signal, reap_s
         self.progress = Progress()
         self.queue: collections.deque[Message] = collections.deque()
-        self.interrupts = 0
         self.state = self.state_steps = self.result = self.error = None
-        self.got_done = self.stop_sent = False
+        self.got_done = False
+        self.stop_reason: str | None = None
         self.finished_at: float | None = None
         self.stop_deadline: float | None = None
         self.stop_wait = 0.0
-        self.child: Child | None = None
-        self.t0 = time.monotonic()
-        self.start_grace: float | None = None
+        self.interrupts = 0
+        self.signal: int | None = None     # the first signal that reached the parent
+        self.t0 = self.progress.last_message = self.progress.last_step = time.monotonic()
+        self.deadline_s: float | None = None
+        self.deadline_at: float | None = None
+        self.arm(deadline)
+        self.cause: str | None = None
+        self.outcome: Outcome | None = None
+        self.bytes = 0
+        self.partial = False
 
-    # ---------------------------------------------------------------- start and stop
-    def run(self, start: Callable[[], Child]) -> Outcome:
-        cause = "exited"
-        try:
-            with self._sigint():  # before the start: a Ctrl-C can never strand a child
-                self.child = start()
-                self.t0 = self.progress.last_message = self.progress.last_step = time.monotonic()
-                cause = self._loop()
-        finally:
-            if self.child is not None:
-                self.child.kill_group()
-                ended_at = time.monotonic()
-                self.bytes = self.child.messages.bytes_read if self.child.messages else 0
-                self.partial = bool(self.child.messages and self.child.messages.partial)
-                self.child.close()
-                self.ended_at = ended_at
-        return self._outcome(cause)
+    @property
+    def ended(self) -> bool:
+        return self.cause is not None
 
-    @contextlib.contextmanager
-    def _sigint(self):
-        """Count Ctrl-Cs instead of raising, so no message is torn mid-read (main thread only;
-        elsewhere a KeyboardInterrupt is counted where it lands)."""
-        previous = None
-        if threading.current_thread() is threading.main_thread():
-            with contextlib.suppress(ValueError):
-                previous = signal.signal(signal.SIGINT, self._on_sigint)
-        try:
-            yield
-        finally:
-            if previous is not None or signal.getsignal(signal.SIGINT) == self._on_sigint:
-                signal.signal(signal.SIGINT, previous if previous is not None
-                              else signal.default_int_handler)
+    def arm(self, seconds: float | None) -> None:
+        """Bound the time from now until it ends (None: no bound); a request-and-answer
+        caller arms it before each request."""
+        self.deadline_s = seconds
+        self.deadline_at = None if seconds is None else time.monotonic() + seconds
 
-    def _on_sigint(self, signum, frame) -> None:
-        self.interrupts += 1
-
-    # ---------------------------------------------------------------- the loop
-    def _loop(self) -> str:
-        child = self.child
-        while True:
-            wait = max(0.0, min(self.poll, self._deadline() - time.monotonic()))
-            try:
-                ready = select.select(child.wait_fds(), [], [], wait)[0]
-                self._read(ready)
-                self._deliver()
-            except KeyboardInterrupt:  # not the main thread: it lands here
-                self.interrupts += 1
-            self._watch_stop()
-            if child.poll() is not None:
-                fds = list(child.output_fds)
-                if child.messages is not None:
-                    fds.append(child.messages.fd)
-                self._read(fds)  # what it wrote before it ended
-                self._deliver()
-                return "exited"
-            now = time.monotonic()
-            if self.interrupts >= 2:
-                return "interrupted"
-            if self.finished_at is not None:
-                if now > self.finished_at + self.exit_grace:
-                    return "finished"
-                continue
-            if self.stop_deadline is not None and now > self.stop_deadline:
-                return "stop_timeout"
-            if self.deadline_s is not None and now > self.t0 + self.deadline_s:
-                return "deadline"
-            if now > self._deadline():
-                return "silent"
-
-    def _read(self, ready: list[int]) -> None:
-        child = self.child
-        reader = child.messages
-        if reader is not None and reader.fd in ready and not reader.eof:
-            self.queue.extend(reader.read())
-        for fd in ready:
-            if fd in child.output_fds:
-                got = child.read_output(fd)
-                if got is not None and self.forward_output and got[1]:
-                    out = sys.stdout if got[0] == 1 else sys.stderr
-                    out.write(got[1])
-                    out.flush()
-
-    def _deliver(self) -> None:
-        while self.queue:
-            message = self.queue.popleft()
-            self._note(message)
-            if self.on_message is not None:
-                self.on_message(message)
-
-    def _note(self, m: Message) -> None:
+    # ---------------------------------------------------------------- what it said
+    def note(self, m: Message) -> None:
         now = time.monotonic()
         p = self.progress
         p.started = True
@@ -225,23 +187,10 @@ class _Watch:
                 self.error = m.payload if isinstance(m.payload, dict) else {
                     "type": "?", "message": str(m.payload), "traceback": ""}
             self.finished_at = now
+        else:
+            p.last_message = now  # any other message is a sign of life too
 
-    def _watch_stop(self) -> None:
-        asked = self.interrupts > 0
-        if not asked and self.should_stop is not None and not self.stop_sent:
-            asked = bool(self.should_stop())
-        if asked and not self.stop_sent:
-            if self.child.stop is not None:
-                self.child.stop.set()
-            self.stop_sent = True
-        if self.interrupts and self.stop_deadline is None and self.finished_at is None:
-            median = self.progress.median_step_s or 0.0
-            self.stop_wait = max(self.stop_grace, 3 * median)
-            self.stop_deadline = time.monotonic() + self.stop_wait
-            print(f"hybridnb: interrupt: {self.name} stops after its current step and sends "
-                  "its state (interrupt again to kill it)", file=sys.stderr)
-
-    def _limit(self) -> tuple[float, str]:
+    def limit(self) -> tuple[float, str]:
         """Seconds of silence allowed now, and the name of the rule that set them."""
         if self.silence is None:
             limit, name = float("inf"), ""
@@ -255,32 +204,43 @@ class _Watch:
             limit, name = self.start_grace, "start_grace"
         return limit, name
 
-    def _deadline(self) -> float:
+    def next_check(self) -> float:
+        """When one of its limits runs out next (time.monotonic())."""
         if self.finished_at is not None:
             return self.finished_at + self.exit_grace
-        deadline = self.progress.last_message + self._limit()[0]
+        deadline = self.progress.last_message + self.limit()[0]
         if self.stop_deadline is not None:
             deadline = min(deadline, self.stop_deadline)
-        if self.deadline_s is not None:
-            deadline = min(deadline, self.t0 + self.deadline_s)
+        if self.deadline_at is not None:
+            deadline = min(deadline, self.deadline_at)
         return deadline
 
+    def overdue(self, now: float) -> str | None:
+        """The limit it has passed (a cause), or None."""
+        if self.finished_at is not None:
+            return "finished" if now > self.finished_at + self.exit_grace else None
+        if self.stop_deadline is not None and now >= self.stop_deadline:
+            return "stop_timeout"
+        if self.deadline_at is not None and now > self.deadline_at:
+            return "deadline"
+        if now > self.progress.last_message + self.limit()[0]:
+            return "silent"
+        return None
+
     # ---------------------------------------------------------------- the outcome
-    def _outcome(self, cause: str) -> Outcome:
-        child, p = self.child, self.progress
-        now = getattr(self, "ended_at", time.monotonic())
-        ex = child.exit if child is not None else None
-        exit_text = (child.not_reaped if child is not None and child.not_reaped
-                     else str(ex) if ex is not None else "unknown")
+    def make_outcome(self, now: float) -> Outcome:
+        child, p, cause = self.child, self.progress, self.cause
+        ex = child.exit
+        exit_text = child.not_reaped if child.not_reaped else str(ex) if ex is not None \
+            else "unknown"
         out = Outcome(status=Ended.DIED, reason="", result=self.result, error=self.error,
                       state=self.state, state_steps=self.state_steps, steps=p.steps,
                       median_step_s=p.median_step_s, seconds=now - self.t0, phase=p.phase,
                       exit=exit_text, signal=ex.signal if ex else None,
                       exit_code=ex.code if ex else None, interrupted=self.interrupts > 0,
-                      stop_sent=self.stop_sent, bytes_received=getattr(self, "bytes", 0),
-                      output_tail=child.output_text() if child else "",
-                      last_words=child.last_words.best() if child else "",
-                      pid=child.pid if child else None)
+                      stop_sent=self.stop_reason is not None, bytes_received=self.bytes,
+                      output_tail=child.output_text(), last_words=child.last_words.best(),
+                      pid=child.pid)
         steps = f"after {p.steps} step{'s' if p.steps != 1 else ''}"
         in_phase = f" in phase '{p.phase}'" if p.phase else ""
         who = self.name
@@ -291,7 +251,7 @@ class _Watch:
             out.status = Ended.ERROR
             out.reason = f"{who} raised {self.error.get('type', '?')} {steps}{in_phase}: {first}"
         elif cause in ("silent", "deadline"):
-            limit, rule = self._limit()
+            limit, rule = self.limit()
             out.silent_s = now - p.last_message
             if cause == "silent":
                 out.status, out.limit_s, out.limit_name = Ended.HUNG, limit, rule
@@ -307,8 +267,12 @@ class _Watch:
             out.reason = f"interrupted twice: {who} was killed {steps}{in_phase}"
         elif cause == "stop_timeout":
             out.status = Ended.INTERRUPTED
+            by = "Ctrl-C" if self.signal in (None, signal.SIGINT) else signal_name(self.signal)
             out.reason = (f"interrupted: {who} had not stopped {_secs(self.stop_wait)} after "
-                          f"Ctrl-C and was killed {steps}{in_phase}")
+                          f"{by} and was killed {steps}{in_phase}")
+        elif cause == "closed":
+            out.status = Ended.INTERRUPTED if self.interrupts else Ended.DIED
+            out.reason = f"{who} was still running when its watch closed; killed {steps}"
         else:  # it exited without "done" or "error"
             out.status = Ended.DIED
             if ex is not None and ex.how == "signal":
@@ -320,30 +284,235 @@ class _Watch:
                               "a result")
             if out.last_words:
                 out.reason += f"; its last output: {out.last_words[:200]}"
-        if getattr(self, "partial", False) and out.status != Ended.DONE:
+        if self.partial and out.status != Ended.DONE:
             out.reason += "; a message it was sending was cut off"
         return out
+
+
+class Watch:
+    """Children watched together by one loop, under the interrupt policy of the module
+    docstring. Use it as a context manager: the signal handlers are in place from ``__enter__``
+    (before any child starts) to ``__exit__``, which kills and reaps every child still there.
+
+    ``start(...)`` starts and registers a child (returns its ``Watched``); ``run(until)``
+    watches them all until every one has ended, or ``until()`` is true; ``end(watched)`` ends
+    one now. ``poll``: how often children and ``should_stop`` are checked when nothing arrives.
+    ``keep_interrupt``: SIGINT is answered by the outcomes (not delivered again).
+    ``interrupt_note``: what to print on stderr at the first interrupt (default: names the
+    children and says a second interrupt kills them)."""
+
+    def __init__(self, *, poll: float = 0.1, should_stop: Callable[[], bool] | None = None,
+                 keep_interrupt: bool = False, interrupt_note: str | None = None) -> None:
+        self.poll, self.should_stop, self.keep_interrupt = poll, should_stop, keep_interrupt
+        self.interrupt_note = interrupt_note
+        self.children: list[Watched] = []
+        self.signals: list[int] = []       # the signals that reached this process, in order
+        self._previous: dict[int, Any] = {}
+        self._announced = self._stop_asked = self._delivered = False
+
+    # ---------------------------------------------------------------- signals
+    def __enter__(self) -> Watch:
+        if threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                with contextlib.suppress(ValueError, OSError):
+                    self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, kind, value, tb) -> None:
+        try:
+            self.close(deliver=kind is None)  # after an error: no more calls into the caller
+        finally:
+            self._restore()
+            self._deliver_signal()
+
+    def _on_signal(self, signum, frame) -> None:
+        self.signals.append(signum)
+
+    def _restore(self) -> None:
+        for sig, previous in self._previous.items():
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        self._previous = {}
+
+    def _deliver_signal(self) -> None:
+        """Once the children are gone: SIGTERM or SIGHUP (and SIGINT unless kept) to this
+        process again, handled as before the watch (SIGINT's default raises
+        KeyboardInterrupt; SIGTERM's ends the process)."""
+        if self._delivered or not self.signals:
+            return
+        self._delivered = True
+        ending = [sig for sig in self.signals if sig != signal.SIGINT]
+        if ending:
+            signal.raise_signal(ending[0])
+        elif not self.keep_interrupt:
+            if threading.current_thread() is threading.main_thread():
+                signal.raise_signal(signal.SIGINT)
+            else:
+                raise KeyboardInterrupt
+
+    # ---------------------------------------------------------------- children
+    def start(self, start: Callable[[], Child], *, name: str = "the child",
+              on_message: Callable[[Message], None] | None = None,
+              silence: SilenceLimit | float | None = None, deadline: float | None = None,
+              stop_grace: float = STOP_GRACE_S, exit_grace: float = EXIT_GRACE_S,
+              forward_output: bool = True, start_grace: float | None = None,
+              stop_signal: int | None = None, reap_s: float = REAP_S) -> Watched:
+        """Start a child with ``start()`` and watch it from now on (see ``supervise`` for the
+        limits). ``stop_grace``: after an interrupt, the time it has to stop (0: killed at
+        once). ``stop_signal``: also sent to it at an interrupt. ``forward_output``: copy its
+        output into this process's (else only its tail is kept). ``reap_s``: after SIGKILL, how
+        long to wait for it to go."""
+        child = start()
+        try:
+            watched = Watched(child, name=name, on_message=on_message, silence=silence,
+                              deadline=deadline, stop_grace=stop_grace, exit_grace=exit_grace,
+                              forward_output=forward_output, start_grace=start_grace,
+                              stop_signal=stop_signal, reap_s=reap_s)
+        except BaseException:  # a bad argument: the child must not outlive it
+            child.close()
+            raise
+        self.children.append(watched)
+        return watched
+
+    def live(self) -> list[Watched]:
+        return [w for w in self.children if not w.ended]
+
+    def run(self, until: Callable[[], bool] | None = None) -> None:
+        """Watch every child until all have ended or ``until()`` is true. After an interrupt
+        that is not kept, the signal is delivered here once every child is gone."""
+        while True:
+            live = self.live()
+            if not live or (until is not None and until() and not self.signals):
+                break
+            now = time.monotonic()
+            wait = max(0.0, min([self.poll] + [w.next_check() - now for w in live]))
+            try:
+                fds = [fd for w in live for fd in w.child.wait_fds()]
+                if fds:
+                    ready = set(select.select(fds, [], [], wait)[0])
+                else:  # nothing to wait on (a command without pipes, no pidfd): poll
+                    ready = set()
+                    time.sleep(wait)
+                for w in live:
+                    self._read(w, ready)
+            except KeyboardInterrupt:  # no handler of ours (it could not be installed)
+                self.signals.append(signal.SIGINT)
+            self._ask_stop()
+            now = time.monotonic()
+            for w in live:
+                if w.child.poll() is not None:
+                    self._read(w, self._fds(w))  # what it wrote before it ended
+                    self._end(w, "exited")
+                elif len(self.signals) >= 2:
+                    self._end(w, "interrupted")
+                else:
+                    cause = w.overdue(now)
+                    if cause is not None:
+                        self._end(w, cause)
+        if self.signals and not self.live() and (set(self.signals) - {signal.SIGINT}
+                                                 or not self.keep_interrupt):
+            self.close()
+            self._restore()
+            self._deliver_signal()
+
+    def end(self, watched: Watched, deliver: bool = True) -> Outcome:
+        """End one child now (killed with its process group if still running): its outcome.
+        What it sent last goes to its ``on_message`` (``deliver``), and if that raises, the
+        child is ended all the same."""
+        if not watched.ended:
+            try:
+                self._read(watched, self._fds(watched), deliver)
+            finally:
+                self._end(watched, "exited" if watched.child.poll() is not None else "closed")
+        return watched.outcome
+
+    def close(self, deliver: bool = True) -> None:
+        """End every child still running (see ``end``); every one, whatever raises."""
+        failed: BaseException | None = None
+        for w in self.children:
+            try:
+                self.end(w, deliver)
+            except BaseException as exc:  # the others are ended first
+                failed = failed or exc
+        if failed is not None:
+            raise failed
+
+    # ---------------------------------------------------------------- the loop's parts
+    @staticmethod
+    def _fds(w: Watched) -> list[int]:
+        fds = list(w.child.output_fds)
+        if w.child.messages is not None:
+            fds.append(w.child.messages.fd)
+        return fds
+
+    def _read(self, w: Watched, ready, deliver: bool = True) -> None:
+        child = w.child
+        reader = child.messages
+        if reader is not None and reader.fd in ready and not reader.eof:
+            w.queue.extend(reader.read())
+        for fd in list(child.output_fds):
+            if fd in ready:
+                got = child.read_output(fd)
+                if got is not None and w.forward_output and got[1]:
+                    out = sys.stdout if got[0] == 1 else sys.stderr
+                    out.write(got[1])
+                    out.flush()
+        while w.queue:
+            message = w.queue.popleft()
+            w.note(message)
+            if deliver and w.on_message is not None:
+                w.on_message(message)
+
+    def _end(self, w: Watched, cause: str) -> None:
+        """Kill its group (a no-op for a reaped child), reap it, release it, its outcome."""
+        w.cause = cause
+        try:
+            w.child.kill_group(w.reap_s)
+        finally:
+            ended_at = time.monotonic()
+            w.bytes = w.child.messages.bytes_read if w.child.messages else 0
+            w.partial = bool(w.child.messages and w.child.messages.partial)
+            w.child.close()
+            w.outcome = w.make_outcome(ended_at)
+
+    def _ask_stop(self) -> None:
+        """The first interrupt (or ``should_stop``) asks every live child to stop."""
+        reason = INTERRUPT if self.signals else None
+        if reason is None and self.should_stop is not None and not self._stop_asked:
+            reason = STOP if self.should_stop() else None
+        if reason is None:
+            return
+        self._stop_asked = True
+        now = time.monotonic()
+        for w in self.live():
+            if w.stop_reason != reason and w.stop_reason != INTERRUPT:
+                w.stop_reason = reason
+                if w.child.stop is not None:
+                    w.child.stop.set(reason)
+                if reason == INTERRUPT and w.stop_signal is not None:
+                    w.child.send_signal(w.stop_signal)
+            if reason == INTERRUPT:
+                w.interrupts = len(self.signals)
+                w.signal = w.signal or self.signals[0]
+                if w.stop_deadline is None and w.finished_at is None:
+                    median = w.progress.median_step_s or 0.0
+                    w.stop_wait = max(w.stop_grace, 3 * median) if w.stop_grace > 0 else 0.0
+                    w.stop_deadline = now + w.stop_wait
+        if reason == INTERRUPT and not self._announced:
+            self._announced = True
+            waiting = [w for w in self.live() if w.stop_wait > 0]
+            if self.interrupt_note is not None:
+                print(self.interrupt_note, file=sys.stderr)
+            elif len(waiting) == 1:
+                print(f"hybridnb: interrupt: {waiting[0].name} stops after its current step "
+                      "and sends its state (interrupt again to kill it)", file=sys.stderr)
+            elif waiting:
+                print(f"hybridnb: interrupt: {', '.join(w.name for w in waiting)} stop after "
+                      "their current step and send their state (interrupt again to kill them)",
+                      file=sys.stderr)
 
 
 def _secs(seconds: float | None) -> str:
     if seconds is None:
         return "?"
     return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
-
-
-def outcome_of(child: Child, *, name: str = "the child", timed_out: bool = False,
-               deadline: float | None = None) -> tuple[Ended, str]:
-    """For a child watched by other means (a request with a timeout, a probe's deadline): its
-    kind of ending and a sentence, from its exit and its last words. Call after ``kill_group()``."""
-    if timed_out:
-        return Ended.TIMEOUT, (f"{name} was still running at its deadline"
-                               + (f" of {_secs(deadline)}" if deadline is not None else "")
-                               + " and its process group was killed")
-    ex = child.exit
-    if ex is None:
-        return Ended.DIED, f"{name} {child.not_reaped or 'ended (how is unknown)'}"
-    if ex.how == "code" and ex.number == 0:
-        return Ended.DONE, f"{name} exited with code 0"
-    words = child.last_words.best()
-    return Ended.DIED, f"{name} {ex.says()}" + (f"; its last words: {words}" if words else "")
-

@@ -6,8 +6,9 @@ while CUDA is not initialised in the kernel (a CUDA context does not survive ``f
 ``launch`` refuses with a clear message when it is; ``hn.detect()`` is safe to call first (it
 probes in a child). ``start_method="spawn"`` starts fresh interpreters instead, which receive
 ``fn`` and its arguments with cloudpickle (``hybridnb.processes``), so it works after CUDA too.
-Starting, reading and killing the ranks is ``hybridnb.processes``'s; each rank has its own
-process group, killed and reaped before ``launch`` returns or raises.
+Starting, reading and killing the ranks is ``hybridnb.processes``'s: the ranks are watched
+together by its one ``Watch``, each in its own process group, killed and reaped before
+``launch`` returns or raises.
 
 Each worker gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1``, a free
 ``MASTER_PORT`` and ``HYBRIDNB_LAUNCHED=1``, so ``Trainer(strategy="auto")`` inside ``fn`` runs
@@ -16,13 +17,14 @@ process); the other ranks' output is kept and shown if they fail. ``launch`` ret
 result (it must be picklable: a history table, metrics, a state_dict). A failing rank stops all
 the others (no hang) and ``launch`` raises with its traceback. The first interrupt (the
 notebook's stop button, Ctrl-C) asks every rank to stop after the current step and save a
-checkpoint; a second one kills them. With one process ``launch`` simply calls ``fn``.
+checkpoint (a rank not stopped within the watch's stop grace is killed); a second one kills
+them; SIGTERM does the same and then ends this process. With one process ``launch`` simply
+calls ``fn``.
 """
 
 from __future__ import annotations
 
 import io
-import os
 import signal
 import socket
 import sys
@@ -30,9 +32,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hybridnb.env import HEADLESS_ENV, LAUNCHED_ENV, NOTEBOOK_FRONTENDS  # HEADLESS: text view
-from hybridnb.processes.channel import DONE, ERROR
-from hybridnb.processes.child import Child, fork_available, start_fork, start_spawn
+from hybridnb.env import (  # HEADLESS: text view
+    HEADLESS_ENV,
+    LAUNCHED_ENV,
+    NOTEBOOK_FRONTENDS,
+    launch_env,
+    omp_threads_set,
+)
+from hybridnb.processes.channel import DONE, ERROR, Message
+from hybridnb.processes.child import fork_available, start_fork, start_spawn
+from hybridnb.processes.ended import Ended
+from hybridnb.processes.supervise import Watch, Watched
 
 TAIL_LINES = 40
 GRACE_S = 10.0  # after one rank fails, the others' time to stop (rank 0 saves a checkpoint)
@@ -104,106 +114,87 @@ def _frontend_draws_cr() -> bool:
 
 
 class _Rank:
-    """One rank's process and what it sent: its result (rank 0) or its error."""
+    """One rank's process under the watch, and what it sent: its result (rank 0) or its
+    error."""
 
-    def __init__(self, index: int, child: Child) -> None:
-        self.index, self.child = index, child
+    def __init__(self, index: int) -> None:
+        self.index = index
         self.result: Any = None
         self.error: dict | None = None
         self.done = False
+        self.watched: Watched | None = None
 
-    def read(self, ready: list[int]) -> None:
-        """Its messages, and its output (rank 0's into this process's stdout)."""
-        reader = self.child.messages
-        if reader is not None and reader.fd in ready and not reader.eof:
-            for m in reader.read():
-                if m.kind == DONE:
-                    self.result, self.done = m.payload, True
-                elif m.kind == ERROR:
-                    self.error = m.payload
-        for fd in ready:
-            if fd in self.child.output_fds:
-                got = self.child.read_output(fd)
-                if got is not None and self.index == 0 and got[1]:
-                    sys.stdout.write(got[1])
-                    sys.stdout.flush()
+    def take(self, message: Message) -> None:
+        if message.kind == DONE:
+            self.result, self.done = message.payload, True
+        elif message.kind == ERROR:
+            self.error = message.payload
 
     def failed(self) -> str | None:
         """Why this rank failed (its traceback, or how its process ended), or None."""
         if self.error is not None:
             return str(self.error.get("traceback") or self.error.get("message"))
-        ended = self.child.poll()
-        if ended is None or (self.done and ended.returncode == 0):
+        if not self.watched.ended:
             return None
-        if ended.how == "code" and ended.number == 0:
+        ended = self.watched.child.exit
+        if ended is None:
+            return f"process {self.index} {self.watched.outcome.reason}"
+        if (self.done and ended.returncode == 0) or (ended.how == "code" and ended.number == 0):
             return None
         return f"process {self.index} {ended.says()}"
 
-    def drain(self) -> None:
-        """What it wrote before it ended (never blocks: a stray grandchild may hold a pipe)."""
-        fds = list(self.child.output_fds)
-        if self.child.messages is not None:
-            fds.append(self.child.messages.fd)
-        self.read(fds)
+    def output(self) -> str:
+        return self.watched.child.output_text()
+
+
+INTERRUPT_NOTE = ("hybridnb: interrupt sent to every rank: they stop after the current step and "
+                  "save a checkpoint (interrupt again to kill them)")
 
 
 def _run(fn, args, n: int, port: int, method: str) -> Any:
-    """Start the ranks, stream rank 0's output, collect its result, stop everything."""
+    """Start the ranks under one watch, stream rank 0's output, collect its result; a failing
+    rank gives the others ``GRACE_S`` to stop, then every rank is killed."""
     begin = start_fork if method == "fork" else start_spawn
     base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(n),
             "LOCAL_WORLD_SIZE": str(n), LAUNCHED_ENV: "1", HEADLESS_ENV: "1", "GROUP_RANK": "0"}
     draws_cr = _frontend_draws_cr()
-    ranks: list[_Rank] = []
-    try:
-        for i in range(n):
-            env = {**base, "RANK": str(i), "LOCAL_RANK": str(i)}
+    ranks = [_Rank(i) for i in range(n)]
+    failure: list = []  # (rank, why, when)
+
+    def failed_long_enough() -> bool:
+        if not failure:
+            why = next(((r, w) for r in ranks for w in [r.failed()] if w is not None), None)
+            if why is not None:
+                failure.append((*why, time.monotonic()))
+        return bool(failure) and time.monotonic() > failure[0][2] + GRACE_S
+
+    # the interrupt policy is the watch's: the first interrupt sends SIGINT to every rank
+    # (they stop after an agreed step and save a checkpoint), a second kills them
+    with Watch(keep_interrupt=True, interrupt_note=INTERRUPT_NOTE) as watch:
+        for rank in ranks:
+            env = {**base, "RANK": str(rank.index), "LOCAL_RANK": str(rank.index)}
             # a rank gets SIGINT when this process dies: the ranks then stop after an agreed
             # step and save a checkpoint
-            ranks.append(_Rank(i, begin(_rank_main, i, fn, args, draws_cr, env=env,
-                                        death_signal=signal.SIGINT, merge_output=True)))
-        return _supervise(ranks)
-    finally:
-        for rank in ranks:
-            rank.child.close()
-
-
-def _supervise(ranks: list[_Rank]) -> Any:
-    n = len(ranks)
-    interrupts, failure, failed_at = 0, None, 0.0
-    import select
-
-    while True:
-        try:
-            fds = [fd for r in ranks for fd in r.child.wait_fds()]
-            ready = select.select(fds, [], [], 0.1)[0] if fds else []
-            for r in ranks:
-                r.read(ready)
-            for r in ranks:
-                why = r.failed()
-                if why is not None and failure is None:
-                    failure, failed_at = (r, why), time.monotonic()
-            if all(r.child.poll() is not None for r in ranks):
-                break
-            if failure is not None and time.monotonic() > failed_at + GRACE_S:
-                break  # the others had their time to stop; they are killed below
-        except KeyboardInterrupt:
-            interrupts += 1
-            if interrupts > 1:
-                raise
-            print("hybridnb: interrupt sent to every rank: they stop after the current "
-                  "step and save a checkpoint (interrupt again to kill them)", file=sys.stderr)
-            for r in ranks:
-                r.child.send_signal(signal.SIGINT)
-    for r in ranks:
-        r.drain()
-    if failure is not None:
-        rank, why = failure
-        tail = rank.child.output_text()
-        others = [r for r in ranks if r is not rank and r.child.output_text()]
+            rank.watched = watch.start(
+                lambda env=env, i=rank.index: begin(_rank_main, i, fn, args, draws_cr, env=env,
+                                                    death_signal=signal.SIGINT,
+                                                    merge_output=True),
+                name=f"rank {rank.index}", on_message=rank.take, stop_signal=signal.SIGINT,
+                forward_output=rank.index == 0)
+        watch.run(until=failed_long_enough)
+        watch.close()
+    killed = [r.index for r in ranks if r.watched.outcome.status == Ended.INTERRUPTED]
+    if killed:  # a second interrupt, or ranks that did not stop within the stop grace
+        raise KeyboardInterrupt(f"hn.launch: rank(s) {killed} killed after the interrupt")
+    failed_long_enough()
+    if failure:
+        rank, why, _ = failure[0]
+        tail = rank.output()
+        others = [r for r in ranks if r is not rank and r.output()]
         raise LaunchError(
             f"rank {rank.index} of {n} failed; the other ranks were stopped.\n{why}"
             + (f"\n--- last output of rank {rank.index} ---\n{tail}" if tail.strip() else "")
-            + "".join(f"\n--- last output of rank {r.index} ---\n" + r.child.output_text()
+            + "".join(f"\n--- last output of rank {r.index} ---\n" + r.output()
                       for r in others[:1])) from None
     if not ranks[0].done:
         raise LaunchError("rank 0 ended without a result (interrupted?)")
@@ -216,8 +207,9 @@ def _rank_main(channel, index: int, fn, args, draws_cr: bool) -> Any:
     sys.stderr = _PipeText(2, draws_cr)
     import torch
 
-    if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, torch.get_num_threads() // int(os.environ["WORLD_SIZE"])))
+    if not omp_threads_set():
+        world = (launch_env() or (0, 0, 1))[2]
+        torch.set_num_threads(max(1, torch.get_num_threads() // world))
     try:
         result = fn(*args)
     except KeyboardInterrupt:

@@ -1,23 +1,24 @@
-"""The probe child: validate one device step by step, one JSON line per event on stdout.
+"""The probe child: validate one device step by step, one message per event.
 
-Started by the supervisor as ``python -m hybridnb.hardware.probe --backend B --index N``. Steps:
+Started by the supervisor as ``python -m hybridnb.hardware.probe WIRING --backend B --index N``
+(``processes.framed``: its events travel in the channel's frames, like every child's). Steps:
 import torch -> device available -> memory query -> small tensor -> matrix product checked
-against the CPU result -> copy back (a round trip compared bit for bit). Each step writes a
-"start" line before and an "ok"/"fail" line after, so a hang is placed at its step. Faults for
+against the CPU result -> copy back (a round trip compared bit for bit). Each step sends a
+"start" event before and an "ok"/"fail" event after, so a hang is placed at its step. Faults for
 tests come from ``probe.simulate``; the steps below only call its hooks.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 import warnings
 
 from hybridnb.hardware.probe import simulate
-from hybridnb.hardware.probe.result import STEPS
+from hybridnb.hardware.probe.result import EVENT, STEPS
+from hybridnb.processes.channel import Channel
 
 MATMUL_TOLERANCE = 1e-3   # max |gpu - cpu| / max |cpu| for a 256x256 fp32 product (TF32 off)
 
@@ -26,21 +27,18 @@ class _WrongResult(Exception):
     """The device computed, but not what the CPU computed."""
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Child entry point: run the steps for one device, one JSON line per event on stdout."""
+def main(argv: list[str] | None = None, channel: Channel | None = None) -> int:
+    """Child entry point: run the steps for one device, one "probe" message per event (the
+    channel's frames; see ``processes.framed``)."""
     parser = argparse.ArgumentParser(prog="python -m hybridnb.hardware.probe")
     parser.add_argument("--backend", choices=("cuda", "rocm", "mps"), required=True)
     parser.add_argument("--index", type=int, default=0)
     args = parser.parse_args(argv)
 
-    # The protocol owns the real stdout; anything else printed (by torch, drivers) goes to stderr.
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-
     def emit(**event) -> None:
-        out.write(json.dumps(event, default=str) + "\n")
-        out.flush()
+        """Out at once: a hang in the next step must not keep this event back."""
+        channel.send(EVENT, event)
+        channel.flush()
 
     sim = simulate.read(args.index)
     ctx: dict = {"backend": args.backend, "index": args.index, "sim": sim, "emit": emit}
@@ -53,22 +51,23 @@ def main(argv: list[str] | None = None) -> int:
         except _WrongResult as exc:
             emit(e="fail", step=name, s=round(time.perf_counter() - t0, 4), error=str(exc),
                  wrong=True)
-            _exit(out, 1)
+            _exit(channel, 1)
         except BaseException as exc:  # noqa: BLE001 - report any failure, then stop
             emit(e="fail", step=name, s=round(time.perf_counter() - t0, 4),
                  error=f"{type(exc).__name__}: {str(exc).strip()[:500]}")
-            _exit(out, 1)
+            _exit(channel, 1)
         emit(e="ok", step=name, s=round(time.perf_counter() - t0, 4), detail=detail)
     emit(e="end")
     simulate.inject(sim, "exit", emit)
-    _exit(out, 0)
+    _exit(channel, 0)
     return 0
 
 
-def _exit(out, code: int) -> None:
+def _exit(channel: Channel, code: int) -> None:
     """Leave without the interpreter's teardown (about 1 s with torch loaded); the OS frees
-    the device. Output is flushed first."""
-    out.close()
+    the device. Messages and output are flushed first."""
+    channel.flush()
+    sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+EVENT = "probe"   # the kind of the child's messages: {"e": start|ok|fail|info|end, ...}
 STEPS = ("import", "available", "memory", "tensor", "matmul", "copy_back")
 TITLES = {"import": "import torch", "available": "device available", "memory": "memory query",
           "tensor": "small tensor", "matmul": "matmul vs CPU", "copy_back": "copy back"}

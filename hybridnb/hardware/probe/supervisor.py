@@ -1,26 +1,24 @@
-"""The parent side of the probe: start one child per GPU, watch it, kill it at the deadline.
+"""The parent side of the probe: start one child per GPU, watch them, kill them at the deadline.
 
 A flaky card (an unsupported ROCm GPU, a wedged driver) can hang or crash the process that
-touches it, so the parent never does. Each child (``probe.child``) runs in a new process group
-(``hybridnb.processes``) and writes one JSON line as each step starts and ends, so that when it
-hangs the parent knows which step. At the deadline the parent kills the whole group and reaps
-it: no orphan, no zombie. The verdict (``ProbeResult``) is built from the steps the child
-reported and how the process ended.
+touches it, so the parent never does. Each child (``probe.child``) is a framed command
+(``processes.framed``) in its own process group, watched with the others by the one watch loop
+(``processes.supervise.Watch``); it sends one message as each step starts and ends, so that when
+it hangs the parent knows which step. At the deadline the watch kills the whole group and reaps
+it: no orphan, no zombie. An interrupt kills the probes at once (they have nothing to keep) and
+is then raised here. The verdict (``ProbeResult``) is built from the steps the child reported
+and how the process ended.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import select
-import sys
 import time
-from pathlib import Path
 
-from hybridnb.hardware.probe.result import STEPS, TITLES, ProbeResult, StepResult
-from hybridnb.processes.child import Child as Process
-from hybridnb.processes.child import start_command
-from hybridnb.processes.ended import Exit
+from hybridnb.hardware.probe.result import EVENT, STEPS, TITLES, ProbeResult, StepResult
+from hybridnb.processes.channel import Message
+from hybridnb.processes.ended import Ended, Exit
+from hybridnb.processes.framed import child_environment, start_framed
+from hybridnb.processes.supervise import Watch, Watched
 
 DEFAULT_TIMEOUT = 15.0    # seconds all probes together may take (detect()'s probe_timeout)
 REAP_S = 0.5              # after the deadline: time to collect killed children
@@ -32,74 +30,49 @@ def run_probes(targets: list[tuple[str, int]], timeout: float) -> list[ProbeResu
 
     Returns within ``timeout`` plus at most ``REAP_S`` whatever the children do; children still
     running then are killed with their process groups and reaped, also when this call is
-    interrupted (KeyboardInterrupt in a notebook).
+    interrupted (SIGINT: a KeyboardInterrupt in a notebook, once they are gone).
     """
     deadline = time.monotonic() + timeout
-    children: list[Child] = []
-    try:
-        children.extend(Child(backend, index) for backend, index in targets)
-        for child in children:
-            child.wait_until(deadline)
-    finally:
-        for child in children:
-            child.end(REAP_S)
-    return [child.result(timeout) for child in children]
+    probes = [Probe(backend, index) for backend, index in targets]
+    with Watch() as watch:
+        for probe in probes:
+            probe.start(watch, max(0.0, deadline - time.monotonic()))
+        watch.run()
+    return [probe.result(timeout) for probe in probes]
 
 
-class Child:
-    """One probe process, in its own process group; its JSON lines read as they come."""
+class Probe:
+    """One probe child: the events it sent, and how it ended."""
 
     def __init__(self, backend: str, index: int) -> None:
         self.backend, self.index = backend, index
         self.events: list[dict] = []
-        self.timed_out = False
-        self.started = time.monotonic()
-        self.closed_at: float | None = None
-        self.seconds = 0.0
-        self.proc: Process = start_command(
-            [sys.executable, "-m", CHILD_MODULE, "--backend", backend, "--index", str(index)],
-            env=child_env())
-        self.stdout_fd = next(fd for fd, stream in self.proc.output_fds.items() if stream == 1)
-        self._buffer = ""
+        self.watched: Watched | None = None
 
-    def _pump(self, fds: list[int]) -> None:
-        for fd in fds:
-            if fd not in self.proc.output_fds:
-                continue
-            got = self.proc.read_output(fd)
-            if fd == self.stdout_fd:
-                if got is None:
-                    self.closed_at = self.closed_at or time.monotonic()
-                    continue
-                for raw in got[2]:
-                    try:
-                        self.events.append(json.loads(raw))
-                    except ValueError:
-                        continue  # a stray line; the protocol lines are JSON objects
+    def start(self, watch: Watch, seconds: float) -> None:
+        argv = ("--backend", self.backend, "--index", str(self.index))
+        self.watched = watch.start(
+            lambda: start_framed(CHILD_MODULE, *argv, environ=child_environment())[0],
+            name=f"the probe of {self.backend}:{self.index}", on_message=self._take,
+            deadline=seconds, stop_grace=0.0, forward_output=False, reap_s=REAP_S)
 
-    def wait_until(self, deadline: float) -> None:
-        """Read its lines until it ends or ``deadline`` passes (then ``timed_out``)."""
-        while self.proc.poll() is None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.timed_out = True
-                return
-            fds = self.proc.wait_fds()
-            self._pump(select.select(fds, [], [], min(left, 0.1))[0])
-        self._pump(list(self.proc.output_fds))
+    def _take(self, message: Message) -> None:
+        if message.kind == EVENT and isinstance(message.payload, dict):
+            self.events.append(message.payload)
 
-    def end(self, reap_s: float) -> None:
-        """Kill its process group (helpers it started too) if it still runs, reap it, and read
-        what it wrote. A child stuck in a driver call cannot die until the call returns; it is
-        then reaped later, and the report says so."""
-        self.proc.kill_group(reap_s)
-        self._pump(list(self.proc.output_fds))
-        self.seconds = (self.closed_at or time.monotonic()) - self.started
+    @property
+    def timed_out(self) -> bool:
+        return self.watched.outcome.status == Ended.TIMEOUT
+
+    @property
+    def seconds(self) -> float:
+        return self.watched.outcome.seconds
 
     @property
     def returncode(self) -> int | None:
         """As Popen says it (minus the signal), None when it could not be reaped."""
-        return self.proc.exit.returncode if self.proc.reaped and self.proc.exit else None
+        proc = self.watched.child
+        return proc.exit.returncode if proc.reaped and proc.exit else None
 
     def result(self, timeout: float) -> ProbeResult:
         steps = {name: StepResult(name, "not run") for name in STEPS}
@@ -153,12 +126,11 @@ class Child:
             at = f"at step '{TITLES[where]}'" if self.events else "before its first step"
             res.message = f"crashed {at} ({why})" + (f": {tail}" if tail else "")
         res.steps = list(steps.values())
-        self.proc.close()
         return res
 
     def _stderr_tail(self, limit: int = 400) -> str:
-        """Its last lines that were not protocol lines (stderr: the protocol owns stdout)."""
-        lines = [ln for ln in self.proc.tail if ln.strip() and not ln.startswith('{"e"')]
+        """Its last lines of output (the protocol has its own pipe)."""
+        lines = [ln for ln in self.watched.child.tail if ln.strip()]
         return " | ".join(lines[-3:])[-limit:]
 
 
@@ -178,14 +150,3 @@ def _exit_reason(rc: int | None) -> str:
     if rc < 0:
         return Exit.from_returncode(rc).says()
     return f"exit code {rc} before finishing"
-
-
-def child_env() -> dict[str, str]:
-    """The caller's environment, plus the path that holds this package (a notebook may have
-    added it to sys.path only) and unbuffered output."""
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[3])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-

@@ -1,0 +1,123 @@
+"""A command (``python -m MODULE ...``) that talks to its parent in the channel's frames.
+
+The GPU probe and a compare() variant are modules run as fresh interpreters, not callables:
+``start_framed(module, *args)`` starts ``python -m MODULE WIRING *args`` in its own process
+group with a message pipe (the child's ``Channel``), a stop flag and, with ``requests=True``, a
+request pipe the parent writes with ``Requests.send`` (the child reads it with an ``Inbox``).
+WIRING is one argument naming the inherited descriptors and the parent's pid; the module passes
+its argv to ``connect()``, which dies with the parent (``PR_SET_PDEATHSIG``) and returns the
+channel, the inbox and the remaining arguments. So every child of hybridnb speaks one framing
+and is watched by the one loop (``supervise.Watch``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from hybridnb import env as _env
+from hybridnb.processes.channel import (
+    Channel,
+    FrameReader,
+    Inbox,
+    StopFlag,
+    send_frame,
+    widen_pipe,
+)
+from hybridnb.processes.child import Child, start_command
+
+NONE = "-"
+
+
+class Requests:
+    """The parent's end of a child's request pipe."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd: int | None = fd
+
+    def send(self, kind: str, payload=None) -> None:
+        """Write one request (blocks while the pipe is full; OSError once the child is gone)."""
+        if self.fd is None:
+            raise BrokenPipeError("the request pipe is closed")
+        send_frame(self.fd, kind, payload)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = None
+
+
+def start_framed(module: str, *args: str, environ: dict[str, str] | None = None,
+                 requests: bool = False, merge_output: bool = False
+                 ) -> tuple[Child, Requests | None]:
+    """Start ``python -m module`` (see the module docstring); the ``Child`` has ``messages``
+    and ``stop`` like a spawned one. ``environ``: its whole environment (default: this
+    process's, with this process's ``sys.path`` on ``PYTHONPATH``)."""
+    made: list[int] = []
+    stop: StopFlag | None = None
+    try:
+        msg_r, msg_w = _pipe(made)
+        widen_pipe(msg_w)
+        req_r, req_w = _pipe(made) if requests else (None, None)
+        stop = StopFlag(shareable=True)
+        if stop.fd is None:
+            raise RuntimeError("a framed child needs os.memfd_create (Linux) for its stop flag")
+        wiring = ",".join(str(x) for x in (msg_w, stop.fd, NONE if req_r is None else req_r,
+                                           os.getpid()))
+        child = start_command([sys.executable, "-m", module, wiring, *args],
+                              env=child_environment() if environ is None else environ,
+                              merge_output=merge_output,
+                              pass_fds=[fd for fd in (msg_w, stop.fd, req_r) if fd is not None])
+    except BaseException:
+        _close(made)
+        if stop is not None:
+            stop.close()
+        raise
+    _close([fd for fd in (msg_w, req_r) if fd is not None])
+    child.messages, child.stop = FrameReader(msg_r), stop
+    return child, (Requests(req_w) if req_w is not None else None)
+
+
+def child_environment() -> dict[str, str]:
+    """This process's environment with the folder holding hybridnb and this process's
+    ``sys.path`` on ``PYTHONPATH`` (a notebook may have added them to sys.path only), and
+    unbuffered output."""
+    environ = _env.environment()
+    package_root = str(Path(__file__).resolve().parents[2])
+    environ["PYTHONPATH"] = os.pathsep.join(
+        [package_root] + [p for p in sys.path if p] + [environ.get("PYTHONPATH", "")]
+    ).rstrip(os.pathsep)
+    environ["PYTHONUNBUFFERED"] = "1"
+    return environ
+
+
+def connect(argv: Sequence[str]) -> tuple[Channel, Inbox | None, list[str]]:
+    """In the child: the channel, the inbox (None without requests) and the arguments after
+    WIRING. It dies with its parent (SIGKILL) and exits at once if the parent is already gone."""
+    from hybridnb.processes.worker import die_with
+
+    if not argv or argv[0].count(",") != 3:
+        raise SystemExit("this module is started by hybridnb (processes.framed.start_framed), "
+                         "not by hand")
+    msg_fd, stop_fd, req_fd, parent = argv[0].split(",")
+    die_with(int(parent), signal.SIGKILL)
+    channel = Channel(int(msg_fd), StopFlag.attach(int(stop_fd)))
+    inbox = None if req_fd == NONE else Inbox(int(req_fd))
+    return channel, inbox, list(argv[1:])
+
+
+def _pipe(made: list[int]) -> tuple[int, int]:
+    r, w = os.pipe()
+    made += (r, w)
+    return r, w
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)

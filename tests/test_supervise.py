@@ -1,0 +1,101 @@
+"""The one supervisor: several children in one Watch, and the stop flag's reason."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import psutil
+import pytest
+
+from hybridnb.processes import Ended, start_command, start_fork, supervise
+from hybridnb.processes.channel import StopFlag
+from hybridnb.processes.supervise import Watch
+
+
+def _until_stopped(channel):
+    """Steps until asked to stop; returns why it was asked."""
+    n = 0
+    while channel.stop_reason() is None:
+        n += 1
+        channel.step_done(0.001)
+        time.sleep(0.01)
+    return {"reason": channel.stop_reason(), "requested": channel.stop_requested(), "steps": n}
+
+
+def test_the_stop_flag_says_why_and_an_interrupt_is_never_downgraded():
+    flag = StopFlag()
+    assert flag.reason() is None and not flag.is_set()
+    flag.set("stop")
+    assert flag.reason() == "stop"
+    flag.set("interrupt")
+    flag.set("stop")
+    assert flag.reason() == "interrupt" and flag.is_set()
+    with pytest.raises(ValueError, match="'click'"):
+        flag.set("click")
+    flag.close()
+
+
+def test_a_stop_callback_reaches_the_child_as_stop():
+    steps = []
+    out = supervise(lambda: start_fork(_until_stopped), silence=30, poll=0.02,
+                    on_message=lambda m: steps.append(m) if m.kind == "step_done" else None,
+                    should_stop=lambda: len(steps) >= 3)
+    assert out.ok, out.reason
+    assert out.result["reason"] == "stop" and out.result["requested"] is True
+    assert out.result["steps"] >= 3 and out.stop_sent and not out.interrupted
+
+
+def test_sigint_in_the_parent_reaches_the_child_as_interrupt(capsys):
+    sent: list[int] = []
+
+    def on(m):
+        if m.kind == "step_done" and not sent:
+            sent.append(1)
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in the kernel, from outside
+
+    before = signal.getsignal(signal.SIGINT)
+    out = supervise(lambda: start_fork(_until_stopped), silence=30, on_message=on)
+    assert out.ok and out.interrupted and out.result["reason"] == "interrupt"
+    assert signal.getsignal(signal.SIGINT) is before
+    assert signal.getsignal(signal.SIGTERM) is not None
+    assert "interrupt again to kill it" in capsys.readouterr().err
+
+
+def test_one_watch_holds_children_with_their_own_limits_and_endings():
+    """Three children at once: one finishes, one hangs past its silence limit, one dies; each
+    outcome is its own, and the hung one does not hold the others back."""
+    def finishes(channel):
+        channel.step_done(0.01)
+        return "fine"
+
+    def hangs(channel):
+        channel.heartbeat(phase="validation")
+        time.sleep(600)
+
+    t0 = time.monotonic()
+    with Watch() as watch:
+        ok = watch.start(lambda: start_fork(finishes), name="a", silence=30)
+        hung = watch.start(lambda: start_fork(hangs), name="b", silence=1.0)
+        died = watch.start(lambda: start_command([sys.executable, "-c", "import os; "
+                                                  "os.abort()"]), name="c", silence=30)
+        watch.run()
+    assert time.monotonic() - t0 < 25
+    assert ok.outcome.status == Ended.DONE and ok.outcome.result == "fine"
+    assert hung.outcome.status == Ended.HUNG and hung.outcome.phase == "validation"
+    assert died.outcome.status == Ended.DIED and died.outcome.signal == "SIGABRT"
+    assert psutil.Process().children(recursive=True) == []
+
+
+def test_an_exception_in_a_watch_kills_every_child():
+    def sleeps(channel):
+        time.sleep(600)
+
+    with pytest.raises(RuntimeError, match="boom"), Watch() as watch:
+        pids = [watch.start(lambda: start_fork(sleeps)).child.pid for _ in range(2)]
+        raise RuntimeError("boom")
+    assert all(not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+               for pid in pids)
+    assert psutil.Process().children(recursive=True) == []
