@@ -59,6 +59,8 @@ def prepare() -> None:
     """Signals as a plain Python process has them, and faulthandler on stderr."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if hasattr(signal, "SIGHUP"):  # a forked child inherits the parent's Watch handler
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
     faulthandler.enable(file=sys.stderr)  # a segfault or abort prints the Python stack
 
 
