@@ -90,6 +90,12 @@ class Trainer:
     ``batch_size=None``, ``device="auto"``, ``grad_accum=None`` and ``precision="auto"`` take
     ``hybridnb.detect()``'s recommendations.
 
+    - ``lr``: the peak learning rate; ``epochs``: passes over the training data; ``clip_grad``:
+      the largest gradient norm (None: no clipping).
+    - ``snapshot_every``: keep the last good state in memory every N optimizer steps (an
+      isolated fit's worker sends it to the kernel then); None: at epoch ends and checkpoints
+      only.
+    - ``verbose``: print events to stderr when there is no live view.
     - ``loss``: "mse" | "l1" | "huber" (``huber_delta``; ``reweight_after=E`` down-weights large
       residuals from epoch E on) | a callable ``(pred, y) -> mean loss``.
     - ``optimizer``: None (AdamW with ``weight_decay``) | "adamw" | "adam" | "sgd" | a callable
