@@ -59,7 +59,9 @@ FIRST_STEP_GRACE_S = 600.0           # the grace a worker asks for when compilin
 WARMUP_STEPS = 0                     # steps under first_step_grace unless the caller asks: none
 #                                      (the Trainer's worker asks through its heartbeats instead)
 START_GRACE_S = 120.0                # a worker's start-up, before it says "ready" (import torch)
-PRELOAD = ("torch", "hybridnb.train.trainer")  # what a prestarted worker imports while it waits
+# what a prestarted worker imports while it waits: torch, the Trainer, and what building an
+# optimizer imports (torch._dynamo), so nothing slow runs between the job arriving and its first step
+PRELOAD = ("torch", "torch._dynamo", "psutil", "hybridnb.train.trainer")
 STARTS = ("fork", "spawn")
 
 
