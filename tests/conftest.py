@@ -27,3 +27,10 @@ def _no_warm_worker(monkeypatch):
     """No spare worker kept between a test's isolated fits (tests of the spare turn it on):
     tests check that no child process is left, and a spare imports torch on 2 cores."""
     monkeypatch.setenv("HYBRIDNB_WARM_WORKER", "0")
+
+
+# isolated workers read the test-only fault variables through a hook registered here
+# (tests/faults.py); hybridnb itself reads none
+import faults  # noqa: E402
+
+faults.install()

@@ -10,11 +10,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV_MODULES = {"hybridnb/env.py", "data_prep/environment.py"}
-# files that still read os.environ themselves; the reviewer shrinks this list after merging
-PENDING = {
-    # owned by other engineers today (issue 27)
-    "hybridnb/train/worker_fit.py", "hybridnb/train/isolate.py",
-}
 WRITES = {"setdefault", "update", "pop", "clear", "__setitem__", "__delitem__"}
 
 
@@ -55,14 +50,8 @@ def test_no_module_but_env_py_reads_the_environment():
             if rel in ENV_MODULES:
                 continue
             lines = env_reads(path.read_text(), rel)
-            if lines and rel not in PENDING:
+            if lines:
                 found[rel] = lines
     assert not found, ("read the environment through hybridnb/env.py (add an accessor there): "
                        + "; ".join(f"{f} line {', '.join(map(str, ls))}"
                                    for f, ls in found.items()))
-
-
-def test_the_pending_list_holds_only_files_that_still_read():
-    stale = [rel for rel in sorted(PENDING)
-             if not (ROOT / rel).exists() or not env_reads((ROOT / rel).read_text(), rel)]
-    assert not stale, f"these no longer read the environment: drop them from PENDING: {stale}"

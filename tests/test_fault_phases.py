@@ -4,11 +4,11 @@ mid-epoch, validation, a checkpoint write, the final hand-over) or of evaluate/p
 case continues on the CPU in the kernel from the last good state (the start state when none
 arrived): the live view keeps working, history is continuous, the model ends trained, the lost
 worker's event names the phase, and no child is left. Faults come from ``HYBRIDNB_FAULT``, which
-only an isolated worker reads.
+the test hook of tests/faults.py reads in the worker (hybridnb reads no fault variable).
 
 Also the kernel's invariant: on an isolated run it never starts the CUDA driver (tripwires on
 every torch entry point that would), against a worker that simulates CUDA on the CPU
-(``HYBRIDNB_SIMULATE_CUDA=1``)."""
+(``HYBRIDNB_SIMULATE_CUDA=1``, the same test hook)."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def trainer(tmp_path, **kw):
 # least once, each hang twice or more; the full product would cost minutes for no new path
 FIT_CASES = [
     ("setup:kill", "setup"),          # before the worker's first state reaches the kernel
-    ("setup:hang", "setup"),          # silent past first_step_grace (shortened below)
+    ("setup:hang", "setup"),          # silent past step_timeout (no grace on the CPU)
     ("first step:abort", "first step"),
     ("first step:hang", "first step"),
     ("step:kill:6", None),            # mid-epoch (the 6th step or step-phase heartbeat)
@@ -118,9 +118,9 @@ def test_a_fault_in_any_phase_of_fit_continues_on_the_cpu(tmp_path, monkeypatch,
     assert len(lost) == 1, [str(e) for e in tr.events]
     if phase is not None:
         assert f"'{phase}'" in lost[0].message
-    if hangs(fault):  # the silence, and the limit it passed, are named
-        rule = "first_step_grace" if phase in ("setup", "first step") else "step_timeout"
-        assert "silent for" in lost[0].message and f"{rule}=" in lost[0].message
+    if hangs(fault):  # the silence, and the limit it passed, are named: on the CPU nothing
+        #               asks for a grace, set-up and the first step included
+        assert "silent for" in lost[0].message and "step_timeout=" in lost[0].message
     else:
         assert ("SIGKILL" if fault.split(":")[1] == "kill" else "SIGABRT") in lost[0].message
     assert tr.device.type == "cpu" and not tr.isolated

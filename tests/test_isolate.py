@@ -239,14 +239,20 @@ def test_dataloader_workers_inside_the_worker_work_and_die_with_it():
     assert len(kids) == 2 and all(_gone(pid) for pid in kids)
 
 
-def test_a_first_step_that_hangs_is_caught_by_first_step_grace():
-    t0 = time.monotonic()
-    out = run_isolated(lambda channel: time.sleep(600), step_timeout=0.5, first_step_grace=1.5)
-    took = time.monotonic() - t0
+def test_a_first_step_that_hangs_is_caught_by_first_step_grace_when_asked_for():
+    out = run_isolated(lambda channel: time.sleep(600), step_timeout=0.5, first_step_grace=1.5,
+                       warmup_steps=1)
     assert out.status == "hung", out.reason
     assert (out.limit_name, out.limit_s) == ("first_step_grace", 1.5)
-    assert out.steps == 0
-    assert 1.5 <= took < 6.5  # the first step had the longer grace, not step_timeout
+    assert out.steps == 0 and out.silent_s >= 1.5  # the longer grace, not step_timeout
+
+
+def test_without_a_grace_asked_for_a_first_step_hang_meets_the_step_timeout():
+    """No warm-up grace by default: a worker that asks for none (nothing to compile, no CUDA)
+    is held to the step timeout from its first message on."""
+    out = run_isolated(lambda channel: time.sleep(600), step_timeout=0.5)
+    assert out.status == "hung", out.reason
+    assert (out.limit_name, out.limit_s) == ("step_timeout", 0.5) and out.steps == 0
 
 
 def test_the_automatic_timeout_follows_the_measured_steps():

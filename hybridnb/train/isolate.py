@@ -37,13 +37,12 @@ has not finished within ``stop_grace`` (or at a second Ctrl-C) it is killed. ``s
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from hybridnb.env import FIRST_STEP_GRACE_ENV, ISOLATED_ENV, LAUNCHED_ENV, seconds_from_env
+from hybridnb.env import FIRST_STEP_GRACE_ENV, ISOLATED_ENV, LAUNCHED_ENV, current, seconds_from_env
 from hybridnb.processes import child as _child
 from hybridnb.processes.channel import Channel, Message
 from hybridnb.processes.ended import Ended, Outcome, signal_name
@@ -54,11 +53,14 @@ __all__ = ["Channel", "Ended", "Message", "Outcome", "auto_step_timeout", "cuda_
 
 STEP_TIMEOUT_FLOOR_S = 120.0         # the automatic step timeout is never shorter than this
 STEP_TIMEOUT_FACTOR = 20.0           # ... and at least this many median steps
-FIRST_STEP_GRACE_S = 600.0           # the first steps: CUDA start-up, compiling, autotuning
-#                                      ($HYBRIDNB_FIRST_STEP_GRACE overrides it: first_step_grace_s())
-WARMUP_STEPS = 3                     # steps that run under first_step_grace
+FIRST_STEP_GRACE_S = 600.0           # the grace a worker asks for when compiling or starting
+#                                      CUDA ($HYBRIDNB_FIRST_STEP_GRACE: first_step_grace_s())
+WARMUP_STEPS = 0                     # steps under first_step_grace unless the caller asks: none
+#                                      (the Trainer's worker asks through its heartbeats instead)
 START_GRACE_S = 120.0                # a worker's start-up, before it says "ready" (import torch)
-PRELOAD = ("torch", "hybridnb.train.trainer")  # what a prestarted worker imports while it waits
+# what a prestarted worker imports while it waits: torch, the Trainer, and what building an
+# optimizer imports (torch._dynamo), so nothing slow runs between the job arriving and its first step
+PRELOAD = ("torch", "torch._dynamo", "psutil", "hybridnb.train.trainer")
 STARTS = ("fork", "spawn")
 
 
@@ -89,7 +91,7 @@ def isolate_decision(isolate: bool | str, device: Any, *, in_distributed: bool
     kind = str(device).split(":", 1)[0]
     if isolate is False:
         return False, "isolate=False: training in this process"
-    env = os.environ
+    env = current()
     if env.get(ISOLATED_ENV):
         return False, "already inside an isolated worker: training in this process"
     if in_distributed or env.get(LAUNCHED_ENV) == "1" or "LOCAL_RANK" in env:
@@ -107,9 +109,9 @@ def isolate_decision(isolate: bool | str, device: Any, *, in_distributed: bool
 
 
 def first_step_grace_s() -> float:
-    """Seconds an isolated worker may stay silent before its first steps have completed
-    (start-up, CUDA's first context, compiling, autotuning): ``$HYBRIDNB_FIRST_STEP_GRACE``, else
-    ``FIRST_STEP_GRACE_S``. Tests shorten it to see a hang at set-up or the first step end."""
+    """Seconds of silence an isolated worker asks for while something slow and silent runs
+    before its first step (compiling, the CUDA context starting): ``$HYBRIDNB_FIRST_STEP_GRACE``,
+    else ``FIRST_STEP_GRACE_S``. Tests shorten it."""
     return seconds_from_env(FIRST_STEP_GRACE_ENV, FIRST_STEP_GRACE_S)
 
 
@@ -150,10 +152,13 @@ def run_isolated(work: Callable[[Channel], Any], *,
     it ended (an ``Outcome``). Nothing is left running when this returns or raises.
 
     ``step_timeout``: seconds of silence allowed (None: ``auto_step_timeout`` of the measured
-    steps with ``timeout_floor``); until ``warmup_steps`` steps completed ``first_step_grace``
-    (None: ``first_step_grace_s()``) applies if longer. A "step_done" or "heartbeat" message restarts the clock; a heartbeat may
-    name the phase (``channel.heartbeat(phase="validation")``), which a silent worker's outcome
-    names. ``poll``: how often the worker and ``should_stop`` are checked when no message
+    steps with ``timeout_floor``); until ``warmup_steps`` steps completed (default none)
+    ``first_step_grace`` (None: ``first_step_grace_s()``) applies if longer. A worker that needs
+    longer (compiling, CUDA starting) asks for it in a heartbeat
+    (``channel.heartbeat(phase=..., grace=seconds)``: until its next step), which is how the
+    Trainer's worker does it. A "step_done" or "heartbeat" message restarts the clock; a
+    heartbeat may name the phase (``channel.heartbeat(phase="validation")``), which a silent
+    worker's outcome names. ``poll``: how often the worker and ``should_stop`` are checked when no message
     comes. ``start``: "fork" (a copy of this process) or "spawn" (a fresh interpreter; ``work``
     travels with cloudpickle). ``prestarted``: a worker ``prestart()`` started earlier, which is
     handed ``work`` now (``start`` is then ignored). ``start_grace``: silence allowed before the

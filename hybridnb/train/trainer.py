@@ -55,7 +55,7 @@ from hybridnb.train.state import HISTORY_COLUMNS, STEP_COLUMNS, RunState, Stop
 from hybridnb.train.storage import StorageGuard
 from hybridnb.train.target_scale import TargetScale
 from hybridnb.train.validation import EarlyStopping
-from hybridnb.train.worker_fit import Faults, FitJob, KernelView, reraise, simulate_cuda
+from hybridnb.train.worker_fit import FitJob, Hooks, KernelView, reraise
 
 
 class Epoch(enum.Enum):
@@ -90,6 +90,12 @@ class Trainer:
     ``batch_size=None``, ``device="auto"``, ``grad_accum=None`` and ``precision="auto"`` take
     ``hybridnb.detect()``'s recommendations.
 
+    - ``lr``: the peak learning rate; ``epochs``: passes over the training data; ``clip_grad``:
+      the largest gradient norm (None: no clipping).
+    - ``snapshot_every``: keep the last good state in memory every N optimizer steps (an
+      isolated fit's worker sends it to the kernel then); None: at epoch ends and checkpoints
+      only.
+    - ``verbose``: print events to stderr when there is no live view.
     - ``loss``: "mse" | "l1" | "huber" (``huber_delta``; ``reweight_after=E`` down-weights large
       residuals from epoch E on) | a callable ``(pred, y) -> mean loss``.
     - ``optimizer``: None (AdamW with ``weight_decay``) | "adamw" | "adam" | "sgd" | a callable
@@ -179,7 +185,7 @@ class Trainer:
         self._notes: list[tuple[str, str]] = []  # said when the next fit starts
         self._interrupt: GracefulInterrupt | None = None
         self._channel = None  # the pipe to the kernel, in an isolated worker
-        self._faults = Faults("")  # an isolated worker reads HYBRIDNB_FAULT (tests)
+        self._hooks = Hooks()  # an isolated worker's: the job's hooks (tests)
         self._pending: dict | None = None  # a checkpoint resume() read for the next fit
         self._loaders: list = []
         self._train_gen: torch.Generator | None = None
@@ -278,7 +284,8 @@ class Trainer:
     def _fit_here(self, train_loader, val_loader, view_started: bool = False) -> pd.DataFrame:
         """The fit in this process (the kernel, or the isolated worker)."""
         self._fit_where = "here"
-        self._beat("setup")
+        grace = self._grace("set-up and the first step")
+        self._beat("setup", grace=grace)
         self.placement.place(self._loaders, self._note, self._notes)
         self.placement.speed_up(train_loader, self.batch_size, self._plan.total_steps,
                                 self._note)
@@ -291,8 +298,7 @@ class Trainer:
             self.checkpoints.keep(self.state_dict())
             self._first_step = self.state.global_step
             self._start_view(blocks, view_started)
-            self._beat("first step", grace=isolate.first_step_grace_s() if self.placement.compile
-                       else None)
+            self._beat("first step", grace=grace)
             try:
                 self._run(train_loader, val_loader)
                 failed = False
@@ -431,8 +437,9 @@ class Trainer:
         True when the fit stops here."""
         state, s = self.state, self.settings
         # summed over ranks: a stop asked on any rank stops every rank after this same step
-        interrupt, button = self.strategy.sum([float(self._interrupt.requested),
-                                               float(self.progress.stop_requested)])
+        asked = self._stop_asked()
+        interrupt, button = self.strategy.sum([float(asked is Stop.INTERRUPT),
+                                               float(asked is Stop.STOP_BUTTON)])
         if interrupt:
             return self._stop(Stop.INTERRUPT, "interrupted: stopping after the current step")
         if button:
@@ -451,6 +458,20 @@ class Trainer:
               and (self.guard is None or self.guard.streak == 0)):
             self.checkpoints.keep(self.state_dict())
         return False
+
+    def _stop_asked(self) -> Stop | None:
+        """Whether a stop was asked, and how: Ctrl-C (here, or the kernel's when in a worker)
+        or the Stop button. A worker's channel carries one flag for both; its ``stop_reason()``
+        (where the channel has one) tells them apart, else the flag reads as the button."""
+        if self._interrupt is not None and self._interrupt.requested:
+            return Stop.INTERRUPT
+        if self._channel is not None:
+            if not self._channel.stop_requested():
+                return None
+            reason = getattr(self._channel, "stop_reason", None)
+            return Stop.INTERRUPT if callable(reason) and reason() == "interrupt" \
+                else Stop.STOP_BUTTON
+        return Stop.STOP_BUTTON if self.progress.stop_requested else None
 
     def _stop(self, reason: Stop, message: str | None) -> bool:
         if message:
@@ -607,7 +628,22 @@ class Trainer:
         if self._channel is not None:
             self._channel.heartbeat(phase=phase, grace=grace)
             self._phase = phase
-            self._faults.enter(phase)
+            self._hooks.enter(phase)
+
+    def _grace(self, what: str) -> float | None:
+        """In an isolated worker: the longer silence ``what`` needs (compiling, the CUDA context
+        starting), said once as a "grace" note; None where nothing needs one (the step timeout
+        applies from the start)."""
+        if self._channel is None:
+            return None
+        why = (["compiling"] if self.placement.compile else []) + (
+            ["the CUDA context starts"] if self.device.type == "cuda" else [])
+        if not why:
+            return None
+        seconds = isolate.first_step_grace_s()
+        self._note("grace", f"allowing {seconds:.0f} s of silence for {what}: "
+                   f"{' and '.join(why)}")
+        return seconds
 
     def _step_phase(self, first: bool) -> None:
         """Before a training step, in an isolated worker: the phase is "first step" or "step"
@@ -618,7 +654,7 @@ class Trainer:
         if self._phase != phase:
             self._channel.heartbeat(phase=phase)
             self._phase = phase
-        self._faults.enter(phase)
+        self._hooks.enter(phase)
 
     # ----------------------------------------------------------------------------- recovery
     def _move_to_cpu(self, detail: str) -> Epoch:
@@ -666,7 +702,8 @@ class Trainer:
         return Epoch.REWOUND
 
     def _interrupted(self) -> None:
-        """A KeyboardInterrupt inside a step: drop the step, keep the last good weights."""
+        """A KeyboardInterrupt inside a step or a validation (or a stop asked during one):
+        drop the step or the validation, keep the last good weights."""
         self.optimizer.zero_grad(set_to_none=True)
         rec = self.placement.recovery
         if rec.phase == "update":  # the optimizer may have been half-way through
@@ -674,7 +711,11 @@ class Trainer:
             self.event("restore", "interrupted during the optimizer update: restored the last "
                        f"good state (step {self.state.global_step})")
         rec.phase = "idle"
-        self._stop(Stop.INTERRUPT, "interrupted: the current step was dropped")
+        if self._stop_asked() is Stop.STOP_BUTTON:
+            self._stop(Stop.STOP_BUTTON, "Stop clicked: the current step or validation was "
+                       "dropped")
+        else:
+            self._stop(Stop.INTERRUPT, "interrupted: the current step or validation was dropped")
 
     # ----------------------------------------------------------------------------- isolation
     def _fit_isolated(self, train, val, train_loader, val_loader, early=None) -> pd.DataFrame:
@@ -685,9 +726,20 @@ class Trainer:
         job = FitJob(self.settings.for_worker(), self.model, train, val, start,
                      list(self._notes), random.getstate())
         kernel = KernelView(SinkView(self.progress.make_view(self.live), self.sinks, self))
+
+        def on_message(message) -> None:
+            if message.kind == "state":  # applied as it arrives: a lost worker loses nothing
+                self._notes = []  # the worker said them; its state holds them
+                self._restore(message.payload, events=True)
+            kernel.on_message(message)
+
         job.sent_at = time.monotonic()
-        out = self._run_job(job, prestarted=early, on_message=kernel.on_message,
-                            should_stop=lambda: bool(kernel.view.stop_requested))
+        try:
+            out = self._run_job(job, prestarted=early, on_message=on_message,
+                                should_stop=lambda: bool(kernel.view.stop_requested))
+        except BaseException:  # the worker's own error: its last state is applied already
+            kernel.finish()
+            raise
         if out.status == "done":
             kernel.finish()
             self._notes = []
@@ -696,9 +748,8 @@ class Trainer:
             self.state.stopped = out.result["stopped"]
             self._fit_where = "worker"
             return self.history
-        if out.state is not None:
-            self._notes = []  # the worker said them; its state holds them
-        self._restore(out.state or start, events=True)
+        if out.state is None:  # nothing arrived: the start state (each state that came is
+            self._restore(start, events=True)  # applied already, as it arrived)
         if not kernel.started:  # lost before it drew anything: the kernel's view starts here
             self.progress.start(kernel.view, self._run_info())
         else:
@@ -756,11 +807,13 @@ class Trainer:
     def _work(job: FitJob, channel) -> object:
         """In the isolated worker: the same Trainer from the job, trained (or predicting) here;
         returns its final state (or the predictions)."""
-        settings, simulated = simulate_cuda(job.settings)
+        hooks = Hooks(job.hooks)
+        settings, hook_notes = hooks.settings(job.settings)
         trainer = Trainer.from_settings(job.model, settings)
-        trainer._channel, trainer._faults, trainer._phase = channel, Faults(), None
+        trainer._channel, trainer._hooks, trainer._phase = channel, hooks, None
         trainer.checkpoints.on_keep = lambda state: channel.state(recovery.to_cpu(state))
         if job.predict is not None or job.find_batch is not None or job.lr_find is not None:
+            channel.heartbeat(phase="evaluate", grace=trainer._grace("the first batch"))
             trainer._notes = []
             if job.predict is not None:
                 return trainer._predict(*job.predict)
@@ -770,8 +823,7 @@ class Trainer:
             found = trainer.find_batch_size(dataset, **kwargs)
             return {"found": found, "batch_size": trainer.batch_size,
                     "grad_accum": trainer.grad_accum, "events": trainer.events}
-        trainer._notes = list(job.notes or []) + ([("simulated_cuda", simulated)]
-                                                  if simulated else [])
+        trainer._notes = list(job.notes or []) + hook_notes
         began = worker_startup()
         if job.sent_at is not None and {"spawned_at", "ready_at"} <= set(began):
             trainer._notes.append(("worker_start", isolate.startup_note(
@@ -783,11 +835,18 @@ class Trainer:
         trainer.state = RunState.fresh([])
         trainer.load_state_dict(job.start)
         trainer.schedule.bind(trainer._plan.total_steps)
-        trainer._fit_here(train_loader, val_loader)
+        try:
+            trainer._fit_here(train_loader, val_loader)
+        except BaseException:
+            # whatever ended the fit, the kernel gets the state the worker holds now (what an
+            # in-process run would hold), then the error (best effort: the pipe may be gone)
+            with contextlib.suppress(Exception):
+                channel.state(recovery.to_cpu(trainer.state_dict()))
+            raise
         trainer._beat("hand-over")
         state = recovery.to_cpu(trainer.state_dict())
-        if simulated:  # the kernel's run stays on the device it believes in
-            state["device"] = job.settings.device
+        if settings.device != job.settings.device:  # a hook moved it: the kernel's run stays
+            state["device"] = job.settings.device  # on the device it believes in
         return {**state, "stopped": trainer.state.stopped, "placement": trainer.placement.facts()}
 
     # ----------------------------------------------------------------------------- evaluate
@@ -826,11 +885,13 @@ class Trainer:
 
     def _predict_here(self, loader, with_targets: bool, phase: str = "evaluate") -> tuple:
         self.placement.place([loader], self._note, self._notes)
-        interrupt = self._interrupt
-        return predict_loader(self.learner.eval_model(interrupt is not None), loader,
+        in_fit = self._interrupt is not None
+        # every batch: a stop asked (Ctrl-C, Stop) ends a long validation within one batch
+        return predict_loader(self.learner.eval_model(in_fit), loader,
                               strategy=self.strategy, precision=self.precision,
                               loss_fn=self.loss_fn, with_targets=with_targets,
-                              stop_requested=lambda: bool(interrupt and interrupt.requested),
+                              stop_requested=lambda: (in_fit or self._channel is not None)
+                              and self._stop_asked() is not None,
                               cast=self.batch_check.cast, on_batch=lambda: self._beat(phase))
 
     # ----------------------------------------------------------------------------- messages

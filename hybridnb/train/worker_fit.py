@@ -14,15 +14,11 @@ continues on the CPU from the last state received (the start state when none cam
 from __future__ import annotations
 
 import builtins
-import os
-import signal
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from hybridnb.env import FAULT_ENV, SIMULATE_CUDA_ENV
 from hybridnb.train.settings import Settings
 
 # The phases an isolated worker names in its heartbeats (a lost worker's event names the last)
@@ -45,49 +41,40 @@ class FitJob:
     sent_at: float | None = None   # time.monotonic() when the kernel handed it to a prestarted
     #                                worker (its start-up note compares it with its own times)
     lr_find: tuple | None = None  # (data, kwargs): lr_find instead of fit
+    hooks: tuple = ()  # the kernel's ``job_hooks`` when the job was made (tests)
+
+    def __post_init__(self) -> None:
+        if not self.hooks:
+            self.hooks = tuple(job_hooks)
 
 
-class Faults:
-    """Fault injection for tests of the safety net: ``HYBRIDNB_FAULT="phase:kind[:n]"`` makes the
-    worker die (kind ``kill``: SIGKILL, ``abort``: SIGABRT as a crashing driver does) or hang
-    (``hang``) the ``n``-th time (default 1) it enters ``phase`` (one of ``PHASES``). Read in
-    isolated workers only; the kernel never injects."""
+# Hooks every job carries to its worker (tests register theirs here: fault injection, a worker
+# that simulates CUDA on the CPU). Nothing in hybridnb registers one.
+job_hooks: list = []
 
-    def __init__(self, spec: str | None = None) -> None:
-        spec = os.environ.get(FAULT_ENV, "") if spec is None else spec
-        parts = spec.split(":") if spec else []
-        self.phase = parts[0] if parts else None
-        self.kind = parts[1] if len(parts) > 1 else "kill"
-        self.at = int(parts[2]) if len(parts) > 2 else 1
-        if self.phase is not None and (self.phase not in PHASES
-                                       or self.kind not in ("kill", "abort", "hang")):
-            raise ValueError(f"{FAULT_ENV}={spec!r}: use phase:kind[:n] with a phase in {PHASES} "
-                             "and a kind in kill|abort|hang")
-        self.seen = 0
+
+class Hooks:
+    """The job's hooks, called in the worker, each method optional: ``settings(settings)`` ->
+    ``(settings, (kind, message) or None)`` before the worker builds its Trainer (the note is
+    said as an event; the kernel's run keeps its own device), and ``enter(phase)`` as the
+    worker enters each of ``PHASES``."""
+
+    def __init__(self, hooks=()) -> None:
+        self.hooks = tuple(hooks)
+
+    def settings(self, settings: Settings) -> tuple[Settings, list[tuple[str, str]]]:
+        notes = []
+        for hook in self.hooks:
+            if hasattr(hook, "settings"):
+                settings, note = hook.settings(settings)
+                if note:
+                    notes.append(tuple(note))
+        return settings, notes
 
     def enter(self, phase: str) -> None:
-        if phase != self.phase:
-            return
-        self.seen += 1
-        if self.seen != self.at:
-            return
-        if self.kind == "hang":
-            time.sleep(3600)
-        signal.raise_signal(signal.SIGKILL if self.kind == "kill" else signal.SIGABRT)
-
-
-def simulate_cuda(settings: Settings) -> tuple[Settings, str | None]:
-    """A test seam: with ``HYBRIDNB_SIMULATE_CUDA=1`` an isolated worker given a CUDA run trains
-    it on the CPU in fp32 (no pinned memory) and says so; the kernel still believes its device
-    is CUDA. Tests arm tripwires on every CUDA entry point in the kernel and run fit, evaluate,
-    predict and find_batch_size isolated without a GPU (tests/test_fault_phases.py). Read in
-    isolated workers only; without the variable the settings are returned as they are."""
-    if os.environ.get(SIMULATE_CUDA_ENV, "") != "1" or not settings.device.startswith("cuda"):
-        return settings, None
-    loader = {**settings.loader_kwargs, "pin_memory": False}
-    note = (f"{SIMULATE_CUDA_ENV}=1: this worker runs the {settings.device} run on the CPU in "
-            "fp32 (a test of the kernel's side)")
-    return settings.replace(device="cpu", precision="fp32", loader_kwargs=loader), note
+        for hook in self.hooks:
+            if hasattr(hook, "enter"):
+                hook.enter(phase)
 
 
 class ChannelView:
@@ -145,10 +132,11 @@ class WorkerError(Exception):
 
 def reraise(error: dict) -> BaseException:
     """The worker's exception, rebuilt in the kernel with the same type and message when it is
-    a builtin one (a RuntimeError otherwise), its traceback as the cause."""
+    a builtin one or a KeyboardInterrupt (a RuntimeError otherwise), its traceback as the
+    cause."""
     cls = getattr(builtins, error.get("type", ""), None)
     message = error.get("message", "")
-    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+    if not (isinstance(cls, type) and issubclass(cls, (Exception, KeyboardInterrupt))):
         cls, message = RuntimeError, f"{error.get('type')}: {message}"
     exc = cls(f"{message} (raised in the isolated training worker)")
     exc.__cause__ = WorkerError(error.get("traceback", ""))

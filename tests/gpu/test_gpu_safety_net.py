@@ -8,9 +8,10 @@ micro-batch. ``cudnn.benchmark`` is put back after fit. The five notebooks run t
 runner in smoke mode.
 
 Faults are triggered by the model itself, on its ``trigger``-th training forward on a CUDA
-input (the first step of the second epoch: past the first steps' grace, so ``step_timeout``
-bounds the endless kernel): the worker's copy counts its own calls, and the CPU continuation
-never triggers.
+input (the first step of the second epoch: past the grace the worker asks for while the CUDA
+context starts, so ``step_timeout`` bounds the endless kernel): the worker's copy counts its own
+calls, and the CPU continuation never triggers. An endless kernel in the very first step is
+bounded by that grace instead, which the run names once (a "grace" event).
 """
 
 from __future__ import annotations
@@ -108,6 +109,49 @@ def test_a_gpu_failure_in_an_isolated_fit_ends_on_the_cpu_with_trained_weights(t
     assert any(not torch.equal(a, b.detach().cpu())
                for a, b in zip(before, model.parameters(), strict=True))
     assert not torch.cuda.is_initialized()  # the kernel never started CUDA
+    assert not children()
+
+
+def test_a_hang_in_the_first_cuda_step_is_bounded_by_the_grace_the_worker_asked_for(
+        tmp_path, monkeypatch):
+    """The first step on CUDA (context creation) is the only one with a grace, and the run says
+    so once; an endless kernel there is found once the (shortened) grace has passed."""
+    from hybridnb.env import FIRST_STEP_GRACE_ENV
+
+    monkeypatch.setenv(FIRST_STEP_GRACE_ENV, "60")
+    tr = Trainer(Faulty("sleep", trigger=1), device="cuda", batch_size=BATCH, epochs=1,
+                 live=False, verbose=False, step_timeout=10, speedups=False)
+    tr.fit(windows())
+    kinds = [e.kind for e in tr.events]
+    assert kinds.count("grace") == 1 and kinds.count("worker_lost") == 1
+    lost = next(e.message for e in tr.events if e.kind == "worker_lost")
+    assert "'first step'" in lost and "the grace the worker asked for" in lost
+    assert tr.device.type == "cpu" and len(tr.history) == 1
+    assert not torch.cuda.is_initialized()
+    assert not children()
+
+
+def test_an_error_in_the_users_model_on_the_gpu_keeps_the_steps_done(tmp_path):
+    """A plain exception from the model mid-run (epoch 1): the kernel holds the worker's steps
+    and weights, then raises the error with its type."""
+
+    class Raises(Faulty):
+        def forward(self, x):
+            if x.is_cuda and self.training:
+                self.calls += 1
+                if self.calls == 6:
+                    raise ValueError("bad window (injected)")
+            return self.net(x)
+
+    model = Raises("none")
+    before = [p.detach().clone() for p in model.parameters()]
+    tr = Trainer(model, device="cuda", batch_size=BATCH, epochs=EPOCHS, live=False,
+                 verbose=False, speedups=False)  # no measuring forwards before the steps
+    with pytest.raises(ValueError, match="bad window"):
+        tr.fit(windows())
+    assert tr.global_step == 5 and tr.steps["global_step"].tolist() == [1, 2, 3, 4, 5]
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert not torch.cuda.is_initialized()
     assert not children()
 
 
