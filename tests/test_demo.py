@@ -155,7 +155,7 @@ def test_help_says_the_notebooks_write_the_synthetic_release_and_they_do():
     assert "~/.cache/hybridnb/synthetic/" in text
     tools = "".join(p.read_text() for p in (ROOT / "hybridnb_tools").glob("*.py"))
     assert "make_hbn_like" not in tools
-    assert "import data_prep" not in tools and "from data_prep" not in tools
+    assert "import synthetic" not in tools and "data_prep.synthetic" not in tools
     from data_prep import source
 
     assert source.default_cache({"HOME": "/h"}).parts[-2:] == (".cache", "hybridnb")
