@@ -173,19 +173,23 @@ class Trainer:
             self._assemble(model, Settings.build(**kwargs), check_callbacks(callbacks))
 
     @classmethod
-    def from_settings(cls, model: torch.nn.Module, settings: Settings) -> Trainer:
-        """The Trainer for ``settings`` (an isolated worker builds its copy this way)."""
+    def from_settings(cls, model: torch.nn.Module, settings: Settings, *, channel=None,
+                      hooks: Hooks | None = None) -> Trainer:
+        """The Trainer for ``settings``. An isolated worker builds its copy this way, with
+        ``channel`` (the pipe to the kernel: states, heartbeats, the view) and the job's
+        ``hooks``."""
         trainer = cls.__new__(cls)
         with frozen_heap():
-            trainer._assemble(model, settings)
+            trainer._assemble(model, settings, channel=channel, hooks=hooks)
         return trainer
 
-    def _assemble(self, model: torch.nn.Module, settings: Settings,
-                  callbacks: tuple = ()) -> None:
+    def _assemble(self, model: torch.nn.Module, settings: Settings, callbacks: tuple = (), *,
+                  channel=None, hooks: Hooks | None = None) -> None:
         self._notes: list[tuple[str, str]] = []  # said when the next fit starts
         self._interrupt: GracefulInterrupt | None = None
-        self._channel = None  # the pipe to the kernel, in an isolated worker
-        self._hooks = Hooks()  # an isolated worker's: the job's hooks (tests)
+        self._channel = channel  # the pipe to the kernel, in an isolated worker
+        self._hooks = hooks if hooks is not None else Hooks()  # a worker's job's hooks (tests)
+        self._phase: str | None = None  # the phase a worker's last heartbeat named
         self._pending: dict | None = None  # a checkpoint resume() read for the next fit
         self._loaders: list = []
         self._train_gen: torch.Generator | None = None
@@ -204,6 +208,8 @@ class Trainer:
             settings.checkpoint_dir, self.strategy.is_main, storage=StorageGuard(self._note),
             log_patterns=loggers.patterns(settings.loggers)
             if settings.log_folder == settings.checkpoint_dir else ())
+        if channel is not None:  # each state kept goes to the kernel, which applies it
+            self.checkpoints.on_keep = lambda state: channel.state(recovery.to_cpu(state))
         self.sinks = Sinks(lambda storage: loggers.make_loggers(
             settings.loggers, settings.log_folder if self.strategy.is_main else None, storage),
             callbacks)  # objects of the user's process: never in settings, never sent to a worker
@@ -803,51 +809,56 @@ class Trainer:
             raise reraise(out.error)
         return out
 
-    @staticmethod
-    def _work(job: FitJob, channel) -> object:
-        """In the isolated worker: the same Trainer from the job, trained (or predicting) here;
-        returns its final state (or the predictions)."""
+    @classmethod
+    def _work(cls, job: FitJob, channel) -> object:
+        """In the isolated worker (what the kernel sends it): a Trainer built from the job, which
+        serves it."""
         hooks = Hooks(job.hooks)
         settings, hook_notes = hooks.settings(job.settings)
-        trainer = Trainer.from_settings(job.model, settings)
-        trainer._channel, trainer._hooks, trainer._phase = channel, hooks, None
-        trainer.checkpoints.on_keep = lambda state: channel.state(recovery.to_cpu(state))
+        trainer = cls.from_settings(job.model, settings, channel=channel, hooks=hooks)
+        return trainer._serve(job, hook_notes, moved=settings.device != job.settings.device)
+
+    def _serve(self, job: FitJob, hook_notes: list, moved: bool) -> object:
+        """In the isolated worker: the job's fit (or evaluation, lr_find, batch-size search)
+        here; returns the final state (or the result). ``moved``: a hook changed the device
+        (the kernel's run stays on the one it believes in)."""
+        channel = self._channel
         if job.predict is not None or job.find_batch is not None or job.lr_find is not None:
-            channel.heartbeat(phase="evaluate", grace=trainer._grace("the first batch"))
-            trainer._notes = []
+            channel.heartbeat(phase="evaluate", grace=self._grace("the first batch"))
+            self._notes = []
             if job.predict is not None:
-                return trainer._predict(*job.predict)
+                return self._predict(*job.predict)
             if job.lr_find is not None:
-                return trainer.lr_find(job.lr_find[0], **job.lr_find[1])
+                return self.lr_find(job.lr_find[0], **job.lr_find[1])
             dataset, kwargs = job.find_batch
-            found = trainer.find_batch_size(dataset, **kwargs)
-            return {"found": found, "batch_size": trainer.batch_size,
-                    "grad_accum": trainer.grad_accum, "events": trainer.events}
-        trainer._notes = list(job.notes or []) + hook_notes
+            found = self.find_batch_size(dataset, **kwargs)
+            return {"found": found, "batch_size": self.batch_size,
+                    "grad_accum": self.grad_accum, "events": self.events}
+        self._notes = list(job.notes or []) + hook_notes
         began = worker_startup()
         if job.sent_at is not None and {"spawned_at", "ready_at"} <= set(began):
-            trainer._notes.append(("worker_start", isolate.startup_note(
+            self._notes.append(("worker_start", isolate.startup_note(
                 began["spawned_at"], began["ready_at"], job.sent_at)))
         channel.heartbeat(phase="setup")  # the job arrived: alive (its faults come later)
         if job.py_random is not None:
             random.setstate(job.py_random)
-        train_loader, val_loader = trainer._open(job.train, job.val)
-        trainer.state = RunState.fresh([])
-        trainer.load_state_dict(job.start)
-        trainer.schedule.bind(trainer._plan.total_steps)
+        train_loader, val_loader = self._open(job.train, job.val)
+        self.state = RunState.fresh([])
+        self.load_state_dict(job.start)
+        self.schedule.bind(self._plan.total_steps)
         try:
-            trainer._fit_here(train_loader, val_loader)
+            self._fit_here(train_loader, val_loader)
         except BaseException:
             # whatever ended the fit, the kernel gets the state the worker holds now (what an
             # in-process run would hold), then the error (best effort: the pipe may be gone)
             with contextlib.suppress(Exception):
-                channel.state(recovery.to_cpu(trainer.state_dict()))
+                channel.state(recovery.to_cpu(self.state_dict()))
             raise
-        trainer._beat("hand-over")
-        state = recovery.to_cpu(trainer.state_dict())
-        if settings.device != job.settings.device:  # a hook moved it: the kernel's run stays
-            state["device"] = job.settings.device  # on the device it believes in
-        return {**state, "stopped": trainer.state.stopped, "placement": trainer.placement.facts()}
+        self._beat("hand-over")
+        state = recovery.to_cpu(self.state_dict())
+        if moved:
+            state["device"] = job.settings.device
+        return {**state, "stopped": self.state.stopped, "placement": self.placement.facts()}
 
     # ----------------------------------------------------------------------------- evaluate
     @torch.no_grad()
