@@ -4,8 +4,10 @@ The Trainer holds its parts, each owning its state and offering a few public met
 ``settings`` (the checked, frozen options), ``learner`` (model, optimizer, loss, schedule, EMA,
 guard), ``placement`` (device, precision decided once, speedups, the step and its recovery),
 ``checkpoints`` (the last good state, files, earlier runs), ``progress`` (the live view, rows,
-throughput), ``stopping`` (best weights, early stopping) and ``state`` (the run as data). An
-isolated fit hands the worker a ``FitJob`` built from the same parts (worker_fit.py).
+throughput), ``stopping`` (best weights, early stopping), ``heartbeat`` (in an isolated worker:
+the link to the kernel) and ``state`` (the run as data). An isolated fit hands the worker a
+``FitJob`` built from the same parts (worker_fit.py); the worker builds its own Trainer from it
+(``from_settings(channel=...)``), which serves the job and streams its states back.
 
 >>> tr = Trainer(model, loss="mse", lr=1e-3, epochs=10, checkpoint_dir="runs/c1")
 >>> history = tr.fit(train, val)          # Datasets or DataLoaders; batches (x, y[, extras])
@@ -41,6 +43,7 @@ from hybridnb.train.checkpoint import read as read_checkpoint
 from hybridnb.train.data import BatchCheck, epoch_batches, make_loader, plan_epochs
 from hybridnb.train.evaluation import predict_loader
 from hybridnb.train.heap import frozen_heap
+from hybridnb.train.heartbeat import Heartbeat
 from hybridnb.train.interrupt import GracefulInterrupt
 from hybridnb.train.learner import Learner
 from hybridnb.train.metrics import regression_metrics
@@ -187,9 +190,7 @@ class Trainer:
                   channel=None, hooks: Hooks | None = None) -> None:
         self._notes: list[tuple[str, str]] = []  # said when the next fit starts
         self._interrupt: GracefulInterrupt | None = None
-        self._channel = channel  # the pipe to the kernel, in an isolated worker
-        self._hooks = hooks if hooks is not None else Hooks()  # a worker's job's hooks (tests)
-        self._phase: str | None = None  # the phase a worker's last heartbeat named
+        self.heartbeat = Heartbeat(channel, hooks)  # in an isolated worker: to the kernel
         self._pending: dict | None = None  # a checkpoint resume() read for the next fit
         self._loaders: list = []
         self._train_gen: torch.Generator | None = None
@@ -291,7 +292,7 @@ class Trainer:
         """The fit in this process (the kernel, or the isolated worker)."""
         self._fit_where = "here"
         grace = self._grace("set-up and the first step")
-        self._beat("setup", grace=grace)
+        self.heartbeat.beat("setup", grace=grace)
         self.placement.place(self._loaders, self._note, self._notes)
         self.placement.speed_up(train_loader, self.batch_size, self._plan.total_steps,
                                 self._note)
@@ -304,7 +305,7 @@ class Trainer:
             self.checkpoints.keep(self.state_dict())
             self._first_step = self.state.global_step
             self._start_view(blocks, view_started)
-            self._beat("first step", grace=grace)
+            self.heartbeat.beat("first step", grace=grace)
             try:
                 self._run(train_loader, val_loader)
                 failed = False
@@ -348,7 +349,7 @@ class Trainer:
             if len(window) < self.grad_accum and i + 1 < plan.batches_per_epoch:
                 continue
             learner.set_lr(self.schedule.factor(state.global_step) * state.lr_scale)
-            self._step_phase(first=state.global_step == self._first_step)
+            self.heartbeat.before_step(first=state.global_step == self._first_step)
             outcome = placement.recovery.run(window)
             if outcome.kind is Came.DEVICE_LOST:
                 return self._move_to_cpu(outcome.detail)
@@ -362,8 +363,7 @@ class Trainer:
             window = []
             self.progress.step_done(n)
             self.progress.show_step(state, self.grad_accum, learner.lr(), outcome.loss)
-            if self._channel is not None:
-                self._channel.step_done()
+            self.heartbeat.step_done()
             with self.progress.paused():
                 if self._between_steps(val_loader):
                     return Epoch.STOPPED
@@ -416,9 +416,10 @@ class Trainer:
         """The view for this fit (in an isolated worker: the channel to the kernel's view);
         ``started``: the kernel's view already runs (continuing after the worker was lost)."""
         if not started:
-            view = SinkView(self.progress.make_view(self.live, channel=self._channel,
+            channel = self.heartbeat.channel
+            view = SinkView(self.progress.make_view(self.live, channel=channel,
                                                     is_main=self.strategy.is_main),
-                            self.sinks, self, channel=self._channel)
+                            self.sinks, self, channel=channel)
             self.progress.start(view, self._run_info())
         for kind, message in self._notes:
             self.event(kind, message)
@@ -471,12 +472,8 @@ class Trainer:
         (where the channel has one) tells them apart, else the flag reads as the button."""
         if self._interrupt is not None and self._interrupt.requested:
             return Stop.INTERRUPT
-        if self._channel is not None:
-            if not self._channel.stop_requested():
-                return None
-            reason = getattr(self._channel, "stop_reason", None)
-            return Stop.INTERRUPT if callable(reason) and reason() == "interrupt" \
-                else Stop.STOP_BUTTON
+        if self.heartbeat.in_worker:
+            return self.heartbeat.stop_asked()
         return Stop.STOP_BUTTON if self.progress.stop_requested else None
 
     def _stop(self, reason: Stop, message: str | None) -> bool:
@@ -490,7 +487,7 @@ class Trainer:
 
     def _validate(self, loader) -> dict:
         metrics = {"val_" + k: v for k, v in self._evaluate_here(loader, "validation").items()}
-        self._beat("step")
+        self.heartbeat.beat("step")
         return metrics
 
     def _validate_epoch(self, val_loader) -> tuple[dict, bool]:
@@ -624,43 +621,13 @@ class Trainer:
         self.resume(where)
 
     def _save_last(self) -> None:
-        self._beat("checkpoint")
+        self.heartbeat.beat("checkpoint")
         self.checkpoints.save_last(self.strategy.for_file(self.state_dict()))
-        self._beat("step")
-
-    def _beat(self, phase: str, grace: float | None = None) -> None:
-        """In an isolated worker: alive, in ``phase`` (the kernel's silence clock restarts; a
-        lost worker's event names the phase). Nothing elsewhere."""
-        if self._channel is not None:
-            self._channel.heartbeat(phase=phase, grace=grace)
-            self._phase = phase
-            self._hooks.enter(phase)
+        self.heartbeat.beat("step")
 
     def _grace(self, what: str) -> float | None:
-        """In an isolated worker: the longer silence ``what`` needs (compiling, the CUDA context
-        starting), said once as a "grace" note; None where nothing needs one (the step timeout
-        applies from the start)."""
-        if self._channel is None:
-            return None
-        why = (["compiling"] if self.placement.compile else []) + (
-            ["the CUDA context starts"] if self.device.type == "cuda" else [])
-        if not why:
-            return None
-        seconds = isolate.first_step_grace_s()
-        self._note("grace", f"allowing {seconds:.0f} s of silence for {what}: "
-                   f"{' and '.join(why)}")
-        return seconds
-
-    def _step_phase(self, first: bool) -> None:
-        """Before a training step, in an isolated worker: the phase is "first step" or "step"
-        (a heartbeat only when it changes; the step's own completion restarts the clock)."""
-        if self._channel is None:
-            return
-        phase = "first step" if first else "step"
-        if self._phase != phase:
-            self._channel.heartbeat(phase=phase)
-            self._phase = phase
-        self._hooks.enter(phase)
+        return self.heartbeat.grace(what, compiling=bool(self.placement.compile),
+                                    device_type=self.device.type, note=self._note)
 
     # ----------------------------------------------------------------------------- recovery
     def _move_to_cpu(self, detail: str) -> Epoch:
@@ -822,7 +789,7 @@ class Trainer:
         """In the isolated worker: the job's fit (or evaluation, lr_find, batch-size search)
         here; returns the final state (or the result). ``moved``: a hook changed the device
         (the kernel's run stays on the one it believes in)."""
-        channel = self._channel
+        channel = self.heartbeat.channel
         if job.predict is not None or job.find_batch is not None or job.lr_find is not None:
             channel.heartbeat(phase="evaluate", grace=self._grace("the first batch"))
             self._notes = []
@@ -854,7 +821,7 @@ class Trainer:
             with contextlib.suppress(Exception):
                 channel.state(recovery.to_cpu(self.state_dict()))
             raise
-        self._beat("hand-over")
+        self.heartbeat.beat("hand-over")
         state = recovery.to_cpu(self.state_dict())
         if moved:
             state["device"] = job.settings.device
@@ -901,9 +868,9 @@ class Trainer:
         return predict_loader(self.learner.eval_model(in_fit), loader,
                               strategy=self.strategy, precision=self.precision,
                               loss_fn=self.loss_fn, with_targets=with_targets,
-                              stop_requested=lambda: (in_fit or self._channel is not None)
+                              stop_requested=lambda: (in_fit or self.heartbeat.in_worker)
                               and self._stop_asked() is not None,
-                              cast=self.batch_check.cast, on_batch=lambda: self._beat(phase))
+                              cast=self.batch_check.cast, on_batch=lambda: self.heartbeat.beat(phase))
 
     # ----------------------------------------------------------------------------- messages
     def _note(self, kind: str, message: str) -> None:
