@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from hybridnb.events import EpochRow, StepRow
 from hybridnb.live import figures
 from hybridnb.live import summary as live_summary
 from hybridnb.live.record import RunRecord
@@ -54,11 +55,11 @@ def run_record(trainer, summary: dict) -> RunRecord:
     in_epoch = (steps.groupby("epoch").cumcount() + 1).tolist() if len(steps) else []
     for (global_step, epoch, loss, lr), step in zip(steps.itertuples(index=False), in_epoch,
                                                     strict=True):
-        record.add({"global_step": int(global_step), "epoch": int(epoch), "loss": loss,
-                    "lr": lr, "step": step})
+        record.add(StepRow(global_step=int(global_step), epoch=int(epoch), loss=loss, lr=lr,
+                           step=step))
         while rows and rows[0]["step"] == global_step:  # the epoch ended at this step
             row = rows.pop(0)
-            record.add({**row, "global_step": int(row["step"]), "epoch_end": True})
+            record.add(EpochRow(row, global_step=int(row["step"]), epoch_end=True))
     for ev in events:
         record.add_event(ev)
     return record
