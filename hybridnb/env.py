@@ -16,12 +16,13 @@ DEVICE_ENV = "HYBRIDNB_DEVICE"          # cpu | cuda | cuda:N | mps: forces dete
 LAUNCHED_ENV = "HYBRIDNB_LAUNCHED"      # "1" in the ranks hn.launch starts
 ISOLATED_ENV = "HYBRIDNB_ISOLATED"      # "1" in an isolated training worker: it never isolates again
 DATA_ENV = "HYBRIDNB_DATA"              # the notebooks' DATA: synthetic | a folder | R5-mini ...
-FAULT_ENV = "HYBRIDNB_FAULT"            # "phase:kind[:n]" a fault in an isolated worker (tests only)
+FAULT_ENV = "HYBRIDNB_FAULT"            # "phase:kind[:n]" a fault in an isolated worker: read by
+#                                         tests/faults.py's job hook, never by hybridnb
 PROBE_SIMULATE_ENV = "HYBRIDNB_PROBE_SIMULATE"   # JSON faults for the probe child (tests only)
-FIRST_STEP_GRACE_ENV = "HYBRIDNB_FIRST_STEP_GRACE"  # seconds an isolated worker may be silent
-#                                                   before its first steps (default 600)
+FIRST_STEP_GRACE_ENV = "HYBRIDNB_FIRST_STEP_GRACE"  # seconds of silence an isolated worker asks
+#                                                   for while compiling or starting CUDA (600)
 SIMULATE_CUDA_ENV = "HYBRIDNB_SIMULATE_CUDA"  # "1": an isolated worker trains a "cuda" run on the
-#                                               CPU (tests of a kernel that never starts CUDA)
+#                                               CPU; read by tests/faults.py, never by hybridnb
 CACHE_DIR_ENV = "HYBRIDNB_CACHE_DIR"    # where hybridnb keeps its cache (the probe's verdicts)
 PROBE_CACHE_TTL_ENV = "HYBRIDNB_PROBE_CACHE_TTL"  # seconds a passed probe is trusted; 0 = never
 RESULTS_ENV = "HYBRIDNB_RESULTS"        # the demo runner: where a notebook records its results

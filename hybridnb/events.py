@@ -26,3 +26,44 @@ class Event:
 
     def __str__(self) -> str:
         return f"[step {self.step}] {self.kind}: {self.message}"
+
+
+class Row(dict):
+    """A row the live view draws after a step, a validation or an epoch (a dict of numbers:
+    renderers read it as before); its class names its kind, so no reader guesses the kind from
+    the keys."""
+
+    kind = "step"
+
+
+class StepRow(Row):
+    """After an optimizer step: ``loss``, ``lr``, the epoch's running ``train_loss``, speeds."""
+
+    kind = "step"
+
+
+class ValidationRow(Row):
+    """After a validation between steps (``val_every``): the step's row plus ``val_*``."""
+
+    kind = "validation"
+
+
+class EpochRow(Row):
+    """At an epoch's end (``epoch_end=True`` too, for views that read the flag)."""
+
+    kind = "epoch"
+
+
+def row_kind(row: dict) -> str:
+    """"step", "validation" or "epoch": a typed row's own; a plain dict (rows a caller made
+    itself) is read from its keys, as the live view did before rows had types."""
+    if isinstance(row, Row):
+        return row.kind
+    if row.get("epoch_end"):
+        return "epoch"
+    if len(row) > len(_STEP_KEYS) and any(k.startswith("val_") for k in row):
+        return "validation"
+    return "step"
+
+
+_STEP_KEYS = ("epoch", "step", "global_step", "loss", "lr", "samples_per_s", "elapsed_s")

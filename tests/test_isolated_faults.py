@@ -185,3 +185,26 @@ def test_ctrl_c_during_a_long_validation_stops_within_a_batch(tmp_path):
                                                                         "stop_button")
     assert tr.stopped in expected
     assert not children()
+
+
+def test_ctrl_c_during_a_predict_in_the_worker_raises_keyboardinterrupt_within_a_batch(
+        tmp_path):
+    """After an isolated fit, predict runs in the worker; a SIGINT reaching the kernel while it
+    fetches slowly stops it within about a batch and arrives as a KeyboardInterrupt, as it would
+    in process."""
+    tr = trainer(Net(), True, epochs=1, loader_kwargs={"num_workers": 0})
+    tr.fit(Items())
+    log = tmp_path / "predict.log"
+
+    def interrupt_once_predicting():
+        while not log.exists():
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    sender = threading.Thread(target=interrupt_once_predicting, daemon=True)
+    sender.start()
+    with pytest.raises(KeyboardInterrupt):
+        tr.predict(Items(64, seed=2, log=log, delay=0.05))
+    sender.join(timeout=60)
+    assert len(log.read_text().splitlines()) < 64  # cut short, not predicted to the end
+    assert tr.global_step == 8 and not children()

@@ -431,12 +431,14 @@ def test_report_writes_csv_html_png_and_summary(tmp_path):
     tr = run(val=data(64, seed=1), epochs=2)
     folder = tr.report(tmp_path / "report")
     names = {p.name for p in folder.iterdir()}
-    assert {"history.csv", "steps.csv", "events.csv", "summary.txt", "loss.html",
-            "lr.html"} <= names
+    assert {"history.csv", "steps.csv", "events.csv", "summary.txt", "figures.html"} <= names
     assert pd.read_csv(folder / "history.csv").shape[0] == 2
-    text = (folder / "summary.txt").read_text()
-    assert "device: cpu" in text and "best: val_loss" in text and "samples/s" in text
-    assert "loss.png" in names or "PNG figures skipped" in text
+    text = (folder / "summary.txt").read_text()  # the live view's end paragraph
+    assert "for 2 of 2 epochs" in text and "on cpu" in text and "Best val_loss" in text
+    assert "samples/s" in text
+    assert "figures.png" in names or "PNG figures skipped" in text
+    html = (folder / "figures.html").read_text()  # the live view's panels, with the run's data
+    assert "train loss (epoch)" in html and "val loss" in html and "learning rate" in html
 
 
 class NumpyNoise(Dataset):

@@ -13,9 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hybridnb.events import Event
-
-STEP_KEYS = ("epoch", "step", "global_step", "loss", "lr", "samples_per_s", "elapsed_s")
+from hybridnb.events import Event, row_kind
 
 
 def _float(x: Any) -> float:
@@ -50,12 +48,14 @@ class RunRecord:
 
     # ------------------------------------------------------------------ feeding
     def add(self, state: Mapping[str, Any]) -> None:
-        """One optimizer step (or, with ``epoch_end=True``, the end of an epoch)."""
-        if "epoch_end" in state and state["epoch_end"]:
+        """One row: a step's, a validation's between steps (``val_every``) or an epoch's end
+        (its kind: ``hybridnb.events.row_kind``)."""
+        kind = row_kind(state)
+        if kind == "epoch":
             self._end_epoch(state)
             return
-        if len(state) > len(STEP_KEYS) and any(k.startswith("val_") for k in state):
-            self.val_rows.append(dict(state))  # validation every N steps (val_every)
+        if kind == "validation":
+            self.val_rows.append(dict(state))
             return
         self.state = state  # the Trainer passes a fresh dict per step: no copy needed
         self._at_epoch_end = False

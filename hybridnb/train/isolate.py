@@ -10,8 +10,9 @@ returns an ``Outcome`` that names what happened (and the phase it was in) and ke
 state the worker sent, so the caller can carry on from there.
 
 This module holds training's policy: whether to isolate (``isolate_decision``), and the silence
-limit that follows the measured steps (``auto_step_timeout``, a longer grace for the first
-steps). Starting, watching and killing the worker is ``hybridnb.processes``'s.
+limit that follows the measured steps (``auto_step_timeout``; a longer grace only where the
+worker asks for one in a heartbeat: compiling, CUDA starting). Starting, watching and killing
+the worker is ``hybridnb.processes``'s.
 
 ``start="fork"`` (the default for now): models, datasets and functions defined in notebook cells
 live in the kernel's ``__main__``; a forked worker already has them. Forking is only safe while

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator
 import pandas as pd
 import torch
 
+from hybridnb.events import EpochRow, StepRow, ValidationRow
 from hybridnb.live import View, make_view
 from hybridnb.measure.memory import peak_bytes
 from hybridnb.measure.throughput import ThroughputMonitor
@@ -96,14 +97,14 @@ class Progress:
 
     def show(self, state: RunState, grad_accum: int, lr: float, **extra) -> None:
         """Draw a row (after a validation between steps)."""
-        self.view.update(self.row(state, grad_accum, lr, **extra))
+        self.view.update(ValidationRow(self.row(state, grad_accum, lr, **extra)))
 
     def show_step(self, state: RunState, grad_accum: int, lr: float, loss: float | None,
                   **metrics) -> None:
         """Keep the step's row in ``state.steps`` and draw it."""
         loss = math.nan if loss is None else loss
         state.steps.append((state.global_step, state.epoch, loss, lr))
-        self.view.update(self.row(state, grad_accum, lr, loss=loss, **metrics))
+        self.view.update(StepRow(self.row(state, grad_accum, lr, loss=loss, **metrics)))
 
     def end_epoch(self, state: RunState, grad_accum: int, lr: float, metrics: dict,
                   device: torch.device) -> dict:
@@ -118,8 +119,8 @@ class Progress:
                "peak_memory_mb": peak / 2**20 if peak is not None else math.nan,
                "time_s": seconds, "events": state.epoch_events()}
         state.history.append(row)
-        self.view.update(self.row(state, grad_accum, lr, loss=row["train_loss"],
-                                  epoch_end=True, **metrics))
+        self.view.update(EpochRow(self.row(state, grad_accum, lr, loss=row["train_loss"],
+                                           epoch_end=True, **metrics)))
         return row
 
     def summary(self, state: RunState, monitor: str, device, precision: str,

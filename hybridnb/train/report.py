@@ -1,8 +1,10 @@
 """trainer.report(folder): what a run leaves behind for people who were not watching.
 
-history.csv (one row per epoch), steps.csv (one row per optimizer step), events.csv, figures as
-interactive HTML (plotly) and as PNG when a static backend works (plotly's kaleido, else
-matplotlib), and summary.txt (device, precision, time, speed, peak memory, best metric, events).
+history.csv (one row per epoch), steps.csv (one row per optimizer step), events.csv, the live
+view's figure (``figures.html``, plotly; ``figures.png`` when a static backend works: plotly's
+kaleido, else matplotlib) and summary.txt (the live view's end paragraph, then each event).
+The figure and the paragraph are the live view's own (``live/figures.py``, ``live/summary.py``),
+drawn from a ``RunRecord`` filled with the run's steps, epoch rows and events.
 """
 
 from __future__ import annotations
@@ -12,6 +14,11 @@ import math
 from pathlib import Path
 
 import pandas as pd
+
+from hybridnb.events import EpochRow, StepRow
+from hybridnb.live import figures
+from hybridnb.live import summary as live_summary
+from hybridnb.live.record import RunRecord
 
 
 def write_report(trainer, folder) -> Path:
@@ -25,68 +32,68 @@ def write_report(trainer, folder) -> Path:
     events = pd.DataFrame([e.to_dict() for e in trainer.events],
                           columns=["kind", "message", "step", "epoch", "time"])
     events.to_csv(folder / "events.csv", index=False)
-    figure_notes = _figures(hist, steps, trainer.events, folder)
-    (folder / "summary.txt").write_text(summary_text(summary, figure_notes))
+    record = run_record(trainer, summary)
+    figure_notes = _figures(record, folder)
+    (folder / "summary.txt").write_text(summary_text(summary, record, figure_notes))
     return folder
 
 
-def summary_text(summary: dict, notes: list[str] = ()) -> str:
-    """A few plain lines about the run."""
-    best = summary["best"]
-    peak = summary["peak_memory_bytes"]
-    sps = summary["samples_per_s"]
-    lines = [
-        f"device: {summary['device']}   precision: {summary['precision']}",
-        f"time: {summary['elapsed_s']:.1f} s   throughput: "
-        f"{'n/a' if sps != sps else f'{sps:.1f} samples/s'}",
-        f"peak memory: {'n/a' if peak is None else f'{peak / 2**20:.0f} MiB'}",
-        "best: " + (f"{best['monitor']} = {best['value']:.4g} (epoch {best['epoch']}, step "
-                    f"{best['step']})" if best.get("value") is not None else "no validation"),
-        f"epochs completed: {len(summary['history'])}"
-        + (f"   stopped: {summary['stopped']}" if summary.get("stopped") else ""),
-        f"events: {len(summary['events'])}",
-    ]
+def run_record(trainer, summary: dict) -> RunRecord:
+    """The live view's record of ``trainer``'s run, refilled from its steps, epoch rows and
+    events (what a view that watched the whole run would hold, without memory samples)."""
+    steps, hist = trainer.steps, trainer.history
+    per_epoch = steps.groupby("epoch").size() if len(steps) else pd.Series(dtype=int)
+    run = {"epochs": trainer.epochs, "steps_per_epoch": int(per_epoch.max()) if len(per_epoch)
+           else None, "device": summary["device"], "precision": summary["precision"],
+           "model": type(trainer.model).__name__, "monitor": trainer.monitor,
+           "n_params": sum(p.numel() for p in trainer.model.parameters())}
+    events = list(trainer.events)
+    record = RunRecord(run)
+    if events:
+        record.start_time = min(ev.time for ev in events)  # event times: seconds from here
+    rows = hist.to_dict("records")
+    in_epoch = (steps.groupby("epoch").cumcount() + 1).tolist() if len(steps) else []
+    for (global_step, epoch, loss, lr), step in zip(steps.itertuples(index=False), in_epoch,
+                                                    strict=True):
+        record.add(StepRow(global_step=int(global_step), epoch=int(epoch), loss=loss, lr=lr,
+                           step=step))
+        while rows and rows[0]["step"] == global_step:  # the epoch ended at this step
+            row = rows.pop(0)
+            record.add(EpochRow(row, global_step=int(row["step"]), epoch_end=True))
+    for ev in events:
+        record.add_event(ev)
+    return record
+
+
+def summary_text(summary: dict, record: RunRecord, notes: list[str] = ()) -> str:
+    """The live view's end paragraph, then each event and what the report left out."""
+    lines = [live_summary.paragraph(summary, record), ""]
     lines += [f"  {ev}" for ev in summary["events"]]
     lines += list(notes)
     return "\n".join(lines) + "\n"
 
 
-def _figures(hist: pd.DataFrame, steps: pd.DataFrame, events, folder: Path) -> list[str]:
-    """loss.html (+ loss.png) and lr.html (+ lr.png); returns notes about what was skipped."""
-    notes = []
-    series = {
-        "loss": [("train loss (step)", steps["global_step"], steps["loss"]),
-                 ("train loss (epoch)", hist["step"], hist["train_loss"]),
-                 ("val loss", hist["step"], hist["val_loss"])],
-        "lr": [("learning rate", steps["global_step"], steps["lr"])],
-    }
+def _figures(record: RunRecord, folder: Path) -> list[str]:
+    """figures.html (+ figures.png): the live view's panels; returns notes on what was
+    skipped."""
     try:
-        import plotly.graph_objects as go
+        fig = figures.make_figure(record)
     except ImportError:
-        return ["figures skipped: plotly is not installed (pip install plotly)"]
-    png_backend = None
-    for name, traces in series.items():
-        fig = go.Figure()
-        for label, x, y in traces:
-            if len(y) and not all(v != v for v in y):
-                fig.add_trace(go.Scatter(x=list(x), y=list(y), name=label,
-                                         mode="lines+markers" if len(y) < 50 else "lines"))
-        if name == "loss":
-            for ev in events:
-                fig.add_vline(x=ev.step, line_dash="dot", line_color="gray",
-                              annotation_text=ev.kind, annotation_font_size=9)
-        fig.update_layout(title=name, xaxis_title="optimizer step", template="plotly_white")
-        fig.write_html(folder / f"{name}.html", include_plotlyjs="cdn")
-        png_backend = _png(fig, traces, folder / f"{name}.png", name, png_backend)
-    if png_backend is None:
+        fig = None
+    notes = []
+    if fig is None:
+        notes.append("figures.html skipped: plotly is not installed (pip install plotly)")
+    else:
+        fig.write_html(folder / "figures.html", include_plotlyjs="cdn")
+    if _png(fig, record, folder / "figures.png") is None:
         notes.append("PNG figures skipped: no static image backend (kaleido or matplotlib)")
     return notes
 
 
-def _png(fig, traces, path: Path, title: str, backend: str | None) -> str | None:
-    """Write a PNG with kaleido when installed, else matplotlib (without pyplot, so a notebook's
-    plotting backend is left alone); returns the backend that worked (or None)."""
-    if backend in (None, "kaleido") and importlib.util.find_spec("kaleido") is not None:
+def _png(fig, record: RunRecord, path: Path) -> str | None:
+    """Write a PNG with kaleido when installed, else the same panels with matplotlib (without
+    pyplot, so a notebook's plotting backend is left alone); returns the backend that worked."""
+    if fig is not None and importlib.util.find_spec("kaleido") is not None:
         try:
             fig.write_image(path)
             return "kaleido"
@@ -96,15 +103,19 @@ def _png(fig, traces, path: Path, title: str, backend: str | None) -> str | None
         from matplotlib.figure import Figure
     except ImportError:
         return None
-    f = Figure(figsize=(7, 3.5))
-    ax = f.subplots()
-    for label, x, y in traces:
-        if any(not (isinstance(v, float) and math.isnan(v)) for v in y):
-            ax.plot(list(x), list(y), label=label, marker="o" if len(y) < 50 else None)
-    ax.set_xlabel("optimizer step")
-    ax.set_title(title)
-    if ax.lines:
-        ax.legend()
+    f = Figure(figsize=(12, 3.5))
+    axes = f.subplots(1, len(figures.PANELS))
+    for s in figures.panels(record):
+        ys = [math.nan if v is None else v for v in s.y]
+        if s.secondary or not any(v == v for v in ys):
+            continue
+        axes[s.panel].plot(s.x, ys, label=s.name, color=s.color,
+                           marker="o" if "markers" in s.mode else None,
+                           linestyle="none" if s.mode.startswith("markers") else "-")
+    for ax, title in zip(axes, figures.PANELS, strict=True):
+        ax.set_title(title)
+        if ax.lines:
+            ax.legend(fontsize=7)
     f.tight_layout()
     f.savefig(path, dpi=100)
     return "matplotlib"

@@ -14,6 +14,7 @@ kernel continues from, and the next ``epoch_rows`` (or the fit's end) catches it
 
 from __future__ import annotations
 
+from hybridnb.events import row_kind
 from hybridnb.train import callbacks as cbs
 from hybridnb.train.storage import StorageGuard
 
@@ -84,8 +85,7 @@ class Sinks:
 
 def is_step_row(row: dict) -> bool:
     """A row drawn after an optimizer step (not a validation's or an epoch's end)."""
-    return "loss" in row and not row.get("epoch_end") and not any(
-        k.startswith("val_") for k in row)
+    return row_kind(row) == "step" and "loss" in row
 
 
 class SinkView:

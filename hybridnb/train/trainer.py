@@ -4,8 +4,10 @@ The Trainer holds its parts, each owning its state and offering a few public met
 ``settings`` (the checked, frozen options), ``learner`` (model, optimizer, loss, schedule, EMA,
 guard), ``placement`` (device, precision decided once, speedups, the step and its recovery),
 ``checkpoints`` (the last good state, files, earlier runs), ``progress`` (the live view, rows,
-throughput), ``stopping`` (best weights, early stopping) and ``state`` (the run as data). An
-isolated fit hands the worker a ``FitJob`` built from the same parts (worker_fit.py).
+throughput), ``stopping`` (best weights, early stopping), ``heartbeat`` (in an isolated worker:
+the link to the kernel) and ``state`` (the run as data). An isolated fit hands the worker a
+``FitJob`` built from the same parts (worker_fit.py); the worker builds its own Trainer from it
+(``from_settings(channel=...)``), which serves the job and streams its states back.
 
 >>> tr = Trainer(model, loss="mse", lr=1e-3, epochs=10, checkpoint_dir="runs/c1")
 >>> history = tr.fit(train, val)          # Datasets or DataLoaders; batches (x, y[, extras])
@@ -41,6 +43,7 @@ from hybridnb.train.checkpoint import read as read_checkpoint
 from hybridnb.train.data import BatchCheck, epoch_batches, make_loader, plan_epochs
 from hybridnb.train.evaluation import predict_loader
 from hybridnb.train.heap import frozen_heap
+from hybridnb.train.heartbeat import Heartbeat
 from hybridnb.train.interrupt import GracefulInterrupt
 from hybridnb.train.learner import Learner
 from hybridnb.train.metrics import regression_metrics
@@ -173,19 +176,21 @@ class Trainer:
             self._assemble(model, Settings.build(**kwargs), check_callbacks(callbacks))
 
     @classmethod
-    def from_settings(cls, model: torch.nn.Module, settings: Settings) -> Trainer:
-        """The Trainer for ``settings`` (an isolated worker builds its copy this way)."""
+    def from_settings(cls, model: torch.nn.Module, settings: Settings, *, channel=None,
+                      hooks: Hooks | None = None) -> Trainer:
+        """The Trainer for ``settings``. An isolated worker builds its copy this way, with
+        ``channel`` (the pipe to the kernel: states, heartbeats, the view) and the job's
+        ``hooks``."""
         trainer = cls.__new__(cls)
         with frozen_heap():
-            trainer._assemble(model, settings)
+            trainer._assemble(model, settings, channel=channel, hooks=hooks)
         return trainer
 
-    def _assemble(self, model: torch.nn.Module, settings: Settings,
-                  callbacks: tuple = ()) -> None:
+    def _assemble(self, model: torch.nn.Module, settings: Settings, callbacks: tuple = (), *,
+                  channel=None, hooks: Hooks | None = None) -> None:
         self._notes: list[tuple[str, str]] = []  # said when the next fit starts
         self._interrupt: GracefulInterrupt | None = None
-        self._channel = None  # the pipe to the kernel, in an isolated worker
-        self._hooks = Hooks()  # an isolated worker's: the job's hooks (tests)
+        self.heartbeat = Heartbeat(channel, hooks)  # in an isolated worker: to the kernel
         self._pending: dict | None = None  # a checkpoint resume() read for the next fit
         self._loaders: list = []
         self._train_gen: torch.Generator | None = None
@@ -204,6 +209,8 @@ class Trainer:
             settings.checkpoint_dir, self.strategy.is_main, storage=StorageGuard(self._note),
             log_patterns=loggers.patterns(settings.loggers)
             if settings.log_folder == settings.checkpoint_dir else ())
+        if channel is not None:  # each state kept goes to the kernel, which applies it
+            self.checkpoints.on_keep = lambda state: channel.state(recovery.to_cpu(state))
         self.sinks = Sinks(lambda storage: loggers.make_loggers(
             settings.loggers, settings.log_folder if self.strategy.is_main else None, storage),
             callbacks)  # objects of the user's process: never in settings, never sent to a worker
@@ -285,7 +292,7 @@ class Trainer:
         """The fit in this process (the kernel, or the isolated worker)."""
         self._fit_where = "here"
         grace = self._grace("set-up and the first step")
-        self._beat("setup", grace=grace)
+        self.heartbeat.beat("setup", grace=grace)
         self.placement.place(self._loaders, self._note, self._notes)
         self.placement.speed_up(train_loader, self.batch_size, self._plan.total_steps,
                                 self._note)
@@ -298,7 +305,7 @@ class Trainer:
             self.checkpoints.keep(self.state_dict())
             self._first_step = self.state.global_step
             self._start_view(blocks, view_started)
-            self._beat("first step", grace=grace)
+            self.heartbeat.beat("first step", grace=grace)
             try:
                 self._run(train_loader, val_loader)
                 failed = False
@@ -342,7 +349,7 @@ class Trainer:
             if len(window) < self.grad_accum and i + 1 < plan.batches_per_epoch:
                 continue
             learner.set_lr(self.schedule.factor(state.global_step) * state.lr_scale)
-            self._step_phase(first=state.global_step == self._first_step)
+            self.heartbeat.before_step(first=state.global_step == self._first_step)
             outcome = placement.recovery.run(window)
             if outcome.kind is Came.DEVICE_LOST:
                 return self._move_to_cpu(outcome.detail)
@@ -356,8 +363,7 @@ class Trainer:
             window = []
             self.progress.step_done(n)
             self.progress.show_step(state, self.grad_accum, learner.lr(), outcome.loss)
-            if self._channel is not None:
-                self._channel.step_done()
+            self.heartbeat.step_done()
             with self.progress.paused():
                 if self._between_steps(val_loader):
                     return Epoch.STOPPED
@@ -410,9 +416,10 @@ class Trainer:
         """The view for this fit (in an isolated worker: the channel to the kernel's view);
         ``started``: the kernel's view already runs (continuing after the worker was lost)."""
         if not started:
-            view = SinkView(self.progress.make_view(self.live, channel=self._channel,
+            channel = self.heartbeat.channel
+            view = SinkView(self.progress.make_view(self.live, channel=channel,
                                                     is_main=self.strategy.is_main),
-                            self.sinks, self, channel=self._channel)
+                            self.sinks, self, channel=channel)
             self.progress.start(view, self._run_info())
         for kind, message in self._notes:
             self.event(kind, message)
@@ -465,12 +472,8 @@ class Trainer:
         (where the channel has one) tells them apart, else the flag reads as the button."""
         if self._interrupt is not None and self._interrupt.requested:
             return Stop.INTERRUPT
-        if self._channel is not None:
-            if not self._channel.stop_requested():
-                return None
-            reason = getattr(self._channel, "stop_reason", None)
-            return Stop.INTERRUPT if callable(reason) and reason() == "interrupt" \
-                else Stop.STOP_BUTTON
+        if self.heartbeat.in_worker:
+            return self.heartbeat.stop_asked()
         return Stop.STOP_BUTTON if self.progress.stop_requested else None
 
     def _stop(self, reason: Stop, message: str | None) -> bool:
@@ -484,7 +487,7 @@ class Trainer:
 
     def _validate(self, loader) -> dict:
         metrics = {"val_" + k: v for k, v in self._evaluate_here(loader, "validation").items()}
-        self._beat("step")
+        self.heartbeat.beat("step")
         return metrics
 
     def _validate_epoch(self, val_loader) -> tuple[dict, bool]:
@@ -618,43 +621,13 @@ class Trainer:
         self.resume(where)
 
     def _save_last(self) -> None:
-        self._beat("checkpoint")
+        self.heartbeat.beat("checkpoint")
         self.checkpoints.save_last(self.strategy.for_file(self.state_dict()))
-        self._beat("step")
-
-    def _beat(self, phase: str, grace: float | None = None) -> None:
-        """In an isolated worker: alive, in ``phase`` (the kernel's silence clock restarts; a
-        lost worker's event names the phase). Nothing elsewhere."""
-        if self._channel is not None:
-            self._channel.heartbeat(phase=phase, grace=grace)
-            self._phase = phase
-            self._hooks.enter(phase)
+        self.heartbeat.beat("step")
 
     def _grace(self, what: str) -> float | None:
-        """In an isolated worker: the longer silence ``what`` needs (compiling, the CUDA context
-        starting), said once as a "grace" note; None where nothing needs one (the step timeout
-        applies from the start)."""
-        if self._channel is None:
-            return None
-        why = (["compiling"] if self.placement.compile else []) + (
-            ["the CUDA context starts"] if self.device.type == "cuda" else [])
-        if not why:
-            return None
-        seconds = isolate.first_step_grace_s()
-        self._note("grace", f"allowing {seconds:.0f} s of silence for {what}: "
-                   f"{' and '.join(why)}")
-        return seconds
-
-    def _step_phase(self, first: bool) -> None:
-        """Before a training step, in an isolated worker: the phase is "first step" or "step"
-        (a heartbeat only when it changes; the step's own completion restarts the clock)."""
-        if self._channel is None:
-            return
-        phase = "first step" if first else "step"
-        if self._phase != phase:
-            self._channel.heartbeat(phase=phase)
-            self._phase = phase
-        self._hooks.enter(phase)
+        return self.heartbeat.grace(what, compiling=bool(self.placement.compile),
+                                    device_type=self.device.type, note=self._note)
 
     # ----------------------------------------------------------------------------- recovery
     def _move_to_cpu(self, detail: str) -> Epoch:
@@ -803,51 +776,56 @@ class Trainer:
             raise reraise(out.error)
         return out
 
-    @staticmethod
-    def _work(job: FitJob, channel) -> object:
-        """In the isolated worker: the same Trainer from the job, trained (or predicting) here;
-        returns its final state (or the predictions)."""
+    @classmethod
+    def _work(cls, job: FitJob, channel) -> object:
+        """In the isolated worker (what the kernel sends it): a Trainer built from the job, which
+        serves it."""
         hooks = Hooks(job.hooks)
         settings, hook_notes = hooks.settings(job.settings)
-        trainer = Trainer.from_settings(job.model, settings)
-        trainer._channel, trainer._hooks, trainer._phase = channel, hooks, None
-        trainer.checkpoints.on_keep = lambda state: channel.state(recovery.to_cpu(state))
+        trainer = cls.from_settings(job.model, settings, channel=channel, hooks=hooks)
+        return trainer._serve(job, hook_notes, moved=settings.device != job.settings.device)
+
+    def _serve(self, job: FitJob, hook_notes: list, moved: bool) -> object:
+        """In the isolated worker: the job's fit (or evaluation, lr_find, batch-size search)
+        here; returns the final state (or the result). ``moved``: a hook changed the device
+        (the kernel's run stays on the one it believes in)."""
+        channel = self.heartbeat.channel
         if job.predict is not None or job.find_batch is not None or job.lr_find is not None:
-            channel.heartbeat(phase="evaluate", grace=trainer._grace("the first batch"))
-            trainer._notes = []
+            channel.heartbeat(phase="evaluate", grace=self._grace("the first batch"))
+            self._notes = []
             if job.predict is not None:
-                return trainer._predict(*job.predict)
+                return self._predict(*job.predict)
             if job.lr_find is not None:
-                return trainer.lr_find(job.lr_find[0], **job.lr_find[1])
+                return self.lr_find(job.lr_find[0], **job.lr_find[1])
             dataset, kwargs = job.find_batch
-            found = trainer.find_batch_size(dataset, **kwargs)
-            return {"found": found, "batch_size": trainer.batch_size,
-                    "grad_accum": trainer.grad_accum, "events": trainer.events}
-        trainer._notes = list(job.notes or []) + hook_notes
+            found = self.find_batch_size(dataset, **kwargs)
+            return {"found": found, "batch_size": self.batch_size,
+                    "grad_accum": self.grad_accum, "events": self.events}
+        self._notes = list(job.notes or []) + hook_notes
         began = worker_startup()
         if job.sent_at is not None and {"spawned_at", "ready_at"} <= set(began):
-            trainer._notes.append(("worker_start", isolate.startup_note(
+            self._notes.append(("worker_start", isolate.startup_note(
                 began["spawned_at"], began["ready_at"], job.sent_at)))
         channel.heartbeat(phase="setup")  # the job arrived: alive (its faults come later)
         if job.py_random is not None:
             random.setstate(job.py_random)
-        train_loader, val_loader = trainer._open(job.train, job.val)
-        trainer.state = RunState.fresh([])
-        trainer.load_state_dict(job.start)
-        trainer.schedule.bind(trainer._plan.total_steps)
+        train_loader, val_loader = self._open(job.train, job.val)
+        self.state = RunState.fresh([])
+        self.load_state_dict(job.start)
+        self.schedule.bind(self._plan.total_steps)
         try:
-            trainer._fit_here(train_loader, val_loader)
+            self._fit_here(train_loader, val_loader)
         except BaseException:
             # whatever ended the fit, the kernel gets the state the worker holds now (what an
             # in-process run would hold), then the error (best effort: the pipe may be gone)
             with contextlib.suppress(Exception):
-                channel.state(recovery.to_cpu(trainer.state_dict()))
+                channel.state(recovery.to_cpu(self.state_dict()))
             raise
-        trainer._beat("hand-over")
-        state = recovery.to_cpu(trainer.state_dict())
-        if settings.device != job.settings.device:  # a hook moved it: the kernel's run stays
-            state["device"] = job.settings.device  # on the device it believes in
-        return {**state, "stopped": trainer.state.stopped, "placement": trainer.placement.facts()}
+        self.heartbeat.beat("hand-over")
+        state = recovery.to_cpu(self.state_dict())
+        if moved:
+            state["device"] = job.settings.device
+        return {**state, "stopped": self.state.stopped, "placement": self.placement.facts()}
 
     # ----------------------------------------------------------------------------- evaluate
     @torch.no_grad()
@@ -890,9 +868,9 @@ class Trainer:
         return predict_loader(self.learner.eval_model(in_fit), loader,
                               strategy=self.strategy, precision=self.precision,
                               loss_fn=self.loss_fn, with_targets=with_targets,
-                              stop_requested=lambda: (in_fit or self._channel is not None)
+                              stop_requested=lambda: (in_fit or self.heartbeat.in_worker)
                               and self._stop_asked() is not None,
-                              cast=self.batch_check.cast, on_batch=lambda: self._beat(phase))
+                              cast=self.batch_check.cast, on_batch=lambda: self.heartbeat.beat(phase))
 
     # ----------------------------------------------------------------------------- messages
     def _note(self, kind: str, message: str) -> None:

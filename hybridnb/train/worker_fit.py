@@ -6,9 +6,12 @@ run's settings (resolved, so the worker never detects again), the model, the dat
 gave it, the start state (``Trainer.state_dict()``) and the notes not yet said. The worker builds
 the same Trainer from them and runs the ordinary loop; its live view is a ``ChannelView`` that
 sends every call to the kernel, where the real renderer draws it (the Stop button keeps working);
-at every snapshot and checkpoint it sends its state. How the kernel answers the worker's end is
-the Trainer's (``trainer.py``): the final state is loaded into the user's model; a death or hang
-continues on the CPU from the last state received (the start state when none came).
+at every snapshot and checkpoint it sends its state, and whatever ends its fit early (an error,
+Ctrl-C) it sends the state it holds then, before the error. The kernel applies each state as it
+arrives, so it always holds what an in-process run would. How the kernel answers the worker's
+end is the Trainer's (``trainer.py``): the final state is loaded into the user's model; an error
+is re-raised (after its state was applied); a death or hang continues on the CPU from the last
+state received (the start state when none came).
 """
 
 from __future__ import annotations
