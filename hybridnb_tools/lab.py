@@ -6,7 +6,7 @@ notebook, opens it in Chromium, clicks Run > Run All Cells, waits until every co
 (or one failed), and saves full-page screenshots plus a JSON summary (cells run, errors, the
 plots and live views seen, seconds). Chromium is Debian's (``/usr/bin/chromium``, launched by
 playwright with ``executable_path``; nothing is downloaded). The browser test
-(tests/test_browser.py) uses the same server and page helpers.
+(tests/live/test_browser.py) uses the same server and page helpers.
 """
 
 from __future__ import annotations

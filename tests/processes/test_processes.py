@@ -22,7 +22,7 @@ from hybridnb.processes import Ended, start_command, start_fork, start_spawn, su
 from hybridnb.train.isolate import run_isolated
 
 pytestmark = pytest.mark.timeout(120)
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)

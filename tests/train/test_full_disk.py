@@ -22,7 +22,7 @@ from hybridnb.train import checkpoint
 from hybridnb.train.trainer import Trainer
 
 torch.set_num_threads(1)
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def data(n=128, d=8):
@@ -122,7 +122,7 @@ CHILD = textwrap.dedent("""
 
 def test_a_file_size_limit_fails_every_checkpoint_write_and_the_fit_still_ends(tmp_path):
     folder = tmp_path / "run"
-    code = CHILD.format(tests=str(ROOT / "tests"), folder=str(folder))
+    code = CHILD.format(tests=str(Path(__file__).resolve().parent), folder=str(folder))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
         "PYTHONPATH", "")])}
     env.pop("HYBRIDNB_SMOKE", None)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 # bench/ is a folder of scripts, not an installed package: load the runner from its file.
 _spec = importlib.util.spec_from_file_location(
-    "bench_runner", Path(__file__).resolve().parents[1] / "bench" / "__main__.py")
+    "bench_runner", Path(__file__).resolve().parents[2] / "bench" / "__main__.py")
 runner = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(runner)
 

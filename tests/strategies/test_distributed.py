@@ -403,7 +403,7 @@ def test_launch_from_a_notebook_kernel_trains_ddp_and_streams_rank0():
 
 
 # ------------------------------------------------------------------------------- torchrun
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = [str(ROOT / "examples" / "train_ddp.py"), "--device", "cpu", "--epochs", "1",
            "--samples", "128"]
 

@@ -19,7 +19,7 @@ from tiny import sine_data, sine_net
 from hybridnb.train import loggers
 from hybridnb.train.trainer import Trainer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 torch.set_num_threads(1)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MARK = "HYBRIDNB_SIGNAL_TEST"
 EXIT_S = 60.0      # after the signal: the command must be gone by then (2 shared cores)
 COMPARE = [sys.executable, "-m", "hybridnb", "compare", "--model",

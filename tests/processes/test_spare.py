@@ -16,7 +16,7 @@ from hybridnb.processes import spare, supervise
 from hybridnb.processes.child import prestart_spawn
 
 pytestmark = pytest.mark.timeout(180)
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)

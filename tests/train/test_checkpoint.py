@@ -21,7 +21,7 @@ from hybridnb.train import checkpoint
 from hybridnb.train.trainer import Trainer
 
 torch.set_num_threads(1)
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Noisy(Dataset):

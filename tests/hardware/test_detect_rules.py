@@ -389,7 +389,7 @@ def test_every_hybridnb_variable_is_named_in_env():
 
     from hybridnb import env
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     declared = {v for k, v in vars(env).items() if k.endswith("_ENV")}
     used = set()
     for package in ("hybridnb", "hybridnb_tools"):

@@ -1,6 +1,6 @@
 """The widget live view in a real JupyterLab page, driven by headless Chromium.
 
-Starts JupyterLab (127.0.0.1, no token, a free port, a temp root), opens tests/browser/train.ipynb
+Starts JupyterLab (127.0.0.1, no token, a free port, a temp root), opens tests/live/browser/train.ipynb
 (a tiny model trained with ``Trainer(live="widgets")``), runs all cells and checks from the DOM:
 the ipywidgets progress bar reached 100 %, the live plotly loss trace grew while training, and
 at the end the live widgets were replaced by the static snapshot whose loss trace has one point

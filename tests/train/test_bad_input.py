@@ -622,7 +622,7 @@ RESUME_CASES = [
                                              r"unreadable.*best\.pt holds the best weights")}),
 ]
 # A folder that turns read-only during fit no longer ends the run (issue 21): the run continues
-# from memory, said once: tests/test_misuse.py::test_a_folder_turning_read_only_mid_run_*
+# from memory, said once: tests/train/test_misuse.py::test_a_folder_turning_read_only_mid_run_*
 
 
 @pytest.mark.parametrize("case,change,new_run,expected", RESUME_CASES,
