@@ -24,10 +24,10 @@ from hybridnb.hardware.rules import device_native_bf16
 from hybridnb.measure.memory import MemorySampler, heap_reader, peak_bytes, reset_peak
 from hybridnb.measure.timing import Stopwatch, nvml_busy_reader, synchronize
 from hybridnb.speedups import rewrite_depthwise
+from hybridnb.torch_state import set_torch_rng_state, torch_rng_state
 from hybridnb.train.losses import make_loss
 from hybridnb.train.precision import Precision
 from hybridnb.train.recovery import first_line, free_memory, is_oom
-from hybridnb.train.seeding import set_torch_rng_state, torch_rng_state
 from hybridnb.train.step import TrainStep
 
 CPU_BF16_NOTE = ("bf16 on the CPU runs with oneDNN off (torch.backends.mkldnn.flags): oneDNN's "

@@ -268,13 +268,13 @@ def _fork(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None, death
           merge_output: bool) -> Child:
     made: list[int] = []
     try:
-        msg_r, msg_w = _pipe(made)
+        msg_r, msg_w = new_pipe(made)
         widen_pipe(msg_w)
-        out_r, out_w = _pipe(made)
-        err_r, err_w = (None, None) if merge_output else _pipe(made)
+        out_r, out_w = new_pipe(made)
+        err_r, err_w = (None, None) if merge_output else new_pipe(made)
         stop = StopFlag()
     except BaseException:
-        _close(made)
+        close_fds(made)
         raise
     sys.stdout.flush()  # or the child would print again what is still buffered here
     sys.stderr.flush()
@@ -291,7 +291,7 @@ def _fork(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None, death
                       WORKER_ENV if env is None else env)
     with contextlib.suppress(OSError):  # the child does it too; whichever comes first
         os.setpgid(pid, pid)
-    _close([fd for fd in (msg_w, out_w, err_w) if fd is not None])
+    close_fds([fd for fd in (msg_w, out_w, err_w) if fd is not None])
     outputs = {out_r: 1} if err_r is None else {out_r: 1, err_r: 2}
     return Child(pid, messages_fd=msg_r, output_fds=outputs, stop=stop)
 
@@ -316,7 +316,7 @@ def start_spawn(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None =
         try:
             payload_fd = _payload_fd(data, made)
         except BaseException:
-            _close(made)
+            close_fds(made)
             raise
         child = _spawn(payload_fd, made, env, death_signal, merge_output, preload=())
         child.files = files
@@ -380,7 +380,7 @@ class Prestarted:
     def _close_now(self) -> None:
         with _held_signals():
             if self._payload_w is not None:
-                _close([self._payload_w])
+                close_fds([self._payload_w])
                 self._payload_w = None
             self.child.close()
 
@@ -402,7 +402,7 @@ def prestart_spawn(*, preload: Sequence[str] = ("torch",), env: dict[str, str] |
 
     def spawn() -> Prestarted:
         made: list[int] = []
-        payload_r, payload_w = _pipe(made)
+        payload_r, payload_w = new_pipe(made)
         spawned_at = time.monotonic()
         child = _spawn(payload_r, made, env, death_signal, merge_output, preload=preload,
                        spawned_at=spawned_at)  # on failure it closed both ends
@@ -439,10 +439,10 @@ def _spawn(payload_fd: int, made: list[int], env: dict[str, str] | None, death_s
     child has it, like every descriptor in ``made`` on failure)."""
     stop: StopFlag | None = None
     try:
-        msg_r, msg_w = _pipe(made)
+        msg_r, msg_w = new_pipe(made)
         widen_pipe(msg_w)
-        out_r, out_w = _pipe(made)
-        err_r, err_w = (None, None) if merge_output else _pipe(made)
+        out_r, out_w = new_pipe(made)
+        err_r, err_w = (None, None) if merge_output else new_pipe(made)
         stop = StopFlag(shareable=True)
         if stop.fd is None:
             raise RuntimeError("a spawned child needs os.memfd_create (Linux) for its stop flag")
@@ -460,11 +460,11 @@ def _spawn(payload_fd: int, made: list[int], env: dict[str, str] | None, death_s
                                  stderr=out_w if err_w is None else err_w, env=child_env,
                                  start_new_session=True)
     except BaseException:
-        _close(made)
+        close_fds(made)
         if stop is not None:
             stop.close()
         raise
-    _close([fd for fd in (payload_fd, msg_w, out_w, err_w) if fd is not None])
+    close_fds([fd for fd in (payload_fd, msg_w, out_w, err_w) if fd is not None])
     outputs = {out_r: 1} if err_r is None else {out_r: 1, err_r: 2}
     return Child(popen.pid, popen=popen, messages_fd=msg_r, output_fds=outputs, stop=stop)
 
@@ -480,18 +480,18 @@ def start_command(argv: Sequence[str], *, env: dict[str, str] | None = None,
     made: list[int] = []
     try:
         if capture:
-            out_r, out_w = _pipe(made)
-            err_r, err_w = (None, None) if merge_output else _pipe(made)
+            out_r, out_w = new_pipe(made)
+            err_r, err_w = (None, None) if merge_output else new_pipe(made)
             stdout, stderr = out_w, out_w if err_w is None else err_w
         popen = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=stdout,
                                  stderr=stderr, env=env, pass_fds=tuple(pass_fds),
                                  start_new_session=True)
     except BaseException:
-        _close(made)
+        close_fds(made)
         raise
     outputs: dict[int, int] = {}
     if capture:
-        _close([fd for fd in (out_w, err_w) if fd is not None])
+        close_fds([fd for fd in (out_w, err_w) if fd is not None])
         outputs = {out_r: 1} if err_r is None else {out_r: 1, err_r: 2}
     return Child(popen.pid, popen=popen, output_fds=outputs)
 
@@ -534,13 +534,15 @@ def _forked_child(fn, args, parent: int, death_signal: int, msg_w: int, out_w: i
 
 # ============================================================================ small helpers
 
-def _pipe(made: list[int]) -> tuple[int, int]:
+def new_pipe(made: list[int]) -> tuple[int, int]:
+    """A pipe, its two descriptors also added to ``made`` (closed together on failure)."""
     r, w = os.pipe()
     made += (r, w)
     return r, w
 
 
-def _close(fds: list[int]) -> None:
+def close_fds(fds: list[int]) -> None:
+    """Close each descriptor, ignoring those already closed."""
     for fd in fds:
         with contextlib.suppress(OSError):
             os.close(fd)
@@ -573,7 +575,7 @@ def _write_all(fd: int, data: bytes) -> None:
     except OSError:
         pass
     finally:
-        _close([fd])
+        close_fds([fd])
 
 
 # ============================================================================ atomic starts

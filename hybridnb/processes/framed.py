@@ -28,7 +28,7 @@ from hybridnb.processes.channel import (
     send_frame,
     widen_pipe,
 )
-from hybridnb.processes.child import Child, start_command
+from hybridnb.processes.child import Child, close_fds, new_pipe, start_command
 
 NONE = "-"
 
@@ -61,9 +61,9 @@ def start_framed(module: str, *args: str, environ: dict[str, str] | None = None,
     made: list[int] = []
     stop: StopFlag | None = None
     try:
-        msg_r, msg_w = _pipe(made)
+        msg_r, msg_w = new_pipe(made)
         widen_pipe(msg_w)
-        req_r, req_w = _pipe(made) if requests else (None, None)
+        req_r, req_w = new_pipe(made) if requests else (None, None)
         stop = StopFlag(shareable=True)
         if stop.fd is None:
             raise RuntimeError("a framed child needs os.memfd_create (Linux) for its stop flag")
@@ -74,11 +74,11 @@ def start_framed(module: str, *args: str, environ: dict[str, str] | None = None,
                               merge_output=merge_output,
                               pass_fds=[fd for fd in (msg_w, stop.fd, req_r) if fd is not None])
     except BaseException:
-        _close(made)
+        close_fds(made)
         if stop is not None:
             stop.close()
         raise
-    _close([fd for fd in (msg_w, req_r) if fd is not None])
+    close_fds([fd for fd in (msg_w, req_r) if fd is not None])
     child.messages, child.stop = FrameReader(msg_r), stop
     return child, (Requests(req_w) if req_w is not None else None)
 
@@ -110,14 +110,3 @@ def connect(argv: Sequence[str]) -> tuple[Channel, Inbox | None, list[str]]:
     inbox = None if req_fd == NONE else Inbox(int(req_fd))
     return channel, inbox, list(argv[1:])
 
-
-def _pipe(made: list[int]) -> tuple[int, int]:
-    r, w = os.pipe()
-    made += (r, w)
-    return r, w
-
-
-def _close(fds: list[int]) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)

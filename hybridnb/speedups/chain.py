@@ -63,15 +63,15 @@ from hybridnb.speedups.exact import (
     ATOL,
     RTOL,
     eval_output,
-    evaluating,
     exact_fp32,
     rel_diff,
     rel_diff_any,
-    rng_state,
-    set_rng_state,
     tensors_of,
 )
 from hybridnb.speedups.rewrite import Found, Rewrite, RewriteReport
+from hybridnb.torch_state import evaluating
+from hybridnb.torch_state import set_torch_rng_state as set_rng_state
+from hybridnb.torch_state import torch_rng_state as rng_state
 
 MAX_COST_SHARE = 0.5  # the composite's multiply-adds must be at most this share of the stock two
 # a gradient is compared relative to its own size, but at least this share of the largest one: a

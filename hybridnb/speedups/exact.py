@@ -12,6 +12,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from hybridnb.torch_state import evaluating
+
 # fp32 agreement demanded on the example batch: |a - b| <= ATOL + RTOL * max|b|
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -26,18 +28,6 @@ def exact_fp32() -> Iterator[None]:
         yield
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = cudnn, matmul
-
-
-@contextlib.contextmanager
-def evaluating(model: nn.Module) -> Iterator[None]:
-    """Eval mode for the duration, then each module's own training flag back."""
-    flags = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, flag in flags:
-            m.training = flag
 
 
 def eval_output(model: nn.Module, example: tuple):
@@ -82,17 +72,3 @@ def tensors_of(out) -> list[torch.Tensor]:
     if isinstance(out, (tuple, list)):
         return [t for item in out for t in tensors_of(item)]
     return []
-
-
-def rng_state(device: torch.device) -> tuple:
-    """torch's CPU generator and, on a CUDA device, that device's: what one step draws from (a
-    check and a trial put them back, so the run's random streams are as without speedups)."""
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return torch.get_rng_state(), cuda
-
-
-def set_rng_state(state: tuple, device: torch.device) -> None:
-    """Put back what ``rng_state(device)`` returned."""
-    torch.set_rng_state(state[0])
-    if state[1] is not None:
-        torch.cuda.set_rng_state(state[1], device)

@@ -18,7 +18,9 @@ import torch
 from torch import nn
 
 from hybridnb.measure.timing import synchronize
-from hybridnb.speedups.exact import rng_state, set_rng_state, tensors_of
+from hybridnb.speedups.exact import tensors_of
+from hybridnb.torch_state import set_torch_rng_state as set_rng_state
+from hybridnb.torch_state import torch_rng_state as rng_state
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -43,7 +43,7 @@ from hybridnb.failures import (  # noqa: F401  (their old home: kept importable 
 )
 from hybridnb.measure.memory import cuda_index
 from hybridnb.strategies.batches import batch_len
-from hybridnb.train.seeding import set_torch_rng_state, torch_rng_state
+from hybridnb.torch_state import set_torch_rng_state, torch_rng_state
 
 _LOST: set[str] = set()
 

@@ -67,16 +67,3 @@ def _owns_cuda() -> bool:
     kernel that hands training to a worker never starts the CUDA driver)."""
     return torch.cuda.is_initialized() or (isolated_worker()
                                            and torch.cuda.is_available())
-
-
-def torch_rng_state(device: torch.device) -> tuple:
-    """torch's CPU generator and, on a CUDA device, that device's: what one step draws from."""
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return torch.get_rng_state(), cuda
-
-
-def set_torch_rng_state(state: tuple, device: torch.device) -> None:
-    """Put back what ``torch_rng_state(device)`` returned."""
-    torch.set_rng_state(state[0])
-    if state[1] is not None:
-        torch.cuda.set_rng_state(state[1], device)

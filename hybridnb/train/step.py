@@ -11,13 +11,13 @@ it through ``recovery.Recovery``; ``hn.compare()`` and the batch-size finder cal
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from hybridnb.strategies.base import SingleDevice, Strategy
+from hybridnb.torch_state import evaluating
 from hybridnb.train.precision import Precision
 
 
@@ -243,18 +243,6 @@ def _free(inputs: tuple) -> None:
 
     first = next((a for a in inputs if isinstance(a, torch.Tensor)), None)
     free_memory(first.device if first is not None else torch.device("cpu"))
-
-
-@contextlib.contextmanager
-def evaluating(model: torch.nn.Module) -> Iterator[None]:
-    """Eval mode for the duration, then each module's own training flag back."""
-    flags = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, flag in flags:
-            m.training = flag
 
 
 def first_tensor(out) -> torch.Tensor:
