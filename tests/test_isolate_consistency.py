@@ -64,7 +64,7 @@ def test_what_the_worker_applied_and_measured_reaches_the_kernel(tmp_path):
     assert tr.applied_speedups is None and tr.placement.flops_per_sample is None
     tr.fit(windows(), val=windows(32, seed=1))
 
-    assert tr._fit_where == "worker" and not any(e.kind == "worker_lost" for e in tr.events)
+    assert tr.isolated and tr.runner.name == "worker" and not any(e.kind == "worker_lost" for e in tr.events)
     # the worker started with fit, in parallel with the kernel's set-up; said once, in seconds
     began = [e.message for e in tr.events if e.kind == "worker_start"]
     assert len(began) == 1

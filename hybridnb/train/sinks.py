@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from hybridnb.events import row_kind
 from hybridnb.train import callbacks as cbs
+from hybridnb.train.bus import EpochEnded, StepEnded
 from hybridnb.train.storage import StorageGuard
 
 
@@ -75,6 +76,14 @@ class Sinks:
             self.close()
         trainer.state.events.extend(e for e in self.said if e not in trainer.state.events)
         cbs.call(self.callbacks, "on_fit_end", trainer)
+
+    def hear(self, event) -> None:
+        """A listener on the fit's bus (the user's process): step rows to the loggers that
+        want them, each epoch's row to loggers and ``on_epoch_end``."""
+        if isinstance(event, StepEnded) and self.wants_steps:
+            self.step(event.row)
+        elif isinstance(event, EpochEnded) and self.trainer is not None:
+            self.epoch_rows(event.history, self.trainer)
 
     def close(self) -> None:
         if self.open:
