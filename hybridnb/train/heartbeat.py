@@ -12,7 +12,7 @@ each phase the worker enters.
 from __future__ import annotations
 
 from hybridnb.train import isolate, recovery
-from hybridnb.train.bus import EpochEnded, StateKept, StepEnded
+from hybridnb.train.bus import StateKept, StepEnded
 from hybridnb.train.state import Stop
 from hybridnb.train.worker_fit import Hooks
 
@@ -48,17 +48,14 @@ class Heartbeat:
         self.hooks.enter(phase)
 
     def hear(self, event) -> None:
-        """A listener on the fit's bus (in a worker): each step restarts the kernel's clock,
-        each state kept goes to the kernel (which applies it), and each epoch's row follows
-        its state to the kernel's loggers and callbacks."""
+        """A listener on the fit's bus (in a worker): each step restarts the kernel's clock and
+        each state kept goes to the kernel, which applies it."""
         if self.channel is None:
             return
         if isinstance(event, StepEnded):
             self.channel.step_done()
         elif isinstance(event, StateKept):
             self.channel.state(recovery.to_cpu(event.state))
-        elif isinstance(event, EpochEnded):
-            self.channel.send("view", ("epoch_rows", [dict(r) for r in event.history[-1:]]))
 
     def step_done(self) -> None:
         if self.channel is not None:

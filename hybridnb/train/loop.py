@@ -44,11 +44,11 @@ class Loop:
     """Runs a fit over the parts; ``state`` is the run, ``settings`` the options in force."""
 
     def __init__(self, settings: Settings, *, learner, placement, checkpoints, progress,
-                 stopping, heartbeat, batch_check, sinks, bus: Bus) -> None:
+                 stopping, heartbeat, batch_check, bus: Bus) -> None:
         self.settings, self.state = settings, RunState()
         self.learner, self.placement, self.checkpoints = learner, placement, checkpoints
         self.progress, self.stopping, self.heartbeat = progress, stopping, heartbeat
-        self.batch_check, self.sinks, self.bus = batch_check, sinks, bus
+        self.batch_check, self.bus = batch_check, bus
         self.loader_kwargs = dict(settings.loader_kwargs)
         self.interrupt: GracefulInterrupt | None = None  # set while a fit runs
         checkpoints.on_keep = lambda state: bus.emit(StateKept(

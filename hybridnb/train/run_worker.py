@@ -20,8 +20,7 @@ import pandas as pd
 
 from hybridnb.processes.worker import startup as worker_startup
 from hybridnb.train import isolate, recovery
-from hybridnb.train.bus import Lost
-from hybridnb.train.sinks import SinkView
+from hybridnb.train.bus import Ended, Lost, Started
 from hybridnb.train.state import RunState, Stop
 from hybridnb.train.worker_fit import FitJob, Hooks, KernelView, reraise
 
@@ -37,8 +36,8 @@ class Worker:
         device, start, loop = trainer.device, trainer.state_dict(), trainer.loop
         job = FitJob(trainer.settings.for_worker(), trainer.model, train, val, start,
                      list(trainer.bus.pending), random.getstate())
-        kernel = KernelView(SinkView(trainer.progress.make_view(trainer.live), trainer.sinks,
-                                     trainer))
+        trainer.progress.view = trainer.progress.make_view(trainer.live)  # drawn here
+        kernel = KernelView(trainer.bus, lambda: loop.state.history)
 
         def on_message(message) -> None:
             if message.kind == "state":  # applied as it arrives: a lost worker loses nothing
@@ -49,7 +48,7 @@ class Worker:
         job.sent_at = time.monotonic()
         try:
             out = run_job(trainer, job, prestarted=early, on_message=on_message,
-                          should_stop=lambda: bool(kernel.view.stop_requested))
+                          should_stop=lambda: trainer.progress.stop_requested)
         except BaseException:  # the worker's own error: its last state is applied already
             kernel.finish()
             raise
@@ -63,14 +62,12 @@ class Worker:
         if out.state is None:  # nothing arrived: the start state (each state that came is
             loop.restore(start, events=True)  # applied already, as it arrived)
         if not kernel.started:  # lost before it drew anything: the kernel's view starts here
-            trainer.progress.start(kernel.view.view, loop.run_info())
-        else:
-            trainer.progress.view = kernel.view.view  # the renderer: sinks listen on the bus
+            trainer.bus.emit(Started(loop.run_info()))
         trainer.bus.emit(Lost(out.reason))
         if out.status == "interrupted":
             trainer.event("interrupt", f"{out.reason}; the last good state (step "
                           f"{loop.state.global_step}) is kept")
-            trainer.progress.end(trainer.summary(Stop.INTERRUPT))
+            trainer.bus.emit(Ended(trainer.summary(Stop.INTERRUPT)))
             return trainer.history
         lose_device(trainer)
         trainer.event("worker_lost", f"{out.reason}. {device} is not used again in this "

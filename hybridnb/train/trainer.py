@@ -185,7 +185,7 @@ class Trainer:
         self.loop = Loop(settings, learner=self.learner, placement=self.placement,
                          checkpoints=self.checkpoints, progress=self.progress,
                          stopping=self.stopping, heartbeat=self.heartbeat,
-                         batch_check=self.batch_check, sinks=self.sinks, bus=bus)
+                         batch_check=self.batch_check, bus=bus)
         for listener in (self._record, self.progress.hear, self.sinks.hear, self.heartbeat.hear,
                          self._print):
             bus.subscribe(listener)
@@ -208,8 +208,9 @@ class Trainer:
             self.loop.state.events.append(event)
 
     def _print(self, event) -> None:
-        if isinstance(event, Event) and self.verbose and (self.live is False or self.live is None) \
-                and self.strategy.is_main:
+        """Notes on stderr without a live view (in the kernel: a worker's are forwarded)."""
+        if isinstance(event, Event) and self.verbose and self.live in (False, None) \
+                and self.strategy.is_main and not self.heartbeat.in_worker:
             print(f"hybridnb: {event}", file=sys.stderr)
 
     # ----------------------------------------------------------------------------- properties
