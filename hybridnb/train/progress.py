@@ -35,7 +35,8 @@ SPEEDS = ("samples_per_s", "data_wait_pct", "compute_samples_per_s", "mfu")
 
 class Progress:
     """The view (a renderer, or a ``ChannelView`` in an isolated worker), the epoch's
-    throughput window, and the rows it draws."""
+    throughput window, the rows the Loop emits (``row``, ``epoch_row``), and ``hear``: the
+    view's listener on the bus."""
 
     def __init__(self, view=None) -> None:
         self.view = view if view is not None else View()  # silent until a fit starts
