@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from hybridnb.train.losses import ReweightedHuber
+from hybridnb.train.metrics import regression_metrics
 
 
 def eval_loss(loss_fn, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -72,3 +73,16 @@ def _finite_rows(y: torch.Tensor) -> torch.Tensor:
 
 def _squeeze(a: np.ndarray) -> np.ndarray:
     return a[:, 0] if a.shape[1] == 1 else a
+
+
+def metrics(pred, target, loss, bad) -> dict:
+    """Loss and regression metrics from ``predict_loader``'s output; targets that are not
+    finite are left out and counted (``nonfinite_targets``)."""
+    out = {"loss": loss}
+    if bad:
+        out["nonfinite_targets"] = bad
+    if target is not None and target.dtype.kind == "f" and pred.size == target.size:
+        keep = np.isfinite(target)
+        if keep.any():
+            out.update(regression_metrics(target[keep], pred.reshape(target.shape)[keep]))
+    return out

@@ -11,7 +11,8 @@ each phase the worker enters.
 
 from __future__ import annotations
 
-from hybridnb.train import isolate
+from hybridnb.train import isolate, recovery
+from hybridnb.train.bus import StateKept, StepEnded
 from hybridnb.train.state import Stop
 from hybridnb.train.worker_fit import Hooks
 
@@ -45,6 +46,16 @@ class Heartbeat:
             self.channel.heartbeat(phase=phase)
             self.phase = phase
         self.hooks.enter(phase)
+
+    def hear(self, event) -> None:
+        """A listener on the fit's bus (in a worker): each step restarts the kernel's clock and
+        each state kept goes to the kernel, which applies it."""
+        if self.channel is None:
+            return
+        if isinstance(event, StepEnded):
+            self.channel.step_done()
+        elif isinstance(event, StateKept):
+            self.channel.state(recovery.to_cpu(event.state))
 
     def step_done(self) -> None:
         if self.channel is not None:

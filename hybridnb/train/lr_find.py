@@ -92,8 +92,8 @@ def lr_find(trainer, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_s
     capped = ""
     if smoke() and num_steps > SMOKE_STEPS:
         num_steps, capped = SMOKE_STEPS, f"small mode: the sweep capped at {SMOKE_STEPS} steps"
-    loader = trainer._loader(data, shuffle=True, what="lr_find data")
-    trainer.placement.place([loader], trainer._note, trainer._notes)
+    loader = trainer.loop.loader(data, shuffle=True, what="lr_find data")
+    trainer.placement.place([loader], trainer.bus.note, trainer.bus.pending)
     lrs = start_lr * (end_lr / start_lr) ** (np.arange(num_steps) / (num_steps - 1))
     saved = trainer.state_dict()
     step, guard = trainer.step, trainer.step.guard

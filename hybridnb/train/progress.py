@@ -21,10 +21,11 @@ from collections.abc import Iterable, Iterator
 import pandas as pd
 import torch
 
-from hybridnb.events import EpochRow, StepRow, ValidationRow
+from hybridnb.events import Event
 from hybridnb.live import View, make_view
 from hybridnb.measure.memory import peak_bytes
 from hybridnb.measure.throughput import ThroughputMonitor
+from hybridnb.train.bus import Ended, EpochEnded, Started, StepEnded, Validated
 from hybridnb.train.state import HISTORY_COLUMNS, RunState
 from hybridnb.train.worker_fit import ChannelView
 
@@ -34,7 +35,8 @@ SPEEDS = ("samples_per_s", "data_wait_pct", "compute_samples_per_s", "mfu")
 
 class Progress:
     """The view (a renderer, or a ``ChannelView`` in an isolated worker), the epoch's
-    throughput window, and the rows it draws."""
+    throughput window, the rows the Loop emits (``row``, ``epoch_row``), and ``hear``: the
+    view's listener on the bus."""
 
     def __init__(self, view=None) -> None:
         self.view = view if view is not None else View()  # silent until a fit starts
@@ -95,33 +97,29 @@ class Progress:
                 "global_step": state.global_step, "lr": lr, "train_loss": state.train_loss(),
                 **self.speeds(), "elapsed_s": time.perf_counter() - self.started, **extra}
 
-    def show(self, state: RunState, grad_accum: int, lr: float, **extra) -> None:
-        """Draw a row (after a validation between steps)."""
-        self.view.update(ValidationRow(self.row(state, grad_accum, lr, **extra)))
-
-    def show_step(self, state: RunState, grad_accum: int, lr: float, loss: float | None,
-                  **metrics) -> None:
-        """Keep the step's row in ``state.steps`` and draw it."""
-        loss = math.nan if loss is None else loss
-        state.steps.append((state.global_step, state.epoch, loss, lr))
-        self.view.update(StepRow(self.row(state, grad_accum, lr, loss=loss, **metrics)))
-
-    def end_epoch(self, state: RunState, grad_accum: int, lr: float, metrics: dict,
+    def epoch_row(self, state: RunState, lr: float, metrics: dict,
                   device: torch.device) -> dict:
-        """The epoch's history row (appended to ``state.history`` and drawn)."""
+        """The epoch's history row (the Loop appends it to ``state.history``)."""
         peak = peak_bytes(device)
         seconds = self._monitor.summary()["seconds"]
         speeds = self.speeds()
-        row = {"epoch": state.epoch, "step": state.global_step,
-               "train_loss": state.train_loss(),
-               **{c: float(metrics.get(c, math.nan)) for c in METRICS},
-               "lr": lr, **{k: speeds[k] for k in SPEEDS},
-               "peak_memory_mb": peak / 2**20 if peak is not None else math.nan,
-               "time_s": seconds, "events": state.epoch_events()}
-        state.history.append(row)
-        self.view.update(EpochRow(self.row(state, grad_accum, lr, loss=row["train_loss"],
-                                           epoch_end=True, **metrics)))
-        return row
+        return {"epoch": state.epoch, "step": state.global_step,
+                "train_loss": state.train_loss(),
+                **{c: float(metrics.get(c, math.nan)) for c in METRICS},
+                "lr": lr, **{k: speeds[k] for k in SPEEDS},
+                "peak_memory_mb": peak / 2**20 if peak is not None else math.nan,
+                "time_s": seconds, "events": state.epoch_events()}
+
+    def hear(self, event) -> None:
+        """A listener on the fit's bus: the view starts, draws each row and note, and ends."""
+        if isinstance(event, (StepEnded, Validated, EpochEnded)):
+            self.view.update(event.row)
+        elif isinstance(event, Event):
+            self.view.event(event)
+        elif isinstance(event, Started):
+            self.start(self.view, event.run)
+        elif isinstance(event, Ended):
+            self.end(event.summary)
 
     def summary(self, state: RunState, monitor: str, device, precision: str,
                 stopped=None) -> dict:

@@ -182,7 +182,8 @@ class LossGuard:
         """"ok", "nonfinite" or "spike", without counting the step."""
         if not math.isfinite(loss) or (grad_norm is not None and not math.isfinite(grad_norm)):
             return "nonfinite"
-        if self.good >= self.warmup and self.spike and loss > self.spike * abs(self._mean()):
+        if self.good >= self.warmup and self.spike and \
+                loss > self.spike * abs(self.running_mean()):
             return "spike"
         return "ok"
 
@@ -196,8 +197,8 @@ class LossGuard:
             self.streak += 1
         return verdict
 
-    def _mean(self) -> float:
-        # bias-corrected running mean (like Adam's), so early steps are not pulled towards 0
+    def running_mean(self) -> float:
+        """The bias-corrected running mean (like Adam's): early steps are not pulled to 0."""
         return self.mean / (1 - self.momentum ** max(self.good, 1))
 
     def reset(self) -> None:
@@ -417,7 +418,7 @@ class Recovery:
         self._bad_data = 0
         self.state.lr_scale *= self.guard.lr_cut
         what = "non-finite loss or gradient" if verdict == "nonfinite" else \
-            f"loss spike ({loss:.4g} vs running mean {self.guard._mean():.4g})"
+            f"loss spike ({loss:.4g} vs running mean {self.guard.running_mean():.4g})"
         self.event("nonfinite_loss" if verdict == "nonfinite" else "loss_spike",
                    f"{what}: step skipped, learning rate x{self.guard.lr_cut} (now "
                    f"{self.state.lr_scale:.3g} of the schedule)")

@@ -1,21 +1,21 @@
 """Where a fit's rows go besides the live view: loggers and callbacks, in the user's process.
 
-``SinkView`` wraps the renderer ``Progress.make_view`` made and is what the Trainer draws on: it
-forwards every call (start, update, event, end, stop_requested) and feeds ``Sinks`` the step rows
-it draws and the epoch rows the Trainer hands it (``epoch_rows``). In an isolated worker it wraps
-the worker's ``ChannelView`` and sends the epoch rows to the kernel instead, whose ``SinkView``
-receives them like every other view message: loggers and callbacks run once, in the kernel, and
-keep running when the worker is lost and the kernel continues on the CPU.
+``Sinks.hear`` listens on the fit's bus (bus.py): the step rows go to the loggers that want them,
+each epoch's history row to the loggers and ``on_epoch_end``. An isolated worker has no sinks of
+its own (``Settings.for_worker`` drops the loggers, callbacks never leave the user's process):
+its events are forwarded and emitted again on the kernel's bus, where these listen; they keep
+listening when the worker is lost and the kernel continues on the CPU.
 
-Rows are logged by epoch number: each epoch once, in order. The worker sends an epoch's row only
-after the state holding it; a worker lost before sending it leaves the row in the state the
-kernel continues from, and the next ``epoch_rows`` (or the fit's end) catches it up.
+Rows are logged by epoch number: each epoch once, in order. The worker's ``EpochEnded`` comes
+after the state holding the epoch's row, so the kernel logs from its own history; a worker lost
+before sending it leaves the row in the state the kernel continues from, and the next epoch (or
+the fit's end) catches it up.
 """
 
 from __future__ import annotations
 
-from hybridnb.events import row_kind
 from hybridnb.train import callbacks as cbs
+from hybridnb.train.bus import EpochEnded, StepEnded
 from hybridnb.train.storage import StorageGuard
 
 
@@ -76,38 +76,16 @@ class Sinks:
         trainer.state.events.extend(e for e in self.said if e not in trainer.state.events)
         cbs.call(self.callbacks, "on_fit_end", trainer)
 
+    def hear(self, event) -> None:
+        """A listener on the fit's bus (the user's process): step rows to the loggers that
+        want them, each epoch's row to loggers and ``on_epoch_end``."""
+        if isinstance(event, StepEnded) and self.wants_steps:
+            self.step(event.row)
+        elif isinstance(event, EpochEnded) and self.trainer is not None:
+            self.epoch_rows(event.history, self.trainer)
+
     def close(self) -> None:
         if self.open:
             self.open = False
             for logger in self.loggers:
                 logger.close()
-
-
-def is_step_row(row: dict) -> bool:
-    """A row drawn after an optimizer step (not a validation's or an epoch's end)."""
-    return row_kind(row) == "step" and "loss" in row
-
-
-class SinkView:
-    """The view the Trainer draws on: the renderer, plus the sinks (or, in an isolated worker,
-    the channel that carries the epoch rows to the kernel's sinks)."""
-
-    def __init__(self, view, sinks: Sinks | None = None, trainer=None, channel=None) -> None:
-        self.view, self.sinks, self.trainer, self.channel = view, sinks, trainer, channel
-
-    def update(self, row: dict) -> None:
-        self.view.update(row)
-        if self.sinks is not None and self.sinks.wants_steps and is_step_row(row):
-            self.sinks.step(row)
-
-    def epoch_rows(self, rows: list[dict]) -> None:
-        """The epoch rows so far (the Trainer's ``state.history``; from a worker, its last)."""
-        if self.channel is not None:
-            self.channel.send("view", ("epoch_rows", [dict(r) for r in rows[-1:]]))
-        elif self.sinks is not None:
-            self.sinks.epoch_rows(rows, self.trainer)
-
-    def __getattr__(self, name: str):
-        if name == "view":
-            raise AttributeError(name)
-        return getattr(self.view, name)  # start, event, end, stop_requested, ...: the renderer's

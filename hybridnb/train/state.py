@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field, fields
+from typing import Any, NamedTuple
 
 from hybridnb.events import Event
 
@@ -29,6 +30,15 @@ class Stop(str, enum.Enum):
     EARLY_STOPPING = "early_stopping"
 
     __str__ = str.__str__
+
+
+class Plan(NamedTuple):
+    """Epochs and batches of one fit (smoke mode caps both)."""
+
+    epochs: int
+    batches_per_epoch: int
+    steps_per_epoch: int
+    total_steps: int
 
 
 @dataclass
@@ -83,11 +93,23 @@ class RunState:
     last_val: tuple = (None, {})
     stopped: Stop | None = None
     restores: dict = field(default_factory=dict)  # global step restored to -> how many times
+    # this fit's set-up (never in a checkpoint): its plan, loaders and the train loader's
+    # generator, the step it started at, and a checkpoint resume() read for the next fit
+    plan: Plan = Plan(0, 0, 0, 0)
+    loaders: list = field(default_factory=list)
+    train_gen: Any = None
+    first_step: int = 0
+    pending: dict | None = None
 
     @classmethod
-    def fresh(cls, events: list[Event]) -> RunState:
-        """A new run that keeps the events said so far (notes from set-up, earlier fits)."""
-        return cls(events=events, epoch_first_event=len(events))
+    def fresh(cls, events: list[Event], carry: RunState | None = None) -> RunState:
+        """A new run that keeps the events said so far (notes from set-up, earlier fits) and
+        ``carry``'s set-up (plan, loaders, generator: the fit opened them before it began)."""
+        state = cls(events=events, epoch_first_event=len(events))
+        if carry is not None:
+            state.plan, state.loaders, state.train_gen = carry.plan, carry.loaders, \
+                carry.train_gen
+        return state
 
     def end_epoch(self) -> None:
         """Move to the next epoch: position and accumulators reset."""

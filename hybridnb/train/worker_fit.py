@@ -4,13 +4,14 @@ the kernel, and the worker's exception rebuilt in the kernel.
 The kernel (the notebook's process) never touches the GPU. It hands the worker a ``FitJob``: the
 run's settings (resolved, so the worker never detects again), the model, the data as the user
 gave it, the start state (``Trainer.state_dict()``) and the notes not yet said. The worker builds
-the same Trainer from them and runs the ordinary loop; its live view is a ``ChannelView`` that
-sends every call to the kernel, where the real renderer draws it (the Stop button keeps working);
-at every snapshot and checkpoint it sends its state, and whatever ends its fit early (an error,
-Ctrl-C) it sends the state it holds then, before the error. The kernel applies each state as it
-arrives, so it always holds what an in-process run would. How the kernel answers the worker's
-end is the Trainer's (``trainer.py``): the final state is loaded into the user's model; an error
-is re-raised (after its state was applied); a death or hang continues on the CPU from the last
+the same Trainer from them and runs the same Loop; its live view is a ``ChannelView`` that sends
+every call to the kernel, where ``KernelView`` emits it again on the kernel's bus (the renderer,
+loggers and callbacks listen there; the Stop button keeps working); at every snapshot and
+checkpoint it sends its state, and whatever ends its fit early (an error, Ctrl-C) it sends the
+state it holds then, before the error. The kernel applies each state as it arrives, so it always
+holds what an in-process run would. How the kernel answers the worker's end is the worker
+runner's (``run_worker.py``): the final state is loaded into the user's model; an error is
+re-raised (after its state was applied); a death or hang continues on the CPU from the last
 state received (the start state when none came).
 """
 
@@ -22,6 +23,8 @@ from typing import Any
 
 import torch
 
+from hybridnb.events import row_kind
+from hybridnb.train.bus import Ended, EpochEnded, Started, StepEnded, Validated
 from hybridnb.train.settings import Settings
 
 # The phases an isolated worker names in its heartbeats (a lost worker's event names the last)
@@ -105,28 +108,47 @@ class ChannelView:
 
 
 class KernelView:
-    """The kernel's side: draws what the worker's ``ChannelView`` sent, and knows whether the
-    worker started the view (a worker lost before that leaves it to the kernel). The worker's
-    ``end`` is held until its final state arrived (``finish``): a worker lost during the
-    hand-over leaves the view open for the run to continue here."""
+    """The kernel's side: what the worker's ``ChannelView`` sent, emitted again on the kernel's
+    bus (its typed rows as ``StepEnded`` / ``Validated`` / ``EpochEnded``, its notes as
+    ``Event``), so the kernel's view, loggers and callbacks hear an isolated fit as they hear
+    one in process. It knows whether the worker started the view (a worker lost before that
+    leaves it to the kernel); the worker's ``end`` is held until its final state arrived
+    (``finish``): a worker lost during the hand-over leaves the view open for the run to
+    continue here."""
 
-    def __init__(self, view) -> None:
-        self.view, self.started, self.summary = view, False, None
+    def __init__(self, bus, history) -> None:
+        """``history()``: the kernel's epoch rows (its state, applied as each one arrived)."""
+        self.bus, self.history, self.started, self.summary = bus, history, False, None
 
     def on_message(self, message) -> None:
-        if message.kind == "view":
-            method, arg = message.payload
-            if method == "start":
-                self.started = True
-            if method == "end":
-                self.summary = arg
-                return
-            getattr(self.view, method)(arg)
+        if message.kind != "view":
+            return
+        method, arg = message.payload
+        if method == "start":
+            self.started = True
+            self.bus.emit(Started(arg))
+        elif method == "end":
+            self.summary = arg
+        elif method == "event":
+            self.bus.emit(arg)
+        elif method == "update":
+            self.bus.emit(row_event(arg, self.history()))
 
     def finish(self) -> None:
         """The worker's fit arrived whole: close the view with its summary."""
         if self.summary is not None:
-            self.view.end(self.summary)
+            self.bus.emit(Ended(self.summary))
+
+
+def row_event(row: dict, history: list):
+    """The bus event a row drawn in the worker stands for (its kind is its type's)."""
+    kind = row_kind(row)
+    if kind == "epoch":
+        return EpochEnded(row["epoch"], row["global_step"], history, row)
+    if kind == "validation":
+        return Validated(row["global_step"], {k: v for k, v in row.items()
+                                              if k.startswith("val_")}, row)
+    return StepEnded(row["global_step"], row["epoch"], row.get("loss"), row.get("lr"), row)
 
 
 class WorkerError(Exception):

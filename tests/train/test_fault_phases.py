@@ -159,7 +159,7 @@ def test_a_fault_in_evaluate_or_predict_answers_on_the_cpu(tmp_path, monkeypatch
     else:
         got = tr.predict(x)
         assert torch.allclose(torch.as_tensor(got).reshape(-1), expected.reshape(-1), atol=1e-6)
-    lost = [m for k, m in tr._notes if k == "worker_lost"]  # said at the next fit
+    lost = [m for k, m in tr.bus.pending if k == "worker_lost"]  # said at the next fit
     assert len(lost) == 1 and "'evaluate'" in lost[0]
     if hangs(fault):
         assert "silent for" in lost[0]
@@ -237,7 +237,7 @@ def test_the_kernel_never_starts_cuda_on_an_isolated_run(tmp_path, view, tripwir
     pred = tr.predict(data(64, seed=2)[0])
     found = tr.find_batch_size(torch.utils.data.TensorDataset(*data()), max_batch=64)
     assert math.isfinite(metrics["rmse"]) and pred.shape == (64,) and found >= 1
-    assert tr.device.type == "cuda" and tr.isolated and not tr._notes  # no worker was lost
+    assert tr.device.type == "cuda" and tr.isolated and not tr.bus.pending  # no worker was lost
     assert tripwires == [] and tripwires.asked == []  # the kernel never stepped an optimizer
     assert not torch.cuda.is_initialized()
 

@@ -7,6 +7,9 @@ training's alone.
 - ``samples_per_s`` never counts validation, whatever the number of steps (the throughput window
   used to close after a slow validation when the steps were not a multiple of its period).
 - A FLOP count that runs out of memory is skipped with a note; training goes on.
+- The same fit run here and in the worker (the same Loop, two runners) ends with equal steps,
+  history and weights, and the kernel's bus hears the worker's steps and epochs as it hears an
+  in-process fit's.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from hybridnb.train import recovery, step
+from hybridnb.train.bus import EpochEnded, StepEnded
 from hybridnb.train.checkpoint import read as read_checkpoint
 from hybridnb.train.placement import FLOP_SLICE, Placement
 from hybridnb.train.trainer import Trainer
@@ -64,7 +68,8 @@ def test_what_the_worker_applied_and_measured_reaches_the_kernel(tmp_path):
     assert tr.applied_speedups is None and tr.placement.flops_per_sample is None
     tr.fit(windows(), val=windows(32, seed=1))
 
-    assert tr._fit_where == "worker" and not any(e.kind == "worker_lost" for e in tr.events)
+    assert tr.isolated and tr.runner.name == "worker"
+    assert not any(e.kind == "worker_lost" for e in tr.events)
     # the worker started with fit, in parallel with the kernel's set-up; said once, in seconds
     began = [e.message for e in tr.events if e.kind == "worker_start"]
     assert len(began) == 1
@@ -138,3 +143,32 @@ def test_a_flop_count_out_of_memory_is_skipped_with_a_note(monkeypatch):
     assert len(notes) == 1 and "skipped" in notes[0] and "out of memory" in notes[0]
     assert tr.placement.flops_per_sample is None
     assert len(tr.history) == 1 and math.isfinite(tr.history["train_loss"].iloc[0])
+
+
+def test_the_same_fit_here_and_in_the_worker_ends_the_same():
+    runs = {}
+    for isolate in (False, True):
+        torch.manual_seed(0)
+        tr = Trainer(Depthwise(), device="cpu", isolate=isolate, speedups=False, batch_size=16,
+                     epochs=2, lr=1e-2, seed=0, live=False, verbose=False, schedule=None,
+                     precision="fp32")
+        heard = []
+        tr.bus.subscribe(lambda ev, heard=heard: isinstance(ev, (StepEnded, EpochEnded))
+                         and heard.append((type(ev).__name__, ev.step)))
+        tr.fit(windows(64), val=windows(32, seed=1))
+        assert tr.runner.name == ("worker" if isolate else "here")
+        assert not any(e.kind == "worker_lost" for e in tr.events)
+        runs[isolate] = tr, heard
+    (here, heard_here), (worker, heard_worker) = runs[False], runs[True]
+    assert here.global_step == worker.global_step == 8
+    # the kernel's bus heard the worker's steps and epochs, in order, as an in-process fit's
+    assert heard_worker == heard_here
+    assert [s for kind, s in heard_here if kind == "EpochEnded"] == [4, 8]
+    assert here.steps[["global_step", "epoch"]].equals(worker.steps[["global_step", "epoch"]])
+    assert here.steps["loss"].tolist() == pytest.approx(worker.steps["loss"].tolist(), rel=1e-5)
+    for column in ("epoch", "step", "train_loss", "val_loss", "val_rmse", "lr"):
+        assert here.history[column].tolist() == pytest.approx(
+            worker.history[column].tolist(), rel=1e-5), column
+    for name, value in here.model.state_dict().items():
+        torch.testing.assert_close(worker.model.state_dict()[name], value, rtol=1e-5,
+                                   atol=1e-6)

@@ -92,7 +92,7 @@ def test_dataloader_and_dataset_both_work_and_apply_sets_lr():
     assert by_loader.applied
     assert tr.lr == pytest.approx(by_loader.suggestion)
     assert tr.optimizer.param_groups[0]["lr"] == pytest.approx(by_loader.suggestion)
-    assert any(kind == "lr_find" for kind, _ in tr._notes)
+    assert any(kind == "lr_find" for kind, _ in tr.bus.pending)
     tr.fit(data)  # trains at the applied LR: the schedule peaks there
     assert tr.history["lr"].max() <= by_loader.suggestion * (1 + 1e-6)
 
@@ -134,7 +134,7 @@ def test_an_isolated_trainer_sweeps_in_its_worker_and_applies_here():
     tr = hn.Trainer(model, loss="mse", lr=1e-3, batch_size=32, device="cpu", live=False,
                     verbose=False, seed=0, isolate=True, optimizer=_sgd)
     result = tr.lr_find(_regression(), start_lr=1e-5, end_lr=10.0, num_steps=40, apply=True)
-    assert not any(kind == "worker_lost" for kind, _ in tr._notes)
+    assert not any(kind == "worker_lost" for kind, _ in tr.bus.pending)
     assert result.suggestion is not None and tr.lr == pytest.approx(result.suggestion)
     for k, v in model.state_dict().items():
         assert torch.equal(v, weights[k]), k

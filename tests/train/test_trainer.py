@@ -17,6 +17,7 @@ import hybridnb.train.progress as progress_mod
 import hybridnb.train.trainer as trainer_mod
 from hybridnb.live import View
 from hybridnb.train import checkpoint
+from hybridnb.train.loop import Loop
 from hybridnb.train.losses import ReweightedHuber
 from hybridnb.train.schedules import Plateau, WarmupCosine
 from hybridnb.train.trainer import Trainer
@@ -205,13 +206,13 @@ def test_with_ema_and_early_stopping_predict_scores_the_weights_fit_chose(tmp_pa
 
 def test_val_every_and_checkpoint_every_steps(tmp_path, monkeypatch):
     calls = []
-    real = Trainer._validate
+    real = Loop._validate
 
     def spy(self, loader):
-        calls.append(self.global_step)
+        calls.append(self.state.global_step)
         return real(self, loader)
 
-    monkeypatch.setattr(Trainer, "_validate", spy)
+    monkeypatch.setattr(Loop, "_validate", spy)
     tr = run(val=data(64, seed=1), val_every=3, checkpoint_every=5, checkpoint_dir=tmp_path)
     assert calls == [3, 6, 8, 9, 12, 15, 16]  # every 3 steps + epoch ends (8, 16)
     last = checkpoint.load(tmp_path / "last.pt")
@@ -518,16 +519,16 @@ def test_a_dataset_yielding_device_tensors_gets_no_loader_workers():
 
     tr = Trainer(mlp(), device="cpu", batch_size=4, epochs=1, live=False,
                  loader_kwargs={"num_workers": 2, "pin_memory": True})
-    loader = tr._loader(OnDevice(), shuffle=False, what="train")
+    loader = tr.loop.loader(OnDevice(), shuffle=False, what="train")
     assert loader.num_workers == 0 and loader.pin_memory is False
-    assert [k for k, _ in tr._notes].count("loader") == 1
+    assert [k for k, _ in tr.bus.pending].count("loader") == 1
 
 
 def test_in_memory_tensors_are_batched_by_indexing_without_a_dataloader():
     from hybridnb.train.data import IndexedBatches
 
     tr = Trainer(mlp(), device="cpu", batch_size=32, epochs=1, live=False, seed=0)
-    loader = tr._loader(TensorDataset(*data()), shuffle=True, what="train")
+    loader = tr.loop.loader(TensorDataset(*data()), shuffle=True, what="train")
     assert isinstance(loader, IndexedBatches) and len(loader) == 8
     # the same batches, in the same order, as a DataLoader with the same generator state
     gen = torch.Generator().manual_seed(0)

@@ -1,0 +1,127 @@
+"""One bus for a fit's typed events: the Loop emits them, listeners subscribe.
+
+The Loop never calls the view, the loggers or the callbacks: it emits ``Started``,
+``StepEnded``, ``Validated``, ``EpochEnded``, ``StateKept``, ``Event`` (a note, kept in
+``trainer.events``), ``Lost`` (the kernel, when a worker is lost) and ``Ended``, and whoever
+subscribed hears them in order: the Trainer's record of events, ``Progress.hear`` (the view),
+``Sinks.hear`` (loggers, callbacks), ``Heartbeat.hear`` (in a worker: steps and kept states to
+the kernel; the phases a worker is in are still told to the heartbeat directly). A worker's
+events are emitted again on the kernel's bus (``worker_fit.KernelView``). A note
+said before a fit's view starts (set-up, ``resume()``, ``evaluate()`` between fits) is queued
+here (``pending``) and said when the next fit opens the bus: one route for every message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hybridnb.events import Event
+
+__all__ = ["Bus", "Ended", "EpochEnded", "Event", "Lost", "Started", "StateKept", "StepEnded",
+           "Validated"]
+
+
+@dataclass(frozen=True)
+class Started:
+    """A fit's view starts: the run's description (epochs, steps, device, model, ...)."""
+
+    run: dict
+
+
+@dataclass(frozen=True)
+class StepEnded:
+    """An optimizer step ended: ``step`` is the global step after it; ``row`` what the view
+    draws (a ``StepRow``)."""
+
+    step: int
+    epoch: int
+    loss: float
+    lr: float
+    row: dict = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class Validated:
+    """A validation between steps (``val_every``) ended: its metrics and row
+    (a ``ValidationRow``)."""
+
+    step: int
+    metrics: dict
+    row: dict = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class EpochEnded:
+    """An epoch ended: ``history`` holds every epoch's row so far (the last is this one's),
+    ``row`` what the view draws (an ``EpochRow``)."""
+
+    epoch: int
+    step: int
+    history: list = field(default_factory=list, compare=False)
+    row: dict = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class StateKept:
+    """The last good state was kept (a snapshot, an epoch's end or a checkpoint)."""
+
+    step: int
+    state: dict = field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Lost:
+    """The worker running the fit was lost (died, hung or was stopped): ``reason`` says how."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Ended:
+    """The fit ended (whole, stopped or failed): the summary the view and report show."""
+
+    summary: dict = field(compare=False, repr=False)
+
+
+class Bus:
+    """Listeners, called in order for each event emitted; notes queued until a fit opens."""
+
+    def __init__(self, where: Callable[[], tuple[int, int]]) -> None:
+        """``where()``: the (global step, epoch) a note is stamped with."""
+        self.where = where
+        self.listeners: list[Callable[[object], None]] = []
+        self.pending: list[tuple[str, str]] = []  # notes said when the next fit opens
+        self.open = False
+
+    def subscribe(self, listener: Callable[[object], None]) -> Callable[[object], None]:
+        self.listeners.append(listener)
+        return listener
+
+    def unsubscribe(self, listener: Callable[[object], None]) -> None:
+        if listener in self.listeners:
+            self.listeners.remove(listener)
+
+    def emit(self, event):
+        for listener in list(self.listeners):
+            listener(event)
+        return event
+
+    def say(self, kind: str, message: str) -> Event:
+        """A note now, stamped with where the run is."""
+        step, epoch = self.where()
+        return self.emit(Event(kind, message, step=step, epoch=epoch))
+
+    def note(self, kind: str, message: str) -> None:
+        """Said once: now during a fit, else when the next fit opens the bus."""
+        if self.open:
+            self.say(kind, message)
+        else:
+            self.pending.append((kind, message))
+
+    def flush(self) -> None:
+        """Open: the queued notes are said now, in order; later notes are said as they come."""
+        pending, self.pending = self.pending, []
+        for kind, message in pending:
+            self.say(kind, message)
+        self.open = True
