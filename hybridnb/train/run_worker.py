@@ -70,9 +70,11 @@ class Worker:
             trainer.bus.emit(Ended(trainer.summary(Stop.INTERRUPT)))
             return trainer.history
         lose_device(trainer)
-        trainer.event("worker_lost", f"{out.reason}. {device} is not used again in this "
-                      "process: the run continues on the CPU from the last good state (step "
-                      f"{loop.state.global_step}) in fp32; steps will be slower")
+        where = ("the run continues in this process" if device.type == "cpu" else
+                 f"{device} is not used again in this process: the run continues on the CPU")
+        trainer.event("worker_lost", f"{out.reason}. {where} from the last good state (step "
+                      f"{loop.state.global_step}) in fp32"
+                      + ("" if device.type == "cpu" else "; steps will be slower"))
         loop.state.micro = None
         loop.fit(train_loader, val_loader, view_started=True)
         return trainer.history
