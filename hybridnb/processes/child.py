@@ -14,7 +14,7 @@ orphan, no zombie. Three ways to start one:
   Nothing this process did can break it.
 - ``prestart_spawn()`` then ``.send(fn, *args)``: the same worker started before its job
   exists; it imports torch while this process prepares the job (start now, job later). With
-  warm workers on, it is the spare started after the previous ``send`` (``spare``).
+  warm workers on, it is the spare started when the previous job ended (``start_next``).
 - ``start_command(argv)``: any command (the GPU probe, a compare() variant).
 
 Starts are atomic with respect to Ctrl-C and SIGTERM: ``start_fork``, ``start_spawn``,
@@ -345,8 +345,7 @@ class Prestarted:
 
     def send(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Child:
         """Pickle the job (``NotSendable`` names a part that cannot be pickled) and write it to
-        the worker from a thread, so the caller starts watching the worker at once; then start
-        the spare for the next request (warm workers on). Whatever fails or interrupts this
+        the worker from a thread, so the caller starts watching the worker at once. Whatever fails or interrupts this
         kills the worker and removes its shared files before the exception goes on."""
         from hybridnb.processes.payload import discard, pack
 
@@ -363,14 +362,19 @@ class Prestarted:
 
         try:
             data, _ = pack((fn, args, kwargs), files)
-            child = _atomically(hand_over)
-            if self._next is not None:
-                _start_spare(*self._next)
-            return child
+            return _atomically(hand_over)
         except BaseException:  # nothing is left: not the files, not the worker
             discard(files)
             self._close_now()
             raise
+
+    def start_next(self) -> None:
+        """Start the spare for the next request like this one (warm workers on; once). Call it
+        when this worker's job is over: a spare's start-up (importing torch) would otherwise
+        take CPU from the job itself."""
+        if self._next is not None:
+            nxt, self._next = self._next, None
+            _start_spare(*nxt)
 
     def close(self) -> None:
         """Kill the worker if its job never came (after ``send``: nothing to do)."""
@@ -392,9 +396,9 @@ def prestart_spawn(*, preload: Sequence[str] = ("torch",), env: dict[str, str] |
     pipe that ``Prestarted.send`` writes: so its start-up runs in parallel with this process's
     own preparation. The rest is as ``start_spawn``.
 
-    With warm workers on (``HYBRIDNB_WARM_WORKER``, the default) this is the spare started after
-    the previous request's ``send`` when one is running (``spare``: it has usually imported
-    ``preload`` already), else a worker started now; each ``send`` then starts the next spare."""
+    With warm workers on (``HYBRIDNB_WARM_WORKER``, the default) this is the spare started when
+    the previous request's job ended (``start_next``) when one is running (``spare``: it has
+    usually imported ``preload`` already), else a worker started now."""
     from hybridnb.processes import spare
 
     preload = tuple(preload)

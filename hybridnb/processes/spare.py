@@ -1,9 +1,10 @@
 """A warm worker: one spare prestarted worker per preload tuple, kept for the next request.
 
 ``child.prestart_spawn`` takes the spare when there is one (``take``) instead of starting an
-interpreter, and once a worker was handed its job (``Prestarted.send``) the next spare is
-started (``replenish``): so the second isolated fit in a kernel finds a worker that has already
-imported torch. A spare is handed out only while it runs (one that died is dropped, closed, and
+interpreter, and once a worker's job is over (``Prestarted.start_next``, which
+``train.isolate.run_isolated`` calls) the next spare is started (``replenish``): so the second
+isolated fit in a kernel finds a worker that has already imported torch, and no spare's start-up
+takes CPU from a running job. A spare is handed out only while it runs (one that died is dropped, closed, and
 a fresh one started instead) and only when it was started for the same request: the same
 preload, worker variables, death signal and output plumbing, and the same environment,
 ``sys.path``, working directory and interpreter as now (else it is closed as stale). A spare

@@ -193,10 +193,13 @@ def run_isolated(work: Callable[[Channel], Any], *,
             return prestarted.send(fn)
     else:
         begin = _child.start_fork if start == "fork" else _child.start_spawn
-    return supervise(lambda: begin(work), name="the worker", on_message=on_message,
-                     silence=silence, poll=poll, should_stop=should_stop,
-                     stop_grace=stop_grace, forward_output=forward_output,
-                     start_grace=start_grace)
+    out = supervise(lambda: begin(work), name="the worker", on_message=on_message,
+                    silence=silence, poll=poll, should_stop=should_stop,
+                    stop_grace=stop_grace, forward_output=forward_output,
+                    start_grace=start_grace)
+    if prestarted is not None:  # the job is over: the next fit's worker may take the CPU now
+        prestarted.start_next()
+    return out
 
 
 def prestart() -> _child.Prestarted:

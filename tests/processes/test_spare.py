@@ -45,6 +45,8 @@ def test_the_second_request_gets_a_worker_that_was_ready_before_it_was_asked_for
     assert not first.spare
     out = supervise(lambda: first.send(job, 1), silence=60, start_grace=60)
     assert out.ok and out.result["x"] == 1
+    assert spare.waiting() == []  # no spare competes with a job for the CPU
+    first.start_next()  # the job is over
     [waiting] = spare.waiting()
     _wait_ready(waiting)
     asked = time.monotonic()
@@ -52,6 +54,7 @@ def test_the_second_request_gets_a_worker_that_was_ready_before_it_was_asked_for
     assert second is waiting and second.spare
     out = supervise(lambda: second.send(job, 2), silence=60, start_grace=60)
     assert out.ok and out.result["x"] == 2
+    second.start_next()
     assert out.result["spawned_at"] < out.result["ready_at"] < asked < out.result["job_at"]
     assert len(spare.waiting()) == 1 and spare.waiting()[0] is not second  # the next one
 
@@ -59,6 +62,7 @@ def test_the_second_request_gets_a_worker_that_was_ready_before_it_was_asked_for
 def test_a_dead_spare_is_replaced_not_handed_out():
     first = prestart_spawn(preload=())
     supervise(lambda: first.send(job, 1), silence=60, start_grace=60)
+    first.start_next()
     [dead] = spare.waiting()
     dead.child.kill_group()
     second = prestart_spawn(preload=())
@@ -71,6 +75,7 @@ def test_warm_workers_off_keep_no_spare(monkeypatch):
     monkeypatch.setenv("HYBRIDNB_WARM_WORKER", "0")
     first = prestart_spawn(preload=())
     out = supervise(lambda: first.send(job, 1), silence=60, start_grace=60)
+    first.start_next()
     assert out.ok and spare.waiting() == []
 
 
@@ -84,6 +89,7 @@ def job(channel):
 
 early = prestart_spawn(preload=("json",))
 supervise(lambda: early.send(job), silence=60, start_grace=60)
+early.start_next()
 [waiting] = spare.waiting()
 select.select([waiting.child.messages.fd], [], [], 120)
 print(waiting.child.pid, flush=True)
