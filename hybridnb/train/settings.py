@@ -140,8 +140,12 @@ class Settings:
     def for_worker(self) -> Settings:
         """What an isolated worker trains with: no isolation again, and no loggers (they run in
         the user's process, fed by the worker's view messages, as the callbacks do, which are
-        not settings: ``Trainer(callbacks=...)`` keeps them in the user's process)."""
-        return dataclasses.replace(self, isolate=False, logger=None)
+        not settings: ``Trainer(callbacks=...)`` keeps them in the user's process). The worker
+        computes with as many torch threads as this process does when the settings name none
+        (a fresh interpreter would take every core: a ``torch.set_num_threads`` of the user's,
+        or of detect(), holds in the worker too)."""
+        return dataclasses.replace(self, isolate=False, logger=None,
+                                   torch_threads=self.torch_threads or torch.get_num_threads())
 
     @property
     def needs_detect(self) -> bool:
@@ -166,8 +170,8 @@ class Settings:
             self, device=str(device), batch_size=int(batch_size), grad_accum=int(grad_accum),
             loader_kwargs=loader, resolved_=True,
             recommended_precision=hw.precision if hw is not None else None,
-            torch_threads=(int(hw.settings.torch_threads) if from_hw
-                           and hw.settings.torch_threads else None))
+            torch_threads=self.torch_threads or (int(hw.settings.torch_threads) if from_hw
+                                                 and hw.settings.torch_threads else None))
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)

@@ -467,3 +467,33 @@ def test_bad_arguments_name_themselves():
         run_isolated(lambda ch: None, step_timeout=0)
     with pytest.raises(ValueError, match="poll=-1"):
         run_isolated(lambda ch: None, poll=-1)
+
+
+def test_the_worker_computes_with_the_kernels_torch_thread_count():
+    """A user's torch.set_num_threads holds in the isolated worker too (a fresh interpreter would
+    take every core, and two processes on the same cores slow each other down)."""
+    import torch
+    from torch import nn
+
+    from hybridnb.train.trainer import Trainer
+
+    class Counts(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 1)
+            self.register_buffer("threads", torch.zeros(()))
+
+        def forward(self, x):
+            self.threads.fill_(torch.get_num_threads())
+            return self.lin(x)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        tr = Trainer(Counts(), device="cpu", precision="fp32", batch_size=8, grad_accum=1,
+                     epochs=1, live=False, isolate=True, speedups=False)
+        tr.fit((torch.randn(16, 4), torch.randn(16)))
+    finally:
+        torch.set_num_threads(before)
+    assert tr.isolated and tr.global_step == 2
+    assert int(tr.model.threads) == 1
