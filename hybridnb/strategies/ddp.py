@@ -46,8 +46,13 @@ def wants_ddp(strategy, environ: dict[str, str] | None = None) -> bool:
 
 
 def shutdown() -> None:
-    """Leave the process group (call once at the end of a torchrun script)."""
+    """Leave the process group (call once at the end of a torchrun script). Every rank first
+    waits for the others at a barrier: a rank that tore gloo down while a peer was still
+    sending its last messages was seen to abort at exit ("terminate called without an active
+    exception", seen twice in a day of runs on 2 busy cores)."""
     if dist.is_available() and dist.is_initialized():
+        with contextlib.suppress(RuntimeError):  # a peer already gone: leave anyway
+            dist.barrier()
         dist.destroy_process_group()
 
 
