@@ -34,12 +34,12 @@ browser:
 demo: setup
 	$(PY) -m hybridnb_tools.demo
 
-# Unit tests run in the normal mode (the Trainer caps epochs in small mode); tests/test_notebooks.py
-# runs every notebook top to bottom in small mode (nbclient; a failing cell fails) and checks
+# Unit tests run in the normal mode (the Trainer caps epochs in quick mode); tests/test_notebooks.py
+# runs every notebook top to bottom in quick mode (nbclient; a failing cell fails) and checks
 # what each recorded, so no output and no assertion is stored in the notebooks.
 test: setup
 	$(VENV)/bin/ruff check hybridnb data_prep hybridnb_tools examples tests bench
-	env -u HYBRIDNB_SMOKE $(PY) -m pytest -q
+	env -u HYBRIDNB_QUICK $(PY) -m pytest -q
 
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks

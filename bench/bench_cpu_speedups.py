@@ -13,7 +13,7 @@ by side, whole runs (set-up included) interleaved: the default ``speedups="auto"
 rules) and ``speedups=True`` (every knob tried). Goal: the default >= 2x the loop.
 
     .venv/bin/python -m bench.bench_cpu_speedups          # a few minutes on 2 cores
-    HYBRIDNB_SMOKE=1 .venv/bin/python -m bench.bench_cpu_speedups   # tiny, prints only
+    HYBRIDNB_QUICK=1 .venv/bin/python -m bench.bench_cpu_speedups   # tiny, prints only
 """
 
 from __future__ import annotations
@@ -171,10 +171,10 @@ def part2(steps: int, rounds: int) -> tuple[list[dict], list[tuple[str, bool | N
 
 
 def main() -> None:
-    smoke = env.smoke()
+    quick = env.quick()
     load0 = os.getloadavg()[0]
-    steps1, rounds1 = (1, 1) if smoke else (2, 4)
-    steps2, rounds2 = (2, 1) if smoke else (6, 3)
+    steps1, rounds1 = (1, 1) if quick else (2, 4)
+    steps2, rounds2 = (2, 1) if quick else (6, 3)
     print(f"part 1: {steps1} steps x {rounds1} rounds per copy", flush=True)
     rows1, goals1 = part1(steps1, rounds1)
     print(markdown_table(rows1), flush=True)
@@ -196,7 +196,7 @@ def main() -> None:
         + markdown_table(rows2)
         + (f"\nThe Trainer said: {msg}\n" if msg else "")
         + f"\n{load_note(load0)}\n")
-    if smoke:
+    if quick:
         print(body)
         return
     write_result("cpu-speedups", "CPU speedups: zoo models and the Trainer on the CPU", body,

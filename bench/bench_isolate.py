@@ -294,11 +294,11 @@ def transfer(sizes_mb: tuple[int, ...], repeats: int = 5) -> list[dict]:
 def main() -> None:
     torch.set_num_threads(1)  # as bench_trainer: one thread; the kernel's receiving has a core
     load0 = os.getloadavg()[0]
-    smoke = env.smoke()
-    rounds, steps = (1, 20) if smoke else (ROUNDS, STEPS)
+    quick = env.quick()
+    rounds, steps = (1, 20) if quick else (ROUNDS, STEPS)
     rows, res = measure(rounds, steps)
-    xfer = transfer((1, 10, 50), repeats=2 if smoke else 5)
-    first_rows, first = first_steps(1 if smoke else 3)
+    xfer = transfer((1, 10, 50), repeats=2 if quick else 5)
+    first_rows, first = first_steps(1 if quick else 3)
     body = (
         f"Model: Conv1d({CHANS}->16, 9) + BatchNorm + ELU + pool + Linear (~20k parameters), "
         f"input {CHANS}x{TIMES}, batch {BATCH}, fp32, CPU, 1 torch thread, AdamW, loss.item() "
@@ -338,7 +338,7 @@ def main() -> None:
         "pickling the same 50 MB took 455 ms to deliver (341 ms blocking the worker) and "
         "torch.save to a /dev/shm file + torch.load 158 ms (120 ms).\n\n"
         + markdown_table(xfer) + "\n" + load_note(load0) + "\n")
-    if smoke:
+    if quick:
         print(body)
         return
     busy = os.getloadavg()[0] > 0.75 * len(os.sched_getaffinity(0))

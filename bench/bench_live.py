@@ -15,7 +15,7 @@ import time
 from bench.common import load_note, markdown_table, median, write_result
 
 RUN = dict(epochs=1000, steps_per_epoch=1000, batch_size=32, device="cpu", precision="fp32",
-           model="Bench", n_params=1000, monitor="val_loss", smoke=False)
+           model="Bench", n_params=1000, monitor="val_loss", quick=False)
 STEP_S = 0.002
 STEPS = 2500
 REPEATS = 3

@@ -141,7 +141,7 @@ def warm_up(kind: str) -> None:
     view = renderer(kind)
     view.start({"epochs": 1, "steps_per_epoch": 1, "batch_size": BATCH, "device": "cpu",
                 "precision": "fp32", "model": "warm-up", "n_params": 1, "monitor": "val_loss",
-                "smoke": False})
+                "quick": False})
     view.update({"epoch": 0, "step": 1, "global_step": 1, "loss": 1.0, "lr": LR,
                  "samples_per_s": 1.0, "elapsed_s": 0.1})
     view.update({"epoch": 0, "step": 1, "global_step": 1, "loss": 1.0, "lr": LR,
@@ -266,9 +266,9 @@ def first_steps(pauses: tuple[float, ...] = (0.0, 8.0, 0.0)) -> list[dict]:
 
 def main() -> None:
     torch.set_num_threads(1)  # faster than 2 on this busy 2-core host (see feasibility notes)
-    smoke = env.smoke()
-    plan = {"shallow": (EPOCHS, 2 if smoke else STEPS_PER_EPOCH, 1 if smoke else ROUNDS),
-            "linear": (10, 5 if smoke else 20, 1 if smoke else 5)}
+    quick = env.quick()
+    plan = {"shallow": (EPOCHS, 2 if quick else STEPS_PER_EPOCH, 1 if quick else ROUNDS),
+            "linear": (10, 5 if quick else 20, 1 if quick else 5)}
     x, y = make_data(1)
     warm = make_model()  # import braindecode and warm the kernels up, outside the timings
     nn.functional.mse_loss(warm(x[:BATCH]), y[:BATCH, None]).backward()
@@ -366,7 +366,7 @@ def main() -> None:
         "comes after a pause, as the next fit in a notebook comes a few cells later; fit 3 "
         "comes right after fit 2 and waits for the rest of its spare's import.\n\n"
         + markdown_table(first_rows))
-    if smoke:
+    if quick:
         print(body)
         return
     write_result("trainer", "Trainer vs hand-written loop (live view on)", body, goals)

@@ -21,7 +21,7 @@ _LAZY = {
     "Trainer": "hybridnb.train.trainer",
     "compare": "hybridnb.comparison.compare",
     "launch": "hybridnb.strategies.launch",
-    "smoke": "hybridnb.env",
+    "quick": "hybridnb.env",
     "frontend": "hybridnb.env",
     "load": "hybridnb.saving",
 }

@@ -1,5 +1,5 @@
 """The process's surroundings, each read in one place: every ``HYBRIDNB_*`` variable, the
-frontend (notebook, terminal, CI), smoke mode, the launch environment (torchrun / ``hn.launch``)
+frontend (notebook, terminal, CI), quick mode, the launch environment (torchrun / ``hn.launch``)
 and the user cache folder. Reading the environment never touches a GPU.
 """
 
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 # ------------------------------------------------------------------ every HYBRIDNB_* variable
-SMOKE_ENV = "HYBRIDNB_SMOKE"            # small mode for CI and notebook tests
+QUICK_ENV = "HYBRIDNB_QUICK"            # quick mode for CI and notebook tests
 HEADLESS_ENV = "HYBRIDNB_HEADLESS"      # set by hn.launch in its workers: no frontend of their own
 DEVICE_ENV = "HYBRIDNB_DEVICE"          # cpu | cuda | cuda:N | mps: forces detect()'s device
 LAUNCHED_ENV = "HYBRIDNB_LAUNCHED"      # "1" in the ranks hn.launch starts
@@ -42,9 +42,9 @@ def current() -> dict[str, str]:
     return os.environ  # type: ignore[return-value]
 
 
-def smoke() -> bool:
-    """True when ``HYBRIDNB_SMOKE`` asks for the small mode (CI, notebook tests)."""
-    return os.environ.get(SMOKE_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+def quick() -> bool:
+    """True when ``HYBRIDNB_QUICK`` asks for the quick mode (CI, notebook tests)."""
+    return os.environ.get(QUICK_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
 def frontend(environ: dict[str, str] | None = None) -> str:
@@ -64,7 +64,7 @@ def frontend(environ: dict[str, str] | None = None) -> str:
         return "colab"
     if env.get("VSCODE_PID") or env.get("VSCODE_CWD") or env.get("VSCODE_IPC_HOOK_CLI"):
         return "vscode" if kernel else "terminal"
-    if env.get("CI", "").lower() in ("1", "true", "yes") or env.get("NBVAL") or smoke_ci(env):
+    if env.get("CI", "").lower() in ("1", "true", "yes") or env.get("NBVAL") or headless_runner(env):
         return "ci"
     if kernel:
         return "ci" if _headless_kernel(env) else "jupyter"
@@ -73,7 +73,7 @@ def frontend(environ: dict[str, str] | None = None) -> str:
     return "terminal"
 
 
-def smoke_ci(env: dict[str, str]) -> bool:
+def headless_runner(env: dict[str, str]) -> bool:
     """Headless notebook execution (nbclient, nbval, papermill) marks itself this way."""
     return bool(env.get("PYTEST_CURRENT_TEST") or env.get(HEADLESS_ENV))
 

@@ -21,8 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from hybridnb.env import HEADLESS_ENV, RUN_DIR_ENV, SMOKE_ENV
-from hybridnb.env import smoke as runtime_smoke
+from hybridnb.env import HEADLESS_ENV, QUICK_ENV, RUN_DIR_ENV
+from hybridnb.env import quick as runtime_quick
 from hybridnb_tools.notebooks import NotebookRun, execute_notebook, find_notebooks
 from hybridnb_tools.results import RESULTS_ENV, record, run_dir
 from hybridnb_tools.scores import merged_results, summary
@@ -38,12 +38,12 @@ DESCRIPTION = ("Run the numbered notebooks (notebooks/0*.ipynb) headless, in ord
                "submission.zip beside them.")
 
 
-def run_demo(notebooks: list[Path], out_dir: Path, *, smoke: bool = False,
+def run_demo(notebooks: list[Path], out_dir: Path, *, quick: bool = False,
              cell_timeout: float = 900.0, html: bool = True, progress=print) -> list[NotebookRun]:
     """Execute ``notebooks`` in order into ``out_dir``; every notebook runs even if one fails."""
     env = {HEADLESS_ENV: "1", RUN_DIR_ENV: str(out_dir.resolve())}
-    if smoke:
-        env[SMOKE_ENV] = "1"
+    if quick:
+        env[QUICK_ENV] = "1"
     runs = []
     for path in notebooks:
         progress(f"[{len(runs) + 1}/{len(notebooks)}] {path.name} ...")
@@ -71,8 +71,8 @@ def cli_args(parser: argparse.ArgumentParser) -> None:
                         help="output folder (default: runs/<timestamp>)")
     parser.add_argument("--only", nargs="*", default=None, metavar="NN",
                         help="run only these notebooks, by number (e.g. --only 01 04)")
-    parser.add_argument("--smoke", action="store_true",
-                        help="small mode (HYBRIDNB_SMOKE=1), as the tests run them")
+    parser.add_argument("--quick", action="store_true",
+                        help="quick mode (HYBRIDNB_QUICK=1), as the tests run them")
     parser.add_argument("--cell-timeout", type=float, default=900.0,
                         help="seconds one cell may run (default 900)")
     parser.add_argument("--no-html", action="store_true", help="skip the HTML copies")
@@ -89,13 +89,13 @@ def cli(args: argparse.Namespace) -> int:
             return 2
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = args.out or Path("runs") / stamp
-    smoke = bool(args.smoke or runtime_smoke())
+    quick = bool(args.quick or runtime_quick())
     print(f"hybridnb demo: {len(notebooks)} notebooks from {folder} -> {out_dir}/"
-          f"{' (small mode)' if smoke else ''}", flush=True)
+          f"{' (quick mode)' if quick else ''}", flush=True)
     t0 = time.perf_counter()
-    runs = run_demo(notebooks, out_dir, smoke=smoke, cell_timeout=args.cell_timeout,
+    runs = run_demo(notebooks, out_dir, quick=quick, cell_timeout=args.cell_timeout,
                     html=not args.no_html, progress=lambda s: print(s, flush=True))
-    print(summary(runs, out_dir, time.perf_counter() - t0, smoke), flush=True)
+    print(summary(runs, out_dir, time.perf_counter() - t0, quick), flush=True)
     return 0 if all(r.ok for r in runs) else 1
 
 

@@ -24,7 +24,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from hybridnb.env import RUN_DIR_ENV, SMOKE_ENV
+from hybridnb.env import QUICK_ENV, RUN_DIR_ENV
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",
@@ -80,7 +80,7 @@ def jupyterlab(root: Path, env: dict[str, str] | None = None,
     (tracker / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
     port = _free_port()
     full = {k: v for k, v in os.environ.items()
-            if k not in ("PYTEST_CURRENT_TEST", "CI", SMOKE_ENV, "NBVAL")}
+            if k not in ("PYTEST_CURRENT_TEST", "CI", QUICK_ENV, "NBVAL")}
     full.update(env or {})
     full["JUPYTERLAB_SETTINGS_DIR"] = str(root / ".settings")
     full["JUPYTERLAB_WORKSPACES_DIR"] = str(root / ".ws")
@@ -198,7 +198,7 @@ def run_notebook(notebook: Path, out: Path, *, small: bool = False, timeout_s: f
     kernel_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(repo), os.environ.get("PYTHONPATH", "")) if p)
     if small:
-        kernel_env[SMOKE_ENV] = "1"
+        kernel_env[QUICK_ENV] = "1"
     with jupyterlab(root, kernel_env, start_kernels=(notebook.name,)) as url, \
             sync_playwright() as p:
         browser = p.chromium.launch(executable_path=path, args=CHROMIUM_FLAGS)
@@ -220,10 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hybridnb_tools.lab", description=__doc__)
     parser.add_argument("notebook", type=Path)
     parser.add_argument("--out", type=Path, default=Path("runs") / "lab")
-    parser.add_argument("--small", action="store_true", help="small mode (HYBRIDNB_SMOKE=1)")
+    parser.add_argument("--quick", action="store_true", help="quick mode (HYBRIDNB_QUICK=1)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds for all cells")
     args = parser.parse_args(argv)
-    state = run_notebook(args.notebook, args.out, small=args.small, timeout_s=args.timeout)
+    state = run_notebook(args.notebook, args.out, small=args.quick, timeout_s=args.timeout)
     print(json.dumps({k: v for k, v in state.items() if k != "errors"}, indent=1))
     for err in state["errors"]:
         print(err, file=sys.stderr)

@@ -28,14 +28,14 @@ def _num(v: Any, digits: int = 3) -> str:
     return "-" if v is None else str(v)
 
 
-def summary(runs: list[NotebookRun], out_dir: Path, total_s: float, smoke: bool) -> str:
+def summary(runs: list[NotebookRun], out_dir: Path, total_s: float, quick: bool) -> str:
     """The closing table, with plain ``C1 nRMSE <v>``, ``C2 nRMSE <v>``, ``overall <v>`` lines."""
     res = merged_results(runs)
     device = res.get("device", "-")
     precision = res.get("precision")
     lines = [
         "",
-        f"hybridnb demo · {'small (HYBRIDNB_SMOKE=1)' if smoke else 'default'} mode · "
+        f"hybridnb demo · {'quick (HYBRIDNB_QUICK=1)' if quick else 'default'} mode · "
         f"device {device}{f' ({precision})' if precision else ''}",
         "",
         f"{'notebook':<32} {'status':<8} {'wall':>8}",

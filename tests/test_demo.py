@@ -47,7 +47,7 @@ def test_summary_has_the_plain_lines_scripts_read(tmp_path):
                                       "c1_ceiling_nrmse": 0.17}),
             notebooks.NotebookRun("05_y", tmp_path / "b.ipynb", seconds=3.0, ok=False,
                              error="ValueError: boom", results={"c2_nrmse": 0.99, "overall": 0.876})]
-    text = scores.summary(runs, tmp_path, 15.5, smoke=False)
+    text = scores.summary(runs, tmp_path, 15.5, quick=False)
     lines = text.splitlines()
     for expected in ("C1 nRMSE 0.6123", "C2 nRMSE 0.9900", "overall 0.8760", "device cpu"):
         assert expected in lines

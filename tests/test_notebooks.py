@@ -2,7 +2,7 @@
 
 The notebooks are tutorials: no assertions, mocks or internal imports in view. Each records its
 results (:func:`hybridnb_tools.results.record`); :func:`executed` runs all five top to bottom
-in small mode (``HYBRIDNB_SMOKE=1``, in order: 05 reuses 04's model) with the demo's runner
+in quick mode (``HYBRIDNB_QUICK=1``, in order: 05 reuses 04's model) with the demo's runner
 (nbclient), once per session, and the tests below assert on what they recorded. A broken cell
 fails the run; the one cell tagged ``raises-exception`` may raise.
 """
@@ -167,9 +167,9 @@ def test_nothing_is_skipped_or_allowed_to_fail_silently(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
 def test_small_mode_is_read_through_the_package(path):
-    """Cells ask hybridnb.smoke() (or nothing); only the package reads HYBRIDNB_SMOKE."""
+    """Cells ask hybridnb.quick() (or nothing); only the package reads HYBRIDNB_QUICK."""
     for _, cell in _code(_read(path)):
-        assert "HYBRIDNB_SMOKE" not in cell.source.replace("`HYBRIDNB_SMOKE=1`", "")
+        assert "HYBRIDNB_QUICK" not in cell.source.replace("`HYBRIDNB_QUICK=1`", "")
 
 
 @pytest.mark.slow
@@ -196,11 +196,11 @@ def test_a_broken_cell_fails_the_notebook_run(tmp_path):
 
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory):
-    """All five notebooks run top to bottom in small mode, once: {name: NotebookRun}."""
+    """All five notebooks run top to bottom in quick mode, once: {name: NotebookRun}."""
     out = tmp_path_factory.mktemp("notebooks")
     old = os.environ.pop("HYBRIDNB_DATA", None)   # the default: the synthetic release
     try:
-        runs = run_demo(NOTEBOOKS, out, smoke=True, html=False, progress=lambda line: None)
+        runs = run_demo(NOTEBOOKS, out, quick=True, html=False, progress=lambda line: None)
     finally:
         if old is not None:
             os.environ["HYBRIDNB_DATA"] = old
@@ -271,11 +271,11 @@ def test_04_windows_split_and_score(executed):
     assert r["c1_starts_after_target"] is True
     assert r["c1_subjects_in_two_splits"] == []
     assert r["c1_test_windows"] > 0
-    # small mode trains 10 steps with EMA 0.99: the EMA weights and batch-norm statistics are
+    # quick mode trains 10 steps with EMA 0.99: the EMA weights and batch-norm statistics are
     # still near their start, so no score bound holds there (bench/results/demo-*: default mode)
     assert 0 < r["c1_nrmse"] < float("inf") and r["c1_constant_nrmse"] == 1.0
     assert r["c1_model"] == ("EEGNeX" if r["device"].startswith("cuda") else "ShallowFBCSPNet")
-    # the range test ran (capped in small mode), its suggestion became the trainer's lr
+    # the range test ran (capped in quick mode), its suggestion became the trainer's lr
     assert r["c1_lr_sweep_steps"] == 20
     assert r["c1_lr_suggestion"] is not None and 1e-5 < r["c1_lr_suggestion"] < 1.0
     assert r["c1_lr"] == r["c1_lr_suggestion"]

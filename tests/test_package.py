@@ -58,5 +58,5 @@ def test_hybridnb_never_imports_data_prep():
 def test_public_names_resolve():
     import hybridnb as hn
 
-    for name in ("detect", "Trainer", "compare", "launch", "smoke", "frontend"):
+    for name in ("detect", "Trainer", "compare", "launch", "quick", "frontend"):
         assert callable(getattr(hn, name)), name

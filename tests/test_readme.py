@@ -1,7 +1,7 @@
 """Every shell command in the README runs as written.
 
 The fenced ``bash`` blocks are read line by line (comments dropped). The cheap commands run
-(``python -m hybridnb ... --help``, ``detect``, ``compare`` in small mode, on the CPU, with the
+(``python -m hybridnb ... --help``, ``detect``, ``compare`` in quick mode, on the CPU, with the
 test's own cache); the expensive ones are checked for what they need: a ``make`` target exists
 in the Makefile. A command of a kind this test does not know fails it, so a new README command
 gets a check.
@@ -77,10 +77,10 @@ def test_make_commands_name_real_targets(command):
 
 @pytest.mark.parametrize("command", PYTHON)
 def test_hybridnb_commands_run_as_written(command, tmp_path):
-    """Run on the CPU in small mode (compare: one fp32 step), the cache the test's own."""
+    """Run on the CPU in quick mode (compare: one fp32 step), the cache the test's own."""
     env, argv = split(command)
     environ = {k: v for k, v in os.environ.items() if k != "HYBRIDNB_PROBE_SIMULATE"}
-    environ.update(env, HYBRIDNB_DEVICE="cpu", HYBRIDNB_SMOKE="1",
+    environ.update(env, HYBRIDNB_DEVICE="cpu", HYBRIDNB_QUICK="1",
                    HYBRIDNB_CACHE_DIR=str(tmp_path))
     run = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, env=environ,
                          capture_output=True, text=True, timeout=300)

@@ -9,7 +9,7 @@ from ``hybridnb_tools.models``), so hybridnb itself needs to know no model zoo:
     python -m hybridnb compare --model eegnex
     python -m hybridnb compare --model hybridnb_tools.models:eegnex --variants fp32 bf16
 
-In small mode (``HYBRIDNB_SMOKE=1``) the defaults shrink to one fp32 step of batch 4 on the CPU.
+In quick mode (``HYBRIDNB_QUICK=1``) the defaults shrink to one fp32 step of batch 4 on the CPU.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=None,
                         help="timed steps per window (default 20 on a GPU, 3 on the CPU)")
     parser.add_argument("--warmup", type=int, default=None,
-                        help="untimed steps per variant first (default 3; 1 in small mode)")
+                        help="untimed steps per variant first (default 3; 1 in quick mode)")
     parser.add_argument("--repeats", type=int, default=None,
                         help="interleaved windows per variant (default 3 on a GPU, 2 on the CPU)")
     parser.add_argument("--variants", nargs="+", default=None, help=VARIANTS_HELP)
@@ -67,11 +67,11 @@ def run(args: argparse.Namespace) -> int:
     if shape is None or len(shape) != 2:
         raise ValueError(f"--input-shape: {args.model} has no input_shape attribute; give one "
                          f"sample's shape as C,T (e.g. --input-shape 129,200)")
-    from hybridnb.env import smoke
+    from hybridnb.env import quick
 
     dev = resolve_device(args.device)
     gpu = dev.type != "cpu"
-    small = smoke() and not gpu
+    small = quick() and not gpu
     batch = args.batch or [4 if small else 256 if gpu else 32]
     steps = args.steps or (1 if small else 20 if gpu else 3)
     repeats = args.repeats or (1 if small else 3 if gpu else 2)

@@ -30,7 +30,7 @@ class View:
 
     def start(self, run: dict) -> None:
         """A run begins; ``run`` holds epochs, steps_per_epoch, batch_size, device, precision,
-        model, n_params, monitor, smoke."""
+        model, n_params, monitor, quick."""
 
     def update(self, state: dict) -> None:
         """After every optimizer step; ``epoch_end=True`` once at the end of each epoch."""

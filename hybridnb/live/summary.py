@@ -27,7 +27,7 @@ STOP_REASONS = {
 
 
 def header(run: Mapping[str, Any], note: str = "") -> str:
-    """``EEGNeX · 62.3 k params · cpu · fp32 · batch 64 · 3 epochs × 20 steps · smoke mode``."""
+    """``EEGNeX · 62.3 k params · cpu · fp32 · batch 64 · 3 epochs × 20 steps · quick mode``."""
     parts = [str(run.get("model") or "model")]
     if run.get("n_params") is not None:
         parts.append(f"{fmt.count(run['n_params'])} params")
@@ -39,8 +39,8 @@ def header(run: Mapping[str, Any], note: str = "") -> str:
     parts.append(f"{epochs} epochs × {spe} steps" if spe else f"{epochs} epochs")
     if run.get("monitor"):
         parts.append(f"monitor {run['monitor']}")
-    if run.get("smoke"):
-        parts.append("smoke mode (HYBRIDNB_SMOKE): shortened run")
+    if run.get("quick"):
+        parts.append("quick mode (HYBRIDNB_QUICK): shortened run")
     text = " · ".join(parts)
     return f"{text} — {note}" if note else text
 
@@ -181,6 +181,6 @@ def paragraph(summary: Mapping[str, Any], record) -> str:
         text.append(f"{len(events)} event{'s' if len(events) != 1 else ''}: {listed}.")
     else:
         text.append("No recovery events.")
-    if run.get("smoke"):
-        text.append("Smoke mode (HYBRIDNB_SMOKE) shortened this run.")
+    if run.get("quick"):
+        text.append("Quick mode (HYBRIDNB_QUICK) shortened this run.")
     return " ".join(text)

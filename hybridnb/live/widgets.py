@@ -1,6 +1,6 @@
 """Widget live view for JupyterLab / Notebook 7 / Colab: ipywidgets bars + a plotly FigureWidget.
 
-Shown while training: a header (model, device, precision, smoke mode), epoch and step bars,
+Shown while training: a header (model, device, precision, quick mode), epoch and step bars,
 a status line (loss, LR, samples/s, elapsed/remaining, memory), recovery events and a Stop
 button; below, one FigureWidget with loss, learning rate and memory panels. Only the main thread
 (the training loop, through ``update``) changes widgets; the Stop button's handler, which may run

@@ -33,12 +33,12 @@ def as_dataset(data) -> Dataset | DataLoader:
                     "(X, y) arrays")
 
 
-SMOKE_EPOCHS, SMOKE_STEPS = 2, 5
+QUICK_EPOCHS, QUICK_STEPS = 2, 5
 
 
 def plan_epochs(loader, epochs: int, steps_per_epoch: int | None, grad_accum: int,
                 small: bool) -> tuple[int, int, str | None]:
-    """Epochs and batches per epoch for a fit, and a note when smoke mode capped them."""
+    """Epochs and batches per epoch for a fit, and a note when quick mode capped them."""
     try:
         n_batches = len(loader)
     except TypeError as exc:
@@ -50,10 +50,10 @@ def plan_epochs(loader, epochs: int, steps_per_epoch: int | None, grad_accum: in
         n_batches = min(n_batches, steps_per_epoch * grad_accum)
     if not small:
         return epochs, n_batches, None
-    capped = min(epochs, SMOKE_EPOCHS), min(n_batches, SMOKE_STEPS * grad_accum)
+    capped = min(epochs, QUICK_EPOCHS), min(n_batches, QUICK_STEPS * grad_accum)
     note = None
     if capped != (epochs, n_batches):
-        note = (f"smoke mode (HYBRIDNB_SMOKE): {capped[0]} epochs of at most {SMOKE_STEPS} steps "
+        note = (f"quick mode (HYBRIDNB_QUICK): {capped[0]} epochs of at most {QUICK_STEPS} steps "
                 f"instead of {epochs} x {math.ceil(n_batches / grad_accum)}")
     return capped[0], capped[1], note
 

@@ -15,7 +15,7 @@ import enum
 import math
 import os
 
-from hybridnb.env import smoke
+from hybridnb.env import quick
 from hybridnb.events import EpochRow, StepRow, ValidationRow
 from hybridnb.measure.memory import reset_peak
 from hybridnb.train import recovery, setup
@@ -197,9 +197,9 @@ class Loop:
         val_loader = None if val is None else self.loader(val, shuffle=False, what="val")
         s = self.settings
         epochs, batches, note = plan_epochs(train_loader, s.epochs, s.steps_per_epoch,
-                                            s.grad_accum, smoke())
+                                            s.grad_accum, quick())
         if note:
-            self.bus.note("smoke", note)
+            self.bus.note("quick", note)
         steps = math.ceil(batches / s.grad_accum)
         self.state.plan = Plan(epochs, batches, steps, epochs * steps)
         self.state.loaders = [ld for ld in (train_loader, val_loader) if ld is not None]
@@ -250,7 +250,7 @@ class Loop:
                 "batch_size": s.batch_size, "device": str(self.placement.device),
                 "precision": self.placement.precision.name, "model": type(model).__name__,
                 "n_params": sum(p.numel() for p in model.parameters()),
-                "monitor": s.monitor, "smoke": smoke(), "pid": os.getpid()}
+                "monitor": s.monitor, "quick": quick(), "pid": os.getpid()}
 
     def grace(self, what: str) -> float | None:
         return self.heartbeat.grace(what, compiling=bool(self.placement.compile),

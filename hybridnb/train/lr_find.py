@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hybridnb.env import smoke
+from hybridnb.env import quick
 
 SUGGESTIONS = ("valley", "steepest")
-SMOKE_STEPS = 20  # small mode (HYBRIDNB_SMOKE=1): a short sweep, as the Trainer caps fits
+QUICK_STEPS = 20  # quick mode (HYBRIDNB_QUICK=1): a short sweep, as the Trainer caps fits
 
 
 @dataclass
@@ -90,8 +90,8 @@ def lr_find(trainer, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_s
     if suggest not in SUGGESTIONS:
         raise ValueError(f"lr_find: suggest={suggest!r}; use one of {SUGGESTIONS}")
     capped = ""
-    if smoke() and num_steps > SMOKE_STEPS:
-        num_steps, capped = SMOKE_STEPS, f"small mode: the sweep capped at {SMOKE_STEPS} steps"
+    if quick() and num_steps > QUICK_STEPS:
+        num_steps, capped = QUICK_STEPS, f"quick mode: the sweep capped at {QUICK_STEPS} steps"
     loader = trainer.loop.loader(data, shuffle=True, what="lr_find data")
     trainer.placement.place([loader], trainer.bus.note, trainer.bus.pending)
     lrs = start_lr * (end_lr / start_lr) ** (np.arange(num_steps) / (num_steps - 1))

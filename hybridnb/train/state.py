@@ -33,7 +33,7 @@ class Stop(str, enum.Enum):
 
 
 class Plan(NamedTuple):
-    """Epochs and batches of one fit (smoke mode caps both)."""
+    """Epochs and batches of one fit (quick mode caps both)."""
 
     epochs: int
     batches_per_epoch: int

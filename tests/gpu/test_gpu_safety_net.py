@@ -5,7 +5,7 @@ assert, a GPU kernel that never ends (``torch.cuda._sleep``) and an abort in the
 on the CPU with trained weights in the kernel's model, and the kernel never started CUDA. An
 out-of-memory error under ``memory_fraction`` splits the batch and the kernel learns the
 micro-batch. ``cudnn.benchmark`` is put back after fit. The five notebooks run through the demo
-runner in smoke mode.
+runner in quick mode.
 
 Faults are triggered by the model itself, on its ``trigger``-th training forward on a CUDA
 input (the first step of the second epoch: past the grace the worker asks for while the CUDA
@@ -218,8 +218,8 @@ def test_cudnn_benchmark_is_put_back_after_a_fit_that_turned_it_on():
     assert line == "RESULT [True] False"
 
 
-def test_the_five_notebooks_run_on_the_gpu_in_smoke_mode(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "hybridnb_tools.demo", "--smoke", "--no-html",
+def test_the_five_notebooks_run_on_the_gpu_in_quick_mode(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "hybridnb_tools.demo", "--quick", "--no-html",
                           "--out", str(tmp_path / "run")], cwd=ROOT, capture_output=True,
                          text=True, timeout=3600, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])

@@ -26,7 +26,7 @@ from hybridnb.live.throttle import Throttle
 from hybridnb.measure.memory import MemorySampler
 
 RUN = dict(epochs=3, steps_per_epoch=20, batch_size=32, device="cpu", precision="fp32",
-           model="TinyNet", n_params=1234, monitor="val_loss", smoke=False)
+           model="TinyNet", n_params=1234, monitor="val_loss", quick=False)
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
@@ -290,11 +290,11 @@ def test_every_renderer_shows_the_train_loss_the_trainer_sends():
         out.getvalue().splitlines()[-1]
 
 
-def test_text_renderer_smoke_mode_stop_and_tty_progress():
+def test_text_renderer_quick_mode_stop_and_tty_progress():
     out = io.StringIO()
     view = ConsoleView(stream=out, tty=True, sampler_factory=None)
-    view.start(dict(RUN, smoke=True))
-    assert "smoke mode" in out.getvalue().splitlines()[0]
+    view.start(dict(RUN, quick=True))
+    assert "quick mode" in out.getvalue().splitlines()[0]
     view.update(dict(epoch=0, step=1, global_step=1, loss=0.5, lr=1e-3))
     assert "\r" in out.getvalue()  # a redrawn progress line on a TTY
     view.update(dict(epoch=0, step=1, global_step=1, epoch_end=True))
@@ -302,7 +302,7 @@ def test_text_renderer_smoke_mode_stop_and_tty_progress():
                   precision="fp32"))
     last = out.getvalue().splitlines()[-1]
     assert "Stopped with the Stop button" in last and "after step 1" in last
-    assert "No val_loss was recorded" in last and "Smoke mode" in last
+    assert "No val_loss was recorded" in last and "Quick mode" in last
 
 
 def test_text_heartbeat_shows_progress_in_a_slow_epoch():

@@ -18,7 +18,7 @@ import time
 from hybridnb.live import make_view
 view = make_view("widgets")
 view.start(dict(epochs=1000, steps_per_epoch=100, batch_size=8, device="cpu",
-                precision="fp32", model="Fake", n_params=10, monitor="val_loss", smoke=False))
+                precision="fp32", model="Fake", n_params=10, monitor="val_loss", quick=False))
 print("ROUTE", view.clicks.mode, flush=True)
 t0 = time.time(); g = 0
 while not view.stop_requested and time.time() - t0 < 30:

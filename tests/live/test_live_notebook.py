@@ -1,7 +1,7 @@
 """The browser test's training cell, executed headless with nbclient (as CI and nbval do).
 
 The same cell runs twice in one kernel: with ``live="auto"`` (a headless kernel -> the text
-view) and with ``live="html"`` (display handles). Both must run without errors, in smoke mode,
+view) and with ``live="html"`` (display handles). Both must run without errors, in quick mode,
 and leave a notebook that reads without a kernel: no widget views, no widget state.
 """
 
@@ -22,7 +22,7 @@ PLOTLY_MIME = "application/vnd.plotly.v1+json"
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_training_cell_headless_gives_text_and_html(tmp_path, monkeypatch):
-    monkeypatch.setenv("HYBRIDNB_SMOKE", "1")  # the kernel inherits it, as in CI
+    monkeypatch.setenv("HYBRIDNB_QUICK", "1")  # the kernel inherits it, as in CI
     source = nbformat.read(TRAIN_NB, as_version=4)
     setup, train = source.cells[1].source, source.cells[2].source
     assert 'live="widgets"' in train
@@ -41,14 +41,14 @@ def test_training_cell_headless_gives_text_and_html(tmp_path, monkeypatch):
 
     assert "frontend: ci" in nb.cells[0].outputs[0].text  # headless kernel recognised
 
-    # live="auto" headless -> text: header (smoke mode), a line per epoch, the summary
+    # live="auto" headless -> text: header (quick mode), a line per epoch, the summary
     text = "".join(o.text for o in nb.cells[1].outputs if o.output_type == "stream"
                    and o.name == "stdout")
     assert not [o for o in nb.cells[1].outputs if o.output_type == "display_data"]
     assert "\r" not in text
     lines = text.splitlines()
-    assert lines[0].startswith("hybridnb · SlowLinear") and "smoke mode" in lines[0]
-    assert any(ln.startswith("! [step 0] smoke: smoke mode (HYBRIDNB_SMOKE)") for ln in lines)
+    assert lines[0].startswith("hybridnb · SlowLinear") and "quick mode" in lines[0]
+    assert any(ln.startswith("! [step 0] quick: quick mode (HYBRIDNB_QUICK)") for ln in lines)
     assert [ln.split(" · ")[0] for ln in lines if ln.startswith("epoch ")] == \
         ["epoch 0/1", "epoch 1/1"]  # counted from 0, as in the history
     assert lines[-1].startswith("Trained SlowLinear") and "Best val_loss" in lines[-1]
@@ -57,7 +57,7 @@ def test_training_cell_headless_gives_text_and_html(tmp_path, monkeypatch):
     shown = [o for o in nb.cells[2].outputs if o.output_type == "display_data"]
     assert len(shown) == 2
     summary, figure = shown[0].data, shown[1].data
-    assert "Trained SlowLinear" in summary["text/html"] and "smoke mode" in summary["text/html"]
+    assert "Trained SlowLinear" in summary["text/html"] and "quick mode" in summary["text/html"]
     assert figure["image/svg+xml"].startswith("<svg")
     loss = next(t for t in figure[PLOTLY_MIME]["data"] if t["name"] == "step loss")
     epoch_loss = next(t for t in figure[PLOTLY_MIME]["data"] if t["name"] == "train loss (epoch)")

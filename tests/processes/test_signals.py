@@ -60,7 +60,7 @@ def _signal_when(argv: list[str], sig: int, ready: Callable[[list[str]], bool], 
     tmp.mkdir()
     env = {**os.environ, MARK: token, "TMPDIR": str(tmp), "HYBRIDNB_CACHE_DIR": str(tmp_path / "cache"),
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    env.pop("HYBRIDNB_SMOKE", None)
+    env.pop("HYBRIDNB_QUICK", None)
     env.update(extra_env or {})
     proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)

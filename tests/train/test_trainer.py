@@ -371,7 +371,7 @@ def test_live_view_contract_and_stop_button(tmp_path, monkeypatch):
     view = views[0]
     assert view.run == {"epochs": 2, "steps_per_epoch": 8, "batch_size": 32, "device": "cpu",
                         "precision": "bf16", "model": "Sequential", "n_params": 321,
-                        "monitor": "val_loss", "smoke": False,
+                        "monitor": "val_loss", "quick": False,
                         "pid": os.getpid()}  # the training process: its memory is plotted
     steps = [u for u in view.updates if not u.get("epoch_end")]
     ends = [u for u in view.updates if u.get("epoch_end")]
@@ -392,12 +392,12 @@ def test_live_view_contract_and_stop_button(tmp_path, monkeypatch):
     assert len(tr.history) == 1
 
 
-def test_smoke_mode_caps_epochs_and_steps_and_says_so(monkeypatch):
-    monkeypatch.setenv("HYBRIDNB_SMOKE", "1")
+def test_quick_mode_caps_epochs_and_steps_and_says_so(monkeypatch):
+    monkeypatch.setenv("HYBRIDNB_QUICK", "1")
     tr = run(epochs=10)
     assert len(tr.history) == 2 and tr.history["step"].tolist() == [5, 10]
-    smoke = [e for e in tr.events if e.kind == "smoke"]
-    assert len(smoke) == 1 and "HYBRIDNB_SMOKE" in smoke[0].message
+    quick = [e for e in tr.events if e.kind == "quick"]
+    assert len(quick) == 1 and "HYBRIDNB_QUICK" in quick[0].message
 
 
 # ------------------------------------------------------------------------------- batch size
