@@ -69,6 +69,7 @@ from hybridnb.speedups.exact import (
     tensors_of,
 )
 from hybridnb.speedups.rewrite import Found, Rewrite, RewriteReport
+from hybridnb.speedups.rows import is_width_conv
 from hybridnb.torch_state import evaluating
 from hybridnb.torch_state import set_torch_rng_state as set_rng_state
 from hybridnb.torch_state import torch_rng_state as rng_state
@@ -85,17 +86,8 @@ LABEL = "conv-BatchNorm-conv chain as one convolution"
 # ----------------------------------------------------------------------------- rule and shapes
 
 def is_temporal_conv(module: nn.Module) -> bool:
-    """A stock ``Conv2d`` with a ``(1, k)`` kernel, stride 1, dilation 1, no groups, zero padding
-    along time only."""
-    if not isinstance(module, nn.Conv2d):
-        return False
-    cls = type(module)
-    padding = module.padding
-    return (cls.forward is nn.Conv2d.forward and cls._conv_forward is nn.Conv2d._conv_forward
-            and module.groups == 1 and module.kernel_size[0] == 1
-            and tuple(module.stride) == (1, 1) and tuple(module.dilation) == (1, 1)
-            and module.padding_mode == "zeros"
-            and (padding in ("same", "valid") or padding[0] == 0))
+    """A width convolution (:func:`rows.is_width_conv`) with dilation 1."""
+    return is_width_conv(module) and tuple(module.dilation) == (1, 1)
 
 
 def is_plain_batchnorm(module: nn.Module) -> bool:

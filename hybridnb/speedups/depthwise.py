@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hybridnb.speedups.replace import Replacement
+from hybridnb.speedups.replace import FormReplacement
 from hybridnb.speedups.rewrite import LayerRewrite, RewriteReport
 
 
@@ -60,13 +60,11 @@ def depthwise_as_matmul(module: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-class MatmulDepthwise(Replacement):
+class MatmulDepthwise(FormReplacement):
     """A depthwise convolution computed as a batched matmul where its kernel spans the input."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if spans_height(self.original, x):
-            return depthwise_as_matmul(self.original, x)
-        return self.stock(x)
+    fits = staticmethod(spans_height)
+    compute = staticmethod(depthwise_as_matmul)
 
 
 class DepthwiseRewrite(LayerRewrite):
@@ -79,12 +77,6 @@ class DepthwiseRewrite(LayerRewrite):
 
     def applies(self, module: nn.Module) -> bool:
         return is_candidate_conv(module)
-
-    def fits(self, module: nn.Module, x: torch.Tensor) -> bool:
-        return spans_height(module, x)
-
-    def compute(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return depthwise_as_matmul(module, x)
 
 
 DEPTHWISE = DepthwiseRewrite()

@@ -123,3 +123,23 @@ def originals(model: nn.Module) -> Iterator[nn.Module]:
 def first_tensor(args: tuple) -> torch.Tensor | None:
     """A forward call's first positional input when it is a tensor."""
     return args[0] if args and isinstance(args[0], torch.Tensor) else None
+
+
+class FormReplacement(Replacement):
+    """A replacement that computes the inputs its form ``fits`` with ``compute`` and hands any
+    other input to the stock forward. Subclasses set both as static methods taking
+    ``(original, x)``; the layer rewrite that puts them in checks the same two."""
+
+    @staticmethod
+    def fits(module: nn.Module, x: torch.Tensor) -> bool:
+        raise NotImplementedError
+
+    @staticmethod
+    def compute(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fits(self.original, x):
+            return self.compute(self.original, x)
+        return self.stock(x)
+

@@ -154,18 +154,21 @@ class Rewrite(ABC):
 
 
 class LayerRewrite(Rewrite):
-    """One layer for one layer: ``fits(module, x)`` says whether the form computes this input,
-    ``compute(module, x)`` computes it; any other input takes the stock layer's forward."""
+    """One layer for one layer, by the ``kind`` of :class:`replace.FormReplacement` it puts in:
+    ``fits(module, x)`` says whether the form computes this input, ``compute(module, x)``
+    computes it; any other input takes the stock layer's forward."""
+
+    kind: ClassVar[type[replace.FormReplacement]]
 
     def swap_in(self, model: nn.Module, group: tuple[str, ...]) -> None:
         (name,) = group
         replace.put(model, name, self.kind(model.get_submodule(name)))
 
-    @abstractmethod
-    def fits(self, module: nn.Module, x: torch.Tensor) -> bool: ...
+    def fits(self, module: nn.Module, x: torch.Tensor) -> bool:
+        return self.kind.fits(module, x)
 
-    @abstractmethod
-    def compute(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor: ...
+    def compute(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return self.kind.compute(module, x)
 
     def find(self, model: nn.Module, example: tuple) -> Found:
         """Candidates found with forward hooks on one eval forward; each one's faster form is

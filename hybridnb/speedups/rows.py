@@ -13,22 +13,27 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridnb.speedups.replace import Replacement
+from hybridnb.speedups.replace import FormReplacement
 from hybridnb.speedups.rewrite import LayerRewrite, RewriteReport
 
 
-def is_rows_candidate(module: nn.Module) -> bool:
-    """A stock ``Conv2d`` with a ``(1, K)`` kernel (K >= 2), stride 1, zero padding along the
-    width only, no groups: the 1-D form computes it for inputs of any height."""
+def is_width_conv(module: nn.Module) -> bool:
+    """A stock ``Conv2d`` with a ``(1, k)`` kernel, stride 1, no groups, zero padding along the
+    width only: the layer both this rewrite and the chain rewrite start from."""
     if not isinstance(module, nn.Conv2d):
         return False
     cls = type(module)
     padding = module.padding
     return (cls.forward is nn.Conv2d.forward and cls._conv_forward is nn.Conv2d._conv_forward
             and module.groups == 1 and module.kernel_size[0] == 1
-            and module.kernel_size[1] >= 2 and tuple(module.stride) == (1, 1)
-            and module.padding_mode == "zeros"
+            and tuple(module.stride) == (1, 1) and module.padding_mode == "zeros"
             and (padding in ("same", "valid") or padding[0] == 0))
+
+
+def is_rows_candidate(module: nn.Module) -> bool:
+    """A width convolution (:func:`is_width_conv`) with K >= 2: the 1-D form computes it for
+    inputs of any height."""
+    return is_width_conv(module) and module.kernel_size[1] >= 2
 
 
 def several_rows(module: nn.Conv2d, x: torch.Tensor) -> bool:
@@ -53,13 +58,11 @@ def rows_as_conv1d(module: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     return out.reshape(batch, rows, module.out_channels, -1).transpose(1, 2)
 
 
-class RowsAsConv1d(Replacement):
+class RowsAsConv1d(FormReplacement):
     """A ``(1, K)`` convolution computed as a 1-D convolution over folded rows."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if several_rows(self.original, x):
-            return rows_as_conv1d(self.original, x)
-        return self.stock(x)
+    fits = staticmethod(several_rows)
+    compute = staticmethod(rows_as_conv1d)
 
 
 class RowsRewrite(LayerRewrite):
@@ -72,12 +75,6 @@ class RowsRewrite(LayerRewrite):
 
     def applies(self, module: nn.Module) -> bool:
         return is_rows_candidate(module)
-
-    def fits(self, module: nn.Module, x: torch.Tensor) -> bool:
-        return several_rows(module, x)
-
-    def compute(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return rows_as_conv1d(module, x)
 
 
 ROWS = RowsRewrite()

@@ -91,10 +91,11 @@ def test_check_says_ok_or_why(setup, monkeypatch):
     verdict = DEPTHWISE.check(model, x)
     assert verdict.ok and verdict.max_rel_diff <= 1e-4
     real = depthwise.depthwise_as_matmul
-    monkeypatch.setattr(depthwise, "depthwise_as_matmul", lambda m, t: real(m, t) * 1.1)
+    form = depthwise.MatmulDepthwise  # the replacement's compute, which check() also runs
+    monkeypatch.setattr(form, "compute", staticmethod(lambda m, t: real(m, t) * 1.1))
     verdict = DEPTHWISE.check(model, x)
     assert not verdict.ok and "differed from the convolution" in verdict.why
-    monkeypatch.setattr(depthwise, "depthwise_as_matmul",
-                        lambda m, t: (_ for _ in ()).throw(RuntimeError("boom")))
+    monkeypatch.setattr(form, "compute",
+                        staticmethod(lambda m, t: (_ for _ in ()).throw(RuntimeError("boom"))))
     verdict = DEPTHWISE.check(model, x)
     assert not verdict.ok and "RuntimeError: boom" in verdict.why

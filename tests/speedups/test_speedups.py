@@ -154,7 +154,8 @@ def test_whole_model_files_load_as_the_stock_class_and_undo_restores_it():
 
 def test_a_rewrite_that_differs_is_not_used_and_says_so(monkeypatch):
     real = depthwise.depthwise_as_matmul
-    monkeypatch.setattr(depthwise, "depthwise_as_matmul", lambda m, x: real(m, x) + 1.0)
+    monkeypatch.setattr(depthwise.MatmulDepthwise, "compute",
+                        staticmethod(lambda m, x: real(m, x) + 1.0))
     model = Spatial(height=5, groups=2, mult=1, bias=True, max_norm=False)
     x = torch.randn(3, 1, 5, 11)
     report = rewrite_depthwise(model, x)
@@ -277,7 +278,7 @@ def test_the_check_runs_without_tf32_and_restores_the_flags(monkeypatch):
         seen.append((torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32))
         return real(module, x)
 
-    monkeypatch.setattr(depthwise, "depthwise_as_matmul", spy)
+    monkeypatch.setattr(depthwise.MatmulDepthwise, "compute", staticmethod(spy))
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
     assert rewrite_depthwise(nn.Sequential(nn.Conv2d(2, 4, (3, 1), groups=2)),
                              torch.randn(2, 2, 3, 5))
