@@ -11,7 +11,8 @@ a PNG that travels beside the plotly output:
   plotly setting; only this call does.
 * ``StaticFigure``: a ``go.Figure`` that carries the PNG whatever the renderer settings; the
   library's own figures (``LRFindResult.plot()``) are these.
-* ``to_png(fig)`` / ``write_png(fig, path)``: the image itself (``trainer.report()``'s PNG).
+* ``to_png(fig)`` / ``write_png(fig, path)``: the image itself (``trainer.report()``'s PNG);
+  ``to_matplotlib(fig)``: the matplotlib Figure it is drawn from.
 
 kaleido would draw the same figures pixel for pixel but needs a Chrome, which Colab and many
 offline machines lack. The translation draws scatter (lines, markers, text), bar, histogram, box
@@ -50,10 +51,16 @@ MAX_TEXT_LABELS = 200
 # ------------------------------------------------------------------ public API
 
 
+def to_matplotlib(fig: Any):
+    """The figure (a plotly figure or its dict) drawn as a ``matplotlib.figure.Figure`` (made
+    without pyplot: a notebook's matplotlib backend and open figures are left alone)."""
+    return _draw(_fig_dict(fig))
+
+
 def to_png(fig: Any) -> bytes:
     """The figure (a plotly figure or its dict) as PNG bytes, drawn with matplotlib."""
     buf = io.BytesIO()
-    _draw(_fig_dict(fig)).savefig(buf, format="png", dpi=DPI, bbox_inches="tight",
+    to_matplotlib(fig).savefig(buf, format="png", dpi=DPI, bbox_inches="tight",
                                   facecolor="white")
     return buf.getvalue()
 
