@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import io
 import re
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -73,8 +74,15 @@ def write_png(fig: Any, path: str | Path) -> Path:
 
 
 def png_bundle(fig: Any) -> dict[str, str]:
-    """``{"image/png": base64}``: the static image as a display mimebundle entry."""
-    return {"image/png": base64.b64encode(to_png(fig)).decode("ascii")}
+    """``{"image/png": base64}``: the static image as a display mimebundle entry; ``{}`` with a
+    warning when it cannot be drawn, so the figure's interactive output is still shown."""
+    try:
+        return {"image/png": base64.b64encode(to_png(fig)).decode("ascii")}
+    except Exception as exc:
+        warnings.warn(f"hybridnb could not draw a static image of this plotly figure "
+                      f"({type(exc).__name__}: {exc}); it is shown interactively only, so an "
+                      "exported or previewed notebook will not show it", stacklevel=2)
+        return {}
 
 
 def static_figures(enable: bool = True) -> str:
@@ -375,7 +383,12 @@ def _style_axes(ax, xa: dict, ya: dict, template: dict, overlay: bool = False) -
         if overlay and letter == "x":
             continue
         if spec.get("type") == "log":
+            from matplotlib.ticker import FuncFormatter, NullLocator
+
             (ax.set_xscale if letter == "x" else ax.set_yscale)("log")
+            # plain "1e-05" labels: the default draws them with mathtext, the costliest part
+            axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+            axis.set_minor_locator(NullLocator())  # plotly draws no minor ticks either
         rng = spec.get("range")
         if rng and None not in rng[:2]:
             lo, hi = rng[0], rng[1]

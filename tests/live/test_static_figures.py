@@ -101,6 +101,22 @@ def test_static_figures_leaves_a_script_default_alone(default):
         pio.renderers.default = before
 
 
+def test_a_figure_that_cannot_be_drawn_is_still_shown_and_said(kernel_renderer, monkeypatch):
+    import hybridnb as hn
+
+    hn.static_figures()
+    try:
+        def broken(fig):
+            raise RuntimeError("no fonts")
+
+        monkeypatch.setattr(static, "to_matplotlib", broken)
+        with pytest.warns(UserWarning, match="no fonts"):
+            bundle = px.line(y=[1, 2])._repr_mimebundle_()
+        assert set(bundle) == {PLOTLY_MIME}  # the interactive output, unharmed
+    finally:
+        hn.static_figures(False)
+
+
 # ------------------------------------------------------------------ library figures
 
 
