@@ -47,6 +47,7 @@ SYMBOLS = {"circle": "o", "square": "s", "diamond": "D", "cross": "P", "x": "x",
            "triangle-up": "^", "triangle-down": "v", "triangle-left": "<", "triangle-right": ">",
            "star": "*", "pentagon": "p", "hexagon": "h", "star-triangle-up": "^"}
 MAX_TEXT_LABELS = 200
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?$")
 
 
 # ------------------------------------------------------------------ public API
@@ -228,7 +229,14 @@ def _values(v: Any) -> np.ndarray | None:
             return np.array([np.nan if e is None else e for e in a.ravel()],
                             dtype=float).reshape(a.shape)
         except (TypeError, ValueError):
-            return np.array([str(e) for e in a.ravel()], dtype=object).reshape(a.shape)
+            strings = [str(e) for e in a.ravel()]
+            if strings and all(_DATE.match(e) for e in strings):
+                try:  # ISO dates and times (plotly's JSON of datetime columns): a time axis
+                    return np.array([e.replace(" ", "T") for e in strings],
+                                    dtype="datetime64[ns]").reshape(a.shape)
+                except ValueError:
+                    pass
+            return np.array(strings, dtype=object).reshape(a.shape)
     if a.dtype.kind in "US":
         return a.astype(object)
     return a
@@ -317,11 +325,10 @@ def _draw(fd: dict):
         axes = _make_axes(fig, geo, traces)
         colorway = layout.get("colorway") or template.get("colorway") or PLOTLY_COLORWAY
         skipped: list[str] = []
-        bars: dict[int, list[int]] = {}
+        groups: dict[tuple[int, str], list[int]] = {}  # side-by-side slots per axes
         for i, t in enumerate(traces):
             ax = axes[(_axis_name(t.get("xaxis", "x"), "x"), _axis_name(t.get("yaxis", "y"), "y"))]
-            if t.get("type", "scatter") in ("bar", "histogram"):
-                bars.setdefault(id(ax), []).append(i)
+            groups.setdefault((id(ax), _GROUP.get(t.get("type", "scatter"), "")), []).append(i)
         for i, t in enumerate(traces):
             key = (_axis_name(t.get("xaxis", "x"), "x"), _axis_name(t.get("yaxis", "y"), "y"))
             color = colorway[i % len(colorway)]
@@ -330,8 +337,8 @@ def _draw(fd: dict):
             if drawer is None:
                 skipped.append(kind)
                 continue
-            group = bars.get(id(axes[key]), [i])
-            drawer(axes[key], t, color, layout, (group.index(i) if i in group else 0, len(group)))
+            group = groups[(id(axes[key]), _GROUP.get(kind, ""))]
+            drawer(axes[key], t, color, layout, (group.index(i), len(group)))
         for (xname, yname), ax in axes.items():
             _style_axes(ax, geo.axis(xname), geo.axis(yname), template, overlay=
                         bool(geo.axis(yname).get("overlaying")))
@@ -470,6 +477,12 @@ def _scatter(ax, t: dict, color: str, layout: dict, slot: tuple[int, int]) -> No
         else:
             kw["color"] = _color(mcolor, lcolor if "lines" in mode else color)
         ax.scatter(x, y, label=None if drawn else label, **kw)
+    if x.dtype.kind == "M":  # a time axis: short date labels, as plotly's
+        from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
+
+        locator = AutoDateLocator()
+        ax.xaxis.set_major_locator(locator)
+        ax.xaxis.set_major_formatter(ConciseDateFormatter(locator))
     if "text" in mode and t.get("text") is not None:
         texts = t["text"] if isinstance(t["text"], (list, tuple, np.ndarray)) else \
             [t["text"]] * len(y)
@@ -478,14 +491,15 @@ def _scatter(ax, t: dict, color: str, layout: dict, slot: tuple[int, int]) -> No
                         textcoords="offset points", xytext=(0, -4), color=lcolor)
 
 
-def _positions(ax, cats: np.ndarray) -> np.ndarray:
-    """Categories (strings) -> 0, 1, 2 ... shared by every bar trace on ``ax``."""
-    order = ax.__dict__.setdefault("_hybridnb_categories", [])
+def _positions(ax, cats: np.ndarray, axis: str = "x") -> np.ndarray:
+    """Categories (strings) -> 0, 1, 2 ... shared by every bar or box trace on ``ax``."""
+    order = ax.__dict__.setdefault(f"_hybridnb_{axis}_categories", [])
     for c in cats:
         if c not in order:
             order.append(c)
-    ax.set_xticks(range(len(order)), order)
-    return np.array([order.index(c) for c in cats], dtype=float)
+    (ax.set_xticks if axis == "x" else ax.set_yticks)(range(len(order)), order)
+    index = {c: k for k, c in enumerate(order)}
+    return np.array([index[c] for c in cats], dtype=float)
 
 
 def _bar(ax, t: dict, color: str, layout: dict, slot: tuple[int, int]) -> None:
@@ -494,7 +508,8 @@ def _bar(ax, t: dict, color: str, layout: dict, slot: tuple[int, int]) -> None:
     cats, vals = (y, x) if horizontal else (x, y)
     if not len(vals):
         return
-    pos = _positions(ax, cats) if cats.dtype == object else cats.astype(float)
+    pos = (_positions(ax, cats, "y" if horizontal else "x") if cats.dtype == object
+           else cats.astype(float))
     mode = layout.get("barmode") or "group"
     k, n = slot if mode == "group" else (0, 1)
     step = float(np.min(np.diff(np.unique(pos)))) if len(np.unique(pos)) > 1 else 1.0
@@ -503,9 +518,10 @@ def _bar(ax, t: dict, color: str, layout: dict, slot: tuple[int, int]) -> None:
     bottom = None
     if mode in ("stack", "relative"):
         stacks = ax.__dict__.setdefault("_hybridnb_stack", {})
-        bottom = np.array([stacks.get(p, 0.0) for p in pos])
-        for p, v in zip(pos, vals, strict=True):
-            stacks[p] = stacks.get(p, 0.0) + float(v)
+        bottom = np.zeros(len(pos))
+        for k_, (p, v) in enumerate(zip(pos, vals.astype(float), strict=True)):
+            bottom[k_] = stacks.get(p, 0.0)  # px puts one bar per row: rows stack too
+            stacks[p] = bottom[k_] + v
     c = _color(_get(t, "marker", "color"), color)
     kw = {"color": c, "label": _legend_label(t), "alpha": t.get("opacity")}
     if horizontal:
@@ -524,7 +540,7 @@ def _histogram(ax, t: dict, color: str, layout: dict, slot: tuple[int, int]) -> 
     label = _legend_label(t)
     if vals.dtype == object:
         cats, counts = np.unique(vals.astype(str), return_counts=True)
-        pos = _positions(ax, cats)
+        pos = _positions(ax, cats.astype(object), "y" if horizontal else "x")
         (ax.barh if horizontal else ax.bar)(pos, counts, 0.8, color=c, alpha=alpha, label=label)
         return
     vals = vals[np.isfinite(vals.astype(float))]
@@ -536,19 +552,26 @@ def _histogram(ax, t: dict, color: str, layout: dict, slot: tuple[int, int]) -> 
 
 
 def _box(ax, t: dict, color: str, layout: dict, slot: tuple[int, int]) -> None:
-    vals = _values(t.get("y") if t.get("y") is not None else t.get("x"))
+    horizontal = t.get("orientation") == "h"
+    vals = _values(t.get("x") if horizontal else t.get("y"))
     if vals is None or not len(vals):
         return
     vals = vals.astype(float)
-    box = ax.boxplot([vals[np.isfinite(vals)]], positions=[slot[0]], widths=0.5,
-                     vert=t.get("orientation") != "h", patch_artist=True)
+    cats = _values(t.get("y") if horizontal else t.get("x"))
+    if cats is None or cats.dtype != object or len(cats) != len(vals):
+        cats = np.array([_text(t.get("name")) or f"trace {slot[0]}"] * len(vals), dtype=object)
+    names = list(dict.fromkeys(cats))  # px.box: one trace, a box per category
+    pos = _positions(ax, np.array(names, dtype=object), axis="y" if horizontal else "x")
+    n = slot[1]
+    pos = pos - 0.4 + 0.8 / n * (slot[0] + 0.5)
+    data = [vals[(cats == c) & np.isfinite(vals)] for c in names]
+    box = ax.boxplot(data, positions=pos, widths=0.6 / n, vert=not horizontal,
+                     patch_artist=True, manage_ticks=False)
     for patch in box["boxes"]:
         patch.set_facecolor(_color(_get(t, "marker", "color"), color))
         patch.set_alpha(0.6)
-    name = _text(t.get("name"))
-    if name:
-        ax.set_xticks([*ax.get_xticks()[:slot[0]], slot[0]],
-                      [*[lbl.get_text() for lbl in ax.get_xticklabels()][:slot[0]], name])
+        patch.set_label(None)
+    box["boxes"][0].set_label(_legend_label(t))
 
 
 def _heatmap(ax, t: dict, color: str, layout: dict, slot: tuple[int, int]) -> None:
@@ -563,6 +586,7 @@ def _heatmap(ax, t: dict, color: str, layout: dict, slot: tuple[int, int]) -> No
     ax.figure.colorbar(mesh, ax=ax, fraction=0.05, pad=0.02)
 
 
+_GROUP = {"bar": "bars", "histogram": "bars", "box": "boxes"}
 _DRAWERS = {"scatter": _scatter, "scattergl": _scatter, "bar": _bar, "histogram": _histogram,
             "box": _box, "heatmap": _heatmap}
 

@@ -176,6 +176,14 @@ def test_translation_draws_histogram_bar_and_says_what_it_skips():
     bars = static.to_matplotlib(px.bar(x=["a", "b", "c"], y=[1, 3, 2]))
     assert [p.get_height() for p in bars.axes[0].patches] == [1, 3, 2]
     assert [t.get_text() for t in bars.axes[0].get_xticklabels()] == ["a", "b", "c"]
+    stacked = static.to_matplotlib(px.bar(x=[1, 2, 3, 4], y=["a", "a", "b", "b"],
+                                          orientation="h"))  # px: one bar per row, stacked
+    assert sorted(p.get_x() + p.get_width() for p in stacked.axes[0].patches) == [1, 3, 3, 7]
+    boxes = static.to_matplotlib(px.box(x=["u"] * 5 + ["v"] * 5, y=np.arange(10.0)))
+    assert [t.get_text() for t in boxes.axes[0].get_xticklabels()] == ["u", "v"]
+    when = static.to_matplotlib(px.line(x=["2024-01-01", "2024-01-02", "2024-01-03"],
+                                        y=[1, 2, 3]))
+    assert when.axes[0].lines[0].get_xdata().dtype.kind == "M"  # a time axis, not categories
     pie = static.to_matplotlib(go.Figure(go.Pie(values=[1, 2])))
     assert any("pie" in t.get_text() for t in pie.texts)  # said, not silently blank
 
