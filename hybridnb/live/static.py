@@ -565,8 +565,14 @@ def _box(ax, t: dict, color: str, layout: dict, slot: tuple[int, int]) -> None:
     n = slot[1]
     pos = pos - 0.4 + 0.8 / n * (slot[0] + 0.5)
     data = [vals[(cats == c) & np.isfinite(vals)] for c in names]
-    box = ax.boxplot(data, positions=pos, widths=0.6 / n, vert=not horizontal,
-                     patch_artist=True, manage_ticks=False)
+    kw: dict[str, Any] = {}
+    if horizontal:  # matplotlib >= 3.10 names it orientation=; vert= is deprecated there
+        import matplotlib
+
+        newer = tuple(int(p) for p in matplotlib.__version__.split(".")[:2]) >= (3, 10)
+        kw = {"orientation": "horizontal"} if newer else {"vert": False}
+    box = ax.boxplot(data, positions=pos, widths=0.6 / n, patch_artist=True,
+                     manage_ticks=False, **kw)
     for patch in box["boxes"]:
         patch.set_facecolor(_color(_get(t, "marker", "color"), color))
         patch.set_alpha(0.6)

@@ -66,14 +66,16 @@ def tiny_trainer(**kwargs):
 # ------------------------------------------------------------------ the setup line
 
 
-def test_importing_hybridnb_changes_no_plotly_setting():
+def test_importing_hybridnb_changes_no_plotly_setting_nor_pyplot():
     code = ("import plotly.io as pio; before = pio.renderers.default; import hybridnb as hn; "
             "hn.Trainer; import hybridnb.live.static; import hybridnb.train.lr_find; "
-            "print(pio.renderers.default == before, 'hybridnb_png' in pio.renderers)")
+            "print(pio.renderers.default == before, 'hybridnb_png' in pio.renderers); "
+            "import sys, plotly.express as px; hybridnb.live.static.to_png(px.line(y=[1, 2])); "
+            "print('matplotlib.pyplot' in sys.modules)")  # a notebook's pyplot state untouched
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          cwd=ROOT, timeout=120, check=True).stdout.split()
-    assert out == ["True", "False"]
+    assert out == ["True", "False", "False"]
 
 
 def test_static_figures_puts_a_png_beside_every_user_figure_and_undoes(kernel_renderer):
