@@ -47,6 +47,7 @@ SYMBOLS = {"circle": "o", "square": "s", "diamond": "D", "cross": "P", "x": "x",
            "triangle-up": "^", "triangle-down": "v", "triangle-left": "<", "triangle-right": ">",
            "star": "*", "pentagon": "p", "hexagon": "h", "star-triangle-up": "^"}
 MAX_TEXT_LABELS = 200
+RC = {"font.size": 9, "axes.titlesize": 10}  # plotly's 12 px text at 100 dpi
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?$")
 
 
@@ -61,9 +62,12 @@ def to_matplotlib(fig: Any):
 
 def to_png(fig: Any) -> bytes:
     """The figure (a plotly figure or its dict) as PNG bytes, drawn with matplotlib."""
+    import matplotlib
+
     buf = io.BytesIO()
-    to_matplotlib(fig).savefig(buf, format="png", dpi=DPI, bbox_inches="tight",
-                                  facecolor="white")
+    with matplotlib.rc_context(RC):  # tick labels are made while saving: same sizes
+        to_matplotlib(fig).savefig(buf, format="png", dpi=DPI, bbox_inches="tight",
+                                   facecolor="white")
     return buf.getvalue()
 
 
@@ -318,7 +322,7 @@ def _draw(fd: dict):
     xnames = {_axis_name(t.get("xaxis", "x"), "x") for t in traces}
     width = layout.get("width") or max(DEFAULT_SIZE[0], 320 * len(xnames))
     height = layout.get("height") or DEFAULT_SIZE[1]
-    with matplotlib.rc_context({"font.size": 9, "axes.titlesize": 10}):
+    with matplotlib.rc_context(RC):
         fig = Figure(figsize=(width / DPI, height / DPI), dpi=DPI)
         fig.patch.set_facecolor(_color(layout.get("paper_bgcolor"), "white"))
         geo = _Layout(layout, template, width, height)
@@ -680,11 +684,12 @@ def _legend(fig, geo: _Layout, axes: dict, traces: list[dict], layout: dict) -> 
             [t for t in traces if t.get("showlegend") is not False]) < 2):
         return
     spec = layout.get("legend") or {}
+    title = _text(_get(spec, "title", "text")) or None  # px: the colour column's name
     if spec.get("orientation") == "h":
         y = spec.get("y", -0.1)
         _, fy = geo.paper(0.5, float(y if isinstance(y, (int, float)) else -0.1))
         fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, min(fy, geo.bottom)),
-                   ncol=min(len(labels), 5), frameon=False, fontsize=8)
+                   ncol=min(len(labels), 5), frameon=False, fontsize=8, title=title)
     else:
         fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(geo.right + 0.01, geo.top),
-                   frameon=False, fontsize=8)
+                   frameon=False, fontsize=8, title=title, alignment="left")
