@@ -45,7 +45,8 @@ DASHES = {"solid": "-", "dot": ":", "dash": "--", "longdash": "--", "dashdot": "
           "longdashdot": "-."}
 SYMBOLS = {"circle": "o", "square": "s", "diamond": "D", "cross": "P", "x": "x",
            "triangle-up": "^", "triangle-down": "v", "triangle-left": "<", "triangle-right": ">",
-           "star": "*", "pentagon": "p", "hexagon": "h", "star-triangle-up": "^"}
+           "star": "*", "pentagon": "p", "hexagon": "h", "star-triangle-up": "^", "line-ns": "|",
+           "line-ew": "_", "y-up": "1", "y-down": "2"}
 MAX_TEXT_LABELS = 200
 RC = {"font.size": 9, "axes.titlesize": 10}  # plotly's 12 px text at 100 dpi
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?$")
@@ -468,10 +469,11 @@ def _scatter(ax, t: dict, color: str, layout: dict, slot: tuple[int, int]) -> No
         values = _values(mcolor) if isinstance(mcolor, (list, tuple, np.ndarray, dict)) else None
         size = marker.get("size")
         sizes = _values(size) if isinstance(size, (list, tuple, np.ndarray, dict)) else None
-        if sizes is not None and sizes.dtype.kind == "f":
-            s = (np.nan_to_num(sizes) / max(float(np.nanmax(sizes)), 1e-12) * 12 + 2) ** 2
+        # plotly's size is a diameter in px; matplotlib's s an area in points^2 (1 px = 0.75 pt)
+        if sizes is not None and sizes.dtype.kind in "fiu":
+            s = (np.nan_to_num(sizes.astype(float), nan=6.0) * 0.75) ** 2
         else:
-            s = ((size or 6) * 0.9) ** 2
+            s = ((size or 6) * 0.75) ** 2
         kw: dict[str, Any] = {"s": s, "marker": SYMBOLS.get(str(marker.get("symbol") or
                                                                "circle").split("-open")[0],
                                                            "o"),
@@ -520,18 +522,33 @@ def _bar(ax, t: dict, color: str, layout: dict, slot: tuple[int, int]) -> None:
     width = 0.8 * step / n
     pos = pos - 0.4 * step + width * (k + 0.5)
     bottom = None
-    if mode in ("stack", "relative"):
+    base = t.get("base")
+    if base is not None:  # bars that start elsewhere than 0 (a timeline, a waterfall)
+        b = _values(base) if isinstance(base, (list, tuple, np.ndarray, dict)) else \
+            np.full(len(pos), float(base))
+        bottom = b.astype(float)
+    elif mode in ("stack", "relative"):
         stacks = ax.__dict__.setdefault("_hybridnb_stack", {})
         bottom = np.zeros(len(pos))
         for k_, (p, v) in enumerate(zip(pos, vals.astype(float), strict=True)):
             bottom[k_] = stacks.get(p, 0.0)  # px puts one bar per row: rows stack too
             stacks[p] = bottom[k_] + v
-    c = _color(_get(t, "marker", "color"), color)
+    mc = _get(t, "marker", "color")
+    if isinstance(mc, (list, tuple, np.ndarray)) and len(mc) == len(pos):
+        c = [_color(v, color) for v in mc]
+    else:
+        c = _color(mc, color)
     kw = {"color": c, "label": _legend_label(t), "alpha": t.get("opacity")}
     if horizontal:
-        ax.barh(pos, vals.astype(float), height=width, left=bottom, **kw)
+        bars = ax.barh(pos, vals.astype(float), height=width, left=bottom, **kw)
     else:
-        ax.bar(pos, vals.astype(float), width=width, bottom=bottom, **kw)
+        bars = ax.bar(pos, vals.astype(float), width=width, bottom=bottom, **kw)
+    text, where = t.get("text"), t.get("textposition") or "auto"
+    if text is not None and where != "none":
+        labels = [_text(v) for v in text] if isinstance(text, (list, tuple, np.ndarray)) \
+            else [_text(text)] * len(pos)
+        ax.bar_label(bars, labels=labels[:len(pos)], fontsize=7,
+                     label_type="center" if where in ("inside", "auto") else "edge")
 
 
 def _histogram(ax, t: dict, color: str, layout: dict, slot: tuple[int, int]) -> None:
@@ -613,6 +630,11 @@ def _ref_axes(axes: dict, xref: str, yref: str):
     return next(iter(axes.values()))
 
 
+def _is_data(ref: str) -> bool:
+    """A shape or annotation coordinate in data units (not 'x domain' or 'paper')."""
+    return "domain" not in ref and ref != "paper"
+
+
 def _transform(ax, xref: str, yref: str):
     from matplotlib.transforms import blended_transform_factory
 
@@ -639,12 +661,18 @@ def _shapes(fig, geo: _Layout, axes: dict, shapes: list[dict]) -> None:
         style = DASHES.get(line.get("dash") or "solid", "--")
         width = (line.get("width") or 2) * 0.75
         if sh.get("type", "line") == "line":
+            # plotly's autorange takes in a shape's data coordinates, not its domain ones
             ax.plot([x0, x1], [y0, y1], transform=tr, color=color, linestyle=style,
-                    linewidth=width, scalex=False, scaley=False, zorder=4)
+                    linewidth=width, scalex=_is_data(xref), scaley=_is_data(yref), zorder=4)
         else:
             ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, transform=tr,
                                    facecolor=_color(sh.get("fillcolor"), "#888888"),
                                    alpha=sh.get("opacity", 0.3), edgecolor="none", zorder=1))
+            if _is_data(xref):
+                ax.update_datalim([(x0, 0), (x1, 0)], updatey=False)
+            if _is_data(yref):
+                ax.update_datalim([(0, y0), (0, y1)], updatex=False)
+            ax.autoscale_view()
 
 
 def _annotations(fig, geo: _Layout, axes: dict, notes: list[dict]) -> None:
@@ -668,7 +696,8 @@ def _annotations(fig, geo: _Layout, axes: dict, notes: list[dict]) -> None:
             ya = geo.axis(_axis_name(yref, "y"))
             xv = 10.0 ** x if xa.get("type") == "log" and "domain" not in xref else x
             yv = 10.0 ** y if ya.get("type") == "log" and "domain" not in yref else y
-            ax.text(xv, yv, text, transform=_transform(ax, xref, yref), **kw)
+            # clipped to its panel: one placed off the axes would stretch the whole image
+            ax.text(xv, yv, text, transform=_transform(ax, xref, yref), clip_on=True, **kw)
 
 
 def _legend(fig, geo: _Layout, axes: dict, traces: list[dict], layout: dict) -> None:

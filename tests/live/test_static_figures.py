@@ -171,6 +171,15 @@ def test_translation_draws_subplots_log_axes_shapes_titles_and_legend():
     assert hline and list(hline[0].get_xdata()) == [0.0, 1.0]  # across the panel
 
 
+def test_shapes_widen_the_axes_as_in_plotly_and_stray_labels_stay_inside():
+    fig = px.line(y=[2.0, 3.0], height=300, width=500)
+    fig.add_hline(y=1.0)  # below the data: plotly's autorange takes it in
+    fig.add_annotation(x=0, y=100.0, text="far away", showarrow=False)
+    ax = static.to_matplotlib(fig).axes[0]
+    assert ax.get_ylim()[0] <= 1.0 <= ax.get_ylim()[1] < 100
+    assert png_size(static.to_png(fig))[1] <= 300  # the stray label does not stretch the image
+
+
 def test_translation_draws_histogram_bar_and_says_what_it_skips():
     rng = np.random.default_rng(0)
     hist = static.to_matplotlib(px.histogram(x=rng.normal(size=500), nbins=20))
