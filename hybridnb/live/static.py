@@ -334,6 +334,7 @@ def _draw(fd: dict):
         for i, t in enumerate(traces):
             ax = axes[(_axis_name(t.get("xaxis", "x"), "x"), _axis_name(t.get("yaxis", "y"), "y"))]
             groups.setdefault((id(ax), _GROUP.get(t.get("type", "scatter"), "")), []).append(i)
+        _shared_bins(axes, traces)
         for i, t in enumerate(traces):
             key = (_axis_name(t.get("xaxis", "x"), "x"), _axis_name(t.get("yaxis", "y"), "y"))
             color = colorway[i % len(colorway)]
@@ -360,6 +361,29 @@ def _draw(fd: dict):
             fig.text(0.99, 0.01, "not drawn in this image: " + ", ".join(sorted(set(skipped)))
                      + " traces", fontsize=7, color="#888", ha="right", va="bottom")
     return fig
+
+
+def _shared_bins(axes: dict, traces: list[dict]) -> None:
+    """One set of bin edges per panel for its numeric histograms (plotly bins overlaid
+    histograms alike, so their bars line up)."""
+    found: dict[int, tuple[Any, list[np.ndarray], Any]] = {}
+    for t in traces:
+        if t.get("type") != "histogram":
+            continue
+        horizontal = t.get("y") is not None and t.get("x") is None
+        vals = _values(t.get("y") if horizontal else t.get("x"))
+        if vals is None or vals.dtype == object or not len(vals):
+            continue
+        ax = axes[(_axis_name(t.get("xaxis", "x"), "x"), _axis_name(t.get("yaxis", "y"), "y"))]
+        _, chunks, nbins = found.setdefault(id(ax), (ax, [], None))
+        vals = vals.astype(float)
+        chunks.append(vals[np.isfinite(vals)])
+        nbins = nbins or t.get("nbinsy" if horizontal else "nbinsx")
+        found[id(ax)] = (ax, chunks, nbins)
+    for ax, chunks, nbins in found.values():
+        if len(chunks) > 1:
+            ax.__dict__["_hybridnb_bins"] = np.histogram_bin_edges(np.concatenate(chunks),
+                                                                   bins=nbins or "auto")
 
 
 def _make_axes(fig, geo: _Layout, traces: list[dict]) -> dict[tuple[str, str], Any]:
@@ -565,7 +589,9 @@ def _histogram(ax, t: dict, color: str, layout: dict, slot: tuple[int, int]) -> 
         (ax.barh if horizontal else ax.bar)(pos, counts, 0.8, color=c, alpha=alpha, label=label)
         return
     vals = vals[np.isfinite(vals.astype(float))]
-    bins = t.get("nbinsy" if horizontal else "nbinsx") or "auto"
+    bins = ax.__dict__.get("_hybridnb_bins")  # shared by the panel's histograms, as plotly's
+    if bins is None:
+        bins = t.get("nbinsy" if horizontal else "nbinsx") or "auto"
     density = t.get("histnorm") in ("probability density", "density")
     ax.hist(vals, bins=bins, color=c, alpha=alpha, label=label, density=density,
             orientation="horizontal" if horizontal else "vertical", edgecolor="white",
