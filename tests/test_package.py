@@ -60,3 +60,90 @@ def test_public_names_resolve():
 
     for name in ("detect", "Trainer", "compare", "launch", "quick", "frontend"):
         assert callable(getattr(hn, name)), name
+
+
+# ------------------------------------------------------------------ every import is declared
+
+OWN = {"hybridnb", "data_prep", "hybridnb_tools"}
+# imported, but provided by something other than a pip dependency of this package
+NOT_FROM_PYPI = {
+    "google": "google.colab: Colab's runtime provides it (hybridnb/live, only on Colab)",
+    "submission": "the user's submission.py, imported by data_prep/submission_check.py in the "
+                  "unpacked submission's folder",
+}
+# an import name that is not its distribution's name, for a module not installed here
+DISTRIBUTION_OF = {"sklearn": "scikit-learn", "IPython": "ipython", "pynvml": "nvidia-ml-py",
+                   "mne_bids": "mne-bids", "jupyter_ui_poll": "jupyter-ui-poll"}
+
+
+def _top_level_imports(source: str) -> set[str]:
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _imports_by_module() -> dict[str, set[str]]:
+    """Top-level module -> where it is imported: the three packages, examples/ and the
+    notebooks' code cells (magics turned into Python as IPython runs them)."""
+    import json
+
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    found: dict[str, set[str]] = {}
+    files = [p for d in (*OWN, "examples") for p in sorted((ROOT / d).rglob("*.py"))]
+    for path in files:
+        for name in _top_level_imports(path.read_text()):
+            found.setdefault(name, set()).add(str(path.relative_to(ROOT)))
+    cells = TransformerManager()
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for i, cell in enumerate(json.loads(nb.read_text())["cells"]):
+            if cell["cell_type"] == "code":
+                source = cells.transform_cell("".join(cell["source"]))
+                for name in _top_level_imports(source):
+                    found.setdefault(name, set()).add(f"{nb.name} cell {i}")
+    return found
+
+
+def _declared() -> dict[str, str]:
+    """Normalised distribution name -> where pyproject declares it (dependencies or an extra)."""
+    import re
+
+    import pytest
+    from packaging.requirements import Requirement
+
+    tomllib = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli")
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    groups = {"dependencies": project["dependencies"], **{
+        f"extra {k}": v for k, v in project["optional-dependencies"].items()}}
+    return {re.sub(r"[-_.]+", "-", Requirement(r).name).lower(): where
+            for where, reqs in groups.items() for r in reqs}
+
+
+def test_every_imported_third_party_package_is_declared():
+    import importlib.metadata
+    import re
+
+    declared = _declared()
+    installed = importlib.metadata.packages_distributions()
+    missing = {}
+    for name, where in sorted(_imports_by_module().items()):
+        if name in sys.stdlib_module_names or name in OWN or name in NOT_FROM_PYPI:
+            continue
+        dists = installed.get(name) or [DISTRIBUTION_OF.get(name, name)]
+        if not any(re.sub(r"[-_.]+", "-", d).lower() in declared for d in dists):
+            missing[name] = (dists, sorted(where)[:3])
+    assert missing == {}, f"imported but not declared in pyproject.toml: {missing}"
+
+
+def test_the_walk_sees_the_imports_it_must_check():
+    found = _imports_by_module()
+    assert {"torch", "sklearn", "IPython", "plotly"} <= set(found)   # packages and notebooks
+    assert any(".ipynb cell" in w for w in found["plotly"])
+    assert _declared()["scikit-learn"] == "dependencies"
