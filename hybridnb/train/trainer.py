@@ -43,7 +43,7 @@ from hybridnb.train.run_worker import Worker
 from hybridnb.train.seeding import set_rng_state
 from hybridnb.train.settings import Settings
 from hybridnb.train.sinks import Sinks
-from hybridnb.train.state import HISTORY_COLUMNS, STEP_COLUMNS, Stop
+from hybridnb.train.state import HISTORY_COLUMNS, STEP_COLUMNS, Plan, Stop
 from hybridnb.train.storage import StorageGuard
 from hybridnb.train.target_scale import TargetScale
 from hybridnb.train.validation import EarlyStopping
@@ -78,10 +78,12 @@ class Trainer:
     - ``compile``: False | True | "default" | "reduce-overhead" | "max-autotune"; any failure
       while compiling or in a compiled step falls back to eager, once, with a message.
     - ``schedule``: "warmup_cosine" (``warmup``: fraction or steps) | "plateau" | None | an object
-      from hybridnb.train.schedules | a factory ``optimizer -> torch.optim.lr_scheduler`` object
-      (e.g. ``lambda opt: OneCycleLR(opt, max_lr=1e-2, total_steps=N)``), stepped once per
-      optimizer step (ReduceLROnPlateau: with the ``monitor`` value at each validation).
-      Schedules count optimizer steps.
+      from hybridnb.train.schedules | a factory ``(optimizer, total_steps) ->
+      torch.optim.lr_scheduler`` object (e.g. ``lambda opt, total_steps: OneCycleLR(opt,
+      max_lr=1e-2, total_steps=total_steps)``; ``optimizer -> ...`` also works), stepped once
+      per optimizer step (ReduceLROnPlateau: with the ``monitor`` value at each validation).
+      Schedules count optimizer steps: ``total_steps`` (after ``plan(train)``) is the run's.
+      On resume the scheduler given is used (the checkpoint's state when it is the same one).
     - ``ema``: None or a decay (e.g. 0.999); validation, best weights and the final model use it.
     - ``early_stopping``: None or a patience in validations; the best weights are restored.
       ``monitor``: the validation metric it watches (checked at the first validation).
@@ -254,6 +256,34 @@ class Trainer:
     def steps(self) -> pd.DataFrame:
         """One row per optimizer step: global_step, epoch, loss, lr."""
         return pd.DataFrame(self.state.steps, columns=STEP_COLUMNS)
+
+    # ----------------------------------------------------------------------------- plan
+    def plan(self, train) -> Plan:
+        """The coming fit's epochs, batches and optimizer steps on ``train`` (a Dataset or
+        DataLoader, as ``fit`` takes it), without training; ``total_steps`` reads it after.
+
+        >>> trainer.plan(train).total_steps == trainer.total_steps   # epochs x steps per epoch
+        """
+        loader = self.loop.loader(train, shuffle=True, what="train")
+        self._planned = self.loop.plan_for(loader)
+        return self._planned
+
+    @property
+    def total_steps(self) -> int:
+        """Optimizer steps of the whole run (epochs x optimizer steps per epoch, after
+        ``grad_accum``, ``steps_per_epoch`` and quick mode's caps): what a schedule should
+        span. Known once the training data is: after ``plan(train)``, during and after
+        ``fit``. A schedule factory with a second argument receives the same number:
+        ``schedule=lambda opt, total_steps: OneCycleLR(opt, max_lr=1e-2,
+        total_steps=total_steps)``. A resumed fit continues the same count."""
+        if self.loop.state.plan.total_steps:
+            return self.loop.state.plan.total_steps
+        planned = getattr(self, "_planned", None)
+        if planned is None:
+            raise RuntimeError("trainer.total_steps depends on the training data: call "
+                               "trainer.plan(train) first (or give schedule= a factory "
+                               "lambda opt, total_steps: ..., which receives it at fit)")
+        return planned.total_steps
 
     # ----------------------------------------------------------------------------- fit
     def fit(self, train, val=None, resume: bool | str | Path = False) -> pd.DataFrame:
