@@ -259,8 +259,12 @@ class Loop:
 
     def run_info(self) -> dict:
         plan, model, s = self.state.plan, self.learner.model, self.settings
+        applied = self.placement.applied_speedups
+        chosen = s.chosen(self.placement.precision.name,
+                          tuple(applied.applied) if applied is not None else ())
         return {"epochs": plan.epochs, "steps_per_epoch": plan.steps_per_epoch,
-                "batch_size": s.batch_size, "device": str(self.placement.device),
+                "batch_size": s.batch_size, "grad_accum": s.grad_accum, "chosen": chosen,
+                "total_steps": plan.total_steps, "device": str(self.placement.device),
                 "precision": self.placement.precision.name, "model": type(model).__name__,
                 "n_params": sum(p.numel() for p in model.parameters()),
                 "monitor": s.monitor, "quick": quick(), "pid": os.getpid()}

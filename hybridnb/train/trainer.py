@@ -25,8 +25,9 @@ import pandas as pd
 import torch
 
 from hybridnb.events import Event
+from hybridnb.live.summary import header
 from hybridnb.train import isolate, loggers, setup
-from hybridnb.train.bus import Bus
+from hybridnb.train.bus import Bus, Started
 from hybridnb.train.callbacks import check_callbacks
 from hybridnb.train.checkpoint import Checkpoints
 from hybridnb.train.checkpoint import read as read_checkpoint
@@ -52,8 +53,9 @@ from hybridnb.train.worker_fit import Hooks
 
 def _setting(name: str, writable: bool = False) -> property:
     """A read-only view of a setting; ``writable``: an int setting the Trainer may change."""
-    def set_int(self, value: int) -> None:
-        self.settings = self.settings.replace(**{name: int(value)})
+    def set_int(self, value: int) -> None:  # set by the user now: no longer detect()'s choice
+        self.settings = self.settings.replace(**{name: int(value)}, from_detect=tuple(
+            n for n in self.settings.from_detect if n != name))
 
     return property(lambda self: getattr(self.settings, name), set_int if writable else None,
                     doc=f"``{name}=`` as given" + (" (settable)" if writable else ""))
@@ -210,10 +212,15 @@ class Trainer:
             self.loop.state.events.append(event)
 
     def _print(self, event) -> None:
-        """Notes on stderr without a live view (in the kernel: a worker's are forwarded)."""
-        if isinstance(event, Event) and self.verbose and self.live in (False, None) \
-                and self.strategy.is_main and not self.heartbeat.in_worker:
+        """Notes on stderr without a live view (in the kernel: a worker's are forwarded),
+        the run's header line first (what the Trainer chose on the user's behalf)."""
+        if not (self.verbose and self.live in (False, None) and self.strategy.is_main
+                and not self.heartbeat.in_worker):
+            return
+        if isinstance(event, Event):
             print(f"hybridnb: {event}", file=sys.stderr)
+        elif isinstance(event, Started):
+            print(f"hybridnb: {header(event.run)}", file=sys.stderr)
 
     # ----------------------------------------------------------------------------- properties
     epochs, lr, seed, live, verbose = (_setting(n) for n in
