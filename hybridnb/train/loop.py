@@ -195,16 +195,21 @@ class Loop:
         """The loaders and the plan of this fit."""
         train_loader = self.loader(train, shuffle=True, what="train")
         val_loader = None if val is None else self.loader(val, shuffle=False, what="val")
-        s = self.settings
-        epochs, batches, note = plan_epochs(train_loader, s.epochs, s.steps_per_epoch,
-                                            s.grad_accum, quick())
-        if note:
-            self.bus.note("quick", note)
-        steps = math.ceil(batches / s.grad_accum)
-        self.state.plan = Plan(epochs, batches, steps, epochs * steps)
+        self.state.plan = self.plan_for(train_loader, self.bus.note)
         self.state.loaders = [ld for ld in (train_loader, val_loader) if ld is not None]
         self.state.train_gen = getattr(train_loader, "generator", None)
         return train_loader, val_loader
+
+    def plan_for(self, train_loader, note=lambda kind, message: None) -> Plan:
+        """Epochs, batches and optimizer steps of a fit on ``train_loader`` (``steps_per_epoch``,
+        ``grad_accum`` and quick mode's caps applied; ``note`` hears quick mode's cap)."""
+        s = self.settings
+        epochs, batches, said = plan_epochs(train_loader, s.epochs, s.steps_per_epoch,
+                                            s.grad_accum, quick())
+        if said:
+            note("quick", said)
+        steps = math.ceil(batches / s.grad_accum)
+        return Plan(epochs, batches, steps, epochs * steps)
 
     def begin(self, pending: dict | None) -> None:
         """A fresh run state: ``pending`` (a checkpoint to continue from) or a seeded start."""
@@ -215,7 +220,15 @@ class Loop:
             self.load_state_dict(pending)
         elif self.settings.seed is not None:
             seed_everything(self.settings.seed)
-        self.learner.schedule.bind(self.state.plan.total_steps)
+        self.bind_schedule()
+
+    def bind_schedule(self) -> None:
+        """The schedule told the run's optimizer steps (a factory builds its scheduler now: an
+        error before the first step); a resumed fit's replaced scheduler is said once."""
+        schedule = self.learner.schedule
+        schedule.bind(self.state.plan.total_steps)
+        if getattr(schedule, "replaced", None):
+            self.bus.note("schedule", schedule.replaced)
 
     def loader(self, data, shuffle: bool, what: str):
         s = self.settings
@@ -246,8 +259,12 @@ class Loop:
 
     def run_info(self) -> dict:
         plan, model, s = self.state.plan, self.learner.model, self.settings
+        applied = self.placement.applied_speedups
+        chosen = s.chosen(self.placement.precision.name,
+                          tuple(applied.applied) if applied is not None else ())
         return {"epochs": plan.epochs, "steps_per_epoch": plan.steps_per_epoch,
-                "batch_size": s.batch_size, "device": str(self.placement.device),
+                "batch_size": s.batch_size, "grad_accum": s.grad_accum, "chosen": chosen,
+                "total_steps": plan.total_steps, "device": str(self.placement.device),
                 "precision": self.placement.precision.name, "model": type(model).__name__,
                 "n_params": sum(p.numel() for p in model.parameters()),
                 "monitor": s.monitor, "quick": quick(), "pid": os.getpid()}

@@ -155,7 +155,7 @@ def serve(trainer, job: FitJob, hook_notes: list, moved: bool) -> object:
     train_loader, val_loader = loop.open(job.train, job.val)
     loop.state = RunState.fresh([], carry=loop.state)
     loop.load_state_dict(job.start)
-    trainer.schedule.bind(loop.state.plan.total_steps)
+    loop.bind_schedule()
     try:
         loop.fit(train_loader, val_loader)
     except BaseException:
