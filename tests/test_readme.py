@@ -200,3 +200,34 @@ def test_hybridnb_commands_run_as_written(command, tmp_path):
         assert re.search(r"\bcpu\b", run.stdout), run.stdout
     else:
         assert "detect" in run.stdout and "compare" in run.stdout
+
+
+# ------------------------------------------------------------------ the README agrees with itself
+
+
+def test_one_cpu_speedup_figure_quoted_from_its_source():
+    figures = set(re.findall(r"(\d+(?:\.\d+)?)× a stock hand-written loop", README))
+    assert len(figures) == 1, figures
+    source = (ROOT / "bench" / "results" / "cpu-speedups-latest.md").read_text()
+    measured = re.search(r"hn\.Trainer with its defaults >= 2x the stock hand-written loop, "
+                         r"whole runs \(measured (\d+\.\d+)x\)", source)
+    assert measured and figures == {measured[1]}, (figures, measured)
+    assert "bench/results/cpu-speedups-latest.md" in README
+
+
+def test_the_notebooks_the_readme_says_read_data_are_those_that_do():
+    import json
+
+    reading = []
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        code = "".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"]
+                       if c["cell_type"] == "code")
+        if re.search(r"^DATA = ", code, flags=re.M):
+            reading.append(nb.name[:2])
+    said = re.search(r"Notebooks (\d\d), (\d\d) and (\d\d) read one setting, `DATA`", README)
+    assert said and list(said.groups()) == reading, (reading, said)
+
+
+def test_quick_mode_has_one_name():
+    assert "HYBRIDNB_QUICK=1" in README
+    assert not re.search(r"SMOKE|smoke|small mode", README)
