@@ -124,8 +124,9 @@ class Trainer:
       also for an isolated fit. A hook stops the run with ``trainer.should_stop = True``: the
       fit ends after the current step, its state kept (hybridnb.train.callbacks).
 
-    ``save(path)`` writes ``model``'s weights with their class and input shape;
-    ``hn.load(path, model)`` loads them (hybridnb.saving). A checkpoint or log write that fails
+    ``save(path)`` writes ``model``'s weights with their class (its arguments when known) and
+    input shape; ``hn.load(path)`` rebuilds and loads it, ``hn.load(path, model)`` loads into
+    ``model`` (hybridnb.saving). A checkpoint or log write that fails
     (full disk, read-only folder) is said once; the run continues from memory.
     """
 
@@ -416,17 +417,19 @@ class Trainer:
             return
         self.resume(where)
 
-    def save(self, path: str | Path, extra: dict | None = None) -> Path:
+    def save(self, path: str | Path, extra: dict | None = None, *,
+             init_args: dict | None = None) -> Path:
         """Write ``model``'s weights (after fit: the ones fit chose, best or EMA) with the
-        model's class, one sample's input shape, the versions and ``extra`` (plain data) to
-        ``path``, atomically; ``hn.load(path, model)`` reads it back (hybridnb.saving)."""
+        model's class (and the arguments it was built with when known, or ``init_args``), one
+        sample's input shape, the versions and ``extra`` (plain data) to ``path``, atomically;
+        ``hn.load(path)`` or ``hn.load(path, model)`` reads it back (hybridnb.saving)."""
         from hybridnb.saving import save_model
 
         best = self.early_stopping and self.state.best.model is not None and any(
             e.kind == "best_restored" for e in self.events)
         weights = "best" if best else "ema" if self.ema is not None else "final"
         return save_model(self.model, path, input_shape=self.learner.input_shape,
-                          weights=weights, extra={
+                          weights=weights, init_args=init_args, extra={
                               "epochs": len(self.state.history), "global_step": self.global_step,
                               "monitor": self.monitor, "best_value": self.state.best.value,
                               **(extra or {})})
