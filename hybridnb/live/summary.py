@@ -23,6 +23,8 @@ STOP_REASONS = {
                  "history kept.",
     "stop_button": "Stopped with the Stop button after step {step}; checkpoint and history "
                    "kept.",
+    "callback": "Stopped by a callback (trainer.should_stop) after step {step}; checkpoint and "
+                "history kept.",
 }
 
 

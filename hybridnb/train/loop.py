@@ -51,6 +51,7 @@ class Loop:
         self.batch_check, self.bus = batch_check, bus
         self.loader_kwargs = dict(settings.loader_kwargs)
         self.interrupt: GracefulInterrupt | None = None  # set while a fit runs
+        self.stop_flag = lambda: False  # the Trainer's ``should_stop`` (set by a callback)
         checkpoints.on_keep = lambda state: bus.emit(StateKept(
             state["position"]["global_step"], state))
 
@@ -101,6 +102,11 @@ class Loop:
             if stop:
                 self.state.stopped = Stop.EARLY_STOPPING
                 return
+            if self.stop_flag() and self.state.epoch < self.state.plan.epochs:
+                self.bus.say(Stop.CALLBACK.value, "a callback set trainer.should_stop: stopping "
+                             "after this epoch")
+                self.state.stopped = Stop.CALLBACK  # the epoch's checkpoint is written
+                return
 
     def _epoch(self, loader, val_loader) -> Epoch:
         """One epoch from the current position."""
@@ -146,12 +152,19 @@ class Loop:
         state, s = self.state, self.settings
         # summed over ranks: a stop asked on any rank stops every rank after this same step
         asked = self.stop_asked()
-        interrupt, button = self.placement.strategy.sum([float(asked is Stop.INTERRUPT),
-                                                         float(asked is Stop.STOP_BUTTON)])
+        interrupt, button, callback = self.placement.strategy.sum([
+            float(asked is Stop.INTERRUPT), float(asked is Stop.STOP_BUTTON),
+            float(asked is Stop.CALLBACK)])
         if interrupt:
             return self._stop(Stop.INTERRUPT, "interrupted: stopping after the current step")
-        if button:
-            return self._stop(Stop.STOP_BUTTON, "Stop clicked: stopping after the current step")
+        if button:  # in a worker the kernel's one flag carries the button and should_stop
+            return self._stop(Stop.STOP_BUTTON, (
+                "stop asked in the notebook (the Stop button, or a callback's "
+                "trainer.should_stop)" if self.heartbeat.in_worker else "Stop clicked")
+                + ": stopping after the current step")
+        if callback:
+            return self._stop(Stop.CALLBACK, "a callback set trainer.should_stop: stopping "
+                              "after the current step")
         if s.val_every and state.global_step % s.val_every == 0 and val_loader is not None:
             metrics = self._validate(val_loader)
             self.learner.model.train()
@@ -275,10 +288,12 @@ class Loop:
 
     # ------------------------------------------------------------------ stops and validation
     def stop_asked(self) -> Stop | None:
-        """Whether a stop was asked, and how: Ctrl-C (here, or the kernel's when in a worker)
-        or the Stop button."""
+        """Whether a stop was asked, and how: Ctrl-C (here, or the kernel's when in a worker),
+        a callback's ``trainer.should_stop`` or the Stop button."""
         if self.interrupt is not None and self.interrupt.requested:
             return Stop.INTERRUPT
+        if self.stop_flag():
+            return Stop.CALLBACK
         if self.heartbeat.in_worker:
             return self.heartbeat.stop_asked()
         return Stop.STOP_BUTTON if self.progress.stop_requested else None

@@ -118,12 +118,15 @@ class Trainer:
       run keeps its finished epochs) | "tensorboard" (event files in ``log_dir``: train/loss and
       train/lr per step, epoch/<column> per epoch; ``pip install 'hybridnb[tensorboard]'``) | a
       list | None. ``log_dir``: where (default ``checkpoint_dir``). hybridnb.train.loggers.
-    - ``callbacks``: objects with any of ``on_fit_start(trainer)``, ``on_epoch_end(trainer,
-      row)`` (the epoch's history row as a dict), ``on_fit_end(trainer)``; they run in this
-      process, also for an isolated fit (hybridnb.train.callbacks).
+    - ``callbacks``: objects with any of ``on_fit_start(trainer)``, ``on_step_end(trainer,
+      row)`` (the step's row: global_step, epoch, loss, lr, ...), ``on_epoch_end(trainer, row)``
+      (the epoch's history row as a dict), ``on_fit_end(trainer)``; they run in this process,
+      also for an isolated fit. A hook stops the run with ``trainer.should_stop = True``: the
+      fit ends after the current step, its state kept (hybridnb.train.callbacks).
 
-    ``save(path)`` writes ``model``'s weights with their class and input shape;
-    ``hn.load(path, model)`` loads them (hybridnb.saving). A checkpoint or log write that fails
+    ``save(path)`` writes ``model``'s weights with their class (its arguments when known) and
+    input shape; ``hn.load(path)`` rebuilds and loads it, ``hn.load(path, model)`` loads into
+    ``model`` (hybridnb.saving). A checkpoint or log write that fails
     (full disk, read-only folder) is said once; the run continues from memory.
     """
 
@@ -190,6 +193,8 @@ class Trainer:
                          checkpoints=self.checkpoints, progress=self.progress,
                          stopping=self.stopping, heartbeat=self.heartbeat,
                          batch_check=self.batch_check, bus=bus)
+        self.should_stop = False  # a callback sets it: the fit stops after the current step
+        self.loop.stop_flag = lambda: self.should_stop
         for listener in (self._record, self.progress.hear, self.sinks.hear, self.heartbeat.hear,
                          self._print):
             bus.subscribe(listener)
@@ -300,6 +305,7 @@ class Trainer:
         early = isolate.prestart() if self.isolated else None
         try:
             train_loader, val_loader = self.loop.open(train, val)
+            self.should_stop = False
             self._begin(resume)
             self.sinks.begin(self)  # loggers and callbacks: here, also for an isolated fit
             self.runner.fit(self, train, val, train_loader, val_loader, early)
@@ -411,17 +417,19 @@ class Trainer:
             return
         self.resume(where)
 
-    def save(self, path: str | Path, extra: dict | None = None) -> Path:
+    def save(self, path: str | Path, extra: dict | None = None, *,
+             init_args: dict | None = None) -> Path:
         """Write ``model``'s weights (after fit: the ones fit chose, best or EMA) with the
-        model's class, one sample's input shape, the versions and ``extra`` (plain data) to
-        ``path``, atomically; ``hn.load(path, model)`` reads it back (hybridnb.saving)."""
+        model's class (and the arguments it was built with when known, or ``init_args``), one
+        sample's input shape, the versions and ``extra`` (plain data) to ``path``, atomically;
+        ``hn.load(path)`` or ``hn.load(path, model)`` reads it back (hybridnb.saving)."""
         from hybridnb.saving import save_model
 
         best = self.early_stopping and self.state.best.model is not None and any(
             e.kind == "best_restored" for e in self.events)
         weights = "best" if best else "ema" if self.ema is not None else "final"
         return save_model(self.model, path, input_shape=self.learner.input_shape,
-                          weights=weights, extra={
+                          weights=weights, init_args=init_args, extra={
                               "epochs": len(self.state.history), "global_step": self.global_step,
                               "monitor": self.monitor, "best_value": self.state.best.value,
                               **(extra or {})})
