@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -112,62 +113,6 @@ def test_venv_and_gpu_commands_are_the_ordinary_ones():
     assert GPU == ["nvidia-smi"]   # not run: this machine may have no driver
 
 
-# ------------------------------------------------------------------ the schedule example
-
-
-def _python_block(section: str) -> str:
-    body = README.split(f"## {section}", 1)[1]
-    return body.split("```python", 1)[1].split("```", 1)[0]
-
-
-def test_the_schedule_example_runs_as_written_and_one_cycle_reaches_its_last_step(
-        tmp_path, monkeypatch):
-    """The README's Trainer example, unchanged, on a small model and data it does not define
-    (``model``, ``train``, ``val``, ``MyModel``)."""
-    import contextlib
-    import io
-
-    import torch
-    from torch.utils.data import TensorDataset
-
-    pytest.importorskip("tensorboard")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("HYBRIDNB_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("HYBRIDNB_DEVICE", "cpu")
-    monkeypatch.delenv("HYBRIDNB_QUICK", raising=False)
-
-    class MyModel(torch.nn.Module):
-        def __init__(self, *args):
-            super().__init__()
-            self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
-                                           torch.nn.Linear(16, 1))
-
-        def forward(self, x):
-            return self.net(x)
-
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(384, 8, generator=g)
-    y = torch.sin(x @ torch.linspace(-1, 1, 8)).unsqueeze(1)
-    torch.manual_seed(0)
-    names = {"model": MyModel(), "MyModel": MyModel, "train": TensorDataset(x[:320], y[:320]),
-             "val": TensorDataset(x[320:], y[320:])}
-    code = _python_block("Logs, callbacks, schedules, saved models")
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(code, "README.md", "exec"), names)
-    trainer = names["trainer"]
-    steps = trainer.steps
-    assert len(steps) == trainer.total_steps > 20          # every planned step was taken
-    assert str(trainer.total_steps) in out.getvalue().splitlines()  # what the print showed
-    floor = 1e-2 / 25 / 1e4          # OneCycleLR from max_lr=1e-2 with its default divisors
-    assert steps["lr"].iloc[-1] == pytest.approx(floor, rel=1e-6)   # annealed: its last step
-    assert max(steps["lr"]) == pytest.approx(1e-2, rel=0.05)
-    assert len(trainer.history) == 20
-    assert (tmp_path / "runs" / "c1" / "history.csv").exists()
-    assert (tmp_path / "runs" / "c1" / "model.pt").exists()
-    assert isinstance(names["model"], MyModel)              # hn.load gave the model back
-
-
 def test_the_readme_is_ordered_commands_tour_real_data():
     heads = [h for h in re.findall(r"^## (.+)$", README, flags=re.M)]
     order = [heads.index(h) for h in ("Two commands", "A short tour", "Train on the real data")]
@@ -200,6 +145,68 @@ def test_hybridnb_commands_run_as_written(command, tmp_path):
         assert re.search(r"\bcpu\b", run.stdout), run.stdout
     else:
         assert "detect" in run.stdout and "compare" in run.stdout
+
+
+# ------------------------------------------------------------------ the schedule example
+
+
+def _python_block(section: str) -> str:
+    body = README.split(f"## {section}", 1)[1]
+    return body.split("```python", 1)[1].split("```", 1)[0]
+
+
+class TinyNet(torch.nn.Module):
+    """No arguments, defined at module level: ``hn.load(path)`` can import and rebuild it."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
+                                       torch.nn.Linear(16, 1))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def test_the_schedule_example_runs_as_written_and_one_cycle_reaches_its_last_step(
+        tmp_path, monkeypatch):
+    """The README's Trainer example, unchanged, on a small model and data it does not define
+    (``model``, ``train``, ``val``): the OneCycleLR sized by ``total_steps`` takes every step to
+    its floor, and ``hn.load(path)`` rebuilds the model without being given one."""
+    import contextlib
+    import io
+
+    from torch.utils.data import TensorDataset
+
+    pytest.importorskip("tensorboard")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HYBRIDNB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HYBRIDNB_DEVICE", "cpu")
+    monkeypatch.delenv("HYBRIDNB_QUICK", raising=False)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(384, 8, generator=g)
+    y = torch.sin(x @ torch.linspace(-1, 1, 8)).unsqueeze(1)
+    torch.manual_seed(0)
+    model = TinyNet()
+    names = {"model": model, "train": TensorDataset(x[:320], y[:320]),
+             "val": TensorDataset(x[320:], y[320:])}
+    code = _python_block("Logs, callbacks, schedules, saved models")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "README.md", "exec"), names)
+    trainer = names["trainer"]
+    steps = trainer.steps
+    assert trainer.stopped is None and len(trainer.history) == 20   # the budget did not stop it
+    assert len(steps) == trainer.total_steps > 20          # every planned step was taken
+    assert str(trainer.total_steps) in out.getvalue().splitlines()  # what the print showed
+    floor = 1e-2 / 25 / 1e4          # OneCycleLR from max_lr=1e-2 with its default divisors
+    assert steps["lr"].iloc[-1] == pytest.approx(floor, rel=1e-6)   # annealed: its last step
+    assert max(steps["lr"]) == pytest.approx(1e-2, rel=0.05)
+    assert (tmp_path / "runs" / "c1" / "history.csv").exists()
+    loaded = names["model"]
+    assert type(loaded) is TinyNet and loaded is not model and not loaded.training
+    for a, b in zip(loaded.state_dict().values(), trainer.model.state_dict().values(),
+                    strict=True):
+        assert torch.equal(a, b)
 
 
 # ------------------------------------------------------------------ the README agrees with itself
