@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import pkgutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -114,7 +117,6 @@ def _declared() -> dict[str, str]:
     """Normalised distribution name -> where pyproject declares it (dependencies or an extra)."""
     import re
 
-    import pytest
     from packaging.requirements import Requirement
 
     tomllib = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli")
@@ -147,3 +149,44 @@ def test_the_walk_sees_the_imports_it_must_check():
     assert {"torch", "sklearn", "IPython", "plotly"} <= set(found)   # packages and notebooks
     assert any(".ipynb cell" in w for w in found["plotly"])
     assert _declared()["scikit-learn"] == "dependencies"
+
+
+# ------------------------------------------------------------------ the wheel (README "Install")
+
+
+def test_the_wheel_installs_and_runs_outside_the_clone(tmp_path):
+    """What `make wheel` builds holds the three packages and the model entry points; installed
+    into a folder of its own it imports and runs from anywhere (not from the clone)."""
+    import re
+    import zipfile
+
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                            "--wheel-dir", str(tmp_path / "dist"), str(ROOT)],
+                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    if build.returncode and re.search(r"(?i)network|connection|resolve|index", build.stderr):
+        pytest.skip(f"building needs setuptools from the package index: {build.stderr[-300:]}")
+    assert build.returncode == 0, build.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("hybridnb-*-py3-none-any.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names if n.endswith(".py")} == {
+        "hybridnb", "data_prep", "hybridnb_tools"}
+    meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
+    requires = zipfile.ZipFile(wheel).read(meta).decode()
+    assert "Requires-Dist: ipywidgets>=7.6" in requires      # Colab's ipywidgets 7 is kept
+    points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    assert "eegnex = hybridnb_tools.models:eegnex" in zipfile.ZipFile(wheel).read(points).decode()
+
+    site = tmp_path / "site"
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                              "--no-index", "--target", str(site), str(wheel)],
+                             capture_output=True, text=True, timeout=300)
+    assert install.returncode == 0, install.stderr[-3000:]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HYBRIDNB_QUICK")}
+    env.update(PYTHONPATH=str(site), HYBRIDNB_DEVICE="cpu", HYBRIDNB_CACHE_DIR=str(tmp_path))
+    code = ("import hybridnb, data_prep.source, hybridnb_tools, sys; "
+            "print(hybridnb.__file__); print(hybridnb.detect().device)")
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    where, device = run.stdout.split()[-2:]
+    assert Path(where).is_relative_to(site) and device == "cpu"
