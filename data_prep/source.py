@@ -10,7 +10,9 @@
 * a release name, ``"R1"`` ... ``"R11"`` with ``"-mini"`` (20 subjects, 2.8–3.8 GB) or
   ``"-full"`` (135–533 subjects, 18–46 GB), e.g. ``"R5-mini"``: eegdash downloads the tasks asked
   for into ``<cache>/eegdash/EEG2025r5mini/`` with a progress bar; an interrupted download
-  resumes, and a finished one is reused without the network.
+  resumes, and a finished one is reused without the network. With no network a download fails
+  after one request to eegdash's server (``REACH_TIMEOUT`` at most) with one line,
+  :class:`ReleaseUnreachable`, naming the release's zip and the folder option.
 
 :func:`resolve` is the one call the notebooks make. The windows are the same whichever way a
 release arrives: the recipes read the same BIDS root. ``<cache>`` is ``$HYBRIDNB_CACHE_DIR``,
