@@ -7,7 +7,9 @@ STAMP  := $(VENV)/.stamp-$(shell cat pyproject.toml Makefile | cksum | cut -d' '
 TORCH_PAIR := torch==2.11.0 torchaudio==2.11.0
 DEEPSPEED  := deepspeed==0.19.8
 
-.PHONY: setup demo test lab bench browser clean
+IPYWIDGETS7 := $(VENV)/ipywidgets7
+
+.PHONY: setup demo test lab bench browser wheel clean
 
 setup: $(STAMP)
 
@@ -20,6 +22,9 @@ $(STAMP): pyproject.toml Makefile
 	@# so no build isolation; DS_BUILD_OPS=0 compiles no kernels now (DeepSpeed JIT-builds them)
 	$(PIP) install -q wheel setuptools
 	DS_BUILD_OPS=0 $(PIP) install -q --no-build-isolation $(DEEPSPEED) $(TORCH_PAIR)
+	@# Colab's widget stack for tests/live/test_live_ipywidgets7.py: ipywidgets 7.7.1 in a folder
+	@# of its own, put first on a subprocess's PYTHONPATH (the venv keeps ipywidgets 8)
+	$(PIP) install -q --no-deps --upgrade --target $(IPYWIDGETS7) ipywidgets==7.7.1 ipython_genutils==0.2.0
 	@$(MAKE) --no-print-directory browser
 	@rm -f $(VENV)/.stamp-* && touch $@
 
@@ -30,6 +35,12 @@ browser:
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
 	      || echo "chromium could not be installed; the browser test will be skipped"; \
 	  else echo "chromium missing and not root; the browser test will be skipped"; fi; }
+
+# A wheel of this package (hybridnb, data_prep, hybridnb_tools) in dist/, for a venv, JupyterLab or
+# Colab: pip install dist/hybridnb-*.whl (README, "Install"). Needs only pip, not `make setup`.
+wheel:
+	rm -rf build dist/hybridnb-*.whl
+	$(PYTHON) -m pip wheel -q --no-deps --wheel-dir dist .
 
 demo: setup
 	$(PY) -m hybridnb_tools.demo
@@ -50,4 +61,4 @@ bench: setup
 	$(PY) -m bench
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache build dist

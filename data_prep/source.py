@@ -10,7 +10,9 @@
 * a release name, ``"R1"`` ... ``"R11"`` with ``"-mini"`` (20 subjects, 2.8–3.8 GB) or
   ``"-full"`` (135–533 subjects, 18–46 GB), e.g. ``"R5-mini"``: eegdash downloads the tasks asked
   for into ``<cache>/eegdash/EEG2025r5mini/`` with a progress bar; an interrupted download
-  resumes, and a finished one is reused without the network.
+  resumes, and a finished one is reused without the network. With no network a download fails
+  after one request to eegdash's server (``REACH_TIMEOUT`` at most) with one line,
+  :class:`ReleaseUnreachable`, naming the release's zip and the folder option.
 
 :func:`resolve` is the one call the notebooks make. The windows are the same whichever way a
 release arrives: the recipes read the same BIDS root. ``<cache>`` is ``$HYBRIDNB_CACHE_DIR``,
@@ -19,6 +21,7 @@ else ``$XDG_CACHE_HOME/hybridnb``, else ``~/.cache/hybridnb`` (hybridnb's own ca
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -31,8 +34,8 @@ from pathlib import Path
 from . import bids, environment, synthetic
 
 __all__ = ["CHALLENGE_TASKS", "RELEASES", "SYNTHETIC", "CACHE_ENV", "DATA_ENV", "Source",
-           "parse", "resolve", "default_cache", "release_size", "estimated_bytes",
-           "eegdash_folder"]
+           "ReleaseUnreachable", "parse", "resolve", "default_cache", "release_size",
+           "estimated_bytes", "eegdash_folder"]
 
 CACHE_ENV = "HYBRIDNB_CACHE_DIR"   # hybridnb's cache folder (hybridnb.env.CACHE_DIR_ENV)
 DATA_ENV = "HYBRIDNB_DATA"         # what a notebook's DATA defaults to (``make demo`` on real data)
@@ -45,10 +48,18 @@ SYNTHETIC = {   # the synthetic releases the notebooks use, by kind
     "faults": {"n_subjects": 12, "size": "small", "seed": 1, "faults": tuple(synthetic.FAULTS)},
 }
 DOWNLOADED = Path("code") / "hybridnb_download.json"   # written when a download has finished
+EEGDASH_API_ENV = "EEGDASH_API_URL"            # eegdash's own variable for its server
+EEGDASH_API = "https://data.eegdash.org"       # eegdash's default (http_api_client.DEFAULT_API_URL)
+REACH_TIMEOUT = 3.0   # seconds for the one request that checks the server before a download
 ZIPS = "https://sccn.ucsd.edu/download/eeg2025/"
 FORMS = ('"synthetic", a release folder on disk (the BIDS root holding participants.tsv and '
          'the sub-* folders), or a release to download: "R1".."R11" followed by "-mini" or '
          '"-full", e.g. "R5-mini"')
+
+
+class ReleaseUnreachable(ConnectionError):
+    """A release could not be downloaded: the message is one line saying what to do (raised
+    without the chain of the network library's exceptions, which repeat long URLs)."""
 
 
 @dataclass(frozen=True)
@@ -262,23 +273,34 @@ def _download(source: Source, cache: Path, folder: Path, tasks: list[str],
     kept), with one progress bar counting recordings; then the marker file is written."""
     root = cache / "eegdash"
     root.mkdir(parents=True, exist_ok=True)
+    zip_name = f"{source.release}{'_mini' if source.mini else ''}_L100_bdf"
+    advice = (f"download {zip_name} from {ZIPS} where there is internet, unpack it and set DATA "
+              f"to its folder (DATA=\"/path/to/{zip_name}\"), or run again when online "
+              f"(finished files are kept)")
+    if importlib.util.find_spec("eegdash") is None:
+        raise ImportError(f"DATA={source.value!r}: downloading {source.name} needs eegdash: "
+                          f"pip install eegdash (the wheel's extra: hybridnb[challenge]); or "
+                          f"{advice}")
+    server = environment.current().get(EEGDASH_API_ENV) or EEGDASH_API
+    why = _unreachable(server)
+    if why:   # one request, no retries: eegdash's own client retries for ~30 s before failing
+        raise ReleaseUnreachable(f"DATA={source.value!r}: cannot reach eegdash's server "
+                                 f"{server} ({why}) to download {source.name}; {advice}")
+    # the size table is eegdash's: importing it takes seconds, so after the network check
     need, free = estimated_bytes(source.release, source.mini, tasks), shutil.disk_usage(root).free
     if need and free < need * 1.2:
         raise OSError(f"DATA={source.value!r}: {free / 1e9:.1f} GB free in {root}, but the "
                       f"task(s) {tasks} of {source.name} take about {need / 1e9:.1f} GB "
                       f"(estimate); free space, or pass cache= (or set {CACHE_ENV}) to a "
                       f"folder on a bigger disk")
-    advice = (f"check the internet connection and run again (finished files are kept), or "
-              f"download {source.release}{'_mini' if source.mini else ''}_L100_bdf from {ZIPS} "
-              f"and set DATA to its unpacked folder")
     try:
         ds = bids.load_eegdash(root, source.release, mini=source.mini, task=list(tasks),
                                download=True)
     except ImportError:
         raise
     except Exception as exc:
-        raise ConnectionError(f"DATA={source.value!r}: eegdash could not list {source.name} "
-                              f"({_short(exc)}); {advice}") from exc
+        raise ReleaseUnreachable(f"DATA={source.value!r}: eegdash could not list {source.name} "
+                                 f"({_short(exc)}); {advice}") from None
     recordings = list(ds.datasets)
     errors: list[BaseException] = []
 
@@ -298,9 +320,8 @@ def _download(source: Source, cache: Path, folder: Path, tasks: list[str],
         bar.update(have - bar.n)
     bar.close()
     if errors:
-        raise ConnectionError(f"DATA={source.value!r}: downloading {source.name} into {folder} "
-                              f"stopped ({_short(errors[0])}); "
-                              f"{advice}") from errors[0]
+        raise ReleaseUnreachable(f"DATA={source.value!r}: downloading {source.name} into "
+                                 f"{folder} stopped ({_short(errors[0])}); {advice}") from None
     (folder / DOWNLOADED.parent).mkdir(parents=True, exist_ok=True)
     record = {"release": source.release, "mini": source.mini,
               "tasks": sorted(_downloaded_tasks(folder) | set(tasks)),
@@ -308,8 +329,34 @@ def _download(source: Source, cache: Path, folder: Path, tasks: list[str],
     (folder / DOWNLOADED).write_text(json.dumps(record, indent=1))
 
 
+def _unreachable(url: str, timeout: float = REACH_TIMEOUT) -> str:
+    """'' when ``url``'s server answers one HTTP request (any status), else why not, in a few
+    words. Bounded by ``timeout`` in all: the request runs on a daemon thread, because a name
+    lookup with no network can block longer than any socket timeout."""
+    import urllib.error
+    import urllib.request
+
+    result: list[str] = []
+
+    def ask() -> None:
+        try:
+            urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout)
+            result.append("")
+        except urllib.error.HTTPError:   # it answered: reachable
+            result.append("")
+        except Exception as exc:
+            reason = getattr(exc, "reason", None) or exc
+            result.append(_short(reason if isinstance(reason, BaseException)
+                                 else OSError(str(reason)), 100))
+
+    thread = threading.Thread(target=ask, name="eegdash-reachable", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return result[0] if result else f"no answer in {timeout:g} s"
+
+
 def _short(exc: BaseException, limit: int = 160) -> str:
-    text = f"{type(exc).__name__}: {exc}"
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())   # one line
     return text if len(text) <= limit else text[:limit] + " ..."
 
 

@@ -2,13 +2,21 @@
 
 ``trainer.save(path)`` (or ``save_model(model, path, ...)``) writes ``trainer.model``'s weights
 (after fit: the best or EMA weights when fit chose them) with the model's class (module and
-qualified name), one sample's input shape (e.g. ``(129, 200)``), the hybridnb and torch versions
-and a format tag, atomically (a temporary file renamed over the old one). ``hn.load(path,
-model)`` loads them with ``torch.load(weights_only=True)`` (no pickled code runs) into a model
-built with the same arguments, after checking the file is one of ours and the class matches,
-and returns it in eval mode; ``read_metadata(path)`` returns everything but the weights.
+qualified name) and, when known, the arguments it was built with (a model with ``get_config()``
+and ``from_config()``, as braindecode's keep theirs; ``init_args=`` given to save; or a class
+whose ``__init__`` takes none), one sample's input shape (e.g. ``(129, 200)``), the hybridnb and
+torch versions and a format tag, atomically (a temporary file renamed over the old one).
+
+``hn.load(path, model)`` loads the weights with ``torch.load(weights_only=True)`` (no pickled
+code runs) into a model built with the same arguments, after checking the file is one of ours
+and the class matches, and returns it in eval mode. ``hn.load(path)`` without a model rebuilds
+the saved class: it imports the class's module by name (as any import does; nothing pickled
+runs) and builds it with the saved arguments; where the module cannot be imported or the
+arguments are not known, a ``ModelFileError`` says to pass the model. ``read_metadata(path)``
+returns everything but the weights.
 
 >>> trainer.save("runs/c1/model.pt")
+>>> model = hn.load("runs/c1/model.pt")                  # a braindecode model rebuilds itself
 >>> model = hn.load("runs/c1/model.pt", ShallowFBCSPNet(n_chans=129, n_outputs=1, n_times=200))
 >>> hybridnb.saving.read_metadata("runs/c1/model.pt")["input_shape"]
 [129, 200]
@@ -18,6 +26,8 @@ A hybridnb checkpoint (``last.pt``, ``best.pt``) loads too: its weights, checked
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import os
 import time
 from pathlib import Path
@@ -35,11 +45,14 @@ class ModelFileError(ValueError):
 
 def save_model(model: torch.nn.Module, path: str | os.PathLike, *,
                input_shape: tuple[int, ...] | None = None, weights: str = "final",
-               extra: dict | None = None) -> Path:
+               extra: dict | None = None, init_args: dict | None = None) -> Path:
     """Write ``model``'s weights and metadata to ``path`` atomically; returns the path.
 
     ``weights``: which weights these are ("final", "best", "ema"); ``extra``: more metadata
-    (plain numbers, strings, lists, dicts: it must load with ``weights_only=True``). A write that
+    (plain numbers, strings, lists, dicts: it must load with ``weights_only=True``);
+    ``init_args``: the keyword arguments ``type(model)(**init_args)`` rebuilds it with, so
+    ``hn.load(path)`` needs no model (plain data; default: what the model tells, see the
+    module). A write that
     fails (a full disk, a read-only folder) raises ``files.WriteError`` (an ``OSError``) naming
     ``path`` and the cause; an older file at ``path`` is left as it was, and no partial file."""
     import hybridnb
@@ -49,7 +62,8 @@ def save_model(model: torch.nn.Module, path: str | os.PathLike, *,
     cls = type(model)
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     record = {"format": FORMAT, "model": state,
-              "model_class": {"module": cls.__module__, "qualname": cls.__qualname__},
+              "model_class": {"module": cls.__module__, "qualname": cls.__qualname__,
+                              "init": _init_record(model, init_args)},
               "input_shape": None if input_shape is None else [int(n) for n in input_shape],
               "weights": weights,
               "versions": {"hybridnb": str(hybridnb.__version__), "torch": str(torch.__version__)},
@@ -65,6 +79,27 @@ def save_model(model: torch.nn.Module, path: str | os.PathLike, *,
                    "free space there or save into another folder")
         code = getattr(exc, "errno", None)
         raise (files.WriteError(code, message) if code else files.WriteError(message)) from None
+
+
+def _init_record(model: torch.nn.Module, init_args: dict | None) -> dict | None:
+    """How ``hn.load(path)`` rebuilds the model: ``{"how": "kwargs" | "from_config", "args":
+    {...}}``, or None when the arguments are not known (or not plain data)."""
+    cls = type(model)
+    if init_args is not None:
+        return {"how": "kwargs", "args": _plain(dict(init_args), "init_args")}
+    if callable(getattr(model, "get_config", None)) and callable(getattr(cls, "from_config",
+                                                                         None)):
+        try:
+            return {"how": "from_config", "args": _plain(dict(model.get_config()), "config")}
+        except (TypeError, ValueError):  # not plain data (e.g. a montage object): not known
+            return None
+    try:
+        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return None
+    if not params:  # nothing to know
+        return {"how": "kwargs", "args": {}}
+    return None
 
 
 def _plain(value, where: str):
@@ -121,10 +156,18 @@ def read_metadata(path: str | os.PathLike) -> dict:
     return {k: v for k, v in data.items() if k != "model"}
 
 
-def load(path: str | os.PathLike, model: torch.nn.Module) -> torch.nn.Module:
+def load(path: str | os.PathLike, model: torch.nn.Module | None = None) -> torch.nn.Module:
     """Load the weights saved in ``path`` into ``model`` (built with the same arguments as the
-    saved one); returns it in eval mode. Clear errors for a file that is not ours, another
-    model class, and missing, unexpected or differently shaped weights."""
+    saved one), or, with no model, into the saved class rebuilt with its saved arguments;
+    returns it in eval mode. Clear errors for a file that is not ours, another model class, a
+    class that cannot be rebuilt (pass the model), and missing, unexpected or differently
+    shaped weights."""
+    if model is None:
+        data = _read(path)
+        model = _rebuild(path, data)
+        _check_keys(path, data["model"], model)
+        model.load_state_dict(data["model"])
+        return model.eval()
     if isinstance(model, type):
         raise TypeError(f"load(path, {model.__name__}) needs a model instance built with the "
                         f"same arguments as the saved one, e.g. {model.__name__}(...)")
@@ -142,6 +185,40 @@ def load(path: str | os.PathLike, model: torch.nn.Module) -> torch.nn.Module:
     _check_keys(path, data["model"], model)
     model.load_state_dict(data["model"])
     return model.eval()
+
+
+def _rebuild(path, data: dict) -> torch.nn.Module:
+    """The saved class, imported by name and built with its saved arguments."""
+    saved = data.get("model_class") or {}
+    module, qualname, init = saved.get("module"), saved.get("qualname"), saved.get("init")
+    name = f"{module}.{qualname}" if module else (qualname or "model")
+    advice = f"pass the model: hn.load({str(path)!r}, {qualname or 'Model'}(...))"
+    if not module or not qualname:
+        raise ModelFileError(f"{path} does not name the module of its model's class ({name}): "
+                             f"{advice}")
+    if "<locals>" in qualname:
+        raise ModelFileError(f"{path} holds a {name}, a class defined inside a function, "
+                             f"which cannot be imported: {advice}")
+    try:
+        cls = importlib.import_module(module)
+        for part in qualname.split("."):
+            cls = getattr(cls, part)
+    except (ImportError, AttributeError) as exc:
+        raise ModelFileError(f"{path} holds a {name}, which cannot be imported here "
+                             f"({type(exc).__name__}: {exc}): install or import its package "
+                             f"(a class defined in a notebook lives in __main__ there), or "
+                             f"{advice}") from None
+    if init is None:
+        raise ModelFileError(f"{path} holds a {name} but not the arguments it was built with "
+                             f"(save it with trainer.save(path, init_args={{...}}) to keep "
+                             f"them): {advice}")
+    try:
+        if init.get("how") == "from_config":
+            return cls.from_config(dict(init["args"]))
+        return cls(**init["args"])
+    except Exception as exc:
+        raise ModelFileError(f"{path}: rebuilding {name} with its saved arguments failed "
+                             f"({type(exc).__name__}: {exc}): {advice}") from exc
 
 
 def _check_keys(path, theirs: dict, model: torch.nn.Module) -> None:

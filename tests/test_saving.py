@@ -52,7 +52,8 @@ def test_save_then_load_predicts_the_same(tmp_path):
     assert not list(tmp_path.glob(".model.pt.tmp-*"))  # written through a temporary file
     meta = saving.read_metadata(path)
     assert meta["format"] == saving.FORMAT
-    assert meta["model_class"] == {"module": Conv.__module__, "qualname": "Conv"}
+    assert meta["model_class"] == {"module": Conv.__module__, "qualname": "Conv",
+                                   "init": None}  # its arguments are not known
     assert meta["input_shape"] == [4, 20]  # one sample, from the first batch
     assert meta["weights"] == "ema"  # fit left the EMA weights in trainer.model
     assert meta["versions"]["torch"] == torch.__version__
@@ -112,3 +113,67 @@ def test_a_checkpoint_loads_as_a_model(tmp_path):
         assert np.array_equal(a.numpy(), b.numpy())
     with pytest.raises(saving.ModelFileError, match="Other"):
         hn.load(tmp_path / "ck" / "last.pt", Other())
+
+
+class Fixed(nn.Module):
+    """A model whose __init__ takes no arguments: nothing to know to rebuild it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 1)
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+def test_load_without_a_model_rebuilds_it_from_the_saved_arguments(tmp_path):
+    torch.manual_seed(0)
+    tr = Trainer(Conv(chans=4, times=20, hidden=6), epochs=1, batch_size=32, device="cpu",
+                 live=False, verbose=False, isolate=False, seed=0)
+    tr.fit(data())
+    path = tr.save(tmp_path / "m.pt", init_args={"chans": 4, "times": 20, "hidden": 6})
+    model = hn.load(path)
+    assert type(model) is Conv and not model.training and model.conv.out_channels == 6
+    x = data(8, seed=3)[0]
+    with torch.no_grad():
+        assert torch.equal(model(x), tr.model.eval()(x))
+    torch.manual_seed(1)
+    saving.save_model(Fixed(), tmp_path / "fixed.pt")  # no arguments to know
+    assert isinstance(hn.load(tmp_path / "fixed.pt"), Fixed)
+
+
+def test_load_without_a_model_rebuilds_a_braindecode_model(tmp_path):
+    models = pytest.importorskip("braindecode.models")
+    torch.manual_seed(0)
+    net = models.ShallowFBCSPNet(n_chans=4, n_outputs=1, n_times=120, final_conv_length="auto",
+                                 n_filters_time=6, n_filters_spat=5)
+    saving.save_model(net, tmp_path / "shallow.pt", input_shape=(4, 120))
+    meta = saving.read_metadata(tmp_path / "shallow.pt")["model_class"]
+    assert meta["init"]["how"] == "from_config" and meta["init"]["args"]["n_filters_time"] == 6
+    back = hn.load(tmp_path / "shallow.pt")
+    assert type(back) is type(net) and back.n_chans == 4
+    x = torch.randn(3, 4, 120)
+    with torch.no_grad():
+        assert torch.equal(back(x), net.eval()(x))
+
+
+def test_load_without_a_model_says_to_pass_it_when_it_cannot_rebuild(tmp_path):
+    saving.save_model(Conv(), tmp_path / "conv.pt")  # arguments not known
+    with pytest.raises(saving.ModelFileError, match=r"Conv but not the arguments.*init_args"
+                       r".*pass the model: hn\.load\("):
+        hn.load(tmp_path / "conv.pt")
+    assert isinstance(hn.load(tmp_path / "conv.pt", Conv()), Conv)  # with the model: as before
+
+    class Local(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 1)
+
+    saving.save_model(Local(), tmp_path / "local.pt")
+    with pytest.raises(saving.ModelFileError, match=r"defined inside a function.*pass the model"):
+        hn.load(tmp_path / "local.pt")
+    gone = type("Gone", (Fixed,), {"__module__": "no_such_package.models"})
+    saving.save_model(gone(), tmp_path / "gone.pt")
+    with pytest.raises(saving.ModelFileError, match=r"no_such_package\.models\.Gone, which "
+                       r"cannot be imported here \(ModuleNotFoundError.*pass the model"):
+        hn.load(tmp_path / "gone.pt")

@@ -8,9 +8,12 @@ view.start(run); view.update(state); view.event(ev); view.end(summary); view.sto
 The renderer is chosen once, from ``hybridnb.env.frontend()`` for ``"auto"``:
 
 =============  ==========================================================================
-widgets        JupyterLab / Notebook 7 (a jupyter-server session), Colab once its custom
-               widget manager is on — ipywidgets bars + plotly FigureWidget (needs anywidget)
-html           VS Code, unknown Jupyter frontends, or widgets unavailable — display handles
+widgets        JupyterLab / Notebook 7 (a jupyter-server session); Colab with ipywidgets 7 (what
+               it ships) once its custom widget manager is on — ipywidgets bars + plotly
+               FigureWidget (needs anywidget)
+html           VS Code, unknown Jupyter frontends, widgets unavailable, or Colab where its
+               widgets would not draw (ipywidgets 8, or ipywidgets upgraded in a runtime that
+               had loaded the old one) — display handles
 text           terminals, CI, headless notebook runs (nbclient, nbval, papermill)
 =============  ==========================================================================
 
@@ -19,7 +22,9 @@ Every fallback is said once, in the view's header line.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import sys
 from collections.abc import Mapping
 
 from hybridnb.env import NOTEBOOK_FRONTENDS, current
@@ -35,6 +40,37 @@ def _widgets_missing() -> str:
     missing = [m for m in ("ipywidgets", "anywidget", "plotly")
                if importlib.util.find_spec(m) is None]
     return " ".join(missing)
+
+
+def _ipywidgets_versions() -> tuple[str | None, str | None]:
+    """(the ipywidgets this process has imported or None, the one installed on disk or None)."""
+    module = sys.modules.get("ipywidgets")
+    loaded = getattr(module, "__version__", None) if module is not None else None
+    try:
+        installed = importlib.metadata.version("ipywidgets")
+    except importlib.metadata.PackageNotFoundError:
+        installed = None
+    return loaded, installed
+
+
+def _colab_widgets_blocker() -> str:
+    """Why Colab would not draw the live view's widgets, else ''.
+
+    Colab's custom widget manager draws third-party widgets (plotly's FigureWidget is one,
+    through anywidget) with ipywidgets 7, which Colab ships; with ipywidgets 8 they stay blank.
+    A runtime that imported one ipywidgets while pip installed another runs the old one until
+    restarted, and its frontend gets messages it may not draw.
+    """
+    loaded, installed = _ipywidgets_versions()
+    if loaded and installed and loaded != installed:
+        return (f"this runtime loaded ipywidgets {loaded} but {installed} is installed now "
+                f"(restart the runtime: Runtime > Restart session)")
+    version = loaded or installed
+    if version and not version.startswith("7."):
+        return (f"Colab draws plotly's widget plots with ipywidgets 7 (what it ships), and "
+                f"ipywidgets {version} is installed (pip install 'ipywidgets<8', then restart "
+                f"the runtime)")
+    return ""
 
 
 def _enable_colab_widgets() -> str:
@@ -89,8 +125,10 @@ def choose_renderer(live: object = "auto", front: str | None = None,
     if missing:
         return "html", f"live widgets need {missing} (pip install {missing}): showing HTML"
     if front == "colab":
-        why = _enable_colab_widgets()
-        return ("html", f"{why}: showing HTML") if why else ("widgets", "")
+        why = _colab_widgets_blocker() or _enable_colab_widgets()
+        if why:
+            return "html", f"{why}: showing HTML; live='widgets' forces widgets"
+        return "widgets", ""
     if not env.get("JPY_SESSION_NAME"):
         return "html", ("not a JupyterLab/Notebook 7 session (unknown frontend): showing HTML; "
                         "pass live='widgets' to force widgets")

@@ -23,22 +23,30 @@ STOP_REASONS = {
                  "history kept.",
     "stop_button": "Stopped with the Stop button after step {step}; checkpoint and history "
                    "kept.",
+    "callback": "Stopped by a callback (trainer.should_stop) after step {step}; checkpoint and "
+                "history kept.",
 }
 
 
 def header(run: Mapping[str, Any], note: str = "") -> str:
-    """``EEGNeX · 62.3 k params · cpu · fp32 · batch 64 · 3 epochs × 20 steps · quick mode``."""
+    """``EEGNeX · 62.3 k params · cpu · fp32 · batch 64 × grad_accum 2 · 3 epochs × 20 steps ·
+    chosen by the Trainer: batch 64 × grad_accum 2 (detect()), ... · quick mode``: what the run
+    is, and (``run["chosen"]``) every setting the Trainer chose on the user's behalf, once."""
     parts = [str(run.get("model") or "model")]
     if run.get("n_params") is not None:
         parts.append(f"{fmt.count(run['n_params'])} params")
     parts += [str(run.get("device", "?")), str(run.get("precision", "?"))]
     if run.get("batch_size"):
-        parts.append(f"batch {run['batch_size']}")
+        accum = run.get("grad_accum") or 1
+        parts.append(f"batch {run['batch_size']}" + (f" × grad_accum {accum}" if accum > 1
+                                                      else ""))
     epochs = run.get("epochs")
     spe = run.get("steps_per_epoch")
     parts.append(f"{epochs} epochs × {spe} steps" if spe else f"{epochs} epochs")
     if run.get("monitor"):
         parts.append(f"monitor {run['monitor']}")
+    if run.get("chosen"):
+        parts.append("chosen by the Trainer: " + ", ".join(run["chosen"]))
     if run.get("quick"):
         parts.append("quick mode (HYBRIDNB_QUICK): shortened run")
     text = " · ".join(parts)

@@ -1,4 +1,4 @@
-"""Widget live view for JupyterLab / Notebook 7 / Colab: ipywidgets bars + a plotly FigureWidget.
+"""Widget live view for JupyterLab / Notebook 7 / Colab (ipywidgets 7 or 8): ipywidgets bars + a plotly FigureWidget.
 
 Shown while training: a header (model, device, precision, quick mode), epoch and step bars,
 a status line (loss, LR, samples/s, elapsed/remaining, memory), recovery events and a Stop

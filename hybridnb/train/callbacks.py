@@ -1,11 +1,21 @@
-"""Callbacks: user code the Trainer calls at a fit's start, after each epoch, and at its end.
+"""Callbacks: user code the Trainer calls at a fit's start, after each optimizer step, after
+each epoch, and at its end.
 
 The protocol (every method optional; a missing one is skipped)::
 
     class MyCallback:
         def on_fit_start(self, trainer): ...
+        def on_step_end(self, trainer, row): ...    # row: global_step, epoch, step, loss, lr, ...
         def on_epoch_end(self, trainer, row): ...   # row: the epoch's history row, a dict
         def on_fit_end(self, trainer): ...
+
+**Stopping a run**: a hook sets ``trainer.should_stop = True`` (return values are ignored). The
+fit ends cleanly after the current step (or right after the epoch, from ``on_epoch_end``): the
+step's weights are kept, the last checkpoint written, ``trainer.stopped == "callback"``, and
+``on_fit_end`` is called; ``fit(..., resume=True)`` continues from there. Each fit starts with
+``should_stop = False``. In an isolated fit the flag reaches the worker through the same stop
+flag as the Stop button; the worker runs a step or so ahead of the rows the kernel has seen, so
+it stops at the first step boundary after the flag arrives.
 
 They run once, in the user's process (the notebook's kernel), also when the fit trains in an
 isolated worker: the worker sends each epoch's row, the kernel calls the callbacks with it, so a
@@ -21,7 +31,7 @@ for any error, so ``fit(..., resume=True)`` continues after the fix.
 
 from __future__ import annotations
 
-HOOKS = ("on_fit_start", "on_epoch_end", "on_fit_end")
+HOOKS = ("on_fit_start", "on_step_end", "on_epoch_end", "on_fit_end")
 
 
 class CallbackError(RuntimeError):

@@ -51,6 +51,7 @@ class Loop:
         self.batch_check, self.bus = batch_check, bus
         self.loader_kwargs = dict(settings.loader_kwargs)
         self.interrupt: GracefulInterrupt | None = None  # set while a fit runs
+        self.stop_flag = lambda: False  # the Trainer's ``should_stop`` (set by a callback)
         checkpoints.on_keep = lambda state: bus.emit(StateKept(
             state["position"]["global_step"], state))
 
@@ -101,6 +102,11 @@ class Loop:
             if stop:
                 self.state.stopped = Stop.EARLY_STOPPING
                 return
+            if self.stop_flag() and self.state.epoch < self.state.plan.epochs:
+                self.bus.say(Stop.CALLBACK.value, "a callback set trainer.should_stop: stopping "
+                             "after this epoch")
+                self.state.stopped = Stop.CALLBACK  # the epoch's checkpoint is written
+                return
 
     def _epoch(self, loader, val_loader) -> Epoch:
         """One epoch from the current position."""
@@ -146,12 +152,19 @@ class Loop:
         state, s = self.state, self.settings
         # summed over ranks: a stop asked on any rank stops every rank after this same step
         asked = self.stop_asked()
-        interrupt, button = self.placement.strategy.sum([float(asked is Stop.INTERRUPT),
-                                                         float(asked is Stop.STOP_BUTTON)])
+        interrupt, button, callback = self.placement.strategy.sum([
+            float(asked is Stop.INTERRUPT), float(asked is Stop.STOP_BUTTON),
+            float(asked is Stop.CALLBACK)])
         if interrupt:
             return self._stop(Stop.INTERRUPT, "interrupted: stopping after the current step")
-        if button:
-            return self._stop(Stop.STOP_BUTTON, "Stop clicked: stopping after the current step")
+        if button:  # in a worker the kernel's one flag carries the button and should_stop
+            return self._stop(Stop.STOP_BUTTON, (
+                "stop asked in the notebook (the Stop button, or a callback's "
+                "trainer.should_stop)" if self.heartbeat.in_worker else "Stop clicked")
+                + ": stopping after the current step")
+        if callback:
+            return self._stop(Stop.CALLBACK, "a callback set trainer.should_stop: stopping "
+                              "after the current step")
         if s.val_every and state.global_step % s.val_every == 0 and val_loader is not None:
             metrics = self._validate(val_loader)
             self.learner.model.train()
@@ -195,16 +208,21 @@ class Loop:
         """The loaders and the plan of this fit."""
         train_loader = self.loader(train, shuffle=True, what="train")
         val_loader = None if val is None else self.loader(val, shuffle=False, what="val")
-        s = self.settings
-        epochs, batches, note = plan_epochs(train_loader, s.epochs, s.steps_per_epoch,
-                                            s.grad_accum, quick())
-        if note:
-            self.bus.note("quick", note)
-        steps = math.ceil(batches / s.grad_accum)
-        self.state.plan = Plan(epochs, batches, steps, epochs * steps)
+        self.state.plan = self.plan_for(train_loader, self.bus.note)
         self.state.loaders = [ld for ld in (train_loader, val_loader) if ld is not None]
         self.state.train_gen = getattr(train_loader, "generator", None)
         return train_loader, val_loader
+
+    def plan_for(self, train_loader, note=lambda kind, message: None) -> Plan:
+        """Epochs, batches and optimizer steps of a fit on ``train_loader`` (``steps_per_epoch``,
+        ``grad_accum`` and quick mode's caps applied; ``note`` hears quick mode's cap)."""
+        s = self.settings
+        epochs, batches, said = plan_epochs(train_loader, s.epochs, s.steps_per_epoch,
+                                            s.grad_accum, quick())
+        if said:
+            note("quick", said)
+        steps = math.ceil(batches / s.grad_accum)
+        return Plan(epochs, batches, steps, epochs * steps)
 
     def begin(self, pending: dict | None) -> None:
         """A fresh run state: ``pending`` (a checkpoint to continue from) or a seeded start."""
@@ -215,7 +233,15 @@ class Loop:
             self.load_state_dict(pending)
         elif self.settings.seed is not None:
             seed_everything(self.settings.seed)
-        self.learner.schedule.bind(self.state.plan.total_steps)
+        self.bind_schedule()
+
+    def bind_schedule(self) -> None:
+        """The schedule told the run's optimizer steps (a factory builds its scheduler now: an
+        error before the first step); a resumed fit's replaced scheduler is said once."""
+        schedule = self.learner.schedule
+        schedule.bind(self.state.plan.total_steps)
+        if getattr(schedule, "replaced", None):
+            self.bus.note("schedule", schedule.replaced)
 
     def loader(self, data, shuffle: bool, what: str):
         s = self.settings
@@ -246,8 +272,12 @@ class Loop:
 
     def run_info(self) -> dict:
         plan, model, s = self.state.plan, self.learner.model, self.settings
+        applied = self.placement.applied_speedups
+        chosen = s.chosen(self.placement.precision.name,
+                          tuple(applied.applied) if applied is not None else ())
         return {"epochs": plan.epochs, "steps_per_epoch": plan.steps_per_epoch,
-                "batch_size": s.batch_size, "device": str(self.placement.device),
+                "batch_size": s.batch_size, "grad_accum": s.grad_accum, "chosen": chosen,
+                "total_steps": plan.total_steps, "device": str(self.placement.device),
                 "precision": self.placement.precision.name, "model": type(model).__name__,
                 "n_params": sum(p.numel() for p in model.parameters()),
                 "monitor": s.monitor, "quick": quick(), "pid": os.getpid()}
@@ -258,10 +288,12 @@ class Loop:
 
     # ------------------------------------------------------------------ stops and validation
     def stop_asked(self) -> Stop | None:
-        """Whether a stop was asked, and how: Ctrl-C (here, or the kernel's when in a worker)
-        or the Stop button."""
+        """Whether a stop was asked, and how: Ctrl-C (here, or the kernel's when in a worker),
+        a callback's ``trainer.should_stop`` or the Stop button."""
         if self.interrupt is not None and self.interrupt.requested:
             return Stop.INTERRUPT
+        if self.stop_flag():
+            return Stop.CALLBACK
         if self.heartbeat.in_worker:
             return self.heartbeat.stop_asked()
         return Stop.STOP_BUTTON if self.progress.stop_requested else None

@@ -10,7 +10,8 @@ smoothed loss passes ``diverge`` times its best. The suggestion is read off the 
 * ``"steepest"`` (Lightning's): the learning rate of the steepest descent of the smoothed loss
   (its slope measured over a tenth of the sweep: step to step it is mostly batch noise).
 
-The sweep trains on a copy of nothing: it steps the Trainer's own model and optimizer, then puts
+The sweep runs with the speedups fit uses (decided here when lr_find comes first; fit keeps them)
+and shows its progress as it goes (sweep_progress.py). The sweep trains on a copy of nothing: it steps the Trainer's own model and optimizer, then puts
 the weights, optimizer and schedule state, EMA, loss guard, run state and every RNG back, so a fit
 afterwards starts exactly where it would have without the sweep.
 
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hybridnb.env import quick
+from hybridnb.train.sweep_progress import SweepProgress
 
 SUGGESTIONS = ("valley", "steepest")
 QUICK_STEPS = 20  # quick mode (HYBRIDNB_QUICK=1): a short sweep, as the Trainer caps fits
@@ -45,6 +47,7 @@ class LRFindResult:
     stopped_early: bool = False
     note: str = ""
     applied: bool = field(default=False)
+    speedups: tuple[str, ...] = ()  # the speedups the sweep ran with: the ones fit uses
 
     def __repr__(self) -> str:
         lr = "none" if self.suggestion is None else f"{self.suggestion:.3g}"
@@ -97,7 +100,19 @@ def lr_find(trainer, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_s
     if quick() and num_steps > QUICK_STEPS:
         num_steps, capped = QUICK_STEPS, f"quick mode: the sweep capped at {QUICK_STEPS} steps"
     loader = trainer.loop.loader(data, shuffle=True, what="lr_find data")
-    trainer.placement.place([loader], trainer.bus.note, trainer.bus.pending)
+    placement = trainer.placement
+    placement.place([loader], trainer.bus.note, trainer.bus.pending)
+    # the speedups fit would choose (decided once per device; fit keeps them), for a fit of
+    # this data: the sweep's steps cost what fit's steps will
+    placement.speed_up(loader, trainer.batch_size, trainer.loop.plan_for(loader).total_steps,
+                       trainer.bus.note)
+    trainer.loop.build_step(compiled=False)
+    applied = placement.applied_speedups
+    used = tuple(applied.applied) if applied is not None else ()
+    progress = SweepProgress(trainer.live, trainer.verbose, num_steps)
+    progress.say(f"sweeping lr {start_lr:.0e} to {end_lr:.0e} over at most {num_steps} steps "
+                 f"on {placement.device} ({placement.precision.name}; speedups: "
+                 f"{', '.join(used) or 'none'})")
     lrs = start_lr * (end_lr / start_lr) ** (np.arange(num_steps) / (num_steps - 1))
     saved = trainer.state_dict()
     step, guard = trainer.step, trainer.step.guard
@@ -119,6 +134,7 @@ def lr_find(trainer, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_s
             avg = beta * avg + (1 - beta) * loss
             smoothed = avg / (1 - beta ** len(raw))
             smooth.append(smoothed)
+            progress.step(len(raw), float(lr), smoothed)
             best = min(best, smoothed)
             if len(raw) > 1 and smoothed > diverge * best:
                 stopped = True
@@ -128,9 +144,12 @@ def lr_find(trainer, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_s
         trainer.optimizer.zero_grad(set_to_none=True)
         trainer.restore(saved)
     result = LRFindResult(np.array(tried), np.array(smooth), np.array(raw), None, suggest,
-                          stopped)
+                          stopped, speedups=used)
     result.suggestion, why = suggestion(result.lrs, result.losses, suggest)
     result.note = "; ".join(n for n in (capped, why) if n)
+    progress.say(f"{len(tried)} steps{' (stopped: the loss diverged)' if stopped else ''}; "
+                 f"suggestion {'none' if result.suggestion is None else f'{result.suggestion:.3g}'}"
+                 f" ({suggest})")
     return result
 
 

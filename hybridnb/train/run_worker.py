@@ -48,11 +48,17 @@ class Worker:
         job.sent_at = time.monotonic()
         try:
             out = run_job(trainer, job, prestarted=early, on_message=on_message,
-                          should_stop=lambda: trainer.progress.stop_requested)
+                          should_stop=lambda: trainer.progress.stop_requested
+                          or trainer.should_stop)
         except BaseException:  # the worker's own error: its last state is applied already
             kernel.finish()
             raise
         if out.status == "done":
+            if out.result["stopped"] == Stop.STOP_BUTTON and trainer.should_stop and \
+                    not trainer.progress.stop_requested:  # one flag carried both: the callback's
+                out.result["stopped"] = Stop.CALLBACK
+                if kernel.summary is not None:
+                    kernel.summary["stopped"] = Stop.CALLBACK.value
             kernel.finish()
             trainer.bus.pending.clear()
             adopt(trainer, out.result)
@@ -155,7 +161,7 @@ def serve(trainer, job: FitJob, hook_notes: list, moved: bool) -> object:
     train_loader, val_loader = loop.open(job.train, job.val)
     loop.state = RunState.fresh([], carry=loop.state)
     loop.load_state_dict(job.start)
-    trainer.schedule.bind(loop.state.plan.total_steps)
+    loop.bind_schedule()
     try:
         loop.fit(train_loader, val_loader)
     except BaseException:

@@ -4,8 +4,10 @@ Each schedule answers ``factor(step)`` for an optimizer step, is told the run's 
 ``bind(total_steps)`` and hears every validation through ``on_validation(improved)``. Their state
 is plain numbers (saved in checkpoints).
 
-``schedule=`` may also be a factory ``optimizer -> torch.optim.lr_scheduler.LRScheduler``
-(``TorchSchedule``): the scheduler is stepped once per optimizer step (``ReduceLROnPlateau``:
+``schedule=`` may also be a factory ``(optimizer, total_steps) -> torch.optim.lr_scheduler``
+(or ``optimizer -> ...``; ``TorchSchedule``): ``total_steps`` is the run's number of optimizer
+steps after gradient accumulation (``Trainer.total_steps``), so a ``OneCycleLR`` built from it
+ends exactly with the fit. The scheduler is stepped once per optimizer step (``ReduceLROnPlateau``:
 with the monitored metric at each validation), and the loop reads its LR as a factor of the
 base LR like any schedule here, so the loss guard's LR cut, resume and an isolated worker treat it
 the same way.
@@ -17,6 +19,7 @@ the same way.
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from collections.abc import Callable
@@ -105,10 +108,15 @@ class Plateau(Constant):
 
 
 class TorchSchedule(Constant):
-    """A ``torch.optim.lr_scheduler`` made by ``factory(optimizer)``, as a factor of the base LR.
+    """A ``torch.optim.lr_scheduler`` made by ``factory(optimizer, total_steps)`` (or
+    ``factory(optimizer)``), as a factor of the base LR.
 
-    The scheduler is built at ``bind`` (every fit starts it afresh; a resumed fit loads its
-    state), stepped once per optimizer step (``factor(step)`` catches up to ``step``), and its LR
+    The scheduler is built at ``bind`` (every fit starts it afresh). A resumed fit loads the
+    checkpoint's scheduler state when the factory builds the same scheduler again; when it
+    builds a different one (e.g. a ``OneCycleLR`` over more steps for more epochs) the one given
+    is used, advanced to the run's step, and ``replaced`` says so. A scheduler with a
+    ``total_steps`` shorter than the run is an error at ``bind``, before the first step. It is
+    stepped once per optimizer step (``factor(step)`` catches up to ``step``), and its LR
     divided by the base LR is the factor; the loop multiplies in the loss guard's cut itself, so
     a chained scheduler never compounds it. ``ReduceLROnPlateau`` is stepped at each validation
     with the monitored metric instead. Its state (plain numbers) is saved in checkpoints. The
@@ -123,6 +131,7 @@ class TorchSchedule(Constant):
         self.sched = None
         self._pending: dict | None = None
         self.total_steps = 1
+        self.replaced: str | None = None  # why a resumed fit did not load the saved state
 
     @property
     def plateau(self) -> bool:
@@ -136,7 +145,8 @@ class TorchSchedule(Constant):
                   for g in self.optimizer.param_groups] if self._pending else None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # "step() before optimizer.step()"
-            sched = self.factory(self.optimizer)
+            sched = self.factory(self.optimizer, self.total_steps) if takes_total_steps(
+                self.factory) else self.factory(self.optimizer)
         if not isinstance(sched, (torch.optim.lr_scheduler.LRScheduler,
                                   torch.optim.lr_scheduler.ReduceLROnPlateau)):
             raise TypeError(f"schedule={_name(self.factory)} returned a {type(sched).__name__}; "
@@ -145,14 +155,40 @@ class TorchSchedule(Constant):
         if getattr(sched, "optimizer", self.optimizer) is not self.optimizer:
             raise ValueError(f"schedule={_name(self.factory)} built its scheduler on another "
                              "optimizer: use the optimizer the factory is given")
+        self._check_length(sched)
         self.sched = sched
         self.base = [g["initial_lr"] if "initial_lr" in g else g["lr"]
                      for g in self.optimizer.param_groups]
         self.current = 1.0
+        self.replaced = None
         if self._pending:
-            for group, values in zip(self.optimizer.param_groups, loaded, strict=True):
-                group.update(values)
-            self.load_state_dict(self._pending)
+            saved = self._pending.get("torch", {})
+            if self.plateau or _config(saved) == _config(sched.state_dict()):
+                for group, values in zip(self.optimizer.param_groups, loaded, strict=True):
+                    group.update(values)
+                self.load_state_dict(self._pending)
+            else:  # the scheduler given is the one used: factor() advances it to the run's step
+                self.replaced = (f"the checkpoint's {type(sched).__name__} state was saved "
+                                 f"with other settings ({_differences(saved, sched)}): using "
+                                 "the scheduler given, advanced to the run's step")
+                self._pending = None
+
+    def _check_length(self, sched) -> None:
+        """A scheduler that counts its own steps (OneCycleLR) must last the whole run: else
+        it would fail part-way (torch: "Tried to step ... times"); said now, before any
+        step."""
+        length = getattr(sched, "total_steps", None)
+        if isinstance(length, int) and length < self.total_steps:
+            hint = ("it receives total_steps: use it, e.g. lambda opt, total_steps: "
+                    "OneCycleLR(opt, max_lr=..., total_steps=total_steps)"
+                    if takes_total_steps(self.factory) else
+                    "give the factory a second argument, total_steps (the Trainer passes "
+                    "this run's count): lambda opt, total_steps: OneCycleLR(opt, max_lr=..., "
+                    "total_steps=total_steps)")
+            raise ValueError(f"schedule={_name(self.factory)} built a {type(sched).__name__} "
+                             f"of total_steps={length}, but this run takes {self.total_steps} "
+                             f"optimizer steps (trainer.total_steps: epochs x optimizer steps "
+                             f"per epoch, after grad_accum); {hint}")
 
     def factor(self, step: int) -> float:
         if self.sched is None:
@@ -207,12 +243,41 @@ class TorchSchedule(Constant):
         self._pending = None
 
 
+_DYNAMIC = {"last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step",
+            "_is_initial", "verbose"}
+
+
+def _config(state: dict) -> dict:
+    """A scheduler's ``state_dict`` without what stepping changes: what it was built with."""
+    return {k: v for k, v in state.items() if k not in _DYNAMIC}
+
+
+def _differences(saved: dict, sched) -> str:
+    new = _config(sched.state_dict())
+    old = _config(saved)
+    keys = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    shown = [f"{k}={old.get(k)!r} saved, {new.get(k)!r} given" for k in keys
+             if not isinstance(new.get(k), (list, dict)) and not isinstance(old.get(k),
+                                                                            (list, dict))]
+    return "; ".join(shown[:3]) or ", ".join(keys[:4])
+
+
+def takes_total_steps(factory) -> bool:
+    """Whether a schedule factory takes a second argument, the run's total optimizer steps."""
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
+
+
 def _name(factory) -> str:
     return getattr(factory, "__qualname__", None) or type(factory).__name__
 
 
 def is_factory(schedule) -> bool:
-    """Whether ``schedule`` is a factory ``optimizer -> LRScheduler`` (a callable that is not
+    """Whether ``schedule`` is a factory ``(optimizer[, total_steps]) -> LRScheduler`` (a callable that is not
     a schedule object or a scheduler class used by mistake)."""
     return callable(schedule) and not isinstance(schedule, (str, type)) and not hasattr(
         schedule, "factor")
@@ -221,7 +286,7 @@ def is_factory(schedule) -> bool:
 def make_schedule(schedule, warmup: float = 0.05,
                   optimizer: torch.optim.Optimizer | None = None) -> Constant:
     """``"warmup_cosine"`` | ``"plateau"`` | ``"constant"`` | None | a schedule object | a
-    factory ``optimizer -> torch.optim.lr_scheduler.LRScheduler`` (needs ``optimizer``)."""
+    factory ``(optimizer[, total_steps]) -> LRScheduler`` (needs ``optimizer``)."""
     if schedule is None or schedule == "constant":
         return Constant()
     if schedule == "warmup_cosine":

@@ -69,6 +69,7 @@ class Settings:
     recommended_precision: str | None = None
     torch_threads: int | None = None
     resolved_: bool = False
+    from_detect: tuple[str, ...] = ()  # the options resolved() took from detect()'s advice
 
     @classmethod
     def build(cls, **kwargs: Any) -> Settings:
@@ -157,9 +158,15 @@ class Settings:
         """The settings with ``device`` (already checked) and what ``hw`` (``detect()``'s
         answer, or None) recommends filled in."""
         batch_size = self.batch_size if self.batch_size is not None else hw.settings.batch_size
+        # detect()'s accumulation goes with its batch size: a batch size given alone is the
+        # effective batch, never silently multiplied
         grad_accum = self.grad_accum if self.grad_accum is not None else (
             hw.settings.grad_accum if self.batch_size is None else 1)
         from_hw = self.device == "auto" and hw is not None
+        taken = tuple(name for name, left in (
+            ("device", from_hw), ("precision", self.precision == "auto" and hw is not None),
+            ("batch_size", self.batch_size is None),
+            ("grad_accum", self.grad_accum is None and self.batch_size is None)) if left)
         if self.loader_kwargs is not None:
             loader = dict(self.loader_kwargs)
         elif from_hw:
@@ -168,10 +175,35 @@ class Settings:
             loader = {"num_workers": 0, "pin_memory": device.type == "cuda"}
         return dataclasses.replace(
             self, device=str(device), batch_size=int(batch_size), grad_accum=int(grad_accum),
-            loader_kwargs=loader, resolved_=True,
+            loader_kwargs=loader, resolved_=True, from_detect=self.from_detect or taken,
             recommended_precision=hw.precision if hw is not None else None,
             torch_threads=self.torch_threads or (int(hw.settings.torch_threads) if from_hw
                                                  and hw.settings.torch_threads else None))
+
+    def chosen(self, precision: str | None = None, speedups: tuple = ()) -> list[str]:
+        """What the Trainer chose on the user's behalf, in words for the run's header: the
+        options taken from detect()'s advice, and the defaults in force that change training
+        (schedule, gradient clipping, weight decay); ``precision`` and ``speedups``: what the
+        placement decided for ``"auto"``. A value equal to its default counts as the
+        default."""
+        said = []
+        if "batch_size" in self.from_detect:
+            said.append(f"batch {self.batch_size}" + (
+                f" × grad_accum {self.grad_accum}" if "grad_accum" in self.from_detect else "")
+                + " (detect())")
+        if "device" in self.from_detect:
+            said.append(f"device {self.device} (detect())")
+        if self.precision == "auto" and precision:
+            said.append(f"precision {precision} (auto)")
+        if self.speedups == "auto" and speedups:
+            said.append(f"speedups {', '.join(speedups)} (auto)")
+        if self.schedule == "warmup_cosine":
+            said.append(f"schedule warmup_cosine (warmup {self.warmup:g})")
+        if self.clip_grad == 1.0:
+            said.append("clip_grad 1.0")
+        if self.weight_decay == 0.01 and self.optimizer in (None, "adamw", "adam", "sgd"):
+            said.append(f"weight_decay 0.01 ({self.optimizer or 'adamw'})")
+        return said
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)

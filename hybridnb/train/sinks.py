@@ -1,7 +1,7 @@
 """Where a fit's rows go besides the live view: loggers and callbacks, in the user's process.
 
-``Sinks.hear`` listens on the fit's bus (bus.py): the step rows go to the loggers that want them,
-each epoch's history row to the loggers and ``on_epoch_end``. An isolated worker has no sinks of
+``Sinks.hear`` listens on the fit's bus (bus.py): the step rows go to the loggers that want them
+and ``on_step_end``, each epoch's history row to the loggers and ``on_epoch_end``. An isolated worker has no sinks of
 its own (``Settings.for_worker`` drops the loggers, callbacks never leave the user's process):
 its events are forwarded and emitted again on the kernel's bus, where these listen; they keep
 listening when the worker is lost and the kernel continues on the CPU.
@@ -28,6 +28,7 @@ class Sinks:
         self.storage = StorageGuard(self._say)
         self.loggers, self.callbacks = make_loggers(self.storage), callbacks
         self.wants_steps = any(getattr(lg, "per_step", False) for lg in self.loggers)
+        self.step_hooks = any(callable(getattr(cb, "on_step_end", None)) for cb in callbacks)
         self.next_epoch = 0
         self.open = False
         self.trainer = None
@@ -78,9 +79,12 @@ class Sinks:
 
     def hear(self, event) -> None:
         """A listener on the fit's bus (the user's process): step rows to the loggers that
-        want them, each epoch's row to loggers and ``on_epoch_end``."""
-        if isinstance(event, StepEnded) and self.wants_steps:
-            self.step(event.row)
+        want them and ``on_step_end``, each epoch's row to loggers and ``on_epoch_end``."""
+        if isinstance(event, StepEnded):
+            if self.wants_steps:
+                self.step(event.row)
+            if self.step_hooks and self.open and self.trainer is not None:
+                cbs.call(self.callbacks, "on_step_end", self.trainer, dict(event.row))
         elif isinstance(event, EpochEnded) and self.trainer is not None:
             self.epoch_rows(event.history, self.trainer)
 

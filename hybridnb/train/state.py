@@ -28,6 +28,7 @@ class Stop(str, enum.Enum):
     INTERRUPT = "interrupt"
     STOP_BUTTON = "stop_button"
     EARLY_STOPPING = "early_stopping"
+    CALLBACK = "callback"  # a callback set ``trainer.should_stop = True``
 
     __str__ = str.__str__
 

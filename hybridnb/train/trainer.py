@@ -25,8 +25,9 @@ import pandas as pd
 import torch
 
 from hybridnb.events import Event
+from hybridnb.live.summary import header
 from hybridnb.train import isolate, loggers, setup
-from hybridnb.train.bus import Bus
+from hybridnb.train.bus import Bus, Started
 from hybridnb.train.callbacks import check_callbacks
 from hybridnb.train.checkpoint import Checkpoints
 from hybridnb.train.checkpoint import read as read_checkpoint
@@ -43,7 +44,7 @@ from hybridnb.train.run_worker import Worker
 from hybridnb.train.seeding import set_rng_state
 from hybridnb.train.settings import Settings
 from hybridnb.train.sinks import Sinks
-from hybridnb.train.state import HISTORY_COLUMNS, STEP_COLUMNS, Stop
+from hybridnb.train.state import HISTORY_COLUMNS, STEP_COLUMNS, Plan, Stop
 from hybridnb.train.storage import StorageGuard
 from hybridnb.train.target_scale import TargetScale
 from hybridnb.train.validation import EarlyStopping
@@ -52,8 +53,9 @@ from hybridnb.train.worker_fit import Hooks
 
 def _setting(name: str, writable: bool = False) -> property:
     """A read-only view of a setting; ``writable``: an int setting the Trainer may change."""
-    def set_int(self, value: int) -> None:
-        self.settings = self.settings.replace(**{name: int(value)})
+    def set_int(self, value: int) -> None:  # set by the user now: no longer detect()'s choice
+        self.settings = self.settings.replace(**{name: int(value)}, from_detect=tuple(
+            n for n in self.settings.from_detect if n != name))
 
     return property(lambda self: getattr(self.settings, name), set_int if writable else None,
                     doc=f"``{name}=`` as given" + (" (settable)" if writable else ""))
@@ -78,10 +80,12 @@ class Trainer:
     - ``compile``: False | True | "default" | "reduce-overhead" | "max-autotune"; any failure
       while compiling or in a compiled step falls back to eager, once, with a message.
     - ``schedule``: "warmup_cosine" (``warmup``: fraction or steps) | "plateau" | None | an object
-      from hybridnb.train.schedules | a factory ``optimizer -> torch.optim.lr_scheduler`` object
-      (e.g. ``lambda opt: OneCycleLR(opt, max_lr=1e-2, total_steps=N)``), stepped once per
-      optimizer step (ReduceLROnPlateau: with the ``monitor`` value at each validation).
-      Schedules count optimizer steps.
+      from hybridnb.train.schedules | a factory ``(optimizer, total_steps) ->
+      torch.optim.lr_scheduler`` object (e.g. ``lambda opt, total_steps: OneCycleLR(opt,
+      max_lr=1e-2, total_steps=total_steps)``; ``optimizer -> ...`` also works), stepped once
+      per optimizer step (ReduceLROnPlateau: with the ``monitor`` value at each validation).
+      Schedules count optimizer steps: ``total_steps`` (after ``plan(train)``) is the run's.
+      On resume the scheduler given is used (the checkpoint's state when it is the same one).
     - ``ema``: None or a decay (e.g. 0.999); validation, best weights and the final model use it.
     - ``early_stopping``: None or a patience in validations; the best weights are restored.
       ``monitor``: the validation metric it watches (checked at the first validation).
@@ -114,12 +118,15 @@ class Trainer:
       run keeps its finished epochs) | "tensorboard" (event files in ``log_dir``: train/loss and
       train/lr per step, epoch/<column> per epoch; ``pip install 'hybridnb[tensorboard]'``) | a
       list | None. ``log_dir``: where (default ``checkpoint_dir``). hybridnb.train.loggers.
-    - ``callbacks``: objects with any of ``on_fit_start(trainer)``, ``on_epoch_end(trainer,
-      row)`` (the epoch's history row as a dict), ``on_fit_end(trainer)``; they run in this
-      process, also for an isolated fit (hybridnb.train.callbacks).
+    - ``callbacks``: objects with any of ``on_fit_start(trainer)``, ``on_step_end(trainer,
+      row)`` (the step's row: global_step, epoch, loss, lr, ...), ``on_epoch_end(trainer, row)``
+      (the epoch's history row as a dict), ``on_fit_end(trainer)``; they run in this process,
+      also for an isolated fit. A hook stops the run with ``trainer.should_stop = True``: the
+      fit ends after the current step, its state kept (hybridnb.train.callbacks).
 
-    ``save(path)`` writes ``model``'s weights with their class and input shape;
-    ``hn.load(path, model)`` loads them (hybridnb.saving). A checkpoint or log write that fails
+    ``save(path)`` writes ``model``'s weights with their class (its arguments when known) and
+    input shape; ``hn.load(path)`` rebuilds and loads it, ``hn.load(path, model)`` loads into
+    ``model`` (hybridnb.saving). A checkpoint or log write that fails
     (full disk, read-only folder) is said once; the run continues from memory.
     """
 
@@ -186,6 +193,8 @@ class Trainer:
                          checkpoints=self.checkpoints, progress=self.progress,
                          stopping=self.stopping, heartbeat=self.heartbeat,
                          batch_check=self.batch_check, bus=bus)
+        self.should_stop = False  # a callback sets it: the fit stops after the current step
+        self.loop.stop_flag = lambda: self.should_stop
         for listener in (self._record, self.progress.hear, self.sinks.hear, self.heartbeat.hear,
                          self._print):
             bus.subscribe(listener)
@@ -208,10 +217,15 @@ class Trainer:
             self.loop.state.events.append(event)
 
     def _print(self, event) -> None:
-        """Notes on stderr without a live view (in the kernel: a worker's are forwarded)."""
-        if isinstance(event, Event) and self.verbose and self.live in (False, None) \
-                and self.strategy.is_main and not self.heartbeat.in_worker:
+        """Notes on stderr without a live view (in the kernel: a worker's are forwarded),
+        the run's header line first (what the Trainer chose on the user's behalf)."""
+        if not (self.verbose and self.live in (False, None) and self.strategy.is_main
+                and not self.heartbeat.in_worker):
+            return
+        if isinstance(event, Event):
             print(f"hybridnb: {event}", file=sys.stderr)
+        elif isinstance(event, Started):
+            print(f"hybridnb: {header(event.run)}", file=sys.stderr)
 
     # ----------------------------------------------------------------------------- properties
     epochs, lr, seed, live, verbose = (_setting(n) for n in
@@ -255,6 +269,34 @@ class Trainer:
         """One row per optimizer step: global_step, epoch, loss, lr."""
         return pd.DataFrame(self.state.steps, columns=STEP_COLUMNS)
 
+    # ----------------------------------------------------------------------------- plan
+    def plan(self, train) -> Plan:
+        """The coming fit's epochs, batches and optimizer steps on ``train`` (a Dataset or
+        DataLoader, as ``fit`` takes it), without training; ``total_steps`` reads it after.
+
+        >>> trainer.plan(train).total_steps == trainer.total_steps   # epochs x steps per epoch
+        """
+        loader = self.loop.loader(train, shuffle=True, what="train")
+        self._planned = self.loop.plan_for(loader)
+        return self._planned
+
+    @property
+    def total_steps(self) -> int:
+        """Optimizer steps of the whole run (epochs x optimizer steps per epoch, after
+        ``grad_accum``, ``steps_per_epoch`` and quick mode's caps): what a schedule should
+        span. Known once the training data is: after ``plan(train)``, during and after
+        ``fit``. A schedule factory with a second argument receives the same number:
+        ``schedule=lambda opt, total_steps: OneCycleLR(opt, max_lr=1e-2,
+        total_steps=total_steps)``. A resumed fit continues the same count."""
+        if self.loop.state.plan.total_steps:
+            return self.loop.state.plan.total_steps
+        planned = getattr(self, "_planned", None)
+        if planned is None:
+            raise RuntimeError("trainer.total_steps depends on the training data: call "
+                               "trainer.plan(train) first (or give schedule= a factory "
+                               "lambda opt, total_steps: ..., which receives it at fit)")
+        return planned.total_steps
+
     # ----------------------------------------------------------------------------- fit
     def fit(self, train, val=None, resume: bool | str | Path = False) -> pd.DataFrame:
         """Train for ``epochs`` epochs; returns the history. ``resume=True`` continues from
@@ -263,6 +305,7 @@ class Trainer:
         early = isolate.prestart() if self.isolated else None
         try:
             train_loader, val_loader = self.loop.open(train, val)
+            self.should_stop = False
             self._begin(resume)
             self.sinks.begin(self)  # loggers and callbacks: here, also for an isolated fit
             self.runner.fit(self, train, val, train_loader, val_loader, early)
@@ -374,17 +417,19 @@ class Trainer:
             return
         self.resume(where)
 
-    def save(self, path: str | Path, extra: dict | None = None) -> Path:
+    def save(self, path: str | Path, extra: dict | None = None, *,
+             init_args: dict | None = None) -> Path:
         """Write ``model``'s weights (after fit: the ones fit chose, best or EMA) with the
-        model's class, one sample's input shape, the versions and ``extra`` (plain data) to
-        ``path``, atomically; ``hn.load(path, model)`` reads it back (hybridnb.saving)."""
+        model's class (and the arguments it was built with when known, or ``init_args``), one
+        sample's input shape, the versions and ``extra`` (plain data) to ``path``, atomically;
+        ``hn.load(path)`` or ``hn.load(path, model)`` reads it back (hybridnb.saving)."""
         from hybridnb.saving import save_model
 
         best = self.early_stopping and self.state.best.model is not None and any(
             e.kind == "best_restored" for e in self.events)
         weights = "best" if best else "ema" if self.ema is not None else "final"
         return save_model(self.model, path, input_shape=self.learner.input_shape,
-                          weights=weights, extra={
+                          weights=weights, init_args=init_args, extra={
                               "epochs": len(self.state.history), "global_step": self.global_step,
                               "monitor": self.monitor, "best_value": self.state.best.value,
                               **(extra or {})})

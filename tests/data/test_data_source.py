@@ -125,7 +125,7 @@ class FakeRelease:
             r.filecache.write_bytes(b"x")
 
 
-def test_download_counts_recordings_writes_its_marker_and_is_reused(monkeypatch, tmp_path):
+def test_download_counts_recordings_writes_its_marker_and_is_reused(monkeypatch, tmp_path, server_reached):
     folder = source.eegdash_folder(tmp_path, "R3", True)
     calls = []
 
@@ -149,7 +149,7 @@ def test_download_counts_recordings_writes_its_marker_and_is_reused(monkeypatch,
         "RestingState", *CCD]
 
 
-def test_a_failed_download_says_what_to_do_and_writes_no_marker(monkeypatch, tmp_path):
+def test_a_failed_download_says_what_to_do_and_writes_no_marker(monkeypatch, tmp_path, server_reached):
     folder = source.eegdash_folder(tmp_path, "R2", False)
     monkeypatch.setattr(source.bids, "load_eegdash",
                         lambda *a, **k: FakeRelease(folder, 4, fail=True))
@@ -162,7 +162,7 @@ def test_a_failed_download_says_what_to_do_and_writes_no_marker(monkeypatch, tmp
     assert not (folder / source.DOWNLOADED).exists()
 
 
-def test_download_refuses_a_disk_too_small(monkeypatch, tmp_path):
+def test_download_refuses_a_disk_too_small(monkeypatch, tmp_path, server_reached):
     monkeypatch.setattr(source, "estimated_bytes", lambda *a: 10**15)   # a petabyte
     monkeypatch.setattr(source.bids, "load_eegdash",
                         lambda *a, **k: pytest.fail("nothing may be downloaded"))
@@ -180,3 +180,69 @@ def test_estimated_sizes_come_from_eegdashs_table():
     assert full[:2] == (330, 3326) and 44e9 < full[2] < 50e9
     ccd = source.estimated_bytes("R5", True, CCD)
     assert 0.2 * size < ccd < 0.4 * size
+
+
+# ---------------------------------------------------------------- offline: fails fast, one line
+
+
+@pytest.fixture
+def server_reached(monkeypatch):
+    """The tests above fake eegdash's loader: let the check of its server pass without asking."""
+    monkeypatch.setattr(source, "_unreachable", lambda url, timeout=None: "")
+
+
+@pytest.fixture
+def mute_server(monkeypatch):
+    """eegdash's server replaced by a local socket that counts connections and answers none:
+    ``hang=False`` closes each at once (a refusal), ``hang=True`` keeps it open in silence."""
+    import socket
+    import threading
+
+    def start(hang: bool):
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        accepted, held = [], []
+
+        def serve():
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return
+                accepted.append(1)
+                held.append(conn) if hang else conn.close()
+
+        threading.Thread(target=serve, daemon=True).start()
+        monkeypatch.setenv(source.EEGDASH_API_ENV,
+                           f"http://127.0.0.1:{listener.getsockname()[1]}")
+        monkeypatch.delenv("http_proxy", raising=False)
+        monkeypatch.delenv("HTTP_PROXY", raising=False)
+        return accepted
+
+    return start
+
+
+@pytest.mark.skipif(not official.available(), reason="eegdash is not installed")
+@pytest.mark.parametrize("hang", [False, True], ids=["refused", "silent"])
+def test_a_release_with_no_server_fails_at_once_in_one_line(mute_server, tmp_path, hang):
+    import time
+
+    accepted = mute_server(hang)
+    t0 = time.perf_counter()
+    with pytest.raises(source.ReleaseUnreachable) as info:
+        source.resolve("R5-mini", cache=tmp_path, tasks=CCD, progress=False)
+    elapsed = time.perf_counter() - t0
+    assert accepted == [1]          # one request: eegdash's client (5 retries, ~30 s) never ran
+    assert elapsed < source.REACH_TIMEOUT + 10, elapsed   # generous: the check's bound + load
+    text = str(info.value)
+    assert "\n" not in text and info.value.__cause__ is None and info.value.__context__ is None
+    assert "DATA='R5-mini'" in text and "R5_mini_L100_bdf" in text and source.ZIPS in text
+    assert "set DATA to its folder" in text
+    folder = source.eegdash_folder(tmp_path, "R5", True)
+    assert not (folder / source.DOWNLOADED).exists()
+
+
+def test_the_server_checked_is_eegdashs_own_default():
+    client = pytest.importorskip("eegdash.http_api_client")
+    assert client.DEFAULT_API_URL == source.EEGDASH_API

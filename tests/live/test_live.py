@@ -121,6 +121,7 @@ def test_renderer_choice_per_environment(monkeypatch, live_arg, front, env, miss
 
 def test_colab_enables_its_widget_manager_or_says_why(monkeypatch):
     monkeypatch.setattr(live, "_widgets_missing", lambda: "")
+    monkeypatch.setattr(live, "_colab_widgets_blocker", lambda: "")  # ipywidgets 7, as Colab's
     monkeypatch.setattr(live, "_enable_colab_widgets", lambda: "")
     assert live.choose_renderer("auto", front="colab", environ={}) == ("widgets", "")
     monkeypatch.setattr(live, "_enable_colab_widgets", lambda: "no manager (ImportError)")

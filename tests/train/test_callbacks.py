@@ -126,3 +126,91 @@ def test_callback_mistakes_are_clear(tmp_path):
         trainer(tmp_path, [Record])
     with pytest.raises(TypeError, match="object has none of the methods"):
         trainer(tmp_path, [object()])
+
+
+class Paced(torch.nn.Module):
+    """sine_net with a pause in each training forward: an isolated worker's steps take longer
+    than the kernel needs to read a row and answer (the test checks facts, not the clock)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = sine_net(16)
+
+    def forward(self, x):
+        if self.training:
+            import time
+            time.sleep(0.02)
+        return self.net(x)
+
+
+class StopAt:
+    """Sees every step's row; asks the run to stop at ``step``."""
+
+    def __init__(self, step):
+        self.step, self.rows, self.ended = step, [], False
+        self.lock = threading.Lock()  # never pickled: it stays in this process
+
+    def on_step_end(self, trainer, row):
+        self.rows.append(row)
+        if row["global_step"] >= self.step:
+            trainer.should_stop = True
+
+    def on_fit_end(self, trainer):
+        self.ended = True
+
+
+def check_stopped(tr: Trainer, cb: StopAt, ck, total: int) -> None:
+    assert tr.stopped == "callback" and cb.ended
+    assert cb.step <= tr.global_step < total
+    last = checkpoint.load(ck / "last.pt")
+    assert last["position"]["global_step"] == tr.global_step  # the state at the stop is kept
+    for name, value in tr.model.state_dict().items():
+        assert torch.equal(value, last["model"][name]), name
+    assert len(tr.steps) == tr.global_step
+    assert [e.kind for e in tr.events].count("callback") + [e.kind for e in tr.events].count(
+        "stop_button") == 1
+
+
+def test_on_step_end_sees_each_step_and_a_callback_stops_the_run(tmp_path):
+    cb = StopAt(6)
+    tr = trainer(tmp_path, [cb])
+    tr.fit(data(), val=data(64, seed=1))
+    assert [r["global_step"] for r in cb.rows] == list(range(1, 7))
+    assert {"global_step", "epoch", "loss", "lr"} <= set(cb.rows[0])
+    assert cb.rows[-1]["loss"] == pytest.approx(tr.steps["loss"].iloc[-1])
+    assert tr.global_step == 6  # right after the step it was asked at
+    check_stopped(tr, cb, tmp_path / "ck", EPOCHS * 4)
+    assert [e.kind for e in tr.events].count("callback") == 1
+    resumed = trainer(tmp_path, [])
+    resumed.fit(data(), val=data(64, seed=1), resume=True)  # continues from the stop
+    assert resumed.global_step == EPOCHS * 4 and resumed.stopped is None
+
+
+def test_a_stop_asked_in_on_epoch_end_ends_the_fit_after_that_epoch(tmp_path):
+    class AfterFirstEpoch:
+        asked = 0
+
+        def on_epoch_end(self, trainer, row):
+            if not self.asked:
+                self.asked += 1
+                trainer.should_stop = True
+
+    tr = trainer(tmp_path, [AfterFirstEpoch()])
+    tr.fit(data(), val=data(64, seed=1))
+    assert tr.stopped == "callback" and tr.history["epoch"].tolist() == [0]
+    assert checkpoint.load(tmp_path / "ck" / "last.pt")["position"]["epoch"] == 1
+    tr.fit(data(), val=data(64, seed=1))  # a new fit starts with should_stop False
+    assert tr.stopped is None and len(tr.history) == EPOCHS
+
+
+@pytest.mark.slow
+def test_a_callback_stops_an_isolated_fit_in_its_worker(tmp_path):
+    cb = StopAt(3)
+    epochs = 10
+    tr = Trainer(Paced(), callbacks=[cb], device="cpu", batch_size=32, epochs=epochs, lr=1e-2,
+                 seed=0, live=False, isolate=True, checkpoint_dir=tmp_path / "ck",
+                 snapshot_every=2)
+    tr.fit(data(), val=data(64, seed=1))
+    assert cb.rows  # ran here, in the kernel, on the rows the worker sent
+    check_stopped(tr, cb, tmp_path / "ck", epochs * 4)
+    assert not [p for p in psutil.Process().children(recursive=True) if p.status() != "zombie"]

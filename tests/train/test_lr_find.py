@@ -138,3 +138,57 @@ def test_an_isolated_trainer_sweeps_in_its_worker_and_applies_here():
     assert result.suggestion is not None and tr.lr == pytest.approx(result.suggestion)
     for k, v in model.state_dict().items():
         assert torch.equal(v, weights[k]), k
+
+
+class _Grouped(torch.nn.Module):
+    """A depthwise (grouped) 2-D convolution: the CPU's channels_last rule applies to it."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(4, 4, 3, padding=1, groups=4)
+        self.head = torch.nn.Linear(4 * 6 * 6, 1)
+
+    def forward(self, x):
+        return self.head(self.conv(x).flatten(1))
+
+
+def _images(n: int = 256) -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 4, 6, 6, generator=g)
+    return TensorDataset(x, x.mean((1, 2, 3)).unsqueeze(1))
+
+
+def test_lr_find_runs_with_the_speedups_fit_uses():
+    """Issue 28: lr_find ran before the CPU speedups were chosen (slower steps than fit's)."""
+    tr = hn.Trainer(_Grouped(), epochs=1, batch_size=32, device="cpu", live=False,
+                    verbose=False, seed=0, isolate=False, speedups="auto")
+    result = tr.lr_find(_images(), num_steps=10)
+    assert "channels_last" in result.speedups
+    assert tr.model.conv.weight.is_contiguous(memory_format=torch.channels_last)
+    tr.fit(_images())
+    assert tuple(tr.applied_speedups.applied) == result.speedups  # kept by fit, not re-chosen
+    # the same choice, said as often, as a fit without a sweep before it
+    alone = hn.Trainer(_Grouped(), epochs=1, batch_size=32, device="cpu", live=False,
+                       verbose=False, seed=0, isolate=False, speedups="auto")
+    alone.fit(_images())
+    assert tuple(alone.applied_speedups.applied) == result.speedups
+    said = [e.message for e in tr.events if e.kind == "speedups"]
+    assert said == [e.message for e in alone.events if e.kind == "speedups"] and said
+
+
+def test_lr_find_shows_progress_from_its_first_step(capsys):
+    tr = _trainer(verbose=True)  # live=False, verbose: the fit's notes go to stderr, these too
+    tr.lr_find(_regression(), num_steps=30)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("lr_find:")]
+    assert "sweeping lr" in lines[0] and "speedups: none" in lines[0]
+    assert lines[1].startswith("lr_find: step 1/30")  # something at once, not at the end
+    steps = [ln for ln in lines if ln.startswith("lr_find: step ")]
+    assert 3 <= len(steps) <= 12  # about every tenth of the sweep, not every step
+    assert "suggestion" in lines[-1]
+
+
+def test_lr_find_is_quiet_when_asked(capsys):
+    _trainer(verbose=False).lr_find(_regression(), num_steps=10)
+    out = capsys.readouterr()
+    assert "lr_find" not in out.err + out.out

@@ -135,5 +135,6 @@ def test_a_factory_that_is_wrong_is_named():
         tr.fit(data())
     short = trainer(Net(), schedule=lambda opt: lr_scheduler.OneCycleLR(opt, 1e-2,
                                                                         total_steps=5))
-    with pytest.raises(ValueError, match=r"optimizer step 7 of this fit's 12"):
-        short.fit(data())
+    with pytest.raises(ValueError, match=r"total_steps=5, but this run takes 12 optimizer steps"):
+        short.fit(data())  # before the first step (issue 28), no longer at step 7
+    assert short.global_step == 0

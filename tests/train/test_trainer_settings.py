@@ -9,7 +9,7 @@ import inspect
 from hybridnb.train.settings import Settings
 from hybridnb.train.trainer import Trainer
 
-RESOLVED = {"recommended_precision", "torch_threads", "resolved_"}  # filled in, not given
+RESOLVED = {"recommended_precision", "torch_threads", "resolved_", "from_detect"}  # filled in, not given
 NOT_SETTINGS = {"self", "model", "callbacks"}  # the user's objects, never sent to a worker
 
 
