@@ -24,7 +24,8 @@ $(STAMP): pyproject.toml Makefile
 	DS_BUILD_OPS=0 $(PIP) install -q --no-build-isolation $(DEEPSPEED) $(TORCH_PAIR)
 	@# Colab's widget stack for tests/live/test_live_ipywidgets7.py: ipywidgets 7.7.1 in a folder
 	@# of its own, put first on a subprocess's PYTHONPATH (the venv keeps ipywidgets 8)
-	$(PIP) install -q --no-deps --upgrade --target $(IPYWIDGETS7) ipywidgets==7.7.1 ipython_genutils==0.2.0
+	@$(PIP) install -q --no-deps --upgrade --target $(IPYWIDGETS7) ipywidgets==7.7.1 ipython_genutils==0.2.0 \
+	  || echo "ipywidgets 7.7.1 could not be installed; tests/live/test_live_ipywidgets7.py will be skipped"
 	@$(MAKE) --no-print-directory browser
 	@rm -f $(VENV)/.stamp-* && touch $@
 
