@@ -209,8 +209,9 @@ class TorchSchedule(Constant):
             except ValueError as exc:  # OneCycleLR past its total_steps
                 raise ValueError(f"schedule={_name(self.factory)}: the scheduler failed at "
                                  f"optimizer step {step + 1} of this fit's "
-                                 f"{self.total_steps} ({exc}); build it for the fit's number "
-                                 "of optimizer steps") from None
+                                 f"{self.total_steps} ({exc}); size it with the run's "
+                                 "count, which a factory's second argument receives: "
+                                 "lambda opt, total_steps: ...") from None
         return float(self.sched.get_last_lr()[0]) / self.base[0]
 
     def on_validation(self, improved: bool, value: float | None = None) -> str | None:
