@@ -102,7 +102,8 @@ class Loop:
             if stop:
                 self.state.stopped = Stop.EARLY_STOPPING
                 return
-            if self.stop_flag() and self.state.epoch < self.state.plan.epochs:
+            if self.placement.strategy.agree(self.stop_flag()) and \
+                    self.state.epoch < self.state.plan.epochs:  # asked on any rank: every rank
                 self.bus.say(Stop.CALLBACK.value, "a callback set trainer.should_stop: stopping "
                              "after this epoch")
                 self.state.stopped = Stop.CALLBACK  # the epoch's checkpoint is written
