@@ -248,9 +248,14 @@ _DYNAMIC = {"last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step
             "_is_initial", "verbose"}
 
 
-def _config(state: dict) -> dict:
-    """A scheduler's ``state_dict`` without what stepping changes: what it was built with."""
-    return {k: v for k, v in state.items() if k not in _DYNAMIC}
+def _config(state):
+    """A scheduler's ``state_dict`` without what stepping changes (also inside chained
+    schedulers' states): what it was built with."""
+    if isinstance(state, dict):
+        return {k: _config(v) for k, v in state.items() if k not in _DYNAMIC}
+    if isinstance(state, (list, tuple)):
+        return [_config(v) for v in state]
+    return state
 
 
 def _differences(saved: dict, sched) -> str:
