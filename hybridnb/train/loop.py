@@ -244,11 +244,13 @@ class Loop:
         if getattr(schedule, "replaced", None):
             self.bus.note("schedule", schedule.replaced)
 
-    def loader(self, data, shuffle: bool, what: str):
+    def loader(self, data, shuffle: bool, what: str, note=None):
+        """Batches of ``data`` for this run (``note``: who hears the loader's notes; default
+        the bus)."""
         s = self.settings
         return make_loader(data, batch_size=s.batch_size, shuffle=shuffle, what=what,
                            seed=s.seed, strategy=self.placement.strategy,
-                           loader_kwargs=self.loader_kwargs, note=self.bus.note)
+                           loader_kwargs=self.loader_kwargs, note=note or self.bus.note)
 
     def build_step(self, compiled: bool) -> None:
         self.placement.build_step(compiled, self.bus.say, updating=self.interrupt.updating
