@@ -102,7 +102,8 @@ class Loop:
             if stop:
                 self.state.stopped = Stop.EARLY_STOPPING
                 return
-            if self.stop_flag() and self.state.epoch < self.state.plan.epochs:
+            if self.placement.strategy.agree(self.stop_flag()) and \
+                    self.state.epoch < self.state.plan.epochs:  # asked on any rank: every rank
                 self.bus.say(Stop.CALLBACK.value, "a callback set trainer.should_stop: stopping "
                              "after this epoch")
                 self.state.stopped = Stop.CALLBACK  # the epoch's checkpoint is written
@@ -243,11 +244,13 @@ class Loop:
         if getattr(schedule, "replaced", None):
             self.bus.note("schedule", schedule.replaced)
 
-    def loader(self, data, shuffle: bool, what: str):
+    def loader(self, data, shuffle: bool, what: str, note=None):
+        """Batches of ``data`` for this run (``note``: who hears the loader's notes; default
+        the bus)."""
         s = self.settings
         return make_loader(data, batch_size=s.batch_size, shuffle=shuffle, what=what,
                            seed=s.seed, strategy=self.placement.strategy,
-                           loader_kwargs=self.loader_kwargs, note=self.bus.note)
+                           loader_kwargs=self.loader_kwargs, note=note or self.bus.note)
 
     def build_step(self, compiled: bool) -> None:
         self.placement.build_step(compiled, self.bus.say, updating=self.interrupt.updating

@@ -209,8 +209,9 @@ class TorchSchedule(Constant):
             except ValueError as exc:  # OneCycleLR past its total_steps
                 raise ValueError(f"schedule={_name(self.factory)}: the scheduler failed at "
                                  f"optimizer step {step + 1} of this fit's "
-                                 f"{self.total_steps} ({exc}); build it for the fit's number "
-                                 "of optimizer steps") from None
+                                 f"{self.total_steps} ({exc}); size it with the run's "
+                                 "count, which a factory's second argument receives: "
+                                 "lambda opt, total_steps: ...") from None
         return float(self.sched.get_last_lr()[0]) / self.base[0]
 
     def on_validation(self, improved: bool, value: float | None = None) -> str | None:
@@ -247,9 +248,14 @@ _DYNAMIC = {"last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step
             "_is_initial", "verbose"}
 
 
-def _config(state: dict) -> dict:
-    """A scheduler's ``state_dict`` without what stepping changes: what it was built with."""
-    return {k: v for k, v in state.items() if k not in _DYNAMIC}
+def _config(state):
+    """A scheduler's ``state_dict`` without what stepping changes (also inside chained
+    schedulers' states): what it was built with."""
+    if isinstance(state, dict):
+        return {k: _config(v) for k, v in state.items() if k not in _DYNAMIC}
+    if isinstance(state, (list, tuple)):
+        return [_config(v) for v in state]
+    return state
 
 
 def _differences(saved: dict, sched) -> str:

@@ -276,7 +276,9 @@ class Trainer:
 
         >>> trainer.plan(train).total_steps == trainer.total_steps   # epochs x steps per epoch
         """
-        loader = self.loop.loader(train, shuffle=True, what="train")
+        # fit says the loader's notes (and quick mode's cap) when it opens the same data
+        loader = self.loop.loader(train, shuffle=True, what="train",
+                                  note=lambda kind, message: None)
         self._planned = self.loop.plan_for(loader)
         return self._planned
 

@@ -192,3 +192,17 @@ def test_lr_find_is_quiet_when_asked(capsys):
     _trainer(verbose=False).lr_find(_regression(), num_steps=10)
     out = capsys.readouterr()
     assert "lr_find" not in out.err + out.out
+
+
+@pytest.mark.slow
+def test_an_isolated_lr_find_uses_fits_speedups_and_its_progress_reaches_the_kernel(capfd):
+    tr = hn.Trainer(_Grouped(), epochs=1, batch_size=32, device="cpu", live=False,
+                    verbose=True, seed=0, isolate=True, speedups="auto")
+    result = tr.lr_find(_images(), num_steps=10)  # in a worker, as fit will be
+    out = capfd.readouterr()
+    lines = [ln for ln in (out.out + out.err).splitlines() if ln.startswith("lr_find:")]
+    assert lines and "speedups: channels_last" in lines[0]
+    assert any(ln.startswith("lr_find: step 1/10") for ln in lines)
+    tr.fit(_images())
+    assert "channels_last" in result.speedups
+    assert tuple(tr.applied_speedups.applied) == result.speedups

@@ -130,3 +130,27 @@ def test_resume_with_a_scheduler_sized_for_the_old_run_fails_before_the_first_st
     with pytest.raises(ValueError, match=r"total_steps=4.*8 optimizer steps"):
         again.fit(data(), resume=True)
     assert model.calls == 0
+
+
+def test_resume_with_the_same_chained_scheduler_continues_it_exactly(tmp_path):
+    def chained(opt, total_steps):
+        warm = lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=3)
+        cos = lr_scheduler.CosineAnnealingLR(opt, T_max=total_steps - 3)
+        return lr_scheduler.SequentialLR(opt, [warm, cos], milestones=[3])
+
+    straight = trainer(Net(), schedule=chained)
+    straight.fit(data())
+    class AfterOneEpoch:  # the same run, stopped after its first epoch
+        def on_epoch_end(self, trainer, row):
+            trainer.should_stop = True
+
+    first = Trainer(Net(), callbacks=[AfterOneEpoch()], device="cpu", batch_size=16,
+                    grad_accum=2, epochs=3, seed=0, live=False, isolate=False,
+                    schedule=chained, checkpoint_dir=tmp_path)
+    first.fit(data())
+    assert first.global_step == 4 and first.stopped == "callback"
+    again = trainer(Net(), schedule=chained, checkpoint_dir=tmp_path)
+    again.fit(data(), resume=True)
+    assert not [e for e in again.events if e.kind == "schedule"]  # the same: its state loaded
+    assert again.steps["lr"].tolist() == pytest.approx(straight.steps["lr"].tolist(),
+                                                       rel=1e-9)
