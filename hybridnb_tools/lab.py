@@ -24,7 +24,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from hybridnb.env import QUICK_ENV, RUN_DIR_ENV
+from hybridnb.env import QUICK_ENV
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",
@@ -192,8 +192,7 @@ def run_notebook(notebook: Path, out: Path, *, small: bool = False, timeout_s: f
     root = out / "lab-root"
     root.mkdir(exist_ok=True)
     shutil.copy(notebook, root / notebook.name)
-    kernel_env = dict(env or {})
-    kernel_env.setdefault(RUN_DIR_ENV, str(out / "runs"))
+    kernel_env = dict(env or {})   # the notebook's runs/ lands beside its copy, in lab-root/
     repo = Path(__file__).resolve().parents[1]
     kernel_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(repo), os.environ.get("PYTHONPATH", "")) if p)
