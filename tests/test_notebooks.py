@@ -195,7 +195,7 @@ def test_nothing_is_skipped_or_allowed_to_fail(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
-def test_small_mode_is_read_through_the_package(path):
+def test_quick_mode_is_read_through_the_package(path):
     """Cells ask hybridnb.quick() (or nothing); only the package reads HYBRIDNB_QUICK."""
     for _, cell in _code(_read(path)):
         assert "HYBRIDNB_QUICK" not in cell.source.replace("`HYBRIDNB_QUICK=1`", "")
