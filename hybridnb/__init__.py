@@ -24,6 +24,7 @@ _LAZY = {
     "quick": "hybridnb.env",
     "frontend": "hybridnb.env",
     "load": "hybridnb.saving",
+    "static_figures": "hybridnb.live.static",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

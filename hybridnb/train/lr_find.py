@@ -52,10 +52,14 @@ class LRFindResult:
                 f"suggestion {lr} ({self.method}){', stopped early' if self.stopped_early else ''})")
 
     def plot(self, title: str = "Learning-rate range test"):
-        """The smoothed loss against the learning rate (log axis), the suggestion marked."""
+        """The smoothed loss against the learning rate (log axis), the suggestion marked: a
+        plotly figure whose notebook output also holds a PNG (``hybridnb.live.static``), so a
+        saved or exported notebook shows it."""
         import plotly.graph_objects as go
 
-        fig = go.Figure()
+        from hybridnb.live.static import static_figure
+
+        fig = static_figure(go.Figure())
         fig.add_scatter(x=self.lrs, y=self.raw_losses, mode="lines", name="loss per step",
                         line=dict(color="lightgrey"))
         fig.add_scatter(x=self.lrs, y=self.losses, mode="lines", name="smoothed loss",
