@@ -275,6 +275,26 @@ def test_the_notebook_runs_top_to_bottom_with_no_cell_raising(executed, name):
         assert not [o for o in cell.outputs if o.output_type == "error"], (name, i)
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_the_imports_cell_keeps_every_figure_as_an_image_too(path):
+    imports = _code(_read(path))[1][1].source
+    assert "import hybridnb as hn" in imports
+    assert "\nhn.static_figures()" in imports
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+@pytest.mark.slow
+@pytest.mark.notebooks
+def test_every_figure_shown_carries_a_png(executed, name):
+    """A saved notebook, its HTML export and a code host's preview show each plotly figure."""
+    written = nbformat.read(executed[name].ipynb, as_version=4)
+    figures = [(i, o.data) for i, c in _code(written) for o in c.outputs
+               if "application/vnd.plotly.v1+json" in (o.get("data") or {})]
+    assert figures, f"{name} shows no figure"
+    for i, data in figures:
+        assert "image/png" in data, (name, i)
+
+
 @pytest.mark.parametrize("name", ["04_challenge1_training", "05_challenge2_training"])
 @pytest.mark.slow
 @pytest.mark.notebooks
