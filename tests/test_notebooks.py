@@ -34,8 +34,6 @@ DATA_NOTEBOOKS = ["02_eeg_windowing_fixes", "04_challenge1_training", "05_challe
 NOT_IN_VIEW = ("assert ", "mock", "TODO", "# Checked", "from hybridnb.", "import hybridnb.",
                "HYBRIDNB_CACHE\"", "HYBRIDNB_CACHE'", "hybridnb_tools.results", "record(",
                "run_dir(", "sys.last_value", "HYBRIDNB_RUN_DIR", "HYBRIDNB_RESULTS")
-REPO_URL = "https://github.com/hybridnb/hybridnb"
-INSTALL = '%pip install -q "hybridnb @ git+https://github.com/hybridnb/hybridnb"'
 # What the tests read from each notebook's kernel after its last cell: name -> expression over
 # the notebook's own variables (the names are the notebook's; nothing is recorded for the tests)
 READ = {
@@ -149,37 +147,53 @@ def test_the_output_check_catches_an_executed_cell():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
-def test_colab_badge_opens_this_notebook(path):
-    first = _read(path).cells[0]
-    assert first.cell_type == "markdown"
-    url = ("https://colab.research.google.com/github/hybridnb/hybridnb/blob/main/notebooks/"
-           f"{path.name}")
-    assert f"]({url})" in first.source and "colab-badge.svg" in first.source
+def test_no_link_to_a_repository_that_does_not_exist(path):
+    """hybridnb is on no index and github.com/hybridnb/hybridnb does not exist: the notebook
+    says how to get it onto Colab instead (the wheel, README "On Colab")."""
+    nb = _read(path)
+    assert nb.cells[0].cell_type == "markdown" and "On Colab" in nb.cells[0].source
+    for i, cell in enumerate(nb.cells):
+        assert "github.com/hybridnb" not in cell.source and "git+" not in cell.source, i
+
+
+WHEEL_FILE = "/content/hybridnb-0.1.0-py3-none-any.whl"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
-def test_install_cell_pip_installs_only_on_colab(path):
-    """The first code cell, as IPython runs it, calls %pip only when COLAB_RELEASE_TAG is set."""
+def test_install_cell_pip_installs_the_uploaded_wheel_only_on_colab(path):
+    """The first code cell, as IPython runs it: %pip only on Colab (COLAB_RELEASE_TAG) and only
+    when hybridnb is not importable; it installs the newest uploaded wheel (with eegdash's
+    extra when DATA names a release to download), or says which file to upload."""
     from IPython.core.inputtransformer2 import TransformerManager
+    from IPython.utils.text import DollarFormatter
 
     _, cell = _code(_read(path))[0]
-    assert INSTALL in cell.source
     python = TransformerManager().transform_cell(cell.source)
+    reads_data = path.stem in DATA_NOTEBOOKS
 
-    def run(environ: dict) -> list:
-        calls = []
+    def run(environ: dict, installed: bool = False, wheels=(WHEEL_FILE,)) -> list:
+        calls, ns = [], {}
 
-        class Shell:
+        class Shell:   # IPython expands {expr} in a magic's line as its var_expand does
             def run_line_magic(self, name, line, *a):
-                calls.append((name, line))
+                calls.append((name, DollarFormatter().vformat(line, [], ns)))
 
-        with mock.patch.dict(os.environ, environ, clear=True):
-            exec(compile(python, path.name, "exec"), {"get_ipython": Shell})
+        ns["get_ipython"] = Shell
+        with mock.patch.dict(os.environ, environ, clear=True), \
+                mock.patch("importlib.util.find_spec", return_value=object() if installed else None), \
+                mock.patch("glob.glob", return_value=list(wheels)):
+            exec(compile(python, path.name, "exec"), ns)
         return calls
 
+    colab = {"HOME": "/tmp", "COLAB_RELEASE_TAG": "release-colab_20250101"}
     assert run({"HOME": "/tmp"}) == []
-    assert run({"HOME": "/tmp", "COLAB_RELEASE_TAG": "release-colab_20250101"}) == [
-        ("pip", 'install -q "hybridnb @ git+https://github.com/hybridnb/hybridnb"')]
+    assert run(colab, installed=True) == []
+    assert run(colab) == [("pip", f'install -q "{WHEEL_FILE}"')]
+    if reads_data:
+        assert run({**colab, "HYBRIDNB_DATA": "R5-mini"}) == [
+            ("pip", f'install -q "{WHEEL_FILE}[challenge]"')]
+    with pytest.raises(FileNotFoundError, match=r"WHEEL='/content/hybridnb-\*\.whl'.*make wheel"):
+        run(colab, wheels=())
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
