@@ -30,11 +30,14 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync"]
 
-# What the page shows: code cells (run or not), errors, plots, the live views' summaries.
+# What the page shows: code cells (run or not), errors, plots, the live views' summaries. An
+# error is a traceback in a stderr-rendered output (a cell that raised); an error a cell caught
+# and printed on purpose is stdout and does not count.
 CELLS = """() => {
   const cells = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell')];
   const prompts = cells.map(c => (c.querySelector('.jp-InputPrompt') || {}).innerText || '');
-  const errors = [...document.querySelectorAll('.jp-OutputArea-output')]
+  const errors = [...document.querySelectorAll(
+      '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')]
     .map(e => e.innerText).filter(t => t.includes('Traceback') || /^\\w*Error:/m.test(t));
   return {cells: cells.length,
           run: prompts.filter(p => /\\[\\d+\\]/.test(p)).length,

@@ -70,7 +70,7 @@ def execute_notebook(path: str | os.PathLike, out_dir: str | os.PathLike, *,
     ``env`` added to this process's environment and this checkout first on ``PYTHONPATH``. No
     cell may raise, whatever its tags (JupyterLab's Run All stops at the first error too): a
     failing cell stops that notebook, the partly executed copy is still written, and the error
-    is kept. After the last cell that ran, each
+    is kept. After the last cell that ran (unless the kernel died or a cell timed out), each
     expression of ``read`` (name -> Python expression, e.g. ``{"c1": "c1"}``) is evaluated in
     the kernel's namespace by a cell that is not stored in the notebook; the plain values land
     in ``NotebookRun.values``.
@@ -107,19 +107,24 @@ def execute_notebook(path: str | os.PathLike, out_dir: str | os.PathLike, *,
     client.on_cell_start = on_start
     client.on_cell_executed = on_done
     t0 = time.perf_counter()
+    gone = (exceptions.CellTimeoutError, exceptions.DeadKernelError)
     with client.setup_kernel(env=kernel_env):
         try:
             client.execute(cleanup_kc=False)
             run.ok = True
         except exceptions.CellExecutionError as exc:
             run.error = _first_line_of_error(exc)
-        except (exceptions.CellTimeoutError, exceptions.DeadKernelError) as exc:
+        except gone as exc:
             run.error = _first_line_of_error(exc)
             read = None   # the kernel is busy or gone: nothing to read
         finally:
             run.seconds = time.perf_counter() - t0
         if read:
-            run.values = read_values(client, read, timeout=cell_timeout)
+            try:
+                run.values = read_values(client, read, timeout=cell_timeout)
+            except (exceptions.CellExecutionError, *gone) as exc:
+                run.error = (f"{run.error}; " if run.error else "") + \
+                    f"reading the kernel's variables failed: {_first_line_of_error(exc)}"
     strip_widget_state(nb)
     nbformat.write(nb, run.ipynb)
     if html:
