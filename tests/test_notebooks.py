@@ -312,6 +312,21 @@ def test_every_figure_shown_carries_a_png(executed, name):
 @pytest.mark.parametrize("name", ["04_challenge1_training", "05_challenge2_training"])
 @pytest.mark.slow
 @pytest.mark.notebooks
+def test_plain_nbconvert_html_of_an_executed_notebook_shows_every_figure(executed, name):
+    """`jupyter nbconvert --to html` (no plotly JavaScript) draws each figure as its PNG."""
+    from nbconvert import HTMLExporter
+
+    written = nbformat.read(executed[name].ipynb, as_version=4)
+    figures = sum("application/vnd.plotly.v1+json" in (o.get("data") or {})
+                  for _, c in _code(written) for o in c.outputs)
+    body, _ = HTMLExporter().from_notebook_node(written)
+    assert figures >= 3, name
+    assert body.count('src="data:image/png;base64,') >= figures
+
+
+@pytest.mark.parametrize("name", ["04_challenge1_training", "05_challenge2_training"])
+@pytest.mark.slow
+@pytest.mark.notebooks
 def test_quick_mode_scores_say_they_are_not_meaningful(executed, name):
     """Wherever a quick-mode run shows an nRMSE value (outside the training cells, whose lines
     the Trainer prints), the same output says it is not meaningful."""
