@@ -11,50 +11,48 @@ a PNG that travels beside the plotly output:
   plotly setting; only this call does.
 * ``StaticFigure``: a ``go.Figure`` that carries the PNG whatever the renderer settings; the
   library's own figures (``LRFindResult.plot()``) are these.
-* ``to_png(fig)`` / ``write_png(fig, path)``: the image itself (``trainer.report()``'s PNG).
+* ``to_png(fig)`` / ``write_png(fig, path)``: the image itself (``trainer.report()``'s PNG);
+  ``to_matplotlib(fig)``: the matplotlib Figure it is drawn from.
 
 kaleido would draw the same figures pixel for pixel but needs a Chrome, which Colab and many
-offline machines lack. The translation draws scatter (lines, markers, text), bar, histogram, box
-and heatmap traces, subplots and secondary y axes (``layout.*axis*.domain`` / ``overlaying``),
-log axes, axis ranges and titles, line and rectangle shapes (``add_hline``/``add_vline``/
-``add_vrect``), annotations (subplot titles), the title and the legend. A trace of another type
-is not drawn and the image says so in its corner.
+offline machines lack. What the translation draws, and what it leaves out (saying so in the
+image): ``live/plotly_mpl.py``.
 """
 
 from __future__ import annotations
 
 import base64
 import io
-import re
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 PNG_RENDERER = "hybridnb_png"
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
-DPI = 100
-DEFAULT_SIZE = (700, 450)  # plotly's default figure size in px
-DEFAULT_MARGIN = {"l": 80, "r": 80, "t": 100, "b": 80}
-PLOTLY_COLORWAY = ("#636efa", "#EF553B", "#00cc96", "#ab63fa", "#FFA15A", "#19d3f3", "#FF6692",
-                   "#B6E880", "#FF97FF", "#FECB52")
-DASHES = {"solid": "-", "dot": ":", "dash": "--", "longdash": "--", "dashdot": "-.",
-          "longdashdot": "-."}
-SYMBOLS = {"circle": "o", "square": "s", "diamond": "D", "cross": "P", "x": "x",
-           "triangle-up": "^", "triangle-down": "v", "triangle-left": "<", "triangle-right": ">",
-           "star": "*", "pentagon": "p", "hexagon": "h", "star-triangle-up": "^"}
-MAX_TEXT_LABELS = 200
 
 
 # ------------------------------------------------------------------ public API
 
 
+def to_matplotlib(fig: Any):
+    """The figure (a plotly figure or its dict) drawn as a ``matplotlib.figure.Figure`` (made
+    without pyplot: a notebook's matplotlib backend and open figures are left alone)."""
+    from hybridnb.live.plotly_mpl import draw
+
+    return draw(fig if isinstance(fig, dict) else fig.to_dict())
+
+
 def to_png(fig: Any) -> bytes:
     """The figure (a plotly figure or its dict) as PNG bytes, drawn with matplotlib."""
+    import matplotlib
+
+    from hybridnb.live.plotly_mpl import DPI, RC
+
     buf = io.BytesIO()
-    _draw(_fig_dict(fig)).savefig(buf, format="png", dpi=DPI, bbox_inches="tight",
-                                  facecolor="white")
+    with matplotlib.rc_context(RC):  # tick labels are made while saving: same sizes
+        to_matplotlib(fig).savefig(buf, format="png", dpi=DPI, bbox_inches="tight",
+                                   facecolor="white")
     return buf.getvalue()
 
 
@@ -66,8 +64,15 @@ def write_png(fig: Any, path: str | Path) -> Path:
 
 
 def png_bundle(fig: Any) -> dict[str, str]:
-    """``{"image/png": base64}``: the static image as a display mimebundle entry."""
-    return {"image/png": base64.b64encode(to_png(fig)).decode("ascii")}
+    """``{"image/png": base64}``: the static image as a display mimebundle entry; ``{}`` with a
+    warning when it cannot be drawn, so the figure's interactive output is still shown."""
+    try:
+        return {"image/png": base64.b64encode(to_png(fig)).decode("ascii")}
+    except Exception as exc:
+        warnings.warn(f"hybridnb could not draw a static image of this plotly figure "
+                      f"({type(exc).__name__}: {exc}); it is shown interactively only, so an "
+                      "exported or previewed notebook will not show it", stacklevel=2)
+        return {}
 
 
 def static_figures(enable: bool = True) -> str:
@@ -186,455 +191,3 @@ def __getattr__(name: str):
     if name == "StaticFigure":  # pickling and isinstance checks find the class by this name
         return figure_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-# ------------------------------------------------------------------ plotly dict -> matplotlib
-
-
-def _fig_dict(fig: Any) -> dict:
-    if isinstance(fig, dict):
-        return fig
-    return fig.to_dict()
-
-
-def _values(v: Any) -> np.ndarray | None:
-    """A plotly data array (list, numpy array or plotly's base64 typed array) as numpy; strings
-    stay an object array (categories), None becomes NaN in numbers."""
-    if v is None:
-        return None
-    if isinstance(v, dict) and "bdata" in v:
-        a = np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
-        if v.get("shape"):
-            a = a.reshape([int(s) for s in str(v["shape"]).split(",")])
-        return a
-    a = np.asarray(v)
-    if a.dtype == object:
-        try:
-            return np.array([np.nan if e is None else e for e in a.ravel()],
-                            dtype=float).reshape(a.shape)
-        except (TypeError, ValueError):
-            return np.array([str(e) for e in a.ravel()], dtype=object).reshape(a.shape)
-    if a.dtype.kind in "US":
-        return a.astype(object)
-    return a
-
-
-def _color(c: Any, default: str | None = None):
-    """A plotly colour (CSS name, hex, ``rgb()``/``rgba()``) as a matplotlib colour."""
-    if c is None or isinstance(c, (list, tuple, np.ndarray, dict)):
-        return default
-    s = str(c).strip()
-    m = re.fullmatch(r"rgba?\(([^)]*)\)", s.replace(" ", ""))
-    if m:
-        parts = [float(p) for p in m.group(1).split(",")]
-        rgb = [p / 255 for p in parts[:3]]
-        return (*rgb, parts[3]) if len(parts) > 3 else tuple(rgb)
-    from matplotlib.colors import is_color_like
-
-    return s if is_color_like(s) else default
-
-
-def _text(s: Any) -> str:
-    """Plotly's label HTML (<b>, <br>, <sup>) as plain text."""
-    if s is None:
-        return ""
-    if isinstance(s, dict):
-        s = s.get("text", "")
-    s = re.sub(r"<br\s*/?>", "\n", str(s), flags=re.I)
-    return re.sub(r"<[^>]+>", "", s)
-
-
-def _get(d: dict | None, *path, default=None):
-    for key in path:
-        if not isinstance(d, dict) or key not in d:
-            return default
-        d = d[key]
-    return d
-
-
-def _axis_name(ref: str, kind: str) -> str:
-    """'x2' / 'x2 domain' -> 'xaxis2'."""
-    ref = ref.split()[0] if ref else kind
-    return kind + "axis" + ref[1:]
-
-
-class _Layout:
-    """Where plotly puts its axes, in matplotlib figure fractions."""
-
-    def __init__(self, layout: dict, template: dict, width: float, height: float):
-        self.layout, self.template = layout, template
-        margin = {**DEFAULT_MARGIN, **{k: v for k, v in (layout.get("margin") or {}).items()
-                                       if k in DEFAULT_MARGIN and v is not None}}
-        self.left = margin["l"] / width
-        self.right = 1 - margin["r"] / width
-        self.bottom = margin["b"] / height
-        self.top = 1 - margin["t"] / height
-
-    def axis(self, name: str) -> dict:
-        return self.layout.get(name) or {}
-
-    def paper(self, x: float, y: float) -> tuple[float, float]:
-        return (self.left + x * (self.right - self.left),
-                self.bottom + y * (self.top - self.bottom))
-
-    def rect(self, xname: str, yname: str) -> list[float]:
-        x0, x1 = self.axis(xname).get("domain") or (0, 1)
-        y0, y1 = self.axis(yname).get("domain") or (0, 1)
-        (fx0, fy0), (fx1, fy1) = self.paper(x0, y0), self.paper(x1, y1)
-        return [fx0, fy0, max(fx1 - fx0, 1e-3), max(fy1 - fy0, 1e-3)]
-
-
-def _draw(fd: dict):
-    """A matplotlib Figure (no pyplot) drawn from a plotly figure dict."""
-    import matplotlib
-    from matplotlib.figure import Figure
-
-    layout = fd.get("layout") or {}
-    template = _get(layout, "template", "layout", default={}) or {}
-    traces = [t for t in (fd.get("data") or []) if t.get("visible", True) is True]
-    xnames = {_axis_name(t.get("xaxis", "x"), "x") for t in traces}
-    width = layout.get("width") or max(DEFAULT_SIZE[0], 320 * len(xnames))
-    height = layout.get("height") or DEFAULT_SIZE[1]
-    with matplotlib.rc_context({"font.size": 9, "axes.titlesize": 10}):
-        fig = Figure(figsize=(width / DPI, height / DPI), dpi=DPI)
-        fig.patch.set_facecolor(_color(layout.get("paper_bgcolor"), "white"))
-        geo = _Layout(layout, template, width, height)
-        axes = _make_axes(fig, geo, traces)
-        colorway = layout.get("colorway") or template.get("colorway") or PLOTLY_COLORWAY
-        skipped: list[str] = []
-        bars: dict[int, list[int]] = {}
-        for i, t in enumerate(traces):
-            ax = axes[(_axis_name(t.get("xaxis", "x"), "x"), _axis_name(t.get("yaxis", "y"), "y"))]
-            if t.get("type", "scatter") in ("bar", "histogram"):
-                bars.setdefault(id(ax), []).append(i)
-        for i, t in enumerate(traces):
-            key = (_axis_name(t.get("xaxis", "x"), "x"), _axis_name(t.get("yaxis", "y"), "y"))
-            color = colorway[i % len(colorway)]
-            kind = t.get("type", "scatter")
-            drawer = _DRAWERS.get(kind)
-            if drawer is None:
-                skipped.append(kind)
-                continue
-            group = bars.get(id(axes[key]), [i])
-            drawer(axes[key], t, color, layout, (group.index(i) if i in group else 0, len(group)))
-        for (xname, yname), ax in axes.items():
-            _style_axes(ax, geo.axis(xname), geo.axis(yname), template, overlay=
-                        bool(geo.axis(yname).get("overlaying")))
-        _shapes(fig, geo, axes, layout.get("shapes") or [])
-        _annotations(fig, geo, axes, layout.get("annotations") or [])
-        title = _text(_get(layout, "title", "text") or (layout.get("title")
-                                                         if isinstance(layout.get("title"), str)
-                                                         else ""))
-        if title:
-            fig.text(geo.left, min(1.0, geo.top + (1 - geo.top) * 0.55), title, fontsize=13,
-                     va="center", ha="left")
-        _legend(fig, geo, axes, traces, layout)
-        if skipped:
-            fig.text(0.99, 0.01, "not drawn in this image: " + ", ".join(sorted(set(skipped)))
-                     + " traces", fontsize=7, color="#888", ha="right", va="bottom")
-    return fig
-
-
-def _make_axes(fig, geo: _Layout, traces: list[dict]) -> dict[tuple[str, str], Any]:
-    """One matplotlib Axes per (x axis, y axis) pair in use; overlaying y axes become twins."""
-    pairs: list[tuple[str, str]] = []
-    for t in traces:
-        pair = (_axis_name(t.get("xaxis", "x"), "x"), _axis_name(t.get("yaxis", "y"), "y"))
-        if pair not in pairs:
-            pairs.append(pair)
-    for name in sorted(k for k in geo.layout if re.fullmatch(r"yaxis\d*", k)):
-        anchor = geo.axis(name).get("anchor") or "x"
-        pair = (_axis_name(anchor if anchor.startswith("x") else "x", "x"), name)
-        if pair not in pairs and not geo.axis(name).get("overlaying"):
-            pairs.append(pair)  # an empty subplot still shows its frame and title
-    if not pairs:
-        pairs = [("xaxis", "yaxis")]
-    axes: dict[tuple[str, str], Any] = {}
-    for xname, yname in sorted(pairs, key=lambda p: bool(geo.axis(p[1]).get("overlaying"))):
-        base = geo.axis(yname).get("overlaying")
-        host = next((ax for (x, y), ax in axes.items() if y == _axis_name(base, "y")), None) \
-            if base else None
-        if host is not None:
-            ax = host.twinx()
-        else:
-            ax = fig.add_axes(geo.rect(xname, yname))
-        axes[(xname, yname)] = ax
-    return axes
-
-
-def _style_axes(ax, xa: dict, ya: dict, template: dict, overlay: bool = False) -> None:
-    tx, ty = template.get("xaxis") or {}, template.get("yaxis") or {}
-    for axis, spec, tspec, letter in ((ax.xaxis, xa, tx, "x"), (ax.yaxis, ya, ty, "y")):
-        if overlay and letter == "x":
-            continue
-        if spec.get("type") == "log":
-            (ax.set_xscale if letter == "x" else ax.set_yscale)("log")
-        rng = spec.get("range")
-        if rng and None not in rng[:2]:
-            lo, hi = rng[0], rng[1]
-            if spec.get("type") == "log":
-                lo, hi = 10.0 ** lo, 10.0 ** hi
-            (ax.set_xlim if letter == "x" else ax.set_ylim)(lo, hi)
-        if spec.get("autorange") == "reversed":
-            (ax.invert_xaxis if letter == "x" else ax.invert_yaxis)()
-        label = _text(_get(spec, "title", "text") or "")
-        if label:
-            (ax.set_xlabel if letter == "x" else ax.set_ylabel)(label)
-        if spec.get("visible") is False or spec.get("showticklabels") is False:
-            axis.set_ticklabels([])
-        grid = spec.get("showgrid", tspec.get("showgrid", True))
-        if grid and not overlay:
-            axis.grid(True, color=_color(spec.get("gridcolor") or tspec.get("gridcolor"),
-                                         "#dddddd"), linewidth=0.8)
-    if not overlay:
-        ax.set_facecolor(_color(template.get("plot_bgcolor"), "white"))
-        ax.set_axisbelow(True)
-    for spine in ax.spines.values():
-        spine.set_color("#bbbbbb")
-    ax.tick_params(colors="#444444", length=3)
-
-
-def _legend_label(t: dict) -> str | None:
-    if t.get("showlegend") is False:
-        return None
-    name = _text(t.get("name"))
-    return name or None
-
-
-def _xy(t: dict) -> tuple[np.ndarray, np.ndarray]:
-    y = _values(t.get("y"))
-    x = _values(t.get("x"))
-    if y is None and x is not None and t.get("orientation") == "h":
-        y = np.arange(len(x))
-    if y is None:
-        y = np.array([])
-    if x is None:
-        x0, dx = t.get("x0", 0), t.get("dx", 1)
-        x = x0 + dx * np.arange(len(y))
-    return x, y
-
-
-def _scatter(ax, t: dict, color: str, layout: dict, slot: tuple[int, int]) -> None:
-    x, y = _xy(t)
-    if not len(y):
-        return
-    mode = t.get("mode") or ("lines+markers" if len(y) < 20 else "lines")
-    line, marker = t.get("line") or {}, t.get("marker") or {}
-    lcolor = _color(line.get("color"), color)
-    mcolor = marker.get("color")
-    label = _legend_label(t)
-    alpha = t.get("opacity")
-    drawn = False
-    if "lines" in mode:
-        style = "steps-post" if line.get("shape") == "hv" else "default"
-        ax.plot(x, y, color=lcolor, linestyle=DASHES.get(line.get("dash") or "solid", "--"),
-                linewidth=(line.get("width") or 2) * 0.75, drawstyle=style, alpha=alpha,
-                label=label)
-        drawn = True
-        if t.get("fill") in ("tozeroy", "tonexty"):
-            ax.fill_between(x, y, 0, color=_color(t.get("fillcolor"), lcolor), alpha=0.3)
-    if "markers" in mode:
-        values = _values(mcolor) if isinstance(mcolor, (list, tuple, np.ndarray, dict)) else None
-        size = marker.get("size")
-        sizes = _values(size) if isinstance(size, (list, tuple, np.ndarray, dict)) else None
-        if sizes is not None and sizes.dtype.kind == "f":
-            s = (np.nan_to_num(sizes) / max(float(np.nanmax(sizes)), 1e-12) * 12 + 2) ** 2
-        else:
-            s = ((size or 6) * 0.9) ** 2
-        kw: dict[str, Any] = {"s": s, "marker": SYMBOLS.get(str(marker.get("symbol") or
-                                                               "circle").split("-open")[0],
-                                                           "o"),
-                              "alpha": marker.get("opacity", alpha), "zorder": 3}
-        if values is not None and values.dtype.kind in "fiu":
-            kw.update(c=values, cmap="viridis")
-        else:
-            kw["color"] = _color(mcolor, lcolor if "lines" in mode else color)
-        ax.scatter(x, y, label=None if drawn else label, **kw)
-    if "text" in mode and t.get("text") is not None:
-        texts = t["text"] if isinstance(t["text"], (list, tuple, np.ndarray)) else \
-            [t["text"]] * len(y)
-        for xi, yi, s in list(zip(x, y, texts, strict=False))[:MAX_TEXT_LABELS]:
-            ax.annotate(_text(s), (xi, yi), fontsize=7, ha="center", va="top",
-                        textcoords="offset points", xytext=(0, -4), color=lcolor)
-
-
-def _positions(ax, cats: np.ndarray) -> np.ndarray:
-    """Categories (strings) -> 0, 1, 2 ... shared by every bar trace on ``ax``."""
-    order = ax.__dict__.setdefault("_hybridnb_categories", [])
-    for c in cats:
-        if c not in order:
-            order.append(c)
-    ax.set_xticks(range(len(order)), order)
-    return np.array([order.index(c) for c in cats], dtype=float)
-
-
-def _bar(ax, t: dict, color: str, layout: dict, slot: tuple[int, int]) -> None:
-    x, y = _xy(t)
-    horizontal = t.get("orientation") == "h"
-    cats, vals = (y, x) if horizontal else (x, y)
-    if not len(vals):
-        return
-    pos = _positions(ax, cats) if cats.dtype == object else cats.astype(float)
-    mode = layout.get("barmode") or "group"
-    k, n = slot if mode == "group" else (0, 1)
-    step = float(np.min(np.diff(np.unique(pos)))) if len(np.unique(pos)) > 1 else 1.0
-    width = 0.8 * step / n
-    pos = pos - 0.4 * step + width * (k + 0.5)
-    bottom = None
-    if mode in ("stack", "relative"):
-        stacks = ax.__dict__.setdefault("_hybridnb_stack", {})
-        bottom = np.array([stacks.get(p, 0.0) for p in pos])
-        for p, v in zip(pos, vals, strict=True):
-            stacks[p] = stacks.get(p, 0.0) + float(v)
-    c = _color(_get(t, "marker", "color"), color)
-    kw = {"color": c, "label": _legend_label(t), "alpha": t.get("opacity")}
-    if horizontal:
-        ax.barh(pos, vals.astype(float), height=width, left=bottom, **kw)
-    else:
-        ax.bar(pos, vals.astype(float), width=width, bottom=bottom, **kw)
-
-
-def _histogram(ax, t: dict, color: str, layout: dict, slot: tuple[int, int]) -> None:
-    horizontal = t.get("y") is not None and t.get("x") is None
-    vals = _values(t.get("y") if horizontal else t.get("x"))
-    if vals is None or not len(vals):
-        return
-    c = _color(_get(t, "marker", "color"), color)
-    alpha = t.get("opacity") or (0.75 if slot[1] > 1 else None)
-    label = _legend_label(t)
-    if vals.dtype == object:
-        cats, counts = np.unique(vals.astype(str), return_counts=True)
-        pos = _positions(ax, cats)
-        (ax.barh if horizontal else ax.bar)(pos, counts, 0.8, color=c, alpha=alpha, label=label)
-        return
-    vals = vals[np.isfinite(vals.astype(float))]
-    bins = t.get("nbinsy" if horizontal else "nbinsx") or "auto"
-    density = t.get("histnorm") in ("probability density", "density")
-    ax.hist(vals, bins=bins, color=c, alpha=alpha, label=label, density=density,
-            orientation="horizontal" if horizontal else "vertical", edgecolor="white",
-            linewidth=0.5)
-
-
-def _box(ax, t: dict, color: str, layout: dict, slot: tuple[int, int]) -> None:
-    vals = _values(t.get("y") if t.get("y") is not None else t.get("x"))
-    if vals is None or not len(vals):
-        return
-    vals = vals.astype(float)
-    box = ax.boxplot([vals[np.isfinite(vals)]], positions=[slot[0]], widths=0.5,
-                     vert=t.get("orientation") != "h", patch_artist=True)
-    for patch in box["boxes"]:
-        patch.set_facecolor(_color(_get(t, "marker", "color"), color))
-        patch.set_alpha(0.6)
-    name = _text(t.get("name"))
-    if name:
-        ax.set_xticks([*ax.get_xticks()[:slot[0]], slot[0]],
-                      [*[lbl.get_text() for lbl in ax.get_xticklabels()][:slot[0]], name])
-
-
-def _heatmap(ax, t: dict, color: str, layout: dict, slot: tuple[int, int]) -> None:
-    z = _values(t.get("z"))
-    if z is None or z.ndim != 2:
-        return
-    z = z.astype(float)
-    x, y = _values(t.get("x")), _values(t.get("y"))
-    x = np.arange(z.shape[1]) if x is None or x.dtype == object else x.astype(float)
-    y = np.arange(z.shape[0]) if y is None or y.dtype == object else y.astype(float)
-    mesh = ax.pcolormesh(x, y, z, shading="nearest", cmap="viridis")
-    ax.figure.colorbar(mesh, ax=ax, fraction=0.05, pad=0.02)
-
-
-_DRAWERS = {"scatter": _scatter, "scattergl": _scatter, "bar": _bar, "histogram": _histogram,
-            "box": _box, "heatmap": _heatmap}
-
-
-def _ref_axes(axes: dict, xref: str, yref: str):
-    """The matplotlib Axes a shape or annotation refers to (its x and y reference)."""
-    xname, yname = _axis_name(xref or "x", "x"), _axis_name(yref or "y", "y")
-    for (x, y), ax in axes.items():
-        if y == yname and (x == xname or xref == "paper"):
-            return ax
-    for (x, _y), ax in axes.items():
-        if x == xname:
-            return ax
-    return next(iter(axes.values()))
-
-
-def _transform(ax, xref: str, yref: str):
-    from matplotlib.transforms import blended_transform_factory
-
-    xt = ax.transAxes if ("domain" in xref or xref == "paper") else ax.transData
-    yt = ax.transAxes if ("domain" in yref or yref == "paper") else ax.transData
-    return blended_transform_factory(xt, yt)
-
-
-def _shapes(fig, geo: _Layout, axes: dict, shapes: list[dict]) -> None:
-    from matplotlib.patches import Rectangle
-
-    for sh in shapes:
-        if sh.get("visible") is False or sh.get("type", "line") not in ("line", "rect"):
-            continue
-        xref, yref = str(sh.get("xref", "x")), str(sh.get("yref", "y"))
-        ax = _ref_axes(axes, xref, yref)
-        tr = _transform(ax, xref, yref)
-        coords = [sh.get(k) for k in ("x0", "x1", "y0", "y1")]
-        if any(c is None or isinstance(c, str) for c in coords):
-            continue
-        x0, x1, y0, y1 = (float(c) for c in coords)
-        line = sh.get("line") or {}
-        color = _color(line.get("color"), "#444444")
-        style = DASHES.get(line.get("dash") or "solid", "--")
-        width = (line.get("width") or 2) * 0.75
-        if sh.get("type", "line") == "line":
-            ax.plot([x0, x1], [y0, y1], transform=tr, color=color, linestyle=style,
-                    linewidth=width, scalex=False, scaley=False, zorder=4)
-        else:
-            ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, transform=tr,
-                                   facecolor=_color(sh.get("fillcolor"), "#888888"),
-                                   alpha=sh.get("opacity", 0.3), edgecolor="none", zorder=1))
-
-
-def _annotations(fig, geo: _Layout, axes: dict, notes: list[dict]) -> None:
-    va = {"top": "top", "bottom": "bottom", "middle": "center"}
-    ha = {"left": "left", "right": "right", "center": "center"}
-    for note in notes:
-        text = _text(note.get("text"))
-        x, y = note.get("x"), note.get("y")
-        if not text or x is None or y is None or isinstance(x, str) or isinstance(y, str):
-            continue
-        xref, yref = str(note.get("xref", "x")), str(note.get("yref", "y"))
-        kw = {"ha": ha.get(note.get("xanchor") or "center", "center"),
-              "va": va.get(note.get("yanchor") or "middle", "center"),
-              "fontsize": (_get(note, "font", "size") or 12) * 0.75}
-        if xref == "paper" and yref == "paper":
-            fx, fy = geo.paper(float(x), float(y))
-            fig.text(fx, fy, text, **kw)
-        else:
-            ax = _ref_axes(axes, xref, yref)
-            xa = geo.axis(_axis_name(xref, "x"))
-            ya = geo.axis(_axis_name(yref, "y"))
-            xv = 10.0 ** x if xa.get("type") == "log" and "domain" not in xref else x
-            yv = 10.0 ** y if ya.get("type") == "log" and "domain" not in yref else y
-            ax.text(xv, yv, text, transform=_transform(ax, xref, yref), **kw)
-
-
-def _legend(fig, geo: _Layout, axes: dict, traces: list[dict], layout: dict) -> None:
-    handles, labels = [], []
-    for ax in axes.values():
-        h, lab = ax.get_legend_handles_labels()
-        for hh, ll in zip(h, lab, strict=True):
-            if ll and not ll.startswith("_") and ll not in labels:
-                handles.append(hh)
-                labels.append(ll)
-    shown = layout.get("showlegend")
-    if not handles or shown is False or (shown is None and len(
-            [t for t in traces if t.get("showlegend") is not False]) < 2):
-        return
-    spec = layout.get("legend") or {}
-    if spec.get("orientation") == "h":
-        y = spec.get("y", -0.1)
-        _, fy = geo.paper(0.5, float(y if isinstance(y, (int, float)) else -0.1))
-        fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, min(fy, geo.bottom)),
-                   ncol=min(len(labels), 5), frameon=False, fontsize=8)
-    else:
-        fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(geo.right + 0.01, geo.top),
-                   frameon=False, fontsize=8)

@@ -1,22 +1,20 @@
 """trainer.report(folder): what a run leaves behind for people who were not watching.
 
 history.csv (one row per epoch), steps.csv (one row per optimizer step), events.csv, the live
-view's figure (``figures.html``, plotly; ``figures.png`` when a static backend works: plotly's
-kaleido, else matplotlib) and summary.txt (the live view's end paragraph, then each event).
+view's figure (``figures.html``, plotly; ``figures.png``, the same figure drawn with matplotlib
+by ``live/static.py``: no browser needed) and summary.txt (the live view's end paragraph, then each event).
 The figure and the paragraph are the live view's own (``live/figures.py``, ``live/summary.py``),
 drawn from a ``RunRecord`` filled with the run's steps, epoch rows and events.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import math
 from pathlib import Path
 
 import pandas as pd
 
 from hybridnb.events import EpochRow, StepRow
-from hybridnb.live import figures
+from hybridnb.live import figures, static
 from hybridnb.live import summary as live_summary
 from hybridnb.live.record import RunRecord
 
@@ -74,48 +72,15 @@ def summary_text(summary: dict, record: RunRecord, notes: list[str] = ()) -> str
 
 
 def _figures(record: RunRecord, folder: Path) -> list[str]:
-    """figures.html (+ figures.png): the live view's panels; returns notes on what was
-    skipped."""
+    """figures.html (plotly) and figures.png (the same figure drawn with matplotlib, see
+    ``live/static.py``); returns notes on what was skipped."""
     try:
         fig = figures.make_figure(record)
     except ImportError:
-        fig = None
-    notes = []
-    if fig is None:
-        notes.append("figures.html skipped: plotly is not installed (pip install plotly)")
-    else:
-        fig.write_html(folder / "figures.html", include_plotlyjs="cdn")
-    if _png(fig, record, folder / "figures.png") is None:
-        notes.append("PNG figures skipped: no static image backend (kaleido or matplotlib)")
-    return notes
-
-
-def _png(fig, record: RunRecord, path: Path) -> str | None:
-    """Write a PNG with kaleido when installed, else the same panels with matplotlib (without
-    pyplot, so a notebook's plotting backend is left alone); returns the backend that worked."""
-    if fig is not None and importlib.util.find_spec("kaleido") is not None:
-        try:
-            fig.write_image(path)
-            return "kaleido"
-        except Exception:
-            pass
+        return ["figures skipped: plotly is not installed (pip install plotly)"]
+    fig.write_html(folder / "figures.html", include_plotlyjs="cdn")
     try:
-        from matplotlib.figure import Figure
+        static.write_png(fig, folder / "figures.png")
     except ImportError:
-        return None
-    f = Figure(figsize=(12, 3.5))
-    axes = f.subplots(1, len(figures.PANELS))
-    for s in figures.panels(record):
-        ys = [math.nan if v is None else v for v in s.y]
-        if s.secondary or not any(v == v for v in ys):
-            continue
-        axes[s.panel].plot(s.x, ys, label=s.name, color=s.color,
-                           marker="o" if "markers" in s.mode else None,
-                           linestyle="none" if s.mode.startswith("markers") else "-")
-    for ax, title in zip(axes, figures.PANELS, strict=True):
-        ax.set_title(title)
-        if ax.lines:
-            ax.legend(fontsize=7)
-    f.tight_layout()
-    f.savefig(path, dpi=100)
-    return "matplotlib"
+        return ["figures.png skipped: matplotlib is not installed (pip install matplotlib)"]
+    return []

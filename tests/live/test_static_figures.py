@@ -1,0 +1,254 @@
+"""Figures that survive saving and export (issue 28): a static image beside the plotly JSON.
+
+A notebook output holding only ``application/vnd.plotly.v1+json`` is dropped by nbconvert's
+HTML export and by a code host's preview. User figures get a PNG after ``hn.static_figures()``;
+the library's figures (``LRFindResult.plot()``, the live view's end-of-run figure,
+``trainer.report()``) carry one without it. The notebook test executes a notebook with nbclient,
+exports it with nbconvert and finds an image for every figure.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pio = pytest.importorskip("plotly.io")
+px = pytest.importorskip("plotly.express")
+go = pytest.importorskip("plotly.graph_objects")
+
+from hybridnb.live import static  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def kernel_renderer():
+    """plotly's default renderer as in a Jupyter kernel, put back afterwards."""
+    before = pio.renderers.default
+    pio.renderers.default = "plotly_mimetype"
+    yield
+    pio.renderers.default = before
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """(width, height) from a PNG's IHDR chunk."""
+    assert data.startswith(PNG_MAGIC)
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def decoded(bundle: dict) -> bytes:
+    return base64.b64decode(bundle["image/png"])
+
+
+def tiny_trainer(**kwargs):
+    import torch
+    from torch import nn
+
+    import hybridnb as hn
+
+    torch.manual_seed(0)
+    x = torch.randn(256, 8)
+    y = x @ torch.linspace(-1, 1, 8).unsqueeze(1)
+    tr = hn.Trainer(nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1)), batch_size=32,
+                    live=False, isolate=False, **kwargs)
+    return tr, (x, y)
+
+
+# ------------------------------------------------------------------ the setup line
+
+
+def test_importing_hybridnb_changes_no_plotly_setting_nor_pyplot():
+    code = ("import plotly.io as pio; before = pio.renderers.default; import hybridnb as hn; "
+            "hn.Trainer; import hybridnb.live.static; import hybridnb.train.lr_find; "
+            "print(pio.renderers.default == before, 'hybridnb_png' in pio.renderers); "
+            "import sys, plotly.express as px; hybridnb.live.static.to_png(px.line(y=[1, 2])); "
+            "print('matplotlib.pyplot' in sys.modules)")  # a notebook's pyplot state untouched
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=120, check=True).stdout.split()
+    assert out == ["True", "False", "False"]
+
+
+def test_static_figures_puts_a_png_beside_every_user_figure_and_undoes(kernel_renderer):
+    import hybridnb as hn
+
+    fig = px.scatter(x=[1, 2, 3], y=[3, 1, 2], width=600, height=400)
+    assert set(fig._repr_mimebundle_()) == {PLOTLY_MIME}  # what nbconvert drops
+    assert hn.static_figures() == "plotly_mimetype+hybridnb_png"
+    assert hn.static_figures() == "plotly_mimetype+hybridnb_png"  # idempotent
+    bundle = fig._repr_mimebundle_()
+    assert set(bundle) == {PLOTLY_MIME, "image/png"}
+    width, height = png_size(decoded(bundle))
+    assert 400 <= width <= 620 and 250 <= height <= 420  # the figure's size, margins trimmed
+    assert hn.static_figures(False) == "plotly_mimetype"
+    assert set(fig._repr_mimebundle_()) == {PLOTLY_MIME}
+
+
+@pytest.mark.parametrize("default", ["", "browser"])
+def test_static_figures_leaves_a_script_default_alone(default):
+    before = pio.renderers.default
+    try:
+        pio.renderers.default = default
+        assert static.static_figures() == default  # no notebook output to add an image to
+    finally:
+        pio.renderers.default = before
+
+
+def test_a_figure_that_cannot_be_drawn_is_still_shown_and_said(kernel_renderer, monkeypatch):
+    import hybridnb as hn
+
+    hn.static_figures()
+    try:
+        def broken(fig):
+            raise RuntimeError("no fonts")
+
+        monkeypatch.setattr(static, "to_matplotlib", broken)
+        with pytest.warns(UserWarning, match="no fonts"):
+            bundle = px.line(y=[1, 2])._repr_mimebundle_()
+        assert set(bundle) == {PLOTLY_MIME}  # the interactive output, unharmed
+    finally:
+        hn.static_figures(False)
+
+
+# ------------------------------------------------------------------ library figures
+
+
+def test_lr_find_plot_carries_a_png_without_the_setup_line(kernel_renderer):
+    tr, data = tiny_trainer(epochs=1)
+    found = tr.lr_find(data, num_steps=20)
+    fig = found.plot()
+    assert isinstance(fig, go.Figure)  # every plotly method still works
+    assert type(fig.update_layout(title="again")) is type(fig)
+    bundle = fig._repr_mimebundle_()
+    assert set(bundle) == {PLOTLY_MIME, "image/png"}
+    assert decoded(bundle).startswith(PNG_MAGIC)
+    drawn = static.to_matplotlib(fig)
+    ax = drawn.axes[0]
+    assert ax.get_xscale() == "log" and ax.get_xlabel() == "learning rate"
+    assert {"loss per step", "smoothed loss"} <= {t.get_text() for t in drawn.legends[0].texts}
+
+
+def test_report_png_is_the_live_figure(tmp_path):
+    tr, data = tiny_trainer(epochs=2)
+    tr.fit(data)
+    folder = tr.report(tmp_path / "report")
+    width, height = png_size((folder / "figures.png").read_bytes())
+    assert width > 2 * height  # the three panels side by side
+    assert "skipped" not in (folder / "summary.txt").read_text()
+
+
+# ------------------------------------------------------------------ the translation
+
+
+def test_translation_draws_subplots_log_axes_shapes_titles_and_legend():
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("left", "right"),
+                        specs=[[{}, {"secondary_y": True}]])
+    fig.add_scatter(x=[1, 2, 3], y=[1, 10, 100], name="a", row=1, col=1)
+    fig.add_scatter(x=[1, 2, 3], y=[3, 2, 1], name="b", row=1, col=2)
+    fig.add_scatter(x=[1, 2, 3], y=[50, 60, 70], name="c", row=1, col=2, secondary_y=True)
+    fig.add_hline(y=5, line_color="crimson", row=1, col=1)
+    fig.update_yaxes(type="log", row=1, col=1)
+    fig.update_layout(title="two panels")
+    drawn = static.to_matplotlib(fig)
+    left, right, twin = drawn.axes
+    assert left.get_yscale() == "log" and right.get_yscale() == "linear"
+    assert twin.get_ylim()[0] > 40  # the secondary axis holds its own trace
+    texts = {t.get_text() for t in drawn.texts}
+    assert {"left", "right", "two panels"} <= texts
+    assert [t.get_text() for t in drawn.legends[0].texts] == ["a", "b", "c"]
+    hline = [ln for ln in left.lines if list(ln.get_ydata()) == [5.0, 5.0]]
+    assert hline and list(hline[0].get_xdata()) == [0.0, 1.0]  # across the panel
+
+
+def test_shapes_widen_the_axes_as_in_plotly_and_stray_labels_stay_inside():
+    fig = px.line(y=[2.0, 3.0], height=300, width=500)
+    fig.add_hline(y=1.0)  # below the data: plotly's autorange takes it in
+    fig.add_annotation(x=0, y=100.0, text="far away", showarrow=False)
+    ax = static.to_matplotlib(fig).axes[0]
+    assert ax.get_ylim()[0] <= 1.0 <= ax.get_ylim()[1] < 100
+    assert png_size(static.to_png(fig))[1] <= 300  # the stray label does not stretch the image
+
+
+def test_translation_draws_histogram_bar_and_says_what_it_skips():
+    rng = np.random.default_rng(0)
+    hist = static.to_matplotlib(px.histogram(x=rng.normal(size=500), nbins=20))
+    assert len(hist.axes[0].patches) == 20
+    bars = static.to_matplotlib(px.bar(x=["a", "b", "c"], y=[1, 3, 2]))
+    assert [p.get_height() for p in bars.axes[0].patches] == [1, 3, 2]
+    assert [t.get_text() for t in bars.axes[0].get_xticklabels()] == ["a", "b", "c"]
+    stacked = static.to_matplotlib(px.bar(x=[1, 2, 3, 4], y=["a", "a", "b", "b"],
+                                          orientation="h"))  # px: one bar per row, stacked
+    assert sorted(p.get_x() + p.get_width() for p in stacked.axes[0].patches) == [1, 3, 3, 7]
+    boxes = static.to_matplotlib(px.box(x=["u"] * 5 + ["v"] * 5, y=np.arange(10.0)))
+    assert [t.get_text() for t in boxes.axes[0].get_xticklabels()] == ["u", "v"]
+    when = static.to_matplotlib(px.line(x=["2024-01-01", "2024-01-02", "2024-01-03"],
+                                        y=[1, 2, 3]))
+    assert when.axes[0].lines[0].get_xdata().dtype.kind == "M"  # a time axis, not categories
+    pie = static.to_matplotlib(go.Figure(go.Pie(values=[1, 2])))
+    assert any("pie" in t.get_text() for t in pie.texts)  # said, not silently blank
+
+
+# ------------------------------------------------------------------ a notebook, end to end
+
+NOTEBOOK = [
+    "import hybridnb as hn\nimport plotly.express as px\nhn.static_figures()",
+    'fig = px.scatter(x=[1, 2, 3], y=[3, 1, 2], title="user scatter")\nfig',
+    "hn.static_figures(False)  # the library's figures carry the image without the line",
+    "import torch\nfrom torch import nn\ntorch.manual_seed(0)\nx = torch.randn(256, 8)\n"
+    "y = x.sum(1, keepdim=True)\n"
+    "trainer = hn.Trainer(nn.Linear(8, 1), epochs=2, batch_size=32, live='html')\n"
+    "found = trainer.lr_find((x, y), num_steps=20)\nfound.plot()",
+    "trainer.fit((x, y), val=(x[:64], y[:64]))",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_executed_notebook_exported_to_html_shows_every_figure(tmp_path, monkeypatch):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    nbconvert = pytest.importorskip("nbconvert")
+    monkeypatch.setenv("HYBRIDNB_QUICK", "1")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the kernel imports this checkout's hybridnb
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in NOTEBOOK])
+    nbclient.NotebookClient(nb, timeout=240, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = [o for c in nb.cells for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+
+    def figures(cell):
+        return [o.data for o in cell.outputs if PLOTLY_MIME in o.get("data", {})]
+
+    user, = figures(nb.cells[1])
+    lr, = figures(nb.cells[3])
+    end, = figures(nb.cells[4])  # the live view's end-of-run figure
+    assert "image/png" in user and "image/png" in lr
+    assert end["image/svg+xml"].startswith("<svg")
+    for data in (user, lr):
+        assert base64.b64decode(data["image/png"]).startswith(PNG_MAGIC)
+
+    # saved and read back, as a code host reads it
+    path = tmp_path / "figures.ipynb"
+    nbformat.write(nb, path)
+    saved = nbformat.read(path, as_version=4)
+    assert [sorted(k for k in d if k.startswith("image/")) for c in saved.cells
+            for d in figures(c)] == [["image/png"], ["image/png"], ["image/svg+xml"]]
+
+    html, _ = nbconvert.HTMLExporter().from_notebook_node(saved)
+    pngs = re.findall(r'<img[^>]*src="data:image/png;base64,([A-Za-z0-9+/=\n]+)"', html)
+    assert [p[:40] for p in pngs] == [user["image/png"][:40], lr["image/png"][:40]]
+    svgs = re.findall(r'<img[^>]*src="data:image/svg\+xml;base64,([A-Za-z0-9+/=\n]+)"', html)
+    svg, = (base64.b64decode(s).decode() for s in svgs)  # the end-of-run figure
+    assert svg.startswith("<svg") and "<title>hybridnb: loss, learning rate, memory" in svg
+    assert png_size(base64.b64decode(pngs[1]))[0] > 300  # a real image, not a placeholder
