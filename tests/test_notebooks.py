@@ -189,9 +189,12 @@ def test_install_cell_pip_installs_the_uploaded_wheel_only_on_colab(path):
     assert run({"HOME": "/tmp"}) == []
     assert run(colab, installed=True) == []
     assert run(colab) == [("pip", f'install -q "{WHEEL_FILE}"')]
-    if reads_data:
+    if reads_data:   # eegdash comes along only for a release name ("R5-mini"), not a folder
         assert run({**colab, "HYBRIDNB_DATA": "R5-mini"}) == [
             ("pip", f'install -q "{WHEEL_FILE}[challenge]"')]
+        for data in ("/data/EEG2025r5mini", "release-copy", "synthetic"):
+            assert run({**colab, "HYBRIDNB_DATA": data}) == [
+                ("pip", f'install -q "{WHEEL_FILE}"')], data
     with pytest.raises(FileNotFoundError, match=r"WHEEL='/content/hybridnb-\*\.whl'.*make wheel"):
         run(colab, wheels=())
 
