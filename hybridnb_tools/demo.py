@@ -5,11 +5,12 @@ This runner does not write data itself: the notebooks do, through ``data_prep.so
 and their ``DATA`` setting. By default they write the HBN-like synthetic release under
 ``$HYBRIDNB_CACHE_DIR/synthetic/`` (``~/.cache/hybridnb/synthetic/``; reused afterwards);
 ``HYBRIDNB_DATA=R5-mini`` (or a release folder) runs them on real data (README, "Train on the
-real data"). Each executed notebook is
-kept without stored widget state, with an HTML copy; the table reads what each notebook
-recorded. The parts: :mod:`hybridnb_tools.results` (what a notebook calls: :func:`record`,
-:func:`run_dir`, re-exported here for the notebooks' ``from hybridnb_tools.demo import record``),
-:mod:`hybridnb_tools.notebooks` (one notebook run), :mod:`hybridnb_tools.scores` (the table).
+real data"). Each kernel runs in the run folder, so a notebook's ``runs/`` (checkpoints, the
+saved model, submission.zip) lands in ``<run folder>/runs/``, beside the executed copies (kept
+without stored widget state, with an HTML copy). The notebooks record nothing for this runner:
+the score table is read from each kernel's variables after its last cell
+(:data:`hybridnb_tools.scores.TABLE`). The parts: :mod:`hybridnb_tools.notebooks` (one notebook
+run, the values read back), :mod:`hybridnb_tools.scores` (the table).
 """
 
 from __future__ import annotations
@@ -19,43 +20,50 @@ import datetime as _dt
 import json
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
-from hybridnb.env import HEADLESS_ENV, QUICK_ENV, RUN_DIR_ENV
+from hybridnb.env import HEADLESS_ENV, QUICK_ENV
 from hybridnb.env import quick as runtime_quick
 from hybridnb_tools.notebooks import NotebookRun, execute_notebook, find_notebooks
-from hybridnb_tools.results import RESULTS_ENV, record, run_dir
-from hybridnb_tools.scores import merged_results, summary
+from hybridnb_tools.scores import TABLE, merged_values, summary
 
-__all__ = ["RESULTS_ENV", "RUN_DIR_ENV", "NotebookRun", "record", "run_dir", "run_demo", "main"]
+__all__ = ["NotebookRun", "run_demo", "main"]
 
 DESCRIPTION = ("Run the numbered notebooks (notebooks/0*.ipynb) headless, in order, into "
                "runs/<timestamp>/ and print the Challenge score table. The notebooks write the "
                "synthetic release on first use (under ~/.cache/hybridnb/synthetic/, or "
                "$HYBRIDNB_CACHE_DIR/synthetic/) and reuse it afterwards; HYBRIDNB_DATA=R5-mini "
-               "(or a release folder) runs them on real data instead. In the run folder this runner writes the executed notebooks, their "
-               "HTML copies and results.json; the notebooks leave their checkpoints and "
-               "submission.zip beside them.")
+               "(or a release folder) runs them on real data instead. In the run folder this "
+               "runner writes the executed notebooks, their HTML copies and results.json; the "
+               "kernels run there, so the notebooks leave their checkpoints and submission.zip "
+               "in its runs/ folder.")
 
 
 def run_demo(notebooks: list[Path], out_dir: Path, *, quick: bool = False,
-             cell_timeout: float = 900.0, html: bool = True, progress=print) -> list[NotebookRun]:
-    """Execute ``notebooks`` in order into ``out_dir``; every notebook runs even if one fails."""
-    env = {HEADLESS_ENV: "1", RUN_DIR_ENV: str(out_dir.resolve())}
+             read: Mapping[str, Mapping[str, str]] | None = None, cell_timeout: float = 900.0,
+             html: bool = True, progress=print) -> list[NotebookRun]:
+    """Execute ``notebooks`` in order into ``out_dir`` (each kernel working there, so the
+    notebooks share ``out_dir/runs/``); every notebook runs even if one fails. From each kernel
+    the score table's values (:data:`~hybridnb_tools.scores.TABLE`) are read after its last
+    cell, plus ``read[<notebook name>]`` (name -> expression) where given."""
+    env = {HEADLESS_ENV: "1"}
     if quick:
         env[QUICK_ENV] = "1"
+    out_dir.mkdir(parents=True, exist_ok=True)
     runs = []
     for path in notebooks:
         progress(f"[{len(runs) + 1}/{len(notebooks)}] {path.name} ...")
-        run = execute_notebook(path, out_dir, env=env, cell_timeout=cell_timeout, html=html,
-                               progress=progress)
+        wanted = {**TABLE, **((read or {}).get(path.stem) or {})}
+        run = execute_notebook(path, out_dir, env=env, cwd=out_dir, read=wanted,
+                               cell_timeout=cell_timeout, html=html, progress=progress)
         progress(f"    {'done' if run.ok else 'FAILED'} in {run.seconds:.1f} s"
                  + (f": {run.error}" if run.error else ""))
         runs.append(run)
     (out_dir / "results.json").write_text(json.dumps(
-        {"notebooks": {r.name: {"ok": r.ok, "seconds": round(r.seconds, 2), "error": r.error}
-                       for r in runs},
-         "results": merged_results(runs)}, indent=1, sort_keys=True))
+        {"notebooks": {r.name: {"ok": r.ok, "seconds": round(r.seconds, 2), "error": r.error,
+                                "values": r.values} for r in runs},
+         "table": merged_values(runs)}, indent=1, sort_keys=True))
     return runs
 
 

@@ -24,17 +24,20 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from hybridnb.env import QUICK_ENV, RUN_DIR_ENV
+from hybridnb.env import QUICK_ENV
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync"]
 
-# What the page shows: code cells (run or not), errors, plots, the live views' summaries.
+# What the page shows: code cells (run or not), errors, plots, the live views' summaries. An
+# error is a traceback in a stderr-rendered output (a cell that raised); an error a cell caught
+# and printed on purpose is stdout and does not count.
 CELLS = """() => {
   const cells = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell')];
   const prompts = cells.map(c => (c.querySelector('.jp-InputPrompt') || {}).innerText || '');
-  const errors = [...document.querySelectorAll('.jp-OutputArea-output')]
+  const errors = [...document.querySelectorAll(
+      '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')]
     .map(e => e.innerText).filter(t => t.includes('Traceback') || /^\\w*Error:/m.test(t));
   return {cells: cells.length,
           run: prompts.filter(p => /\\[\\d+\\]/.test(p)).length,
@@ -192,8 +195,7 @@ def run_notebook(notebook: Path, out: Path, *, small: bool = False, timeout_s: f
     root = out / "lab-root"
     root.mkdir(exist_ok=True)
     shutil.copy(notebook, root / notebook.name)
-    kernel_env = dict(env or {})
-    kernel_env.setdefault(RUN_DIR_ENV, str(out / "runs"))
+    kernel_env = dict(env or {})   # the notebook's runs/ lands beside its copy, in lab-root/
     repo = Path(__file__).resolve().parents[1]
     kernel_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(repo), os.environ.get("PYTHONPATH", "")) if p)

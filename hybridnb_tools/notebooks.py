@@ -1,5 +1,6 @@
-"""Run one notebook headless with nbclient: the executed copy (free of widget state) and an
-HTML copy that draws plotly figures.
+"""Run one notebook headless with nbclient: the executed copy (free of widget state), an HTML
+copy that draws plotly figures, and the values of named expressions read from the kernel once the
+last cell has run (the notebook itself records nothing for the runner).
 
 nbclient and nbconvert come with the ``demo`` extra (``pip install -e '.[demo]'``; ``make setup``
 installs it); they are imported when a notebook is run, so importing this module needs neither.
@@ -8,23 +9,28 @@ installs it); they are imported when a notebook is run, so importing this module
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import re
 import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hybridnb.env import RESULTS_ENV
-from hybridnb_tools.results import read_results
-
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+JSON_MIME = "application/json"
+# the checkout this runner belongs to: first on the kernel's PYTHONPATH, so a notebook imports
+# this checkout's hybridnb, data_prep and hybridnb_tools (as the JupyterLab runner does)
+CHECKOUT = Path(__file__).resolve().parents[1]
 
 
 @dataclass
 class NotebookRun:
-    """One executed notebook: where its files are, how long it took, what it recorded."""
+    """One executed notebook: where its files are, how long it took, the values read from its
+    kernel afterwards (``values``: name -> plain JSON value; a name whose expression failed,
+    e.g. a variable the notebook never defined, is absent)."""
 
     name: str
     ipynb: Path
@@ -32,7 +38,7 @@ class NotebookRun:
     seconds: float = 0.0
     ok: bool = False
     error: str | None = None
-    results: dict = field(default_factory=dict)
+    values: dict = field(default_factory=dict)
 
 
 def find_notebooks(folder: str | os.PathLike) -> list[Path]:
@@ -55,31 +61,37 @@ def strip_widget_state(nb) -> None:
 
 
 def execute_notebook(path: str | os.PathLike, out_dir: str | os.PathLike, *,
-                     env: dict[str, str] | None = None, cell_timeout: float = 900.0,
+                     env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
+                     read: Mapping[str, str] | None = None, cell_timeout: float = 900.0,
                      html: bool = True, progress=print) -> NotebookRun:
     """Execute one notebook headless into ``out_dir`` (``<name>.ipynb`` + ``<name>.html``).
 
-    The kernel runs in the notebook's own folder with ``env`` added to this process's
-    environment, plus ``HYBRIDNB_RESULTS`` pointing at ``out_dir/<name>.results.json``. A failing
-    cell stops that notebook; the partly executed copy is still written, and the error is kept.
+    The kernel runs in ``cwd`` (default: the notebook's own folder, as in JupyterLab) with
+    ``env`` added to this process's environment and this checkout first on ``PYTHONPATH``. No
+    cell may raise, whatever its tags (JupyterLab's Run All stops at the first error too): a
+    failing cell stops that notebook, the partly executed copy is still written, and the error
+    is kept. After the last cell that ran (unless the kernel died or a cell timed out), each
+    expression of ``read`` (name -> Python expression, e.g. ``{"c1": "c1"}``) is evaluated in
+    the kernel's namespace by a cell that is not stored in the notebook; the plain values land
+    in ``NotebookRun.values``.
     """
     nbformat, nbclient = _need("nbformat"), _need("nbclient")
     exceptions = _need("nbclient.exceptions")
-    errors = (exceptions.CellExecutionError, exceptions.CellTimeoutError,
-              exceptions.DeadKernelError)
 
     path, out_dir = Path(path), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     run = NotebookRun(name=path.stem, ipynb=out_dir / path.name)
-    results_path = out_dir / f"{path.stem}.results.json"
-    results_path.unlink(missing_ok=True)
-    kernel_env = {**os.environ, **(env or {}), RESULTS_ENV: str(results_path.resolve())}
+    kernel_env = {**os.environ, **(env or {})}
+    kernel_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(CHECKOUT), kernel_env.get("PYTHONPATH", "")) if p)
 
     nb = nbformat.read(path, as_version=4)
     n_code = sum(c.cell_type == "code" for c in nb.cells)
+    workdir = Path(cwd) if cwd is not None else path.parent
     client = nbclient.NotebookClient(nb, timeout=cell_timeout, kernel_name="python3",
-                            store_widget_state=False, allow_errors=False,
-                            resources={"metadata": {"path": str(path.parent.resolve())}})
+                                     store_widget_state=False, allow_errors=False,
+                                     force_raise_errors=True,   # a raises-exception tag too
+                                     resources={"metadata": {"path": str(workdir.resolve())}})
     started = {}
 
     def on_start(cell, cell_index):
@@ -95,19 +107,91 @@ def execute_notebook(path: str | os.PathLike, out_dir: str | os.PathLike, *,
     client.on_cell_start = on_start
     client.on_cell_executed = on_done
     t0 = time.perf_counter()
-    try:
-        client.execute(env=kernel_env)
-        run.ok = True
-    except errors as exc:
-        run.error = _first_line_of_error(exc)
-    finally:
-        run.seconds = time.perf_counter() - t0
+    gone = (exceptions.CellTimeoutError, exceptions.DeadKernelError)
+    with client.setup_kernel(env=kernel_env):
+        try:
+            client.execute(cleanup_kc=False)
+            run.ok = True
+        except exceptions.CellExecutionError as exc:
+            run.error = _first_line_of_error(exc)
+        except gone as exc:
+            run.error = _first_line_of_error(exc)
+            read = None   # the kernel is busy or gone: nothing to read
+        finally:
+            run.seconds = time.perf_counter() - t0
+        if read:
+            try:
+                run.values = read_values(client, read, timeout=cell_timeout)
+            except (exceptions.CellExecutionError, *gone) as exc:
+                run.error = (f"{run.error}; " if run.error else "") + \
+                    f"reading the kernel's variables failed: {_first_line_of_error(exc)}"
     strip_widget_state(nb)
     nbformat.write(nb, run.ipynb)
     if html:
         run.html = write_html(nb, out_dir / f"{path.stem}.html")
-    run.results = read_results(results_path)
     return run
+
+
+def read_values(client, read: Mapping[str, str], timeout: float = 120.0) -> dict:
+    """Evaluate ``read``'s expressions in the kernel of ``client`` (an nbclient client whose
+    kernel is still up) and return their plain values. The reading cell is appended to the
+    notebook for the call and removed again, so the written notebook never holds it."""
+    from nbformat.v4 import new_code_cell
+
+    source = (inspect.getsource(_report_values)
+              + f"\n{_report_values.__name__}({dict(read)!r})\ndel {_report_values.__name__}\n")
+    cell = new_code_cell(source)
+    client.nb.cells.append(cell)
+    index = len(client.nb.cells) - 1
+    old_timeout = client.timeout
+    client.timeout = timeout
+    try:
+        client.execute_cell(cell, index, store_history=False)
+    finally:
+        client.timeout = old_timeout
+        del client.nb.cells[index]
+    for out in cell.get("outputs", []):
+        data = out.get("data") or {}
+        if JSON_MIME in data:
+            return dict(data[JSON_MIME])
+    return {}
+
+
+def _report_values(exprs):
+    """Runs in the kernel (its source is sent there): each expression of ``exprs`` evaluated in
+    the user's namespace, as plain JSON values (numpy and torch values and pandas objects turned
+    into Python ones, NaN/inf into None, sets sorted, anything else its ``str``), displayed as
+    one ``application/json`` output. An expression that raises is left out."""
+    import math
+
+    from IPython import get_ipython
+    from IPython.display import display
+
+    def plain(v):
+        if hasattr(v, "to_dict") and callable(v.to_dict):   # pandas
+            v = v.to_dict()
+        elif hasattr(v, "tolist") and callable(v.tolist):   # numpy, torch
+            v = v.tolist()
+        if isinstance(v, float):
+            return v if math.isfinite(v) else None
+        if isinstance(v, (str, int, bool)) or v is None:
+            return v
+        if isinstance(v, dict):
+            return {str(k): plain(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if isinstance(v, (set, frozenset)):
+            return sorted((plain(x) for x in v), key=str)
+        return str(v)
+
+    namespace = get_ipython().user_ns
+    values = {}
+    for name, expr in exprs.items():
+        try:
+            values[name] = plain(eval(expr, namespace))
+        except Exception:
+            pass
+    display({"application/json": values}, raw=True)
 
 
 def _first_line_of_error(exc: BaseException) -> str:
@@ -161,10 +245,9 @@ def _plotly_div(fig: dict, include: str | bool) -> str:
     return pio.to_html(fig, include_plotlyjs=include, full_html=False, validate=False)
 
 
-
 def _need(module: str):
     """Import ``module``, or say which extra installs it (the notebook runner's libraries are
-    optional: a notebook that only calls :func:`~hybridnb_tools.results.record` needs none)."""
+    optional: importing the demo or this module needs none)."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:

@@ -1,20 +1,19 @@
-"""The main job's machinery (`python -m hybridnb_tools.demo`): notebooks run in order, results read back,
-a failing notebook reported, executed copies free of widget state, HTML that draws plotly."""
+"""The main job's machinery (`python -m hybridnb_tools.demo`): notebooks run in order in the run
+folder, the score table read from each kernel's variables, a failing notebook reported, executed
+copies free of widget state, HTML that draws plotly, quick-mode scores labelled."""
 
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
 
 import nbformat
-import numpy as np
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from hybridnb_tools import demo, notebooks, results, scores
+from hybridnb_tools import notebooks, scores
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,73 +28,79 @@ def _notebook(path: Path, *cells: str, tags: dict[int, list[str]] | None = None)
     return path
 
 
-def test_record_writes_merged_plain_json_only_when_asked(tmp_path, monkeypatch):
-    monkeypatch.delenv(demo.RESULTS_ENV, raising=False)
-    assert demo.record(c1_nrmse=0.5) is None
-    assert list(tmp_path.iterdir()) == []
-    out = tmp_path / "r.json"
-    monkeypatch.setenv(demo.RESULTS_ENV, str(out))
-    demo.record(c1_nrmse=np.float32(0.25), device="cpu")
-    demo.record(c2_nrmse=math.nan, shape=(3, 1), c1_nrmse=0.125)
-    assert json.loads(out.read_text()) == {"c1_nrmse": 0.125, "device": "cpu",
-                                           "c2_nrmse": None, "shape": [3, 1]}
+def _runs(tmp_path):
+    return [notebooks.NotebookRun("04_x", tmp_path / "a.ipynb", seconds=12.5, ok=True,
+                                  values={"device": "cpu", "c1_nrmse": 0.61234,
+                                          "c1_model": "Shallow", "c1_ceiling_nrmse": 0.17}),
+            notebooks.NotebookRun("05_y", tmp_path / "b.ipynb", seconds=3.0, ok=False,
+                                  error="ValueError: boom",
+                                  values={"c2_nrmse": 0.99, "overall": 0.876})]
 
 
 def test_summary_has_the_plain_lines_scripts_read(tmp_path):
-    runs = [notebooks.NotebookRun("04_x", tmp_path / "a.ipynb", seconds=12.5, ok=True,
-                             results={"device": "cpu", "c1_nrmse": 0.61234, "c1_model": "Shallow",
-                                      "c1_ceiling_nrmse": 0.17}),
-            notebooks.NotebookRun("05_y", tmp_path / "b.ipynb", seconds=3.0, ok=False,
-                             error="ValueError: boom", results={"c2_nrmse": 0.99, "overall": 0.876})]
-    text = scores.summary(runs, tmp_path, 15.5, quick=False)
+    text = scores.summary(_runs(tmp_path), tmp_path, 15.5, quick=False)
     lines = text.splitlines()
     for expected in ("C1 nRMSE 0.6123", "C2 nRMSE 0.9900", "overall 0.8760", "device cpu"):
         assert expected in lines
     assert any(ln.startswith("05_y") and "FAILED" in ln for ln in lines)
     assert "    ValueError: boom" in lines
     assert any("0.170" in ln and "Challenge 1" in ln for ln in lines)
+    assert "not meaningful" not in text and "quick" not in text
+
+
+def test_quick_mode_summary_says_the_scores_are_not_meaningful(tmp_path):
+    lines = scores.summary(_runs(tmp_path), tmp_path, 15.5, quick=True).splitlines()
+    assert "C1 nRMSE 0.6123" in lines, "the plain lines stay as scripts read them"
+    below_table = next(i for i, ln in enumerate(lines) if ln.startswith("overall 0.3")) + 1
+    for at in (below_table, lines.index("overall 0.8760") + 1):   # under both score blocks
+        assert "not meaningful" in lines[at] and "quick mode" in lines[at], lines[at]
 
 
 @pytest.mark.slow
-def test_demo_runs_every_notebook_reads_results_and_reports_a_failure(tmp_path):
+def test_demo_runs_every_notebook_reads_the_kernels_and_reports_a_failure(tmp_path):
     nbs = tmp_path / "nbs"
     nbs.mkdir()
     _notebook(nbs / "01_first.ipynb",
-              "import os\nfrom hybridnb_tools.demo import record, run_dir\n"
-              "record(device='cpu', c1_nrmse=0.5, cwd=os.getcwd(),"
-              " headless=os.environ.get('HYBRIDNB_HEADLESS'))\n"
-              "(run_dir() / 'made_by_01.txt').write_text('x')",
+              "import os\nfrom pathlib import Path\nc1 = 0.5\n"
+              "print('cwd', os.getcwd())\nprint('env', os.environ.get('HYBRIDNB_HEADLESS'), "
+              "os.environ.get('HYBRIDNB_QUICK'))\n"
+              "Path('runs').mkdir(exist_ok=True)\n(Path('runs') / 'made_by_01.txt').write_text('x')",
               "import ipywidgets\nipywidgets.IntSlider(3)",
-              "import plotly.graph_objects as go\ngo.Figure(go.Bar(x=[1, 2], y=[3, 4]))",
-              "raise ValueError('expected, and tagged')",
-              tags={3: ["raises-exception"]})
+              "import plotly.graph_objects as go\ngo.Figure(go.Bar(x=[1, 2], y=[3, 4]))")
     _notebook(nbs / "02_broken.ipynb",
-              "from hybridnb_tools.demo import record\nrecord(c2_nrmse=0.9)",
+              "c2 = 0.9",
               "raise RuntimeError('this cell is broken')",
-              "record(overall=0.1)")
-    _notebook(nbs / "03_after.ipynb", "from hybridnb_tools.demo import record\nrecord(overall=0.78)")
+              "overall = 0.1")
+    _notebook(nbs / "03_tagged.ipynb", "raise ValueError('tagged, and still an error')",
+              "overall = 0.2", tags={0: ["raises-exception"]})
+    _notebook(nbs / "04_after.ipynb", "overall = 0.78")
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "hybridnb_tools.demo", "--notebooks", str(nbs),
-                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+                           "--out", str(out), "--quick"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert "C1 nRMSE 0.5000" in lines and "C2 nRMSE 0.9000" in lines
+    assert "C1 nRMSE 0.5000" in lines
+    assert "C2 nRMSE 0.9000" in lines, "values defined before the failing cell are read"
     assert "overall 0.7800" in lines, "the notebook after a failed one must still run"
     assert any(ln.startswith("02_broken") and "FAILED" in ln for ln in lines)
+    assert any(ln.startswith("03_tagged") and "FAILED" in ln for ln in lines)
     assert any("RuntimeError: this cell is broken" in ln for ln in lines)
+    assert any("not meaningful" in ln for ln in lines), "quick mode's scores are labelled"
 
     results = json.loads((out / "results.json").read_text())
     assert results["notebooks"]["01_first"]["ok"] is True
+    assert results["notebooks"]["01_first"]["values"] == {"c1_nrmse": 0.5}
     assert results["notebooks"]["02_broken"]["ok"] is False
-    assert results["results"]["cwd"] == str(nbs), "kernels run in the notebook's folder"
-    assert results["results"]["headless"] == "1"
-    assert (out / "made_by_01.txt").exists(), "run_dir() points into the run folder"
+    assert results["table"]["overall"] == 0.78
 
     executed = nbformat.read(out / "01_first.ipynb", as_version=4)
+    printed = executed.cells[0].outputs[0]["text"].splitlines()
+    assert printed == [f"cwd {out.resolve()}", "env 1 1"], "kernels run in the run folder"
+    assert (out / "runs" / "made_by_01.txt").exists(), "a notebook's runs/ lands in the run folder"
+    assert len(executed.cells) == 3, "the cell that read the variables is not stored"
     assert "widgets" not in executed.metadata
     assert executed.cells[1].outputs == [], "widget views are dropped with their state"
-    assert executed.cells[3].outputs[0]["ename"] == "ValueError"
     partial = nbformat.read(out / "02_broken.ipynb", as_version=4)
     assert partial.cells[1].outputs[0]["ename"] == "RuntimeError"
     assert partial.cells[2].outputs == [], "nothing runs after the broken cell"
@@ -112,17 +117,6 @@ def test_find_notebooks_names_the_folder(tmp_path):
     (tmp_path / "01_a.ipynb").write_text("{}")
     (tmp_path / "scratch.ipynb").write_text("{}")
     assert [p.name for p in notebooks.find_notebooks(tmp_path)] == ["01_a.ipynb", "02_b.ipynb"]
-
-
-def test_notebooks_import_record_and_run_dir_from_demo_without_the_runner_libraries():
-    """A notebook in JupyterLab imports ``record`` from the demo; that must not need nbclient."""
-    code = ("import sys\nfrom hybridnb_tools.demo import record, run_dir\n"
-            "print(sorted(m for m in ('nbclient', 'nbconvert', 'nbformat') if m in sys.modules))")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "[]"
-    assert demo.record is results.record and demo.run_dir is results.run_dir
 
 
 def test_a_missing_runner_library_names_the_extra(tmp_path, monkeypatch):
