@@ -25,8 +25,6 @@ SIMULATE_CUDA_ENV = "HYBRIDNB_SIMULATE_CUDA"  # "1": an isolated worker trains a
 #                                               CPU; read by tests/faults.py, never by hybridnb
 CACHE_DIR_ENV = "HYBRIDNB_CACHE_DIR"    # where hybridnb keeps its cache (the probe's verdicts)
 PROBE_CACHE_TTL_ENV = "HYBRIDNB_PROBE_CACHE_TTL"  # seconds a passed probe is trusted; 0 = never
-RESULTS_ENV = "HYBRIDNB_RESULTS"        # the demo runner: where a notebook records its results
-RUN_DIR_ENV = "HYBRIDNB_RUN_DIR"        # the demo runner: where a notebook leaves its files
 
 DEFAULT_PROBE_CACHE_TTL = 24 * 3600.0
 
