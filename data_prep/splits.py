@@ -108,6 +108,25 @@ def subject_folds(windows, k: int = 5, val: float = 0.15, seed: int = 0, exclude
             for parts in fold_subjects(pool, k, val, seed)]
 
 
+def at_most(windows, n: int, seed: int = 0):
+    """A subset of ``windows`` with at most ``n`` windows per subject (drawn with ``seed``,
+    kept in store order): fewer windows per subject rather than fewer subjects, to bound
+    training time."""
+    if not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"at_most: n must be a whole number >= 1, got {n!r}")
+    subj = windows.metadata["subject"].astype(str).to_numpy()
+    rng = np.random.default_rng(seed)
+    keep = [rng.choice(idx, size=min(n, len(idx)), replace=False)
+            for _, idx in sorted(_groups(subj).items())]
+    return windows.subset(np.sort(np.concatenate(keep)) if keep else np.zeros(0, np.int64))
+
+
+def _groups(labels: np.ndarray) -> dict[str, np.ndarray]:
+    order = np.argsort(labels, kind="stable")
+    uniq, first = np.unique(labels[order], return_index=True)
+    return dict(zip(uniq, np.split(order, first[1:]), strict=True))
+
+
 def startkit_split(windows, exclude="startkit"):
     """The starter kit's split, exactly as challenge_1.py writes it.
 
