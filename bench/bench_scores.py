@@ -9,9 +9,10 @@ test subject once. In each fold, for Challenge 1 (response time) and Challenge 2
 (externalizing, one 2-s crop per 4-s resting window, the crops drawn with seed 42 as notebook 05
 scores them):
 
-* the deep recipe (:data:`RECIPES`): a braindecode model trained with ``hybridnb.Trainer`` on at
-  most ``cap`` windows per training subject, the fold's validation subjects for early stopping
-  and the kept (EMA) weights;
+* the deep recipe (:data:`RECIPES`): a braindecode model trained with ``hybridnb.Trainer``
+  (Huber loss on standardised targets, EMA 0.99) on at most ``cap`` windows per training
+  subject, the fold's validation subjects for early stopping; ``zero_readout``: the last layer
+  starts at zero, i.e. the model starts by predicting the training mean;
 * the training mean, and ridge regressions (``data_prep.baselines``) on time-binned amplitude
   and on log band power, the penalty chosen by grouped CV on the fold's training + validation
   subjects;

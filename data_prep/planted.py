@@ -25,7 +25,8 @@ with eyes closed). The subject noise term makes the target only weakly recoverab
 release, ``source.SYNTHETIC["folds"]``) plants the same Challenge 1 structure and a stronger
 Challenge 2 effect, ``alpha_beta`` 0.5 and ``alpha_subject_sd`` 0.2, so that externalizing can
 be learnt from 2-s resting crops and measured over folds of a few dozen test subjects: with the
-defaults (0.25, 0.3) even the oracle scores 0.77 and a per-crop model has little to find.
+defaults the subject noise hides most of the effect (even the oracle explains less than half of
+the target's variance) and a per-crop model has little to find (``ceilings(p)`` for both).
 
 The oracles (:func:`oracle_c1`, :func:`oracle_c2`) are the planted signal's best prediction for
 given trials or subjects, from the latents the release records
