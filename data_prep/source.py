@@ -47,6 +47,8 @@ SYNTHETIC = {   # the synthetic releases the notebooks use, by kind
     "default": {"n_subjects": 20, "size": "realistic", "seed": 0},
     "small": {"n_subjects": 10, "size": "small", "seed": 0},
     "faults": {"n_subjects": 12, "size": "small", "seed": 1, "faults": tuple(synthetic.FAULTS)},
+    # the README's tour (examples/tour.py): 20 subjects, the one task it trains on, seconds to write
+    "tour": {"n_subjects": 20, "size": "small", "seed": 0, "tasks": ("contrastChangeDetection",)},
     # scores over subject folds (issue 29): many subjects, short recordings (36 CCD trials and one
     # minute of rest each), Challenge 2 learnable from resting crops (planted.PLANTED_FOLDS)
     "folds": {"n_subjects": 150, "mini": False, "size": "small", "seed": 0,
@@ -130,7 +132,7 @@ def resolve(data: str | os.PathLike | None = "synthetic", *, cache: str | os.Pat
     ``cache``: where downloads and the synthetic release go (default :func:`default_cache`).
     ``tasks``: the tasks the caller will window (a download fetches only these; a folder must
     hold at least one of their recordings). ``synthetic_kind``: which synthetic release
-    (:data:`SYNTHETIC`: ``"default"``, ``"small"``, ``"faults"``, ``"folds"``). ``download=False`` refuses
+    (:data:`SYNTHETIC`: ``"default"``, ``"small"``, ``"faults"``, ``"tour"``, ``"folds"``). ``download=False`` refuses
     the network: a release must already be in the cache. Errors name the value and what to do.
     """
     source = parse(data)

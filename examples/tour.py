@@ -19,17 +19,16 @@ import torch
 from braindecode.models import ShallowFBCSPNet
 
 import hybridnb as hn
-from data_prep import challenge1, scoring, splits, synthetic
+from data_prep import challenge1, scoring, source, splits
 
 
-def main(seed: int = 0, data: str = "data", runs: str = "runs") -> float:
+def main(seed: int = 0, cache: str | None = None, runs: str = "runs") -> float:
     """The tour; returns the test nRMSE."""
     # tour: begin
     hw = hn.detect()                 # cached; hn.detect(refresh=True, probe_timeout=15) re-probes
     print(hw)                        # device, precision, batch size, loader settings, and why
 
-    root = synthetic.make_hbn_like(data, n_subjects=20, seed=0,
-                                   tasks=("contrastChangeDetection",))
+    root = source.resolve("synthetic", synthetic_kind="tour", cache=cache)  # written once, reused
     w1 = challenge1.make_windows(root)            # .X (N, 129, 200) float32 memmap, .y, .metadata
     train, val, test = splits.by_subject(w1, val=0.1, test=0.2, seed=0)
 
@@ -55,7 +54,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0, help="seeds the model's initial weights "
                         "and the Trainer (default 0)")
-    parser.add_argument("--data", default="data", help="where the synthetic release goes")
+    parser.add_argument("--cache", default=None, help="the cache the synthetic release goes to "
+                        "(default: $HYBRIDNB_CACHE_DIR, else ~/.cache/hybridnb)")
     parser.add_argument("--runs", default="runs", help="parent of the run's fresh folder")
     args = parser.parse_args()
-    main(args.seed, args.data, args.runs)
+    main(args.seed, args.cache, args.runs)

@@ -37,8 +37,8 @@ def test_the_tour_learns_and_leaves_earlier_runs_alone(tmp_path):
     for path, data in earlier.items():
         path.parent.mkdir(parents=True)
         path.write_bytes(data)
-    proc = subprocess.run([sys.executable, str(TOUR), "--seed", "0", "--data",
-                           str(tmp_path / "data"), "--runs", str(tmp_path / "runs")],
+    proc = subprocess.run([sys.executable, str(TOUR), "--seed", "0", "--cache",
+                           str(tmp_path / "cache"), "--runs", str(tmp_path / "runs")],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     found = re.search(r"test nRMSE (\d+\.\d+) on (\d+) windows", proc.stdout)
