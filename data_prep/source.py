@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import bids, environment, synthetic
+from .planted import PLANTED_FOLDS
 
 __all__ = ["CHALLENGE_TASKS", "RELEASES", "SYNTHETIC", "CACHE_ENV", "DATA_ENV", "Source",
            "ReleaseUnreachable", "parse", "resolve", "default_cache", "release_size",
@@ -46,6 +47,10 @@ SYNTHETIC = {   # the synthetic releases the notebooks use, by kind
     "default": {"n_subjects": 20, "size": "realistic", "seed": 0},
     "small": {"n_subjects": 10, "size": "small", "seed": 0},
     "faults": {"n_subjects": 12, "size": "small", "seed": 1, "faults": tuple(synthetic.FAULTS)},
+    # scores over subject folds (issue 29): many subjects, short recordings (36 CCD trials and one
+    # minute of rest each), Challenge 2 learnable from resting crops (planted.PLANTED_FOLDS)
+    "folds": {"n_subjects": 150, "mini": False, "size": "small", "seed": 0,
+              "planted": PLANTED_FOLDS},
 }
 DOWNLOADED = Path("code") / "hybridnb_download.json"   # written when a download has finished
 EEGDASH_API_ENV = "EEGDASH_API_URL"            # eegdash's own variable for its server
@@ -125,7 +130,7 @@ def resolve(data: str | os.PathLike | None = "synthetic", *, cache: str | os.Pat
     ``cache``: where downloads and the synthetic release go (default :func:`default_cache`).
     ``tasks``: the tasks the caller will window (a download fetches only these; a folder must
     hold at least one of their recordings). ``synthetic_kind``: which synthetic release
-    (:data:`SYNTHETIC`: ``"default"``, ``"small"``, ``"faults"``). ``download=False`` refuses
+    (:data:`SYNTHETIC`: ``"default"``, ``"small"``, ``"faults"``, ``"folds"``). ``download=False`` refuses
     the network: a release must already be in the cache. Errors name the value and what to do.
     """
     source = parse(data)

@@ -7,7 +7,8 @@ challenge release: ``dataset_description.json``, ``participants.tsv`` with the r
 What is planted and the best nRMSE it allows: :mod:`data_prep.planted` (``PLANTED``,
 ``ceilings()``). Broken recordings on request: ``faults=`` (see :data:`FAULTS`).
 A summary (parameters, ceilings, where each fault sits) goes to ``code/hybridnb_synthetic.json``;
-that file is also the marker by which ``make_hbn_like`` tells its own releases apart: it never
+the planted latents per subject and per trial go to ``code/hybridnb_latents.json``
+(:func:`latents`). The summary is also the marker by which ``make_hbn_like`` tells its own releases apart: it never
 writes into a folder without it (a real eegdash release has the same name).
 """
 
@@ -27,9 +28,10 @@ from .synth_faults import FAULTS, assign_faults, write_recording
 from .synth_signal import montage_positions
 
 MARKER = Path("code") / "hybridnb_synthetic.json"   # tells make_hbn_like's own releases apart
+LATENTS = Path("code") / "hybridnb_latents.json"    # what was planted, per subject and trial
 OWN_KINDS = ("eeg.bdf", "events.tsv", "eeg.json", "channels.tsv")
 
-__all__ = ["make_hbn_like", "PLANTED", "ceilings", "FAULTS", "R5_MINI", "TASKS", "SIZES"]
+__all__ = ["make_hbn_like", "latents", "summary", "PLANTED", "ceilings", "FAULTS", "R5_MINI", "TASKS", "SIZES"]
 
 R5_MINI = ("NDARAH793FBF NDARAJ689BVN NDARAP785CTE NDARAU708TL8 NDARBE091BGD NDARBE103DHM "
            "NDARBF851NH6 NDARBH228RDW NDARBJ674TVU NDARBM433VER NDARCA740UC8 NDARCU633GCZ "
@@ -142,7 +144,7 @@ def _write_subject(root: Path, i: int, part: dict, tasks, size, seed, p: Planted
     alpha_uv = p.alpha_uv * float(np.exp(p.alpha_beta * ext + rng.normal(0, p.alpha_subject_sd)))
     alpha_hz = float(rng.uniform(8.5, 11.5))
     sid = part["participant_id"][4:]
-    n = 0
+    n, trials = 0, []
     for task in tasks:
         first_run = "1" if task in ("contrastChangeDetection", "surroundSupp") else None
         fault = faults.get((i, task, first_run))
@@ -150,8 +152,28 @@ def _write_subject(root: Path, i: int, part: dict, tasks, size, seed, p: Planted
             rec_rng = np.random.default_rng([seed, i, TASKS.index(task), int(run or 0)])
             write_recording(root, sid, task, run, tl, rec_rng, alpha_uv, alpha_hz,
                             faults.get((i, task, run)), beta_uv=p.beta_uv)
+            if task == "contrastChangeDetection":
+                trials += [{"subject": sid, "run": run, **t} for t in _ccd_latents(tl, p)]
             n += 1
-    return n
+    latents = {"subject": sid, "rt_median": round(rt_median, 6),
+               "log_alpha": round(float(np.log(alpha_uv / p.alpha_uv)), 6)}
+    return n, latents, trials
+
+
+def _ccd_latents(tl, p: Planted) -> list[dict]:
+    """Per answered trial of a CCD timeline: the target onset (s) and the planted latencies
+    after it (CPP peak, motor bump centre), read back from the bumps ``ccd_run`` planted (a
+    CPP ramp, then the full-size motor bump of the same trial)."""
+    out = []
+    bumps = tl.bumps
+    for j, b in enumerate(bumps):
+        if b[0] != "ramp":
+            continue
+        target = b[1] - p.cpp_start
+        motor = next(m for m in bumps[j + 1:] if m[0] == "gauss" and m[3] == p.motor_uv)
+        out.append({"target_onset": round(target, 3), "cpp_peak": round(b[2] - target, 6),
+                    "motor_latency": round(motor[1] - target, 6)})
+    return out
 
 
 def make_hbn_like(root: str | os.PathLike, n_subjects: int = 20, release: str = "R5",
@@ -214,7 +236,9 @@ def make_hbn_like(root: str | os.PathLike, n_subjects: int = 20, release: str = 
     if progress if progress is not None else (size == "realistic" or n_subjects > 20):
         from tqdm.auto import tqdm
         done = tqdm(done, total=n_subjects, desc="writing subjects", unit="subj", leave=False)
-    n_rec = sum(done)
+    done = list(done)
+    n_rec = sum(d[0] for d in done)
+    _write_latents(ds_dir, [d[1] for d in done], [t for d in done for t in d[2]])
     summary = {"params": params, "complete": True, "ceilings": ceilings(planted),
                "n_recordings": n_rec,
                "faults": [{"fault": f, "subject": ids[i], "task": t, "run": r,
@@ -222,6 +246,37 @@ def make_hbn_like(root: str | os.PathLike, n_subjects: int = 20, release: str = 
                "seconds": round(time.perf_counter() - t0, 2)}
     summary_path.write_text(json.dumps(summary, indent=1))
     return ds_dir
+
+
+def _write_latents(ds_dir: Path, subjects: list[dict], trials: list[dict]) -> None:
+    """``code/hybridnb_latents.json``: what was planted per subject and per CCD trial, so the
+    planted signal's best prediction (:func:`data_prep.planted.oracle_c1` / ``oracle_c2``) can
+    be scored on any subset of subjects."""
+    cols = lambda rows, keys: {k: [r[k] for r in rows] for k in keys}   # noqa: E731
+    data = {"subjects": cols(subjects, ("subject", "rt_median", "log_alpha")),
+            "trials": cols(trials, ("subject", "run", "target_onset", "cpp_peak",
+                                    "motor_latency"))}
+    (ds_dir / LATENTS).write_text(json.dumps(data))
+
+
+def latents(ds_dir: str | os.PathLike):
+    """(subjects, trials) DataFrames of the planted latents of a synthetic release.
+
+    ``subjects``: subject, rt_median (s), log_alpha (log of the subject's alpha amplitude over
+    ``PLANTED.alpha_uv``); ``trials``: subject, run, target_onset (s), cpp_peak and
+    motor_latency (s after the target). FileNotFoundError for a release written before the
+    latents were recorded (write it again with ``overwrite=True``) or a real one.
+    """
+    import pandas as pd
+
+    path = Path(ds_dir) / LATENTS
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} not found: {ds_dir} is not a synthetic release, or it was written before "
+            "make_hbn_like recorded the planted latents; write it again with "
+            "make_hbn_like(..., overwrite=True)")
+    data = json.loads(path.read_text())
+    return pd.DataFrame(data["subjects"]), pd.DataFrame(data["trials"])
 
 
 def _claim(ds_dir: Path, params: dict, overwrite: bool) -> str:
@@ -259,7 +314,7 @@ def _claim(ds_dir: Path, params: dict, overwrite: bool) -> str:
 def _remove_own_files(ds_dir: Path) -> None:
     """Delete the files make_hbn_like writes (by their names), keeping anything else there."""
     names = ["dataset_description.json", "participants.tsv", "README", "task-*_eeg.json",
-             MARKER.as_posix(), *(f"sub-*/eeg/sub-*_task-*_{kind}" for kind in OWN_KINDS)]
+             MARKER.as_posix(), LATENTS.as_posix(), *(f"sub-*/eeg/sub-*_task-*_{kind}" for kind in OWN_KINDS)]
     for pattern in names:
         for path in ds_dir.glob(pattern):
             if path.is_file():

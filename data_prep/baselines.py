@@ -1,0 +1,156 @@
+"""Reference predictors to score a model against, fitted on the same training subjects.
+
+* :func:`training_mean`: the mean target of the training windows, for every test window;
+* ridge regression (:func:`fit_ridge`, penalty chosen by grouped k-fold CV over the subjects it
+  is given, never the test subjects) on simple features:
+  :func:`binned_amplitude` (each channel's mean in ``n_bins`` equal time bins: ten 0.2-s bins of
+  a 2-s window, the shape of the evoked response) and :func:`band_power` (each channel's log
+  power in the theta, alpha and beta bands);
+* :func:`oracle`: on a synthetic release, the planted signal's best prediction for the same
+  windows (from the latents the release records; :mod:`data_prep.planted`).
+
+Features are computed per window (Challenge 2: per 2-s crop, the unit the challenge scores), so a
+baseline sees exactly what the model sees and predicts one value per window. Needs scikit-learn.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .planted import PLANTED, Planted, oracle_c1, oracle_c2
+
+BANDS = {"theta": (4.0, 8.0), "alpha": (8.0, 13.0), "beta": (13.0, 30.0)}
+ALPHAS = tuple(float(a) for a in np.logspace(-1, 6, 15))
+KINDS = ("amplitude", "bandpower")
+
+__all__ = ["BANDS", "ALPHAS", "KINDS", "binned_amplitude", "band_power", "features",
+           "fit_ridge", "training_mean", "oracle"]
+
+
+def binned_amplitude(X: np.ndarray, n_bins: int = 10) -> np.ndarray:
+    """(N, C × n_bins): each channel's mean in ``n_bins`` equal time bins (T divisible)."""
+    X = np.asarray(X, np.float32)
+    n, c, t = X.shape
+    if t % n_bins:
+        raise ValueError(f"binned_amplitude: {t} samples do not split into {n_bins} equal bins")
+    return X.reshape(n, c, n_bins, t // n_bins).mean(axis=3).reshape(n, c * n_bins)
+
+
+def band_power(X: np.ndarray, sfreq: float = 100.0, bands: dict = BANDS) -> np.ndarray:
+    """(N, C × len(bands)): log mean power of each channel in each band (Hann-windowed FFT)."""
+    X = np.asarray(X, np.float32)
+    t = X.shape[-1]
+    spec = np.abs(np.fft.rfft(X * np.hanning(t).astype(np.float32), axis=-1)) ** 2
+    f = np.fft.rfftfreq(t, 1 / sfreq)
+    cols = []
+    for name, (lo, hi) in bands.items():
+        sel = (f >= lo) & (f < hi)
+        if not sel.any():
+            raise ValueError(f"band_power: band {name} {lo}-{hi} Hz holds no frequency bin of a "
+                             f"{t}-sample window at {sfreq} Hz")
+        cols.append(np.log(spec[..., sel].mean(axis=-1) + 1e-30))
+    return np.stack(cols, axis=-1).reshape(len(X), -1)
+
+
+def features(windows, kind: str, crop: int | None = None, seed: int | None = None,
+             scale: float = 1e6, chunk: int = 512) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(features, targets, subjects) of every window of ``windows`` (read in chunks).
+
+    ``kind``: "amplitude" (:func:`binned_amplitude`) or "bandpower" (:func:`band_power`).
+    ``crop``/``seed``: the 2-s crops of Challenge 2, drawn as ``windows.dataset(crop, seed)``
+    draws them (the same seed gives the crops a model is scored on). ``scale``: volts -> µV.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"features: kind must be one of {KINDS}, got {kind!r}")
+    fn = binned_amplitude if kind == "amplitude" else band_power
+    ds = windows.dataset(crop=crop, seed=seed, scale=scale)
+    parts = []
+    for s in range(0, len(windows), chunk):
+        x, _ = ds[list(range(s, min(s + chunk, len(windows))))]
+        parts.append(fn(x.numpy()))
+    subjects = windows.metadata["subject"].astype(str).to_numpy()
+    return np.concatenate(parts), windows.y.astype(float), subjects
+
+
+def fit_ridge(F: np.ndarray, y: np.ndarray, groups: np.ndarray, alphas=ALPHAS,
+              n_splits: int = 5):
+    """Standardised features -> ridge, the penalty chosen by grouped CV (no subject in two
+    parts of the search) on the rows given; returns the refitted sklearn Pipeline, with the
+    chosen penalty as ``.alpha`` and the CV RMSE per penalty as ``.cv_rmse`` (attributes added
+    here). Every penalty is scored from one eigendecomposition of the features' Gram matrix per
+    CV part (the ridge path), so a search over
+    many penalties costs about one fit per part."""
+    from sklearn.linear_model import Ridge
+    from sklearn.model_selection import GroupKFold
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    F, y, groups = np.asarray(F, np.float64), np.asarray(y, np.float64), np.asarray(groups)
+    n_groups = len(np.unique(groups))
+    if n_groups < 2:
+        raise ValueError(f"fit_ridge: grouped CV needs at least 2 subjects, got {n_groups}")
+    alphas = np.asarray(alphas, np.float64)
+    sq_err = np.zeros(len(alphas))
+    for tr, te in GroupKFold(n_splits=min(n_splits, n_groups)).split(F, y, groups):
+        mu, sd = F[tr].mean(axis=0), F[tr].std(axis=0)
+        sd[sd == 0] = 1.0
+        a, b = (F[tr] - mu) / sd, (F[te] - mu) / sd
+        lam, v = np.linalg.eigh(a.T @ a)               # a'a = V diag(lam) V'
+        vty = v.T @ (a.T @ (y[tr] - y[tr].mean()))
+        bv = b @ v                                      # held-out rows in that basis
+        for j, alpha in enumerate(alphas):
+            pred = y[tr].mean() + bv @ (vty / (lam + alpha))
+            sq_err[j] += ((pred - y[te]) ** 2).sum()
+    best = float(alphas[int(np.argmin(sq_err))])
+    model = make_pipeline(StandardScaler(), Ridge(alpha=best)).fit(F, y)
+    model.alpha = best
+    model.cv_rmse = dict(zip(alphas.tolist(), np.sqrt(sq_err / len(y)).tolist(), strict=True))
+    return model
+
+
+def training_mean(y_train, n: int) -> np.ndarray:
+    """The training targets' mean, repeated for ``n`` test windows."""
+    return np.full(n, float(np.nanmean(np.asarray(y_train, float))))
+
+
+def oracle(windows, root: str | os.PathLike, challenge: int,
+           planted: Planted = PLANTED) -> np.ndarray:
+    """The planted signal's best prediction for each window of a synthetic release ``root``.
+
+    Challenge 1: the posterior-mean RT of each window's trial given its exact planted latencies
+    (:func:`~data_prep.planted.oracle_c1`); Challenge 2: the posterior-mean externalizing of the
+    window's subject given its exact alpha gain (:func:`~data_prep.planted.oracle_c2`).
+    ``planted``: the parameters the release was written with (``synthetic.summary(root)``).
+    """
+    import pandas as pd
+
+    from .synthetic import latents
+
+    subj_lat, trial_lat = latents(root)
+    meta = windows.metadata
+    if challenge == 2:
+        by_subject = dict(zip(subj_lat["subject"].astype(str),
+                              oracle_c2(subj_lat["log_alpha"].to_numpy(), planted), strict=True))
+        subjects = meta["subject"].astype(str)
+        missing = sorted(set(subjects) - set(by_subject))
+        if missing:
+            raise KeyError(f"oracle: subjects {missing[:3]} have no latents in {root}")
+        return subjects.map(by_subject).to_numpy(float)
+    if challenge != 1:
+        raise ValueError(f"oracle: challenge must be 1 or 2, got {challenge!r}")
+    key = ["subject", "run", "onset_ms"]
+    trials = trial_lat.assign(subject=trial_lat["subject"].astype(str),
+                              run=trial_lat["run"].astype(str),
+                              onset_ms=np.round(trial_lat["target_onset"] * 1000).astype(int))
+    trials["pred"] = oracle_c1(trials["cpp_peak"], trials["motor_latency"], planted)
+    wins = pd.DataFrame({"subject": meta["subject"].astype(str).to_numpy(),
+                         "run": meta["run"].astype(str).to_numpy(),
+                         "onset_ms": np.round(meta["stimulus_onset"].to_numpy(float) * 1000)
+                         .astype(int)})
+    out = wins.merge(trials[key + ["pred"]], on=key, how="left")
+    if out["pred"].isna().any():
+        raise KeyError(f"oracle: {int(out['pred'].isna().sum())} window(s) match no planted "
+                       f"trial in {root}")
+    return out["pred"].to_numpy(float)
