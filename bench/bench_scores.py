@@ -11,7 +11,8 @@ scores them):
 
 * the deep recipe (:data:`RECIPES`): a braindecode model trained with ``hybridnb.Trainer``
   (Huber loss on standardised targets, EMA 0.99) on at most ``cap`` windows per training
-  subject, the fold's validation subjects for early stopping; ``zero_readout``: the last layer
+  subject, the fold's validation subjects for the validation loss (``early_stopping``: its
+  patience in epochs, None: all epochs, as in the selection runs); ``zero_readout``: the last layer
   starts at zero, i.e. the model starts by predicting the training mean;
 * the training mean, and ridge regressions (``data_prep.baselines``) on time-binned amplitude
   and on log band power, the penalty chosen by grouped CV on the fold's training + validation
@@ -46,9 +47,9 @@ ERP = {**SHALLOW, "pool_time_length": 20, "pool_time_stride": 20, "conv_nonlin":
        "activation_pool_nonlin": "identity"}
 RECIPES = {
     1: {"model": "ShallowFBCSPNet", "kwargs": ERP, "lr": 3e-3, "epochs": 8, "batch": 64,
-        "cap": 20, "zero_readout": False},
+        "cap": 20, "zero_readout": False, "early_stopping": None},
     2: {"model": "ShallowFBCSPNet", "kwargs": WHOLE_CROP, "lr": 3e-3, "epochs": 8, "batch": 64,
-        "cap": 20, "zero_readout": True},
+        "cap": 20, "zero_readout": True, "early_stopping": None},
 }
 # what --select compares (on the development release's validation subjects only)
 CANDIDATES = {
@@ -91,7 +92,8 @@ def train_deep(recipe: dict, fold, challenge: int, seed: int = 0):
         torch.nn.init.zeros_(last[-1].bias)
     t0 = time.perf_counter()
     trainer = hn.Trainer(model, loss="huber", lr=recipe["lr"], epochs=recipe["epochs"],
-                         batch_size=recipe["batch"], ema=0.99, early_stopping=3, seed=seed,
+                         batch_size=recipe["batch"], ema=0.99,
+                         early_stopping=recipe["early_stopping"], seed=seed,
                          live=False, verbose=False)
     trainer.fit(train.dataset(crop=crop, seed=seed, scale=SCALE, target=scaling),
                 fold.val.dataset(crop=crop, seed=EVAL_SEED, scale=SCALE, target=scaling))
