@@ -459,7 +459,7 @@ def test_05_folds_scores_and_the_submission_checked_in_a_fresh_process(executed)
     assert v["c2"] == v["table"]["deep"]["mean"] and v["c2_sd"] == v["table"]["deep"]["sd"]
     # the overall score from both fold means, C1's as notebook 04 scored it
     assert abs(v["c1"] - v1["c1"]) < 1e-9
-    assert abs(v["overall"] - (0.3 * v["c1"] + 0.7 * v["c2"])) < 1e-9
+    assert abs(v["overall"] - (0.3 * v["c1"] + 0.7 * v["c2"])) < 1e-4   # rounded to 4 places
     # the zip holds fold 0's models; a fresh process scores them as the notebook did, on fold
     # 0's test subjects, one output per window
     assert v["c2_submitted"] == v["per_fold"]["0"]["deep"]
