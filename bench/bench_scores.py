@@ -220,10 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     goals = []
     if 1 in scores:
         goals.append((f"C1 fold mean ≤ 0.40 and below the best baseline ({deep[1]:.3f} vs "
-                      f"{best[1]:.3f})", deep[1] <= 0.40 and deep[1] < best[1]))
+                      f"{best[1]:.3f})", bool(deep[1] <= 0.40 and deep[1] < best[1])))
     if 2 in scores:
         goals.append((f"C2 fold mean ≤ 0.85 and below the best baseline ({deep[2]:.3f} vs "
-                      f"{best[2]:.3f})", deep[2] <= 0.85 and deep[2] < best[2]))
+                      f"{best[2]:.3f})", bool(deep[2] <= 0.85 and deep[2] < best[2])))
     write_result("scores", "Scores over subject folds (issue 29)", body, goals)
     return 0
 
