@@ -1,10 +1,12 @@
 """The Challenge score table the demo prints at the end: each notebook's status and wall time,
-Challenge 1 and 2 nRMSE against the constant predictor and the synthetic data's ceiling, the
-overall score, and plain ``C1 nRMSE <v>`` lines that scripts read.
+Challenge 1 and 2 nRMSE as the mean ± sd over subject folds beside the best baseline and the
+planted oracle (mean over the same folds), the overall score, the submission checked in a fresh
+process, and plain ``C1 nRMSE <v>`` lines that scripts read.
 
 The numbers are the notebooks' own variables, read from each kernel after its last cell
 (:data:`TABLE`: the expressions the runner evaluates there); the scores themselves are computed
-in the notebooks with :mod:`data_prep.scoring`. In quick mode the table says they mean nothing.
+in the notebooks with :mod:`data_prep.scoring` and :mod:`data_prep.baselines`. In quick mode the
+table says they mean nothing.
 """
 
 from __future__ import annotations
@@ -16,22 +18,31 @@ from hybridnb_tools.notebooks import NotebookRun
 
 # name in the table -> the expression evaluated in every notebook's kernel after its last cell
 # (a name a notebook does not define is simply absent; a later notebook wins on the same name).
-# 04 trains Challenge 1 (trainer, spec, c1, ceiling); 05 trains Challenge 2, builds and checks
-# the submission (c1 again from the saved model, c2, overall, ceilings, fresh1/fresh2).
+# 04 scores Challenge 1 over subject folds (trainer, fold_table, c1, c1_sd, model_name); 05
+# Challenge 2 (fold_table2, c2, c2_sd, spec2), the overall score from both fold means, and the
+# submission of fold 0's models checked in a fresh process (fresh1/fresh2 against
+# c1_submitted/c2_submitted, those models' scores in the notebook).
 TABLE = {
     "detected_device": "str(hw.device)",
     "device": "str(trainer.device)",
     "precision": "trainer.precision.name",
+    "folds": "K",
     "c1_nrmse": "c1",
-    "c1_ceiling_nrmse": "ceiling",
-    "c1_model": "spec.name",
+    "c1_sd": "c1_sd",
+    "c1_table": "fold_table[['mean', 'sd']].to_dict('index')",
+    "c1_model": "model_name",
     "c2_nrmse": "c2",
-    "c2_model": "f'{c2_spec.name} ({chosen})'",
+    "c2_sd": "c2_sd",
+    "c2_table": "fold_table2[['mean', 'sd']].to_dict('index')",
+    "c2_model": "spec2.name",
     "overall": "overall",
-    "ceilings": "ceilings",
+    "submitted_c1": "c1_submitted",
+    "submitted_c2": "c2_submitted",
     "submission_c1": "fresh1",
     "submission_c2": "fresh2",
 }
+# the reference predictors of the notebooks' fold tables (data_prep.baselines)
+BASELINES = ("training mean", "ridge, amplitude", "ridge, band power")
 QUICK_NOTE = ("quick mode: a few steps on a tiny release, so these scores are not meaningful "
               "(run without --quick / HYBRIDNB_QUICK for real ones)")
 
@@ -50,15 +61,36 @@ def _num(v: Any, digits: int = 3) -> str:
     return "-" if v is None else str(v)
 
 
+def _mean(table: dict, row: str) -> float | None:
+    return (table.get(row) or {}).get("mean")
+
+
+def best_baseline(table: dict) -> tuple[str | None, float | None]:
+    """(name, fold mean) of the baseline with the lowest fold mean in a notebook's table
+    (``{predictor: {"mean": .., "sd": ..}}``), or (None, None) when it holds none."""
+    found = [(m, row) for row in BASELINES if (m := _mean(table, row)) is not None]
+    if not found:
+        return None, None
+    m, row = min(found)
+    return row, m
+
+
+def _weighted(c1: float | None, c2: float | None) -> float | None:
+    return None if c1 is None or c2 is None else 0.3 * c1 + 0.7 * c2
+
+
 def summary(runs: list[NotebookRun], out_dir: Path, total_s: float, quick: bool) -> str:
-    """The closing table, with plain ``C1 nRMSE <v>``, ``C2 nRMSE <v>``, ``overall <v>`` lines;
-    in quick mode a line under the scores and under the plain lines says they are not
-    meaningful."""
+    """The closing table, with plain ``C1 nRMSE <v>``, ``C2 nRMSE <v>``, ``overall <v>`` lines
+    (the fold means); in quick mode a line under the scores and under the plain lines says they
+    are not meaningful."""
     res = merged_values(runs)
     device = res.get("device") or res.get("detected_device") or "-"
     precision = res.get("precision")
-    ceilings = res.get("ceilings") or {}
     sub1, sub2 = res.get("submission_c1") or {}, res.get("submission_c2") or {}
+    t1, t2 = res.get("c1_table") or {}, res.get("c2_table") or {}
+    (b1, b1v), (b2, b2v) = best_baseline(t1), best_baseline(t2)
+    o1, o2 = _mean(t1, "oracle"), _mean(t2, "oracle")
+    k = res.get("folds")
     lines = [
         "",
         f"hybridnb demo · {'quick (HYBRIDNB_QUICK=1)' if quick else 'default'} mode · "
@@ -72,28 +104,38 @@ def summary(runs: list[NotebookRun], out_dir: Path, total_s: float, quick: bool)
         if r.error:
             lines.append(f"    {r.error}")
     lines.append(f"{'total':<32} {'':<8} {total_s:>6.1f} s")
+
+    def deep(mean, sd):
+        return _num(mean) + (f" ± {_num(sd)}" if sd is not None else "")
+
+    def base(v, name):
+        return _num(v) + (f" ({name})" if name else "")
+
     lines += [
         "",
-        f"{'score (lower is better)':<26} {'value':>8} {'constant':>9} {'ceiling':>9}  model",
-        f"{'Challenge 1 nRMSE':<26} {_num(res.get('c1_nrmse')):>8} {_num(1.0):>9} "
-        f"{_num(res.get('c1_ceiling_nrmse', ceilings.get('c1'))):>9}  "
-        f"{res.get('c1_model', '-')}",
-        f"{'Challenge 2 nRMSE':<26} {_num(res.get('c2_nrmse')):>8} {_num(1.0):>9} "
-        f"{_num(ceilings.get('c2')):>9}  {res.get('c2_model', '-')}",
-        f"{'overall 0.3·C1 + 0.7·C2':<26} {_num(res.get('overall')):>8} {_num(1.0):>9} "
-        f"{_num(ceilings.get('overall')):>9}",
+        f"nRMSE over {k if k is not None else '-'} subject folds, mean (lower is better; the "
+        "constant predictor scores 1.0)",
+        f"{'':<24} {'model ± sd':>15}  {'best baseline':<30} {'oracle':>7}  model",
+        f"{'Challenge 1':<24} {deep(res.get('c1_nrmse'), res.get('c1_sd')):>15}  "
+        f"{base(b1v, b1):<30} {_num(o1):>7}  {res.get('c1_model', '-')}",
+        f"{'Challenge 2':<24} {deep(res.get('c2_nrmse'), res.get('c2_sd')):>15}  "
+        f"{base(b2v, b2):<30} {_num(o2):>7}  {res.get('c2_model', '-')}",
+        f"{'overall 0.3·C1 + 0.7·C2':<24} {_num(res.get('overall')):>15}  "
+        f"{_num(_weighted(b1v, b2v)):<30} {_num(_weighted(o1, o2)):>7}",
     ]
     if quick:
         lines.append(QUICK_NOTE)
-    if sub1.get("nrmse") is not None:
-        lines.append(f"submission zip loaded in a fresh process: outputs "
-                     f"{tuple(sub1.get('output_shape') or ())} on the C1 test "
-                     f"windows, C1 nRMSE {_num(sub1.get('nrmse'))}, "
-                     f"C2 nRMSE {_num(sub2.get('nrmse'))}")
+    if sub1.get("nrmse") is not None or sub2.get("nrmse") is not None:
+        lines.append(f"submission zip (fold 0's models) loaded in a fresh process: outputs "
+                     f"{tuple(sub1.get('output_shape') or ())} on the C1 test windows; "
+                     f"C1 nRMSE {_num(sub1.get('nrmse'))} (notebook "
+                     f"{_num(res.get('submitted_c1'))}), C2 nRMSE {_num(sub2.get('nrmse'))} "
+                     f"(notebook {_num(res.get('submitted_c2'))}) on fold 0's test subjects")
     lines += [
         "",
-        "constant = predicting the test mean (scores exactly 1.0); ceiling = the best nRMSE the "
-        "synthetic data's planted signal allows.",
+        "best baseline = the lowest fold mean of the training mean and ridge regressions on "
+        "time-binned amplitude and band power, fitted on the same subjects; oracle = the "
+        "synthetic data's planted signal read exactly, on the same test subjects.",
         "",
         f"device {device}",
         f"C1 nRMSE {_num(res.get('c1_nrmse'), 4)}",

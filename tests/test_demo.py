@@ -28,10 +28,16 @@ def _notebook(path: Path, *cells: str, tags: dict[int, list[str]] | None = None)
     return path
 
 
+TABLE1 = {"deep": {"mean": 0.61234, "sd": 0.02}, "training mean": {"mean": 1.002, "sd": 0.001},
+          "ridge, amplitude": {"mean": 0.373, "sd": 0.003},
+          "ridge, band power": {"mean": 0.773, "sd": 0.014}, "oracle": {"mean": 0.183, "sd": 0.004}}
+
+
 def _runs(tmp_path):
     return [notebooks.NotebookRun("04_x", tmp_path / "a.ipynb", seconds=12.5, ok=True,
-                                  values={"device": "cpu", "c1_nrmse": 0.61234,
-                                          "c1_model": "Shallow", "c1_ceiling_nrmse": 0.17}),
+                                  values={"device": "cpu", "c1_nrmse": 0.61234, "c1_sd": 0.02,
+                                          "c1_table": TABLE1, "c1_model": "Shallow",
+                                          "folds": 3}),
             notebooks.NotebookRun("05_y", tmp_path / "b.ipynb", seconds=3.0, ok=False,
                                   error="ValueError: boom",
                                   values={"c2_nrmse": 0.99, "overall": 0.876})]
@@ -44,7 +50,12 @@ def test_summary_has_the_plain_lines_scripts_read(tmp_path):
         assert expected in lines
     assert any(ln.startswith("05_y") and "FAILED" in ln for ln in lines)
     assert "    ValueError: boom" in lines
-    assert any("0.170" in ln and "Challenge 1" in ln for ln in lines)
+    assert any("over 3 subject folds" in ln for ln in lines)
+    # the fold mean ± sd beside the best baseline (by fold mean) and the oracle's fold mean
+    c1 = next(ln for ln in lines if ln.startswith("Challenge 1"))
+    assert "0.612 ± 0.020" in c1 and "0.373 (ridge, amplitude)" in c1 and "0.183" in c1
+    assert scores.best_baseline(TABLE1) == ("ridge, amplitude", 0.373)
+    assert scores.best_baseline({"deep": {"mean": 0.5}}) == (None, None)
     assert "not meaningful" not in text and "quick" not in text
 
 
