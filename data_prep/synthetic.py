@@ -292,11 +292,13 @@ def _claim(ds_dir: Path, params: dict, overwrite: bool) -> str:
         except ValueError:
             old = {}
         complete = old.get("complete", "n_recordings" in old)   # older summaries: no flag
-        if not overwrite and complete and old.get("params") == params:
+        latents = (ds_dir / LATENTS).is_file()   # releases written before the latents: stale
+        if not overwrite and complete and latents and old.get("params") == params:
             return "reuse"
         if not overwrite:
-            print(f"data_prep: replacing the synthetic release {ds_dir} (it was written "
-                  + ("with other parameters" if complete else "only partly") + ")",
+            why = ("only partly" if not complete else "with other parameters"
+                   if old.get("params") != params else "before the planted latents were kept")
+            print(f"data_prep: replacing the synthetic release {ds_dir} (it was written {why})",
                   file=sys.stderr)
         _remove_own_files(ds_dir)
         return "write"

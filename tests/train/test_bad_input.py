@@ -79,6 +79,8 @@ SYNTHETIC_CASES = [
      {"raises": (ValueError, r"n_subjects=21 but a mini release has 20")}),
     ("own_release_same_parameters_reused", "own:2", dict(n_subjects=2),
      {"subjects": 2, "rewritten": False}),
+    ("own_release_without_latents_is_rewritten", "nolatents:2", dict(n_subjects=2),
+     {"subjects": 2, "rewritten": True, "says": "before the planted latents"}),
     ("empty_folder_is_written", "empty", dict(n_subjects=2),
      {"subjects": 2, "rewritten": True}),
 ]
@@ -94,10 +96,12 @@ def _existing(root: Path, what: str) -> Path:
         (ds / "participants.tsv").write_text("participant_id\tage\nsub-NDARAH793FBF\t9.1\n")
         (ds / "README").write_text("Healthy Brain Network, release 5 (real)\n")
         (eeg / "sub-NDARAH793FBF_task-RestingState_eeg.bdf").write_bytes(b"real data" * 100)
-    else:               # "own:<n>" / "partial:<n>": written by make_hbn_like, plus a user file
+    else:   # "own:<n>" / "partial:<n>" / "nolatents:<n>": written by make_hbn_like, + a user file
         synthetic.make_hbn_like(root, n_subjects=int(what.split(":")[1]), **SMALL)
         (ds / "derivatives").mkdir()
         (ds / "derivatives" / "my_notes.txt").write_text("mine")
+        if what.startswith("nolatents"):  # as a release written by an older data_prep
+            (ds / "code" / "hybridnb_latents.json").unlink()
         if what.startswith("partial"):    # as a write killed half-way leaves it
             marker = ds / "code" / "hybridnb_synthetic.json"
             params = json.loads(marker.read_text())["params"]
