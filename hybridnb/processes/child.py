@@ -345,8 +345,9 @@ class Prestarted:
 
     def send(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Child:
         """Pickle the job (``NotSendable`` names a part that cannot be pickled) and write it to
-        the worker from a thread, so the caller starts watching the worker at once. Whatever fails or interrupts this
-        kills the worker and removes its shared files before the exception goes on."""
+        the worker from a thread, so the caller starts watching the worker at once. Whatever
+        fails or interrupts this kills the worker and removes its shared files before the
+        exception goes on."""
         from hybridnb.processes.payload import discard, pack
 
         if self._payload_w is None:
