@@ -44,7 +44,9 @@ SUBMISSION_FILES = ("submission.py", "weights_challenge_1.pt", "weights_challeng
 @dataclass(frozen=True)
 class ModelSpec:
     """A braindecode model by class name and constructor arguments (JSON-able values only), so
-    the same architecture can be rebuilt where only torch + braindecode exist.
+    the same architecture can be rebuilt where only torch + braindecode exist. An argument that
+    takes a layer type names it as a string, ``"torch.nn.<Name>"`` (``conv_nonlin="torch.nn.ELU"``):
+    :meth:`build` and the generated ``submission.py`` pass the class itself.
 
     ``input_scale``: the factor the model's inputs were multiplied by in training (e.g. 1e6 when
     it learnt on microvolts, ``windows.dataset(scale=1e6)``). The harness feeds volts, so the
@@ -77,11 +79,12 @@ class ModelSpec:
         cls = getattr(models, self.name, None)
         if cls is None:
             raise ValueError(f"braindecode.models has no model named {self.name!r}")
-        if self.members == 1:
-            return cls(**self.kwargs)
-        from .submission_template import Average
+        from .submission_template import Average, resolve_kwargs
 
-        return Average([cls(**self.kwargs) for _ in range(self.members)])
+        kwargs = resolve_kwargs(self.kwargs)
+        if self.members == 1:
+            return cls(**kwargs)
+        return Average([cls(**kwargs) for _ in range(self.members)])
 
     def ensemble(self, members: int) -> ModelSpec:
         """This spec as an ensemble of ``members`` models (see :func:`average`)."""

@@ -17,6 +17,24 @@ TRAINED_SFREQ = 100
 MODELS = {}
 
 
+MODULE_PREFIX = "torch.nn."
+
+
+def resolve_kwargs(kwargs):
+    """Constructor arguments with each ``"torch.nn.<Name>"`` string replaced by that class of
+    ``torch.nn`` (e.g. ``conv_nonlin="torch.nn.ELU"``): how a spec written as plain data names
+    a layer type such as a nonlinearity."""
+    out = {}
+    for key, value in kwargs.items():
+        if isinstance(value, str) and value.startswith(MODULE_PREFIX):
+            cls = getattr(torch.nn, value[len(MODULE_PREFIX):], None)
+            if not isinstance(cls, type):
+                raise ValueError(f"argument {key}={value!r} names no class of torch.nn")
+            value = cls
+        out[key] = value
+    return out
+
+
 class Average(torch.nn.Module):
     """The mean output of several models of one architecture (an ensemble of independently
     trained members); its weights are the members' weights under ``members.<i>.``."""
@@ -65,6 +83,7 @@ class Submission:
             raise KeyError(f"this submission holds no model for challenge {challenge}")
         name, kwargs, weights, factor, members = MODELS[challenge]
         cls = getattr(_models, name)
+        kwargs = resolve_kwargs(kwargs)
         model = cls(**kwargs) if members == 1 else Average([cls(**kwargs) for _ in range(members)])
         state = torch.load(_resolve_path(weights), map_location=self.device, weights_only=True)
         model.load_state_dict(state)

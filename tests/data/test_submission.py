@@ -278,3 +278,24 @@ def test_importing_data_prep_never_imports_hybridnb():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip().splitlines()[-1]
     assert out == "[]"
+
+
+@pytest.mark.slow
+def test_a_spec_names_a_layer_type_and_the_fresh_process_builds_it(tmp_path):
+    """``conv_nonlin="torch.nn.ELU"``: the spec stays plain data, the built model (here and in
+    the zip) has the ELU, and the fresh process predicts what this one does."""
+    spec = _spec(conv_nonlin="torch.nn.ELU", activation_pool_nonlin="torch.nn.Identity",
+                 pool_time_length=10, pool_time_stride=10)
+    assert S.ModelSpec.from_dict(spec.to_dict()) == spec
+    model = _model(spec, 7)
+    kinds = {type(m).__name__ for m in model.modules()}
+    assert "ELU" in kinds and "SafeLog" not in kinds and "Square" not in kinds
+    X, y = _data(30, seed=2)
+    path = S.build_submission(tmp_path / "submission.zip", (spec, model), (_spec(), _model(_spec(), 1)))
+    r = S.check_submission(path, X, y, challenge=1, batch_size=16)
+    assert r["nrmse"] == pytest.approx(_nrmse(model, X, y), rel=1e-4)
+
+
+def test_a_layer_name_outside_torch_nn_is_named():
+    with pytest.raises(ValueError, match="conv_nonlin='torch.nn.NoSuchLayer'"):
+        _spec(conv_nonlin="torch.nn.NoSuchLayer").build()
