@@ -9,20 +9,20 @@ test subject once. In each fold, for Challenge 1 (response time) and Challenge 2
 (externalizing, one 2-s crop per 4-s resting window, the crops drawn with seed 42 as notebook 05
 scores them):
 
-* the deep recipe (:data:`RECIPES`): a braindecode model trained with ``hybridnb.Trainer``
-  (Huber loss on standardised targets, EMA 0.99) on at most ``cap`` windows per training
-  subject, the fold's validation subjects for the validation loss (``early_stopping``: its
-  patience in epochs, None: all epochs, as in the selection runs); ``zero_readout``: the last layer
-  starts at zero, i.e. the model starts by predicting the training mean;
+* the deep recipe (``data_prep.recipes.RECIPES``: the model, loss, learning rate, epochs)
+  trained with ``hybridnb.Trainer`` on standardised targets, on every window of the fold's
+  training subjects (``CAP`` None), the fold's validation subjects for the validation loss only
+  (``EARLY_STOPPING`` None: every epoch, as in the selection);
 * the training mean, and ridge regressions (``data_prep.baselines``) on time-binned amplitude
   and on log band power, the penalty chosen by grouped CV on the fold's training + validation
   subjects;
 * the oracle: the planted signal's best prediction for the same test windows.
 
 Nothing here looks at a test score to choose anything. The recipe itself was chosen with
-``--select``: candidates scored on the validation subjects of a *development release* (the same
-generator, seed 1: other subjects than the reported release), so the reported subjects took no
-part in the choice. The table (mean ± sd over folds) goes to ``bench/results/scores-<date>.md``.
+``--select``: the candidates of :func:`_candidates`, scored on held-out subjects of a
+*development release* (the same generator, seed 1: other subjects than the reported release),
+so the reported subjects took no part in the choice. The fold table (mean ± sd over folds)
+goes to ``bench/results/scores-<date>.md``, the selection to ``scores-select-<date>.md``.
 """
 
 from __future__ import annotations
@@ -38,26 +38,38 @@ import numpy as np
 
 from bench.common import markdown_table, write_result
 
-SCALE = 1e6          # volts -> µV
 EVAL_SEED = 42       # the crops Challenge 2 is scored on (as notebook 05)
-SHALLOW = {"final_conv_length": "auto", "n_filters_time": 20, "n_filters_spat": 20}
-WHOLE_CROP = {**SHALLOW, "pool_time_length": 176, "pool_time_stride": 1}   # one power per crop
-# an evoked-response (ERP) reading of ShallowFBCSPNet: no square/log, mean over 0.2-s bins
-ERP = {**SHALLOW, "pool_time_length": 20, "pool_time_stride": 20, "conv_nonlin": "identity",
-       "activation_pool_nonlin": "identity"}
-RECIPES = {
-    1: {"model": "ShallowFBCSPNet", "kwargs": ERP, "lr": 3e-3, "epochs": 8, "batch": 64,
-        "cap": 20, "zero_readout": False, "early_stopping": None},
-    2: {"model": "ShallowFBCSPNet", "kwargs": WHOLE_CROP, "lr": 3e-3, "epochs": 8, "batch": 64,
-        "cap": 20, "zero_readout": True, "early_stopping": None},
-}
-# what --select compares (on the development release's validation subjects only)
-CANDIDATES = {
-    1: [RECIPES[1], {**RECIPES[1], "lr": 1e-2}, {**RECIPES[1], "kwargs": SHALLOW},
-        {**RECIPES[1], "model": "EEGNet", "kwargs": {}, "epochs": 6}],
-    2: [RECIPES[2], {**RECIPES[2], "zero_readout": False},
-        {**RECIPES[2], "kwargs": SHALLOW, "epochs": 6, "zero_readout": False}],
-}
+CAP = None           # windows per training subject: None = every window
+EARLY_STOPPING = None  # patience in epochs; None: every epoch of the recipe, as in the selection
+
+
+def _candidates() -> dict[int, list[tuple[str, object]]]:
+    """What --select compares, by challenge: (label, recipe)."""
+    from data_prep.recipes import C1, C2
+
+    def bins(n: int) -> dict:   # mean over n-sample bins (0.01 s each)
+        return {"pool_time_length": n, "pool_time_stride": n}
+
+    return {
+        1: [("ELU, 0.1-s bins, MSE", C1.but(spec_kwargs=bins(10))),
+            ("ELU, 0.1-s bins, Huber", C1.but(loss="huber", spec_kwargs=bins(10))),
+            ("ELU, 0.05-s bins, MSE", C1.but(spec_kwargs=bins(5))),
+            ("ELU, 0.2-s bins, MSE", C1.but(spec_kwargs=bins(20))),
+            ("linear (no ELU), 0.2-s bins, Huber: last round's recipe",
+             C1.but(loss="huber", spec_kwargs={"conv_nonlin": "torch.nn.Identity", **bins(20)})),
+            ("Deep4Net (braindecode defaults), lr 1e-3", C1.but(
+                model="Deep4Net", lr=1e-3, spec_kwargs={"final_conv_length": "auto"}))],
+        2: [("whole-crop pooling, read-out at zero, MSE", C2),
+            ("the same, Huber", C2.but(loss="huber")),
+            ("the same, 40 + 40 filters", C2.but(spec_kwargs={"n_filters_time": 40,
+                                                             "n_filters_spat": 40})),
+            ("standard ShallowFBCSPNet (pool 75/15), Huber", C2.but(
+                loss="huber", zero_readout=False,
+                spec_kwargs={"final_conv_length": "auto", "n_filters_time": 20,
+                             "n_filters_spat": 20}, model="ShallowFBCSPNet"))],
+    }
+
+
 ROWS = ["deep", "training mean", "ridge, amplitude", "ridge, band power", "oracle"]
 
 
@@ -70,31 +82,21 @@ def _windows(root: Path, challenge: int, cache_dir: Path | None):
                                    progress=False)
 
 
-def train_deep(recipe: dict, fold, challenge: int, seed: int = 0):
-    """Fit the recipe on the fold's training subjects (validation subjects: early stopping and
-    the validation loss); returns (predictions on the test windows, seconds, trainer)."""
-    import torch
-    from braindecode import models
-
+def train_deep(recipe, fold, challenge: int, seed: int = 0, cap: int | None = CAP,
+               early_stopping: int | None = EARLY_STOPPING):
+    """Fit ``recipe`` (:class:`data_prep.recipes.Recipe`) on the fold's training subjects (the
+    validation subjects give the validation loss); returns (predictions on the test windows,
+    seconds, trainer)."""
     import hybridnb as hn
     from data_prep import splits, targets
+    from data_prep.recipes import CROP, SCALE
 
-    crop = 200 if challenge == 2 else None
-    train = splits.at_most(fold.train, recipe["cap"], seed=seed)
+    crop = CROP if challenge == 2 else None
+    train = fold.train if cap is None else splits.at_most(fold.train, cap, seed=seed)
     scaling = targets.TargetScaling.fit(train.y)
-    torch.manual_seed(seed)
-    kwargs = {k: torch.nn.Identity if v == "identity" else v
-              for k, v in recipe["kwargs"].items()}
-    model = getattr(models, recipe["model"])(n_chans=129, n_outputs=1, n_times=200, **kwargs)
-    if recipe.get("zero_readout"):       # start by predicting the training mean
-        last = [m for m in model.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
-        torch.nn.init.zeros_(last[-1].weight)
-        torch.nn.init.zeros_(last[-1].bias)
     t0 = time.perf_counter()
-    trainer = hn.Trainer(model, loss="huber", lr=recipe["lr"], epochs=recipe["epochs"],
-                         batch_size=recipe["batch"], ema=0.99,
-                         early_stopping=recipe["early_stopping"], seed=seed,
-                         live=False, verbose=False)
+    trainer = hn.Trainer(recipe.build(seed), **recipe.trainer_kwargs(),
+                         early_stopping=early_stopping, seed=seed, live=False, verbose=False)
     trainer.fit(train.dataset(crop=crop, seed=seed, scale=SCALE, target=scaling),
                 fold.val.dataset(crop=crop, seed=EVAL_SEED, scale=SCALE, target=scaling))
     scaling.fold_into(trainer.model)
@@ -102,21 +104,23 @@ def train_deep(recipe: dict, fold, challenge: int, seed: int = 0):
     return np.asarray(pred, float).reshape(-1), time.perf_counter() - t0, trainer
 
 
-def baseline_scores(fold, challenge: int) -> dict[str, float]:
-    """Training mean and the two ridges, fitted on training + validation subjects."""
+def baseline_scores(fold, challenge: int, with_val: bool = True) -> dict[str, float]:
+    """Training mean and the two ridges, fitted on the training (+ validation, ``with_val``)
+    subjects, scored on the fold's test windows."""
     from data_prep import baselines, scoring
 
     crop = 200 if challenge == 2 else None
-    y_fit = np.concatenate([fold.train.y, fold.val.y])
+    fit = [(fold.train, 0)] + ([(fold.val, 0)] if with_val else [])
+    y_fit = np.concatenate([p.y for p, _ in fit])
     out = {"training mean": scoring.nrmse(fold.test.y,
                                           baselines.training_mean(y_fit, len(fold.test)))}
     for kind, row in (("amplitude", "ridge, amplitude"), ("bandpower", "ridge, band power")):
         parts = [baselines.features(p, kind, crop=crop, seed=s)
-                 for p, s in ((fold.train, 0), (fold.val, 0), (fold.test, EVAL_SEED))]
-        F = np.concatenate([parts[0][0], parts[1][0]])
-        groups = np.concatenate([parts[0][2], parts[1][2]])
+                 for p, s in fit + [(fold.test, EVAL_SEED)]]
+        F = np.concatenate([f for f, _, _ in parts[:-1]])
+        groups = np.concatenate([g for _, _, g in parts[:-1]])
         model = baselines.fit_ridge(F, y_fit, groups)
-        out[row] = scoring.nrmse(parts[2][1], model.predict(parts[2][0]))
+        out[row] = scoring.nrmse(parts[-1][1], model.predict(parts[-1][0]))
     return out
 
 
@@ -125,6 +129,7 @@ def fold_table(root: Path, k: int, seed: int, cache_dir: Path | None, challenges
     """{challenge: {row: [score per fold]}}, {challenge: [deep fit seconds per fold]}."""
     from data_prep import baselines, scoring, splits, synthetic
     from data_prep.planted import Planted
+    from data_prep.recipes import RECIPES
 
     planted = Planted(**synthetic.summary(root)["params"]["planted"])
     w = {c: _windows(root, c, cache_dir) for c in challenges}
@@ -151,19 +156,33 @@ def fold_table(root: Path, k: int, seed: int, cache_dir: Path | None, challenges
 
 
 def select(root: Path, cache_dir: Path | None, seed: int = 0) -> list[dict]:
-    """Each candidate's validation nRMSE on fold 0 of the development release."""
+    """Each candidate's nRMSE on the selection subjects of the development release: fold 0's
+    validation and test subjects (k = 5; the release is never reported, so its "test"
+    subjects are just more held-out subjects), beside the ridge baselines fitted on fold 0's
+    training + validation subjects and scored on the same windows."""
     from data_prep import scoring, splits
+    from data_prep.recipes import RECIPES
 
     rows = []
-    for c, cands in CANDIDATES.items():
-        fold = splits.subject_folds(_windows(root, c, cache_dir), 5, seed=seed)[0]
-        val_fold = fold._replace(test=fold.val)      # score the validation subjects
-        for r in cands:
-            pred, fit_s, trainer = train_deep(r, val_fold, c, seed=seed)
-            rows.append({"challenge": c, "model": r["model"], "kwargs": r["kwargs"],
-                         "lr": r["lr"], "epochs run": len(trainer.history),
-                         "val nRMSE": scoring.nrmse(fold.val.y, pred), "fit s": fit_s})
+    for c, cands in _candidates().items():
+        w = _windows(root, c, cache_dir)
+        fold = splits.subject_folds(w, 5, seed=seed)[0]
+        subj = w.metadata["subject"].astype(str).to_numpy()
+        held = set(fold.val.metadata["subject"].astype(str)) | set(
+            fold.test.metadata["subject"].astype(str))
+        sel = fold._replace(test=w.subset(np.isin(subj, sorted(held))))
+        for label, r in cands:
+            pred, fit_s, trainer = train_deep(r, sel, c, seed=seed)
+            rows.append({"challenge": f"C{c}", "candidate": label,
+                         "selection nRMSE": f"{scoring.nrmse(sel.test.y, pred):.3f}",
+                         "epochs": len(trainer.history), "fit s": f"{fit_s:.0f}",
+                         "data_prep.recipes": "this one" if r == RECIPES[c] else ""})
             print(rows[-1], flush=True)
+        for row, v in baseline_scores(sel, c, with_val=False).items():
+            rows.append({"challenge": f"C{c}", "candidate": f"(baseline) {row}",
+                         "selection nRMSE": f"{v:.3f}", "epochs": "", "fit s": "",
+                         "data_prep.recipes": ""})
+        print(rows[-3:], flush=True)
     return rows
 
 
@@ -191,7 +210,14 @@ def main(argv: list[str] | None = None) -> int:
         params = {**source.SYNTHETIC["folds"], "seed": 1, "planted": PLANTED_FOLDS}
         root = synthetic.make_hbn_like(cache / "synthetic" / "folds-dev", **params)
         rows = select(root, None, seed=args.seed)
-        print(markdown_table(rows))
+        write_result("scores-select", "Recipe selection on the development release (issue 29)",
+                     f"Command: `python -m bench.bench_scores --select` · release `{root}` "
+                     "(the \"folds\" generator, seed 1: none of its subjects is reported) · "
+                     "fold 0 of k = 5: trained on its training subjects (every window), scored "
+                     "on its validation + test subjects; baselines fitted on the training "
+                     f"subjects only\n\n{markdown_table(rows)}\nWall time: "
+                     f"{time.perf_counter() - t0:.0f} s; load average (1 min) {load0:.1f} at "
+                     f"the start, {os.getloadavg()[0]:.1f} at the end.\n")
         return 0
     t_rel = time.perf_counter()
     root = source.resolve("synthetic", cache=cache, synthetic_kind="folds")
@@ -204,11 +230,14 @@ def main(argv: list[str] | None = None) -> int:
             table.append({"challenge": f"C{c}", "predictor": row, "mean ± sd": _mean_sd(v),
                           **{f"fold {i}": f"{x:.3f}" for i, x in enumerate(v)}})
     load1 = os.getloadavg()[0]
-    recipe_lines = "\n".join(f"- C{c}: {r}" for c, r in RECIPES.items())
+    from data_prep.recipes import RECIPES
+
+    recipe_lines = "\n".join(f"- C{c}: {r.describe()}" for c, r in RECIPES.items())
     cmd = "python -m bench.bench_scores " + " ".join(sys.argv[1:] if argv is None else argv)
     body = (f"Command: `{cmd.strip()}` · release `{root}` (synthetic kind \"folds\"; "
             f"{'reused' if t_rel < 5 else f'written in {t_rel:.0f} s'}) · k = {args.k} "
-            f"subject folds, seed {args.seed}\n\nRecipes:\n{recipe_lines}\n\n"
+            f"subject folds, seed {args.seed}, every window of each training subject"
+            f"\n\nRecipes (`data_prep.recipes`):\n{recipe_lines}\n\n"
             + markdown_table(table)
             + "\nDeep fit per fold (s): " + "; ".join(
                 f"C{c} " + ", ".join(f"{t:.0f}" for t in ts) for c, ts in times.items())

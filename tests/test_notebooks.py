@@ -62,6 +62,7 @@ READ = {
         "c1": "c1", "c1_sd": "c1_sd", "per_fold": "per_fold.to_dict('index')",
         "table": "fold_table[['mean', 'sd']].to_dict('index')",
         "model": "model_name", "device": "str(trainer.device)",
+        "recipe": "RECIPE.spec.name", "conv_nonlin": "RECIPE.spec.kwargs['conv_nonlin']",
         "target_mean": "target.mean", "target_std": "target.std"},
     "05_challenge2_training": {
         "window_shape": "list(w2.shape[1:])", "crop_shape": "list(x0.shape)",
@@ -72,6 +73,7 @@ READ = {
         "per_fold": "per_fold2.to_dict('index')",
         "table": "fold_table2[['mean', 'sd']].to_dict('index')",
         "c1_submitted": "c1_submitted", "c2_submitted": "c2_submitted",
+        "c1_from": "str(c1_file) if c1_file.exists() else None",
         "fresh1": "fresh1", "fresh2": "fresh2", "zip_path": "str(zip_path.resolve())"},
 }
 
@@ -441,6 +443,7 @@ def test_04_windows_folds_and_the_fold_table(executed):
     _check_table(v)
     assert v["c1"] == v["table"]["deep"]["mean"] and v["c1_sd"] == v["table"]["deep"]["sd"]
     assert v["model"].startswith("ShallowFBCSPNet")
+    assert v["recipe"] == "ShallowFBCSPNet" and v["conv_nonlin"] == "torch.nn.ELU"
     assert 0.3 < v["target_mean"] < 2.4 and 0 < v["target_std"] < 1.0  # seconds
 
 
@@ -463,6 +466,9 @@ def test_05_folds_scores_and_the_submission_checked_in_a_fresh_process(executed)
     # the zip holds fold 0's models; a fresh process scores them as the notebook did, on fold
     # 0's test subjects, one output per window
     assert v["c2_submitted"] == v["per_fold"]["0"]["deep"]
+    # Challenge 1's model in the zip is notebook 04's fold 0 model, read back from its file
+    assert v["c1_from"] == "runs/c1_fold0.pt"
+    assert abs(v["c1_submitted"] - v1["per_fold"]["0"]["deep"]) < 1e-4
     assert all(s[1] == 1 for r in (fresh1, fresh2) for s in r["batch_shapes"])
     assert fresh1["output_shape"][1] == 1
     assert abs(fresh1["nrmse"] - v["c1_submitted"]) < 1e-4
