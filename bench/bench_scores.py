@@ -92,7 +92,7 @@ def train_deep(recipe, fold, challenge: int, seed: int = 0, cap: int | None = CA
     from data_prep.recipes import CROP, SCALE
 
     crop = CROP if challenge == 2 else None
-    train = fold.train if cap is None else splits.at_most(fold.train, cap, seed=seed)
+    train = splits.at_most(fold.train, cap, seed=seed)
     scaling = targets.TargetScaling.fit(train.y)
     t0 = time.perf_counter()
     trainer = hn.Trainer(recipe.build(seed), **recipe.trainer_kwargs(),

@@ -108,12 +108,14 @@ def subject_folds(windows, k: int = 5, val: float = 0.15, seed: int = 0, exclude
             for parts in fold_subjects(pool, k, val, seed)]
 
 
-def at_most(windows, n: int, seed: int = 0):
+def at_most(windows, n: int | None, seed: int = 0):
     """A subset of ``windows`` with at most ``n`` windows per subject (drawn with ``seed``,
     kept in store order): fewer windows per subject rather than fewer subjects, to bound
-    training time."""
+    training time. ``n=None``: every window (``windows`` itself)."""
+    if n is None:
+        return windows
     if not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"at_most: n must be a whole number >= 1, got {n!r}")
+        raise ValueError(f"at_most: n must be a whole number >= 1 or None, got {n!r}")
     subj = windows.metadata["subject"].astype(str).to_numpy()
     rng = np.random.default_rng(seed)
     keep = [rng.choice(idx, size=min(n, len(idx)), replace=False)

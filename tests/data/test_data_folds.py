@@ -72,6 +72,10 @@ def test_at_most_caps_windows_per_subject_and_keeps_every_subject():
     assert counts == {"A": 4, "B": 4, "C": 3}
     assert (np.diff(capped.index) > 0).all()               # store order kept
     assert len(splits.at_most(w, 4, seed=1)) == len(capped)
+    every = splits.at_most(w, None)                        # no cap: every window
+    assert len(every) == 13 and (every.index == w.index).all()
+    with pytest.raises(ValueError, match="at_most: n must be a whole number >= 1 or None"):
+        splits.at_most(w, 0)
 
 
 def test_binned_amplitude_and_band_power_read_what_is_in_the_signal():
