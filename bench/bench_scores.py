@@ -108,8 +108,9 @@ def baseline_scores(fold, challenge: int, with_val: bool = True) -> dict[str, fl
     """Training mean and the two ridges, fitted on the training (+ validation, ``with_val``)
     subjects, scored on the fold's test windows."""
     from data_prep import baselines, scoring
+    from data_prep.recipes import CROP
 
-    crop = 200 if challenge == 2 else None
+    crop = CROP if challenge == 2 else None
     fit = [(fold.train, 0)] + ([(fold.val, 0)] if with_val else [])
     y_fit = np.concatenate([p.y for p, _ in fit])
     out = {"training mean": scoring.nrmse(fold.test.y,
