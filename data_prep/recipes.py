@@ -4,7 +4,7 @@ One definition, used by notebooks 04 and 05, ``bench/bench_scores.py`` (the fold
 selection) and the submission zip (the :class:`~data_prep.submission.ModelSpec` it rebuilds).
 Both recipes were chosen with ``python -m bench.bench_scores --select`` on the validation
 subjects of a *development release* (the "folds" generator with another seed: other subjects
-than any reported score); ``bench/results/scores-latest.md`` holds that comparison.
+than any reported score); ``bench/results/scores-select-latest.md`` holds that comparison.
 
 * Challenge 1 (response time): ShallowFBCSPNet read as an evoked response with a nonlinearity:
   its temporal and spatial filters, then ELU (not square and log, which would throw the slow
@@ -17,7 +17,8 @@ than any reported score); ``bench/results/scores-latest.md`` holds that comparis
   the read-out a linear map of them, starting at zero, i.e. at the training mean.
 
 Both learn standardised targets (:class:`~data_prep.targets.TargetScaling`) with MSE (the
-challenge's nRMSE is an RMSE), Adam, EMA weights and a fixed number of epochs.
+challenge's nRMSE is an RMSE), the Trainer's default optimizer (AdamW) and schedule, EMA
+weights and a fixed number of epochs.
 """
 
 from __future__ import annotations
