@@ -2,9 +2,10 @@
 
 One definition, used by notebooks 04 and 05, ``bench/bench_scores.py`` (the fold table and the
 selection) and the submission zip (the :class:`~data_prep.submission.ModelSpec` it rebuilds).
-Both recipes were chosen with ``python -m bench.bench_scores --select`` on the validation
-subjects of a *development release* (the "folds" generator with another seed: other subjects
-than any reported score); ``bench/results/scores-select-latest.md`` holds that comparison.
+Both recipes were chosen with ``python -m bench.bench_scores --select``: trained on fold 0's
+training subjects of a *development release* (the "folds" generator with another seed: other
+subjects than any reported score), scored on that fold's validation + test subjects;
+``bench/results/scores-select-latest.md`` holds that comparison.
 
 * Challenge 1 (response time): ShallowFBCSPNet read as an evoked response with a nonlinearity:
   its temporal and spatial filters, then ELU (not square and log, which would throw the slow
