@@ -1,7 +1,8 @@
 """Where a fit's rows go besides the live view: loggers and callbacks, in the user's process.
 
 ``Sinks.hear`` listens on the fit's bus (bus.py): the step rows go to the loggers that want them
-and ``on_step_end``, each epoch's history row to the loggers and ``on_epoch_end``. An isolated worker has no sinks of
+(``per_step``) and ``on_step_end``, each epoch's history row to the loggers (``log_metrics``,
+loggers.py) and ``on_epoch_end``. An isolated worker has no sinks of
 its own (``Settings.for_worker`` drops the loggers, callbacks never leave the user's process):
 its events are forwarded and emitted again on the kernel's bus, where these listen; they keep
 listening when the worker is lost and the kernel continues on the CPU.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from hybridnb.train import callbacks as cbs
 from hybridnb.train.bus import EpochEnded, StepEnded
+from hybridnb.train.loggers import hparams
 from hybridnb.train.storage import StorageGuard
 
 
@@ -41,22 +43,27 @@ class Sinks:
             self.said.append(self.trainer.event(kind, message))
 
     def begin(self, trainer) -> None:
-        """A fit starts at ``trainer.state`` (fresh or resumed): open the loggers, call
-        ``on_fit_start``."""
+        """A fit starts at ``trainer.state`` (fresh or resumed): open the loggers (``open``
+        when they have it, then ``log_hparams``), call ``on_fit_start``."""
         self.trainer, self.said = trainer, []
         state = trainer.state
         self.next_epoch = len(state.history)
+        params = hparams(trainer.settings, trainer.model) if self.loggers else {}
+        self.open = True  # close() from here on: loggers opened before a failure are closed
         for logger in self.loggers:
-            logger.open(self.next_epoch, state.global_step)
-        self.open = True
+            if callable(getattr(logger, "open", None)):
+                logger.open(self.next_epoch, state.global_step)
+            logger.log_hparams(dict(params))
         cbs.call(self.callbacks, "on_fit_start", trainer)
 
     def step(self, row: dict) -> None:
         if self.open:
             loss = row.get("loss")
+            metrics = {"train/loss": float("nan") if loss is None else float(loss),
+                       "train/lr": float(row["lr"])}
             for logger in self.loggers:
-                logger.step(row["global_step"], float("nan") if loss is None else float(loss),
-                            float(row["lr"]))
+                if getattr(logger, "per_step", False):
+                    logger.log_metrics(dict(metrics), row["global_step"])
 
     def epoch_rows(self, rows: list[dict], trainer) -> None:
         """Log (and call ``on_epoch_end`` with) the rows of epochs not logged yet."""
@@ -65,7 +72,7 @@ class Sinks:
                 continue
             self.next_epoch = row["epoch"] + 1
             for logger in self.loggers:
-                logger.epoch(row)
+                logger.log_metrics(dict(row), row["step"])
             cbs.call(self.callbacks, "on_epoch_end", trainer, dict(row))
 
     def end(self, trainer) -> None:
@@ -89,7 +96,14 @@ class Sinks:
             self.epoch_rows(event.history, self.trainer)
 
     def close(self) -> None:
+        """Every logger closed (one that raises does not keep the others open)."""
         if self.open:
             self.open = False
+            first = None
             for logger in self.loggers:
-                logger.close()
+                try:
+                    logger.close()
+                except Exception as exc:
+                    first = first or exc
+            if first is not None:
+                raise first

@@ -182,7 +182,7 @@ class Trainer:
             log_patterns=loggers.patterns(settings.loggers)
             if settings.log_folder == settings.checkpoint_dir else ())
         self.sinks = Sinks(lambda storage: loggers.make_loggers(
-            settings.loggers, settings.log_folder if strategy.is_main else None, storage),
+            settings.loggers, settings.log_folder, storage, strategy.is_main),
             callbacks)  # objects of the user's process: never in settings, never sent to a worker
         self.progress = Progress()
         self.stopping = EarlyStopping(settings.monitor, settings.early_stopping)
@@ -303,6 +303,10 @@ class Trainer:
     def fit(self, train, val=None, resume: bool | str | Path = False) -> pd.DataFrame:
         """Train for ``epochs`` epochs; returns the history. ``resume=True`` continues from
         ``checkpoint_dir``'s last good checkpoint, ``resume=path`` from that file."""
+        with self.checkpoints.claimed(self.bus.note):  # one live run per checkpoint_dir
+            return self._fit(train, val, resume)
+
+    def _fit(self, train, val, resume) -> pd.DataFrame:
         # an isolated fit's worker starts first: it imports torch while this process sets up
         early = isolate.prestart() if self.isolated else None
         try:
