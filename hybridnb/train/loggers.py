@@ -474,6 +474,13 @@ def make_loggers(loggers: tuple, folder: Path | None, storage: StorageGuard,
             lg = kinds[lg](folder)
         if callable(getattr(lg, "bind", None)):
             lg.bind(folder, storage)
+            twin = next((o for o in made if type(o) is type(lg)
+                         and getattr(o, "folder", None) == lg.folder), None)
+            if twin is not None:
+                raise ValueError(f"logger=: two {type(lg).__name__}s would write into one "
+                                 f"folder, {lg.folder} (a name such as 'csv' writes into "
+                                 "log_dir, as an object given no folder does): keep one, or "
+                                 "give the other a folder of its own")
         made.append(lg)
     return made
 
