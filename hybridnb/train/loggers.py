@@ -471,7 +471,7 @@ def make_loggers(loggers: tuple, folder: Path | None, storage: StorageGuard,
     made = []
     for lg in loggers:
         if isinstance(lg, str):
-            lg = kinds[lg](folder)
+            lg = kinds[lg]()  # writes into log_dir (bound below)
         if callable(getattr(lg, "bind", None)):
             lg.bind(folder, storage)
             twin = next((o for o in made if type(o) is type(lg)

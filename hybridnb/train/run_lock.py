@@ -112,6 +112,7 @@ class RunLock:
         if self.fd is not None:
             return None
         try:
+            self.folder.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o644)
         except OSError as exc:
             raise RunLockError(f"{self.what}={str(self.folder)!r}: its run lock {self.path} "

@@ -15,9 +15,12 @@ the fit's end) catches it up.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hybridnb.train import callbacks as cbs
 from hybridnb.train.bus import EpochEnded, StepEnded
 from hybridnb.train.loggers import hparams
+from hybridnb.train.run_lock import RunLock
 from hybridnb.train.storage import StorageGuard
 
 
@@ -35,6 +38,7 @@ class Sinks:
         self.open = False
         self.trainer = None
         self.said: list = []
+        self.locks: list[RunLock] = []  # the log folders this fit holds (besides its own)
 
     def _say(self, kind: str, message: str) -> None:
         """A logger's storage event, said on the Trainer now (and kept: an isolated fit's
@@ -50,6 +54,7 @@ class Sinks:
         self.next_epoch = len(state.history)
         params = hparams(trainer.settings, trainer.model) if self.loggers else {}
         self.open = True  # close() from here on: loggers opened before a failure are closed
+        self._claim(trainer.checkpoints.folder, trainer.bus.note)
         for logger in self.loggers:
             if callable(getattr(logger, "open", None)):
                 logger.open(self.next_epoch, state.global_step)
@@ -95,8 +100,34 @@ class Sinks:
         elif isinstance(event, EpochEnded) and self.trainer is not None:
             self.epoch_rows(event.history, self.trainer)
 
+    def _claim(self, checkpoint_dir, note) -> None:
+        """The folders the loggers write besides ``checkpoint_dir`` (which the fit holds
+        already) are this run's too: another live run writing there is refused
+        (``run_lock``)."""
+        held = Path(checkpoint_dir).resolve() if checkpoint_dir is not None else None
+        folders = {lg.folder.resolve(): "log_dir" if getattr(lg, "needs_folder", False)
+                   else f"{type(lg).__name__}(folder" for lg in self.loggers
+                   if isinstance(getattr(lg, "folder", None), Path)}  # the argument it was
+        for folder, what in sorted(folders.items()):
+            if folder == held:
+                continue
+            lock = RunLock(folder, what=what)
+            stale = lock.acquire()
+            self.locks.append(lock)
+            if stale:
+                note("run_lock", stale)
+
     def close(self) -> None:
-        """Every logger closed (one that raises does not keep the others open)."""
+        """Every logger closed (one that raises does not keep the others open), the log
+        folders released."""
+        locks, self.locks = self.locks, []
+        try:
+            self._close()
+        finally:
+            for lock in locks:
+                lock.release()
+
+    def _close(self) -> None:
         if self.open:
             self.open = False
             first = None

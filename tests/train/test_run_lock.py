@@ -164,3 +164,27 @@ def _has(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
+
+
+class SecondIntoTheLogDir:
+    """During the first run, a second one in this process with its own checkpoint_dir and the
+    first's log_dir."""
+
+    def __init__(self, tmp_path):
+        self.tmp_path, self.refused = tmp_path, None
+
+    def on_epoch_end(self, trainer_, row):
+        second = trainer(self.tmp_path / "ck2", log_dir=self.tmp_path / "logs", epochs=1)
+        with pytest.raises(RunLockError) as refused:
+            second.fit(sine_data(128, 8, 0))
+        self.refused = str(refused.value)
+        assert second.global_step == 0 and not (self.tmp_path / "ck2" / "last.pt").exists()
+
+
+def test_a_shared_log_dir_is_held_by_the_live_run_too(tmp_path):
+    spy = SecondIntoTheLogDir(tmp_path)
+    first = trainer(tmp_path / "ck1", log_dir=tmp_path / "logs", epochs=1, callbacks=[spy])
+    first.fit(sine_data(128, 8, 0))
+    assert "log_dir=" in spy.refused and "in use by a live run" in spy.refused
+    assert pd.read_csv(tmp_path / "logs" / "history.csv")["epoch"].tolist() == [0]
+    trainer(tmp_path / "ck2", log_dir=tmp_path / "logs", epochs=1).fit(sine_data(128, 8, 0))
