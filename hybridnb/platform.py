@@ -192,6 +192,17 @@ def shared_memory(path: str = "/dev/shm") -> SharedMemory:
     return SharedMemory(path, st.f_frsize * st.f_blocks, st.f_frsize * st.f_bavail)
 
 
+_said: set[str] = set()
+
+
+def say_once(sentence: str) -> None:
+    """A fallback that changes what the user gets, said once per process on stderr (as
+    hybridnb's other one-line notices are)."""
+    if sentence not in _said:
+        _said.add(sentence)
+        print(f"hybridnb: {sentence}", file=sys.stderr)
+
+
 FACILITIES = (memfd, parent_death_signal, fork, process_groups, wait_without_reaping, pidfd,
               proc, child_pipes)
 

@@ -6,7 +6,7 @@ started too (DataLoader workers, a driver's helper), and it is reaped before thi
 orphan, no zombie. Three ways to start one:
 
 - ``start_fork(fn, *args)``: ``os.fork``; ``fn(channel, *args)`` runs in a copy of this process
-  (what ``hn.launch`` needs for functions defined in a notebook). Unsafe once this process has
+  (what ``hn.launch`` needs for functions defined in a notebook); spawned where there is no fork. Unsafe once this process has
   touched CUDA, or run OpenMP/threads (a forked child can hang in its first parallel region).
 - ``start_spawn(fn, *args)``: a fresh interpreter, ``python -m hybridnb.processes.worker``,
   that receives ``fn`` and its arguments (``payload``: cloudpickle, memory-mapped data by
@@ -311,7 +311,14 @@ def start_fork(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None = 
 
     ``env``: variables set in the child (default ``WORKER_ENV``). ``death_signal``: what the
     child gets when this process dies (SIGKILL; ``hn.launch``'s ranks get SIGINT, to stop at an
-    agreed step). ``merge_output``: stdout and stderr through one pipe (the order kept)."""
+    agreed step). ``merge_output``: stdout and stderr through one pipe (the order kept).
+
+    Where this OS cannot fork (``platform.fork()``) the child is spawned (``start_spawn``:
+    ``fn`` and its arguments must pickle with cloudpickle), said once."""
+    if not platform.fork():
+        platform.say_once(f"{platform.fork().why}: start_fork starts a spawned child")
+        return start_spawn(fn, *args, env=env, death_signal=death_signal,
+                           merge_output=merge_output)
     return _atomically(lambda: _fork(fn, args, env, death_signal, merge_output))
 
 

@@ -72,14 +72,15 @@ def launch(fn: Callable[..., Any], *args: Any, num_processes: int | None = None,
         raise ValueError(f"start_method={start_method!r}: use 'spawn'"
                          + (" or 'fork'" if fork_available() else ""))
     if n > 1 and not platform.child_pipes():
-        _say(f"hn.launch: {platform.child_pipes().why}; running fn once in this process "
+        platform.say_once(f"hn.launch: {platform.child_pipes().why}; running fn once in this process "
              f"(1 process instead of {n})")
         n = 1
     if n == 1:
         return fn(*args)
     method = start_method or ("fork" if fork_available() else "spawn")
     if method == "fork" and not fork_available():
-        _say(f"hn.launch: start_method='fork' is not available: {platform.fork().why}")
+        platform.say_once(f"hn.launch: start_method='fork' is not available: "
+                          f"{platform.fork().why}")
         method = "spawn"
     import torch
 
@@ -93,16 +94,6 @@ def launch(fn: Callable[..., Any], *args: Any, num_processes: int | None = None,
     if method == "fork":
         import torch._dynamo  # noqa: F401  DDP imports it (seconds): once here, not once per rank
     return _run(fn, args, n, master_port or free_port(), method)
-
-
-_said: set[str] = set()
-
-
-def _say(sentence: str) -> None:
-    """A fallback, said once per process on stderr."""
-    if sentence not in _said:
-        _said.add(sentence)
-        print(f"hybridnb: {sentence}", file=sys.stderr)
 
 
 def free_port() -> int:
