@@ -62,7 +62,7 @@ def run_here(backend: str, index: int) -> ProbeResult:
                           simulate.read(index))
     probe = Probe(backend, index)
     probe.events = events
-    res = probe.verdict(time.monotonic() - t0, timed_out=False, returncode=0, timeout=0.0)
+    res = probe.verdict(time.monotonic() - t0, timed_out=False, rc=0, timeout=0.0)
     note = IN_PROCESS.format(why=platform.child_pipes().why)
     res.message = f"{res.message}; {note}" if res.message else note
     return res
