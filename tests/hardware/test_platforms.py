@@ -105,6 +105,10 @@ def test_without_supervised_children_compare_and_launch_run_here_and_say_so(
     assert any(no_child_pipes.why in n and "in this process" in n for n in df.attrs["notes"])
     assert hybridnb.launch(os.getpid, num_processes=2) == os.getpid()
     assert "1 process instead of 2" in capsys.readouterr().err
+    from hybridnb.train.isolate import isolate_decision
+
+    isolated, why = isolate_decision(True, "cuda", in_distributed=False)
+    assert isolated is False and no_child_pipes.why in why and "in this process" in why
 
 
 def test_the_process_machinery_imports_and_detect_runs_without_sigkill_and_sighup(tmp_path):
