@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -111,14 +112,23 @@ def test_without_supervised_children_compare_and_launch_run_here_and_say_so(
     assert isolated is False and no_child_pipes.why in why and "in this process" in why
 
 
-def test_the_process_machinery_imports_and_detect_runs_without_sigkill_and_sighup(tmp_path):
-    """Windows has neither signal: nothing may read them at import."""
-    code = ("import signal; del signal.SIGKILL; del signal.SIGHUP\n"
+WINDOWS_LACKS = ("fork", "killpg", "setsid", "setpgid", "getpgid", "waitid", "pidfd_open",
+                 "memfd_create", "sched_getaffinity")
+
+
+def test_the_process_machinery_imports_and_detect_runs_without_what_windows_lacks(tmp_path):
+    """Windows has no SIGKILL, SIGHUP, fork or process groups: nothing may read them at import,
+    and detect() and a fit's isolation decision answer with a sentence."""
+    code = ("import os, signal\n"
+            f"for name in {WINDOWS_LACKS!r}:\n"
+            "    delattr(os, name)\n"
+            "del signal.SIGKILL, signal.SIGHUP\n"
             "import hybridnb as hn, hybridnb.processes, hybridnb.processes.supervise\n"
             "import hybridnb.strategies.launch, hybridnb.comparison.isolation\n"
             "import hybridnb.train.isolate, hybridnb.processes.worker\n"
             "from hybridnb import platform\n"
             "assert platform.HANGUP is None and platform.KILL == signal.SIGTERM\n"
+            "assert not platform.process_groups() and not platform.fork()\n"
             "print(hn.detect().device)\n")
     environ = {**os.environ, "PYTHONPATH": str(ROOT), env.CACHE_DIR_ENV: str(tmp_path),
                "HYBRIDNB_DEVICE": "cpu"}
@@ -147,3 +157,31 @@ def test_every_missing_facility_says_what_hybridnb_does_instead(monkeypatch):
     finally:
         monkeypatch.undo()
         platform.refresh()
+
+
+def test_without_process_groups_a_childs_whole_tree_is_ended_through_psutil(monkeypatch):
+    """Windows: no killpg. The child and the process it started are both ended."""
+    import psutil
+
+    from hybridnb.processes.child import start_command
+
+    monkeypatch.setattr(platform, "process_groups", lambda: platform.Facility(
+        "process groups", False, "no process groups (simulated)"))
+    script = ("import subprocess, sys, time\n"
+              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+              "print(p.pid, flush=True)\n"
+              "time.sleep(120)\n")
+    child = start_command([sys.executable, "-c", script])
+    try:
+        line, deadline = "", time.monotonic() + 60
+        while not line.strip() and time.monotonic() < deadline:
+            for fd in list(child.output_fds):
+                got = child.read_output(fd)
+                line += got[1] if got else ""
+            time.sleep(0.05)
+        helper = psutil.Process(int(line.split()[0]))
+        child.kill_group()
+        assert child.reaped and child.exit is not None and child.exit.how == "signal"
+        helper.wait(timeout=10)  # raises TimeoutExpired if it was left running
+    finally:
+        child.close()
