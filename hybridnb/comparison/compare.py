@@ -32,6 +32,7 @@ import cloudpickle
 import torch
 from torch import nn
 
+from hybridnb.comparison import isolation
 from hybridnb.comparison.compare_view import (
     COLUMNS,
     CompareResult,
@@ -221,6 +222,9 @@ def _pickled(isolate: bool, jobs: dict) -> tuple[dict | None, str]:
     variants cannot get processes of their own."""
     if not isolate or not jobs:
         return None, ""
+    why = isolation.unavailable()
+    if why:
+        return None, why
     try:
         return {key: cloudpickle.dumps(job) for key, job in jobs.items()}, ""
     except Exception as exc:  # noqa: BLE001 - any pickling failure means: run here, and say so

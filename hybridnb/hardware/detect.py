@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from hybridnb import env as runtime
+from hybridnb import platform
 from hybridnb.env import DEVICE_ENV, LAUNCHED_ENV, current
 from hybridnb.hardware import gpu_info, probe, views
 from hybridnb.hardware.gpu_info import BuildInfo, GpuInfo
@@ -217,7 +218,7 @@ def _find_gpus(build: BuildInfo, env: dict[str, str]) -> tuple[list[GpuInfo], li
             raw = [GpuInfo(index=i, physical_index=i, backend="cuda", free_memory=int(g[
                 "total_memory"] * 0.95), **g) for i, g in enumerate(simulated)]
             status = f"{len(raw)} simulated GPU(s) ({runtime.PROBE_SIMULATE_ENV})"
-        if not raw and build.cuda and NVIDIA_PROC.exists():
+        if not raw and build.cuda and platform.proc() and NVIDIA_PROC.exists():
             # The driver is loaded but NVML is not usable here (e.g. a container without
             # libnvidia-ml): let the probe child find out what GPU 0 is.
             raw = [GpuInfo(index=0, physical_index=0, backend="cuda", name="NVIDIA GPU")]

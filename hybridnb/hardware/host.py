@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hybridnb.env import cxx
+from hybridnb.platform import proc_path
 
 
 @dataclass
@@ -75,8 +76,11 @@ def _cgroup_quota(root: Path = Path("/sys/fs/cgroup")) -> int | None:
 
 
 def _cpu_model() -> str:
+    path = proc_path("cpuinfo")
     try:
-        with open("/proc/cpuinfo") as f:
+        if path is None:
+            raise OSError("no /proc")
+        with open(path) as f:
             for line in f:
                 if line.startswith("model name"):
                     return line.split(":", 1)[1].strip()
@@ -86,8 +90,12 @@ def _cpu_model() -> str:
 
 
 def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo; empty where there is no /proc."""
+    path = proc_path("cpuinfo")
+    if path is None:
+        return set()
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(path) as f:
             for line in f:
                 if line.startswith("flags"):
                     return set(line.split(":", 1)[1].split())

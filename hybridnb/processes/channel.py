@@ -17,7 +17,8 @@ tensor object sent twice in one message arrives as one tensor).
 A frame cut short (the worker died while sending) is never delivered: the kernel keeps the last
 complete message of each kind. The stop request travels the other way through one shared byte
 (``StopFlag``), which the worker can read every step for the cost of a memory load; for a
-spawned child (a fresh interpreter) that byte lives in a memfd whose descriptor it inherits.
+spawned child (a fresh interpreter) that byte lives in a memfd whose descriptor it inherits (an
+unlinked temporary file where there is no memfd: ``platform.memfd()``).
 """
 
 from __future__ import annotations
@@ -73,8 +74,9 @@ _REASONS = {1: STOP, 2: INTERRUPT}
 
 class StopFlag:
     """One byte shared by the parent and its child: anonymous shared memory (kept across a
-    fork), or with ``shareable=True`` a memfd whose descriptor (``fd``) a spawned child
-    inherits and opens with ``StopFlag.attach(fd)``.
+    fork), or with ``shareable=True`` a memfd (Linux; elsewhere a temporary file unlinked at
+    once, so nothing is left behind) whose descriptor (``fd``) a spawned child inherits and
+    opens with ``StopFlag.attach(fd)``.
 
     The byte says why the parent asked the child to stop: 0 (it did not), 1 ("stop": a
     ``should_stop`` callback such as a Stop button) or 2 ("interrupt": SIGINT or SIGTERM
@@ -82,8 +84,8 @@ class StopFlag:
 
     def __init__(self, shareable: bool = False, fd: int | None = None) -> None:
         self.fd: int | None = fd
-        if fd is None and shareable and hasattr(os, "memfd_create"):
-            self.fd = os.memfd_create("hybridnb-stop", 0)  # no CLOEXEC flag: inheritable
+        if fd is None and shareable:
+            self.fd = shared_file("hybridnb-stop")
             os.ftruncate(self.fd, 1)
         self._map = mmap.mmap(-1, 1) if self.fd is None else mmap.mmap(self.fd, 1)
 
@@ -114,6 +116,24 @@ class StopFlag:
             except OSError:
                 pass
             self.fd = None
+
+
+def shared_file(name: str) -> int:
+    """A new descriptor on an empty file no path reaches: a memfd (Linux), else a temporary
+    file unlinked at once (``platform.memfd()``). Close-on-exec; Popen's ``pass_fds`` opens it
+    to one child."""
+    from hybridnb import platform
+
+    if platform.memfd():
+        return os.memfd_create(name, os.MFD_CLOEXEC)
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix=name + "-")
+    try:
+        os.unlink(path)
+    except OSError:  # Windows cannot unlink an open file; it goes when the descriptor closes
+        pass
+    return fd
 
 
 # ============================================================================ worker side

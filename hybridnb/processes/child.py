@@ -6,7 +6,7 @@ started too (DataLoader workers, a driver's helper), and it is reaped before thi
 orphan, no zombie. Three ways to start one:
 
 - ``start_fork(fn, *args)``: ``os.fork``; ``fn(channel, *args)`` runs in a copy of this process
-  (what ``hn.launch`` needs for functions defined in a notebook). Unsafe once this process has
+  (what ``hn.launch`` needs for functions defined in a notebook); spawned where there is no fork. Unsafe once this process has
   touched CUDA, or run OpenMP/threads (a forked child can hang in its first parallel region).
 - ``start_spawn(fn, *args)``: a fresh interpreter, ``python -m hybridnb.processes.worker``,
   that receives ``fn`` and its arguments (``payload``: cloudpickle, memory-mapped data by
@@ -24,7 +24,10 @@ delivered afterwards; a handler that raises then gets the child killed and reape
 
 Forked and spawned children talk back through a ``Channel`` (framed messages); their stdout and
 stderr come through pipes (``Child.read_output``), and they die with the parent
-(``PR_SET_PDEATHSIG``). Spawned children are marked headless and isolated by default (``WORKER_ENV``).
+(``processes.lifeline``: ``PR_SET_PDEATHSIG`` on Linux, a lifeline pipe elsewhere). Spawned
+children are marked headless and isolated by default (``WORKER_ENV``). What differs between
+operating systems (process groups or psutil's tree, waitid or Popen.poll, pidfd or polling,
+memfd or a temporary file) is asked of ``hybridnb.platform``.
 """
 
 from __future__ import annotations
@@ -42,8 +45,10 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from hybridnb import platform
 from hybridnb.env import HEADLESS_ENV, ISOLATED_ENV, environment
-from hybridnb.processes.channel import FrameReader, StopFlag, widen_pipe
+from hybridnb.processes import lifeline
+from hybridnb.processes.channel import FrameReader, StopFlag, shared_file, widen_pipe
 from hybridnb.processes.ended import Exit
 from hybridnb.processes.output import LastWords, OutputLines
 
@@ -78,8 +83,9 @@ class Child:
         self.exit: Exit | None = None
         self.reaped = False
         self.not_reaped = ""  # why the exit is unknown after kill_group(), when it is
+        self.group_left = False  # reaped by poll (no waitid): its group may still have members
         self.pidfd: int | None = None
-        if hasattr(os, "pidfd_open"):
+        if platform.pidfd():
             with contextlib.suppress(OSError):
                 self.pidfd = os.pidfd_open(pid)
 
@@ -129,6 +135,8 @@ class Child:
         """How it ended, once it has; it stays unreaped (so ``kill`` cannot hit a stranger)."""
         if self.exit is not None:
             return self.exit
+        if not platform.wait_without_reaping():
+            return self._poll_reaping()
         try:
             r = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:  # reaped elsewhere
@@ -142,6 +150,26 @@ class Child:
             return None
         killed = r.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
         self.exit = Exit("signal" if killed else "code", r.si_status)
+        return self.exit
+
+    def _poll_reaping(self) -> Exit | None:
+        """``poll`` without ``os.waitid`` (macOS before Python 3.13, Windows): an ended child is
+        reaped at once. Its process group is still killed afterwards (``kill_group``): the OS
+        does not hand a group's id to a new process while any member of the group lives."""
+        if self.popen is not None:
+            rc = self.popen.poll()
+            if rc is None:
+                return None
+            self.exit, self.reaped, self.group_left = Exit.from_returncode(rc), True, True
+            return self.exit
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            self.exit, self.reaped = Exit("unknown", -1), True
+            return self.exit
+        if not pid:
+            return None
+        self.exit, self.reaped, self.group_left = Exit.from_status(status), True, True
         return self.exit
 
     def wait(self, timeout: float | None) -> Exit | None:
@@ -170,10 +198,10 @@ class Child:
         reused, so the signal cannot reach an unrelated process. A child stuck in a driver call
         that is not gone after ``reap_s`` is reaped later by a thread; ``not_reaped`` says so."""
         if not self.reaped:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(self.pid, signal.SIGKILL)  # should it have left its group
+            kill_tree(self.pid)
+        elif self.group_left:  # reaped by poll: what it started may still run
+            self.group_left = False
+            kill_tree(self.pid, leader_reaped=True)
         self._reap(reap_s)
 
     def _reap(self, reap_s: float) -> None:
@@ -249,18 +277,48 @@ class Child:
 
 # ============================================================================ starting
 
+def kill_tree(pid: int, leader_reaped: bool = False) -> None:
+    """End ``pid`` and every process it started, by this OS's own means: ``killpg`` (each child
+    of hybridnb leads its own process group), else (Windows) psutil's descendants, then the
+    process. ``leader_reaped``: only what is left of its group. A process already gone is fine."""
+    if platform.process_groups():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, platform.KILL)
+        if not leader_reaped:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, platform.KILL)  # should it have left its group
+        return
+    import psutil
+
+    try:
+        leader = psutil.Process(pid)
+        tree = leader.children(recursive=True) + ([] if leader_reaped else [leader])
+    except psutil.Error:
+        return
+    for proc in tree:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+
+
 def fork_available() -> bool:
-    """Whether this platform can fork (POSIX)."""
-    return hasattr(os, "fork")
+    """Whether this platform can fork (``platform.fork()``: POSIX with a "fork" start method)."""
+    return bool(platform.fork())
 
 
 def start_fork(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None = None,
-               death_signal: int = signal.SIGKILL, merge_output: bool = False) -> Child:
+               death_signal: int = platform.KILL, merge_output: bool = False) -> Child:
     """Fork a child that runs ``fn(channel, *args)`` and sends its return value back.
 
     ``env``: variables set in the child (default ``WORKER_ENV``). ``death_signal``: what the
     child gets when this process dies (SIGKILL; ``hn.launch``'s ranks get SIGINT, to stop at an
-    agreed step). ``merge_output``: stdout and stderr through one pipe (the order kept)."""
+    agreed step). ``merge_output``: stdout and stderr through one pipe (the order kept).
+
+    Where this OS cannot fork (``platform.fork()``) the child is spawned (``start_spawn``:
+    ``fn`` and its arguments must pickle with cloudpickle), said once."""
+    if not platform.fork():
+        platform.say_once(f"{platform.fork().why}: start_fork starts a spawned child")
+        return start_spawn(fn, *args, env=env, death_signal=death_signal,
+                           merge_output=merge_output)
     return _atomically(lambda: _fork(fn, args, env, death_signal, merge_output))
 
 
@@ -273,19 +331,19 @@ def _fork(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None, death
         out_r, out_w = new_pipe(made)
         err_r, err_w = (None, None) if merge_output else new_pipe(made)
         stop = StopFlag()
+        wiring = lifeline.wiring()
     except BaseException:
         close_fds(made)
         raise
     sys.stdout.flush()  # or the child would print again what is still buffered here
     sys.stderr.flush()
-    parent = os.getpid()
     with warnings.catch_warnings():  # python >= 3.12 warns on fork in a threaded process;
         # the kernel's own threads (ZMQ, heartbeat) hold no lock the worker needs
         warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks",
                                 category=DeprecationWarning)
         pid = os.fork()
     if pid == 0:  # the child; never returns
-        _forked_child(fn, args, parent, death_signal, msg_w, out_w,
+        _forked_child(fn, args, wiring, death_signal, msg_w, out_w,
                       out_w if err_w is None else err_w,
                       [fd for fd in (msg_r, out_r, err_r) if fd is not None], stop,
                       WORKER_ENV if env is None else env)
@@ -297,7 +355,7 @@ def _fork(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None, death
 
 
 def start_spawn(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None = None,
-                death_signal: int = signal.SIGKILL, merge_output: bool = False,
+                death_signal: int = platform.KILL, merge_output: bool = False,
                 **kwargs: Any) -> Child:
     """Start ``python -m hybridnb.processes.worker``, a fresh interpreter, that runs
     ``fn(channel, *args, **kwargs)`` and sends its return value back.
@@ -391,7 +449,7 @@ class Prestarted:
 
 
 def prestart_spawn(*, preload: Sequence[str] = ("torch",), env: dict[str, str] | None = None,
-                   death_signal: int = signal.SIGKILL, merge_output: bool = False
+                   death_signal: int = platform.KILL, merge_output: bool = False
                    ) -> Prestarted:
     """A spawned worker that imports ``preload``, sends "ready", and waits for its job on a
     pipe that ``Prestarted.send`` writes: so its start-up runs in parallel with this process's
@@ -449,21 +507,20 @@ def _spawn(payload_fd: int, made: list[int], env: dict[str, str] | None, death_s
         out_r, out_w = new_pipe(made)
         err_r, err_w = (None, None) if merge_output else new_pipe(made)
         stop = StopFlag(shareable=True)
-        if stop.fd is None:
-            raise RuntimeError("a spawned child needs os.memfd_create (Linux) for its stop flag")
         child_env = environment()
         child_env.update(WORKER_ENV if env is None else env)
         child_env["PYTHONPATH"] = os.pathsep.join(
             [p for p in sys.path if p] + [child_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         spawned_at = time.monotonic() if spawned_at is None else spawned_at
         argv = [sys.executable, "-m", WORKER_MODULE, str(payload_fd), str(msg_w), str(stop.fd),
-                str(os.getpid()), str(int(death_signal)), repr(spawned_at), ",".join(preload)]
+                lifeline.wiring(), str(int(death_signal)), repr(spawned_at), ",".join(preload)]
         sys.stdout.flush()
         sys.stderr.flush()
-        popen = subprocess.Popen(argv, pass_fds=(payload_fd, msg_w, stop.fd),
+        popen = subprocess.Popen(argv, pass_fds=(payload_fd, msg_w, stop.fd,
+                                                 *lifeline.pass_fds()),
                                  stdin=subprocess.DEVNULL, stdout=out_w,
                                  stderr=out_w if err_w is None else err_w, env=child_env,
-                                 start_new_session=True)
+                                 **platform.new_group_popen_kwargs())
     except BaseException:
         close_fds(made)
         if stop is not None:
@@ -490,7 +547,7 @@ def start_command(argv: Sequence[str], *, env: dict[str, str] | None = None,
             stdout, stderr = out_w, out_w if err_w is None else err_w
         popen = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=stdout,
                                  stderr=stderr, env=env, pass_fds=tuple(pass_fds),
-                                 start_new_session=True)
+                                 **platform.new_group_popen_kwargs())
     except BaseException:
         close_fds(made)
         raise
@@ -503,7 +560,7 @@ def start_command(argv: Sequence[str], *, env: dict[str, str] | None = None,
 
 # ============================================================================ in the child
 
-def _forked_child(fn, args, parent: int, death_signal: int, msg_w: int, out_w: int, err_w: int,
+def _forked_child(fn, args, wiring: str, death_signal: int, msg_w: int, out_w: int, err_w: int,
                   read_fds: list[int], stop: StopFlag, env: dict[str, str]) -> None:
     """The forked child: its own process group, its output into pipes, ``fn``, exit.
 
@@ -513,9 +570,10 @@ def _forked_child(fn, args, parent: int, death_signal: int, msg_w: int, out_w: i
     try:
         with contextlib.suppress(OSError):
             os.setpgid(0, 0)  # a Ctrl-C in the parent's group does not reach it; killpg does
-        from hybridnb.processes.worker import die_with, prepare, run
+        from hybridnb.processes.worker import prepare, run
 
-        die_with(parent, death_signal)
+        lifeline.after_fork()
+        lifeline.hold(wiring, death_signal)
         for fd in read_fds:
             os.close(fd)
         os.environ.update(env)
@@ -554,15 +612,10 @@ def close_fds(fds: list[int]) -> None:
 
 
 def _payload_fd(data: bytes, made: list[int]) -> int:
-    """A descriptor, at offset 0, holding ``data`` (a memfd; a deleted temporary file
-    elsewhere): the child reads it whenever it is ready, so nothing blocks here. It is added
-    to ``made`` (closed by ``_spawn`` on failure)."""
-    if hasattr(os, "memfd_create"):
-        fd = os.memfd_create("hybridnb-payload", 0)
-    else:
-        import tempfile
-
-        fd = os.dup(tempfile.TemporaryFile().fileno())
+    """A descriptor, at offset 0, holding ``data`` (``channel.shared_file``: a memfd, or an
+    unlinked temporary file): the child reads it whenever it is ready, so nothing blocks here.
+    It is added to ``made`` (closed by ``_spawn`` on failure)."""
+    fd = shared_file("hybridnb-payload")
     made.append(fd)
     view = memoryview(data)
     while view:

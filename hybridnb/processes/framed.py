@@ -5,7 +5,7 @@ The GPU probe and a compare() variant are modules run as fresh interpreters, not
 group with a message pipe (the child's ``Channel``), a stop flag and, with ``requests=True``, a
 request pipe the parent writes with ``Requests.send`` (the child reads it with an ``Inbox``).
 WIRING is one argument naming the inherited descriptors and the parent's pid; the module passes
-its argv to ``connect()``, which dies with the parent (``PR_SET_PDEATHSIG``) and returns the
+its argv to ``connect()``, which dies with the parent (``processes.lifeline``) and returns the
 channel, the inbox and the remaining arguments. So every child of hybridnb speaks one framing
 and is watched by the one loop (``supervise.Watch``).
 """
@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from hybridnb import env as _env
+from hybridnb import platform
+from hybridnb.processes import lifeline
 from hybridnb.processes.channel import (
     Channel,
     FrameReader,
@@ -65,14 +66,13 @@ def start_framed(module: str, *args: str, environ: dict[str, str] | None = None,
         widen_pipe(msg_w)
         req_r, req_w = new_pipe(made) if requests else (None, None)
         stop = StopFlag(shareable=True)
-        if stop.fd is None:
-            raise RuntimeError("a framed child needs os.memfd_create (Linux) for its stop flag")
         wiring = ",".join(str(x) for x in (msg_w, stop.fd, NONE if req_r is None else req_r,
-                                           os.getpid()))
+                                           lifeline.wiring()))
         child = start_command([sys.executable, "-m", module, wiring, *args],
                               env=child_environment() if environ is None else environ,
                               merge_output=merge_output,
-                              pass_fds=[fd for fd in (msg_w, stop.fd, req_r) if fd is not None])
+                              pass_fds=[fd for fd in (msg_w, stop.fd, req_r, *lifeline.pass_fds())
+                                        if fd is not None])
     except BaseException:
         close_fds(made)
         if stop is not None:
@@ -99,13 +99,11 @@ def child_environment() -> dict[str, str]:
 def connect(argv: Sequence[str]) -> tuple[Channel, Inbox | None, list[str]]:
     """In the child: the channel, the inbox (None without requests) and the arguments after
     WIRING. It dies with its parent (SIGKILL) and exits at once if the parent is already gone."""
-    from hybridnb.processes.worker import die_with
-
     if not argv or argv[0].count(",") != 3:
         raise SystemExit("this module is started by hybridnb (processes.framed.start_framed), "
                          "not by hand")
     msg_fd, stop_fd, req_fd, parent = argv[0].split(",")
-    die_with(int(parent), signal.SIGKILL)
+    lifeline.hold(parent, platform.KILL)
     channel = Channel(int(msg_fd), StopFlag.attach(int(stop_fd)))
     inbox = None if req_fd == NONE else Inbox(int(req_fd))
     return channel, inbox, list(argv[1:])

@@ -11,11 +11,11 @@ preload, worker variables, death signal and output plumbing, and the same enviro
 still importing is handed out too: it is ahead of a fresh start.
 
 A spare never outlives this process: it gets ``death_signal`` (SIGKILL) when this process dies
-(``PR_SET_PDEATHSIG``), sees EOF on its job pipe and exits when this process is gone, and is
+(``processes.lifeline``: ``PR_SET_PDEATHSIG``, or a lifeline pipe), sees EOF on its job pipe and exits when this process is gone, and is
 killed at interpreter exit (atexit). ``HYBRIDNB_WARM_WORKER=0`` turns spares off (each costs the
 memory of an idle interpreter with torch loaded).
 
-The spare is started from the thread that calls ``send`` (Linux sends the death signal when the
+The spare is started from the thread that calls ``send`` (Linux's PR_SET_PDEATHSIG fires when the
 *thread* that started a child ends; a spare killed that way is found dead and replaced).
 """
 

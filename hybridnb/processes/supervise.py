@@ -15,7 +15,8 @@ long it had been silent. A heartbeat's ``grace`` lengthens the limit until the n
 (compiling). ``deadline`` bounds the run, or one request (``Watched.arm``), instead
 (``Ended.TIMEOUT``).
 
-The interrupt policy, in this one place: the handlers for SIGINT, SIGTERM and SIGHUP are
+The interrupt policy, in this one place: the handlers for SIGINT, SIGTERM and SIGHUP (where the
+OS has it: ``platform.hangup_signals()``) are
 installed when the watch opens, before any child starts, so a signal at any moment (a child's
 start-up included) is counted and never strands a child. The first signal asks every child to
 stop: its stop flag says "interrupt" (``Channel.stop_reason()``) and a child with a
@@ -28,7 +29,7 @@ before the watch (by default: it ends); SIGINT too, unless the watch keeps it
 (``keep_interrupt=True``: the isolated fit and launch answer it with their outcome).
 ``should_stop`` (a Stop button) sets the flag with the reason "stop", without a time limit. A
 parent killed outright (SIGKILL, which no handler sees) takes its children with it: each dies
-with its parent (``PR_SET_PDEATHSIG``, set by the child at its start).
+with its parent (``processes.lifeline``: ``PR_SET_PDEATHSIG``, or a lifeline pipe).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from hybridnb import platform
 from hybridnb.processes.channel import (
     DONE,
     ERROR,
@@ -63,7 +65,7 @@ STOP_GRACE_S = 30.0     # after an interrupt: time to finish the step and send t
 EXIT_GRACE_S = 10.0     # after "done"/"error": time for the child to exit by itself
 # the signals the policy answers: an interrupt, and the two that end a process by default
 # (SIGTERM: a service manager, ``kill``; SIGHUP: the terminal closed)
-SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+SIGNALS = platform.hangup_signals()
 
 
 @dataclass

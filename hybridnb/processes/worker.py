@@ -9,7 +9,8 @@ kwargs)`` from PAYLOAD_FD (a memfd, or a pipe the parent writes when the job is 
 sends the return value ("done") or the exception with its traceback ("error"), and leaves with
 ``os._exit`` (no
 interpreter teardown: with torch loaded it costs about a second). Its process group is its own
-(Popen's new session); it dies with PARENT (``PR_SET_PDEATHSIG``); faulthandler prints the
+(Popen's new session); it dies with PARENT ("PID" or "PID:LIFELINE_FD": ``processes.lifeline``,
+``PR_SET_PDEATHSIG`` on Linux, a lifeline pipe elsewhere); faulthandler prints the
 Python stack of a segfault or abort on stderr. Threads are left as torch sets them (the
 machine's cores): a fresh interpreter has no broken OpenMP pool to avoid.
 
@@ -28,6 +29,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from hybridnb import platform
+from hybridnb.processes import lifeline
 from hybridnb.processes.channel import DONE, Channel, StopFlag
 
 # When this worker was started (the parent's time.monotonic(), one clock for both processes),
@@ -42,25 +45,12 @@ def startup() -> dict[str, float]:
     return dict(_STARTUP)
 
 
-def die_with(parent: int, death_signal: int = signal.SIGKILL) -> None:
-    """Linux: this process gets ``death_signal`` when ``parent`` dies (best effort elsewhere);
-    it exits at once if the parent is already gone."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(death_signal))  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
-
-
 def prepare() -> None:
     """Signals as a plain Python process has them, and faulthandler on stderr."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if hasattr(signal, "SIGHUP"):  # a forked child inherits the parent's Watch handler
-        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    if platform.HANGUP is not None:  # a forked child inherits the parent's Watch handler
+        signal.signal(platform.HANGUP, signal.SIG_DFL)
     faulthandler.enable(file=sys.stderr)  # a segfault or abort prints the Python stack
 
 
@@ -108,13 +98,14 @@ def main(argv: list[str] | None = None) -> None:
     code = 70
     try:
         argv = list(argv or sys.argv[1:])
-        payload_fd, msg_fd, stop_fd, parent, death = (int(a) for a in argv[:5])
+        payload_fd, msg_fd, stop_fd, death = (int(argv[i]) for i in (0, 1, 2, 4))
+        parent = argv[3]
         # run as __main__: the times go where ``startup()``'s importers look
         times = importlib.import_module("hybridnb.processes.worker")._STARTUP
         if len(argv) > 5:
             times["spawned_at"] = float(argv[5])
         preload = [m for m in (argv[6] if len(argv) > 6 else "").split(",") if m]
-        die_with(parent, death)
+        lifeline.hold(parent, death)
         prepare()
         sys.stdin = open(os.devnull)
         stop = StopFlag.attach(stop_fd)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
+from hybridnb import platform
 from hybridnb.measure.timing import synchronize
 from hybridnb.speedups.exact import tensors_of
 from hybridnb.torch_state import set_torch_rng_state as set_rng_state
@@ -136,12 +137,13 @@ def cores() -> int:
 
 
 def can_cap_memory() -> bool:
-    """Whether ``memory_cap`` can work here (POSIX ``resource`` and Linux's /proc)."""
+    """Whether ``memory_cap`` can work here (POSIX ``resource`` and Linux's /proc:
+    ``hybridnb.platform.proc()``)."""
     try:
         import resource  # noqa: F401 — POSIX only
     except ImportError:
         return False
-    return os.path.exists("/proc/self/status") and os.path.exists("/proc/meminfo")
+    return bool(platform.proc())
 
 
 @contextlib.contextmanager
@@ -152,8 +154,8 @@ def memory_cap() -> Iterator[None]:
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    cap = _kib("/proc/self/status", "VmSize:") * 1024 + _kib("/proc/meminfo",
-                                                                "MemAvailable:") * 1024
+    cap = (_kib(platform.proc_path("self", "status"), "VmSize:") * 1024
+           + _kib(platform.proc_path("meminfo"), "MemAvailable:") * 1024)
     if hard != resource.RLIM_INFINITY:
         cap = min(cap, hard)
     if soft != resource.RLIM_INFINITY and soft <= cap:

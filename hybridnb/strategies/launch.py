@@ -20,6 +20,10 @@ notebook's stop button, Ctrl-C) asks every rank to stop after the current step a
 checkpoint (a rank not stopped within the watch's stop grace is killed); a second one kills
 them; SIGTERM does the same and then ends this process. With one process ``launch`` simply
 calls ``fn``.
+
+Where the OS cannot fork (Windows; ``hybridnb.platform.fork()``) the ranks are spawned, and
+``start_method="fork"`` falls back to spawn, said once. Where hybridnb cannot supervise a child
+at all (Windows: ``platform.child_pipes()``), ``fn`` runs once in this process, said once.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from hybridnb import platform
 from hybridnb.env import (  # HEADLESS: text view
     HEADLESS_ENV,
     LAUNCHED_ENV,
@@ -63,12 +68,20 @@ def launch(fn: Callable[..., Any], *args: Any, num_processes: int | None = None,
     interpreters; ``fn`` and ``args`` must pickle with cloudpickle).
     """
     n = _count(num_processes)
+    if start_method is not None and start_method not in START_METHODS:
+        raise ValueError(f"start_method={start_method!r}: use 'spawn'"
+                         + (" or 'fork'" if fork_available() else ""))
+    if n > 1 and not platform.child_pipes():
+        platform.say_once(f"hn.launch: {platform.child_pipes().why}; running fn once in this process "
+             f"(1 process instead of {n})")
+        n = 1
     if n == 1:
         return fn(*args)
     method = start_method or ("fork" if fork_available() else "spawn")
-    if method not in START_METHODS or (method == "fork" and not fork_available()):
-        raise ValueError(f"start_method={start_method!r} is not available here; use 'spawn'"
-                         + (" or 'fork'" if fork_available() else ""))
+    if method == "fork" and not fork_available():
+        platform.say_once(f"hn.launch: start_method='fork' is not available: "
+                          f"{platform.fork().why}")
+        method = "spawn"
     import torch
 
     if method == "fork" and torch.cuda.is_initialized():

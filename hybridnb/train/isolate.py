@@ -43,6 +43,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from hybridnb import platform
 from hybridnb.env import FIRST_STEP_GRACE_ENV, ISOLATED_ENV, LAUNCHED_ENV, current, seconds_from_env
 from hybridnb.processes import child as _child
 from hybridnb.processes.channel import Channel, Message
@@ -92,6 +93,8 @@ def isolate_decision(isolate: bool | str, device: Any, *, in_distributed: bool
     kind = str(device).split(":", 1)[0]
     if isolate is False:
         return False, "isolate=False: training in this process"
+    if not platform.child_pipes():  # Windows
+        return False, f"{platform.child_pipes().why}: training in this process"
     env = current()
     if env.get(ISOLATED_ENV):
         return False, "already inside an isolated worker: training in this process"
@@ -170,9 +173,6 @@ def run_isolated(work: Callable[[Channel], Any], *,
         raise ValueError(f"start={start!r}: use 'fork' or 'spawn'")
     if first_step_grace is None:
         first_step_grace = first_step_grace_s()
-    if start == "fork" and not fork_available():
-        raise RuntimeError("run_isolated needs os.fork, which this platform lacks; train in "
-                           "this process (Trainer(isolate=False)) or use start='spawn'")
     for name, value in (("first_step_grace", first_step_grace), ("poll", poll),
                         ("stop_grace", stop_grace), ("timeout_floor", timeout_floor)):
         if not value > 0:

@@ -107,7 +107,8 @@ def test_this_machine_reports_host_facts_and_caches(monkeypatch, tmp_path):
     monkeypatch.setattr(D, "_CACHE", {})
     monkeypatch.setenv(env.CACHE_DIR_ENV, str(tmp_path))
     hw = hybridnb.detect()
-    assert hw.host.cores_usable == len(os.sched_getaffinity(0))
+    assert hw.host.cores_usable == (len(os.sched_getaffinity(0))
+                                    if hasattr(os, "sched_getaffinity") else os.cpu_count())
     assert hw.host.ram_total == psutil.virtual_memory().total
     assert 0 < hw.host.ram_available <= hw.host.ram_total
     if not gpu_info.nvml_inventory()[0] and not gpu_info.rocm_inventory()[0]:

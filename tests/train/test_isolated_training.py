@@ -18,7 +18,6 @@ from hybridnb.train import recovery
 from hybridnb.train.trainer import Trainer
 
 torch.set_num_threads(1)
-pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="isolation needs os.fork")
 
 
 def data(n=256, d=8, seed=0):

@@ -41,7 +41,17 @@ def main(argv: list[str] | None = None, channel: Channel | None = None) -> int:
         channel.flush()
 
     sim = simulate.read(args.index)
-    ctx: dict = {"backend": args.backend, "index": args.index, "sim": sim, "emit": emit}
+    if not run_steps(args.backend, args.index, emit, sim):
+        _exit(channel, 1)
+    simulate.inject(sim, "exit", emit)
+    _exit(channel, 0)
+    return 0
+
+
+def run_steps(backend: str, index: int, emit, sim: dict | None = None) -> bool:
+    """Run every step for one device, ``emit(**event)`` for each start, end and fact; stop at
+    the first failure. True when every step passed (then an "end" event was emitted)."""
+    ctx: dict = {"backend": backend, "index": index, "sim": sim, "emit": emit}
     for name in STEPS:
         emit(e="start", step=name, t=time.time())
         t0 = time.perf_counter()
@@ -51,16 +61,14 @@ def main(argv: list[str] | None = None, channel: Channel | None = None) -> int:
         except _WrongResult as exc:
             emit(e="fail", step=name, s=round(time.perf_counter() - t0, 4), error=str(exc),
                  wrong=True)
-            _exit(channel, 1)
-        except BaseException as exc:  # noqa: BLE001 - report any failure, then stop
+            return False
+        except Exception as exc:  # noqa: BLE001 - report any failure, then stop
             emit(e="fail", step=name, s=round(time.perf_counter() - t0, 4),
                  error=f"{type(exc).__name__}: {str(exc).strip()[:500]}")
-            _exit(channel, 1)
+            return False
         emit(e="ok", step=name, s=round(time.perf_counter() - t0, 4), detail=detail)
     emit(e="end")
-    simulate.inject(sim, "exit", emit)
-    _exit(channel, 0)
-    return 0
+    return True
 
 
 def _exit(channel: Channel, code: int) -> None:
@@ -104,7 +112,8 @@ def _step_available(ctx: dict) -> str:
         if not torch.backends.mps.is_available():
             raise RuntimeError("torch.backends.mps.is_available() is False")
         ctx["device"], ctx["sync"] = torch.device("mps"), torch.mps.synchronize
-        ctx["emit"](e="info", info={"name": "Apple GPU (MPS)"})
+        ctx["emit"](e="info", info={"name": "Apple GPU (MPS)", "runtime": "mps",
+                                    "bf16": _mps_bf16(torch)})
         return "MPS available"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -130,17 +139,43 @@ def _step_available(ctx: dict) -> str:
     return f"{props.name}, {count} device(s) visible"
 
 
+def _mps_bf16(torch) -> bool:
+    """Whether this Mac's MPS computes in bfloat16 (macOS 14 or later); False when it raises."""
+    try:
+        x = torch.ones(4, dtype=torch.bfloat16, device="mps")
+        return float((x * 2).sum().item()) == 8.0
+    except Exception:  # noqa: BLE001 - "TypeError: BFloat16 is not supported on MPS"
+        return False
+
+
 def _step_memory(ctx: dict) -> str:
     torch, sim = ctx["torch"], ctx["sim"]
     if sim is not None:
         free, total = simulate.memory(sim)
     elif ctx["device"].type == "mps":
-        total = int(torch.mps.recommended_max_memory())
-        free = total - int(torch.mps.current_allocated_memory())
+        free, total = _mps_memory(torch, ctx["emit"])
     else:
         free, total = (int(v) for v in torch.cuda.mem_get_info(ctx["device"]))
     ctx["emit"](e="info", info={"free_memory": free, "total_memory": total})
     return f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free"
+
+
+def _mps_memory(torch, emit) -> tuple[int, int]:
+    """(free, total) bytes of the Apple GPU, as torch.mps reads them: the memory Metal
+    recommends for this process (the machine's RAM where torch predates
+    ``recommended_max_memory``) less what the driver has allocated; also emitted as facts."""
+    mps = torch.mps
+    allocated = int(mps.current_allocated_memory())
+    driver = int(mps.driver_allocated_memory())
+    recommended = getattr(mps, "recommended_max_memory", None)
+    if recommended is not None:
+        total = int(recommended())
+    else:
+        import psutil
+
+        total = int(psutil.virtual_memory().total)
+    emit(e="info", info={"mps_allocated_memory": allocated, "mps_driver_memory": driver})
+    return max(0, total - max(allocated, driver)), total
 
 
 def _step_tensor(ctx: dict) -> str:

@@ -8,12 +8,18 @@ it hangs the parent knows which step. At the deadline the watch kills the whole 
 it: no orphan, no zombie. An interrupt kills the probes at once (they have nothing to keep) and
 is then raised here. The verdict (``ProbeResult``) is built from the steps the child reported
 and how the process ended.
+
+Where the OS cannot supervise a child (Windows: ``platform.child_pipes()``) the steps run in
+this process instead, without the deadline; each result's message says so (``run_here``).
 """
 
 from __future__ import annotations
 
 import time
 
+from hybridnb import platform
+from hybridnb.hardware.probe import child as probe_child
+from hybridnb.hardware.probe import simulate
 from hybridnb.hardware.probe.result import EVENT, STEPS, TITLES, ProbeResult, StepResult
 from hybridnb.processes.channel import Message
 from hybridnb.processes.ended import Ended, Exit
@@ -32,6 +38,8 @@ def run_probes(targets: list[tuple[str, int]], timeout: float) -> list[ProbeResu
     running then are killed with their process groups and reaped, also when this call is
     interrupted (SIGINT: a KeyboardInterrupt in a notebook, once they are gone).
     """
+    if not platform.child_pipes():
+        return [run_here(backend, index) for backend, index in targets]
     deadline = time.monotonic() + timeout
     probes = [Probe(backend, index) for backend, index in targets]
     with Watch() as watch:
@@ -39,6 +47,25 @@ def run_probes(targets: list[tuple[str, int]], timeout: float) -> list[ProbeResu
             probe.start(watch, max(0.0, deadline - time.monotonic()))
         watch.run()
     return [probe.result(timeout) for probe in probes]
+
+
+IN_PROCESS = ("probed in this process, without a time limit: {why}; a GPU that hangs would "
+              "hang this process too")
+
+
+def run_here(backend: str, index: int) -> ProbeResult:
+    """The probe's steps in this process (no child can be supervised here): the same verdicts
+    for failures and wrong results; a hang or a crash is not caught. The message says so."""
+    events: list[dict] = []
+    t0 = time.monotonic()
+    probe_child.run_steps(backend, index, lambda **event: events.append(event),
+                          simulate.read(index))
+    probe = Probe(backend, index)
+    probe.events = events
+    res = probe.verdict(time.monotonic() - t0, timed_out=False, rc=0, timeout=0.0)
+    note = IN_PROCESS.format(why=platform.child_pipes().why)
+    res.message = f"{res.message}; {note}" if res.message else note
+    return res
 
 
 class Probe:
@@ -75,6 +102,11 @@ class Probe:
         return proc.exit.returncode if proc.reaped and proc.exit else None
 
     def result(self, timeout: float) -> ProbeResult:
+        return self.verdict(self.seconds, self.timed_out, self.returncode, timeout)
+
+    def verdict(self, seconds: float, timed_out: bool, rc: int | None, timeout: float
+                ) -> ProbeResult:
+        """The result from the events the steps sent and how the process ended."""
         steps = {name: StepResult(name, "not run") for name in STEPS}
         current, info, failure, ended = None, {}, None, False
         for ev in list(self.events):
@@ -92,17 +124,16 @@ class Probe:
                 info.update(ev.get("info", {}))
             elif kind == "end":
                 ended = True
-        rc = self.returncode
         res = ProbeResult(self.backend, self.index, "passed", list(steps.values()),
-                          round(self.seconds, 3), info=info, returncode=rc,
+                          round(seconds, 3), info=info, returncode=rc,
                           proven_at=round(time.time(), 3))
         where = current or _next_step(steps)
-        if ended and (self.timed_out or rc != 0):  # every step passed; only the exit went wrong
+        if ended and (timed_out or rc != 0):  # every step passed; only the exit went wrong
             res.message = ("every step passed, but the probe process " + (
-                "did not exit in time and was killed" if self.timed_out else
+                "did not exit in time and was killed" if timed_out else
                 f"ended with {_exit_reason(rc).replace(' before finishing', '')}")
                 + " while shutting down (a driver teardown problem; training may still work)")
-        elif self.timed_out:
+        elif timed_out:
             res.verdict, res.failed_step = "hung", where
             steps[where].status, steps[where].detail = "hung", f"no answer within {timeout:g} s"
             since = _started_at(self.events, where)

@@ -1,0 +1,218 @@
+"""What this operating system can do for hybridnb's child processes: asked here, nowhere else.
+
+Linux, macOS and Windows differ in the facilities a supervised child needs. Each is a cached
+function returning a ``Facility`` (true when present; ``why`` says in one sentence what is
+missing and what hybridnb does instead), so a missing one is a sentence and a fallback, never
+an exception at import or in ``detect()``:
+
+============================  =========================================  ============================
+facility                      Linux                                      elsewhere (the fallback)
+============================  =========================================  ============================
+``memfd()``                   ``os.memfd_create`` (stop flag, payload)   an unlinked temporary file
+``parent_death_signal()``     ``prctl(PR_SET_PDEATHSIG)``                a lifeline pipe: the child
+                                                                         ends itself on its EOF
+``fork()``                    ``os.fork`` for ``hn.launch``              spawn (a fresh interpreter)
+``process_groups()``          ``os.killpg``, ``start_new_session``       psutil's process tree,
+                                                                         CREATE_NEW_PROCESS_GROUP
+``wait_without_reaping()``    ``os.waitid(WNOWAIT)``                     Popen.poll (reaps at once)
+``pidfd()``                   ``os.pidfd_open`` (wake on exit)           a short sleep
+``proc()``                    /proc (memory cap, /proc/cpuinfo)          memory cap off; platform
+``child_pipes()``             ``select`` on pipes, Popen's ``pass_fds``  none on Windows: the probe,
+                                                                         isolation and compare()
+                                                                         run in process, said once
+============================  =========================================  ============================
+
+The facts are read from the running interpreter (``hasattr(os, ...)``, ctypes, the file
+system), so a test that takes a facility away (``tests/platform_sim``) changes what this module
+reports without a flag in hybridnb. The signals are read with ``getattr``: Windows has no
+SIGKILL nor SIGHUP.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+
+# the signal that ends a process without a chance to answer (Windows: TerminateProcess,
+# which Python's os.kill uses for any signal but CTRL_C/CTRL_BREAK)
+KILL: int = int(getattr(signal, "SIGKILL", signal.SIGTERM))
+# the terminal closed (POSIX only); None where there is none
+HANGUP: int | None = getattr(signal, "SIGHUP", None)
+
+
+@dataclass(frozen=True)
+class Facility:
+    """One facility: ``available``, and ``why`` (one sentence) when it is not."""
+
+    name: str
+    available: bool
+    why: str = ""
+
+    def __bool__(self) -> bool:
+        return self.available
+
+
+def _has(name: str, ok: bool, why: str) -> Facility:
+    return Facility(name, bool(ok), "" if ok else why)
+
+
+@functools.cache
+def memfd() -> Facility:
+    """Anonymous memory files (Linux): the stop flag and a spawned child's job travel in one."""
+    return _has("memfd", hasattr(os, "memfd_create"),
+                "os.memfd_create is Linux-only: the stop flag and a child's job use an "
+                "unlinked temporary file instead")
+
+
+@functools.cache
+def parent_death_signal() -> Facility:
+    """``prctl(PR_SET_PDEATHSIG)`` (Linux): a child gets a signal when its parent dies."""
+    why = ("PR_SET_PDEATHSIG is Linux-only: a child notices its parent's death through a "
+           "lifeline pipe instead (it ends itself when the pipe's other end closes)")
+    if not sys.platform.startswith("linux"):
+        return _has("PR_SET_PDEATHSIG", False, why)
+    try:
+        import ctypes
+
+        _ = ctypes.CDLL(None, use_errno=True).prctl
+    except (ImportError, OSError, AttributeError, TypeError):
+        return _has("PR_SET_PDEATHSIG", False, why)
+    return _has("PR_SET_PDEATHSIG", True, "")
+
+
+def set_parent_death_signal(death_signal: int) -> bool:
+    """Ask the kernel to send ``death_signal`` to this process when its parent dies (True when
+    it took; False where ``parent_death_signal()`` is missing)."""
+    if not parent_death_signal():
+        return False
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(1, int(death_signal)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+@functools.cache
+def fork() -> Facility:
+    """``os.fork`` and multiprocessing's "fork" start method (POSIX)."""
+    import multiprocessing
+
+    try:
+        methods = multiprocessing.get_all_start_methods()
+    except Exception:  # noqa: BLE001 - a stripped multiprocessing: treat as no fork
+        methods = []
+    return _has("fork", hasattr(os, "fork") and "fork" in methods,
+                "this platform cannot fork: children start as fresh interpreters (spawn)")
+
+
+@functools.cache
+def process_groups() -> Facility:
+    """POSIX process groups: a child in its own group, its whole tree ended by ``killpg``."""
+    return _has("process groups", hasattr(os, "killpg") and hasattr(os, "setsid"),
+                "no POSIX process groups: a child's process tree is ended through psutil "
+                "(its descendants, then itself)")
+
+
+@functools.cache
+def wait_without_reaping() -> Facility:
+    """``os.waitid(WNOWAIT)``: see that a child ended without reaping it (Linux; macOS from
+    Python 3.13), so its process group cannot be reused before it is killed."""
+    return _has("waitid", hasattr(os, "waitid") and hasattr(os, "WNOWAIT"),
+                "os.waitid is missing: an ended child is reaped as soon as it is seen")
+
+
+@functools.cache
+def pidfd() -> Facility:
+    """``os.pidfd_open`` (Linux 5.3): a descriptor that wakes ``select`` when a child exits."""
+    return _has("pidfd", hasattr(os, "pidfd_open"),
+                "os.pidfd_open is Linux-only: a child's exit is seen within 50 ms by polling")
+
+
+@functools.cache
+def proc() -> Facility:
+    """Linux's /proc: this process's mapped memory and the machine's available memory, the
+    CPU's flags."""
+    return _has("/proc", os.path.exists("/proc/self/status") and os.path.exists("/proc/meminfo"),
+                "there is no /proc here: the memory cap of a speed-up trial is off and the "
+                "CPU's name comes from the platform module")
+
+
+@functools.cache
+def child_pipes() -> Facility:
+    """What every supervised child of hybridnb needs: descriptors passed to a child (Popen's
+    ``pass_fds``) and ``select`` on pipes (POSIX; Windows has neither)."""
+    return _has("child pipes", os.name == "posix",
+                "Windows cannot pass pipes to a child process nor wait on them with select(), "
+                "which hybridnb's supervised children need")
+
+
+def proc_path(*parts: str) -> str | None:
+    """A path under /proc (``proc_path("cpuinfo")``), or None where there is no /proc."""
+    return os.path.join("/proc", *parts) if proc() else None
+
+
+def hangup_signals() -> tuple[int, ...]:
+    """The signals that end a process by default and that a supervisor answers: SIGINT,
+    SIGTERM, and SIGHUP where it exists."""
+    return tuple(s for s in (signal.SIGINT, signal.SIGTERM, HANGUP) if s is not None)
+
+
+def new_group_popen_kwargs() -> dict:
+    """Popen's arguments that start a child in its own process group (session)."""
+    if process_groups():
+        return {"start_new_session": True}
+    return {"creationflags": getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)}
+
+
+@dataclass(frozen=True)
+class SharedMemory:
+    """The shared-memory folder (Linux's /dev/shm): its size and free bytes, or why none."""
+
+    path: str | None
+    total: int | None = None
+    free: int | None = None
+    why: str = ""
+
+
+def shared_memory(path: str = "/dev/shm") -> SharedMemory:
+    """The size and free space of ``path`` now (not cached: it fills and empties). Docker's
+    default is 64 MB (``docker run --shm-size``)."""
+    if not os.path.isdir(path) or not hasattr(os, "statvfs"):
+        return SharedMemory(None, why=f"there is no {path} here: large tensors travel through "
+                                      "a temporary folder instead")
+    try:
+        st = os.statvfs(path)
+    except OSError as exc:
+        return SharedMemory(None, why=f"{path} cannot be read ({exc.strerror})")
+    return SharedMemory(path, st.f_frsize * st.f_blocks, st.f_frsize * st.f_bavail)
+
+
+_said: set[str] = set()
+
+
+def say_once(sentence: str) -> None:
+    """A fallback that changes what the user gets, said once per process on stderr (as
+    hybridnb's other one-line notices are)."""
+    if sentence not in _said:
+        _said.add(sentence)
+        print(f"hybridnb: {sentence}", file=sys.stderr)
+
+
+FACILITIES = (memfd, parent_death_signal, fork, process_groups, wait_without_reaping, pidfd,
+              proc, child_pipes)
+
+
+def missing() -> list[Facility]:
+    """The facilities this OS lacks, each with its sentence."""
+    return [f for f in (probe() for probe in FACILITIES) if not f]
+
+
+def refresh() -> None:
+    """Forget the cached facts (for tests that take a facility away in this process)."""
+    for probe in FACILITIES:
+        probe.cache_clear()

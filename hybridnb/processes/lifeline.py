@@ -1,0 +1,90 @@
+"""A child dies with its parent: ``PR_SET_PDEATHSIG`` on Linux, a lifeline pipe elsewhere.
+
+Where the kernel cannot send a child a signal when its parent dies (macOS, Windows:
+``platform.parent_death_signal()``), each process that starts children holds one pipe: it
+keeps the write end and never writes; every child inherits the read end. When the parent dies,
+however it dies (SIGKILL included), the OS closes the write end and each child's watcher thread
+reads EOF and delivers the death signal to its own process (SIGKILL ends it at once; SIGINT,
+for ``hn.launch``'s ranks, raises KeyboardInterrupt in its main thread as the kernel's signal
+would). ``wiring()`` is what the child needs, as text for its argv ("PID" or "PID:FD");
+``hold(wiring, death_signal)`` in the child sets it up and exits at once if the parent is
+already gone.
+
+A forked child inherits the write end too: it must ``after_fork(wiring)`` (close that end), or
+it would keep its own lifeline open. Any other process forked from the parent without exec
+(a multiprocessing "fork" worker) also holds it until it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+
+from hybridnb import platform
+
+_lock = threading.Lock()
+_pipe: tuple[int, int] | None = None
+_owner: int | None = None  # the pid that made _pipe (a forked child makes its own)
+
+
+def read_end() -> int | None:
+    """The read end of this process's lifeline (made once per process), for a child to
+    inherit; None where the kernel's parent-death signal does the job."""
+    global _pipe, _owner
+    if platform.parent_death_signal():
+        return None
+    with _lock:
+        if _pipe is None or _owner != os.getpid():
+            _pipe, _owner = os.pipe(), os.getpid()  # both ends close-on-exec; pass_fds opens one
+        return _pipe[0]
+
+
+def wiring() -> str:
+    """The parent's pid, and the lifeline's read end where one is needed ("PID" or "PID:FD")."""
+    fd = read_end()
+    return str(os.getpid()) if fd is None else f"{os.getpid()}:{fd}"
+
+
+def pass_fds() -> tuple[int, ...]:
+    """The descriptors a spawned child must inherit for ``wiring()`` to work."""
+    fd = read_end()
+    return () if fd is None else (fd,)
+
+
+def after_fork() -> None:
+    """In a forked child: close the parent's write end of the lifeline (the read end stays,
+    for ``hold``), and forget the pipe, so this process makes its own for its children."""
+    global _pipe, _owner
+    if _pipe is not None and _owner != os.getpid():
+        with contextlib.suppress(OSError):
+            os.close(_pipe[1])
+        _pipe, _owner = None, None
+
+
+def hold(wiring_text: str, death_signal: int = platform.KILL) -> None:
+    """In the child: get ``death_signal`` when the parent in ``wiring_text`` dies; exit at once
+    (code 1) if it is already gone."""
+    pid_text, _, fd_text = str(wiring_text).partition(":")
+    parent = int(pid_text)
+    platform.set_parent_death_signal(death_signal)
+    if fd_text:
+        fd = int(fd_text)
+        threading.Thread(target=_watch, args=(fd, death_signal), daemon=True,
+                         name="hybridnb-lifeline").start()
+    if os.getppid() != parent:  # the parent died before the death signal could be set
+        os._exit(1)
+
+
+def _watch(fd: int, death_signal: int) -> None:
+    """Block on the lifeline until the parent's end closes, then deliver the death signal."""
+    try:
+        while os.read(fd, 1):
+            pass
+    except OSError:
+        pass
+    with contextlib.suppress(OSError, ValueError):
+        signal.raise_signal(death_signal)  # SIGINT: its handler runs in the main thread
+    if death_signal != signal.SIGINT:
+        os._exit(1)  # a signal that did not end this process
