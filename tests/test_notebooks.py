@@ -313,21 +313,23 @@ def test_the_imports_cell_keeps_every_figure_as_an_image_too(path):
 @pytest.mark.parametrize("name", EXPECTED)
 @pytest.mark.slow
 @pytest.mark.notebooks
-def test_every_figure_shown_carries_a_png(executed, name):
-    """A saved notebook, its HTML export and a code host's preview show each plotly figure."""
+def test_every_figure_shown_carries_an_image_and_stays_interactive(executed, name):
+    """A saved notebook, its HTML export and a code host's preview show each plotly figure (its
+    SVG); JupyterLab draws it with plotly, which it would not with an image/png beside it
+    (tests/live/test_browser.py)."""
     written = nbformat.read(executed[name].ipynb, as_version=4)
     figures = [(i, o.data) for i, c in _code(written) for o in c.outputs
                if "application/vnd.plotly.v1+json" in (o.get("data") or {})]
     assert figures, f"{name} shows no figure"
     for i, data in figures:
-        assert "image/png" in data, (name, i)
+        assert "image/svg+xml" in data and "image/png" not in data, (name, i)
 
 
 @pytest.mark.parametrize("name", ["04_challenge1_training", "05_challenge2_training"])
 @pytest.mark.slow
 @pytest.mark.notebooks
 def test_plain_nbconvert_html_of_an_executed_notebook_shows_every_figure(executed, name):
-    """`jupyter nbconvert --to html` (no plotly JavaScript) draws each figure as its PNG."""
+    """`jupyter nbconvert --to html` (no plotly JavaScript) draws each figure as its image."""
     from nbconvert import HTMLExporter
 
     written = nbformat.read(executed[name].ipynb, as_version=4)
@@ -335,7 +337,7 @@ def test_plain_nbconvert_html_of_an_executed_notebook_shows_every_figure(execute
                   for _, c in _code(written) for o in c.outputs)
     body, _ = HTMLExporter().from_notebook_node(written)
     assert figures >= 3, name
-    assert body.count('src="data:image/png;base64,') >= figures
+    assert body.count('<img src="data:image/svg+xml;base64,') >= figures
 
 
 @pytest.mark.parametrize("name", ["04_challenge1_training", "05_challenge2_training"])
