@@ -71,8 +71,11 @@ def _pyproject() -> dict:
 
 
 def _wheel_name() -> str:
+    import hybridnb
+
     project = _pyproject()
-    return f"dist/{project['name']}-{project['version']}-py3-none-any.whl"
+    assert project["dynamic"] == ["version"]   # written once: hybridnb.__version__
+    return f"dist/{project['name']}-{hybridnb.__version__}-py3-none-any.whl"
 
 
 @pytest.mark.parametrize("command", PIP)
