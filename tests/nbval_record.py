@@ -24,6 +24,14 @@ import pytest
 from hybridnb.env import HEADLESS_ENV, QUICK_ENV
 
 _KEY = pytest.StashKey[dict]()
+_FOLDER = pytest.StashKey[Path]()
+
+
+def pytest_unconfigure(config):
+    if _FOLDER in config.stash:
+        import shutil
+
+        shutil.rmtree(config.stash[_FOLDER], ignore_errors=True)
 
 
 def recorded(config) -> dict:
@@ -45,7 +53,9 @@ def _state(item) -> dict:
 
         from hybridnb_tools.notebooks import NotebookRun
 
-        folder = Path(tempfile.mkdtemp(prefix="nbval-notebooks-"))
+        if _FOLDER not in item.config.stash:   # removed when the session ends
+            item.config.stash[_FOLDER] = Path(tempfile.mkdtemp(prefix="nbval-notebooks-"))
+        folder = item.config.stash[_FOLDER]
         run = NotebookRun(name=name, ipynb=folder / f"{name}.ipynb", ok=True)
         runs[name] = {"run": run, "nb": copy.deepcopy(item.parent.nb), "done": False,
                       "t0": time.perf_counter()}
