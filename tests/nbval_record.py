@@ -27,6 +27,17 @@ _KEY = pytest.StashKey[dict]()
 _FOLDER = pytest.StashKey[Path]()
 
 
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+def pytest_ignore_collect(collection_path, config):
+    """nbval runs the tutorials only: tests/live/browser/*.ipynb are the browser test's pages
+    (one trains until its Stop button is clicked)."""
+    if collection_path.suffix == ".ipynb" and collection_path.resolve().parent != NOTEBOOKS:
+        return True
+    return None
+
+
 def pytest_unconfigure(config):
     if _FOLDER in config.stash:
         import shutil
