@@ -59,14 +59,20 @@ class _InputScale(torch.nn.Module):
         return self.model(x * self.factor)
 
 
+# Where the weights are looked for: next to this file (the zip's own), then the starter kit's
+# resolve_path order (/app/input/res, /app/input, the working folder), then /app/output, which
+# Codabench has also used.
+_SEARCH = (_HERE, Path("/app/input/res"), Path("/app/input"), Path("."), Path("/app/output"))
+
+
 def _resolve_path(name):
-    """The weights sit next to this file; Codabench has also used /app/output and /app/input/res."""
-    for folder in (_HERE, Path("/app/output"), Path("/app/input/res"), Path.cwd()):
+    """The first of ``_SEARCH`` that holds ``name``."""
+    for folder in _SEARCH:
         candidate = folder / name
         if candidate.exists():
-            return candidate
-    raise FileNotFoundError(f"{name} not found next to {__file__} nor in /app/output, "
-                            "/app/input/res or the working folder")
+            return candidate.resolve()
+    raise FileNotFoundError(f"{name} not found in any of: " + ", ".join(
+        str(f) if f != Path(".") else f"the working folder ({Path.cwd()})" for f in _SEARCH))
 
 
 class Submission:

@@ -179,6 +179,12 @@ def test_the_wheel_installs_and_runs_outside_the_clone(tmp_path):
     meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
     requires = zipfile.ZipFile(wheel).read(meta).decode()
     assert "Requires-Dist: ipywidgets>=7.6" in requires      # Colab's ipywidgets 7 is kept
+    import hybridnb
+
+    assert f"\nVersion: {hybridnb.__version__}\n" in requires   # the one version, read from the package
+    assert "License-Expression: BSD-3-Clause" in requires
+    licence = next(n for n in names if n.endswith(".dist-info/licenses/LICENSE"))
+    assert "BSD 3-Clause License" in zipfile.ZipFile(wheel).read(licence).decode()
     points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "eegnex = hybridnb_tools.models:eegnex" in zipfile.ZipFile(wheel).read(points).decode()
 
@@ -196,3 +202,30 @@ def test_the_wheel_installs_and_runs_outside_the_clone(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     where, device = run.stdout.split()[-2:]
     assert Path(where).is_relative_to(site) and device == "cpu"
+
+
+# declared, and needed, but never imported by name here
+IMPORTED_BY_OTHERS = {"anywidget": "plotly's FigureWidget (the live view's plots) is an anywidget"}
+
+
+def test_every_declared_dependency_is_imported():
+    """Dependencies chosen, not accumulated: each runtime dependency in pyproject is imported by
+    the packages, examples/ or the notebooks (or says who needs it)."""
+    import importlib.metadata
+    import re
+
+    from packaging.requirements import Requirement
+
+    tomllib = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    modules: dict[str, set[str]] = {}
+    for module, dists in importlib.metadata.packages_distributions().items():
+        for dist in dists:
+            modules.setdefault(re.sub(r"[-_.]+", "-", dist).lower(), set()).add(module)
+    imported = set(_imports_by_module())
+    unused = []
+    for req in project["dependencies"]:
+        name = re.sub(r"[-_.]+", "-", Requirement(req).name).lower()
+        if name not in IMPORTED_BY_OTHERS and not modules.get(name, {name}) & imported:
+            unused.append(name)
+    assert unused == [], f"declared in pyproject.toml but never imported: {unused}"

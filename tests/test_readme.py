@@ -71,8 +71,11 @@ def _pyproject() -> dict:
 
 
 def _wheel_name() -> str:
+    import hybridnb
+
     project = _pyproject()
-    return f"dist/{project['name']}-{project['version']}-py3-none-any.whl"
+    assert project["dynamic"] == ["version"]   # written once: hybridnb.__version__
+    return f"dist/{project['name']}-{hybridnb.__version__}-py3-none-any.whl"
 
 
 @pytest.mark.parametrize("command", PIP)
@@ -155,6 +158,18 @@ def _python_block(section: str) -> str:
     return body.split("```python", 1)[1].split("```", 1)[0]
 
 
+class Split:
+    """Stands in for data_prep's Windows after the tour: ``.dataset(scale=...)`` is a Dataset."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x / 1e6, y           # stored in volts, as data_prep stores windows
+
+    def dataset(self, scale: float = 1.0):
+        from torch.utils.data import TensorDataset
+
+        return TensorDataset(self.x * scale, self.y)
+
+
 class TinyNet(torch.nn.Module):
     """No arguments, defined at module level: ``hn.load(path)`` can import and rebuild it."""
 
@@ -175,8 +190,6 @@ def test_the_schedule_example_runs_as_written_and_one_cycle_reaches_its_last_ste
     import contextlib
     import io
 
-    from torch.utils.data import TensorDataset
-
     pytest.importorskip("tensorboard")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HYBRIDNB_CACHE_DIR", str(tmp_path / "cache"))
@@ -187,8 +200,7 @@ def test_the_schedule_example_runs_as_written_and_one_cycle_reaches_its_last_ste
     y = torch.sin(x @ torch.linspace(-1, 1, 8)).unsqueeze(1)
     torch.manual_seed(0)
     model = TinyNet()
-    names = {"model": model, "train": TensorDataset(x[:320], y[:320]),
-             "val": TensorDataset(x[320:], y[320:])}
+    names = {"model": model, "train": Split(x[:320], y[:320]), "val": Split(x[320:], y[320:])}
     code = _python_block("Logs, callbacks, schedules, saved models")
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -207,6 +219,29 @@ def test_the_schedule_example_runs_as_written_and_one_cycle_reaches_its_last_ste
     for a, b in zip(loaded.state_dict().values(), trainer.model.state_dict().values(),
                     strict=True):
         assert torch.equal(a, b)
+
+
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_every_python_block_runs_as_written_in_order(tmp_path):
+    """What a reader does: paste each ``python`` block, top to bottom, into one session (quick
+    mode: the Trainer caps epochs and steps; on the CPU, in a fresh folder and cache)."""
+    blocks = python_blocks(README)
+    assert len(blocks) >= 3
+    script = tmp_path / "readme.py"
+    script.write_text("\n\n".join(f"# README block {i}\n{b}" for i, b in enumerate(blocks)))
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("HYBRIDNB_")}
+    environ.update(HYBRIDNB_QUICK="1", HYBRIDNB_DEVICE="cpu", HYBRIDNB_WARM_WORKER="0",
+                   HYBRIDNB_CACHE_DIR=str(tmp_path / "cache"),
+                   PYTHONPATH=os.pathsep.join([str(ROOT), environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=environ,
+                         capture_output=True, text=True, timeout=540)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "test nRMSE" in run.stdout and (tmp_path / "runs" / "c1" / "model.pt").exists()
 
 
 # ------------------------------------------------------------------ the README agrees with itself

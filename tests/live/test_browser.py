@@ -4,7 +4,9 @@ Starts JupyterLab (127.0.0.1, no token, a free port, a temp root), opens tests/l
 (a tiny model trained with ``Trainer(live="widgets")``), runs all cells and checks from the DOM:
 the ipywidgets progress bar reached 100 %, the live plotly loss trace grew while training, and
 at the end the live widgets were replaced by the static snapshot whose loss trace has one point
-per logged step and whose memory plot has data. Then tests/browser/stop.ipynb, whose steps run in
+per logged step and whose memory plot has data; a user's figure shown after
+``hybridnb.static_figures()`` (which adds an image for exports to the same output) is drawn by
+plotly, not shown as a picture. Then tests/browser/stop.ipynb, whose steps run in
 an isolated worker process (``isolate=True``): the kernel's live plots update from the worker's
 messages, and clicking Stop ends training early with a checkpoint on disk. Screenshots are saved in
 the test's tmp folder.
@@ -50,13 +52,16 @@ OBSERVER = """() => {
     attributes: true, attributeFilter: ['style', 'class', 'd']});
 }"""
 
+# The user's figure of train.ipynb's last cell, drawn by plotly (not an <img>)
+USER_FIGURE = "gd => ((gd.layout || {}).title || {}).text === 'user figure'"
 # The static snapshot left in the notebook at the end (rendered by JupyterLab's plotly renderer).
 SNAPSHOT = """() => {
+  const USER_FIGURE = """ + USER_FIGURE + """;
   const out = {plots: [], widgets: document.querySelectorAll('.jupyter-widgets').length,
     bars: document.querySelectorAll('.widget-hprogress').length,
     summary: [...document.querySelectorAll('.hybridnb-summary')].map(e => e.innerText)};
   for (const gd of document.querySelectorAll('.js-plotly-plot')) {
-    if (gd.closest('.hybridnb-live-plots')) continue;
+    if (gd.closest('.hybridnb-live-plots') || USER_FIGURE(gd)) continue;
     out.plots.push(Object.fromEntries((gd.data || []).map(
       t => [t.name, (t.y || []).filter(v => v !== null && v !== undefined).length])));
   }
@@ -127,6 +132,12 @@ def test_widgets_train_and_stop_in_jupyterlab(lab, tmp_path):
     assert plot["process RSS"] >= 2  # and the memory plot has data
     assert len(snap["summary"]) == 1 and "Trained SlowLinear" in snap["summary"][0]
     assert "Best val_loss" in snap["summary"][0]
+    # the user's figure: plotly draws it at once (an image/png beside the JSON would be shown
+    # instead, and drawn only when the mouse enters it)
+    train.wait_for_function(f"() => [...document.querySelectorAll('.js-plotly-plot')].some("
+                            f"{USER_FIGURE})", timeout=30_000)
+    assert train.locator(".jp-RenderedPlotly img.plot-img[src^='data:']").count() == 0
+    train.screenshot(path=str(tmp_path / "lab-train-user-figure.png"), full_page=True)
 
     # 2. stop.ipynb (50 epochs): the live FigureWidget draws loss and memory while it trains;
     #    clicking Stop ends it after the current step with a checkpoint on disk.

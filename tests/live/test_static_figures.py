@@ -1,9 +1,12 @@
-"""Figures that survive saving and export (issue 28): a static image beside the plotly JSON.
+"""Figures that stay interactive and survive saving and export (issues 28, 35): a static image
+beside the plotly JSON, in the same output.
 
 A notebook output holding only ``application/vnd.plotly.v1+json`` is dropped by nbconvert's
-HTML export and by a code host's preview. User figures get a PNG after ``hn.static_figures()``;
-the library's figures (``LRFindResult.plot()``, the live view's end-of-run figure,
-``trainer.report()``) carry one without it. The notebook test executes a notebook with nbclient,
+HTML export and by a code host's preview. User figures get an SVG after ``hn.static_figures()``;
+the library's figures (``LRFindResult.plot()``, the live view's end-of-run figure) carry one
+without it (``trainer.report()`` writes a PNG file). The image is SVG, never PNG, beside the
+JSON: JupyterLab's plotly renderer shows an ``image/png`` instead of drawing the plot (the
+browser test checks the plots are drawn). The notebook test executes a notebook with nbclient,
 exports it with nbconvert and finds an image for every figure.
 """
 
@@ -28,6 +31,7 @@ from hybridnb.live import static  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SVG = "image/svg+xml"
 
 
 @pytest.fixture
@@ -45,8 +49,12 @@ def png_size(data: bytes) -> tuple[int, int]:
     return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
 
 
-def decoded(bundle: dict) -> bytes:
-    return base64.b64decode(bundle["image/png"])
+def svg_size(svg: str) -> tuple[float, float]:
+    """(width, height) in plotly's px of a matplotlib SVG (its size is in pt, 72 per inch, drawn
+    at 100 dpi)."""
+    assert svg.lstrip().startswith("<?xml") and "<svg" in svg
+    w, h = re.search(r'<svg[^>]*width="([\d.]+)pt" height="([\d.]+)pt"', svg).groups()
+    return float(w) * 100 / 72, float(h) * 100 / 72
 
 
 def tiny_trainer(**kwargs):
@@ -69,7 +77,7 @@ def tiny_trainer(**kwargs):
 def test_importing_hybridnb_changes_no_plotly_setting_nor_pyplot():
     code = ("import plotly.io as pio; before = pio.renderers.default; import hybridnb as hn; "
             "hn.Trainer; import hybridnb.live.static; import hybridnb.train.lr_find; "
-            "print(pio.renderers.default == before, 'hybridnb_png' in pio.renderers); "
+            "print(pio.renderers.default == before, 'hybridnb_image' in pio.renderers); "
             "import sys, plotly.express as px; hybridnb.live.static.to_png(px.line(y=[1, 2])); "
             "print('matplotlib.pyplot' in sys.modules)")  # a notebook's pyplot state untouched
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -78,19 +86,31 @@ def test_importing_hybridnb_changes_no_plotly_setting_nor_pyplot():
     assert out == ["True", "False", "False"]
 
 
-def test_static_figures_puts_a_png_beside_every_user_figure_and_undoes(kernel_renderer):
+def test_static_figures_puts_an_image_beside_every_user_figure_and_undoes(kernel_renderer):
     import hybridnb as hn
 
     fig = px.scatter(x=[1, 2, 3], y=[3, 1, 2], width=600, height=400)
     assert set(fig._repr_mimebundle_()) == {PLOTLY_MIME}  # what nbconvert drops
-    assert hn.static_figures() == "plotly_mimetype+hybridnb_png"
-    assert hn.static_figures() == "plotly_mimetype+hybridnb_png"  # idempotent
+    assert hn.static_figures() == "plotly_mimetype+hybridnb_image"
+    assert hn.static_figures() == "plotly_mimetype+hybridnb_image"  # idempotent
     bundle = fig._repr_mimebundle_()
-    assert set(bundle) == {PLOTLY_MIME, "image/png"}
-    width, height = png_size(decoded(bundle))
+    # no image/png: JupyterLab's plotly renderer would show it instead of drawing the plot
+    assert set(bundle) == {PLOTLY_MIME, SVG}
+    width, height = svg_size(bundle[SVG])
     assert 400 <= width <= 620 and 250 <= height <= 420  # the figure's size, margins trimmed
+    assert fig._repr_mimebundle_()[SVG] == bundle[SVG]  # the same figure, the same bytes
     assert hn.static_figures(False) == "plotly_mimetype"
     assert set(fig._repr_mimebundle_()) == {PLOTLY_MIME}
+
+
+def test_on_colab_the_image_goes_beside_plotlys_html(kernel_renderer):
+    import hybridnb as hn
+
+    pio.renderers.default = "colab"  # what plotly picks on Colab: text/html with plotly.js
+    assert hn.static_figures() == "colab+hybridnb_image"
+    bundle = px.line(y=[1, 2])._repr_mimebundle_()
+    assert set(bundle) == {"text/html", SVG}  # Colab draws the html; an export, the image
+    hn.static_figures(False)
 
 
 @pytest.mark.parametrize("default", ["", "browser"])
@@ -122,15 +142,15 @@ def test_a_figure_that_cannot_be_drawn_is_still_shown_and_said(kernel_renderer, 
 # ------------------------------------------------------------------ library figures
 
 
-def test_lr_find_plot_carries_a_png_without_the_setup_line(kernel_renderer):
+def test_lr_find_plot_carries_an_image_without_the_setup_line(kernel_renderer):
     tr, data = tiny_trainer(epochs=1)
     found = tr.lr_find(data, num_steps=20)
     fig = found.plot()
     assert isinstance(fig, go.Figure)  # every plotly method still works
     assert type(fig.update_layout(title="again")) is type(fig)
     bundle = fig._repr_mimebundle_()
-    assert set(bundle) == {PLOTLY_MIME, "image/png"}
-    assert decoded(bundle).startswith(PNG_MAGIC)
+    assert set(bundle) == {PLOTLY_MIME, SVG}
+    assert svg_size(bundle[SVG])[0] > 300
     drawn = static.to_matplotlib(fig)
     ax = drawn.axes[0]
     assert ax.get_xscale() == "log" and ax.get_xlabel() == "learning rate"
@@ -233,22 +253,21 @@ def test_executed_notebook_exported_to_html_shows_every_figure(tmp_path, monkeyp
     user, = figures(nb.cells[1])
     lr, = figures(nb.cells[3])
     end, = figures(nb.cells[4])  # the live view's end-of-run figure
-    assert "image/png" in user and "image/png" in lr
-    assert end["image/svg+xml"].startswith("<svg")
-    for data in (user, lr):
-        assert base64.b64decode(data["image/png"]).startswith(PNG_MAGIC)
+    for data in (user, lr, end):
+        assert not any(k.startswith("image/") and k != SVG for k in data)  # no PNG: see above
+    assert svg_size(user[SVG])[0] > 300 and svg_size(lr[SVG])[0] > 300
+    assert end[SVG].startswith("<svg")
 
     # saved and read back, as a code host reads it
     path = tmp_path / "figures.ipynb"
     nbformat.write(nb, path)
     saved = nbformat.read(path, as_version=4)
-    assert [sorted(k for k in d if k.startswith("image/")) for c in saved.cells
-            for d in figures(c)] == [["image/png"], ["image/png"], ["image/svg+xml"]]
+    assert [[k for k in d if k.startswith("image/")] for c in saved.cells
+            for d in figures(c)] == [[SVG], [SVG], [SVG]]
 
     html, _ = nbconvert.HTMLExporter().from_notebook_node(saved)
-    pngs = re.findall(r'<img[^>]*src="data:image/png;base64,([A-Za-z0-9+/=\n]+)"', html)
-    assert [p[:40] for p in pngs] == [user["image/png"][:40], lr["image/png"][:40]]
-    svgs = re.findall(r'<img[^>]*src="data:image/svg\+xml;base64,([A-Za-z0-9+/=\n]+)"', html)
-    svg, = (base64.b64decode(s).decode() for s in svgs)  # the end-of-run figure
-    assert svg.startswith("<svg") and "<title>hybridnb: loss, learning rate, memory" in svg
-    assert png_size(base64.b64decode(pngs[1]))[0] > 300  # a real image, not a placeholder
+    svgs = [base64.b64decode(s).decode() for s in re.findall(
+        r'<img[^>]*src="data:image/svg\+xml;base64,([A-Za-z0-9+/=\n]+)"', html)]
+    assert svgs[:2] == [user[SVG], lr[SVG]]   # an <img> for each figure, in order
+    assert len(svgs) == 3 and svgs[2].startswith("<svg")   # the end-of-run figure
+    assert "<title>hybridnb: loss, learning rate, memory" in svgs[2]
