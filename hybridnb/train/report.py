@@ -96,7 +96,7 @@ def _figures(record: RunRecord, folder: Path) -> list[str]:
         fig = figures.make_figure(record)
     except ImportError:
         return ["figures skipped: plotly is not installed (pip install plotly)"]
-    fig.write_html(folder / "figures.html", include_plotlyjs="cdn")
+    fig.write_html(folder / "figures.html", include_plotlyjs=True)
     try:
         static.write_png(fig, folder / "figures.png")
     except ImportError:
