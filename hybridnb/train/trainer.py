@@ -31,8 +31,9 @@ from hybridnb.train.bus import Bus, Started
 from hybridnb.train.callbacks import check_callbacks
 from hybridnb.train.checkpoint import Checkpoints
 from hybridnb.train.checkpoint import read as read_checkpoint
-from hybridnb.train.data import BatchCheck
-from hybridnb.train.evaluation import metrics
+from hybridnb.train.data import BatchCheck, check_fit_data
+from hybridnb.train.evaluation import as_output, metrics
+from hybridnb.train.habits import refuse_lightning_hooks
 from hybridnb.train.heap import frozen_heap
 from hybridnb.train.heartbeat import Heartbeat
 from hybridnb.train.learner import Learner
@@ -74,7 +75,10 @@ class Trainer:
       only.
     - ``verbose``: print events to stderr when there is no live view.
     - ``loss``: "mse" | "l1" | "huber" (``huber_delta``; ``reweight_after=E`` down-weights large
-      residuals from epoch E on) | a callable ``(pred, y) -> mean loss``.
+      residuals from epoch E on) | "cross_entropy" (classification: logits (batch, classes),
+      targets int64 class indices (batch,) or (batch, 1); ``class_weights``: one weight per
+      class; validation, ``evaluate()`` and the history add accuracy and balanced_accuracy,
+      ``predict()`` gives labels) | a callable ``(pred, y) -> mean loss``.
     - ``optimizer``: None (AdamW with ``weight_decay``) | "adamw" | "adam" | "sgd" | a callable
       ``params -> Optimizer``.
     - ``compile``: False | True | "default" | "reduce-overhead" | "max-autotune"; any failure
@@ -130,7 +134,8 @@ class Trainer:
     (full disk, read-only folder) is said once; the run continues from memory.
     """
 
-    def __init__(self, model: torch.nn.Module, *, loss="mse", lr: float = 1e-3,
+    def __init__(self, model: torch.nn.Module, *, loss="mse",
+                 class_weights: list[float] | None = None, lr: float = 1e-3,
                  epochs: int = 10, batch_size: int | None = None, device="auto",
                  precision: str = "auto", live="auto", seed: int | None = None,
                  checkpoint_dir: str | Path | None = None, optimizer=None,
@@ -145,13 +150,16 @@ class Trainer:
                  grad_checkpointing: bool = False, loader_kwargs: dict | None = None,
                  strategy="auto", isolate="auto", step_timeout: float | None = None,
                  speedups="auto", logger="auto", log_dir: str | Path | None = None,
-                 callbacks: list | None = None, verbose: bool = True) -> None:
+                 callbacks: list | None = None, verbose: bool = True, **unknown) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         kwargs = {k: v for k, v in locals().items()
-                  if k not in ("self", "model", "__class__", "callbacks")}
+                  if k not in ("self", "model", "__class__", "callbacks", "unknown")}
+        kwargs.update(unknown)  # Settings.build names each unknown one's equivalent
+        settings = Settings.build(**kwargs)
+        refuse_lightning_hooks(model)
         with frozen_heap():  # building the optimizer imports torch._dynamo (heap.py)
-            self._assemble(model, Settings.build(**kwargs), check_callbacks(callbacks))
+            self._assemble(model, settings, check_callbacks(callbacks))
 
     @classmethod
     def from_settings(cls, model: torch.nn.Module, settings: Settings, *, channel=None,
@@ -186,7 +194,8 @@ class Trainer:
             callbacks)  # objects of the user's process: never in settings, never sent to a worker
         self.progress = Progress()
         self.stopping = EarlyStopping(settings.monitor, settings.early_stopping)
-        self.target_scale = TargetScale(model, bus.note, enabled=not settings.compile)
+        self.target_scale = TargetScale(model, bus.note, enabled=not settings.compile,
+                                        loss=settings.loss, task=settings.task)
         self.batch_check = BatchCheck(self.learner.dtype, bus.note, first=lambda x, y: (
             self.learner.see_input(x), self.target_scale.targets(y)))
         self.loop = Loop(settings, learner=self.learner, placement=self.placement,
@@ -303,6 +312,7 @@ class Trainer:
     def fit(self, train, val=None, resume: bool | str | Path = False) -> pd.DataFrame:
         """Train for ``epochs`` epochs; returns the history. ``resume=True`` continues from
         ``checkpoint_dir``'s last good checkpoint, ``resume=path`` from that file."""
+        check_fit_data(train, val)  # before anything is said or started
         # an isolated fit's worker starts first: it imports torch while this process sets up
         early = isolate.prestart() if self.isolated else None
         try:
@@ -341,14 +351,22 @@ class Trainer:
     # ----------------------------------------------------------------------------- evaluate
     @torch.no_grad()
     def evaluate(self, data) -> dict:
-        """Loss and regression metrics (rmse, nrmse = rmse / std(y), mae, r2) on ``data``;
-        samples with non-finite targets are left out and counted (``nonfinite_targets``)."""
-        return metrics(*self._predict(data, with_targets=True))
+        """Loss and metrics on ``data``: regression (rmse, nrmse = rmse / std(y), mae, r2) or,
+        with ``loss="cross_entropy"``, accuracy and balanced_accuracy; samples with non-finite
+        targets are left out and counted (``nonfinite_targets``)."""
+        return metrics(*self._predict(data, with_targets=True), task=self.settings.task)
+
+    def test(self, data) -> dict:
+        """``evaluate(data)`` under Lightning's name."""
+        return self.evaluate(data)
 
     @torch.no_grad()
-    def predict(self, data) -> np.ndarray:
-        """Predictions as a numpy array: shape (N,) for one output per sample, else (N, k)."""
-        return self._predict(data, with_targets=False)[0]
+    def predict(self, data, output: str | None = None) -> np.ndarray:
+        """Predictions as a numpy array. ``output``: "raw" (the model's outputs: (N,) for one
+        per sample, else (N, k)), "labels" (the argmax class, (N,) int64), "probs" (softmax,
+        (N, classes)); None: labels with ``loss="cross_entropy"``, else raw."""
+        as_output(np.zeros((0, 2)), self.settings.task, output)  # a wrong output=: before work
+        return as_output(self._predict(data, with_targets=False)[0], self.settings.task, output)
 
     def _predict(self, data, with_targets: bool) -> tuple:
         """Where fit ran: in a worker after an isolated fit (if it dies, here on the CPU, said
