@@ -70,59 +70,6 @@ def is_stream(data) -> bool:
     return isinstance(data, IterableDataset)
 
 
-_ARRAY = (np.ndarray, torch.Tensor)
-FIT_XY = ("fit's second argument is the validation data, not the targets: pass the training "
-          "arrays as one tuple, trainer.fit((X, y)), and validation data as another, "
-          "trainer.fit((X, y), (X_val, y_val))")
-
-
-def check_fit_data(train, val) -> None:
-    """What ``fit`` can tell before anything starts: the skorch habit ``fit(X, y)``, inputs
-    without targets, and (reading the training data's first item: no batch, no loader) items
-    that are not ``(x, y[, extras])``. Other data is checked at its first batch."""
-    if isinstance(val, _ARRAY):
-        if isinstance(train, _ARRAY):
-            raise TypeError(f"fit(X, y): {FIT_XY}")
-        raise TypeError("val: one array has no targets: pass (X_val, y_val) as one tuple")
-    check_items(train, "train")
-
-
-def check_items(data, what: str) -> None:
-    """``data``'s items are (x, y[, extras]): a ValueError naming ``what`` and the fix when
-    they are not. Reads at most the first item of a map-style Dataset (DataLoaders and
-    IterableDatasets are checked at their first batch)."""
-    if isinstance(data, _ARRAY) or (isinstance(data, (tuple, list)) and len(data) == 1
-                                    and isinstance(data[0], _ARRAY)):
-        raise ValueError(f"{what}: inputs without targets: pass (X, y) as one tuple, e.g. "
-                         "trainer.fit((X, y))")
-    if isinstance(data, TensorDataset):
-        if len(data.tensors) < 2:
-            raise ValueError(f"{what}: a TensorDataset of {len(data.tensors)} tensor has no "
-                             "targets: TensorDataset(X, y)")
-        return
-    if not isinstance(data, Dataset) or isinstance(data, IterableDataset):
-        return
-    try:
-        if len(data) == 0:
-            return  # the loader says it is empty
-        item = data[0]
-    except Exception:  # noqa: BLE001 - the loader meets the same error, with torch's words
-        return
-    if isinstance(item, (tuple, list)) and len(item) >= 2:
-        return
-    kind = type(data).__name__
-    if isinstance(item, dict):
-        got = f"a dict with keys {sorted(map(str, item))[:6]}"
-    elif isinstance(item, (tuple, list)):
-        got = f"a {type(item).__name__} of length {len(item)}"
-    else:
-        got = f"a {type(item).__name__}" + (f" of shape {tuple(item.shape)}"
-                                            if isinstance(item, _ARRAY) else "")
-    raise ValueError(f"{what}: {kind}[0] is {got}; the Trainer needs items (x, y) or "
-                     "(x, y, *extras): return them from __getitem__ (or pass a DataLoader whose "
-                     "collate_fn makes (x, y) batches)")
-
-
 QUICK_EPOCHS, QUICK_STEPS = 2, 5
 
 

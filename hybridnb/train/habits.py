@@ -26,9 +26,9 @@ ALIASES: dict[str, tuple[str, str]] = {
     "bs": ("batch_size=", "fastai"), "wd": ("weight_decay=", "fastai"),
     "opt_func": ("optimizer=", "fastai"), "loss_func": ("loss=", "fastai"),
     "criterion": ("loss=", "skorch"), "cbs": ("callbacks=", "fastai"),
-    "metrics": ("nothing: the metrics follow the loss (regression: rmse, nrmse, mae, r2; "
-                "loss='cross_entropy': accuracy, balanced_accuracy), in trainer.history and "
-                "evaluate(); monitor= picks the one early stopping watches", ""),
+    "metrics": ("- not an option; the metrics follow the loss (regression: rmse, nrmse, mae, r2; "
+                "loss='cross_entropy': accuracy, balanced_accuracy) in trainer.history and "
+                "evaluate(), and monitor= picks the one early stopping watches", ""),
     "scheduler": ("schedule=", ""), "lr_scheduler": ("schedule=", ""),
     "patience": ("early_stopping= (a patience in validations)", ""),
     "early_stopping_patience": ("early_stopping=", "Hugging Face"),
@@ -62,12 +62,14 @@ def unknown_keywords(unknown: Iterable[str], known: Iterable[str]) -> str:
     for name in sorted(unknown):
         if name in ALIASES:
             use, whose = ALIASES[name]
-            parts.append(f"{name!r}: use {use}" + (f" ({whose}'s {name})" if whose else ""))
+            said = use[2:] if use.startswith("- ") else f"use {use}"
+            parts.append(f"{name!r}: {said}" + (f" ({whose}'s {name})" if whose else ""))
             continue
         near = difflib.get_close_matches(name, known, n=2, cutoff=0.6)
-        parts.append(f"{name!r}: " + (f"did you mean {' or '.join(n + '=' for n in near)}?"
+        parts.append(f"{name!r}: " + (f"did you mean {' or '.join(n + '=' for n in near)}"
                                      if near else "no such option"))
-    return ("Trainer() got unexpected keyword arguments: " + "; ".join(parts)
+    plural = "s" if len(parts) > 1 else ""
+    return (f"Trainer() got unexpected keyword argument{plural}: " + "; ".join(parts)
             + ". Every option is listed in help(hn.Trainer)")
 
 

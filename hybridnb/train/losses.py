@@ -65,6 +65,8 @@ class ShapeChecked:
     def __call__(self, pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self.module(*match_target(pred, y))
 
+    check = staticmethod(match_target)  # what fit checks before it starts (preflight.py)
+
     def __repr__(self) -> str:
         return f"ShapeChecked({self.module!r})"
 
@@ -88,6 +90,8 @@ class ReweightedHuber:
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
+    check = staticmethod(match_target)
+
     @property
     def reweighting(self) -> bool:
         return self.after_epoch is not None and self.epoch >= self.after_epoch
@@ -110,6 +114,7 @@ def _named(fn) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     def loss(pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return fn(*match_target(pred, y))
     loss.__name__ = fn.__name__
+    loss.check = match_target
     return loss
 
 
@@ -153,6 +158,10 @@ class CrossEntropy:
         if weight is not None:
             per_sample = per_sample * (weight[y] if y.dim() == 1 else y @ weight)
         return per_sample.mean()
+
+    def check(self, pred: torch.Tensor, y: torch.Tensor) -> None:
+        """The outputs' and targets' shapes and the classes' range (preflight.py)."""
+        class_targets(pred, y)
 
     def __getstate__(self) -> dict:
         return {"weights": self.weights, "_on": {}, "_seen": False}

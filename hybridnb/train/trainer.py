@@ -31,7 +31,7 @@ from hybridnb.train.bus import Bus, Started
 from hybridnb.train.callbacks import check_callbacks
 from hybridnb.train.checkpoint import Checkpoints
 from hybridnb.train.checkpoint import read as read_checkpoint
-from hybridnb.train.data import BatchCheck, check_fit_data
+from hybridnb.train.data import BatchCheck
 from hybridnb.train.evaluation import as_output, metrics
 from hybridnb.train.habits import refuse_lightning_hooks
 from hybridnb.train.heap import frozen_heap
@@ -39,6 +39,7 @@ from hybridnb.train.heartbeat import Heartbeat
 from hybridnb.train.learner import Learner
 from hybridnb.train.loop import Loop
 from hybridnb.train.placement import Placement
+from hybridnb.train.preflight import check_fit_data, check_outputs
 from hybridnb.train.progress import Progress
 from hybridnb.train.run_here import Here
 from hybridnb.train.run_worker import Worker
@@ -312,7 +313,9 @@ class Trainer:
     def fit(self, train, val=None, resume: bool | str | Path = False) -> pd.DataFrame:
         """Train for ``epochs`` epochs; returns the history. ``resume=True`` continues from
         ``checkpoint_dir``'s last good checkpoint, ``resume=path`` from that file."""
-        check_fit_data(train, val)  # before anything is said or started
+        item = check_fit_data(train, val)  # before anything is said or started
+        if item is not None:
+            check_outputs(self.model, self.loss_fn, item, self.learner.dtype)
         # an isolated fit's worker starts first: it imports torch while this process sets up
         early = isolate.prestart() if self.isolated else None
         try:
