@@ -34,15 +34,10 @@ def as_dataset(data, what: str = "data", note=lambda kind, message: None) -> Dat
         return TensorDataset(*(torch.as_tensor(a) for a in data))
     if isinstance(data, (np.ndarray, torch.Tensor)):
         return TensorDataset(torch.as_tensor(data))
-    kind = type(data).__name__
-    if callable(getattr(data, "to_dataset", None)):
-        made = data.to_dataset()
-        if not isinstance(made, (Dataset, DataLoader)):
-            raise TypeError(f"{what}: {kind}.to_dataset() returned a {type(made).__name__}, "
-                            "not a torch Dataset or DataLoader")
-        note("data", f"{what}: a {kind} was given; training on its to_dataset(), "
-             f"{_described(made)} (pass {what}.dataset(...) yourself for other options)")
+    made = made_dataset(data, what, note)
+    if made is not data:
         return made
+    kind = type(data).__name__
     if callable(getattr(data, "dataset", None)):
         raise TypeError(f"{what}: a {kind} is not a torch Dataset; it makes one with "
                         f".dataset(...): pass {what}.dataset(...) with the options your data "
@@ -53,6 +48,23 @@ def as_dataset(data, what: str = "data", note=lambda kind, message: None) -> Dat
         return data
     raise TypeError(f"{what}: data of type {kind} is not a Dataset, a DataLoader or (X, y) "
                     "arrays; pass (X, y) as one tuple, e.g. trainer.fit((X, y), (X_val, y_val))")
+
+
+def made_dataset(data, what: str = "data", note=lambda kind, message: None):
+    """``data.to_dataset()`` for an object that is not a Dataset but makes its own (a data
+    library's windows), said once through ``note``; anything else as it is. The Trainer
+    resolves it before data travels to an isolated worker, so the worker gets the Dataset."""
+    if isinstance(data, (Dataset, DataLoader)) or not callable(getattr(data, "to_dataset",
+                                                                      None)):
+        return data
+    kind = type(data).__name__
+    made = data.to_dataset()
+    if not isinstance(made, (Dataset, DataLoader)):
+        raise TypeError(f"{what}: {kind}.to_dataset() returned a {type(made).__name__}, not a "
+                        "torch Dataset or DataLoader")
+    note("data", f"{what}: a {kind} was given; training on its to_dataset(), "
+         f"{_described(made)} (pass {what}.dataset(...) yourself for other options)")
+    return made
 
 
 def _described(dataset) -> str:

@@ -70,11 +70,13 @@ def first_item(data, what: str) -> tuple | None:
                      "collate_fn makes (x, y) batches)")
 
 
-def check_outputs(model: torch.nn.Module, loss_fn, item: tuple, dtype: torch.dtype) -> None:
-    """The model's output for ``item`` (run on the meta device) against its target, through
-    the named loss's own check (``loss_fn.check``): its error, now rather than at the first
-    step. A loss without a check, or a model that cannot run on meta, is left to the first
-    step."""
+def check_outputs(model: torch.nn.Module, loss_fn, item: tuple, dtype: torch.dtype,
+                  batch_size: int) -> None:
+    """The model's output for a batch of ``batch_size`` samples shaped as ``item`` (run on the
+    meta device) against as many of its target, through the named loss's own check
+    (``loss_fn.check``): its error, now rather than at the first step, with the shapes the
+    first step would show. A loss without a check, or a model that cannot run on meta, is left
+    to the first step."""
     check = getattr(loss_fn, "check", None)
     if check is None:
         return
@@ -84,9 +86,10 @@ def check_outputs(model: torch.nn.Module, loss_fn, item: tuple, dtype: torch.dty
         return
     if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
         return
-    out = _on_meta(model, x.to(dtype) if x.is_floating_point() else x)
+    x = x.to(dtype) if x.is_floating_point() else x
+    out = _on_meta(model, x.expand(batch_size, *x.shape[1:]))
     if isinstance(out, torch.Tensor):
-        check(out, y)
+        check(out, y.expand(batch_size, *y.shape[1:]))
 
 
 def _on_meta(model: torch.nn.Module, x: torch.Tensor):

@@ -31,7 +31,7 @@ from hybridnb.train.bus import Bus, Started
 from hybridnb.train.callbacks import check_callbacks
 from hybridnb.train.checkpoint import Checkpoints
 from hybridnb.train.checkpoint import read as read_checkpoint
-from hybridnb.train.data import BatchCheck
+from hybridnb.train.data import BatchCheck, made_dataset
 from hybridnb.train.evaluation import as_output, metrics
 from hybridnb.train.habits import refuse_lightning_hooks
 from hybridnb.train.heap import frozen_heap
@@ -313,9 +313,11 @@ class Trainer:
     def fit(self, train, val=None, resume: bool | str | Path = False) -> pd.DataFrame:
         """Train for ``epochs`` epochs; returns the history. ``resume=True`` continues from
         ``checkpoint_dir``'s last good checkpoint, ``resume=path`` from that file."""
+        train, val = made_dataset(train, "train", self.bus.note), made_dataset(
+            val, "val", self.bus.note)  # a data library's windows: the Dataset they make
         item = check_fit_data(train, val)  # before anything is said or started
         if item is not None:
-            check_outputs(self.model, self.loss_fn, item, self.learner.dtype)
+            check_outputs(self.model, self.loss_fn, item, self.learner.dtype, self.batch_size)
         # an isolated fit's worker starts first: it imports torch while this process sets up
         early = isolate.prestart() if self.isolated else None
         try:
@@ -374,6 +376,7 @@ class Trainer:
     def _predict(self, data, with_targets: bool) -> tuple:
         """Where fit ran: in a worker after an isolated fit (if it dies, here on the CPU, said
         once), else in this process."""
+        data = made_dataset(data, "data", self.bus.note)
         done, result = self._elsewhere("predicting", predict=(data, with_targets))
         if done:
             return result

@@ -170,3 +170,24 @@ def test_a_stream_without_length_needs_steps_per_epoch_and_then_trains():
     assert tr.global_step == 4 and history["val_loss"].notna().all()
     assert any("cannot shuffle" in e.message for e in tr.events)
     assert tr.predict(Stream()).shape == (40,)
+
+
+def test_data_preps_windows_train_as_the_tour_makes_them():
+    """The README's second snippet after the tour: ``trainer.plan(train)``, ``fit(train, val)``
+    with data_prep's ``Windows`` as they are: their ``to_dataset()`` (volts -> µV)."""
+    import pandas as pd
+
+    from data_prep.windows import Windows
+
+    rng = np.random.default_rng(0)
+    X = (rng.standard_normal((48, 2, 4)) * 1e-6).astype(np.float32)  # volts
+    meta = pd.DataFrame({"subject": np.repeat(["a", "b", "c"], 16), "recording": 0,
+                         "target": X.reshape(48, -1).sum(axis=1) * 1e6})
+    w = Windows(X, meta, pd.DataFrame(columns=["level"]))
+    train, val = w.subset(np.arange(32)), w.subset(np.arange(32, 48))
+    tr = trainer(epochs=2)
+    assert tr.plan(train).steps_per_epoch == 2
+    tr.fit(train, val)
+    said = [e.message for e in tr.events if e.kind == "data"]
+    assert said and "Windows" in said[0] and "x 1e+06" in said[0], said
+    assert np.allclose(tr.predict(test := val), tr.predict(test.dataset(scale=1e6)))
