@@ -157,6 +157,9 @@ def paragraph(summary: Mapping[str, Any], record) -> str:
     device = summary.get("device") or run.get("device", "?")
     precision = summary.get("precision") or run.get("precision", "?")
     params = f" ({fmt.count(run['n_params'])} parameters)" if run.get("n_params") else ""
+    if summary.get("failed") and not done and not record.global_step:
+        return (f"{run.get('model') or 'The model'}{params} was not trained: the fit stopped "
+                f"at an error before its first step, on {device} (the error follows).")
     text = [f"Trained {run.get('model') or 'the model'}{params} for {done} of "
             f"{record.epochs} epochs ({record.global_step} steps) in "
             f"{fmt.duration_words(elapsed)} on {device} with {precision}"]

@@ -383,7 +383,7 @@ class Loop:
             self.bus.say("ema_weights", "model holds the EMA weights (raw weights are in "
                          "last.pt)" if self.settings.checkpoint_dir else
                          "model holds the EMA weights")
-        self.bus.emit(Ended(self.summary()))
+        self.bus.emit(Ended({**self.summary(), "failed": failed}))
 
     def summary(self, stopped: Stop | None = None) -> dict:
         """What the view's end() and report() show (speeds are wall clock: progress.py)."""

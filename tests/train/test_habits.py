@@ -191,3 +191,14 @@ def test_data_preps_windows_train_as_the_tour_makes_them():
     said = [e.message for e in tr.events if e.kind == "data"]
     assert said and "Windows" in said[0] and "x 1e+06" in said[0], said
     assert np.allclose(tr.predict(test := val), tr.predict(test.dataset(scale=1e6)))
+
+
+def test_a_fit_that_fails_at_its_first_batch_does_not_say_it_trained(capsys):
+    """A DataLoader is read only at the first step: its header is out by then, but the summary
+    says the model was not trained, not "Trained ... for 0 of 1 epochs"."""
+    loader = torch.utils.data.DataLoader(torch.randn(32, 8), batch_size=8)
+    with pytest.raises(ValueError, match=r"\(x, y\)"):
+        trainer(nn.Linear(8, 1), live="text").fit(loader)
+    printed = capsys.readouterr()
+    assert "Trained" not in printed.out + printed.err
+    assert "was not trained: the fit stopped at an error before its first step" in printed.out
