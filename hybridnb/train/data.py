@@ -62,8 +62,8 @@ def made_dataset(data, what: str = "data", note=lambda kind, message: None):
     if not isinstance(made, (Dataset, DataLoader)):
         raise TypeError(f"{what}: {kind}.to_dataset() returned a {type(made).__name__}, not a "
                         "torch Dataset or DataLoader")
-    note("data", f"{what}: a {kind} was given; training on its to_dataset(), "
-         f"{_described(made)} (pass {what}.dataset(...) yourself for other options)")
+    note("data", f"{what}: a {kind} was given; using its to_dataset(), a {_described(made)} "
+         f"(pass {what}.dataset(...) yourself for other options)")
     return made
 
 

@@ -397,6 +397,7 @@ class Trainer:
         real steps); sets ``batch_size`` and raises ``grad_accum`` to keep the effective batch.
         The model and optimizer are restored afterwards. See hybridnb.train.batch_size."""
         kwargs = {"headroom": headroom, "max_batch": max_batch, "start": start}
+        dataset = made_dataset(dataset, "dataset", self.bus.note)
         done, result = self._elsewhere("finding the batch size", find_batch=(dataset, kwargs))
         if done:  # the device is the worker's: measured there
             self.batch_size, self.grad_accum = result["batch_size"], result["grad_accum"]
@@ -472,6 +473,7 @@ class Trainer:
         ``.suggestion`` and ``.plot()``; the model, optimizer, schedule and RNG are restored.
         ``apply=True`` sets ``lr`` to the suggestion. See hybridnb.train.lr_find."""
         from hybridnb.train import lr_find as finder
+        data = made_dataset(data, "data", self.bus.note)
         done, result = self._elsewhere("running lr_find", lr_find=(data, kwargs))
         if not done:  # no worker, or it was lost: here
             result = finder.lr_find(self, data, **kwargs)
