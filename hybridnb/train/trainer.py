@@ -103,7 +103,10 @@ class Trainer:
     - ``loss_guard``: True | False | a recovery.LossGuard (non-finite or spiking loss).
     - ``memory_fraction``: cap this process's share of GPU memory. ``grad_checkpointing``:
       recompute the activations of the top-level blocks in backward (less memory, more time).
-    - ``steps_per_epoch``: cap the optimizer steps per epoch. ``seed``: python, numpy, torch
+    - ``precision``: "auto" | "bf16" | "fp16" | "fp32": the forward's autocast dtype (weights
+      stay fp32); Lightning's "bf16-mixed", "16-mixed", "32-true" mean the same.
+    - ``steps_per_epoch``: cap the optimizer steps per epoch (an IterableDataset without
+      ``__len__`` needs it: each epoch reads that many batches, fewer if the stream ends). ``seed``: python, numpy, torch
       and loader workers. ``live``: "auto" | "widgets" | "html" | "text" | False.
     - ``strategy``: "auto" (DDP when started by torchrun / ``hn.launch`` with 2+ processes) |
       "single" | "ddp" | "deepspeed" | a strategy object (hybridnb.strategies; under DDP
@@ -128,6 +131,11 @@ class Trainer:
       (the epoch's history row as a dict), ``on_fit_end(trainer)``; they run in this process,
       also for an isolated fit. A hook stops the run with ``trainer.should_stop = True``: the
       fit ends after the current step, its state kept (hybridnb.train.callbacks).
+
+    Data: a Dataset (items ``(x, y[, extras])``: braindecode's windows as they come), a
+    DataLoader, ``(X, y)`` arrays or tensors as one tuple, or an object with ``to_dataset()``
+    (data_prep's Windows). A keyword of Lightning, fastai or skorch names the option that does
+    the same; ``test(data)`` is ``evaluate(data)``.
 
     ``save(path)`` writes ``model``'s weights with their class (its arguments when known) and
     input shape; ``hn.load(path)`` rebuilds and loads it, ``hn.load(path, model)`` loads into
