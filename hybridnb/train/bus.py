@@ -9,14 +9,31 @@ the kernel; the phases a worker is in are still told to the heartbeat directly).
 events are emitted again on the kernel's bus (``worker_fit.KernelView``). A note
 said before a fit's view starts (set-up, ``resume()``, ``evaluate()`` between fits) is queued
 here (``pending``) and said when the next fit opens the bus: one route for every message.
+
+That route also goes through Python's ``logging``: each note (``Event``) and each run's header
+line is a record of the logger ``"hybridnb"`` (WARNING for what went wrong and was worked
+around, INFO for the rest; the record carries ``kind``, ``step`` and ``epoch``), emitted where
+the user's process hears it (an isolated worker's notes once, in the kernel). The logger has a
+``NullHandler`` only, so nothing is printed twice: the live view and the stderr printer
+(``verbose``) say them as before; attach a handler (or configure the root logger) to get them
+in a log, filter them, or, with ``verbose=False``, print them your way.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hybridnb.events import Event
+
+log = logging.getLogger("hybridnb")
+log.addHandler(logging.NullHandler())
+# notes about something that went wrong and was worked around (WARNING); the others are INFO
+WARNING_KINDS = frozenset({
+    "storage", "checkpoint_fallback", "worker_lost", "device_lost", "restore", "oom_split",
+    "cpu_batch", "nonfinite_loss", "nonfinite_batch", "nonfinite_targets", "loss_spike",
+    "compile_fallback", "precision_fallback", "run_lock", "interrupt"})
 
 __all__ = ["Bus", "Ended", "EpochEnded", "Event", "Lost", "Started", "StateKept", "StepEnded",
            "Validated"]
@@ -103,6 +120,8 @@ class Bus:
             self.listeners.remove(listener)
 
     def emit(self, event):
+        if isinstance(event, (Event, Started)):
+            _log(event)
         for listener in list(self.listeners):
             listener(event)
         return event
@@ -125,3 +144,16 @@ class Bus:
         for kind, message in pending:
             self.say(kind, message)
         self.open = True
+
+
+def _log(event: Event | Started) -> None:
+    """A note (or a run's header line) as a record of the ``"hybridnb"`` logger."""
+    if isinstance(event, Started):
+        if log.isEnabledFor(logging.INFO):
+            from hybridnb.live.summary import header
+
+            log.info("%s", header(event.run), extra={"kind": "start", "step": 0, "epoch": 0})
+        return
+    level = logging.WARNING if event.kind in WARNING_KINDS else logging.INFO
+    log.log(level, "%s", event, extra={"kind": event.kind, "step": event.step,
+                                        "epoch": event.epoch})

@@ -14,7 +14,7 @@ import contextlib
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hybridnb.files import CHECKPOINT_FORMAT as FORMAT
@@ -26,6 +26,7 @@ from hybridnb.files import (
     keep_copy,
     read_safely,
 )
+from hybridnb.train.run_lock import RunLock
 from hybridnb.train.storage import StorageGuard
 
 __all__ = ["FORMAT", "atomic_save", "read_safely", "save", "load", "read", "Checkpoints"]
@@ -261,6 +262,23 @@ class Checkpoints:
                 "the state is kept in memory only"))
             return
         self.storage.worked(path)
+
+    @contextlib.contextmanager
+    def claimed(self, note: Callable[[str, str], None]) -> Iterator[None]:
+        """A fit holds ``folder`` for its whole length (rank 0): another live run there is
+        refused before its first step (``run_lock.RunLockError``); a dead process's lock is
+        taken over and said through ``note`` (``run_lock``)."""
+        if self.folder is None or not self.is_main:
+            yield
+            return
+        lock = RunLock(self.folder)
+        stale = lock.acquire()
+        if stale:
+            note("run_lock", stale)
+        try:
+            yield
+        finally:
+            lock.release()
 
     def set_aside(self) -> Path | None:
         """A fresh run: an earlier run's files move into ``earlier-<time>/`` (see

@@ -1,29 +1,52 @@
 """Loggers: the run's rows written as they happen, for tools outside the notebook.
 
-``Trainer(logger=...)`` picks them: ``"csv"`` appends each epoch's history row to
-``<log_dir>/history.csv`` the moment the epoch ends (flushed and fsynced per row, so a run killed
-with SIGKILL leaves every finished epoch's row, parseable); ``"tensorboard"`` writes
-``torch.utils.tensorboard`` event files into ``<log_dir>`` (per optimizer step ``train/loss`` and
-``train/lr``; per epoch ``epoch/<column>`` for each numeric column of the history row, at the
-epoch's last global step). A list gives both. They run in the user's process only (for an
-isolated fit the kernel writes what the worker's view sends), rank 0 only.
+``Trainer(logger=...)`` takes the names ``"csv"`` and ``"tensorboard"`` (writing into
+``log_dir``, default ``checkpoint_dir``), logger objects, or a list mixing them. A logger object
+is anything with the three methods of ``Logger``::
 
-A fresh fit moves an earlier run's logs into ``earlier-<time>/`` (as it does checkpoints); a
-resumed fit keeps the rows before the epoch it resumes at and appends after them (TensorBoard
-purges the steps after the resume point). A write that fails (full disk, read-only folder) is
-said once and retried with the next row (``storage.StorageGuard``); rows are never lost from
-``trainer.history``.
+    class MyLogger:
+        def log_hparams(self, params): ...          # once per fit, before its first step
+        def log_metrics(self, metrics, step): ...   # each epoch's history row (a dict)
+        def close(self): ...                        # the fit ended (also when it failed)
+
+``params`` are the run's settings as plain values (numbers, strings, booleans, None) with the
+model's class and parameter count. ``metrics`` is the epoch's history row, as
+``trainer.history`` and ``on_epoch_end`` have it (numbers, NaN where nothing was measured, and
+``events``, a string), at ``step`` = the epoch's last global step. A logger with
+``per_step = True`` also gets ``{"train/loss": ..., "train/lr": ...}`` after every optimizer
+step, at that step. The objects here:
+
+- ``CsvLogger(folder)``: ``<folder>/history.csv``, one row per epoch, appended and fsynced as
+  each epoch ends (a run killed with SIGKILL leaves every finished epoch's row, parseable).
+- ``TensorBoardLogger(folder)``: ``torch.utils.tensorboard`` event files (``train/loss`` and
+  ``train/lr`` per step, ``epoch/<column>`` per epoch at the epoch's last step).
+- ``MLflowLogger(tracking_uri, experiment)``: one MLflow run per fit, params and metrics
+  (``pip install 'hybridnb[loggers]'``).
+- ``WandbLogger(project, dir)``: one Weights & Biases run per fit, offline by default (its files
+  under ``dir``; ``wandb sync`` uploads them later; ``mode="online"`` syncs live).
+
+``CsvLogger()`` / ``TensorBoardLogger()`` without a folder write into ``log_dir``. They run in
+the user's process only (for an isolated fit the kernel logs what the worker's view sends), on
+rank 0 only. A fresh fit moves an earlier run's csv/TensorBoard files into ``earlier-<time>/``
+(as it does checkpoints); a resumed fit keeps the rows before the epoch it resumes at and appends
+after them (TensorBoard purges the steps after the resume point). A write that fails (full disk,
+read-only folder) is said once and retried with the next row (``storage.StorageGuard``); a
+``history.csv`` that disappears mid-run (its folder removed) is written again whole, header
+included, and said; rows are never lost from ``trainer.history``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import importlib.util
 import io
 import math
 import os
+import time
 from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 from hybridnb.train import checkpoint
 from hybridnb.train.state import HISTORY_COLUMNS
@@ -32,42 +55,139 @@ from hybridnb.train.storage import StorageGuard, is_write_failure
 HISTORY = "history.csv"
 TB_EVENTS = "events.out.tfevents.*"
 LOGGERS = ("csv", "tensorboard")
+METHODS = ("log_hparams", "log_metrics", "close")
 TB_INSTALL = "pip install 'hybridnb[tensorboard]' (or pip install tensorboard)"
+INSTALL = "pip install 'hybridnb[loggers]' (or pip install {package})"
 
 
-def logger_names(logger) -> tuple[str, ...]:
-    """``"csv"`` | ``"tensorboard"`` | a list of them | None/False -> the names, checked."""
+@runtime_checkable
+class Logger(Protocol):
+    """What ``Trainer(logger=...)`` calls (see the module's docstring for what each receives).
+    Optional: ``per_step = True`` (fed every optimizer step's loss and lr) and
+    ``open(start_epoch, global_step)`` (a fit starts, fresh at 0 or resumed)."""
+
+    def log_hparams(self, params: dict[str, Any]) -> None: ...
+
+    def log_metrics(self, metrics: dict[str, Any], step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def logger_names(logger) -> tuple:
+    """``"csv"`` | ``"tensorboard"`` | a logger object | a list of them | None/False -> them,
+    checked (names known, objects with ``log_hparams``, ``log_metrics`` and ``close``)."""
     if logger is None or logger is False:
         return ()
-    names = (logger,) if isinstance(logger, str) else logger
-    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
-        raise ValueError(f"logger={logger!r}: use 'csv', 'tensorboard', a list of them, or None")
-    bad = [n for n in names if n not in LOGGERS]
-    if bad:
-        raise ValueError(f"logger={logger!r}: unknown logger {bad[0]!r}; use one of {LOGGERS}, "
-                         "a list of them, or None")
-    return tuple(dict.fromkeys(names))
+    items = logger if isinstance(logger, (list, tuple)) else (logger,)
+    kept: list = []
+    for item in items:
+        if isinstance(item, str):
+            if item not in LOGGERS:
+                raise ValueError(f"logger={logger!r}: unknown logger {item!r}; use one of "
+                                 f"{LOGGERS}, a logger object (hybridnb.train.loggers: "
+                                 "CsvLogger, TensorBoardLogger, MLflowLogger, WandbLogger, or "
+                                 "your own), a list of them, or None")
+        elif isinstance(item, type):
+            raise ValueError(f"logger={logger!r} passes the class {item.__name__}: pass an "
+                             f"instance, {item.__name__}(...)")
+        else:
+            missing = [m for m in METHODS if not callable(getattr(item, m, None))]
+            if missing:
+                raise ValueError(f"logger={logger!r}: a {type(item).__name__} is not a logger, "
+                                 f"it lacks {', '.join(missing)} (a logger has log_hparams("
+                                 "params), log_metrics(metrics, step) and close(); see "
+                                 "hybridnb.train.loggers.Logger), or use 'csv', 'tensorboard'")
+        if not any(item is k or (isinstance(item, str) and item == k) for k in kept):
+            kept.append(item)
+    return tuple(kept)
+
+
+def need_folder(loggers: tuple) -> bool:
+    """Whether some of ``loggers`` write into ``log_dir`` (a name, or an object given no
+    folder of its own)."""
+    return any(isinstance(lg, str) or getattr(lg, "needs_folder", False) for lg in loggers)
 
 
 def tensorboard_available() -> bool:
     return importlib.util.find_spec("tensorboard") is not None
 
 
-class CsvLogger:
+def hparams(settings, model) -> dict[str, Any]:
+    """The run's settings as plain values for ``log_hparams`` (a callable or an object by its
+    name), with the model's class and parameter count."""
+    skip = {"logger", "log_dir", "loader_kwargs", "live", "verbose", "resolved_",
+            "from_detect", "recommended_precision", "torch_threads"}
+    params: dict[str, Any] = {}
+    for f in dataclasses.fields(settings):
+        if f.name not in skip:
+            params[f.name] = _plain(getattr(settings, f.name))
+    params["model"] = type(model).__name__
+    params["n_params"] = sum(p.numel() for p in model.parameters())
+    return params
+
+
+def _plain(value) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (tuple, list)):
+        return ",".join(str(_plain(v)) for v in value)
+    return getattr(value, "__name__", None) or type(value).__name__
+
+
+def numbers(metrics: dict) -> dict[str, float]:
+    """The finite numeric values of ``metrics`` (what MLflow and W&B accept)."""
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))
+            and not isinstance(v, bool) and math.isfinite(v)}
+
+
+class _FileLogger:
+    """A logger writing into a folder: its own, or the Trainer's ``log_dir`` (``bind``)."""
+
+    name = ""
+    patterns: tuple[str, ...] = ()
+    per_step = False
+
+    def __init__(self, folder: str | os.PathLike | None = None) -> None:
+        self.folder = Path(folder) if folder is not None else None
+        self.needs_folder = folder is None  # writes into the Trainer's log_dir
+        self.storage = StorageGuard()
+
+    def bind(self, folder: Path | None, storage: StorageGuard) -> None:
+        """The Trainer's ``log_dir`` (used when no folder was given) and its storage events."""
+        if self.needs_folder:
+            self.folder = folder
+        if self.folder is None:
+            raise ValueError(f"{type(self).__name__}() needs a folder: pass one, "
+                             f"{type(self).__name__}('runs/logs'), or give the Trainer log_dir=")
+        self.storage = storage
+
+    def log_hparams(self, params: dict[str, Any]) -> None:
+        """Files of rows only: the settings are in the checkpoint and the run's header."""
+
+
+class CsvLogger(_FileLogger):
     """``history.csv``: one row per epoch, appended and fsynced as each epoch ends."""
 
     name = "csv"
     patterns = (HISTORY,)
 
-    def __init__(self, folder: Path, storage: StorageGuard) -> None:
-        self.path, self.storage = Path(folder) / HISTORY, storage
+    def __init__(self, folder: str | os.PathLike | None = None) -> None:
+        super().__init__(folder)
         self.pending: list[dict] = []
+        self.rows: list[list] = []  # the rows on disk (this fit's and those kept on resume)
         self.header = False
 
+    @property
+    def path(self) -> Path:
+        return self.folder / HISTORY
+
     def open(self, start_epoch: int, global_step: int) -> None:
-        self.pending = []
+        self.pending, self.rows = [], []
+        self.folder.mkdir(parents=True, exist_ok=True)
         if start_epoch == 0:
-            checkpoint.set_aside(self.path.parent, self.patterns, checkpoints=False)
+            checkpoint.set_aside(self.folder, self.patterns, checkpoints=False)
         elif self.path.is_file():
             self._keep_rows_before(start_epoch)
         self.header = self.path.is_file() and self.path.stat().st_size > 0
@@ -81,38 +201,32 @@ class CsvLogger:
             return
         kept = [rows[0]] + [r for r in rows[1:] if r and _int(r[0]) is not None
                             and _int(r[0]) < epoch]
+        self.rows = kept[1:]
         if len(kept) == len(rows):
             return
-        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
         try:
-            with open(tmp, "w", newline="") as f:
-                csv.writer(f).writerows(kept)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
+            _replace(self.path, kept)
         except OSError as exc:
             self.storage.failed(self.path, exc, f"the file still holds the resumed run's rows "
                                 f"from epoch {epoch} on (each new row follows them)")
-        finally:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
 
-    def step(self, global_step: int, loss: float, lr: float) -> None:
-        pass
-
-    def epoch(self, row: dict) -> None:
-        self.pending.append(row)
-        self._write()
+    def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
+        if "epoch" in metrics:  # an epoch's row (per-step rows are not this file's)
+            self.pending.append(metrics)
+            self._write()
 
     def _write(self) -> None:
         if not self.pending:
+            return
+        lines = [[_cell(row.get(c)) for c in HISTORY_COLUMNS] for row in self.pending]
+        if self.header and not self.path.exists():
+            self._rewrite(lines)
             return
         buf = io.StringIO()
         out = csv.writer(buf)
         if not self.header:
             out.writerow(HISTORY_COLUMNS)
-        for row in self.pending:
-            out.writerow([_cell(row.get(c)) for c in HISTORY_COLUMNS])
+        out.writerows(lines)
         size = self.path.stat().st_size if self.path.exists() else 0
         try:
             with open(self.path, "a", newline="") as f:
@@ -130,22 +244,44 @@ class CsvLogger:
                                 "trainer.history and written with the next row")
             return
         self.header, self.pending = True, []
+        self.rows += lines
+        self.storage.worked(self.path)
+
+    def _rewrite(self, lines: list[list]) -> None:
+        """``history.csv`` disappeared mid-run (its folder removed, or the file): written again
+        whole, header and every row, and said; appending would leave a file without header."""
+        rows = self.rows + lines
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            _replace(self.path, [HISTORY_COLUMNS] + rows)
+        except OSError as exc:
+            self.storage.failed(self.path, exc, "it disappeared mid-run; its rows are in "
+                                "trainer.history and written again whole with the next row")
+            return
+        epochs = [r[0] for r in rows]
+        self.storage.say("storage", f"{self.path} disappeared mid-run (was its folder "
+                         f"removed?): written again whole, the header and the {len(rows)} "
+                         f"rows of epochs {epochs[0]} to {epochs[-1]}")
+        self.header, self.pending, self.rows = True, [], rows
         self.storage.worked(self.path)
 
     def close(self) -> None:
         self._write()
 
 
-class TensorBoardLogger:
+class TensorBoardLogger(_FileLogger):
     """TensorBoard event files in the log folder (``tensorboard --logdir <its parent>``)."""
 
     name = "tensorboard"
     patterns = (TB_EVENTS,)
     per_step = True  # fed every step's row
 
-    def __init__(self, folder: Path, storage: StorageGuard) -> None:
-        self.folder, self.storage, self.writer = Path(folder), storage, None
+    def __init__(self, folder: str | os.PathLike | None = None) -> None:
+        super().__init__(folder)
+        self.writer = None
         self._purge: int | None = None
+        self._first_step: int | None = None  # the first step the current event file holds
+        self._file: Path | None = None
 
     def open(self, start_epoch: int, global_step: int) -> None:
         try:
@@ -159,13 +295,18 @@ class TensorBoardLogger:
         self._make = lambda: SummaryWriter(str(self.folder), purge_step=self._purge)
         self._guarded(lambda: None)
 
-    def _guarded(self, write) -> None:
+    def _guarded(self, write, step: int | None = None) -> None:
         """Run ``write`` on the writer (made first when there is none); a write failure is said
         once and drops the writer, whose thread keeps the error: the next write makes a new
-        one (TensorBoard reads every event file in the folder)."""
+        one (TensorBoard reads every event file in the folder). An event file that disappeared
+        is said first (``_lost``)."""
         try:
+            if self.writer is not None and self._file is not None and not self._file.exists():
+                self._lost(step)
             if self.writer is None:
                 self.writer, self._purge = self._make(), None  # purged once, not again
+                self._first_step = step
+                self._file = self._newest()
             write()
         except Exception as exc:
             if not is_write_failure(exc):
@@ -179,23 +320,36 @@ class TensorBoardLogger:
             return
         self.storage.worked(self.folder / "events.out.tfevents")
 
-    def step(self, global_step: int, loss: float, lr: float) -> None:
-        def write():
-            if math.isfinite(loss):
-                self.writer.add_scalar("train/loss", loss, global_step)
-            self.writer.add_scalar("train/lr", lr, global_step)
-        self._guarded(write)
+    def _newest(self) -> Path | None:
+        """The event file the writer just made (watched: a folder removed mid-run)."""
+        files = list(self.folder.glob(TB_EVENTS))
+        return max(files, key=lambda p: p.stat().st_mtime_ns) if files else None
 
-    def epoch(self, row: dict) -> None:
-        def write():
-            for column in HISTORY_COLUMNS:
-                value = row.get(column)
-                if column in ("step", "events") or not isinstance(value, (int, float)):
-                    continue
-                if math.isfinite(value):
-                    self.writer.add_scalar(f"epoch/{column}", value, row["step"])
-            self.writer.flush()
-        self._guarded(write)
+    def _lost(self, step: int) -> None:
+        """The event file disappeared mid-run (its folder removed): what it held is lost to
+        TensorBoard, said once; a new one is written from ``step`` on."""
+        with contextlib.suppress(Exception):
+            self.writer.close()
+        self.writer = None
+        since = f"steps {self._first_step} to {step - 1}" if self._first_step else \
+            f"the steps before {step}"
+        self.storage.say("storage", f"the TensorBoard event file in {self.folder} disappeared "
+                         f"mid-run (was its folder removed?): its scalars of {since} are lost "
+                         "to TensorBoard (they are in trainer.history and trainer.steps); a new "
+                         f"event file holds those from step {step} on")
+
+    def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
+        if "epoch" not in metrics:  # a step's row: train/loss, train/lr
+            def write():
+                for key, value in numbers(metrics).items():
+                    self.writer.add_scalar(key, value, step)
+        else:
+            def write():
+                for key, value in numbers(metrics).items():
+                    if key != "step":
+                        self.writer.add_scalar(f"epoch/{key}", value, step)
+                self.writer.flush()
+        self._guarded(write, step)
 
     def close(self) -> None:
         if self.writer is not None:
@@ -203,13 +357,146 @@ class TensorBoardLogger:
             self.writer = None
 
 
-def make_loggers(names: tuple[str, ...], folder: Path | None,
-                 storage: StorageGuard) -> list:
-    """The loggers for ``names`` writing into ``folder`` (None: none)."""
-    if folder is None:
+def _require(module: str, package: str, what: str):
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(f"{what} needs the {package} package: "
+                          f"{INSTALL.format(package=package)}") from exc
+
+
+class MLflowLogger:
+    """One MLflow run per fit: ``log_hparams`` as params, each epoch's numbers as metrics
+    (``per_step``: also ``train/loss`` and ``train/lr`` every optimizer step).
+
+    ``tracking_uri``: where (None: MLflow's own default, ``MLFLOW_TRACKING_URI`` or
+    ``./mlruns``); e.g. ``"sqlite:///mlflow.db"``, or a local file store ``"file:./mlruns"``
+    (MLflow 3 asks ``MLFLOW_ALLOW_FILE_STORE=true`` for that one). ``run_id`` after the fit:
+    ``MlflowClient(tracking_uri).get_metric_history(logger.run_id, "val_loss")``."""
+
+    def __init__(self, tracking_uri: str | None = None, experiment: str = "hybridnb",
+                 run_name: str | None = None, tags: dict | None = None,
+                 per_step: bool = True) -> None:
+        _require("mlflow", "mlflow", "MLflowLogger")
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri)
+        self.tracking_uri, self.experiment = tracking_uri, experiment
+        self.run_name, self.tags, self.per_step = run_name, dict(tags or {}), per_step
+        self.run_id: str | None = None
+        self._open = False
+
+    def _run(self) -> str:
+        """This fit's run (created at its first log call)."""
+        if not self._open:
+            found = self.client.get_experiment_by_name(self.experiment)
+            experiment_id = found.experiment_id if found is not None else \
+                self.client.create_experiment(self.experiment)
+            run = self.client.create_run(experiment_id, run_name=self.run_name, tags=self.tags)
+            self.run_id, self._open = run.info.run_id, True
+        return self.run_id
+
+    def log_hparams(self, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        self.client.log_batch(self._run(), params=[Param(k, str(v)[:6000])
+                                                   for k, v in params.items()])
+
+    def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        values = [Metric(k, v, now, int(step)) for k, v in numbers(metrics).items()]
+        if values:
+            self.client.log_batch(self._run(), metrics=values)
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self.client.set_terminated(self.run_id)
+
+
+class WandbLogger:
+    """One Weights & Biases run per fit: ``log_hparams`` as its config, each epoch's numbers
+    (and ``per_step``: ``train/loss``, ``train/lr`` every optimizer step) as its history.
+
+    ``mode="offline"`` (the default) writes the run's files under ``<dir>/wandb/`` and uses no
+    network (``wandb sync <dir>/wandb/offline-run-*`` uploads them later); ``mode="online"``
+    syncs live. Other keyword arguments go to ``wandb.init``. ``run_dir`` after a fit: where its
+    files are."""
+
+    def __init__(self, project: str = "hybridnb", dir: str | os.PathLike | None = None,
+                 mode: str = "offline", name: str | None = None, per_step: bool = True,
+                 **init_kwargs: Any) -> None:
+        self.wandb = _require("wandb", "wandb", "WandbLogger")
+        self.project, self.dir, self.mode, self.name = project, dir, mode, name
+        self.per_step, self.init_kwargs = per_step, init_kwargs
+        self.run = None
+        self.run_dir: Path | None = None
+
+    def _start(self, config: dict | None = None):
+        if self.run is None:
+            if self.dir is not None:
+                Path(self.dir).mkdir(parents=True, exist_ok=True)
+            self.run = self.wandb.init(project=self.project, mode=self.mode, name=self.name,
+                                       dir=None if self.dir is None else str(self.dir),
+                                       config=config, **self.init_kwargs)
+            self.run_dir = Path(self.run.dir).parent if getattr(self.run, "dir", None) else None
+        elif config:
+            self.run.config.update(config, allow_val_change=True)
+        return self.run
+
+    def log_hparams(self, params: dict[str, Any]) -> None:
+        self._start(dict(params))
+
+    def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
+        values = numbers(metrics)
+        if values:
+            self._start().log(values, step=int(step))
+
+    def close(self) -> None:
+        if self.run is not None:
+            run, self.run = self.run, None
+            run.finish()
+
+
+def make_loggers(loggers: tuple, folder: Path | None, storage: StorageGuard,
+                 is_main: bool | None = None) -> list:
+    """The logger objects for ``loggers`` (names made into objects writing into ``folder``,
+    objects as given), bound to ``folder`` and ``storage``; none off rank 0 (``is_main``
+    False; None: the old call, where ``folder=None`` meant not rank 0)."""
+    if is_main is False or (is_main is None and folder is None):
         return []
     kinds = {"csv": CsvLogger, "tensorboard": TensorBoardLogger}
-    return [kinds[n](folder, storage) for n in names]
+    made = []
+    for lg in loggers:
+        if isinstance(lg, str):
+            lg = kinds[lg]()  # writes into log_dir (bound below)
+        if callable(getattr(lg, "bind", None)):
+            lg.bind(folder, storage)
+            twin = next((o for o in made if type(o) is type(lg)
+                         and getattr(o, "folder", None) == lg.folder), None)
+            if twin is not None:
+                raise ValueError(f"logger=: two {type(lg).__name__}s would write into one "
+                                 f"folder, {lg.folder} (a name such as 'csv' writes into "
+                                 "log_dir, as an object given no folder does): keep one, or "
+                                 "give the other a folder of its own")
+        made.append(lg)
+    return made
+
+
+def _replace(path: Path, rows: list[list]) -> None:
+    """``rows`` as ``path``'s whole content, atomically (a temporary file renamed over it)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", newline="") as f:
+            csv.writer(f).writerows(rows)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 def _cell(value) -> object:
@@ -227,7 +514,11 @@ def _int(text: str) -> int | None:
         return None
 
 
-def patterns(names: tuple[str, ...]) -> tuple[str, ...]:
-    """The files the loggers ``names`` write (set aside with a fresh run's checkpoints)."""
+def patterns(loggers: tuple) -> tuple[str, ...]:
+    """The files the loggers write into ``log_dir`` (set aside with a fresh run's checkpoints
+    when ``log_dir`` is ``checkpoint_dir``)."""
     kinds = {"csv": CsvLogger, "tensorboard": TensorBoardLogger}
-    return tuple(p for n in names for p in kinds[n].patterns)
+    return tuple(p for lg in loggers
+                 for p in (kinds[lg].patterns if isinstance(lg, str) else
+                           getattr(lg, "patterns", ()) if getattr(lg, "needs_folder", False)
+                           else ()))

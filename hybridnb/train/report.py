@@ -2,7 +2,8 @@
 
 history.csv (one row per epoch), steps.csv (one row per optimizer step), events.csv, the live
 view's figure (``figures.html``, plotly; ``figures.png``, the same figure drawn with matplotlib
-by ``live/static.py``: no browser needed) and summary.txt (the live view's end paragraph, then each event).
+by ``live/static.py``: no browser needed), model.txt (torchinfo's table of the model: summary.py)
+and summary.txt (the live view's end paragraph, then each event).
 The figure and the paragraph are the live view's own (``live/figures.py``, ``live/summary.py``),
 drawn from a ``RunRecord`` filled with the run's steps, epoch rows and events.
 """
@@ -31,9 +32,26 @@ def write_report(trainer, folder) -> Path:
                           columns=["kind", "message", "step", "epoch", "time"])
     events.to_csv(folder / "events.csv", index=False)
     record = run_record(trainer, summary)
-    figure_notes = _figures(record, folder)
-    (folder / "summary.txt").write_text(summary_text(summary, record, figure_notes))
+    notes = _figures(record, folder) + _model(trainer, folder)
+    (folder / "summary.txt").write_text(summary_text(summary, record, notes))
     return folder
+
+
+def _model(trainer, folder: Path) -> list[str]:
+    """model.txt: the model's summary (output shapes when a forward on one zero sample works,
+    else parameters only, said); returns notes on what was skipped."""
+    from hybridnb.train.summary import model_summary
+
+    try:
+        table, note = model_summary(trainer), []
+    except ImportError as exc:
+        return [f"model.txt skipped: {exc}"]
+    except Exception as exc:
+        table = model_summary(trainer.model)
+        note = [f"model.txt holds parameters only: a forward on one zero sample failed "
+                f"({type(exc).__name__}: {str(exc)[:160]})"]
+    (folder / "model.txt").write_text(f"{table}\n")
+    return note
 
 
 def run_record(trainer, summary: dict) -> RunRecord:

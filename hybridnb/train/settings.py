@@ -18,7 +18,7 @@ import torch
 
 from hybridnb.train import checkpoint
 from hybridnb.train.habits import precision_name, unknown_keywords
-from hybridnb.train.loggers import TB_INSTALL, logger_names, tensorboard_available
+from hybridnb.train.loggers import TB_INSTALL, logger_names, need_folder, tensorboard_available
 from hybridnb.train.losses import CLASSIFICATION_NAMES, is_classification
 
 COMPILE_MODES = (False, True, "default", "reduce-overhead", "max-autotune")
@@ -134,7 +134,7 @@ class Settings:
 
     def _check_loggers(self) -> None:
         names = self.loggers  # raises on an unknown name
-        if self.logger != "auto" and names and self.log_folder is None:
+        if self.logger != "auto" and need_folder(names) and self.log_folder is None:
             raise ValueError(f"logger={self.logger!r} needs a folder to write into: pass "
                              "log_dir= (or checkpoint_dir=, which log_dir defaults to)")
         if "tensorboard" in names and not tensorboard_available():

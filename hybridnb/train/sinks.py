@@ -1,7 +1,8 @@
 """Where a fit's rows go besides the live view: loggers and callbacks, in the user's process.
 
 ``Sinks.hear`` listens on the fit's bus (bus.py): the step rows go to the loggers that want them
-and ``on_step_end``, each epoch's history row to the loggers and ``on_epoch_end``. An isolated worker has no sinks of
+(``per_step``) and ``on_step_end``, each epoch's history row to the loggers (``log_metrics``,
+loggers.py) and ``on_epoch_end``. An isolated worker has no sinks of
 its own (``Settings.for_worker`` drops the loggers, callbacks never leave the user's process):
 its events are forwarded and emitted again on the kernel's bus, where these listen; they keep
 listening when the worker is lost and the kernel continues on the CPU.
@@ -14,8 +15,12 @@ the fit's end) catches it up.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hybridnb.train import callbacks as cbs
 from hybridnb.train.bus import EpochEnded, StepEnded
+from hybridnb.train.loggers import hparams
+from hybridnb.train.run_lock import RunLock
 from hybridnb.train.storage import StorageGuard
 
 
@@ -33,6 +38,7 @@ class Sinks:
         self.open = False
         self.trainer = None
         self.said: list = []
+        self.locks: list[RunLock] = []  # the log folders this fit holds (besides its own)
 
     def _say(self, kind: str, message: str) -> None:
         """A logger's storage event, said on the Trainer now (and kept: an isolated fit's
@@ -41,22 +47,28 @@ class Sinks:
             self.said.append(self.trainer.event(kind, message))
 
     def begin(self, trainer) -> None:
-        """A fit starts at ``trainer.state`` (fresh or resumed): open the loggers, call
-        ``on_fit_start``."""
+        """A fit starts at ``trainer.state`` (fresh or resumed): open the loggers (``open``
+        when they have it, then ``log_hparams``), call ``on_fit_start``."""
         self.trainer, self.said = trainer, []
         state = trainer.state
         self.next_epoch = len(state.history)
+        params = hparams(trainer.settings, trainer.model) if self.loggers else {}
+        self.open = True  # close() from here on: loggers opened before a failure are closed
+        self._claim(trainer.checkpoints.folder, trainer.bus.note)
         for logger in self.loggers:
-            logger.open(self.next_epoch, state.global_step)
-        self.open = True
+            if callable(getattr(logger, "open", None)):
+                logger.open(self.next_epoch, state.global_step)
+            logger.log_hparams(dict(params))
         cbs.call(self.callbacks, "on_fit_start", trainer)
 
     def step(self, row: dict) -> None:
         if self.open:
             loss = row.get("loss")
+            metrics = {"train/loss": float("nan") if loss is None else float(loss),
+                       "train/lr": float(row["lr"])}
             for logger in self.loggers:
-                logger.step(row["global_step"], float("nan") if loss is None else float(loss),
-                            float(row["lr"]))
+                if getattr(logger, "per_step", False):
+                    logger.log_metrics(dict(metrics), row["global_step"])
 
     def epoch_rows(self, rows: list[dict], trainer) -> None:
         """Log (and call ``on_epoch_end`` with) the rows of epochs not logged yet."""
@@ -65,7 +77,7 @@ class Sinks:
                 continue
             self.next_epoch = row["epoch"] + 1
             for logger in self.loggers:
-                logger.epoch(row)
+                logger.log_metrics(dict(row), row["step"])
             cbs.call(self.callbacks, "on_epoch_end", trainer, dict(row))
 
     def end(self, trainer) -> None:
@@ -88,8 +100,41 @@ class Sinks:
         elif isinstance(event, EpochEnded) and self.trainer is not None:
             self.epoch_rows(event.history, self.trainer)
 
+    def _claim(self, checkpoint_dir, note) -> None:
+        """The folders the loggers write besides ``checkpoint_dir`` (which the fit holds
+        already) are this run's too: another live run writing there is refused
+        (``run_lock``)."""
+        held = Path(checkpoint_dir).resolve() if checkpoint_dir is not None else None
+        folders = {lg.folder.resolve(): "log_dir" if getattr(lg, "needs_folder", False)
+                   else f"{type(lg).__name__}(folder" for lg in self.loggers
+                   if isinstance(getattr(lg, "folder", None), Path)}  # the argument it was
+        for folder, what in sorted(folders.items()):
+            if folder == held:
+                continue
+            lock = RunLock(folder, what=what)
+            stale = lock.acquire()
+            self.locks.append(lock)
+            if stale:
+                note("run_lock", stale)
+
     def close(self) -> None:
+        """Every logger closed (one that raises does not keep the others open), the log
+        folders released."""
+        locks, self.locks = self.locks, []
+        try:
+            self._close()
+        finally:
+            for lock in locks:
+                lock.release()
+
+    def _close(self) -> None:
         if self.open:
             self.open = False
+            first = None
             for logger in self.loggers:
-                logger.close()
+                try:
+                    logger.close()
+                except Exception as exc:
+                    first = first or exc
+            if first is not None:
+                raise first

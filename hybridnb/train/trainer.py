@@ -199,7 +199,7 @@ class Trainer:
             log_patterns=loggers.patterns(settings.loggers)
             if settings.log_folder == settings.checkpoint_dir else ())
         self.sinks = Sinks(lambda storage: loggers.make_loggers(
-            settings.loggers, settings.log_folder if strategy.is_main else None, storage),
+            settings.loggers, settings.log_folder, storage, strategy.is_main),
             callbacks)  # objects of the user's process: never in settings, never sent to a worker
         self.progress = Progress()
         self.stopping = EarlyStopping(settings.monitor, settings.early_stopping)
@@ -326,6 +326,10 @@ class Trainer:
         item = check_fit_data(train, val)  # before anything is said or started
         if item is not None:
             check_outputs(self.model, self.loss_fn, item, self.learner.dtype, self.batch_size)
+        with self.checkpoints.claimed(self.bus.note):  # one live run per checkpoint_dir
+            return self._fit(train, val, resume)
+
+    def _fit(self, train, val, resume) -> pd.DataFrame:
         # an isolated fit's worker starts first: it imports torch while this process sets up
         early = isolate.prestart() if self.isolated else None
         try:

@@ -138,7 +138,7 @@ def test_a_file_size_limit_fails_every_checkpoint_write_and_the_fit_still_ends(t
     assert all("kept in memory only" in m for m in said)  # no checkpoint ever fit
     # none ever fit, so none is on disk (and no temporary file either)
     names = sorted(p.name for p in folder.iterdir() if p.is_file())
-    assert names == ["history.csv"], names
+    assert names == [".hybridnb-run.lock", "history.csv"], names  # the run lock (run_lock.py)
     assert str(folder / "model.pt") in out["save"]
 
 

@@ -1,0 +1,161 @@
+"""One live run per checkpoint folder: a lock file naming its holder, held with the OS's lock.
+
+Two fits writing one ``checkpoint_dir`` at once overwrite each other's ``last.pt``, interleave
+``history.csv``, and a fresh one moves the other's live files aside. So a fit claims its folder
+before its first step: it opens ``.hybridnb-run.lock`` there, takes the OS's exclusive lock on it
+(``fcntl.flock`` on POSIX, ``msvcrt.locking`` on Windows) and writes who holds it (pid, host,
+start time). The OS drops the lock when the holder's process ends, however it ends (SIGKILL
+included), so the lock, not the file's text, says whether a run is live:
+
+- taken: the fit is refused (``RunLockError``) naming the folder, the holder and the way out;
+- free, the file empty: the last run there ended and released it (its files are an earlier
+  run's, set aside or resumed as before);
+- free, the file naming a holder: a run whose process died holding it (a stale lock), said once
+  and taken over (``fit(resume=True)`` continues that run's last checkpoint).
+
+The lock file stays in the folder between runs (emptied on release): deleting it would let a
+third process lock a fresh file while a second still holds the deleted one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+try:  # POSIX
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
+try:
+    import msvcrt
+except ImportError:  # POSIX
+    msvcrt = None
+
+LOCK_NAME = ".hybridnb-run.lock"
+_WINDOWS_BYTE = 1 << 20  # msvcrt locks a byte range: one far past the text, which stays readable
+
+
+class RunLockError(RuntimeError):
+    """Another live run holds this checkpoint folder."""
+
+
+def _try_lock(fd: int) -> bool:
+    """The OS's exclusive lock on ``fd`` without waiting: True when taken."""
+    if fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+    if msvcrt is not None:
+        os.lseek(fd, _WINDOWS_BYTE, os.SEEK_SET)
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        except OSError:
+            return False
+        return True
+    return True  # neither (no such platform known): the text still names the holder
+
+
+def _unlock(fd: int) -> None:
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    elif msvcrt is not None:
+        os.lseek(fd, _WINDOWS_BYTE, os.SEEK_SET)
+        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+
+
+def _read(fd: int) -> dict:
+    """The holder the file names ({} when empty or unreadable)."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    text = os.read(fd, 4096).decode("utf-8", "replace").strip()
+    if not text:
+        return {}
+    try:
+        holder = json.loads(text)
+    except ValueError:
+        return {"text": text[:200]}
+    return holder if isinstance(holder, dict) else {"text": text[:200]}
+
+
+def describe(holder: dict) -> str:
+    """'pid 123 on host h, started 2026-11-26 14:02:11 UTC' (what is known of it)."""
+    if not holder or "pid" not in holder:
+        return "another process"
+    said = f"pid {holder['pid']}"
+    if holder.get("host"):
+        said += f" on host {holder['host']}"
+    if holder.get("started"):
+        said += f", started {holder['started']}"
+    return said
+
+
+class RunLock:
+    """The claim of one fit on ``folder``: ``acquire()`` before the first step, ``release()``
+    when the fit ends (also when it fails)."""
+
+    def __init__(self, folder: str | os.PathLike, what: str = "checkpoint_dir") -> None:
+        self.folder, self.what = Path(folder), what
+        self.path = self.folder / LOCK_NAME
+        self.fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self.fd is not None
+
+    def acquire(self) -> str | None:
+        """Take the folder for this run. Raises ``RunLockError`` while another live run holds
+        it; returns a sentence when a dead process's lock was taken over (else None)."""
+        if self.fd is not None:
+            return None
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o644)
+        except OSError as exc:
+            raise RunLockError(f"{self.what}={str(self.folder)!r}: its run lock {self.path} "
+                               f"cannot be opened ({type(exc).__name__}: "
+                               f"{exc.strerror or exc}): pass a folder you can write into"
+                               ) from None
+        try:
+            if not _try_lock(fd):
+                holder = _read(fd)
+                raise RunLockError(
+                    f"{self.what}={str(self.folder)!r} is in use by a live run "
+                    f"({describe(holder)}; lock file {self.path}): two runs in one folder "
+                    "would overwrite each other's checkpoints and logs. Pass another "
+                    f"{self.what}=, or wait for that run to end (or stop it) and fit again")
+            holder = _read(fd)
+            os.ftruncate(fd, 0)
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.write(fd, json.dumps(_me()).encode())
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+        if holder:
+            return (f"{self.folder} was locked by a run that is gone ({describe(holder)}; "
+                    "its process ended without releasing it): a stale lock, taken over by "
+                    "this run")
+        return None
+
+    def release(self) -> None:
+        """The run is over: the file is emptied and the OS lock dropped."""
+        fd, self.fd = self.fd, None
+        if fd is None:
+            return
+        try:
+            os.ftruncate(fd, 0)  # "free and empty": the run ended cleanly
+            _unlock(fd)
+        except OSError:
+            pass  # the folder was removed or is failing: closing drops the lock anyway
+        finally:
+            os.close(fd)
+
+
+def _me() -> dict:
+    return {"pid": os.getpid(), "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}

@@ -1,0 +1,44 @@
+"""A model summary on request: torchinfo's table of layers, output shapes and parameters.
+
+torchinfo ships with braindecode; without it the summary says how to install it. The table is
+computed with one zero-filled sample of the input shape the Trainer saw (its first batch; before
+a fit, pass ``input_shape``), in eval mode and without gradients, on the device the model's
+weights are on: it draws no random numbers and changes no state (BatchNorm statistics, RNG), so
+asking for it never changes a run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+INSTALL = "pip install torchinfo (it comes with braindecode)"
+
+
+def model_summary(model: torch.nn.Module, input_shape: Sequence[int] | None = None,
+                  depth: int = 3, **kwargs):
+    """torchinfo's ``ModelStatistics`` for ``model`` (a module, or a Trainer: its model and
+    the input shape of its first batch); ``str()`` of it is the table. ``input_shape``: one
+    sample's shape (without the batch dimension); None and unknown: parameters only, no
+    output shapes. Other keyword arguments go to ``torchinfo.summary``."""
+    try:
+        import torchinfo
+    except ImportError as exc:
+        raise ImportError(f"a model summary needs torchinfo: {INSTALL}") from exc
+    if not isinstance(model, torch.nn.Module):  # a Trainer
+        if input_shape is None:
+            input_shape = model.learner.input_shape
+        model = model.model
+    weights = next(iter(model.parameters()), None)
+    device = weights.device if weights is not None else torch.device("cpu")
+    data = None
+    if input_shape is not None:
+        dtype = weights.dtype if weights is not None and weights.is_floating_point() else \
+            torch.float32
+        data = [torch.zeros((1, *input_shape), dtype=dtype, device=device)]
+    options = {"depth": depth, "verbose": 0, "mode": "eval", "device": device,
+               "col_names": ("output_size", "num_params") if data is not None
+               else ("num_params",), **kwargs}
+    with torch.no_grad():
+        return torchinfo.summary(model, input_data=data, **options)
