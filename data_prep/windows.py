@@ -92,6 +92,13 @@ class Windows:
         return WindowDataset(self, crop=crop, seed=seed, device=device, scale=scale,
                              target=target)
 
+    def to_dataset(self):
+        """The Dataset a trainer makes of these windows when given them as they are
+        (``hn.Trainer.fit(train, val)``): ``dataset(scale=SCALE)``, volts -> µV as the recipes
+        train. Crops (Challenge 2) and target scaling are yours to ask with :meth:`dataset`."""
+        from .recipes import SCALE
+        return self.dataset(scale=SCALE)
+
     def loader(self, batch_size: int = 128, shuffle: bool = True, crop: int | None = None,
                seed: int | None = None, device=None, scale: float = 1.0, **kwargs):
         """A DataLoader that fetches whole batches (no per-sample collation)."""

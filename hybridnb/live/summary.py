@@ -110,6 +110,10 @@ def status(record, memory: Mapping[str, float] | None = None) -> str:
                 parts.append(f"{key} {fmt.number(value)}")
                 if key == "val_loss":
                     break
+        run = getattr(record, "run", None) or {}
+        for key in dict.fromkeys((run.get("metric"), run.get("monitor"))):  # the run's own
+            if key and key != "val_loss" and last.get(key) is not None:
+                parts.append(f"{key} {fmt.number(last[key])}")
     if st.get("lr") is not None:
         parts.append(f"lr {fmt.lr(st['lr'])}")
     parts.extend(speed(st))
@@ -133,7 +137,7 @@ def _best(summary: Mapping[str, Any], monitor: str
     if value is None and hist is not None and monitor in getattr(hist, "columns", ()):
         col = hist[monitor].dropna()
         if len(col):
-            i = col.idxmax() if monitor.endswith("r2") else col.idxmin()
+            i = col.idxmax() if monitor.endswith(("r2", "accuracy")) else col.idxmin()
             value = float(col[i])
             epoch = int(hist.loc[i, "epoch"]) if "epoch" in hist.columns else int(i)
             step = int(hist.loc[i, "step"]) if "step" in hist.columns else None
@@ -153,6 +157,9 @@ def paragraph(summary: Mapping[str, Any], record) -> str:
     device = summary.get("device") or run.get("device", "?")
     precision = summary.get("precision") or run.get("precision", "?")
     params = f" ({fmt.count(run['n_params'])} parameters)" if run.get("n_params") else ""
+    if summary.get("failed") and not done and not record.global_step:
+        return (f"{run.get('model') or 'The model'}{params} was not trained: the fit stopped "
+                f"at an error before its first step, on {device} (the error follows).")
     text = [f"Trained {run.get('model') or 'the model'}{params} for {done} of "
             f"{record.epochs} epochs ({record.global_step} steps) in "
             f"{fmt.duration_words(elapsed)} on {device} with {precision}"]

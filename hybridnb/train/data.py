@@ -13,24 +13,73 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 from hybridnb.strategies.batches import ResumableBatchSampler
 
 
-def as_dataset(data) -> Dataset | DataLoader:
-    """A Dataset or DataLoader as given; ``(X, y)`` arrays/tensors become a TensorDataset."""
+def as_dataset(data, what: str = "data", note=lambda kind, message: None) -> Dataset | DataLoader:
+    """A Dataset or DataLoader as given; ``(X, y)`` arrays/tensors become a TensorDataset; an
+    object with a ``to_dataset()`` method (a data library's windows that know their Dataset)
+    becomes what it returns, said once through ``note``. Anything else is a TypeError naming
+    ``what`` and the call to make."""
     if isinstance(data, (Dataset, DataLoader)):
         return data
     if isinstance(data, (tuple, list)) and len(data) >= 1 and all(
             isinstance(a, (np.ndarray, torch.Tensor)) for a in data):
+        sizes = [len(a) if a.ndim else 0 for a in data]
+        if len(set(sizes)) > 1:
+            raise ValueError(f"{what}: the arrays have {' vs '.join(map(str, sizes))} samples "
+                             "(first dimension): X and y must have one row per sample each")
         return TensorDataset(*(torch.as_tensor(a) for a in data))
     if isinstance(data, (np.ndarray, torch.Tensor)):
         return TensorDataset(torch.as_tensor(data))
-    if hasattr(data, "__getitem__") and hasattr(data, "__len__"):
+    made = made_dataset(data, what, note)
+    if made is not data:
+        return made
+    kind = type(data).__name__
+    if callable(getattr(data, "dataset", None)):
+        raise TypeError(f"{what}: a {kind} is not a torch Dataset; it makes one with "
+                        f".dataset(...): pass {what}.dataset(...) with the options your data "
+                        "needs (its scale, crop, ...), e.g. trainer.fit(train.dataset(...), "
+                        "val.dataset(...))")
+    if hasattr(data, "__getitem__") and hasattr(data, "__len__") and not isinstance(
+            data, (str, bytes, dict)):
         return data
-    raise TypeError(f"data of type {type(data).__name__} is not a Dataset, a DataLoader or "
-                    "(X, y) arrays")
+    raise TypeError(f"{what}: data of type {kind} is not a Dataset, a DataLoader or (X, y) "
+                    "arrays; pass (X, y) as one tuple, e.g. trainer.fit((X, y), (X_val, y_val))")
+
+
+def made_dataset(data, what: str = "data", note=lambda kind, message: None):
+    """``data.to_dataset()`` for an object that is not a Dataset but makes its own (a data
+    library's windows), said once through ``note``; anything else as it is. The Trainer
+    resolves it before data travels to an isolated worker, so the worker gets the Dataset."""
+    if isinstance(data, (Dataset, DataLoader)) or not callable(getattr(data, "to_dataset",
+                                                                      None)):
+        return data
+    kind = type(data).__name__
+    made = data.to_dataset()
+    if not isinstance(made, (Dataset, DataLoader)):
+        raise TypeError(f"{what}: {kind}.to_dataset() returned a {type(made).__name__}, not a "
+                        "torch Dataset or DataLoader")
+    note("data", f"{what}: a {kind} was given; using its to_dataset(), a {_described(made)} "
+         f"(pass {what}.dataset(...) yourself for other options)")
+    return made
+
+
+def _described(dataset) -> str:
+    """A short account of a Dataset made for the user: its type, and its scale when it has
+    one."""
+    scale = getattr(dataset, "scale", None)
+    return type(dataset).__name__ + (f" (inputs x {scale:g})" if isinstance(
+        scale, (int, float)) and scale != 1 else "")
+
+
+def is_stream(data) -> bool:
+    """An IterableDataset (or a DataLoader over one): batches in its own order, maybe no
+    length."""
+    data = data.dataset if isinstance(data, DataLoader) else data
+    return isinstance(data, IterableDataset)
 
 
 QUICK_EPOCHS, QUICK_STEPS = 2, 5
@@ -41,9 +90,13 @@ def plan_epochs(loader, epochs: int, steps_per_epoch: int | None, grad_accum: in
     """Epochs and batches per epoch for a fit, and a note when quick mode capped them."""
     try:
         n_batches = len(loader)
-    except TypeError as exc:
-        raise TypeError("the training data needs a length (an IterableDataset without "
-                        "__len__ is not supported)") from exc
+    except TypeError:
+        if not steps_per_epoch:
+            kind = type(getattr(loader, "dataset", loader)).__name__
+            raise TypeError(f"the training data ({kind}) has no length, so an epoch has no "
+                            "end: pass steps_per_epoch= (the optimizer steps each epoch reads; "
+                            "fewer when the stream ends first), or give it a __len__") from None
+        n_batches = steps_per_epoch * grad_accum
     if n_batches == 0:
         raise ValueError("the training data gives no batches")
     if steps_per_epoch:
@@ -131,7 +184,11 @@ def make_loader(data, *, batch_size: int, shuffle: bool, what: str, seed: int | 
 
     if isinstance(data, IndexedBatches):
         return data
-    data = as_dataset(data)
+    data = as_dataset(data, what, note)
+    if isinstance(data, IterableDataset):
+        return _stream_loader(data, batch_size=batch_size, shuffle=shuffle, what=what,
+                              seed=seed, strategy=strategy, loader_kwargs=loader_kwargs,
+                              note=note)
     if isinstance(data, DataLoader):
         shards = getattr(data.batch_sampler, "world_size", 1)  # 1: every rank sees all of it
         if shards != strategy.world_size:
@@ -159,6 +216,35 @@ def make_loader(data, *, batch_size: int, shuffle: bool, what: str, seed: int | 
         kwargs.pop("prefetch_factor", None)
     return DataLoader(data, batch_sampler=sampler, generator=gen, worker_init_fn=worker_init_fn,
                       **kwargs)
+
+
+def _stream_loader(data: IterableDataset, *, batch_size: int, shuffle: bool, what: str,
+                   seed: int | None, strategy, loader_kwargs: dict, note) -> DataLoader:
+    """A DataLoader over an IterableDataset: read in its own order (a stream cannot be
+    shuffled by index: said once for training); one process only (under DDP every rank would
+    read all of it)."""
+    from hybridnb.train.seeding import worker_init_fn
+
+    if strategy.world_size > 1:
+        raise ValueError(f"{what}: an IterableDataset ({type(data).__name__}) with "
+                         f"{strategy.world_size} processes: each would read all of it. Shard it "
+                         "by rank inside the dataset and pass a DataLoader, or use a "
+                         "map-style Dataset (the Trainer shards those itself)")
+    if shuffle:
+        note("data", f"the {what} data is an IterableDataset ({type(data).__name__}): read in "
+             "its own order, which the Trainer cannot shuffle (shuffle inside the stream)")
+    gen = torch.Generator()
+    gen.manual_seed(seed) if seed is not None else gen.seed()
+    kwargs = dict(loader_kwargs)
+    if kwargs.get("num_workers", 0) == 0:
+        kwargs.pop("persistent_workers", None)
+        kwargs.pop("prefetch_factor", None)
+    elif kwargs.get("num_workers", 0) > 1:  # each worker would yield the whole stream
+        note("loader", f"the {what} data is an IterableDataset: read by one loader worker "
+             f"(not {kwargs['num_workers']}: each would yield all of it)")
+        kwargs["num_workers"] = 1
+    return DataLoader(data, batch_size=batch_size, generator=gen,
+                      worker_init_fn=worker_init_fn, **kwargs)
 
 
 def epoch_batches(loader, state, event) -> Iterator:

@@ -13,7 +13,9 @@ import numpy as np
 import torch
 
 from hybridnb.train.losses import ReweightedHuber
-from hybridnb.train.metrics import regression_metrics
+from hybridnb.train.metrics import classification_metrics, regression_metrics
+
+OUTPUTS = (None, "raw", "labels", "probs")
 
 
 def eval_loss(loss_fn, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -75,14 +77,41 @@ def _squeeze(a: np.ndarray) -> np.ndarray:
     return a[:, 0] if a.shape[1] == 1 else a
 
 
-def metrics(pred, target, loss, bad) -> dict:
-    """Loss and regression metrics from ``predict_loader``'s output; targets that are not
-    finite are left out and counted (``nonfinite_targets``)."""
+def metrics(pred, target, loss, bad, task: str = "regression") -> dict:
+    """Loss and the task's metrics from ``predict_loader``'s output (regression: rmse, nrmse,
+    mae, r2; classification: accuracy, balanced_accuracy); targets that are not finite are
+    left out and counted (``nonfinite_targets``)."""
     out = {"loss": loss}
     if bad:
         out["nonfinite_targets"] = bad
+    if task == "classification":
+        if target is not None and pred.ndim == 2:
+            keep = np.isfinite(target.reshape(len(target), -1)).all(axis=1)
+            if keep.any():
+                out.update(classification_metrics(target[keep], pred[keep]))
+        return out
     if target is not None and target.dtype.kind == "f" and pred.size == target.size:
         keep = np.isfinite(target)
         if keep.any():
             out.update(regression_metrics(target[keep], pred.reshape(target.shape)[keep]))
     return out
+
+
+def as_output(pred: np.ndarray, task: str, output: str | None) -> np.ndarray:
+    """``predict``'s answer: ``"raw"`` the model's outputs; ``"labels"`` the class of each
+    sample (argmax, int64); ``"probs"`` the softmax over classes. ``None``: labels for a
+    classification loss, raw outputs for regression."""
+    if output not in OUTPUTS:
+        raise ValueError(f"output={output!r}: use 'labels', 'probs', 'raw' (or None: labels "
+                         "when classifying, raw outputs otherwise)")
+    if output is None:
+        output = "labels" if task == "classification" else "raw"
+    if output == "raw":
+        return pred
+    if pred.ndim != 2:
+        raise ValueError(f"output={output!r} needs one output per class; the model gives one "
+                         "value per sample (a regression): use output='raw'")
+    if output == "labels":
+        return pred.argmax(axis=1)
+    shifted = np.exp(pred - pred.max(axis=1, keepdims=True))
+    return (shifted / shifted.sum(axis=1, keepdims=True)).astype(pred.dtype)

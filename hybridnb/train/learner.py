@@ -32,7 +32,8 @@ class Learner:
                                               settings.weight_decay)
         self.ema = make_ema(model, settings.ema) if settings.ema is not None else None
         self.loss_fn = make_loss(settings.loss, huber_delta=settings.huber_delta,
-                                 reweight_after=settings.reweight_after)
+                                 reweight_after=settings.reweight_after,
+                                 class_weights=settings.class_weights)
         self.schedule = make_schedule(settings.schedule, warmup=settings.warmup,
                                       optimizer=self.optimizer)
         self.input_shape: tuple[int, ...] | None = None  # one sample's x, from the first batch

@@ -29,7 +29,7 @@ from hybridnb.train.recovery import Came
 from hybridnb.train.schedules import tell_validation
 from hybridnb.train.seeding import rng_state, seed_everything
 from hybridnb.train.settings import Settings
-from hybridnb.train.state import Plan, RunState, Stop
+from hybridnb.train.state import HISTORY_COLUMNS, Plan, RunState, Stop
 
 
 class Epoch(enum.Enum):
@@ -192,6 +192,8 @@ class Loop:
     def _end_epoch(self, metrics: dict) -> None:
         state, lr = self.state, self.learner.lr()
         history_row = self.progress.epoch_row(state, lr, metrics, self.placement.device)
+        history_row.update({k: float(v) for k, v in metrics.items()  # the task's own metrics
+                            if k in HISTORY_COLUMNS and k not in history_row})
         view_row = EpochRow(self.progress.row(state, self.settings.grad_accum, lr,
                                               loss=history_row["train_loss"], epoch_end=True,
                                               **metrics))
@@ -283,7 +285,8 @@ class Loop:
                 "total_steps": plan.total_steps, "device": str(self.placement.device),
                 "precision": self.placement.precision.name, "model": type(model).__name__,
                 "n_params": sum(p.numel() for p in model.parameters()),
-                "monitor": s.monitor, "quick": quick(), "pid": os.getpid()}
+                "monitor": s.monitor, "quick": quick(), "pid": os.getpid(),
+                "metric": "val_accuracy" if s.task == "classification" else None}
 
     def grace(self, what: str) -> float | None:
         return self.heartbeat.grace(what, compiling=bool(self.placement.compile),
@@ -312,7 +315,8 @@ class Loop:
         return True
 
     def _validate(self, loader) -> dict:
-        scores = scores_of(*self.predict(loader, with_targets=True, phase="validation"))
+        scores = scores_of(*self.predict(loader, with_targets=True, phase="validation"),
+                           task=self.settings.task)
         metrics = {"val_" + k: v for k, v in scores.items()}
         self.heartbeat.beat("step")
         return metrics
@@ -379,7 +383,7 @@ class Loop:
             self.bus.say("ema_weights", "model holds the EMA weights (raw weights are in "
                          "last.pt)" if self.settings.checkpoint_dir else
                          "model holds the EMA weights")
-        self.bus.emit(Ended(self.summary()))
+        self.bus.emit(Ended({**self.summary(), "failed": failed}))
 
     def summary(self, stopped: Stop | None = None) -> dict:
         """What the view's end() and report() show (speeds are wall clock: progress.py)."""

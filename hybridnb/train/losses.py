@@ -1,4 +1,5 @@
-"""Regression losses by name, and Huber with residual reweighting.
+"""Losses by name: regression (mse, l1, huber with residual reweighting) and classification
+(cross_entropy, with class weights).
 
 Every loss here is a mean over samples of a per-sample term, so a batch split into micro-batches
 (each weighted by its share of samples) gives exactly the unsplit loss and gradient.
@@ -64,6 +65,8 @@ class ShapeChecked:
     def __call__(self, pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self.module(*match_target(pred, y))
 
+    check = staticmethod(match_target)  # what fit checks before it starts (preflight.py)
+
     def __repr__(self) -> str:
         return f"ShapeChecked({self.module!r})"
 
@@ -87,6 +90,8 @@ class ReweightedHuber:
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
+    check = staticmethod(match_target)
+
     @property
     def reweighting(self) -> bool:
         return self.after_epoch is not None and self.epoch >= self.after_epoch
@@ -109,12 +114,110 @@ def _named(fn) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     def loss(pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return fn(*match_target(pred, y))
     loss.__name__ = fn.__name__
+    loss.check = match_target
     return loss
 
 
-def make_loss(loss, huber_delta: float = 1.0, reweight_after: int | None = None) -> Callable:
-    """``"mse"`` | ``"l1"`` | ``"huber"`` | a callable ``(pred, y) -> scalar`` (a mean over samples
-    for micro-batch splitting to stay exact)."""
+CLASSIFICATION_NAMES = ("cross_entropy", "ce", "crossentropy")
+REGRESSION_NAMES = ("mse", "l1", "mae", "huber")
+
+
+def is_classification(loss) -> bool:
+    """Whether ``loss=`` classifies: "cross_entropy", or torch's CrossEntropyLoss / NLLLoss."""
+    if isinstance(loss, str):
+        return loss in CLASSIFICATION_NAMES
+    return isinstance(loss, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss))
+
+
+class CrossEntropy:
+    """Cross-entropy over logits (B, C) and class indices (B,) or (B, 1): int64 targets, or
+    floats holding whole numbers (cast); or class probabilities (B, C). ``weights``: one per
+    class. The loss is the mean over samples of ``weight[y] * nll`` (not torch's division by
+    the batch's summed weights), so a batch split into micro-batches gives the same loss."""
+
+    __name__ = "cross_entropy"
+
+    def __init__(self, weights: tuple[float, ...] | None = None) -> None:
+        self.weights = None if weights is None else torch.tensor(weights, dtype=torch.float32)
+        self._on: dict = {}  # the weights on each device they were needed on
+        self._seen = False  # targets on a device: their range is checked on the first batch
+
+    def __call__(self, pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        pred, y = class_targets(pred, y, check_range=y.device.type == "cpu" or not self._seen)
+        self._seen = True
+        weight = None
+        if self.weights is not None:
+            if len(self.weights) != pred.shape[1]:
+                raise ValueError(f"class_weights has {len(self.weights)} weights but the model "
+                                 f"gives {pred.shape[1]} outputs (one per class): give one "
+                                 "weight per class")
+            weight = self._on.get(pred.device)
+            if weight is None:
+                weight = self._on[pred.device] = self.weights.to(pred.device)
+        per_sample = F.cross_entropy(pred, y, reduction="none")
+        if weight is not None:
+            per_sample = per_sample * (weight[y] if y.dim() == 1 else y @ weight)
+        return per_sample.mean()
+
+    def check(self, pred: torch.Tensor, y: torch.Tensor) -> None:
+        """The outputs' and targets' shapes and the classes' range (preflight.py)."""
+        class_targets(pred, y)
+
+    def __getstate__(self) -> dict:
+        return {"weights": self.weights, "_on": {}, "_seen": False}
+
+    def __repr__(self) -> str:
+        w = None if self.weights is None else self.weights.tolist()
+        return f"CrossEntropy(class_weights={w})"
+
+
+def class_targets(pred: torch.Tensor, y: torch.Tensor, check_range: bool = True
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits in float32 and targets as class indices (B,) int64 (or probabilities (B, C)),
+    checked: one output per class and, with ``check_range``, indices within them (an index out
+    of range is a device-side assert on CUDA that the process does not survive; the check costs
+    a device sync, so ``CrossEntropy`` asks it for every CPU batch and a device's first)."""
+    if not isinstance(pred, torch.Tensor):
+        raise TypeError(output_structure(pred))
+    if pred.dim() != 2 or pred.shape[1] < 2:
+        raise ValueError(f"loss='cross_entropy' needs the model's output as (batch, classes) "
+                         f"logits with one output per class (2 or more); it gives shape "
+                         f"{tuple(pred.shape)}. Build the model with n_outputs = the number "
+                         "of classes (two classes: n_outputs=2)")
+    if y.is_floating_point() and y.shape == pred.shape:
+        return pred.float(), y.float()  # class probabilities
+    if y.dim() == 2 and y.shape[1] == 1 or y.dim() == 0:
+        y = y.reshape(-1)
+    if y.dim() != 1 or len(y) != len(pred):
+        raise ValueError(f"loss='cross_entropy' needs targets of shape (batch,) holding class "
+                         f"indices (or (batch, classes) probabilities); they have shape "
+                         f"{tuple(y.shape)} against outputs {tuple(pred.shape)}")
+    if y.is_floating_point():
+        whole = torch.isfinite(y).all() and torch.equal(y, y.round())
+        if not whole:
+            raise ValueError("loss='cross_entropy' needs class indices 0..C-1 as targets; "
+                             "these are floats that are not whole numbers (regression "
+                             "targets? use loss='mse' or 'huber')")
+        y = y.long()
+    elif y.dtype == torch.bool:
+        y = y.long()
+    if check_range:
+        low, high = (int(v) for v in torch.stack([y.min(), y.max()]).tolist())
+        if low < 0 or high >= pred.shape[1]:
+            raise ValueError(f"the targets hold class indices {low}..{high}, but the model "
+                             f"gives {pred.shape[1]} outputs (classes 0..{pred.shape[1] - 1}): "
+                             "number the classes from 0 (e.g. y - y.min(), or "
+                             "np.unique(y, return_inverse=True)[1]) and give the model one "
+                             "output per class")
+    return pred.float(), y
+
+
+def make_loss(loss, huber_delta: float = 1.0, reweight_after: int | None = None,
+              class_weights: tuple[float, ...] | None = None) -> Callable:
+    """``"mse"`` | ``"l1"`` | ``"huber"`` | ``"cross_entropy"`` (``class_weights``) | a callable
+    ``(pred, y) -> scalar`` (a mean over samples for micro-batch splitting to stay exact)."""
+    if isinstance(loss, str) and loss in CLASSIFICATION_NAMES:
+        return CrossEntropy(class_weights)
     if isinstance(loss, _REGRESSION_MODULES):
         return ShapeChecked(loss)
     if isinstance(loss, type) and issubclass(loss, torch.nn.Module):
@@ -128,4 +231,5 @@ def make_loss(loss, huber_delta: float = 1.0, reweight_after: int | None = None)
         return _named(F.l1_loss)
     if loss == "huber":
         return ReweightedHuber(delta=huber_delta, after_epoch=reweight_after)
-    raise ValueError(f"loss={loss!r}: use 'mse', 'l1', 'huber' or a callable (pred, y) -> loss")
+    raise ValueError(f"loss={loss!r}: use 'mse', 'l1', 'huber' (regression), 'cross_entropy' "
+                     "(classification) or a callable (pred, y) -> loss")

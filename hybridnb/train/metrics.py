@@ -1,11 +1,14 @@
-"""Regression metrics: RMSE, nRMSE (= RMSE / population std of the targets, a generic normalised
-score), MAE and R²."""
+"""Metrics: regression (RMSE, nRMSE = RMSE / population std of the targets, a generic normalised
+score, MAE, R²) and classification (accuracy, balanced accuracy = the mean of the per-class
+recalls over the classes present in the targets, as scikit-learn computes it)."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
+
+HIGHER_IS_BETTER = ("r2", "accuracy", "acc", "balanced_accuracy")
 
 
 def regression_metrics(y_true, y_pred) -> dict[str, float]:
@@ -28,6 +31,23 @@ def regression_metrics(y_true, y_pred) -> dict[str, float]:
     }
 
 
+def classification_metrics(y_true, logits) -> dict[str, float]:
+    """Accuracy and balanced accuracy of ``logits`` (N, C) (the predicted class is the argmax)
+    against class indices ``y_true`` (N,), or class probabilities (N, C) (their argmax)."""
+    scores = np.asarray(logits, dtype=np.float64)
+    y = np.asarray(y_true)
+    if y.ndim == 2 and y.shape == scores.shape:
+        y = y.argmax(axis=1)
+    y = y.reshape(-1).astype(np.int64)
+    if scores.ndim != 2 or len(scores) != len(y):
+        raise ValueError(f"logits of shape {scores.shape} do not match {len(y)} targets")
+    if y.size == 0:
+        raise ValueError("no samples to score (empty data)")
+    hit = scores.argmax(axis=1) == y
+    recalls = [float(hit[y == c].mean()) for c in np.unique(y)]
+    return {"accuracy": float(hit.mean()), "balanced_accuracy": float(np.mean(recalls))}
+
+
 def higher_is_better(metric: str) -> bool:
     """Whether a larger value of ``metric`` (e.g. ``"val_r2"``) is an improvement."""
-    return metric.removeprefix("val_") in ("r2", "accuracy", "acc")
+    return metric.removeprefix("val_") in HIGHER_IS_BETTER

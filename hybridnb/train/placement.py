@@ -19,7 +19,7 @@ from torch.utils.data import default_collate
 from hybridnb import speedups
 from hybridnb.strategies.base import SingleDevice
 from hybridnb.train import recovery, setup
-from hybridnb.train.data import IndexedBatches, leave_device
+from hybridnb.train.data import IndexedBatches, is_stream, leave_device
 from hybridnb.train.learner import Learner
 from hybridnb.train.precision import Precision
 from hybridnb.train.settings import Settings
@@ -177,4 +177,6 @@ def example_batch(loader, n: int) -> tuple:
     if isinstance(loader, IndexedBatches):
         return tuple(t[:n] for t in loader.tensors)
     data = loader.dataset
+    if is_stream(data):  # no indexing: the first batch of a fresh pass over the stream
+        return tuple(next(iter(loader)))
     return tuple(default_collate([data[i] for i in range(min(n, len(data)))]))

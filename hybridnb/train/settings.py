@@ -17,7 +17,9 @@ from typing import Any
 import torch
 
 from hybridnb.train import checkpoint
+from hybridnb.train.habits import precision_name, unknown_keywords
 from hybridnb.train.loggers import TB_INSTALL, logger_names, need_folder, tensorboard_available
+from hybridnb.train.losses import CLASSIFICATION_NAMES, is_classification
 
 COMPILE_MODES = (False, True, "default", "reduce-overhead", "max-autotune")
 ON_GPU_ERROR = ("recover", "raise")
@@ -28,6 +30,7 @@ class Settings:
     """Every ``Trainer`` option (see ``Trainer``'s docstring for each one's meaning)."""
 
     loss: Any = "mse"
+    class_weights: tuple[float, ...] | None = None
     lr: float = 1e-3
     epochs: int = 10
     batch_size: int | None = None
@@ -71,13 +74,24 @@ class Settings:
     resolved_: bool = False
     from_detect: tuple[str, ...] = ()  # the options resolved() took from detect()'s advice
 
+    @property
+    def task(self) -> str:
+        """"classification" for ``loss="cross_entropy"`` (or torch's CrossEntropyLoss /
+        NLLLoss), else "regression": which metrics validation and ``evaluate()`` give."""
+        return "classification" if is_classification(self.loss) else "regression"
+
     @classmethod
     def build(cls, **kwargs: Any) -> Settings:
-        """The checked settings; unknown names are a TypeError naming them, as a call would."""
-        names = {f.name for f in dataclasses.fields(cls)}
+        """The checked settings; unknown names are a TypeError naming them, as a call would,
+        each with the option that does the same (``max_epochs`` -> ``epochs=``)."""
+        names = {f.name for f in dataclasses.fields(cls)} - _INTERNAL
         unknown = sorted(set(kwargs) - names)
         if unknown:
-            raise TypeError(f"Trainer() got unexpected keyword arguments {unknown}")
+            raise TypeError(unknown_keywords(unknown, names))
+        if "precision" in kwargs:
+            kwargs["precision"] = precision_name(kwargs["precision"])
+        if kwargs.get("class_weights") is not None:
+            kwargs["class_weights"] = _checked_weights(kwargs["class_weights"], kwargs)
         if isinstance(kwargs.get("freeze"), (list, str)):
             f = kwargs["freeze"]
             kwargs["freeze"] = (f,) if isinstance(f, str) else tuple(f)
@@ -207,6 +221,27 @@ class Settings:
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
+
+
+_INTERNAL = {"recommended_precision", "torch_threads", "resolved_", "from_detect"}
+
+
+def _checked_weights(weights, kwargs: dict) -> tuple[float, ...]:
+    """``class_weights=``: one non-negative weight per class, for ``loss="cross_entropy"``."""
+    loss = kwargs.get("loss", "mse")
+    if not (isinstance(loss, str) and loss in CLASSIFICATION_NAMES):
+        raise ValueError(f"class_weights= goes with loss='cross_entropy' (loss={loss!r}); a "
+                         "loss module of your own takes its weights itself (e.g. "
+                         "torch.nn.CrossEntropyLoss(weight=...))")
+    try:
+        values = tuple(float(w) for w in torch.as_tensor(weights).reshape(-1).tolist())
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"class_weights={weights!r} must be a sequence of numbers, one per "
+                         "class") from exc
+    if not values or any(not (w >= 0 and w < float("inf")) for w in values) or not any(values):
+        raise ValueError(f"class_weights={weights!r} must be finite numbers >= 0, one per class, "
+                         "not all 0")
+    return values
 
 
 def _checked_log_dir(folder) -> Path:

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from hybridnb.events import Event
 
 HISTORY_COLUMNS = ["epoch", "step", "train_loss", "val_loss", "val_rmse", "val_nrmse", "val_mae",
-                   "val_r2", "lr", "samples_per_s", "data_wait_pct", "compute_samples_per_s",
+                   "val_r2", "val_accuracy", "val_balanced_accuracy", "lr", "samples_per_s", "data_wait_pct", "compute_samples_per_s",
                    "mfu", "peak_memory_mb", "time_s", "events"]
 STEP_COLUMNS = ["global_step", "epoch", "loss", "lr"]
 

@@ -24,12 +24,20 @@ class TargetScale:
     judges, says it (``note(kind, message)``) when off, and removes itself."""
 
     def __init__(self, model: torch.nn.Module, note: Callable[[str, str], None],
-                 enabled: bool = True) -> None:
-        self.model, self.note, self.enabled = model, note, enabled
+                 enabled: bool = True, loss="mse", task: str = "regression") -> None:
+        self.model, self.note, self.enabled = model, note, enabled and task == "regression"
+        self.loss = f"loss={loss!r}" if isinstance(loss, str) else "a regression loss"
+        self.kind_checked = task != "regression"
         self.y: torch.Tensor | None = None
         self._hook = None
 
     def targets(self, y) -> None:
+        if not self.kind_checked and isinstance(y, torch.Tensor) and y.numel() >= 1:
+            self.kind_checked = True  # once per Trainer, whatever compile says
+            said = judge_kind(y, self.loss)
+            if said:
+                self.note("target_kind", said)
+                self.enabled = False  # the scale of such targets says nothing more
         if not self.enabled or self._hook is not None or not isinstance(y, torch.Tensor) \
                 or y.numel() < 2:
             return
@@ -53,6 +61,33 @@ class TargetScale:
         message = judge(y_mean, y_std, o_mean, o_std)
         if message:
             self.note("target_scale", message)
+
+
+CONSTANT_AT = 8  # targets in the first batch all equal: said from this many on
+
+SET_TARGET = ("for classification use loss='cross_entropy' with one model output per class; "
+              "for regression set the target the windows carry (braindecode: "
+              "create_windows_from_events(..., targets_from='metadata') or a target_transform "
+              "on the dataset)")
+
+
+def judge_kind(y: torch.Tensor, loss: str) -> str | None:
+    """What to say about the first batch's targets under a regression loss: integer codes
+    (class labels? braindecode's event codes?) or one constant value, or None."""
+    flat = y.detach().reshape(-1)
+    if flat.dtype == torch.bool or not flat.dtype.is_floating_point:
+        values = torch.unique(flat.long().cpu())
+        shown = ", ".join(str(int(v)) for v in values[:8]) + (", ..." if len(values) > 8
+                                                               else "")
+        return (f"the targets are integers ({shown} in the first batch): class labels or event "
+                f"codes? {loss} fits them as numbers: {SET_TARGET}; integer quantities (counts, "
+                "ages) can stay")
+    if flat.numel() >= CONSTANT_AT:
+        first = flat[:1]
+        if bool(torch.isfinite(first).all()) and bool((flat == first).all()):
+            return (f"the first batch's {flat.numel()} targets are all {float(first):.6g}: a "
+                    f"constant target teaches {loss} nothing ({SET_TARGET})")
+    return None
 
 
 def judge(y_mean: float, y_std: float, o_mean: float, o_std: float) -> str | None:

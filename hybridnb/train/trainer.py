@@ -31,13 +31,15 @@ from hybridnb.train.bus import Bus, Started
 from hybridnb.train.callbacks import check_callbacks
 from hybridnb.train.checkpoint import Checkpoints
 from hybridnb.train.checkpoint import read as read_checkpoint
-from hybridnb.train.data import BatchCheck
-from hybridnb.train.evaluation import metrics
+from hybridnb.train.data import BatchCheck, made_dataset
+from hybridnb.train.evaluation import as_output, metrics
+from hybridnb.train.habits import refuse_lightning_hooks
 from hybridnb.train.heap import frozen_heap
 from hybridnb.train.heartbeat import Heartbeat
 from hybridnb.train.learner import Learner
 from hybridnb.train.loop import Loop
 from hybridnb.train.placement import Placement
+from hybridnb.train.preflight import check_fit_data, check_outputs
 from hybridnb.train.progress import Progress
 from hybridnb.train.run_here import Here
 from hybridnb.train.run_worker import Worker
@@ -74,7 +76,10 @@ class Trainer:
       only.
     - ``verbose``: print events to stderr when there is no live view.
     - ``loss``: "mse" | "l1" | "huber" (``huber_delta``; ``reweight_after=E`` down-weights large
-      residuals from epoch E on) | a callable ``(pred, y) -> mean loss``.
+      residuals from epoch E on) | "cross_entropy" (classification: logits (batch, classes),
+      targets int64 class indices (batch,) or (batch, 1); ``class_weights``: one weight per
+      class; validation, ``evaluate()`` and the history add accuracy and balanced_accuracy,
+      ``predict()`` gives labels) | a callable ``(pred, y) -> mean loss``.
     - ``optimizer``: None (AdamW with ``weight_decay``) | "adamw" | "adam" | "sgd" | a callable
       ``params -> Optimizer``.
     - ``compile``: False | True | "default" | "reduce-overhead" | "max-autotune"; any failure
@@ -98,7 +103,10 @@ class Trainer:
     - ``loss_guard``: True | False | a recovery.LossGuard (non-finite or spiking loss).
     - ``memory_fraction``: cap this process's share of GPU memory. ``grad_checkpointing``:
       recompute the activations of the top-level blocks in backward (less memory, more time).
-    - ``steps_per_epoch``: cap the optimizer steps per epoch. ``seed``: python, numpy, torch
+    - ``precision``: "auto" | "bf16" | "fp16" | "fp32": the forward's autocast dtype (weights
+      stay fp32); Lightning's "bf16-mixed", "16-mixed", "32-true" mean the same.
+    - ``steps_per_epoch``: cap the optimizer steps per epoch (an IterableDataset without
+      ``__len__`` needs it: each epoch reads that many batches, fewer if the stream ends). ``seed``: python, numpy, torch
       and loader workers. ``live``: "auto" | "widgets" | "html" | "text" | False.
     - ``strategy``: "auto" (DDP when started by torchrun / ``hn.launch`` with 2+ processes) |
       "single" | "ddp" | "deepspeed" | a strategy object (hybridnb.strategies; under DDP
@@ -124,13 +132,19 @@ class Trainer:
       also for an isolated fit. A hook stops the run with ``trainer.should_stop = True``: the
       fit ends after the current step, its state kept (hybridnb.train.callbacks).
 
+    Data: a Dataset (items ``(x, y[, extras])``: braindecode's windows as they come), a
+    DataLoader, ``(X, y)`` arrays or tensors as one tuple, or an object with ``to_dataset()``
+    (data_prep's Windows). A keyword of Lightning, fastai or skorch names the option that does
+    the same; ``test(data)`` is ``evaluate(data)``.
+
     ``save(path)`` writes ``model``'s weights with their class (its arguments when known) and
     input shape; ``hn.load(path)`` rebuilds and loads it, ``hn.load(path, model)`` loads into
     ``model`` (hybridnb.saving). A checkpoint or log write that fails
     (full disk, read-only folder) is said once; the run continues from memory.
     """
 
-    def __init__(self, model: torch.nn.Module, *, loss="mse", lr: float = 1e-3,
+    def __init__(self, model: torch.nn.Module, *, loss="mse",
+                 class_weights: list[float] | None = None, lr: float = 1e-3,
                  epochs: int = 10, batch_size: int | None = None, device="auto",
                  precision: str = "auto", live="auto", seed: int | None = None,
                  checkpoint_dir: str | Path | None = None, optimizer=None,
@@ -145,13 +159,16 @@ class Trainer:
                  grad_checkpointing: bool = False, loader_kwargs: dict | None = None,
                  strategy="auto", isolate="auto", step_timeout: float | None = None,
                  speedups="auto", logger="auto", log_dir: str | Path | None = None,
-                 callbacks: list | None = None, verbose: bool = True) -> None:
+                 callbacks: list | None = None, verbose: bool = True, **unknown) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         kwargs = {k: v for k, v in locals().items()
-                  if k not in ("self", "model", "__class__", "callbacks")}
+                  if k not in ("self", "model", "__class__", "callbacks", "unknown")}
+        kwargs.update(unknown)  # Settings.build names each unknown one's equivalent
+        settings = Settings.build(**kwargs)
+        refuse_lightning_hooks(model)
         with frozen_heap():  # building the optimizer imports torch._dynamo (heap.py)
-            self._assemble(model, Settings.build(**kwargs), check_callbacks(callbacks))
+            self._assemble(model, settings, check_callbacks(callbacks))
 
     @classmethod
     def from_settings(cls, model: torch.nn.Module, settings: Settings, *, channel=None,
@@ -186,7 +203,8 @@ class Trainer:
             callbacks)  # objects of the user's process: never in settings, never sent to a worker
         self.progress = Progress()
         self.stopping = EarlyStopping(settings.monitor, settings.early_stopping)
-        self.target_scale = TargetScale(model, bus.note, enabled=not settings.compile)
+        self.target_scale = TargetScale(model, bus.note, enabled=not settings.compile,
+                                        loss=settings.loss, task=settings.task)
         self.batch_check = BatchCheck(self.learner.dtype, bus.note, first=lambda x, y: (
             self.learner.see_input(x), self.target_scale.targets(y)))
         self.loop = Loop(settings, learner=self.learner, placement=self.placement,
@@ -303,6 +321,11 @@ class Trainer:
     def fit(self, train, val=None, resume: bool | str | Path = False) -> pd.DataFrame:
         """Train for ``epochs`` epochs; returns the history. ``resume=True`` continues from
         ``checkpoint_dir``'s last good checkpoint, ``resume=path`` from that file."""
+        train, val = made_dataset(train, "train", self.bus.note), made_dataset(
+            val, "val", self.bus.note)  # a data library's windows: the Dataset they make
+        item = check_fit_data(train, val)  # before anything is said or started
+        if item is not None:
+            check_outputs(self.model, self.loss_fn, item, self.learner.dtype, self.batch_size)
         with self.checkpoints.claimed(self.bus.note):  # one live run per checkpoint_dir
             return self._fit(train, val, resume)
 
@@ -345,18 +368,27 @@ class Trainer:
     # ----------------------------------------------------------------------------- evaluate
     @torch.no_grad()
     def evaluate(self, data) -> dict:
-        """Loss and regression metrics (rmse, nrmse = rmse / std(y), mae, r2) on ``data``;
-        samples with non-finite targets are left out and counted (``nonfinite_targets``)."""
-        return metrics(*self._predict(data, with_targets=True))
+        """Loss and metrics on ``data``: regression (rmse, nrmse = rmse / std(y), mae, r2) or,
+        with ``loss="cross_entropy"``, accuracy and balanced_accuracy; samples with non-finite
+        targets are left out and counted (``nonfinite_targets``)."""
+        return metrics(*self._predict(data, with_targets=True), task=self.settings.task)
+
+    def test(self, data) -> dict:
+        """``evaluate(data)`` under Lightning's name."""
+        return self.evaluate(data)
 
     @torch.no_grad()
-    def predict(self, data) -> np.ndarray:
-        """Predictions as a numpy array: shape (N,) for one output per sample, else (N, k)."""
-        return self._predict(data, with_targets=False)[0]
+    def predict(self, data, output: str | None = None) -> np.ndarray:
+        """Predictions as a numpy array. ``output``: "raw" (the model's outputs: (N,) for one
+        per sample, else (N, k)), "labels" (the argmax class, (N,) int64), "probs" (softmax,
+        (N, classes)); None: labels with ``loss="cross_entropy"``, else raw."""
+        as_output(np.zeros((0, 2)), self.settings.task, output)  # a wrong output=: before work
+        return as_output(self._predict(data, with_targets=False)[0], self.settings.task, output)
 
     def _predict(self, data, with_targets: bool) -> tuple:
         """Where fit ran: in a worker after an isolated fit (if it dies, here on the CPU, said
         once), else in this process."""
+        data = made_dataset(data, "data", self.bus.note)
         done, result = self._elsewhere("predicting", predict=(data, with_targets))
         if done:
             return result
@@ -377,6 +409,7 @@ class Trainer:
         real steps); sets ``batch_size`` and raises ``grad_accum`` to keep the effective batch.
         The model and optimizer are restored afterwards. See hybridnb.train.batch_size."""
         kwargs = {"headroom": headroom, "max_batch": max_batch, "start": start}
+        dataset = made_dataset(dataset, "dataset", self.bus.note)
         done, result = self._elsewhere("finding the batch size", find_batch=(dataset, kwargs))
         if done:  # the device is the worker's: measured there
             self.batch_size, self.grad_accum = result["batch_size"], result["grad_accum"]
@@ -452,6 +485,7 @@ class Trainer:
         ``.suggestion`` and ``.plot()``; the model, optimizer, schedule and RNG are restored.
         ``apply=True`` sets ``lr`` to the suggestion. See hybridnb.train.lr_find."""
         from hybridnb.train import lr_find as finder
+        data = made_dataset(data, "data", self.bus.note)
         done, result = self._elsewhere("running lr_find", lr_find=(data, kwargs))
         if not done:  # no worker, or it was lost: here
             result = finder.lr_find(self, data, **kwargs)

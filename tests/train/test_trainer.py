@@ -371,7 +371,7 @@ def test_live_view_contract_and_stop_button(tmp_path, monkeypatch):
     view = views[0]
     assert view.run == {"epochs": 2, "steps_per_epoch": 8, "batch_size": 32, "device": "cpu",
                         "precision": "bf16", "model": "Sequential", "n_params": 321,
-                        "monitor": "val_loss", "quick": False, "grad_accum": 1,
+                        "monitor": "val_loss", "metric": None, "quick": False, "grad_accum": 1,
                         "total_steps": 16, "chosen": view.run["chosen"],
                         "pid": os.getpid()}  # the training process: its memory is plotted
     assert "schedule warmup_cosine (warmup 0.05)" in view.run["chosen"]  # a default, named

@@ -10,7 +10,8 @@ from hybridnb.train.settings import Settings
 from hybridnb.train.trainer import Trainer
 
 RESOLVED = {"recommended_precision", "torch_threads", "resolved_", "from_detect"}  # filled in, not given
-NOT_SETTINGS = {"self", "model", "callbacks"}  # the user's objects, never sent to a worker
+NOT_SETTINGS = {"self", "model", "callbacks", "unknown"}  # the user's objects (never sent to a
+# worker), and the catch-all that names an unknown keyword's equivalent
 
 
 def options() -> dict[str, inspect.Parameter]:

@@ -1,0 +1,108 @@
+"""What ``fit`` can tell before anything starts (no header, no worker, no summary): the skorch
+habit ``fit(X, y)``, inputs without targets, items that are not ``(x, y[, extras])``, and
+outputs that a named loss cannot pair with the targets (a shape mismatch, one output under
+cross-entropy, class indices beyond the outputs), found by running the model on the meta device
+(shapes only: no arithmetic, no memory, nothing of the model changed). Reads at most the
+training data's first item; DataLoaders, streams and objects that make their Dataset are
+checked at their first batch instead."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset, TensorDataset, default_collate
+
+from hybridnb.torch_state import evaluating
+
+_ARRAY = (np.ndarray, torch.Tensor)
+FIT_XY = ("fit's second argument is the validation data, not the targets: pass the training "
+          "arrays as one tuple, trainer.fit((X, y)), and validation data as another, "
+          "trainer.fit((X, y), (X_val, y_val))")
+
+
+def check_fit_data(train, val) -> tuple | None:
+    """``fit(X, y)``, a lone array as val, and the training items' structure; returns the
+    first training item (``(x, y, ...)``) when it was read, else None."""
+    if isinstance(val, _ARRAY):
+        if isinstance(train, _ARRAY):
+            raise TypeError(f"fit(X, y): {FIT_XY}")
+        raise TypeError("val: one array has no targets: pass (X_val, y_val) as one tuple")
+    return first_item(train, "train")
+
+
+def first_item(data, what: str) -> tuple | None:
+    """``data``'s first item, checked to be (x, y[, extras]) (a ValueError naming ``what``
+    and the fix when not); None when it is not read here (DataLoaders, IterableDatasets,
+    objects that make their Dataset, an empty or failing Dataset: the loader says it)."""
+    if isinstance(data, _ARRAY) or (isinstance(data, (tuple, list)) and len(data) == 1
+                                    and isinstance(data[0], _ARRAY)):
+        raise ValueError(f"{what}: inputs without targets: pass (X, y) as one tuple, e.g. "
+                         "trainer.fit((X, y))")
+    if isinstance(data, (tuple, list)) and data and all(isinstance(a, _ARRAY) for a in data):
+        if not all(a.ndim and len(a) for a in data):
+            return None  # empty or scalar: as_dataset and the loader say what is wrong
+        return tuple(torch.as_tensor(a[0]) for a in data)
+    if isinstance(data, TensorDataset):
+        if len(data.tensors) < 2:
+            raise ValueError(f"{what}: a TensorDataset of {len(data.tensors)} tensor has no "
+                             "targets: TensorDataset(X, y)")
+        return data[0] if len(data) else None
+    if not isinstance(data, Dataset) or isinstance(data, IterableDataset):
+        return None
+    try:
+        if len(data) == 0:
+            return None
+        item = data[0]
+    except Exception:  # noqa: BLE001 - the loader meets the same error, with torch's words
+        return None
+    if isinstance(item, (tuple, list)) and len(item) >= 2:
+        return tuple(item)
+    kind = type(data).__name__
+    if isinstance(item, dict):
+        got = f"a dict with keys {sorted(map(str, item))[:6]}"
+    elif isinstance(item, (tuple, list)):
+        got = f"a {type(item).__name__} of length {len(item)}"
+    else:
+        got = f"a {type(item).__name__}" + (f" of shape {tuple(item.shape)}"
+                                            if isinstance(item, _ARRAY) else "")
+    raise ValueError(f"{what}: {kind}[0] is {got}; the Trainer needs items (x, y) or "
+                     "(x, y, *extras): return them from __getitem__ (or pass a DataLoader whose "
+                     "collate_fn makes (x, y) batches)")
+
+
+def check_outputs(model: torch.nn.Module, loss_fn, item: tuple, dtype: torch.dtype,
+                  batch_size: int) -> None:
+    """The model's output for a batch of ``batch_size`` samples shaped as ``item`` (run on the
+    meta device) against as many of its target, through the named loss's own check
+    (``loss_fn.check``): its error, now rather than at the first step, with the shapes the
+    first step would show. A loss without a check, or a model that cannot run on meta, is left
+    to the first step."""
+    check = getattr(loss_fn, "check", None)
+    if check is None:
+        return
+    try:
+        x, y = (default_collate([v]) for v in item[:2])
+    except Exception:  # noqa: BLE001 - the loader's collate says it at the first batch
+        return
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+        return
+    x = x.to(dtype) if x.is_floating_point() else x
+    out = _on_meta(model, x.expand(batch_size, *x.shape[1:]))
+    if isinstance(out, torch.Tensor):
+        check(out, y.expand(batch_size, *y.shape[1:]))
+
+
+def _on_meta(model: torch.nn.Module, x: torch.Tensor):
+    """``model(x)`` with its parameters, buffers and ``x`` as meta tensors (eval mode, no
+    gradients), or None when the model cannot run there."""
+    from torch.func import functional_call
+
+    try:
+        swapped = {name: torch.empty_like(t, device="meta") for name, t in
+                   [*model.named_parameters(remove_duplicate=False),
+                    *model.named_buffers(remove_duplicate=False)]}
+        with evaluating(model), torch.no_grad():
+            return functional_call(model, swapped, (torch.empty_like(x, device="meta"),),
+                                   tie_weights=True)
+    except Exception:  # noqa: BLE001 - any failure on meta: the first step checks instead
+        return None
