@@ -473,6 +473,12 @@ class Trainer:
                               "monitor": self.monitor, "best_value": self.state.best.value,
                               **(extra or {})})
 
+    def model_summary(self, input_shape: tuple[int, ...] | None = None, depth: int = 3):
+        """The model's layers, output shapes and parameters (torchinfo), for one sample of
+        ``input_shape`` (default: the shape of the data the last fit saw); ``print()`` it."""
+        from hybridnb.train.summary import model_summary
+        return model_summary(self, input_shape, depth)
+
     def report(self, folder: str | Path) -> Path:
         """Write history.csv, steps.csv, events.csv, figures (HTML; PNG when possible) and a
         text summary into ``folder``."""

@@ -368,6 +368,7 @@ def test_model_summary_on_request_and_in_the_report(tmp_path):
     tr.fit(data())
     after = {k: v.clone() for k, v in tr.model.state_dict().items()}
     table = str(model_summary(tr))
+    assert str(tr.model_summary()) == table  # the Trainer's method is the same table
     assert "Output Shape" in table and "[1, 16]" in table and "Total params: 161" in table
     assert all(torch.equal(after[k], v) for k, v in tr.model.state_dict().items())
     assert before.keys() == after.keys() and not torch.equal(rng, torch.random.get_rng_state())
