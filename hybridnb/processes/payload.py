@@ -11,7 +11,10 @@ kept out of the pickle stream:
   The child's copy is a snapshot: later changes on either side do not reach the other. The parent
   unlinks whatever the child did not (``discard``), e.g. when it died before loading;
 - a torch ``DataLoader`` travels as its dataset and settings and is built again (``loaders``);
-  one holding live worker processes (persistent workers, already iterated) says so once.
+  one holding live worker processes (persistent workers, already iterated) says so once;
+- a parametrized module (``torch.nn.utils.parametrize``: weight norm, spectral norm,
+  braindecode's max-norm layers), which torch refuses to pickle, travels with its state as it
+  is and gets its parametrized class again in the child (``parametrized``).
 
 An object that cannot be pickled raises ``NotSendable`` naming where it is (``unsendable``).
 
@@ -33,7 +36,7 @@ from typing import Any
 
 import cloudpickle
 
-from hybridnb.processes import loaders, refs
+from hybridnb.processes import loaders, parametrized, refs
 from hybridnb.processes.unsendable import NotSendable, job_parts, not_sendable
 
 __all__ = ["NotSendable", "SHM_MIN_BYTES", "discard", "pack", "unpack"]
@@ -83,6 +86,8 @@ class _Pickler(cloudpickle.Pickler):
             if loaders.has_live_workers(obj):
                 self.live_loaders.append(type(obj).__name__)
             return loaders.reduce_loader(obj)
+        if parametrized.is_parametrized(obj):
+            return parametrized.reduce(obj)
         return super().reducer_override(obj)
 
     def _new_file(self) -> str:
