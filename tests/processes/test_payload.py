@@ -205,6 +205,41 @@ def test_a_full_dev_shm_said_once_and_the_data_arrives(monkeypatch, capfd):
     assert len(said) == 1 and "has 1 MB free of 67 MB" in said[0] and "--shm-size" in said[0]
 
 
+# ------------------------------------------------------------------ parametrized modules
+
+class TwoNorms(torch.nn.Module):
+    """weight norm and spectral norm (torch's parametrizations), one module held twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from torch.nn.utils import parametrizations
+
+        torch.manual_seed(0)
+        self.a = parametrizations.weight_norm(torch.nn.Linear(600, 600))  # 1.4 MB: a file
+        self.b = parametrizations.spectral_norm(torch.nn.Linear(8, 4))
+        self.again = [self.b]
+
+
+def test_a_parametrized_module_arrives_parametrized_bit_for_bit():
+    from torch.nn.utils import parametrize
+
+    model = TwoNorms()
+    model.b(torch.randn(2, 8))  # a power iteration: u and v are not their initial values
+    data, files = pack(model)
+    copy = unpack(data)
+    discard(files)
+    assert files, "the large original went through shared memory"
+    assert parametrize.is_parametrized(copy.a, "weight") and parametrize.is_parametrized(copy.b)
+    assert type(copy.a).__name__ == "ParametrizedLinear" and type(copy.a) is not type(model.a)
+    assert copy.again[0] is copy.b
+    ours, theirs = model.state_dict(), copy.state_dict()
+    assert list(ours) == list(theirs) and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    x = torch.randn(3, 600)
+    assert torch.equal(model.a(x), copy.a(x)) and torch.equal(model.a.weight, copy.a.weight)
+    with parametrize.cached():  # the module's own cache key, not the sender's
+        assert torch.equal(copy.b.weight, model.b.weight)
+
+
 # ------------------------------------------------------------------ what cannot be sent
 
 class Encoder(torch.nn.Module):
