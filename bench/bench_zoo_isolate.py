@@ -79,17 +79,10 @@ def row(name: str, cls: type) -> dict:
             "reason": why_here or why_there}
 
 
-def main(only: list[str]) -> None:
-    warnings.simplefilter("ignore")
-    rows = []
-    for name, cls in classes():
-        if only and name not in only:
-            continue
-        r = row(name, cls)
-        print(r, flush=True)
-        rows.append(r)
+def report(rows: list[dict], note: str = "") -> None:
+    """Write the zoo table (``note``: a sentence on how the run went, when it was cut short)."""
     built = [r for r in rows if r["in process"] != "-"]
-    body = (__doc__.split("\n\n    .venv")[0] + "\n\n"
+    body = (__doc__.split("\n\n    .venv")[0] + "\n\n" + (note + "\n\n" if note else "")
             + f"{len(built)} of {len(rows)} models build for the challenge's input; "
             f"{sum(r['isolated'] == 'ok' for r in built)} train isolated, "
             f"{sum(r['identical'] == 'yes' for r in built)} to the same bits as in process.\n\n"
@@ -104,6 +97,18 @@ def main(only: list[str]) -> None:
                    all(r["isolated"] == "ok" for r in built)),
                   ("with the same weights as in process",
                    all(r["identical"] == "yes" for r in built))])
+
+
+def main(only: list[str]) -> None:
+    warnings.simplefilter("ignore")
+    rows = []
+    for name, cls in classes():
+        if only and name not in only:
+            continue
+        r = row(name, cls)
+        print(r, flush=True)
+        rows.append(r)
+    report(rows)
 
 
 if __name__ == "__main__":
