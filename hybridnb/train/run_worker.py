@@ -137,7 +137,8 @@ def run_job(trainer, job: FitJob, **supervise):
 def work(trainer_class, job: FitJob, channel) -> object:
     """In the isolated worker: a Trainer (``trainer_class``) built from the job serves it."""
     hooks = Hooks(job.hooks)
-    watch = outside_state.Watch(job.model)  # the model as the kernel sent it
+    fits = job.predict is None and job.find_batch is None and job.lr_find is None
+    watch = outside_state.Watch(job.model) if fits else None  # the model as the kernel sent it
     settings, hook_notes = hooks.settings(job.settings)
     trainer = trainer_class.from_settings(job.model, settings, channel=channel, hooks=hooks)
     return serve(trainer, job, hook_notes, moved=settings.device != job.settings.device,
