@@ -64,7 +64,7 @@ def _say_once(key: str, text: str) -> None:
 
 
 def _mb(n: float) -> str:
-    return f"{n / 1e6:.0f} MB"
+    return f"{n / 2**20:.0f} MiB"
 
 
 def _cpu_tensor(obj: Any, torch: Any) -> bool:

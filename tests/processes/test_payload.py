@@ -180,7 +180,7 @@ def _small_shm(reserve: float):
         capture_output=True, text=True, timeout=150)
 
 
-@pytest.mark.parametrize("reserve, why", [(0.1, "has 4 MB free of 4 MB, too little for 4 MB"),
+@pytest.mark.parametrize("reserve, why", [(0.1, "has 4 MiB free of 4 MiB, too little for 4 MiB"),
                                           (-10.0, "is full (No space left on device)")])
 def test_a_small_or_full_dev_shm_sends_through_the_temporary_folder(reserve, why):
     run = _small_shm(reserve)
@@ -202,7 +202,7 @@ def test_a_full_dev_shm_said_once_and_the_data_arrives(monkeypatch, capfd):
         discard(files)
         assert torch.equal(t2, t) and np.array_equal(a2, arr)
     said = [line for line in capfd.readouterr().err.splitlines() if "/dev/shm" in line]
-    assert len(said) == 1 and "has 1 MB free of 67 MB" in said[0] and "--shm-size" in said[0]
+    assert len(said) == 1 and "has 1 MiB free of 64 MiB" in said[0] and "--shm-size" in said[0]
 
 
 # ------------------------------------------------------------------ parametrized modules
