@@ -83,7 +83,9 @@ def report(rows: list[dict], note: str = "") -> None:
     """Write the zoo table (``note``: a sentence on how the run went, when it was cut short)."""
     built = [r for r in rows if r["in process"] != "-"]
     body = (__doc__.split("\n\n    .venv")[0] + "\n\n" + (note + "\n\n" if note else "")
-            + f"{len(built)} of {len(rows)} models build for the challenge's input; "
+            + f"{len(rows)} models: {len(built)} build for the challenge's input and were "
+            f"trained, {sum(r['reason'].startswith('left out') for r in rows)} are left out "
+            "(the reason is in the table); of those trained, "
             f"{sum(r['isolated'] == 'ok' for r in built)} train isolated, "
             f"{sum(r['identical'] == 'yes' for r in built)} to the same bits as in process.\n\n"
             + markdown_table(rows, ["model", "params", "parametrized", "payload MB",
