@@ -257,6 +257,65 @@ def first_steps(rounds: int) -> tuple[list[dict], dict]:
                   "extra": median(times["isolated"]) - median(times["in-process"])}
 
 
+def payload_mb(obj) -> float:
+    """What the kernel sends for ``obj``: its pickle and the shared-memory files beside it."""
+    from hybridnb.processes.payload import discard, pack
+
+    data, files = pack(obj)
+    try:
+        return (len(data) + sum(os.path.getsize(f) for f in files)) / 1e6
+    finally:
+        discard(files)
+
+
+def braindecode_models(rounds: int) -> list[dict]:
+    """An isolated fit of EEGNeX (parametrized max-norm layers: sent with their state) beside
+    ShallowFBCSPNet's: from ``fit()`` to the first step's row, and the payload of the model."""
+    import warnings
+
+    from hybridnb.train import progress
+    from hybridnb.train.trainer import Trainer
+
+    warnings.simplefilter("ignore")
+    from braindecode.models import EEGNeX, ShallowFBCSPNet
+
+    builds = {"ShallowFBCSPNet": lambda: ShallowFBCSPNet(n_chans=CHANS, n_times=TIMES,
+                                                         n_outputs=1),
+              "EEGNeX": lambda: EEGNeX(n_chans=CHANS, n_times=TIMES, sfreq=100, n_outputs=1)}
+    g = torch.Generator().manual_seed(0)
+    data = (torch.randn(5 * BATCH, CHANS, TIMES, generator=g), torch.randn(5 * BATCH, 1,
+                                                                            generator=g))
+    times: dict[str, list[float]] = {name: [] for name in builds}
+    real = progress.make_view
+
+    def fit(name: str) -> None:
+        view = FirstRow()
+        progress.make_view = lambda live: view
+        try:
+            torch.manual_seed(0)
+            tr = Trainer(builds[name](), device="cpu", isolate=True, batch_size=BATCH,
+                         epochs=1, steps_per_epoch=3, schedule=None, speedups=False,
+                         live="text", verbose=False)
+            view.t0 = time.perf_counter()
+            tr.fit(data)
+        finally:
+            progress.make_view = real
+        assert not any(e.kind == "worker_lost" for e in tr.events)
+        times[name].append(view.first)
+
+    interleaved({name: (lambda name=name: fit(name)) for name in builds}, repeats=rounds)
+    rows = []
+    for name, build in builds.items():
+        model = build()
+        rows.append({"model": name, "parameters": sum(p.numel() for p in model.parameters()),
+                     "parametrized modules": sum(
+                         torch.nn.utils.parametrize.is_parametrized(m) for m in model.modules()),
+                     "model payload MB": payload_mb(model),
+                     "fit() to first step s": median(times[name]),
+                     "range s": spread(times[name])})
+    return rows
+
+
 def transfer(sizes_mb: tuple[int, ...], repeats: int = 5) -> list[dict]:
     """A state of n MB (float32 tensors of 1 MiB... 4 MiB) sent by the worker to the kernel."""
     rows = []
@@ -299,6 +358,7 @@ def main() -> None:
     rows, res = measure(rounds, steps)
     xfer = transfer((1, 10, 50), repeats=2 if quick else 5)
     first_rows, first = first_steps(1 if quick else 3)
+    model_rows = braindecode_models(1 if quick else 3)
     body = (
         f"Model: Conv1d({CHANS}->16, 9) + BatchNorm + ELU + pool + Linear (~20k parameters), "
         f"input {CHANS}x{TIMES}, batch {BATCH}, fp32, CPU, 1 torch thread, AdamW, loss.item() "
@@ -333,6 +393,14 @@ def main() -> None:
         f"started, the kernel's set-up {first['setup']:.1f} s meanwhile, the fit waited "
         f"{first['waited']:.1f} s for it; isolation adds {first['extra']:.2f} s to the first "
         "step.\n\n"
+        "## braindecode models isolated: EEGNeX beside ShallowFBCSPNet\n\n"
+        f"`Trainer(device='cpu', isolate=True, speedups=False)`, batch {BATCH} of "
+        f"{CHANS}x{TIMES}, 3 steps; from `fit()` to the first step's row (the worker imports "
+        "torch and then braindecode, which the model's classes need); interleaved rounds. "
+        "EEGNeX's max-norm layers are torch parametrizations, which torch refuses to pickle: "
+        "they travel with their state as it is (processes/parametrized.py). The payload is "
+        "the model's pickle plus its shared-memory files (tensors of 1 MB or more).\n\n"
+        + markdown_table(model_rows) + "\n"
         "## Sending the last good state to the kernel\n\n"
         "Raw tensor frames on a 1 MiB pipe (processes/channel.py); for comparison on this host, "
         "pickling the same 50 MB took 455 ms to deliver (341 ms blocking the worker) and "

@@ -15,8 +15,10 @@ isolated fit and ``hn.launch``'s ranks.
 - ``channel``: framed messages between child and parent (tensors as raw bytes), ``StopFlag``
   (which says why a stop was asked: "stop" or "interrupt");
 - ``payload``: what a spawned child is given (cloudpickle; memory-mapped data by reference
-  (``refs``), other big CPU tensors and arrays through shared memory, DataLoaders rebuilt
-  (``loaders``), an object that cannot be sent named (``unsendable``: ``NotSendable``));
+  (``refs``), other big CPU tensors and arrays through shared memory (a temporary folder where
+  /dev/shm is small or full), DataLoaders rebuilt (``loaders``), parametrized modules with
+  their state (``parametrized``), an object that cannot be sent named (``unsendable``:
+  ``NotSendable``));
 - ``spare``: the warm worker, one spare prestarted worker kept for the next ``prestart_spawn``
   (``HYBRIDNB_WARM_WORKER=0`` turns it off);
 - ``output``: a child's output lines and its last words;

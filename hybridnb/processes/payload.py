@@ -11,9 +11,18 @@ kept out of the pickle stream:
   The child's copy is a snapshot: later changes on either side do not reach the other. The parent
   unlinks whatever the child did not (``discard``), e.g. when it died before loading;
 - a torch ``DataLoader`` travels as its dataset and settings and is built again (``loaders``);
-  one holding live worker processes (persistent workers, already iterated) says so once.
+  one holding live worker processes (persistent workers, already iterated) says so once;
+- a parametrized module (``torch.nn.utils.parametrize``: weight norm, spectral norm,
+  braindecode's max-norm layers), which torch refuses to pickle, travels with its state as it
+  is and gets its parametrized class again in the child (``parametrized``).
 
 An object that cannot be pickled raises ``NotSendable`` naming where it is (``unsendable``).
+
+Shared memory is an optimisation, not a requirement: where ``/dev/shm`` has too little room
+(Docker gives a container 64 MB unless ``--shm-size`` says otherwise) or a write there fails for
+lack of space, the files go to the temporary folder instead (mapped the same way, read from disk
+as they are touched), and if that is full too the bytes go in the pickle itself (the pipe). Each
+fallback is said once, naming ``/dev/shm`` and ``--shm-size``.
 
 Why files rather than torch's ``share_memory_()``: that moves the parent's own tensor into shared
 memory, so the child's writes would change the parent's copy (the start state a crashed worker's
@@ -23,9 +32,11 @@ parent relies on).
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import pickle
+import shutil
 import sys
 import tempfile
 import uuid
@@ -33,13 +44,27 @@ from typing import Any
 
 import cloudpickle
 
-from hybridnb.processes import loaders, refs
+from hybridnb.processes import loaders, parametrized, refs
 from hybridnb.processes.unsendable import NotSendable, job_parts, not_sendable
 
 __all__ = ["NotSendable", "SHM_MIN_BYTES", "discard", "pack", "unpack"]
 
 SHM_MIN_BYTES = 1 << 20
 SHM_DIR = "/dev/shm"
+SHM_RESERVE = 0.1  # the share of /dev/shm left free for others (DataLoader workers use it too)
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+_said: set[str] = set()
+
+
+def _say_once(key: str, text: str) -> None:
+    """Print ``text`` the first time this process meets ``key`` (one kind of fallback)."""
+    if key not in _said:
+        _said.add(key)
+        print(f"hybridnb: {text}", file=sys.stderr)
+
+
+def _mb(n: float) -> str:
+    return f"{n / 2**20:.0f} MiB"
 
 
 def _cpu_tensor(obj: Any, torch: Any) -> bool:
@@ -50,7 +75,8 @@ def _cpu_tensor(obj: Any, torch: Any) -> bool:
 class _Pickler(cloudpickle.Pickler):
     def __init__(self, file, folder: str, paths: list[str]) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self.folder, self.paths, self._seen = folder, paths, {}
+        self.folder: str | None = folder
+        self.paths, self._seen = paths, {}
         self.live_loaders: list[str] = []
         self._locator = refs.Locator()
 
@@ -68,12 +94,12 @@ class _Pickler(cloudpickle.Pickler):
             # pickled by value, a view would take its whole storage along
             if max(obj.nbytes, obj.untyped_storage().nbytes()) >= SHM_MIN_BYTES:
                 ref = refs.tensor_ref(obj, self._locator)
-                pid = ("ref", ref) if ref is not None else self._tensor_to_shm(obj)
+                pid = ("ref", ref) if ref is not None else self._tensor_to_file(obj)
         elif np is not None and cls in (np.ndarray, np.memmap) and not obj.dtype.hasobject:
             ref = (refs.ndarray_ref(obj, self._locator)
                    if cls is np.memmap or obj.nbytes >= SHM_MIN_BYTES else None)
             pid = ("ref", ref) if ref is not None else (
-                self._array_to_shm(obj) if obj.nbytes >= SHM_MIN_BYTES else None)
+                self._array_to_file(obj) if obj.nbytes >= SHM_MIN_BYTES else None)
         if pid is not None:
             self._seen[key] = (obj, pid)  # obj kept alive: its id stays its own
         return pid
@@ -83,6 +109,8 @@ class _Pickler(cloudpickle.Pickler):
             if loaders.has_live_workers(obj):
                 self.live_loaders.append(type(obj).__name__)
             return loaders.reduce_loader(obj)
+        if parametrized.is_parametrized(obj):
+            return parametrized.reduce(obj)
         return super().reducer_override(obj)
 
     def _new_file(self) -> str:
@@ -90,23 +118,66 @@ class _Pickler(cloudpickle.Pickler):
         self.paths.append(path)  # first: an interrupted write is discarded too
         return path
 
-    def _tensor_to_shm(self, obj: Any) -> tuple:
+    def _leave_shm(self, why: str) -> None:
+        """/dev/shm cannot take the data: the temporary folder from now on (said once)."""
+        self.folder = tempfile.gettempdir()
+        _say_once("shm", f"{SHM_DIR} {why}: the data for the worker process goes through files in "
+                  f"{self.folder} instead (read from disk as the worker touches it). In a "
+                  "Docker container give it more shared memory: docker run --shm-size=8g ...")
+
+    def _room_in_shm(self, nbytes: int) -> bool:
+        try:
+            usage = shutil.disk_usage(SHM_DIR)
+        except OSError:
+            return True  # unknown: the write says whether it fits
+        if usage.free - nbytes >= SHM_RESERVE * usage.total:
+            return True
+        self._leave_shm(f"has {_mb(usage.free)} free of {_mb(usage.total)}, too little for "
+                        f"{_mb(nbytes)}")
+        return False
+
+    def _write(self, data: memoryview) -> str | None:
+        """``data`` in a new file (in /dev/shm when it has room, else the temporary folder);
+        None when no folder has room: the bytes then go in the pickle itself."""
+        while self.folder is not None:
+            if self.folder == SHM_DIR and not self._room_in_shm(data.nbytes):
+                continue
+            path = self._new_file()
+            try:
+                with open(path, "wb") as f:
+                    f.write(data)
+                return path
+            except OSError as exc:
+                if exc.errno not in _FULL:
+                    raise
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                self.paths.remove(path)
+                if self.folder == SHM_DIR:
+                    self._leave_shm(f"is full ({exc.strerror})")
+                else:
+                    _say_once("pipe", f"{self.folder} is full too ({exc.strerror}): the data for the "
+                              "worker process goes through the pipe, in the pickle")
+                    self.folder = None
+        return None
+
+    def _tensor_to_file(self, obj: Any) -> tuple | None:
         import torch
 
         flat = obj.detach().resolve_conj().resolve_neg().contiguous()
-        path = self._new_file()
-        with open(path, "wb") as f:
-            f.write(memoryview(flat.reshape(-1).view(torch.uint8).numpy()))
+        path = self._write(memoryview(flat.reshape(-1).view(torch.uint8).numpy()))
+        if path is None:
+            return None
         return ("shm", path, flat.dtype, tuple(flat.shape), flat.nbytes,
                 isinstance(obj, torch.nn.Parameter), obj.requires_grad)
 
-    def _array_to_shm(self, obj: Any) -> tuple:
+    def _array_to_file(self, obj: Any) -> tuple | None:
         import numpy as np
 
         flat = np.ascontiguousarray(obj)
-        path = self._new_file()
-        with open(path, "wb") as f:
-            f.write(memoryview(flat.reshape(-1).view(np.uint8)))
+        path = self._write(memoryview(flat.reshape(-1).view(np.uint8)))
+        if path is None:
+            return None
         return ("shm-array", path, flat.dtype, flat.shape, bool(obj.flags.writeable))
 
 

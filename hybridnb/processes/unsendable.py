@@ -54,10 +54,12 @@ class _Probe(cloudpickle.Pickler):
         return None
 
     def reducer_override(self, obj: Any):
-        from hybridnb.processes import loaders
+        from hybridnb.processes import loaders, parametrized
 
         if loaders.is_loader(obj):  # sent as its dataset and settings (payload)
             return loaders.reduce_loader(obj)
+        if parametrized.is_parametrized(obj):  # sent with its state (payload)
+            return parametrized.reduce(obj)
         return super().reducer_override(obj)
 
 

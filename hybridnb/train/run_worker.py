@@ -19,7 +19,7 @@ import time
 import pandas as pd
 
 from hybridnb.processes.worker import startup as worker_startup
-from hybridnb.train import isolate, recovery
+from hybridnb.train import isolate, outside_state, recovery
 from hybridnb.train.bus import Ended, Lost, Started
 from hybridnb.train.state import RunState, Stop
 from hybridnb.train.worker_fit import FitJob, Hooks, KernelView, reraise
@@ -63,6 +63,7 @@ class Worker:
             trainer.bus.pending.clear()
             adopt(trainer, out.result)
             loop.restore(out.result, events=True)  # the model holds the weights fit chose
+            bring_back(trainer, out.result.get("outside_state"))
             loop.state.stopped = out.result["stopped"]
             return trainer.history
         if out.state is None:  # nothing arrived: the start state (each state that came is
@@ -97,6 +98,14 @@ class Worker:
         return False, None
 
 
+def bring_back(trainer, payload: dict | None) -> None:
+    """What the worker's fit changed on the model outside its state dict (attributes,
+    non-persistent buffers) set on the kernel's model; what could not come is said once."""
+    lost = outside_state.apply(trainer.model, payload)
+    if lost:
+        trainer.event("outside_state", outside_state.describe(lost))
+
+
 def lose_device(trainer) -> None:
     """The device is lost: never used again in this process; the rest runs on the CPU here."""
     trainer.loop.continue_on_cpu()
@@ -128,15 +137,20 @@ def run_job(trainer, job: FitJob, **supervise):
 def work(trainer_class, job: FitJob, channel) -> object:
     """In the isolated worker: a Trainer (``trainer_class``) built from the job serves it."""
     hooks = Hooks(job.hooks)
+    fits = job.predict is None and job.find_batch is None and job.lr_find is None
+    watch = outside_state.Watch(job.model) if fits else None  # the model as the kernel sent it
     settings, hook_notes = hooks.settings(job.settings)
     trainer = trainer_class.from_settings(job.model, settings, channel=channel, hooks=hooks)
-    return serve(trainer, job, hook_notes, moved=settings.device != job.settings.device)
+    return serve(trainer, job, hook_notes, moved=settings.device != job.settings.device,
+                 watch=watch)
 
 
-def serve(trainer, job: FitJob, hook_notes: list, moved: bool) -> object:
+def serve(trainer, job: FitJob, hook_notes: list, moved: bool,
+          watch: outside_state.Watch | None = None) -> object:
     """In the isolated worker: the job's fit (or evaluation, lr_find, batch-size search) here;
     returns the final state (or the result). ``moved``: a hook changed the device (the
-    kernel's run stays on the one it believes in)."""
+    kernel's run stays on the one it believes in). ``watch``: the model's state outside its
+    state dict as it arrived; a fit's result carries what changed (``outside_state``)."""
     channel, loop, bus = trainer.heartbeat.channel, trainer.loop, trainer.bus
     if job.predict is not None or job.find_batch is not None or job.lr_find is not None:
         channel.heartbeat(phase="evaluate", grace=loop.grace("the first batch"))
@@ -174,4 +188,6 @@ def serve(trainer, job: FitJob, hook_notes: list, moved: bool) -> object:
     state = recovery.to_cpu(loop.state_dict())
     if moved:
         state["device"] = job.settings.device
+    if watch is not None:
+        state["outside_state"] = watch.changes().to_payload()
     return {**state, "stopped": loop.state.stopped, "placement": trainer.placement.facts()}

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 
 import numpy as np
@@ -14,7 +18,7 @@ import psutil
 import pytest
 import torch
 
-from hybridnb.processes import NotSendable, start_spawn, supervise
+from hybridnb.processes import NotSendable, payload, start_spawn, supervise
 from hybridnb.processes.payload import discard, pack, unpack
 from hybridnb.processes.refs import SentFileChanged
 
@@ -145,6 +149,95 @@ def test_anonymous_tensors_and_arrays_still_go_through_shared_memory():
     discard(files)
     assert np.array_equal(a2, arr) and torch.equal(t2, t) and a2.flags.writeable
     assert not [p for p in files if os.path.exists(p)]
+
+
+# ------------------------------------------------------------------ a small or full /dev/shm
+
+# Run under ``unshare -Urm`` (a user and mount namespace: no root needed) with a 4 MB tmpfs on
+# /dev/shm, as a Docker container's. The parent sends 12 MB of tensors (4 and 8 MB) to a spawned child,
+# which sums them. ``reserve``: payload.SHM_RESERVE; -10 lets the pre-check pass so the write
+# itself meets the full tmpfs (ENOSPC as the kernel raises it).
+SMALL_SHM = """
+import sys, torch
+from hybridnb.processes import payload, start_spawn, supervise
+payload.SHM_RESERVE = float(sys.argv[1])
+def work(channel, a, b):
+    return float(a.sum() + b.sum())
+a, b = torch.ones(1 << 20), torch.full((2 << 20,), 2.0)
+out = supervise(lambda: start_spawn(work, a, b), name="child")
+print("RESULT", out.status, out.result)
+"""
+
+
+def _small_shm(reserve: float):
+    if not shutil.which("unshare") or subprocess.run(
+            ["unshare", "-Urm", "mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", "/dev/shm"],
+            capture_output=True).returncode != 0:
+        pytest.skip("no unprivileged mount namespace here (unshare -Urm) for a small /dev/shm")
+    return subprocess.run(
+        ["unshare", "-Urm", "sh", "-c", 'mount -t tmpfs -o size=4m tmpfs /dev/shm && exec "$@"',
+         "sh", sys.executable, "-c", SMALL_SHM, str(reserve)],
+        capture_output=True, text=True, timeout=150)
+
+
+@pytest.mark.parametrize("reserve, why", [(0.1, "has 4 MiB free of 4 MiB, too little for 4 MiB"),
+                                          (-10.0, "is full (No space left on device)")])
+def test_a_small_or_full_dev_shm_sends_through_the_temporary_folder(reserve, why):
+    run = _small_shm(reserve)
+    assert "RESULT done 5242880.0" in run.stdout, run.stdout + run.stderr
+    said = [line for line in run.stderr.splitlines() if "/dev/shm" in line]
+    assert len(said) == 1 and why in said[0] and "--shm-size" in said[0], run.stderr
+    assert tempfile.gettempdir() in said[0]
+
+
+def test_a_full_dev_shm_said_once_and_the_data_arrives(monkeypatch, capfd):
+    monkeypatch.setattr(payload, "_said", set())
+    full = shutil._ntuple_diskusage(64 << 20, 63 << 20, 1 << 20)  # Docker's default, full
+    monkeypatch.setattr(payload.shutil, "disk_usage", lambda path: full)
+    t, arr = torch.arange(1 << 19, dtype=torch.float32), np.ones(1 << 18)
+    for _ in range(2):
+        data, files = pack((t, arr))
+        assert len(files) == 2 and all(p.startswith(tempfile.gettempdir()) for p in files)
+        t2, a2 = unpack(data)
+        discard(files)
+        assert torch.equal(t2, t) and np.array_equal(a2, arr)
+    said = [line for line in capfd.readouterr().err.splitlines() if "/dev/shm" in line]
+    assert len(said) == 1 and "has 1 MiB free of 64 MiB" in said[0] and "--shm-size" in said[0]
+
+
+# ------------------------------------------------------------------ parametrized modules
+
+class TwoNorms(torch.nn.Module):
+    """weight norm and spectral norm (torch's parametrizations), one module held twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from torch.nn.utils import parametrizations
+
+        torch.manual_seed(0)
+        self.a = parametrizations.weight_norm(torch.nn.Linear(600, 600))  # 1.4 MB: a file
+        self.b = parametrizations.spectral_norm(torch.nn.Linear(8, 4))
+        self.again = [self.b]
+
+
+def test_a_parametrized_module_arrives_parametrized_bit_for_bit():
+    from torch.nn.utils import parametrize
+
+    model = TwoNorms()
+    model.b(torch.randn(2, 8))  # a power iteration: u and v are not their initial values
+    data, files = pack(model)
+    copy = unpack(data)
+    discard(files)
+    assert files, "the large original went through shared memory"
+    assert parametrize.is_parametrized(copy.a, "weight") and parametrize.is_parametrized(copy.b)
+    assert type(copy.a).__name__ == "ParametrizedLinear" and type(copy.a) is not type(model.a)
+    assert copy.again[0] is copy.b
+    ours, theirs = model.state_dict(), copy.state_dict()
+    assert list(ours) == list(theirs) and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    x = torch.randn(3, 600)
+    assert torch.equal(model.a(x), copy.a(x)) and torch.equal(model.a.weight, copy.a.weight)
+    with parametrize.cached():  # the module's own cache key, not the sender's
+        assert torch.equal(copy.b.weight, model.b.weight)
 
 
 # ------------------------------------------------------------------ what cannot be sent

@@ -1,0 +1,85 @@
+"""Parametrized modules (``torch.nn.utils.parametrize``) travel to a worker as they are.
+
+``register_parametrization`` (torch's ``weight_norm`` and ``spectral_norm`` in
+``torch.nn.utils.parametrizations``, braindecode's max-norm layers in EEGNeX, EEGNet, TCN...)
+swaps the module's class for one made on the spot (``ParametrizedConv2d``) whose
+``__getstate__`` refuses pickling: such a class cannot be found by name in another process, and
+its properties close over the module. torch suggests ``state_dict()``; building the model again
+from its state dict would need its constructor's arguments, and registering the
+parametrizations again runs their ``right_inverse`` (weight norm splits the weight again,
+max-norm rescales it), so the weights would not be the ones sent.
+
+So ``reduce`` sends such a module as an instance of the class it had before (its
+``type_before_parametrizations``) with its whole state, the ``parametrizations`` container
+with the ``original``/``original0``... tensors and the parametrization modules (spectral norm's
+``u``/``v`` included) untouched, and ``rebuild`` makes the class and its properties again in the
+worker, the way ``register_parametrization`` does (``_inject_new_class``,
+``_inject_property``): every tensor arrives bit for bit, nothing is recomputed, and the
+module's ``state_dict`` keys are the ones the kernel's model has (the trained state comes back
+through them).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+__all__ = ["is_parametrized", "rebuild", "reduce"]
+
+
+def is_parametrized(obj: Any) -> bool:
+    """Whether ``obj`` is a module whose class ``register_parametrization`` swapped (cheap for
+    every other object: pickling asks for each one)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(obj, torch.nn.Module):
+        return False
+    held = obj.__dict__.get("_modules", {}).get("parametrizations")
+    if not isinstance(held, torch.nn.ModuleDict):
+        return False
+    from torch.nn.utils import parametrize
+
+    return parametrize.is_parametrized(obj)
+
+
+def _base(obj: Any) -> type:
+    from torch.nn.utils import parametrize
+
+    return parametrize.type_before_parametrizations(obj)
+
+
+def reduce(obj: Any) -> tuple:
+    """A pickle reduce value for a parametrized module (see the module docstring): its state is
+    pickled after the module itself is memoised, so a reference back to it inside its state
+    (a parent held by a child) is the same object in the worker."""
+    base = _base(obj)
+    getstate = getattr(base, "__getstate__", None)  # the class's own, not the one that refuses
+    state = getstate(obj) if getstate is not None else obj.__dict__.copy()
+    if state is obj.__dict__:
+        state = state.copy()
+    return _new, (base,), state, None, None, rebuild
+
+
+def _new(base: type) -> Any:
+    return base.__new__(base)
+
+
+def rebuild(module: Any, state: dict) -> None:
+    """The worker's side: ``module`` (an instance of the class before parametrization) gets
+    its state, then the parametrized class and one property per parametrized tensor again."""
+    from torch.nn.utils import parametrize
+
+    setstate = getattr(type(module), "__setstate__", None)
+    if setstate is not None:
+        setstate(module, state)
+    else:
+        module.__dict__.update(state)
+    inject_class = getattr(parametrize, "_inject_new_class", None)
+    inject_property = getattr(parametrize, "_inject_property", None)
+    if inject_class is None or inject_property is None:  # not in this torch version
+        raise RuntimeError(
+            f"a parametrized {type(module).__name__} cannot be rebuilt with this torch version "
+            "(torch.nn.utils.parametrize has no _inject_new_class/_inject_property); train in "
+            "the kernel with isolate=False")
+    inject_class(module)
+    for name in module.parametrizations:
+        inject_property(module, name)

@@ -1,0 +1,227 @@
+"""What a model holds outside ``state_dict()``, brought back from an isolated worker.
+
+The trained weights come back through the state dict; an in-process fit also leaves on the model
+what its ``forward`` changed outside it: a plain attribute (a temperature annealed each step, a
+counter, the last output kept), a non-persistent buffer, the ``training`` flag. The worker's copy
+of the model is a different object, so without this the kernel's model would keep what it had
+before the fit, and ``predict()`` would differ from an in-process run's.
+
+In the worker, ``Watch(model)`` takes a fingerprint of every submodule's own attributes and
+non-persistent buffers when the job arrives (before the Trainer places the model); ``changes()``
+after the fit lists what differs, by attribute path, with the new values (tensors on the CPU).
+In the kernel, ``apply`` sets them on the same paths of the kernel's model. What cannot travel
+back (a value that cannot be pickled, e.g. a lock or a lambda) is listed by path instead, and
+the fit says so once.
+
+Left alone: submodules (walked themselves), the module's own bookkeeping (hooks, the parameter,
+buffer and module dicts: the state dict carries their tensors), and attributes that alias one of
+the model's parameters or buffers (the kernel's model has its own alias already).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+import torch
+from torch import nn
+
+__all__ = ["Changes", "Watch", "apply", "describe"]
+
+# nn.Module's own bookkeeping in every module's __dict__ (hooks, parameter/buffer/module dicts)
+_INTERNAL = frozenset(k for k in nn.Module().__dict__ if k != "training") | {
+    "_compiled_call_impl", "_version"}
+
+
+@dataclass
+class Changes:
+    """What changed outside the state dict: ``values`` {(module path, name, kind): value}
+    (kind "attr", "buffer" or "deleted"); ``unsendable`` {attribute path: why}."""
+
+    values: dict = field(default_factory=dict)
+    unsendable: dict = field(default_factory=dict)
+
+    def to_payload(self) -> dict:
+        """Plain data for the channel (tensors travel as raw bytes)."""
+        return {"values": [(*key, value) for key, value in self.values.items()],
+                "unsendable": dict(self.unsendable)}
+
+
+def _path(module_path: str, name: str) -> str:
+    return f"{module_path}.{name}" if module_path else name
+
+
+class _Hasher(io.RawIOBase):
+    def __init__(self) -> None:
+        self.h = hashlib.blake2b(digest_size=16)
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        self.h.update(b)
+        return len(b)
+
+
+class _TensorBytes(pickle.Pickler):
+    """Pickles a value; every tensor inside as its dtype, shape and bytes (any device)."""
+
+    def persistent_id(self, obj: Any):
+        if isinstance(obj, torch.Tensor):
+            if obj.is_meta or obj.layout != torch.strided:
+                return ("tensor", str(obj.dtype), tuple(obj.shape), obj.layout)
+            flat = obj.detach().cpu().contiguous().reshape(-1)
+            digest = hashlib.blake2b(flat.view(torch.uint8).numpy().tobytes()
+                                     if flat.numel() else b"", digest_size=16).hexdigest()
+            return ("tensor", str(obj.dtype), tuple(obj.shape), digest)
+        return None
+
+
+class _CloudTensorBytes(cloudpickle.Pickler):
+    """``_TensorBytes`` for any value (a notebook's function or class by value)."""
+
+    persistent_id = _TensorBytes.persistent_id
+
+
+class _Sendable(pickle.Pickler):
+    """Plain pickle, the way the channel sends a result (tensors travel beside it)."""
+
+    def persistent_id(self, obj: Any):
+        return "tensor" if isinstance(obj, torch.Tensor) else None
+
+
+def _fingerprint(value: Any) -> str | BaseException:
+    """A digest of ``value`` (its tensors by their bytes), or the error pickling it raised."""
+    sink = _Hasher()
+    try:
+        _CloudTensorBytes(sink, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    except Exception as exc:  # noqa: BLE001 - any failure: the value cannot be compared
+        return exc
+    return sink.h.hexdigest()
+
+
+def _sendable(value: Any) -> BaseException | None:
+    try:
+        _Sendable(_Hasher(), protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    except Exception as exc:  # noqa: BLE001 - any failure: it cannot travel back
+        return exc
+    return None
+
+
+def _refers_to_modules(value: Any) -> bool:
+    """A module, or a plain list/tuple/dict of them: a reference into the model (or another
+    model), not state of its own."""
+    if isinstance(value, nn.Module):
+        return True
+    items = value.values() if isinstance(value, dict) else value \
+        if isinstance(value, (list, tuple)) else ()
+    return any(isinstance(v, nn.Module) for v in items)
+
+
+def _own(module: nn.Module) -> dict[tuple[str, str], Any]:
+    """{(name, kind): value} for a module's own attributes and non-persistent buffers."""
+    out: dict[tuple[str, str], Any] = {}
+    for name, value in vars(module).items():
+        if name not in _INTERNAL and not _refers_to_modules(value):
+            out[(name, "attr")] = value
+    buffers = module.__dict__.get("_buffers", {})
+    for name in module.__dict__.get("_non_persistent_buffers_set", ()):
+        if buffers.get(name) is not None:
+            out[(name, "buffer")] = buffers[name]
+    return out
+
+
+def _held(model: nn.Module) -> set[int]:
+    """The ids of the model's parameters and buffers (an attribute naming one is an alias)."""
+    return {id(t) for t in model.parameters()} | {id(t) for t in model.buffers()}
+
+
+class Watch:
+    """The fingerprint of ``model``'s state outside the state dict, taken now (in the worker,
+    as the job arrives); ``changes()`` compares against it later."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.modules = list(model.named_modules(remove_duplicate=True))
+        held = _held(model)
+        self.before: dict[tuple[str, str, str], str | BaseException] = {}
+        for path, module in self.modules:
+            for (name, kind), value in _own(module).items():
+                if kind != "attr" or id(value) not in held:
+                    self.before[(path, name, kind)] = _fingerprint(value)
+        self.model = model
+
+    def changes(self) -> Changes:
+        """What differs from the fingerprint, by path, with the value now (tensors on the CPU)."""
+        out = Changes()
+        held = _held(self.model)
+        seen = set()
+        for path, module in self.modules:
+            for (name, kind), value in _own(module).items():
+                key = (path, name, kind)
+                seen.add(key)
+                if kind == "attr" and id(value) in held:
+                    continue
+                now = _fingerprint(value)
+                was = self.before.get(key)
+                if isinstance(now, str) and now == was:
+                    continue
+                if isinstance(now, BaseException) and isinstance(was, BaseException):
+                    continue  # could not be compared before either: it came as it is
+                why = _sendable(value) if isinstance(now, str) else now
+                if why is not None:
+                    out.unsendable[_path(path, name)] = f"{type(value).__name__}: {why}"
+                    continue
+                out.values[key] = _to_cpu(value)
+        for key in self.before.keys() - seen:
+            out.values[(key[0], key[1], "deleted")] = None
+        return out
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+        return value.detach().cpu().requires_grad_(value.requires_grad and value.is_leaf)
+    return value
+
+
+def _unwrap(module: nn.Module) -> nn.Module:
+    """A speed-up's stand-in (``speedups.replace.Replacement``) read as the module it stands in
+    for, whose attributes the worker watched."""
+    while "original" in module.__dict__ and isinstance(module.__dict__["original"], nn.Module) \
+            and getattr(type(module), "stock", None) is not None:
+        module = module.__dict__["original"]
+    return module
+
+
+def apply(model: nn.Module, payload: dict | None) -> dict[str, str]:
+    """Set what the worker's ``Watch.changes().to_payload()`` lists on ``model`` (the kernel's);
+    returns {attribute path: why} for what could not be brought back (the worker's unsendable
+    values, and paths the kernel's model lacks)."""
+    if not payload:
+        return {}
+    lost = dict(payload.get("unsendable") or {})
+    for path, name, kind, value in payload.get("values") or ():
+        try:
+            module = _unwrap(model.get_submodule(path)) if path else _unwrap(model)
+        except AttributeError as exc:
+            lost[_path(path, name)] = f"the kernel's model has no module {path!r} ({exc})"
+            continue
+        if kind == "buffer":
+            module._buffers[name] = value
+        elif kind == "deleted":
+            module.__dict__.pop(name, None)
+        else:
+            module.__dict__[name] = value
+    return lost
+
+
+def describe(lost: dict[str, str]) -> str:
+    """One sentence naming what an isolated fit could not bring back to the kernel's model."""
+    shown = "; ".join(f"{path} ({why[:120]})" for path, why in list(lost.items())[:8])
+    more = f" and {len(lost) - 8} more" if len(lost) > 8 else ""
+    return (f"the model's state outside state_dict() that the worker changed could not all be "
+            f"brought back to this process's model: {shown}{more}. These attributes keep "
+            "their values from before fit; make them picklable, or train with isolate=False")
