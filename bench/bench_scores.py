@@ -14,9 +14,12 @@ scores them):
   training subjects (``CAP`` None), the fold's validation subjects for the validation loss only
   (``EARLY_STOPPING`` None: every epoch, as in the selection);
 * the training mean, and ridge regressions (``data_prep.baselines``) on time-binned amplitude
-  and on log band power, the penalty chosen by grouped CV on the fold's training + validation
-  subjects;
-* the oracle: the planted signal's best prediction for the same test windows.
+  (ten 0.2-s bins), on log theta/alpha/beta power (one FFT) and on the standard five log band
+  powers (delta to gamma, Welch), the penalty chosen by CV grouped by subject on the fold's
+  training + validation subjects;
+* the oracle: the planted signal's best prediction for the same test windows;
+* the margin: the best baseline (lowest fold mean) minus deep, fold by fold, mean ± sd
+  (``data_prep.baselines.margin``); positive means deep is better.
 
 Nothing here looks at a test score to choose anything. The recipe itself was chosen with
 ``--select``: the candidates of :func:`_candidates`, scored on held-out subjects of a
@@ -37,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import markdown_table, write_result
+from data_prep.baselines import BASELINES
 
 EVAL_SEED = 42       # the crops Challenge 2 is scored on (as notebook 05)
 CAP = None           # windows per training subject: None = every window
@@ -70,7 +74,7 @@ def _candidates() -> dict[int, list[tuple[str, object]]]:
     }
 
 
-ROWS = ["deep", "training mean", "ridge, amplitude", "ridge, band power", "oracle"]
+ROWS = ["deep", *BASELINES, "oracle"]
 
 
 def _windows(root: Path, challenge: int, cache_dir: Path | None):
@@ -105,8 +109,9 @@ def train_deep(recipe, fold, challenge: int, seed: int = 0, cap: int | None = CA
 
 
 def baseline_scores(fold, challenge: int, with_val: bool = True) -> dict[str, float]:
-    """Training mean and the two ridges, fitted on the training (+ validation, ``with_val``)
-    subjects, scored on the fold's test windows."""
+    """Every baseline of ``data_prep.baselines.BASELINES`` (the training mean and the ridges),
+    fitted on the training (+ validation, ``with_val``) subjects, scored on the fold's test
+    windows."""
     from data_prep import baselines, scoring
     from data_prep.recipes import CROP
 
@@ -115,7 +120,7 @@ def baseline_scores(fold, challenge: int, with_val: bool = True) -> dict[str, fl
     y_fit = np.concatenate([p.y for p, _ in fit])
     out = {"training mean": scoring.nrmse(fold.test.y,
                                           baselines.training_mean(y_fit, len(fold.test)))}
-    for kind, row in (("amplitude", "ridge, amplitude"), ("bandpower", "ridge, band power")):
+    for kind, row in baselines.ROWS.items():
         parts = [baselines.features(p, kind, crop=crop, seed=s)
                  for p, s in fit + [(fold.test, EVAL_SEED)]]
         F = np.concatenate([f for f, _, _ in parts[:-1]])
@@ -183,8 +188,22 @@ def select(root: Path, cache_dir: Path | None, seed: int = 0) -> list[dict]:
             rows.append({"challenge": f"C{c}", "candidate": f"(baseline) {row}",
                          "selection nRMSE": f"{v:.3f}", "epochs": "", "fit s": "",
                          "data_prep.recipes": ""})
-        print(rows[-3:], flush=True)
+        print(rows[-len(BASELINES):], flush=True)
     return rows
+
+
+def margin_table(scores: dict, margins: dict) -> str:
+    """The margin section: per challenge, best baseline − deep per fold, mean ± sd, and how
+    many fold sds that is."""
+    rows = []
+    for c, m in margins.items():
+        rows.append({"challenge": f"C{c}", "best baseline (lowest fold mean)": m.best,
+                     "margin = best baseline − deep, mean ± sd": f"{m.mean:+.3f} ± {m.sd:.3f}",
+                     "in fold sds": f"{m.mean / m.sd:+.1f}" if m.sd > 0 else "-",
+                     "folds deep is below it": f"{sum(d > 0 for d in m.per_fold)} of "
+                                               f"{len(m.per_fold)}",
+                     **{f"fold {i}": f"{d:+.3f}" for i, d in enumerate(m.per_fold)}})
+    return ("Margin (paired by fold; positive: deep is better):\n\n" + markdown_table(rows))
 
 
 def _mean_sd(v: list[float]) -> str:
@@ -245,15 +264,19 @@ def main(argv: list[str] | None = None) -> int:
             + f"\n\nWall time, everything: {wall:.0f} s. Load average (1 min): {load0:.1f} at "
               f"the start, {load1:.1f} at the end, on {len(os.sched_getaffinity(0))} cores "
               "(a shared machine: other work ran beside this).\n")
-    best = {c: min(np.mean(scores[c][r]) for r in ROWS[1:4]) for c in scores}
+    from data_prep.baselines import margin
+
+    margins = {c: margin(scores[c]) for c in scores}
+    body += "\n" + margin_table(scores, margins)
     deep = {c: float(np.mean(scores[c]["deep"])) for c in scores}
     goals = []
-    if 1 in scores:
-        goals.append((f"C1 fold mean ≤ 0.40 and below the best baseline ({deep[1]:.3f} vs "
-                      f"{best[1]:.3f})", bool(deep[1] <= 0.40 and deep[1] < best[1])))
-    if 2 in scores:
-        goals.append((f"C2 fold mean ≤ 0.85 and below the best baseline ({deep[2]:.3f} vs "
-                      f"{best[2]:.3f})", bool(deep[2] <= 0.85 and deep[2] < best[2])))
+    for c, limit in ((1, 0.40), (2, 0.85)):
+        if c in scores:
+            m = margins[c]
+            goals.append((f"C{c} fold mean ≤ {limit:.2f} and below the best baseline "
+                          f"({deep[c]:.3f} vs {m.best} "
+                          f"{float(np.mean(scores[c][m.best])):.3f}; margin {m.mean:+.3f} ± "
+                          f"{m.sd:.3f})", bool(deep[c] <= limit and m.mean > 0)))
     write_result("scores", "Scores over subject folds (issue 29)", body, goals)
     return 0
 
