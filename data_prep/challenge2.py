@@ -54,7 +54,8 @@ def make_windows(root_or_dataset, tasks=("RestingState",), target: str = "extern
     inputs = [p for r in recs for p in _w.recording_inputs(r, events=False)]
     inputs += participants.paths_of(recs)
     return _w.make("challenge2", recs, recipe, inputs, work, (N_CHANS, size),
-                   cache_dir=cache_dir, cache=cache, n_jobs=n_jobs, progress=progress)
+                   cache_dir=cache_dir, cache=cache, n_jobs=n_jobs, progress=progress,
+                   notes=participants.duplicate_notes(recs, target))
 
 
 def _check_targets(recs: list[Recording], target: str) -> None:
@@ -83,6 +84,11 @@ def _recording_windows(rec: Recording, target: str, size: int, stride: int, sfre
         return Chunk(None, None, problems)
 
     y = to_number(rec.description.get(target))
+    if target in rec.conflicts:
+        return skip("conflicting_target", (
+            f"{name}: participants.tsv lists subject {rec.subject} on several rows with different "
+            f"{target} ({' vs '.join(rec.conflicts[target])}); which is right cannot be told, so "
+            "the recording is left out; keep one row per subject in participants.tsv"))
     if target not in rec.description:
         return skip("no_target", f"{name}: subject {rec.subject} has no '{target}' in "
                                  "participants.tsv; recording left out")
