@@ -2,6 +2,9 @@
 
     python -m bench.bench_scores                 # the fold table on the "folds" release
     python -m bench.bench_scores --select        # the recipe choice, on the development release
+    python -m bench.bench_scores --baselines-only --deep C1=0.331,0.302,... --deep C2=...
+                                   # baselines and oracle only (minutes), the margin against
+                                   # deep scores an earlier full run recorded
 
 The "folds" synthetic release (``source.SYNTHETIC["folds"]``: 150 subjects, planted effect in
 ``data_prep.planted``) is cut into k subject folds (``splits.subject_folds``); every subject is a
@@ -131,8 +134,9 @@ def baseline_scores(fold, challenge: int, with_val: bool = True) -> dict[str, fl
 
 
 def fold_table(root: Path, k: int, seed: int, cache_dir: Path | None, challenges=(1, 2),
-               folds_only: list[int] | None = None) -> tuple[dict, dict]:
-    """{challenge: {row: [score per fold]}}, {challenge: [deep fit seconds per fold]}."""
+               folds_only: list[int] | None = None, deep: bool = True) -> tuple[dict, dict]:
+    """{challenge: {row: [score per fold]}}, {challenge: [deep fit seconds per fold]}
+    (``deep=False``: no deep fit, no "deep" row)."""
     from data_prep import baselines, scoring, splits, synthetic
     from data_prep.planted import Planted
     from data_prep.recipes import RECIPES
@@ -140,16 +144,17 @@ def fold_table(root: Path, k: int, seed: int, cache_dir: Path | None, challenges
     planted = Planted(**synthetic.summary(root)["params"]["planted"])
     w = {c: _windows(root, c, cache_dir) for c in challenges}
     subjects = sorted(set(w[challenges[0]].metadata["subject"].astype(str)))
-    scores = {c: {r: [] for r in ROWS} for c in challenges}
+    scores = {c: {r: [] for r in ROWS if deep or r != "deep"} for c in challenges}
     times = {c: [] for c in challenges}
     for c in challenges:
         for i, fold in enumerate(splits.subject_folds(w[c], k, seed=seed, subjects=subjects)):
             if folds_only is not None and i not in folds_only:
                 continue
-            t0 = time.perf_counter()
-            pred, fit_s, _ = train_deep(RECIPES[c], fold, c, seed=seed)
-            scores[c]["deep"].append(scoring.nrmse(fold.test.y, pred))
-            times[c].append(fit_s)
+            t0, fit_s = time.perf_counter(), 0.0
+            if deep:
+                pred, fit_s, _ = train_deep(RECIPES[c], fold, c, seed=seed)
+                scores[c]["deep"].append(scoring.nrmse(fold.test.y, pred))
+                times[c].append(fit_s)
             for row, v in baseline_scores(fold, c).items():
                 scores[c][row].append(v)
             scores[c]["oracle"].append(scoring.nrmse(
@@ -192,6 +197,22 @@ def select(root: Path, cache_dir: Path | None, seed: int = 0) -> list[dict]:
     return rows
 
 
+def _given_deep(items: list[str]) -> dict[int, list[float]]:
+    """``["C1=0.331,0.302", ...]`` -> {1: [0.331, 0.302], ...}; SystemExit naming a bad one."""
+    out = {}
+    for item in items:
+        name, _, values = item.partition("=")
+        try:
+            c = int(name.strip().upper().removeprefix("C"))
+            out[c] = [float(v) for v in values.split(",")]
+        except ValueError:
+            raise SystemExit(f"--deep {item!r}: expected C1=0.331,0.302,... (one score per "
+                             "fold)") from None
+        if c not in (1, 2):
+            raise SystemExit(f"--deep {item!r}: the challenge is C1 or C2")
+    return out
+
+
 def margin_table(scores: dict, margins: dict) -> str:
     """The margin section: per challenge, best baseline − deep per fold, mean ± sd, and how
     many fold sds that is."""
@@ -219,7 +240,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--folds", type=int, nargs="*", help="only these folds (a quick look)")
     ap.add_argument("--select", action="store_true",
                     help="compare the candidate recipes on the development release instead")
+    ap.add_argument("--baselines-only", action="store_true",
+                    help="no deep fit: the baselines and the oracle only (minutes, not ~13 min "
+                    "on 2 quiet cores); written to scores-baselines-<date>.md")
+    ap.add_argument("--deep", action="append", default=[], metavar="C1=0.331,0.302,...",
+                    help="with --baselines-only: the deep scores per fold an earlier full run "
+                    "of the same release and folds recorded, for the margin (said as such)")
     args = ap.parse_args(argv)
+    given = _given_deep(args.deep) if args.deep else {}
+    if given and not args.baselines_only:
+        ap.error("--deep goes with --baselines-only (a full run measures deep itself)")
     warnings.filterwarnings("ignore")
     from data_prep import source, synthetic
     from data_prep.planted import PLANTED_FOLDS
@@ -242,7 +272,14 @@ def main(argv: list[str] | None = None) -> int:
     t_rel = time.perf_counter()
     root = source.resolve("synthetic", cache=cache, synthetic_kind="folds")
     t_rel = time.perf_counter() - t_rel
-    scores, times = fold_table(root, args.k, args.seed, None, folds_only=args.folds)
+    scores, times = fold_table(root, args.k, args.seed, None, folds_only=args.folds,
+                               deep=not args.baselines_only)
+    for c, v in given.items():
+        if c in scores:
+            if len(v) != len(scores[c]["oracle"]):
+                raise SystemExit(f"--deep C{c}: {len(v)} scores for "
+                                 f"{len(scores[c]['oracle'])} folds")
+            scores[c] = {"deep": v, **scores[c]}
     wall = time.perf_counter() - t0
     table = []
     for c in scores:
@@ -259,15 +296,25 @@ def main(argv: list[str] | None = None) -> int:
             f"subject folds, seed {args.seed}, every window of each training subject"
             f"\n\nRecipes (`data_prep.recipes`):\n{recipe_lines}\n\n"
             + markdown_table(table)
-            + "\nDeep fit per fold (s): " + "; ".join(
+            + ("\nDeep fit per fold (s): " + "; ".join(
                 f"C{c} " + ", ".join(f"{t:.0f}" for t in ts) for c, ts in times.items())
+               if not args.baselines_only else
+               "\nNo deep fit in this run (--baselines-only)" + (
+                   ": the deep row is the per-fold scores given with --deep, as an earlier "
+                   "full run of the same release, folds and recipes recorded them, not "
+                   "measured here" if given else ""))
             + f"\n\nWall time, everything: {wall:.0f} s. Load average (1 min): {load0:.1f} at "
               f"the start, {load1:.1f} at the end, on {len(os.sched_getaffinity(0))} cores "
               "(a shared machine: other work ran beside this).\n")
     from data_prep.baselines import margin
 
-    margins = {c: margin(scores[c]) for c in scores}
-    body += "\n" + margin_table(scores, margins)
+    have = [c for c in scores if "deep" in scores[c]]
+    margins = {c: margin(scores[c]) for c in have}
+    if margins:
+        body += "\n" + margin_table(scores, margins)
+    if args.baselines_only:
+        write_result("scores-baselines", "Baselines over subject folds (issue 34)", body)
+        return 0
     deep = {c: float(np.mean(scores[c]["deep"])) for c in scores}
     goals = []
     for c, limit in ((1, 0.40), (2, 0.85)):

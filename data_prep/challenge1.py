@@ -37,8 +37,10 @@ def make_windows(root_or_dataset, shift_after_stim: float = 0.5, window_len: flo
 
     ``last_trial="drop"`` reproduces eegdash <= 0.4.1 (the competition cluster's 0.3.8), which
     dropped the last trial of every run. ``drop_bad_windows`` leaves out windows with lost
-    samples (non-finite, or all channels flat >= 0.5 s). Cached: a second identical call loads
-    the stored windows (see :mod:`data_prep.store`).
+    samples (non-finite, or all channels flat >= 0.5 s). Cached in ``cache_dir`` (default:
+    ``$HYBRIDNB_CACHE_DIR``, else next to the release, else ``~/.cache/hybridnb``): a second
+    identical call loads the stored windows (see :mod:`data_prep.store`); ``cache=False``
+    builds them in memory and writes nothing.
     """
     if target not in ("rt_from_stimulus", "rt_from_trialstart"):
         raise ValueError(f"target must be 'rt_from_stimulus' or 'rt_from_trialstart', "

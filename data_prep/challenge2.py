@@ -38,6 +38,7 @@ def make_windows(root_or_dataset, tasks=("RestingState",), target: str = "extern
 
     ``target``: a participants.tsv column (externalizing, the final challenge target; p_factor
     as in the September starter kit; attention; internalizing; or any numeric column).
+    ``cache_dir``/``cache`` as in :func:`data_prep.challenge1.make_windows`.
     """
     tasks = (tasks,) if isinstance(tasks, str) else tuple(tasks)
     recs = _w.resolve_inputs(root_or_dataset, tasks, subjects)

@@ -5,7 +5,8 @@ float32 array (N, C, T), read back as a memmap), ``meta.pkl`` (metadata and prob
 ``info.json``. The key hashes the recipe and every input file: the text files (events.tsv,
 participants.tsv, channels.tsv) by content, the recordings (BDF) by path, size and mtime — so
 editing a file or changing an argument builds a new store; a second identical call only maps the
-file. A BDF rewritten with the same size and mtime is not noticed (``cache=False`` rebuilds).
+file. A BDF rewritten with the same size and mtime is not noticed (delete the store's folder, or
+pass ``cache=False`` to build the windows afresh in memory).
 The folder is written under a temporary name and renamed when complete, so an interrupted build
 never looks finished. A folder that cannot be written (read-only, full, a file in the way) raises
 :class:`CacheUnwritable`: one line naming the folder and the ways out (``cache_dir=``,
@@ -94,7 +95,7 @@ def file_stamp(path: Path) -> list:
     small and hand-edited, so they are keyed by a hash of their bytes: an edit is seen even when
     it keeps the size and the modification time. Recordings (BDF, ...) are keyed by size and
     mtime (ns) only: hashing gigabytes on every call would cost more than the build; an edit
-    that keeps both is not seen (``cache=False`` rebuilds).
+    that keeps both is not seen (``cache=False`` builds afresh, in memory).
     """
     try:
         st = path.stat()
