@@ -61,7 +61,7 @@ def make_windows(root_or_dataset, shift_after_stim: float = 0.5, window_len: flo
     return _w.make("challenge1", recs, recipe, inputs + participants.paths_of(recs), work,
                    (N_CHANS, size), cache_dir=cache_dir, cache=cache, n_jobs=n_jobs,
                    progress=progress, dtypes=DTYPES,
-                   notes=_demographics_notes(recs) + participants.duplicate_notes(recs))
+                   notes=_demographics_notes(recs) + participants.duplicate_notes(recs, DESCRIPTION))
 
 
 def _demographics_notes(recs: list[Recording]) -> list[Problem]:

@@ -56,7 +56,7 @@ def make_windows(root_or_dataset, tasks=("RestingState",), target: str = "extern
     inputs += participants.paths_of(recs)
     return _w.make("challenge2", recs, recipe, inputs, work, (N_CHANS, size),
                    cache_dir=cache_dir, cache=cache, n_jobs=n_jobs, progress=progress,
-                   notes=participants.duplicate_notes(recs, target))
+                   notes=participants.duplicate_notes(recs, DESCRIPTION, target))
 
 
 def _check_targets(recs: list[Recording], target: str) -> None:

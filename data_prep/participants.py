@@ -141,11 +141,12 @@ def collapse(table: pd.DataFrame) -> tuple[pd.DataFrame, list[Duplicate]]:
     return out.drop(index=drop).reset_index(drop=True), found
 
 
-def duplicate_notes(recs, target: str | None = None) -> list:
-    """One :class:`~data_prep.problems.Problem` note per participants.tsv that lists a subject
-    of ``recs`` more than once: identical rows (one kept), and the columns whose rows disagree
-    (left empty for that subject), each with its values. ``target`` (Challenge 2's column) is
-    left out of the note: every recording of such a subject is skipped with that reason."""
+def duplicate_notes(recs, carried=(), target: str | None = None) -> list:
+    """:class:`~data_prep.problems.Problem` notes for each participants.tsv that lists a subject
+    of ``recs`` more than once: identical rows (one kept), and per subject the columns whose rows
+    disagree, each with its values; those of ``carried`` (the columns the windows' metadata
+    takes) are left empty for that subject. ``target`` (Challenge 2's column) is left out of
+    the note: every recording of such a subject is skipped with that reason."""
     from .problems import Problem
 
     subjects = {r.subject for r in recs}
@@ -161,12 +162,15 @@ def duplicate_notes(recs, target: str | None = None) -> list:
                 "listed more than once with identical rows; one row kept")))
         for d in dups:
             other = [c for c in d.conflicts if c != target]
+            used = [c for c in other if c in carried]
             if other:
                 notes.append(Problem(str(path), "note", "conflicting_participant", (
                     f"{path}: subject {d.subject} is listed on {d.rows} rows that disagree: "
-                    f"{d.describe(other)}; which is right cannot be told, so its windows have "
-                    f"no value (n/a) for {', '.join(other)}; keep one row per subject in the "
-                    "file"), subject=d.subject))
+                    f"{d.describe(other)}; " + (
+                        f"which is right cannot be told, so its windows have no value (n/a) "
+                        f"for {', '.join(used)}; " if used else
+                        "none of these columns reaches the windows; ")
+                    + "keep one row per subject in the file"), subject=d.subject))
     return notes
 
 
