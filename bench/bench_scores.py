@@ -2,6 +2,9 @@
 
     python -m bench.bench_scores                 # the fold table on the "folds" release
     python -m bench.bench_scores --select        # the recipe choice, on the development release
+    python -m bench.bench_scores --baselines-only --deep C1=0.331,0.302,... --deep C2=...
+                                   # baselines and oracle only (minutes), the margin against
+                                   # deep scores an earlier full run recorded
 
 The "folds" synthetic release (``source.SYNTHETIC["folds"]``: 150 subjects, planted effect in
 ``data_prep.planted``) is cut into k subject folds (``splits.subject_folds``); every subject is a
@@ -14,9 +17,12 @@ scores them):
   training subjects (``CAP`` None), the fold's validation subjects for the validation loss only
   (``EARLY_STOPPING`` None: every epoch, as in the selection);
 * the training mean, and ridge regressions (``data_prep.baselines``) on time-binned amplitude
-  and on log band power, the penalty chosen by grouped CV on the fold's training + validation
-  subjects;
-* the oracle: the planted signal's best prediction for the same test windows.
+  (ten 0.2-s bins), on log theta/alpha/beta power (one FFT) and on the standard five log band
+  powers (delta to gamma, Welch), the penalty chosen by CV grouped by subject on the fold's
+  training + validation subjects;
+* the oracle: the planted signal's best prediction for the same test windows;
+* the margin: the best baseline (lowest fold mean) minus deep, fold by fold, mean ± sd
+  (``data_prep.baselines.margin``); positive means deep is better.
 
 Nothing here looks at a test score to choose anything. The recipe itself was chosen with
 ``--select``: the candidates of :func:`_candidates`, scored on held-out subjects of a
@@ -37,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import markdown_table, write_result
+from data_prep.baselines import BASELINES
 
 EVAL_SEED = 42       # the crops Challenge 2 is scored on (as notebook 05)
 CAP = None           # windows per training subject: None = every window
@@ -70,7 +77,7 @@ def _candidates() -> dict[int, list[tuple[str, object]]]:
     }
 
 
-ROWS = ["deep", "training mean", "ridge, amplitude", "ridge, band power", "oracle"]
+ROWS = ["deep", *BASELINES, "oracle"]
 
 
 def _windows(root: Path, challenge: int, cache_dir: Path | None):
@@ -105,8 +112,9 @@ def train_deep(recipe, fold, challenge: int, seed: int = 0, cap: int | None = CA
 
 
 def baseline_scores(fold, challenge: int, with_val: bool = True) -> dict[str, float]:
-    """Training mean and the two ridges, fitted on the training (+ validation, ``with_val``)
-    subjects, scored on the fold's test windows."""
+    """Every baseline of ``data_prep.baselines.BASELINES`` (the training mean and the ridges),
+    fitted on the training (+ validation, ``with_val``) subjects, scored on the fold's test
+    windows."""
     from data_prep import baselines, scoring
     from data_prep.recipes import CROP
 
@@ -115,7 +123,7 @@ def baseline_scores(fold, challenge: int, with_val: bool = True) -> dict[str, fl
     y_fit = np.concatenate([p.y for p, _ in fit])
     out = {"training mean": scoring.nrmse(fold.test.y,
                                           baselines.training_mean(y_fit, len(fold.test)))}
-    for kind, row in (("amplitude", "ridge, amplitude"), ("bandpower", "ridge, band power")):
+    for kind, row in baselines.ROWS.items():
         parts = [baselines.features(p, kind, crop=crop, seed=s)
                  for p, s in fit + [(fold.test, EVAL_SEED)]]
         F = np.concatenate([f for f, _, _ in parts[:-1]])
@@ -126,8 +134,9 @@ def baseline_scores(fold, challenge: int, with_val: bool = True) -> dict[str, fl
 
 
 def fold_table(root: Path, k: int, seed: int, cache_dir: Path | None, challenges=(1, 2),
-               folds_only: list[int] | None = None) -> tuple[dict, dict]:
-    """{challenge: {row: [score per fold]}}, {challenge: [deep fit seconds per fold]}."""
+               folds_only: list[int] | None = None, deep: bool = True) -> tuple[dict, dict]:
+    """{challenge: {row: [score per fold]}}, {challenge: [deep fit seconds per fold]}
+    (``deep=False``: no deep fit, no "deep" row)."""
     from data_prep import baselines, scoring, splits, synthetic
     from data_prep.planted import Planted
     from data_prep.recipes import RECIPES
@@ -135,16 +144,17 @@ def fold_table(root: Path, k: int, seed: int, cache_dir: Path | None, challenges
     planted = Planted(**synthetic.summary(root)["params"]["planted"])
     w = {c: _windows(root, c, cache_dir) for c in challenges}
     subjects = sorted(set(w[challenges[0]].metadata["subject"].astype(str)))
-    scores = {c: {r: [] for r in ROWS} for c in challenges}
+    scores = {c: {r: [] for r in ROWS if deep or r != "deep"} for c in challenges}
     times = {c: [] for c in challenges}
     for c in challenges:
         for i, fold in enumerate(splits.subject_folds(w[c], k, seed=seed, subjects=subjects)):
             if folds_only is not None and i not in folds_only:
                 continue
-            t0 = time.perf_counter()
-            pred, fit_s, _ = train_deep(RECIPES[c], fold, c, seed=seed)
-            scores[c]["deep"].append(scoring.nrmse(fold.test.y, pred))
-            times[c].append(fit_s)
+            t0, fit_s = time.perf_counter(), 0.0
+            if deep:
+                pred, fit_s, _ = train_deep(RECIPES[c], fold, c, seed=seed)
+                scores[c]["deep"].append(scoring.nrmse(fold.test.y, pred))
+                times[c].append(fit_s)
             for row, v in baseline_scores(fold, c).items():
                 scores[c][row].append(v)
             scores[c]["oracle"].append(scoring.nrmse(
@@ -183,8 +193,38 @@ def select(root: Path, cache_dir: Path | None, seed: int = 0) -> list[dict]:
             rows.append({"challenge": f"C{c}", "candidate": f"(baseline) {row}",
                          "selection nRMSE": f"{v:.3f}", "epochs": "", "fit s": "",
                          "data_prep.recipes": ""})
-        print(rows[-3:], flush=True)
+        print(rows[-len(BASELINES):], flush=True)
     return rows
+
+
+def _given_deep(items: list[str]) -> dict[int, list[float]]:
+    """``["C1=0.331,0.302", ...]`` -> {1: [0.331, 0.302], ...}; SystemExit naming a bad one."""
+    out = {}
+    for item in items:
+        name, _, values = item.partition("=")
+        try:
+            c = int(name.strip().upper().removeprefix("C"))
+            out[c] = [float(v) for v in values.split(",")]
+        except ValueError:
+            raise SystemExit(f"--deep {item!r}: expected C1=0.331,0.302,... (one score per "
+                             "fold)") from None
+        if c not in (1, 2):
+            raise SystemExit(f"--deep {item!r}: the challenge is C1 or C2")
+    return out
+
+
+def margin_table(scores: dict, margins: dict) -> str:
+    """The margin section: per challenge, best baseline − deep per fold, mean ± sd, and how
+    many fold sds that is."""
+    rows = []
+    for c, m in margins.items():
+        rows.append({"challenge": f"C{c}", "best baseline (lowest fold mean)": m.best,
+                     "margin = best baseline − deep, mean ± sd": f"{m.mean:+.3f} ± {m.sd:.3f}",
+                     "in fold sds": f"{m.mean / m.sd:+.1f}" if m.sd > 0 else "-",
+                     "folds deep is below it": f"{sum(d > 0 for d in m.per_fold)} of "
+                                               f"{len(m.per_fold)}",
+                     **{f"fold {i}": f"{d:+.3f}" for i, d in enumerate(m.per_fold)}})
+    return ("Margin (paired by fold; positive: deep is better):\n\n" + markdown_table(rows))
 
 
 def _mean_sd(v: list[float]) -> str:
@@ -200,7 +240,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--folds", type=int, nargs="*", help="only these folds (a quick look)")
     ap.add_argument("--select", action="store_true",
                     help="compare the candidate recipes on the development release instead")
+    ap.add_argument("--baselines-only", action="store_true",
+                    help="no deep fit: the baselines and the oracle only (minutes, not ~13 min "
+                    "on 2 quiet cores); written to scores-baselines-<date>.md")
+    ap.add_argument("--deep", action="append", default=[], metavar="C1=0.331,0.302,...",
+                    help="with --baselines-only: the deep scores per fold an earlier full run "
+                    "of the same release and folds recorded, for the margin (said as such)")
     args = ap.parse_args(argv)
+    given = _given_deep(args.deep) if args.deep else {}
+    if given and not args.baselines_only:
+        ap.error("--deep goes with --baselines-only (a full run measures deep itself)")
     warnings.filterwarnings("ignore")
     from data_prep import source, synthetic
     from data_prep.planted import PLANTED_FOLDS
@@ -223,7 +272,14 @@ def main(argv: list[str] | None = None) -> int:
     t_rel = time.perf_counter()
     root = source.resolve("synthetic", cache=cache, synthetic_kind="folds")
     t_rel = time.perf_counter() - t_rel
-    scores, times = fold_table(root, args.k, args.seed, None, folds_only=args.folds)
+    scores, times = fold_table(root, args.k, args.seed, None, folds_only=args.folds,
+                               deep=not args.baselines_only)
+    for c, v in given.items():
+        if c in scores:
+            if len(v) != len(scores[c]["oracle"]):
+                raise SystemExit(f"--deep C{c}: {len(v)} scores for "
+                                 f"{len(scores[c]['oracle'])} folds")
+            scores[c] = {"deep": v, **scores[c]}
     wall = time.perf_counter() - t0
     table = []
     for c in scores:
@@ -240,20 +296,34 @@ def main(argv: list[str] | None = None) -> int:
             f"subject folds, seed {args.seed}, every window of each training subject"
             f"\n\nRecipes (`data_prep.recipes`):\n{recipe_lines}\n\n"
             + markdown_table(table)
-            + "\nDeep fit per fold (s): " + "; ".join(
+            + ("\nDeep fit per fold (s): " + "; ".join(
                 f"C{c} " + ", ".join(f"{t:.0f}" for t in ts) for c, ts in times.items())
+               if not args.baselines_only else
+               "\nNo deep fit in this run (--baselines-only)" + (
+                   ": the deep row is the per-fold scores given with --deep, as an earlier "
+                   "full run of the same release, folds and recipes recorded them, not "
+                   "measured here" if given else ""))
             + f"\n\nWall time, everything: {wall:.0f} s. Load average (1 min): {load0:.1f} at "
               f"the start, {load1:.1f} at the end, on {len(os.sched_getaffinity(0))} cores "
               "(a shared machine: other work ran beside this).\n")
-    best = {c: min(np.mean(scores[c][r]) for r in ROWS[1:4]) for c in scores}
+    from data_prep.baselines import margin
+
+    have = [c for c in scores if "deep" in scores[c]]
+    margins = {c: margin(scores[c]) for c in have}
+    if margins:
+        body += "\n" + margin_table(scores, margins)
+    if args.baselines_only:
+        write_result("scores-baselines", "Baselines over subject folds (issue 34)", body)
+        return 0
     deep = {c: float(np.mean(scores[c]["deep"])) for c in scores}
     goals = []
-    if 1 in scores:
-        goals.append((f"C1 fold mean ≤ 0.40 and below the best baseline ({deep[1]:.3f} vs "
-                      f"{best[1]:.3f})", bool(deep[1] <= 0.40 and deep[1] < best[1])))
-    if 2 in scores:
-        goals.append((f"C2 fold mean ≤ 0.85 and below the best baseline ({deep[2]:.3f} vs "
-                      f"{best[2]:.3f})", bool(deep[2] <= 0.85 and deep[2] < best[2])))
+    for c, limit in ((1, 0.40), (2, 0.85)):
+        if c in scores:
+            m = margins[c]
+            goals.append((f"C{c} fold mean ≤ {limit:.2f} and below the best baseline "
+                          f"({deep[c]:.3f} vs {m.best} "
+                          f"{float(np.mean(scores[c][m.best])):.3f}; margin {m.mean:+.3f} ± "
+                          f"{m.sd:.3f})", bool(deep[c] <= limit and m.mean > 0)))
     write_result("scores", "Scores over subject folds (issue 29)", body, goals)
     return 0
 

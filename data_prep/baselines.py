@@ -2,10 +2,15 @@
 
 * :func:`training_mean`: the mean target of the training windows, for every test window;
 * ridge regression (:func:`fit_ridge`, penalty chosen by grouped k-fold CV over the subjects it
-  is given, never the test subjects) on simple features:
+  is given, never the test subjects: sklearn's ``RidgeCV`` with a subject-grouped ``cv``) on
+  simple features (:data:`ROWS` names each one's row):
   :func:`binned_amplitude` (each channel's mean in ``n_bins`` equal time bins: ten 0.2-s bins of
-  a 2-s window, the shape of the evoked response) and :func:`band_power` (each channel's log
-  power in the theta, alpha and beta bands);
+  a 2-s window, the shape of the evoked response), :func:`band_power` (each channel's log power
+  in the theta, alpha and beta bands, one Hann-windowed FFT) and :func:`welch_bands` (the
+  standard five: each channel's log delta, theta, alpha, beta and gamma power from Welch's
+  method, what a reader of an EEG paper fits first);
+* :func:`reference_scores`: all of them fitted and scored on one fold in one call;
+  :func:`margin`: the best baseline's fold mean minus the model's, with its sd over folds;
 * :func:`oracle`: on a synthetic release, the planted signal's best prediction for the same
   windows (from the latents the release records; :mod:`data_prep.planted`).
 
@@ -16,17 +21,27 @@ baseline sees exactly what the model sees and predicts one value per window. Nee
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import numpy as np
 
 from .planted import PLANTED, Planted, oracle_c1, oracle_c2
+from .scoring import nrmse
 
 BANDS = {"theta": (4.0, 8.0), "alpha": (8.0, 13.0), "beta": (13.0, 30.0)}
+# the standard clinical bands; gamma stops at 45 Hz, below the 50-Hz Nyquist of 100-Hz data
+STANDARD_BANDS = {"delta": (1.0, 4.0), "theta": (4.0, 8.0), "alpha": (8.0, 13.0),
+                  "beta": (13.0, 30.0), "gamma": (30.0, 45.0)}
 ALPHAS = tuple(float(a) for a in np.logspace(-1, 6, 15))
-KINDS = ("amplitude", "bandpower")
+# feature kind -> the row its ridge gets in a fold table
+ROWS = {"amplitude": "ridge, amplitude", "bandpower": "ridge, band power",
+        "bands": "ridge, 5 bands (Welch)"}
+KINDS = tuple(ROWS)
+BASELINES = ("training mean", *ROWS.values())   # every reference row but the oracle
 
-__all__ = ["BANDS", "ALPHAS", "KINDS", "binned_amplitude", "band_power", "features",
-           "fit_ridge", "training_mean", "oracle"]
+__all__ = ["BANDS", "STANDARD_BANDS", "ALPHAS", "ROWS", "KINDS", "BASELINES", "Margin",
+           "binned_amplitude", "band_power", "welch_bands", "features", "fit_ridge",
+           "training_mean", "reference_scores", "margin", "oracle"]
 
 
 def binned_amplitude(X: np.ndarray, n_bins: int = 10) -> np.ndarray:
@@ -54,17 +69,43 @@ def band_power(X: np.ndarray, sfreq: float = 100.0, bands: dict = BANDS) -> np.n
     return np.stack(cols, axis=-1).reshape(len(X), -1)
 
 
+def welch_bands(X: np.ndarray, sfreq: float = 100.0, bands: dict = STANDARD_BANDS,
+                segment_s: float = 1.0) -> np.ndarray:
+    """(N, C × len(bands)): log power of each channel in each band, from Welch's method.
+
+    ``scipy.signal.welch`` with 1-s Hann segments overlapping by half (three per 2-s window,
+    1-Hz resolution), the band power the sum of the density over the band's bins ``[lo, hi)``
+    times the bin width. A band above the Nyquist frequency, or one holding no bin, raises
+    ValueError naming it.
+    """
+    from scipy.signal import welch
+
+    X = np.asarray(X, np.float32)
+    nperseg = min(X.shape[-1], int(round(segment_s * sfreq)))
+    f, psd = welch(X, fs=sfreq, nperseg=nperseg, axis=-1)
+    cols = []
+    for name, (lo, hi) in bands.items():
+        sel = (f >= lo) & (f < hi)
+        if hi > sfreq / 2 or not sel.any():
+            raise ValueError(f"welch_bands: band {name} {lo}-{hi} Hz does not fit {nperseg}-"
+                             f"sample segments at {sfreq} Hz (Nyquist {sfreq / 2:g} Hz, bins "
+                             f"every {f[1] - f[0]:g} Hz)")
+        cols.append(np.log(psd[..., sel].sum(axis=-1) * (f[1] - f[0]) + 1e-30))
+    return np.stack(cols, axis=-1).reshape(len(X), -1).astype(np.float32)
+
+
 def features(windows, kind: str, crop: int | None = None, seed: int | None = None,
              scale: float = 1e6, chunk: int = 512) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(features, targets, subjects) of every window of ``windows`` (read in chunks).
 
-    ``kind``: "amplitude" (:func:`binned_amplitude`) or "bandpower" (:func:`band_power`).
+    ``kind``: "amplitude" (:func:`binned_amplitude`), "bandpower" (:func:`band_power`) or
+    "bands" (:func:`welch_bands`).
     ``crop``/``seed``: the 2-s crops of Challenge 2, drawn as ``windows.dataset(crop, seed)``
     draws them (the same seed gives the crops a model is scored on). ``scale``: volts -> µV.
     """
     if kind not in KINDS:
         raise ValueError(f"features: kind must be one of {KINDS}, got {kind!r}")
-    fn = binned_amplitude if kind == "amplitude" else band_power
+    fn = {"amplitude": binned_amplitude, "bandpower": band_power, "bands": welch_bands}[kind]
     ds = windows.dataset(crop=crop, seed=seed, scale=scale)
     parts = []
     for s in range(0, len(windows), chunk):
@@ -113,6 +154,70 @@ def fit_ridge(F: np.ndarray, y: np.ndarray, groups: np.ndarray, alphas=ALPHAS,
 def training_mean(y_train, n: int) -> np.ndarray:
     """The training targets' mean, repeated for ``n`` test windows."""
     return np.full(n, float(np.nanmean(np.asarray(y_train, float))))
+
+
+def reference_scores(feats: dict[str, np.ndarray], y, subjects, fit, test,
+                     n_splits: int = 5) -> dict[str, float]:
+    """nRMSE on the ``test`` rows of every baseline of :data:`BASELINES`, each fitted on the
+    ``fit`` rows only (the training mean, and a ridge per feature kind of ``features``, its
+    penalty chosen by CV grouped by ``subjects`` within those rows).
+
+    ``feats``: ``{kind: (N, F) array}`` over the same N windows as ``y`` and ``subjects``
+    (e.g. ``{k: features(w, k)[0] for k in KINDS}``); ``fit``/``test``: boolean masks or indices
+    of those windows. Kinds missing from ``feats`` are left out of the result.
+    """
+    y, subjects = np.asarray(y, float), np.asarray(subjects)
+    out = {"training mean": nrmse(y[test], training_mean(y[fit], len(y[test])))}
+    for kind, row in ROWS.items():
+        if kind in feats:
+            F = np.asarray(feats[kind])
+            ridge = fit_ridge(F[fit], y[fit], subjects[fit], n_splits=n_splits)
+            out[row] = nrmse(y[test], ridge.predict(F[test]))
+    return out
+
+
+@dataclass(frozen=True)
+class Margin:
+    """How far a model is below the best baseline: ``best - model`` per fold (positive: the
+    model is better), its mean and sd over folds (ddof 1), and which baseline was best (the
+    lowest fold mean)."""
+
+    best: str
+    per_fold: tuple[float, ...]
+    mean: float
+    sd: float
+
+    def __str__(self) -> str:
+        word = "below" if self.mean > 0 else "above"
+        return (f"margin = {self.best} − model = {self.mean:+.3f} ± {self.sd:.3f} over "
+                f"{len(self.per_fold)} folds (the model is {abs(self.mean):.3f} {word} the best "
+                f"baseline; {self.mean / self.sd if self.sd > 0 else float('inf'):+.1f} fold sd)")
+
+
+def margin(per_fold, model: str = "deep", baselines=BASELINES) -> Margin:
+    """The margin between ``model`` and the best of ``baselines`` over folds.
+
+    ``per_fold``: nRMSE per fold, as ``{row: [score per fold]}`` or a DataFrame with one row per
+    fold and one column per predictor (the notebooks' ``per_fold``), or one row per predictor
+    and ``fold i`` columns (a fold table). The best baseline is the one with the lowest fold
+    mean; the margin is paired fold by fold, so its sd is that of the differences.
+    """
+    import pandas as pd
+
+    if isinstance(per_fold, pd.DataFrame):
+        folds = [c for c in per_fold.columns if str(c).startswith("fold ")]
+        table = per_fold[folds].T if folds else per_fold
+        per_fold = {str(c): table[c].astype(float).tolist() for c in table.columns}
+    if model not in per_fold:
+        raise KeyError(f"margin: no {model!r} scores among {list(per_fold)}")
+    have = [b for b in baselines if b in per_fold]
+    if not have:
+        raise KeyError(f"margin: none of the baselines {list(baselines)} among "
+                       f"{list(per_fold)}")
+    best = min(have, key=lambda b: float(np.mean(per_fold[b])))
+    diff = np.asarray(per_fold[best], float) - np.asarray(per_fold[model], float)
+    sd = float(np.std(diff, ddof=1)) if len(diff) > 1 else 0.0
+    return Margin(best, tuple(float(d) for d in diff), float(diff.mean()), sd)
 
 
 def oracle(windows, root: str | os.PathLike, challenge: int,

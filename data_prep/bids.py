@@ -21,12 +21,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from .participants import RESTORE, read_table
+from .participants import FACTORS, NUMERIC, RESTORE, collapse, read_table
 from .participants import ParticipantsError as ParticipantsError  # re-exported
 
 EXTENSIONS = (".bdf", ".set", ".edf", ".vhdr", ".fif")
-FACTORS = ("p_factor", "attention", "internalizing", "externalizing")
-NUMERIC = ("age", "ehq_total", *FACTORS)
 
 
 @dataclass
@@ -40,6 +38,9 @@ class Recording:
     session: str | None = None
     description: dict = field(default_factory=dict)
     raw: object | None = None     # an already opened mne Raw (eegdash / braindecode input)
+    # participants.tsv columns on which the subject's rows disagree -> their values (the
+    # description holds NaN / "n/a" there; :func:`data_prep.participants.collapse`)
+    conflicts: dict = field(default_factory=dict)
 
     @property
     def events_path(self) -> Path:
@@ -72,18 +73,20 @@ def participants(root: str | os.PathLike) -> pd.DataFrame:
     Read by :func:`data_prep.participants.read_table` (robust to trailing tabs and blanks;
     :class:`ParticipantsError` naming the file when it is empty or malformed). Values are parsed
     with Python's ``float`` from the text (exactly the numbers the file holds; what eegdash
-    offline users get after ``float()``).
+    offline users get after ``float()``). A subject listed twice gets one row
+    (:func:`data_prep.participants.collapse`); ``df.attrs["duplicates"]`` lists what was merged.
     """
     path = Path(root) / "participants.tsv"
     if not path.exists():
         raise FileNotFoundError(f"{path}: no participants.tsv in the BIDS root {root}; "
                                 f"{RESTORE}")
-    df = read_table(path)
+    df, dups = collapse(read_table(path))
     df.index = df["participant_id"].str.replace("^sub-", "", regex=True)
     df.index.name = "subject"
     for col in NUMERIC:
         if col in df.columns:
             df[col] = df[col].map(to_number).astype(float)
+    df.attrs["duplicates"] = dups
     return df
 
 
@@ -105,6 +108,7 @@ def find_recordings(root: str | os.PathLike, tasks=None, subjects=None,
         part = participants(root)
     except FileNotFoundError:     # the recipes report it once (participants.gaps)
         part = pd.DataFrame()
+    conflicts = {d.subject: d.conflicts for d in part.attrs.get("duplicates", [])}
     out = []
     for path in root.glob("sub-*/**/eeg/sub-*_eeg.*"):
         if path.suffix not in extensions:
@@ -118,7 +122,8 @@ def find_recordings(root: str | os.PathLike, tasks=None, subjects=None,
         desc = part.loc[sub].to_dict() if sub in part.index else {}
         desc.update(subject=sub, task=task, run=ent.get("run"), session=ent.get("session"))
         out.append(Recording(path=path, subject=sub, task=task, run=ent.get("run"),
-                             session=ent.get("session"), description=desc))
+                             session=ent.get("session"), description=desc,
+                             conflicts=dict(conflicts.get(sub, {}))))
     out.sort(key=lambda r: (r.subject, r.task, r.run or "", r.session or ""))
     return out
 

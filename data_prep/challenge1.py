@@ -37,8 +37,10 @@ def make_windows(root_or_dataset, shift_after_stim: float = 0.5, window_len: flo
 
     ``last_trial="drop"`` reproduces eegdash <= 0.4.1 (the competition cluster's 0.3.8), which
     dropped the last trial of every run. ``drop_bad_windows`` leaves out windows with lost
-    samples (non-finite, or all channels flat >= 0.5 s). Cached: a second identical call loads
-    the stored windows (see :mod:`data_prep.store`).
+    samples (non-finite, or all channels flat >= 0.5 s). Cached in ``cache_dir`` (default:
+    ``$HYBRIDNB_CACHE_DIR``, else next to the release, else ``~/.cache/hybridnb``): a second
+    identical call loads the stored windows (see :mod:`data_prep.store`); ``cache=False``
+    builds them in memory and writes nothing.
     """
     if target not in ("rt_from_stimulus", "rt_from_trialstart"):
         raise ValueError(f"target must be 'rt_from_stimulus' or 'rt_from_trialstart', "
@@ -58,7 +60,8 @@ def make_windows(root_or_dataset, shift_after_stim: float = 0.5, window_len: flo
     inputs = [p for r in recs for p in _w.recording_inputs(r, events=True)]
     return _w.make("challenge1", recs, recipe, inputs + participants.paths_of(recs), work,
                    (N_CHANS, size), cache_dir=cache_dir, cache=cache, n_jobs=n_jobs,
-                   progress=progress, dtypes=DTYPES, notes=_demographics_notes(recs))
+                   progress=progress, dtypes=DTYPES,
+                   notes=_demographics_notes(recs) + participants.duplicate_notes(recs, DESCRIPTION))
 
 
 def _demographics_notes(recs: list[Recording]) -> list[Problem]:

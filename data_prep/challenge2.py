@@ -38,6 +38,7 @@ def make_windows(root_or_dataset, tasks=("RestingState",), target: str = "extern
 
     ``target``: a participants.tsv column (externalizing, the final challenge target; p_factor
     as in the September starter kit; attention; internalizing; or any numeric column).
+    ``cache_dir``/``cache`` as in :func:`data_prep.challenge1.make_windows`.
     """
     tasks = (tasks,) if isinstance(tasks, str) else tuple(tasks)
     recs = _w.resolve_inputs(root_or_dataset, tasks, subjects)
@@ -54,7 +55,8 @@ def make_windows(root_or_dataset, tasks=("RestingState",), target: str = "extern
     inputs = [p for r in recs for p in _w.recording_inputs(r, events=False)]
     inputs += participants.paths_of(recs)
     return _w.make("challenge2", recs, recipe, inputs, work, (N_CHANS, size),
-                   cache_dir=cache_dir, cache=cache, n_jobs=n_jobs, progress=progress)
+                   cache_dir=cache_dir, cache=cache, n_jobs=n_jobs, progress=progress,
+                   notes=participants.duplicate_notes(recs, DESCRIPTION, target))
 
 
 def _check_targets(recs: list[Recording], target: str) -> None:
@@ -83,6 +85,11 @@ def _recording_windows(rec: Recording, target: str, size: int, stride: int, sfre
         return Chunk(None, None, problems)
 
     y = to_number(rec.description.get(target))
+    if target in rec.conflicts:
+        return skip("conflicting_target", (
+            f"{name}: participants.tsv lists subject {rec.subject} on several rows with different "
+            f"{target} ({' vs '.join(rec.conflicts[target])}); which is right cannot be told, so "
+            "the recording is left out; keep one row per subject in participants.tsv"))
     if target not in rec.description:
         return skip("no_target", f"{name}: subject {rec.subject} has no '{target}' in "
                                  "participants.tsv; recording left out")

@@ -4,11 +4,24 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
+
+CACHE_ENV = "HYBRIDNB_CACHE_DIR"   # hybridnb's cache folder (hybridnb.env.CACHE_DIR_ENV)
 
 
 def current() -> dict[str, str]:
     """This process's environment (functions taking ``environ=`` fall back to it)."""
     return os.environ  # type: ignore[return-value]
+
+
+def cache_folder(environ: dict[str, str] | None = None) -> Path:
+    """``$HYBRIDNB_CACHE_DIR``, else ``$XDG_CACHE_HOME/hybridnb``, else ``~/.cache/hybridnb``
+    (the same folder as ``hybridnb.env.cache_dir``). Not created here."""
+    env = current() if environ is None else environ
+    if env.get(CACHE_ENV):
+        return Path(env[CACHE_ENV]).expanduser()
+    base = env.get("XDG_CACHE_HOME") or str(Path("~/.cache").expanduser())
+    return Path(base) / "hybridnb"
 
 
 def for_child(drop_prefix: str = "PYTHON") -> dict[str, str]:

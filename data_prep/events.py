@@ -9,8 +9,9 @@ deep inside braindecode or mne-bids:
   sizes, so such durations are harmless; a literal ``NaN`` is reported as a note.
 * Empty ``duration`` cells make mne-bids fail (``could not convert string to float: ''``):
   the file is read here directly (never edited) and the problem noted as repaired.
-* Unsorted onsets are sorted (stable), missing columns and unparsable onsets skip the
-  recording, trials whose window starts before or ends after the recording are dropped, each
+* Unsorted onsets are sorted (stable); missing columns and onsets that are missing (``n/a``,
+  ``NaN``: pandas reads both as NaN, and eegdash's trial table then silently loses the trials
+  around them) or not numbers skip the recording, naming the line; trials whose window starts before or ends after the recording are dropped, each
   with the reason.
 
 The trial table replicates eegdash 0.9.1 ``build_trial_table`` exactly (vectorised).
@@ -18,6 +19,7 @@ The trial table replicates eegdash 0.9.1 ``build_trial_table`` exactly (vectoris
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 from pathlib import Path
 
@@ -83,8 +85,9 @@ def read_events(path: str | Path, problems: list[Problem] | None = None,
         try:
             onset[k] = float(cell)
         except ValueError:
-            raise EventsError(f"{path.name}: 'onset' is not a number in line {k + 2} "
-                              f"({cell!r}); cannot place the events") from None
+            onset[k] = np.nan
+        if not np.isfinite(onset[k]):
+            _bad_onset(path, k + 2, cell)
     _check_durations(path, cols.get("duration"), problems, ids)
     ev = {h: (onset if h == "onset" else _column(cols[h])) for h in header}
     if len(onset) > 1 and np.any(np.diff(onset) < 0):
@@ -94,6 +97,25 @@ def read_events(path: str | Path, problems: list[Problem] | None = None,
                                 f"{path.name}: onsets were not in time order; sorted them "
                                 "(stable, as eegdash does; the file is unchanged)", **ids))
     return pd.DataFrame(ev) if as_frame else ev
+
+
+def _bad_onset(path: Path, line: int, cell: str) -> None:
+    """Raise the EventsError for an onset that places no event (n/a, NaN, text, inf)."""
+    if cell.strip() in NA_STRINGS or cell.strip().lower() == "nan":
+        raise EventsError(f"{path.name}: 'onset' is missing in line {line} ({cell!r}): that "
+                          "event has no time, so the trials around it cannot be "
+                          "built; recording left out (write the onset in seconds, or delete "
+                          "the row)", code="missing_onset")
+    what = "not a number" if math.isnan(_float_or_nan(cell)) else "not a finite number"
+    raise EventsError(f"{path.name}: 'onset' is {what} in line {line} ({cell!r}); cannot place "
+                      "the events")
+
+
+def _float_or_nan(cell: str) -> float:
+    try:
+        return float(cell)
+    except ValueError:
+        return math.nan
 
 
 def _column(cells: list[str]) -> np.ndarray:

@@ -10,6 +10,11 @@
   (file missing, no rows, a column or a subject's row absent); the recipes turn that into one
   note (Challenge 1: demographics) or one error (Challenge 2: the target), not one message per
   recording.
+* :func:`collapse` gives each subject one row: a subject listed twice with identical rows keeps
+  one, and a column whose rows disagree is left empty (``n/a``) for that subject, since which
+  value is right cannot be told. :func:`duplicate_notes` says so once per file, naming the
+  subject and both values; Challenge 2 leaves out a subject whose target disagrees, with that
+  reason (not "missing").
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ from pathlib import Path
 
 import pandas as pd
 
+FACTORS = ("p_factor", "attention", "internalizing", "externalizing")
+NUMERIC = ("age", "ehq_total", *FACTORS)   # compared (and later read) as numbers
+MISSING = "n/a"                            # how HBN writes an empty cell
 RESTORE = ("restore the release's participants.tsv (eegdash downloads it with the release, "
            "next to the sub-* folders)")
 
@@ -71,6 +79,99 @@ def _no_extra_cells(path: Path, width: int) -> None:
         if len(cells) > width:
             raise ParticipantsError(f"{path}: line {k} has {len(cells)} cells but the header "
                                     f"names {width} columns; fix that line or {RESTORE}")
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    """A subject listed on more than one row of participants.tsv."""
+
+    subject: str                               # without ``sub-``
+    rows: int                                  # how many rows list it
+    conflicts: dict = field(default_factory=dict)   # column -> its different values, as written
+
+    def describe(self, columns=None) -> str:
+        """``age 5.9 vs 11.0; externalizing -0.071 vs 9.99`` (``columns``: only these)."""
+        return "; ".join(f"{c} {' vs '.join(v)}" for c, v in self.conflicts.items()
+                         if columns is None or c in columns)
+
+
+def _same(a: str, b: str, numeric: bool) -> bool:
+    if a == b:
+        return True
+    if numeric:
+        x, y = _number(a), _number(b)
+        return x == y or (x != x and y != y)      # equal numbers, or both missing
+    return False
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return float("nan")
+
+
+def collapse(table: pd.DataFrame) -> tuple[pd.DataFrame, list[Duplicate]]:
+    """``table`` (from :func:`read_table`) with one row per subject, and what was merged.
+
+    A subject's rows that agree on every column (numbers compared as numbers for the columns
+    of :data:`NUMERIC`: ``5.90`` = ``5.9``, ``n/a`` = empty) become one row; a column on which they
+    disagree is set to ``n/a`` for that subject and listed in :attr:`Duplicate.conflicts` with
+    each different value as written. The first row's position is kept.
+    """
+    ids = table["participant_id"].str.replace("^sub-", "", regex=True)
+    repeated = ids[ids.duplicated(keep=False)]
+    if repeated.empty:
+        return table, []
+    out, found, drop = table.copy(), [], []
+    for subject, idx in repeated.groupby(repeated, sort=False).groups.items():
+        idx = list(idx)
+        conflicts = {}
+        for col in table.columns:
+            if col == "participant_id":
+                continue
+            values = list(dict.fromkeys(table.loc[idx, col]))
+            distinct = [v for k, v in enumerate(values)
+                        if not any(_same(v, w, col in NUMERIC) for w in values[:k])]
+            if len(distinct) > 1:
+                conflicts[col] = tuple(v if v else "(empty)" for v in distinct)
+                out.loc[idx[0], col] = MISSING
+        found.append(Duplicate(str(subject), len(idx), conflicts))
+        drop += idx[1:]
+    return out.drop(index=drop).reset_index(drop=True), found
+
+
+def duplicate_notes(recs, carried=(), target: str | None = None) -> list:
+    """:class:`~data_prep.problems.Problem` notes for each participants.tsv that lists a subject
+    of ``recs`` more than once: identical rows (one kept), and per subject the columns whose rows
+    disagree, each with its values; those of ``carried`` (the columns the windows' metadata
+    takes) are left empty for that subject. ``target`` (Challenge 2's column) is left out of
+    the note: every recording of such a subject is skipped with that reason."""
+    from .problems import Problem
+
+    subjects = {r.subject for r in recs}
+    notes = []
+    for path in paths_of(recs):
+        if not path.exists():
+            continue
+        dups = [d for d in collapse(read_table(path))[1] if d.subject in subjects]
+        same = [d for d in dups if not d.conflicts]
+        if same:
+            notes.append(Problem(str(path), "note", "duplicate_participant", (
+                f"{path}: subject(s) {', '.join(f'{d.subject} ({d.rows} rows)' for d in same)} "
+                "listed more than once with identical rows; one row kept")))
+        for d in dups:
+            other = [c for c in d.conflicts if c != target]
+            used = [c for c in other if c in carried]
+            if other:
+                notes.append(Problem(str(path), "note", "conflicting_participant", (
+                    f"{path}: subject {d.subject} is listed on {d.rows} rows that disagree: "
+                    f"{d.describe(other)}; " + (
+                        f"which is right cannot be told, so its windows have no value (n/a) "
+                        f"for {', '.join(used)}; " if used else
+                        "none of these columns reaches the windows; ")
+                    + "keep one row per subject in the file"), subject=d.subject))
+    return notes
 
 
 def path_of(rec) -> Path | None:

@@ -38,7 +38,7 @@ __all__ = ["CHALLENGE_TASKS", "RELEASES", "SYNTHETIC", "CACHE_ENV", "DATA_ENV", 
            "ReleaseUnreachable", "parse", "resolve", "default_cache", "release_size",
            "estimated_bytes", "eegdash_folder"]
 
-CACHE_ENV = "HYBRIDNB_CACHE_DIR"   # hybridnb's cache folder (hybridnb.env.CACHE_DIR_ENV)
+CACHE_ENV = environment.CACHE_ENV  # "HYBRIDNB_CACHE_DIR", hybridnb's cache folder
 DATA_ENV = "HYBRIDNB_DATA"         # what a notebook's DATA defaults to (``make demo`` on real data)
 RELEASES = tuple(f"R{n}" for n in range(1, 12))
 CHALLENGE_TASKS = ("contrastChangeDetection", "RestingState")
@@ -89,11 +89,7 @@ class Source:
 def default_cache(environ: dict[str, str] | None = None) -> Path:
     """``$HYBRIDNB_CACHE_DIR``, else ``$XDG_CACHE_HOME/hybridnb``, else ``~/.cache/hybridnb``
     (the same folder as ``hybridnb.env.cache_dir``; data_prep does not import hybridnb)."""
-    env = environment.current() if environ is None else environ
-    if env.get(CACHE_ENV):
-        return Path(env[CACHE_ENV]).expanduser()
-    base = env.get("XDG_CACHE_HOME") or str(Path("~/.cache").expanduser())
-    return Path(base) / "hybridnb"
+    return environment.cache_folder(environ)
 
 
 def parse(data: str | os.PathLike | None) -> Source:

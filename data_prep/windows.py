@@ -172,30 +172,38 @@ def make(name: str, recordings: list[Recording], recipe: dict, inputs: list[Path
          dtypes: dict | None = None, notes: list[Problem] | None = None) -> Windows:
     """Load the store for ``recipe`` from the cache, or build it (shared by both challenges).
 
-    ``cache=False`` builds again (replacing a stored copy) instead of loading it. ``notes``:
-    problems found before the build (about the release, not one recording), stored with the
-    recordings' own problems.
+    ``cache=False`` builds the windows in memory: nothing is read from or written to any cache
+    folder (a stale store is removed by deleting its folder, ``Windows.info["folder"]`` of the
+    call that loaded it). A cache folder that cannot be written raises
+    :class:`~data_prep.store.CacheUnwritable` naming it. ``notes``: problems found before the
+    build (about the release, not one recording), stored with the recordings' own problems.
     """
     in_memory = any(r.raw is not None and getattr(r.raw, "preload", False) for r in recordings)
     if in_memory and cache:
         print("data_prep: recordings already loaded in memory may have been changed there; "
               "not caching these windows", file=sys.stderr)
         cache = False
-    cache_dir = Path(cache_dir) if cache_dir else store.default_cache_dir(recordings)
     key = store.cache_key(recipe, inputs)
-    folder = cache_dir / f"{name}-{key}"
     progress = len(recordings) >= 20 if progress is None else progress
     info = {"name": name, "recipe": recipe, "key": key, "dtypes": dtypes or {}}
-    if cache and (folder / "info.json").exists():
+    jobs = default_jobs(len(recordings)) if n_jobs is None else max(1, n_jobs)
+    if not cache:
+        X, meta, problems, info = store.collect(recordings, _guarded(work), shape_tail, info,
+                                                n_jobs=jobs, progress=progress, notes=notes)
+        info.update(cached=False, folder=None)
+        return Windows(X, meta, problems, info)
+    given = bool(cache_dir)
+    cache_dir = Path(cache_dir) if cache_dir else store.default_cache_dir(recordings)
+    folder = cache_dir / f"{name}-{key}"
+    if (folder / "info.json").exists():
         X, meta, problems, info = store.load(folder)
         info.update(cached=True, folder=str(folder))
         return Windows(X, meta, problems, info)
-    if folder.exists():           # cache=False: build again, replacing the old store
-        import shutil
-        shutil.rmtree(folder)
-    jobs = default_jobs(len(recordings)) if n_jobs is None else max(1, n_jobs)
-    store.build(folder, recordings, _guarded(work), shape_tail, info, n_jobs=jobs,
-                progress=progress, notes=notes)
+    try:
+        store.build(folder, recordings, _guarded(work), shape_tail, info, n_jobs=jobs,
+                    progress=progress, notes=notes)
+    except OSError as exc:    # the recordings' own errors are problems (_guarded): this is the disk
+        raise store.CacheUnwritable.of(folder, exc, given) from None
     X, meta, problems, info = store.load(folder)
     info.update(cached=False, folder=str(folder))
     return Windows(X, meta, problems, info)

@@ -1,6 +1,7 @@
 """The Challenge score table the demo prints at the end: each notebook's status and wall time,
 Challenge 1 and 2 nRMSE as the mean ± sd over subject folds beside the best baseline and the
-planted oracle (mean over the same folds), the overall score, the submission checked in a fresh
+planted oracle (mean over the same folds), the margin to the best baseline with its sd over the
+folds (paired fold by fold: :func:`data_prep.baselines.margin`), the overall score, the submission checked in a fresh
 process, and plain ``C1 nRMSE <v>`` lines that scripts read.
 
 The numbers are the notebooks' own variables, read from each kernel after its last cell
@@ -14,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from data_prep.baselines import BASELINES, Margin, margin
 from hybridnb_tools.notebooks import NotebookRun
 
 # name in the table -> the expression evaluated in every notebook's kernel after its last cell
@@ -29,11 +31,11 @@ TABLE = {
     "folds": "K",
     "c1_nrmse": "c1",
     "c1_sd": "c1_sd",
-    "c1_table": "fold_table[['mean', 'sd']].to_dict('index')",
+    "c1_table": "fold_table.to_dict('index')",   # mean, sd and the 'fold i' columns
     "c1_model": "model_name",
     "c2_nrmse": "c2",
     "c2_sd": "c2_sd",
-    "c2_table": "fold_table2[['mean', 'sd']].to_dict('index')",
+    "c2_table": "fold_table2.to_dict('index')",
     "c2_model": "spec2.name",
     "overall": "overall",
     "submitted_c1": "c1_submitted",
@@ -41,8 +43,7 @@ TABLE = {
     "submission_c1": "fresh1",
     "submission_c2": "fresh2",
 }
-# the reference predictors of the notebooks' fold tables (data_prep.baselines)
-BASELINES = ("training mean", "ridge, amplitude", "ridge, band power")
+# the reference predictors of the notebooks' fold tables: data_prep.baselines.BASELINES
 QUICK_NOTE = ("quick mode: a few steps on a tiny release, so these scores are not meaningful "
               "(run without --quick / HYBRIDNB_QUICK for real ones)")
 
@@ -75,6 +76,25 @@ def best_baseline(table: dict) -> tuple[str | None, float | None]:
     return row, m
 
 
+def fold_margin(table: dict, model: str = "deep") -> Margin | None:
+    """The best baseline minus ``model``, fold by fold, from a notebook's fold table
+    (``{predictor: {"mean", "sd", "fold 0", "fold 1", ...}}``); None when the table has no
+    per-fold scores for the model or any baseline."""
+    per_fold = {}
+    for row, cells in table.items():
+        folds = sorted((int(k.split()[1]), v) for k, v in (cells or {}).items()
+                       if isinstance(k, str) and k.startswith("fold ") and v is not None)
+        if folds:
+            per_fold[row] = [v for _, v in folds]
+    if model not in per_fold or not any(b in per_fold for b in BASELINES):
+        return None
+    return margin(per_fold, model=model)
+
+
+def _margin_text(m: Margin | None) -> str:
+    return "-" if m is None else f"{m.mean:+.3f} ± {m.sd:.3f}"
+
+
 def _weighted(c1: float | None, c2: float | None) -> float | None:
     return None if c1 is None or c2 is None else 0.3 * c1 + 0.7 * c2
 
@@ -90,6 +110,7 @@ def summary(runs: list[NotebookRun], out_dir: Path, total_s: float, quick: bool)
     t1, t2 = res.get("c1_table") or {}, res.get("c2_table") or {}
     (b1, b1v), (b2, b2v) = best_baseline(t1), best_baseline(t2)
     o1, o2 = _mean(t1, "oracle"), _mean(t2, "oracle")
+    m1, m2 = fold_margin(t1), fold_margin(t2)
     k = res.get("folds")
     lines = [
         "",
@@ -115,13 +136,14 @@ def summary(runs: list[NotebookRun], out_dir: Path, total_s: float, quick: bool)
         "",
         f"nRMSE over {k if k is not None else '-'} subject folds, mean (lower is better; the "
         "constant predictor scores 1.0)",
-        f"{'':<24} {'model ± sd':>15}  {'best baseline':<30} {'oracle':>7}  model",
+        f"{'':<24} {'model ± sd':>15}  {'best baseline':<36} {'margin ± sd':>15} "
+        f"{'oracle':>7}  model",
         f"{'Challenge 1':<24} {deep(res.get('c1_nrmse'), res.get('c1_sd')):>15}  "
-        f"{base(b1v, b1):<30} {_num(o1):>7}  {res.get('c1_model', '-')}",
+        f"{base(b1v, b1):<36} {_margin_text(m1):>15} {_num(o1):>7}  {res.get('c1_model', '-')}",
         f"{'Challenge 2':<24} {deep(res.get('c2_nrmse'), res.get('c2_sd')):>15}  "
-        f"{base(b2v, b2):<30} {_num(o2):>7}  {res.get('c2_model', '-')}",
+        f"{base(b2v, b2):<36} {_margin_text(m2):>15} {_num(o2):>7}  {res.get('c2_model', '-')}",
         f"{'overall 0.3·C1 + 0.7·C2':<24} {_num(res.get('overall')):>15}  "
-        f"{_num(_weighted(b1v, b2v)):<30} {_num(_weighted(o1, o2)):>7}",
+        f"{_num(_weighted(b1v, b2v)):<36} {'':>15} {_num(_weighted(o1, o2)):>7}",
     ]
     if quick:
         lines.append(QUICK_NOTE)
@@ -134,8 +156,10 @@ def summary(runs: list[NotebookRun], out_dir: Path, total_s: float, quick: bool)
     lines += [
         "",
         "best baseline = the lowest fold mean of the training mean and ridge regressions on "
-        "time-binned amplitude and band power, fitted on the same subjects; oracle = the "
-        "synthetic data's planted signal read exactly, on the same test subjects.",
+        "time-binned amplitude, theta/alpha/beta power and the five standard bands (Welch), "
+        "fitted on the same subjects; margin = best baseline − model, fold by fold, mean ± sd "
+        "(positive: the model is better); oracle = the synthetic data's planted signal read "
+        "exactly, on the same test subjects.",
         "",
         f"device {device}",
         f"C1 nRMSE {_num(res.get('c1_nrmse'), 4)}",

@@ -136,3 +136,85 @@ def test_latents_missing_says_how_to_get_them(tmp_path):
 def test_the_folds_release_plants_a_learnable_challenge2():
     assert ceilings(PLANTED_FOLDS)["c2"] < ceilings(PLANTED)["c2"] - 0.2
     assert ceilings(PLANTED_FOLDS)["c1"] == ceilings(PLANTED)["c1"]
+
+
+def test_welch_bands_match_mne_welch_and_find_each_band():
+    """The standard five bands, checked against MNE's own Welch estimate (another
+    implementation), and each band's sine lands in that band."""
+    from mne.time_frequency import psd_array_welch
+
+    t = np.arange(200) / 100.0
+    rng = np.random.default_rng(1)
+    X = rng.normal(0, 0.1, (1, 5, 200))
+    for ch, hz in enumerate((2.0, 6.0, 10.0, 20.0, 40.0)):          # one per band
+        X[0, ch] += np.sin(2 * np.pi * hz * t)
+    F = baselines.welch_bands(X).reshape(5, 5)
+    assert [int(np.argmax(F[ch])) for ch in range(5)] == [0, 1, 2, 3, 4]
+    psd, f = psd_array_welch(X, 100.0, fmin=0, fmax=50, n_fft=100, n_per_seg=100,
+                             n_overlap=50, window="hann", verbose="error")
+    for k, (lo, hi) in enumerate(baselines.STANDARD_BANDS.values()):
+        sel = (f >= lo) & (f < hi)
+        want = np.log(psd[0][:, sel].sum(axis=-1) * (f[1] - f[0]))
+        np.testing.assert_allclose(F[:, k], want, rtol=1e-4)
+    with pytest.raises(ValueError, match=r"band beta 13.0-30.0 Hz does not fit .*Nyquist 25 Hz"):
+        baselines.welch_bands(X[..., :100], sfreq=50.0)
+
+
+def test_reference_scores_fit_on_the_fit_rows_only():
+    rng = np.random.default_rng(0)
+    subjects = np.repeat([f"S{i}" for i in range(12)], 20)
+    feats = {"bands": rng.normal(size=(240, 6))}
+    y = feats["bands"][:, 0] + rng.normal(0, 0.5, 240)
+    fit, test = np.isin(subjects, [f"S{i}" for i in range(9)]), subjects >= "S9"
+    got = baselines.reference_scores(feats, y, subjects, fit, test, n_splits=3)
+    assert set(got) == {"training mean", "ridge, 5 bands (Welch)"}
+    ridge = baselines.fit_ridge(feats["bands"][fit], y[fit], subjects[fit], n_splits=3)
+    assert got["ridge, 5 bands (Welch)"] == pytest.approx(
+        scoring.nrmse(y[test], ridge.predict(feats["bands"][test])))
+    assert got["ridge, 5 bands (Welch)"] < 0.7 < got["training mean"]
+    y2 = y.copy()
+    y2[test] += 100.0                          # the test targets never reach the fit
+    moved = baselines.reference_scores(feats, y2, subjects, fit, test, n_splits=3)
+    assert moved["training mean"] != got["training mean"]    # scored against the new y ...
+    fit_again = baselines.fit_ridge(feats["bands"][fit], y2[fit], subjects[fit], n_splits=3)
+    np.testing.assert_array_equal(fit_again.predict(feats["bands"]),
+                                  ridge.predict(feats["bands"]))   # ... fitted as before
+
+
+def test_margin_is_paired_by_fold_against_the_best_baseline():
+    per_fold = {"deep": [0.30, 0.35, 0.31], "training mean": [1.0, 1.0, 1.0],
+                "ridge, amplitude": [0.33, 0.36, 0.35],   # best by mean (0.3467)
+                "ridge, 5 bands (Welch)": [0.34, 0.37, 0.34], "oracle": [0.1, 0.1, 0.1]}
+    m = baselines.margin(per_fold)
+    assert m.best == "ridge, amplitude"
+    np.testing.assert_allclose(m.per_fold, [0.03, 0.01, 0.04], atol=1e-12)
+    assert m.mean == pytest.approx(0.08 / 3)
+    assert m.sd == pytest.approx(np.std([0.03, 0.01, 0.04], ddof=1))
+    assert "+0.027 ± 0.015" in str(m) and "ridge, amplitude" in str(m)
+    # the notebooks' layouts: one row per fold, or a fold table with "fold i" columns
+    frame = pd.DataFrame(per_fold)
+    assert baselines.margin(frame) == m
+    table = frame.T.rename(columns=lambda i: f"fold {i}").assign(mean=frame.mean())
+    assert baselines.margin(table) == m
+    worse = baselines.margin({**per_fold, "deep": [0.40, 0.41, 0.39]})
+    assert worse.mean < 0 and "above the best baseline" in str(worse)
+    with pytest.raises(KeyError, match="no 'deep' scores"):
+        baselines.margin({"ridge, amplitude": [0.3]})
+
+
+def test_the_demo_table_shows_the_margin_with_its_fold_sd(tmp_path):
+    from hybridnb_tools import notebooks, scores
+
+    def table(deep, ridge):
+        rows = {"deep": deep, "ridge, amplitude": ridge, "training mean": [1.0, 1.0, 1.0]}
+        return {r: {"mean": float(np.mean(v)), "sd": float(np.std(v, ddof=1)),
+                    **{f"fold {i}": x for i, x in enumerate(v)}} for r, v in rows.items()}
+
+    t1 = table([0.30, 0.35, 0.31], [0.33, 0.36, 0.35])
+    run = notebooks.NotebookRun("04_x", tmp_path / "a.ipynb", seconds=1.0, ok=True,
+                                values={"c1_nrmse": 0.32, "c1_sd": 0.026, "c1_table": t1,
+                                        "folds": 3})
+    line = next(ln for ln in scores.summary([run], tmp_path, 1.0, quick=False).splitlines()
+                if ln.startswith("Challenge 1"))
+    assert "+0.027 ± 0.015" in line and "0.347 (ridge, amplitude)" in line
+    assert scores.fold_margin({"deep": {"mean": 0.3, "sd": 0.0}}) is None   # no fold columns
