@@ -189,10 +189,10 @@ def example_batch(loader, n: int) -> tuple:
     return tuple(default_collate([data[i] for i in range(min(n, len(data)))]))
 
 
-def compile_estimate_s(model: torch.nn.Module, device: torch.device) -> float:
+def compile_estimate_s(model: torch.nn.Module, device: torch.device | str) -> float:
     """A rough scale for compiling ``model``'s first step on ``device`` (``COMPILE_S``: a base
     plus a cost per layer)."""
-    base, per_layer = COMPILE_S.get(device.type, COMPILE_S["cuda"])
+    base, per_layer = COMPILE_S.get(torch.device(device).type, COMPILE_S["cuda"])
     layers = sum(1 for m in model.modules() if not any(True for _ in m.children()))
     return base + per_layer * layers
 
