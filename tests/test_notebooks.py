@@ -52,7 +52,8 @@ READ = {
     "03_amp_compile_comparison": {
         "status": "status",                           # variant -> ok / skipped / failed
         "why_not": "why_not",                         # variant that did not run -> its note
-        "hw_device": "str(hw.device)"},
+        "hw_device": "str(hw.device)",
+        "exact": "dict(zip(exact_df['variant'], exact_df['exact']))"},  # first-step check
     "04_challenge1_training": {
         "window_shape": "list(w1.shape[1:])", "window_dtype": "str(w1.X.dtype)",
         "after_target": "after_target", "k": "K", "subjects": "subjects",
@@ -399,6 +400,8 @@ def test_03_fp32_runs_and_every_other_variant_says_why_not(executed):
     if v["hw_device"] == "cpu":
         assert v["status"]["fp16"] == "skipped"
         assert v["status"]["fp32+speedups"] == "ok"  # the CPU's rules apply to EEGNeX
+    assert v["exact"] == {"fp32+speedups": True, "fp32+channels_last": True,
+                          "fp32+rewrite": True}  # outputs and gradients of the first step
 
 
 ROWS = ["deep", "training mean", "ridge, amplitude", "ridge, band power", "oracle"]

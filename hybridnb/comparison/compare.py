@@ -515,7 +515,10 @@ def _first_step(build, seed: int, x, y, loss_fn, precision: str, change=None):
             m.eval()
     torch.manual_seed(seed + 1)
     low = precision in ("bf16", "fp16")
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=low):
+    # bf16 with oneDNN off, as compare()'s variants run it (its bf16 grouped convolution asks
+    # some CPUs for hundreds of GB)
+    with torch.backends.mkldnn.flags(enabled=not low), \
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=low):
         out = model(x)
     loss_fn(out.float(), y).backward()
     return out.detach().float(), [p.grad for p in model.parameters()]
