@@ -94,9 +94,13 @@ def has_rows_conv(model: nn.Module) -> bool:
 
 
 def has_grouped_conv2d(model: nn.Module) -> bool:
-    """The CPU's channels_last rule: a grouped (e.g. depthwise) 2-D convolution, whose NCHW
-    oneDNN path is slow."""
-    return any(isinstance(m, nn.Conv2d) and m.groups > 1 for m in replace.originals(model))
+    """The CPU's channels_last rule: a grouped (depthwise) 2-D convolution with an ``(H, 1)``
+    kernel over several rows (EEGNeX's spatial filter), whose NCHW oneDNN path is slow
+    (EEGNeX: 2.3x with the chain rewrite). Grouped kernels along the width do not count:
+    ATCNet's ``(1, 129)`` depthwise convolution ran 0.53x in channels_last
+    (``bench/results/zoo-speed-cpu-latest.md``)."""
+    return any(isinstance(m, nn.Conv2d) and m.groups > 1 and m.kernel_size[1] == 1
+               and m.kernel_size[0] >= 2 for m in replace.originals(model))
 
 
 def cpu_native_bf16() -> bool:
@@ -204,11 +208,12 @@ def _cpu_auto(model, inputs, device, prec: str, auto: bool, chosen, applied: App
                  "no (1, K) convolution over several rows")
     if "channels_last" in chosen:
         if not has_grouped_conv2d(model):
-            applied.skipped["channels_last"] = "no grouped 2-D convolution (the CPU's rule)"
+            applied.skipped["channels_last"] = ("no grouped (H, 1) 2-D convolution (the CPU's "
+                                                "rule)")
         elif (toggle := _channels_last_toggle(model, applied)) is not None:
             toggle(True)
             applied.applied.append("channels_last")
-            applied.rules["channels_last"] = "grouped 2-D convolutions"
+            applied.rules["channels_last"] = "grouped (H, 1) 2-D convolutions"
     if "precision" in chosen and auto and prec == "fp32":
         _cpu_bf16(model, inputs, device, prec, "rewrite" in chosen, applied, steps, deadline)
     if "rewrite" in chosen and "rewrite" not in applied.applied \
