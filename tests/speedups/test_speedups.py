@@ -505,9 +505,9 @@ def test_cpu_auto_keeps_nchw_for_a_depthwise_convolution_along_the_width():
     """channels_last only for (H, 1) depthwise kernels: ATCNet's (1, 129) one ran 0.53x."""
     model = nn.Sequential(nn.Unflatten(1, (1, 8)), nn.Conv2d(1, 8, (1, 5)),
                           nn.Conv2d(8, 16, (8, 1), groups=8), nn.Flatten(), nn.LazyLinear(1))
-    along_width = nn.Sequential(nn.Unflatten(1, (1, 8)), nn.Conv2d(1, 8, (5, 1)),
+    along_width = nn.Sequential(nn.Unflatten(1, (1, 30)), nn.Conv2d(1, 8, (5, 1)),
                                 nn.Conv2d(8, 16, (1, 8), groups=8), nn.Flatten(),
-                                nn.LazyLinear(1))
+                                nn.LazyLinear(1))  # (B, 1, T, C), as ATCNet
     x = torch.randn(4, 8, 30)
     model(x)
     along_width(x.transpose(1, 2))
