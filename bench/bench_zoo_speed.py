@@ -15,7 +15,9 @@ for both (EMA, the loss's running mean) and a set-up (the decision itself, print
 timing the two copies in one loop isolates what the speedups change, and nothing of the step
 is left out. ``bench/bench_cpu_speedups.py`` part 2 times ``hn.Trainer`` end to end for EEGNeX.
 One untimed step each first (oneDNN primitives), then interleaved rounds (stock, sped up, stock,
-...), each round ``n`` steps (about ``ROUND_S`` s), the ratio paired per round, medians.
+...), each round ``n`` steps (about ``ROUND_S`` s), the ratio paired per round, medians. A model
+the decision leaves unchanged runs the very same step on both sides: it is listed with ratio 1
+and not timed (``--time-unchanged`` times it anyway, an A/A check of the host's noise).
 
 Exactness (before any timed step, on copies): one training-mode forward + backward of each copy
 on the same batch and seed, with the dropout modules in eval mode (channels_last, which the CPU
@@ -156,7 +158,7 @@ def exactness(stock: nn.Module, fast: nn.Module, x, y, bf16: bool) -> dict:
             "grad max abs diff": g_abs, "grad rel": g_abs / max(g_ref, 1e-12)}
 
 
-def measure(name: str, quick: bool) -> dict:
+def measure(name: str, quick: bool, time_unchanged: bool = False) -> dict:
     from hybridnb.speedups import apply_speedups
 
     make = builder(name)
@@ -169,6 +171,10 @@ def measure(name: str, quick: bool) -> dict:
     row = {"model": name, "params": sum(p.numel() for p in stock.parameters()),
            "applied": ", ".join(applied.applied) or "none",
            "decision s": applied.seconds}
+    if not applied.applied and not time_unchanged:  # the very same model and step: ratio 1
+        row.update({"out rel": 0.0, "grad rel": 0.0, "ratio (paired median)": 1.0,
+                    "rounds x steps": "not timed: nothing applied"})
+        return row
     row.update(exactness(stock, fast, x, y, applied.precision == "bf16"))
     a, b = Copy(stock, x, y), Copy(fast, x, y, applied)
     warm = a.run(1)
@@ -195,6 +201,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", help="comma-separated names (braindecode classes, C1, C2); "
                         "default: the whole zoo and both recipes")
+    parser.add_argument("--time-unchanged", action="store_true",
+                        help="also time models the decision leaves unchanged (the same step on "
+                        "both sides: an A/A check of this host's noise)")
     args = parser.parse_args(argv)
     quick = env.quick()
     load0 = os.getloadavg()[0]
@@ -211,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
             partial(rows, failed, load0, t_start, args.models, done, len(names))
         t0 = time.perf_counter()
         try:
-            row = measure(name, quick)
+            row = measure(name, quick, args.time_unchanged)
         except Exception as exc:  # noqa: BLE001 — a model that does not build is listed
             why = f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
             failed.append({"model": name, "why not measured": why})
