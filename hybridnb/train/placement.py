@@ -210,7 +210,8 @@ def say_compiling(compiled: torch.nn.Module, model: torch.nn.Module, device: tor
         event("compiling", f"compiling, about {compile_estimate_s(model, device):.0f} s "
               f"(torch.compile of {type(model).__name__} on the first step, "
               f"{device.type.upper()}); the ETA starts after it")
-        handles[0].remove()
+        if handles:
+            handles[0].remove()
 
     def after(module, args, output):
         handles[1].remove()
@@ -218,6 +219,9 @@ def say_compiling(compiled: torch.nn.Module, model: torch.nn.Module, device: tor
             event("compiling", f"compiled the forward in {time.perf_counter() - started[0]:.0f} "
                   "s (the backward compiles in this first step too)")
 
+    if not isinstance(compiled, torch.nn.Module):  # a compiler that returns a function
+        before(compiled, ())
+        return
     handles.append(compiled.register_forward_pre_hook(before))
     handles.append(compiled.register_forward_hook(after))
 
