@@ -234,14 +234,20 @@ def main(argv: list[str] | None = None) -> None:
     if quick:
         print(body)
         return
-    write_result("zoo-speed-cpu", "Braindecode's zoo on the CPU: stock step vs the Trainer's "
-                 "default speedups", body, goals)
+    write_result(result_name(args.models), "Braindecode's zoo on the CPU: stock step vs the "
+                 "Trainer's default speedups" + (f" ({args.models})" if args.models else ""),
+                 body, goals)
+
+
+def result_name(models: str | None) -> str:
+    """``zoo-speed-cpu`` for the whole zoo; a run of chosen models keeps its own file."""
+    return "zoo-speed-cpu-models" if models else "zoo-speed-cpu"
 
 
 def partial(rows, failed, load0, t_start, models, done: int, total: int) -> None:
     body, goals = report(rows, failed, load0, time.perf_counter() - t_start, models)
     with contextlib.redirect_stdout(io.StringIO()):  # written, not printed
-        write_result("zoo-speed-cpu", "Braindecode's zoo on the CPU: stock step vs the "
+        write_result(result_name(models), "Braindecode's zoo on the CPU: stock step vs the "
                      f"Trainer's default speedups (partial: {done} of {total} models so far)",
                      body, goals)
 
