@@ -204,7 +204,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--time-unchanged", action="store_true",
                         help="also time models the decision leaves unchanged (the same step on "
                         "both sides: an A/A check of this host's noise)")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's own); one "
+                        "thread keeps a shared, loaded host's paired ratios fair (no parallel "
+                        "kernel waits on a descheduled partner)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     quick = env.quick()
     load0 = os.getloadavg()[0]
     t_start = time.perf_counter()
@@ -217,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
     rows, failed = [], []
     for done, name in enumerate(names):
         if rows and not quick:  # what is measured so far, in case the run is stopped
-            partial(rows, failed, load0, t_start, args.models, done, len(names))
+            partial(rows, failed, load0, t_start, args.models, done, len(names), args.threads)
         t0 = time.perf_counter()
         try:
             row = measure(name, quick, args.time_unchanged)
@@ -230,11 +235,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  {name}: {row['ratio (paired median)']:.2f}x ({row['applied']}; out rel "
               f"{row['out rel']:.1e}, grad rel {row['grad rel']:.1e}; "
               f"{time.perf_counter() - t0:.0f} s; load {os.getloadavg()[0]:.1f})", flush=True)
-    body, goals = report(rows, failed, load0, time.perf_counter() - t_start, args.models)
+    body, goals = report(rows, failed, load0, time.perf_counter() - t_start, args.models,
+                         args.threads)
     if quick:
         print(body)
         return
-    write_result(result_name(args.models), "Braindecode's zoo on the CPU: stock step vs the "
+    write_result(result_name_for(args.models, args.threads), "Braindecode's zoo on the CPU: stock step vs the "
                  "Trainer's default speedups" + (f" ({args.models})" if args.models else ""),
                  body, goals)
 
@@ -244,22 +250,28 @@ def result_name(models: str | None) -> str:
     return "zoo-speed-cpu-models" if models else "zoo-speed-cpu"
 
 
-def partial(rows, failed, load0, t_start, models, done: int, total: int) -> None:
-    body, goals = report(rows, failed, load0, time.perf_counter() - t_start, models)
+def result_name_for(models: str | None, threads: int | None) -> str:
+    return result_name(models) + (f"-{threads}thread" if threads else "")
+
+
+def partial(rows, failed, load0, t_start, models, done: int, total: int,
+            threads: int | None = None) -> None:
+    body, goals = report(rows, failed, load0, time.perf_counter() - t_start, models, threads)
     with contextlib.redirect_stdout(io.StringIO()):  # written, not printed
-        write_result(result_name(models), "Braindecode's zoo on the CPU: stock step vs the "
+        write_result(result_name_for(models, threads), "Braindecode's zoo on the CPU: stock step vs the "
                      f"Trainer's default speedups (partial: {done} of {total} models so far)",
                      body, goals)
 
 
 def report(rows: list[dict], failed: list[dict], load0: float, seconds: float,
-           models: str | None) -> tuple[str, list[tuple[str, bool | None]]]:
+           models: str | None, threads: int | None = None
+           ) -> tuple[str, list[tuple[str, bool | None]]]:
     ratio = {r["model"]: r["ratio (paired median)"] for r in rows}
     ratios = sorted(ratio.values())
     worst_rel = max((max(r["out rel"], r["grad rel"]) for r in rows if "precision" not in
                      r["applied"]), default=0.0)
     cmd = "PYTHONPATH=. .venv/bin/python -m bench.bench_zoo_speed" + (
-        f" --models {models}" if models else "")
+        f" --models {models}" if models else "") + (f" --threads {threads}" if threads else "")
     summary = ""
     if ratios:
         summary = (f"{len(rows)} models measured, {len(failed)} not; step ratio (stock time / "
