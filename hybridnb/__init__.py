@@ -20,6 +20,7 @@ _LAZY = {
     "Hardware": "hybridnb.hardware.detect",
     "Trainer": "hybridnb.train.trainer",
     "compare": "hybridnb.comparison.compare",
+    "first_step_diff": "hybridnb.comparison.compare",
     "launch": "hybridnb.strategies.launch",
     "quick": "hybridnb.env",
     "frontend": "hybridnb.env",

@@ -19,7 +19,8 @@ READ = {
     "03_amp_compile_comparison": {
         "status": "status",                           # variant -> ok / skipped / failed
         "why_not": "why_not",                         # variant that did not run -> its note
-        "hw_device": "str(hw.device)"},
+        "hw_device": "str(hw.device)",
+        "exact": "dict(zip(exact_df['variant'], exact_df['exact']))"},  # first-step check
     "04_challenge1_training": {
         "window_shape": "list(w1.shape[1:])", "window_dtype": "str(w1.X.dtype)",
         "after_target": "after_target", "k": "K", "subjects": "subjects",

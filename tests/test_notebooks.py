@@ -369,6 +369,8 @@ def test_03_fp32_runs_and_every_other_variant_says_why_not(executed):
     if v["hw_device"] == "cpu":
         assert v["status"]["fp16"] == "skipped"
         assert v["status"]["fp32+speedups"] == "ok"  # the CPU's rules apply to EEGNeX
+    assert v["exact"] == {"fp32+speedups": True, "fp32+channels_last": True,
+                          "fp32+rewrite": True}  # outputs and gradients of the first step
 
 
 ROWS = ["deep", "training mean", "ridge, amplitude", "ridge, band power", "oracle"]

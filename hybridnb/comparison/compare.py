@@ -26,7 +26,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 import torch
@@ -49,8 +49,11 @@ from hybridnb.processes.supervise import Watch
 from hybridnb.train import setup
 from hybridnb.train.losses import make_loss
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 __all__ = ["compare", "compare_figure", "compare_table", "CompareResult", "parse_variant",
-           "random_windows", "DEFAULT_VARIANTS", "COLUMNS"]
+           "random_windows", "first_step_diff", "DEFAULT_VARIANTS", "COLUMNS"]
 
 DEFAULT_DATASET_BATCH = 64
 DEFAULT_TIMEOUT = 600.0
@@ -420,7 +423,9 @@ def _rows(runs: list[_Run], steps: int, loss_tol: float, warmup: int, repeats: i
                 row["note"] = "; ".join(filter(None, [run.note, (
                     f"loss not compared with fp32 (differs by {row['loss_rel_diff']:.1%} after "
                     f"{total_steps} steps): dropout draws its masks in memory order, so under "
-                    f"channels_last the same seed gives other masks")]))
+                    f"channels_last the same seed gives other masks; first_step_diff() "
+                    f"compares the arithmetic")]))
+                row["loss_rel_diff"] = math.nan  # a number here would read as a difference
             elif row["loss_ok"] is False and ref_ok:
                 row["note"] = (f"loss after {total_steps} steps differs from fp32 by "
                                f"{row['loss_rel_diff']:.1%} (> loss_tol {loss_tol:.0%})")
@@ -434,3 +439,98 @@ def _printer(progress: bool):
     if not progress:
         return lambda text: None
     return lambda text: print(f"compare: {text}", flush=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# exactness of the first step
+
+
+EXACT_RTOL = 1e-4  # as hybridnb.speedups.exact: |a - b| <= RTOL * max|b| counts as rounding
+
+
+def first_step_diff(model_fn, data, variants: Sequence[str], seed: int = 0,
+                    loss: str | Callable = "mse") -> pd.DataFrame:
+    """Each variant's first training step against stock fp32 eager, on the CPU in this
+    process: the largest difference of the outputs and of every gradient, relative to the
+    stock maximum (``exact``: both within ``EXACT_RTOL``, float rounding).
+
+    Where it means something: one step from the same weights on the same batch compares the
+    arithmetic; a loss after several steps (``compare()``'s ``loss_rel_diff``) also carries how
+    training amplifies rounding, which on a small batch and a few steps can read as a
+    difference for an exact change. Dropout modules run in eval mode for the step (under
+    channels_last the same seed draws other, equally likely masks); BatchNorm uses batch
+    statistics as in training. ``+compile`` variants are listed, not run (compiling costs a
+    minute on a CPU).
+    """
+    import pandas as pd
+
+    from hybridnb import speedups
+    from hybridnb.speedups import rewrite_depthwise
+
+    batch = _sample_batch(data)
+    if batch is None:
+        batch = _batches(data, [DEFAULT_DATASET_BATCH])[DEFAULT_DATASET_BATCH]
+    x, y = (t.float() if t.is_floating_point() else t for t in batch)
+    loss_fn = make_loss(loss)
+    build = _factory(model_fn)
+    stock = _first_step(build, seed, x, y, loss_fn, "fp32")
+    rows = []
+    for text in variants:
+        v = parse_variant(text)
+        row = {"variant": v.label, "out_rel_diff": math.nan, "grad_rel_diff": math.nan,
+               "exact": None, "note": ""}
+        if v.compile:
+            row["note"] = "not run here: torch.compile costs about a minute per variant on a CPU"
+            rows.append(row)
+            continue
+
+        def change(model, v=v, row=row) -> None:
+            if v.speedups:
+                knobs = [k for k in speedups.KNOBS if k != "precision"]
+                applied = speedups.apply_speedups(model, x, "cpu", precision=v.precision,
+                                                  knobs=knobs)
+                row["note"] = applied.message
+            if v.rewrite:
+                row["note"] = rewrite_depthwise(model, x).note or row["note"]
+            if v.channels_last:
+                model.to(memory_format=torch.channels_last)
+
+        out, grads = _first_step(build, seed, x, y, loss_fn, v.precision, change)
+        row["out_rel_diff"] = _rel(out, stock[0])
+        row["grad_rel_diff"] = max((_rel(g, h, scale=max(h.abs().max().item()
+                                                          for h in stock[1] if h is not None))
+                                    for g, h in zip(grads, stock[1], strict=True)
+                                    if g is not None and h is not None), default=0.0)
+        row["exact"] = bool(row["out_rel_diff"] <= EXACT_RTOL
+                            and row["grad_rel_diff"] <= EXACT_RTOL)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _first_step(build, seed: int, x, y, loss_fn, precision: str, change=None):
+    """One training-mode forward + backward from the seeded weights (dropout off): the output
+    and every parameter's gradient."""
+    torch.manual_seed(seed)
+    model = build().train()
+    if change is not None:
+        change(model)
+    for m in model.modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd):
+            m.eval()
+    torch.manual_seed(seed + 1)
+    low = precision in ("bf16", "fp16")
+    # bf16 with oneDNN off, as compare()'s variants run it (its bf16 grouped convolution asks
+    # some CPUs for hundreds of GB)
+    with torch.backends.mkldnn.flags(enabled=not low), \
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=low):
+        out = model(x)
+    loss_fn(out.float(), y).backward()
+    return out.detach().float(), [p.grad for p in model.parameters()]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor, scale: float | None = None) -> float:
+    """max|a - b| over ``scale`` (default max|b|)."""
+    if a.shape != b.shape:
+        return math.inf
+    ref = b.abs().max().item() if scale is None else scale
+    return (a.float() - b.float()).abs().max().item() / max(ref, 1e-12)

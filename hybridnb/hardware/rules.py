@@ -28,6 +28,10 @@ MEMORY_TIERS = ((6, 32), (12, 64), (40, 128), (math.inf, 256))
 _AMD_NATIVE_BF16 = re.compile(r"^gfx(908|90a|94\d|95\d|11\d\d|12\d\d)$")
 # Loader workers on GPU hosts, measured (shared/reference/gpu-h100.md): on a 16-core H100 host an
 # in-memory (N, 129, 200) dataset ran at 0.8x with 8 workers of what it ran with none.
+# torch.compile on this project's 2-core CPU (issue 34, bench/results/speedups-rules.md)
+CPU_COMPILE_MEASURED = ("measured on 2 cores, compiling cost 38-77 s on the first step and the "
+                        "compiled step then ran 1.0x eager (EEGNeX; a 2-epoch fit took 99.5 s "
+                        "against 14 s eager), so it never pays back on a CPU run of this size")
 GPU_LOADER_MEASURED = ("measured on a 16-core H100 host: 8 loader workers ran an in-memory "
                        "dataset at 0.8x the speed of none (each batch pickled across processes)")
 
@@ -250,16 +254,21 @@ def recommend(device_type: str, gpu: GpuInfo | None, host: HostInfo, frontend: s
         reasons["torch_threads"] = ("all usable cores for the model; loader worker "
                                     "processes run 1 thread each (DataLoader sets that).")
 
-    # --- torch.compile
+    # --- torch.compile: recommended only where it measured faster for a run of this length
     why_not = compile_unavailable(device_type, capability=gpu.capability if gpu else None)
-    compile_ok = why_not is None
-    if compile_ok and on_gpu:
-        reasons["compile"] = "Triton is installed for TorchInductor's GPU kernels."
-    elif compile_ok:
-        reasons["compile"] = (f"a C++ compiler ({cxx_compiler()}) is present for "
-                              "TorchInductor's CPU code.")
-    else:
+    if why_not is not None:
         reasons["compile"] = why_not + "."
+    elif on_gpu:
+        reasons["compile"] = (
+            "not recommended by default: Triton is installed, so torch.compile can run, but "
+            "its first step compiles for tens of seconds and it has not been measured faster "
+            "for this model and run length; compare first (hn.compare with a '+compile' "
+            "variant), then pass Trainer(compile=True) where it wins.")
+    else:
+        reasons["compile"] = (
+            f"not recommended on the CPU: {CPU_COMPILE_MEASURED}. It can run here (a C++ "
+            f"compiler, {cxx_compiler()}, is present): Trainer(compile=True) still compiles.")
+    compile_ok = False
 
     return Settings(batch_size=batch, grad_accum=accum, num_workers=workers, pin_memory=pin,
                     persistent_workers=persistent, strategy=strategy, compile=compile_ok,

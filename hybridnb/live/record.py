@@ -44,7 +44,7 @@ class RunRecord:
         self.sampler = sampler
         self.summary: dict[str, Any] | None = None
         self._at_epoch_end = False
-        self._first_fraction: float | None = None
+        self._pace_from: tuple[float, float] | None = None  # (fraction, elapsed) after step 1
 
     # ------------------------------------------------------------------ feeding
     def add(self, state: Mapping[str, Any]) -> None:
@@ -65,9 +65,8 @@ class RunRecord:
         self.losses.append(loss)
         lr = state.get("lr")
         self.lrs.append(float("nan") if lr is None else float(lr))
-        if self._first_fraction is None and self.steps_per_epoch:  # where this fit started
-            spe = self.steps_per_epoch
-            self._first_fraction = (self.epoch * spe + self.step - 1) / (self.epochs * spe)
+        if self._pace_from is None and self.steps_per_epoch:  # this fit's first step is done
+            self._pace_from = (self.fraction(), self.elapsed())
 
     def _end_epoch(self, state: Mapping[str, Any]) -> None:
         row = dict(self.state)
@@ -123,14 +122,17 @@ class RunRecord:
         return min(1.0, (self.epoch * spe + self.step) / (self.epochs * spe))
 
     def remaining_s(self) -> float | None:
-        """Time left at this fit's pace (a resumed run's earlier epochs do not count)."""
+        """Time left at this fit's pace after its first step (a resumed run's earlier epochs do
+        not count, nor does the first step, which compiles or warms up: None until a second
+        step is done)."""
         frac = self.fraction()
-        if frac is None:
+        if frac is None or self._pace_from is None:
             return None
-        done = frac - (self._first_fraction or 0.0)
+        start_frac, start_s = self._pace_from
+        done = frac - start_frac
         if done <= 0:
             return None
-        return self.elapsed() * (1 - frac) / done
+        return max(self.elapsed() - start_s, 0.0) * (1 - frac) / done
 
     def epoch_points(self, key: str = "train_loss") -> tuple[list[int], list[float]]:
         """``key`` at each epoch end (x: the global step), as the Trainer sent it."""

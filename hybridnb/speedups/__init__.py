@@ -7,8 +7,8 @@ swaps replacement modules in that share the originals' parameters and buffers
 (``replace.Replacement``), so ``state_dict()`` keys and values are unchanged.
 
 Modules: ``exact`` (tolerances and comparisons), ``replace`` (replacement modules), ``rewrite``
-(the interface), ``depthwise``/``rows``/``chain`` (the three rewrites: ``DEPTHWISE``, ``ROWS``,
-``CHAIN``), ``trial`` (timed trials), ``applied`` (``Applied``: what was done, its message, its
+(the interface), ``depthwise``/``span``/``rows``/``chain`` (the four rewrites: ``DEPTHWISE``, ``SPAN``,
+``ROWS``, ``CHAIN``), ``trial`` (timed trials), ``applied`` (``Applied``: what was done, its message, its
 undo), ``decide`` (``wanted``, ``cpu_candidate``, ``apply_speedups``: the one entry point the
 Trainer's placement uses).
 """
@@ -20,8 +20,9 @@ from hybridnb.speedups.depthwise import DEPTHWISE, rewrite_depthwise
 from hybridnb.speedups.replace import Replacement
 from hybridnb.speedups.rewrite import Rewrite, RewriteReport, Verdict
 from hybridnb.speedups.rows import ROWS, rewrite_rows
+from hybridnb.speedups.span import SPAN, rewrite_span
 
-REWRITES: tuple[Rewrite, ...] = (DEPTHWISE, CHAIN, ROWS)
+REWRITES: tuple[Rewrite, ...] = (DEPTHWISE, SPAN, CHAIN, ROWS)
 
 
 def undo_rewrites(model) -> int:
@@ -30,6 +31,6 @@ def undo_rewrites(model) -> int:
 
 
 __all__ = ["CHAIN", "DEPTHWISE", "KNOBS", "MODES", "REWRITES", "ROWS", "Applied", "Replacement",
-           "Rewrite", "RewriteReport", "Verdict", "apply_speedups", "cpu_candidate",
-           "find_chains", "rewrite_chain", "rewrite_depthwise", "rewrite_rows", "undo_rewrites",
-           "wanted"]
+           "Rewrite", "RewriteReport", "SPAN", "Verdict", "apply_speedups", "cpu_candidate",
+           "find_chains", "rewrite_chain", "rewrite_depthwise", "rewrite_rows", "rewrite_span",
+           "undo_rewrites", "wanted"]

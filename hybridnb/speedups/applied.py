@@ -13,11 +13,12 @@ class Applied:
     """What ``apply_speedups`` applied and measured.
 
     ``applied``: knob names in effect (``"rewrite"``, ``"chain"``, ``"rows"``,
-    ``"channels_last"``, ``"cudnn_benchmark"``, ``"precision"`` when it changed the choice).
+    ``"span"``, ``"channels_last"``, ``"cudnn_benchmark"``, ``"precision"`` when it changed the choice).
     ``speedup``: knob -> measured gain (x) where it was measured, kept or not. ``skipped``: knob ->
     why it is not in effect. ``precision``: the precision name to train with. ``rewritten``:
     module names running the matmul form; ``fused``: the conv-BatchNorm-conv chains computed as
-    one convolution ("a>bn>b" names); ``folded``: the modules running the rows-as-1-D form.
+    one convolution ("a>bn>b" names); ``folded``: the modules running the rows-as-1-D form; ``spanned``: those running
+    the electrode-spanning convolution as a 1-D one.
     ``rules``: knob -> the rule that applied it without measuring (the CPU's rules).
     ``seconds``: time spent, checks and measuring included. ``message``: one sentence for the
     run's log; ``notes``: sentences that must be shown (a rewrite that failed its check).
@@ -34,6 +35,7 @@ class Applied:
     rewritten: list[str] = field(default_factory=list)
     fused: list[str] = field(default_factory=list)
     folded: list[str] = field(default_factory=list)
+    spanned: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     rules: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
@@ -54,6 +56,8 @@ class Applied:
             label = {"rewrite": f"depthwise-as-matmul ({', '.join(self.rewritten)})",
                      "chain": f"conv-BatchNorm-conv as one convolution ({', '.join(self.fused)})",
                      "rows": f"(1, K) convolutions as 1-D ({', '.join(self.folded)})",
+                     "span": f"electrode-spanning convolutions as 1-D "
+                             f"({', '.join(self.spanned)})",
                      "precision": f"precision {self.precision}"}.get(knob, knob)
             if knob in self.rules:
                 label += f" (rule: {self.rules[knob]})"
@@ -99,3 +103,4 @@ class Applied:
         self.rewritten = []
         self.fused = []
         self.folded = []
+        self.spanned = []

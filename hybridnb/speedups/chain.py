@@ -59,26 +59,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybridnb.speedups import replace
-from hybridnb.speedups.exact import (
-    ATOL,
-    RTOL,
-    eval_output,
-    exact_fp32,
-    rel_diff,
-    rel_diff_any,
-    tensors_of,
-)
+from hybridnb.speedups.exact import eval_output, exact_fp32, rel_diff_any, training_diff
 from hybridnb.speedups.rewrite import Found, Rewrite, RewriteReport
 from hybridnb.speedups.rows import is_width_conv
 from hybridnb.torch_state import evaluating
-from hybridnb.torch_state import set_torch_rng_state as set_rng_state
-from hybridnb.torch_state import torch_rng_state as rng_state
 
 MAX_COST_SHARE = 0.5  # the composite's multiply-adds must be at most this share of the stock two
-# a gradient is compared relative to its own size, but at least this share of the largest one: a
-# parameter whose gradient is zero in exact arithmetic (a bias right before a BatchNorm) holds
-# only rounding noise, which scales with the others
-GRAD_FLOOR = 1e-2
 CHECK_SAMPLES = 2  # the check runs on this many samples of the example batch
 LABEL = "conv-BatchNorm-conv chain as one convolution"
 
@@ -442,7 +428,7 @@ class ChainRewrite(Rewrite):
         if reference is None:
             reference = eval_output(stock, example)
         worst = rel_diff_any(eval_output(model, example), reference)
-        return max(worst, _training_diff(stock, copy.deepcopy(model), example))
+        return max(worst, training_diff(stock, copy.deepcopy(model), example))
 
 
 CHAIN = ChainRewrite()
@@ -460,45 +446,3 @@ def rewrite_chain(model: nn.Module, *example) -> RewriteReport:
     checked there; any difference beyond ``RTOL`` or an error: nothing is rewritten and ``note``
     says why."""
     return CHAIN.apply(model, *example)
-
-
-def _training_diff(stock: nn.Module, fast: nn.Module, inputs: tuple) -> float:
-    """Largest relative difference of one training step's output, gradients and buffers."""
-    device = next((a.device for a in inputs if isinstance(a, torch.Tensor)), torch.device("cpu"))
-    state = rng_state(device)
-    results = []
-    try:
-        for model in (stock, fast):
-            set_rng_state(state, device)
-            model.train()
-            for p in model.parameters():
-                p.grad = None
-            with exact_fp32():
-                out = model(*inputs)
-                tensors = tensors_of(out)
-                gen = torch.Generator().manual_seed(0)
-                loss = sum((t.float() * torch.randn(t.shape, generator=gen).to(t.device)).sum()
-                           for t in tensors if t.is_floating_point() and t.requires_grad)
-                if isinstance(loss, torch.Tensor):
-                    loss.backward()
-            results.append(([t.detach() for t in tensors],
-                            [p.grad for p in model.parameters()],
-                            [b.detach() for b in model.buffers()]))
-    finally:
-        set_rng_state(state, device)
-    worst = 0.0
-    for kind, (part_a, part_b) in enumerate(zip(results[0], results[1], strict=True)):
-        if len(part_a) != len(part_b) or any((a is None) != (b is None)
-                                             for a, b in zip(part_a, part_b, strict=True)):
-            return float("inf")
-        pairs = [(a, b) for a, b in zip(part_a, part_b, strict=True) if a is not None]
-        if kind == 1 and pairs:  # gradients: rounding noise scales with the largest of them
-            floor = GRAD_FLOOR * max(a.detach().abs().max().item() for a, _ in pairs)
-            for a, b in pairs:
-                a, b = a.detach().float(), b.detach().float()
-                worst = max(worst, (b - a).abs().max().item()
-                            / (max(a.abs().max().item(), floor) + ATOL / RTOL))
-            continue
-        for a, b in pairs:
-            worst = max(worst, rel_diff(b, a))
-    return worst

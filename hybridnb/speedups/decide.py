@@ -4,6 +4,9 @@ decision on the model's own first batch).
 The knobs, each a rule about layers or devices, never about a model's name:
 
 - ``rewrite``: height-spanning depthwise convolutions as a batched matmul (``depthwise.py``).
+- ``span``: convolutions over every electrode of a one-channel input (braindecode's
+  ``CombinedConv``, a ``Conv2d(1, F, (K, C))``) as 1-D convolutions with the electrodes as
+  channels (``span.py``): by rule on the CPU, timed on CUDA.
 - ``chain`` (CPU only): conv-BatchNorm-conv chains as one convolution (``chain.py``).
 - ``rows`` (CPU only): ``(1, K)`` convolutions over several rows as 1-D ones (``rows.py``).
 - ``channels_last``: 4-D parameters and inputs in NHWC, for models with 2-D convolutions.
@@ -50,8 +53,9 @@ from hybridnb.speedups.chain import CHAIN, MAX_COST_SHARE
 from hybridnb.speedups.depthwise import DEPTHWISE
 from hybridnb.speedups.rewrite import Rewrite
 from hybridnb.speedups.rows import ROWS
+from hybridnb.speedups.span import SPAN
 
-KNOBS = ("rewrite", "chain", "rows", "channels_last", "cudnn_benchmark", "precision")
+KNOBS = ("rewrite", "span", "chain", "rows", "channels_last", "cudnn_benchmark", "precision")
 MODES = ("auto", "measure", "all", "off")
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 AUTO_DEVICES = ("cuda", "cpu")  # where speedups="auto" applies speedups
@@ -77,10 +81,10 @@ def wanted(setting: bool | str | None, device: torch.device | str) -> bool:
 
 
 def cpu_candidate(model: nn.Module) -> bool:
-    """Whether any CPU knob could apply to ``model`` (the rows and channels_last rules, or a CPU
+    """Whether any CPU knob could apply to ``model`` (the span, rows and channels_last rules, or a CPU
     with native bf16 and the cores for its trial), decided without a batch: the Trainer skips
     drawing an example batch from a slow Dataset when nothing could apply."""
-    return has_grouped_conv2d(model) or has_rows_conv(model) or (
+    return has_grouped_conv2d(model) or has_rows_conv(model) or SPAN.could_apply(model) or (
         cpu_native_bf16() and trial.cores() >= MIN_TRIAL_CORES)  # else no bf16 trial could run
 
 
@@ -90,9 +94,13 @@ def has_rows_conv(model: nn.Module) -> bool:
 
 
 def has_grouped_conv2d(model: nn.Module) -> bool:
-    """The CPU's channels_last rule: a grouped (e.g. depthwise) 2-D convolution, whose NCHW
-    oneDNN path is slow."""
-    return any(isinstance(m, nn.Conv2d) and m.groups > 1 for m in replace.originals(model))
+    """The CPU's channels_last rule: a grouped (depthwise) 2-D convolution with an ``(H, 1)``
+    kernel over several rows (EEGNeX's spatial filter), whose NCHW oneDNN path is slow
+    (EEGNeX: 2.3x with the chain rewrite). Grouped kernels along the width do not count:
+    ATCNet's ``(1, 129)`` depthwise convolution ran 0.53x in channels_last
+    (``bench/results/zoo-speed-cpu-latest.md``)."""
+    return any(isinstance(m, nn.Conv2d) and m.groups > 1 and m.kernel_size[1] == 1
+               and m.kernel_size[0] >= 2 for m in replace.originals(model))
 
 
 def cpu_native_bf16() -> bool:
@@ -158,6 +166,10 @@ def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
     toggles = {}  # raced in this order: channels_last measured the larger gain on both devices
     if "channels_last" in chosen:
         toggles["channels_last"] = _channels_last_toggle(model, applied)
+    if "span" in chosen:
+        toggles["span"] = _layer_toggle(SPAN, model, inputs, applied, "spanned",
+                                        "no convolution spans every electrode of a one-channel "
+                                        "input")
     if "rewrite" in chosen:
         toggles["rewrite"] = _rewrite_toggle(model, inputs, applied)
     toggles = {k: t for k, t in toggles.items() if t is not None}
@@ -181,7 +193,11 @@ def _cpu_auto(model, inputs, device, prec: str, auto: bool, chosen, applied: App
     """The CPU's decision within ``deadline``: the chain and rows rewrites and channels_last by
     rule, bf16 (+ rewrite) only where the CPU has it in hardware and a bounded, memory-capped
     trial says it is faster."""
-    if "chain" in chosen:  # first: the rows rewrite then takes the (1, K) convolutions left
+    if "span" in chosen:
+        _by_rule(SPAN, model, inputs, applied, "spanned",
+                 "convolutions over every electrode of a one-channel input as 1-D",
+                 "no convolution spans every electrode of a one-channel input")
+    if "chain" in chosen:  # before rows: the rows rewrite takes the (1, K) convolutions left
         _by_rule(CHAIN, model, inputs, applied, "fused",
                  f"conv-BatchNorm-conv with <= {MAX_COST_SHARE:g} of the multiply-adds as one "
                  "convolution",
@@ -192,11 +208,12 @@ def _cpu_auto(model, inputs, device, prec: str, auto: bool, chosen, applied: App
                  "no (1, K) convolution over several rows")
     if "channels_last" in chosen:
         if not has_grouped_conv2d(model):
-            applied.skipped["channels_last"] = "no grouped 2-D convolution (the CPU's rule)"
+            applied.skipped["channels_last"] = ("no grouped (H, 1) 2-D convolution (the CPU's "
+                                                "rule)")
         elif (toggle := _channels_last_toggle(model, applied)) is not None:
             toggle(True)
             applied.applied.append("channels_last")
-            applied.rules["channels_last"] = "grouped 2-D convolutions"
+            applied.rules["channels_last"] = "grouped (H, 1) 2-D convolutions"
     if "precision" in chosen and auto and prec == "fp32":
         _cpu_bf16(model, inputs, device, prec, "rewrite" in chosen, applied, steps, deadline)
     if "rewrite" in chosen and "rewrite" not in applied.applied \
@@ -332,22 +349,31 @@ def _measure(model, inputs, device, prec: str, toggles, measure_precision: bool,
 def _rewrite_toggle(model, inputs, applied: Applied):
     """The depthwise rewrite applied (checked), then switched off; the returned toggle puts its
     replacements in (True) or the originals back (False)."""
-    report = DEPTHWISE.apply(model, *inputs)
+    return _layer_toggle(DEPTHWISE, model, inputs, applied, "rewritten",
+                         "no depthwise convolution spans its input's height")
+
+
+def _layer_toggle(rewrite: Rewrite, model, inputs, applied: Applied, listed: str,
+                  none_found: str):
+    """``rewrite`` applied (checked), then switched off; the returned toggle puts its
+    replacements in (True) or the originals back (False), listing them in
+    ``applied.<listed>``; None (and why, under the knob) when nothing is rewritten."""
+    knob = rewrite.name
+    report = rewrite.apply(model, *inputs)
     if report.note:
         applied.notes.append(report.note)
-        applied.skipped["rewrite"] = report.note
+        applied.skipped[knob] = report.note
         return None
     if not report:
-        applied.skipped["rewrite"] = ("already rewritten" if DEPTHWISE.active(model)
-                                      else "no depthwise convolution spans its input's height")
+        applied.skipped[knob] = "already rewritten" if rewrite.active(model) else none_found
         return None
-    fast = replace.replaced(model, DEPTHWISE.kind)
+    fast = replace.replaced(model, rewrite.kind)
     names = list(report.rewritten)
 
     def toggle(on: bool) -> None:
         for n in names:
             replace.put(model, n, fast[n] if on else fast[n].original)
-        applied.rewritten = list(names) if on else []
+        setattr(applied, listed, list(names) if on else [])
 
     toggle(False)
     applied.on_undo(lambda: toggle(False))

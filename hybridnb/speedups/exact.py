@@ -13,9 +13,15 @@ import torch
 from torch import nn
 
 from hybridnb.torch_state import evaluating
+from hybridnb.torch_state import set_torch_rng_state as set_rng_state
+from hybridnb.torch_state import torch_rng_state as rng_state
 
 # fp32 agreement demanded on the example batch: |a - b| <= ATOL + RTOL * max|b|
 RTOL, ATOL = 1e-4, 1e-5
+# a gradient is compared relative to its own size, but at least this share of the largest one: a
+# parameter whose gradient is zero in exact arithmetic (a bias right before a BatchNorm) holds
+# only rounding noise, which scales with the others
+GRAD_FLOOR = 1e-2
 
 
 @contextlib.contextmanager
@@ -72,3 +78,48 @@ def tensors_of(out) -> list[torch.Tensor]:
     if isinstance(out, (tuple, list)):
         return [t for item in out for t in tensors_of(item)]
     return []
+
+
+def training_diff(stock: nn.Module, fast: nn.Module, inputs: tuple) -> float:
+    """Largest relative difference of one training-mode forward + backward of ``stock`` and
+    ``fast`` (copies: both are changed) on ``inputs``, same random streams, a fixed random
+    projection of the output as the loss: the output, every gradient (``GRAD_FLOOR``) and every
+    buffer."""
+    device = next((a.device for a in inputs if isinstance(a, torch.Tensor)), torch.device("cpu"))
+    state = rng_state(device)
+    results = []
+    try:
+        for model in (stock, fast):
+            set_rng_state(state, device)
+            model.train()
+            for p in model.parameters():
+                p.grad = None
+            with exact_fp32():
+                out = model(*inputs)
+                tensors = tensors_of(out)
+                gen = torch.Generator().manual_seed(0)
+                loss = sum((t.float() * torch.randn(t.shape, generator=gen).to(t.device)).sum()
+                           for t in tensors if t.is_floating_point() and t.requires_grad)
+                if isinstance(loss, torch.Tensor):
+                    loss.backward()
+            results.append(([t.detach() for t in tensors],
+                            [p.grad for p in model.parameters()],
+                            [b.detach() for b in model.buffers()]))
+    finally:
+        set_rng_state(state, device)
+    worst = 0.0
+    for kind, (part_a, part_b) in enumerate(zip(results[0], results[1], strict=True)):
+        if len(part_a) != len(part_b) or any((a is None) != (b is None)
+                                             for a, b in zip(part_a, part_b, strict=True)):
+            return float("inf")
+        pairs = [(a, b) for a, b in zip(part_a, part_b, strict=True) if a is not None]
+        if kind == 1 and pairs:  # gradients: rounding noise scales with the largest of them
+            floor = GRAD_FLOOR * max(a.detach().abs().max().item() for a, _ in pairs)
+            for a, b in pairs:
+                a, b = a.detach().float(), b.detach().float()
+                worst = max(worst, (b - a).abs().max().item()
+                            / (max(a.abs().max().item(), floor) + ATOL / RTOL))
+            continue
+        for a, b in pairs:
+            worst = max(worst, rel_diff(b, a))
+    return worst

@@ -21,7 +21,13 @@ import torch
 from torch import nn
 
 from hybridnb.comparison import compare_view
-from hybridnb.comparison.compare import COLUMNS, compare, compare_figure, compare_table
+from hybridnb.comparison.compare import (
+    COLUMNS,
+    compare,
+    compare_figure,
+    compare_table,
+    first_step_diff,
+)
 from hybridnb.comparison.variants import DEFAULT_VARIANTS, parse_variant
 
 cmp = importlib.import_module("hybridnb.comparison.compare")  # the module; hn.compare is the function
@@ -422,9 +428,23 @@ def test_dropout_under_channels_last_is_not_called_a_loss_disagreement():
                  **FAST, loss_tol=1e-9)
     nhwc = row(df, "fp32+channels_last")
     assert nhwc["status"] == "ok" and nhwc["loss_ok"] is None
-    assert nhwc["loss_rel_diff"] > 0 and "dropout" in nhwc["note"]
+    assert math.isnan(nhwc["loss_rel_diff"])  # no number that reads as a difference
+    assert "dropout" in nhwc["note"] and "first_step_diff" in nhwc["note"]
     # the same seed and layout draw the same masks: an exact rewrite is still compared
     assert row(df, "fp32+rewrite")["loss_rel_diff"] < 1e-4
+
+
+def test_first_step_diff_calls_exact_changes_exact_and_bf16_not():
+    """The first step's outputs and gradients: channels_last (other dropout masks in training)
+    and the rewrite are exact; bf16 autocast differs beyond rounding; compile is listed."""
+    df = first_step_diff(DropsUnderChannelsLast, batch(),
+                         ["fp32+channels_last", "fp32+rewrite", "bf16", "fp32+compile"])
+    by = {r["variant"]: r for r in df.to_dict("records")}
+    for exact in ("fp32+channels_last", "fp32+rewrite"):
+        assert by[exact]["exact"] is True
+        assert by[exact]["out_rel_diff"] <= 1e-4 and by[exact]["grad_rel_diff"] <= 1e-4
+    assert by["bf16"]["exact"] is False and by["bf16"]["grad_rel_diff"] > 1e-4
+    assert by["fp32+compile"]["exact"] is None and "not run" in by["fp32+compile"]["note"]
 
 
 def test_in_process_runs_give_the_same_table():

@@ -199,7 +199,9 @@ def test_precision_names_match_precision_module():
     assert recommend.choose_precision("cuda", nv(0, cap=(8, 6)))[0] == "bf16"
 
 
-def test_compile_needs_triton_on_gpu_and_a_compiler_on_cpu(monkeypatch):
+def test_compile_is_recommended_nowhere_unmeasured_and_says_why(monkeypatch):
+    """compile is advised only where it measured faster for the run: on the CPU it never paid
+    back its compile time; on a GPU it is left to a measured comparison."""
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "triton" else real(name, *a))
@@ -209,7 +211,13 @@ def test_compile_needs_triton_on_gpu_and_a_compiler_on_cpu(monkeypatch):
     s = recommend.recommend("cpu", None, host(4), "terminal")
     assert s.compile is False and "compiler" in s.reasons["compile"]
     monkeypatch.setattr(recommend, "cxx_compiler", lambda: "/usr/bin/g++")
-    assert recommend.recommend("cpu", None, host(4), "terminal").compile is True
+    s = recommend.recommend("cpu", None, host(4), "terminal")
+    assert s.compile is False and "never pays back" in s.reasons["compile"]
+    assert "g++" in s.reasons["compile"]  # it can run: said so
+    monkeypatch.setattr(importlib.util, "find_spec",  # Triton installed
+                        lambda name, *a: object() if name == "triton" else real(name, *a))
+    s = recommend.recommend("cuda", nv(0, cap=(9, 0)), host(4), "terminal", gpus_ok=1)
+    assert s.compile is False and "hn.compare" in s.reasons["compile"]
 
 
 def test_cpu_ranks_of_a_launched_job_share_the_cores_instead_of_oversubscribing():

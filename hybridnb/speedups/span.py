@@ -1,0 +1,173 @@
+"""Convolutions that span every electrode from one input channel, as 1-D convolutions (the
+``span`` knob).
+
+A first layer that reads a one-channel image of the recording, ``(B, 1, T, C)`` (time by
+electrodes), with a ``Conv2d(1, F, (K, C))`` whose kernel covers all ``C`` electrodes, sums
+exactly what a 1-D convolution with the electrodes as channels sums:
+
+    conv2d(x, w)[b, f, t, 0] == conv1d(x[:, 0].transpose(1, 2), w[:, 0].transpose(1, 2))[b, f, t]
+
+(input ``(B, C, T)``, weight ``(F, C, K)``), and likewise for the transposed layout ``(B, 1, C,
+T)`` with a ``(C, K)`` kernel (weight ``w[:, 0]`` as it is). braindecode's ``CombinedConv``
+(ShallowFBCSPNet's and Deep4Net's first layer: ``conv_time`` and ``conv_spat`` merged into one
+such convolution) is taken too: its combined weight and bias are computed as its own forward
+computes them, then reshaped, so its parameters, ``state_dict`` and gradients are its own.
+
+Why: a ``Conv2d`` with one input channel and a 25 x 129 kernel is oneDNN's slow case on the CPU
+(one channel, a huge kernel); the same sums as a 1-D convolution over 129 channels run 3.6-4.4x
+faster forward + backward on two cores (issue 34; ``bench/results/zoo-speed-cpu-latest.md``).
+The CPU's rules apply it by rule (checked exact on the first batch); on CUDA it is a timed knob
+(cuDNN may already pick a good algorithm for the 2-D form).
+
+The rule is about a layer's type and shape, never a model's name: a stock ``Conv2d`` with one
+input channel, groups 1, zero padding and stride 1 and dilation 1 along the spanned axis, applied
+to an input whose spanned axis the kernel covers exactly (at least two electrodes); or a
+``CombinedConv`` whose forward is braindecode's own. Any other input takes the stock forward.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hybridnb.speedups.exact import eval_output, rel_diff_any, training_diff
+from hybridnb.speedups.replace import FormReplacement
+from hybridnb.speedups.rewrite import LayerRewrite, RewriteReport
+
+MIN_SPAN = 2  # electrodes: a kernel over one row gains nothing from the 1-D form
+
+
+def _combined_conv_class() -> type | None:
+    """braindecode's ``CombinedConv`` if braindecode is already imported (a model built from it
+    imported it; hybridnb never imports braindecode for this rule)."""
+    module = sys.modules.get("braindecode.modules.convolution")
+    return getattr(module, "CombinedConv", None)
+
+
+def is_combined_conv(module: nn.Module) -> bool:
+    """A braindecode ``CombinedConv`` that runs braindecode's own forward."""
+    cls = _combined_conv_class()
+    return (cls is not None and isinstance(module, cls) and type(module).forward is cls.forward
+            and isinstance(module.conv_time, nn.Conv2d) and isinstance(module.conv_spat,
+                                                                       nn.Conv2d))
+
+
+def spanned_axes(module: nn.Module) -> tuple[int, ...]:
+    """The kernel axes (0: height, 1: width) a one-channel ``Conv2d`` may span: those with zero
+    padding, stride 1, dilation 1 and at least ``MIN_SPAN`` taps (none for any other module)."""
+    if not isinstance(module, nn.Conv2d):
+        return ()
+    cls = type(module)
+    if not (cls.forward is nn.Conv2d.forward and cls._conv_forward is nn.Conv2d._conv_forward
+            and module.in_channels == 1 and module.groups == 1
+            and module.padding_mode == "zeros" and module.padding != "same"):
+        return ()
+    return tuple(axis for axis in (1, 0)
+                 if (module.padding == "valid" or module.padding[axis] == 0)
+                 and module.stride[axis] == 1 and module.dilation[axis] == 1
+                 and module.kernel_size[axis] >= MIN_SPAN)
+
+
+def is_span_candidate(module: nn.Module) -> bool:
+    """The rule before any batch: a ``CombinedConv``, or a one-channel ``Conv2d`` with an axis
+    the 1-D form could span (:func:`spanned_axes`)."""
+    return is_combined_conv(module) or bool(spanned_axes(module))
+
+
+def combined_weight_bias(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``CombinedConv``'s weight ``(F, 1, K, C)`` and bias, computed as its own forward does."""
+    conv_time, conv_spat = module.conv_time, module.conv_spat
+    weight = (conv_time.weight * conv_spat.weight.permute(1, 0, 2, 3)).sum(0).unsqueeze(1)
+    bias = None
+    if module.bias_time:
+        bias = conv_spat.weight.squeeze().sum(-1).mm(conv_time.bias.unsqueeze(-1)).squeeze()
+    if module.bias_spat:
+        bias = conv_spat.bias if bias is None else bias + conv_spat.bias
+    return weight, bias
+
+
+def input_axis(module: nn.Module, x: torch.Tensor) -> int | None:
+    """The kernel axis that spans ``x`` exactly (0: ``x`` is ``(B, 1, C, T)``, 1: ``(B, 1, T,
+    C)``), or None when ``x`` is no batched one-channel input the 1-D form computes."""
+    if x.dim() != 4 or x.shape[1] != 1:
+        return None
+    if is_combined_conv(module):
+        fits = (x.shape[3] == module.conv_spat.kernel_size[1] >= MIN_SPAN
+                and x.shape[2] >= module.conv_time.kernel_size[0])
+        return 1 if fits else None
+    for axis in spanned_axes(module):
+        other = 1 - axis
+        reach = module.dilation[other] * (module.kernel_size[other] - 1) + 1
+        pad = 0 if module.padding == "valid" else module.padding[other]
+        if x.shape[2 + axis] == module.kernel_size[axis] and x.shape[2 + other] + 2 * pad >= reach:
+            return axis
+    return None
+
+
+def spans_input(module: nn.Module, x: torch.Tensor) -> bool:
+    """True when ``x`` is a batched one-channel input whose electrodes the kernel spans."""
+    return input_axis(module, x) is not None
+
+
+def span_as_conv1d(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` computed as a 1-D convolution with the spanned axis as channels (``x`` must
+    satisfy ``spans_input``)."""
+    axis = input_axis(module, x)
+    if is_combined_conv(module):
+        weight, bias = combined_weight_bias(module)
+        stride, padding, dilation = 1, 0, 1
+    else:
+        weight, bias = module.weight, module.bias  # through any parametrization
+        other = 1 - axis
+        stride, dilation = module.stride[other], module.dilation[other]
+        padding = 0 if module.padding == "valid" else module.padding[other]
+    if axis == 1:  # (B, 1, T, C), kernel (K, C): the electrodes are the last axis
+        signal = x[:, 0].transpose(1, 2)  # (B, C, T)
+        kernel = weight[:, 0].transpose(1, 2).contiguous()  # (F, C, K); a strided kernel
+        # would make oneDNN answer in channels-last order, and dropout after it draw other masks
+    else:  # (B, 1, C, T), kernel (C, K)
+        signal, kernel = x[:, 0], weight[:, 0].contiguous()
+    out = F.conv1d(signal, kernel, bias, stride=stride, padding=padding, dilation=dilation)
+    return out.unsqueeze(-1) if axis == 1 else out.unsqueeze(2)
+
+
+class SpanAsConv1d(FormReplacement):
+    """A convolution over every electrode of a one-channel input, computed as a 1-D one."""
+
+    fits = staticmethod(spans_input)
+    compute = staticmethod(span_as_conv1d)
+
+
+class SpanRewrite(LayerRewrite):
+    """The ``span`` knob; see the module docstring. ``check`` compares the eval-mode output and,
+    on copies (the model's own statistics, gradients and random streams untouched), one
+    training-mode forward + backward: output, every gradient, every buffer."""
+
+    name = "span"
+    label = "electrode-spanning convolution as 1-D rewrite"
+    kind = SpanAsConv1d
+    differs_from = "the convolution"
+
+    def applies(self, module: nn.Module) -> bool:
+        return is_span_candidate(module)
+
+    def _compare(self, model: nn.Module, example: tuple, reference: Any) -> float:
+        stock = self.stock_copy(model)
+        if reference is None:
+            reference = eval_output(stock, example)
+        worst = rel_diff_any(eval_output(model, example), reference)
+        return max(worst, training_diff(stock, copy.deepcopy(model), example))
+
+
+SPAN = SpanRewrite()
+
+
+def rewrite_span(model: nn.Module, *example) -> RewriteReport:
+    """``SPAN.apply``: every convolution of ``model`` that spans all electrodes of a one-channel
+    input on ``example`` as a 1-D convolution, in place, checked like the other rewrites."""
+    return SPAN.apply(model, *example)
