@@ -303,7 +303,9 @@ def test_the_librarys_notes_are_records_of_the_hybridnb_logger(tmp_path, caplog)
     assert len(earlier) == 1 and earlier[0].levelname == "INFO"
     assert str(next(e for e in tr.events if e.kind == "earlier_run")) == earlier[0].getMessage()
     assert any(r.kind == "start" and "Sequential" in r.getMessage() for r in records)
-    assert len(records) == 1 + len(tr.events)  # the header, then each note once
+    # each of the fit's notes once (records of other runs' threads may share the logger)
+    messages = [r.getMessage() for r in records]
+    assert tr.events and all(messages.count(str(e)) == 1 for e in tr.events)
 
     caplog.clear()
     caplog.set_level("WARNING", logger="hybridnb")  # the user's filter: warnings only
