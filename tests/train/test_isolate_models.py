@@ -37,9 +37,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
 
 CHANS, TIMES = 129, 200
 # the parametrized ones (but FBMSNet and TIDNet: slower) and five plain ones; the bench has all
-ZOO = ("ATCNet", "BDTCN", "EEGITNet", "EEGNeX", "EEGNet", "EEGTCNet", "FBCNet", "IFNet",
-       "TCFormer", "ShallowFBCSPNet", "SCCNet", "SyncNet", "SleepStagerChambon2018", "EEGMiner",
-       "SincShallowNet")
+ZOO = ("ATCNet", "BDTCN", "EEGITNet", "EEGNeX", "EEGNet", "IFNet", "ShallowFBCSPNet", "SCCNet",
+       "SyncNet", "SleepStagerChambon2018", "EEGMiner", "SincShallowNet")
 TWO_STEPS = {"device": "cpu", "epochs": 1, "batch_size": 2, "grad_accum": 1, "seed": 0,
              "live": False, "verbose": False, "logger": None, "precision": "fp32"}
 
