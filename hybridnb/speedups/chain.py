@@ -50,7 +50,6 @@ gradient, the running statistics) refuses the rewrite when that costs more than 
 
 from __future__ import annotations
 
-import copy
 import weakref
 from typing import Any
 
@@ -59,7 +58,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybridnb.speedups import replace
-from hybridnb.speedups.exact import eval_output, exact_fp32, rel_diff_any, training_diff
+from hybridnb.speedups.exact import exact_fp32
 from hybridnb.speedups.rewrite import Found, Rewrite, RewriteReport
 from hybridnb.speedups.rows import is_width_conv
 from hybridnb.torch_state import evaluating
@@ -424,11 +423,7 @@ class ChainRewrite(Rewrite):
             replace.put(model, name, form)
 
     def _compare(self, model: nn.Module, example: tuple, reference: Any) -> float:
-        stock = self.stock_copy(model)
-        if reference is None:
-            reference = eval_output(stock, example)
-        worst = rel_diff_any(eval_output(model, example), reference)
-        return max(worst, training_diff(stock, copy.deepcopy(model), example))
+        return self._compare_training(model, example, reference)
 
 
 CHAIN = ChainRewrite()

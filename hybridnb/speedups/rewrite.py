@@ -133,6 +133,15 @@ class Rewrite(ABC):
             reference = exact.eval_output(self.stock_copy(model), example)
         return exact.rel_diff_any(exact.eval_output(model, example), reference)
 
+    def _compare_training(self, model: nn.Module, example: tuple, reference: Any) -> float:
+        """Eval outputs, then one training forward and backward (outputs, gradients, buffers)
+        against stock: for rewrites whose training path differs from their eval path."""
+        stock = self.stock_copy(model)
+        if reference is None:
+            reference = exact.eval_output(stock, example)
+        worst = exact.rel_diff_any(exact.eval_output(model, example), reference)
+        return max(worst, exact.training_diff(stock, copy.deepcopy(model), example))
+
     def _differed(self, worst: float) -> str:
         return (f"it differed from {self.differs_from} by {worst:.2g} (relative) on the first "
                 f"batch, more than {exact.RTOL:g}")

@@ -27,7 +27,6 @@ to an input whose spanned axis the kernel covers exactly (at least two electrode
 
 from __future__ import annotations
 
-import copy
 import sys
 from typing import Any
 
@@ -35,7 +34,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridnb.speedups.exact import eval_output, rel_diff_any, training_diff
 from hybridnb.speedups.replace import FormReplacement
 from hybridnb.speedups.rewrite import LayerRewrite, RewriteReport
 
@@ -157,11 +155,7 @@ class SpanRewrite(LayerRewrite):
         return is_span_candidate(module)
 
     def _compare(self, model: nn.Module, example: tuple, reference: Any) -> float:
-        stock = self.stock_copy(model)
-        if reference is None:
-            reference = eval_output(stock, example)
-        worst = rel_diff_any(eval_output(model, example), reference)
-        return max(worst, training_diff(stock, copy.deepcopy(model), example))
+        return self._compare_training(model, example, reference)
 
 
 SPAN = SpanRewrite()
