@@ -4,8 +4,8 @@ These replace the live outputs so that a saved notebook reads the same without a
 widget state, no JavaScript needed. The figure bundle carries the plotly JSON (drawn
 interactively by JupyterLab's and VS Code's plotly renderers, offline) *and* a static SVG that
 GitHub, nbviewer and ``nbconvert --to html`` show when they do not know the plotly mimetype
-(other figures get a PNG from ``live/static.py`` instead; see ``live/svg.py`` for why not this
-one).
+(other figures get theirs from ``live/static.py``'s matplotlib translation instead; see
+``live/svg.py`` for why not this one).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Used for the HTML renderer's live plots (VS Code, unknown frontends) and for the end-of-run
 snapshot, which must read the same on GitHub, in nbviewer and in an exported HTML file.
 Hand-written rather than drawn by ``live/static.py``'s matplotlib translation (which makes the
-PNG of every other figure): it is one to two orders of magnitude cheaper for these panels, and
+SVG of every other figure): it is one to two orders of magnitude cheaper for these panels, and
 the HTML view redraws them about once a second (bench/results/figures-latest.md).
 """
 

@@ -369,9 +369,11 @@ class MLflowLogger:
     """One MLflow run per fit: ``log_hparams`` as params, each epoch's numbers as metrics
     (``per_step``: also ``train/loss`` and ``train/lr`` every optimizer step).
 
-    ``tracking_uri``: where (None: MLflow's own default, ``MLFLOW_TRACKING_URI`` or
-    ``./mlruns``); e.g. ``"sqlite:///mlflow.db"``, or a local file store ``"file:./mlruns"``
-    (MLflow 3 asks ``MLFLOW_ALLOW_FILE_STORE=true`` for that one). ``run_id`` after the fit:
+    ``tracking_uri``: where (None: MLflow's own default, ``MLFLOW_TRACKING_URI`` or, in MLflow
+    3, ``sqlite:///mlflow.db``); e.g. a local file store ``"file:./mlruns"`` (MLflow 3 asks
+    ``MLFLOW_ALLOW_FILE_STORE=true`` for it) or a server ``"http://host:5000"``. ``sqlite:``
+    stores (the default included) need the full ``mlflow`` package, not the ``loggers``
+    extra's ``mlflow-skinny``. ``run_id`` after the fit:
     ``MlflowClient(tracking_uri).get_metric_history(logger.run_id, "val_loss")``."""
 
     def __init__(self, tracking_uri: str | None = None, experiment: str = "hybridnb",

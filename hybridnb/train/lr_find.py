@@ -56,7 +56,7 @@ class LRFindResult:
 
     def plot(self, title: str = "Learning-rate range test"):
         """The smoothed loss against the learning rate (log axis), the suggestion marked: a
-        plotly figure whose notebook output also holds a PNG (``hybridnb.live.static``), so a
+        plotly figure whose notebook output also holds an SVG (``hybridnb.live.static``), so a
         saved or exported notebook shows it."""
         import plotly.graph_objects as go
 

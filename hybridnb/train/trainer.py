@@ -480,8 +480,8 @@ class Trainer:
         return model_summary(self, input_shape, depth)
 
     def report(self, folder: str | Path) -> Path:
-        """Write history.csv, steps.csv, events.csv, figures (HTML; PNG when possible) and a
-        text summary into ``folder``."""
+        """Write history.csv, steps.csv, events.csv, figures (HTML; PNG when possible),
+        model.txt (``model_summary()``) and a text summary into ``folder``."""
         from hybridnb.train.report import write_report
         return write_report(self, folder)
 
