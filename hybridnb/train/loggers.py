@@ -382,7 +382,16 @@ class MLflowLogger:
         _require("mlflow", "mlflow", "MLflowLogger")
         from mlflow.tracking import MlflowClient
 
-        self.client = MlflowClient(tracking_uri)
+        try:
+            self.client = MlflowClient(tracking_uri)
+        except Exception as exc:  # noqa: BLE001 — mlflow's store errors share no base class
+            raise ValueError(
+                f"MLflowLogger: MLflow cannot open the tracking store "
+                f"{tracking_uri or 'of its default (sqlite:///mlflow.db in MLflow 3)'} "
+                f"({type(exc).__name__}: {str(exc)[:160]}). A sqlite store needs the full "
+                f"package (pip install mlflow); with the loggers extra's mlflow-skinny pass "
+                f"tracking_uri='file:./mlruns' (and set MLFLOW_ALLOW_FILE_STORE=true) or a "
+                f"server ('http://host:5000')") from exc
         self.tracking_uri, self.experiment = tracking_uri, experiment
         self.run_name, self.tags, self.per_step = run_name, dict(tags or {}), per_step
         self.run_id: str | None = None

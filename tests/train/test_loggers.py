@@ -376,3 +376,17 @@ def test_model_summary_on_request_and_in_the_report(tmp_path):
     assert before.keys() == after.keys() and not torch.equal(rng, torch.random.get_rng_state())
     tr.report(tmp_path / "report")
     assert "Total params: 161" in (tmp_path / "report" / "model.txt").read_text()
+
+
+def test_an_mlflow_store_that_cannot_open_says_what_to_pass(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    try:
+        import sqlalchemy  # noqa: F401 — the full mlflow opens sqlite stores
+        pytest.skip("the full mlflow package is installed: sqlite stores open")
+    except ImportError:
+        pass
+    from hybridnb.train.loggers import MLflowLogger
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="sqlite:///mlflow.db.*pip install mlflow.*file:./mlruns"):
+        MLflowLogger("sqlite:///mlflow.db")
