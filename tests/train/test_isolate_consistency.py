@@ -39,7 +39,7 @@ class Depthwise(nn.Module):
     def __init__(self, fits: int | None = None) -> None:
         super().__init__()
         self.fits = fits
-        self.conv = nn.Conv2d(4, 8, (1, 5), groups=4)
+        self.conv = nn.Conv2d(4, 8, (5, 1), groups=4)  # (H, 1): the rule's kernel
         self.head = nn.Linear(8 * 12, 1)
 
     def forward(self, x):
@@ -50,7 +50,7 @@ class Depthwise(nn.Module):
 
 def windows(n=128, seed=0):
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 4, 1, 16, generator=g)
+    x = torch.randn(n, 4, 16, 1, generator=g)
     return x, x.mean(dim=(1, 2, 3)).unsqueeze(1)
 
 

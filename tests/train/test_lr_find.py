@@ -141,12 +141,13 @@ def test_an_isolated_trainer_sweeps_in_its_worker_and_applies_here():
 
 
 class _Grouped(torch.nn.Module):
-    """A depthwise (grouped) 2-D convolution: the CPU's channels_last rule applies to it."""
+    """A depthwise (grouped) 2-D convolution with an (H, 1) kernel: the CPU's channels_last
+    rule applies to it."""
 
     def __init__(self):
         super().__init__()
         torch.manual_seed(0)
-        self.conv = torch.nn.Conv2d(4, 4, 3, padding=1, groups=4)
+        self.conv = torch.nn.Conv2d(4, 4, (3, 1), padding=(1, 0), groups=4)
         self.head = torch.nn.Linear(4 * 6 * 6, 1)
 
     def forward(self, x):
