@@ -23,6 +23,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 from notebook_read import READ  # shared with tests/nbval_record.py
 
+from data_prep import baselines
 from hybridnb_tools.demo import run_demo
 from hybridnb_tools.notebooks import execute_notebook
 
@@ -373,7 +374,7 @@ def test_03_fp32_runs_and_every_other_variant_says_why_not(executed):
                           "fp32+rewrite": True}  # outputs and gradients of the first step
 
 
-ROWS = ["deep", "training mean", "ridge, amplitude", "ridge, band power", "oracle"]
+ROWS = ["deep", *baselines.BASELINES, "oracle"]  # the model, every baseline, the oracle
 
 
 def _check_folds(folds: dict, subjects: list[str], k: int) -> None:
