@@ -38,11 +38,6 @@ class BuildInfo:
     arch_list: list[str]      # kernel targets compiled in: sm_XY / compute_XY / gfxNNN
     mps_built: bool = False
 
-    @property
-    def gpu_backend(self) -> str | None:
-        """"rocm", "cuda" or None for a CPU-only wheel."""
-        return "rocm" if self.hip else ("cuda" if self.cuda else None)
-
 
 @dataclass
 class GpuInfo:

@@ -115,10 +115,6 @@ class Bus:
         self.listeners.append(listener)
         return listener
 
-    def unsubscribe(self, listener: Callable[[object], None]) -> None:
-        if listener in self.listeners:
-            self.listeners.remove(listener)
-
     def emit(self, event):
         if isinstance(event, (Event, Started)):
             _log(event)

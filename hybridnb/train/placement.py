@@ -10,7 +10,6 @@ and nothing reads the device again.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -106,7 +105,7 @@ class Placement:
         state, so the kernel's Trainer reports what the run really used)."""
         applied = self.applied_speedups
         if applied is not None:  # its undo closures stay in the worker
-            applied = dataclasses.replace(applied, _undo=[], _globals=[])
+            applied = applied.portable()
         return {"precision": self.precision.name, "applied_speedups": applied,
                 "flops_per_sample": self.flops_per_sample, "compile": self.compile}
 

@@ -63,10 +63,6 @@ def is_lost(device: torch.device) -> bool:
     return _key(device) in _LOST
 
 
-def lost_devices() -> frozenset[str]:
-    return frozenset(_LOST)
-
-
 def free_memory(device: torch.device) -> None:
     """Release what a failed step left behind. Call it outside the ``except`` block.
 
