@@ -195,11 +195,13 @@ def shared_memory(path: str = "/dev/shm") -> SharedMemory:
 _said: set[str] = set()
 
 
-def say_once(sentence: str) -> None:
+def say_once(sentence: str, key: str | None = None) -> None:
     """A fallback that changes what the user gets, said once per process on stderr (as
-    hybridnb's other one-line notices are)."""
-    if sentence not in _said:
-        _said.add(sentence)
+    hybridnb's other one-line notices are). ``key``: one kind of fallback, said once whatever
+    its sentence (default: the sentence itself)."""
+    key = sentence if key is None else key
+    if key not in _said:
+        _said.add(key)
         print(f"hybridnb: {sentence}", file=sys.stderr)
 
 

@@ -36,7 +36,6 @@ import errno
 import io
 import os
 import pickle
-import shutil
 import sys
 import tempfile
 import uuid
@@ -44,6 +43,7 @@ from typing import Any
 
 import cloudpickle
 
+from hybridnb import platform
 from hybridnb.processes import loaders, parametrized, refs
 from hybridnb.processes.unsendable import NotSendable, job_parts, not_sendable
 
@@ -53,16 +53,6 @@ SHM_MIN_BYTES = 1 << 20
 SHM_DIR = "/dev/shm"
 SHM_RESERVE = 0.1  # the share of /dev/shm left free for others (DataLoader workers use it too)
 _FULL = (errno.ENOSPC, errno.EDQUOT)
-_said: set[str] = set()
-
-
-def _say_once(key: str, text: str) -> None:
-    """Print ``text`` the first time this process meets ``key`` (one kind of fallback)."""
-    if key not in _said:
-        _said.add(key)
-        print(f"hybridnb: {text}", file=sys.stderr)
-
-
 def _mb(n: float) -> str:
     return f"{n / 2**20:.0f} MiB"
 
@@ -121,14 +111,14 @@ class _Pickler(cloudpickle.Pickler):
     def _leave_shm(self, why: str) -> None:
         """/dev/shm cannot take the data: the temporary folder from now on (said once)."""
         self.folder = tempfile.gettempdir()
-        _say_once("shm", f"{SHM_DIR} {why}: the data for the worker process goes through files in "
-                  f"{self.folder} instead (read from disk as the worker touches it). In a "
-                  "Docker container give it more shared memory: docker run --shm-size=8g ...")
+        platform.say_once(f"{SHM_DIR} {why}: the data for the worker process goes through files "
+                          f"in {self.folder} instead (read from disk as the worker touches it). "
+                          "In a Docker container give it more shared memory: "
+                          "docker run --shm-size=8g ...", key="shm")
 
     def _room_in_shm(self, nbytes: int) -> bool:
-        try:
-            usage = shutil.disk_usage(SHM_DIR)
-        except OSError:
+        usage = platform.shared_memory(SHM_DIR)
+        if usage.path is None:
             return True  # unknown: the write says whether it fits
         if usage.free - nbytes >= SHM_RESERVE * usage.total:
             return True
@@ -156,8 +146,9 @@ class _Pickler(cloudpickle.Pickler):
                 if self.folder == SHM_DIR:
                     self._leave_shm(f"is full ({exc.strerror})")
                 else:
-                    _say_once("pipe", f"{self.folder} is full too ({exc.strerror}): the data for the "
-                              "worker process goes through the pipe, in the pickle")
+                    platform.say_once(f"{self.folder} is full too ({exc.strerror}): the data for "
+                                      "the worker process goes through the pipe, in the pickle",
+                                      key="pipe")
                     self.folder = None
         return None
 

@@ -119,14 +119,7 @@ def first_step_grace_s() -> float:
     return seconds_from_env(FIRST_STEP_GRACE_ENV, FIRST_STEP_GRACE_S)
 
 
-_said: set[str] = set()
-
-
-def say_once(reason: str) -> None:
-    """Print ``reason`` to stderr the first time this process sees it."""
-    if reason not in _said:
-        _said.add(reason)
-        print(f"hybridnb: {reason}", file=sys.stderr)
+say_once = platform.say_once  # a reason printed to stderr the first time this process sees it
 
 
 def auto_step_timeout(step_seconds: list[float], floor: float = STEP_TIMEOUT_FLOOR_S,

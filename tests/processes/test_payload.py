@@ -191,9 +191,9 @@ def test_a_small_or_full_dev_shm_sends_through_the_temporary_folder(reserve, why
 
 
 def test_a_full_dev_shm_said_once_and_the_data_arrives(monkeypatch, capfd):
-    monkeypatch.setattr(payload, "_said", set())
-    full = shutil._ntuple_diskusage(64 << 20, 63 << 20, 1 << 20)  # Docker's default, full
-    monkeypatch.setattr(payload.shutil, "disk_usage", lambda path: full)
+    monkeypatch.setattr(payload.platform, "_said", set())
+    full = payload.platform.SharedMemory("/dev/shm", 64 << 20, 1 << 20)  # Docker's default, full
+    monkeypatch.setattr(payload.platform, "shared_memory", lambda path: full)
     t, arr = torch.arange(1 << 19, dtype=torch.float32), np.ones(1 << 18)
     for _ in range(2):
         data, files = pack((t, arr))
