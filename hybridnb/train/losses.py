@@ -192,9 +192,8 @@ def class_targets(pred: torch.Tensor, y: torch.Tensor, check_range: bool = True
         raise ValueError(f"loss='cross_entropy' needs targets of shape (batch,) holding class "
                          f"indices (or (batch, classes) probabilities); they have shape "
                          f"{tuple(y.shape)} against outputs {tuple(pred.shape)}")
-    if y.is_floating_point():
-        whole = torch.isfinite(y).all() and torch.equal(y, y.round())
-        if not whole:
+    if y.is_floating_point():  # checked where the range is (a device batch's check syncs)
+        if check_range and not (torch.isfinite(y).all() and torch.equal(y, y.round())):
             raise ValueError("loss='cross_entropy' needs class indices 0..C-1 as targets; "
                              "these are floats that are not whole numbers (regression "
                              "targets? use loss='mse' or 'huber')")

@@ -102,10 +102,6 @@ class RunLock:
         self.path = self.folder / LOCK_NAME
         self.fd: int | None = None
 
-    @property
-    def held(self) -> bool:
-        return self.fd is not None
-
     def acquire(self) -> str | None:
         """Take the folder for this run. Raises ``RunLockError`` while another live run holds
         it; returns a sentence when a dead process's lock was taken over (else None)."""

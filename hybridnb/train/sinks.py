@@ -32,7 +32,8 @@ class Sinks:
         ``storage``."""
         self.storage = StorageGuard(self._say)
         self.loggers, self.callbacks = make_loggers(self.storage), callbacks
-        self.wants_steps = any(getattr(lg, "per_step", False) for lg in self.loggers)
+        self.step_loggers = [lg for lg in self.loggers if getattr(lg, "per_step", False)]
+        self.wants_steps = bool(self.step_loggers)
         self.step_hooks = any(callable(getattr(cb, "on_step_end", None)) for cb in callbacks)
         self.next_epoch = 0
         self.open = False
@@ -66,9 +67,8 @@ class Sinks:
             loss = row.get("loss")
             metrics = {"train/loss": float("nan") if loss is None else float(loss),
                        "train/lr": float(row["lr"])}
-            for logger in self.loggers:
-                if getattr(logger, "per_step", False):
-                    logger.log_metrics(dict(metrics), row["global_step"])
+            for logger in self.step_loggers:
+                logger.log_metrics(dict(metrics), row["global_step"])
 
     def epoch_rows(self, rows: list[dict], trainer) -> None:
         """Log (and call ``on_epoch_end`` with) the rows of epochs not logged yet."""
@@ -106,8 +106,8 @@ class Sinks:
         (``run_lock``)."""
         held = Path(checkpoint_dir).resolve() if checkpoint_dir is not None else None
         folders = {lg.folder.resolve(): "log_dir" if getattr(lg, "needs_folder", False)
-                   else f"{type(lg).__name__}(folder" for lg in self.loggers
-                   if isinstance(getattr(lg, "folder", None), Path)}  # the argument it was
+                   else f"{type(lg).__name__}'s folder" for lg in self.loggers
+                   if isinstance(getattr(lg, "folder", None), Path)}
         for folder, what in sorted(folders.items()):
             if folder == held:
                 continue
