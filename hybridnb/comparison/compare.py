@@ -46,6 +46,8 @@ from hybridnb.comparison.variants import DEFAULT_VARIANTS, Variant, parse_varian
 from hybridnb.hardware.detect import detect
 from hybridnb.measure.memory import heap_reader
 from hybridnb.processes.supervise import Watch
+from hybridnb.speedups.exact import RTOL
+from hybridnb.speedups.trial import autocast
 from hybridnb.train import setup
 from hybridnb.train.losses import make_loss
 
@@ -445,7 +447,7 @@ def _printer(progress: bool):
 # exactness of the first step
 
 
-EXACT_RTOL = 1e-4  # as hybridnb.speedups.exact: |a - b| <= RTOL * max|b| counts as rounding
+EXACT_RTOL = RTOL  # |a - b| <= RTOL * max|b| counts as rounding (hybridnb.speedups.exact)
 
 
 def first_step_diff(model_fn, data, variants: Sequence[str], seed: int = 0,
@@ -474,6 +476,7 @@ def first_step_diff(model_fn, data, variants: Sequence[str], seed: int = 0,
     loss_fn = make_loss(loss)
     build = _factory(model_fn)
     stock = _first_step(build, seed, x, y, loss_fn, "fp32")
+    gscale = max((h.abs().max().item() for h in stock[1] if h is not None), default=0.0)
     rows = []
     for text in variants:
         v = parse_variant(text)
@@ -497,8 +500,7 @@ def first_step_diff(model_fn, data, variants: Sequence[str], seed: int = 0,
 
         out, grads = _first_step(build, seed, x, y, loss_fn, v.precision, change)
         row["out_rel_diff"] = _rel(out, stock[0])
-        row["grad_rel_diff"] = max((_rel(g, h, scale=max(h.abs().max().item()
-                                                          for h in stock[1] if h is not None))
+        row["grad_rel_diff"] = max((_rel(g, h, scale=gscale)
                                     for g, h in zip(grads, stock[1], strict=True)
                                     if g is not None and h is not None), default=0.0)
         row["exact"] = bool(row["out_rel_diff"] <= EXACT_RTOL
@@ -518,11 +520,10 @@ def _first_step(build, seed: int, x, y, loss_fn, precision: str, change=None):
         if isinstance(m, nn.modules.dropout._DropoutNd):
             m.eval()
     torch.manual_seed(seed + 1)
-    low = precision in ("bf16", "fp16")
-    # bf16 with oneDNN off, as compare()'s variants run it (its bf16 grouped convolution asks
-    # some CPUs for hundreds of GB)
-    with torch.backends.mkldnn.flags(enabled=not low), \
-            torch.autocast("cpu", dtype=torch.bfloat16, enabled=low):
+    # each precision's own autocast; bf16 with oneDNN off, as compare()'s variants run it (its
+    # bf16 grouped convolution asks some CPUs for hundreds of GB)
+    with torch.backends.mkldnn.flags(enabled=precision != "bf16"), \
+            autocast(precision, torch.device("cpu")):
         out = model(x)
     loss_fn(out.float(), y).backward()
     return out.detach().float(), [p.grad for p in model.parameters()]

@@ -10,7 +10,7 @@ would). ``wiring()`` is what the child needs, as text for its argv ("PID" or "PI
 ``hold(wiring, death_signal)`` in the child sets it up and exits at once if the parent is
 already gone.
 
-A forked child inherits the write end too: it must ``after_fork(wiring)`` (close that end), or
+A forked child inherits the write end too: it must ``after_fork()`` (close that end), or
 it would keep its own lifeline open. Any other process forked from the parent without exec
 (a multiprocessing "fork" worker) also holds it until it ends.
 """

@@ -178,7 +178,7 @@ def pack(obj: Any, files: list[str] | None = None) -> tuple[bytes, list[str]]:
     file names are added to as each file is made (so a caller interrupted at any moment knows
     what to discard); it is also the list returned. ``NotSendable`` (a TypeError) names the
     part that cannot be pickled, in a job ``(fn, args, kwargs)`` or any other object."""
-    folder = SHM_DIR if os.path.isdir(SHM_DIR) else tempfile.gettempdir()
+    folder = platform.shared_memory(SHM_DIR).path or tempfile.gettempdir()
     buf = io.BytesIO()
     pickler = _Pickler(buf, folder, [] if files is None else files)
     try:

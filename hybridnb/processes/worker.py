@@ -4,7 +4,8 @@ not a command for people).
 
 It imports the PRELOAD modules (comma-separated; prestarted workers: ``import torch`` while the
 parent is still preparing the job), says it is ready, reads the cloudpickled ``(fn, args,
-kwargs)`` from PAYLOAD_FD (a memfd, or a pipe the parent writes when the job is ready), runs
+kwargs)`` from PAYLOAD_FD (``channel.shared_file``: a memfd, or an unlinked temporary file where
+there is none; a pipe the parent writes when the job is ready for a prestarted worker), runs
 ``fn(channel, *args, **kwargs)`` with a ``Channel`` on MESSAGES_FD and the stop flag on STOP_FD,
 sends the return value ("done") or the exception with its traceback ("error"), and leaves with
 ``os._exit`` (no

@@ -30,7 +30,7 @@ from hybridnb.train import recovery
 from hybridnb.train.isolate import run_isolated
 from hybridnb.train.trainer import Trainer
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
               pytest.mark.filterwarnings("ignore::UserWarning"),
               pytest.mark.filterwarnings("ignore::FutureWarning"),
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
