@@ -41,7 +41,7 @@ from hybridnb.comparison.compare_view import (
 )
 from hybridnb.comparison.compare_view import show as show_table
 from hybridnb.comparison.isolation import ChildVariant, LocalVariant
-from hybridnb.comparison.session import CPU_BF16_NOTE, Job
+from hybridnb.comparison.session import CPU_BF16_NOTE, Job, apply_changes
 from hybridnb.comparison.variants import DEFAULT_VARIANTS, Variant, parse_variant, unavailable
 from hybridnb.hardware.detect import detect
 from hybridnb.measure.memory import heap_reader
@@ -466,9 +466,6 @@ def first_step_diff(model_fn, data, variants: Sequence[str], seed: int = 0,
     """
     import pandas as pd
 
-    from hybridnb import speedups
-    from hybridnb.speedups import rewrite_depthwise
-
     batch = _sample_batch(data)
     if batch is None:
         batch = _batches(data, [DEFAULT_DATASET_BATCH])[DEFAULT_DATASET_BATCH]
@@ -488,17 +485,13 @@ def first_step_diff(model_fn, data, variants: Sequence[str], seed: int = 0,
             continue
 
         def change(model, v=v, row=row) -> None:
-            if v.speedups:
-                knobs = [k for k in speedups.KNOBS if k != "precision"]
-                applied = speedups.apply_speedups(model, x, "cpu", precision=v.precision,
-                                                  knobs=knobs)
-                row["note"] = applied.message
-            if v.rewrite:
-                row["note"] = rewrite_depthwise(model, x).note or row["note"]
-            if v.channels_last:
-                model.to(memory_format=torch.channels_last)
+            skip, said, _ = apply_changes(v, model, x, "cpu", v.precision)
+            row["note"], row["skipped"] = skip or said, bool(skip)
 
         out, grads = _first_step(build, seed, x, y, loss_fn, v.precision, change)
+        if row.pop("skipped"):  # nothing changed: no difference to measure
+            rows.append(row)
+            continue
         row["out_rel_diff"] = _rel(out, stock[0])
         row["grad_rel_diff"] = max((_rel(g, h, scale=gscale)
                                     for g, h in zip(grads, stock[1], strict=True)

@@ -49,6 +49,32 @@ class Job:
     warmup: int = 3
 
 
+def apply_changes(variant: Variant, model: nn.Module, x: torch.Tensor, device,
+                  precision) -> tuple[str, str, bool]:
+    """Rewrite, then channels_last, or the Trainer's own decision (+speedups, at the variant's
+    precision), applied to ``model``: (why a change has nothing to act on, or ""; what
+    +speedups applied; whether the model now runs channels_last)."""
+    if variant.speedups:
+        knobs = [k for k in speedups.KNOBS if k != "precision"]  # the variant's precision
+        applied = speedups.apply_speedups(model, x, device, precision=precision, knobs=knobs)
+        if not applied.applied:
+            return f"+speedups changes nothing here: {applied.message}", "", False
+        return "", applied.message, "channels_last" in applied.applied
+    if variant.rewrite:
+        report = rewrite_depthwise(model, x)
+        if not report:
+            return report.note or ("+rewrite changes nothing here: the model has no depthwise "
+                                   "convolution whose kernel spans its input's height (the "
+                                   "rewrite's rule)"), "", False
+    if variant.channels_last:
+        if not any(isinstance(m, nn.Conv2d) for m in model.modules()):
+            return ("+channels_last changes nothing here: the model has no 2-D convolution "
+                    "(the layout applies to 4-D weights and activations)"), "", False
+        model.to(memory_format=torch.channels_last)
+        return "", "", True
+    return "", "", False
+
+
 class VariantSession:
     """Runs one variant; see the module docstring. ``prepare()`` once, then ``window(steps)``."""
 
@@ -116,7 +142,7 @@ class VariantSession:
         x, y = job.x.to(dev), job.y.to(dev)
         native = device_native_bf16(dev) if dev.type == "cuda" else None
         prec = Precision.choose(self.variant.precision, dev, native_bf16=native)
-        skip = self._apply_changes(model, x, prec)
+        skip, self._said, self._nhwc = apply_changes(self.variant, model, x, dev, prec)
         if skip:
             return {"status": "skipped", "note": skip}
         if self.variant.channels_last and x.dim() == 4:
@@ -135,31 +161,6 @@ class VariantSession:
         self._run, self._held = run, (model, opt, x, y)
         self._rng = torch_rng_state(dev)  # right after the seeded init: the same for every variant
         return None
-
-    def _apply_changes(self, model: nn.Module, x: torch.Tensor, prec: Precision) -> str:
-        """Rewrite, then channels_last, or the Trainer's own decision (+speedups, at the
-        variant's precision); the reason when a change has nothing to act on."""
-        if self.variant.speedups:
-            knobs = [k for k in speedups.KNOBS if k != "precision"]  # the variant's precision
-            applied = speedups.apply_speedups(model, x, self.device, precision=prec, knobs=knobs)
-            if not applied.applied:
-                return f"+speedups changes nothing here: {applied.message}"
-            self._said = applied.message
-            self._nhwc = "channels_last" in applied.applied
-            return ""
-        if self.variant.rewrite:
-            report = rewrite_depthwise(model, x)
-            if not report:
-                return report.note or ("+rewrite changes nothing here: the model has no "
-                                       "depthwise convolution whose kernel spans its input's "
-                                       "height (the rewrite's rule)")
-        if self.variant.channels_last:
-            if not any(isinstance(m, nn.Conv2d) for m in model.modules()):
-                return ("+channels_last changes nothing here: the model has no 2-D convolution "
-                        "(the layout applies to 4-D weights and activations)")
-            model.to(memory_format=torch.channels_last)
-            self._nhwc = True
-        return ""
 
     def _warm_up(self) -> dict:
         model, opt, x, y = self._held

@@ -357,6 +357,9 @@ class TensorBoardLogger(_FileLogger):
             self.writer = None
 
 
+KINDS = {"csv": CsvLogger, "tensorboard": TensorBoardLogger}
+
+
 def _require(module: str, package: str, what: str):
     try:
         return importlib.import_module(module)
@@ -472,17 +475,15 @@ class WandbLogger:
 
 
 def make_loggers(loggers: tuple, folder: Path | None, storage: StorageGuard,
-                 is_main: bool | None = None) -> list:
+                 is_main: bool) -> list:
     """The logger objects for ``loggers`` (names made into objects writing into ``folder``,
-    objects as given), bound to ``folder`` and ``storage``; none off rank 0 (``is_main``
-    False; None: the old call, where ``folder=None`` meant not rank 0)."""
-    if is_main is False or (is_main is None and folder is None):
+    objects as given), bound to ``folder`` and ``storage``; none off rank 0."""
+    if not is_main:
         return []
-    kinds = {"csv": CsvLogger, "tensorboard": TensorBoardLogger}
     made = []
     for lg in loggers:
         if isinstance(lg, str):
-            lg = kinds[lg]()  # writes into log_dir (bound below)
+            lg = KINDS[lg]()  # writes into log_dir (bound below)
         if callable(getattr(lg, "bind", None)):
             lg.bind(folder, storage)
             twin = next((o for o in made if type(o) is type(lg)
@@ -528,8 +529,7 @@ def _int(text: str) -> int | None:
 def patterns(loggers: tuple) -> tuple[str, ...]:
     """The files the loggers write into ``log_dir`` (set aside with a fresh run's checkpoints
     when ``log_dir`` is ``checkpoint_dir``)."""
-    kinds = {"csv": CsvLogger, "tensorboard": TensorBoardLogger}
     return tuple(p for lg in loggers
-                 for p in (kinds[lg].patterns if isinstance(lg, str) else
+                 for p in (KINDS[lg].patterns if isinstance(lg, str) else
                            getattr(lg, "patterns", ()) if getattr(lg, "needs_folder", False)
                            else ()))
