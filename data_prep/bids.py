@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .participants import FACTORS, NUMERIC, RESTORE, collapse, read_table
+from .participants import FACTORS, NUMERIC, RESTORE, collapsed, to_number
 from .participants import ParticipantsError as ParticipantsError  # re-exported
 
 EXTENSIONS = (".bdf", ".set", ".edf", ".vhdr", ".fif")
@@ -55,18 +55,6 @@ class Recording:
         return {"subject": self.subject, "task": self.task, "run": self.run}
 
 
-def to_number(value) -> float:
-    """participants.tsv value -> float (``n/a``, empty, None and non-numbers -> NaN)."""
-    if value is None:
-        return math.nan
-    if isinstance(value, (int, float)):
-        return float(value)
-    try:
-        return float(str(value).strip())
-    except ValueError:
-        return math.nan
-
-
 def participants(root: str | os.PathLike) -> pd.DataFrame:
     """participants.tsv indexed by subject id without ``sub-``; numeric columns as floats.
 
@@ -80,7 +68,7 @@ def participants(root: str | os.PathLike) -> pd.DataFrame:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no participants.tsv in the BIDS root {root}; "
                                 f"{RESTORE}")
-    df, dups = collapse(read_table(path))
+    df, dups = collapsed(path)
     df.index = df["participant_id"].str.replace("^sub-", "", regex=True)
     df.index.name = "subject"
     for col in NUMERIC:

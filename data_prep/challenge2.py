@@ -16,9 +16,9 @@ import numpy as np
 
 from . import participants
 from . import windows as _w
-from .bids import Recording, to_number
+from .bids import Recording
 from .challenge1 import DESCRIPTION
-from .participants import ParticipantsError
+from .participants import ParticipantsError, to_number
 from .problems import Problem
 from .signal import Unusable, open_checked
 from .store import Chunk

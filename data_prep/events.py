@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .participants import to_number
 from .problems import Problem
 
 STIMULI = ("left_target", "right_target")
@@ -106,16 +107,9 @@ def _bad_onset(path: Path, line: int, cell: str) -> None:
                           "event has no time, so the trials around it cannot be "
                           "built; recording left out (write the onset in seconds, or delete "
                           "the row)", code="missing_onset")
-    what = "not a number" if math.isnan(_float_or_nan(cell)) else "not a finite number"
+    what = "not a number" if math.isnan(to_number(cell)) else "not a finite number"
     raise EventsError(f"{path.name}: 'onset' is {what} in line {line} ({cell!r}); cannot place "
                       "the events")
-
-
-def _float_or_nan(cell: str) -> float:
-    try:
-        return float(cell)
-    except ValueError:
-        return math.nan
 
 
 def _column(cells: list[str]) -> np.ndarray:

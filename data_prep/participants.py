@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -99,16 +100,36 @@ def _same(a: str, b: str, numeric: bool) -> bool:
     if a == b:
         return True
     if numeric:
-        x, y = _number(a), _number(b)
+        x, y = to_number(a), to_number(b)
         return x == y or (x != x and y != y)      # equal numbers, or both missing
     return False
 
 
-def _number(text: str) -> float:
+def to_number(value) -> float:
+    """A cell -> float (``n/a``, empty, None and non-numbers -> NaN)."""
+    if value is None:
+        return math.nan
+    if isinstance(value, (int, float)):
+        return float(value)
     try:
-        return float(text)
+        return float(str(value).strip())
     except ValueError:
-        return float("nan")
+        return math.nan
+
+
+_READ: dict[tuple, tuple[pd.DataFrame, list[Duplicate]]] = {}
+
+
+def collapsed(path: str | os.PathLike) -> tuple[pd.DataFrame, list[Duplicate]]:
+    """``collapse(read_table(path))``, read once per version of the file (the recordings'
+    descriptions, the duplicate notes and the gaps all ask for it)."""
+    stat = Path(path).stat()
+    key = (str(path), stat.st_mtime_ns, stat.st_size)
+    if key not in _READ:
+        _READ.clear()
+        _READ[key] = collapse(read_table(path))
+    table, dups = _READ[key]
+    return table.copy(), dups
 
 
 def collapse(table: pd.DataFrame) -> tuple[pd.DataFrame, list[Duplicate]]:
@@ -154,7 +175,7 @@ def duplicate_notes(recs, carried=(), target: str | None = None) -> list:
     for path in paths_of(recs):
         if not path.exists():
             continue
-        dups = [d for d in collapse(read_table(path))[1] if d.subject in subjects]
+        dups = [d for d in collapsed(path)[1] if d.subject in subjects]
         same = [d for d in dups if not d.conflicts]
         if same:
             notes.append(Problem(str(path), "note", "duplicate_participant", (
@@ -213,7 +234,7 @@ def gaps(recs, columns) -> list[Gap]:
         if not path.exists():
             out.append(Gap(path, "missing", True, group))
             continue
-        table = read_table(path)
+        table = collapsed(path)[0]
         if table.empty:
             out.append(Gap(path, "no rows (only the header line)", True, group))
             continue
