@@ -195,7 +195,7 @@ def release_size(release: str, mini: bool) -> tuple[int, int, int] | None:
         table = importlib.resources.files("eegdash.dataset") / "dataset_summary.csv"
         with table.open() as fh:
             df = pd.read_csv(fh, usecols=["dataset", "n_subjects", "n_records", "size_bytes"])
-    except Exception:
+    except Exception:  # noqa: BLE001 - no summary: the size is unknown
         return None
     row = df[df["dataset"] == f"EEG2025r{release[1:]}" + ("mini" if mini else "")]
     if row.empty:
@@ -257,7 +257,7 @@ def _check_offline(source: Source, cache: Path, tasks: tuple[str, ...]) -> int:
                                task=list(tasks), download=False)
     except (ImportError, FileNotFoundError):
         raise
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - eegdash's errors share no base
         raise RuntimeError(f"DATA={source.value!r}: eegdash cannot read the release in "
                            f"{eegdash_folder(cache, source.release, source.mini)} offline "
                            f"({type(exc).__name__}: {exc}); delete that folder and download "
@@ -301,7 +301,7 @@ def _download(source: Source, cache: Path, folder: Path, tasks: list[str],
                                download=True)
     except ImportError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - eegdash's errors share no base
         raise ReleaseUnreachable(f"DATA={source.value!r}: eegdash could not list {source.name} "
                                  f"({_short(exc)}); {advice}") from None
     recordings = list(ds.datasets)
@@ -347,7 +347,7 @@ def _unreachable(url: str, timeout: float = REACH_TIMEOUT) -> str:
             result.append("")
         except urllib.error.HTTPError:   # it answered: reachable
             result.append("")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure means unreachable
             reason = getattr(exc, "reason", None) or exc
             result.append(_short(reason if isinstance(reason, BaseException)
                                  else OSError(str(reason)), 100))

@@ -149,7 +149,7 @@ def build(folder: Path, recordings: list[Recording], work: Callable[[Recording],
             shutil.rmtree(tmp)
         else:
             os.replace(tmp, folder)
-    except BaseException:
+    except BaseException:  # cleanup, then re-raised
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return folder

@@ -71,7 +71,7 @@ def save_model(model: torch.nn.Module, path: str | os.PathLike, *,
               "extra": {str(k): _plain(v, f"extra[{k!r}]") for k, v in (extra or {}).items()}}
     try:
         return files.atomic_save(record, path)
-    except Exception as exc:
+    except Exception as exc:  # narrowed by is_write_failure
         if not files.is_write_failure(exc):
             raise
         kept = "the older file there is unchanged" if Path(path).exists() else "no file written"
@@ -216,7 +216,7 @@ def _rebuild(path, data: dict) -> torch.nn.Module:
         if init.get("how") == "from_config":
             return cls.from_config(dict(init["args"]))
         return cls(**init["args"])
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the user's constructor
         raise ModelFileError(f"{path}: rebuilding {name} with its saved arguments failed "
                              f"({type(exc).__name__}: {exc}): {advice}") from exc
 

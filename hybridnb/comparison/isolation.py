@@ -28,7 +28,7 @@ import threading
 from hybridnb import platform
 from hybridnb.comparison.session import Job, VariantSession
 from hybridnb.processes.channel import ANSWER, Message
-from hybridnb.processes.ended import Ended
+from hybridnb.processes.ended import Ending
 from hybridnb.processes.framed import Requests, start_framed
 from hybridnb.processes.supervise import Watch, Watched
 
@@ -110,8 +110,8 @@ class ChildVariant:
         if self.answers:
             return self.answers.pop(0)
         out = self.watch.end(self.watched)
-        if out.status == Ended.TIMEOUT:
-            self.ended = {"status": Ended.TIMEOUT.value, "note": (
+        if out.status == Ending.TIMEOUT:
+            self.ended = {"status": Ending.TIMEOUT.value, "note": (
                 f"no answer within {self.timeout:g} s during {stage}; its process group was "
                 f"killed (raise compare's timeout= if it is only slow)")}
         else:

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         code = 1
     finally:
-        with contextlib.suppress(BaseException):
+        with contextlib.suppress(BaseException):  # exiting anyway
             channel.flush()
             sys.stdout.flush()
             sys.stderr.flush()

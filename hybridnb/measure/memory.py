@@ -294,7 +294,7 @@ class MemorySampler:
         for name, probe in probes:
             try:
                 out.update(probe())
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a probe's library may raise anything
                 self._drop([name], f"{name} memory probe stopped ({type(exc).__name__}: {exc})")
         now = self.clock()
         with self._lock:
@@ -353,5 +353,5 @@ class MemorySampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # a last sample is best effort
             self.sample()

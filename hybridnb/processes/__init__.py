@@ -11,7 +11,7 @@ isolated fit and ``hn.launch``'s ranks.
   killed; a second signal kills at once); ``supervise`` watches one child;
 - ``framed``: a command (``python -m MODULE``) that talks in the channel's frames, with a
   request pipe the other way (the GPU probe, compare()'s variants);
-- ``ended``: ``Ended`` (the kinds of ending, a str enum), ``Exit``, ``Outcome``;
+- ``ended``: ``Ending`` (the kinds of ending, a str enum), ``Exit``, ``ChildOutcome``;
 - ``channel``: framed messages between child and parent (tensors as raw bytes), ``StopFlag``
   (which says why a stop was asked: "stop" or "interrupt");
 - ``payload``: what a spawned child is given (cloudpickle; memory-mapped data by reference
@@ -30,10 +30,10 @@ import torch or numpy.
 
 from hybridnb.processes.channel import Channel, Message
 from hybridnb.processes.child import Child, start_command, start_fork, start_spawn
-from hybridnb.processes.ended import Ended, Exit, Outcome, signal_name
-from hybridnb.processes.supervise import Progress, Watch, Watched, supervise
+from hybridnb.processes.ended import ChildOutcome, Ending, Exit, signal_name
+from hybridnb.processes.supervise import ChildProgress, Watch, Watched, supervise
 from hybridnb.processes.unsendable import NotSendable
 
-__all__ = ["Channel", "Child", "Ended", "Exit", "Message", "NotSendable", "Outcome", "Progress",
-           "Watch", "Watched", "signal_name", "start_command", "start_fork", "start_spawn",
-           "supervise"]
+__all__ = ["Channel", "Child", "ChildOutcome", "ChildProgress", "Ending", "Exit", "Message",
+           "NotSendable", "Watch", "Watched", "signal_name", "start_command", "start_fork",
+           "start_spawn", "supervise"]

@@ -336,7 +336,7 @@ class Channel:
         try:
             self.send(ERROR, {"type": type(exc).__name__, "message": str(exc),
                               "traceback": text})
-        except Exception:
+        except Exception:  # noqa: BLE001 - best effort: the pipe may be gone
             pass
 
 

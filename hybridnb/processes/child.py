@@ -18,7 +18,7 @@ orphan, no zombie. Three ways to start one:
 - ``start_command(argv)``: any command (the GPU probe, a compare() variant).
 
 Starts are atomic with respect to Ctrl-C and SIGTERM: ``start_fork``, ``start_spawn``,
-``prestart_spawn`` and ``Prestarted.send`` either return a child the caller owns, or leave
+``prestart_spawn`` and ``PrestartedWorker.send`` either return a child the caller owns, or leave
 nothing (no process, no shared file): the signals are held while the child is made and
 delivered afterwards; a handler that raises then gets the child killed and reaped first.
 
@@ -268,7 +268,7 @@ class Child:
         # Ctrl-C reached the caller, before the caller could keep it)
         if getattr(self, "reaped", True):
             return
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # in __del__: nothing may escape
             self.close()
 
     def __exit__(self, *exc: object) -> None:
@@ -332,7 +332,7 @@ def _fork(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None, death
         err_r, err_w = (None, None) if merge_output else new_pipe(made)
         stop = StopFlag()
         wiring = lifeline.wiring()
-    except BaseException:
+    except BaseException:  # cleanup, then re-raised
         close_fds(made)
         raise
     sys.stdout.flush()  # or the child would print again what is still buffered here
@@ -373,7 +373,7 @@ def start_spawn(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None =
         made: list[int] = []
         try:
             payload_fd = _payload_fd(data, made)
-        except BaseException:
+        except BaseException:  # cleanup, then re-raised
             close_fds(made)
             raise
         child = _spawn(payload_fd, made, env, death_signal, merge_output, preload=())
@@ -383,12 +383,12 @@ def start_spawn(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None =
     try:
         data, _ = pack((fn, args, kwargs), files)
         return _atomically(spawn)
-    except BaseException:
+    except BaseException:  # cleanup, then re-raised
         discard(files)
         raise
 
 
-class Prestarted:
+class PrestartedWorker:
     """A spawned worker started before its job exists (``prestart_spawn``): it imports its
     modules while this process prepares the job. ``send(fn, *args, **kwargs)`` hands the job
     over and returns the ``Child`` (the caller supervises and closes it); ``close()`` kills a
@@ -450,9 +450,9 @@ class Prestarted:
 
 def prestart_spawn(*, preload: Sequence[str] = ("torch",), env: dict[str, str] | None = None,
                    death_signal: int = platform.KILL, merge_output: bool = False
-                   ) -> Prestarted:
+                   ) -> PrestartedWorker:
     """A spawned worker that imports ``preload``, sends "ready", and waits for its job on a
-    pipe that ``Prestarted.send`` writes: so its start-up runs in parallel with this process's
+    pipe that ``PrestartedWorker.send`` writes: so its start-up runs in parallel with this process's
     own preparation. The rest is as ``start_spawn``.
 
     With warm workers on (``HYBRIDNB_WARM_WORKER``, the default) this is the spare started when
@@ -463,13 +463,13 @@ def prestart_spawn(*, preload: Sequence[str] = ("torch",), env: dict[str, str] |
     preload = tuple(preload)
     key = spare.key_of(preload, env, death_signal, merge_output)
 
-    def spawn() -> Prestarted:
+    def spawn() -> PrestartedWorker:
         made: list[int] = []
         payload_r, payload_w = new_pipe(made)
         spawned_at = time.monotonic()
         child = _spawn(payload_r, made, env, death_signal, merge_output, preload=preload,
                        spawned_at=spawned_at)  # on failure it closed both ends
-        return Prestarted(child, payload_w, spawned_at)
+        return PrestartedWorker(child, payload_w, spawned_at)
 
     with _held_signals():  # handed over whole, or kept
         early = spare.take(key) if spare.enabled() else None
@@ -482,7 +482,7 @@ def prestart_spawn(*, preload: Sequence[str] = ("torch",), env: dict[str, str] |
 
 
 def _start_spare(preload: tuple[str, ...], env: dict[str, str] | None, death_signal: int,
-                 merge_output: bool, spawn: Callable[[], Prestarted]) -> None:
+                 merge_output: bool, spawn: Callable[[], PrestartedWorker]) -> None:
     """Start the spare for the next request like this one (``spare.replenish``); a failure to
     start one is said here and costs only the warm start."""
     from hybridnb.processes import spare
@@ -521,7 +521,7 @@ def _spawn(payload_fd: int, made: list[int], env: dict[str, str] | None, death_s
                                  stdin=subprocess.DEVNULL, stdout=out_w,
                                  stderr=out_w if err_w is None else err_w, env=child_env,
                                  **platform.new_group_popen_kwargs())
-    except BaseException:
+    except BaseException:  # cleanup, then re-raised
         close_fds(made)
         if stop is not None:
             stop.close()
@@ -548,7 +548,7 @@ def start_command(argv: Sequence[str], *, env: dict[str, str] | None = None,
         popen = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=stdout,
                                  stderr=stderr, env=env, pass_fds=tuple(pass_fds),
                                  **platform.new_group_popen_kwargs())
-    except BaseException:
+    except BaseException:  # cleanup, then re-raised
         close_fds(made)
         raise
     outputs: dict[int, int] = {}
@@ -589,7 +589,7 @@ def _forked_child(fn, args, wiring: str, death_signal: int, msg_w: int, out_w: i
         prepare()
         code = run(msg_w, stop, fn, args, {})
     finally:
-        with contextlib.suppress(BaseException):
+        with contextlib.suppress(BaseException):  # exiting anyway
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
@@ -663,7 +663,7 @@ def _held_signals() -> Iterator[list[int]]:
             signal.signal(sig, handler)
 
 
-T = TypeVar("T", Child, "Prestarted")
+T = TypeVar("T", Child, "PrestartedWorker")
 
 
 def _atomically(start: Callable[[], T]) -> T:
@@ -680,7 +680,7 @@ def _atomically(start: Callable[[], T]) -> T:
         raise
     try:
         _deliver(pending)
-    except BaseException:
+    except BaseException:  # a signal's handler raised: kill first
         with _held_signals():
             started.close()
         raise
@@ -696,3 +696,6 @@ def _deliver(pending: list[int]) -> None:
 def _reap_later(pid: int) -> None:
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, 0)
+
+
+Prestarted = PrestartedWorker  # the old name, until train/isolate.py and spare.py use the new

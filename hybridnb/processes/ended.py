@@ -1,5 +1,5 @@
-"""How a supervised child ended, as data: ``Ended`` (the kind), ``Exit`` (what the OS said) and
-``Outcome`` (everything the parent kept: result or error, last state, the phase it was in, how
+"""How a supervised child ended, as data: ``Ending`` (the kind), ``Exit`` (what the OS said) and
+``ChildOutcome`` (everything the parent kept: result or error, last state, the phase it was in, how
 long it had been silent, its last output). Nothing here starts or signals a process.
 """
 
@@ -20,7 +20,7 @@ SIGNAL_HINTS = {
 }
 
 
-class Ended(str, enum.Enum):
+class Ending(str, enum.Enum):
     """The kind of ending. A ``str`` enum, so ``outcome.status == "done"`` keeps working."""
 
     DONE = "done"                # the child's function returned (``result``); a command exited 0
@@ -93,10 +93,10 @@ class Exit:
 
 
 @dataclass
-class Outcome:
+class ChildOutcome:
     """How a supervised child ended, and what the parent kept from it.
 
-    ``status``: an ``Ended``. ``reason``: the same in one sentence. ``result``: what the child's
+    ``status``: an ``Ending``. ``reason``: the same in one sentence. ``result``: what the child's
     function returned (DONE). ``error``: type, message and ``traceback`` of what it raised
     (ERROR). ``state``: the last complete "state" message (None if none came), sent after
     ``state_steps`` completed steps. ``phase``: the last phase a heartbeat named (None if none
@@ -107,7 +107,7 @@ class Outcome:
     stdout/stderr; ``last_words``: the one line that best says why it died.
     """
 
-    status: Ended
+    status: Ending
     reason: str
     result: Any = None
     error: dict | None = None
@@ -132,8 +132,13 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
-        return self.status == Ended.DONE
+        return self.status == Ending.DONE
 
     @property
     def traceback(self) -> str:
         return (self.error or {}).get("traceback", "")
+
+
+# the old names, until hybridnb/train/isolate.py and hybridnb/hardware/probe/supervisor.py
+# import the new ones (train.bus.Ended and train.recovery.Outcome are other things)
+Ended, Outcome = Ending, ChildOutcome

@@ -73,7 +73,7 @@ def start_framed(module: str, *args: str, environ: dict[str, str] | None = None,
                               merge_output=merge_output,
                               pass_fds=[fd for fd in (msg_w, stop.fd, req_r, *lifeline.pass_fds())
                                         if fd is not None])
-    except BaseException:
+    except BaseException:  # cleanup, then re-raised
         close_fds(made)
         if stop is not None:
             stop.close()

@@ -3,17 +3,17 @@
 ``Watch`` watches several children together (the GPU probes, compare()'s variants, an isolated
 fit, ``hn.launch``'s ranks) in one ``select`` loop: it passes each child's messages (the
 channel's frames) to its ``on_message``, copies its stdout/stderr into this process's (or keeps
-only the tail), applies its limits, and turns how it ended into an ``Outcome``. ``supervise``
+only the tail), applies its limits, and turns how it ended into an ``ChildOutcome``. ``supervise``
 is the shorthand for one child. Nothing is left running when a ``Watch`` closes, whatever
 raised: every child's process group is killed and reaped.
 
 Limits, per child. The silence limit bounds *silence*, not a phase's length: every
 "step_done" or "heartbeat" restarts the clock, so a validation of an hour that beats every
 minute is fine, and a child silent for longer than the limit is killed; its outcome
-(``Ended.HUNG``) names the last phase a heartbeat reported (``{"phase": "validation"}``) and how
+(``Ending.HUNG``) names the last phase a heartbeat reported (``{"phase": "validation"}``) and how
 long it had been silent. A heartbeat's ``grace`` lengthens the limit until the next message
 (compiling). ``deadline`` bounds the run, or one request (``Watched.arm``), instead
-(``Ended.TIMEOUT``).
+(``Ending.TIMEOUT``).
 
 The interrupt policy, in this one place: the handlers for SIGINT, SIGTERM and SIGHUP (where the
 OS has it: ``platform.hangup_signals()``) are
@@ -22,7 +22,7 @@ start-up included) is counted and never strands a child. The first signal asks e
 stop: its stop flag says "interrupt" (``Channel.stop_reason()``) and a child with a
 ``stop_signal`` (launch's ranks: SIGINT) gets that signal; it finishes its step and sends its
 state and result. A child that has not ended after its ``stop_grace`` is killed with its process
-group (``Ended.INTERRUPTED``); a child with nothing to keep (``stop_grace=0``: a probe, a
+group (``Ending.INTERRUPTED``); a child with nothing to keep (``stop_grace=0``: a probe, a
 compare() variant) is killed at once. A second signal kills every child at once. Once the
 children are gone, SIGTERM (or SIGHUP) is delivered again to this process as it was handled
 before the watch (by default: it ends); SIGINT too, unless the watch keeps it
@@ -59,7 +59,7 @@ from hybridnb.processes.channel import (
     Message,
 )
 from hybridnb.processes.child import REAP_S, Child
-from hybridnb.processes.ended import SIGNAL_HINTS, Ended, Outcome, signal_name
+from hybridnb.processes.ended import SIGNAL_HINTS, ChildOutcome, Ending, signal_name
 
 STOP_GRACE_S = 30.0     # after an interrupt: time to finish the step and send the result
 EXIT_GRACE_S = 10.0     # after "done"/"error": time for the child to exit by itself
@@ -69,7 +69,7 @@ SIGNALS = platform.hangup_signals()
 
 
 @dataclass
-class Progress:
+class ChildProgress:
     """What the child has said so far; a silence policy reads it."""
 
     steps: int = 0
@@ -86,7 +86,7 @@ class Progress:
         return statistics.median(self.step_seconds) if self.step_seconds else None
 
 
-SilenceLimit = Callable[[Progress], tuple[float, str]]
+SilenceLimit = Callable[[ChildProgress], tuple[float, str]]
 
 
 def fixed_silence(seconds: float, name: str = "silence_limit") -> SilenceLimit:
@@ -99,16 +99,16 @@ def supervise(start: Callable[[], Child], *, name: str = "the worker",
               silence: SilenceLimit | float | None = None, deadline: float | None = None,
               poll: float = 0.1, should_stop: Callable[[], bool] | None = None,
               stop_grace: float = STOP_GRACE_S, exit_grace: float = EXIT_GRACE_S,
-              forward_output: bool = True, start_grace: float | None = None) -> Outcome:
+              forward_output: bool = True, start_grace: float | None = None) -> ChildOutcome:
     """Start one child with ``start()`` and watch it until it ends; see the module docstring.
 
     ``name``: how reasons call it ("the worker"). ``silence``: seconds of silence allowed, or a
-    function of ``Progress`` returning (seconds, the rule's name), or None (no limit).
+    function of ``ChildProgress`` returning (seconds, the rule's name), or None (no limit).
     ``deadline``: seconds the whole run may take (None: no bound). ``poll``: how often the child
     and ``should_stop`` are checked when nothing arrives. ``start_grace``: seconds of silence
     allowed before the child's first message (its interpreter starting, ``import torch``: a
     child of ``start_spawn``/``start_fork`` says "ready" first), when longer than the limit.
-    An interrupt is answered by the outcome (``Ended.INTERRUPTED``, or the child's own result
+    An interrupt is answered by the outcome (``Ending.INTERRUPTED``, or the child's own result
     when it stopped in time); SIGTERM is delivered again once the child is gone."""
     with Watch(poll=poll, should_stop=should_stop, keep_interrupt=True) as watch:
         watched = watch.start(start, name=name, on_message=on_message, silence=silence,
@@ -129,7 +129,7 @@ class Watched:
         self.child, self.name, self.on_message, self.silence = child, name, on_message, silence
         self.stop_grace, self.exit_grace, self.start_grace = stop_grace, exit_grace, start_grace
         self.forward_output, self.stop_signal, self.reap_s = forward_output, stop_signal, reap_s
-        self.progress = Progress()
+        self.progress = ChildProgress()
         self.queue: collections.deque[Message] = collections.deque()
         self.state = self.state_steps = self.result = self.error = None
         self.got_done = False
@@ -144,7 +144,7 @@ class Watched:
         self.deadline_at: float | None = None
         self.arm(deadline)
         self.cause: str | None = None
-        self.outcome: Outcome | None = None
+        self.outcome: ChildOutcome | None = None
         self.bytes = 0
         self.partial = False
 
@@ -230,12 +230,12 @@ class Watched:
         return None
 
     # ---------------------------------------------------------------- the outcome
-    def make_outcome(self, now: float) -> Outcome:
+    def make_outcome(self, now: float) -> ChildOutcome:
         child, p, cause = self.child, self.progress, self.cause
         ex = child.exit
         exit_text = child.not_reaped if child.not_reaped else str(ex) if ex is not None \
             else "unknown"
-        out = Outcome(status=Ended.DIED, reason="", result=self.result, error=self.error,
+        out = ChildOutcome(status=Ending.DIED, reason="", result=self.result, error=self.error,
                       state=self.state, state_steps=self.state_steps, steps=p.steps,
                       median_step_s=p.median_step_s, seconds=now - self.t0, phase=p.phase,
                       exit=exit_text, signal=ex.signal if ex else None,
@@ -247,36 +247,36 @@ class Watched:
         in_phase = f" in phase '{p.phase}'" if p.phase else ""
         who = self.name
         if self.got_done:
-            out.status, out.reason = Ended.DONE, f"{who} finished {steps}"
+            out.status, out.reason = Ending.DONE, f"{who} finished {steps}"
         elif self.error is not None:
             first = (str(self.error.get("message", "")).strip().splitlines() or [""])[0][:200]
-            out.status = Ended.ERROR
+            out.status = Ending.ERROR
             out.reason = f"{who} raised {self.error.get('type', '?')} {steps}{in_phase}: {first}"
         elif cause in ("silent", "deadline"):
             limit, rule = self.limit()
             out.silent_s = now - p.last_message
             if cause == "silent":
-                out.status, out.limit_s, out.limit_name = Ended.HUNG, limit, rule
+                out.status, out.limit_s, out.limit_name = Ending.HUNG, limit, rule
                 out.reason = (f"{who} was silent for {_secs(out.silent_s)}{in_phase} ({rule}="
                               f"{_secs(limit)}): no step completed; killed {steps}")
             else:
-                out.status, out.limit_s, out.limit_name = Ended.TIMEOUT, self.deadline_s, "deadline"
+                out.status, out.limit_s, out.limit_name = Ending.TIMEOUT, self.deadline_s, "deadline"
                 out.reason = (f"{who} was still running at its deadline of "
                               f"{_secs(self.deadline_s)}{in_phase} (silent for "
                               f"{_secs(out.silent_s)}); killed {steps}")
         elif cause == "interrupted":
-            out.status = Ended.INTERRUPTED
+            out.status = Ending.INTERRUPTED
             out.reason = f"interrupted twice: {who} was killed {steps}{in_phase}"
         elif cause == "stop_timeout":
-            out.status = Ended.INTERRUPTED
+            out.status = Ending.INTERRUPTED
             by = "Ctrl-C" if self.signal in (None, signal.SIGINT) else signal_name(self.signal)
             out.reason = (f"interrupted: {who} had not stopped {_secs(self.stop_wait)} after "
                           f"{by} and was killed {steps}{in_phase}")
         elif cause == "closed":
-            out.status = Ended.INTERRUPTED if self.interrupts else Ended.DIED
+            out.status = Ending.INTERRUPTED if self.interrupts else Ending.DIED
             out.reason = f"{who} was still running when its watch closed; killed {steps}"
         else:  # it exited without "done" or "error"
-            out.status = Ended.DIED
+            out.status = Ending.DIED
             if ex is not None and ex.how == "signal":
                 hint = SIGNAL_HINTS.get(ex.signal or "")
                 out.reason = (f"{who} was killed by {ex.signal} {steps}{in_phase}"
@@ -286,7 +286,7 @@ class Watched:
                               "a result")
             if out.last_words:
                 out.reason += f"; its last output: {out.last_words[:200]}"
-        if self.partial and out.status != Ended.DONE:
+        if self.partial and out.status != Ending.DONE:
             out.reason += "; a message it was sending was cut off"
         return out
 
@@ -417,7 +417,7 @@ class Watch:
             self._restore()
             self._deliver_signal()
 
-    def end(self, watched: Watched, deliver: bool = True) -> Outcome:
+    def end(self, watched: Watched, deliver: bool = True) -> ChildOutcome:
         """End one child now (killed with its process group if still running): its outcome.
         What it sent last goes to its ``on_message`` (``deliver``), and if that raises, the
         child is ended all the same."""
@@ -518,3 +518,6 @@ def _secs(seconds: float | None) -> str:
     if seconds is None:
         return "?"
     return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
+
+
+Progress = ChildProgress  # the old name, until hybridnb/train/isolate.py imports the new one

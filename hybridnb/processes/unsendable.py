@@ -119,7 +119,7 @@ def _parts(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
         return
     state: Any = None
     if _has_own_getstate(obj):
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # a user's __getstate__ may raise anything
             state = obj.__getstate__()
     elif hasattr(obj, "__dict__"):
         state = vars(obj)

@@ -67,16 +67,16 @@ def run(msg_fd: int, stop: StopFlag, fn: Callable[..., Any], args: tuple, kwargs
         if not channel.finished:
             try:
                 channel.send(DONE, result)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - any pickling failure: named
                 raise TypeError(f"the result ({type(result).__name__}) cannot be sent to the "
                                 f"parent ({type(exc).__name__}: {exc}); return plain values "
                                 "(numbers, dicts, CPU tensors)") from exc
         return 0
-    except BaseException as exc:
+    except BaseException as exc:  # reported to the parent, whatever it was
         if not channel.finished:
             channel.send_error(exc)
         else:
-            with contextlib.suppress(BaseException):
+            with contextlib.suppress(BaseException):  # the pipe is gone: print what we can
                 import traceback
 
                 traceback.print_exc()
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
             channel.ready()
         code = run(msg_fd, stop, fn, args, kwargs, channel=channel)
     finally:
-        with contextlib.suppress(BaseException):
+        with contextlib.suppress(BaseException):  # exiting anyway
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)

@@ -156,7 +156,7 @@ class DeepSpeedStrategy(DDPStrategy):
         self._dirty = True
         try:
             self.engine.backward(loss, scale_wrt_gas=False)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - DeepSpeed's errors share no base
             raise BackwardFailure(
                 f"rank {self.rank} failed inside DeepSpeed's backward ({type(exc).__name__}: "
                 f"{failures.first_line(exc)}); ZeRO-2 reduces gradients during backward, so the "

@@ -46,7 +46,7 @@ from hybridnb.env import (  # HEADLESS: text view
 )
 from hybridnb.processes.channel import DONE, ERROR, Message
 from hybridnb.processes.child import fork_available, start_fork, start_spawn
-from hybridnb.processes.ended import Ended
+from hybridnb.processes.ended import Ending
 from hybridnb.processes.supervise import Watch, Watched
 
 TAIL_LINES = 40
@@ -196,7 +196,7 @@ def _run(fn, args, n: int, port: int, method: str) -> Any:
                 forward_output=rank.index == 0)
         watch.run(until=failed_long_enough)
         watch.close()
-    killed = [r.index for r in ranks if r.watched.outcome.status == Ended.INTERRUPTED]
+    killed = [r.index for r in ranks if r.watched.outcome.status == Ending.INTERRUPTED]
     if killed:  # a second interrupt, or ranks that did not stop within the stop grace
         raise KeyboardInterrupt(f"hn.launch: rank(s) {killed} killed after the interrupt")
     failed_long_enough()

@@ -308,11 +308,11 @@ class TensorBoardLogger(_FileLogger):
                 self._first_step = step
                 self._file = self._newest()
             write()
-        except Exception as exc:
+        except Exception as exc:  # narrowed by is_write_failure
             if not is_write_failure(exc):
                 raise
             if self.writer is not None:
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(Exception):  # dropping it anyway
                     self.writer.close()
             self.writer = None
             self.storage.failed(self.folder / "events.out.tfevents", exc,
@@ -328,7 +328,7 @@ class TensorBoardLogger(_FileLogger):
     def _lost(self, step: int) -> None:
         """The event file disappeared mid-run (its folder removed): what it held is lost to
         TensorBoard, said once; a new one is written from ``step`` on."""
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # dropping it anyway
             self.writer.close()
         self.writer = None
         since = f"steps {self._first_step} to {step - 1}" if self._first_step else \

@@ -128,7 +128,7 @@ class RunLock:
             os.lseek(fd, 0, os.SEEK_SET)
             os.write(fd, json.dumps(_me()).encode())
             os.fsync(fd)
-        except BaseException:
+        except BaseException:  # cleanup, then re-raised
             os.close(fd)
             raise
         self.fd = fd

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from hybridnb.processes import Ended, start_command, start_fork, start_spawn, supervise
+from hybridnb.processes import Ending, start_command, start_fork, start_spawn, supervise
 from hybridnb.train.isolate import run_isolated
 
 pytestmark = pytest.mark.timeout(120)
@@ -81,7 +81,7 @@ def test_a_spawned_child_runs_a_notebook_closure_in_a_fresh_headless_interpreter
                 "faulthandler": faulthandler.is_enabled()}
 
     out = supervise(lambda: start_spawn(work, Local(40), plus=2), silence=60)
-    assert out.status == Ended.DONE and out.status == "done" and out.ok, out.reason
+    assert out.status == Ending.DONE and out.status == "done" and out.ok, out.reason
     assert out.result == {"value": 42, "isolated": "1", "headless": "1", "own_group": True,
                           "fresh": True, "faulthandler": True}
     assert out.exit == "code 0" and out.exit_code == 0 and out.signal is None
@@ -129,7 +129,7 @@ def test_silence_in_a_named_phase_is_killed_and_names_the_phase_and_the_silence(
 
     t0 = time.monotonic()
     out = supervise(lambda: start_spawn(work), silence=1.0)
-    assert out.status == Ended.HUNG, out.reason
+    assert out.status == Ending.HUNG, out.reason
     assert out.phase == "validation" and out.limit_s == 1.0
     assert 1.0 <= out.silent_s < 5 and time.monotonic() - t0 < 10
     assert out.state == {"step": 1} and out.steps == 1
@@ -163,7 +163,7 @@ def test_a_child_killed_by_a_signal_names_it_and_keeps_the_last_state(sig):
         signal.raise_signal(number)
 
     out = supervise(lambda: start_spawn(work, int(sig)), silence=60)
-    assert out.status == Ended.DIED
+    assert out.status == Ending.DIED
     assert out.signal == sig.name and out.exit == f"signal {sig.name}"
     assert out.state == {"epoch": 3} and out.phase == "train"
     assert "illegal memory access" in out.last_words
@@ -176,7 +176,7 @@ def test_an_exception_comes_back_with_its_type_and_traceback():
         raise ValueError("no such column: 'age'")
 
     out = supervise(lambda: start_spawn(failing_in_the_child), silence=60)
-    assert out.status == Ended.ERROR and out.error["type"] == "ValueError"
+    assert out.status == Ending.ERROR and out.error["type"] == "ValueError"
     assert "failing_in_the_child" in out.traceback and "'age'" in out.error["message"]
     assert out.phase == "setup" and out.exit_code == 1
 
@@ -188,7 +188,7 @@ def test_a_deadline_bounds_the_whole_run():
             time.sleep(0.1)
 
     out = supervise(lambda: start_spawn(chatty), silence=5, deadline=1.0)
-    assert out.status == Ended.TIMEOUT and out.limit_name == "deadline"
+    assert out.status == Ending.TIMEOUT and out.limit_name == "deadline"
     assert out.phase == "loop" and 1.0 <= out.seconds < 6
 
 
@@ -314,16 +314,16 @@ def test_run_isolated_spawn_start_keeps_its_outcome_fields():
 
 def test_a_forked_child_and_a_command_end_the_same_way():
     out = supervise(lambda: start_fork(lambda channel: os._exit(4)), silence=30)
-    assert out.status == Ended.DIED and out.exit_code == 4
+    assert out.status == Ending.DIED and out.exit_code == 4
     cmd = supervise(lambda: start_command([sys.executable, "-c",
                                            "import sys; print('bye'); sys.exit(3)"]),
                     name="the command", silence=30)
-    assert cmd.status == Ended.DIED and cmd.exit_code == 3 and "code 3" in cmd.reason
+    assert cmd.status == Ending.DIED and cmd.exit_code == 3 and "code 3" in cmd.reason
     assert "bye" in cmd.output_tail
 
 
 def test_ended_is_a_string_enum():
-    assert Ended.DONE == "done" and Ended("hung") is Ended.HUNG and str(Ended.ERROR) == "error"
+    assert Ending.DONE == "done" and Ending("hung") is Ending.HUNG and str(Ending.ERROR) == "error"
 
 
 def test_only_the_child_module_sends_signals():

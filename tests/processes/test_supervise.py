@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from hybridnb.processes import Ended, start_command, start_fork, supervise
+from hybridnb.processes import Ending, start_command, start_fork, supervise
 from hybridnb.processes.channel import StopFlag
 from hybridnb.processes.supervise import Watch
 
@@ -83,9 +83,9 @@ def test_one_watch_holds_children_with_their_own_limits_and_endings():
                                                   "os.abort()"]), name="c", silence=30)
         watch.run()
     assert time.monotonic() - t0 < 25
-    assert ok.outcome.status == Ended.DONE and ok.outcome.result == "fine"
-    assert hung.outcome.status == Ended.HUNG and hung.outcome.phase == "validation"
-    assert died.outcome.status == Ended.DIED and died.outcome.signal == "SIGABRT"
+    assert ok.outcome.status == Ending.DONE and ok.outcome.result == "fine"
+    assert hung.outcome.status == Ending.HUNG and hung.outcome.phase == "validation"
+    assert died.outcome.status == Ending.DIED and died.outcome.signal == "SIGABRT"
     assert psutil.Process().children(recursive=True) == []
 
 
