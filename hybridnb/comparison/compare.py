@@ -378,7 +378,6 @@ def _batches(data, sizes: list[int]) -> dict[int, tuple]:
     return out
 
 
-
 # ----------------------------------------------------------------------------------------------
 # the table
 
@@ -466,10 +465,8 @@ def first_step_diff(model_fn, data, variants: Sequence[str], seed: int = 0,
     """
     import pandas as pd
 
-    batch = _sample_batch(data)
-    if batch is None:
-        batch = _batches(data, [DEFAULT_DATASET_BATCH])[DEFAULT_DATASET_BATCH]
-    x, y = (t.float() if t.is_floating_point() else t for t in batch)
+    size = _natural_batch_size(data)
+    x, y = _batches(data, [size])[size]
     loss_fn = make_loss(loss)
     build = _factory(model_fn)
     stock = _first_step(build, seed, x, y, loss_fn, "fp32")

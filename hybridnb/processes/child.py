@@ -71,7 +71,6 @@ class Child:
                  stop: StopFlag | None = None, files: Sequence[str] = (),
                  tail_lines: int = TAIL_LINES) -> None:
         self.pid, self.popen, self.stop = pid, popen, stop
-        self.started = time.monotonic()
         self.messages = FrameReader(messages_fd) if messages_fd is not None else None
         self.output_fds = dict(output_fds or {})
         self.tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
@@ -532,29 +531,22 @@ def _spawn(payload_fd: int, made: list[int], env: dict[str, str] | None, death_s
 
 
 def start_command(argv: Sequence[str], *, env: dict[str, str] | None = None,
-                  capture: bool = True, merge_output: bool = False,
-                  pass_fds: Sequence[int] = (), stdout: Any = None, stderr: Any = None) -> Child:
-    """Start a command in its own process group (stdin from /dev/null).
-
-    ``env``: its whole environment (default: this process's). ``capture``: its stdout and
-    stderr come through pipes (``Child.read_output``); else ``stdout``/``stderr`` are passed to
-    Popen as they are (a file, None to inherit)."""
+                  merge_output: bool = False, pass_fds: Sequence[int] = ()) -> Child:
+    """Start a command in its own process group (stdin from /dev/null), its stdout and stderr
+    through pipes (``Child.read_output``). ``env``: its whole environment (default: this
+    process's)."""
     made: list[int] = []
     try:
-        if capture:
-            out_r, out_w = new_pipe(made)
-            err_r, err_w = (None, None) if merge_output else new_pipe(made)
-            stdout, stderr = out_w, out_w if err_w is None else err_w
-        popen = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=stdout,
-                                 stderr=stderr, env=env, pass_fds=tuple(pass_fds),
-                                 **platform.new_group_popen_kwargs())
+        out_r, out_w = new_pipe(made)
+        err_r, err_w = (None, None) if merge_output else new_pipe(made)
+        popen = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out_w,
+                                 stderr=out_w if err_w is None else err_w, env=env,
+                                 pass_fds=tuple(pass_fds), **platform.new_group_popen_kwargs())
     except BaseException:  # cleanup, then re-raised
         close_fds(made)
         raise
-    outputs: dict[int, int] = {}
-    if capture:
-        close_fds([fd for fd in (out_w, err_w) if fd is not None])
-        outputs = {out_r: 1} if err_r is None else {out_r: 1, err_r: 2}
+    close_fds([fd for fd in (out_w, err_w) if fd is not None])
+    outputs = {out_r: 1} if err_r is None else {out_r: 1, err_r: 2}
     return Child(popen.pid, popen=popen, output_fds=outputs)
 
 

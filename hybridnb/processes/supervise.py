@@ -89,31 +89,17 @@ class ChildProgress:
 SilenceLimit = Callable[[ChildProgress], tuple[float, str]]
 
 
-def fixed_silence(seconds: float, name: str = "silence_limit") -> SilenceLimit:
-    """A silence limit of ``seconds`` whatever the child did before."""
-    return lambda progress: (seconds, name)
-
-
-def supervise(start: Callable[[], Child], *, name: str = "the worker",
-              on_message: Callable[[Message], None] | None = None,
-              silence: SilenceLimit | float | None = None, deadline: float | None = None,
-              poll: float = 0.1, should_stop: Callable[[], bool] | None = None,
-              stop_grace: float = STOP_GRACE_S, exit_grace: float = EXIT_GRACE_S,
-              forward_output: bool = True, start_grace: float | None = None) -> ChildOutcome:
+def supervise(start: Callable[[], Child], *, poll: float = 0.1,
+              should_stop: Callable[[], bool] | None = None, **limits: Any) -> ChildOutcome:
     """Start one child with ``start()`` and watch it until it ends; see the module docstring.
 
-    ``name``: how reasons call it ("the worker"). ``silence``: seconds of silence allowed, or a
-    function of ``ChildProgress`` returning (seconds, the rule's name), or None (no limit).
-    ``deadline``: seconds the whole run may take (None: no bound). ``poll``: how often the child
-    and ``should_stop`` are checked when nothing arrives. ``start_grace``: seconds of silence
-    allowed before the child's first message (its interpreter starting, ``import torch``: a
-    child of ``start_spawn``/``start_fork`` says "ready" first), when longer than the limit.
-    An interrupt is answered by the outcome (``Ending.INTERRUPTED``, or the child's own result
-    when it stopped in time); SIGTERM is delivered again once the child is gone."""
+    ``limits``: ``Watched``'s keywords (``name`` is "the worker" here). ``poll``: how often the
+    child and ``should_stop`` are checked when nothing arrives. An interrupt is answered by the
+    outcome (``Ending.INTERRUPTED``, or the child's own result when it stopped in time);
+    SIGTERM is delivered again once the child is gone."""
+    limits.setdefault("name", "the worker")
     with Watch(poll=poll, should_stop=should_stop, keep_interrupt=True) as watch:
-        watched = watch.start(start, name=name, on_message=on_message, silence=silence,
-                              deadline=deadline, stop_grace=stop_grace, exit_grace=exit_grace,
-                              forward_output=forward_output, start_grace=start_grace)
+        watched = watch.start(start, **limits)
         watch.run()
     return watched.outcome
 
@@ -122,12 +108,23 @@ class Watched:
     """One child under a ``Watch``: what it said, its limits, and (once ``ended``) its
     ``outcome``. ``child`` stays readable after it ended (``exit``, ``tail``)."""
 
-    def __init__(self, child: Child, *, name: str, on_message, silence, deadline, stop_grace,
-                 exit_grace, forward_output, start_grace, stop_signal, reap_s) -> None:
-        if isinstance(silence, (int, float)):
-            silence = fixed_silence(float(silence))
+    def __init__(self, child: Child, *, name: str = "the child",
+                 on_message: Callable[[Message], None] | None = None,
+                 silence: SilenceLimit | float | None = None, deadline: float | None = None,
+                 stop_grace: float = STOP_GRACE_S, forward_output: bool = True,
+                 start_grace: float | None = None, stop_signal: int | None = None,
+                 reap_s: float = REAP_S) -> None:
+        """``name``: how reasons call it. ``silence``: seconds of silence allowed, or a function
+        of ``ChildProgress`` returning (seconds, the rule's name), or None (no limit).
+        ``deadline``: seconds the whole run may take (None: no bound). ``stop_grace``: after an
+        interrupt, the time it has to stop (0: killed at once). ``forward_output``: copy its
+        output into this process's (else only its tail is kept). ``start_grace``: seconds of
+        silence allowed before its first message (its interpreter starting, ``import torch``:
+        a child of ``start_spawn``/``start_fork`` says "ready" first), when longer than the
+        limit. ``stop_signal``: also sent to it at an interrupt. ``reap_s``: after SIGKILL, how
+        long to wait for it to go."""
         self.child, self.name, self.on_message, self.silence = child, name, on_message, silence
-        self.stop_grace, self.exit_grace, self.start_grace = stop_grace, exit_grace, start_grace
+        self.stop_grace, self.start_grace = stop_grace, start_grace
         self.forward_output, self.stop_signal, self.reap_s = forward_output, stop_signal, reap_s
         self.progress = ChildProgress()
         self.queue: collections.deque[Message] = collections.deque()
@@ -196,8 +193,10 @@ class Watched:
         """Seconds of silence allowed now, and the name of the rule that set them."""
         if self.silence is None:
             limit, name = float("inf"), ""
-        else:
+        elif callable(self.silence):
             limit, name = self.silence(self.progress)
+        else:
+            limit, name = float(self.silence), "silence_limit"
         grace = self.progress.grace
         if grace is not None and grace > limit:
             limit, name = grace, "the grace the worker asked for"
@@ -209,7 +208,7 @@ class Watched:
     def next_check(self) -> float:
         """When one of its limits runs out next (time.monotonic())."""
         if self.finished_at is not None:
-            return self.finished_at + self.exit_grace
+            return self.finished_at + EXIT_GRACE_S
         deadline = self.progress.last_message + self.limit()[0]
         if self.stop_deadline is not None:
             deadline = min(deadline, self.stop_deadline)
@@ -220,7 +219,7 @@ class Watched:
     def overdue(self, now: float) -> str | None:
         """The limit it has passed (a cause), or None."""
         if self.finished_at is not None:
-            return "finished" if now > self.finished_at + self.exit_grace else None
+            return "finished" if now > self.finished_at + EXIT_GRACE_S else None
         if self.stop_deadline is not None and now >= self.stop_deadline:
             return "stop_timeout"
         if self.deadline_at is not None and now > self.deadline_at:
@@ -353,23 +352,12 @@ class Watch:
                 raise KeyboardInterrupt
 
     # ---------------------------------------------------------------- children
-    def start(self, start: Callable[[], Child], *, name: str = "the child",
-              on_message: Callable[[Message], None] | None = None,
-              silence: SilenceLimit | float | None = None, deadline: float | None = None,
-              stop_grace: float = STOP_GRACE_S, exit_grace: float = EXIT_GRACE_S,
-              forward_output: bool = True, start_grace: float | None = None,
-              stop_signal: int | None = None, reap_s: float = REAP_S) -> Watched:
-        """Start a child with ``start()`` and watch it from now on (see ``supervise`` for the
-        limits). ``stop_grace``: after an interrupt, the time it has to stop (0: killed at
-        once). ``stop_signal``: also sent to it at an interrupt. ``forward_output``: copy its
-        output into this process's (else only its tail is kept). ``reap_s``: after SIGKILL, how
-        long to wait for it to go."""
+    def start(self, start: Callable[[], Child], **limits: Any) -> Watched:
+        """Start a child with ``start()`` and watch it from now on, under ``limits``
+        (``Watched``'s keywords)."""
         child = start()
         try:
-            watched = Watched(child, name=name, on_message=on_message, silence=silence,
-                              deadline=deadline, stop_grace=stop_grace, exit_grace=exit_grace,
-                              forward_output=forward_output, start_grace=start_grace,
-                              stop_signal=stop_signal, reap_s=reap_s)
+            watched = Watched(child, **limits)
         except BaseException:  # a bad argument: the child must not outlive it
             child.close()
             raise

@@ -162,11 +162,6 @@ class DDPStrategy(Strategy):
         self._module: torch.nn.Module | None = None
         self._agreed = False  # settle() ran its all-reduce for the attempt that is failing
 
-    @property
-    def is_main(self) -> bool:
-        """Whether this process draws the live view and writes files (rank 0)."""
-        return self.rank == 0
-
     # ---------------------------------------------------------------------------- placement
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
         """DistributedDataParallel around ``model``: checks every rank holds the same
@@ -175,9 +170,6 @@ class DDPStrategy(Strategy):
         self._module = model
         ids = [self.device.index] if self.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
-
-    def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.to(self.device, non_blocking=self.device.type == "cuda")
 
     def batch_sampler(self, n: int, batch_size: int, shuffle: bool,
                       generator: torch.Generator) -> ShardedBatchSampler:
