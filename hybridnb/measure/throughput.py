@@ -8,7 +8,7 @@ labelled as such. The device is synchronised only at the measuring points (the e
 every ``every`` steps, and ``summary()``), so measuring does not slow the loop.
 
 >>> mon = ThroughputMonitor(device, flops_per_sample=step.count_flops(model, (x,)) / len(x))
->>> for x, y in mon.batches(loader):           # or mon.start_wait() / mon.end_wait() by hand
+>>> for x, y in mon.batches(loader):           # times each fetch as waiting for data
 ...     step(x, y)
 ...     mon.step_done(len(x))
 >>> mon.summary()   # samples_per_s, data_wait_pct, compute_samples_per_s, tflops, mfu, ...
@@ -66,9 +66,8 @@ def peak_key(precision: str) -> str:
 class ThroughputMonitor:
     """Samples/s by the wall clock, data-wait share, FLOP/s and MFU for a training loop.
 
-    Call ``start_wait()`` / ``end_wait()`` around fetching each batch (or ``batch_ready()`` right
-    after it arrives, counting the time since the previous step as waiting), then
-    ``step_done(n_samples)`` after the step. The first ``warmup_steps`` steps (compiling, cuDNN
+    Iterate the batches through ``batches(loader)`` (it times each fetch as waiting), and call
+    ``step_done(n_samples)`` after each step. The first ``warmup_steps`` steps (compiling, cuDNN
     autotuning, loader start-up) are not counted. ``summary()`` gives the numbers over the steps
     since warm-up or the last ``reset()``.
 
@@ -90,8 +89,6 @@ class ThroughputMonitor:
             peak = peak_tflops(torch.cuda.get_device_name(self.device), peak_key(precision))
         self.peak = peak
         self._steps = 0  # all steps, warm-up included
-        self._wait_t0: float | None = None
-        self._mark = time.perf_counter()  # end of the last step (for batch_ready)
         self._start: float | None = None  # the window's first measuring point
         # last measuring point: (time, samples, steps, seconds waiting, seconds paused)
         self._point = (0.0, 0, 0, 0.0, 0.0)
@@ -101,20 +98,6 @@ class ThroughputMonitor:
             self.reset()
 
     # -- the loop's calls ------------------------------------------------------------------
-    def start_wait(self) -> None:
-        """The loop starts waiting for the next batch."""
-        self._wait_t0 = time.perf_counter()
-
-    def end_wait(self) -> None:
-        """The batch has arrived."""
-        if self._wait_t0 is not None:
-            self._add_wait(time.perf_counter() - self._wait_t0)
-            self._wait_t0 = None
-
-    def batch_ready(self) -> None:
-        """The batch has arrived; the time since the last step (or reset) counts as waiting."""
-        self._add_wait(time.perf_counter() - self._mark)
-
     def step_done(self, n_samples: int) -> None:
         """A step on ``n_samples`` samples was queued (the device is synchronised only every
         ``every`` counted steps)."""
@@ -122,13 +105,11 @@ class ThroughputMonitor:
         if self._start is None:
             if self._steps >= self.warmup_steps:
                 self.reset()
-            self._mark = time.perf_counter()
             return
         self._samples += int(n_samples)
         self._counted += 1
         if self._counted % self.every == 0:
             self._measure()
-        self._mark = time.perf_counter()
 
     def batches(self, iterable: Iterable) -> Iterator:
         """Yield from ``iterable``, timing each fetch as waiting for data. When the loop over
@@ -137,13 +118,12 @@ class ThroughputMonitor:
         it = iter(iterable)
         try:
             while True:
-                self.start_wait()
+                t0 = time.perf_counter()
                 try:
                     batch = next(it)
                 except StopIteration:
-                    self._wait_t0 = None
                     return
-                self.end_wait()
+                self._add_wait(time.perf_counter() - t0)
                 yield batch
         finally:
             self.close()
@@ -151,7 +131,6 @@ class ThroughputMonitor:
     def close(self) -> None:
         """The training loop ended: a measuring point now, so that a later ``summary()`` does
         not stretch the window over what came after (validation, checkpoint writes)."""
-        self._wait_t0 = None
         if self._start is not None and self._counted != self._point[2]:
             self._measure()
 
@@ -163,16 +142,14 @@ class ThroughputMonitor:
         try:
             yield
         finally:
-            gap = time.perf_counter() - t0
-            self._mark += gap
             if self._start is not None:
-                self._paused += gap
+                self._paused += time.perf_counter() - t0
 
     def reset(self) -> None:
         """Start a new window now (after a synchronise): counts from here on."""
         synchronize(self.device)
         now = time.perf_counter()
-        self._start = self._mark = now
+        self._start = now
         self._samples = self._counted = 0
         self._wait = self._paused = 0.0
         self._point = (now, 0, 0, 0.0, 0.0)
@@ -210,19 +187,6 @@ class ThroughputMonitor:
             "samples": samples,
             "seconds": wall,
         }
-
-    def describe(self) -> str:
-        """One line for a live view or a log: rate, waiting share, MFU, and the bottleneck."""
-        s = self.summary()
-        if s["samples_per_s"] is None:
-            return "throughput: warming up"
-        text = f"{s['samples_per_s']:,.0f} samples/s (wall clock), {s['data_wait_pct']:.0f}% " \
-               f"waiting for data"
-        if s["mfu"] is not None:
-            text += f", {s['tflops']:.1f} TFLOP/s = {100 * s['mfu']:.1f}% of peak"
-        if s["data_bound"]:
-            text += " — data-bound: the loader, not the device, sets the pace"
-        return text
 
     def _add_wait(self, seconds: float) -> None:
         if self._start is not None:
