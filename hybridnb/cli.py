@@ -56,23 +56,19 @@ def run_detect(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- compare
 
-def compare_arguments(parser: argparse.ArgumentParser) -> None:
-    from hybridnb.comparison import compare_cli  # compare's arguments live with compare (light)
-
-    compare_cli.add_arguments(parser)
-
-
-def run_compare(args: argparse.Namespace) -> int:
+def compare_cli():
+    """compare's arguments and run live with compare (a light module: no torch)."""
     from hybridnb.comparison import compare_cli
 
-    return int(compare_cli.run(args) or 0)
+    return compare_cli
 
 
 COMMANDS = {
     "detect": Command("probe the hardware and print the recommended settings",
                       detect_arguments, run_detect),
     "compare": Command("compare precision / layout / compile variants of a model's training "
-                       "step", compare_arguments, run_compare),
+                       "step", lambda parser: compare_cli().add_arguments(parser),
+                       lambda args: int(compare_cli().run(args) or 0)),
 }
 
 

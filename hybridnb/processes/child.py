@@ -3,31 +3,15 @@
 The one module of hybridnb that sends signals (``os.kill``/``os.killpg``; tests check it).
 Every child runs in its own process group (its pid), so ``Child.kill_group()`` reaches the helpers it
 started too (DataLoader workers, a driver's helper), and it is reaped before this returns: no
-orphan, no zombie. Three ways to start one:
+orphan, no zombie. Ways to start one: ``start_fork``, ``start_spawn`` (a fresh interpreter,
+``python -m hybridnb.processes.worker``), ``prestart_spawn`` then ``.send`` (the worker imports
+torch while this process prepares the job), ``start_command`` (any command).
 
-- ``start_fork(fn, *args)``: ``os.fork``; ``fn(channel, *args)`` runs in a copy of this process
-  (what ``hn.launch`` needs for functions defined in a notebook); spawned where there is no fork. Unsafe once this process has
-  touched CUDA, or run OpenMP/threads (a forked child can hang in its first parallel region).
-- ``start_spawn(fn, *args)``: a fresh interpreter, ``python -m hybridnb.processes.worker``,
-  that receives ``fn`` and its arguments (``payload``: cloudpickle, memory-mapped data by
-  reference, big CPU tensors and arrays through shared memory) and runs ``fn(channel, *args)``.
-  Nothing this process did can break it.
-- ``prestart_spawn()`` then ``.send(fn, *args)``: the same worker started before its job
-  exists; it imports torch while this process prepares the job (start now, job later). With
-  warm workers on, it is the spare started when the previous job ended (``start_next``).
-- ``start_command(argv)``: any command (the GPU probe, a compare() variant).
-
-Starts are atomic with respect to Ctrl-C and SIGTERM: ``start_fork``, ``start_spawn``,
-``prestart_spawn`` and ``PrestartedWorker.send`` either return a child the caller owns, or leave
-nothing (no process, no shared file): the signals are held while the child is made and
-delivered afterwards; a handler that raises then gets the child killed and reaped first.
-
-Forked and spawned children talk back through a ``Channel`` (framed messages); their stdout and
-stderr come through pipes (``Child.read_output``), and they die with the parent
-(``processes.lifeline``: ``PR_SET_PDEATHSIG`` on Linux, a lifeline pipe elsewhere). Spawned
-children are marked headless and isolated by default (``WORKER_ENV``). What differs between
-operating systems (process groups or psutil's tree, waitid or Popen.poll, pidfd or polling,
-memfd or a temporary file) is asked of ``hybridnb.platform``.
+Starts are atomic with respect to Ctrl-C and SIGTERM: they return a child the caller owns, or
+leave nothing (no process, no shared file); the signals are held while the child is made and
+delivered afterwards. Forked and spawned children talk back through a ``Channel``; their output
+comes through pipes, and they die with the parent (``processes.lifeline``). What differs between
+operating systems is asked of ``hybridnb.platform``.
 """
 
 from __future__ import annotations

@@ -77,11 +77,8 @@ def launch(fn: Callable[..., Any], *args: Any, num_processes: int | None = None,
         n = 1
     if n == 1:
         return fn(*args)
+    # start_fork spawns (and says so once) where this OS cannot fork
     method = start_method or ("fork" if fork_available() else "spawn")
-    if method == "fork" and not fork_available():
-        platform.say_once(f"hn.launch: start_method='fork' is not available: "
-                          f"{platform.fork().why}")
-        method = "spawn"
     import torch
 
     if method == "fork" and torch.cuda.is_initialized():
@@ -152,7 +149,7 @@ class _Rank:
         ended = self.watched.child.exit
         if ended is None:
             return f"process {self.index} {self.watched.outcome.reason}"
-        if (self.done and ended.returncode == 0) or (ended.how == "code" and ended.number == 0):
+        if ended.code == 0:
             return None
         return f"process {self.index} {ended.says()}"
 
