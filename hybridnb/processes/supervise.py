@@ -3,7 +3,7 @@
 ``Watch`` watches several children together (the GPU probes, compare()'s variants, an isolated
 fit, ``hn.launch``'s ranks) in one ``select`` loop: it passes each child's messages (the
 channel's frames) to its ``on_message``, copies its stdout/stderr into this process's (or keeps
-only the tail), applies its limits, and turns how it ended into an ``ChildOutcome``. ``supervise``
+only the tail), applies its limits, and turns how it ended into a ``ChildOutcome``. ``supervise``
 is the shorthand for one child. Nothing is left running when a ``Watch`` closes, whatever
 raised: every child's process group is killed and reaped.
 
