@@ -9,12 +9,14 @@ the torch part in this process, for code that runs here. The spec, a JSON object
 - ``gpus``: N -> NVML (a fake ``pynvml``) lists N NVIDIA GPUs, named "... (simulated)", without
   a UUID (as NVML sometimes answers), so no verdict about them is ever cached;
 - ``gpu``: ``{name, total_memory, free_memory, capability}``: what NVML and torch.cuda report;
-- ``hang_at`` (+ ``helper``: start a helper process first, as drivers do), ``crash_at`` (a
+- ``hang_at`` (+ ``helper``: start a helper process first, as drivers do; its pid is written to
+  the file ``helper`` names, when it is a path), ``crash_at`` (a
   SIGSEGV), ``error_at`` (+ ``message``), ``wrong_at``: a fault in the call a probe step makes:
   ``import`` (importing torch), ``available`` (``torch.cuda.get_device_properties``),
   ``memory`` (``torch.cuda.mem_get_info``), ``tensor`` (the first tensor made on the device),
   ``matmul`` (a product on the device; wrong: one element off), ``copy_back`` (a copy from the
-  device; wrong: ten values zeroed), ``exit`` (``os._exit``: a driver's teardown);
+  device; wrong: ten values zeroed), ``exit`` (``os._exit``: a driver's teardown); and
+  ``crash_at: "start"``: the process dies as it starts, writing ``message`` to stderr;
 - ``by_index``: ``{"1": {...}}``: settings for one GPU only (the probe child's ``--index``).
 
 "On the device" is the CPU: a tensor sent to ``cuda`` is a CPU copy marked as on the GPU.
@@ -51,6 +53,13 @@ def environ(spec: dict, base: dict | None = None) -> dict[str, str]:
     return env
 
 
+def use(monkeypatch, spec: dict) -> None:
+    """The children this test starts run with the simulation (``monkeypatch`` undoes it)."""
+    env = environ(spec)
+    for name in ("PYTHONPATH", SIM_ENV):
+        monkeypatch.setenv(name, env[name])
+
+
 def for_index(index: int, spec: dict | None = None) -> dict:
     """The settings of GPU ``index``: the spec with its ``by_index`` entry laid over it."""
     spec = _SPEC if spec is None else spec
@@ -69,6 +78,10 @@ def install() -> None:
     """At start-up (``sitecustomize``): the spec from ``SIM_ENV``; NVML's list when it asks for
     ``gpus``; torch faked as soon as anything imports it; ``os._exit`` for the ``exit`` faults."""
     _SPEC.update(json.loads(os.environ[SIM_ENV]))
+    if for_index(_index()).get("crash_at") == "start":  # before hybridnb runs: a broken library
+        sys.stderr.write(for_index(_index()).get("message", "") + "\n")
+        sys.stderr.flush()
+        signal.raise_signal(signal.SIGSEGV)
     if _SPEC.get("gpus"):
         sys.modules["pynvml"] = _fake_nvml(int(_SPEC["gpus"]))
     sys.meta_path.insert(0, _TorchHook())
@@ -109,7 +122,10 @@ def _fault(step: str, index: int | None = None) -> None:
     spec = for_index(_index() if index is None else index)
     if spec.get("hang_at") == step:
         if spec.get("helper"):  # a helper process in the same group, as drivers sometimes start
-            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+            helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+            if isinstance(spec["helper"], str):  # a file the test reads the helper's pid from
+                with open(spec["helper"], "w") as f:
+                    f.write(str(helper.pid))
         while True:  # nothing more is written, as with a wedged driver call
             time.sleep(3600)
     if spec.get("crash_at") == step:
