@@ -85,22 +85,12 @@ class Probe:
         if message.kind == EVENT and isinstance(message.payload, dict):
             self.events.append(message.payload)
 
-    @property
-    def timed_out(self) -> bool:
-        return self.watched.outcome.status == Ended.TIMEOUT
-
-    @property
-    def seconds(self) -> float:
-        return self.watched.outcome.seconds
-
-    @property
-    def returncode(self) -> int | None:
-        """As Popen says it (minus the signal), None when it could not be reaped."""
-        proc = self.watched.child
-        return proc.exit.returncode if proc.reaped and proc.exit else None
-
     def result(self, timeout: float) -> ProbeResult:
-        return self.verdict(self.seconds, self.timed_out, self.returncode, timeout)
+        """The verdict once the watch is over; the return code as Popen says it, None when the
+        child could not be reaped."""
+        outcome, proc = self.watched.outcome, self.watched.child
+        rc = proc.exit.returncode if proc.reaped and proc.exit else None
+        return self.verdict(outcome.seconds, outcome.status == Ended.TIMEOUT, rc, timeout)
 
     def verdict(self, seconds: float, timed_out: bool, rc: int | None, timeout: float
                 ) -> ProbeResult:
