@@ -4,7 +4,8 @@ from outside, faults included. hybridnb is not told.
 ``environ(spec)`` gives a child process this folder first on ``PYTHONPATH`` and the spec in
 ``SIM_ENV``; its ``sitecustomize`` then calls ``install()`` at start-up, in every process of the
 tree (a ``python -m hybridnb detect`` and its probe children alike). ``installed(spec)`` does
-the torch part in this process, for code that runs here. The spec, a JSON object:
+the torch part in this process, for code that runs here; ``simulated(spec)`` the NVML part here
+and everything in the children (``detect()`` in a notebook). The spec, a JSON object:
 
 - ``gpus``: N -> NVML (a fake ``pynvml``) lists N NVIDIA GPUs, named "... (simulated)", without
   a UUID (as NVML sometimes answers), so no verdict about them is ever cached;
@@ -109,6 +110,35 @@ def installed(spec: dict):
         _SPEC.clear()
 
 
+@contextlib.contextmanager
+def simulated(spec: dict):
+    """``detect()`` here sees the simulated GPUs (NVML faked in this process; NVML and torch.cuda
+    in the probe children), for the duration: how a notebook shows a hung or broken GPU on any
+    machine. ``gpus`` defaults to 1."""
+    from hybridnb.hardware import nvml
+
+    spec = {"gpus": 1, **spec}
+    names = ("PYTHONPATH", SIM_ENV)
+    saved = {name: os.environ.get(name) for name in names}
+    real = sys.modules.get("pynvml")
+    os.environ.update({name: environ(spec)[name] for name in names})
+    sys.modules["pynvml"] = _fake_nvml(int(spec["gpus"]), spec)
+    nvml.reset()
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        if real is None:
+            sys.modules.pop("pynvml", None)
+        else:
+            sys.modules["pynvml"] = real
+        nvml.reset()
+
+
 # ------------------------------------------------------------------ faults
 
 def _index() -> int:
@@ -141,9 +171,10 @@ class NVMLError(Exception):
     pass
 
 
-def _fake_nvml(n: int) -> types.ModuleType:
+def _fake_nvml(n: int, spec: dict | None = None) -> types.ModuleType:
+    """``pynvml`` listing ``n`` GPUs as ``spec`` (default: this process's) describes them."""
     def memory(h):
-        g = gpu(h[1])
+        g = gpu(h[1], spec)
         return types.SimpleNamespace(total=g["total_memory"], free=g["free_memory"],
                                      used=g["total_memory"] - g["free_memory"])
 
@@ -151,7 +182,7 @@ def _fake_nvml(n: int) -> types.ModuleType:
         raise NVMLError("Not Supported")
 
     def name(h):
-        text = gpu(h[1])["name"]
+        text = gpu(h[1], spec)["name"]
         return text if "simulated" in text.lower() else f"{text} (simulated)"
 
     lib = types.ModuleType("pynvml")
@@ -163,7 +194,7 @@ def _fake_nvml(n: int) -> types.ModuleType:
     lib.nvmlDeviceGetHandleByIndex = lambda i: ("simulated", i)
     lib.nvmlDeviceGetName = name
     lib.nvmlDeviceGetMemoryInfo = memory
-    lib.nvmlDeviceGetCudaComputeCapability = lambda h: tuple(gpu(h[1])["capability"])
+    lib.nvmlDeviceGetCudaComputeCapability = lambda h: tuple(gpu(h[1], spec)["capability"])
     lib.nvmlDeviceGetUUID = no_uuid
     return lib
 

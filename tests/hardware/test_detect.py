@@ -222,6 +222,17 @@ def test_wrong_matmul_falls_back_to_cpu_and_says_why(machine):
     assert any(w.startswith("Falling back to the CPU") for w in hw.warnings)
 
 
+def test_a_notebook_shows_a_simulated_gpu_whose_matmul_is_wrong(machine):
+    """``fake_gpu.simulated``, notebook 01's way on any machine: NVML faked here, torch.cuda in
+    the probe child; the wrong GPU is listed, not trusted, and the CPU chosen."""
+    gpu = {"name": "A100", "total_memory": 80 * GiB}
+    with fake_gpu.simulated({"gpu": gpu, "wrong_at": "matmul"}), pytest.warns(HardwareWarning):
+        hw = D.detect(refresh=True, probe_timeout=60)
+    assert [g.name for g in hw.gpus] == ["A100 (simulated)"]
+    assert hw.gpus[0].probe.verdict == "wrong result" and hw.device == torch.device("cpu")
+    assert hw.gpus[0].uuid is None and fake_gpu.SIM_ENV not in os.environ  # nothing cached, kept
+
+
 def test_crashing_gpu_is_skipped_and_the_next_good_gpu_chosen(machine):
     machine(nvidia=[t4(0), a100(1)],
             simulate={"by_index": {"0": {"crash_at": "tensor"}}})
