@@ -259,8 +259,8 @@ def _probe(targets: list[GpuInfo], build: BuildInfo, env: dict[str, str], timeou
             todo.append((g, key))
     if not todo:
         return
-    results = probe.run_probes([(_probe_backend(g), g.index) for g, _ in todo], timeout)
-    for (g, key), res in zip(todo, results, strict=True):
+    backends = [("mps" if g.backend == "mps" else "cuda", g.index) for g, _ in todo]
+    for (g, key), res in zip(todo, probe.run_probes(backends, timeout), strict=True):
         _merge_probe(g, res)
         note = probe_cache.store(key, res, env) if key is not None else ""
         if note and note not in notes:
@@ -271,10 +271,6 @@ def _nvidia_driver_loaded() -> bool:
     """Whether the NVIDIA kernel driver is loaded (its /proc file; False where there is no /proc)."""
     path = platform.proc_path("driver", "nvidia", "version")
     return path is not None and os.path.exists(path)
-
-
-def _probe_backend(g: GpuInfo) -> str:
-    return "mps" if g.backend == "mps" else "cuda"
 
 
 def _merge_probe(g: GpuInfo, res: ProbeResult) -> None:
