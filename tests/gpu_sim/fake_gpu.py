@@ -35,6 +35,7 @@ import subprocess
 import sys
 import time
 import types
+from collections.abc import Callable
 
 SIM_ENV = "HYBRIDNB_TEST_GPU_SIM"
 FOLDER = os.path.dirname(os.path.abspath(__file__))
@@ -225,7 +226,7 @@ class _TorchHook(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _fake_torch(torch) -> callable:
+def _fake_torch(torch) -> Callable[[], None]:
     """torch.cuda answering for the simulated GPUs, tensors "on" them kept on the CPU; returns
     the function that undoes it."""
     cuda, tensor = torch.cuda, torch.Tensor
