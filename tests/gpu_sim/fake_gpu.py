@@ -123,11 +123,13 @@ def simulated(spec: dict):
     saved = {name: os.environ.get(name) for name in names}
     real = sys.modules.get("pynvml")
     os.environ.update({name: environ(spec)[name] for name in names})
+    sys.path.insert(0, FOLDER)  # children put this process's path first: ours before any other
     sys.modules["pynvml"] = _fake_nvml(int(spec["gpus"]), spec)
     nvml.reset()
     try:
         yield
     finally:
+        sys.path.remove(FOLDER)
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
