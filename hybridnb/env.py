@@ -16,13 +16,8 @@ DEVICE_ENV = "HYBRIDNB_DEVICE"          # cpu | cuda | cuda:N | mps: forces dete
 LAUNCHED_ENV = "HYBRIDNB_LAUNCHED"      # "1" in the ranks hn.launch starts
 ISOLATED_ENV = "HYBRIDNB_ISOLATED"      # "1" in an isolated training worker: it never isolates again
 DATA_ENV = "HYBRIDNB_DATA"              # the notebooks' DATA: synthetic | a folder | R5-mini ...
-FAULT_ENV = "HYBRIDNB_FAULT"            # "phase:kind[:n]" a fault in an isolated worker: read by
-#                                         tests/faults.py's job hook, never by hybridnb
-PROBE_SIMULATE_ENV = "HYBRIDNB_PROBE_SIMULATE"   # JSON faults for the probe child (tests only)
 FIRST_STEP_GRACE_ENV = "HYBRIDNB_FIRST_STEP_GRACE"  # seconds of silence an isolated worker asks
 #                                                   for while compiling or starting CUDA (600)
-SIMULATE_CUDA_ENV = "HYBRIDNB_SIMULATE_CUDA"  # "1": an isolated worker trains a "cuda" run on the
-#                                               CPU; read by tests/faults.py, never by hybridnb
 CACHE_DIR_ENV = "HYBRIDNB_CACHE_DIR"    # where hybridnb keeps its cache (the probe's verdicts)
 PROBE_CACHE_TTL_ENV = "HYBRIDNB_PROBE_CACHE_TTL"  # seconds a passed probe is trusted; 0 = never
 
@@ -62,18 +57,14 @@ def frontend(environ: dict[str, str] | None = None) -> str:
         return "colab"
     if env.get("VSCODE_PID") or env.get("VSCODE_CWD") or env.get("VSCODE_IPC_HOOK_CLI"):
         return "vscode" if kernel else "terminal"
-    if env.get("CI", "").lower() in ("1", "true", "yes") or env.get("NBVAL") or headless_runner(env):
+    if env.get("CI", "").lower() in ("1", "true", "yes") or env.get("NBVAL") \
+            or env.get("PYTEST_CURRENT_TEST"):  # headless runners (nbval under pytest) mark it
         return "ci"
     if kernel:
         return "ci" if _headless_kernel(env) else "jupyter"
     if "IPython" in sys.modules and _ipython_shell() is not None:
         return "ipython"
     return "terminal"
-
-
-def headless_runner(env: dict[str, str]) -> bool:
-    """Headless notebook execution (nbclient, nbval, papermill) marks itself this way."""
-    return bool(env.get("PYTEST_CURRENT_TEST") or env.get(HEADLESS_ENV))
 
 
 HEADLESS_RUNNERS = ("nbclient", "nbconvert", "papermill", "nbval", "pytest", "jupyter-execute",
@@ -99,7 +90,7 @@ def _parent_command(env) -> str:
 
         pid = int(env.get("JPY_PARENT_PID") or os.getppid())
         return " ".join(psutil.Process(pid).cmdline()).lower()
-    except Exception:
+    except Exception:  # noqa: BLE001 - broad: psutil's errors vary by OS; unknown is ""
         return ""
 
 

@@ -18,8 +18,10 @@ import os
 import signal
 import time
 
-from hybridnb.env import FAULT_ENV, SIMULATE_CUDA_ENV
 from hybridnb.train import worker_fit
+
+FAULT_ENV = "HYBRIDNB_FAULT"                  # "phase:kind[:n]", read in the worker by this hook
+SIMULATE_CUDA_ENV = "HYBRIDNB_SIMULATE_CUDA"  # "1": a "cuda" run trained on the CPU
 
 
 class EnvFaults:

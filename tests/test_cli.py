@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from gpu_sim import fake_gpu
 
 from hybridnb import cli
-from hybridnb.env import CACHE_DIR_ENV, DEVICE_ENV, PROBE_SIMULATE_ENV
+from hybridnb.env import CACHE_DIR_ENV, DEVICE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def hybridnb(*args: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     """``python -m hybridnb ARGS`` in a fresh process; no real GPU is probed (CPU forced unless
     the caller sets HYBRIDNB_DEVICE) and the probe cache is the test's own."""
-    environ = {k: v for k, v in os.environ.items() if k != PROBE_SIMULATE_ENV}
+    environ = {k: v for k, v in os.environ.items() if k != fake_gpu.SIM_ENV}
     environ.update({DEVICE_ENV: "cpu", CACHE_DIR_ENV: str(tmp_path)}, **env)
     return subprocess.run([sys.executable, "-m", "hybridnb", *args], cwd=ROOT, env=environ,
                           capture_output=True, text=True, timeout=180)
@@ -108,10 +109,10 @@ def test_compare_with_an_unknown_model_name_lists_the_known_ones(capsys):
 
 
 def test_detect_lists_simulated_gpus_and_falls_back_from_a_wrong_one(tmp_path):
-    """HYBRIDNB_PROBE_SIMULATE with "gpus": N replaces NVML's list (notebook 01's public way)."""
+    """Two simulated GPUs (tests/gpu_sim: NVML and torch.cuda faked in every process)."""
     sim = {"gpus": 2, "gpu": {"name": "A100"}, "by_index": {"1": {"wrong_at": "matmul"}}}
     run = hybridnb("detect", "--json", "--timeout", "60", "--refresh", tmp_path=tmp_path,
-                   **{DEVICE_ENV: "", PROBE_SIMULATE_ENV: json.dumps(sim)})
+                   **{DEVICE_ENV: "", **fake_gpu.environ(sim, {})})
     assert run.returncode == 0, run.stderr
     data = json.loads(run.stdout)
     assert [g["name"] for g in data["gpus"]] == ["A100 (simulated)"] * 2

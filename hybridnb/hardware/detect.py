@@ -18,12 +18,12 @@ hide GPUs as usual; ``HYBRIDNB_LAUNCHED=1`` (set by ``hn.launch``) or torchrun's
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import threading
 import time
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -38,10 +38,9 @@ from hybridnb.hardware.probe import cache as probe_cache
 from hybridnb.hardware.rules import Settings, choose_precision, native_bf16, recommend
 
 DEFAULT_PROBE_TIMEOUT = probe.DEFAULT_TIMEOUT
-NVIDIA_PROC = Path("/proc/driver/nvidia/version")
 _CACHE_VARS = (DEVICE_ENV, LAUNCHED_ENV, "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
                "ROCR_VISIBLE_DEVICES", "HSA_OVERRIDE_GFX_VERSION", "LOCAL_RANK", "WORLD_SIZE",
-               "RANK", runtime.PROBE_SIMULATE_ENV)
+               "RANK")
 
 
 class HardwareWarning(UserWarning):
@@ -191,7 +190,7 @@ def _torch_build() -> BuildInfo:
     if getter is not None:
         try:
             arch = getter() or ""
-        except Exception:
+        except Exception:  # noqa: BLE001 - broad: a private torch call; failing means unknown
             arch = ""
     mps = getattr(torch.backends, "mps", None)
     return BuildInfo(torch=torch.__version__, cuda=torch.version.cuda,
@@ -213,12 +212,7 @@ def _find_gpus(build: BuildInfo, env: dict[str, str]) -> tuple[list[GpuInfo], li
             notes += [note] if note else []
     else:
         raw, status = gpu_info.nvml_inventory()
-        simulated = probe.simulate.listed(env)
-        if simulated is not None:  # HYBRIDNB_PROBE_SIMULATE asked for N simulated GPUs
-            raw = [GpuInfo(index=i, physical_index=i, backend="cuda", free_memory=int(g[
-                "total_memory"] * 0.95), **g) for i, g in enumerate(simulated)]
-            status = f"{len(raw)} simulated GPU(s) ({runtime.PROBE_SIMULATE_ENV})"
-        if not raw and build.cuda and platform.proc() and NVIDIA_PROC.exists():
+        if not raw and build.cuda and _nvidia_driver_loaded():
             # The driver is loaded but NVML is not usable here (e.g. a container without
             # libnvidia-ml): let the probe child find out what GPU 0 is.
             raw = [GpuInfo(index=0, physical_index=0, backend="cuda", name="NVIDIA GPU")]
@@ -255,7 +249,7 @@ def _probe(targets: list[GpuInfo], build: BuildInfo, env: dict[str, str], timeou
     """Attach a probe result to each target: a passed verdict from the disk cache when one is
     younger than ``ttl`` seconds (unless ``refresh``), else a new child's; passes are stored.
     ``ttl`` 0 turns the cache off."""
-    keys = [probe_cache.key_for(g, build, env) if ttl > 0 else None for g in targets]
+    keys = [probe_cache.key_for(g, build) if ttl > 0 else None for g in targets]
     todo = []
     for g, key in zip(targets, keys, strict=True):
         hit = probe_cache.load(key, ttl, env) if key is not None and not refresh else None
@@ -265,16 +259,18 @@ def _probe(targets: list[GpuInfo], build: BuildInfo, env: dict[str, str], timeou
             todo.append((g, key))
     if not todo:
         return
-    results = probe.run_probes([(_probe_backend(g), g.index) for g, _ in todo], timeout)
-    for (g, key), res in zip(todo, results, strict=True):
+    backends = [("mps" if g.backend == "mps" else "cuda", g.index) for g, _ in todo]
+    for (g, key), res in zip(todo, probe.run_probes(backends, timeout), strict=True):
         _merge_probe(g, res)
         note = probe_cache.store(key, res, env) if key is not None else ""
         if note and note not in notes:
             notes.append(note)
 
 
-def _probe_backend(g: GpuInfo) -> str:
-    return "mps" if g.backend == "mps" else "cuda"
+def _nvidia_driver_loaded() -> bool:
+    """Whether the NVIDIA kernel driver is loaded (its /proc file; False where there is no /proc)."""
+    path = platform.proc_path("driver", "nvidia", "version")
+    return path is not None and os.path.exists(path)
 
 
 def _merge_probe(g: GpuInfo, res: ProbeResult) -> None:

@@ -9,6 +9,8 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import psutil
+
 from hybridnb.env import cxx
 from hybridnb.platform import proc_path
 
@@ -17,8 +19,8 @@ from hybridnb.platform import proc_path
 class HostInfo:
     cores_usable: int          # what this process may run on (affinity, cgroup quota)
     cores_logical: int         # what the machine has
-    ram_total: int | None      # bytes
-    ram_available: int | None  # bytes
+    ram_total: int             # bytes
+    ram_available: int         # bytes
     system: str                # "Linux 6.1.0 x86_64"
     python: str
     cpu: str
@@ -31,16 +33,9 @@ class HostInfo:
 def host_info() -> HostInfo:
     logical = os.cpu_count() or 1
     usable, note = usable_cores()
-    total = available = None
-    try:
-        import psutil
-
-        vm = psutil.virtual_memory()
-        total, available = int(vm.total), int(vm.available)
-    except ImportError:
-        pass
-    return HostInfo(cores_usable=usable, cores_logical=logical, ram_total=total,
-                    ram_available=available,
+    vm = psutil.virtual_memory()
+    return HostInfo(cores_usable=usable, cores_logical=logical, ram_total=int(vm.total),
+                    ram_available=int(vm.available),
                     system=f"{platform.system()} {platform.release()} {platform.machine()}",
                     python=platform.python_version(), cpu=_cpu_model(), cores_note=note)
 
@@ -75,33 +70,23 @@ def _cgroup_quota(root: Path = Path("/sys/fs/cgroup")) -> int | None:
         return None
 
 
-def _cpu_model() -> str:
+def _cpuinfo(key: str) -> str:
+    """The first ``key`` line of /proc/cpuinfo ("" where there is no /proc or no such line)."""
     path = proc_path("cpuinfo")
     try:
-        if path is None:
-            raise OSError("no /proc")
-        with open(path) as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+        with open(path or os.devnull) as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith(key)), "")
     except OSError:
-        pass
-    return platform.processor() or "?"
+        return ""
+
+
+def _cpu_model() -> str:
+    return _cpuinfo("model name") or platform.processor() or "?"
 
 
 def cpu_flags() -> set[str]:
     """The CPU's feature flags from /proc/cpuinfo; empty where there is no /proc."""
-    path = proc_path("cpuinfo")
-    if path is None:
-        return set()
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    return set(_cpuinfo("flags").split())
 
 
 def cxx_compiler() -> str | None:

@@ -63,7 +63,7 @@ def _open() -> tuple[Any | None, str]:
         return None, "nvidia-ml-py is not installed, so NVIDIA GPUs cannot be listed"
     try:
         pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError_LibraryNotFound / DriverNotLoaded / ...
+    except Exception as exc:  # noqa: BLE001 - broad: pynvml has one error class per NVML code
         return None, f"no NVIDIA driver found (NVML: {text(exc)})"
     return pynvml, ""
 
@@ -75,7 +75,7 @@ def attempt(name: str, *args: Any) -> tuple[Any | None, str]:
         return None, _STATE["error"]
     try:
         return getattr(lib, name)(*args), ""
-    except Exception as exc:  # NVMLError_GpuIsLost, NotSupported, a missing symbol...
+    except Exception as exc:  # noqa: BLE001 - broad: any NVML code, or a missing symbol
         return None, text(exc)
 
 
@@ -180,7 +180,7 @@ def _torch_uuid(index: int) -> str | None:
         if torch is None or not torch.cuda.is_initialized():
             return None
         value = getattr(torch.cuda.get_device_properties(index), "uuid", None)
-    except Exception:
+    except Exception:  # noqa: BLE001 - broad: torch's error for a bad ordinal varies by version
         return None
     return None if value is None else str(value)
 

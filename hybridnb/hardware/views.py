@@ -1,35 +1,20 @@
 """The hardware report as text (terminals, CI logs) and as an HTML table (notebooks).
 
-The views read a report through the ``Report`` protocol below, so this module needs nothing from
-``detect`` (which uses the views for ``Hardware.__str__``): no import cycle.
+``detect`` uses the views for ``Hardware.__str__``; the views name ``Hardware`` only for type
+checkers, so there is no import cycle.
 """
 
 from __future__ import annotations
 
 import html as _html
 import time
-from typing import Protocol
+from typing import TYPE_CHECKING
 
-from hybridnb.hardware.gpu_info import BuildInfo, GpuInfo, gib
-from hybridnb.hardware.host import HostInfo
+from hybridnb.hardware.gpu_info import GpuInfo, gib
 from hybridnb.hardware.probe.result import TITLES, ProbeResult
-from hybridnb.hardware.rules import Settings
 
-
-class Report(Protocol):
-    """What the views read of ``hybridnb.hardware.detect.Hardware``."""
-
-    device: object
-    precision: str
-    settings: Settings
-    gpus: list[GpuInfo]
-    host: HostInfo
-    frontend: str
-    build: BuildInfo
-    warnings: list[str]
-    advice: list[str]
-    notes: list[str]
-    seconds: float
+if TYPE_CHECKING:
+    from hybridnb.hardware.detect import Hardware
 
 SETTING_ROWS = ("batch_size", "grad_accum", "num_workers", "pin_memory", "persistent_workers",
                 "strategy", "compile", "torch_threads")
@@ -37,7 +22,7 @@ _MARK = {"ok": "ok", "failed": "FAILED", "wrong": "WRONG", "hung": "HUNG", "cras
          "not run": "-"}
 
 
-def _host_line(hw: Report) -> str:
+def _host_line(hw: Hardware) -> str:
     h = hw.host
     cores = f"{h.cores_usable} usable core{'s' if h.cores_usable != 1 else ''}"
     if h.cores_logical != h.cores_usable:
@@ -46,7 +31,7 @@ def _host_line(hw: Report) -> str:
             f"{h.system}; Python {h.python}")
 
 
-def _torch_line(hw: Report) -> str:
+def _torch_line(hw: Hardware) -> str:
     b = hw.build
     kind = f"ROCm {b.hip}" if b.hip else (f"CUDA {b.cuda}" if b.cuda else "CPU-only")
     return f"torch {b.torch} ({kind} build)"
@@ -97,7 +82,7 @@ def _probe_line(g: GpuInfo) -> str:
     return f"{head}: {steps}" + (f"\n      {p.message}" if p.message else "")
 
 
-def text(hw: Report) -> str:
+def text(hw: Hardware) -> str:
     """The readable terminal report."""
     s = hw.settings
     lines = [f"hybridnb.detect()  ({hw.seconds:.2f} s, frontend: {hw.frontend})", ""]
@@ -128,7 +113,7 @@ def text(hw: Report) -> str:
     return "\n".join(lines)
 
 
-def html(hw: Report) -> str:
+def html(hw: Hardware) -> str:
     """One self-contained HTML table for notebooks (no scripts, no external CSS)."""
     e = _html.escape
     s = hw.settings

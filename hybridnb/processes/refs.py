@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
-MAPS = "/proc/self/maps"
-SMAPS = "/proc/self/smaps"
+from hybridnb import platform
 
 
 class SentFileChanged(RuntimeError):
@@ -70,8 +68,11 @@ class FileRef:
     requires_grad: bool = False
 
 
-def read_mappings(maps: str = MAPS) -> list[Mapping]:
+def read_mappings() -> list[Mapping]:
     """This process's file mappings, sorted by address (empty where /proc is missing)."""
+    maps = platform.proc_path("self", "maps")
+    if maps is None:
+        return []
     try:
         with open(maps) as f:
             lines = f.read().splitlines()
@@ -96,10 +97,13 @@ def read_mappings(maps: str = MAPS) -> list[Mapping]:
     return out
 
 
-def _written_private_pages(start: int, end: int, smaps: str = SMAPS) -> int:
+def _written_private_pages(start: int, end: int) -> int:
     """kB of copied-on-write (anonymous) pages in the private mappings within [start, end);
     -1 when unknown."""
     total, inside, found = 0, False, False
+    smaps = platform.proc_path("self", "smaps")
+    if smaps is None:
+        return -1
     try:
         with open(smaps) as f:
             for line in f:
@@ -145,7 +149,7 @@ class Locator:
             dtype: Any, kind: str, requires_grad: bool = False) -> FileRef | None:
         """A ``FileRef`` for the array at ``ptr`` if its bytes lie in a file that still holds
         them; None otherwise (see the module docstring)."""
-        if any(n == 0 for n in shape) or not sys.platform.startswith("linux"):
+        if any(n == 0 for n in shape):
             return None
         lo, hi = _span(ptr, shape, strides, itemsize)
         m = self.find(lo, hi)

@@ -1,7 +1,8 @@
 """detect() end to end, with GPUs simulated (on any machine: a real GPU stays hidden).
 
-A fake NVML/sysfs inventory makes detect() believe GPUs exist; HYBRIDNB_PROBE_SIMULATE makes the
-real probe child (a real subprocess) pass, hang, crash or compute wrong numbers on CPU tensors.
+A fake NVML/sysfs inventory makes detect() believe GPUs exist; tests/gpu_sim fakes torch.cuda in
+the real probe child (a real subprocess), which then passes, hangs, crashes or computes wrong
+numbers on CPU tensors.
 The ``machine`` fixture makes the simulated machine complete, so a GPU the test machine really has
 never leaks in: the inventory is faked, the NVIDIA driver file is hidden, the probe child always
 runs simulated, and the probe cache lives in the test's own folder.
@@ -20,6 +21,7 @@ from dataclasses import replace
 import psutil
 import pytest
 import torch
+from gpu_sim import fake_gpu
 
 import hybridnb
 from hybridnb import env
@@ -36,7 +38,7 @@ ROCM_BUILD = BuildInfo(torch="2.11.0+rocm6.2", cuda=None, hip="6.2.41133",
                                   "gfx1100"])
 ENV_VARS = (D.DEVICE_ENV, D.LAUNCHED_ENV, "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
             "ROCR_VISIBLE_DEVICES", "HSA_OVERRIDE_GFX_VERSION", "PYTORCH_HIP_ALLOC_CONF",
-            "LOCAL_RANK", "WORLD_SIZE", "RANK", probe.SIMULATE_ENV, env.CACHE_DIR_ENV,
+            "LOCAL_RANK", "WORLD_SIZE", "RANK", fake_gpu.SIM_ENV, env.CACHE_DIR_ENV,
             env.PROBE_CACHE_TTL_ENV)
 
 
@@ -65,7 +67,7 @@ def machine(monkeypatch, tmp_path):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(D, "_CACHE", {})
     monkeypatch.setenv(env.CACHE_DIR_ENV, str(tmp_path / "cache"))
-    monkeypatch.setattr(D, "NVIDIA_PROC", tmp_path / "no-nvidia-driver")
+    monkeypatch.setattr(D, "_nvidia_driver_loaded", lambda: False)
 
     def install(nvidia=(), amd=(), build=CUDA_BUILD, simulate=None, frontend="terminal"):
         monkeypatch.setattr(gpu_info, "nvml_inventory",
@@ -76,7 +78,7 @@ def machine(monkeypatch, tmp_path):
                                              f"KFD: {len(amd)} fake GPU(s)"))
         monkeypatch.setattr(D, "_torch_build", lambda: build)
         monkeypatch.setattr(D.runtime, "frontend", lambda: frontend)
-        monkeypatch.setenv(probe.SIMULATE_ENV, json.dumps({} if simulate is None else simulate))
+        fake_gpu.use(monkeypatch, {} if simulate is None else simulate)
 
     return install
 
@@ -184,23 +186,24 @@ def test_passing_probe_chooses_the_gpu_without_initialising_cuda(machine, monkey
 
 
 @pytest.mark.slow
-def test_hanging_probe_is_killed_in_time_and_cpu_is_chosen(machine):
+def test_hanging_probe_is_killed_in_time_and_cpu_is_chosen(machine, tmp_path):
     timeout = 3.0
-    # hang in the memory query, before any step needs torch (its import can take seconds here)
-    machine(nvidia=[t4()], simulate={"hang_at": "memory", "helper": True, "torch": False})
+    # hang in torch's import (a real import can take seconds here, longer than the deadline)
+    pid_file = tmp_path / "helper.pid"
+    machine(nvidia=[t4()], simulate={"hang_at": "import", "helper": str(pid_file)})
     t0 = time.monotonic()
     with pytest.warns(HardwareWarning) as caught:
         hw = D.detect(probe_timeout=timeout)
-    assert_warned(caught, "hung at step 'memory query'")
+    assert_warned(caught, "hung at step 'import torch'")
     elapsed = time.monotonic() - t0
     assert elapsed <= timeout + 1.0
     assert hw.device == torch.device("cpu") and hw.precision == "fp32"
     p = hw.gpus[0].probe
-    assert p.verdict == "hung" and p.failed_step == "memory"
-    assert [s.status for s in p.steps] == ["ok", "ok", "hung", "not run", "not run", "not run"]
-    assert "GPU 0 (Tesla T4) hung at step 'memory query'" in str(hw)
+    assert p.verdict == "hung" and p.failed_step == "import"
+    assert [s.status for s in p.steps] == ["hung"] + ["not run"] * 5
+    assert "GPU 0 (Tesla T4) hung at step 'import torch'" in str(hw)
     _assert_no_children()
-    helper = p.info["helper_pid"]  # the child's own helper process died with its group
+    helper = int(pid_file.read_text())  # the child's own helper process died with its group
     deadline = time.monotonic() + 3
     while psutil.pid_exists(helper) and psutil.Process(helper).status() != "zombie":
         assert time.monotonic() < deadline, "the probe's helper process outlived the kill"
@@ -219,9 +222,20 @@ def test_wrong_matmul_falls_back_to_cpu_and_says_why(machine):
     assert any(w.startswith("Falling back to the CPU") for w in hw.warnings)
 
 
+def test_a_notebook_shows_a_simulated_gpu_whose_matmul_is_wrong(machine):
+    """``fake_gpu.simulated``, notebook 01's way on any machine: NVML faked here, torch.cuda in
+    the probe child; the wrong GPU is listed, not trusted, and the CPU chosen."""
+    gpu = {"name": "A100", "total_memory": 80 * GiB}
+    with fake_gpu.simulated({"gpu": gpu, "wrong_at": "matmul"}), pytest.warns(HardwareWarning):
+        hw = D.detect(refresh=True, probe_timeout=60)
+    assert [g.name for g in hw.gpus] == ["A100 (simulated)"]
+    assert hw.gpus[0].probe.verdict == "wrong result" and hw.device == torch.device("cpu")
+    assert hw.gpus[0].uuid is None and fake_gpu.SIM_ENV not in os.environ  # nothing cached, kept
+
+
 def test_crashing_gpu_is_skipped_and_the_next_good_gpu_chosen(machine):
     machine(nvidia=[t4(0), a100(1)],
-            simulate={"torch": False, "by_index": {"0": {"crash_at": "tensor"}}})
+            simulate={"by_index": {"0": {"crash_at": "tensor"}}})
     with pytest.warns(HardwareWarning) as caught:
         hw = D.detect(probe_timeout=30)
     assert_warned(caught, "crashed at step 'small tensor'")
@@ -303,7 +317,7 @@ def test_hybridnb_device_cuda_n_probes_and_uses_that_gpu(machine, monkeypatch):
 
 
 def test_hybridnb_device_forces_a_gpu_whose_probe_failed_with_a_warning(machine, monkeypatch):
-    machine(nvidia=[t4()], simulate={"torch": False, "error_at": "available"})
+    machine(nvidia=[t4()], simulate={"error_at": "available"})
     monkeypatch.setenv(D.DEVICE_ENV, "cuda")
     with pytest.warns(HardwareWarning) as caught:
         hw = D.detect(probe_timeout=30)
@@ -380,7 +394,7 @@ def _fresh_process() -> None:
 
 
 def test_a_passed_probe_is_cached_on_disk_and_a_new_process_starts_no_child(machine, monkeypatch):
-    machine(nvidia=[a100()], simulate={"torch": False})
+    machine(nvidia=[a100()], simulate={})
     calls = _count_probes(monkeypatch)
     first = D.detect(probe_timeout=30)
     assert calls == [[("cuda", 0)]] and first.gpus[0].probe.ok
@@ -403,28 +417,28 @@ def test_a_passed_probe_is_cached_on_disk_and_a_new_process_starts_no_child(mach
 
 @pytest.mark.parametrize("change", ["driver", "torch build", "gpu"])
 def test_a_new_driver_torch_build_or_gpu_is_probed_again(machine, monkeypatch, change):
-    machine(nvidia=[a100()], simulate={"torch": False})
+    machine(nvidia=[a100()], simulate={})
     calls = _count_probes(monkeypatch)
     D.detect(probe_timeout=30)
     _fresh_process()
     if change == "driver":
         gpu = a100()
         gpu.driver_version = "580.159.04"
-        machine(nvidia=[gpu], simulate={"torch": False})
+        machine(nvidia=[gpu], simulate={})
     elif change == "torch build":
         machine(nvidia=[a100()], build=replace(CUDA_BUILD, torch="2.12.0+cu124"),
-                simulate={"torch": False})
+                simulate={})
     else:
         gpu = a100()
         gpu.uuid = "GPU-another-card"
-        machine(nvidia=[gpu], simulate={"torch": False})
+        machine(nvidia=[gpu], simulate={})
     hw = D.detect(probe_timeout=30)
     assert len(calls) == 2, f"a changed {change} must be probed again"
     assert hw.gpus[0].probe.ok and not hw.gpus[0].probe.cached
 
 
 def test_refresh_probes_again_and_renews_the_cached_verdict(machine, monkeypatch):
-    machine(nvidia=[a100()], simulate={"torch": False})
+    machine(nvidia=[a100()], simulate={})
     calls = _count_probes(monkeypatch)
     first = D.detect(probe_timeout=30)
     _fresh_process()
@@ -451,7 +465,7 @@ def test_a_failed_probe_is_never_cached(machine, monkeypatch):
 def test_an_old_verdict_expires_and_ttl_zero_turns_the_cache_off(machine, monkeypatch):
     from hybridnb.hardware.probe import cache
 
-    machine(nvidia=[a100()], simulate={"torch": False})
+    machine(nvidia=[a100()], simulate={})
     calls = _count_probes(monkeypatch)
     D.detect(probe_timeout=30)
     _fresh_process()
@@ -478,7 +492,7 @@ def test_a_bad_cache_ttl_is_a_clear_error(machine, monkeypatch, value):
 def test_an_unwritable_cache_folder_is_a_note_not_a_failure(machine, monkeypatch, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
-    machine(nvidia=[a100()], simulate={"torch": False})
+    machine(nvidia=[a100()], simulate={})
     monkeypatch.setenv(env.CACHE_DIR_ENV, str(blocker))
     hw = D.detect(probe_timeout=30)
     assert hw.device == torch.device("cuda:0")

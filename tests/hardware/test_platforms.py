@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from gpu_sim import fake_gpu
 from torch import nn
 
 import hybridnb
@@ -57,7 +58,7 @@ def test_detect_on_a_mac_whose_mps_fails_its_probe_chooses_the_cpu_and_says_why(
                                                                                tmp_path):
     """MPS reported (as on every Apple Silicon Mac): detect() probes it in a child; here the
     child finds no MPS, and detect() warns and falls back to the CPU instead of raising."""
-    for var in (D.DEVICE_ENV, probe.SIMULATE_ENV, "LOCAL_RANK", "WORLD_SIZE", D.LAUNCHED_ENV):
+    for var in (D.DEVICE_ENV, fake_gpu.SIM_ENV, "LOCAL_RANK", "WORLD_SIZE", D.LAUNCHED_ENV):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv(env.CACHE_DIR_ENV, str(tmp_path))
     monkeypatch.setattr(D, "_CACHE", {})
@@ -86,12 +87,12 @@ def no_child_pipes(monkeypatch):
 
 def test_without_supervised_children_the_probe_runs_here_and_says_so(monkeypatch,
                                                                      no_child_pipes):
-    monkeypatch.setenv(probe.SIMULATE_ENV, '{"torch": false}')
-    healthy, wrong = probe.run_probes([("cuda", 0), ("cuda", 1)], 5.0)
-    assert healthy.ok and "probed in this process" in healthy.message
+    with fake_gpu.installed({"gpus": 2}):  # torch.cuda of this process, faked
+        healthy, also = probe.run_probes([("cuda", 0), ("cuda", 1)], 5.0)
+    assert healthy.ok and also.ok and "probed in this process" in healthy.message
     assert no_child_pipes.why in healthy.message
-    monkeypatch.setenv(probe.SIMULATE_ENV, '{"torch": false, "wrong_at": "copy_back"}')
-    (wrong,) = probe.run_probes([("cuda", 0)], 5.0)
+    with fake_gpu.installed({"wrong_at": "copy_back"}):
+        (wrong,) = probe.run_probes([("cuda", 0)], 5.0)
     assert wrong.verdict == "wrong result" and wrong.failed_step == "copy_back"
 
 

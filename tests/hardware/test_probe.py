@@ -1,12 +1,14 @@
-"""The probe child and its parent-side runner, with faults injected through the simulation."""
+"""The probe child and its parent-side runner, with faults injected from outside: tests/gpu_sim
+fakes torch.cuda (and its faults) in the child, which runs its real steps."""
 
 from __future__ import annotations
 
-import json
 import time
+from pathlib import Path
 
 import psutil
 import pytest
+from gpu_sim import fake_gpu
 
 from hybridnb.hardware import probe
 from hybridnb.hardware.probe import supervisor
@@ -16,7 +18,7 @@ CUDA_ERROR = ("CUDA error: no kernel image is available for execution on the dev
 
 
 def _run(monkeypatch, sim: dict, timeout: float = 30, targets=(("cuda", 0),)):
-    monkeypatch.setenv(probe.SIMULATE_ENV, json.dumps(sim))
+    fake_gpu.use(monkeypatch, sim)
     results = probe.run_probes(list(targets), timeout)
     assert psutil.Process().children(recursive=True) == []
     return results
@@ -28,8 +30,7 @@ def test_child_reports_each_step_as_framed_messages(monkeypatch):
     from hybridnb.processes import supervise
     from hybridnb.processes.framed import start_framed
 
-    sim = {"torch": False, "gpu": {"name": "Fake A100"}, "error_at": "tensor"}
-    monkeypatch.setenv(probe.SIMULATE_ENV, json.dumps(sim))
+    fake_gpu.use(monkeypatch, {"gpu": {"name": "Fake A100"}, "error_at": "tensor"})
     got = []
     out = supervise(lambda: start_framed(supervisor.CHILD_MODULE, "--backend", "cuda")[0],
                     on_message=got.append, deadline=60)
@@ -45,7 +46,7 @@ def test_child_reports_each_step_as_framed_messages(monkeypatch):
 
 
 def test_error_with_a_real_cuda_message_is_reported_at_its_step(monkeypatch):
-    [r] = _run(monkeypatch, {"torch": False, "error_at": "available", "message": CUDA_ERROR})
+    [r] = _run(monkeypatch, {"error_at": "available", "message": CUDA_ERROR})
     assert r.verdict == "failed" and r.failed_step == "available" and r.returncode == 1
     assert r.message == ("failed at step 'device available': RuntimeError: CUDA error: no "
                          "kernel image is available for execution on the device")
@@ -63,7 +64,7 @@ def test_corrupted_copy_back_is_a_wrong_result(monkeypatch):
 
 
 def test_segfault_names_the_signal_and_the_step(monkeypatch):
-    [r] = _run(monkeypatch, {"torch": False, "crash_at": "memory"})
+    [r] = _run(monkeypatch, {"crash_at": "memory"})
     assert r.verdict == "crashed" and r.failed_step == "memory"
     assert r.returncode < 0 and "SIGSEGV" in r.message and "memory query" in r.message
 
@@ -75,24 +76,26 @@ def test_crash_at_shutdown_after_every_step_passed_still_passes_with_a_note(monk
 
 
 def test_child_that_dies_before_any_step_is_a_crash_with_its_stderr(monkeypatch):
-    monkeypatch.setenv(probe.SIMULATE_ENV, "{not json")
-    [r] = probe.run_probes([("cuda", 0)], 30)
+    broken = "ImportError: libcuda.so.1: cannot open shared object file"
+    [r] = _run(monkeypatch, {"crash_at": "start", "message": broken})
     assert r.verdict == "crashed" and "before its first step" in r.message
-    assert "not valid JSON" in r.message
+    assert "SIGSEGV" in r.message and broken in r.message
 
 
 def test_children_run_in_parallel_under_one_deadline(monkeypatch):
-    """Three GPUs, two hang: the whole call still ends at the one deadline, each verdict its own."""
+    """Three GPUs, two hang: the whole call still ends at the one deadline, each verdict its own
+    (faults in torch's import: a real import can take longer than this deadline here)."""
     timeout = 2.0
-    sim = {"torch": False, "by_index": {"0": {"hang_at": "available"},
-                                        "1": {"error_at": "memory"},
-                                        "2": {"hang_at": "memory"}}}
+    sim = {"by_index": {"0": {"hang_at": "import"},
+                        "1": {"error_at": "import", "message": "libcudart.so.13: not found"},
+                        "2": {"hang_at": "import"}}}
     t0 = time.monotonic()
     r0, r1, r2 = _run(monkeypatch, sim, timeout, [("cuda", 0), ("cuda", 1), ("cuda", 2)])
     assert time.monotonic() - t0 <= timeout + 1.0
-    assert (r0.verdict, r0.failed_step) == ("hung", "available")
-    assert (r1.verdict, r1.failed_step) == ("failed", "memory")
-    assert (r2.verdict, r2.failed_step) == ("hung", "memory")
+    assert (r0.verdict, r0.failed_step) == ("hung", "import")
+    assert (r1.verdict, r1.failed_step) == ("failed", "import")
+    assert "ImportError: libcudart.so.13" in r1.message
+    assert (r2.verdict, r2.failed_step) == ("hung", "import")
     assert "no answer for 2 s" in r2.message
 
 
@@ -103,7 +106,7 @@ def test_an_interrupted_probe_leaves_no_process(monkeypatch):
     import signal
     import threading
 
-    monkeypatch.setenv(probe.SIMULATE_ENV, json.dumps({"torch": False, "hang_at": "available"}))
+    fake_gpu.use(monkeypatch, {"hang_at": "import"})
 
     def interrupt_when_probing():
         deadline = time.monotonic() + 20
@@ -121,22 +124,21 @@ def test_an_interrupted_probe_leaves_no_process(monkeypatch):
 
 # ------------------------------------------------------------------ structure
 
-def test_only_the_simulation_module_knows_the_faults():
-    """The real steps call the simulation's hooks; the fault names live in one module."""
-    import inspect
+def test_the_package_knows_nothing_of_the_simulation():
+    """The faults are the tests' (tests/gpu_sim): no module of hybridnb names one, nor the
+    simulation's variable."""
+    import hybridnb
 
-    from hybridnb.hardware.probe import child, simulate
-
-    source = inspect.getsource(child)
-    for fault in ("hang_at", "crash_at", "error_at", "wrong_at", "by_index", probe.SIMULATE_ENV):
-        assert fault not in source and fault in inspect.getsource(simulate)
-    assert probe.SIMULATE_ENV == "HYBRIDNB_PROBE_SIMULATE"
+    names = ("hang_at", "crash_at", "error_at", "wrong_at", fake_gpu.SIM_ENV, "SIMULATE")
+    found = [f"{path.name}: {name}" for path in Path(hybridnb.__file__).parent.rglob("*.py")
+             for name in names if name in path.read_text()]
+    assert found == []
 
 
 # ------------------------------------------------------------------ the cache, as data
 
 def _passed(proven_at: float) -> probe.ProbeResult:
-    steps = [probe.StepResult(name, "ok", 0.1) for name in probe.STEPS]
+    steps = [probe.ProbeStep(name, "ok", 0.1) for name in probe.STEPS]
     return probe.ProbeResult("cuda", 0, "passed", steps, 4.2, proven_at=proven_at,
                              info={"name": "Fake"})
 

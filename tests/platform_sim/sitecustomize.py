@@ -13,7 +13,7 @@ PR_SET_PDEATHSIG); ``signal.SIGHUP``; ``os.waitid``, ``os.pidfd_open`` and
 ``os.sched_getaffinity`` (missing on macOS before Python 3.13); /proc, for hybridnb's code
 (``os.path.exists``/``isdir`` say it is not there, and ``open`` of a path under it raises
 FileNotFoundError when hybridnb calls it; psutil and torch keep theirs, as they have their own
-means on macOS).
+means on macOS). Then the GPU simulation's (tests/gpu_sim), when it is on the path too.
 """
 
 import os
@@ -77,3 +77,26 @@ def _take_away() -> None:
 
 if os.environ.get(SIM_ENV) == "1":
     _take_away()
+
+
+def _run_the_next_sitecustomize() -> None:
+    """Python runs only the first ``sitecustomize`` on the path; the tests' (each holds this
+    function) run each other, once each, whichever comes first."""
+    import importlib.util
+    import pathlib
+    import sys
+
+    ran = {os.path.realpath(m.__file__) for name, m in list(sys.modules.items())
+           if (name == "sitecustomize" or name.startswith("_sitecustomize_"))
+           and getattr(m, "__file__", None)} | {os.path.realpath(__file__)}
+    for folder in sys.path:
+        path = os.path.realpath(os.path.join(folder or os.curdir, "sitecustomize.py"))
+        if path not in ran and os.path.isfile(path) \
+                and "def _run_the_next_sitecustomize" in pathlib.Path(path).read_text():
+            spec = importlib.util.spec_from_file_location(f"_sitecustomize_{len(ran)}", path)
+            module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return
+
+
+_run_the_next_sitecustomize()

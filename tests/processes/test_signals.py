@@ -8,7 +8,6 @@ starts inherits; after the command ended, no running process may carry the marke
 from __future__ import annotations
 
 import glob
-import json
 import os
 import signal
 import subprocess
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from gpu_sim import fake_gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 MARK = "HYBRIDNB_SIGNAL_TEST"
@@ -166,11 +166,12 @@ def test_a_signal_before_any_child_ends_compare_at_once(tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_detect_with_a_hung_gpu_kills_the_probe_and_its_helper(tmp_path, sig):
     """A GPU that hangs in the probe, whose child started a helper (as drivers do)."""
-    sim = {"gpus": 1, "torch": False, "hang_at": "matmul", "helper": True}
+    sim = {"gpus": 1, "hang_at": "matmul", "helper": True}
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     got = _signal_when([sys.executable, "-m", "hybridnb", "detect", "--timeout", "120",
                         "--refresh"], sig,
                        lambda cmds: sum("python" in c for c in cmds) >= 2, tmp_path,
-                       {"HYBRIDNB_PROBE_SIMULATE": json.dumps(sim)})
+                       fake_gpu.environ(sim, {"PYTHONPATH": path}))
     assert any("hybridnb.hardware.probe" in c for c in got["seen"])  # the probe and its helper
     assert any("time.sleep(600)" in c for c in got["seen"])
     _clean(got)

@@ -11,9 +11,9 @@ import pandas as pd
 import psutil
 import pytest
 import torch
+from faults import FAULT_ENV
 from tiny import sine_data, sine_net
 
-from hybridnb.env import FAULT_ENV
 from hybridnb.train import checkpoint, recovery
 from hybridnb.train.callbacks import CallbackError
 from hybridnb.train.trainer import Trainer

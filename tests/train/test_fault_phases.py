@@ -17,9 +17,10 @@ import math
 import psutil
 import pytest
 import torch
+from faults import FAULT_ENV, SIMULATE_CUDA_ENV
 from tiny import sine_data, sine_net
 
-from hybridnb.env import FAULT_ENV, FIRST_STEP_GRACE_ENV, SIMULATE_CUDA_ENV
+from hybridnb.env import FIRST_STEP_GRACE_ENV
 from hybridnb.train import recovery
 from hybridnb.train.trainer import Trainer
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from faults import FAULT_ENV
 from torch import nn
 from torch.optim import lr_scheduler
 
-from hybridnb.env import FAULT_ENV
 from hybridnb.train import checkpoint, recovery
 from hybridnb.train.trainer import Trainer
 

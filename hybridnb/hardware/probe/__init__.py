@@ -5,14 +5,11 @@
   deadline (``run_probes``);
 - ``child``: the steps the child runs (``python -m hybridnb.hardware.probe WIRING --backend B
   --index N``, a framed command: its events travel in the channel's frames);
-- ``simulate``: the fault simulation the tests use (``HYBRIDNB_PROBE_SIMULATE``), kept apart;
 - ``cache``: passed verdicts on disk, per GPU, driver and torch build, for a bounded time;
 - ``result``: the steps' names and the result types.
 """
 
-from hybridnb.hardware.probe.result import STEPS, TITLES, ProbeResult, StepResult
-from hybridnb.hardware.probe.simulate import SIMULATE_ENV
+from hybridnb.hardware.probe.result import STEPS, TITLES, ProbeResult, ProbeStep
 from hybridnb.hardware.probe.supervisor import DEFAULT_TIMEOUT, run_probes
 
-__all__ = ["DEFAULT_TIMEOUT", "STEPS", "TITLES", "ProbeResult", "StepResult", "SIMULATE_ENV",
-           "run_probes"]
+__all__ = ["DEFAULT_TIMEOUT", "STEPS", "TITLES", "ProbeResult", "ProbeStep", "run_probes"]

@@ -32,17 +32,15 @@ from hybridnb.hardware.probe.result import ProbeResult
 VERSION = 1   # bump when the probe's steps change, so older verdicts no longer count
 
 
-def key_for(gpu: GpuInfo, build: BuildInfo, environ: dict[str, str] | None = None
-            ) -> dict | None:
+def key_for(gpu: GpuInfo, build: BuildInfo) -> dict | None:
     """The facts a stored verdict must match, or None when this GPU cannot be cached (no UUID:
     NVML could not read it)."""
-    environ = env.current() if environ is None else environ
     if not gpu.uuid:
         return None
     return {"uuid": gpu.uuid, "backend": gpu.backend, "driver": gpu.driver_version or "",
             "driver_cuda": gpu.driver_cuda or "", "kernel": platform.release(),
             "torch": build.torch, "cuda": build.cuda or "", "hip": build.hip or "",
-            "simulate": environ.get(env.PROBE_SIMULATE_ENV, ""), "version": VERSION}
+            "version": VERSION}
 
 
 def folder(environ: dict[str, str] | None = None) -> Path:

@@ -4,8 +4,7 @@ Started by the supervisor as ``python -m hybridnb.hardware.probe WIRING --backen
 (``processes.framed``: its events travel in the channel's frames, like every child's). Steps:
 import torch -> device available -> memory query -> small tensor -> matrix product checked
 against the CPU result -> copy back (a round trip compared bit for bit). Each step sends a
-"start" event before and an "ok"/"fail" event after, so a hang is placed at its step. Faults for
-tests come from ``probe.simulate``; the steps below only call its hooks.
+"start" event before and an "ok"/"fail" event after, so a hang is placed at its step.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ import sys
 import time
 import warnings
 
-from hybridnb.hardware.probe import simulate
 from hybridnb.hardware.probe.result import EVENT, STEPS
 from hybridnb.processes.channel import Channel
 
@@ -40,29 +38,24 @@ def main(argv: list[str] | None = None, channel: Channel | None = None) -> int:
         channel.send(EVENT, event)
         channel.flush()
 
-    sim = simulate.read(args.index)
-    if not run_steps(args.backend, args.index, emit, sim):
-        _exit(channel, 1)
-    simulate.inject(sim, "exit", emit)
-    _exit(channel, 0)
+    _exit(channel, 0 if run_steps(args.backend, args.index, emit) else 1)
     return 0
 
 
-def run_steps(backend: str, index: int, emit, sim: dict | None = None) -> bool:
+def run_steps(backend: str, index: int, emit) -> bool:
     """Run every step for one device, ``emit(**event)`` for each start, end and fact; stop at
     the first failure. True when every step passed (then an "end" event was emitted)."""
-    ctx: dict = {"backend": backend, "index": index, "sim": sim, "emit": emit}
+    ctx: dict = {"backend": backend, "index": index, "emit": emit}
     for name in STEPS:
         emit(e="start", step=name, t=time.time())
         t0 = time.perf_counter()
         try:
-            simulate.inject(sim, name, emit)
             detail = _STEP_FUNCS[name](ctx) or ""
         except _WrongResult as exc:
             emit(e="fail", step=name, s=round(time.perf_counter() - t0, 4), error=str(exc),
                  wrong=True)
             return False
-        except Exception as exc:  # noqa: BLE001 - report any failure, then stop
+        except Exception as exc:  # noqa: BLE001 - broad: any failure is this step's verdict
             emit(e="fail", step=name, s=round(time.perf_counter() - t0, 4),
                  error=f"{type(exc).__name__}: {str(exc).strip()[:500]}")
             return False
@@ -80,21 +73,7 @@ def _exit(channel: Channel, code: int) -> None:
     os._exit(code)
 
 
-def _torch(ctx: dict):
-    """torch for the tensor steps (a light simulation imports it only here)."""
-    if ctx.get("torch") is None:
-        import torch
-
-        ctx["torch"] = torch
-    if ctx.get("device") is None:
-        ctx["device"] = ctx["torch"].device("cpu")
-    return ctx["torch"]
-
-
 def _step_import(ctx: dict) -> str:
-    if simulate.skips_torch(ctx["sim"]):
-        ctx["torch"] = None  # imported later, only if a step needs it
-        return "skipped (simulation without torch)"
     import torch
 
     ctx["torch"] = torch
@@ -102,12 +81,7 @@ def _step_import(ctx: dict) -> str:
 
 
 def _step_available(ctx: dict) -> str:
-    torch, sim, backend, index = ctx["torch"], ctx["sim"], ctx["backend"], ctx["index"]
-    if sim is not None:
-        facts = simulate.device_facts(sim)
-        ctx["device"], ctx["sync"] = None, (lambda: None)  # CPU tensors, see _torch()
-        ctx["emit"](e="info", info=facts)
-        return f"{facts['name']} (simulated on the CPU)"
+    torch, backend, index = ctx["torch"], ctx["backend"], ctx["index"]
     if backend == "mps":
         if not torch.backends.mps.is_available():
             raise RuntimeError("torch.backends.mps.is_available() is False")
@@ -144,15 +118,13 @@ def _mps_bf16(torch) -> bool:
     try:
         x = torch.ones(4, dtype=torch.bfloat16, device="mps")
         return float((x * 2).sum().item()) == 8.0
-    except Exception:  # noqa: BLE001 - "TypeError: BFloat16 is not supported on MPS"
+    except Exception:  # noqa: BLE001 - broad: MPS raises TypeError or RuntimeError by version
         return False
 
 
 def _step_memory(ctx: dict) -> str:
-    torch, sim = ctx["torch"], ctx["sim"]
-    if sim is not None:
-        free, total = simulate.memory(sim)
-    elif ctx["device"].type == "mps":
+    torch = ctx["torch"]
+    if ctx["device"].type == "mps":
         free, total = _mps_memory(torch, ctx["emit"])
     else:
         free, total = (int(v) for v in torch.cuda.mem_get_info(ctx["device"]))
@@ -179,7 +151,7 @@ def _mps_memory(torch, emit) -> tuple[int, int]:
 
 
 def _step_tensor(ctx: dict) -> str:
-    torch = _torch(ctx)
+    torch = ctx["torch"]
     x = torch.arange(4096, dtype=torch.float32, device=ctx["device"])
     got = float((x * 2).sum().item())
     ctx["sync"]()
@@ -190,14 +162,13 @@ def _step_tensor(ctx: dict) -> str:
 
 
 def _step_matmul(ctx: dict) -> str:
-    torch = _torch(ctx)
+    torch = ctx["torch"]
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(256, 256, generator=gen)
     b = torch.randn(256, 256, generator=gen)
     ref = a @ b
     out = a.to(ctx["device"]) @ b.to(ctx["device"])
     ctx["sync"]()
-    out = simulate.corrupt(ctx["sim"], "matmul", out, ref)
     err = float((out - ref.to(out.device)).abs().max().item()) / float(ref.abs().max())
     if not err <= MATMUL_TOLERANCE:  # also catches NaN
         raise _WrongResult(f"256x256 fp32 product differs from the CPU result: max relative "
@@ -206,11 +177,10 @@ def _step_matmul(ctx: dict) -> str:
 
 
 def _step_copy_back(ctx: dict) -> str:
-    torch = _torch(ctx)
+    torch = ctx["torch"]
     host = torch.randint(-2**31, 2**31 - 1, (1 << 20,), dtype=torch.int32,
                          generator=torch.Generator().manual_seed(1))
-    dev = simulate.corrupt(ctx["sim"], "copy_back", host.to(ctx["device"]))
-    back = dev.cpu()
+    back = host.to(ctx["device"]).cpu()
     ctx["sync"]()
     bad = int((back != host).sum())
     if bad:

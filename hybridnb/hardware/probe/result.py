@@ -11,7 +11,7 @@ TITLES = {"import": "import torch", "available": "device available", "memory": "
 
 
 @dataclass
-class StepResult:
+class ProbeStep:
     name: str
     status: str              # "ok" | "failed" | "wrong" | "hung" | "crashed" | "not run"
     seconds: float | None = None
@@ -29,7 +29,7 @@ class ProbeResult:
     backend: str
     index: int
     verdict: str
-    steps: list[StepResult]
+    steps: list[ProbeStep]
     seconds: float
     message: str = ""                 # one sentence for the report ("" when passed)
     failed_step: str | None = None
@@ -51,5 +51,5 @@ class ProbeResult:
     def from_dict(cls, data: dict) -> ProbeResult:
         """The inverse of ``to_dict`` (unknown keys ignored)."""
         fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        fields["steps"] = [StepResult(**s) for s in data.get("steps", [])]
+        fields["steps"] = [ProbeStep(**s) for s in data.get("steps", [])]
         return cls(**fields)

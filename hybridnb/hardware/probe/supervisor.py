@@ -19,8 +19,7 @@ import time
 
 from hybridnb import platform
 from hybridnb.hardware.probe import child as probe_child
-from hybridnb.hardware.probe import simulate
-from hybridnb.hardware.probe.result import EVENT, STEPS, TITLES, ProbeResult, StepResult
+from hybridnb.hardware.probe.result import EVENT, STEPS, TITLES, ProbeResult, ProbeStep
 from hybridnb.processes.channel import Message
 from hybridnb.processes.ended import Ended, Exit
 from hybridnb.processes.framed import child_environment, start_framed
@@ -58,8 +57,7 @@ def run_here(backend: str, index: int) -> ProbeResult:
     for failures and wrong results; a hang or a crash is not caught. The message says so."""
     events: list[dict] = []
     t0 = time.monotonic()
-    probe_child.run_steps(backend, index, lambda **event: events.append(event),
-                          simulate.read(index))
+    probe_child.run_steps(backend, index, lambda **event: events.append(event))
     probe = Probe(backend, index)
     probe.events = events
     res = probe.verdict(time.monotonic() - t0, timed_out=False, rc=0, timeout=0.0)
@@ -87,38 +85,28 @@ class Probe:
         if message.kind == EVENT and isinstance(message.payload, dict):
             self.events.append(message.payload)
 
-    @property
-    def timed_out(self) -> bool:
-        return self.watched.outcome.status == Ended.TIMEOUT
-
-    @property
-    def seconds(self) -> float:
-        return self.watched.outcome.seconds
-
-    @property
-    def returncode(self) -> int | None:
-        """As Popen says it (minus the signal), None when it could not be reaped."""
-        proc = self.watched.child
-        return proc.exit.returncode if proc.reaped and proc.exit else None
-
     def result(self, timeout: float) -> ProbeResult:
-        return self.verdict(self.seconds, self.timed_out, self.returncode, timeout)
+        """The verdict once the watch is over; the return code as Popen says it, None when the
+        child could not be reaped."""
+        outcome, proc = self.watched.outcome, self.watched.child
+        rc = proc.exit.returncode if proc.reaped and proc.exit else None
+        return self.verdict(outcome.seconds, outcome.status == Ended.TIMEOUT, rc, timeout)
 
     def verdict(self, seconds: float, timed_out: bool, rc: int | None, timeout: float
                 ) -> ProbeResult:
         """The result from the events the steps sent and how the process ended."""
-        steps = {name: StepResult(name, "not run") for name in STEPS}
+        steps = {name: ProbeStep(name, "not run") for name in STEPS}
         current, info, failure, ended = None, {}, None, False
         for ev in list(self.events):
             kind, name = ev.get("e"), ev.get("step")
             if kind == "start" and name in steps:
                 current = name
             elif kind == "ok" and name in steps:
-                steps[name] = StepResult(name, "ok", ev.get("s"), ev.get("detail", ""))
+                steps[name] = ProbeStep(name, "ok", ev.get("s"), ev.get("detail", ""))
                 current = None
             elif kind == "fail" and name in steps:
                 status = "wrong" if ev.get("wrong") else "failed"
-                steps[name] = StepResult(name, status, ev.get("s"), ev.get("error", ""))
+                steps[name] = ProbeStep(name, status, ev.get("s"), ev.get("error", ""))
                 failure, current = (name, status, ev.get("error", "")), None
             elif kind == "info":
                 info.update(ev.get("info", {}))
@@ -165,7 +153,7 @@ class Probe:
         return " | ".join(lines[-3:])[-limit:]
 
 
-def _next_step(steps: dict[str, StepResult]) -> str:
+def _next_step(steps: dict[str, ProbeStep]) -> str:
     return next((n for n in STEPS if steps[n].status == "not run"), STEPS[-1])
 
 
