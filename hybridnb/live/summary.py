@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hybridnb.live import fmt
+from hybridnb.metric_direction import higher_is_better
 
 STOP_REASONS = {
     "early_stopping": "Stopped early by early stopping after step {step}.",
@@ -137,7 +138,7 @@ def _best(summary: Mapping[str, Any], monitor: str
     if value is None and hist is not None and monitor in getattr(hist, "columns", ()):
         col = hist[monitor].dropna()
         if len(col):
-            i = col.idxmax() if monitor.endswith(("r2", "accuracy")) else col.idxmin()
+            i = col.idxmax() if higher_is_better(monitor) else col.idxmin()
             value = float(col[i])
             epoch = int(hist.loc[i, "epoch"]) if "epoch" in hist.columns else int(i)
             step = int(hist.loc[i, "step"]) if "step" in hist.columns else None
