@@ -172,18 +172,17 @@ def test_report_png_is_the_live_figure(tmp_path):
 def test_translation_draws_subplots_log_axes_shapes_titles_and_legend():
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("left", "right"),
-                        specs=[[{}, {"secondary_y": True}]])
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("left", "right"))
     fig.add_scatter(x=[1, 2, 3], y=[1, 10, 100], name="a", row=1, col=1)
     fig.add_scatter(x=[1, 2, 3], y=[3, 2, 1], name="b", row=1, col=2)
-    fig.add_scatter(x=[1, 2, 3], y=[50, 60, 70], name="c", row=1, col=2, secondary_y=True)
+    fig.add_scatter(x=[1, 2, 3], y=[1, 3, 2], name="c", mode="markers", row=1, col=2)
     fig.add_hline(y=5, line_color="crimson", row=1, col=1)
     fig.update_yaxes(type="log", row=1, col=1)
     fig.update_layout(title="two panels")
     drawn = static.to_matplotlib(fig)
-    left, right, twin = drawn.axes
+    left, right = drawn.axes
     assert left.get_yscale() == "log" and right.get_yscale() == "linear"
-    assert twin.get_ylim()[0] > 40  # the secondary axis holds its own trace
+    assert right.get_position().x0 > left.get_position().x1  # side by side, as plotly's domains
     texts = {t.get_text() for t in drawn.texts}
     assert {"left", "right", "two panels"} <= texts
     assert [t.get_text() for t in drawn.legends[0].texts] == ["a", "b", "c"]
@@ -200,7 +199,7 @@ def test_shapes_widen_the_axes_as_in_plotly_and_stray_labels_stay_inside():
     assert png_size(static.to_png(fig))[1] <= 300  # the stray label does not stretch the image
 
 
-def test_translation_draws_histogram_bar_and_says_what_it_skips():
+def test_translation_draws_histogram_bar_heatmap_and_says_what_it_skips():
     rng = np.random.default_rng(0)
     hist = static.to_matplotlib(px.histogram(x=rng.normal(size=500), nbins=20))
     assert len(hist.axes[0].patches) == 20
@@ -210,13 +209,16 @@ def test_translation_draws_histogram_bar_and_says_what_it_skips():
     stacked = static.to_matplotlib(px.bar(x=[1, 2, 3, 4], y=["a", "a", "b", "b"],
                                           orientation="h"))  # px: one bar per row, stacked
     assert sorted(p.get_x() + p.get_width() for p in stacked.axes[0].patches) == [1, 3, 3, 7]
-    boxes = static.to_matplotlib(px.box(x=["u"] * 5 + ["v"] * 5, y=np.arange(10.0)))
-    assert [t.get_text() for t in boxes.axes[0].get_xticklabels()] == ["u", "v"]
-    when = static.to_matplotlib(px.line(x=["2024-01-01", "2024-01-02", "2024-01-03"],
-                                        y=[1, 2, 3]))
-    assert when.axes[0].lines[0].get_xdata().dtype.kind == "M"  # a time axis, not categories
-    pie = static.to_matplotlib(go.Figure(go.Pie(values=[1, 2])))
-    assert any("pie" in t.get_text() for t in pie.texts)  # said, not silently blank
+    grouped = static.to_matplotlib(go.Figure([go.Bar(x=["a", "b"], y=[1, 2], name="one"),
+                                              go.Bar(x=["a", "b"], y=[3, 4], name="two")]))
+    left_one, _, left_two, _ = sorted(grouped.axes[0].patches, key=lambda p: p.get_height())
+    assert left_one.get_x() < left_two.get_x()  # side by side, not on top of each other
+    heat = static.to_matplotlib(px.imshow(np.arange(6.0).reshape(2, 3)))
+    assert heat.axes[0].collections[0].get_array().size == 6
+    for fig, kind in ((px.box(y=np.arange(10.0)), "box"), (go.Figure(go.Pie(values=[1, 2])),
+                                                              "pie")):
+        drawn = static.to_matplotlib(fig)  # a trace the translation does not cover:
+        assert any(kind in t.get_text() for t in drawn.texts)  # said, not silently blank
 
 
 # ------------------------------------------------------------------ a notebook, end to end
