@@ -2,12 +2,12 @@
 
 Translates what plotly's JSON says rather than rendering plotly.js (kaleido would, but needs a
 Chrome). Only what the notebooks and the common plotly express calls make: scatter/scattergl
-(lines, markers, text; ``px.line``, ``px.scatter``), bar (grouped, overlaid, stacked,
-horizontal, ``base=``, text, error bars; ``px.bar``), histogram (overlaid ones share their bins;
-``px.histogram``) and heatmap (``px.imshow``); subplots (``make_subplots``), log axes, ranges
-and titles, ``add_hline``/``add_vline``, annotations (subplot titles), the title and the legend.
-Another trace type is not drawn and the image says so in its corner. hybridnb's own figures are
-drawn by matplotlib directly (``live/panel_image.py``), not through here.
+(lines, markers; ``px.line``, ``px.scatter``), bar (grouped, overlaid, stacked, horizontal,
+``base=``, text, error bars; ``px.bar``) and histogram (overlaid ones share their bins;
+``px.histogram``); subplots (``make_subplots``), log axes, ranges and titles,
+``add_hline``/``add_vline``, annotations (subplot titles), the title and the legend. Another
+trace type is not drawn and the image says so in its corner. hybridnb's own figures are drawn
+by matplotlib directly (``live/panel_image.py``), not through here.
 """
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ PLOTLY_COLORWAY = ("#636efa", "#EF553B", "#00cc96", "#ab63fa", "#FFA15A", "#19d3
                    "#B6E880", "#FF97FF", "#FECB52")
 DASHES = {"solid": "-", "dot": ":", "dash": "--", "longdash": "--", "dashdot": "-.",
           "longdashdot": "-."}
-SYMBOLS = {"circle": "o", "square": "s", "diamond": "D", "cross": "P", "x": "x",
-           "triangle-up": "^", "triangle-down": "v", "star": "*"}
-MAX_TEXT_LABELS = 200
+SYMBOLS = {"square": "s", "diamond": "D", "cross": "P", "x": "x", "triangle-up": "^",
+           "triangle-down": "v", "star": "*"}
 
 
 def _values(v: Any) -> np.ndarray | None:
@@ -85,7 +84,8 @@ def draw(fd: dict):
     from matplotlib.figure import Figure
 
     layout = fd.get("layout") or {}
-    template = (layout.get("template") or {}).get("layout") or {}
+    colorway = layout.get("colorway") or ((layout.get("template") or {}).get("layout") or
+                                          {}).get("colorway") or PLOTLY_COLORWAY
     traces = [t for t in (fd.get("data") or []) if t.get("visible", True) is True]
     pairs = list(dict.fromkeys(_pair(t) for t in traces))
     for name in sorted(k for k in layout if re.fullmatch(r"yaxis\d*", k)):  # empty subplots
@@ -111,7 +111,6 @@ def draw(fd: dict):
                 (layout.get(yname) or {}).get("domain") or (0, 1), strict=True))
             axes[(xname, yname)] = fig.add_axes([x0, y0, max(x1 - x0, 1e-3),
                                                  max(y1 - y0, 1e-3)])
-        colorway = layout.get("colorway") or template.get("colorway") or PLOTLY_COLORWAY
         groups: dict[tuple[tuple[str, str], str], list[int]] = {}  # side by side per axes
         for i, t in enumerate(traces):
             groups.setdefault((_pair(t), t.get("type", "scatter")), []).append(i)
@@ -126,7 +125,7 @@ def draw(fd: dict):
             drawer(axes[_pair(t)], t, colorway[i % len(colorway)], layout,
                    (group.index(i), len(group), [traces[k] for k in group]))
         for (xname, yname), ax in axes.items():
-            _style(ax, layout.get(xname) or {}, layout.get(yname) or {}, template)
+            _style(ax, layout.get(xname) or {}, layout.get(yname) or {})
         _shapes(axes, layout.get("shapes") or [])
         _annotations(fig, axes, layout, paper)
         title = _text(layout.get("title"))
@@ -139,9 +138,8 @@ def draw(fd: dict):
     return fig
 
 
-def _style(ax, xa: dict, ya: dict, template: dict) -> None:
+def _style(ax, xa: dict, ya: dict) -> None:
     for axis, spec, letter in ((ax.xaxis, xa, "x"), (ax.yaxis, ya, "y")):
-        tspec = template.get(letter + "axis") or {}
         if spec.get("type") == "log":
             from matplotlib.ticker import FuncFormatter, NullLocator
 
@@ -153,15 +151,9 @@ def _style(ax, xa: dict, ya: dict, template: dict) -> None:
         if rng and None not in rng[:2]:
             lo, hi = (10.0 ** r for r in rng[:2]) if spec.get("type") == "log" else rng[:2]
             getattr(ax, f"set_{letter}lim")(lo, hi)
-        if spec.get("autorange") == "reversed":  # px.imshow's y axis
-            getattr(ax, f"invert_{letter}axis")()
         getattr(ax, f"set_{letter}label")(_text(spec.get("title")))
-        if spec.get("visible") is False or spec.get("showticklabels") is False:
-            axis.set_ticklabels([])
-        if spec.get("showgrid", tspec.get("showgrid", True)):
-            axis.grid(True, color=_color(spec.get("gridcolor") or tspec.get("gridcolor"),
-                                         "#dddddd"), linewidth=0.8)
-    ax.set_facecolor(_color(template.get("plot_bgcolor"), "white"))
+        if spec.get("showgrid", True):
+            axis.grid(True, color="#dddddd", linewidth=0.8)
     ax.set_axisbelow(True)
     for spine in ax.spines.values():
         spine.set_color("#bbbbbb")
@@ -183,8 +175,6 @@ def _xy(t: dict) -> tuple[np.ndarray, np.ndarray]:
 
 def _scatter(ax, t: dict, color: str, layout: dict, slot) -> None:
     x, y = _xy(t)
-    if not len(y):
-        return
     mode = t.get("mode") or ("lines+markers" if len(y) < 20 else "lines")
     line, marker = t.get("line") or {}, t.get("marker") or {}
     lcolor = _color(line.get("color"), color)
@@ -192,28 +182,12 @@ def _scatter(ax, t: dict, color: str, layout: dict, slot) -> None:
         ax.plot(x, y, color=lcolor, linestyle=DASHES.get(line.get("dash") or "solid", "--"),
                 linewidth=(line.get("width") or 2) * 0.75, alpha=t.get("opacity"),
                 label=_label(t))
-    if "markers" in mode:
-        # plotly's size is a diameter in px; matplotlib's an area in points^2 (1 px = 0.75 pt)
-        size = marker.get("size")
-        sizes = _values(size) if isinstance(size, (list, tuple, np.ndarray, dict)) else None
-        px = np.nan_to_num(sizes.astype(float), nan=6.0) if sizes is not None else size or 6
-        kw: dict[str, Any] = {
-            "s": (px * 0.75) ** 2,
-            "marker": SYMBOLS.get(str(marker.get("symbol") or "circle").split("-open")[0], "o"),
-            "alpha": marker.get("opacity", t.get("opacity")), "zorder": 3,
-            "label": None if "lines" in mode else _label(t)}
-        values = _values(marker.get("color")) if not isinstance(marker.get("color"), str) \
-            else None
-        if values is not None and values.dtype.kind in "fiu":  # px.scatter(color=numbers)
-            kw.update(c=values, cmap="viridis")
-        else:
-            kw["color"] = _color(marker.get("color"), lcolor)
-        ax.scatter(x, y, **kw)
-    if "text" in mode and t.get("text") is not None:
-        texts = t["text"] if not isinstance(t["text"], str) else [t["text"]] * len(y)
-        for xi, yi, s in list(zip(x, y, texts, strict=False))[:MAX_TEXT_LABELS]:
-            ax.annotate(_text(s), (xi, yi), fontsize=7, ha="center", va="top",
-                        textcoords="offset points", xytext=(0, -4), color=lcolor)
+    if "markers" in mode:  # plotly's size: a diameter in px; matplotlib's: an area in pt^2
+        size = marker.get("size") if isinstance(marker.get("size"), (int, float)) else 6
+        ax.scatter(x, y, s=(size * 0.75) ** 2, color=_color(marker.get("color"), lcolor),
+                   marker=SYMBOLS.get(str(marker.get("symbol")).split("-open")[0], "o"),
+                   alpha=marker.get("opacity", t.get("opacity")), zorder=3,
+                   label=None if "lines" in mode else _label(t))
 
 
 def _positions(ax, cats: np.ndarray, axis: str) -> np.ndarray:
@@ -271,10 +245,10 @@ def _histogram(ax, t: dict, color: str, layout: dict, slot) -> None:
         return
     kw = {"color": _color((t.get("marker") or {}).get("color"), color), "label": _label(t),
           "alpha": t.get("opacity") or (0.75 if slot[1] > 1 else None)}
-    if vals.dtype == object:
+    if vals.dtype == object:  # counts of categories
         cats, counts = np.unique(vals, return_counts=True)
-        pos = _positions(ax, cats, "y" if horizontal else "x")
-        (ax.barh if horizontal else ax.bar)(pos, counts, 0.8, **kw)
+        (ax.barh if horizontal else ax.bar)(_positions(ax, cats, "y" if horizontal else "x"),
+                                            counts, 0.8, **kw)
         return
     nbins = t.get("nbinsy" if horizontal else "nbinsx")
     numeric = [v.astype(float) for v in (_values(o.get("y" if horizontal else "x"))
@@ -286,22 +260,7 @@ def _histogram(ax, t: dict, color: str, layout: dict, slot) -> None:
             orientation="horizontal" if horizontal else "vertical", **kw)
 
 
-def _heatmap(ax, t: dict, color: str, layout: dict, slot) -> None:
-    z = _values(t.get("z"))
-    if z is None or z.ndim != 2:
-        return
-    x, y = _values(t.get("x")), _values(t.get("y"))
-    mesh = ax.pcolormesh(np.arange(z.shape[1]) if x is None or x.dtype == object else x,
-                         np.arange(z.shape[0]) if y is None or y.dtype == object else y,
-                         z.astype(float), shading="nearest", cmap="viridis")
-    for axis, v in (("x", x), ("y", y)):
-        if v is not None and v.dtype == object:
-            getattr(ax, f"set_{axis}ticks")(range(len(v)), v)
-    ax.figure.colorbar(mesh, ax=ax, fraction=0.05, pad=0.02)
-
-
-_DRAWERS = {"scatter": _scatter, "scattergl": _scatter, "bar": _bar, "histogram": _histogram,
-            "heatmap": _heatmap}
+_DRAWERS = {"scatter": _scatter, "scattergl": _scatter, "bar": _bar, "histogram": _histogram}
 
 
 def _ref_axes(axes: dict, xref: str, yref: str):

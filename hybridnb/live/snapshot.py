@@ -18,8 +18,9 @@ from hybridnb.live.figures import LIVE_POINTS, figure_dict
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 
 
-def progress_html(record, note: str = "", live: bool = True) -> str:
-    """The header, two bars, the status line and the events, as plain HTML."""
+def progress_html(record, note: str = "") -> str:
+    """The progress panel as plain HTML (the HTML and widget views): the header, the epoch and
+    step bars, the status line and the latest events."""
     rec = record
     spe = rec.steps_per_epoch
     epochs_done = rec.epochs_done

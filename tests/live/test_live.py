@@ -402,8 +402,8 @@ def test_widget_renderer_bars_plots_stop_and_cleanup():
     for g in range(1, 21):
         view.update(dict(epoch=0, step=g, global_step=g, loss=1.0 / g, lr=1e-3))
     view.update(dict(epoch=0, step=20, global_step=20, epoch_end=True, val_loss=0.4))
-    assert view.step_bar.value == view.step_bar.max == 20  # always drawn at epoch end
-    assert view.epoch_bar.value == 1
+    assert 'data-value="20" data-max="20"' in view.progress.value  # drawn at every epoch end
+    assert 'data-value="1" data-max="3"' in view.progress.value  # epochs done
     loss = next(t for t in view.fig.data if t.name == "step loss")
     assert len(loss.x) == 20
     assert len(next(t for t in view.fig.data if t.name == "process RSS").y) >= 1
