@@ -25,6 +25,7 @@ def draw(record, max_points: int = SNAPSHOT_POINTS):
 
     with matplotlib.rc_context(RC):
         fig = Figure(figsize=(9.6, 3.6), dpi=100, layout="constrained")
+        fig.set_label(TITLE)
         axes = fig.subplots(1, 3)
         util = None
         for s in panels(record, max_points):
@@ -67,4 +68,4 @@ def to_svg(record, max_points: int = SNAPSHOT_POINTS) -> str:
     """The panels as an SVG document (titled, the same bytes for the same record)."""
     from hybridnb.live.static import save
 
-    return save(draw(record, max_points), "svg", title=TITLE).decode("utf-8")
+    return save(draw(record, max_points), "svg").decode("utf-8")

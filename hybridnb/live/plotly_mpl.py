@@ -87,11 +87,7 @@ def draw(fd: dict):
     colorway = layout.get("colorway") or ((layout.get("template") or {}).get("layout") or
                                           {}).get("colorway") or PLOTLY_COLORWAY
     traces = [t for t in (fd.get("data") or []) if t.get("visible", True) is True]
-    pairs = list(dict.fromkeys(_pair(t) for t in traces))
-    for name in sorted(k for k in layout if re.fullmatch(r"yaxis\d*", k)):  # empty subplots
-        pair = (_axis_name(layout[name].get("anchor") or "x", "x"), name)
-        if pair not in pairs:
-            pairs.append(pair)
+    pairs = list(dict.fromkeys(_pair(t) for t in traces))  # one Axes per subplot in use
     width = layout.get("width") or max(DEFAULT_SIZE[0], 320 * len({x for x, _ in pairs}))
     height = layout.get("height") or DEFAULT_SIZE[1]
     margin = {**DEFAULT_MARGIN, **{k: v for k, v in (layout.get("margin") or {}).items()
@@ -105,7 +101,13 @@ def draw(fd: dict):
     with matplotlib.rc_context(RC):
         fig = Figure(figsize=(width / DPI, height / DPI), dpi=DPI)
         axes = {}
-        for xname, yname in pairs or [("xaxis", "yaxis")]:
+        overlay = {y: _axis_name((layout.get(y) or {}).get("overlaying") or "", "y")
+                   for _, y in pairs if (layout.get(y) or {}).get("overlaying")}
+        for xname, yname in sorted(pairs or [("xaxis", "yaxis")], key=lambda p: p[1] in overlay):
+            host = next((ax for (_, y), ax in axes.items() if y == overlay.get(yname)), None)
+            if host is not None:  # a secondary y axis (make_subplots(secondary_y=True))
+                axes[(xname, yname)] = host.twinx()
+                continue
             (x0, y0), (x1, y1) = (paper(a, b) for a, b in zip(
                 (layout.get(xname) or {}).get("domain") or (0, 1),
                 (layout.get(yname) or {}).get("domain") or (0, 1), strict=True))
@@ -119,21 +121,21 @@ def draw(fd: dict):
             kind = t.get("type", "scatter")
             drawer = _DRAWERS.get(kind)
             if drawer is None:
-                skipped.add(kind)
+                skipped.add(f"{kind} traces")
                 continue
             group = groups[(_pair(t), kind)]
             drawer(axes[_pair(t)], t, colorway[i % len(colorway)], layout,
                    (group.index(i), len(group), [traces[k] for k in group]))
         for (xname, yname), ax in axes.items():
             _style(ax, layout.get(xname) or {}, layout.get(yname) or {})
-        _shapes(axes, layout.get("shapes") or [])
+        skipped |= _shapes(axes, layout.get("shapes") or [])
         _annotations(fig, axes, layout, paper)
         title = _text(layout.get("title"))
         if title:
             fig.text(box[0], (box[3] + 1) / 2, title, fontsize=13, va="center")
         _legend(fig, axes, traces, layout, paper, box)
         if skipped:
-            fig.text(0.99, 0.01, f"not drawn in this image: {', '.join(sorted(skipped))} traces",
+            fig.text(0.99, 0.01, f"not drawn in this image: {', '.join(sorted(skipped))}",
                      fontsize=7, color="#888", ha="right", va="bottom")
     return fig
 
@@ -168,9 +170,7 @@ def _xy(t: dict) -> tuple[np.ndarray, np.ndarray]:
     x, y = _values(t.get("x")), _values(t.get("y"))
     if y is None:
         y = np.arange(len(x)) if x is not None and t.get("orientation") == "h" else np.array([])
-    if x is None:
-        x = t.get("x0", 0) + t.get("dx", 1) * np.arange(len(y))
-    return x, y
+    return (np.arange(len(y)) if x is None else x), y
 
 
 def _scatter(ax, t: dict, color: str, layout: dict, slot) -> None:
@@ -278,13 +278,16 @@ def _transform(ax, xref: str, yref: str):
                                        else ax.transAxes for ref in (xref, yref)))
 
 
-def _shapes(axes: dict, shapes: list[dict]) -> None:
+def _shapes(axes: dict, shapes: list[dict]) -> set[str]:
     """``add_hline``/``add_vline`` (lines across a panel: one end in data, one in domain
-    coordinates); plotly's autorange takes in a line's data coordinates, so does this."""
+    coordinates; plotly's autorange takes in a line's data coordinates, so does this); returns
+    the kinds of the other shapes, not drawn."""
+    skipped = set()
     for sh in shapes:
         coords = [sh.get(k) for k in ("x0", "x1", "y0", "y1")]
         if sh.get("type", "line") != "line" or any(not isinstance(c, (int, float))
                                                    for c in coords):
+            skipped.add(f"{sh.get('type', 'line')} shapes")
             continue
         xref, yref = str(sh.get("xref", "x")), str(sh.get("yref", "y"))
         ax = _ref_axes(axes, xref, yref)
@@ -295,6 +298,7 @@ def _shapes(axes: dict, shapes: list[dict]) -> None:
                 linewidth=(line.get("width") or 2) * 0.75,
                 scalex="domain" not in xref and xref != "paper",
                 scaley="domain" not in yref and yref != "paper")
+    return skipped
 
 
 def _annotations(fig, axes: dict, layout: dict, paper) -> None:

@@ -38,13 +38,14 @@ RC = {"font.size": 9, "axes.titlesize": 10}  # plotly's 12 px text at 100 dpi
 _SVG_RC = {"svg.hashsalt": "hybridnb", "svg.fonttype": "path"}
 
 
-def save(figure: Any, fmt: str, title: str | None = None) -> bytes:
-    """A matplotlib Figure as ``fmt`` ("svg" or "png") bytes, trimmed, on white."""
+def save(figure: Any, fmt: str) -> bytes:
+    """A matplotlib Figure as ``fmt`` ("svg" or "png") bytes, trimmed, on white; titled with
+    the Figure's label when it has one."""
     import matplotlib
 
     meta = {"Date": None} if fmt == "svg" else {}  # no date: the same figure, the same bytes
-    if title:
-        meta["Title"] = title
+    if figure.get_label():
+        meta["Title"] = figure.get_label()
     buf = io.BytesIO()
     with matplotlib.rc_context({**RC, **_SVG_RC}):  # tick labels are made while saving
         figure.savefig(buf, format=fmt, dpi=DPI, bbox_inches="tight", facecolor="white",

@@ -166,23 +166,43 @@ def test_report_png_is_the_live_figure(tmp_path):
     assert "skipped" not in (folder / "summary.txt").read_text()
 
 
+def test_the_live_figure_carries_its_own_matplotlib_drawing(kernel_renderer):
+    """hybridnb's panels are drawn twice, never translated: plotly live, matplotlib static."""
+    from hybridnb.events import StepRow
+    from hybridnb.live import figures
+    from hybridnb.live.record import RunRecord
+
+    record = RunRecord({"epochs": 1, "steps_per_epoch": 3})
+    for g in (1, 2, 3):
+        record.add(StepRow(global_step=g, epoch=0, step=g, loss=1.0 / g, lr=1e-3))
+    fig = figures.make_figure(record)
+    drawn = static.to_matplotlib(fig)  # what trainer.report()'s figures.png is
+    assert [ax.get_title() for ax in drawn.axes] == ["loss", "learning rate", "memory (GiB)"]
+    assert list(drawn.axes[0].lines[0].get_ydata()) == [1.0, 0.5, 1 / 3]
+    bundle = fig._repr_mimebundle_()  # shown in a notebook: the same image beside the JSON
+    assert "<dc:title>hybridnb: loss, learning rate, memory" in bundle[SVG]
+
+
 # ------------------------------------------------------------------ the translation
 
 
 def test_translation_draws_subplots_log_axes_shapes_titles_and_legend():
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("left", "right"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("left", "right"),
+                        specs=[[{}, {"secondary_y": True}]])
     fig.add_scatter(x=[1, 2, 3], y=[1, 10, 100], name="a", row=1, col=1)
     fig.add_scatter(x=[1, 2, 3], y=[3, 2, 1], name="b", row=1, col=2)
-    fig.add_scatter(x=[1, 2, 3], y=[1, 3, 2], name="c", mode="markers", row=1, col=2)
+    fig.add_scatter(x=[1, 2, 3], y=[50, 60, 70], name="c", row=1, col=2, secondary_y=True)
     fig.add_hline(y=5, line_color="crimson", row=1, col=1)
     fig.update_yaxes(type="log", row=1, col=1)
     fig.update_layout(title="two panels")
     drawn = static.to_matplotlib(fig)
-    left, right = drawn.axes
+    left, right, twin = drawn.axes
     assert left.get_yscale() == "log" and right.get_yscale() == "linear"
     assert right.get_position().x0 > left.get_position().x1  # side by side, as plotly's domains
+    assert twin.get_position().bounds == right.get_position().bounds  # a right-hand axis
+    assert twin.get_ylim()[0] > 40  # holding its own trace
     texts = {t.get_text() for t in drawn.texts}
     assert {"left", "right", "two panels"} <= texts
     assert [t.get_text() for t in drawn.legends[0].texts] == ["a", "b", "c"]
@@ -214,7 +234,8 @@ def test_translation_draws_histogram_bar_and_says_what_it_skips():
     left_one, _, left_two, _ = sorted(grouped.axes[0].patches, key=lambda p: p.get_height())
     assert left_one.get_x() < left_two.get_x()  # side by side, not on top of each other
     for fig, kind in ((px.box(y=np.arange(10.0)), "box"), (px.imshow(np.eye(3)), "heatmap"),
-                      (go.Figure(go.Pie(values=[1, 2])), "pie")):
+                      (go.Figure(go.Pie(values=[1, 2])), "pie"),
+                      (px.line(y=[1, 2]).add_vrect(x0=0, x1=0.5), "rect shapes")):
         drawn = static.to_matplotlib(fig)  # a trace the translation does not cover:
         assert any(kind in t.get_text() for t in drawn.texts)  # said, not silently blank
 
