@@ -286,6 +286,7 @@ def test_every_renderer_shows_the_train_loss_the_trainer_sends():
     assert series["train loss (epoch)"].x == [2] and series["train loss (epoch)"].y == [1.6]
     assert series["step loss"].y == [1.0, 4.0]
     view.end(dict(history=pd.DataFrame({"epoch": [0], "step": [2], "val_loss": [0.5]}),
+                  best={"monitor": "val_loss", "value": 0.5, "epoch": 0, "step": 2},
                   elapsed_s=1.0, events=[], device="cpu", precision="fp32"))
     assert "Best val_loss 0.5 at epoch 0, step 2 (epochs count from 0" in \
         out.getvalue().splitlines()[-1]
