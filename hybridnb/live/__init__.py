@@ -90,46 +90,31 @@ def choose_renderer(live: object = "auto", front: str | None = None,
     sentence when the choice is a fallback (else ``""``)."""
     if live is False or live is None:
         return "none", ""
-    if live is True:
-        live = "auto"
+    live = "auto" if live is True else live
     if not isinstance(live, str) or live not in LIVE_CHOICES:
         raise ValueError(f"live must be one of {LIVE_CHOICES} or False; got live={live!r}")
     if front is None:
         from hybridnb.env import frontend
 
         front = frontend()
-    env = current() if environ is None else environ
-    if live == "text":
+    auto = live == "auto"
+    if live == "text" or (auto and front not in NOTEBOOK_FRONTENDS):
         return "text", ""
-    if live == "html":
-        if front in ("terminal", "ipython"):
-            return "text", f"live='html' needs a notebook ({front}): showing text instead"
-        return "html", ""
-    if live == "widgets":
-        if front in ("terminal", "ipython"):
-            return "text", f"live='widgets' needs a notebook kernel ({front}): showing text"
-        missing = _widgets_missing()
-        if missing:
-            return "html", f"widgets need {missing} (pip install {missing}): showing HTML"
-        if front == "colab":
-            why = _enable_colab_widgets()
-            if why:
-                return "html", f"{why}: showing HTML"
-        return "widgets", ""
-    # auto
-    if front not in NOTEBOOK_FRONTENDS:
-        return "text", ""
-    if front == "vscode":
+    if front in ("terminal", "ipython"):  # asked for explicitly
+        kind = "a notebook" if live == "html" else "a notebook kernel"
+        return "text", f"live={live!r} needs {kind} ({front}): showing text" + (
+            " instead" if live == "html" else "")
+    if live == "html" or (auto and front == "vscode"):
         return "html", ""
     missing = _widgets_missing()
     if missing:
-        return "html", f"live widgets need {missing} (pip install {missing}): showing HTML"
+        return "html", (f"{'live widgets' if auto else 'widgets'} need {missing} "
+                        f"(pip install {missing}): showing HTML")
     if front == "colab":
-        why = _colab_widgets_blocker() or _enable_colab_widgets()
-        if why:
-            return "html", f"{why}: showing HTML; live='widgets' forces widgets"
-        return "widgets", ""
-    if not env.get("JPY_SESSION_NAME"):
+        why = (_colab_widgets_blocker() if auto else "") or _enable_colab_widgets()
+        return ("html", f"{why}: showing HTML" + ("; live='widgets' forces widgets" if auto
+                                                   else "")) if why else ("widgets", "")
+    if auto and not (current() if environ is None else environ).get("JPY_SESSION_NAME"):
         return "html", ("not a JupyterLab/Notebook 7 session (unknown frontend): showing HTML; "
                         "pass live='widgets' to force widgets")
     return "widgets", ""

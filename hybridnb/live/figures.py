@@ -1,10 +1,12 @@
-"""The live plots' data, as plotly figures (widgets, end snapshot, reports) and plain series.
+"""The live plots: their data as plain series, and the live drawing of them with plotly.
 
 ``panels(record)`` turns a RunRecord into three panels of named series (loss, learning rate,
 memory); the loss panel holds each step's loss ("step loss") and, at each epoch end, the train
-loss the Trainer sent ("train loss (epoch)", the same numbers as ``history["train_loss"]``); ``make_figure`` / ``update_figure`` draw them with plotly and ``svg.render`` draws the
-same panels without JavaScript. Long runs are averaged down to ``max_points`` per series, so a
-render costs the same after 100 steps as after 100 000.
+loss the Trainer sent ("train loss (epoch)", the same numbers as ``history["train_loss"]``).
+``figure_dict`` draws them as plotly JSON (the HTML view's live output, the end snapshot),
+``make_figure`` / ``update_figure`` as a plotly (widget) figure; ``panel_image`` draws the same
+series once more with matplotlib for static output. Long runs are averaged down to
+``max_points`` per series, so a render costs the same after 100 steps as after 100 000.
 """
 
 from __future__ import annotations
@@ -122,45 +124,66 @@ def _top(series: list[Series]) -> float:
 
 # ------------------------------------------------------------------ plotly
 
+#: one x axis per panel; the memory panel's GPU utilisation on a right-hand axis (y4)
+_AXES = (("x", "y"), ("x2", "y2"), ("x3", "y3"))
+_XTITLES = ("step", "step", "seconds")
+_DOMAINS = ((0.0, 0.28), (0.36, 0.64), (0.72, 1.0))
 
-def _trace(s: Series, go) -> Any:
-    kw: dict[str, Any] = {"x": s.x, "y": s.y, "name": s.name, "meta": s.key, "mode": s.mode}
+
+def _trace(s: Series) -> dict[str, Any]:
+    x, y = _AXES[s.panel]
+    t: dict[str, Any] = {"type": "scatter", "x": s.x, "y": s.y, "name": s.name, "meta": s.key,
+                         "mode": s.mode, "xaxis": x, "yaxis": "y4" if s.secondary else y}
     if "lines" in s.mode:
-        kw["line"] = {"color": s.color, "dash": s.dash} if s.dash else {"color": s.color}
+        t["line"] = {"color": s.color, "dash": s.dash} if s.dash else {"color": s.color}
     if "markers" in s.mode:
-        kw["marker"] = {"color": s.color, "symbol": "x" if s.key == "events" else "circle",
-                        "size": 10 if s.key == "events" else 6}
+        events = s.key == "events"
+        t["marker"] = {"color": s.color, "symbol": "x" if events else "circle",
+                       "size": 10 if events else 6}
     if s.text:
-        kw["text"] = s.text
-        kw["textposition"] = "bottom center"
-        kw["hovertext"] = s.text
+        t.update(text=s.text, textposition="bottom center", hovertext=s.text)
     if s.hidden:
-        kw["visible"] = "legendonly"
-    return go.Scatter(**kw)
+        t["visible"] = "legendonly"
+    return t
+
+
+def _layout() -> dict[str, Any]:
+    layout: dict[str, Any] = {
+        "height": 320, "margin": {"l": 50, "r": 30, "t": 40, "b": 40},
+        "legend": {"orientation": "h", "y": -0.18}, "uirevision": "hybridnb",
+        "yaxis2": {"anchor": "x2", "exponentformat": "e"},
+        "yaxis4": {"anchor": "x3", "overlaying": "y3", "side": "right", "range": [0, 100],
+                   "showgrid": False, "title": {"text": "util %"}},
+        "annotations": [{"text": name, "x": sum(d) / 2, "y": 1.0, "xref": "paper",
+                         "yref": "paper", "xanchor": "center", "yanchor": "bottom",
+                         "showarrow": False, "font": {"size": 14}}
+                        for name, d in zip(PANELS, _DOMAINS, strict=True)]}
+    for (x, y), title, domain in zip(_AXES, _XTITLES, _DOMAINS, strict=True):
+        layout["xaxis" + x[1:]] = {"domain": domain, "anchor": y, "title": {"text": title}}
+        layout.setdefault("yaxis" + y[1:], {}).update(anchor=x)
+    return layout
+
+
+def figure_dict(record, max_points: int = SNAPSHOT_POINTS) -> dict[str, Any]:
+    """The three panels as plotly JSON (what ``application/vnd.plotly.v1+json`` carries): plain
+    lists, gaps as None, built without plotly (cheap enough to resend every second)."""
+    return {"data": [_trace(s) for s in panels(record, max_points)], "layout": _layout()}
 
 
 def make_figure(record, widget: bool = False, max_points: int = SNAPSHOT_POINTS):
-    """A plotly Figure (``widget=True``: a FigureWidget for live updates) of the three panels."""
+    """A plotly Figure of the three panels (``widget=True``: a FigureWidget for live updates).
+    The Figure carries its static image, drawn by ``panel_image`` (not translated)."""
     import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=3, subplot_titles=PANELS, horizontal_spacing=0.08,
-                        specs=[[{}, {}, {"secondary_y": True}]])
-    for s in panels(record, max_points):
-        fig.add_trace(_trace(s, go), row=1, col=s.panel + 1, secondary_y=s.secondary or None)
-    fig.update_layout(height=320, margin={"l": 50, "r": 30, "t": 40, "b": 40},
-                      legend={"orientation": "h", "y": -0.18}, template="plotly_white",
-                      uirevision="hybridnb")
-    fig.update_xaxes(title_text="step", row=1, col=1)
-    fig.update_xaxes(title_text="step", row=1, col=2)
-    fig.update_xaxes(title_text="seconds", row=1, col=3)
-    fig.update_yaxes(exponentformat="e", row=1, col=2)
-    fig.update_yaxes(title_text="util %", range=[0, 100], showgrid=False, row=1, col=3,
-                     secondary_y=True)
+    fig = figure_dict(record, max_points)
+    fig["layout"]["template"] = "plotly_white"
     if widget:  # a widget sizes itself once, often before its output area is laid out
-        fig.update_layout(width=960)
+        fig["layout"]["width"] = 960
         return go.FigureWidget(fig)
-    return fig
+    from hybridnb.live import panel_image
+    from hybridnb.live.static import static_figure
+
+    return static_figure(go.Figure(fig), draw=lambda: panel_image.draw(record, max_points))
 
 
 def update_figure(fig, record, max_points: int = LIVE_POINTS) -> None:
@@ -170,11 +193,9 @@ def update_figure(fig, record, max_points: int = LIVE_POINTS) -> None:
     as binary buffers, ~5x cheaper than lists of Python floats.
     """
     import numpy as np
-    import plotly.graph_objects as go
 
     series = panels(record, max_points)
     by_key = {t.meta: t for t in fig.data}  # FigureWidget rewrites uids; meta is ours
-    missing = [s for s in series if s.key not in by_key]
     with fig.batch_update():
         for s in series:
             t = by_key.get(s.key)
@@ -187,15 +208,6 @@ def update_figure(fig, record, max_points: int = LIVE_POINTS) -> None:
                 if s.text:
                     t.text = s.text
                     t.hovertext = s.text
-    for s in missing:  # a source that appeared late (e.g. CUDA initialised after start)
-        fig.add_trace(_trace(s, go), row=1, col=s.panel + 1, secondary_y=s.secondary or None)
-
-
-def figure_json(record, max_points: int = SNAPSHOT_POINTS) -> dict[str, Any]:
-    """The figure as plotly JSON (what ``application/vnd.plotly.v1+json`` carries)."""
-    import json
-
-    import plotly.io as pio
-
-    fig = make_figure(record, widget=False, max_points=max_points)
-    return json.loads(pio.to_json(fig, validate=False))
+    for s in series:  # a source that appeared late (e.g. CUDA initialised after start)
+        if s.key not in by_key:
+            fig.add_trace(_trace(s))

@@ -1,8 +1,9 @@
 """HTML live view through display handles: VS Code, unknown frontends, no anywidget.
 
 Two outputs are created once (``display(..., display_id=True)``) and then updated in place: the
-progress panel (every ~0.2 s) and the plots as inline SVG (every ~1 s, adaptive). Nothing needs
-JavaScript or widget support. At the end both are replaced by the static snapshot.
+progress panel (every ~0.2 s, plain HTML) and the plots as plotly JSON (every ~1 s, adaptive;
+drawn by the frontend's plotly renderer, no widget support needed). At the end both are replaced
+by the static snapshot.
 """
 
 from __future__ import annotations
@@ -45,15 +46,13 @@ class HtmlView(LiveView):
 
     def _open(self, run: dict) -> None:
         self.panel = self._display(self._panel_bundle())
-        self.figure = self._display({"text/html": snapshot.plots_html(self.record),
-                                     "text/plain": "hybridnb plots"})
+        self.figure = self._display(snapshot.plots_bundle(self.record))
 
     def _draw_progress(self) -> None:
         self.panel.update(self._panel_bundle())
 
     def _draw_plots(self) -> None:
-        self.figure.update({"text/html": snapshot.plots_html(self.record),
-                            "text/plain": "hybridnb plots"})
+        self.figure.update(snapshot.plots_bundle(self.record))
 
     def _draw_event(self, ev: Event) -> None:
         self._draw_progress()

@@ -134,18 +134,16 @@ class RunRecord:
             return None
         return max(self.elapsed() - start_s, 0.0) * (1 - frac) / done
 
-    def epoch_points(self, key: str = "train_loss") -> tuple[list[int], list[float]]:
-        """``key`` at each epoch end (x: the global step), as the Trainer sent it."""
-        rows = [r for r in self.epoch_ends if r.get(key) is not None]
+    def epoch_points(self, key: str = "train_loss", rows: list | None = None
+                     ) -> tuple[list[int], list[float]]:
+        """``key`` at each epoch end (or in ``rows``; x: the global step), as the Trainer sent
+        it."""
+        rows = [r for r in (self.epoch_ends if rows is None else rows) if r.get(key) is not None]
         return [int(r.get("global_step") or 0) for r in rows], [_float(r[key]) for r in rows]
 
     def val_points(self, key: str = "val_loss") -> tuple[list[int], list[float]]:
-        xs, ys = [], []
-        for row in self.val_rows:
-            if row.get(key) is not None:
-                xs.append(int(row.get("global_step") or 0))
-                ys.append(_float(row[key]))
-        return xs, ys
+        """``key`` at every validation (epoch ends and ``val_every``)."""
+        return self.epoch_points(key, self.val_rows)
 
     def memory(self):
         """The memory series collected so far (empty without a sampler)."""
@@ -157,7 +155,3 @@ class RunRecord:
         """Events' times in seconds since the memory sampler (or the run) started."""
         t0 = self.sampler.start_time if self.sampler is not None else self.start_time
         return [ev.time - t0 for ev in self.events]
-
-    def close(self) -> None:
-        if self.sampler is not None:
-            self.sampler.close()

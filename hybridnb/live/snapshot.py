@@ -1,27 +1,27 @@
-"""The end-of-run output: a static summary and the final figures, as display mimebundles.
+"""The HTML view's outputs and the end-of-run output, as display mimebundles.
 
-These replace the live outputs so that a saved notebook reads the same without a kernel: no
-widget state, no JavaScript needed. The figure bundle carries the plotly JSON (drawn
-interactively by JupyterLab's and VS Code's plotly renderers, offline) *and* a static SVG that
-GitHub, nbviewer and ``nbconvert --to html`` show when they do not know the plotly mimetype
-(other figures get theirs from ``live/static.py``'s matplotlib translation instead; see
-``live/svg.py`` for why not this one).
+The end outputs replace the live ones so that a saved notebook reads the same without a kernel:
+no widget state, no JavaScript needed. The figure bundle carries the plotly JSON (drawn
+interactively by JupyterLab's and VS Code's plotly renderers, offline) *and* the same panels
+drawn with matplotlib as SVG (``panel_image``), which GitHub, nbviewer and
+``nbconvert --to html`` show when they do not know the plotly mimetype.
 """
 
 from __future__ import annotations
 
+import json
 from html import escape
 from typing import Any
 
 from hybridnb.live import summary as text
-from hybridnb.live.figures import LIVE_POINTS, SNAPSHOT_POINTS, figure_json, panels
-from hybridnb.live.svg import render as render_svg
+from hybridnb.live.figures import LIVE_POINTS, figure_dict
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 
 
-def progress_html(record, note: str = "", live: bool = True) -> str:
-    """The header, two bars, the status line and the events, as plain HTML."""
+def progress_html(record, note: str = "") -> str:
+    """The progress panel as plain HTML (the HTML and widget views): the header, the epoch and
+    step bars, the status line and the latest events."""
     rec = record
     spe = rec.steps_per_epoch
     epochs_done = rec.epochs_done
@@ -52,9 +52,19 @@ def _bar(label: str, value: int, total: int | None, suffix: str = "") -> str:
             f'<span>{shown}</span></div>')
 
 
-def plots_html(record) -> str:
-    """The live plots as inline SVG (for the HTML renderer)."""
-    return render_svg(panels(record, max_points=LIVE_POINTS), title="hybridnb live plots")
+def plots_bundle(record) -> dict[str, Any]:
+    """The live plots for the HTML view: plotly JSON (JupyterLab, VS Code: bundled plotly.js),
+    and for frontends without plotly's renderer (Colab) the same JSON drawn by plotly.js from
+    its CDN, as plotly's own ``"cdn"`` HTML does (``plotly.io.to_html`` costs ~20x more)."""
+    from plotly.offline import get_plotlyjs_version
+
+    fig = figure_dict(record, max_points=LIVE_POINTS)
+    data = json.dumps(fig).replace("</", "<\\/")  # no "</script>" inside the script
+    html = (f'<script src="https://cdn.plot.ly/plotly-{get_plotlyjs_version()}.min.js"></script>'
+            f'<div class="hybridnb-plots" style="height:{fig["layout"]["height"]}px"></div>'
+            "<script>(function(){var d=document.currentScript.previousElementSibling,"
+            f"f={data};Plotly.newPlot(d,f.data,f.layout,{{responsive:true}})}})()</script>")
+    return {PLOTLY_MIME: fig, "text/html": html, "text/plain": "hybridnb plots"}
 
 
 def summary_bundle(record, summary: dict[str, Any], note: str = "") -> dict[str, str]:
@@ -72,13 +82,8 @@ def summary_bundle(record, summary: dict[str, Any], note: str = "") -> dict[str,
 
 
 def figure_bundle(record) -> dict[str, Any]:
-    """Final figures: plotly JSON where a plotly renderer exists, SVG everywhere else."""
-    svg = render_svg(panels(record, max_points=SNAPSHOT_POINTS), title="hybridnb: loss, learning rate, "
-                     "memory")
-    bundle: dict[str, Any] = {"image/svg+xml": svg,
-                              "text/plain": "hybridnb figure: loss, learning rate and memory"}
-    try:
-        bundle[PLOTLY_MIME] = figure_json(record)
-    except ImportError:  # plotly missing: the SVG alone still reads everywhere
-        pass
-    return bundle
+    """Final figures: plotly JSON where a plotly renderer exists, its SVG image everywhere."""
+    from hybridnb.live import panel_image
+
+    return {PLOTLY_MIME: figure_dict(record), "image/svg+xml": panel_image.to_svg(record),
+            "text/plain": "hybridnb figure: loss, learning rate and memory"}

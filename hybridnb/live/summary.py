@@ -129,21 +129,13 @@ def status(record, memory: Mapping[str, float] | None = None) -> str:
 
 def _best(summary: Mapping[str, Any], monitor: str
           ) -> tuple[float | None, int | None, int | None]:
-    """Best monitored value, its epoch (counted from 0, as in the history) and step."""
+    """The best monitored value, its epoch (counted from 0, as in the history) and step, as the
+    Trainer decided them (early stopping and the best checkpoint use the same): the view ranks
+    nothing itself."""
     best = summary.get("best") or {}
     value = best.get(monitor, best.get("value"))
+    value = float(value) if value is not None and math.isfinite(float(value)) else None
     epoch, step = best.get("epoch"), best.get("step")
-    hist = summary.get("history")
-    if value is None and hist is not None and monitor in getattr(hist, "columns", ()):
-        col = hist[monitor].dropna()
-        if len(col):
-            i = col.idxmax() if monitor.endswith(("r2", "accuracy")) else col.idxmin()
-            value = float(col[i])
-            epoch = int(hist.loc[i, "epoch"]) if "epoch" in hist.columns else int(i)
-            step = int(hist.loc[i, "step"]) if "step" in hist.columns else None
-    value = float(value) if value is not None else None
-    if value is not None and not math.isfinite(value):
-        value = None
     return (value, int(epoch) if epoch is not None else None,
             int(step) if step is not None else None)
 

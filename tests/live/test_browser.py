@@ -2,7 +2,7 @@
 
 Starts JupyterLab (127.0.0.1, no token, a free port, a temp root), opens tests/live/browser/train.ipynb
 (a tiny model trained with ``Trainer(live="widgets")``), runs all cells and checks from the DOM:
-the ipywidgets progress bar reached 100 %, the live plotly loss trace grew while training, and
+the progress bar reached 100 %, the live plotly loss trace grew while training, and
 at the end the live widgets were replaced by the static snapshot whose loss trace has one point
 per logged step and whose memory plot has data; a user's figure shown after
 ``hybridnb.static_figures()`` (which adds an image for exports to the same output) is drawn by
@@ -35,7 +35,7 @@ OBSERVER = """() => {
   const s = window.__hnb = {maxPct: 0, liveLoss: 0, liveMem: 0, scans: 0};
   const scan = () => {
     s.scans += 1;
-    for (const bar of document.querySelectorAll('.widget-hprogress .progress-bar')) {
+    for (const bar of document.querySelectorAll('.hybridnb-live .hybridnb-bar')) {
       const w = parseFloat(bar.style.width || '0');
       if (w > s.maxPct) s.maxPct = w;
     }
@@ -58,7 +58,7 @@ USER_FIGURE = "gd => ((gd.layout || {}).title || {}).text === 'user figure'"
 SNAPSHOT = """() => {
   const USER_FIGURE = """ + USER_FIGURE + """;
   const out = {plots: [], widgets: document.querySelectorAll('.jupyter-widgets').length,
-    bars: document.querySelectorAll('.widget-hprogress').length,
+    bars: document.querySelectorAll('.hybridnb-live .hybridnb-bar').length,
     summary: [...document.querySelectorAll('.hybridnb-summary')].map(e => e.innerText)};
   for (const gd of document.querySelectorAll('.js-plotly-plot')) {
     if (gd.closest('.hybridnb-live-plots') || USER_FIGURE(gd)) continue;
@@ -123,7 +123,7 @@ def test_widgets_train_and_stop_in_jupyterlab(lab, tmp_path):
 
     assert "frontend: jupyter" in train.inner_text(".jp-Notebook")  # a real Lab session
     assert result["epochs"] == 3 and result["steps"] == 3 * 16
-    assert live["maxPct"] == pytest.approx(100.0)  # an ipywidgets bar reached 100 %
+    assert live["maxPct"] == pytest.approx(100.0)  # a progress bar reached 100 %
     assert snap["widgets"] == 0 and snap["bars"] == 0  # live widgets replaced ...
     assert len(snap["plots"]) == 1  # ... by one static figure:
     plot = snap["plots"][0]

@@ -286,6 +286,7 @@ def test_every_renderer_shows_the_train_loss_the_trainer_sends():
     assert series["train loss (epoch)"].x == [2] and series["train loss (epoch)"].y == [1.6]
     assert series["step loss"].y == [1.0, 4.0]
     view.end(dict(history=pd.DataFrame({"epoch": [0], "step": [2], "val_loss": [0.5]}),
+                  best={"monitor": "val_loss", "value": 0.5, "epoch": 0, "step": 2},
                   elapsed_s=1.0, events=[], device="cpu", precision="fp32"))
     assert "Best val_loss 0.5 at epoch 0, step 2 (epochs count from 0" in \
         out.getvalue().splitlines()[-1]
@@ -328,7 +329,9 @@ def test_html_renderer_updates_two_handles_and_ends_with_a_static_snapshot():
     live_panel = panel.shown[-2]["text/html"]
     assert 'data-value="3" data-max="3"' in live_panel  # epoch bar full before the snapshot
     assert "oom_split" in live_panel
-    assert "<svg" in plots.shown[-2]["text/html"]
+    live_plots = plots.shown[-2]  # plotly JSON for JupyterLab/VS Code, plotly's HTML for Colab
+    live_loss = next(t for t in live_plots[PLOTLY_MIME]["data"] if t["name"] == "step loss")
+    assert 20 <= len(live_loss["x"]) <= steps and "cdn.plot.ly" in live_plots["text/html"]
 
     summary = panel.last
     assert set(summary) == {"text/html", "text/plain"}
@@ -337,7 +340,8 @@ def test_html_renderer_updates_two_handles_and_ends_with_a_static_snapshot():
 
     fig = plots.last
     assert WIDGET_VIEW not in fig and "text/html" not in fig  # nothing needing JS or a kernel
-    ET.fromstring(fig["image/svg+xml"])  # well-formed SVG
+    image = ET.fromstring(fig["image/svg+xml"])  # well-formed SVG, drawn with matplotlib
+    assert "hybridnb: loss, learning rate, memory" in "".join(image.itertext())
     traces = {t["name"]: t for t in fig[PLOTLY_MIME]["data"]}
     assert len(traces["step loss"]["x"]) == steps == 60
     assert traces["val loss"]["y"] == pytest.approx([0.5, 0.25, 0.5 / 3])
@@ -399,8 +403,8 @@ def test_widget_renderer_bars_plots_stop_and_cleanup():
     for g in range(1, 21):
         view.update(dict(epoch=0, step=g, global_step=g, loss=1.0 / g, lr=1e-3))
     view.update(dict(epoch=0, step=20, global_step=20, epoch_end=True, val_loss=0.4))
-    assert view.step_bar.value == view.step_bar.max == 20  # always drawn at epoch end
-    assert view.epoch_bar.value == 1
+    assert 'data-value="20" data-max="20"' in view.progress.value  # drawn at every epoch end
+    assert 'data-value="1" data-max="3"' in view.progress.value  # epochs done
     loss = next(t for t in view.fig.data if t.name == "step loss")
     assert len(loss.x) == 20
     assert len(next(t for t in view.fig.data if t.name == "process RSS").y) >= 1

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 IPYWIDGETS7 = ROOT / ".venv" / "ipywidgets7"
 
 SCRIPT = textwrap.dedent('''
-    import json, sys, types
+    import json, re, sys, types
 
     calls = []
     colab = types.ModuleType("google.colab")
@@ -59,7 +59,8 @@ SCRIPT = textwrap.dedent('''
             g += 1
             view.update(dict(epoch=e, step=s, global_step=g, loss=1.0 / g, lr=1e-3))
         view.update(dict(epoch=e, step=5, global_step=g, epoch_end=True, val_loss=0.5 / (e + 1)))
-    bars = [view.epoch_bar.value, view.step_bar.value, view.step_bar.max]
+    bars = [[int(v) for v in m] for m in re.findall(r'data-value="(\\d+)" data-max="(\\d+)"',
+                                                    view.progress.value)]
     points = len(next(t for t in view.fig.data if t.name == "step loss").x)
     widgets = list(view._widgets)
     view.end(dict(elapsed_s=1.0, events=[], device="cpu", precision="fp32",
@@ -88,7 +89,7 @@ def test_widget_view_draws_with_colabs_ipywidgets_7():
     assert out["ipywidgets"].startswith("7."), out
     assert Path(out["ipywidgets_file"]).is_relative_to(IPYWIDGETS7)
     assert (out["renderer"], out["note"], out["manager_enabled"]) == ("widgets", "", 1)
-    assert out["bars"] == [2, 5, 5] and out["points"] == 10
+    assert out["bars"] == [[2, 2], [5, 5]] and out["points"] == 10  # epochs and steps, full
     assert out["shown"] == ["VBox", "VBox"]          # the panel and the plots, as widgets
     # at the end both are replaced by static output (no widget state left in the notebook)
     widget_mime = "application/vnd.jupyter.widget-view+json"

@@ -58,7 +58,7 @@ def test_training_cell_headless_gives_text_and_html(tmp_path, monkeypatch):
     assert len(shown) == 2
     summary, figure = shown[0].data, shown[1].data
     assert "Trained SlowLinear" in summary["text/html"] and "quick mode" in summary["text/html"]
-    assert figure["image/svg+xml"].startswith("<svg")
+    assert "<dc:title>hybridnb: loss, learning rate, memory" in figure["image/svg+xml"]
     loss = next(t for t in figure[PLOTLY_MIME]["data"] if t["name"] == "step loss")
     epoch_loss = next(t for t in figure[PLOTLY_MIME]["data"] if t["name"] == "train loss (epoch)")
     val = next(t for t in figure[PLOTLY_MIME]["data"] if t["name"] == "val loss")

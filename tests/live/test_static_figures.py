@@ -166,6 +166,23 @@ def test_report_png_is_the_live_figure(tmp_path):
     assert "skipped" not in (folder / "summary.txt").read_text()
 
 
+def test_the_live_figure_carries_its_own_matplotlib_drawing(kernel_renderer):
+    """hybridnb's panels are drawn twice, never translated: plotly live, matplotlib static."""
+    from hybridnb.events import StepRow
+    from hybridnb.live import figures
+    from hybridnb.live.record import RunRecord
+
+    record = RunRecord({"epochs": 1, "steps_per_epoch": 3})
+    for g in (1, 2, 3):
+        record.add(StepRow(global_step=g, epoch=0, step=g, loss=1.0 / g, lr=1e-3))
+    fig = figures.make_figure(record)
+    drawn = static.to_matplotlib(fig)  # what trainer.report()'s figures.png is
+    assert [ax.get_title() for ax in drawn.axes] == ["loss", "learning rate", "memory (GiB)"]
+    assert list(drawn.axes[0].lines[0].get_ydata()) == [1.0, 0.5, 1 / 3]
+    bundle = fig._repr_mimebundle_()  # shown in a notebook: the same image beside the JSON
+    assert "<dc:title>hybridnb: loss, learning rate, memory" in bundle[SVG]
+
+
 # ------------------------------------------------------------------ the translation
 
 
@@ -183,7 +200,9 @@ def test_translation_draws_subplots_log_axes_shapes_titles_and_legend():
     drawn = static.to_matplotlib(fig)
     left, right, twin = drawn.axes
     assert left.get_yscale() == "log" and right.get_yscale() == "linear"
-    assert twin.get_ylim()[0] > 40  # the secondary axis holds its own trace
+    assert right.get_position().x0 > left.get_position().x1  # side by side, as plotly's domains
+    assert twin.get_position().bounds == right.get_position().bounds  # a right-hand axis
+    assert twin.get_ylim()[0] > 40  # holding its own trace
     texts = {t.get_text() for t in drawn.texts}
     assert {"left", "right", "two panels"} <= texts
     assert [t.get_text() for t in drawn.legends[0].texts] == ["a", "b", "c"]
@@ -210,13 +229,15 @@ def test_translation_draws_histogram_bar_and_says_what_it_skips():
     stacked = static.to_matplotlib(px.bar(x=[1, 2, 3, 4], y=["a", "a", "b", "b"],
                                           orientation="h"))  # px: one bar per row, stacked
     assert sorted(p.get_x() + p.get_width() for p in stacked.axes[0].patches) == [1, 3, 3, 7]
-    boxes = static.to_matplotlib(px.box(x=["u"] * 5 + ["v"] * 5, y=np.arange(10.0)))
-    assert [t.get_text() for t in boxes.axes[0].get_xticklabels()] == ["u", "v"]
-    when = static.to_matplotlib(px.line(x=["2024-01-01", "2024-01-02", "2024-01-03"],
-                                        y=[1, 2, 3]))
-    assert when.axes[0].lines[0].get_xdata().dtype.kind == "M"  # a time axis, not categories
-    pie = static.to_matplotlib(go.Figure(go.Pie(values=[1, 2])))
-    assert any("pie" in t.get_text() for t in pie.texts)  # said, not silently blank
+    grouped = static.to_matplotlib(go.Figure([go.Bar(x=["a", "b"], y=[1, 2], name="one"),
+                                              go.Bar(x=["a", "b"], y=[3, 4], name="two")]))
+    left_one, _, left_two, _ = sorted(grouped.axes[0].patches, key=lambda p: p.get_height())
+    assert left_one.get_x() < left_two.get_x()  # side by side, not on top of each other
+    for fig, kind in ((px.box(y=np.arange(10.0)), "box"), (px.imshow(np.eye(3)), "heatmap"),
+                      (go.Figure(go.Pie(values=[1, 2])), "pie"),
+                      (px.line(y=[1, 2]).add_vrect(x0=0, x1=0.5), "rect shapes")):
+        drawn = static.to_matplotlib(fig)  # a trace the translation does not cover:
+        assert any(kind in t.get_text() for t in drawn.texts)  # said, not silently blank
 
 
 # ------------------------------------------------------------------ a notebook, end to end
@@ -256,7 +277,7 @@ def test_executed_notebook_exported_to_html_shows_every_figure(tmp_path, monkeyp
     for data in (user, lr, end):
         assert not any(k.startswith("image/") and k != SVG for k in data)  # no PNG: see above
     assert svg_size(user[SVG])[0] > 300 and svg_size(lr[SVG])[0] > 300
-    assert end[SVG].startswith("<svg")
+    assert svg_size(end[SVG])[0] > 2 * svg_size(end[SVG])[1]  # three panels side by side
 
     # saved and read back, as a code host reads it
     path = tmp_path / "figures.ipynb"
@@ -269,5 +290,5 @@ def test_executed_notebook_exported_to_html_shows_every_figure(tmp_path, monkeyp
     svgs = [base64.b64decode(s).decode() for s in re.findall(
         r'<img[^>]*src="data:image/svg\+xml;base64,([A-Za-z0-9+/=\n]+)"', html)]
     assert svgs[:2] == [user[SVG], lr[SVG]]   # an <img> for each figure, in order
-    assert len(svgs) == 3 and svgs[2].startswith("<svg")   # the end-of-run figure
-    assert "<title>hybridnb: loss, learning rate, memory" in svgs[2]
+    assert len(svgs) == 3 and svgs[2] == end[SVG]   # the end-of-run figure
+    assert "<dc:title>hybridnb: loss, learning rate, memory</dc:title>" in svgs[2]
