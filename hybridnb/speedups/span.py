@@ -130,8 +130,40 @@ def span_as_conv1d(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
         # would make oneDNN answer in channels-last order, and dropout after it draw other masks
     else:  # (B, 1, C, T), kernel (C, K)
         signal, kernel = x[:, 0], weight[:, 0].contiguous()
-    out = F.conv1d(signal, kernel, bias, stride=stride, padding=padding, dilation=dilation)
+    out = _Conv1d.apply(signal, kernel, bias, stride, padding, dilation)
     return out.unsqueeze(-1) if axis == 1 else out.unsqueeze(2)
+
+
+class _Conv1d(torch.autograd.Function):
+    """``F.conv1d`` whose kernel gradient is itself a 1-D convolution, the batch as its channels:
+    ``grad_w[f, c, k] = sum_b sum_t g[b, f, t] x[b, c, s t + d k]`` is ``conv1d(x^T, g^T)`` with
+    stride ``d`` and dilation ``s``. oneDNN's own backward for a 129-channel, 25-tap kernel ran
+    2.4x slower on one and two cores (C1: 50 against 20.5 ms on one thread, issue 34); the sums
+    are the same, in another order (float rounding)."""
+
+    @staticmethod
+    def forward(ctx, signal, kernel, bias, stride, padding, dilation):
+        ctx.save_for_backward(signal, kernel)
+        ctx.conv = (stride, padding, dilation, bias is not None)
+        return F.conv1d(signal, kernel, bias, stride=stride, padding=padding, dilation=dilation)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        signal, kernel = ctx.saved_tensors
+        stride, padding, dilation, has_bias = ctx.conv
+        grad_signal = grad_kernel = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_signal = torch.ops.aten.convolution_backward(
+                grad, signal, kernel, None, [stride], [padding], [dilation], False, [0], 1,
+                [True, False, False])[0]
+        if ctx.needs_input_grad[1]:
+            padded = F.pad(signal, (padding, padding)) if padding else signal
+            grad_kernel = F.conv1d(padded.transpose(0, 1), grad.transpose(0, 1), stride=dilation,
+                                   dilation=stride)[..., :kernel.shape[-1]].transpose(0, 1)
+        if has_bias and ctx.needs_input_grad[2]:
+            grad_bias = grad.sum((0, 2))
+        return grad_signal, grad_kernel, grad_bias, None, None, None
 
 
 class SpanAsConv1d(FormReplacement):

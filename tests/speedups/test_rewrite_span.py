@@ -62,6 +62,17 @@ def test_a_plain_spanning_conv2d_trains_the_same_keeps_its_keys_and_undoes(layou
     assert SPAN.undo(model) == 1 and model[0] is first
 
 
+def test_the_input_gradient_is_the_stock_one_too():
+    """Behind another layer the spanning convolution's input needs a gradient (its own backward
+    computes the kernel's gradient as a convolution over the batch, the input's as stock)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 1, 1), nn.Conv2d(1, 6, (9, 12), dilation=(2, 1)))
+    x = torch.randn(5, 1, 40, 12)
+    stock = copy.deepcopy(model)
+    assert SPAN.apply(model, x).rewritten == ["1"]
+    assert_same_step(stock, model, x)
+
+
 def test_a_conv_that_does_not_span_its_input_is_left_alone():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(1, 4, (1, 7), padding=(0, 3)), nn.Conv2d(4, 4, (3, 3)))
