@@ -516,6 +516,32 @@ def test_cpu_auto_keeps_nchw_for_a_depthwise_convolution_along_the_width():
     assert "channels_last" not in applied.applied and "(H, 1)" in applied.skipped["channels_last"]
 
 
+class _Functional(nn.Module):
+    """SincShallowNet's way: filters applied with F.conv2d, permuted, made contiguous."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.band = nn.Parameter(torch.randn(4, 1, 1, 5))
+        self.spatial = nn.Conv2d(4, 8, (8, 1), groups=4)
+
+    def forward(self, x):
+        z = nn.functional.conv2d(x.unsqueeze(1), self.band, padding=(0, 2))
+        return self.spatial(z.permute(0, 1, 2, 3).contiguous()).mean((1, 2, 3))
+
+
+def test_cpu_auto_keeps_nchw_unless_the_filter_spans_a_convolutions_output():
+    """EEGTCNet (a grouped (16, 1) filter along time over 25 rows) ran 0.4x in channels_last,
+    SincShallowNet (a spatial filter over functional sinc filters' output) 0.5x."""
+    along_time = nn.Sequential(nn.Unflatten(1, (1, 8)), nn.Conv2d(1, 8, (1, 5)),
+                               nn.Conv2d(8, 8, (4, 1), groups=8), nn.Flatten(), nn.LazyLinear(1))
+    x = torch.randn(4, 8, 30)
+    along_time(x)
+    for model in (along_time, _Functional()):
+        applied = apply_speedups(model, x, "cpu", precision="fp32")
+        assert "channels_last" not in applied.applied
+        assert "spanning the height" in applied.skipped["channels_last"]
+
+
 def test_rows_shorter_than_the_minimum_stay_two_dimensional():
     """CBraMod's (1, 3) convolutions over rows of 8 samples ran 0.81x folded."""
     conv = nn.Sequential(nn.Conv2d(4, 4, (1, 3), padding=(0, 1)))
