@@ -15,7 +15,9 @@ computes them, then reshaped, so its parameters, ``state_dict`` and gradients ar
 
 Why: a ``Conv2d`` with one input channel and a 25 x 129 kernel is oneDNN's slow case on the CPU
 (one channel, a huge kernel); the same sums as a 1-D convolution over 129 channels run 3.6-4.4x
-faster forward + backward on two cores (issue 34; ``bench/results/zoo-speed-cpu-latest.md``).
+faster forward + backward on two cores, and with the kernel's gradient computed as a convolution
+over the batch (``_Conv1d``) the C1 and C2 recipes' whole training step runs 3.1-3.5x stock on
+one and two threads (issue 34; ``bench/results/zoo-speed-cpu-latest.md``).
 The CPU's rules apply it by rule (checked exact on the first batch); on CUDA it is a timed knob
 (cuDNN may already pick a good algorithm for the 2-D form).
 
