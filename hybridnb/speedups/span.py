@@ -152,7 +152,8 @@ class _Conv1d(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        signal, kernel = ctx.saved_tensors
+        # under autocast the forward ran in the low precision: the backward runs in the grad's
+        signal, kernel = (t.to(grad.dtype) for t in ctx.saved_tensors)
         stride, padding, dilation, has_bias = ctx.conv
         grad_signal = grad_kernel = grad_bias = None
         if ctx.needs_input_grad[0]:

@@ -73,6 +73,25 @@ def test_the_input_gradient_is_the_stock_one_too():
     assert_same_step(stock, model, x)
 
 
+def test_a_spanning_conv_trains_under_bf16_autocast():
+    """The backward runs in the autocast forward's precision (a bf16 gradient and fp32 saved
+    inputs would not convolve)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 6, (9, 12)), nn.Flatten(), nn.LazyLinear(1))
+    x = torch.randn(5, 1, 40, 12)
+    model(x)
+    stock = copy.deepcopy(model)
+    assert SPAN.apply(model, x).rewritten == ["0"]
+    grads = []
+    for m in (stock, model):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = m(x)
+        out.float().sum().backward()
+        grads.append([p.grad for p in m.parameters()])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(b, a, rtol=2e-2, atol=2e-2 * a.abs().max().item())
+
+
 def test_a_conv_that_does_not_span_its_input_is_left_alone():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(1, 4, (1, 7), padding=(0, 3)), nn.Conv2d(4, 4, (3, 3)))
