@@ -20,9 +20,10 @@ the first batch say it is faster (``trial.py``; greedy: channels_last, then the 
 then precision; a knob kept only when at least ``MARGIN`` faster), within ``BUDGET_S``.
 
 ``mode="auto"`` on the CPU, where a step costs seconds, decides by exact rules, with no timed
-trial but the bf16 one (bounded by ``BUDGET_S["cpu"]``): the chain rewrite first, then the rows
-rewrite (each checked exact on a slice of the batch), channels_last for models with a grouped
-``Conv2d`` (plain convolutions do not gain from it), no depthwise rewrite in fp32, and bf16 only
+trial but the bf16 one (bounded by ``BUDGET_S["cpu"]``): the span and chain rewrites first,
+then the rows rewrite (each checked exact on a slice of the batch), channels_last for models
+with a grouped ``(H, 1)`` ``Conv2d`` spanning the height of the input or of a 2-D convolution's
+output (plain convolutions do not gain from it), no depthwise rewrite in fp32, and bf16 only
 where the CPU has it in hardware (``amx_bf16``/``avx512_bf16``), there are ``MIN_TRIAL_CORES``
 cores, the run has at least ``MIN_TRIAL_STEPS`` steps, and a bounded trial under an address-space
 cap (oneDNN's bf16 paths can ask for more memory than the machine has) measures it
@@ -94,11 +95,10 @@ def has_rows_conv(model: nn.Module) -> bool:
 
 
 def has_grouped_conv2d(model: nn.Module) -> bool:
-    """The CPU's channels_last rule: a grouped (depthwise) 2-D convolution with an ``(H, 1)``
-    kernel over several rows (EEGNeX's spatial filter), whose NCHW oneDNN path is slow
-    (EEGNeX: 2.3x with the chain rewrite). Grouped kernels along the width do not count:
-    ATCNet's ``(1, 129)`` depthwise convolution ran 0.53x in channels_last
-    (``bench/results/zoo-speed-cpu-latest.md``)."""
+    """The CPU's channels_last candidates, before any batch: a grouped (depthwise) 2-D
+    convolution with an ``(H, 1)`` kernel over several rows (EEGNeX's spatial filter), whose
+    NCHW oneDNN path is slow; ``_cpu_channels_last`` has the rest of the rule. Grouped kernels
+    along the width do not count: ATCNet's ``(1, 129)`` one ran 0.53x in channels_last."""
     return any(map(_grouped_rows, replace.originals(model)))
 
 
