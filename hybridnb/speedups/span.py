@@ -40,6 +40,9 @@ from hybridnb.speedups.replace import FormReplacement
 from hybridnb.speedups.rewrite import LayerRewrite, RewriteReport
 
 MIN_SPAN = 2  # electrodes: a kernel over one row gains nothing from the 1-D form
+# taps from which the kernel's gradient as a convolution over the batch beats oneDNN's own
+# (one thread, 129 x 200 windows: 25 taps 3.0x, 10 taps 1.25x, 3 taps 0.4x, 1 tap 0.5-0.9x)
+BATCH_CONV_TAPS = 10
 
 
 def _combined_conv_class() -> type | None:
@@ -139,9 +142,9 @@ def span_as_conv1d(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 class _Conv1d(torch.autograd.Function):
     """``F.conv1d`` whose kernel gradient is itself a 1-D convolution, the batch as its channels:
     ``grad_w[f, c, k] = sum_b sum_t g[b, f, t] x[b, c, s t + d k]`` is ``conv1d(x^T, g^T)`` with
-    stride ``d`` and dilation ``s``. oneDNN's own backward for a 129-channel, 25-tap kernel ran
-    2.4x slower on one and two cores (C1: 50 against 20.5 ms on one thread, issue 34); the sums
-    are the same, in another order (float rounding)."""
+    stride ``d`` and dilation ``s``, for kernels of at least ``BATCH_CONV_TAPS`` taps. oneDNN's
+    own backward for a 129-channel, 25-tap kernel ran 2.4x slower on one and two cores (C1: 50
+    against 20.5 ms on one thread, issue 34); the sums are the same, in another order."""
 
     @staticmethod
     def forward(ctx, signal, kernel, bias, stride, padding, dilation):
@@ -156,11 +159,12 @@ class _Conv1d(torch.autograd.Function):
         signal, kernel = (t.to(grad.dtype) for t in ctx.saved_tensors)
         stride, padding, dilation, has_bias = ctx.conv
         grad_signal = grad_kernel = grad_bias = None
-        if ctx.needs_input_grad[0]:
-            grad_signal = torch.ops.aten.convolution_backward(
+        by_batch = ctx.needs_input_grad[1] and kernel.shape[-1] >= BATCH_CONV_TAPS
+        if ctx.needs_input_grad[0] or (ctx.needs_input_grad[1] and not by_batch):
+            grad_signal, grad_kernel, _ = torch.ops.aten.convolution_backward(
                 grad, signal, kernel, None, [stride], [padding], [dilation], False, [0], 1,
-                [True, False, False])[0]
-        if ctx.needs_input_grad[1]:
+                [ctx.needs_input_grad[0], ctx.needs_input_grad[1] and not by_batch, False])
+        if by_batch:
             padded = F.pad(signal, (padding, padding)) if padding else signal
             grad_kernel = F.conv1d(padded.transpose(0, 1), grad.transpose(0, 1), stride=dilation,
                                    dilation=stride)[..., :kernel.shape[-1]].transpose(0, 1)
