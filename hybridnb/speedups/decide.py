@@ -207,15 +207,19 @@ def _cpu_auto(model, inputs, device, prec: str, auto: bool, chosen, applied: App
                  "convolution",
                  "no conv-BatchNorm-conv chain that one convolution computes with fewer "
                  "multiply-adds")
-    if "rows" in chosen:
-        _by_rule(ROWS, model, inputs, applied, "folded", "(1, K) convolutions over several rows",
-                 "no (1, K) convolution over several rows")
     if "channels_last" in chosen:
         if not has_grouped_conv2d(model):
             applied.skipped["channels_last"] = ("no grouped (H, 1) 2-D convolution (the CPU's "
                                                 "rule)")
         elif (toggle := _channels_last_toggle(model, applied)) is not None:
             _cpu_channels_last(toggle, model, inputs, applied)
+    if "rows" in chosen and "channels_last" not in applied.applied:
+        # the folded form pays only beside channels_last: alone, TIDNet, TSception and
+        # EEGConformer ran 0.75-0.84x (1 thread, issue 34)
+        applied.skipped["rows"] = "only beside channels_last (the CPU's rule)"
+    elif "rows" in chosen:
+        _by_rule(ROWS, model, inputs, applied, "folded", "(1, K) convolutions over several rows",
+                 "no (1, K) convolution over several rows")
     if "precision" in chosen and auto and prec == "fp32":
         _cpu_bf16(model, inputs, device, prec, "rewrite" in chosen, applied, steps, deadline)
     if "rewrite" in chosen and "rewrite" not in applied.applied \

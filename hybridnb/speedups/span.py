@@ -62,7 +62,9 @@ def is_combined_conv(module: nn.Module) -> bool:
 
 def spanned_axes(module: nn.Module) -> tuple[int, ...]:
     """The kernel axes (0: height, 1: width) a one-channel ``Conv2d`` may span: those with zero
-    padding, stride 1, dilation 1 and at least ``MIN_SPAN`` taps (none for any other module)."""
+    padding, stride 1, dilation 1 and at least ``MIN_SPAN`` taps, the other axis at least two
+    (none for any other module). A one-tap spatial filter is a matrix product oneDNN already
+    runs well: SignalJEPA_PreLocal's (129, 1) one ran 0.85x as 1-D (issue 34)."""
     if not isinstance(module, nn.Conv2d):
         return ()
     cls = type(module)
@@ -73,7 +75,7 @@ def spanned_axes(module: nn.Module) -> tuple[int, ...]:
     return tuple(axis for axis in (1, 0)
                  if (module.padding == "valid" or module.padding[axis] == 0)
                  and module.stride[axis] == 1 and module.dilation[axis] == 1
-                 and module.kernel_size[axis] >= MIN_SPAN)
+                 and module.kernel_size[axis] >= MIN_SPAN and module.kernel_size[1 - axis] >= 2)
 
 
 def is_span_candidate(module: nn.Module) -> bool:

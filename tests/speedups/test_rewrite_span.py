@@ -96,6 +96,7 @@ def test_a_conv_that_does_not_span_its_input_is_left_alone():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(1, 4, (1, 7), padding=(0, 3)), nn.Conv2d(4, 4, (3, 3)))
     assert not SPAN.could_apply(model)  # padded time kernel, several input channels
+    assert not SPAN.could_apply(nn.Sequential(nn.Conv2d(1, 4, (12, 1))))  # one tap: a matmul
     narrow = nn.Sequential(nn.Conv2d(1, 4, (5, 6)))  # would span 6 electrodes
     assert not SPAN.apply(narrow, torch.randn(2, 1, 20, 8))  # but the input has 8
 
