@@ -22,7 +22,7 @@ then precision; a knob kept only when at least ``MARGIN`` faster), within ``BUDG
 ``mode="auto"`` on the CPU, where a step costs seconds, decides by exact rules, with no timed
 trial but the bf16 one (bounded by ``BUDGET_S["cpu"]``): the span and chain rewrites first,
 then the rows rewrite (each checked exact on a slice of the batch), channels_last for models
-with a grouped ``(H, 1)`` ``Conv2d`` spanning the height of the input or of a 2-D convolution's
+with a grouped ``(H, 1)`` ``Conv2d`` on the input or spanning the height of a 2-D convolution's
 output (plain convolutions do not gain from it), no depthwise rewrite in fp32, and bf16 only
 where the CPU has it in hardware (``amx_bf16``/``avx512_bf16``), there are ``MIN_TRIAL_CORES``
 cores, the run has at least ``MIN_TRIAL_STEPS`` steps, and a bounded trial under an address-space
@@ -228,9 +228,10 @@ def _cpu_auto(model, inputs, device, prec: str, auto: bool, chosen, applied: App
 
 
 def _cpu_channels_last(toggle, model, inputs, applied: Applied) -> None:
-    """channels_last where a grouped ``(H, 1)`` convolution spans its whole input's height, that
-    input being the model's own or made after a plain 2-D convolution ran (one eval forward on
-    the slice, hooks): EEGNeX, EEGNet and their kin gain 1.2-2.5x. A grouped (16, 1) filter
+    """channels_last where a grouped ``(H, 1)`` convolution reads the model's own input (made
+    NHWC by the pre-hook), or spans the whole height of an input made after a plain 2-D
+    convolution ran (one eval forward on the slice, hooks): EEGNeX, EEGNet and their kin gain
+    1.2-2.5x. A grouped (16, 1) filter
     along time (EEGTCNet) ran 0.4x, and a spatial filter over a tensor no convolution module
     made (SincShallowNet's functional sinc filters, permuted and made contiguous) 0.5x (its
     BatchNorm backward ran 8x slower)."""
@@ -242,8 +243,8 @@ def _cpu_channels_last(toggle, model, inputs, applied: Applied) -> None:
 
     def grouped_in(module, args):
         x = replace.first_tensor(args)
-        state["keep"] |= (x is not None and x.dim() == 4 and x.shape[2] == module.kernel_size[0]
-                          and (state["conv"] or x.data_ptr() in given))
+        state["keep"] |= x is not None and x.dim() == 4 and (
+            x.data_ptr() in given or (state["conv"] and x.shape[2] == module.kernel_size[0]))
 
     hooks = []
     for m in replace.originals(model):  # a replacement shares its original's hooks
@@ -257,8 +258,8 @@ def _cpu_channels_last(toggle, model, inputs, applied: Applied) -> None:
         for h in hooks:
             h.remove()
     if not state["keep"]:
-        applied.skipped["channels_last"] = ("no grouped (H, 1) 2-D convolution spanning the "
-                                            "height of the input or of a 2-D convolution's "
+        applied.skipped["channels_last"] = ("no grouped (H, 1) 2-D convolution on the input "
+                                            "or spanning the height of a 2-D convolution's "
                                             "output (the CPU's rule)")
         return
     toggle(True)

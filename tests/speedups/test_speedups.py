@@ -539,7 +539,7 @@ def test_cpu_auto_keeps_nchw_unless_the_filter_spans_a_convolutions_output():
     for model in (along_time, _Functional()):
         applied = apply_speedups(model, x, "cpu", precision="fp32")
         assert "channels_last" not in applied.applied
-        assert "spanning the height" in applied.skipped["channels_last"]
+        assert "spanning the height" in applied.skipped["channels_last"], model
 
 
 def test_cpu_auto_folds_rows_only_beside_channels_last():
