@@ -82,16 +82,12 @@ def wanted(setting: bool | str | None, device: torch.device | str) -> bool:
 
 
 def cpu_candidate(model: nn.Module) -> bool:
-    """Whether any CPU knob could apply to ``model`` (the span, rows and channels_last rules, or a CPU
-    with native bf16 and the cores for its trial), decided without a batch: the Trainer skips
-    drawing an example batch from a slow Dataset when nothing could apply."""
-    return has_grouped_conv2d(model) or has_rows_conv(model) or SPAN.could_apply(model) or (
+    """Whether any CPU knob could apply to ``model`` (the span, chain and channels_last rules,
+    rows only beside channels_last, or a CPU with native bf16 and the cores for its trial),
+    decided without a batch: the Trainer skips drawing an example batch from a slow Dataset
+    when nothing could apply."""
+    return has_grouped_conv2d(model) or SPAN.could_apply(model) or CHAIN.could_apply(model) or (
         cpu_native_bf16() and trial.cores() >= MIN_TRIAL_CORES)  # else no bf16 trial could run
-
-
-def has_rows_conv(model: nn.Module) -> bool:
-    """The rows rewrite's rule, before any batch: a ``(1, K)`` convolution it can compute."""
-    return ROWS.could_apply(model)
 
 
 def has_grouped_conv2d(model: nn.Module) -> bool:
