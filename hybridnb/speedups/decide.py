@@ -20,9 +20,10 @@ the first batch say it is faster (``trial.py``; greedy: channels_last, then the 
 then precision; a knob kept only when at least ``MARGIN`` faster), within ``BUDGET_S``.
 
 ``mode="auto"`` on the CPU, where a step costs seconds, decides by exact rules, with no timed
-trial but the bf16 one (bounded by ``BUDGET_S["cpu"]``): the chain rewrite first, then the rows
-rewrite (each checked exact on a slice of the batch), channels_last for models with a grouped
-``Conv2d`` (plain convolutions do not gain from it), no depthwise rewrite in fp32, and bf16 only
+trial but the bf16 one (bounded by ``BUDGET_S["cpu"]``): the span and chain rewrites first,
+then the rows rewrite (each checked exact on a slice of the batch), channels_last for models
+with a grouped ``(H, 1)`` ``Conv2d`` on the input or spanning the height of a 2-D convolution's
+output (plain convolutions do not gain from it), no depthwise rewrite in fp32, and bf16 only
 where the CPU has it in hardware (``amx_bf16``/``avx512_bf16``), there are ``MIN_TRIAL_CORES``
 cores, the run has at least ``MIN_TRIAL_STEPS`` steps, and a bounded trial under an address-space
 cap (oneDNN's bf16 paths can ask for more memory than the machine has) measures it
@@ -47,7 +48,7 @@ import torch
 from torch import nn
 
 from hybridnb.hardware.host import cpu_flags
-from hybridnb.speedups import replace, trial
+from hybridnb.speedups import exact, replace, trial
 from hybridnb.speedups.applied import Applied
 from hybridnb.speedups.chain import CHAIN, MAX_COST_SHARE
 from hybridnb.speedups.depthwise import DEPTHWISE
@@ -81,26 +82,25 @@ def wanted(setting: bool | str | None, device: torch.device | str) -> bool:
 
 
 def cpu_candidate(model: nn.Module) -> bool:
-    """Whether any CPU knob could apply to ``model`` (the span, rows and channels_last rules, or a CPU
-    with native bf16 and the cores for its trial), decided without a batch: the Trainer skips
-    drawing an example batch from a slow Dataset when nothing could apply."""
-    return has_grouped_conv2d(model) or has_rows_conv(model) or SPAN.could_apply(model) or (
+    """Whether any CPU knob could apply to ``model`` (the span, chain and channels_last rules,
+    rows only beside channels_last, or a CPU with native bf16 and the cores for its trial),
+    decided without a batch: the Trainer skips drawing an example batch from a slow Dataset
+    when nothing could apply."""
+    return has_grouped_conv2d(model) or SPAN.could_apply(model) or CHAIN.could_apply(model) or (
         cpu_native_bf16() and trial.cores() >= MIN_TRIAL_CORES)  # else no bf16 trial could run
 
 
-def has_rows_conv(model: nn.Module) -> bool:
-    """The rows rewrite's rule, before any batch: a ``(1, K)`` convolution it can compute."""
-    return ROWS.could_apply(model)
-
-
 def has_grouped_conv2d(model: nn.Module) -> bool:
-    """The CPU's channels_last rule: a grouped (depthwise) 2-D convolution with an ``(H, 1)``
-    kernel over several rows (EEGNeX's spatial filter), whose NCHW oneDNN path is slow
-    (EEGNeX: 2.3x with the chain rewrite). Grouped kernels along the width do not count:
-    ATCNet's ``(1, 129)`` depthwise convolution ran 0.53x in channels_last
-    (``bench/results/zoo-speed-cpu-latest.md``)."""
-    return any(isinstance(m, nn.Conv2d) and m.groups > 1 and m.kernel_size[1] == 1
-               and m.kernel_size[0] >= 2 for m in replace.originals(model))
+    """The CPU's channels_last candidates, before any batch: a grouped (depthwise) 2-D
+    convolution with an ``(H, 1)`` kernel over several rows (EEGNeX's spatial filter), whose
+    NCHW oneDNN path is slow; ``_cpu_channels_last`` has the rest of the rule. Grouped kernels
+    along the width do not count: ATCNet's ``(1, 129)`` one ran 0.53x in channels_last."""
+    return any(map(_grouped_rows, replace.originals(model)))
+
+
+def _grouped_rows(module: nn.Module) -> bool:
+    return (isinstance(module, nn.Conv2d) and module.groups > 1 and module.kernel_size[1] == 1
+            and module.kernel_size[0] >= 2)
 
 
 def cpu_native_bf16() -> bool:
@@ -203,22 +203,65 @@ def _cpu_auto(model, inputs, device, prec: str, auto: bool, chosen, applied: App
                  "convolution",
                  "no conv-BatchNorm-conv chain that one convolution computes with fewer "
                  "multiply-adds")
-    if "rows" in chosen:
-        _by_rule(ROWS, model, inputs, applied, "folded", "(1, K) convolutions over several rows",
-                 "no (1, K) convolution over several rows")
     if "channels_last" in chosen:
         if not has_grouped_conv2d(model):
             applied.skipped["channels_last"] = ("no grouped (H, 1) 2-D convolution (the CPU's "
                                                 "rule)")
         elif (toggle := _channels_last_toggle(model, applied)) is not None:
-            toggle(True)
-            applied.applied.append("channels_last")
-            applied.rules["channels_last"] = "grouped (H, 1) 2-D convolutions"
+            _cpu_channels_last(toggle, model, inputs, applied)
+    if "rows" in chosen and "channels_last" not in applied.applied:
+        # the folded form pays only beside channels_last: alone, TIDNet, TSception and
+        # EEGConformer ran 0.75-0.84x (1 thread, issue 34)
+        applied.skipped["rows"] = "only beside channels_last (the CPU's rule)"
+    elif "rows" in chosen:
+        _by_rule(ROWS, model, inputs, applied, "folded", "(1, K) convolutions over several rows",
+                 "no (1, K) convolution over several rows")
     if "precision" in chosen and auto and prec == "fp32":
         _cpu_bf16(model, inputs, device, prec, "rewrite" in chosen, applied, steps, deadline)
     if "rewrite" in chosen and "rewrite" not in applied.applied \
             and "rewrite" not in applied.skipped:
         applied.skipped["rewrite"] = "not used in fp32 on the CPU (EEGNeX measured 0.95x)"
+
+
+def _cpu_channels_last(toggle, model, inputs, applied: Applied) -> None:
+    """channels_last where a grouped ``(H, 1)`` convolution reads the model's own input (made
+    NHWC by the pre-hook), or spans the whole height of an input made after a plain 2-D
+    convolution ran (one eval forward on the slice, hooks): EEGNeX, EEGNet and their kin gain
+    1.2-2.5x. A grouped (16, 1) filter
+    along time (EEGTCNet) ran 0.4x, and a spatial filter over a tensor no convolution module
+    made (SincShallowNet's functional sinc filters, permuted and made contiguous) 0.5x (its
+    BatchNorm backward ran 8x slower)."""
+    state = {"conv": False, "keep": False}
+    given = {a.data_ptr() for a in inputs if isinstance(a, torch.Tensor)}
+
+    def conv_ran(module, args, output):
+        state["conv"] = True
+
+    def grouped_in(module, args):
+        x = replace.first_tensor(args)
+        state["keep"] |= x is not None and x.dim() == 4 and (
+            x.data_ptr() in given or (state["conv"] and x.shape[2] == module.kernel_size[0]))
+
+    hooks = []
+    for m in replace.originals(model):  # a replacement shares its original's hooks
+        if _grouped_rows(m):
+            hooks.append(m.register_forward_pre_hook(grouped_in))
+        elif isinstance(m, nn.Conv2d) and m.groups == 1:
+            hooks.append(m.register_forward_hook(conv_ran))
+    try:
+        exact.eval_output(model, inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+    if not state["keep"]:
+        applied.skipped["channels_last"] = ("no grouped (H, 1) 2-D convolution on the input "
+                                            "or spanning the height of a 2-D convolution's "
+                                            "output (the CPU's rule)")
+        return
+    toggle(True)
+    applied.applied.append("channels_last")
+    applied.rules["channels_last"] = ("grouped (H, 1) 2-D convolutions over the input or a "
+                                      "2-D convolution's output")
 
 
 def _by_rule(rewrite: Rewrite, model, inputs, applied: Applied, listed: str, rule: str,

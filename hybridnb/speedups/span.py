@@ -15,7 +15,9 @@ computes them, then reshaped, so its parameters, ``state_dict`` and gradients ar
 
 Why: a ``Conv2d`` with one input channel and a 25 x 129 kernel is oneDNN's slow case on the CPU
 (one channel, a huge kernel); the same sums as a 1-D convolution over 129 channels run 3.6-4.4x
-faster forward + backward on two cores (issue 34; ``bench/results/zoo-speed-cpu-latest.md``).
+faster forward + backward on two cores, and with the kernel's gradient computed as a convolution
+over the batch (``_Conv1d``) the C1 and C2 recipes' whole training step runs 3.1-3.5x stock on
+one and two threads (issue 34; ``bench/results/zoo-speed-cpu-latest.md``).
 The CPU's rules apply it by rule (checked exact on the first batch); on CUDA it is a timed knob
 (cuDNN may already pick a good algorithm for the 2-D form).
 
@@ -38,6 +40,9 @@ from hybridnb.speedups.replace import FormReplacement
 from hybridnb.speedups.rewrite import LayerRewrite, RewriteReport
 
 MIN_SPAN = 2  # electrodes: a kernel over one row gains nothing from the 1-D form
+# taps from which the kernel's gradient as a convolution over the batch beats oneDNN's own
+# (one thread, 129 x 200 windows: 25 taps 3.0x, 10 taps 1.25x, 3 taps 0.4x, 1 tap 0.5-0.9x)
+BATCH_CONV_TAPS = 10
 
 
 def _combined_conv_class() -> type | None:
@@ -57,7 +62,9 @@ def is_combined_conv(module: nn.Module) -> bool:
 
 def spanned_axes(module: nn.Module) -> tuple[int, ...]:
     """The kernel axes (0: height, 1: width) a one-channel ``Conv2d`` may span: those with zero
-    padding, stride 1, dilation 1 and at least ``MIN_SPAN`` taps (none for any other module)."""
+    padding, stride 1, dilation 1 and at least ``MIN_SPAN`` taps, the other axis at least two
+    (none for any other module). A one-tap spatial filter is a matrix product oneDNN already
+    runs well: SignalJEPA_PreLocal's (129, 1) one ran 0.85x as 1-D (issue 34)."""
     if not isinstance(module, nn.Conv2d):
         return ()
     cls = type(module)
@@ -68,7 +75,7 @@ def spanned_axes(module: nn.Module) -> tuple[int, ...]:
     return tuple(axis for axis in (1, 0)
                  if (module.padding == "valid" or module.padding[axis] == 0)
                  and module.stride[axis] == 1 and module.dilation[axis] == 1
-                 and module.kernel_size[axis] >= MIN_SPAN)
+                 and module.kernel_size[axis] >= MIN_SPAN and module.kernel_size[1 - axis] >= 2)
 
 
 def is_span_candidate(module: nn.Module) -> bool:
@@ -130,8 +137,42 @@ def span_as_conv1d(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
         # would make oneDNN answer in channels-last order, and dropout after it draw other masks
     else:  # (B, 1, C, T), kernel (C, K)
         signal, kernel = x[:, 0], weight[:, 0].contiguous()
-    out = F.conv1d(signal, kernel, bias, stride=stride, padding=padding, dilation=dilation)
+    out = _Conv1d.apply(signal, kernel, bias, stride, padding, dilation)
     return out.unsqueeze(-1) if axis == 1 else out.unsqueeze(2)
+
+
+class _Conv1d(torch.autograd.Function):
+    """``F.conv1d`` whose kernel gradient is itself a 1-D convolution, the batch as its channels:
+    ``grad_w[f, c, k] = sum_b sum_t g[b, f, t] x[b, c, s t + d k]`` is ``conv1d(x^T, g^T)`` with
+    stride ``d`` and dilation ``s``, for kernels of at least ``BATCH_CONV_TAPS`` taps. oneDNN's
+    own backward for a 129-channel, 25-tap kernel ran 2.4x slower on one and two cores (C1: 50
+    against 20.5 ms on one thread, issue 34); the sums are the same, in another order."""
+
+    @staticmethod
+    def forward(ctx, signal, kernel, bias, stride, padding, dilation):
+        ctx.save_for_backward(signal, kernel)
+        ctx.conv = (stride, padding, dilation, bias is not None)
+        return F.conv1d(signal, kernel, bias, stride=stride, padding=padding, dilation=dilation)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        # under autocast the forward ran in the low precision: the backward runs in the grad's
+        signal, kernel = (t.to(grad.dtype) for t in ctx.saved_tensors)
+        stride, padding, dilation, has_bias = ctx.conv
+        grad_signal = grad_kernel = grad_bias = None
+        by_batch = ctx.needs_input_grad[1] and kernel.shape[-1] >= BATCH_CONV_TAPS
+        if ctx.needs_input_grad[0] or (ctx.needs_input_grad[1] and not by_batch):
+            grad_signal, grad_kernel, _ = torch.ops.aten.convolution_backward(
+                grad, signal, kernel, None, [stride], [padding], [dilation], False, [0], 1,
+                [ctx.needs_input_grad[0], ctx.needs_input_grad[1] and not by_batch, False])
+        if by_batch:
+            padded = F.pad(signal, (padding, padding)) if padding else signal
+            grad_kernel = F.conv1d(padded.transpose(0, 1), grad.transpose(0, 1), stride=dilation,
+                                   dilation=stride)[..., :kernel.shape[-1]].transpose(0, 1)
+        if has_bias and ctx.needs_input_grad[2]:
+            grad_bias = grad.sum((0, 2))
+        return grad_signal, grad_kernel, grad_bias, None, None, None
 
 
 class SpanAsConv1d(FormReplacement):
