@@ -158,11 +158,8 @@ class Loop:
             float(asked is Stop.CALLBACK)])
         if interrupt:
             return self._stop(Stop.INTERRUPT, "interrupted: stopping after the current step")
-        if button:  # in a worker the kernel's one flag carries the button and should_stop
-            return self._stop(Stop.STOP_BUTTON, (
-                "stop asked in the notebook (the Stop button, or a callback's "
-                "trainer.should_stop)" if self.heartbeat.in_worker else "Stop clicked")
-                + ": stopping after the current step")
+        if button:
+            return self._stop(Stop.STOP_BUTTON, "Stop clicked: stopping after the current step")
         if callback:
             return self._stop(Stop.CALLBACK, "a callback set trainer.should_stop: stopping "
                               "after the current step")

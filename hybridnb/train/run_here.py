@@ -11,6 +11,6 @@ class Here:
     def fit(self, trainer, train, val, train_loader, val_loader, early=None) -> None:
         trainer.loop.fit(train_loader, val_loader)
 
-    def job(self, trainer, what: str, **job) -> tuple[bool, object]:
+    def job(self, trainer, what: str, job_type, *args) -> tuple[bool, object]:
         """Nothing runs elsewhere: (False, None), the caller does it here."""
         return False, None

@@ -50,7 +50,7 @@ from hybridnb.train.state import HISTORY_COLUMNS, STEP_COLUMNS, Plan, Stop
 from hybridnb.train.storage import StorageGuard
 from hybridnb.train.target_scale import TargetScale
 from hybridnb.train.validation import EarlyStopping
-from hybridnb.train.worker_fit import Hooks
+from hybridnb.train.worker_fit import BatchSizeJob, LrFindJob, PredictJob
 
 
 def _setting(name: str, writable: bool = False) -> property:
@@ -168,53 +168,24 @@ class Trainer:
         settings = Settings.build(**kwargs)
         refuse_lightning_hooks(model)
         with frozen_heap():  # building the optimizer imports torch._dynamo (heap.py)
-            self._assemble(model, settings, check_callbacks(callbacks))
+            self._hold(build_loop(model, settings), check_callbacks(callbacks))
 
-    @classmethod
-    def from_settings(cls, model: torch.nn.Module, settings: Settings, *, channel=None,
-                      hooks: Hooks | None = None) -> Trainer:
-        """The Trainer for ``settings``. An isolated worker builds its copy this way, with
-        ``channel`` (the pipe to the kernel: states, heartbeats, the view) and the job's
-        ``hooks``."""
-        trainer = cls.__new__(cls)
-        with frozen_heap():
-            trainer._assemble(model, settings, channel=channel, hooks=hooks)
-        return trainer
-
-    def _assemble(self, model: torch.nn.Module, settings: Settings, callbacks: tuple = (), *,
-                  channel=None, hooks: Hooks | None = None) -> None:
-        """The parts, the Loop over them, the listeners on the bus, and the runner."""
-        bus = self.bus = Bus(lambda: (self.loop.state.global_step, self.loop.state.epoch))
-        self.heartbeat = Heartbeat(channel, hooks)  # in an isolated worker: to the kernel
-        hw = setup.detect() if settings.needs_detect else None
-        device = setup.resolve_device(settings.device, hw, bus.pending)
-        settings = settings.resolved(hw, device)
-        if settings.torch_threads:
-            torch.set_num_threads(settings.torch_threads)
-        self.learner = Learner(model, settings)
-        self.placement = Placement(settings, self.learner, bus.pending)
+    def _hold(self, loop: Loop, callbacks: tuple) -> None:
+        """``loop``'s parts, the user's loggers and callbacks, and where fit runs."""
+        self.loop, settings, bus = loop, loop.settings, loop.bus
+        self.bus = bus
+        self.learner, self.placement, self.checkpoints = loop.learner, loop.placement, \
+            loop.checkpoints
+        self.progress, self.stopping, self.heartbeat = loop.progress, loop.stopping, \
+            loop.heartbeat
+        self.batch_check = loop.batch_check
         strategy = self.placement.strategy
-        self.checkpoints = Checkpoints(
-            settings.checkpoint_dir, strategy.is_main, storage=StorageGuard(bus.note),
-            log_patterns=loggers.patterns(settings.loggers)
-            if settings.log_folder == settings.checkpoint_dir else ())
         self.sinks = Sinks(lambda storage: loggers.make_loggers(
             settings.loggers, settings.log_folder, storage, strategy.is_main),
             callbacks)  # objects of the user's process: never in settings, never sent to a worker
-        self.progress = Progress()
-        self.stopping = EarlyStopping(settings.monitor, settings.early_stopping)
-        self.target_scale = TargetScale(model, bus.note, enabled=not settings.compile,
-                                        loss=settings.loss, task=settings.task)
-        self.batch_check = BatchCheck(self.learner.dtype, bus.note, first=lambda x, y: (
-            self.learner.see_input(x), self.target_scale.targets(y)))
-        self.loop = Loop(settings, learner=self.learner, placement=self.placement,
-                         checkpoints=self.checkpoints, progress=self.progress,
-                         stopping=self.stopping, heartbeat=self.heartbeat,
-                         batch_check=self.batch_check, bus=bus)
         self.should_stop = False  # a callback sets it: the fit stops after the current step
-        self.loop.stop_flag = lambda: self.should_stop
-        for listener in (self._record, self.progress.hear, self.sinks.hear, self.heartbeat.hear,
-                         self._print):
+        loop.stop_flag = lambda: self.should_stop
+        for listener in (self.sinks.hear, self._print):
             bus.subscribe(listener)
         self.isolated, why = isolate.isolate_decision(
             settings.isolate, self.device, in_distributed=strategy.world_size > 1)
@@ -223,22 +194,18 @@ class Trainer:
             bus.pending.append(("isolate", why))  # where it trains, and why, said once
         if not self.isolated:  # isolated: the worker places the model (the kernel never does)
             self.placement.place([], bus.note, bus.pending)
-        self.loop.build_step(compiled=False)
+        loop.build_step(compiled=False)
 
     @property
     def runner(self) -> Here | Worker:
         """Where fit (and evaluate, predict, ... after it) runs: in a worker while isolated."""
         return Worker() if self.isolated else Here()
 
-    def _record(self, event) -> None:
-        if isinstance(event, Event):
-            self.loop.state.events.append(event)
-
     def _print(self, event) -> None:
-        """Notes on stderr without a live view (in the kernel: a worker's are forwarded),
+        """Notes on stderr without a live view (an isolated worker's too: its events are
+        emitted again here),
         the run's header line first (what the Trainer chose on the user's behalf)."""
-        if not (self.verbose and self.live in (False, None) and self.strategy.is_main
-                and not self.heartbeat.in_worker):
+        if not (self.verbose and self.live in (False, None) and self.strategy.is_main):
             return
         if isinstance(event, Event):
             print(f"hybridnb: {event}", file=sys.stderr)
@@ -358,12 +325,13 @@ class Trainer:
         pending, self.state.pending = self.state.pending, None
         self.loop.begin(pending)
 
-    def _elsewhere(self, what: str, **job) -> tuple[bool, object]:
-        """Where fit ran: ``job`` in a worker after an isolated fit, (True, its result); (False,
-        None) when this process does it (no worker, or it was lost: said once)."""
+    def _elsewhere(self, what: str, job_type, *args) -> tuple[bool, object]:
+        """Where fit ran: ``job_type`` (a worker_fit job) in a worker after an isolated fit,
+        (True, its result); (False, None) when this process does it (no worker, or it was lost:
+        said once)."""
         if not self.isolated or self.loop.fitting:
             return False, None
-        return self.runner.job(self, what, **job)
+        return self.runner.job(self, what, job_type, *args)
 
     # ----------------------------------------------------------------------------- evaluate
     @torch.no_grad()
@@ -389,7 +357,7 @@ class Trainer:
         """Where fit ran: in a worker after an isolated fit (if it dies, here on the CPU, said
         once), else in this process."""
         data = made_dataset(data, "data", self.bus.note)
-        done, result = self._elsewhere("predicting", predict=(data, with_targets))
+        done, result = self._elsewhere("predicting", PredictJob, data, with_targets)
         if done:
             return result
         return self.loop.predict(self.loop.loader(data, shuffle=False, what="data"),
@@ -410,11 +378,11 @@ class Trainer:
         The model and optimizer are restored afterwards. See hybridnb.train.batch_size."""
         kwargs = {"headroom": headroom, "max_batch": max_batch, "start": start}
         dataset = made_dataset(dataset, "dataset", self.bus.note)
-        done, result = self._elsewhere("finding the batch size", find_batch=(dataset, kwargs))
+        done, result = self._elsewhere("finding the batch size", BatchSizeJob, dataset, kwargs)
         if done:  # the device is the worker's: measured there
-            self.batch_size, self.grad_accum = result["batch_size"], result["grad_accum"]
-            self.state.events.extend(result["events"])
-            return result["found"]
+            self.batch_size, self.grad_accum = result.batch_size, result.grad_accum
+            self.state.events.extend(result.events)
+            return result.found
         from hybridnb.train.batch_size import find_batch_size
         return find_batch_size(self, dataset, **kwargs)
 
@@ -492,7 +460,7 @@ class Trainer:
         ``apply=True`` sets ``lr`` to the suggestion. See hybridnb.train.lr_find."""
         from hybridnb.train import lr_find as finder
         data = made_dataset(data, "data", self.bus.note)
-        done, result = self._elsewhere("running lr_find", lr_find=(data, kwargs))
+        done, result = self._elsewhere("running lr_find", LrFindJob, data, kwargs)
         if not done:  # no worker, or it was lost: here
             result = finder.lr_find(self, data, **kwargs)
         if apply and result.suggestion is not None:
@@ -502,3 +470,36 @@ class Trainer:
             self.bus.note("lr_find", f"lr set to {result.suggestion:.3g} (was {old:.3g}), the "
                        f"{result.method} suggestion of lr_find")
         return result
+
+
+def build_loop(model: torch.nn.Module, settings: Settings, channel=None) -> Loop:
+    """The Loop over fresh parts for ``settings`` (filled in from ``detect()`` where an option is
+    left to it): the Trainer's, and an isolated worker's with ``channel`` (its link to the
+    kernel). Its bus records each note in the run's events and draws through ``progress``; in a
+    worker every event also goes to the kernel."""
+    bus = Bus(lambda: (loop.state.global_step, loop.state.epoch))
+    hw = setup.detect() if settings.needs_detect else None
+    device = setup.resolve_device(settings.device, hw, bus.pending)
+    settings = settings.resolved(hw, device)
+    if settings.torch_threads:
+        torch.set_num_threads(settings.torch_threads)
+    learner = Learner(model, settings)
+    placement = Placement(settings, learner, bus.pending)
+    checkpoints = Checkpoints(
+        settings.checkpoint_dir, placement.strategy.is_main, storage=StorageGuard(bus.note),
+        log_patterns=loggers.patterns(settings.loggers)
+        if settings.log_folder == settings.checkpoint_dir else ())
+    target_scale = TargetScale(model, bus.note, enabled=not settings.compile,
+                               loss=settings.loss, task=settings.task)
+    batch_check = BatchCheck(learner.dtype, bus.note, first=lambda x, y: (
+        learner.see_input(x), target_scale.targets(y)))
+    heartbeat = Heartbeat(channel)
+    loop = Loop(settings, learner=learner, placement=placement, checkpoints=checkpoints,
+                progress=Progress(), stopping=EarlyStopping(settings.monitor,
+                                                            settings.early_stopping),
+                heartbeat=heartbeat, batch_check=batch_check, bus=bus)
+    bus.subscribe(lambda event: loop.state.events.append(event)
+                  if isinstance(event, Event) else None)
+    bus.subscribe(loop.progress.hear)
+    bus.subscribe(heartbeat.hear)
+    return loop
