@@ -202,10 +202,11 @@ def prestart() -> _child.Prestarted:
 
 
 def startup_note(spawned_at: float, ready_at: float, sent_at: float) -> str:
-    """One sentence on a prestarted worker's start-up: how long it took, the kernel's set-up
-    it overlapped, and how long the fit waited for it (``time.monotonic()`` times)."""
-    startup, setup = ready_at - spawned_at, sent_at - spawned_at
+    """One sentence on the worker's start-up: how long it took, how long before the job came it
+    was started (a warm spare: long before), and how long the fit waited for it
+    (``time.monotonic()`` times)."""
+    startup, ahead = ready_at - spawned_at, sent_at - spawned_at
     waited = max(0.0, ready_at - sent_at)
-    return (f"worker process ready {startup:.1f} s after fit started (a fresh interpreter "
-            f"importing torch), in parallel with the kernel's set-up ({setup:.1f} s): the fit "
-            f"waited {waited:.1f} s for it")
+    return (f"worker process ready {startup:.1f} s after it started (a fresh interpreter "
+            f"importing torch), started {ahead:.1f} s before the job came: the fit waited "
+            f"{waited:.1f} s for it")

@@ -360,9 +360,10 @@ class Loop:
             self.learner.eval_model(in_fit), loader, strategy=self.placement.strategy,
             precision=self.placement.precision, loss_fn=self.learner.loss_fn,
             with_targets=with_targets,
-            # every batch: a stop asked (Ctrl-C, Stop) ends a long validation within one batch
+            # every batch: Ctrl-C or Stop ends a long validation within one batch (a callback's
+            # stop waits for the step's end, as in process)
             stop_requested=lambda: (in_fit or self.heartbeat.in_worker)
-            and self.stop_asked() is not None,
+            and self.stop_asked() not in (None, Stop.CALLBACK),
             cast=self.batch_check.cast, on_batch=lambda: self.heartbeat.beat(phase))
 
     def _finish(self, failed: bool) -> None:
