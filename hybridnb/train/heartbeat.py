@@ -11,7 +11,7 @@ timeout applies from the first message on.
 from __future__ import annotations
 
 from hybridnb.train import isolate, recovery
-from hybridnb.train.bus import Ended, StateKept, StepEnded
+from hybridnb.train.bus import Ended, Started, StateKept, StepEnded
 from hybridnb.train.state import Stop
 
 EVENT = "event"  # the channel kind of a forwarded bus event (the kernel emits it again)
@@ -54,8 +54,8 @@ class Heartbeat:
         if isinstance(event, StepEnded):
             self.channel.step_done()
         self.channel.send(EVENT, event)
-        if isinstance(event, Ended):
-            self.channel.flush()
+        if isinstance(event, (Started, Ended)) or self.phase == "first step":
+            self.channel.flush()  # the view starts, shows the first step and ends at once
 
     def grace(self, what: str, *, compiling: bool, device_type: str, note) -> float | None:
         """The longer silence ``what`` needs, said once through ``note(kind, message)``; None
