@@ -33,7 +33,7 @@ log.addHandler(logging.NullHandler())
 WARNING_KINDS = frozenset({
     "storage", "checkpoint_fallback", "worker_lost", "device_lost", "restore", "oom_split",
     "cpu_batch", "nonfinite_loss", "nonfinite_batch", "nonfinite_targets", "loss_spike",
-    "compile_fallback", "precision_fallback", "run_lock", "interrupt"})
+    "compile_fallback", "precision_fallback", "run_lock", "interrupt", "failed"})
 
 __all__ = ["Bus", "Ended", "EpochEnded", "Event", "Lost", "Started", "StateKept", "StepEnded",
            "Validated"]

@@ -47,7 +47,6 @@ from hybridnb.train.seeding import set_rng_state
 from hybridnb.train.settings import Settings
 from hybridnb.train.sinks import Sinks
 from hybridnb.train.state import HISTORY_COLUMNS, STEP_COLUMNS, Plan, Stop
-from hybridnb.train.storage import StorageGuard
 from hybridnb.train.target_scale import TargetScale
 from hybridnb.train.validation import EarlyStopping
 from hybridnb.train.worker_fit import BatchSizeJob, LrFindJob, PredictJob
@@ -191,7 +190,7 @@ class Trainer:
             settings.isolate, self.device, in_distributed=strategy.world_size > 1)
         if self.isolated or settings.isolate is True or (
                 settings.isolate == "auto" and self.device.type != "cpu"):
-            bus.pending.append(("isolate", why))  # where it trains, and why, said once
+            bus.note("isolate", why)  # where it trains, and why, said once
         if not self.isolated:  # isolated: the worker places the model (the kernel never does)
             self.placement.place([], bus.note, bus.pending)
         loop.build_step(compiled=False)
@@ -484,9 +483,9 @@ def build_loop(model: torch.nn.Module, settings: Settings, channel=None) -> Loop
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
     learner = Learner(model, settings)
-    placement = Placement(settings, learner, bus.pending)
+    placement = Placement(settings, learner, bus)
     checkpoints = Checkpoints(
-        settings.checkpoint_dir, placement.strategy.is_main, storage=StorageGuard(bus.note),
+        settings.checkpoint_dir, placement.strategy.is_main, say=bus.note,
         log_patterns=loggers.patterns(settings.loggers)
         if settings.log_folder == settings.checkpoint_dir else ())
     target_scale = TargetScale(model, bus.note, enabled=not settings.compile,
