@@ -330,7 +330,7 @@ class Trainer:
         said once)."""
         if not self.isolated or self.loop.fitting:
             return False, None
-        return self.runner.job(self, what, job_type, *args)
+        return Worker().job(self, what, job_type, *args)
 
     # ----------------------------------------------------------------------------- evaluate
     @torch.no_grad()
