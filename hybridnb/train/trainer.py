@@ -4,11 +4,12 @@ The Trainer validates the options once (``settings``: the checked, frozen ``Sett
 parts, each owning its state: ``learner`` (model, optimizer, loss, schedule, EMA, guard),
 ``placement`` (device, precision decided once, speedups, the step and its recovery),
 ``checkpoints`` (the last good state, files, earlier runs), ``progress`` (the live view, rows,
-throughput), ``stopping`` (best weights, early stopping), ``heartbeat`` (in an isolated worker:
-the link to the kernel), ``sinks`` (loggers, callbacks) and ``bus`` (typed events; the view,
-sinks and heartbeat listen), and ``loop`` (loop.py: runs the fit over them; owns the run's state).
-It chooses a runner: ``Here`` (run_here.py) or ``Worker`` (run_worker.py: the same Loop in a
-supervised worker process, its states applied here as they arrive).
+throughput), ``stopping`` (best weights, early stopping), ``sinks`` (loggers, callbacks) and
+``bus`` (typed events; the view and sinks listen), and ``loop`` (loop.py: runs the fit over them;
+owns the run's state). ``build_loop`` makes the Loop and its parts, here and in an isolated
+worker alike. The Trainer chooses a runner: ``Here`` (run_here.py) or ``Worker`` (run_worker.py:
+the same Loop in a supervised worker process, its events emitted again here and its states
+applied as they arrive).
 
 >>> tr = Trainer(model, loss="mse", lr=1e-3, epochs=10, checkpoint_dir="runs/c1")
 >>> history = tr.fit(train, val)          # Datasets or DataLoaders; batches (x, y[, extras])
