@@ -27,29 +27,23 @@ import torch
 
 from hybridnb.events import Event
 from hybridnb.live.summary import header
-from hybridnb.train import isolate, loggers, setup
-from hybridnb.train.bus import Bus, Started
+from hybridnb.train import isolate, loggers
+from hybridnb.train.bus import Started
 from hybridnb.train.callbacks import check_callbacks
-from hybridnb.train.checkpoint import Checkpoints
 from hybridnb.train.checkpoint import read as read_checkpoint
-from hybridnb.train.data import BatchCheck, made_dataset
+from hybridnb.train.data import made_dataset
 from hybridnb.train.evaluation import as_output, metrics
 from hybridnb.train.habits import refuse_lightning_hooks
 from hybridnb.train.heap import frozen_heap
-from hybridnb.train.heartbeat import Heartbeat
-from hybridnb.train.learner import Learner
 from hybridnb.train.loop import Loop
-from hybridnb.train.placement import Placement
+from hybridnb.train.parts import build_loop
 from hybridnb.train.preflight import check_fit_data, check_outputs
-from hybridnb.train.progress import Progress
 from hybridnb.train.run_here import Here
 from hybridnb.train.run_worker import Worker
 from hybridnb.train.seeding import set_rng_state
 from hybridnb.train.settings import Settings
 from hybridnb.train.sinks import Sinks
 from hybridnb.train.state import HISTORY_COLUMNS, STEP_COLUMNS, Plan, Stop
-from hybridnb.train.target_scale import TargetScale
-from hybridnb.train.validation import EarlyStopping
 from hybridnb.train.worker_fit import BatchSizeJob, LrFindJob, PredictJob
 
 
@@ -378,7 +372,8 @@ class Trainer:
         The model and optimizer are restored afterwards. See hybridnb.train.batch_size."""
         kwargs = {"headroom": headroom, "max_batch": max_batch, "start": start}
         dataset = made_dataset(dataset, "dataset", self.bus.note)
-        done, result = self._elsewhere("finding the batch size", BatchSizeJob, dataset, kwargs)
+        done, result = self._elsewhere("finding the batch size", BatchSizeJob, dataset, kwargs,
+                                       type(self))
         if done:  # the device is the worker's: measured there
             self.batch_size, self.grad_accum = result.batch_size, result.grad_accum
             self.state.events.extend(result.events)
@@ -460,7 +455,7 @@ class Trainer:
         ``apply=True`` sets ``lr`` to the suggestion. See hybridnb.train.lr_find."""
         from hybridnb.train import lr_find as finder
         data = made_dataset(data, "data", self.bus.note)
-        done, result = self._elsewhere("running lr_find", LrFindJob, data, kwargs)
+        done, result = self._elsewhere("running lr_find", LrFindJob, data, kwargs, type(self))
         if not done:  # no worker, or it was lost: here
             result = finder.lr_find(self, data, **kwargs)
         if apply and result.suggestion is not None:
@@ -471,35 +466,3 @@ class Trainer:
                        f"{result.method} suggestion of lr_find")
         return result
 
-
-def build_loop(model: torch.nn.Module, settings: Settings, channel=None) -> Loop:
-    """The Loop over fresh parts for ``settings`` (filled in from ``detect()`` where an option is
-    left to it): the Trainer's, and an isolated worker's with ``channel`` (its link to the
-    kernel). Its bus records each note in the run's events and draws through ``progress``; in a
-    worker every event also goes to the kernel."""
-    bus = Bus(lambda: (loop.state.global_step, loop.state.epoch))
-    hw = setup.detect() if settings.needs_detect else None
-    device = setup.resolve_device(settings.device, hw, bus.pending)
-    settings = settings.resolved(hw, device)
-    if settings.torch_threads:
-        torch.set_num_threads(settings.torch_threads)
-    learner = Learner(model, settings)
-    placement = Placement(settings, learner, bus)
-    checkpoints = Checkpoints(
-        settings.checkpoint_dir, placement.strategy.is_main, say=bus.note,
-        log_patterns=loggers.patterns(settings.loggers)
-        if settings.log_folder == settings.checkpoint_dir else ())
-    target_scale = TargetScale(model, bus.note, enabled=not settings.compile,
-                               loss=settings.loss, task=settings.task)
-    batch_check = BatchCheck(learner.dtype, bus.note, first=lambda x, y: (
-        learner.see_input(x), target_scale.targets(y)))
-    heartbeat = Heartbeat(channel)
-    loop = Loop(settings, learner=learner, placement=placement, checkpoints=checkpoints,
-                progress=Progress(), stopping=EarlyStopping(settings.monitor,
-                                                            settings.early_stopping),
-                heartbeat=heartbeat, batch_check=batch_check, bus=bus)
-    bus.subscribe(lambda event: loop.state.events.append(event)
-                  if isinstance(event, Event) else None)
-    bus.subscribe(loop.progress.hear)
-    bus.subscribe(heartbeat.hear)
-    return loop

@@ -3,7 +3,7 @@
 The kernel hands a spawned worker one job: a ``FitJob`` (the resolved settings, so the worker
 never detects again; the model; the data as the user gave it; the start state; the notes not yet
 said), or after a fit a ``PredictJob``, ``LrFindJob`` or ``BatchSizeJob``. The worker builds the
-same Loop over fresh parts (``trainer.build_loop``, with the channel: no Trainer) and runs it.
+same Loop over fresh parts (``parts.build_loop``, with the channel: no Trainer) and runs it.
 Its bus forwards every event unchanged and every state it keeps (``heartbeat.py``); whatever
 ends its fit early (an error, Ctrl-C), it sends the state it holds then, before the error. The
 kernel's side (``run_worker.py``) emits the events again and applies each state as it arrives.
@@ -21,6 +21,7 @@ import torch
 from hybridnb.processes.worker import startup as worker_startup
 from hybridnb.train import isolate, outside_state, recovery
 from hybridnb.train.heap import frozen_heap
+from hybridnb.train.parts import build_loop
 from hybridnb.train.settings import Settings
 from hybridnb.train.state import RunState, Stop
 
@@ -32,8 +33,6 @@ def work(job, channel) -> object:
 
 def worker_loop(settings: Settings, model: torch.nn.Module, channel):
     """The Loop for ``settings`` in this worker, its bus linked to the kernel."""
-    from hybridnb.train.trainer import build_loop
-
     with frozen_heap():  # building the optimizer imports torch._dynamo (heap.py)
         loop = build_loop(model, settings, channel)
     loop.placement.place([], loop.bus.note, loop.bus.pending)  # the kernel's never is
@@ -119,12 +118,10 @@ class PredictJob:
                             self.with_targets)
 
 
-def _trainer(loop):
-    """A Trainer around the worker's Loop, for the searches that still take one (lr_find,
-    find_batch_size)."""
-    from hybridnb.train.trainer import Trainer
-
-    trainer = Trainer.__new__(Trainer)
+def _trainer(trainer_class: type, loop):
+    """A Trainer (``trainer_class``: the kernel's) around the worker's Loop, for the searches
+    that still take one (lr_find, find_batch_size)."""
+    trainer = trainer_class.__new__(trainer_class)
     trainer._hold(loop, ())
     return trainer
 
@@ -137,11 +134,12 @@ class LrFindJob:
     model: torch.nn.Module
     data: Any
     kwargs: dict
+    trainer_class: type
 
     def run(self, channel):
         from hybridnb.train.lr_find import lr_find
 
-        trainer = _trainer(_evaluating(self.settings, self.model, channel))
+        trainer = _trainer(self.trainer_class, _evaluating(self.settings, self.model, channel))
         return lr_find(trainer, self.data, **self.kwargs)
 
 
@@ -163,10 +161,11 @@ class BatchSizeJob:
     model: torch.nn.Module
     dataset: Any
     kwargs: dict
+    trainer_class: type
 
     def run(self, channel) -> BatchFound:
         from hybridnb.train.batch_size import find_batch_size
 
-        trainer = _trainer(_evaluating(self.settings, self.model, channel))
+        trainer = _trainer(self.trainer_class, _evaluating(self.settings, self.model, channel))
         found = find_batch_size(trainer, self.dataset, **self.kwargs)
         return BatchFound(found, trainer.batch_size, trainer.grad_accum, trainer.events)
