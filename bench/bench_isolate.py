@@ -2,20 +2,23 @@
 
 Both variants run the same loop on the same model (a small EEG-sized conv net, built in this
 process before the fork, as a notebook cell would): forward, backward, AdamW, ``loss.item()``.
-Per step the isolated worker (spawned, as the Trainer's) sends what the Trainer sends through ``run_isolated``'s
-channel: a view update and a "step_done"; every SNAPSHOT_EVERY steps the model and optimizer
-state. In this process the same step calls a function that keeps the view update, and the
+Per step the isolated worker (spawned, as the Trainer's) sends what the Trainer's sends through
+``run_isolated``'s channel: a "step_done" and the step's ``StepEnded`` event; every
+SNAPSHOT_EVERY steps the model and optimizer state. In this process the same step keeps the
+event, and the
 snapshot is a clone (what in-process recovery keeps). Variants run interleaved (in-process,
 isolated, in-process, ...); ratios are medians over rounds of (isolated / in-process).
 
 Reported: median step time each way; the worker's time inside the channel per step (the direct
 cost of isolation to a step); the kernel's CPU time per step receiving (on another core); the
 one-off start (call to first step, the fork included) and end (result back, worker reaped); and
-the transfer of states of 1-50 MB.
+the transfer of states of 1-50 MB; the time from ``fit()`` to the first step in process and
+isolated (cold, and with a warm spare: where that time goes).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import re
@@ -27,6 +30,9 @@ from torch import nn
 
 from bench.common import interleaved, load_note, markdown_table, median, spread, write_result
 from hybridnb import env
+from hybridnb.events import StepRow
+from hybridnb.train.bus import StepEnded
+from hybridnb.train.heartbeat import EVENT
 from hybridnb.train.isolate import run_isolated
 
 BATCH, CHANS, TIMES = 64, 129, 200
@@ -74,7 +80,7 @@ def in_process(batches, out: dict) -> None:
     kept = []
 
     def report(i, loss):
-        kept.append({"step": i, "loss": loss, "epoch": 0, "lr": 1e-3})
+        kept.append(StepEnded(i, 0, loss, 1e-3, StepRow(step=i, loss=loss, epoch=0, lr=1e-3)))
 
     def snapshot(state):
         kept.append({k: (v.detach().clone() if torch.is_tensor(v) else v)
@@ -94,8 +100,9 @@ def isolated(batches, out: dict) -> None:
         mine = make_batches(steps)  # the same batches, made there (not 1 GB through /dev/shm)
 
         def report(i, loss):
-            channel.send("view", {"step": i, "loss": loss, "epoch": 0, "lr": 1e-3})
             channel.step_done()
+            channel.send(EVENT, StepEnded(i, 0, loss, 1e-3, StepRow(
+                step=i, loss=loss, epoch=0, lr=1e-3)))
 
         return train(model, mine, report, channel.state)
 
@@ -193,68 +200,102 @@ def measure(rounds: int, steps: int) -> tuple[list[dict], dict]:
                   "end": median([r["end"] for r in per["isolated"]])}
 
 
-class FirstRow:
-    """A live view that notes when the first step's row arrived."""
-
-    def __init__(self) -> None:
-        self.t0, self.first = time.perf_counter(), None
-        self.stop_requested = False
-
-    def start(self, run) -> None:
-        pass
-
-    def update(self, row) -> None:
-        if self.first is None and row.get("global_step", 0) >= 1:
-            self.first = time.perf_counter() - self.t0
-
-    def event(self, ev) -> None:
-        pass
-
-    def end(self, summary) -> None:
-        pass
-
-
-def first_steps(rounds: int) -> tuple[list[dict], dict]:
-    """Time from ``fit()`` to the first step's row, the Trainer in this process vs isolated
-    (a spawned worker started with fit, importing torch while the kernel sets up)."""
-    from hybridnb.train import progress
+def first_step(model, data, isolate: bool) -> dict:
+    """One ``Trainer.fit`` of 3 steps: seconds from ``fit()`` to the kernel hearing ``Started``
+    and the first ``StepEnded``, and (isolated) the job handed over (``sent``), with the
+    worker's own marks: the job received, the Loop built)."""
+    from hybridnb.train import run_worker
+    from hybridnb.train.bus import Started, StepEnded
     from hybridnb.train.trainer import Trainer
+
+    tr = Trainer(model, device="cpu", isolate=isolate, batch_size=BATCH, epochs=1,
+                 steps_per_epoch=3, schedule=None, speedups=False, live=False, verbose=False)
+    marks: dict[str, float] = {}
+    tr.bus.subscribe(lambda ev: isinstance(ev, (Started, StepEnded)) and marks.setdefault(
+        type(ev).__name__, time.monotonic()))
+    real = run_worker.run_job
+
+    def run_job(trainer, job, **kw):
+        marks["sent"] = time.monotonic()
+        return real(trainer, job, **kw)
+
+    run_worker.run_job = run_job
+    t0 = time.monotonic()
+    try:
+        tr.fit(data)
+    finally:
+        run_worker.run_job = real
+    assert not any(e.kind == "worker_lost" for e in tr.events)
+    out = {k: v - t0 for k, v in marks.items()}
+    said = [e.message for e in tr.events if e.kind == "worker_start"]
+    if said:  # "... the fit waited 0.0 s for it"
+        out["waited"] = float(re.findall(r"(\d+\.\d+) s", said[0])[-1])
+    if isolate and os.path.exists(marks_path(os.getpid())):
+        with open(marks_path(os.getpid())) as f:
+            out.update({k: float(v) - t0 for k, v in (line.split() for line in f)})
+        os.remove(marks_path(os.getpid()))
+    return out
+
+
+def marks_path(kernel_pid: int) -> str:
+    return f"/tmp/hybridnb-bench-isolate-{kernel_pid}.marks"
+
+
+def timed_work(job, channel):
+    """In the worker: the job, with when it arrived and when its Loop was built written to the
+    kernel's ``marks_path`` (monotonic clocks are one clock on this host)."""
+    from hybridnb.train import worker_fit
+
+    got, real = time.monotonic(), worker_fit.worker_loop
+
+    def worker_loop(*args):
+        loop = real(*args)
+        with open(marks_path(os.getppid()), "w") as f:  # the kernel's
+            f.write(f"received {got}\nbuilt {time.monotonic()}\n")
+        return loop
+
+    worker_fit.worker_loop = worker_loop
+    return job.run(channel)
+
+
+def first_steps(rounds: int) -> tuple[list[dict], list[dict]]:
+    """Time from ``fit()`` to the first step: in this process; isolated with a worker started
+    by ``fit`` (no spare); isolated again with a warm spare (ready before ``fit``). For the warm
+    fit, where the time goes."""
+    from hybridnb.processes import spare
+    from hybridnb.train import worker_fit
 
     g = torch.Generator().manual_seed(0)
     data = (torch.randn(5 * BATCH, CHANS, TIMES, generator=g), torch.randn(5 * BATCH, 1,
                                                                             generator=g))
-    times: dict[str, list[float]] = {"in-process": [], "isolated": []}
-    notes: list[tuple[float, ...]] = []
-    real = progress.make_view
-
-    def fit(isolate: bool) -> None:
-        view = FirstRow()
-        progress.make_view = lambda live: view
-        try:
-            tr = Trainer(make_model(), device="cpu", isolate=isolate, batch_size=BATCH, epochs=1,
-                         steps_per_epoch=3, schedule=None, speedups=False, live="text",
-                         verbose=False)
-            view.t0 = time.perf_counter()
-            tr.fit(data)
-        finally:
-            progress.make_view = real
-        times["isolated" if isolate else "in-process"].append(view.first)
-        said = [e.message for e in tr.events if e.kind == "worker_start"]
-        if said:
-            notes.append(tuple(float(v) for v in re.findall(r"(\d+\.\d+) s", said[0])))
-
-    interleaved({"in-process": lambda: fit(False), "isolated": lambda: fit(True)},
-                repeats=1)  # warm-up, dropped
-    for v in times.values():
-        v.clear()
-    notes.clear()
-    interleaved({"in-process": lambda: fit(False), "isolated": lambda: fit(True)},
-                repeats=rounds)
-    rows = [{"variant": name, "fit() to first step s": median(v), "range s": spread(v)}
-            for name, v in times.items()]
-    startup, setup, waited = (median([n[i] for n in notes]) for i in range(3))
-    return rows, {"startup": startup, "setup": setup, "waited": waited,
-                  "extra": median(times["isolated"]) - median(times["in-process"])}
+    runs: dict[str, list[dict]] = {"in-process": [], "isolated, cold": [],
+                                   "isolated, warm spare": []}
+    real_work, worker_fit.work = worker_fit.work, timed_work
+    try:
+        for _ in range(rounds + 1):  # the first round warms up and is dropped
+            runs["in-process"].append(first_step(make_model(), data, False))
+            spare.close_all()
+            runs["isolated, cold"].append(first_step(make_model(), data, True))
+            # the spare starts when a job ends: give it the cold start's time to import
+            time.sleep(2 + 1.5 * runs["isolated, cold"][-1]["StepEnded"])
+            runs["isolated, warm spare"].append(first_step(make_model(), data, True))
+    finally:
+        worker_fit.work = real_work
+    rows = [{"variant": name, "fit() to first step s": median([r["StepEnded"] for r in v[1:]]),
+             "range s": spread([r["StepEnded"] for r in v[1:]])} for name, v in runs.items()]
+    warm = runs["isolated, warm spare"][1:]
+    phases = [("kernel set-up: loaders, start state (fit() to the job handed over)", None, "sent"),
+              ("the job to the worker: pickling, the pipe, unpickling", "sent", "received"),
+              ("the worker builds the Loop (build_loop: parts, optimizer)", "received", "built"),
+              ("the fit's set-up there to Started heard here (place, loaders, first state)",
+               "built", "Started"),
+              ("the first step, to its StepEnded heard here", "Started", "StepEnded")]
+    where = [{"phase of the warm fit": name, "median s": median(
+        [r[b] - (r[a] if a else 0.0) for r in warm if b in r and (a is None or a in r)])}
+        for name, a, b in phases]
+    where.append({"phase of the warm fit": "of which waiting for the worker to be ready",
+                  "median s": median([r.get("waited", math.nan) for r in warm])})
+    return rows, where
 
 
 def payload_mb(obj) -> float:
@@ -273,9 +314,6 @@ def braindecode_models(rounds: int) -> list[dict]:
     ShallowFBCSPNet's: from ``fit()`` to the first step's row, and the payload of the model."""
     import warnings
 
-    from hybridnb.train import progress
-    from hybridnb.train.trainer import Trainer
-
     warnings.simplefilter("ignore")
     from braindecode.models import EEGNeX, ShallowFBCSPNet
 
@@ -286,22 +324,10 @@ def braindecode_models(rounds: int) -> list[dict]:
     data = (torch.randn(5 * BATCH, CHANS, TIMES, generator=g), torch.randn(5 * BATCH, 1,
                                                                             generator=g))
     times: dict[str, list[float]] = {name: [] for name in builds}
-    real = progress.make_view
 
     def fit(name: str) -> None:
-        view = FirstRow()
-        progress.make_view = lambda live: view
-        try:
-            torch.manual_seed(0)
-            tr = Trainer(builds[name](), device="cpu", isolate=True, batch_size=BATCH,
-                         epochs=1, steps_per_epoch=3, schedule=None, speedups=False,
-                         live="text", verbose=False)
-            view.t0 = time.perf_counter()
-            tr.fit(data)
-        finally:
-            progress.make_view = real
-        assert not any(e.kind == "worker_lost" for e in tr.events)
-        times[name].append(view.first)
+        torch.manual_seed(0)
+        times[name].append(first_step(builds[name](), data, True)["StepEnded"])
 
     interleaved({name: (lambda name=name: fit(name)) for name in builds}, repeats=rounds)
     rows = []
@@ -357,7 +383,7 @@ def main() -> None:
     rounds, steps = (1, 20) if quick else (ROUNDS, STEPS)
     rows, res = measure(rounds, steps)
     xfer = transfer((1, 10, 50), repeats=2 if quick else 5)
-    first_rows, first = first_steps(1 if quick else 3)
+    first_rows, where = first_steps(1 if quick else 3)
     model_rows = braindecode_models(1 if quick else 3)
     body = (
         f"Model: Conv1d({CHANS}->16, 9) + BatchNorm + ELU + pool + Linear (~20k parameters), "
@@ -385,14 +411,13 @@ def main() -> None:
         "forked process on this host (its CPU time per step), not of the supervisor.\n\n"
         "## Time to the first step: the Trainer in this process vs isolated\n\n"
         f"`Trainer(device='cpu', isolate=False|True, speedups=False)`, the model above, "
-        f"batch {BATCH}, 3 steps; from `fit()` to the first step's row in the view; interleaved "
-        "rounds after a warm-up round. The isolated worker is spawned when `fit` starts and "
-        "imports torch while the kernel sets up (loaders, start state, pickling the job).\n\n"
+        f"batch {BATCH}, 3 steps; from `fit()` to the kernel hearing the first `StepEnded`. "
+        "'cold': no spare, the worker is spawned when `fit` starts and imports torch while "
+        "the kernel sets up; 'warm spare': the spare started when the previous job ended has "
+        "imported torch before `fit` (the second isolated fit in a kernel).\n\n"
         + markdown_table(first_rows)
-        + f"\nThe worker's own note (medians): ready {first['startup']:.1f} s after fit "
-        f"started, the kernel's set-up {first['setup']:.1f} s meanwhile, the fit waited "
-        f"{first['waited']:.1f} s for it; isolation adds {first['extra']:.2f} s to the first "
-        "step.\n\n"
+        + "\nWhere the warm fit's time goes (monotonic clock marks in the kernel and, through "
+        "a job wrapper of this bench, in the worker):\n\n" + markdown_table(where) + "\n"
         "## braindecode models isolated: EEGNeX beside ShallowFBCSPNet\n\n"
         f"`Trainer(device='cpu', isolate=True, speedups=False)`, batch {BATCH} of "
         f"{CHANS}x{TIMES}, 3 steps; from `fit()` to the first step's row (the worker imports "

@@ -68,8 +68,10 @@ def widen_pipe(fd: int, size: int = PIPE_BYTES) -> None:
         pass
 
 
-STOP, INTERRUPT = "stop", "interrupt"  # why a stop was asked: a should_stop callback, a signal
-_REASONS = {1: STOP, 2: INTERRUPT}
+# why a stop was asked: a should_stop callback (the Stop button; "callback": the caller's own
+# callbacks asked), a signal
+STOP, CALLBACK, INTERRUPT = "stop", "callback", "interrupt"
+_REASONS = {1: STOP, 2: CALLBACK, 3: INTERRUPT}
 
 
 class StopFlag:
@@ -96,9 +98,9 @@ class StopFlag:
 
     def set(self, reason: str = STOP) -> None:
         """Ask the child to stop, saying why: "stop" or "interrupt"."""
-        code = {STOP: 1, INTERRUPT: 2}.get(reason)
+        code = {v: k for k, v in _REASONS.items()}.get(reason)
         if code is None:
-            raise ValueError(f"reason={reason!r}: use {STOP!r} or {INTERRUPT!r}")
+            raise ValueError(f"reason={reason!r}: use one of {tuple(_REASONS.values())}")
         self._map[0] = max(self._map[0], code)
 
     def reason(self) -> str | None:

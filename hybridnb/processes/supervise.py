@@ -27,7 +27,8 @@ compare() variant) is killed at once. A second signal kills every child at once.
 children are gone, SIGTERM (or SIGHUP) is delivered again to this process as it was handled
 before the watch (by default: it ends); SIGINT too, unless the watch keeps it
 (``keep_interrupt=True``: the isolated fit and launch answer it with their outcome).
-``should_stop`` (a Stop button) sets the flag with the reason "stop", without a time limit. A
+``should_stop`` (a Stop button) sets the flag with the reason "stop" (or the word it returns,
+"callback"), without a time limit. A
 parent killed outright (SIGKILL, which no handler sees) takes its children with it: each dies
 with its parent (``processes.lifeline``: ``PR_SET_PDEATHSIG``, or a lifeline pipe).
 """
@@ -469,7 +470,8 @@ class Watch:
         """The first interrupt (or ``should_stop``) asks every live child to stop."""
         reason = INTERRUPT if self.signals else None
         if reason is None and self.should_stop is not None and not self._stop_asked:
-            reason = STOP if self.should_stop() else None
+            asked = self.should_stop()  # True, or the reason as a word ("callback")
+            reason = (asked if isinstance(asked, str) else STOP) if asked else None
         if reason is None:
             return
         self._stop_asked = True

@@ -3,10 +3,10 @@
 The Loop never calls the view, the loggers or the callbacks: it emits ``Started``,
 ``StepEnded``, ``Validated``, ``EpochEnded``, ``StateKept``, ``Event`` (a note, kept in
 ``trainer.events``), ``Lost`` (the kernel, when a worker is lost) and ``Ended``, and whoever
-subscribed hears them in order: the Trainer's record of events, ``Progress.hear`` (the view),
-``Sinks.hear`` (loggers, callbacks), ``Heartbeat.hear`` (in a worker: steps and kept states to
-the kernel; the phases a worker is in are still told to the heartbeat directly). A worker's
-events are emitted again on the kernel's bus (``worker_fit.KernelView``). A note
+subscribed hears them in order: the run's record of events, ``Progress.hear`` (the view),
+``Heartbeat.hear`` (in a worker: every event and kept state to the kernel, unchanged),
+``Sinks.hear`` (loggers, callbacks). A worker's events are emitted again on the kernel's bus
+(``run_worker.Relay``), so the kernel's listeners hear what they hear in process. A note
 said before a fit's view starts (set-up, ``resume()``, ``evaluate()`` between fits) is queued
 here (``pending``) and said when the next fit opens the bus: one route for every message.
 
@@ -33,7 +33,7 @@ log.addHandler(logging.NullHandler())
 WARNING_KINDS = frozenset({
     "storage", "checkpoint_fallback", "worker_lost", "device_lost", "restore", "oom_split",
     "cpu_batch", "nonfinite_loss", "nonfinite_batch", "nonfinite_targets", "loss_spike",
-    "compile_fallback", "precision_fallback", "run_lock", "interrupt"})
+    "compile_fallback", "precision_fallback", "run_lock", "interrupt", "failed"})
 
 __all__ = ["Bus", "Ended", "EpochEnded", "Event", "Lost", "Started", "StateKept", "StepEnded",
            "Validated"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -222,12 +221,13 @@ class Checkpoints:
     (rank 0 only; ``folder=None`` keeps it in memory only)."""
 
     def __init__(self, folder: Path | None, is_main: bool = True,
-                 on_keep: Callable[[dict], None] | None = None,
-                 storage: StorageGuard | None = None,
+                 say: Callable[[str, str], object] = lambda kind, message: None,
                  log_patterns: tuple[str, ...] = ()) -> None:
-        self.folder, self.is_main, self.on_keep = folder, is_main, on_keep
+        """``say(kind, message)``: the run's bus (failed writes, the state kept at a crash)."""
+        self.folder, self.is_main, self.say = folder, is_main, say
+        self.on_keep: Callable[[dict], None] | None = None
         self.snapshot: dict | None = None
-        self.storage = storage if storage is not None else StorageGuard()
+        self.storage = StorageGuard(say)
         self.log_patterns = log_patterns  # the logs in this folder, set aside with a fresh run
 
     def keep(self, state: dict) -> None:
@@ -290,31 +290,29 @@ class Checkpoints:
                                                for n in (LAST, PREVIOUS))
 
     def save_crash(self, file_ready: Callable[[dict], bool]) -> None:
-        """An unexpected error: keep the last good state on disk so the run can resume. A
-        failing save is reported and never hides the original error."""
-        snapshot = self.snapshot
-        if self.folder is None or snapshot is None or not self.is_main:
+        """An unexpected error: keep the last good state on disk so the run can resume, and say
+        where it is ("failed": a failing save is said too, and never hides the error)."""
+        snapshot, last = self.snapshot, self.folder / LAST if self.folder is not None else None
+        if last is None or snapshot is None or not self.is_main:
             return
         if not file_ready(snapshot):  # DeepSpeed: partitions not gathered
-            print("hybridnb: training failed; the last checkpoint written (in "
-                  f"{self.folder}) is kept: fit(..., resume=True) continues from there",
-                  file=sys.stderr)
+            self.say("failed", f"training failed; the last checkpoint written (in {self.folder})"
+                     " is kept: fit(..., resume=True) continues from there")
             return
         try:
-            path = save(snapshot, self.folder / LAST, keep_previous=True)
-        except Exception as exc:
-            last = self.folder / LAST
+            save(snapshot, last, keep_previous=True)
+        except Exception as exc:  # noqa: BLE001 - said; the original error follows
             cause = describe(exc, last) if is_write_failure(exc) else (
                 f"{type(exc).__name__}: "
                 f"{str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ''}")
             kept = (f"the {LAST} on disk (step {_step_of(last)}) is intact" if last.exists()
                     else "no checkpoint is on disk")
-            print(f"hybridnb: training failed, and saving the last good state into {last} "
-                  f"failed too ({cause}); {kept}; the original error follows", file=sys.stderr)
+            self.say("failed", f"training failed, and saving the last good state into {last} "
+                     f"failed too ({cause}); {kept}; the original error follows")
             return
-        print(f"hybridnb: training failed; the last good state (step "
-              f"{snapshot['position']['global_step']}) is in {path}; "
-              "fit(..., resume=True) continues from there", file=sys.stderr)
+        self.say("failed", f"training failed; the last good state (step "
+                 f"{snapshot['position']['global_step']}) is in {last}; "
+                 "fit(..., resume=True) continues from there")
 
 
 def _step_of(path: Path) -> str:

@@ -1,28 +1,27 @@
-"""An isolated worker's link to the kernel: heartbeats naming the phase, step completions, the
-stop request, and the grace a slow phase asks for. In the kernel (no channel) every call does
-nothing, so the loop calls it unconditionally.
+"""An isolated worker's link to the kernel: heartbeats naming the phase, every bus event
+forwarded as it is, the states it keeps, and the kernel's stop request with its reason. In the
+kernel (no channel) every call does nothing, so the loop calls it unconditionally.
 
 The kernel's silence clock restarts at every heartbeat and step; a worker lost while silent is
 named by the last phase it announced. A grace is asked for only where something needs it
 (compiling, the CUDA context starting) and is said once, as a "grace" note; elsewhere the step
-timeout applies from the first message on. The job's ``hooks`` (tests: fault injection) are told
-each phase the worker enters.
+timeout applies from the first message on.
 """
 
 from __future__ import annotations
 
 from hybridnb.train import isolate, recovery
-from hybridnb.train.bus import StateKept, StepEnded
+from hybridnb.train.bus import Ended, Started, StateKept, StepEnded
 from hybridnb.train.state import Stop
-from hybridnb.train.worker_fit import Hooks
+
+EVENT = "event"  # the channel kind of a forwarded bus event (the kernel emits it again)
 
 
 class Heartbeat:
-    """The channel to the kernel (None: not in a worker), the job's hooks and the phase."""
+    """The channel to the kernel (None: not in a worker) and the phase announced last."""
 
-    def __init__(self, channel=None, hooks: Hooks | None = None) -> None:
+    def __init__(self, channel=None) -> None:
         self.channel = channel
-        self.hooks = hooks if hooks is not None else Hooks()
         self.phase: str | None = None
 
     @property
@@ -34,32 +33,29 @@ class Heartbeat:
         if self.channel is not None:
             self.channel.heartbeat(phase=phase, grace=grace)
             self.phase = phase
-            self.hooks.enter(phase)
 
     def before_step(self, first: bool) -> None:
         """The phase is "first step" or "step" (a heartbeat only when it changes: the step's own
         completion restarts the clock)."""
-        if self.channel is None:
-            return
         phase = "first step" if first else "step"
-        if self.phase != phase:
+        if self.channel is not None and self.phase != phase:
             self.channel.heartbeat(phase=phase)
             self.phase = phase
-        self.hooks.enter(phase)
 
     def hear(self, event) -> None:
-        """A listener on the fit's bus (in a worker): each step restarts the kernel's clock and
-        each state kept goes to the kernel, which applies it."""
+        """A listener on the fit's bus (in a worker): every event goes to the kernel unchanged
+        (each step also restarts its clock); a state kept goes as a "state", which the kernel
+        applies."""
         if self.channel is None:
+            return
+        if isinstance(event, StateKept):
+            self.channel.state(recovery.to_cpu(event.state))
             return
         if isinstance(event, StepEnded):
             self.channel.step_done()
-        elif isinstance(event, StateKept):
-            self.channel.state(recovery.to_cpu(event.state))
-
-    def step_done(self) -> None:
-        if self.channel is not None:
-            self.channel.step_done()
+        self.channel.send(EVENT, event)
+        if isinstance(event, (Started, Ended)) or self.phase == "first step":
+            self.channel.flush()  # the view starts, shows the first step and ends at once
 
     def grace(self, what: str, *, compiling: bool, device_type: str, note) -> float | None:
         """The longer silence ``what`` needs, said once through ``note(kind, message)``; None
@@ -75,11 +71,11 @@ class Heartbeat:
         return seconds
 
     def stop_asked(self) -> Stop | None:
-        """The kernel's stop request: Ctrl-C or the Stop button. The channel carries one flag
-        for both; its ``stop_reason()`` (where the channel has one) tells them apart, else the
-        flag reads as the button."""
-        if self.channel is None or not self.channel.stop_requested():
-            return None
-        reason = getattr(self.channel, "stop_reason", None)
-        return Stop.INTERRUPT if callable(reason) and reason() == "interrupt" \
-            else Stop.STOP_BUTTON
+        """The kernel's stop request and its reason: Ctrl-C, a callback's ``should_stop`` or
+        the Stop button."""
+        reason = self.channel.stop_reason() if self.channel is not None else None
+        return None if reason is None else STOPS.get(reason, Stop.STOP_BUTTON)
+
+
+# the reasons the kernel's stop request carries (``processes.channel.StopFlag``), as the Loop's
+STOPS = {"interrupt": Stop.INTERRUPT, "callback": Stop.CALLBACK, "stop": Stop.STOP_BUTTON}

@@ -3,8 +3,8 @@
 Whatever the GPU does to the worker (an abort or segfault in a C++ thread, a sticky CUDA error,
 a kernel launch that never returns), the kernel survives it: ``run_isolated(work)`` starts a
 worker in its own process group (``hybridnb.processes``), the worker runs ``work(channel)`` and
-sends messages back (view updates, events, its last good state, step completions, heartbeats
-naming its phase, its result), and the kernel watches it. When the worker dies, or stays silent
+sends messages back (events, its last good state, step completions, heartbeats naming its
+phase, its result), and the kernel watches it. When the worker dies, or stays silent
 longer than the step timeout, the kernel kills the worker's whole process group, reaps it, and
 returns an ``Outcome`` that names what happened (and the phase it was in) and keeps the last
 state the worker sent, so the caller can carry on from there.
@@ -14,32 +14,23 @@ limit that follows the measured steps (``auto_step_timeout``; a longer grace onl
 worker asks for one in a heartbeat: compiling, CUDA starting). Starting, watching and killing
 the worker is ``hybridnb.processes``'s.
 
-``start="fork"`` (the default for now): models, datasets and functions defined in notebook cells
-live in the kernel's ``__main__``; a forked worker already has them. Forking is only safe while
-CUDA is not initialised in the kernel (``isolate_decision`` checks; ``hn.detect()`` probes in a
-child). ``start="spawn"``: a fresh interpreter that receives ``work`` cloudpickled (big CPU
-tensors through shared memory); nothing the kernel did (CUDA, threads, OpenMP) can break it.
-
-Rules for the caller (the kernel side) with fork:
-- Run no threads of your own across ``run_isolated`` (the memory sampler, throttled renderers):
-  a forked process gets a copy of every lock, and a lock another thread held at the fork stays
-  held forever in the worker. Stop such threads before and start them again after.
-- Python reseeds its ``random`` module in a forked child; torch and numpy generators are copied.
-  Seed or restore RNG states inside ``work``.
-- The worker is headless (``HYBRIDNB_HEADLESS=1``) and marked ``HYBRIDNB_ISOLATED=1``; it draws
-  nothing: the kernel's ``on_message`` gets its view updates and draws them. Its stdout and
-  stderr are copied into the kernel's (the cell's output); the last lines are in the Outcome.
+``start="spawn"`` (the Trainer's): a fresh interpreter that receives ``work`` cloudpickled (big
+CPU tensors through shared memory); nothing the kernel did (CUDA, threads, OpenMP) can break it.
+``start="fork"`` (the default here): a copy of this process, safe only while no CUDA context and
+no thread of the caller's holds a lock across the call; Python reseeds ``random`` in the child.
+The worker is headless and marked ``HYBRIDNB_ISOLATED=1``; its stdout and stderr are copied
+into the kernel's (the last lines are in the Outcome).
 
 Ctrl-C while supervising asks the worker to stop (``channel.stop_requested()`` turns true): it
 finishes its step, sends its state and result, and the Outcome says it was interrupted; if it
 has not finished within ``stop_grace`` (or at a second Ctrl-C) it is killed. ``should_stop``
-(e.g. the live view's Stop button) sends the same request without a time limit.
+(the live view's Stop button; or the reason as a word: "callback") sends the same request
+without a time limit.
 """
 
 from __future__ import annotations
 
 import statistics
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -47,11 +38,11 @@ from hybridnb import platform
 from hybridnb.env import FIRST_STEP_GRACE_ENV, ISOLATED_ENV, LAUNCHED_ENV, current, seconds_from_env
 from hybridnb.processes import child as _child
 from hybridnb.processes.channel import Channel, Message
-from hybridnb.processes.ended import Ended, Outcome, signal_name
+from hybridnb.processes.ended import Outcome
 from hybridnb.processes.supervise import STOP_GRACE_S, Progress, supervise
 
-__all__ = ["Channel", "Ended", "Message", "Outcome", "auto_step_timeout", "cuda_initialized", "first_step_grace_s", "prestart",
-           "isolate_decision", "run_isolated", "say_once", "signal_name"]
+__all__ = ["auto_step_timeout", "first_step_grace_s", "isolate_decision", "prestart",
+           "run_isolated", "startup_note"]
 
 STEP_TIMEOUT_FLOOR_S = 120.0         # the automatic step timeout is never shorter than this
 STEP_TIMEOUT_FACTOR = 20.0           # ... and at least this many median steps
@@ -67,17 +58,6 @@ STARTS = ("fork", "spawn")
 
 
 # ============================================================================ the decision
-
-def fork_available() -> bool:
-    """Whether this platform can fork a worker."""
-    return _child.fork_available()
-
-
-def cuda_initialized() -> bool:
-    """Whether this process has a CUDA context (never creates one; False if torch is absent)."""
-    torch = sys.modules.get("torch")
-    return bool(torch is not None and torch.cuda.is_initialized())
-
 
 def isolate_decision(isolate: bool | str, device: Any, *, in_distributed: bool
                      ) -> tuple[bool, str]:
@@ -117,9 +97,6 @@ def first_step_grace_s() -> float:
     before its first step (compiling, the CUDA context starting): ``$HYBRIDNB_FIRST_STEP_GRACE``,
     else ``FIRST_STEP_GRACE_S``. Tests shorten it."""
     return seconds_from_env(FIRST_STEP_GRACE_ENV, FIRST_STEP_GRACE_S)
-
-
-say_once = platform.say_once  # a reason printed to stderr the first time this process sees it
 
 
 def auto_step_timeout(step_seconds: list[float], floor: float = STEP_TIMEOUT_FLOOR_S,
@@ -202,10 +179,11 @@ def prestart() -> _child.Prestarted:
 
 
 def startup_note(spawned_at: float, ready_at: float, sent_at: float) -> str:
-    """One sentence on a prestarted worker's start-up: how long it took, the kernel's set-up
-    it overlapped, and how long the fit waited for it (``time.monotonic()`` times)."""
-    startup, setup = ready_at - spawned_at, sent_at - spawned_at
+    """One sentence on the worker's start-up: how long it took, how long before the job came it
+    was started (a warm spare: long before), and how long the fit waited for it
+    (``time.monotonic()`` times)."""
+    startup, ahead = ready_at - spawned_at, sent_at - spawned_at
     waited = max(0.0, ready_at - sent_at)
-    return (f"worker process ready {startup:.1f} s after fit started (a fresh interpreter "
-            f"importing torch), in parallel with the kernel's set-up ({setup:.1f} s): the fit "
-            f"waited {waited:.1f} s for it")
+    return (f"worker process ready {startup:.1f} s after it started (a fresh interpreter "
+            f"importing torch), started {ahead:.1f} s before the job came: the fit waited "
+            f"{waited:.1f} s for it")

@@ -158,11 +158,8 @@ class Loop:
             float(asked is Stop.CALLBACK)])
         if interrupt:
             return self._stop(Stop.INTERRUPT, "interrupted: stopping after the current step")
-        if button:  # in a worker the kernel's one flag carries the button and should_stop
-            return self._stop(Stop.STOP_BUTTON, (
-                "stop asked in the notebook (the Stop button, or a callback's "
-                "trainer.should_stop)" if self.heartbeat.in_worker else "Stop clicked")
-                + ": stopping after the current step")
+        if button:
+            return self._stop(Stop.STOP_BUTTON, "Stop clicked: stopping after the current step")
         if callback:
             return self._stop(Stop.CALLBACK, "a callback set trainer.should_stop: stopping "
                               "after the current step")
@@ -363,9 +360,10 @@ class Loop:
             self.learner.eval_model(in_fit), loader, strategy=self.placement.strategy,
             precision=self.placement.precision, loss_fn=self.learner.loss_fn,
             with_targets=with_targets,
-            # every batch: a stop asked (Ctrl-C, Stop) ends a long validation within one batch
+            # every batch: Ctrl-C or Stop ends a long validation within one batch (a callback's
+            # stop waits for the step's end, as in process)
             stop_requested=lambda: (in_fit or self.heartbeat.in_worker)
-            and self.stop_asked() is not None,
+            and self.stop_asked() not in (None, Stop.CALLBACK),
             cast=self.batch_check.cast, on_batch=lambda: self.heartbeat.beat(phase))
 
     def _finish(self, failed: bool) -> None:

@@ -35,15 +35,16 @@ COMPILE_S = {"cpu": (10.0, 1.5), "cuda": (5.0, 0.7)}
 class Placement:
     """Device, precision, placement, speedups, and the step with its recovery."""
 
-    def __init__(self, settings: Settings, learner: Learner, notes: list) -> None:
+    def __init__(self, settings: Settings, learner: Learner, bus) -> None:
+        """``bus``: the run's (what it decided in place of the settings is said there)."""
         self.settings, self.learner = settings, learner
         self.strategy = setup.make_strategy(settings.strategy, torch.device(settings.device))
         self.compile = settings.compile if self.strategy.supports_compile else False
         if settings.compile and not self.strategy.supports_compile:
-            notes.append(("compile_fallback", f"strategy={self.strategy.name!r}: compile="
-                          f"{settings.compile!r} is ignored (its engine runs eager)"))
+            bus.note("compile_fallback", f"strategy={self.strategy.name!r}: compile="
+                     f"{settings.compile!r} is ignored (its engine runs eager)")
         self.precision = setup.choose_precision(settings.precision, self.strategy,
-                                                settings.recommended_precision, notes)
+                                                settings.recommended_precision, bus.note)
         self.strategy.configure(settings.batch_size, settings.clip_grad)
         self.applied_speedups: speedups.Applied | None = None
         self.flops_per_sample: float | None = None

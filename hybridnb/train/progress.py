@@ -27,14 +27,13 @@ from hybridnb.measure.memory import peak_bytes
 from hybridnb.measure.throughput import ThroughputMonitor
 from hybridnb.train.bus import Ended, EpochEnded, Started, StepEnded, Validated
 from hybridnb.train.state import HISTORY_COLUMNS, RunState
-from hybridnb.train.worker_fit import ChannelView
 
 METRICS = ("val_loss", "val_rmse", "val_nrmse", "val_mae", "val_r2")
 SPEEDS = ("samples_per_s", "data_wait_pct", "compute_samples_per_s", "mfu")
 
 
 class Progress:
-    """The view (a renderer, or a ``ChannelView`` in an isolated worker), the epoch's
+    """The view (a renderer; a silent one in an isolated worker), the epoch's
     throughput window, the rows the Loop emits (``row``, ``epoch_row``), and ``hear``: the
     view's listener on the bus."""
 
@@ -50,11 +49,9 @@ class Progress:
 
     @staticmethod
     def make_view(live, *, channel=None, is_main: bool = True):
-        """The renderer for ``live`` (``channel``: an isolated worker's, drawn by the kernel;
-        ranks other than 0 draw nothing)."""
-        if channel is not None:
-            return ChannelView(channel)
-        return make_view(live) if is_main else make_view(False)
+        """The renderer for ``live``; an isolated worker (``channel``: its events are drawn by
+        the kernel) and ranks other than 0 draw nothing."""
+        return make_view(live) if is_main and channel is None else make_view(False)
 
     @property
     def stop_requested(self) -> bool:

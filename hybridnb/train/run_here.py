@@ -4,13 +4,10 @@ from __future__ import annotations
 
 
 class Here:
-    """Fit, evaluate and predict here: the Trainer's Loop runs in this process."""
+    """Fit here: the Trainer's Loop runs in this process (evaluate, predict and the searches
+    after it too: ``Trainer._elsewhere`` asks a runner only while isolated)."""
 
     name = "here"
 
     def fit(self, trainer, train, val, train_loader, val_loader, early=None) -> None:
         trainer.loop.fit(train_loader, val_loader)
-
-    def job(self, trainer, what: str, **job) -> tuple[bool, object]:
-        """Nothing runs elsewhere: (False, None), the caller does it here."""
-        return False, None

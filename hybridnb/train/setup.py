@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+from collections.abc import Callable
 
 import torch
 
@@ -69,7 +70,7 @@ def make_strategy(strategy, device: torch.device) -> Strategy:
 
 
 def choose_precision(asked: str, strategy: Strategy, recommended: str | None,
-                     notes: list) -> Precision:
+                     note: Callable[[str, str], object]) -> Precision:
     """The precision for the strategy's device, within what the strategy supports (asked once;
     an automatic choice it cannot run falls back to fp32 and says so, an explicit one is an
     error)."""
@@ -78,11 +79,11 @@ def choose_precision(asked: str, strategy: Strategy, recommended: str | None,
         if asked == precision.name:
             raise ValueError(f"precision={asked!r} with strategy={strategy.name!r}: it supports "
                              f"{strategy.supported_precisions}; use precision='bf16' or 'fp32'")
-        notes.append(("precision_fallback", f"strategy={strategy.name!r} cannot run "
-                      f"{precision.name} here; training in fp32"))
+        note("precision_fallback", f"strategy={strategy.name!r} cannot run "
+             f"{precision.name} here; training in fp32")
         return Precision.choose("fp32", strategy.device)
     if precision.note:
-        notes.append(("precision_fallback", precision.note))
+        note("precision_fallback", precision.note)
     return precision
 
 
@@ -91,14 +92,6 @@ def cpu_precision() -> Precision:
     bf16 autocast on a CPU sends convolutions through oneDNN, which asked an Intel Xeon for
     ~880 GB on EEGNeX and got the process killed; fp32 is safe everywhere."""
     return Precision.choose("fp32", "cpu")
-
-
-def loader_kwargs(given: dict | None, hw, device, resolved: torch.device) -> dict:
-    if given is not None:
-        return dict(given)
-    if device == "auto" and hw is not None:
-        return dict(hw.dataloader_kwargs())
-    return {"num_workers": 0, "pin_memory": resolved.type == "cuda"}
 
 
 def cap_memory(fraction: float, device: torch.device, notes: list) -> None:

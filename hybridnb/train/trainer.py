@@ -4,11 +4,12 @@ The Trainer validates the options once (``settings``: the checked, frozen ``Sett
 parts, each owning its state: ``learner`` (model, optimizer, loss, schedule, EMA, guard),
 ``placement`` (device, precision decided once, speedups, the step and its recovery),
 ``checkpoints`` (the last good state, files, earlier runs), ``progress`` (the live view, rows,
-throughput), ``stopping`` (best weights, early stopping), ``heartbeat`` (in an isolated worker:
-the link to the kernel), ``sinks`` (loggers, callbacks) and ``bus`` (typed events; the view,
-sinks and heartbeat listen), and ``loop`` (loop.py: runs the fit over them; owns the run's state).
-It chooses a runner: ``Here`` (run_here.py) or ``Worker`` (run_worker.py: the same Loop in a
-supervised worker process, its states applied here as they arrive).
+throughput), ``stopping`` (best weights, early stopping), ``sinks`` (loggers, callbacks) and
+``bus`` (typed events; the view and sinks listen), and ``loop`` (loop.py: runs the fit over them;
+owns the run's state). ``build_loop`` makes the Loop and its parts, here and in an isolated
+worker alike. The Trainer chooses a runner: ``Here`` (run_here.py) or ``Worker`` (run_worker.py:
+the same Loop in a supervised worker process, its events emitted again here and its states
+applied as they arrive).
 
 >>> tr = Trainer(model, loss="mse", lr=1e-3, epochs=10, checkpoint_dir="runs/c1")
 >>> history = tr.fit(train, val)          # Datasets or DataLoaders; batches (x, y[, extras])
@@ -26,31 +27,24 @@ import torch
 
 from hybridnb.events import Event
 from hybridnb.live.summary import header
-from hybridnb.train import isolate, loggers, setup
-from hybridnb.train.bus import Bus, Started
+from hybridnb.train import isolate, loggers
+from hybridnb.train.bus import Started
 from hybridnb.train.callbacks import check_callbacks
-from hybridnb.train.checkpoint import Checkpoints
 from hybridnb.train.checkpoint import read as read_checkpoint
-from hybridnb.train.data import BatchCheck, made_dataset
+from hybridnb.train.data import made_dataset
 from hybridnb.train.evaluation import as_output, metrics
 from hybridnb.train.habits import refuse_lightning_hooks
 from hybridnb.train.heap import frozen_heap
-from hybridnb.train.heartbeat import Heartbeat
-from hybridnb.train.learner import Learner
 from hybridnb.train.loop import Loop
-from hybridnb.train.placement import Placement
+from hybridnb.train.parts import build_loop
 from hybridnb.train.preflight import check_fit_data, check_outputs
-from hybridnb.train.progress import Progress
 from hybridnb.train.run_here import Here
 from hybridnb.train.run_worker import Worker
 from hybridnb.train.seeding import set_rng_state
 from hybridnb.train.settings import Settings
 from hybridnb.train.sinks import Sinks
 from hybridnb.train.state import HISTORY_COLUMNS, STEP_COLUMNS, Plan, Stop
-from hybridnb.train.storage import StorageGuard
-from hybridnb.train.target_scale import TargetScale
-from hybridnb.train.validation import EarlyStopping
-from hybridnb.train.worker_fit import Hooks
+from hybridnb.train.worker_fit import BatchSizeJob, LrFindJob, PredictJob
 
 
 def _setting(name: str, writable: bool = False) -> property:
@@ -168,77 +162,44 @@ class Trainer:
         settings = Settings.build(**kwargs)
         refuse_lightning_hooks(model)
         with frozen_heap():  # building the optimizer imports torch._dynamo (heap.py)
-            self._assemble(model, settings, check_callbacks(callbacks))
+            self._hold(build_loop(model, settings), check_callbacks(callbacks))
 
-    @classmethod
-    def from_settings(cls, model: torch.nn.Module, settings: Settings, *, channel=None,
-                      hooks: Hooks | None = None) -> Trainer:
-        """The Trainer for ``settings``. An isolated worker builds its copy this way, with
-        ``channel`` (the pipe to the kernel: states, heartbeats, the view) and the job's
-        ``hooks``."""
-        trainer = cls.__new__(cls)
-        with frozen_heap():
-            trainer._assemble(model, settings, channel=channel, hooks=hooks)
-        return trainer
-
-    def _assemble(self, model: torch.nn.Module, settings: Settings, callbacks: tuple = (), *,
-                  channel=None, hooks: Hooks | None = None) -> None:
-        """The parts, the Loop over them, the listeners on the bus, and the runner."""
-        bus = self.bus = Bus(lambda: (self.loop.state.global_step, self.loop.state.epoch))
-        self.heartbeat = Heartbeat(channel, hooks)  # in an isolated worker: to the kernel
-        hw = setup.detect() if settings.needs_detect else None
-        device = setup.resolve_device(settings.device, hw, bus.pending)
-        settings = settings.resolved(hw, device)
-        if settings.torch_threads:
-            torch.set_num_threads(settings.torch_threads)
-        self.learner = Learner(model, settings)
-        self.placement = Placement(settings, self.learner, bus.pending)
+    def _hold(self, loop: Loop, callbacks: tuple) -> None:
+        """``loop``'s parts, the user's loggers and callbacks, and where fit runs."""
+        self.loop, settings, bus = loop, loop.settings, loop.bus
+        self.bus = bus
+        self.learner, self.placement, self.checkpoints = loop.learner, loop.placement, \
+            loop.checkpoints
+        self.progress, self.stopping, self.heartbeat = loop.progress, loop.stopping, \
+            loop.heartbeat
+        self.batch_check = loop.batch_check
         strategy = self.placement.strategy
-        self.checkpoints = Checkpoints(
-            settings.checkpoint_dir, strategy.is_main, storage=StorageGuard(bus.note),
-            log_patterns=loggers.patterns(settings.loggers)
-            if settings.log_folder == settings.checkpoint_dir else ())
         self.sinks = Sinks(lambda storage: loggers.make_loggers(
             settings.loggers, settings.log_folder, storage, strategy.is_main),
             callbacks)  # objects of the user's process: never in settings, never sent to a worker
-        self.progress = Progress()
-        self.stopping = EarlyStopping(settings.monitor, settings.early_stopping)
-        self.target_scale = TargetScale(model, bus.note, enabled=not settings.compile,
-                                        loss=settings.loss, task=settings.task)
-        self.batch_check = BatchCheck(self.learner.dtype, bus.note, first=lambda x, y: (
-            self.learner.see_input(x), self.target_scale.targets(y)))
-        self.loop = Loop(settings, learner=self.learner, placement=self.placement,
-                         checkpoints=self.checkpoints, progress=self.progress,
-                         stopping=self.stopping, heartbeat=self.heartbeat,
-                         batch_check=self.batch_check, bus=bus)
         self.should_stop = False  # a callback sets it: the fit stops after the current step
-        self.loop.stop_flag = lambda: self.should_stop
-        for listener in (self._record, self.progress.hear, self.sinks.hear, self.heartbeat.hear,
-                         self._print):
+        loop.stop_flag = lambda: self.should_stop
+        for listener in (self.sinks.hear, self._print):
             bus.subscribe(listener)
         self.isolated, why = isolate.isolate_decision(
             settings.isolate, self.device, in_distributed=strategy.world_size > 1)
         if self.isolated or settings.isolate is True or (
                 settings.isolate == "auto" and self.device.type != "cpu"):
-            bus.pending.append(("isolate", why))  # where it trains, and why, said once
+            bus.note("isolate", why)  # where it trains, and why, said once
         if not self.isolated:  # isolated: the worker places the model (the kernel never does)
             self.placement.place([], bus.note, bus.pending)
-        self.loop.build_step(compiled=False)
+        loop.build_step(compiled=False)
 
     @property
     def runner(self) -> Here | Worker:
         """Where fit (and evaluate, predict, ... after it) runs: in a worker while isolated."""
         return Worker() if self.isolated else Here()
 
-    def _record(self, event) -> None:
-        if isinstance(event, Event):
-            self.loop.state.events.append(event)
-
     def _print(self, event) -> None:
-        """Notes on stderr without a live view (in the kernel: a worker's are forwarded),
+        """Notes on stderr without a live view (an isolated worker's too: its events are
+        emitted again here),
         the run's header line first (what the Trainer chose on the user's behalf)."""
-        if not (self.verbose and self.live in (False, None) and self.strategy.is_main
-                and not self.heartbeat.in_worker):
+        if not (self.verbose and self.live in (False, None) and self.strategy.is_main):
             return
         if isinstance(event, Event):
             print(f"hybridnb: {event}", file=sys.stderr)
@@ -358,12 +319,13 @@ class Trainer:
         pending, self.state.pending = self.state.pending, None
         self.loop.begin(pending)
 
-    def _elsewhere(self, what: str, **job) -> tuple[bool, object]:
-        """Where fit ran: ``job`` in a worker after an isolated fit, (True, its result); (False,
-        None) when this process does it (no worker, or it was lost: said once)."""
+    def _elsewhere(self, what: str, job_type, *args) -> tuple[bool, object]:
+        """Where fit ran: ``job_type`` (a worker_fit job) in a worker after an isolated fit,
+        (True, its result); (False, None) when this process does it (no worker, or it was lost:
+        said once)."""
         if not self.isolated or self.loop.fitting:
             return False, None
-        return self.runner.job(self, what, **job)
+        return Worker().job(self, what, job_type, *args)
 
     # ----------------------------------------------------------------------------- evaluate
     @torch.no_grad()
@@ -389,7 +351,7 @@ class Trainer:
         """Where fit ran: in a worker after an isolated fit (if it dies, here on the CPU, said
         once), else in this process."""
         data = made_dataset(data, "data", self.bus.note)
-        done, result = self._elsewhere("predicting", predict=(data, with_targets))
+        done, result = self._elsewhere("predicting", PredictJob, data, with_targets)
         if done:
             return result
         return self.loop.predict(self.loop.loader(data, shuffle=False, what="data"),
@@ -410,11 +372,12 @@ class Trainer:
         The model and optimizer are restored afterwards. See hybridnb.train.batch_size."""
         kwargs = {"headroom": headroom, "max_batch": max_batch, "start": start}
         dataset = made_dataset(dataset, "dataset", self.bus.note)
-        done, result = self._elsewhere("finding the batch size", find_batch=(dataset, kwargs))
+        done, result = self._elsewhere("finding the batch size", BatchSizeJob, dataset, kwargs,
+                                       type(self))
         if done:  # the device is the worker's: measured there
-            self.batch_size, self.grad_accum = result["batch_size"], result["grad_accum"]
-            self.state.events.extend(result["events"])
-            return result["found"]
+            self.batch_size, self.grad_accum = result.batch_size, result.grad_accum
+            self.state.events.extend(result.events)
+            return result.found
         from hybridnb.train.batch_size import find_batch_size
         return find_batch_size(self, dataset, **kwargs)
 
@@ -492,7 +455,7 @@ class Trainer:
         ``apply=True`` sets ``lr`` to the suggestion. See hybridnb.train.lr_find."""
         from hybridnb.train import lr_find as finder
         data = made_dataset(data, "data", self.bus.note)
-        done, result = self._elsewhere("running lr_find", lr_find=(data, kwargs))
+        done, result = self._elsewhere("running lr_find", LrFindJob, data, kwargs, type(self))
         if not done:  # no worker, or it was lost: here
             result = finder.lr_find(self, data, **kwargs)
         if apply and result.suggestion is not None:
@@ -502,3 +465,4 @@ class Trainer:
             self.bus.note("lr_find", f"lr set to {result.suggestion:.3g} (was {old:.3g}), the "
                        f"{result.method} suggestion of lr_find")
         return result
+

@@ -1,168 +1,171 @@
-"""``Trainer.fit`` in an isolated worker: the job the worker receives, the view it draws through
-the kernel, and the worker's exception rebuilt in the kernel.
+"""The worker's side of an isolated fit: the jobs it receives and what it returns.
 
-The kernel (the notebook's process) never touches the GPU. It hands the worker a ``FitJob``: the
-run's settings (resolved, so the worker never detects again), the model, the data as the user
-gave it, the start state (``Trainer.state_dict()``) and the notes not yet said. The worker builds
-the same Trainer from them and runs the same Loop; its live view is a ``ChannelView`` that sends
-every call to the kernel, where ``KernelView`` emits it again on the kernel's bus (the renderer,
-loggers and callbacks listen there; the Stop button keeps working); at every snapshot and
-checkpoint it sends its state, and whatever ends its fit early (an error, Ctrl-C) it sends the
-state it holds then, before the error. The kernel applies each state as it arrives, so it always
-holds what an in-process run would. How the kernel answers the worker's end is the worker
-runner's (``run_worker.py``): the final state is loaded into the user's model; an error is
-re-raised (after its state was applied); a death or hang continues on the CPU from the last
-state received (the start state when none came).
+The kernel hands a spawned worker one job: a ``FitJob`` (the resolved settings, so the worker
+never detects again; the model; the data as the user gave it; the start state; the notes not yet
+said), or after a fit a ``PredictJob``, ``LrFindJob`` or ``BatchSizeJob``. The worker builds the
+same Loop over fresh parts (``parts.build_loop``, with the channel: no Trainer) and runs it.
+Its bus forwards every event unchanged and every state it keeps (``heartbeat.py``); whatever
+ends its fit early (an error, Ctrl-C), it sends the state it holds then, before the error. The
+kernel's side (``run_worker.py``) emits the events again and applies each state as it arrives.
 """
 
 from __future__ import annotations
 
-import builtins
+import contextlib
+import random
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from hybridnb.events import row_kind
-from hybridnb.train.bus import Ended, EpochEnded, Started, StepEnded, Validated
+from hybridnb.processes.worker import startup as worker_startup
+from hybridnb.train import isolate, outside_state, recovery
+from hybridnb.train.heap import frozen_heap
+from hybridnb.train.parts import build_loop
 from hybridnb.train.settings import Settings
+from hybridnb.train.state import RunState, Stop
 
-# The phases an isolated worker names in its heartbeats (a lost worker's event names the last)
-PHASES = ("setup", "first step", "step", "validation", "checkpoint", "hand-over", "evaluate")
+
+def work(job, channel) -> object:
+    """In the isolated worker: ``job.run(channel)`` (the function the kernel sends)."""
+    return job.run(channel)
+
+
+def worker_loop(settings: Settings, model: torch.nn.Module, channel):
+    """The Loop for ``settings`` in this worker, its bus linked to the kernel."""
+    with frozen_heap():  # building the optimizer imports torch._dynamo (heap.py)
+        loop = build_loop(model, settings, channel)
+    loop.placement.place([], loop.bus.note, loop.bus.pending)  # the kernel's never is
+    loop.build_step(compiled=False)
+    return loop
+
+
+@dataclass
+class FitResult:
+    """What a worker's fit hands back: its final state (CPU), why it stopped early (None: it
+    did not), what it decided and measured (``Placement.facts()``) and what the fit changed on
+    the model outside its state dict (``outside_state``)."""
+
+    state: dict
+    stopped: Stop | None
+    placement: dict
+    outside_state: dict | None
 
 
 @dataclass
 class FitJob:
-    """What an isolated worker needs to run a fit (or, with ``predict``, an evaluation)."""
+    """A fit from ``start`` (``Trainer.state_dict()``), the notes not yet said first."""
 
     settings: Settings
     model: torch.nn.Module
-    train: Any = None
-    val: Any = None
-    start: dict | None = None
-    notes: list | None = None
-    py_random: Any = None
-    predict: tuple | None = None   # (data, with_targets): evaluate/predict instead of fit
-    find_batch: tuple | None = None  # (dataset, kwargs): find_batch_size instead of fit
-    sent_at: float | None = None   # time.monotonic() when the kernel handed it to a prestarted
-    #                                worker (its start-up note compares it with its own times)
-    lr_find: tuple | None = None  # (data, kwargs): lr_find instead of fit
-    hooks: tuple = ()  # the kernel's ``job_hooks`` when the job was made (tests)
+    train: Any
+    val: Any
+    start: dict
+    notes: list
+    py_random: Any
+    sent_at: float  # time.monotonic() when the kernel handed it over (the start-up note)
 
-    def __post_init__(self) -> None:
-        if not self.hooks:
-            self.hooks = tuple(job_hooks)
-
-
-# Hooks every job carries to its worker (tests register theirs here: fault injection, a worker
-# that simulates CUDA on the CPU). Nothing in hybridnb registers one.
-job_hooks: list = []
-
-
-class Hooks:
-    """The job's hooks, called in the worker, each method optional: ``settings(settings)`` ->
-    ``(settings, (kind, message) or None)`` before the worker builds its Trainer (the note is
-    said as an event; the kernel's run keeps its own device), and ``enter(phase)`` as the
-    worker enters each of ``PHASES``."""
-
-    def __init__(self, hooks=()) -> None:
-        self.hooks = tuple(hooks)
-
-    def settings(self, settings: Settings) -> tuple[Settings, list[tuple[str, str]]]:
-        notes = []
-        for hook in self.hooks:
-            if hasattr(hook, "settings"):
-                settings, note = hook.settings(settings)
-                if note:
-                    notes.append(tuple(note))
-        return settings, notes
-
-    def enter(self, phase: str) -> None:
-        for hook in self.hooks:
-            if hasattr(hook, "enter"):
-                hook.enter(phase)
+    def run(self, channel) -> FitResult:
+        watch = outside_state.Watch(self.model)  # the model as the kernel sent it
+        loop = worker_loop(self.settings, self.model, channel)
+        heartbeat = loop.heartbeat
+        loop.bus.pending[:] = self.notes  # the kernel's notes: its set-up is the same
+        began = worker_startup()
+        if {"spawned_at", "ready_at"} <= set(began):
+            loop.bus.pending.append(("worker_start", isolate.startup_note(
+                began["spawned_at"], began["ready_at"], self.sent_at)))
+        heartbeat.beat("setup")  # the job arrived: alive (its faults come later)
+        loop.stop_flag = lambda: heartbeat.stop_asked() is Stop.CALLBACK
+        random.setstate(self.py_random)
+        train_loader, val_loader = loop.open(self.train, self.val)
+        loop.state = RunState.fresh([], carry=loop.state)
+        loop.load_state_dict(self.start)
+        loop.bind_schedule()
+        try:
+            loop.fit(train_loader, val_loader)
+        except BaseException:
+            # whatever ended the fit, the kernel gets the state the worker holds now (what an
+            # in-process run would hold), then the error (best effort: the pipe may be gone)
+            with contextlib.suppress(Exception):
+                channel.state(recovery.to_cpu(loop.state_dict()))
+            raise
+        heartbeat.beat("hand-over")
+        return FitResult(recovery.to_cpu(loop.state_dict()), loop.state.stopped,
+                         loop.placement.facts(), watch.changes().to_payload())
 
 
-class ChannelView:
-    """The worker's live view: each call is sent to the kernel, which draws it."""
-
-    def __init__(self, channel) -> None:
-        self.channel = channel
-
-    def start(self, run: dict) -> None:
-        self.channel.send("view", ("start", run))
-
-    def update(self, row: dict) -> None:
-        self.channel.send("view", ("update", row))
-
-    def event(self, ev) -> None:
-        self.channel.send("view", ("event", ev))
-
-    def end(self, summary: dict) -> None:
-        self.channel.send("view", ("end", summary))
-        self.channel.flush()
-
-    @property
-    def stop_requested(self) -> bool:
-        return self.channel.stop_requested()
+def _evaluating(settings: Settings, model: torch.nn.Module, channel):
+    """The Loop for a job after a fit: alive ("evaluate"); the notes of its set-up were said
+    by the kernel already."""
+    loop = worker_loop(settings, model, channel)
+    channel.heartbeat(phase="evaluate", grace=loop.grace("the first batch"))
+    loop.bus.pending.clear()
+    return loop
 
 
-class KernelView:
-    """The kernel's side: what the worker's ``ChannelView`` sent, emitted again on the kernel's
-    bus (its typed rows as ``StepEnded`` / ``Validated`` / ``EpochEnded``, its notes as
-    ``Event``), so the kernel's view, loggers and callbacks hear an isolated fit as they hear
-    one in process. It knows whether the worker started the view (a worker lost before that
-    leaves it to the kernel); the worker's ``end`` is held until its final state arrived
-    (``finish``): a worker lost during the hand-over leaves the view open for the run to
-    continue here."""
+@dataclass
+class PredictJob:
+    """Predictions (and the targets, with ``with_targets``) on ``data``: ``Loop.predict``."""
 
-    def __init__(self, bus, history) -> None:
-        """``history()``: the kernel's epoch rows (its state, applied as each one arrived)."""
-        self.bus, self.history, self.started, self.summary = bus, history, False, None
+    settings: Settings
+    model: torch.nn.Module
+    data: Any
+    with_targets: bool
 
-    def on_message(self, message) -> None:
-        if message.kind != "view":
-            return
-        method, arg = message.payload
-        if method == "start":
-            self.started = True
-            self.bus.emit(Started(arg))
-        elif method == "end":
-            self.summary = arg
-        elif method == "event":
-            self.bus.emit(arg)
-        elif method == "update":
-            self.bus.emit(row_event(arg, self.history()))
-
-    def finish(self) -> None:
-        """The worker's fit arrived whole: close the view with its summary."""
-        if self.summary is not None:
-            self.bus.emit(Ended(self.summary))
+    def run(self, channel) -> tuple:
+        loop = _evaluating(self.settings, self.model, channel)
+        return loop.predict(loop.loader(self.data, shuffle=False, what="data"),
+                            self.with_targets)
 
 
-def row_event(row: dict, history: list):
-    """The bus event a row drawn in the worker stands for (its kind is its type's)."""
-    kind = row_kind(row)
-    if kind == "epoch":
-        return EpochEnded(row["epoch"], row["global_step"], history, row)
-    if kind == "validation":
-        return Validated(row["global_step"], {k: v for k, v in row.items()
-                                              if k.startswith("val_")}, row)
-    return StepEnded(row["global_step"], row["epoch"], row.get("loss"), row.get("lr"), row)
+def _trainer(trainer_class: type, loop):
+    """A Trainer (``trainer_class``: the kernel's) around the worker's Loop, for the searches
+    that still take one (lr_find, find_batch_size)."""
+    trainer = trainer_class.__new__(trainer_class)
+    trainer._hold(loop, ())
+    return trainer
 
 
-class WorkerError(Exception):
-    """The traceback of an error raised in the isolated worker (the cause of the re-raise)."""
+@dataclass
+class LrFindJob:
+    """``lr_find`` on ``data`` with ``kwargs``; returns its ``LrFindResult``."""
+
+    settings: Settings
+    model: torch.nn.Module
+    data: Any
+    kwargs: dict
+    trainer_class: type
+
+    def run(self, channel):
+        from hybridnb.train.lr_find import lr_find
+
+        trainer = _trainer(self.trainer_class, _evaluating(self.settings, self.model, channel))
+        return lr_find(trainer, self.data, **self.kwargs)
 
 
-def reraise(error: dict) -> BaseException:
-    """The worker's exception, rebuilt in the kernel with the same type and message when it is
-    a builtin one or a KeyboardInterrupt (a RuntimeError otherwise), its traceback as the
-    cause."""
-    cls = getattr(builtins, error.get("type", ""), None)
-    message = error.get("message", "")
-    if not (isinstance(cls, type) and issubclass(cls, (Exception, KeyboardInterrupt))):
-        cls, message = RuntimeError, f"{error.get('type')}: {message}"
-    exc = cls(f"{message} (raised in the isolated training worker)")
-    exc.__cause__ = WorkerError(error.get("traceback", ""))
-    return exc
+@dataclass
+class BatchFound:
+    """What ``find_batch_size`` found in the worker, and the events it said there."""
+
+    found: int
+    batch_size: int
+    grad_accum: int
+    events: list
+
+
+@dataclass
+class BatchSizeJob:
+    """``find_batch_size`` on ``dataset`` with ``kwargs``."""
+
+    settings: Settings
+    model: torch.nn.Module
+    dataset: Any
+    kwargs: dict
+    trainer_class: type
+
+    def run(self, channel) -> BatchFound:
+        from hybridnb.train.batch_size import find_batch_size
+
+        trainer = _trainer(self.trainer_class, _evaluating(self.settings, self.model, channel))
+        found = find_batch_size(trainer, self.dataset, **self.kwargs)
+        return BatchFound(found, trainer.batch_size, trainer.grad_accum, trainer.events)

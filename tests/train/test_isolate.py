@@ -16,6 +16,7 @@ import psutil
 import pytest
 import torch
 
+from hybridnb import platform
 from hybridnb.train import isolate
 from hybridnb.train.isolate import isolate_decision, run_isolated
 
@@ -423,7 +424,6 @@ def test_isolate_decision(monkeypatch):
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     monkeypatch.delenv("HYBRIDNB_LAUNCHED", raising=False)
     monkeypatch.delenv(isolate.ISOLATED_ENV, raising=False)
-    monkeypatch.setattr(isolate, "cuda_initialized", lambda: False)
     decide = isolate_decision
     assert decide("auto", "cuda", in_distributed=False)[0] is True
     assert decide("auto", "cuda:1", in_distributed=False)[0] is True
@@ -443,22 +443,15 @@ def test_isolate_decision(monkeypatch):
     assert decide(True, "cuda", in_distributed=False)[0] is False
     monkeypatch.delenv("HYBRIDNB_LAUNCHED")
     # the worker is spawned: CUDA already started here, or no fork, changes nothing
-    monkeypatch.setattr(isolate, "cuda_initialized", lambda: True)
-    monkeypatch.setattr(isolate, "fork_available", lambda: False)
     assert decide("auto", "cuda", in_distributed=False)[0] is True
     assert decide(True, "cpu", in_distributed=False)[0] is True
     with pytest.raises(ValueError, match="isolate='yes'"):
         decide("yes", "cuda", in_distributed=False)
 
 
-def test_the_real_cuda_check_never_initialises_cuda():
-    assert isolate.cuda_initialized() is torch.cuda.is_initialized()
-    assert not torch.cuda.is_initialized()
-
-
 def test_say_once(capsys):
-    isolate.say_once("a reason seen for the first time in this test")
-    isolate.say_once("a reason seen for the first time in this test")
+    platform.say_once("a reason seen for the first time in this test")
+    platform.say_once("a reason seen for the first time in this test")
     assert capsys.readouterr().err.count("a reason seen") == 1
 
 

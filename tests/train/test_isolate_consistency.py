@@ -94,7 +94,7 @@ def test_what_the_worker_applied_and_measured_reaches_the_kernel(tmp_path):
 def test_a_precision_the_worker_measured_faster_is_the_kernels():
     tr = Trainer(nn.Linear(4, 1), device="cpu", isolate=False, precision="fp32", batch_size=8,
                  live=False, verbose=False)
-    worker = Placement(tr.settings.replace(precision="bf16"), tr.learner, [])
+    worker = Placement(tr.settings.replace(precision="bf16"), tr.learner, tr.bus)
     worker.flops_per_sample = 123.0
     assert tr.placement.adopt(worker.facts()) is True
     assert tr.precision.name == "bf16" and tr.placement.flops_per_sample == 123.0
