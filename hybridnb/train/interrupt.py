@@ -12,6 +12,8 @@ import contextlib
 import signal
 import threading
 
+from hybridnb.train.state import Stop
+
 
 class GracefulInterrupt:
     """Context manager installing the SIGINT handler (main thread only; elsewhere a
@@ -48,3 +50,24 @@ class GracefulInterrupt:
             yield
         finally:
             self._updating = False
+
+
+def stop_asked(interrupt: GracefulInterrupt | None, stop_flag, heartbeat, progress) -> Stop | None:
+    """Whether a stop was asked, and how: Ctrl-C (here, or the kernel's when in a worker), a
+    callback's ``trainer.should_stop`` (``stop_flag()``) or the Stop button."""
+    if interrupt is not None and interrupt.requested:
+        return Stop.INTERRUPT
+    if stop_flag():
+        return Stop.CALLBACK
+    if heartbeat.in_worker:
+        return heartbeat.stop_asked()
+    return Stop.STOP_BUTTON if progress.stop_requested else None
+
+
+def stop_words(reason: Stop, in_worker: bool) -> str:
+    """Who asked for the stop, in words (in a worker the kernel's one flag carries the Stop
+    button and ``should_stop``)."""
+    if reason is Stop.STOP_BUTTON:
+        return ("stop asked in the notebook (the Stop button, or a callback's "
+                "trainer.should_stop)" if in_worker else "Stop clicked")
+    return "interrupted" if reason is Stop.INTERRUPT else "a callback set trainer.should_stop"
