@@ -92,6 +92,19 @@ class Learner:
             self.input_shape = tuple(int(n) for n in state["input_shape"])
         self.optimizer.zero_grad(set_to_none=True)
 
+    def take_final_weights(self, best, settings) -> tuple[str, str] | None:
+        """After a whole fit the model holds the best weights (early stopping) or the EMA's;
+        the note that says so, or None."""
+        if settings.early_stopping and best.model is not None:
+            self.model.load_state_dict(best.model)
+            return "best_restored", (f"model holds the best weights ({settings.monitor} "
+                                     f"{best.value:.4g} at epoch {best.epoch}, step {best.step})")
+        if self.ema is not None:
+            self.model.load_state_dict(self.ema.module.state_dict())
+            return "ema_weights", "model holds the EMA weights" + (
+                " (raw weights are in last.pt)" if settings.checkpoint_dir else "")
+        return None
+
     def to(self, device: torch.device) -> None:
         """Model, EMA and optimizer state on ``device``."""
         self.model.to(device)

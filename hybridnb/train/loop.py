@@ -15,21 +15,18 @@ from __future__ import annotations
 import contextlib
 import enum
 import math
-import os
 
-from hybridnb.env import quick
 from hybridnb.events import EpochRow, StepRow, ValidationRow
 from hybridnb.measure.memory import reset_peak
 from hybridnb.strategies.batches import batch_len
-from hybridnb.train import saved, setup
+from hybridnb.train import opening, saved, setup
 from hybridnb.train.blocks import checkpointed_blocks, say_checkpointed
 from hybridnb.train.bus import Bus, Ended, EpochEnded, Started, StateKept, StepEnded, Validated
 from hybridnb.train.data import epoch_batches
-from hybridnb.train.evaluation import predict_loader
+from hybridnb.train.evaluation import predict_here
 from hybridnb.train.interrupt import GracefulInterrupt, stop_asked, stop_words
-from hybridnb.train.loaders import Loaders, plan
+from hybridnb.train.opening import Loaders
 from hybridnb.train.recovery import Came
-from hybridnb.train.seeding import seed_everything
 from hybridnb.train.settings import Settings
 from hybridnb.train.state import HISTORY_COLUMNS, Plan, RunState, Stop
 from hybridnb.train.validation import Validation
@@ -229,117 +226,68 @@ class Loop:
         self.heartbeat.beat("step")
 
     def _finish(self, failed: bool) -> None:
-        """Restore best/EMA weights, end the view (the last checkpoint is already written)."""
-        best, model, learner, s = self.state.best, self.learner.model, self.learner, \
-            self.settings
+        """The model takes the weights fit chose; the view ends (the last state is written)."""
         self.placement.end_fit()
-        if failed and s.checkpoint_dir is not None:
+        if failed and self.settings.checkpoint_dir is not None:
             self.checkpoints.save_crash(self.placement.strategy.file_ready)
-        elif not failed and s.early_stopping and best.model is not None:
-            model.load_state_dict(best.model)
-            self.bus.say("best_restored", f"model holds the best weights ({s.monitor} "
-                         f"{best.value:.4g} at epoch {best.epoch}, step {best.step})")
-        elif not failed and learner.ema is not None:
-            model.load_state_dict(learner.ema.module.state_dict())
-            self.bus.say("ema_weights", "model holds the EMA weights" + (
-                " (raw weights are in last.pt)" if s.checkpoint_dir else ""))
+        said = None if failed else self.learner.take_final_weights(self.state.best,
+                                                                   self.settings)
+        if said:
+            self.bus.say(*said)
         self.bus.emit(Ended({**self.summary(), "failed": failed}))
 
-    # -------------------------------------------------- services of the parts, for the callers
+    # ---------------- the parts' services (one line each: trainer.py and run_worker.py call them)
     def open(self, train, val) -> tuple:
-        """This fit's loaders; its plan goes into the run state."""
-        train_loader, val_loader, self.state.plan = self.loaders.open(
-            train, val, self.settings, self.placement.strategy, self.bus.note)
-        return train_loader, val_loader
+        *loaders, self.state.plan = self.loaders.open(train, val, self.settings,
+                                                      self.placement.strategy, self.bus.note)
+        return tuple(loaders)
 
     def loader(self, data, shuffle: bool, what: str, note=None):
         return self.loaders.make(data, self.settings, self.placement.strategy, shuffle=shuffle,
                                  what=what, note=note or self.bus.note)
 
     def plan_for(self, train_loader, note=lambda kind, message: None) -> Plan:
-        return plan(train_loader, self.settings, note)
+        return opening.plan(train_loader, self.settings, note)
 
     def begin(self, pending: dict | None) -> None:
-        """A fresh run state: ``pending`` (a checkpoint to continue from) or a seeded start."""
-        self.state = RunState.fresh(self.state.events, carry=self.state)
-        self.rewind.restores.clear()
-        if self.learner.guard is not None:
-            self.learner.guard.reset()  # a resumed run loads the checkpoint's guard below
-        if pending is not None:
-            self.load_state_dict(pending)
-        elif self.settings.seed is not None:
-            seed_everything(self.settings.seed)
-        self.bind_schedule()
+        opening.begin(self, pending)
 
     def bind_schedule(self) -> None:
-        """The schedule told the run's optimizer steps (a factory builds its scheduler now: an
-        error before the first step); a resumed fit's replaced scheduler is said once."""
-        self.learner.schedule.bind(self.state.plan.total_steps)
-        if getattr(self.learner.schedule, "replaced", None):
-            self.bus.note("schedule", self.learner.schedule.replaced)
+        opening.bind_schedule(self.learner.schedule, self.state.plan, self.bus.note)
+
+    def run_info(self) -> dict:
+        return opening.run_info(self.state.plan, self.settings, self.placement,
+                                self.learner.model)
+
+    def grace(self, what: str) -> float | None:
+        return self.heartbeat.grace(what, compiling=bool(self.placement.compile),
+                                    device_type=self.placement.device.type, note=self.bus.note)
 
     def build_step(self, compiled: bool) -> None:
         self.placement.build_step(compiled, self.bus.say, updating=self.interrupt.updating
                                   if self.interrupt else contextlib.nullcontext,
                                   state=self.state)
 
-    def run_info(self) -> dict:
-        """The run's description for the view's header."""
-        plan, model, s, placement = self.state.plan, self.learner.model, self.settings, \
-            self.placement
-        applied = placement.applied_speedups
-        return {"epochs": plan.epochs, "steps_per_epoch": plan.steps_per_epoch,
-                "batch_size": s.batch_size, "grad_accum": s.grad_accum,
-                "chosen": s.chosen(placement.precision.name,
-                                   tuple(applied.applied) if applied is not None else ()),
-                "total_steps": plan.total_steps, "device": str(placement.device),
-                "precision": placement.precision.name, "model": type(model).__name__,
-                "n_params": sum(p.numel() for p in model.parameters()),
-                "monitor": s.monitor, "quick": quick(), "pid": os.getpid(),
-                "metric": "val_accuracy" if s.task == "classification" else None}
-
-    def grace(self, what: str) -> float | None:
-        return self.heartbeat.grace(what, compiling=bool(self.placement.compile),
-                                    device_type=self.placement.device.type, note=self.bus.note)
-
     def stop_asked(self) -> Stop | None:
         return stop_asked(self.interrupt, self.stop_flag, self.heartbeat, self.progress)
 
     def predict(self, loader, with_targets: bool, phase: str = "evaluate") -> tuple:
-        """(predictions, targets, loss, non-finite targets) on ``loader`` in this process."""
-        self.placement.place([loader], self.bus.note, self.bus.pending)
-        in_fit = self.fitting
-        return predict_loader(
-            self.learner.eval_model(in_fit), loader, strategy=self.placement.strategy,
-            precision=self.placement.precision, loss_fn=self.learner.loss_fn,
-            with_targets=with_targets,
-            # every batch: a stop asked (Ctrl-C, Stop) ends a long validation within one batch
-            stop_requested=lambda: (in_fit or self.heartbeat.in_worker)
-            and self.stop_asked() is not None,
-            cast=self.batch_check.cast, on_batch=lambda: self.heartbeat.beat(phase))
+        return predict_here(self, loader, with_targets, phase)
 
     def summary(self, stopped: Stop | None = None) -> dict:
-        """What the view's end() and report() show (speeds are wall clock: progress.py)."""
         return self.progress.summary(self.state, self.settings.monitor, self.placement.device,
                                      self.placement.precision.name, stopped)
 
     def state_dict(self) -> dict:
-        """Everything needed to continue exactly (see ``Trainer.state_dict``)."""
         return saved.state_dict(self.state, self.learner, self.placement, self.settings,
                                 self.loaders.generator)
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from ``state`` (its events too); another batch size is said."""
-        self.restore(state, events=True)
-        said = saved.adapt_position(self.state, state, self.settings)
-        if said:
-            self.bus.note("resume", said)
+        saved.load(self, state)
 
     def restore(self, state: dict, events: bool = False) -> None:
         saved.restore(self.state, self.learner, self.placement, state, events)
 
     def continue_on_cpu(self) -> None:
-        """The device is lost: never used again in this process; the rest runs on the CPU in
-        fp32 (no pinned memory, no compile)."""
         self.placement.continue_on_cpu(self.loaders.opened)
         self.loaders.on_cpu()

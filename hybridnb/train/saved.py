@@ -37,18 +37,18 @@ def restore(run: RunState, learner, placement, state: dict, events: bool = False
     placement.resume_micro(run.micro)
 
 
-def adapt_position(run: RunState, state: dict, settings) -> str | None:
-    """A checkpoint of another batch size continues its epoch after about as many samples;
-    the sentence that says so, or None."""
+def load(loop, state: dict) -> None:
+    """Continue ``loop``'s run from ``state`` (its events too); a checkpoint of another batch
+    size continues its epoch after about as many samples (said)."""
+    loop.restore(state, events=True)
+    run, s = loop.state, loop.settings
     old = (state.get("config", {}).get("batch_size"), state.get("config", {}).get("grad_accum"))
-    new = (settings.batch_size, settings.grad_accum)
-    if None in old or old == new or not run.batches_done:
-        return None
-    samples = run.batches_done * old[0]
-    run.batches_done = samples // new[0] // new[1] * new[1]
-    return (f"the checkpoint used batch_size={old[0]} x grad_accum={old[1]}, this run "
-            f"{new[0]} x {new[1]}: the epoch continues after about {samples} samples, not bit "
-            "for bit")
+    if None not in old and old != (s.batch_size, s.grad_accum) and run.batches_done:
+        samples = run.batches_done * old[0]
+        run.batches_done = samples // s.batch_size // s.grad_accum * s.grad_accum
+        loop.bus.note("resume", f"the checkpoint used batch_size={old[0]} x grad_accum="
+                      f"{old[1]}, this run {s.batch_size} x {s.grad_accum}: the epoch "
+                      f"continues after about {samples} samples, not bit for bit")
 
 
 class Rewind:
