@@ -8,6 +8,9 @@ hand-over). fastai calls this bundle a Learner.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 from hybridnb.train import recovery, setup
@@ -104,6 +107,19 @@ class Learner:
             return "ema_weights", "model holds the EMA weights" + (
                 " (raw weights are in last.pt)" if settings.checkpoint_dir else "")
         return None
+
+    @contextlib.contextmanager
+    def swapped(self, **parts) -> Iterator[None]:
+        """``schedule``, ``guard`` or ``ema`` replaced while the block runs (lr_find's sweep),
+        the learner's own put back after it; the step is built afresh after either."""
+        own = {name: getattr(self, name) for name in parts}
+        for name, part in parts.items():
+            setattr(self, name, part)
+        try:
+            yield
+        finally:
+            for name, part in own.items():
+                setattr(self, name, part)
 
     def to(self, device: torch.device) -> None:
         """Model, EMA and optimizer state on ``device``."""
