@@ -64,6 +64,13 @@ def stop_asked(interrupt: GracefulInterrupt | None, stop_flag, heartbeat, progre
     return Stop.STOP_BUTTON if progress.stop_requested else None
 
 
+def agreed_stop(asked: Stop | None, strategy) -> Stop | None:
+    """The stop asked on any rank, the same on every rank (summed over them)."""
+    reasons = (Stop.INTERRUPT, Stop.STOP_BUTTON, Stop.CALLBACK)
+    votes = strategy.sum([float(asked is reason) for reason in reasons])
+    return next((reason for reason, vote in zip(reasons, votes, strict=True) if vote), None)
+
+
 def stop_words(reason: Stop, in_worker: bool) -> str:
     """Who asked for the stop, in words (in a worker the kernel's one flag carries the Stop
     button and ``should_stop``)."""

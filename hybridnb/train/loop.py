@@ -16,15 +16,15 @@ import contextlib
 import enum
 import math
 
-from hybridnb.events import EpochRow, StepRow, ValidationRow
+from hybridnb.events import EpochRow, StepRow
 from hybridnb.measure.memory import reset_peak
 from hybridnb.strategies.batches import batch_len
 from hybridnb.train import opening, saved, setup
 from hybridnb.train.blocks import checkpointed_blocks, say_checkpointed
-from hybridnb.train.bus import Bus, Ended, EpochEnded, Started, StateKept, StepEnded, Validated
+from hybridnb.train.bus import Bus, Ended, EpochEnded, Started, StateKept, StepEnded
 from hybridnb.train.data import epoch_batches
 from hybridnb.train.evaluation import predict_here
-from hybridnb.train.interrupt import GracefulInterrupt, stop_asked, stop_words
+from hybridnb.train.interrupt import GracefulInterrupt, agreed_stop, stop_asked, stop_words
 from hybridnb.train.opening import Loaders
 from hybridnb.train.recovery import Came
 from hybridnb.train.settings import Settings
@@ -164,19 +164,11 @@ class Loop:
         """Stop requests, validation every ``val_every`` steps, checkpoints and snapshots;
         True when the fit stops here."""
         state, s = self.state, self.settings
-        asked = self.stop_asked()  # summed over ranks: asked on any rank stops every rank here
-        interrupt, button, callback = self.placement.strategy.sum([
-            float(asked is reason) for reason in (Stop.INTERRUPT, Stop.STOP_BUTTON, Stop.CALLBACK)])
-        if interrupt or button or callback:
-            reason = Stop.INTERRUPT if interrupt else Stop.STOP_BUTTON if button else Stop.CALLBACK
-            return self._stop(reason, "stopping after the current step")
+        asked = agreed_stop(self.stop_asked(), self.placement.strategy)
+        if asked is not None:
+            return self._stop(asked, "stopping after the current step")
         if s.val_every and state.global_step % s.val_every == 0 and val_loader is not None:
-            metrics = self.validation.run(val_loader)
-            self.learner.model.train()
-            row = self.progress.row(state, s.grad_accum, self.learner.lr(),
-                                    loss=state.steps[-1][2], **metrics)
-            self.bus.emit(Validated(state.global_step, metrics, ValidationRow(row)))
-            if self.validation.verdict(metrics):
+            if self.validation.between_steps(val_loader):
                 return self._stop(Stop.EARLY_STOPPING, None)
         if s.checkpoint_every and state.global_step % s.checkpoint_every == 0:
             self._save_last()

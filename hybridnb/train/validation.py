@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+from hybridnb.events import ValidationRow
+from hybridnb.train.bus import Validated
 from hybridnb.train.evaluation import metrics as metrics_of
 from hybridnb.train.metrics import higher_is_better
 from hybridnb.train.recovery import to_cpu
@@ -74,6 +76,16 @@ class Validation:
         loop.heartbeat.beat("step")
         self.last = (loop.state.global_step, {"val_" + k: v for k, v in scores.items()})
         return self.last[1]
+
+    def between_steps(self, loader) -> bool:
+        """A validation every ``val_every`` steps, drawn; True when early stopping says stop."""
+        loop = self.loop
+        metrics = self.run(loader)
+        loop.learner.model.train()
+        row = loop.progress.row(loop.state, loop.settings.grad_accum, loop.learner.lr(),
+                                loss=loop.state.steps[-1][2], **metrics)
+        loop.bus.emit(Validated(loop.state.global_step, metrics, ValidationRow(row)))
+        return self.verdict(metrics)
 
     def at_epoch_end(self, loader) -> tuple[dict, bool]:
         """The epoch's metrics (reused when ``val_every`` just ran) and whether to stop."""
