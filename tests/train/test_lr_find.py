@@ -215,3 +215,22 @@ def test_an_isolated_lr_find_uses_fits_speedups_and_its_notes_reach_the_kernel(c
     tr.fit(_images())
     assert "channels_last" in result.speedups
     assert tuple(tr.applied_speedups.applied) == result.speedups
+
+
+class SmallBatchesOnly(torch.nn.Linear):
+    """Runs out of memory on more than 8 samples at once, as a full GPU would."""
+
+    def forward(self, x):
+        if x.shape[0] > 8:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return super().forward(x)
+
+
+def test_a_sweep_that_runs_out_of_memory_goes_on_split_as_a_fit_would():
+    torch.manual_seed(0)
+    tr = hn.Trainer(SmallBatchesOnly(8, 1), lr=1e-3, batch_size=32, device="cpu", live=False,
+                    verbose=False, seed=0, isolate=False, speedups=False, optimizer=_sgd)
+    result = tr.lr_find(_regression(), start_lr=1e-5, end_lr=10.0, num_steps=20)
+    assert len(result.lrs) >= 10 and result.suggestion is not None
+    assert [e.kind for e in tr.events].count("oom_split") == 2  # 32 -> 16 -> 8, said once each
+    assert tr.state.micro is None  # the trainer's own run state is left as it was
