@@ -4,7 +4,7 @@
 
 It runs over the Trainer's parts (learner, placement, checkpoints, progress, stopping, heartbeat,
 batch check, bus) and one data-only ``RunState`` (state.py; ``SAVED`` lists what a checkpoint
-holds of it). The loaders are ``loaders.Loaders``', the full saved state and the rewinds to it
+holds of it). The loaders are ``opening.Loaders``', the full saved state and the rewinds to it
 ``saved.py``'s, validation ``validation.Validation``'s. What happens is emitted on the ``Bus`` as
 typed events; the view, loggers, callbacks and heartbeat listen. A listener that raises
 ``CancelFit`` ends the fit normally after the current step (lr_find's sweep does).
@@ -201,10 +201,10 @@ class Loop:
     def _stop(self, reason: Stop, message: str | None) -> bool:
         if message:
             folder = self.settings.checkpoint_dir
+            kept = f"checkpoint saved in {folder}" if folder else \
+                "no checkpoint_dir, state kept in memory"
             self.bus.say(reason.value, f"{stop_words(reason, self.heartbeat.in_worker)}: "
-                         f"{message}" + (
-                f"; checkpoint saved in {folder}" if folder else
-                "; no checkpoint_dir, state kept in memory"))
+                         f"{message}; {kept}")
         self._save_last()
         self.state.stopped = reason
         return True

@@ -122,7 +122,7 @@ def lr_find(trainer, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_s
     curve = Curve(lrs, beta, diverge)
     saved = trainer.state_dict()
     try:
-        with sweeping(loop, lrs / trainer.lr, loader), listening(bus, curve):
+        with sweeping(loop, lrs / trainer.lr, loader, curve):
             loop.fit(loader, None)
     finally:
         trainer.optimizer.zero_grad(set_to_none=True)
@@ -185,10 +185,11 @@ class Sweep(Constant):
 
 
 @contextlib.contextmanager
-def sweeping(loop, factors: np.ndarray, loader) -> Iterator[None]:
+def sweeping(loop, factors: np.ndarray, loader, curve: Curve) -> Iterator[None]:
     """The Loop set up for the sweep while the block runs: a run state of its own, the sweep's
     schedule, every step applied (a guard that only skips non-finite losses; the sweep itself
-    stops there), no EMA, no validation, no stop flag and no files; everything put back after."""
+    stops there), no EMA, no validation, no stop flag and no files, ``curve`` listening on the
+    bus; everything put back after."""
     try:
         batches = len(loader)
     except TypeError:  # a stream: one epoch of the sweep's steps
@@ -204,22 +205,14 @@ def sweeping(loop, factors: np.ndarray, loader) -> Iterator[None]:
     loop.stop_flag = lambda: False
     loop.loaders.opened, loop.loaders.generator = [loader], getattr(loader, "generator", None)
     guard = LossGuard(spike=0.0, lr_cut=1.0, patience=len(factors) + 1)
+    loop.bus.subscribe(curve)
     try:
         with loop.learner.swapped(schedule=Sweep(factors), guard=guard, ema=None):
             yield
     finally:
+        loop.bus.listeners.remove(curve)
         loop.settings, loop.state, loop.stop_flag, loop.loaders.opened, \
             loop.loaders.generator = own
-
-
-@contextlib.contextmanager
-def listening(bus, listener) -> Iterator[None]:
-    """``listener`` on ``bus`` while the block runs."""
-    bus.subscribe(listener)
-    try:
-        yield
-    finally:
-        bus.listeners.remove(listener)
 
 
 def suggestion(lrs: np.ndarray, losses: np.ndarray, method: str = "valley"

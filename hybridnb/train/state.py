@@ -1,9 +1,10 @@
 """The run's state as data: position, accumulators, history, best weights, events, RNG.
 
-Everything the loop changes between steps lives in one ``RunState``, so a checkpoint, the
-batch-size finder, the report and an isolated worker's hand-over all read and write the same
-object through ``state_dict()`` / ``load_state_dict()`` (Lightning's progress dataclasses).
-Model, optimizer, schedule and scaler states are the Trainer's; it adds them around this one.
+Everything the loop changes between steps lives in one ``RunState`` of plain data, so a
+checkpoint, the report and an isolated worker's hand-over all read and write the same object
+through ``state_dict()`` / ``load_state_dict()`` (Lightning's progress dataclasses); ``SAVED``
+lists what a checkpoint holds of it. The learner's, scaler's and RNG states are added around it
+by ``saved.py``.
 """
 
 from __future__ import annotations
