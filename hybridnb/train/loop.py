@@ -54,7 +54,6 @@ class Loop:
         self.progress, self.stopping, self.heartbeat = progress, stopping, heartbeat
         self.batch_check, self.bus = batch_check, bus
         self.loaders = Loaders(settings.loader_kwargs)
-        self.validation, self.rewind = Validation(self), saved.Rewind(self)
         self.interrupt: GracefulInterrupt | None = None  # set while a fit runs
         self.first_step = 0  # the global step this fit started at
         self.stop_flag = lambda: False  # the Trainer's ``should_stop`` (set by a callback)
@@ -70,6 +69,8 @@ class Loop:
         self.heartbeat.beat("setup", grace=grace)
         placement.place(self.loaders.opened, self.bus.note, self.bus.pending)
         placement.speed_up(train_loader, s.batch_size, self.state.plan.total_steps, self.bus.note)
+        # this fit's bookkeeping: its last validation, its restores to each step
+        self.validation, self.rewind = Validation(self), saved.Rewind(self)
         failed = True
         with GracefulInterrupt() as self.interrupt, \
                 checkpointed_blocks(self.learner.model, s.grad_checkpointing) as blocks, \

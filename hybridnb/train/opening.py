@@ -57,7 +57,6 @@ def begin(loop, pending: dict | None) -> None:
     """A fresh run state on ``loop``: ``pending`` (a checkpoint to continue from) or a seeded
     start; the schedule bound to its plan."""
     loop.state = RunState.fresh(loop.state.events, carry=loop.state)
-    loop.rewind.restores.clear()
     if loop.learner.guard is not None:
         loop.learner.guard.reset()  # a resumed run loads the checkpoint's guard below
     if pending is not None:

@@ -52,7 +52,7 @@ def load(loop, state: dict) -> None:
 
 
 class Rewind:
-    """Going back to the last good state (``checkpoints.snapshot``) during a fit; counts the
+    """Going back to the last good state (``checkpoints.snapshot``) during one fit; counts the
     restores to each step (a bounded number, then a clear error)."""
 
     def __init__(self, loop) -> None:
