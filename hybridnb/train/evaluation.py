@@ -14,6 +14,7 @@ import torch
 
 from hybridnb.train.losses import ReweightedHuber
 from hybridnb.train.metrics import classification_metrics, regression_metrics
+from hybridnb.train.state import Stop
 
 OUTPUTS = (None, "raw", "labels", "probs")
 
@@ -65,6 +66,21 @@ def predict_loader(model, loader, *, strategy, precision, loss_fn, with_targets:
     bad = 0 if target is None else int((~np.isfinite(target.reshape(len(target), -1))
                                         .all(axis=1)).sum())
     return pred, target, (loss[0] / loss[1] if loss[1] else math.nan), bad
+
+
+def predict_here(loop, loader, with_targets: bool, phase: str = "evaluate") -> tuple:
+    """``predict_loader`` with the run's model, device and precision in this process: the
+    EMA's weights while fitting, a heartbeat per batch, and a stop asked (Ctrl-C, Stop) ending
+    a long validation within one batch."""
+    placement, learner, in_fit = loop.placement, loop.learner, loop.fitting
+    placement.place([loader], loop.bus.note, loop.bus.pending)
+    return predict_loader(
+        learner.eval_model(in_fit), loader, strategy=placement.strategy,
+        precision=placement.precision, loss_fn=learner.loss_fn, with_targets=with_targets,
+        # a callback's stop waits for the step's end, as in process
+        stop_requested=lambda: (in_fit or loop.heartbeat.in_worker)
+        and loop.stop_asked() not in (None, Stop.CALLBACK),
+        cast=loop.batch_check.cast, on_batch=lambda: loop.heartbeat.beat(phase))
 
 
 def _finite_rows(y: torch.Tensor) -> torch.Tensor:

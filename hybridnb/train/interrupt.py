@@ -12,6 +12,8 @@ import contextlib
 import signal
 import threading
 
+from hybridnb.train.state import Stop
+
 
 class GracefulInterrupt:
     """Context manager installing the SIGINT handler (main thread only; elsewhere a
@@ -48,3 +50,29 @@ class GracefulInterrupt:
             yield
         finally:
             self._updating = False
+
+
+def stop_asked(interrupt: GracefulInterrupt | None, stop_flag, heartbeat, progress) -> Stop | None:
+    """Whether a stop was asked, and how: Ctrl-C (here, or the kernel's when in a worker), a
+    callback's ``trainer.should_stop`` (``stop_flag()``) or the Stop button."""
+    if interrupt is not None and interrupt.requested:
+        return Stop.INTERRUPT
+    if stop_flag():
+        return Stop.CALLBACK
+    if heartbeat.in_worker:
+        return heartbeat.stop_asked()
+    return Stop.STOP_BUTTON if progress.stop_requested else None
+
+
+def agreed_stop(asked: Stop | None, strategy) -> Stop | None:
+    """The stop asked on any rank, the same on every rank (summed over them)."""
+    reasons = (Stop.INTERRUPT, Stop.STOP_BUTTON, Stop.CALLBACK)
+    votes = strategy.sum([float(asked is reason) for reason in reasons])
+    return next((reason for reason, vote in zip(reasons, votes, strict=True) if vote), None)
+
+
+def stop_words(reason: Stop) -> str:
+    """Who asked for the stop, in words (a worker hears the kernel's reason too)."""
+    if reason is Stop.STOP_BUTTON:
+        return "Stop clicked"
+    return "interrupted" if reason is Stop.INTERRUPT else "a callback set trainer.should_stop"

@@ -8,6 +8,9 @@ hand-over). fastai calls this bundle a Learner.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 from hybridnb.train import recovery, setup
@@ -91,6 +94,32 @@ class Learner:
         if state.get("input_shape") is not None:
             self.input_shape = tuple(int(n) for n in state["input_shape"])
         self.optimizer.zero_grad(set_to_none=True)
+
+    def take_final_weights(self, best, settings) -> tuple[str, str] | None:
+        """After a whole fit the model holds the best weights (early stopping) or the EMA's;
+        the note that says so, or None."""
+        if settings.early_stopping and best.model is not None:
+            self.model.load_state_dict(best.model)
+            return "best_restored", (f"model holds the best weights ({settings.monitor} "
+                                     f"{best.value:.4g} at epoch {best.epoch}, step {best.step})")
+        if self.ema is not None:
+            self.model.load_state_dict(self.ema.module.state_dict())
+            return "ema_weights", "model holds the EMA weights" + (
+                " (raw weights are in last.pt)" if settings.checkpoint_dir else "")
+        return None
+
+    @contextlib.contextmanager
+    def swapped(self, **parts) -> Iterator[None]:
+        """``schedule``, ``guard`` or ``ema`` replaced while the block runs (lr_find's sweep),
+        the learner's own put back after it; the step is built afresh after either."""
+        own = {name: getattr(self, name) for name in parts}
+        for name, part in parts.items():
+            setattr(self, name, part)
+        try:
+            yield
+        finally:
+            for name, part in own.items():
+                setattr(self, name, part)
 
     def to(self, device: torch.device) -> None:
         """Model, EMA and optimizer state on ``device``."""

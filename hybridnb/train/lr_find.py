@@ -10,10 +10,13 @@ smoothed loss passes ``diverge`` times its best. The suggestion is read off the 
 * ``"steepest"`` (Lightning's): the learning rate of the steepest descent of the smoothed loss
   (its slope measured over a tenth of the sweep: step to step it is mostly batch noise).
 
-The sweep runs with the speedups fit uses (decided here when lr_find comes first; fit keeps them)
-and shows its progress as it goes (sweep_progress.py). The sweep trains on a copy of nothing: it steps the Trainer's own model and optimizer, then puts
-the weights, optimizer and schedule state, EMA, loss guard, run state and every RNG back, so a fit
-afterwards starts exactly where it would have without the sweep.
+The sweep is a fit on the Trainer's own Loop (fastai's ``LRFinder`` is a callback on its fit):
+the sweep's schedule, a listener (``Curve``) that records each step and ends the fit, recovery
+(out of memory, a lost device) as in any fit, and the live view, events and heartbeats of a fit.
+It runs with the speedups fit uses (decided here when lr_find comes first; fit keeps them). It
+steps the Trainer's own model and optimizer, then puts the weights, optimizer and schedule
+state, EMA, loss guard, run state and every RNG back, so a fit afterwards starts exactly where it
+would have without the sweep.
 
 >>> result = trainer.lr_find(train)        # result.lrs, result.losses, result.suggestion
 >>> result.plot()                          # plotly figure, the suggestion marked
@@ -22,13 +25,19 @@ afterwards starts exactly where it would have without the sweep.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from hybridnb.env import quick
-from hybridnb.train.sweep_progress import SweepProgress
+from hybridnb.train.bus import StepEnded
+from hybridnb.train.loop import CancelFit
+from hybridnb.train.recovery import LossGuard
+from hybridnb.train.schedules import Constant
+from hybridnb.train.state import Plan, RunState
 
 SUGGESTIONS = ("valley", "steepest")
 QUICK_STEPS = 20  # quick mode (HYBRIDNB_QUICK=1): a short sweep, as the Trainer caps fits
@@ -99,58 +108,111 @@ def lr_find(trainer, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_s
     capped = ""
     if quick() and num_steps > QUICK_STEPS:
         num_steps, capped = QUICK_STEPS, f"quick mode: the sweep capped at {QUICK_STEPS} steps"
-    loader = trainer.loop.loader(data, shuffle=True, what="lr_find data")
-    placement = trainer.placement
-    placement.place([loader], trainer.bus.note, trainer.bus.pending)
-    # the speedups fit would choose (decided once per device; fit keeps them), for a fit of
-    # this data: the sweep's steps cost what fit's steps will
-    placement.speed_up(loader, trainer.batch_size, trainer.loop.plan_for(loader).total_steps,
-                       trainer.bus.note)
-    trainer.loop.build_step(compiled=False)
+    loop, bus, placement = trainer.loop, trainer.bus, trainer.placement
+    loader = loop.loader(data, shuffle=True, what="lr_find data")
+    placement.place([loader], bus.note, bus.pending)
+    # the speedups fit would choose for this data (decided once per device; fit keeps them)
+    placement.speed_up(loader, trainer.batch_size, loop.plan_for(loader).total_steps, bus.note)
     applied = placement.applied_speedups
     used = tuple(applied.applied) if applied is not None else ()
-    progress = SweepProgress(trainer.live, trainer.verbose, num_steps)
-    progress.say(f"sweeping lr {start_lr:.0e} to {end_lr:.0e} over at most {num_steps} steps "
-                 f"on {placement.device} ({placement.precision.name}; speedups: "
-                 f"{', '.join(used) or 'none'})")
+    bus.note("lr_find", f"sweeping lr {start_lr:.0e} to {end_lr:.0e} over at most {num_steps} "
+             f"steps on {placement.device} ({placement.precision.name}; speedups: "
+             f"{', '.join(used) or 'none'})")  # said as the sweep's view opens
     lrs = start_lr * (end_lr / start_lr) ** (np.arange(num_steps) / (num_steps - 1))
+    curve = Curve(lrs, beta, diverge)
     saved = trainer.state_dict()
-    step, guard = trainer.step, trainer.step.guard
-    step.guard = None  # the sweep wants every step applied, the bad ones too
-    tried, raw, smooth = [], [], []
-    avg, best, stopped = 0.0, math.inf, False
     try:
-        trainer.learner.start_epoch(0)
-        for lr, batch in zip(lrs, _cycle(loader), strict=False):
-            x, y = trainer.batch_check(batch)
-            trainer.learner.set_lr(float(lr) / trainer.lr)  # groups kept in proportion
-            loss = float(step(x, y))
-            tried.append(float(lr))
-            raw.append(loss)
-            if not math.isfinite(loss):
-                smooth.append(math.inf)
-                stopped = True
-                break
-            avg = beta * avg + (1 - beta) * loss
-            smoothed = avg / (1 - beta ** len(raw))
-            smooth.append(smoothed)
-            progress.step(len(raw), float(lr), smoothed)
-            best = min(best, smoothed)
-            if len(raw) > 1 and smoothed > diverge * best:
-                stopped = True
-                break
+        with sweeping(loop, lrs / trainer.lr, loader, curve):
+            loop.fit(loader, None)
     finally:
-        step.guard = guard
         trainer.optimizer.zero_grad(set_to_none=True)
         trainer.restore(saved)
-    result = LRFindResult(np.array(tried), np.array(smooth), np.array(raw), None, suggest,
-                          stopped, speedups=used)
+        loop.build_step(compiled=False)  # the trainer's own guard and EMA again
+    result = LRFindResult(np.array(curve.lrs), np.array(curve.smooth), np.array(curve.raw),
+                          None, suggest, curve.diverged, speedups=used)
     result.suggestion, why = suggestion(result.lrs, result.losses, suggest)
     result.note = "; ".join(n for n in (capped, why) if n)
-    progress.say(f"{len(tried)} steps{' (stopped: the loss diverged)' if stopped else ''}; "
-                 f"suggestion {'none' if result.suggestion is None else f'{result.suggestion:.3g}'}"
-                 f" ({suggest})")
+    bus.say("lr_find", f"{len(result.lrs)} steps"
+            f"{' (stopped: the loss diverged)' if curve.diverged else ''}; suggestion "
+            f"{'none' if result.suggestion is None else f'{result.suggestion:.3g}'} ({suggest})")
     return result
+
+
+class Curve:
+    """The sweep's record, a listener on the fit's bus (fastai's ``LRFinder`` callback): each
+    step's learning rate and loss, smoothed; it ends the fit (``CancelFit``) after the last
+    learning rate or once the smoothed loss passes ``diverge`` times its best."""
+
+    def __init__(self, lrs: np.ndarray, beta: float, diverge: float) -> None:
+        self.sweep, self.beta, self.diverge = lrs, beta, diverge
+        self.lrs: list[float] = []
+        self.raw: list[float] = []
+        self.smooth: list[float] = []
+        self.diverged = False
+
+    def __call__(self, event) -> None:
+        if not isinstance(event, StepEnded):
+            return
+        k = event.step  # from 1; a rewind to the last good state (a lost device) goes back
+        del self.lrs[k - 1:], self.raw[k - 1:], self.smooth[k - 1:]
+        self.lrs.append(float(self.sweep[k - 1]))
+        self.raw.append(event.loss)
+        if not math.isfinite(event.loss):
+            self.smooth.append(math.inf)
+            self.diverged = True
+            raise CancelFit
+        avg = 0.0
+        for loss in self.raw:  # bias-corrected exponential moving average
+            avg = self.beta * avg + (1 - self.beta) * loss
+        self.smooth.append(avg / (1 - self.beta ** len(self.raw)))
+        if k > 1 and self.smooth[-1] > self.diverge * min(self.smooth):
+            self.diverged = True
+            raise CancelFit
+        if k >= len(self.sweep):
+            raise CancelFit
+
+
+class Sweep(Constant):
+    """The sweep's learning rates as factors of the trainer's, one per optimizer step."""
+
+    name = "lr_find"
+
+    def __init__(self, factors: np.ndarray) -> None:
+        self.factors = factors
+
+    def factor(self, step: int) -> float:
+        return float(self.factors[min(step, len(self.factors) - 1)])
+
+
+@contextlib.contextmanager
+def sweeping(loop, factors: np.ndarray, loader, curve: Curve) -> Iterator[None]:
+    """The Loop set up for the sweep while the block runs: a run state of its own, the sweep's
+    schedule, every step applied (a guard that only skips non-finite losses; the sweep itself
+    stops there), no EMA, no validation, no stop flag and no files, ``curve`` listening on the
+    bus; everything put back after."""
+    try:
+        batches = len(loader)
+    except TypeError:  # a stream: one epoch of the sweep's steps
+        batches = len(factors)
+    batches = min(batches, len(factors))
+    epochs = math.ceil(len(factors) / batches)
+    own = loop.settings, loop.state, loop.stop_flag, loop.loaders.opened, loop.loaders.generator
+    loop.settings = loop.settings.replace(
+        grad_accum=1, schedule=None, val_every=None, checkpoint_every=None, snapshot_every=None,
+        checkpoint_dir=None, early_stopping=None)
+    loop.state = RunState.fresh(loop.state.events)  # the events said go on in the trainer's
+    loop.state.plan = Plan(epochs, batches, batches, epochs * batches)
+    loop.stop_flag = lambda: False
+    loop.loaders.opened, loop.loaders.generator = [loader], getattr(loader, "generator", None)
+    guard = LossGuard(spike=0.0, lr_cut=1.0, patience=len(factors) + 1)
+    loop.bus.subscribe(curve)
+    try:
+        with loop.learner.swapped(schedule=Sweep(factors), guard=guard, ema=None):
+            yield
+    finally:
+        loop.bus.listeners.remove(curve)
+        loop.settings, loop.state, loop.stop_flag, loop.loaders.opened, \
+            loop.loaders.generator = own
 
 
 def suggestion(lrs: np.ndarray, losses: np.ndarray, method: str = "valley"
@@ -189,17 +251,6 @@ def _longest_valley(losses: np.ndarray) -> tuple[int, int]:
         if lds[i] > lds[best_end]:
             best_end = i
     return best_end - lds[best_end] + 1, best_end
-
-
-def _cycle(loader):
-    """The loader's batches, over and over (a small dataset may have fewer than num_steps)."""
-    while True:
-        empty = True
-        for batch in loader:
-            empty = False
-            yield batch
-        if empty:
-            raise ValueError("lr_find: the data yielded no batch")
 
 
 def apply_lr(trainer, lr: float) -> None:

@@ -1,9 +1,10 @@
 """The run's state as data: position, accumulators, history, best weights, events, RNG.
 
-Everything the loop changes between steps lives in one ``RunState``, so a checkpoint, the
-batch-size finder, the report and an isolated worker's hand-over all read and write the same
-object through ``state_dict()`` / ``load_state_dict()`` (Lightning's progress dataclasses).
-Model, optimizer, schedule and scaler states are the Trainer's; it adds them around this one.
+Everything the loop changes between steps lives in one ``RunState`` of plain data, so a
+checkpoint, the report and an isolated worker's hand-over all read and write the same object
+through ``state_dict()`` / ``load_state_dict()`` (Lightning's progress dataclasses); ``SAVED``
+lists what a checkpoint holds of it. The learner's, scaler's and RNG states are added around it
+by ``saved.py``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from hybridnb.events import Event
 
@@ -73,44 +74,41 @@ class Best:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+# What a checkpoint holds of the run (Composer's ``serialized_attributes``); the other fields
+# are this process's: the RNG state a resume applies at its epoch's start, the plan, why the fit
+# stopped, and a checkpoint ``resume()`` read for the next fit.
+SAVED = ("epoch", "batches_done", "global_step", "acc", "lr_scale", "micro", "history", "steps",
+         "events", "epoch_first_event", "best", "epoch_start")
+
+
 @dataclass
 class RunState:
-    """Where the run is and what it has seen; ``pending_rng`` is the RNG state a resumed run
-    applies when its epoch starts. (The last good full state is the checkpoints part's.)"""
+    """Where the run is and what it has seen, as data (no handles: loaders and generators are
+    ``loaders.Loaders``'; the last good full state is the checkpoints part's)."""
 
     epoch: int = 0
     batches_done: int = 0
     global_step: int = 0
     acc: EpochTotals = field(default_factory=EpochTotals)
     lr_scale: float = 1.0
+    micro: int | None = None  # the micro-batch size after an out-of-memory split
     history: list[dict] = field(default_factory=list)
     steps: list[tuple] = field(default_factory=list)
-    best: Best = field(default_factory=Best)
     events: list[Event] = field(default_factory=list)
     epoch_first_event: int = 0
+    best: Best = field(default_factory=Best)
     epoch_start: dict | None = None
     pending_rng: dict | None = None
-    micro: int | None = None
-    last_val: tuple = (None, {})
-    stopped: Stop | None = None
-    restores: dict = field(default_factory=dict)  # global step restored to -> how many times
-    # this fit's set-up (never in a checkpoint): its plan, loaders and the train loader's
-    # generator, the step it started at, and a checkpoint resume() read for the next fit
     plan: Plan = Plan(0, 0, 0, 0)
-    loaders: list = field(default_factory=list)
-    train_gen: Any = None
-    first_step: int = 0
+    stopped: Stop | None = None
     pending: dict | None = None
 
     @classmethod
     def fresh(cls, events: list[Event], carry: RunState | None = None) -> RunState:
         """A new run that keeps the events said so far (notes from set-up, earlier fits) and
-        ``carry``'s set-up (plan, loaders, generator: the fit opened them before it began)."""
-        state = cls(events=events, epoch_first_event=len(events))
-        if carry is not None:
-            state.plan, state.loaders, state.train_gen = carry.plan, carry.loaders, \
-                carry.train_gen
-        return state
+        ``carry``'s plan (the fit opened its data before it began)."""
+        return cls(events=events, epoch_first_event=len(events),
+                   plan=carry.plan if carry is not None else Plan(0, 0, 0, 0))
 
     def end_epoch(self) -> None:
         """Move to the next epoch: position and accumulators reset."""
@@ -132,29 +130,27 @@ class RunState:
         return self.acc.mean()
 
     def state_dict(self) -> dict:
-        """The run's part of a checkpoint (CPU data only; RNG states are added by the Trainer)."""
-        return {
-            "lr_scale": float(self.lr_scale), "micro": self.micro,
-            "position": {"epoch": self.epoch, "batches_done": self.batches_done,
-                         "global_step": self.global_step},
-            "acc": {"loss_sum": self.acc.loss_sum, "loss_samples": self.acc.loss_samples},
-            "history": [dict(r) for r in self.history],
-            "steps": [list(s) for s in self.steps],
-            "events": [e.to_dict() for e in self.events],
-            "epoch_first_event": self.epoch_first_event,
-            "best": self.best.to_dict(),  # best.model is already a CPU copy
-            "epoch_start": self.epoch_start,
-        }
+        """The ``SAVED`` fields as plain CPU data (the checkpoint's layout)."""
+        return {"lr_scale": float(self.lr_scale), "micro": self.micro,
+                "position": {"epoch": self.epoch, "batches_done": self.batches_done,
+                             "global_step": self.global_step},
+                "acc": {"loss_sum": self.acc.loss_sum, "loss_samples": self.acc.loss_samples},
+                "history": [dict(r) for r in self.history], "steps": [list(s) for s in self.steps],
+                "events": [e.to_dict() for e in self.events],
+                "epoch_first_event": self.epoch_first_event,
+                "best": self.best.to_dict(),  # best.model is already a CPU copy
+                "epoch_start": self.epoch_start}
 
     def load_state_dict(self, state: dict, events: bool = True) -> None:
-        """Continue from a saved run state; ``events=False`` keeps this run's events (a
-        restore after a failure must not forget why it restored)."""
-        self.lr_scale = float(state["lr_scale"])
-        self.micro = int(state["micro"]) if state.get("micro") else None
+        """Continue from a saved run state (its RNG states applied when the epoch starts);
+        ``events=False`` keeps this run's events (a restore after a failure must not forget
+        why it restored)."""
         pos = state["position"]
         self.epoch, self.batches_done = int(pos["epoch"]), int(pos["batches_done"])
         self.global_step = int(pos["global_step"])
         self.acc = EpochTotals(float(state["acc"]["loss_sum"]), int(state["acc"]["loss_samples"]))
+        self.lr_scale = float(state["lr_scale"])
+        self.micro = int(state["micro"]) if state.get("micro") else None
         self.history = [{c: r.get(c, math.nan) for c in HISTORY_COLUMNS} for r in state["history"]]
         self.steps = [tuple(s) for s in state["steps"]]
         self.best = Best(**state["best"])

@@ -16,9 +16,11 @@ from dataclasses import dataclass
 
 import torch
 
+from hybridnb.failures import first_line, is_oom
 from hybridnb.strategies.base import SingleDevice, Strategy
 from hybridnb.torch_state import evaluating
 from hybridnb.train.precision import Precision
+from hybridnb.train.recovery import free_memory
 
 
 @dataclass
@@ -207,42 +209,21 @@ def _count_for_real(model: torch.nn.Module, inputs: tuple, backward: bool,
     try:
         return _count_pass(model, inputs, backward, model)
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
-        if not _is_oom(exc):
+        if not (is_oom(exc) or "out of memory" in str(exc)):
             raise
-        skipped = (f"FLOP count skipped: an fp32 batch of {_batch_size(inputs)} ran out of "
-                   f"memory ({_first_line(exc)}); training goes on, MFU is not shown")
+        size = inputs[0].shape[0] if inputs and isinstance(inputs[0], torch.Tensor) and \
+            inputs[0].dim() else "?"
+        skipped = (f"FLOP count skipped: an fp32 batch of {size} ran out of memory "
+                   f"({first_line(exc, limit=100)}); training goes on, MFU is not shown")
     finally:
         for p, g in grads:
             p.grad = g
-    _free(inputs)  # outside the except: the failed pass's tensors are unreferenced now
+    # outside the except: the failed pass's tensors are unreferenced now
+    first = next((a for a in inputs if isinstance(a, torch.Tensor)), None)
+    free_memory(first.device if first is not None else torch.device("cpu"))
     if on_skip is not None:
         on_skip(skipped)
     return None
-
-
-def _is_oom(exc: BaseException) -> bool:
-    """torch.OutOfMemoryError, MemoryError, or a RuntimeError saying "out of memory"."""
-    from hybridnb.train.recovery import is_oom
-
-    return is_oom(exc) or (isinstance(exc, RuntimeError) and "out of memory" in str(exc))
-
-
-def _first_line(exc: BaseException) -> str:
-    from hybridnb.train.recovery import first_line
-
-    return first_line(exc, limit=100)
-
-
-def _batch_size(inputs: tuple) -> str:
-    first = inputs[0] if inputs else None
-    return str(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() else "?"
-
-
-def _free(inputs: tuple) -> None:
-    from hybridnb.train.recovery import free_memory
-
-    first = next((a for a in inputs if isinstance(a, torch.Tensor)), None)
-    free_memory(first.device if first is not None else torch.device("cpu"))
 
 
 def first_tensor(out) -> torch.Tensor:

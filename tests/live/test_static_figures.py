@@ -272,9 +272,9 @@ def test_executed_notebook_exported_to_html_shows_every_figure(tmp_path, monkeyp
         return [o.data for o in cell.outputs if PLOTLY_MIME in o.get("data", {})]
 
     user, = figures(nb.cells[1])
-    lr, = figures(nb.cells[3])
+    sweep, lr = figures(nb.cells[3])  # the sweep's own live view (a fit's), then its plot
     end, = figures(nb.cells[4])  # the live view's end-of-run figure
-    for data in (user, lr, end):
+    for data in (user, sweep, lr, end):
         assert not any(k.startswith("image/") and k != SVG for k in data)  # no PNG: see above
     assert svg_size(user[SVG])[0] > 300 and svg_size(lr[SVG])[0] > 300
     assert svg_size(end[SVG])[0] > 2 * svg_size(end[SVG])[1]  # three panels side by side
@@ -284,11 +284,11 @@ def test_executed_notebook_exported_to_html_shows_every_figure(tmp_path, monkeyp
     nbformat.write(nb, path)
     saved = nbformat.read(path, as_version=4)
     assert [[k for k in d if k.startswith("image/")] for c in saved.cells
-            for d in figures(c)] == [[SVG], [SVG], [SVG]]
+            for d in figures(c)] == [[SVG]] * 4
 
     html, _ = nbconvert.HTMLExporter().from_notebook_node(saved)
     svgs = [base64.b64decode(s).decode() for s in re.findall(
         r'<img[^>]*src="data:image/svg\+xml;base64,([A-Za-z0-9+/=\n]+)"', html)]
-    assert svgs[:2] == [user[SVG], lr[SVG]]   # an <img> for each figure, in order
-    assert len(svgs) == 3 and svgs[2] == end[SVG]   # the end-of-run figure
-    assert "<dc:title>hybridnb: loss, learning rate, memory</dc:title>" in svgs[2]
+    assert svgs[:3] == [user[SVG], sweep[SVG], lr[SVG]]   # an <img> for each figure, in order
+    assert len(svgs) == 4 and svgs[3] == end[SVG]   # the end-of-run figure
+    assert "<dc:title>hybridnb: loss, learning rate, memory</dc:title>" in svgs[3]

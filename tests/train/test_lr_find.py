@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import hybridnb as hn
+from hybridnb.train.bus import Ended, Started, StepEnded
 from hybridnb.train.lr_find import suggestion
 
 
@@ -178,15 +179,22 @@ def test_lr_find_runs_with_the_speedups_fit_uses():
     assert said == [e.message for e in alone.events if e.kind == "speedups"] and said
 
 
-def test_lr_find_shows_progress_from_its_first_step(capsys):
-    tr = _trainer(verbose=True)  # live=False, verbose: the fit's notes go to stderr, these too
-    tr.lr_find(_regression(), num_steps=30)
-    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("lr_find:")]
+def test_lr_find_reports_each_step_through_the_fits_bus_and_its_notes(capsys):
+    """The sweep is a fit on the Trainer's Loop: the view hears it start, every step and its
+    end; with live=False and verbose its notes go to stderr as a fit's do."""
+    tr = _trainer(verbose=True)
+    heard = []
+    tr.bus.subscribe(heard.append)
+    result = tr.lr_find(_regression(), num_steps=30)
+    kinds = [type(e) for e in heard]
+    assert kinds.index(Started) < kinds.index(StepEnded) and kinds.count(Ended) == 1
+    steps = [e for e in heard if isinstance(e, StepEnded)]
+    assert [e.step for e in steps] == list(range(1, len(result.lrs) + 1))
+    np.testing.assert_array_equal([e.loss for e in steps], result.raw_losses)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "lr_find:" in ln]
     assert "sweeping lr" in lines[0] and "speedups: none" in lines[0]
-    assert lines[1].startswith("lr_find: step 1/30")  # something at once, not at the end
-    steps = [ln for ln in lines if ln.startswith("lr_find: step ")]
-    assert 3 <= len(steps) <= 12  # about every tenth of the sweep, not every step
-    assert "suggestion" in lines[-1]
+    assert "suggestion" in lines[-1] and len(lines) == 2
+    assert [e.kind for e in tr.events] == ["lr_find", "lr_find"] and tr.history.empty
 
 
 def test_lr_find_is_quiet_when_asked(capsys):
@@ -196,14 +204,33 @@ def test_lr_find_is_quiet_when_asked(capsys):
 
 
 @pytest.mark.slow
-def test_an_isolated_lr_find_uses_fits_speedups_and_its_progress_reaches_the_kernel(capfd):
+def test_an_isolated_lr_find_uses_fits_speedups_and_its_notes_reach_the_kernel(capfd):
     tr = hn.Trainer(_Grouped(), epochs=1, batch_size=32, device="cpu", live=False,
                     verbose=True, seed=0, isolate=True, speedups="auto")
     result = tr.lr_find(_images(), num_steps=10)  # in a worker, as fit will be
     out = capfd.readouterr()
-    lines = [ln for ln in (out.out + out.err).splitlines() if ln.startswith("lr_find:")]
+    lines = [ln for ln in (out.out + out.err).splitlines() if "lr_find:" in ln]
     assert lines and "speedups: channels_last" in lines[0]
-    assert any(ln.startswith("lr_find: step 1/10") for ln in lines)
+    assert "suggestion" in lines[-1]
     tr.fit(_images())
     assert "channels_last" in result.speedups
     assert tuple(tr.applied_speedups.applied) == result.speedups
+
+
+class SmallBatchesOnly(torch.nn.Linear):
+    """Runs out of memory on more than 8 samples at once, as a full GPU would."""
+
+    def forward(self, x):
+        if x.shape[0] > 8:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return super().forward(x)
+
+
+def test_a_sweep_that_runs_out_of_memory_goes_on_split_as_a_fit_would():
+    torch.manual_seed(0)
+    tr = hn.Trainer(SmallBatchesOnly(8, 1), lr=1e-3, batch_size=32, device="cpu", live=False,
+                    verbose=False, seed=0, isolate=False, speedups=False, optimizer=_sgd)
+    result = tr.lr_find(_regression(), start_lr=1e-5, end_lr=10.0, num_steps=20)
+    assert len(result.lrs) >= 10 and result.suggestion is not None
+    assert [e.kind for e in tr.events].count("oom_split") == 2  # 32 -> 16 -> 8, said once each
+    assert tr.state.micro is None  # the trainer's own run state is left as it was

@@ -17,10 +17,10 @@ import hybridnb.train.progress as progress_mod
 import hybridnb.train.trainer as trainer_mod
 from hybridnb.live import View
 from hybridnb.train import checkpoint
-from hybridnb.train.loop import Loop
 from hybridnb.train.losses import ReweightedHuber
 from hybridnb.train.schedules import Plateau, WarmupCosine
 from hybridnb.train.trainer import Trainer
+from hybridnb.train.validation import Validation
 
 torch.set_num_threads(1)
 CUDA_OOM = "CUDA out of memory. Tried to allocate 1.00 GiB (GPU 0; 7.79 GiB total capacity)"
@@ -206,13 +206,13 @@ def test_with_ema_and_early_stopping_predict_scores_the_weights_fit_chose(tmp_pa
 
 def test_val_every_and_checkpoint_every_steps(tmp_path, monkeypatch):
     calls = []
-    real = Loop._validate
+    real = Validation.run
 
     def spy(self, loader):
-        calls.append(self.state.global_step)
+        calls.append(self.loop.state.global_step)
         return real(self, loader)
 
-    monkeypatch.setattr(Loop, "_validate", spy)
+    monkeypatch.setattr(Validation, "run", spy)
     tr = run(val=data(64, seed=1), val_every=3, checkpoint_every=5, checkpoint_dir=tmp_path)
     assert calls == [3, 6, 8, 9, 12, 15, 16]  # every 3 steps + epoch ends (8, 16)
     last = checkpoint.load(tmp_path / "last.pt")
