@@ -35,7 +35,7 @@ from hybridnb.hardware.gpu_info import BuildInfo, GpuInfo
 from hybridnb.hardware.host import HostInfo, host_info
 from hybridnb.hardware.probe import ProbeResult
 from hybridnb.hardware.probe import cache as probe_cache
-from hybridnb.hardware.rules import Settings, choose_precision, native_bf16, recommend
+from hybridnb.hardware.rules import Recommended, choose_precision, native_bf16, recommend
 
 DEFAULT_PROBE_TIMEOUT = probe.DEFAULT_TIMEOUT
 _CACHE_VARS = (DEVICE_ENV, LAUNCHED_ENV, "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
@@ -53,7 +53,7 @@ class Hardware:
 
     device: torch.device
     precision: str
-    settings: Settings
+    settings: Recommended
     gpus: list[GpuInfo]
     host: HostInfo
     frontend: str

@@ -37,7 +37,7 @@ GPU_LOADER_MEASURED = ("measured on a 16-core H100 host: 8 loader workers ran an
 
 
 @dataclass
-class Settings:
+class Recommended:
     """What to train with; ``reasons`` holds one sentence per choice (and for device/precision)."""
 
     batch_size: int
@@ -160,7 +160,7 @@ def choose_precision(device_type: str, gpu: GpuInfo | None) -> tuple[str, str]:
 
 def recommend(device_type: str, gpu: GpuInfo | None, host: HostInfo, frontend: str,
               gpus_ok: int = 0, launched: bool = False, world_size: int = 1,
-              deepspeed: bool = False) -> Settings:
+              deepspeed: bool = False) -> Recommended:
     """Settings for training on ``device_type`` ("cpu" | "cuda" | "mps").
 
     ``gpus_ok``: GPUs of this kind that passed the probe (DDP candidates); ``launched``: this
@@ -270,6 +270,6 @@ def recommend(device_type: str, gpu: GpuInfo | None, host: HostInfo, frontend: s
             f"compiler, {cxx_compiler()}, is present): Trainer(compile=True) still compiles.")
     compile_ok = False
 
-    return Settings(batch_size=batch, grad_accum=accum, num_workers=workers, pin_memory=pin,
+    return Recommended(batch_size=batch, grad_accum=accum, num_workers=workers, pin_memory=pin,
                     persistent_workers=persistent, strategy=strategy, compile=compile_ok,
                     torch_threads=threads, devices=procs, reasons=reasons)

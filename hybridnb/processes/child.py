@@ -672,6 +672,3 @@ def _deliver(pending: list[int]) -> None:
 def _reap_later(pid: int) -> None:
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, 0)
-
-
-Prestarted = PrestartedWorker  # the old name, until train/isolate.py and spare.py use the new

@@ -138,7 +138,3 @@ class ChildOutcome:
     def traceback(self) -> str:
         return (self.error or {}).get("traceback", "")
 
-
-# the old names, until hybridnb/train/isolate.py and hybridnb/hardware/probe/supervisor.py
-# import the new ones (train.bus.Ended and train.recovery.Outcome are other things)
-Ended, Outcome = Ending, ChildOutcome

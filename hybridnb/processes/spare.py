@@ -1,7 +1,7 @@
 """A warm worker: one spare prestarted worker per preload tuple, kept for the next request.
 
 ``child.prestart_spawn`` takes the spare when there is one (``take``) instead of starting an
-interpreter, and once a worker's job is over (``Prestarted.start_next``, which
+interpreter, and once a worker's job is over (``PrestartedWorker.start_next``, which
 ``train.isolate.run_isolated`` calls) the next spare is started (``replenish``): so the second
 isolated fit in a kernel finds a worker that has already imported torch, and no spare's start-up
 takes CPU from a running job. A spare is handed out only while it runs (one that died is dropped, closed, and
@@ -31,8 +31,8 @@ from typing import Any, Protocol
 from hybridnb.env import environment, warm_worker
 
 
-class Prestarted(Protocol):
-    """What this module needs of ``child.Prestarted`` (not imported: child imports this)."""
+class Spare(Protocol):
+    """What this module needs of ``child.PrestartedWorker`` (not imported: child imports this)."""
 
     child: Any
 
@@ -42,7 +42,7 @@ class Prestarted(Protocol):
 Key = tuple
 
 _lock = threading.Lock()
-_spares: dict[tuple[str, ...], tuple[Key, Prestarted]] = {}
+_spares: dict[tuple[str, ...], tuple[Key, Spare]] = {}
 
 
 def enabled() -> bool:
@@ -58,7 +58,7 @@ def key_of(preload: tuple[str, ...], env: dict[str, str] | None, death_signal: i
             os.getcwd(), sys.executable)
 
 
-def take(key: Key) -> Prestarted | None:
+def take(key: Key) -> Spare | None:
     """The running spare started for ``key``, now the caller's; None when there is none (a
     dead or stale spare is closed)."""
     with _lock:
@@ -72,7 +72,7 @@ def take(key: Key) -> Prestarted | None:
     return spare
 
 
-def replenish(key: Key, start: Callable[[], Prestarted]) -> None:
+def replenish(key: Key, start: Callable[[], Spare]) -> None:
     """Start the spare for ``key`` unless a running one is there (spares on)."""
     if not enabled():
         return
@@ -98,7 +98,7 @@ def discard(preload: tuple[str, ...]) -> None:
         entry[1].close()
 
 
-def waiting() -> list[Prestarted]:
+def waiting() -> list[Spare]:
     """The spares kept now."""
     with _lock:
         return [spare for _, spare in _spares.values()]

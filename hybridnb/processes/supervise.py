@@ -508,6 +508,3 @@ def _secs(seconds: float | None) -> str:
     if seconds is None:
         return "?"
     return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
-
-
-Progress = ChildProgress  # the old name, until hybridnb/train/isolate.py imports the new one

@@ -6,7 +6,7 @@ worker in its own process group (``hybridnb.processes``), the worker runs ``work
 sends messages back (events, its last good state, step completions, heartbeats naming its
 phase, its result), and the kernel watches it. When the worker dies, or stays silent
 longer than the step timeout, the kernel kills the worker's whole process group, reaps it, and
-returns an ``Outcome`` that names what happened (and the phase it was in) and keeps the last
+returns a ``ChildOutcome`` that names what happened (and the phase it was in) and keeps the last
 state the worker sent, so the caller can carry on from there.
 
 This module holds training's policy: whether to isolate (``isolate_decision``), and the silence
@@ -19,10 +19,10 @@ CPU tensors through shared memory); nothing the kernel did (CUDA, threads, OpenM
 ``start="fork"`` (the default here): a copy of this process, safe only while no CUDA context and
 no thread of the caller's holds a lock across the call; Python reseeds ``random`` in the child.
 The worker is headless and marked ``HYBRIDNB_ISOLATED=1``; its stdout and stderr are copied
-into the kernel's (the last lines are in the Outcome).
+into the kernel's (the last lines are in the ChildOutcome).
 
 Ctrl-C while supervising asks the worker to stop (``channel.stop_requested()`` turns true): it
-finishes its step, sends its state and result, and the Outcome says it was interrupted; if it
+finishes its step, sends its state and result, and the ChildOutcome says it was interrupted; if it
 has not finished within ``stop_grace`` (or at a second Ctrl-C) it is killed. ``should_stop``
 (the live view's Stop button; or the reason as a word: "callback") sends the same request
 without a time limit.
@@ -38,8 +38,8 @@ from hybridnb import platform
 from hybridnb.env import FIRST_STEP_GRACE_ENV, ISOLATED_ENV, LAUNCHED_ENV, current, seconds_from_env
 from hybridnb.processes import child as _child
 from hybridnb.processes.channel import Channel, Message
-from hybridnb.processes.ended import Outcome
-from hybridnb.processes.supervise import STOP_GRACE_S, Progress, supervise
+from hybridnb.processes.ended import ChildOutcome
+from hybridnb.processes.supervise import STOP_GRACE_S, ChildProgress, supervise
 
 __all__ = ["auto_step_timeout", "first_step_grace_s", "isolate_decision", "prestart",
            "run_isolated", "startup_note"]
@@ -120,10 +120,10 @@ def run_isolated(work: Callable[[Channel], Any], *,
                  warmup_steps: int = WARMUP_STEPS,
                  forward_output: bool = True,
                  start: str = "fork",
-                 prestarted: _child.Prestarted | None = None,
-                 start_grace: float = START_GRACE_S) -> Outcome:
+                 prestarted: _child.PrestartedWorker | None = None,
+                 start_grace: float = START_GRACE_S) -> ChildOutcome:
     """Run ``work(channel)`` in a worker, pass each message to ``on_message``, and return how
-    it ended (an ``Outcome``). Nothing is left running when this returns or raises.
+    it ended (an ``ChildOutcome``). Nothing is left running when this returns or raises.
 
     ``step_timeout``: seconds of silence allowed (None: ``auto_step_timeout`` of the measured
     steps with ``timeout_floor``); until ``warmup_steps`` steps completed (default none)
@@ -150,7 +150,7 @@ def run_isolated(work: Callable[[Channel], Any], *,
     if step_timeout is not None and not step_timeout > 0:
         raise ValueError(f"step_timeout={step_timeout!r} must be > 0 seconds, or None (auto)")
 
-    def silence(progress: Progress) -> tuple[float, str]:
+    def silence(progress: ChildProgress) -> tuple[float, str]:
         """The step timeout: fixed, or following the measured steps; longer while warming up."""
         limit = (step_timeout if step_timeout is not None
                  else auto_step_timeout(list(progress.step_seconds), timeout_floor))
@@ -172,7 +172,7 @@ def run_isolated(work: Callable[[Channel], Any], *,
     return out
 
 
-def prestart() -> _child.Prestarted:
+def prestart() -> _child.PrestartedWorker:
     """A spawned worker started now, importing ``PRELOAD`` while the caller prepares its job
     (pass it to ``run_isolated(prestarted=...)``; ``close()`` it if the job never comes)."""
     return _child.prestart_spawn(preload=PRELOAD)

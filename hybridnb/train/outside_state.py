@@ -6,7 +6,7 @@ counter, the last output kept), a non-persistent buffer, the ``training`` flag. 
 of the model is a different object, so without this the kernel's model would keep what it had
 before the fit, and ``predict()`` would differ from an in-process run's.
 
-In the worker, ``Watch(model)`` takes a fingerprint of every submodule's own attributes and
+In the worker, ``Fingerprint(model)`` takes a fingerprint of every submodule's own attributes and
 non-persistent buffers when the job arrives (before the Trainer places the model); ``changes()``
 after the fit lists what differs, by attribute path, with the new values (tensors on the CPU).
 In the kernel, ``apply`` sets them on the same paths of the kernel's model. What cannot travel
@@ -30,7 +30,7 @@ import cloudpickle
 import torch
 from torch import nn
 
-__all__ = ["Changes", "Watch", "apply", "describe"]
+__all__ = ["Changes", "Fingerprint", "apply", "describe"]
 
 # nn.Module's own bookkeeping in every module's __dict__ (hooks, parameter/buffer/module dicts)
 _INTERNAL = frozenset(k for k in nn.Module().__dict__ if k != "training") | {
@@ -140,7 +140,7 @@ def _held(model: nn.Module) -> set[int]:
     return {id(t) for t in model.parameters()} | {id(t) for t in model.buffers()}
 
 
-class Watch:
+class Fingerprint:
     """The fingerprint of ``model``'s state outside the state dict, taken now (in the worker,
     as the job arrives); ``changes()`` compares against it later."""
 
@@ -197,7 +197,7 @@ def _unwrap(module: nn.Module) -> nn.Module:
 
 
 def apply(model: nn.Module, payload: dict | None) -> dict[str, str]:
-    """Set what the worker's ``Watch.changes().to_payload()`` lists on ``model`` (the kernel's);
+    """Set what the worker's ``Fingerprint.changes().to_payload()`` lists on ``model`` (the kernel's);
     returns {attribute path: why} for what could not be brought back (the worker's unsendable
     values, and paths the kernel's model lacks)."""
     if not payload:

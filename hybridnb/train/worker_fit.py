@@ -66,7 +66,7 @@ class FitJob:
     sent_at: float  # time.monotonic() when the kernel handed it over (the start-up note)
 
     def run(self, channel) -> FitResult:
-        watch = outside_state.Watch(self.model)  # the model as the kernel sent it
+        watch = outside_state.Fingerprint(self.model)  # the model as the kernel sent it
         loop = worker_loop(self.settings, self.model, channel)
         heartbeat = loop.heartbeat
         loop.bus.pending[:] = self.notes  # the kernel's notes: its set-up is the same

@@ -21,7 +21,7 @@ from hybridnb import platform
 from hybridnb.hardware.probe import child as probe_child
 from hybridnb.hardware.probe.result import EVENT, STEPS, TITLES, ProbeResult, ProbeStep
 from hybridnb.processes.channel import Message
-from hybridnb.processes.ended import Ended, Exit
+from hybridnb.processes.ended import Ending, Exit
 from hybridnb.processes.framed import child_environment, start_framed
 from hybridnb.processes.supervise import Watch, Watched
 
@@ -90,7 +90,7 @@ class Probe:
         child could not be reaped."""
         outcome, proc = self.watched.outcome, self.watched.child
         rc = proc.exit.returncode if proc.reaped and proc.exit else None
-        return self.verdict(outcome.seconds, outcome.status == Ended.TIMEOUT, rc, timeout)
+        return self.verdict(outcome.seconds, outcome.status == Ending.TIMEOUT, rc, timeout)
 
     def verdict(self, seconds: float, timed_out: bool, rc: int | None, timeout: float
                 ) -> ProbeResult:
