@@ -8,7 +8,7 @@
   child, in <= 0.3 s (issue 14 item 4);
 - simulated GPU, probe passes: a fake NVML inventory and a simulated probe child that imports
   torch and runs every step on CPU tensors (what a GPU machine pays, minus the GPU's own time);
-- simulated GPU, probe hangs: the child hangs in the memory query; detect() must return by
+- simulated GPU, probe hangs: the child hangs importing torch; detect() must return by
   probe_timeout + 1 s and leave no process behind.
 
 Run: ``.venv/bin/python -m bench.bench_detect`` (about 30 s here).
@@ -17,16 +17,15 @@ Run: ``.venv/bin/python -m bench.bench_detect`` (about 30 s here).
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 
 import psutil
 
 from bench.common import interleaved, markdown_table, median, spread, write_result
+from hybridnb_tools.gpu_sim import fake_gpu
 
 HANG_TIMEOUT = 3.0
 REPEATS = 3
@@ -43,9 +42,8 @@ print(dt, hw.device)
 
 
 def cold() -> float:
-    env = {k: v for k, v in os.environ.items() if k != "HYBRIDNB_PROBE_SIMULATE"}
     out = subprocess.run([sys.executable, "-c", COLD], capture_output=True, text=True, cwd=ROOT,
-                         env=env, timeout=120, check=True)
+                         timeout=120, check=True)
     seconds, device = out.stdout.split()
     cold.device = device
     return float(seconds)
@@ -61,22 +59,10 @@ def cached() -> float:
     return (time.perf_counter() - t0) / n
 
 
-@contextmanager
-def fake_gpu(simulate: dict):
-    """One pretend NVIDIA GPU for detect(), and the probe child's simulation switched on."""
-    from hybridnb.hardware import gpu_info
-    from hybridnb.hardware.gpu_info import GpuInfo
-
-    real = gpu_info.nvml_inventory
-    gpu = GpuInfo(index=0, physical_index=0, backend="cuda", name="Simulated T4",
-                  total_memory=15 * 2**30, free_memory=14 * 2**30, capability=(7, 5))
-    gpu_info.nvml_inventory = lambda: ([gpu], "NVML: simulated")
-    os.environ["HYBRIDNB_PROBE_SIMULATE"] = json.dumps(simulate)
-    try:
-        yield
-    finally:
-        gpu_info.nvml_inventory = real
-        os.environ.pop("HYBRIDNB_PROBE_SIMULATE", None)
+def simulated_t4(simulate: dict):
+    """One pretend NVIDIA T4 for detect(), NVML and torch.cuda faked in its probe child too."""
+    gpu = {"name": "Simulated T4", "total_memory": 15 * 2**30, "capability": [7, 5]}
+    return fake_gpu.simulated({"gpus": 1, "gpu": gpu, **simulate})
 
 
 KNOWN_GOOD = """
@@ -99,8 +85,7 @@ print(dt, hw.device, hw.gpus[0].probe.cached)
 def known_good_fresh_process(cache_dir: str) -> float:
     """A fresh process's first detect() on a known-good (simulated) GPU; the first call of a
     round probes and fills the cache, the others must hit it."""
-    env = {**os.environ, "HYBRIDNB_CACHE_DIR": cache_dir,
-           "HYBRIDNB_PROBE_SIMULATE": json.dumps({"torch": False})}
+    env = fake_gpu.environ({}, {**os.environ, "HYBRIDNB_CACHE_DIR": cache_dir})
     env.pop("HYBRIDNB_DEVICE", None)
     out = subprocess.run([sys.executable, "-c", KNOWN_GOOD], capture_output=True, text=True,
                          cwd=ROOT, env=env, timeout=120, check=True)
@@ -114,7 +99,7 @@ LEFT_BEHIND: list[int] = []
 
 def probe_pass() -> float:
     D = importlib.import_module("hybridnb.hardware.detect")
-    with fake_gpu({"gpu": {"name": "Simulated T4", "capability": [7, 5]}}):
+    with simulated_t4({}):
         t0 = time.perf_counter()
         hw = D.detect(refresh=True, probe_timeout=60)
         dt = time.perf_counter() - t0
@@ -126,7 +111,7 @@ def probe_hang() -> float:
     import warnings
 
     D = importlib.import_module("hybridnb.hardware.detect")
-    with fake_gpu({"hang_at": "memory", "torch": False}), warnings.catch_warnings():
+    with simulated_t4({"hang_at": "import"}), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         t0 = time.perf_counter()
         hw = D.detect(refresh=True, probe_timeout=HANG_TIMEOUT)

@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpu_sim import fake_gpu
 
 from hybridnb import cli
 from hybridnb.env import CACHE_DIR_ENV, DEVICE_ENV
+from hybridnb_tools.gpu_sim import fake_gpu
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -109,7 +109,7 @@ def test_compare_with_an_unknown_model_name_lists_the_known_ones(capsys):
 
 
 def test_detect_lists_simulated_gpus_and_falls_back_from_a_wrong_one(tmp_path):
-    """Two simulated GPUs (tests/gpu_sim: NVML and torch.cuda faked in every process)."""
+    """Two simulated GPUs (hybridnb_tools/gpu_sim: NVML and torch.cuda faked in every process)."""
     sim = {"gpus": 2, "gpu": {"name": "A100"}, "by_index": {"1": {"wrong_at": "matmul"}}}
     run = hybridnb("detect", "--json", "--timeout", "60", "--refresh", tmp_path=tmp_path,
                    **{DEVICE_ENV: "", **fake_gpu.environ(sim, {})})

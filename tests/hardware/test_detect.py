@@ -1,6 +1,6 @@
 """detect() end to end, with GPUs simulated (on any machine: a real GPU stays hidden).
 
-A fake NVML/sysfs inventory makes detect() believe GPUs exist; tests/gpu_sim fakes torch.cuda in
+A fake NVML/sysfs inventory makes detect() believe GPUs exist; hybridnb_tools/gpu_sim fakes torch.cuda in
 the real probe child (a real subprocess), which then passes, hangs, crashes or computes wrong
 numbers on CPU tensors.
 The ``machine`` fixture makes the simulated machine complete, so a GPU the test machine really has
@@ -21,13 +21,13 @@ from dataclasses import replace
 import psutil
 import pytest
 import torch
-from gpu_sim import fake_gpu
 
 import hybridnb
 from hybridnb import env
 from hybridnb.hardware import gpu_info, probe
 from hybridnb.hardware.detect import HardwareWarning
 from hybridnb.hardware.gpu_info import BuildInfo, GpuInfo
+from hybridnb_tools.gpu_sim import fake_gpu
 
 D = importlib.import_module("hybridnb.hardware.detect")  # (`import a.b as c` may give the function)
 GiB = 2**30

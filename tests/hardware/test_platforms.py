@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from gpu_sim import fake_gpu
 from torch import nn
 
 import hybridnb
@@ -26,6 +25,7 @@ from hybridnb.hardware import gpu_info, probe
 from hybridnb.hardware.detect import HardwareWarning
 from hybridnb.hardware.gpu_info import BuildInfo
 from hybridnb.hardware.probe import child as probe_child
+from hybridnb_tools.gpu_sim import fake_gpu
 
 D = sys.modules["hybridnb.hardware.detect"]
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The probe child and its parent-side runner, with faults injected from outside: tests/gpu_sim
+"""The probe child and its parent-side runner, with faults injected from outside: hybridnb_tools/gpu_sim
 fakes torch.cuda (and its faults) in the child, which runs its real steps."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from gpu_sim import fake_gpu
 
 from hybridnb.hardware import probe
 from hybridnb.hardware.probe import supervisor
+from hybridnb_tools.gpu_sim import fake_gpu
 
 CUDA_ERROR = ("CUDA error: no kernel image is available for execution on the device\n"
               "CUDA kernel errors might be asynchronously reported at some other API call")
@@ -125,7 +125,7 @@ def test_an_interrupted_probe_leaves_no_process(monkeypatch):
 # ------------------------------------------------------------------ structure
 
 def test_the_package_knows_nothing_of_the_simulation():
-    """The faults are the tests' (tests/gpu_sim): no module of hybridnb names one, nor the
+    """The faults are the tests' (hybridnb_tools/gpu_sim): no module of hybridnb names one, nor the
     simulation's variable."""
     import hybridnb
 

@@ -13,7 +13,7 @@ PR_SET_PDEATHSIG); ``signal.SIGHUP``; ``os.waitid``, ``os.pidfd_open`` and
 ``os.sched_getaffinity`` (missing on macOS before Python 3.13); /proc, for hybridnb's code
 (``os.path.exists``/``isdir`` say it is not there, and ``open`` of a path under it raises
 FileNotFoundError when hybridnb calls it; psutil and torch keep theirs, as they have their own
-means on macOS). Then the GPU simulation's (tests/gpu_sim), when it is on the path too.
+means on macOS). Then the GPU simulation's (hybridnb_tools/gpu_sim), when it is on the path too.
 """
 
 import os

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from gpu_sim import fake_gpu
+
+from hybridnb_tools.gpu_sim import fake_gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 MARK = "HYBRIDNB_SIGNAL_TEST"
