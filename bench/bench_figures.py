@@ -67,7 +67,7 @@ def warm_costs() -> list[dict]:
     from hybridnb.live import figures, panel_image, static
 
     rec = long_run_record()
-    end = figures.make_figure(rec)
+    end = panel_image.make_figure(rec)
     cases = {"user px.scatter (3 traces, 150 points)": lambda f=user_figure(): static.to_png(f),
              "LRFindResult.plot() (100 steps)": lambda f=lr_figure(): static.to_png(f),
              "end-of-run figure, PNG (matplotlib)": lambda: static.to_png(end),

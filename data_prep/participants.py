@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import warnings
@@ -121,10 +122,10 @@ _READ: dict[tuple, tuple[pd.DataFrame, list[Duplicate]]] = {}
 
 
 def collapsed(path: str | os.PathLike) -> tuple[pd.DataFrame, list[Duplicate]]:
-    """``collapse(read_table(path))``, read once per version of the file (the recordings'
-    descriptions, the duplicate notes and the gaps all ask for it)."""
-    stat = Path(path).stat()
-    key = (str(path), stat.st_mtime_ns, stat.st_size)
+    """``collapse(read_table(path))``, parsed once per content of the file (the recordings'
+    descriptions, the duplicate notes and the gaps all ask for it). Keyed on the bytes, not the
+    time stamp: an edit of the same size within the clock's resolution is still seen."""
+    key = (str(path), hashlib.sha1(Path(path).read_bytes()).hexdigest())
     if key not in _READ:
         _READ.clear()
         _READ[key] = collapse(read_table(path))

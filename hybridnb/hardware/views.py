@@ -1,20 +1,17 @@
 """The hardware report as text (terminals, CI logs) and as an HTML table (notebooks).
 
-``detect`` uses the views for ``Hardware.__str__``; the views name ``Hardware`` only for type
-checkers, so there is no import cycle.
+``detect`` uses the views for ``Hardware.__str__``; the views take its ``Hardware`` as ``Any``
+(importing the class here would make an import cycle).
 """
 
 from __future__ import annotations
 
 import html as _html
 import time
-from typing import TYPE_CHECKING
+from typing import Any
 
 from hybridnb.hardware.gpu_info import GpuInfo, gib
 from hybridnb.hardware.probe.result import TITLES, ProbeResult
-
-if TYPE_CHECKING:
-    from hybridnb.hardware.detect import Hardware
 
 SETTING_ROWS = ("batch_size", "grad_accum", "num_workers", "pin_memory", "persistent_workers",
                 "strategy", "compile", "torch_threads")
@@ -22,7 +19,7 @@ _MARK = {"ok": "ok", "failed": "FAILED", "wrong": "WRONG", "hung": "HUNG", "cras
          "not run": "-"}
 
 
-def _host_line(hw: Hardware) -> str:
+def _host_line(hw: Any) -> str:
     h = hw.host
     cores = f"{h.cores_usable} usable core{'s' if h.cores_usable != 1 else ''}"
     if h.cores_logical != h.cores_usable:
@@ -31,7 +28,7 @@ def _host_line(hw: Hardware) -> str:
             f"{h.system}; Python {h.python}")
 
 
-def _torch_line(hw: Hardware) -> str:
+def _torch_line(hw: Any) -> str:
     b = hw.build
     kind = f"ROCm {b.hip}" if b.hip else (f"CUDA {b.cuda}" if b.cuda else "CPU-only")
     return f"torch {b.torch} ({kind} build)"
@@ -82,7 +79,7 @@ def _probe_line(g: GpuInfo) -> str:
     return f"{head}: {steps}" + (f"\n      {p.message}" if p.message else "")
 
 
-def text(hw: Hardware) -> str:
+def text(hw: Any) -> str:
     """The readable terminal report."""
     s = hw.settings
     lines = [f"hybridnb.detect()  ({hw.seconds:.2f} s, frontend: {hw.frontend})", ""]
@@ -113,7 +110,7 @@ def text(hw: Hardware) -> str:
     return "\n".join(lines)
 
 
-def html(hw: Hardware) -> str:
+def html(hw: Any) -> str:
     """One self-contained HTML table for notebooks (no scripts, no external CSS)."""
     e = _html.escape
     s = hw.settings

@@ -4,7 +4,7 @@
 memory); the loss panel holds each step's loss ("step loss") and, at each epoch end, the train
 loss the Trainer sent ("train loss (epoch)", the same numbers as ``history["train_loss"]``).
 ``figure_dict`` draws them as plotly JSON (the HTML view's live output, the end snapshot),
-``make_figure`` / ``update_figure`` as a plotly (widget) figure; ``panel_image`` draws the same
+``update_figure`` keeps a FigureWidget current; ``panel_image`` builds the Figure and draws the same
 series once more with matplotlib for static output. Long runs are averaged down to
 ``max_points`` per series, so a render costs the same after 100 steps as after 100 000.
 """
@@ -168,22 +168,6 @@ def figure_dict(record, max_points: int = SNAPSHOT_POINTS) -> dict[str, Any]:
     """The three panels as plotly JSON (what ``application/vnd.plotly.v1+json`` carries): plain
     lists, gaps as None, built without plotly (cheap enough to resend every second)."""
     return {"data": [_trace(s) for s in panels(record, max_points)], "layout": _layout()}
-
-
-def make_figure(record, widget: bool = False, max_points: int = SNAPSHOT_POINTS):
-    """A plotly Figure of the three panels (``widget=True``: a FigureWidget for live updates).
-    The Figure carries its static image, drawn by ``panel_image`` (not translated)."""
-    import plotly.graph_objects as go
-
-    fig = figure_dict(record, max_points)
-    fig["layout"]["template"] = "plotly_white"
-    if widget:  # a widget sizes itself once, often before its output area is laid out
-        fig["layout"]["width"] = 960
-        return go.FigureWidget(fig)
-    from hybridnb.live import panel_image
-    from hybridnb.live.static import static_figure
-
-    return static_figure(go.Figure(fig), draw=lambda: panel_image.draw(record, max_points))
 
 
 def update_figure(fig, record, max_points: int = LIVE_POINTS) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from hybridnb.live.figures import PANELS, SNAPSHOT_POINTS, panels
+from hybridnb.live.figures import PANELS, SNAPSHOT_POINTS, figure_dict, panels
 
 TITLE = "hybridnb: loss, learning rate, memory"
 _XLABELS = ("step", "step", "seconds")
@@ -21,7 +21,7 @@ def draw(record, max_points: int = SNAPSHOT_POINTS):
     import matplotlib
     from matplotlib.figure import Figure
 
-    from hybridnb.live.static import RC
+    from hybridnb.live.mpl_style import RC
 
     with matplotlib.rc_context(RC):
         fig = Figure(figsize=(9.6, 3.6), dpi=100, layout="constrained")
@@ -69,3 +69,18 @@ def to_svg(record, max_points: int = SNAPSHOT_POINTS) -> str:
     from hybridnb.live.static import save
 
     return save(draw(record, max_points), "svg").decode("utf-8")
+
+
+def make_figure(record, widget: bool = False, max_points: int = SNAPSHOT_POINTS):
+    """A plotly Figure of the three panels (``widget=True``: a FigureWidget for live updates).
+    The Figure carries its static image, drawn by ``draw`` here (not translated)."""
+    import plotly.graph_objects as go
+
+    fig = figure_dict(record, max_points)
+    fig["layout"]["template"] = "plotly_white"
+    if widget:  # a widget sizes itself once, often before its output area is laid out
+        fig["layout"]["width"] = 960
+        return go.FigureWidget(fig)
+    from hybridnb.live.static import static_figure
+
+    return static_figure(go.Figure(fig), draw=lambda: draw(record, max_points))

@@ -29,10 +29,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hybridnb.live.mpl_style import DPI, RC
+
 IMAGE_RENDERER = "hybridnb_image"
 IMAGE_MIME = "image/svg+xml"
-DPI = 100  # plotly's px = matplotlib's pixels at this dpi
-RC = {"font.size": 9, "axes.titlesize": 10}  # plotly's 12 px text at 100 dpi
 # the same figure gives the same bytes: no date, ids from a fixed salt (a re-run notebook's
 # outputs do not change for nothing)
 _SVG_RC = {"svg.hashsalt": "hybridnb", "svg.fonttype": "path"}

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hybridnb.events import Event
-from hybridnb.live import figures, snapshot
+from hybridnb.live import figures, panel_image, snapshot
 from hybridnb.live.base import LiveView
 from hybridnb.live.clicks import ClickRoute, route_clicks
 from hybridnb.live.throttle import Throttle
@@ -55,7 +55,7 @@ class WidgetView(LiveView):
                                     tooltip=STOP_TOOLTIP, layout=W.Layout(width="110px"))
         self.stop_button.add_class("hybridnb-stop")
         self.box = W.VBox([self.progress, self.stop_button])
-        self.fig = figures.make_figure(self.record, widget=True, max_points=figures.LIVE_POINTS)
+        self.fig = panel_image.make_figure(self.record, widget=True, max_points=figures.LIVE_POINTS)
         self.plots_box = W.VBox([self.fig], layout=W.Layout(width="100%"))
         self.plots_box.add_class("hybridnb-live-plots")
         self._widgets = [self.progress, self.stop_button, self.box, self.fig, self.plots_box]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from hybridnb.events import EpochRow, StepRow
-from hybridnb.live import figures, static
+from hybridnb.live import panel_image, static
 from hybridnb.live import summary as live_summary
 from hybridnb.live.record import RunRecord
 
@@ -93,7 +93,7 @@ def _figures(record: RunRecord, folder: Path) -> list[str]:
     """figures.html (plotly) and figures.png (the same figure drawn with matplotlib, see
     ``live/static.py``); returns notes on what was skipped."""
     try:
-        fig = figures.make_figure(record)
+        fig = panel_image.make_figure(record)
     except ImportError:
         return ["figures skipped: plotly is not installed (pip install plotly)"]
     fig.write_html(folder / "figures.html", include_plotlyjs=True)

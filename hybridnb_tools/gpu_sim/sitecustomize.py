@@ -5,7 +5,7 @@ sitecustomize (see ``fake_gpu.environ``): the simulated GPUs of ``fake_gpu``, wh
 import os
 
 if os.environ.get("HYBRIDNB_TEST_GPU_SIM"):
-    import fake_gpu
+    from hybridnb_tools.gpu_sim import fake_gpu
 
     fake_gpu.install()
 
