@@ -35,7 +35,7 @@ def worker_loop(settings: Settings, model: torch.nn.Module, channel):
     """The Loop for ``settings`` in this worker, its bus linked to the kernel."""
     with frozen_heap():  # building the optimizer imports torch._dynamo (heap.py)
         loop = build_loop(model, settings, channel)
-    loop.placement.place([], loop.bus.note, loop.bus.pending)  # the kernel's never is
+    loop.placement.place([])  # the kernel's never is
     loop.build_step(compiled=False)
     return loop
 
