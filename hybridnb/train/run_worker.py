@@ -47,7 +47,7 @@ class Relay:
                 return
             if isinstance(event, Started):  # the worker says the notes the job carried
                 self.started = True
-                self.loop.bus.pending.clear()
+                self.loop.bus.forget()
             self.loop.bus.emit(event)
 
     def finish(self) -> None:
