@@ -19,11 +19,14 @@ import time
 
 import pandas as pd
 
+from hybridnb import platform
 from hybridnb.train import isolate, outside_state, worker_fit
 from hybridnb.train.bus import Ended, Lost, Started, StateKept
 from hybridnb.train.heartbeat import EVENT
 from hybridnb.train.state import Stop
 from hybridnb.train.worker_fit import FitJob, FitResult
+
+NOTICE = "worker_data"  # the kind of a notice said while the job was sent (payload)
 
 
 class Relay:
@@ -34,6 +37,14 @@ class Relay:
 
     def __init__(self, loop) -> None:
         self.loop, self.started, self.ended = loop, False, None
+        self.notices: list[str] = []  # the hand-over's (payload), said once the view started
+
+    def notice(self, sentence: str) -> None:
+        """A notice of sending the job (``platform.say``): a note on the kernel's bus."""
+        if self.started:
+            self.loop.bus.say(NOTICE, sentence)
+        else:
+            self.notices.append(sentence)
 
     def hear(self, message) -> None:
         if message.kind == "state":  # applied as it arrives: a lost worker loses nothing
@@ -49,6 +60,10 @@ class Relay:
                 self.started = True
                 self.loop.bus.forget()
             self.loop.bus.emit(event)
+            if isinstance(event, Started):
+                for sentence in self.notices:
+                    self.loop.bus.say(NOTICE, sentence)
+                self.notices.clear()
 
     def finish(self) -> None:
         """The worker's fit arrived whole: its end is emitted here."""
@@ -70,12 +85,15 @@ class Worker:
         trainer.progress.view = trainer.progress.make_view(trainer.live)  # drawn here
         relay = Relay(loop)
         try:
-            out = run_job(trainer, job, prestarted=early, on_message=relay.hear,
-                          should_stop=lambda: "callback" if trainer.should_stop
-                          else trainer.progress.stop_requested)
+            with platform.notices_to(relay.notice):
+                out = run_job(trainer, job, prestarted=early, on_message=relay.hear,
+                              should_stop=lambda: "callback" if trainer.should_stop
+                              else trainer.progress.stop_requested)
         except BaseException:  # the worker's own error: its last state is applied already
             relay.finish()
             raise
+        for sentence in relay.notices:  # lost before its view started: said by the next one
+            trainer.bus.note(NOTICE, sentence)
         if out.status == "done":
             relay.finish()
             adopt(trainer, out.result)
