@@ -34,7 +34,7 @@ def build_loop(model: torch.nn.Module, settings: Settings, channel=None) -> Loop
     learner = Learner(model, settings)
     placement = Placement(settings, learner, bus)
     checkpoints = Checkpoints(
-        settings.checkpoint_dir, placement.strategy.is_main, say=bus.note,
+        settings.checkpoint_dir, placement.strategy.is_main, bus,
         log_patterns=loggers.patterns(settings.loggers)
         if settings.log_folder == settings.checkpoint_dir else ())
     target_scale = TargetScale(model, bus, enabled=not settings.compile,

@@ -286,7 +286,7 @@ class Trainer:
         item = check_fit_data(train, val)  # before anything is said or started
         if item is not None:
             check_outputs(self.model, self.loss_fn, item, self.learner.dtype, self.batch_size)
-        with self.checkpoints.claimed(self.bus.note):  # one live run per checkpoint_dir
+        with self.checkpoints.claimed():  # one live run per checkpoint_dir
             return self._fit(train, val, resume)
 
     def _fit(self, train, val, resume) -> pd.DataFrame:
