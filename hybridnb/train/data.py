@@ -136,7 +136,8 @@ class IndexedBatches:
         free, _ = torch.cuda.mem_get_info(device)
         if size > 0.5 * free:
             bus.note("data_streamed", f"the data ({size / 2**20:.0f} MiB) does not fit in half "
-                     f"of {device}'s free memory ({free / 2**20:.0f} MiB): batches are copied per step")
+                     f"of {device}'s free memory ({free / 2**20:.0f} MiB): batches are copied "
+                     "per step")
             return
         self.tensors = tuple(t.to(device) for t in self.source)
         self.device = device
@@ -232,7 +233,8 @@ def _stream_loader(data: IterableDataset, *, batch_size: int, shuffle: bool, wha
                          "map-style Dataset (the Trainer shards those itself)")
     if shuffle:
         bus.note("data", f"the {what} data is an IterableDataset ({type(data).__name__}): "
-                 "read in its own order, which the Trainer cannot shuffle (shuffle inside the stream)")
+                 "read in its own order, which the Trainer cannot shuffle (shuffle inside the "
+                 "stream)")
     gen = torch.Generator()
     gen.manual_seed(seed) if seed is not None else gen.seed()
     kwargs = dict(loader_kwargs)

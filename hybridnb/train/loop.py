@@ -84,7 +84,7 @@ class Loop:
                     s.live, channel=self.heartbeat.channel, is_main=placement.strategy.is_main)
                 self.bus.emit(Started(self.run_info()))
             self.bus.flush()
-            say_checkpointed(blocks, s.grad_checkpointing, self.bus.say)
+            say_checkpointed(blocks, s.grad_checkpointing, self.bus)
             self.heartbeat.beat("first step", grace=grace)
             try:
                 self._epochs(train_loader, val_loader)

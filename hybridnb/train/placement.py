@@ -127,7 +127,7 @@ class Placement:
     def build_step(self, compiled: bool, updating=contextlib.nullcontext,
                    state=None) -> None:
         """The step (compiled when asked) and the recovery object that runs it."""
-        learner, model, event = self.learner, self.learner.model, self.bus.say
+        learner, model = self.learner, self.learner.model
         if compiled:
             mode = None if self.compile is True else self.compile
             if self.device.type != "cuda":
@@ -136,14 +136,14 @@ class Placement:
                 model = torch.compile(model, mode=mode)
             except Exception as exc:  # compile is lazy; this catches a missing backend
                 compiled = False
-                event("compile_fallback", f"torch.compile unavailable ({type(exc).__name__}: "
-                      f"{recovery.first_line(exc)}); training eager")
+                self.bus.say("compile_fallback", f"torch.compile unavailable "
+                             f"({type(exc).__name__}: {recovery.first_line(exc)}); training eager")
             else:
-                say_compiling(model, learner.model, self.device, event)
+                say_compiling(model, learner.model, self.device, self.bus)
         self.step = self._make_step(model)
         self.recovery = recovery.Recovery(
             self.step, model=learner.model, on_gpu_error=self.settings.on_gpu_error,
-            guard=learner.guard, state=state, event=event, compiled=compiled,
+            guard=learner.guard, state=state, bus=self.bus, compiled=compiled,
             updating=updating, eager=lambda: self._make_step(learner.model),
             cpu_batch_step=self._cpu_batch_step)
 
@@ -198,7 +198,7 @@ def compile_estimate_s(model: torch.nn.Module, device: torch.device | str) -> fl
 
 
 def say_compiling(compiled: torch.nn.Module, model: torch.nn.Module, device: torch.device,
-                  event) -> None:
+                  bus) -> None:
     """The first call of ``compiled`` (the first step's forward, which compiles) says so, with
     a rough duration, and then how long it took: a first step that compiles is otherwise a long
     silence (the live view's ETA leaves the first step out)."""
@@ -207,17 +207,18 @@ def say_compiling(compiled: torch.nn.Module, model: torch.nn.Module, device: tor
 
     def before(module, args):
         started.append(time.perf_counter())
-        event("compiling", f"compiling, about {compile_estimate_s(model, device):.0f} s "
-              f"(torch.compile of {type(model).__name__} on the first step, "
-              f"{device.type.upper()}); the ETA starts after it")
+        bus.say("compiling", f"compiling, about {compile_estimate_s(model, device):.0f} s "
+                f"(torch.compile of {type(model).__name__} on the first step, "
+                f"{device.type.upper()}); the ETA starts after it")
         if handles:
             handles[0].remove()
 
     def after(module, args, output):
         handles[1].remove()
         if started:
-            event("compiling", f"compiled the forward in {time.perf_counter() - started[0]:.0f} "
-                  "s (the backward compiles in this first step too)")
+            bus.say("compiling", f"compiled the forward in "
+                    f"{time.perf_counter() - started[0]:.0f} s (the backward compiles in this "
+                    "first step too)")
 
     if not isinstance(compiled, torch.nn.Module):  # a compiler that returns a function
         before(compiled, ())
