@@ -34,7 +34,7 @@ WARNING_KINDS = frozenset({
     "storage", "checkpoint_fallback", "worker_lost", "device_lost", "restore", "oom_split",
     "cpu_batch", "nonfinite_loss", "nonfinite_batch", "nonfinite_targets", "loss_spike",
     "compile_fallback", "precision_fallback", "run_lock", "interrupt", "failed",
-    "worker_data"})
+    "worker_notice"})
 
 __all__ = ["Bus", "Ended", "EpochEnded", "Event", "Lost", "Started", "StateKept", "StepEnded",
            "Validated"]

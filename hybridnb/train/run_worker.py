@@ -26,7 +26,7 @@ from hybridnb.train.heartbeat import EVENT
 from hybridnb.train.state import Stop
 from hybridnb.train.worker_fit import FitJob, FitResult
 
-NOTICE = "worker_data"  # the kind of a notice said while the job was sent (payload)
+NOTICE = "worker_notice"  # a notice said around the job (payload, the next spare)
 
 
 class Relay:
@@ -37,10 +37,11 @@ class Relay:
 
     def __init__(self, loop) -> None:
         self.loop, self.started, self.ended = loop, False, None
-        self.notices: list[str] = []  # the hand-over's (payload), said once the view started
+        self.notices: list[str] = []  # said once the view started
 
     def notice(self, sentence: str) -> None:
-        """A notice of sending the job (``platform.say``): a note on the kernel's bus."""
+        """A notice around the job (``platform.say``: the data sent through files, no spare
+        for the next fit): a note on the kernel's bus."""
         if self.started:
             self.loop.bus.say(NOTICE, sentence)
         else:
