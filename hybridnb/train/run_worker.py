@@ -38,14 +38,20 @@ class Relay:
     def __init__(self, loop) -> None:
         self.loop, self.started, self.ended = loop, False, None
         self.notices: list[str] = []  # said once the view started
+        self.said: list = []  # kept in the run's events, which the worker's states replace
 
     def notice(self, sentence: str) -> None:
         """A notice around the job (``platform.say``: the data sent through files, no spare
         for the next fit): a note on the kernel's bus."""
         if self.started:
-            self.loop.bus.say(NOTICE, sentence)
+            self.said.append(self.loop.bus.say(NOTICE, sentence))
         else:
             self.notices.append(sentence)
+
+    def keep(self) -> None:
+        """The notices said here stay in the run's events after the worker's state."""
+        events = self.loop.state.events
+        events.extend(e for e in self.said if e not in events)
 
     def hear(self, message) -> None:
         if message.kind == "state":  # applied as it arrives: a lost worker loses nothing
@@ -63,7 +69,7 @@ class Relay:
             self.loop.bus.emit(event)
             if isinstance(event, Started):
                 for sentence in self.notices:
-                    self.loop.bus.say(NOTICE, sentence)
+                    self.notice(sentence)
                 self.notices.clear()
 
     def finish(self) -> None:
@@ -98,9 +104,11 @@ class Worker:
         if out.status == "done":
             relay.finish()
             adopt(trainer, out.result)
+            relay.keep()
             return trainer.history
         if out.state is None:  # nothing arrived: the start state (each state that came is
             loop.restore(start, events=True)  # applied already, as it arrived)
+        relay.keep()
         if not relay.started:  # lost before it drew anything: the kernel's view starts here
             trainer.bus.emit(Started(loop.run_info()))
         trainer.bus.emit(Lost(out.reason))
