@@ -28,7 +28,7 @@ from hybridnb.train.interrupt import GracefulInterrupt, agreed_stop, stop_asked,
 from hybridnb.train.opening import Loaders
 from hybridnb.train.recovery import Came
 from hybridnb.train.settings import Settings
-from hybridnb.train.state import HISTORY_COLUMNS, Plan, RunState, Stop
+from hybridnb.train.state import HISTORY_COLUMNS, RunState, Stop
 from hybridnb.train.validation import Validation
 
 
@@ -238,10 +238,6 @@ class Loop:
     def loader(self, data, shuffle: bool, what: str, bus=None):
         return self.loaders.make(data, self.settings, self.placement.strategy, shuffle=shuffle,
                                  what=what, bus=bus or self.bus)
-
-    def plan_for(self, train_loader) -> Plan:
-        """The plan of a fit on ``train_loader``; its quick-mode note is the fit's to say."""
-        return opening.plan(train_loader, self.settings)
 
     def begin(self, pending: dict | None) -> None:
         opening.begin(self, pending)

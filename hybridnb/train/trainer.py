@@ -27,7 +27,7 @@ import torch
 
 from hybridnb.events import Event
 from hybridnb.live.summary import header
-from hybridnb.train import isolate, loggers
+from hybridnb.train import isolate, loggers, opening
 from hybridnb.train.bus import Bus, Started
 from hybridnb.train.callbacks import check_callbacks
 from hybridnb.train.checkpoint import read as read_checkpoint
@@ -257,7 +257,7 @@ class Trainer:
         """
         # fit says the loader's notes (and quick mode's cap) when it opens the same data
         loader = self.loop.loader(train, shuffle=True, what="train", bus=Bus(self.bus.where))
-        self._planned = self.loop.plan_for(loader)
+        self._planned = opening.plan(loader, self.settings)
         return self._planned
 
     @property
