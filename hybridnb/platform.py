@@ -30,11 +30,13 @@ SIGKILL nor SIGHUP.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 # the signal that ends a process without a chance to answer (Windows: TerminateProcess,
@@ -193,16 +195,36 @@ def shared_memory(path: str = "/dev/shm") -> SharedMemory:
 
 
 _said: set[str] = set()
+_hearers: list = []  # innermost last: who hears the notices instead of stderr
+
+
+@contextlib.contextmanager
+def notices_to(hear) -> Iterator[None]:
+    """Within: the notices below (``say``, ``say_once``) go to ``hear(sentence)`` instead of
+    stderr (a Trainer's isolated fit: its bus, so they reach its view and events)."""
+    _hearers.append(hear)
+    try:
+        yield
+    finally:
+        _hearers.remove(hear)
+
+
+def say(sentence: str) -> None:
+    """A one-line notice: to whoever hears them here (``notices_to``), else on stderr."""
+    if _hearers:
+        _hearers[-1](sentence)
+    else:
+        print(f"hybridnb: {sentence}", file=sys.stderr)
 
 
 def say_once(sentence: str, key: str | None = None) -> None:
-    """A fallback that changes what the user gets, said once per process on stderr (as
-    hybridnb's other one-line notices are). ``key``: one kind of fallback, said once whatever
-    its sentence (default: the sentence itself)."""
+    """A fallback that changes what the user gets, said once per process (``say``).
+    ``key``: one kind of fallback, said once whatever its sentence (default: the sentence
+    itself)."""
     key = sentence if key is None else key
     if key not in _said:
         _said.add(key)
-        print(f"hybridnb: {sentence}", file=sys.stderr)
+        say(sentence)
 
 
 FACILITIES = (memfd, parent_death_signal, fork, process_groups, wait_without_reaping, pidfd,

@@ -307,7 +307,7 @@ def random_windows(n: int, n_chans: int, n_times: int, seed: int = 0
 def resolve_device(device) -> torch.device:
     """The variants' device: "auto" is detect()'s choice; others are checked as the Trainer
     checks ``device=`` (setup.resolve_device)."""
-    return setup.resolve_device(device, detect() if device == "auto" else None, [])
+    return setup.resolve_device(device, detect() if device == "auto" else None)
 
 
 def _factory(model_fn):

@@ -474,8 +474,8 @@ def _start_spare(preload: tuple[str, ...], env: dict[str, str] | None, death_sig
         spare.replenish(spare.key_of(preload, env, death_signal, merge_output),
                         lambda: _atomically(spawn))
     except Exception as exc:  # noqa: BLE001 - said, and the next fit starts a worker itself
-        print(f"hybridnb: no spare worker for the next fit ({type(exc).__name__}: {exc}); it "
-              "will start its own", file=sys.stderr)
+        platform.say(f"no spare worker for the next fit ({type(exc).__name__}: {exc}); it "
+                     "will start its own")
 
 
 def _spawn(payload_fd: int, made: list[int], env: dict[str, str] | None, death_signal: int,

@@ -196,9 +196,9 @@ def pack(obj: Any, files: list[str] | None = None) -> tuple[bytes, list[str]]:
         discard(pickler.paths)
         raise
     if pickler.live_loaders:
-        print("hybridnb: a DataLoader with live worker processes (persistent_workers, already "
-              "iterated) is sent as its dataset and settings; the worker process starts its own "
-              "loader workers, and this process keeps its own", file=sys.stderr)
+        platform.say("a DataLoader with live worker processes (persistent_workers, already "
+                     "iterated) is sent as its dataset and settings; the worker process starts "
+                     "its own loader workers, and this process keeps its own")
     return buf.getvalue(), pickler.paths
 
 

@@ -26,7 +26,7 @@ def find_batch_size(trainer, dataset, headroom: float = 0.1, max_batch: int | No
     largest fitting batch size."""
     if not 0 <= headroom < 1:
         raise ValueError(f"headroom={headroom!r} must be in [0, 1)")
-    data = as_dataset(dataset)
+    data = as_dataset(dataset, trainer.bus)
     data = data.dataset if isinstance(data, DataLoader) else data
     n = len(data)
     if n == 0:

@@ -60,10 +60,10 @@ def checkpointed_blocks(model: torch.nn.Module, enabled: bool) -> Iterator[list[
             setattr(model, name, block)
 
 
-def say_checkpointed(blocks: list[str], asked: bool, say) -> None:
-    """Which blocks recompute their activations (``say(kind, message)``), when asked for."""
+def say_checkpointed(blocks: list[str], asked: bool, bus) -> None:
+    """Which blocks recompute their activations (said on ``bus``), when asked for."""
     if asked:
-        say("grad_checkpointing", (
+        bus.say("grad_checkpointing", (
             f"recomputing activations of {len(blocks)} blocks ({', '.join(blocks[:6])}"
             f"{'...' if len(blocks) > 6 else ''}) in backward") if blocks else (
             "no top-level block with parameters and without batch norm to checkpoint; "

@@ -33,7 +33,8 @@ log.addHandler(logging.NullHandler())
 WARNING_KINDS = frozenset({
     "storage", "checkpoint_fallback", "worker_lost", "device_lost", "restore", "oom_split",
     "cpu_batch", "nonfinite_loss", "nonfinite_batch", "nonfinite_targets", "loss_spike",
-    "compile_fallback", "precision_fallback", "run_lock", "interrupt", "failed"})
+    "compile_fallback", "precision_fallback", "run_lock", "interrupt", "failed",
+    "worker_notice"})
 
 __all__ = ["Bus", "Ended", "EpochEnded", "Event", "Lost", "Started", "StateKept", "StepEnded",
            "Validated"]
@@ -140,6 +141,11 @@ class Bus:
         for kind, message in pending:
             self.say(kind, message)
         self.open = True
+
+    def forget(self) -> None:
+        """The queued notes were said elsewhere (an isolated fit's kernel and worker have the
+        same set-up: one of them says its notes)."""
+        self.pending.clear()
 
 
 def _log(event: Event | Started) -> None:

@@ -220,14 +220,13 @@ class Checkpoints:
     worker sends it to the kernel), and written as ``last.pt`` / ``best.pt`` into ``folder``
     (rank 0 only; ``folder=None`` keeps it in memory only)."""
 
-    def __init__(self, folder: Path | None, is_main: bool = True,
-                 say: Callable[[str, str], object] = lambda kind, message: None,
+    def __init__(self, folder: Path | None, is_main: bool, bus,
                  log_patterns: tuple[str, ...] = ()) -> None:
-        """``say(kind, message)``: the run's bus (failed writes, the state kept at a crash)."""
-        self.folder, self.is_main, self.say = folder, is_main, say
+        """``bus``: the run's (failed writes, the state kept at a crash, a stale lock)."""
+        self.folder, self.is_main, self.bus = folder, is_main, bus
         self.on_keep: Callable[[dict], None] | None = None
         self.snapshot: dict | None = None
-        self.storage = StorageGuard(say)
+        self.storage = StorageGuard(bus.note)
         self.log_patterns = log_patterns  # the logs in this folder, set aside with a fresh run
 
     def keep(self, state: dict) -> None:
@@ -264,17 +263,17 @@ class Checkpoints:
         self.storage.worked(path)
 
     @contextlib.contextmanager
-    def claimed(self, note: Callable[[str, str], None]) -> Iterator[None]:
+    def claimed(self) -> Iterator[None]:
         """A fit holds ``folder`` for its whole length (rank 0): another live run there is
         refused before its first step (``run_lock.RunLockError``); a dead process's lock is
-        taken over and said through ``note`` (``run_lock``)."""
+        taken over and said (``run_lock``)."""
         if self.folder is None or not self.is_main:
             yield
             return
         lock = RunLock(self.folder)
         stale = lock.acquire()
         if stale:
-            note("run_lock", stale)
+            self.bus.note("run_lock", stale)
         try:
             yield
         finally:
@@ -296,8 +295,8 @@ class Checkpoints:
         if last is None or snapshot is None or not self.is_main:
             return
         if not file_ready(snapshot):  # DeepSpeed: partitions not gathered
-            self.say("failed", f"training failed; the last checkpoint written (in {self.folder})"
-                     " is kept: fit(..., resume=True) continues from there")
+            self.bus.note("failed", "training failed; the last checkpoint written (in "
+                          f"{self.folder}) is kept: fit(..., resume=True) continues from there")
             return
         try:
             save(snapshot, last, keep_previous=True)
@@ -307,12 +306,12 @@ class Checkpoints:
                 f"{str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ''}")
             kept = (f"the {LAST} on disk (step {_step_of(last)}) is intact" if last.exists()
                     else "no checkpoint is on disk")
-            self.say("failed", f"training failed, and saving the last good state into {last} "
-                     f"failed too ({cause}); {kept}; the original error follows")
+            self.bus.note("failed", "training failed, and saving the last good state into "
+                          f"{last} failed too ({cause}); {kept}; the original error follows")
             return
-        self.say("failed", f"training failed; the last good state (step "
-                 f"{snapshot['position']['global_step']}) is in {last}; "
-                 "fit(..., resume=True) continues from there")
+        self.bus.note("failed", f"training failed; the last good state (step "
+                      f"{snapshot['position']['global_step']}) is in {last}; "
+                      "fit(..., resume=True) continues from there")
 
 
 def _step_of(path: Path) -> str:

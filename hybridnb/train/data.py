@@ -18,10 +18,10 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 from hybridnb.strategies.batches import ResumableBatchSampler
 
 
-def as_dataset(data, what: str = "data", note=lambda kind, message: None) -> Dataset | DataLoader:
+def as_dataset(data, bus, what: str = "data") -> Dataset | DataLoader:
     """A Dataset or DataLoader as given; ``(X, y)`` arrays/tensors become a TensorDataset; an
     object with a ``to_dataset()`` method (a data library's windows that know their Dataset)
-    becomes what it returns, said once through ``note``. Anything else is a TypeError naming
+    becomes what it returns, said once on ``bus`` (the run's). Anything else is a TypeError naming
     ``what`` and the call to make."""
     if isinstance(data, (Dataset, DataLoader)):
         return data
@@ -34,7 +34,7 @@ def as_dataset(data, what: str = "data", note=lambda kind, message: None) -> Dat
         return TensorDataset(*(torch.as_tensor(a) for a in data))
     if isinstance(data, (np.ndarray, torch.Tensor)):
         return TensorDataset(torch.as_tensor(data))
-    made = made_dataset(data, what, note)
+    made = made_dataset(data, bus, what)
     if made is not data:
         return made
     kind = type(data).__name__
@@ -50,9 +50,9 @@ def as_dataset(data, what: str = "data", note=lambda kind, message: None) -> Dat
                     "arrays; pass (X, y) as one tuple, e.g. trainer.fit((X, y), (X_val, y_val))")
 
 
-def made_dataset(data, what: str = "data", note=lambda kind, message: None):
+def made_dataset(data, bus, what: str = "data"):
     """``data.to_dataset()`` for an object that is not a Dataset but makes its own (a data
-    library's windows), said once through ``note``; anything else as it is. The Trainer
+    library's windows), said once on ``bus``; anything else as it is. The Trainer
     resolves it before data travels to an isolated worker, so the worker gets the Dataset."""
     if isinstance(data, (Dataset, DataLoader)) or not callable(getattr(data, "to_dataset",
                                                                       None)):
@@ -62,8 +62,8 @@ def made_dataset(data, what: str = "data", note=lambda kind, message: None):
     if not isinstance(made, (Dataset, DataLoader)):
         raise TypeError(f"{what}: {kind}.to_dataset() returned a {type(made).__name__}, not a "
                         "torch Dataset or DataLoader")
-    note("data", f"{what}: a {kind} was given; using its to_dataset(), a {_described(made)} "
-         f"(pass {what}.dataset(...) yourself for other options)")
+    bus.note("data", f"{what}: a {kind} was given; using its to_dataset(), a "
+             f"{_described(made)} (pass {what}.dataset(...) yourself for other options)")
     return made
 
 
@@ -127,7 +127,7 @@ class IndexedBatches:
         self.source = tensors  # where they came from (placing on a device keeps this copy)
         self.device = tensors[0].device
 
-    def place(self, device: torch.device, note) -> None:
+    def place(self, device: torch.device, bus) -> None:
         """The tensors on ``device`` when it is CUDA and they fit in half of its free memory
         (moved once, said once with the memory taken); else they stay where they are."""
         size = sum(t.numel() * t.element_size() for t in self.source)
@@ -135,13 +135,14 @@ class IndexedBatches:
             return
         free, _ = torch.cuda.mem_get_info(device)
         if size > 0.5 * free:
-            note("data_streamed", f"the data ({size / 2**20:.0f} MiB) does not fit in half of "
-                 f"{device}'s free memory ({free / 2**20:.0f} MiB): batches are copied per step")
+            bus.note("data_streamed", f"the data ({size / 2**20:.0f} MiB) does not fit in half "
+                     f"of {device}'s free memory ({free / 2**20:.0f} MiB): batches are copied "
+                     "per step")
             return
         self.tensors = tuple(t.to(device) for t in self.source)
         self.device = device
-        note("data_on_device", f"the data was moved to {device} once ({size / 2**20:.0f} MiB); "
-             "batches are made there by indexing")
+        bus.note("data_on_device", f"the data was moved to {device} once "
+                 f"({size / 2**20:.0f} MiB); batches are made there by indexing")
 
     def to_cpu(self) -> None:
         """Batches from the CPU copy from now on (after the device was lost: its copy is never
@@ -176,7 +177,7 @@ def yields_device_tensors(data) -> bool:
 
 
 def make_loader(data, *, batch_size: int, shuffle: bool, what: str, seed: int | None, strategy,
-                loader_kwargs: dict, note=lambda kind, message: None):
+                loader_kwargs: dict, bus):
     """Batches for ``data``: a given DataLoader is used as it is; in-memory tensors become
     ``IndexedBatches`` (on the device when they fit); other Datasets get a DataLoader. Both
     follow the resumable batch order (this rank's shard under DDP) of a seeded generator."""
@@ -184,11 +185,11 @@ def make_loader(data, *, batch_size: int, shuffle: bool, what: str, seed: int | 
 
     if isinstance(data, IndexedBatches):
         return data
-    data = as_dataset(data, what, note)
+    data = as_dataset(data, bus, what)
     if isinstance(data, IterableDataset):
         return _stream_loader(data, batch_size=batch_size, shuffle=shuffle, what=what,
                               seed=seed, strategy=strategy, loader_kwargs=loader_kwargs,
-                              note=note)
+                              bus=bus)
     if isinstance(data, DataLoader):
         shards = getattr(data.batch_sampler, "world_size", 1)  # 1: every rank sees all of it
         if shards != strategy.world_size:
@@ -208,8 +209,8 @@ def make_loader(data, *, batch_size: int, shuffle: bool, what: str, seed: int | 
         return IndexedBatches(tuple(data.tensors), sampler, gen)
     kwargs = dict(loader_kwargs)
     if (kwargs.get("num_workers") or kwargs.get("pin_memory")) and yields_device_tensors(data):
-        note("loader", f"the {what} dataset yields tensors already on the device: no loader "
-             "workers and no pinned memory for it")
+        bus.note("loader", f"the {what} dataset yields tensors already on the device: no "
+                 "loader workers and no pinned memory for it")
         kwargs.update(num_workers=0, pin_memory=False)
     if kwargs.get("num_workers", 0) == 0:
         kwargs.pop("persistent_workers", None)
@@ -219,7 +220,7 @@ def make_loader(data, *, batch_size: int, shuffle: bool, what: str, seed: int | 
 
 
 def _stream_loader(data: IterableDataset, *, batch_size: int, shuffle: bool, what: str,
-                   seed: int | None, strategy, loader_kwargs: dict, note) -> DataLoader:
+                   seed: int | None, strategy, loader_kwargs: dict, bus) -> DataLoader:
     """A DataLoader over an IterableDataset: read in its own order (a stream cannot be
     shuffled by index: said once for training); one process only (under DDP every rank would
     read all of it)."""
@@ -231,8 +232,9 @@ def _stream_loader(data: IterableDataset, *, batch_size: int, shuffle: bool, wha
                          "by rank inside the dataset and pass a DataLoader, or use a "
                          "map-style Dataset (the Trainer shards those itself)")
     if shuffle:
-        note("data", f"the {what} data is an IterableDataset ({type(data).__name__}): read in "
-             "its own order, which the Trainer cannot shuffle (shuffle inside the stream)")
+        bus.note("data", f"the {what} data is an IterableDataset ({type(data).__name__}): "
+                 "read in its own order, which the Trainer cannot shuffle (shuffle inside the "
+                 "stream)")
     gen = torch.Generator()
     gen.manual_seed(seed) if seed is not None else gen.seed()
     kwargs = dict(loader_kwargs)
@@ -240,8 +242,8 @@ def _stream_loader(data: IterableDataset, *, batch_size: int, shuffle: bool, wha
         kwargs.pop("persistent_workers", None)
         kwargs.pop("prefetch_factor", None)
     elif kwargs.get("num_workers", 0) > 1:  # each worker would yield the whole stream
-        note("loader", f"the {what} data is an IterableDataset: read by one loader worker "
-             f"(not {kwargs['num_workers']}: each would yield all of it)")
+        bus.note("loader", f"the {what} data is an IterableDataset: read by one loader "
+                 f"worker (not {kwargs['num_workers']}: each would yield all of it)")
         kwargs["num_workers"] = 1
     return DataLoader(data, batch_size=batch_size, generator=gen,
                       worker_init_fn=worker_init_fn, **kwargs)
@@ -330,8 +332,8 @@ class BatchCheck:
     evaluation together. ``first(x, y)`` sees the first training batch (the input shape for
     ``Trainer.save``, the targets' scale)."""
 
-    def __init__(self, dtype: torch.dtype, note, first=None) -> None:
-        self.dtype, self.note, self._noted = dtype, note, False
+    def __init__(self, dtype: torch.dtype, bus, first=None) -> None:
+        self.dtype, self.bus, self._noted = dtype, bus, False
         self.first = first
 
     def __call__(self, batch) -> tuple:
@@ -353,9 +355,10 @@ class BatchCheck:
             x = x.to(self.dtype)
             if not self._noted:
                 self._noted = True
-                self.note("dtype", f"the inputs are float64 (numpy's default); casting each "
-                          f"batch to the model's {str(self.dtype).replace('torch.', '')} (cast "
-                          "the arrays once beforehand to skip this)")
+                dtype = str(self.dtype).replace("torch.", "")
+                self.bus.note("dtype", f"the inputs are float64 (numpy's default); casting "
+                              f"each batch to the model's {dtype} (cast the arrays once "
+                              "beforehand to skip this)")
         return x
 
 

@@ -73,7 +73,7 @@ def predict_here(loop, loader, with_targets: bool, phase: str = "evaluate") -> t
     EMA's weights while fitting, a heartbeat per batch, and a stop asked (Ctrl-C, Stop) ending
     a long validation within one batch."""
     placement, learner, in_fit = loop.placement, loop.learner, loop.fitting
-    placement.place([loader], loop.bus.note, loop.bus.pending)
+    placement.place([loader])
     return predict_loader(
         learner.eval_model(in_fit), loader, strategy=placement.strategy,
         precision=placement.precision, loss_fn=learner.loss_fn, with_targets=with_targets,

@@ -57,8 +57,8 @@ class Heartbeat:
         if isinstance(event, (Started, Ended)) or self.phase == "first step":
             self.channel.flush()  # the view starts, shows the first step and ends at once
 
-    def grace(self, what: str, *, compiling: bool, device_type: str, note) -> float | None:
-        """The longer silence ``what`` needs, said once through ``note(kind, message)``; None
+    def grace(self, what: str, *, compiling: bool, device_type: str, bus) -> float | None:
+        """The longer silence ``what`` needs, said once on ``bus`` (the run's); None
         where nothing needs one (not in a worker, nothing to compile, no CUDA to start)."""
         if self.channel is None:
             return None
@@ -67,7 +67,7 @@ class Heartbeat:
         if not why:
             return None
         seconds = isolate.first_step_grace_s()
-        note("grace", f"allowing {seconds:.0f} s of silence for {what}: {' and '.join(why)}")
+        bus.note("grace", f"allowing {seconds:.0f} s of silence for {what}: {' and '.join(why)}")
         return seconds
 
     def stop_asked(self) -> Stop | None:

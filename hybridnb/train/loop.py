@@ -28,7 +28,7 @@ from hybridnb.train.interrupt import GracefulInterrupt, agreed_stop, stop_asked,
 from hybridnb.train.opening import Loaders
 from hybridnb.train.recovery import Came
 from hybridnb.train.settings import Settings
-from hybridnb.train.state import HISTORY_COLUMNS, Plan, RunState, Stop
+from hybridnb.train.state import HISTORY_COLUMNS, RunState, Stop
 from hybridnb.train.validation import Validation
 
 
@@ -67,8 +67,8 @@ class Loop:
         s, placement = self.settings, self.placement
         grace = self.grace("set-up and the first step")
         self.heartbeat.beat("setup", grace=grace)
-        placement.place(self.loaders.opened, self.bus.note, self.bus.pending)
-        placement.speed_up(train_loader, s.batch_size, self.state.plan.total_steps, self.bus.note)
+        placement.place(self.loaders.opened)
+        placement.speed_up(train_loader, s.batch_size, self.state.plan.total_steps)
         # this fit's bookkeeping: its last validation, its restores to each step
         self.validation, self.rewind = Validation(self), saved.Rewind(self)
         failed = True
@@ -84,7 +84,7 @@ class Loop:
                     s.live, channel=self.heartbeat.channel, is_main=placement.strategy.is_main)
                 self.bus.emit(Started(self.run_info()))
             self.bus.flush()
-            say_checkpointed(blocks, s.grad_checkpointing, self.bus.say)
+            say_checkpointed(blocks, s.grad_checkpointing, self.bus)
             self.heartbeat.beat("first step", grace=grace)
             try:
                 self._epochs(train_loader, val_loader)
@@ -232,21 +232,18 @@ class Loop:
     # ---------------- the parts' services (one line each: trainer.py and run_worker.py call them)
     def open(self, train, val) -> tuple:
         *loaders, self.state.plan = self.loaders.open(train, val, self.settings,
-                                                      self.placement.strategy, self.bus.note)
+                                                      self.placement.strategy, self.bus)
         return tuple(loaders)
 
-    def loader(self, data, shuffle: bool, what: str, note=None):
+    def loader(self, data, shuffle: bool, what: str, bus=None):
         return self.loaders.make(data, self.settings, self.placement.strategy, shuffle=shuffle,
-                                 what=what, note=note or self.bus.note)
-
-    def plan_for(self, train_loader, note=lambda kind, message: None) -> Plan:
-        return opening.plan(train_loader, self.settings, note)
+                                 what=what, bus=bus or self.bus)
 
     def begin(self, pending: dict | None) -> None:
         opening.begin(self, pending)
 
     def bind_schedule(self) -> None:
-        opening.bind_schedule(self.learner.schedule, self.state.plan, self.bus.note)
+        opening.bind_schedule(self.learner.schedule, self.state.plan, self.bus)
 
     def run_info(self) -> dict:
         return opening.run_info(self.state.plan, self.settings, self.placement,
@@ -254,10 +251,10 @@ class Loop:
 
     def grace(self, what: str) -> float | None:
         return self.heartbeat.grace(what, compiling=bool(self.placement.compile),
-                                    device_type=self.placement.device.type, note=self.bus.note)
+                                    device_type=self.placement.device.type, bus=self.bus)
 
     def build_step(self, compiled: bool) -> None:
-        self.placement.build_step(compiled, self.bus.say, updating=self.interrupt.updating
+        self.placement.build_step(compiled, updating=self.interrupt.updating
                                   if self.interrupt else contextlib.nullcontext,
                                   state=self.state)
 

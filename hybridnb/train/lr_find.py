@@ -35,6 +35,7 @@ import numpy as np
 from hybridnb.env import quick
 from hybridnb.train.bus import StepEnded
 from hybridnb.train.loop import CancelFit
+from hybridnb.train.opening import plan
 from hybridnb.train.recovery import LossGuard
 from hybridnb.train.schedules import Constant
 from hybridnb.train.state import Plan, RunState
@@ -110,9 +111,9 @@ def lr_find(trainer, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_s
         num_steps, capped = QUICK_STEPS, f"quick mode: the sweep capped at {QUICK_STEPS} steps"
     loop, bus, placement = trainer.loop, trainer.bus, trainer.placement
     loader = loop.loader(data, shuffle=True, what="lr_find data")
-    placement.place([loader], bus.note, bus.pending)
+    placement.place([loader])
     # the speedups fit would choose for this data (decided once per device; fit keeps them)
-    placement.speed_up(loader, trainer.batch_size, loop.plan_for(loader).total_steps, bus.note)
+    placement.speed_up(loader, trainer.batch_size, plan(loader, loop.settings).total_steps)
     applied = placement.applied_speedups
     used = tuple(applied.applied) if applied is not None else ()
     bus.note("lr_find", f"sweeping lr {start_lr:.0e} to {end_lr:.0e} over at most {num_steps} "

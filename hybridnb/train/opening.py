@@ -22,33 +22,33 @@ class Loaders:
         self.opened: list = []
         self.generator = None
 
-    def make(self, data, settings, strategy, *, shuffle: bool, what: str, note):
-        """Batches of ``data`` (``note`` hears the loader's notes)."""
+    def make(self, data, settings, strategy, *, shuffle: bool, what: str, bus):
+        """Batches of ``data`` (the loader's notes said on ``bus``)."""
         return make_loader(data, batch_size=settings.batch_size, shuffle=shuffle, what=what,
                            seed=settings.seed, strategy=strategy, loader_kwargs=self.kwargs,
-                           note=note)
+                           bus=bus)
 
-    def open(self, train, val, settings, strategy, note) -> tuple:
+    def open(self, train, val, settings, strategy, bus) -> tuple:
         """This fit's train and validation loaders (``val`` may be None) and its plan."""
-        train_loader = self.make(train, settings, strategy, shuffle=True, what="train", note=note)
+        train_loader = self.make(train, settings, strategy, shuffle=True, what="train", bus=bus)
         val_loader = None if val is None else self.make(val, settings, strategy, shuffle=False,
-                                                        what="val", note=note)
+                                                        what="val", bus=bus)
         self.opened = [ld for ld in (train_loader, val_loader) if ld is not None]
         self.generator = getattr(train_loader, "generator", None)
-        return train_loader, val_loader, plan(train_loader, settings, note)
+        return train_loader, val_loader, plan(train_loader, settings, bus)
 
     def on_cpu(self) -> None:
         """The device is lost: the loaders made from now on pin no memory."""
         self.kwargs["pin_memory"] = False
 
 
-def plan(train_loader, settings, note=lambda kind, message: None) -> Plan:
+def plan(train_loader, settings, bus=None) -> Plan:
     """Epochs, batches and optimizer steps of a fit on ``train_loader`` (``steps_per_epoch``,
-    ``grad_accum`` and quick mode's caps applied; ``note`` hears quick mode's cap)."""
+    ``grad_accum`` and quick mode's caps applied; quick mode's cap said on ``bus``, if any)."""
     epochs, batches, said = plan_epochs(train_loader, settings.epochs, settings.steps_per_epoch,
                                         settings.grad_accum, quick())
-    if said:
-        note("quick", said)
+    if said and bus is not None:
+        bus.note("quick", said)
     steps = math.ceil(batches / settings.grad_accum)
     return Plan(epochs, batches, steps, epochs * steps)
 
@@ -63,15 +63,15 @@ def begin(loop, pending: dict | None) -> None:
         loop.load_state_dict(pending)
     elif loop.settings.seed is not None:
         seed_everything(loop.settings.seed)
-    bind_schedule(loop.learner.schedule, loop.state.plan, loop.bus.note)
+    bind_schedule(loop.learner.schedule, loop.state.plan, loop.bus)
 
 
-def bind_schedule(schedule, plan: Plan, note) -> None:
+def bind_schedule(schedule, plan: Plan, bus) -> None:
     """The schedule told the run's optimizer steps (a factory builds its scheduler now: an
     error before the first step); a resumed fit's replaced scheduler is said once."""
     schedule.bind(plan.total_steps)
     if getattr(schedule, "replaced", None):
-        note("schedule", schedule.replaced)
+        bus.note("schedule", schedule.replaced)
 
 
 def run_info(plan: Plan, settings, placement, model) -> dict:

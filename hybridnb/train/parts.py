@@ -27,19 +27,19 @@ def build_loop(model: torch.nn.Module, settings: Settings, channel=None) -> Loop
     worker every event also goes to the kernel."""
     bus = Bus(lambda: (loop.state.global_step, loop.state.epoch))
     hw = setup.detect() if settings.needs_detect else None
-    device = setup.resolve_device(settings.device, hw, bus.pending)
+    device = setup.resolve_device(settings.device, hw, bus)
     settings = settings.resolved(hw, device)
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
     learner = Learner(model, settings)
     placement = Placement(settings, learner, bus)
     checkpoints = Checkpoints(
-        settings.checkpoint_dir, placement.strategy.is_main, say=bus.note,
+        settings.checkpoint_dir, placement.strategy.is_main, bus,
         log_patterns=loggers.patterns(settings.loggers)
         if settings.log_folder == settings.checkpoint_dir else ())
-    target_scale = TargetScale(model, bus.note, enabled=not settings.compile,
+    target_scale = TargetScale(model, bus, enabled=not settings.compile,
                                loss=settings.loss, task=settings.task)
-    batch_check = BatchCheck(learner.dtype, bus.note, first=lambda x, y: (
+    batch_check = BatchCheck(learner.dtype, bus, first=lambda x, y: (
         learner.see_input(x), target_scale.targets(y)))
     heartbeat = Heartbeat(channel)
     loop = Loop(settings, learner=learner, placement=placement, checkpoints=checkpoints,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
 
 import torch
 from torch.utils.data import default_collate
@@ -37,14 +36,14 @@ class Placement:
 
     def __init__(self, settings: Settings, learner: Learner, bus) -> None:
         """``bus``: the run's (what it decided in place of the settings is said there)."""
-        self.settings, self.learner = settings, learner
+        self.settings, self.learner, self.bus = settings, learner, bus
         self.strategy = setup.make_strategy(settings.strategy, torch.device(settings.device))
         self.compile = settings.compile if self.strategy.supports_compile else False
         if settings.compile and not self.strategy.supports_compile:
             bus.note("compile_fallback", f"strategy={self.strategy.name!r}: compile="
                      f"{settings.compile!r} is ignored (its engine runs eager)")
         self.precision = setup.choose_precision(settings.precision, self.strategy,
-                                                settings.recommended_precision, bus.note)
+                                                settings.recommended_precision, bus)
         self.strategy.configure(settings.batch_size, settings.clip_grad)
         self.applied_speedups: speedups.Applied | None = None
         self.flops_per_sample: float | None = None
@@ -57,21 +56,20 @@ class Placement:
     def device(self) -> torch.device:
         return self.strategy.device
 
-    def place(self, loaders: list, note: Callable[[str, str], None], notes: list) -> None:
+    def place(self, loaders: list) -> None:
         """The learner and in-memory data on the device (the learner once per device), and the
         memory cap."""
         for loader in loaders:
             if isinstance(loader, IndexedBatches):
-                loader.place(self.device, note)
+                loader.place(self.device, self.bus)
         if self._placed_on == self.device:
             return
         self.learner.to(self.device)
         if self.settings.memory_fraction is not None:
-            setup.cap_memory(self.settings.memory_fraction, self.device, notes)
+            setup.cap_memory(self.settings.memory_fraction, self.device, self.bus)
         self._placed_on = self.device
 
-    def speed_up(self, train_loader, batch_size: int, steps: int,
-                 note: Callable[[str, str], None]) -> None:
+    def speed_up(self, train_loader, batch_size: int, steps: int) -> None:
         """Apply what measures faster on this model and device (once per device), said once
         with the numbers; the FLOPs per sample (the live view's MFU on a GPU)."""
         if not speedups.wanted(self.settings.speedups, self.device) or \
@@ -92,13 +90,13 @@ class Placement:
                 self.strategy.supported_precisions:  # measured faster than the first choice
             self.precision = Precision.choose(applied.precision, self.device)
         if applied.applied or self.device.type != "cpu":  # a CPU left as it was: nothing to say
-            note("speedups", applied.message)
+            self.bus.note("speedups", applied.message)
             for line in applied.notes:
-                note("speedups", line)
+                self.bus.note("speedups", line)
         # per sample, counted on a slice (FLOPs grow linearly with the batch; a slice is cheap
         # and rarely runs out of memory where the whole fp32 batch might)
         x = x[:FLOP_SLICE]
-        flops = count_flops(model, (x,), on_skip=lambda why: note("flops", why))
+        flops = count_flops(model, (x,), on_skip=lambda why: self.bus.note("flops", why))
         self.flops_per_sample = None if flops is None else flops / len(x)
 
     def facts(self) -> dict:
@@ -126,7 +124,7 @@ class Placement:
         if self.applied_speedups is not None:
             self.applied_speedups.restore_globals()
 
-    def build_step(self, compiled: bool, event, updating=contextlib.nullcontext,
+    def build_step(self, compiled: bool, updating=contextlib.nullcontext,
                    state=None) -> None:
         """The step (compiled when asked) and the recovery object that runs it."""
         learner, model = self.learner, self.learner.model
@@ -138,14 +136,14 @@ class Placement:
                 model = torch.compile(model, mode=mode)
             except Exception as exc:  # compile is lazy; this catches a missing backend
                 compiled = False
-                event("compile_fallback", f"torch.compile unavailable ({type(exc).__name__}: "
-                      f"{recovery.first_line(exc)}); training eager")
+                self.bus.say("compile_fallback", f"torch.compile unavailable "
+                             f"({type(exc).__name__}: {recovery.first_line(exc)}); training eager")
             else:
-                say_compiling(model, learner.model, self.device, event)
+                say_compiling(model, learner.model, self.device, self.bus)
         self.step = self._make_step(model)
         self.recovery = recovery.Recovery(
             self.step, model=learner.model, on_gpu_error=self.settings.on_gpu_error,
-            guard=learner.guard, state=state, event=event, compiled=compiled,
+            guard=learner.guard, state=state, bus=self.bus, compiled=compiled,
             updating=updating, eager=lambda: self._make_step(learner.model),
             cpu_batch_step=self._cpu_batch_step)
 
@@ -200,7 +198,7 @@ def compile_estimate_s(model: torch.nn.Module, device: torch.device | str) -> fl
 
 
 def say_compiling(compiled: torch.nn.Module, model: torch.nn.Module, device: torch.device,
-                  event) -> None:
+                  bus) -> None:
     """The first call of ``compiled`` (the first step's forward, which compiles) says so, with
     a rough duration, and then how long it took: a first step that compiles is otherwise a long
     silence (the live view's ETA leaves the first step out)."""
@@ -209,17 +207,18 @@ def say_compiling(compiled: torch.nn.Module, model: torch.nn.Module, device: tor
 
     def before(module, args):
         started.append(time.perf_counter())
-        event("compiling", f"compiling, about {compile_estimate_s(model, device):.0f} s "
-              f"(torch.compile of {type(model).__name__} on the first step, "
-              f"{device.type.upper()}); the ETA starts after it")
+        bus.say("compiling", f"compiling, about {compile_estimate_s(model, device):.0f} s "
+                f"(torch.compile of {type(model).__name__} on the first step, "
+                f"{device.type.upper()}); the ETA starts after it")
         if handles:
             handles[0].remove()
 
     def after(module, args, output):
         handles[1].remove()
         if started:
-            event("compiling", f"compiled the forward in {time.perf_counter() - started[0]:.0f} "
-                  "s (the backward compiles in this first step too)")
+            bus.say("compiling", f"compiled the forward in "
+                    f"{time.perf_counter() - started[0]:.0f} s (the backward compiles in this "
+                    "first step too)")
 
     if not isinstance(compiled, torch.nn.Module):  # a compiler that returns a function
         before(compiled, ())

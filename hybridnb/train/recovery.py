@@ -281,10 +281,10 @@ class Recovery:
     """
 
     def __init__(self, step, *, model: torch.nn.Module, on_gpu_error: str,
-                 guard: LossGuard | None, state, event,
+                 guard: LossGuard | None, state, bus,
                  updating=contextlib.nullcontext, compiled: bool = False, eager=None,
                  cpu_batch_step=None) -> None:
-        self.step, self.guard, self.state, self.event = step, guard, state, event
+        self.step, self.guard, self.state, self.bus = step, guard, state, bus
         self.model = model  # the unwrapped module: its buffers are what a failed attempt touched
         self.strategy = step.strategy
         self.on_gpu_error, self.updating, self.compiled = on_gpu_error, updating, compiled
@@ -356,26 +356,26 @@ class Recovery:
         """Act on a classified failure; returns whether the next attempt runs on the CPU."""
         if failure == "compile":
             self.step, self.compiled = self._eager(), False
-            self.event("compile_fallback", f"compiled step failed ({detail}); continuing eager "
-                       "(uncompiled) for the rest of the run")
+            self.bus.say("compile_fallback", f"compiled step failed ({detail}); continuing eager "
+                         "(uncompiled) for the rest of the run")
             return on_cpu_batch
         device = self.strategy.device
         size_before = self.micro.size or max(batch_len(b) for b in window)
         new = self.micro.shrink(window)
         self.state.micro = self.micro.size
         if new is not None:
-            self.event("oom_split", f"out of memory at micro-batch {size_before} on {device} "
-                       f"({detail}); re-running the same batch as micro-batches of {new}; later "
-                       "steps keep it. The failed attempt left no trace (batch-norm statistics "
-                       "and RNG restored); the update equals the unsplit one except for layers "
-                       "that depend on the batch (batch norm normalises per micro-batch)")
+            self.bus.say("oom_split", f"out of memory at micro-batch {size_before} on {device} "
+                         f"({detail}); re-running the same batch as micro-batches of {new}; later "
+                         "steps keep it. The failed attempt left no trace (batch-norm statistics "
+                         "and RNG restored); the update equals the unsplit one except for layers "
+                         "that depend on the batch (batch norm normalises per micro-batch)")
             return False
         if on_cpu_batch or not self.strategy.accelerator or self.strategy.owns_update:
             raise MemoryError(f"out of memory on {'the CPU' if on_cpu_batch else device} even "
                               f"with one sample per micro-batch ({detail}); use a smaller model "
                               "or input, or free memory used by other processes")
-        self.event("cpu_batch", f"one sample does not fit on {device} ({detail}); this batch "
-                   "runs on the CPU, the next goes back to the GPU")
+        self.bus.say("cpu_batch", f"one sample does not fit on {device} ({detail}); this batch "
+                     "runs on the CPU, the next goes back to the GPU")
         return True
 
     def _cpu(self):
@@ -393,10 +393,10 @@ class Recovery:
                     and not self._said_unguarded:
                 self._said_unguarded = True
                 bad = nonfinite_inputs(window)
-                self.event("nonfinite_loss", f"non-finite loss at {where}"
-                           f"{f' ({bad})' if bad else ''} and loss_guard=False: the update was "
-                           "applied, so the weights may now hold NaN. Pass loss_guard=True to "
-                           "skip such steps (said once)")
+                self.bus.say("nonfinite_loss", f"non-finite loss at {where}"
+                             f"{f' ({bad})' if bad else ''} and loss_guard=False: the update was "
+                             "applied, so the weights may now hold NaN. Pass loss_guard=True to "
+                             "skip such steps (said once)")
             return Outcome(Came.OK, loss)
         bad = nonfinite_inputs(window) if verdict == "nonfinite" else None
         if self.strategy.agree(bad is not None):
@@ -408,14 +408,14 @@ class Recovery:
                     f"row up to {where} gave a non-finite loss and hold NaN/Inf "
                     f"({bad or 'on another rank'}). Remove or impute them before training "
                     "(e.g. keep = np.isfinite(y) & np.isfinite(X).reshape(len(X), -1).all(1))")
-            self.event("nonfinite_batch", f"non-finite loss at {where} from the batch itself "
-                       f"({bad or 'on another rank'}): batch skipped, learning rate kept")
+            self.bus.say("nonfinite_batch", f"non-finite loss at {where} from the batch itself "
+                         f"({bad or 'on another rank'}): batch skipped, learning rate kept")
             return Outcome(Came.SKIPPED, detail=bad or "")
         self._bad_data = 0
         self.state.lr_scale *= self.guard.lr_cut
         what = "non-finite loss or gradient" if verdict == "nonfinite" else \
             f"loss spike ({loss:.4g} vs running mean {self.guard.running_mean():.4g})"
-        self.event("nonfinite_loss" if verdict == "nonfinite" else "loss_spike",
-                   f"{what}: step skipped, learning rate x{self.guard.lr_cut} (now "
-                   f"{self.state.lr_scale:.3g} of the schedule)")
+        self.bus.say("nonfinite_loss" if verdict == "nonfinite" else "loss_spike",
+                     f"{what}: step skipped, learning rate x{self.guard.lr_cut} (now "
+                     f"{self.state.lr_scale:.3g} of the schedule)")
         return Outcome(Came.RESTORE if self.guard.exhausted else Came.SKIPPED, detail=what)

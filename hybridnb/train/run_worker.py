@@ -19,11 +19,14 @@ import time
 
 import pandas as pd
 
+from hybridnb import platform
 from hybridnb.train import isolate, outside_state, worker_fit
 from hybridnb.train.bus import Ended, Lost, Started, StateKept
 from hybridnb.train.heartbeat import EVENT
 from hybridnb.train.state import Stop
 from hybridnb.train.worker_fit import FitJob, FitResult
+
+NOTICE = "worker_notice"  # a notice said around the job (payload, the next spare)
 
 
 class Relay:
@@ -34,6 +37,21 @@ class Relay:
 
     def __init__(self, loop) -> None:
         self.loop, self.started, self.ended = loop, False, None
+        self.notices: list[str] = []  # said once the view started
+        self.said: list = []  # kept in the run's events, which the worker's states replace
+
+    def notice(self, sentence: str) -> None:
+        """A notice around the job (``platform.say``: the data sent through files, no spare
+        for the next fit): a note on the kernel's bus."""
+        if self.started:
+            self.said.append(self.loop.bus.say(NOTICE, sentence))
+        else:
+            self.notices.append(sentence)
+
+    def keep(self) -> None:
+        """The notices said here stay in the run's events after the worker's state."""
+        events = self.loop.state.events
+        events.extend(e for e in self.said if e not in events)
 
     def hear(self, message) -> None:
         if message.kind == "state":  # applied as it arrives: a lost worker loses nothing
@@ -47,8 +65,12 @@ class Relay:
                 return
             if isinstance(event, Started):  # the worker says the notes the job carried
                 self.started = True
-                self.loop.bus.pending.clear()
+                self.loop.bus.forget()
             self.loop.bus.emit(event)
+            if isinstance(event, Started):
+                for sentence in self.notices:
+                    self.notice(sentence)
+                self.notices.clear()
 
     def finish(self) -> None:
         """The worker's fit arrived whole: its end is emitted here."""
@@ -70,18 +92,23 @@ class Worker:
         trainer.progress.view = trainer.progress.make_view(trainer.live)  # drawn here
         relay = Relay(loop)
         try:
-            out = run_job(trainer, job, prestarted=early, on_message=relay.hear,
-                          should_stop=lambda: "callback" if trainer.should_stop
-                          else trainer.progress.stop_requested)
+            with platform.notices_to(relay.notice):
+                out = run_job(trainer, job, prestarted=early, on_message=relay.hear,
+                              should_stop=lambda: "callback" if trainer.should_stop
+                              else trainer.progress.stop_requested)
         except BaseException:  # the worker's own error: its last state is applied already
             relay.finish()
             raise
+        for sentence in relay.notices:  # lost before its view started: said by the next one
+            trainer.bus.note(NOTICE, sentence)
         if out.status == "done":
             relay.finish()
             adopt(trainer, out.result)
+            relay.keep()
             return trainer.history
         if out.state is None:  # nothing arrived: the start state (each state that came is
             loop.restore(start, events=True)  # applied already, as it arrived)
+        relay.keep()
         if not relay.started:  # lost before it drew anything: the kernel's view starts here
             trainer.bus.emit(Started(loop.run_info()))
         trainer.bus.emit(Lost(out.reason))

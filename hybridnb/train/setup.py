@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-from collections.abc import Callable
 
 import torch
 
@@ -20,9 +19,10 @@ from hybridnb.train.precision import Precision
 STRATEGIES = ("auto", "single", "ddp", "deepspeed")
 
 
-def resolve_device(device, hw, notes: list) -> torch.device:
+def resolve_device(device, hw, bus=None) -> torch.device:
     """The device asked for, checked: a clear error naming ``device=`` and what detect() found
-    for a string torch does not know or a device this machine lacks."""
+    for a string torch does not know or a device this machine lacks. A device lost earlier in
+    this process gives the CPU, said on ``bus`` (the run's) where there is one."""
     if device == "auto":
         dev = hw.device
     else:
@@ -36,7 +36,8 @@ def resolve_device(device, hw, notes: list) -> torch.device:
             raise ValueError(f"device={device!r}: {missing}; use device='auto' (what "
                              "hn.detect() recommends) or device='cpu'")
     if dev.type != "cpu" and recovery.is_lost(dev):
-        notes.append(("device_lost", f"{dev} failed earlier in this process; using the CPU"))
+        if bus is not None:
+            bus.note("device_lost", f"{dev} failed earlier in this process; using the CPU")
         return torch.device("cpu")
     return dev
 
@@ -70,20 +71,20 @@ def make_strategy(strategy, device: torch.device) -> Strategy:
 
 
 def choose_precision(asked: str, strategy: Strategy, recommended: str | None,
-                     note: Callable[[str, str], object]) -> Precision:
+                     bus) -> Precision:
     """The precision for the strategy's device, within what the strategy supports (asked once;
     an automatic choice it cannot run falls back to fp32 and says so, an explicit one is an
-    error)."""
+    error), said on ``bus`` (the run's)."""
     precision = Precision.choose(asked, strategy.device, recommended=recommended)
     if precision.name not in strategy.supported_precisions:
         if asked == precision.name:
             raise ValueError(f"precision={asked!r} with strategy={strategy.name!r}: it supports "
                              f"{strategy.supported_precisions}; use precision='bf16' or 'fp32'")
-        note("precision_fallback", f"strategy={strategy.name!r} cannot run "
-             f"{precision.name} here; training in fp32")
+        bus.note("precision_fallback", f"strategy={strategy.name!r} cannot run "
+                 f"{precision.name} here; training in fp32")
         return Precision.choose("fp32", strategy.device)
     if precision.note:
-        note("precision_fallback", precision.note)
+        bus.note("precision_fallback", precision.note)
     return precision
 
 
@@ -94,15 +95,15 @@ def cpu_precision() -> Precision:
     return Precision.choose("fp32", "cpu")
 
 
-def cap_memory(fraction: float, device: torch.device, notes: list) -> None:
+def cap_memory(fraction: float, device: torch.device, bus) -> None:
     """Cap this process's share of a CUDA device's memory ("cuda" means the current device)."""
     if device.type == "cuda":
         index = cuda_index(device)
         torch.cuda.set_per_process_memory_fraction(fraction, index)
-        notes.append(("memory_fraction", f"GPU memory capped at {fraction:.0%} of cuda:{index}"))
+        bus.note("memory_fraction", f"GPU memory capped at {fraction:.0%} of cuda:{index}")
     else:
-        notes.append(("memory_fraction", f"memory_fraction={fraction} has no effect on {device} "
-                      "(CUDA only)"))
+        bus.note("memory_fraction", f"memory_fraction={fraction} has no effect on {device} "
+                 "(CUDA only)")
 
 
 def freeze(model: torch.nn.Module, patterns: list[str] | str | None) -> list[str]:

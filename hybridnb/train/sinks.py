@@ -55,7 +55,7 @@ class Sinks:
         self.next_epoch = len(state.history)
         params = hparams(trainer.settings, trainer.model) if self.loggers else {}
         self.open = True  # close() from here on: loggers opened before a failure are closed
-        self._claim(trainer.checkpoints.folder, trainer.bus.note)
+        self._claim(trainer.checkpoints.folder, trainer.bus)
         for logger in self.loggers:
             if callable(getattr(logger, "open", None)):
                 logger.open(self.next_epoch, state.global_step)
@@ -100,7 +100,7 @@ class Sinks:
         elif isinstance(event, EpochEnded) and self.trainer is not None:
             self.epoch_rows(event.history, self.trainer)
 
-    def _claim(self, checkpoint_dir, note) -> None:
+    def _claim(self, checkpoint_dir, bus) -> None:
         """The folders the loggers write besides ``checkpoint_dir`` (which the fit holds
         already) are this run's too: another live run writing there is refused
         (``run_lock``)."""
@@ -115,7 +115,7 @@ class Sinks:
             stale = lock.acquire()
             self.locks.append(lock)
             if stale:
-                note("run_lock", stale)
+                bus.note("run_lock", stale)
 
     def close(self) -> None:
         """Every logger closed (one that raises does not keep the others open), the log

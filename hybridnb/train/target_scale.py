@@ -11,7 +11,6 @@ and says what it saw and what to do. It does not rescale: the targets are the us
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 
@@ -21,11 +20,11 @@ LARGE_STD = 50.0    # targets spread this wide (milliseconds, raw counts) whatev
 
 class TargetScale:
     """The check: ``targets(y)`` with the first batch arms the hook; the first forward after it
-    judges, says it (``note(kind, message)``) when off, and removes itself."""
+    judges, says it on ``bus`` (the run's) when off, and removes itself."""
 
-    def __init__(self, model: torch.nn.Module, note: Callable[[str, str], None],
-                 enabled: bool = True, loss="mse", task: str = "regression") -> None:
-        self.model, self.note, self.enabled = model, note, enabled and task == "regression"
+    def __init__(self, model: torch.nn.Module, bus, enabled: bool = True, loss="mse",
+                 task: str = "regression") -> None:
+        self.model, self.bus, self.enabled = model, bus, enabled and task == "regression"
         self.loss = f"loss={loss!r}" if isinstance(loss, str) else "a regression loss"
         self.kind_checked = task != "regression"
         self.y: torch.Tensor | None = None
@@ -36,7 +35,7 @@ class TargetScale:
             self.kind_checked = True  # once per Trainer, whatever compile says
             said = judge_kind(y, self.loss)
             if said:
-                self.note("target_kind", said)
+                self.bus.note("target_kind", said)
                 self.enabled = False  # the scale of such targets says nothing more
         if not self.enabled or self._hook is not None or not isinstance(y, torch.Tensor) \
                 or y.numel() < 2:
@@ -60,7 +59,7 @@ class TargetScale:
                 [yf.mean(), yf.std(), of.mean(), of.std()]).tolist()
         message = judge(y_mean, y_std, o_mean, o_std)
         if message:
-            self.note("target_scale", message)
+            self.bus.note("target_scale", message)
 
 
 CONSTANT_AT = 8  # targets in the first batch all equal: said from this many on

@@ -27,8 +27,8 @@ import torch
 
 from hybridnb.events import Event
 from hybridnb.live.summary import header
-from hybridnb.train import isolate, loggers
-from hybridnb.train.bus import Started
+from hybridnb.train import isolate, loggers, opening
+from hybridnb.train.bus import Bus, Started
 from hybridnb.train.callbacks import check_callbacks
 from hybridnb.train.checkpoint import read as read_checkpoint
 from hybridnb.train.data import made_dataset
@@ -187,7 +187,7 @@ class Trainer:
                 settings.isolate == "auto" and self.device.type != "cpu"):
             bus.note("isolate", why)  # where it trains, and why, said once
         if not self.isolated:  # isolated: the worker places the model (the kernel never does)
-            self.placement.place([], bus.note, bus.pending)
+            self.placement.place([])
         loop.build_step(compiled=False)
 
     @property
@@ -256,9 +256,8 @@ class Trainer:
         >>> trainer.plan(train).total_steps == trainer.total_steps   # epochs x steps per epoch
         """
         # fit says the loader's notes (and quick mode's cap) when it opens the same data
-        loader = self.loop.loader(train, shuffle=True, what="train",
-                                  note=lambda kind, message: None)
-        self._planned = self.loop.plan_for(loader)
+        loader = self.loop.loader(train, shuffle=True, what="train", bus=Bus(self.bus.where))
+        self._planned = opening.plan(loader, self.settings)
         return self._planned
 
     @property
@@ -282,12 +281,12 @@ class Trainer:
     def fit(self, train, val=None, resume: bool | str | Path = False) -> pd.DataFrame:
         """Train for ``epochs`` epochs; returns the history. ``resume=True`` continues from
         ``checkpoint_dir``'s last good checkpoint, ``resume=path`` from that file."""
-        train, val = made_dataset(train, "train", self.bus.note), made_dataset(
-            val, "val", self.bus.note)  # a data library's windows: the Dataset they make
+        train, val = made_dataset(train, self.bus, "train"), made_dataset(
+            val, self.bus, "val")  # a data library's windows: the Dataset they make
         item = check_fit_data(train, val)  # before anything is said or started
         if item is not None:
             check_outputs(self.model, self.loss_fn, item, self.learner.dtype, self.batch_size)
-        with self.checkpoints.claimed(self.bus.note):  # one live run per checkpoint_dir
+        with self.checkpoints.claimed():  # one live run per checkpoint_dir
             return self._fit(train, val, resume)
 
     def _fit(self, train, val, resume) -> pd.DataFrame:
@@ -350,7 +349,7 @@ class Trainer:
     def _predict(self, data, with_targets: bool) -> tuple:
         """Where fit ran: in a worker after an isolated fit (if it dies, here on the CPU, said
         once), else in this process."""
-        data = made_dataset(data, "data", self.bus.note)
+        data = made_dataset(data, self.bus, "data")
         done, result = self._elsewhere("predicting", PredictJob, data, with_targets)
         if done:
             return result
@@ -371,7 +370,7 @@ class Trainer:
         real steps); sets ``batch_size`` and raises ``grad_accum`` to keep the effective batch.
         The model and optimizer are restored afterwards. See hybridnb.train.batch_size."""
         kwargs = {"headroom": headroom, "max_batch": max_batch, "start": start}
-        dataset = made_dataset(dataset, "dataset", self.bus.note)
+        dataset = made_dataset(dataset, self.bus, "dataset")
         done, result = self._elsewhere("finding the batch size", BatchSizeJob, dataset, kwargs,
                                        type(self))
         if done:  # the device is the worker's: measured there
@@ -454,7 +453,7 @@ class Trainer:
         ``.suggestion`` and ``.plot()``; the model, optimizer, schedule and RNG are restored.
         ``apply=True`` sets ``lr`` to the suggestion. See hybridnb.train.lr_find."""
         from hybridnb.train import lr_find as finder
-        data = made_dataset(data, "data", self.bus.note)
+        data = made_dataset(data, self.bus, "data")
         done, result = self._elsewhere("running lr_find", LrFindJob, data, kwargs, type(self))
         if not done:  # no worker, or it was lost: here
             result = finder.lr_find(self, data, **kwargs)

@@ -35,7 +35,7 @@ def worker_loop(settings: Settings, model: torch.nn.Module, channel):
     """The Loop for ``settings`` in this worker, its bus linked to the kernel."""
     with frozen_heap():  # building the optimizer imports torch._dynamo (heap.py)
         loop = build_loop(model, settings, channel)
-    loop.placement.place([], loop.bus.note, loop.bus.pending)  # the kernel's never is
+    loop.placement.place([])  # the kernel's never is
     loop.build_step(compiled=False)
     return loop
 
@@ -69,11 +69,13 @@ class FitJob:
         watch = outside_state.Fingerprint(self.model)  # the model as the kernel sent it
         loop = worker_loop(self.settings, self.model, channel)
         heartbeat = loop.heartbeat
-        loop.bus.pending[:] = self.notes  # the kernel's notes: its set-up is the same
+        loop.bus.forget()  # the kernel's notes instead: its set-up is the same
+        for kind, message in self.notes:
+            loop.bus.note(kind, message)
         began = worker_startup()
         if {"spawned_at", "ready_at"} <= set(began):
-            loop.bus.pending.append(("worker_start", isolate.startup_note(
-                began["spawned_at"], began["ready_at"], self.sent_at)))
+            loop.bus.note("worker_start", isolate.startup_note(
+                began["spawned_at"], began["ready_at"], self.sent_at))
         heartbeat.beat("setup")  # the job arrived: alive (its faults come later)
         loop.stop_flag = lambda: heartbeat.stop_asked() is Stop.CALLBACK
         random.setstate(self.py_random)
@@ -99,7 +101,7 @@ def _evaluating(settings: Settings, model: torch.nn.Module, channel):
     by the kernel already."""
     loop = worker_loop(settings, model, channel)
     channel.heartbeat(phase="evaluate", grace=loop.grace("the first batch"))
-    loop.bus.pending.clear()
+    loop.bus.forget()
     return loop
 
 

@@ -12,14 +12,16 @@ import torch
 from torch import nn
 
 from hybridnb.live.record import RunRecord
+from hybridnb.train.bus import Bus
 from hybridnb.train.placement import compile_estimate_s, say_compiling
 
 
 def test_the_first_compiled_call_says_compiling_with_an_estimate_then_how_long_it_took():
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
     compiled = nn.Sequential(model)  # stands in for torch.compile's wrapper: a module, called
-    said = []
-    say_compiling(compiled, model, torch.device("cpu"), lambda kind, msg: said.append((kind, msg)))
+    said, bus = [], Bus(lambda: (0, 0))
+    bus.subscribe(lambda event: said.append((event.kind, event.message)))
+    say_compiling(compiled, model, torch.device("cpu"), bus)
     compiled(torch.randn(2, 4))
     compiled(torch.randn(2, 4))  # later steps say nothing
     assert [k for k, _ in said] == ["compiling", "compiling"]

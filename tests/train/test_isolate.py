@@ -490,3 +490,21 @@ def test_the_worker_computes_with_the_kernels_torch_thread_count():
         torch.set_num_threads(before)
     assert tr.isolated and tr.global_step == 2
     assert int(tr.model.threads) == 1
+
+
+def test_a_full_dev_shm_during_an_isolated_fit_is_an_event_of_the_run(monkeypatch, capfd):
+    """The data sent to the worker through files instead of /dev/shm is said once, as the
+    run's event (its view, trainer.events, the stderr printer), not as a bare stderr line."""
+    from hybridnb.processes import payload
+    from hybridnb.train.trainer import Trainer
+
+    monkeypatch.setattr(platform, "_said", set())
+    full = platform.SharedMemory("/dev/shm", 64 << 20, 1 << 20)  # Docker's default, full
+    monkeypatch.setattr(payload.platform, "shared_memory", lambda path: full)
+    tr = Trainer(torch.nn.Linear(1024, 1), device="cpu", precision="fp32", batch_size=128,
+                 epochs=1, steps_per_epoch=1, live=False, verbose=False, isolate=True,
+                 speedups=False)
+    tr.fit((torch.randn(512, 1024), torch.randn(512)))  # 2 MiB: sent through a file
+    said = [e for e in tr.events if e.kind == "worker_notice"]
+    assert len(said) == 1 and "/dev/shm has 1 MiB free of 64 MiB" in said[0].message
+    assert "/dev/shm" not in capfd.readouterr().err  # verbose=False: said nowhere else

@@ -13,6 +13,7 @@ from torch import nn
 
 from hybridnb.strategies.base import SingleDevice
 from hybridnb.train import recovery
+from hybridnb.train.bus import Bus
 from hybridnb.train.trainer import Trainer
 
 torch.set_num_threads(1)
@@ -388,10 +389,10 @@ def test_a_failed_attempt_leaves_no_trace_in_batch_norm_statistics_or_the_rng():
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         step = TrainStep(model, lambda out, y: nn.functional.mse_loss(out[:, 0], y), opt,
                          Precision.choose("fp32", "cpu"))
-        events = []
+        events, bus = [], Bus(lambda: (0, 0))
+        bus.subscribe(lambda event: events.append((event.kind, event.message)))
         rec = recovery.Recovery(step, model=model, on_gpu_error="recover", guard=None,
-                                state=RunState(micro=micro), event=lambda k, m: events.append(
-                                    (k, m)))
+                                state=RunState(micro=micro), bus=bus)
         x, y = data(32)
         assert rec.run([(x, y)]).kind == "ok"
         return events, torch.rand(3)  # the RNG's position after the step
