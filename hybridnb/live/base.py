@@ -3,20 +3,24 @@
 ``View`` is the interface (and the no-op view for ``live=False``). ``LiveView`` keeps the
 RunRecord and the memory sampler, decides *when* to draw (two time throttles: bars and plots)
 and leaves *how* to the renderer's ``_draw_*`` methods. A drawing error never stops training: the
-view says so once and goes quiet.
+view warns once (``LiveViewWarning``) and goes quiet.
 """
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from hybridnb.events import Event
 from hybridnb.live.record import RunRecord
 from hybridnb.live.throttle import Throttle
+
+
+class LiveViewWarning(UserWarning):
+    """The live view failed to draw; training went on without it."""
 
 
 class View:
@@ -79,22 +83,18 @@ class LiveView(View):
                 sampler = self._sampler_factory(str(run.get("device", "cpu")), run.get("pid"))
                 sampler.start()
                 notes = list(getattr(sampler, "notes", []))
-            except Exception as exc:
+            except Exception as exc:  # broad: memory plots are optional; said in the header
                 notes = [f"memory sampling off ({type(exc).__name__}: {exc})"]
                 sampler = None
         self.record = RunRecord(run, sampler)
-        if notes:
-            self.note = "; ".join([n for n in [self.note, *notes] if n])
+        self.note = "; ".join([n for n in [self.note, *notes] if n])
         self._thread = threading.get_ident()
         self._safe(self._open, run)
         self.bars.force()  # the first step shows progress at once; plots follow after ~1 s
         self.plots.mark()
 
     def update(self, state: dict) -> None:
-        rec = self.record
-        if rec is None:
-            raise RuntimeError("view.update() called before view.start(run)")
-        rec.add(state)
+        self.record.add(state)
         if self.failed is not None or threading.get_ident() != self._thread:
             return
         now = self.clock()
@@ -113,8 +113,6 @@ class LiveView(View):
         self._poll(now)
 
     def event(self, ev: Event) -> None:
-        if self.record is None:
-            raise RuntimeError("view.event() called before view.start(run)")
         self.record.add_event(ev)
         if ev.kind == "device_lost" and self.record.sampler is not None:
             self.record.sampler.drop_device(ev.message)  # host memory only from now on
@@ -124,8 +122,6 @@ class LiveView(View):
 
     def end(self, summary: dict) -> None:
         rec = self.record
-        if rec is None:
-            raise RuntimeError("view.end() called before view.start(run)")
         try:
             rec.summary = dict(summary)
             if rec.sampler is not None:
@@ -150,7 +146,8 @@ class LiveView(View):
         self._draw_progress()
         self._draw_plots()
 
-    def _draw_event(self, ev: Event) -> None: ...
+    def _draw_event(self, ev: Event) -> None:
+        self._draw_progress()
 
     def _close(self, summary: Mapping[str, Any]) -> None: ...
 
@@ -160,13 +157,12 @@ class LiveView(View):
     def _release(self) -> None:
         """Free what the renderer holds (widgets, threads); always called by ``end``."""
 
-    # ------------------------------------------------------------------ helpers
     def _safe(self, fn: Callable, *args) -> None:
         try:
             fn(*args)
-        except Exception as exc:  # drawing must never kill a training run
+        except Exception as exc:  # broad: drawing must never kill a training run
             if self.failed is None:
                 self.failed = f"{type(exc).__name__}: {exc}"
-                print(f"hybridnb: the {self.name} live view failed ({self.failed}); training "
-                      "continues without live updates and a text summary at the end.",
-                      file=sys.stderr)
+                warnings.warn(f"hybridnb: the {self.name} live view failed ({self.failed}); "
+                              "training continues without live updates and a text summary at "
+                              "the end.", LiveViewWarning, stacklevel=2)

@@ -1,11 +1,10 @@
 """Widget live view for JupyterLab / Notebook 7 / Colab (ipywidgets 7 or 8): the progress panel,
 a Stop button and a plotly FigureWidget.
 
-Shown while training: the progress panel the HTML view shows too (``snapshot.progress_html``:
-header, epoch and step bars, status line, recovery events) with a Stop button below it; then one
-FigureWidget with loss, learning rate and memory panels. Only the main thread (the training
-loop, through ``update``) changes widgets; the Stop button's handler, which may run on a kernel
-subshell thread, only sets ``stop_requested``.
+The progress panel is the HTML view's (``snapshot.progress_html``) with a Stop button below it;
+then one FigureWidget with loss, learning rate and memory panels. Only the main thread (the
+training loop, through ``update``) changes widgets; the Stop button's handler, which may run on a
+kernel subshell thread, only sets ``stop_requested``.
 
 At the end the two outputs are *replaced* (through their display handles) by the static snapshot
 and every widget is closed, so the saved notebook holds no widget views and no widget state.
@@ -13,40 +12,28 @@ and every widget is closed, so the saved notebook holds no widget views and no w
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
 from typing import Any
 
-from hybridnb.events import Event
 from hybridnb.live import figures, panel_image, snapshot
-from hybridnb.live.base import LiveView
 from hybridnb.live.clicks import ClickRoute, route_clicks
+from hybridnb.live.html import HtmlView
 from hybridnb.live.throttle import Throttle
-
-
-def _display_with_handle(obj: Any) -> Any:
-    """Show ``obj`` and return its DisplayHandle (``update(bundle, raw=True)`` replaces it)."""
-    from IPython.display import display
-
-    return display(obj, display_id=True)
-
 
 STOP_TOOLTIP = "Stop after the current step (checkpoint and history are kept)"
 
 
-class WidgetView(LiveView):
+class WidgetView(HtmlView):
     name = "widgets"
     poll_interval = 0.25
 
-    def __init__(self, note: str = "", display: Callable[[Any], Any] | None = None,
-                 **kwargs: Any):
+    def __init__(self, note: str = "", **kwargs: Any):
         super().__init__(note, **kwargs)
-        self._display = display or _display_with_handle
         self.clicks: ClickRoute = ClickRoute()
         self.poller = Throttle(self.poll_interval, budget=0.003, clock=self.clock)
         self._widgets: list[Any] = []
         self._stop_shown = False
 
-    # ------------------------------------------------------------------ build
     def _open(self, run: dict) -> None:
         import ipywidgets as W
 
@@ -71,7 +58,6 @@ class WidgetView(LiveView):
         # May run on a kernel subshell thread: set the flag only, never touch widgets here.
         self.stop_requested = True
 
-    # ------------------------------------------------------------------ draw
     def _draw_progress(self) -> None:
         self.progress.value = snapshot.progress_html(self.record, self.note)
         if self.stop_requested and not self._stop_shown:
@@ -82,27 +68,19 @@ class WidgetView(LiveView):
     def _draw_plots(self) -> None:
         figures.update_figure(self.fig, self.record)
 
-    def _draw_event(self, ev: Event) -> None:
-        self._draw_progress()
-
     def _poll(self, now: float) -> None:
         if self.clicks.mode == "ui_poll" and self.poller.due(now):
             started = self.clock()
             self._safe(self.clicks.poll)
             self.poller.done(started)
 
-    # ------------------------------------------------------------------ end
     def _close(self, summary: dict) -> None:
-        self._draw_progress()
-        self._draw_plots()
-        self.panel.update(snapshot.summary_bundle(self.record, summary, self.note), raw=True)
-        self.figure.update(snapshot.figure_bundle(self.record), raw=True)
+        self._draw_epoch_end()
+        super()._close(summary)
 
     def _release(self) -> None:
         for w in self._widgets:
-            try:
+            with contextlib.suppress(Exception):  # broad: a comm already gone; the run is over
                 w.close()
-            except Exception:
-                pass
         self._widgets = []
         self.clicks.close()

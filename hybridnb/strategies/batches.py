@@ -18,27 +18,29 @@ from torch.utils.data import Sampler
 class ResumableBatchSampler(Sampler[list[int]]):
     """Batches of indices over ``n`` samples; ``skip(k)`` makes the next epoch start at batch k."""
 
-    def __init__(self, n: int, batch_size: int, shuffle: bool, generator: torch.Generator,
-                 drop_last: bool = False) -> None:
+    def __init__(self, n: int, batch_size: int, shuffle: bool, generator: torch.Generator) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be >= 1")
         self.n, self.batch_size, self.shuffle = int(n), int(batch_size), shuffle
-        self.generator, self.drop_last = generator, drop_last
+        self.generator = generator
         self._skip = 0
 
     def skip(self, batches: int) -> None:
         self._skip = int(batches)
 
+    def _spans(self) -> list[tuple[int, int]]:
+        """``(start, stop)`` of each batch this process takes from an epoch's order."""
+        return [(s, min(s + self.batch_size, self.n)) for s in range(0, self.n, self.batch_size)]
+
     def __iter__(self) -> Iterator[list[int]]:
         order = (torch.randperm(self.n, generator=self.generator).tolist() if self.shuffle
                  else list(range(self.n)))
         start, self._skip = self._skip, 0
-        for b in range(start, len(self)):
-            yield order[b * self.batch_size:(b + 1) * self.batch_size]
+        for lo, hi in self._spans()[start:]:
+            yield order[lo:hi]
 
     def __len__(self) -> int:
-        return self.n // self.batch_size if self.drop_last else math.ceil(self.n / self.batch_size)
-
+        return math.ceil(self.n / self.batch_size)
 
 
 def batch_len(batch) -> int:

@@ -21,8 +21,6 @@ cost: the gradient all-reduce is not overlapped with backward (bench/bench_ddp.p
 from __future__ import annotations
 
 import contextlib
-import datetime
-from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -57,7 +55,7 @@ def shutdown() -> None:
 
 
 # --------------------------------------------------------------------------------- data shards
-def global_batches(n: int, batch: int, world: int, drop_last: bool = False) -> list[tuple[int, int]]:
+def global_batches(n: int, batch: int, world: int) -> list[tuple[int, int]]:
     """``(start, stop)`` of each global batch (``batch`` samples per rank) in an epoch's order.
 
     A last global batch too small to give every rank a sample joins the one before it, so every
@@ -65,11 +63,8 @@ def global_batches(n: int, batch: int, world: int, drop_last: bool = False) -> l
     """
     size = batch * world
     spans = [(s, min(s + size, n)) for s in range(0, n, size)]
-    if spans and spans[-1][1] - spans[-1][0] < size:
-        if drop_last:
-            spans.pop()
-        elif len(spans) > 1 and spans[-1][1] - spans[-1][0] < world:
-            spans[-2:] = [(spans[-2][0], spans[-1][1])]
+    if len(spans) > 1 and spans[-1][1] - spans[-1][0] < world:
+        spans[-2:] = [(spans[-2][0], spans[-1][1])]
     return spans
 
 
@@ -86,32 +81,26 @@ class ShardedBatchSampler(ResumableBatchSampler):
 
     Every rank draws the same epoch order from the same generator (the strategy broadcasts rank
     0's generator state), cuts it into global batches of ``batch_size x world_size`` exactly as a
-    single process with that batch size would, and keeps its slice. The generator moves on every
-    epoch, so each epoch has a new order (what ``DistributedSampler.set_epoch`` is for); ``skip``
-    resumes mid-epoch as on one device.
+    single process with that batch size would, and keeps its slice.
     """
 
     def __init__(self, n: int, batch_size: int, shuffle: bool, generator: torch.Generator,
-                 rank: int, world_size: int, drop_last: bool = False) -> None:
-        super().__init__(n, batch_size, shuffle, generator, drop_last=drop_last)
+                 rank: int, world_size: int) -> None:
+        super().__init__(n, batch_size, shuffle, generator)
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank!r} must be in [0, world_size={world_size})")
         if n < world_size:
             raise ValueError(f"{n} samples cannot be shared by {world_size} processes (each needs "
                              "at least one); use more data or fewer processes")
         self.rank, self.world_size = rank, world_size
-        self._spans = global_batches(self.n, self.batch_size, world_size, drop_last)
+        self._global = [shard(lo, hi, rank, world_size)
+                        for lo, hi in global_batches(self.n, self.batch_size, world_size)]
 
-    def __iter__(self) -> Iterator[list[int]]:
-        order = (torch.randperm(self.n, generator=self.generator).tolist() if self.shuffle
-                 else list(range(self.n)))
-        start, self._skip = self._skip, 0
-        for lo, hi in self._spans[start:]:
-            a, b = shard(lo, hi, self.rank, self.world_size)
-            yield order[a:b]
+    def _spans(self) -> list[tuple[int, int]]:
+        return self._global
 
     def __len__(self) -> int:
-        return len(self._spans)
+        return len(self._global)
 
 
 # --------------------------------------------------------------------------------- agreement
@@ -137,25 +126,23 @@ class DDPStrategy(Strategy):
 
     name = "ddp"
 
-    def __init__(self, device: torch.device | str = "auto", backend: str | None = None,
-                 timeout_s: float | None = None) -> None:
+    def __init__(self, device: torch.device | str = "auto") -> None:
         job = launch_env()
         if job is None and not dist.is_initialized():
-            raise RuntimeError("strategy='ddp' needs this process to be one rank of a "
+            raise RuntimeError(f"strategy={self.name!r} needs this process to be one rank of a "
                                f"multi-process job: {LAUNCH_HELP}. RANK and WORLD_SIZE are not "
                                "set here; use strategy='single' for one process")
         rank, local_rank, world = job if job is not None else (
             dist.get_rank(), dist.get_rank(), dist.get_world_size())
         self.local_rank = local_rank
         self.device = _rank_device(device, local_rank)
-        self.backend = backend or ("nccl" if self.device.type == "cuda" else "gloo")
+        self.backend = "nccl" if self.device.type == "cuda" else "gloo"
         if not dist.is_initialized():
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
-            timeout = datetime.timedelta(seconds=timeout_s) if timeout_s else None
-            dist.init_process_group(
-                self.backend, init_method="env://", rank=rank, world_size=world,
-                timeout=timeout, device_id=self.device if self.backend == "nccl" else None)
+            dist.init_process_group(self.backend, init_method="env://", rank=rank,
+                                    world_size=world,
+                                    device_id=self.device if self.backend == "nccl" else None)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.accelerator = self.device.type != "cpu"
         self._comm = self.device if dist.get_backend() == "nccl" else torch.device("cpu")

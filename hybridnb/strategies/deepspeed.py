@@ -36,9 +36,8 @@ import torch
 import torch.distributed as dist
 
 from hybridnb import failures
-from hybridnb.env import launch_env as _launch_env
 from hybridnb.strategies.batches import batch_len
-from hybridnb.strategies.ddp import LAUNCH_HELP, DDPStrategy, _Agreed
+from hybridnb.strategies.ddp import DDPStrategy, _Agreed
 
 MISSING = ("strategy='deepspeed' needs the deepspeed package, which is not installed: pip install "
            "deepspeed (Linux with a compiler; see deepspeed.ai). For EEG-sized models "
@@ -51,11 +50,11 @@ def available() -> bool:
     return importlib.util.find_spec("deepspeed") is not None
 
 
-def make_strategy(device: torch.device | str, config: dict | None = None):
+def make_strategy(device: torch.device | str):
     """A ``DeepSpeedStrategy`` for this rank, or the message that says what is missing."""
     if not available():
         raise ImportError(MISSING)
-    return DeepSpeedStrategy(device, config=config)
+    return DeepSpeedStrategy(device)
 
 
 class BackwardFailure(Exception, _Agreed):
@@ -85,14 +84,8 @@ class DeepSpeedStrategy(DDPStrategy):
     supported_precisions = ("fp32", "bf16")
     supports_compile = False
 
-    def __init__(self, device: torch.device | str = "auto", config: dict | None = None,
-                 timeout_s: float | None = None) -> None:
-        if _launch_env() is None and not dist.is_initialized():
-            raise RuntimeError("strategy='deepspeed' needs this process to be one rank of a "
-                               f"multi-process job: {LAUNCH_HELP} (or the deepspeed launcher). "
-                               "RANK and WORLD_SIZE are not set here; use strategy='single' "
-                               "for one process")
-        super().__init__(device, timeout_s=timeout_s)
+    def __init__(self, device: torch.device | str = "auto", config: dict | None = None) -> None:
+        super().__init__(device)
         if self.device.type == "cpu":
             os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported
         self.user_config = dict(config or {})
@@ -122,13 +115,10 @@ class DeepSpeedStrategy(DDPStrategy):
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
         """DeepSpeed's engine around ``model`` and the Trainer's optimizer (built once)."""
         if self.engine is None:
-            if self.config is None:
-                raise RuntimeError("DeepSpeedStrategy.configure(...) must run before wrap()")
             import deepspeed
 
             self._module = model
-            self.engine, *_ = deepspeed.initialize(model=model,
-                                                   optimizer=optimizer,
+            self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer,
                                                    config=self.config, dist_init_required=False)
         return self.engine
 
@@ -146,7 +136,6 @@ class DeepSpeedStrategy(DDPStrategy):
         return int(counts[:, 0].max()), (self.world_size * samples / total if total else 1.0)
 
     def engine_backprop(self):
-        """DeepSpeed owns backward: ZeRO-2 reduces gradients inside it."""
         return self._backward
 
     def _backward(self, loss: torch.Tensor, last: bool) -> None:

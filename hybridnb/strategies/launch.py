@@ -1,29 +1,17 @@
 """``hn.launch(fn, *args, num_processes=N)``: multi-process (DDP) training from a notebook cell.
 
-Like Accelerate's ``notebook_launcher``: the workers are started with the ``fork`` start method
-by default, so a function defined in a notebook is already in their memory. Forking is only safe
-while CUDA is not initialised in the kernel (a CUDA context does not survive ``fork``), so
-``launch`` refuses with a clear message when it is; ``hn.detect()`` is safe to call first (it
-probes in a child). ``start_method="spawn"`` starts fresh interpreters instead, which receive
-``fn`` and its arguments with cloudpickle (``hybridnb.processes``), so it works after CUDA too.
-Starting, reading and killing the ranks is ``hybridnb.processes``'s: the ranks are watched
-together by its one ``Watch``, each in its own process group, killed and reaped before
-``launch`` returns or raises.
+Like Accelerate's ``notebook_launcher``: workers are forked by default, so a function defined in
+a notebook is already in their memory; forking is only safe while CUDA is not initialised in the
+kernel, so ``launch`` refuses when it is (``hn.detect()`` probes in a child: safe first).
+``start_method="spawn"`` sends ``fn`` with cloudpickle to fresh interpreters instead. The ranks
+run under ``hybridnb.processes``'s one ``Watch`` and get the torchrun environment plus
+``HYBRIDNB_LAUNCHED=1``, so ``Trainer(strategy="auto")`` inside ``fn`` runs DDP. Rank 0's output
+is streamed as text (widgets cannot be drawn from another process); a failing rank stops the
+others and ``launch`` raises with its traceback. The first interrupt asks every rank to stop
+after the current step and save a checkpoint; a second kills them.
 
-Each worker gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1``, a free
-``MASTER_PORT`` and ``HYBRIDNB_LAUNCHED=1``, so ``Trainer(strategy="auto")`` inside ``fn`` runs
-DDP. Rank 0's output is streamed into the cell (as text: widgets cannot be drawn from another
-process); the other ranks' output is kept and shown if they fail. ``launch`` returns rank 0's
-result (it must be picklable: a history table, metrics, a state_dict). A failing rank stops all
-the others (no hang) and ``launch`` raises with its traceback. The first interrupt (the
-notebook's stop button, Ctrl-C) asks every rank to stop after the current step and save a
-checkpoint (a rank not stopped within the watch's stop grace is killed); a second one kills
-them; SIGTERM does the same and then ends this process. With one process ``launch`` simply
-calls ``fn``.
-
-Where the OS cannot fork (Windows; ``hybridnb.platform.fork()``) the ranks are spawned, and
-``start_method="fork"`` falls back to spawn, said once. Where hybridnb cannot supervise a child
-at all (Windows: ``platform.child_pipes()``), ``fn`` runs once in this process, said once.
+Where the OS cannot fork the ranks are spawned; where hybridnb cannot supervise a child at all
+(``platform.child_pipes()``), ``fn`` runs once in this process. Both are said once.
 """
 
 from __future__ import annotations

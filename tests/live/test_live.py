@@ -18,7 +18,7 @@ import hybridnb.live as live
 from hybridnb import env as runtime
 from hybridnb.events import Event
 from hybridnb.live import figures
-from hybridnb.live.base import LiveView, View
+from hybridnb.live.base import LiveView, LiveViewWarning, View
 from hybridnb.live.console import ConsoleView
 from hybridnb.live.html import HtmlView
 from hybridnb.live.snapshot import PLOTLY_MIME
@@ -382,10 +382,10 @@ def test_a_broken_display_never_stops_training(capsys):
         raise RuntimeError("comm closed")
 
     view = HtmlView(display=broken, sampler_factory=None)
-    drive(view, epochs=1, steps=5)
-    captured = capsys.readouterr()
-    assert "html live view failed (RuntimeError: comm closed)" in captured.err
-    assert "Trained TinyNet" in captured.out  # the summary still reaches the person
+    with pytest.warns(LiveViewWarning, match=r"html live view failed \(RuntimeError: comm") as said:
+        drive(view, epochs=1, steps=5)
+    assert len(said) == 1  # said once, however many draws fail
+    assert "Trained TinyNet" in capsys.readouterr().out  # the summary still reaches the person
 
 
 # ------------------------------------------------------------------ widget renderer (no kernel)

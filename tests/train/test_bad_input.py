@@ -701,7 +701,7 @@ def _html_view(monkeypatch) -> dict:
 
     shown = []
     monkeypatch.setattr(hybridnb.env, "frontend", lambda: "vscode")
-    monkeypatch.setattr(html, "_IPythonHandle", lambda b: shown.append(_Handle(b)) or shown[-1])
+    monkeypatch.setattr(html, "show", lambda b: shown.append(_Handle(b)) or shown[-1])
     return {"live": "html", "_shown": shown}
 
 
