@@ -16,13 +16,6 @@ from typing import Any
 from hybridnb.events import Event, row_kind
 
 
-def _float(x: Any) -> float:
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return float("nan")
-
-
 class RunRecord:
     """Steps, epoch ends, events and the memory sampler of one ``fit``."""
 
@@ -43,13 +36,11 @@ class RunRecord:
         self.state: dict[str, Any] = {}
         self.sampler = sampler
         self.summary: dict[str, Any] | None = None
-        self._at_epoch_end = False
+        self.at_epoch_end = False  # between an epoch-end update and the next step
         self._pace_from: tuple[float, float] | None = None  # (fraction, elapsed) after step 1
 
-    # ------------------------------------------------------------------ feeding
     def add(self, state: Mapping[str, Any]) -> None:
-        """One row: a step's, a validation's between steps (``val_every``) or an epoch's end
-        (its kind: ``hybridnb.events.row_kind``)."""
+        """One row: a step's, a validation's between steps (``val_every``) or an epoch's end."""
         kind = row_kind(state)
         if kind == "epoch":
             self._end_epoch(state)
@@ -58,42 +49,32 @@ class RunRecord:
             self.val_rows.append(dict(state))
             return
         self.state = state  # the Trainer passes a fresh dict per step: no copy needed
-        self._at_epoch_end = False
+        self.at_epoch_end = False
         self.steps.append(state.get("global_step") or len(self.steps) + 1)
-        loss = state.get("loss")
-        loss = float("nan") if loss is None else float(loss)
-        self.losses.append(loss)
-        lr = state.get("lr")
-        self.lrs.append(float("nan") if lr is None else float(lr))
+        for values, key in ((self.losses, "loss"), (self.lrs, "lr")):
+            values.append(float("nan") if state.get(key) is None else float(state[key]))
         if self._pace_from is None and self.steps_per_epoch:  # this fit's first step is done
             self._pace_from = (self.fraction(), self.elapsed())
 
     def _end_epoch(self, state: Mapping[str, Any]) -> None:
-        row = dict(self.state)
-        row.update(state)
+        row = {**self.state, **state}
         row.setdefault("epoch", len(self.epoch_ends))
-        row.setdefault("global_step", self.steps[-1] if self.steps else 0)
+        row.setdefault("global_step", self.global_step)
         self.epoch_ends.append(row)
         if any(k.startswith("val_") for k in state):
             self.val_rows.append(row)
         if self.steps_per_epoch is None and row.get("step"):
             self.steps_per_epoch = int(row["step"])  # learnt from the first epoch
         self.state = row
-        self._at_epoch_end = True
+        self.at_epoch_end = True
 
     def add_event(self, ev: Event) -> None:
         self.events.append(ev)
 
-    # ------------------------------------------------------------------ reading
-    @property
-    def at_epoch_end(self) -> bool:
-        """True between an epoch-end update and the next step."""
-        return self._at_epoch_end
-
     @property
     def epochs_done(self) -> int:
         """Completed epochs (counts epochs of a resumed run done before this fit too)."""
-        return self.epoch + 1 if self._at_epoch_end else self.epoch
+        return self.epoch + 1 if self.at_epoch_end else self.epoch
 
     @property
     def epoch(self) -> int:
@@ -114,7 +95,7 @@ class RunRecord:
 
     def fraction(self) -> float | None:
         """Share of the planned run done (None while the epoch length is unknown)."""
-        if self._at_epoch_end:
+        if self.at_epoch_end:
             return min(1.0, self.epochs_done / self.epochs)
         spe = self.steps_per_epoch
         if not spe:
@@ -123,23 +104,18 @@ class RunRecord:
 
     def remaining_s(self) -> float | None:
         """Time left at this fit's pace after its first step (a resumed run's earlier epochs do
-        not count, nor does the first step, which compiles or warms up: None until a second
-        step is done)."""
+        not count, nor does the first step, which compiles or warms up)."""
         frac = self.fraction()
-        if frac is None or self._pace_from is None:
+        if frac is None or self._pace_from is None or frac <= self._pace_from[0]:
             return None
         start_frac, start_s = self._pace_from
-        done = frac - start_frac
-        if done <= 0:
-            return None
-        return max(self.elapsed() - start_s, 0.0) * (1 - frac) / done
+        return max(self.elapsed() - start_s, 0.0) * (1 - frac) / (frac - start_frac)
 
     def epoch_points(self, key: str = "train_loss", rows: list | None = None
                      ) -> tuple[list[int], list[float]]:
-        """``key`` at each epoch end (or in ``rows``; x: the global step), as the Trainer sent
-        it."""
+        """``key`` at each epoch end (or in ``rows``), as the Trainer sent it; x: global step."""
         rows = [r for r in (self.epoch_ends if rows is None else rows) if r.get(key) is not None]
-        return [int(r.get("global_step") or 0) for r in rows], [_float(r[key]) for r in rows]
+        return [int(r.get("global_step") or 0) for r in rows], [float(r[key]) for r in rows]
 
     def val_points(self, key: str = "val_loss") -> tuple[list[int], list[float]]:
         """``key`` at every validation (epoch ends and ``val_every``)."""

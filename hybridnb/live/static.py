@@ -1,23 +1,15 @@
 """Plotly figures that stay interactive and also carry a static image for exports.
 
-A notebook output that holds only ``application/vnd.plotly.v1+json`` is dropped by
-``nbconvert --to html`` and by a code host's preview, so the image (SVG, drawn with matplotlib:
-no browser, no network, no pyplot state touched) travels *in the same output* as the JSON:
+A notebook output holding only ``application/vnd.plotly.v1+json`` is dropped by ``nbconvert --to
+html`` and by a code host's preview, so an SVG (drawn with matplotlib: no browser, no pyplot
+state) travels in the same output: ``static_figures()`` adds the ``"hybridnb_image"`` renderer
+to plotly's default (importing hybridnb changes no plotly setting); ``static_figure(fig, draw)``
+makes a figure that carries the image whatever the settings (``draw`` returns its matplotlib
+Figure, as for hybridnb's own figures; else it is translated by ``live/plotly_mpl.py``).
 
-* ``static_figures()`` (``hn.static_figures()``): adds the ``"hybridnb_image"`` renderer to
-  ``plotly.io.renderers.default``, so every figure shown in this kernel carries
-  ``image/svg+xml`` too. Importing hybridnb changes no plotly setting; only this call does.
-* ``static_figure(fig, draw=None)``: a ``StaticFigure`` (a ``go.Figure``) that carries the image
-  whatever the renderer settings; ``draw`` (a function returning a matplotlib Figure) draws
-  it, as hybridnb's own figures do. Without ``draw``, and for any other figure, the image is
-  translated from the plotly JSON (``live/plotly_mpl.py``: the traces notebooks use).
-* ``to_svg(fig)`` / ``to_png(fig)`` / ``write_png(fig, path)``: the image itself.
-
-Why SVG and not PNG: JupyterLab's plotly renderer shows an output's ``image/png`` instead of
-drawing the plot until the mouse enters it; it ignores ``image/svg+xml``. JupyterLab, Notebook
-7 and VS Code pick the plotly JSON, Colab plotly's ``text/html``, and nbconvert, nbviewer and
-GitHub the SVG. kaleido (plotly's own exporter) would draw user figures pixel for pixel but
-needs a Chrome, which Colab and many offline machines lack; it is not used.
+SVG, not PNG: JupyterLab's plotly renderer shows an ``image/png`` instead of drawing the plot;
+it ignores ``image/svg+xml``. kaleido would draw user figures pixel for pixel but needs a
+Chrome, which Colab and many offline machines lack.
 """
 
 from __future__ import annotations
@@ -33,8 +25,7 @@ from hybridnb.live.mpl_style import DPI, RC
 
 IMAGE_RENDERER = "hybridnb_image"
 IMAGE_MIME = "image/svg+xml"
-# the same figure gives the same bytes: no date, ids from a fixed salt (a re-run notebook's
-# outputs do not change for nothing)
+# the same figure, the same bytes: a re-run notebook's outputs do not change for nothing
 _SVG_RC = {"svg.hashsalt": "hybridnb", "svg.fonttype": "path"}
 
 
@@ -54,8 +45,7 @@ def save(figure: Any, fmt: str) -> bytes:
 
 
 def to_matplotlib(fig: Any):
-    """The figure (a plotly figure or its dict) as a ``matplotlib.figure.Figure``: drawn by its
-    own ``draw`` when it is a StaticFigure made with one, else translated from its JSON."""
+    """The figure (a plotly figure or its dict) as a ``matplotlib.figure.Figure``."""
     draw = getattr(fig, "_hybridnb_draw", None)
     if draw is not None:
         return draw()
@@ -75,15 +65,13 @@ def to_svg(fig: Any) -> str:
 
 
 def write_png(fig: Any, path: str | Path) -> Path:
-    """Write ``to_png(fig)`` to ``path``; returns the path."""
     path = Path(path)
     path.write_bytes(to_png(fig))
     return path
 
 
 def image_bundle(fig: Any) -> dict[str, str]:
-    """``{"image/svg+xml": svg}``; ``{}`` with a warning when it cannot be drawn, so the
-    figure's interactive output is still shown."""
+    """``{"image/svg+xml": svg}``, or ``{}`` with a warning: the interactive output still shows."""
     try:
         return {IMAGE_MIME: to_svg(fig)}
     except Exception as exc:  # broad: any drawing failure must leave the interactive output
@@ -122,7 +110,6 @@ def with_image(renderer: str | None) -> str | None:
 
 
 def _image_renderer():
-    """The ``"hybridnb_image"`` renderer, registered with plotly on first use."""
     import plotly.io as pio
 
     if IMAGE_RENDERER not in pio.renderers:
@@ -141,28 +128,22 @@ def static_figure(fig: Any, draw: Callable[[], Any] | None = None):
 
 @functools.cache
 def _classes():
-    """(the image renderer class, StaticFigure): made on first use, as plotly is imported only
-    when a figure is made."""
+    """(the image renderer class, StaticFigure), made on first use: plotly is imported late."""
     import plotly.graph_objects as go
     import plotly.io as pio
     from plotly.io.base_renderers import MimetypeRenderer
 
     class StaticImageRenderer(MimetypeRenderer):
-        """``image/svg+xml`` drawn with matplotlib; combine it with an interactive renderer:
-        ``"plotly_mimetype+hybridnb_image"``."""
-
         figure = None  # set while a StaticFigure shows itself
 
         def to_mimebundle(self, fig_dict):
             return image_bundle(fig_dict if self.figure is None else self.figure)
 
     class StaticFigure(go.Figure):
-        """A plotly figure whose notebook outputs also hold an image (hybridnb.live.static)."""
-
         _hybridnb_draw = None
 
         def _own_image(self, show, *args, **kwargs):
-            """``show(...)`` with the image renderer drawing this figure (it gets a dict)."""
+            """``show(...)`` with the image renderer drawing this figure, not its dict."""
             image = _image_renderer()
             image.figure = self
             try:

@@ -29,9 +29,8 @@ STOP_REASONS = {
 
 
 def header(run: Mapping[str, Any], note: str = "") -> str:
-    """``EEGNeX · 62.3 k params · cpu · fp32 · batch 64 × grad_accum 2 · 3 epochs × 20 steps ·
-    chosen by the Trainer: batch 64 × grad_accum 2 (detect()), ... · quick mode``: what the run
-    is, and (``run["chosen"]``) every setting the Trainer chose on the user's behalf, once."""
+    """``EEGNeX · 62.3 k params · cpu · fp32 · batch 64 · 3 epochs × 20 steps · chosen by the
+    Trainer: ...``: what the run is, and every setting the Trainer chose for the user, once."""
     parts = [str(run.get("model") or "model")]
     if run.get("n_params") is not None:
         parts.append(f"{fmt.count(run['n_params'])} params")
@@ -93,8 +92,7 @@ def speed(st: Mapping[str, Any]) -> list[str]:
 
 
 def status(record, memory: Mapping[str, float] | None = None) -> str:
-    """``epoch 1/2 · step 12/20 · train_loss 0.41 · val_loss 0.39 · lr 1.00e-03 · ...``
-    (epoch 1 of epochs 0–2: counted from 0, as in the history)."""
+    """``epoch 1/2 · step 12/20 · train_loss 0.41 · val_loss 0.39 · lr 1.00e-03 · ...``"""
     st = record.state
     spe = record.steps_per_epoch
     parts = [f"epoch {record.epoch}/{record.epochs - 1}",
@@ -127,19 +125,6 @@ def status(record, memory: Mapping[str, float] | None = None) -> str:
     return " · ".join(parts)
 
 
-def _best(summary: Mapping[str, Any], monitor: str
-          ) -> tuple[float | None, int | None, int | None]:
-    """The best monitored value, its epoch (counted from 0, as in the history) and step, as the
-    Trainer decided them (early stopping and the best checkpoint use the same): the view ranks
-    nothing itself."""
-    best = summary.get("best") or {}
-    value = best.get(monitor, best.get("value"))
-    value = float(value) if value is not None and math.isfinite(float(value)) else None
-    epoch, step = best.get("epoch"), best.get("step")
-    return (value, int(epoch) if epoch is not None else None,
-            int(step) if step is not None else None)
-
-
 def paragraph(summary: Mapping[str, Any], record) -> str:
     """The end-of-run summary: best metric, time, throughput, peak memory, events, stop reason."""
     run = record.run
@@ -160,8 +145,9 @@ def paragraph(summary: Mapping[str, Any], record) -> str:
         text[0] += f", {fmt.rate(sps)} samples/s"
     text[0] += "."
     monitor = run.get("monitor") or "val_loss"
-    value, epoch, step = _best(summary, monitor)
-    if value is not None:
+    best = summary.get("best") or {}  # as the Trainer decided it: the view ranks nothing
+    value, epoch, step = best.get(monitor, best.get("value")), best.get("epoch"), best.get("step")
+    if value is not None and math.isfinite(float(value)):
         at = "" if epoch is None else f" at epoch {epoch}" + (
             f", step {step}" if step is not None else "") + " (epochs count from 0, as in history)"
         text.append(f"Best {monitor} {fmt.number(value)}{at}.")
