@@ -1,23 +1,13 @@
 """The live view: the only part of hybridnb/live/ that the Trainer calls.
 
-```python
-view = make_view(live)      # "auto" | False | None | "widgets" | "html" | "text"
-view.start(run); view.update(state); view.event(ev); view.end(summary); view.stop_requested
-```
-
-The renderer is chosen once, from ``hybridnb.env.frontend()`` for ``"auto"``:
-
-=============  ==========================================================================
-widgets        JupyterLab / Notebook 7 (a jupyter-server session); Colab with ipywidgets 7 (what
-               it ships) once its custom widget manager is on — ipywidgets bars + plotly
-               FigureWidget (needs anywidget)
-html           VS Code, unknown Jupyter frontends, widgets unavailable, or Colab where its
-               widgets would not draw (ipywidgets 8, or ipywidgets upgraded in a runtime that
-               had loaded the old one) — display handles
-text           terminals, CI, headless notebook runs (nbclient, nbval, papermill)
-=============  ==========================================================================
-
-Every fallback is said once, in the view's header line.
+``make_view(live)`` (``"auto"`` | False | None | ``"widgets"`` | ``"html"`` | ``"text"``) gives a
+``View`` with ``start(run)``, ``update(state)``, ``event(ev)``, ``end(summary)`` and
+``stop_requested``. For ``"auto"`` the renderer is chosen once, from ``hybridnb.env.frontend()``:
+widgets (ipywidgets bars + plotly FigureWidget, needs anywidget) in a JupyterLab / Notebook 7
+session, and on Colab with the ipywidgets 7 it ships once its custom widget manager is on; html
+(display handles) in VS Code, unknown frontends, or where widgets would not draw; text in
+terminals, CI and headless notebook runs (nbclient, nbval, papermill). Every fallback is said
+once, in the view's header line.
 """
 
 from __future__ import annotations
@@ -36,10 +26,9 @@ LIVE_CHOICES = ("auto", "widgets", "html", "text")
 
 
 def _widgets_missing() -> str:
-    """Empty when ipywidgets and anywidget can be imported, else what to install."""
-    missing = [m for m in ("ipywidgets", "anywidget", "plotly")
-               if importlib.util.find_spec(m) is None]
-    return " ".join(missing)
+    """What the widget view lacks, to install ('' when nothing)."""
+    return " ".join(m for m in ("ipywidgets", "anywidget", "plotly")
+                    if importlib.util.find_spec(m) is None)
 
 
 def _ipywidgets_versions() -> tuple[str | None, str | None]:
@@ -80,7 +69,7 @@ def _enable_colab_widgets() -> str:
 
         output.enable_custom_widget_manager()
         return ""
-    except Exception as exc:
+    except Exception as exc:  # broad: Colab's internals; the HTML fallback says why
         return f"Colab's custom widget manager could not be enabled ({type(exc).__name__})"
 
 

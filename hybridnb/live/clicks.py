@@ -1,32 +1,24 @@
 """Getting a button click to Python while the kernel is busy running the training cell.
 
 A kernel executing a cell does not read its shell channel, so a widget's click waits until the
-cell ends — too late for a Stop button. Two ways around it, tried in this order:
+cell ends: too late for a Stop button. Two ways around it, tried in this order:
 
-1. **Kernel subshells** (ipykernel >= 7): a subshell is a second shell thread with its own event
-   loop. The button's comm is told to route its messages to a private subshell, which runs the
-   click handler at once while the main thread trains. The handler only sets a flag.
+1. **Kernel subshells** (ipykernel >= 7): the button's comm routes its messages to a private
+   subshell thread, which runs the click handler (it only sets a flag) while the main thread
+   trains.
 2. **jupyter-ui-poll** (kernels with ``do_one_iteration``, i.e. ipykernel 6): the training loop
-   pumps pending messages between steps (throttled by the view).
+   pumps pending messages between steps (throttled by the view). jupyter-ui-poll 1.1 silently
+   does nothing on ipykernel 7.4, which is why subshells come first.
 
 Where neither exists the button is disabled and says to interrupt the kernel instead (the
-Trainer treats an interrupt exactly like Stop). Note: jupyter-ui-poll 1.1 silently does nothing on
-ipykernel 7.4, whose kernel has no ``do_one_iteration``; that is why subshells come first.
+Trainer treats an interrupt exactly like Stop).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
-
-
-def _kernel() -> Any | None:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return None
-    shell = get_ipython()
-    return getattr(shell, "kernel", None) if shell is not None else None
 
 
 class ClickRoute:
@@ -41,7 +33,7 @@ class ClickRoute:
         """Deliver pending clicks now (only the ui_poll route needs this)."""
 
     def close(self) -> None:
-        """Release the subshell or poller; safe to call twice."""
+        """Release the subshell; safe to call twice."""
 
 
 class SubshellRoute(ClickRoute):
@@ -58,8 +50,7 @@ class SubshellRoute(ClickRoute):
             self.close()
             raise RuntimeError("this ipykernel's comms cannot be routed to a subshell")
         sid = self.subshell_id
-        # Every message for this comm (the click) now goes to our subshell's thread.
-        comm._reply_subshell_for = lambda data, default: sid
+        comm._reply_subshell_for = lambda data, default: sid  # the click goes to our subshell
 
     def _on_channel_thread(self, fn, *args):
         """Run ``fn`` on the kernel's shell-channel thread (where subshells are managed)."""
@@ -69,7 +60,7 @@ class SubshellRoute(ClickRoute):
         def call():
             try:
                 box["value"] = fn(*args)
-            except BaseException as exc:
+            except BaseException as exc:  # broad: re-raised below, on the caller's thread
                 box["error"] = exc
             finally:
                 done.set()
@@ -85,10 +76,8 @@ class SubshellRoute(ClickRoute):
     def close(self) -> None:
         sid, self.subshell_id = self.subshell_id, None
         if sid is not None:
-            try:
+            with contextlib.suppress(Exception):  # broad: the kernel is shutting down
                 self._on_channel_thread(self._manager._delete_subshell, sid)
-            except Exception:  # the kernel is shutting down; nothing left to release
-                pass
 
 
 class UiPollRoute(ClickRoute):
@@ -103,7 +92,10 @@ class UiPollRoute(ClickRoute):
 
 def route_clicks(widget: Any, kernel: Any | None = None) -> ClickRoute:
     """Choose how ``widget``'s clicks reach Python during a busy cell (see module doc)."""
-    kernel = _kernel() if kernel is None else kernel
+    if kernel is None:
+        from IPython import get_ipython
+
+        kernel = getattr(get_ipython(), "kernel", None)
     if kernel is None:
         return ClickRoute("no running kernel delivers clicks: interrupt (Ctrl-C / ■) to stop; "
                           "the checkpoint and history are kept")
@@ -111,7 +103,7 @@ def route_clicks(widget: Any, kernel: Any | None = None) -> ClickRoute:
     if getattr(kernel, "shell_channel_thread", None) is not None:
         try:
             return SubshellRoute(kernel, widget)
-        except Exception as exc:
+        except Exception as exc:  # broad: ipykernel internals; the fallback says why
             reason = f"kernel subshell unavailable ({type(exc).__name__}: {exc}); "
     if hasattr(kernel, "do_one_iteration"):
         try:

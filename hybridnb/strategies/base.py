@@ -20,10 +20,7 @@ from hybridnb.strategies.batches import ResumableBatchSampler
 
 class Strategy:
     """One process, one device: every method of the interface, with its one-process answer.
-
-    ``accelerator`` says whether GPU-only recovery (per-batch CPU fallback, moving the run to the
-    CPU after a sticky error) applies. Class attributes say what a strategy supports.
-    """
+    ``accelerator``: whether GPU-only recovery (CPU fallbacks) applies."""
 
     name = "single"
     rank = 0
@@ -38,7 +35,7 @@ class Strategy:
 
     @property
     def is_main(self) -> bool:
-        """Whether this process draws the live view and writes files."""
+        """This process draws the live view and writes files."""
         return self.rank == 0
 
     def configure(self, batch_size: int, clip_grad: float | None) -> None:
@@ -57,14 +54,12 @@ class Strategy:
         return ResumableBatchSampler(n, batch_size, shuffle=shuffle, generator=generator)
 
     def no_sync(self, model: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager:
-        """Context for a micro-step's forward+backward; DDP skips the gradient all-reduce unless
-        ``last``."""
+        """Context for a micro-step's forward+backward (DDP: no gradient all-reduce)."""
         return contextlib.nullcontext()
 
     def micro_plan(self, pieces: int, samples: int) -> tuple[int, float]:
         """How many micro-batches this step runs, and the factor on this process's loss for
-        backward (DeepSpeed: the same count on every rank, and each rank's share of the
-        global batch, since its engine averages the ranks' gradients with equal weights)."""
+        backward (DeepSpeed: the same count on every rank, weighed by its share)."""
         return pieces, 1.0
 
     def engine_backprop(self) -> Callable[[torch.Tensor, bool], None] | None:
@@ -99,7 +94,7 @@ class Strategy:
         return True
 
     def agree(self, flag: bool) -> bool:
-        """True when any process says True (all processes then take the same branch)."""
+        """True when any process says True: all then take the same branch."""
         return flag
 
     def sum(self, values: list[float]) -> list[float]:

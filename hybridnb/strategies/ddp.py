@@ -117,12 +117,8 @@ class PeerFailure(RuntimeError, _Agreed):
 
 
 class DDPStrategy(Strategy):
-    """One rank of a DistributedDataParallel job (see the module doc for the step protocol).
-
-    ``batch_size`` in the Trainer is per rank: N ranks with batch B train like one process with
-    batch N x B. Only rank 0 draws the live view and writes checkpoints. ``device``: "auto" or
-    "cuda" take this rank's GPU (``cuda:LOCAL_RANK``), "cpu" runs gloo on the CPU.
-    """
+    """One rank of a DDP job. ``batch_size`` is per rank: N ranks with batch B train like one
+    process with batch N x B. ``device``: "auto"/"cuda" take ``cuda:LOCAL_RANK``, "cpu" gloo."""
 
     name = "ddp"
 
@@ -151,17 +147,15 @@ class DDPStrategy(Strategy):
 
     # ---------------------------------------------------------------------------- placement
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
-        """DistributedDataParallel around ``model``: checks every rank holds the same
-        parameter shapes and copies rank 0's parameters to all ranks. Buffers are not broadcast
-        before every forward (DDP's default); ``settle`` averages them after every step."""
+        """DDP copies rank 0's parameters to all ranks; buffers are not broadcast before every
+        forward (DDP's default): ``settle`` averages them after every step."""
         self._module = model
         ids = [self.device.index] if self.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
 
     def batch_sampler(self, n: int, batch_size: int, shuffle: bool,
                       generator: torch.Generator) -> ShardedBatchSampler:
-        """This rank's shard of every batch. For shuffled data rank 0's generator state is
-        broadcast first, so all ranks draw the same order (a seed is then optional)."""
+        """Rank 0's generator state is broadcast first: all ranks draw the same order."""
         if shuffle:
             state = generator.get_state().to(self._comm)
             dist.broadcast(state, src=0)
@@ -169,11 +163,10 @@ class DDPStrategy(Strategy):
         return ShardedBatchSampler(n, batch_size, shuffle, generator, self.rank, self.world_size)
 
     def no_sync(self, model: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager:
-        """Every micro-step, the last one too, runs without DDP's in-backward all-reduce: the
-        gradients are averaged in ``settle`` once all ranks know the step succeeded."""
-        if isinstance(model, DistributedDataParallel):
-            return model.no_sync()
-        return contextlib.nullcontext()
+        """The last micro-step too: gradients are averaged in ``settle``, once all ranks know
+        the step succeeded."""
+        return model.no_sync() if isinstance(model, DistributedDataParallel) else \
+            contextlib.nullcontext()
 
     def on_cpu(self):
         raise RuntimeError(
@@ -185,15 +178,10 @@ class DDPStrategy(Strategy):
     # ---------------------------------------------------------------------------- the step
     def settle(self, params: list[torch.Tensor], total: torch.Tensor | None, window: list,
                failed: BaseException | None = None) -> torch.Tensor | None:
-        """Agree on this step across ranks; every rank calls it once per attempt.
-
-        One all-reduce carries who failed, the loss, every gradient (x this rank's samples) and
-        every floating-point buffer (BatchNorm statistics, averaged). After a successful local
-        forward/backward (``failed`` None): raises ``PeerOutOfMemory`` or ``PeerFailure`` when
-        another rank failed (so every rank takes the same recovery branch; the summed gradients
-        are then dropped), else sets the gradients to the global batch's mean gradient and
-        returns its loss. After a local failure: tells the other ranks and returns None.
-        """
+        """One all-reduce per attempt on every rank: who failed, the loss, every gradient (x
+        this rank's samples) and every floating-point buffer (averaged). A rank that did not
+        fail raises ``PeerOutOfMemory``/``PeerFailure`` when another did (the same recovery
+        branch everywhere), else gets the global batch's mean gradient and loss."""
         if failed is not None and (isinstance(failed, _Agreed) or self._agreed):
             self._agreed = False  # this failure came after the all-reduce: already agreed on
             return None
@@ -201,9 +189,8 @@ class DDPStrategy(Strategy):
                    if self._module is not None else [])
         n = float(sum(batch_len(b) for b in window))
         code = 0 if failed is None else (1 if failures.is_oom(failed) else 2)
-        head = torch.tensor([code == 1, code == 2, 0.0, 0.0 if failed else n])
-        if failed is None:
-            head[2] = float(total) * n
+        head = torch.tensor([code == 1, code == 2, 0.0 if failed else float(total) * n,
+                             0.0 if failed else n])
         sizes = [4, len(params), sum(p.numel() for p in params), sum(b.numel() for b in buffers)]
         if failed is None:
             flat = torch.cat([t.to(self._comm, torch.float32) for t in [
@@ -238,8 +225,7 @@ class DDPStrategy(Strategy):
         return total.new_tensor(loss_sum / count)
 
     def _peer_verdict(self, ooms: float, others: float, failed: BaseException | None) -> bool:
-        """After the vote: True on a rank that failed itself when some rank failed; raises
-        ``PeerFailure`` / ``PeerOutOfMemory`` on a rank that did not; False when none failed."""
+        """True on a rank that failed itself; raises on one that did not; False if none did."""
         if not (ooms or others):
             return False
         notes = self._failures(failed)
@@ -250,8 +236,7 @@ class DDPStrategy(Strategy):
         raise PeerOutOfMemory(f"{notes}; every rank re-runs the step split the same way")
 
     def _failures(self, failed: BaseException | None) -> str:
-        """'rank 1 failed (CUDA out of memory...)' for every rank that failed (an all_gather,
-        only run when some rank failed)."""
+        """'rank 1 failed (CUDA out of memory...)' for every rank that failed."""
         mine = None if failed is None else f"{type(failed).__name__}: {failures.first_line(failed)}"
         notes: list[str | None] = [None] * self.world_size
         dist.all_gather_object(notes, mine)
@@ -259,19 +244,17 @@ class DDPStrategy(Strategy):
 
     # ---------------------------------------------------------------------------- reductions
     def agree(self, flag: bool) -> bool:
-        """True when any rank says True; every rank then takes the same branch."""
         t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self._comm)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 
     def sum(self, values: list[float]) -> list[float]:
-        """Element-wise sum of numbers over ranks."""
         t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self._comm)
         dist.all_reduce(t)
         return t.tolist()
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Every rank's tensor concatenated along dim 0 in rank order (sizes may differ)."""
+        """In rank order; sizes may differ (padded for all_gather, then cut)."""
         t = tensor.detach().to(self._comm).contiguous()
         size = torch.tensor([t.shape[0]], dtype=torch.int64, device=self._comm)
         sizes = [torch.zeros_like(size) for _ in range(self.world_size)]

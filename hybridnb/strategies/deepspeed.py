@@ -70,12 +70,8 @@ def _merge(base: dict, extra: dict) -> dict:
 
 
 class DeepSpeedStrategy(DDPStrategy):
-    """One rank of a DeepSpeed ZeRO-2 job (see the module doc).
-
-    ``config`` is merged over the DeepSpeed config the Trainer builds (micro-batch = the
-    Trainer's per-rank ``batch_size``, ``gradient_clipping`` = ``clip_grad``, ZeRO stage 2), e.g.
-    ``{"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}``.
-    """
+    """One rank of a DeepSpeed ZeRO-2 job. ``config`` is merged over the config the Trainer
+    builds, e.g. ``{"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}``."""
 
     name = "deepspeed"
     owns_update = True
@@ -95,8 +91,7 @@ class DeepSpeedStrategy(DDPStrategy):
 
     # ---------------------------------------------------------------------------- set-up
     def configure(self, batch_size: int, clip_grad: float | None) -> None:
-        """DeepSpeed's config from the Trainer's batch size and clipping (merged under the
-        user's config)."""
+        """DeepSpeed's config from the Trainer's batch size and clipping, under the user's."""
         self.config = _merge({
             "train_micro_batch_size_per_gpu": int(batch_size),
             "gradient_accumulation_steps": 1,  # the Trainer marks each window's last micro-batch
@@ -124,10 +119,9 @@ class DeepSpeedStrategy(DDPStrategy):
 
     # ---------------------------------------------------------------------------- the step
     def micro_plan(self, pieces: int, samples: int) -> tuple[int, float]:
-        """Every rank runs as many micro-batches as the rank with the most (ZeRO reduces in each
-        backward; a rank with fewer pads with zero-weight passes), and weighs its loss by its
-        share of the global batch: the engine's equal-weight mean over ranks then equals the
-        mean over all samples, as on one device, when shards differ in size."""
+        """As many micro-batches as the rank with the most (ZeRO reduces in each backward), the
+        loss weighed by this rank's share of the global batch: the engine's equal-weight mean
+        over ranks is then the mean over all samples, as on one device."""
         mine = torch.tensor([pieces, samples], dtype=torch.int64, device=self._comm)
         every = [torch.zeros_like(mine) for _ in range(self.world_size)]
         dist.all_gather(every, mine)
@@ -153,8 +147,7 @@ class DeepSpeedStrategy(DDPStrategy):
                 "checkpoint_dir: resume with a smaller batch_size (or larger grad_accum)") from exc
 
     def settle(self, params, total, window, failed=None):
-        """Agree on the step's outcome: tell the others about a local failure, or return the
-        global batch's mean loss (buffers such as BatchNorm statistics are averaged)."""
+        """The global batch's mean loss, buffers averaged; a local failure told to the others."""
         if failed is not None and isinstance(failed, _Agreed):
             return None
         n = float(sum(batch_len(b) for b in window))
@@ -172,9 +165,8 @@ class DeepSpeedStrategy(DDPStrategy):
         return total.new_tensor(result)
 
     def _vote(self, failed: BaseException | None, loss_sum: float, n: float) -> float | None:
-        """One all-reduce of (OOM ranks, failed ranks, loss x samples, samples). Raises
-        ``PeerOutOfMemory`` / ``PeerFailure`` on a rank that did not fail when another did;
-        returns None on the failing rank, else the mean loss."""
+        """One all-reduce of (OOM ranks, failed ranks, loss x samples, samples): the mean loss,
+        None on a failing rank, ``PeerOutOfMemory``/``PeerFailure`` on the others."""
         code = 0 if failed is None else (1 if failures.is_oom(failed) else 2)
         head = torch.tensor([code == 1, code == 2, loss_sum, n], dtype=torch.float64,
                             device=self._comm)
@@ -185,8 +177,7 @@ class DeepSpeedStrategy(DDPStrategy):
         return total / count if count else 0.0
 
     def step(self) -> bool:
-        """``engine.step()`` (clip, update this rank's partition, gather the weights); False
-        when DeepSpeed skipped it (non-finite gradients)."""
+        """False when DeepSpeed skipped the update (non-finite gradients)."""
         self.engine.set_gradient_accumulation_boundary(True)
         self.engine.step()
         self._dirty = False
@@ -209,12 +200,10 @@ class DeepSpeedStrategy(DDPStrategy):
 
     # ---------------------------------------------------------------------------- state
     def optimizer_state(self, optimizer) -> dict:
-        """This rank's partition: the base optimizer's state (the master weights follow from
-        the model's weights on restore)."""
+        """This rank's partition (the master weights follow from the model's on restore)."""
         return {"zero_rank": self.rank, "base": self.engine.optimizer.optimizer.state_dict()}
 
     def load_optimizer_state(self, optimizer, state: dict) -> None:
-        """Load this rank's partition (from a snapshot, or from a file's gathered list)."""
         if "ranks" in state:
             if len(state["ranks"]) != self.world_size:
                 raise ValueError(
@@ -231,8 +220,7 @@ class DeepSpeedStrategy(DDPStrategy):
         zero.refresh_fp32_params()  # master copies from the (just restored) weights
 
     def for_file(self, state: dict) -> dict:
-        """Gather every rank's optimizer partition into the state rank 0 writes (all ranks
-        call this at the same step; ``state`` is a ``Trainer.state_dict()``, already on the CPU)."""
+        """Every rank's optimizer partition gathered into the state rank 0 writes."""
         parts = [None] * self.world_size
         dist.all_gather_object(parts, state["optimizer"])
         return {**state, "optimizer": {"world_size": self.world_size, "ranks": parts}}
