@@ -26,8 +26,7 @@ PLOTLY_COLORWAY = ("#636efa", "#EF553B", "#00cc96", "#ab63fa", "#FFA15A", "#19d3
                    "#B6E880", "#FF97FF", "#FECB52")
 DASHES = {"solid": "-", "dot": ":", "dash": "--", "longdash": "--", "dashdot": "-.",
           "longdashdot": "-."}
-SYMBOLS = {"square": "s", "diamond": "D", "cross": "P", "x": "x", "triangle-up": "^",
-           "triangle-down": "v", "star": "*"}
+SYMBOLS = {"square": "s", "diamond": "D", "x": "x", "line-ns": "|"}
 
 
 def _values(v: Any) -> np.ndarray | None:
@@ -133,7 +132,7 @@ def draw(fd: dict):
         title = _text(layout.get("title"))
         if title:
             fig.text(box[0], (box[3] + 1) / 2, title, fontsize=13, va="center")
-        _legend(fig, axes, traces, layout, paper, box)
+        _legend(fig, axes, traces, layout, box)
         if skipped:
             fig.text(0.99, 0.01, f"not drawn in this image: {', '.join(sorted(skipped))}",
                      fontsize=7, color="#888", ha="right", va="bottom")
@@ -323,7 +322,7 @@ def _annotations(fig, axes: dict, layout: dict, paper) -> None:
         ax.text(x, y, text, transform=_transform(ax, xref, yref), clip_on=True, **kw)
 
 
-def _legend(fig, axes: dict, traces: list[dict], layout: dict, paper, box) -> None:
+def _legend(fig, axes: dict, traces: list[dict], layout: dict, box) -> None:
     entries: dict[str, Any] = {}
     for ax in axes.values():
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
@@ -333,12 +332,6 @@ def _legend(fig, axes: dict, traces: list[dict], layout: dict, paper, box) -> No
     if not entries or shown is False or (shown is None and sum(
             t.get("showlegend") is not False for t in traces) < 2):
         return
-    spec = layout.get("legend") or {}
-    kw = {"frameon": False, "fontsize": 8, "title": _text(spec.get("title")) or None}
-    if spec.get("orientation") == "h":
-        y = spec.get("y") if isinstance(spec.get("y"), (int, float)) else -0.1
-        fig.legend(list(entries.values()), list(entries), loc="upper center", ncol=min(len(entries), 5),
-                   bbox_to_anchor=(0.5, min(paper(0.5, y)[1], box[1])), **kw)
-    else:
-        fig.legend(list(entries.values()), list(entries), loc="upper left",
-                   bbox_to_anchor=(box[2] + 0.01, box[3]), alignment="left", **kw)
+    title = _text((layout.get("legend") or {}).get("title")) or None
+    fig.legend(list(entries.values()), list(entries), loc="upper left", frameon=False,
+               fontsize=8, title=title, bbox_to_anchor=(box[2] + 0.01, box[3]), alignment="left")

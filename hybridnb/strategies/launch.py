@@ -37,7 +37,6 @@ from hybridnb.processes.child import fork_available, start_fork, start_spawn
 from hybridnb.processes.ended import Ending
 from hybridnb.processes.supervise import Watch, Watched
 
-TAIL_LINES = 40
 GRACE_S = 10.0  # after one rank fails, the others' time to stop (rank 0 saves a checkpoint)
 START_METHODS = ("fork", "spawn")
 
