@@ -30,7 +30,6 @@ class ConsoleView(LiveView):
         self._partial = 0  # length of the \r line on screen, 0 when none
         self._last_line = time.monotonic()
 
-    # ------------------------------------------------------------------ output
     @property
     def out(self) -> TextIO:
         return self._stream if self._stream is not None else sys.stdout
@@ -54,10 +53,9 @@ class ConsoleView(LiveView):
         self._last_line = time.monotonic()
 
     def _memory(self) -> dict[str, float]:
-        sampler = self.record.sampler if self.record is not None else None
+        sampler = self.record.sampler
         return sampler.latest() if sampler is not None else {}
 
-    # ------------------------------------------------------------------ hooks
     def _open(self, run: dict) -> None:
         self._line("hybridnb · " + text.header(run, self.note))
 

@@ -50,10 +50,6 @@ def number(x: float | None, digits: int = 4) -> str:
     return f"{x:.{digits}g}"
 
 
-def lr(x: float | None) -> str:
-    return "?" if x is None else f"{float(x):.2e}"
-
-
 def rate(x: float | None) -> str:
     """Samples per second with a thousands separator."""
     if x is None or not math.isfinite(x):

@@ -20,24 +20,23 @@ PLOTLY_MIME = "application/vnd.plotly.v1+json"
 
 
 def progress_html(record, note: str = "") -> str:
-    """The progress panel as plain HTML (the HTML and widget views): the header, the epoch and
-    step bars, the status line and the latest events."""
-    rec = record
-    spe = rec.steps_per_epoch
-    epochs_done = rec.epochs_done
-    step = spe if (rec.at_epoch_end and spe) else rec.step
-    sampler = rec.sampler
-    memory = sampler.latest() if sampler is not None else {}
-    rows = [f'<div><b>hybridnb</b> · {escape(text.header(rec.run, note))}</div>',
-            _bar("epochs", epochs_done, rec.epochs, " done"),  # a count; the status line's
-            # "epoch 1/2" is the epoch index, counted from 0 as in the history
-            _bar("step", step, spe),
-            f'<div style="margin-top:2px">{escape(text.status(rec, memory))}</div>']
-    if rec.events:
-        items = "".join(f"<li>{escape(str(ev))}</li>" for ev in rec.events[-10:])
-        rows.append(f'<ul style="color:#b00;margin:2px 0">{items}</ul>')
+    """The progress panel (the HTML and widget views): the header, the epoch and step bars, the
+    status line and the latest events."""
+    rec, spe = record, record.steps_per_epoch
+    memory = rec.sampler.latest() if rec.sampler is not None else {}
+    rows = [f"<div><b>hybridnb</b> · {escape(text.header(rec.run, note))}</div>",
+            # epochs done (a count); the status line's "epoch 1/2" is an index, from 0
+            _bar("epochs", rec.epochs_done, rec.epochs, " done"),
+            _bar("step", spe if rec.at_epoch_end and spe else rec.step, spe),
+            f'<div style="margin-top:2px">{escape(text.status(rec, memory))}</div>',
+            _events(rec.events[-10:], ' style="color:#b00;margin:2px 0"')]
     return ('<div class="hybridnb-live" style="font-family:sans-serif;font-size:13px;'
             'line-height:1.4">' + "".join(rows) + "</div>")
+
+
+def _events(events: list, style: str = "") -> str:
+    items = "".join(f"<li>{escape(str(ev))}</li>" for ev in events)
+    return f"<ul{style}>{items}</ul>" if items else ""
 
 
 def _bar(label: str, value: int, total: int | None, suffix: str = "") -> str:
@@ -72,12 +71,9 @@ def summary_bundle(record, summary: dict[str, Any], note: str = "") -> dict[str,
     para = text.paragraph(summary, record)
     head = text.header(record.run, note)
     events = summary.get("events")
-    events = record.events if events is None else events
-    items = "".join(f"<li>{escape(str(ev))}</li>" for ev in events)
     html = ('<div class="hybridnb-summary" style="font-family:sans-serif;font-size:13px">'
-            f"<div><b>hybridnb</b> · {escape(head)}</div>"
-            f"<p>{escape(para)}</p>"
-            + (f"<ul>{items}</ul>" if items else "") + "</div>")
+            f"<div><b>hybridnb</b> · {escape(head)}</div><p>{escape(para)}</p>"
+            + _events(record.events if events is None else events) + "</div>")
     return {"text/html": html, "text/plain": f"hybridnb · {head}\n{para}"}
 
 

@@ -113,7 +113,7 @@ def status(record, memory: Mapping[str, float] | None = None) -> str:
             if key and key != "val_loss" and last.get(key) is not None:
                 parts.append(f"{key} {fmt.number(last[key])}")
     if st.get("lr") is not None:
-        parts.append(f"lr {fmt.lr(st['lr'])}")
+        parts.append(f"lr {float(st['lr']):.2e}")
     parts.extend(speed(st))
     parts.append(f"{fmt.duration(record.elapsed())} elapsed")
     remaining = record.remaining_s()

@@ -48,12 +48,11 @@ class LaunchError(RuntimeError):
 def launch(fn: Callable[..., Any], *args: Any, num_processes: int | None = None,
            master_port: int | None = None, start_method: str | None = None) -> Any:
     """Run ``fn(*args)`` in ``num_processes`` processes (one per GPU, or CPU processes with
-    gloo) and return rank 0's result.
+    gloo) and return rank 0's result (it must pickle).
 
-    ``num_processes=None`` uses every GPU that passed ``hn.detect()``'s probe (1 on a CPU-only
-    machine, where ``fn`` is just called). ``start_method``: "fork" (default) or "spawn" (fresh
-    interpreters; ``fn`` and ``args`` must pickle with cloudpickle).
-    """
+    ``num_processes=None``: every GPU that passed ``hn.detect()``'s probe (on a CPU-only machine
+    ``fn`` is just called). ``start_method``: "fork" (default) or "spawn" (fresh interpreters;
+    ``fn`` and ``args`` must pickle with cloudpickle)."""
     n = _count(num_processes)
     if start_method is not None and start_method not in START_METHODS:
         raise ValueError(f"start_method={start_method!r}: use 'spawn'"
@@ -111,8 +110,7 @@ def _frontend_draws_cr() -> bool:
 
 
 class _Rank:
-    """One rank's process under the watch, and what it sent: its result (rank 0) or its
-    error."""
+    """One rank's process under the watch, and its result (rank 0) or its error."""
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -165,13 +163,10 @@ def _run(fn, args, n: int, port: int, method: str) -> Any:
                 failure.append((*why, time.monotonic()))
         return bool(failure) and time.monotonic() > failure[0][2] + GRACE_S
 
-    # the interrupt policy is the watch's: the first interrupt sends SIGINT to every rank
-    # (they stop after an agreed step and save a checkpoint), a second kills them
     with Watch(keep_interrupt=True, interrupt_note=INTERRUPT_NOTE) as watch:
         for rank in ranks:
             env = {**base, "RANK": str(rank.index), "LOCAL_RANK": str(rank.index)}
-            # a rank gets SIGINT when this process dies: the ranks then stop after an agreed
-            # step and save a checkpoint
+            # SIGINT when this process dies: the ranks stop after an agreed step and save
             rank.watched = watch.start(
                 lambda env=env, i=rank.index: begin(_rank_main, i, fn, args, draws_cr, env=env,
                                                     death_signal=signal.SIGINT,
@@ -186,13 +181,11 @@ def _run(fn, args, n: int, port: int, method: str) -> Any:
     failed_long_enough()
     if failure:
         rank, why, _ = failure[0]
-        tail = rank.output()
-        others = [r for r in ranks if r is not rank and r.output()]
+        shown = [rank, *[r for r in ranks if r is not rank and r.output().strip()][:1]]
         raise LaunchError(
             f"rank {rank.index} of {n} failed; the other ranks were stopped.\n{why}"
-            + (f"\n--- last output of rank {rank.index} ---\n{tail}" if tail.strip() else "")
-            + "".join(f"\n--- last output of rank {r.index} ---\n" + r.output()
-                      for r in others[:1])) from None
+            + "".join(f"\n--- last output of rank {r.index} ---\n{r.output()}" for r in shown
+                      if r.output().strip())) from None
     if not ranks[0].done:
         raise LaunchError("rank 0 ended without a result (interrupted?)")
     return ranks[0].result
