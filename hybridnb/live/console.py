@@ -1,9 +1,8 @@
 """Plain-text live view for terminals, CI logs and headless notebook runs (nbclient, nbval).
 
-A line when the run starts, a line per epoch, a line per event at once, and the summary
-paragraph at the end. On a TTY a single ``\\r`` progress line is redrawn (throttled); elsewhere
-there is no ``\\r`` noise, only a heartbeat line when an epoch runs longer than ``heartbeat_s``
-so a slow CPU run still shows progress in a log.
+A line at the start, per epoch and per event, and the summary paragraph at the end. On a TTY one
+``\\r`` progress line is redrawn; in a log a heartbeat line every ``heartbeat_s`` instead, so a
+slow CPU run still shows progress.
 """
 
 from __future__ import annotations

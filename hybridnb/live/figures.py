@@ -1,12 +1,9 @@
-"""The live plots: their data as plain series, and the live drawing of them with plotly.
+"""The live plots: their data as plain series (``panels``), drawn live with plotly.
 
-``panels(record)`` turns a RunRecord into three panels of named series (loss, learning rate,
-memory); the loss panel holds each step's loss ("step loss") and, at each epoch end, the train
-loss the Trainer sent ("train loss (epoch)", the same numbers as ``history["train_loss"]``).
-``figure_dict`` draws them as plotly JSON (the HTML view's live output, the end snapshot),
-``update_figure`` keeps a FigureWidget current; ``panel_image`` builds the Figure and draws the same
-series once more with matplotlib for static output. Long runs are averaged down to
-``max_points`` per series, so a render costs the same after 100 steps as after 100 000.
+Three panels: loss (each step's, and the train loss the Trainer sent at each epoch end: the
+numbers of ``history["train_loss"]``), learning rate, memory. ``panel_image`` draws the same
+series with matplotlib for static output. Long runs are averaged down to ``max_points`` per
+series, so a render costs the same after 100 steps as after 100 000.
 """
 
 from __future__ import annotations
@@ -63,10 +60,8 @@ def _clean(values: Sequence[float]) -> list[float | None]:
 
 def downsample(xs: Sequence[float], ys: Sequence[float], max_points: int,
                ) -> tuple[list[float], list[float | None]]:
-    """Average consecutive points into at most ``max_points`` buckets (x = the bucket's last x).
-
-    Below the cap the data is returned unchanged, so short runs show every logged step.
-    """
+    """Average consecutive points into at most ``max_points`` buckets (x = the bucket's last x);
+    short runs show every logged step."""
     n = len(xs)
     if n <= max_points:
         return list(xs), _clean(ys)
@@ -86,7 +81,7 @@ def downsample(xs: Sequence[float], ys: Sequence[float], max_points: int,
 
 
 def panels(record, max_points: int = SNAPSHOT_POINTS) -> list[Series]:
-    """Every series to draw for ``record`` (a RunRecord), with short runs left point for point."""
+    """Every series to draw for ``record`` (a RunRecord)."""
     out: list[Series] = []
     x, y = downsample(record.steps, record.losses, max_points)
     out.append(Series("step_loss", "step loss", x, y, 0, "#aec7e8"))
@@ -165,17 +160,13 @@ def _layout() -> dict[str, Any]:
 
 
 def figure_dict(record, max_points: int = SNAPSHOT_POINTS) -> dict[str, Any]:
-    """The three panels as plotly JSON (what ``application/vnd.plotly.v1+json`` carries): plain
-    lists, gaps as None, built without plotly (cheap enough to resend every second)."""
+    """The three panels as plotly JSON, built without plotly (cheap to resend every second)."""
     return {"data": [_trace(s) for s in panels(record, max_points)], "layout": _layout()}
 
 
 def update_figure(fig, record, max_points: int = LIVE_POINTS) -> None:
-    """Push the record's current series into a FigureWidget in one batched message.
-
-    Arrays go in as float numpy arrays (NaN for gaps): plotly validates them in C and sends them
-    as binary buffers, ~5x cheaper than lists of Python floats.
-    """
+    """Push the record's series into a FigureWidget in one batched message, as float numpy
+    arrays: sent as binary buffers, ~5x cheaper than lists of Python floats."""
     import numpy as np
 
     series = panels(record, max_points)

@@ -1,9 +1,8 @@
-"""The live plots' three panels drawn with matplotlib: their static image.
+"""The live plots' three panels drawn with matplotlib (never pyplot): their static image.
 
-The same series as the live plotly drawing (``figures.panels``), drawn directly rather than
-translated from plotly: the image beside the end snapshot's plotly JSON (what GitHub, nbviewer
-and ``nbconvert --to html`` show) and ``trainer.report()``'s ``figures.png``. Made with
-``matplotlib.figure.Figure``, never pyplot.
+The same series as the live plotly drawing (``figures.panels``), drawn directly, not translated:
+the image beside the end snapshot's plotly JSON (what GitHub, nbviewer and ``nbconvert --to
+html`` show) and ``trainer.report()``'s ``figures.png``.
 """
 
 from __future__ import annotations
@@ -72,8 +71,8 @@ def to_svg(record, max_points: int = SNAPSHOT_POINTS) -> str:
 
 
 def make_figure(record, widget: bool = False, max_points: int = SNAPSHOT_POINTS):
-    """A plotly Figure of the three panels (``widget=True``: a FigureWidget for live updates).
-    The Figure carries its static image, drawn by ``draw`` here (not translated)."""
+    """A plotly Figure of the three panels carrying its image from ``draw`` (``widget=True``: a
+    FigureWidget for live updates)."""
     import plotly.graph_objects as go
 
     fig = figure_dict(record, max_points)

@@ -1,16 +1,14 @@
 """What the view has seen of one run: the numbers every renderer draws from.
 
-``add`` is called on every training step and only appends to lists (O(1)); renderers read the
-record when their throttle says it is time. The record computes no loss of its own: the train
-loss it holds is the one the Trainer sends (``train_loss``: the epoch's running mean weighted by
-samples, which is ``history["train_loss"]`` at the epoch's end), so every renderer shows the same
-number as the history.
+``add`` runs on every training step and only appends (O(1)); renderers read the record when
+their throttle says so. It computes no loss of its own: every renderer shows the Trainer's
+``train_loss``, the history's number.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from hybridnb.events import Event, row_kind
@@ -19,14 +17,12 @@ from hybridnb.events import Event, row_kind
 class RunRecord:
     """Steps, epoch ends, events and the memory sampler of one ``fit``."""
 
-    def __init__(self, run: Mapping[str, Any], sampler=None,
-                 clock: Callable[[], float] = time.time):
+    def __init__(self, run: Mapping[str, Any], sampler=None):
         self.run = dict(run)
         self.epochs = max(1, int(run.get("epochs") or 1))
         spe = run.get("steps_per_epoch")
         self.steps_per_epoch: int | None = int(spe) if spe else None
-        self.clock = clock
-        self.start_time = clock()
+        self.start_time = time.time()
         self.steps: list[int] = []
         self.losses: list[float] = []
         self.lrs: list[float] = []
@@ -91,7 +87,7 @@ class RunRecord:
 
     def elapsed(self) -> float:
         e = self.state.get("elapsed_s")
-        return float(e) if e is not None else self.clock() - self.start_time
+        return float(e) if e is not None else time.time() - self.start_time
 
     def fraction(self) -> float | None:
         """Share of the planned run done (None while the epoch length is unknown)."""

@@ -1,10 +1,8 @@
 """The HTML view's outputs and the end-of-run output, as display mimebundles.
 
-The end outputs replace the live ones so that a saved notebook reads the same without a kernel:
-no widget state, no JavaScript needed. The figure bundle carries the plotly JSON (drawn
-interactively by JupyterLab's and VS Code's plotly renderers, offline) *and* the same panels
-drawn with matplotlib as SVG (``panel_image``), which GitHub, nbviewer and
-``nbconvert --to html`` show when they do not know the plotly mimetype.
+The end outputs replace the live ones so that a saved notebook reads the same without a kernel
+(no widget state, no JavaScript): the plotly JSON for JupyterLab and VS Code, and the same
+panels as SVG (``panel_image``) for GitHub, nbviewer and ``nbconvert --to html``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Sentences every renderer shares: the run header, the status line and the end paragraph.
 
-One epoch convention everywhere: epochs count from 0, as in ``trainer.history["epoch"]``, the
-events and the Trainer's messages. The status line's ``epoch 2/9`` is epoch 2 of epochs 0–9 (the
-third of ten; the progress bars count epochs done, "3/10 done"), and the summary's "best at
-epoch 2" is history's row with ``epoch == 2``. One train loss everywhere: the status line shows
-the ``train_loss`` the Trainer sends (the epoch's running mean weighted by samples), which is the
-history's ``train_loss`` once the epoch ends.
+Epochs count from 0 everywhere, as in ``trainer.history["epoch"]``: ``epoch 2/9`` is epoch 2 of
+epochs 0–9 (the progress bars count epochs done, "3/10 done"). The train loss shown is the one
+the Trainer sends (the epoch's sample-weighted running mean: history's ``train_loss``).
 """
 
 from __future__ import annotations
@@ -76,8 +73,7 @@ def memory_line(latest: Mapping[str, float]) -> str:
 
 
 def speed(st: Mapping[str, Any]) -> list[str]:
-    """Wall-clock samples/s (data loading included), MFU when known, and the bottleneck when
-    waiting for data dominates; nothing until the first measuring point after warm-up."""
+    """Wall-clock samples/s, MFU when known, and whether waiting for data dominates."""
     rate = st.get("samples_per_s")
     if rate is None or rate != rate:
         return []
