@@ -90,9 +90,7 @@ def choose_renderer(live: object = "auto", front: str | None = None,
     if live == "text" or (auto and front not in NOTEBOOK_FRONTENDS):
         return "text", ""
     if front in ("terminal", "ipython"):  # asked for explicitly
-        kind = "a notebook" if live == "html" else "a notebook kernel"
-        return "text", f"live={live!r} needs {kind} ({front}): showing text" + (
-            " instead" if live == "html" else "")
+        return "text", f"live={live!r} needs a notebook ({front}): showing text instead"
     if live == "html" or (auto and front == "vscode"):
         return "html", ""
     missing = _widgets_missing()

@@ -1,21 +1,17 @@
 """Several processes, one model: PyTorch's DistributedDataParallel behind the Trainer's strategy.
 
-Under ``torchrun`` (or ``hn.launch``) every process is one rank. ``DDPStrategy`` answers the
-Trainer's strategy questions for that rank (see hybridnb.strategies.base): it joins the process group
-(NCCL on CUDA, gloo on the CPU), wraps the model in ``DistributedDataParallel``, gives each rank
-its shard of every batch and reduces numbers across ranks.
+Under ``torchrun`` (or ``hn.launch``) every process is one rank; ``DDPStrategy`` joins the
+process group (NCCL on CUDA, gloo on the CPU) and gives each rank its shard of every batch.
 
 Recovery needs the ranks to agree. In plain DDP the gradient all-reduce runs inside ``backward``;
 if one rank runs out of memory half-way, the others wait inside that all-reduce for ever. Here
 every micro-batch's forward/backward runs under DDP's ``no_sync()`` (no communication while
 memory can still run out), then ``settle`` runs one all-reduce that carries which ranks failed,
 the step's loss and the gradients (weighted by each rank's sample count, so 2 ranks x batch B
-equal 1 process x batch 2B). If any rank failed, the gradients are dropped and every rank re-runs
-the same step the same way (the OOM split); otherwise every rank holds the same mean gradient
-and loss, so the loss guard, clipping and the optimizer take the same decisions everywhere. The
-cost: the gradient all-reduce is not overlapped with backward (bench/bench_ddp.py measures it).
-
-``launch(fn, num_processes=N)`` (hybridnb.strategies.launch) starts the ranks from a notebook cell.
+equal 1 process x batch 2B). If any rank failed, every rank re-runs the same step the same way
+(the OOM split); otherwise every rank holds the same mean gradient and loss, so the loss guard,
+clipping and the optimizer decide the same everywhere. The cost: the gradient all-reduce is not
+overlapped with backward (bench/bench_ddp.py measures it).
 """
 
 from __future__ import annotations
