@@ -1,29 +1,22 @@
 """``strategy="deepspeed"``: ZeRO-2 through DeepSpeed's own engine, driven by the Trainer.
 
-ZeRO-2 splits the optimizer state and the gradients over the ranks: each rank keeps and updates
-only its share, so 4 GPUs hold a quarter of the Adam moments each. Every Trainer feature that
-does not touch the update works as under DDP (rank 0 draws and writes, metrics are reduced, the
-data is sharded). What changes, and why:
+ZeRO-2 splits the optimizer state and the gradients over the ranks (4 GPUs hold a quarter of the
+Adam moments each); everything else works as under DDP. What changes, and why:
 
-- DeepSpeed's engine owns backward, gradient clipping and the optimizer step
-  (``engine.backward`` / ``engine.step``); the Trainer sets the learning rate and decides.
+- The engine owns backward, clipping and the optimizer step; the Trainer sets the learning rate.
 - ZeRO-2 reduces gradients *inside* backward, so the ranks agree before each micro-batch's
-  backward instead of after it (one 4-number all-reduce): an out-of-memory error in a forward
-  pass on any rank is still split on every rank, the same way. One raised inside backward
-  cannot be agreed (the other ranks are waiting in the gradient reduction): that rank stops
-  the job with a message, and the last checkpoint stays on disk.
-- A skipped step (loss guard, or a failed attempt whose earlier micro-batches already reduced
-  their gradients) is dropped through DeepSpeed's own overflow path: one backward of a NaN loss
-  makes ``engine.step()`` discard the accumulated gradients without touching the weights or the
-  optimizer state.
-- Mixed precision is the Trainer's bf16 autocast over fp32 master weights; fp16 needs
-  DeepSpeed's loss scaler, which this strategy does not drive (asked-for fp16 is refused,
-  automatic fp16 falls back to fp32 and says so).
-- Checkpoints: every rank's optimizer partition is gathered into rank 0's ``last.pt``; resuming
-  needs the same number of ranks.
+  backward (one 4-number all-reduce): an out-of-memory error in any rank's forward is still
+  split on every rank. One raised inside backward cannot be agreed (the others wait in the
+  reduction): that rank stops the job with a message; the last checkpoint stays on disk.
+- A skipped step (loss guard, or a failed attempt whose earlier micro-batches already reduced)
+  goes through DeepSpeed's overflow path: one backward of a NaN loss makes ``engine.step()``
+  discard the gradients without touching the weights or the optimizer state.
+- bf16 is the Trainer's autocast over fp32 master weights; fp16 needs DeepSpeed's loss scaler,
+  which is not driven here (asked-for fp16 is refused, automatic fp16 falls back to fp32).
+- Every rank's optimizer partition is gathered into rank 0's ``last.pt``; resuming needs the
+  same number of ranks.
 
-For EEG-sized models (well under 100M parameters) DDP is as fast; ZeRO-2 pays off when the
-optimizer state does not fit on one GPU.
+For EEG-sized models DDP is as fast; ZeRO-2 pays off when the optimizer state does not fit.
 """
 
 from __future__ import annotations
