@@ -159,32 +159,17 @@ def amd_name(arch: str | None, node_name: str = "") -> str:
 # ---------------------------------------------------------------- visibility
 
 def apply_visible(gpus: list[GpuInfo], value: str | None, var: str) -> tuple[list[GpuInfo], str]:
-    """Keep the GPUs a ``*_VISIBLE_DEVICES`` value shows, renumbered as the runtime will.
-
-    Same rules as CUDA: comma-separated indices or UUID prefixes, and the list ends at the first
-    entry that is invalid, unknown or repeated. Returns (visible GPUs, a note or "").
-    """
+    """Keep the GPUs a ``*_VISIBLE_DEVICES`` value shows, renumbered as the runtime will
+    (``nvml.visible_indices``' rules). Returns (visible GPUs, a note or "")."""
     if value is None:
         return gpus, ""
-    out: list[GpuInfo] = []
-    for token in (t.strip() for t in value.split(",")):
-        found = None
-        if re.fullmatch(r"-?\d+", token):
-            k = int(token)
-            found = gpus[k] if 0 <= k < len(gpus) else None
-        elif token:
-            key = token if token.startswith(("GPU-", "MIG-")) else f"GPU-{token}"
-            hits = [g for g in gpus if g.uuid and g.uuid.startswith(key)]
-            found = hits[0] if len(hits) == 1 else None
-        if found is None or any(g is found for g in out):
-            break
-        out.append(found)
-    visible = [replace(g, index=i) for i, g in enumerate(out)]
+    shown = nvml.visible_indices(value, [g.uuid for g in gpus])
+    visible = [replace(gpus[k], index=i) for i, k in enumerate(shown)]
     if len(visible) == len(gpus) and value.strip():
         return visible, ""
-    shown = ", ".join(str(g.physical_index) for g in out) or "none"
+    names = ", ".join(str(g.physical_index) for g in visible) or "none"
     return visible, (f"{var}={value!r} hides {len(gpus) - len(visible)} of {len(gpus)} GPU(s) "
-                     f"(visible: {shown}).")
+                     f"(visible: {names}).")
 
 
 # ---------------------------------------------------------------- judgement

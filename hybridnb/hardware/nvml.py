@@ -13,6 +13,7 @@ AMD or Apple machine) or when a device stops answering, it returns None instead 
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 from collections.abc import Mapping
@@ -121,10 +122,9 @@ def locate(device: Any, torch_uuid: str | None = None,
     ``(None, why not)``.
 
     NVML numbers devices in PCI order and ignores ``CUDA_VISIBLE_DEVICES``; CUDA renumbers the
-    visible ones. The stable key is the UUID: the one torch reports for the ordinal (passed as
-    ``torch_uuid``, or read from torch when this process has already initialised CUDA: never
-    initialised here), else the ``CUDA_VISIBLE_DEVICES`` entry for the ordinal (an NVML index, a
-    UUID or a unique UUID prefix), else the ordinal itself.
+    visible ones. The stable key is the UUID torch reports for the ordinal (``torch_uuid``, or
+    read from torch only when this process has initialised CUDA already); without it the ordinal
+    is mapped through ``CUDA_VISIBLE_DEVICES`` as CUDA reads it (``visible_indices``).
     """
     index = ordinal(device)
     if index is None:
@@ -132,35 +132,39 @@ def locate(device: Any, torch_uuid: str | None = None,
     n = count()
     if n is None:
         return None, f"NVML not available ({_STATE['error'] or 'no answer'})"
-    uuids = [(h, norm_uuid(uuid(h))) for h in (handle_by_index(i) for i in range(n))]
+    handles = [handle_by_index(i) for i in range(n)]
+    uuids = [uuid(h) for h in handles]
     want = torch_uuid or _torch_uuid(index)
     if want:
-        want = norm_uuid(want)
-        found = [h for h, u in uuids if u == want]
-        return (found[0], f"matched by UUID GPU-{want}") if found else (
-            None, f"no NVML device has the UUID GPU-{want} that torch reports for cuda:{index}")
-    env = current() if environ is None else environ
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is None or not visible.strip():
-        if index < n:
-            return uuids[index][0], f"NVML index {index} (CUDA_VISIBLE_DEVICES unset)"
-        return None, f"cuda:{index} is past the {n} NVML devices"
-    entries = [e.strip() for e in visible.split(",") if e.strip()]
-    if index >= len(entries):
-        return None, f"cuda:{index} is past CUDA_VISIBLE_DEVICES={visible!r}"
-    entry = entries[index]
-    if entry.isdigit():
-        i = int(entry)
-        if i < n:
-            return uuids[i][0], f"NVML index {i} from CUDA_VISIBLE_DEVICES={visible!r}"
-        return None, f"CUDA_VISIBLE_DEVICES entry {entry!r} is past the {n} NVML devices"
-    if entry.lower().startswith("mig-"):
-        return None, f"MIG instance {entry!r}: NVML per-device numbers would not be this GPU's"
-    prefix = norm_uuid(entry)
-    found = [h for h, u in uuids if u and u.startswith(prefix)]
-    if len(found) == 1:
-        return found[0], f"matched CUDA_VISIBLE_DEVICES entry {entry!r} by UUID"
-    return None, f"CUDA_VISIBLE_DEVICES entry {entry!r} matches {len(found)} NVML devices"
+        found = [h for h, u in zip(handles, uuids, strict=True) if norm_uuid(u) == norm_uuid(want)]
+        return (found[0], f"matched by UUID {want}") if found else (
+            None, f"no NVML device has the UUID {want} that torch reports for cuda:{index}")
+    visible = (current() if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
+    order = list(range(n)) if visible is None else visible_indices(visible, uuids)
+    where = "" if visible is None else f" (CUDA_VISIBLE_DEVICES={visible!r})"
+    if index >= len(order):
+        return None, f"cuda:{index} is past the {len(order)} visible NVML device(s){where}"
+    return handles[order[index]], f"NVML index {order[index]}{where}"
+
+
+def visible_indices(value: str, uuids: list[str | None]) -> list[int]:
+    """The physical indices a ``*_VISIBLE_DEVICES`` value shows, in the runtime's order.
+
+    CUDA's rules: comma-separated indices or unique UUID prefixes ("GPU-" optional); the list
+    ends at the first entry that is invalid, unknown, ambiguous or repeated (so a MIG entry
+    shows no whole GPU).
+    """
+    out: list[int] = []
+    for token in (t.strip() for t in value.split(",")):
+        if re.fullmatch(r"-?\d+", token):
+            hits = [int(token)] if 0 <= int(token) < len(uuids) else []
+        else:
+            hits = [i for i, u in enumerate(uuids)
+                    if token and u and norm_uuid(u).startswith(norm_uuid(token))]
+        if len(hits) != 1 or hits[0] in out:
+            break
+        out.append(hits[0])
+    return out
 
 
 def ordinal(device: Any) -> int | None:

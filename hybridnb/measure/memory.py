@@ -153,16 +153,11 @@ def probes_for(device: torch.device | str, pid: int | None = None
     if device.type == "cuda":
         index = cuda_index(device)
         probes.append(("torch.cuda", torch_cuda_probe(index)))
-        if getattr(torch.version, "hip", None):
-            notes.append("ROCm device: NVML numbers are not available; showing torch's allocator")
-        elif nvml.library() is None:
-            notes.append(f"NVML not available ({nvml.status()})")
+        handle, how = (None, "a ROCm device") if torch.version.hip else nvml.locate(index)
+        if handle is None:
+            notes.append(f"NVML numbers not shown ({how}); showing torch's allocator")
         else:
-            handle, how = nvml.locate(index)
-            if handle is None:
-                notes.append(f"NVML not used: {how}")
-            else:
-                probes.append(("nvml", nvml_probe(handle)))
+            probes.append(("nvml", nvml_probe(handle)))
     elif device.type == "mps":
         probes.append(("mps", mps_probe()))
     try:
