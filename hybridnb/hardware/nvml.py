@@ -1,14 +1,7 @@
-"""NVIDIA's management library (NVML), opened once and read safely.
-
-The one place hybridnb talks to NVML (``pynvml``, from nvidia-ml-py): the inventory in
-``gpu_info``, the memory sampler and the GPU-busy reader in ``measure``. NVML never initialises
-CUDA, so the kernel process may use it freely. It is opened lazily on the first call and kept
-open for the life of the process (opening it costs ~50 ms; closing it would race with another
-thread still reading). Every function here is safe: without NVML (no driver, no library, an
-AMD or Apple machine) or when a device stops answering, it returns None instead of raising.
-
->>> h = nvml.handle("cuda:0")          # torch's numbering; None without NVML
->>> nvml.memory(h), nvml.utilisation(h), nvml.uuid(h), nvml.driver()
+"""NVIDIA's management library (NVML, ``pynvml``), opened once and read safely: the one place
+hybridnb talks to it. NVML never initialises CUDA, so the kernel may use it freely. Opened on
+first use and kept open (opening costs ~50 ms; closing would race with a thread still reading).
+Without NVML, or when a device stops answering, every function returns None instead of raising.
 """
 
 from __future__ import annotations
@@ -33,10 +26,8 @@ class Memory(NamedTuple):
     used: int
 
 
-# ---------------------------------------------------------------- the library
-
 def library() -> Any | None:
-    """The initialised ``pynvml`` module, or None when NVML cannot be used (see ``status()``)."""
+    """The initialised ``pynvml`` module, or None (``status()`` says why)."""
     if not _STATE["opened"]:
         with _LOCK:
             if not _STATE["opened"]:
@@ -52,7 +43,7 @@ def status() -> str:
 
 
 def reset() -> None:
-    """Forget the opened library, so the next call opens it again (tests swap ``pynvml``)."""
+    """Forget the opened library, so the next call opens it again (``pynvml`` was swapped)."""
     with _LOCK:
         _STATE.update(opened=False, lib=None, error="")
 
@@ -80,35 +71,30 @@ def attempt(name: str, *args: Any) -> tuple[Any | None, str]:
         return None, text(exc)
 
 
-def _get(name: str, *args: Any) -> Any | None:
-    return attempt(name, *args)[0]
+def _get(name: str, *args: Any, convert: Any = None) -> Any | None:
+    """``pynvml.<name>(*args)`` through ``convert``; None for a None argument or any failure."""
+    value = None if None in args else attempt(name, *args)[0]
+    return value if value is None or convert is None else convert(value)
 
-
-# ---------------------------------------------------------------- the system
 
 def count() -> int | None:
-    """How many NVIDIA GPUs NVML sees (all of them: it ignores CUDA_VISIBLE_DEVICES)."""
+    """How many NVIDIA GPUs NVML sees (it ignores CUDA_VISIBLE_DEVICES)."""
     return _get("nvmlDeviceGetCount")
 
 
 def driver() -> str | None:
     """The NVIDIA driver's version, e.g. "580.159.04"."""
-    value = _get("nvmlSystemGetDriverVersion")
-    return None if value is None else text(value)
+    return _get("nvmlSystemGetDriverVersion", convert=text)
 
 
 def cuda_driver() -> str | None:
     """The highest CUDA version the driver supports, e.g. "13.0"."""
-    value = _get("nvmlSystemGetCudaDriverVersion")
-    return f"{value // 1000}.{(value % 1000) // 10}" if value else None
+    return _get("nvmlSystemGetCudaDriverVersion", convert=lambda v: f"{v // 1000}.{v % 1000 // 10}")
 
-
-# ---------------------------------------------------------------- finding a device
 
 def handle_by_index(physical: int) -> Any | None:
     """The handle of NVML device ``physical`` (PCI order, before CUDA_VISIBLE_DEVICES)."""
     return _get("nvmlDeviceGetHandleByIndex", physical)
-
 
 
 def handle(device: Any) -> Any | None:
@@ -189,42 +175,34 @@ def _torch_uuid(index: int) -> str | None:
     return None if value is None else str(value)
 
 
-# ---------------------------------------------------------------- reading a device
-
 def memory(h: Any) -> Memory | None:
     """Total, free and used bytes of the device (every process's use counts)."""
-    info = _get("nvmlDeviceGetMemoryInfo", h) if h is not None else None
-    return None if info is None else Memory(int(info.total), int(info.free), int(info.used))
+    return _get("nvmlDeviceGetMemoryInfo", h,
+                convert=lambda m: Memory(int(m.total), int(m.free), int(m.used)))
 
 
 def utilisation(h: Any) -> float | None:
-    """NVML's "GPU busy" percentage: the share of its last sample period (1/6 s to 1 s) in
-    which any kernel ran. It says nothing about how well the GPU is used (a tiny kernel counts)."""
-    rates = _get("nvmlDeviceGetUtilizationRates", h) if h is not None else None
-    return None if rates is None else float(rates.gpu)
+    """NVML's "GPU busy" %: the share of its last sample period (1/6 s to 1 s) in which any
+    kernel ran; no measure of how well the GPU is used (a tiny kernel counts)."""
+    return _get("nvmlDeviceGetUtilizationRates", h, convert=lambda r: float(r.gpu))
 
 
 def uuid(device: Any) -> str | None:
     """The device's UUID ("GPU-…"), from a handle or an NVML (physical) index."""
     h = handle_by_index(device) if isinstance(device, int) else device
-    value = _get("nvmlDeviceGetUUID", h) if h is not None else None
-    return None if value is None else text(value)
+    return _get("nvmlDeviceGetUUID", h, convert=text)
 
 
 def name(h: Any) -> str | None:
-    value = _get("nvmlDeviceGetName", h) if h is not None else None
-    return None if value is None else text(value)
+    return _get("nvmlDeviceGetName", h, convert=text)
 
 
 def capability(h: Any) -> tuple[int, int] | None:
-    value = _get("nvmlDeviceGetCudaComputeCapability", h) if h is not None else None
-    return None if value is None else (int(value[0]), int(value[1]))
+    return _get("nvmlDeviceGetCudaComputeCapability", h, convert=lambda v: (int(v[0]), int(v[1])))
 
-
-# ---------------------------------------------------------------- small helpers
 
 def norm_uuid(value: Any) -> str:
-    """A UUID in one spelling: lower case, without the "GPU-" prefix ("" for None)."""
+    """A UUID lower case, without the "GPU-" prefix ("" for None)."""
     if value is None:
         return ""
     t = text(value).strip().lower()

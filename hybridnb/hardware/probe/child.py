@@ -1,10 +1,5 @@
-"""The probe child: validate one device step by step, one message per event.
-
-Started by the supervisor as ``python -m hybridnb.hardware.probe WIRING --backend B --index N``
-(``processes.framed``: its events travel in the channel's frames, like every child's). Steps:
-import torch -> device available -> memory query -> small tensor -> matrix product checked
-against the CPU result -> copy back (a round trip compared bit for bit). Each step sends a
-"start" event before and an "ok"/"fail" event after, so a hang is placed at its step.
+"""The probe child: validate one device step by step (``result.STEPS``), sending a "start"
+event before each step and an "ok"/"fail" event after it, so a hang is placed at its step.
 """
 
 from __future__ import annotations
@@ -26,8 +21,6 @@ class _WrongResult(Exception):
 
 
 def main(argv: list[str] | None = None, channel: Channel | None = None) -> int:
-    """Child entry point: run the steps for one device, one "probe" message per event (the
-    channel's frames; see ``processes.framed``)."""
     parser = argparse.ArgumentParser(prog="python -m hybridnb.hardware.probe")
     parser.add_argument("--backend", choices=("cuda", "rocm", "mps"), required=True)
     parser.add_argument("--index", type=int, default=0)
@@ -43,8 +36,8 @@ def main(argv: list[str] | None = None, channel: Channel | None = None) -> int:
 
 
 def run_steps(backend: str, index: int, emit) -> bool:
-    """Run every step for one device, ``emit(**event)`` for each start, end and fact; stop at
-    the first failure. True when every step passed (then an "end" event was emitted)."""
+    """Run the steps, ``emit(**event)`` for each start, end and fact, up to the first failure;
+    True when every step passed."""
     ctx: dict = {"backend": backend, "index": index, "emit": emit}
     for name in STEPS:
         emit(e="start", step=name, t=time.time())
@@ -86,8 +79,7 @@ def _step_available(ctx: dict) -> str:
         if not torch.backends.mps.is_available():
             raise RuntimeError("torch.backends.mps.is_available() is False")
         ctx["device"], ctx["sync"] = torch.device("mps"), torch.mps.synchronize
-        ctx["emit"](e="info", info={"name": "Apple GPU (MPS)", "runtime": "mps",
-                                    "bf16": _mps_bf16(torch)})
+        ctx["emit"](e="info", info={"name": "Apple GPU (MPS)", "runtime": "mps"})
         return "MPS available"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -113,41 +105,26 @@ def _step_available(ctx: dict) -> str:
     return f"{props.name}, {count} device(s) visible"
 
 
-def _mps_bf16(torch) -> bool:
-    """Whether this Mac's MPS computes in bfloat16 (macOS 14 or later); False when it raises."""
-    try:
-        x = torch.ones(4, dtype=torch.bfloat16, device="mps")
-        return float((x * 2).sum().item()) == 8.0
-    except Exception:  # noqa: BLE001 - broad: MPS raises TypeError or RuntimeError by version
-        return False
-
-
 def _step_memory(ctx: dict) -> str:
     torch = ctx["torch"]
     if ctx["device"].type == "mps":
-        free, total = _mps_memory(torch, ctx["emit"])
+        free, total = _mps_memory(torch)
     else:
         free, total = (int(v) for v in torch.cuda.mem_get_info(ctx["device"]))
     ctx["emit"](e="info", info={"free_memory": free, "total_memory": total})
     return f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free"
 
 
-def _mps_memory(torch, emit) -> tuple[int, int]:
-    """(free, total) bytes of the Apple GPU, as torch.mps reads them: the memory Metal
-    recommends for this process (the machine's RAM where torch predates
-    ``recommended_max_memory``) less what the driver has allocated; also emitted as facts."""
-    mps = torch.mps
-    allocated = int(mps.current_allocated_memory())
-    driver = int(mps.driver_allocated_memory())
-    recommended = getattr(mps, "recommended_max_memory", None)
-    if recommended is not None:
-        total = int(recommended())
-    else:
-        import psutil
+def _mps_memory(torch) -> tuple[int, int]:
+    """(free, total) bytes of the Apple GPU: the memory Metal recommends for this process (the
+    machine's RAM where torch predates ``recommended_max_memory``) less what the driver holds."""
+    import psutil
 
-        total = int(psutil.virtual_memory().total)
-    emit(e="info", info={"mps_allocated_memory": allocated, "mps_driver_memory": driver})
-    return max(0, total - max(allocated, driver)), total
+    mps = torch.mps
+    used = max(int(mps.current_allocated_memory()), int(mps.driver_allocated_memory()))
+    recommended = getattr(mps, "recommended_max_memory", None)
+    total = int(recommended() if recommended else psutil.virtual_memory().total)
+    return max(0, total - used), total
 
 
 def _step_tensor(ctx: dict) -> str:

@@ -1,16 +1,10 @@
-"""The parent side of the probe: start one child per GPU, watch them, kill them at the deadline.
+"""The parent side of the probe: one child per GPU, watched together, killed at the deadline.
 
-A flaky card (an unsupported ROCm GPU, a wedged driver) can hang or crash the process that
-touches it, so the parent never does. Each child (``probe.child``) is a framed command
-(``processes.framed``) in its own process group, watched with the others by the one watch loop
-(``processes.supervise.Watch``); it sends one message as each step starts and ends, so that when
-it hangs the parent knows which step. At the deadline the watch kills the whole group and reaps
-it: no orphan, no zombie. An interrupt kills the probes at once (they have nothing to keep) and
-is then raised here. The verdict (``ProbeResult``) is built from the steps the child reported
-and how the process ended.
-
-Where the OS cannot supervise a child (Windows: ``platform.child_pipes()``) the steps run in
-this process instead, without the deadline; each result's message says so (``run_here``).
+A flaky card can hang or crash the process that touches it, so the parent never does. Each child
+(``probe.child``, a framed command in its own process group) reports each step's start and end,
+so a hang is placed at its step; at the deadline ``processes.supervise.Watch`` kills and reaps
+the group. Where the OS cannot supervise a child (``platform.child_pipes()``) the steps run here
+without the deadline, and each result says so (``run_here``).
 """
 
 from __future__ import annotations
@@ -31,12 +25,8 @@ CHILD_MODULE = "hybridnb.hardware.probe"
 
 
 def run_probes(targets: list[tuple[str, int]], timeout: float) -> list[ProbeResult]:
-    """Probe each (backend, index) in its own child, all at once, sharing one deadline.
-
-    Returns within ``timeout`` plus at most ``REAP_S`` whatever the children do; children still
-    running then are killed with their process groups and reaped, also when this call is
-    interrupted (SIGINT: a KeyboardInterrupt in a notebook, once they are gone).
-    """
+    """Probe each (backend, index) in its own child, all at once, sharing one deadline:
+    returns within ``timeout`` + ``REAP_S`` whatever the children do (also when interrupted)."""
     if not platform.child_pipes():
         return [run_here(backend, index) for backend, index in targets]
     deadline = time.monotonic() + timeout
@@ -53,8 +43,8 @@ IN_PROCESS = ("probed in this process, without a time limit: {why}; a GPU that h
 
 
 def run_here(backend: str, index: int) -> ProbeResult:
-    """The probe's steps in this process (no child can be supervised here): the same verdicts
-    for failures and wrong results; a hang or a crash is not caught. The message says so."""
+    """The probe's steps in this process (no child can be supervised here): a hang or a crash
+    is not caught, and the message says so."""
     events: list[dict] = []
     t0 = time.monotonic()
     probe_child.run_steps(backend, index, lambda **event: events.append(event))
@@ -86,15 +76,13 @@ class Probe:
             self.events.append(message.payload)
 
     def result(self, timeout: float) -> ProbeResult:
-        """The verdict once the watch is over; the return code as Popen says it, None when the
-        child could not be reaped."""
+        """The verdict once the watch is over (return code None: the child was not reaped)."""
         outcome, proc = self.watched.outcome, self.watched.child
         rc = proc.exit.returncode if proc.reaped and proc.exit else None
         return self.verdict(outcome.seconds, outcome.status == Ending.TIMEOUT, rc, timeout)
 
     def verdict(self, seconds: float, timed_out: bool, rc: int | None, timeout: float
                 ) -> ProbeResult:
-        """The result from the events the steps sent and how the process ended."""
         steps = {name: ProbeStep(name, "not run") for name in STEPS}
         current, info, failure, ended = None, {}, None, False
         for ev in list(self.events):
@@ -147,10 +135,9 @@ class Probe:
         res.steps = list(steps.values())
         return res
 
-    def _stderr_tail(self, limit: int = 400) -> str:
-        """Its last lines of output (the protocol has its own pipe)."""
+    def _stderr_tail(self) -> str:
         lines = [ln for ln in self.watched.child.tail if ln.strip()]
-        return " | ".join(lines[-3:])[-limit:]
+        return " | ".join(lines[-3:])[-400:]
 
 
 def _next_step(steps: dict[str, ProbeStep]) -> str:
