@@ -1,7 +1,6 @@
-"""What an error from torch means: the batch did not fit in memory (``is_oom``), or the device
-cannot be trusted again in this process (``is_device_lost``); ``first_line`` words an error for
-an event. Plain predicates over the exception's type and text, with no state: the strategies
-(which agree on a failure across ranks) and train's recovery (which acts on it) both use them.
+"""What an error from torch means: the batch did not fit (``is_oom``), or the device cannot be
+trusted again in this process (``is_device_lost``). Stateless predicates over the exception's type
+and text, shared by the strategies and train's recovery.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Find GPUs without initialising CUDA, and judge them against known-bad hardware.
-
-The parent process never calls ``torch.cuda`` to count devices: NVIDIA cards are listed through
-NVML (``hardware.nvml``; as ``PYTORCH_NVML_BASED_CUDA_CHECK``, Lightning and Accelerate do), AMD
-cards through the kernel's KFD topology in sysfs. Both keep the process fork-safe for a multi-GPU
-launch later. Whether a card really computes is the probe's job (``hybridnb.hardware.probe``), in a
-child process.
+"""Find GPUs without initialising CUDA (NVIDIA through NVML, AMD through the KFD topology in
+sysfs, keeping the process fork-safe), and judge them against known-bad hardware. Whether a card
+really computes is the probe's job, in a child.
 """
 
 from __future__ import annotations
@@ -82,13 +78,8 @@ class GpuInfo:
         return d
 
 
-# ---------------------------------------------------------------- NVIDIA, through NVML
-
 def nvml_inventory() -> tuple[list[GpuInfo], str]:
-    """All NVIDIA GPUs NVML sees (physical order, before CUDA_VISIBLE_DEVICES), and a status line.
-
-    Never initialises CUDA. An empty list with the reason when NVML is missing (no driver).
-    """
+    """All NVIDIA GPUs NVML sees (physical order), and a status line (the reason when none)."""
     n = nvml.count()
     if n is None:
         return [], nvml.status() or "NVML did not answer"
@@ -111,8 +102,6 @@ def nvml_inventory() -> tuple[list[GpuInfo], str]:
             uuid=nvml.uuid(h)))
     return gpus, f"NVML: {n} NVIDIA GPU(s), driver {driver_text}"
 
-
-# ---------------------------------------------------------------- AMD, through KFD sysfs
 
 def rocm_inventory(root: Path = KFD_TOPOLOGY) -> tuple[list[GpuInfo], str]:
     """AMD GPUs from the KFD topology in sysfs (what ROCm itself enumerates), in node order."""
@@ -156,8 +145,6 @@ def amd_name(arch: str | None, node_name: str = "") -> str:
     return f"{base} ({extra})" if extra else base
 
 
-# ---------------------------------------------------------------- visibility
-
 def apply_visible(gpus: list[GpuInfo], value: str | None, var: str) -> tuple[list[GpuInfo], str]:
     """Keep the GPUs a ``*_VISIBLE_DEVICES`` value shows, renumbered as the runtime will
     (``nvml.visible_indices``' rules). Returns (visible GPUs, a note or "")."""
@@ -172,15 +159,10 @@ def apply_visible(gpus: list[GpuInfo], value: str | None, var: str) -> tuple[lis
                      f"(visible: {names}).")
 
 
-# ---------------------------------------------------------------- judgement
-
 def kernel_image_ok(gpu: GpuInfo, build: BuildInfo, environ: dict[str, str]) -> bool | None:
-    """Whether the installed torch carries kernels for this GPU (None when it cannot be told).
-
-    CUDA: an ``sm_XY`` with X equal to the major and Y <= minor (binary compatible), or a
-    ``compute_XY`` PTX at or below the capability (JIT). ROCm: the gfx target itself (or the
-    one HSA_OVERRIDE_GFX_VERSION makes the runtime use).
-    """
+    """Whether the installed torch carries kernels for this GPU (None when it cannot be told):
+    an ``sm_XY`` of the same major and a minor <= the GPU's, a ``compute_XY`` PTX at or below
+    it, or the gfx target (HSA_OVERRIDE_GFX_VERSION's where set)."""
     if not build.arch_list:
         return None
     if gpu.backend == "cuda" and gpu.capability:
@@ -268,8 +250,6 @@ def _judge_amd(gpu: GpuInfo, build: BuildInfo, environ: dict[str, str]) -> None:
             "starts) to reduce fragmentation. Risk: less tested on ROCm than on CUDA; older "
             "ROCm releases ignore it or can crash with it. Not set by hybridnb.")
 
-
-# ---------------------------------------------------------------- small helpers
 
 def _major(version: str | None) -> int | None:
     m = re.match(r"(\d+)", version or "")

@@ -41,7 +41,7 @@ def host_info() -> HostInfo:
 
 
 def usable_cores() -> tuple[int, str]:
-    """Cores this process may use: CPU affinity, capped by a cgroup CPU quota (containers)."""
+    """Cores this process may use: CPU affinity, capped by a cgroup CPU quota, and why fewer."""
     try:
         affinity = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
