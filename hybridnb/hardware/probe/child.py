@@ -20,7 +20,7 @@ class _WrongResult(Exception):
     """The device computed, but not what the CPU computed."""
 
 
-def main(argv: list[str] | None = None, channel: Channel | None = None) -> int:
+def main(argv: list[str] | None = None, channel: Channel | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m hybridnb.hardware.probe")
     parser.add_argument("--backend", choices=("cuda", "rocm", "mps"), required=True)
     parser.add_argument("--index", type=int, default=0)
@@ -31,8 +31,13 @@ def main(argv: list[str] | None = None, channel: Channel | None = None) -> int:
         channel.send(EVENT, event)
         channel.flush()
 
-    _exit(channel, 0 if run_steps(args.backend, args.index, emit) else 1)
-    return 0
+    passed = run_steps(args.backend, args.index, emit)
+    # leave without the interpreter's teardown (about 1 s with torch loaded): the OS frees the
+    # device once the messages and output are out
+    channel.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if passed else 1)
 
 
 def run_steps(backend: str, index: int, emit) -> bool:
@@ -55,15 +60,6 @@ def run_steps(backend: str, index: int, emit) -> bool:
         emit(e="ok", step=name, s=round(time.perf_counter() - t0, 4), detail=detail)
     emit(e="end")
     return True
-
-
-def _exit(channel: Channel, code: int) -> None:
-    """Leave without the interpreter's teardown (about 1 s with torch loaded); the OS frees
-    the device. Messages and output are flushed first."""
-    channel.flush()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def _step_import(ctx: dict) -> str:

@@ -84,11 +84,11 @@ class Probe:
     def verdict(self, seconds: float, timed_out: bool, rc: int | None, timeout: float
                 ) -> ProbeResult:
         steps = {name: ProbeStep(name, "not run") for name in STEPS}
-        current, info, failure, ended = None, {}, None, False
+        current, info, failure, ended, started = None, {}, None, False, {}
         for ev in list(self.events):
             kind, name = ev.get("e"), ev.get("step")
             if kind == "start" and name in steps:
-                current = name
+                current, started[name] = name, ev.get("t")
             elif kind == "ok" and name in steps:
                 steps[name] = ProbeStep(name, "ok", ev.get("s"), ev.get("detail", ""))
                 current = None
@@ -103,7 +103,7 @@ class Probe:
         res = ProbeResult(self.backend, self.index, "passed", list(steps.values()),
                           round(seconds, 3), info=info, returncode=rc,
                           proven_at=round(time.time(), 3))
-        where = current or _next_step(steps)
+        where = current or next((n for n in STEPS if steps[n].status == "not run"), STEPS[-1])
         if ended and (timed_out or rc != 0):  # every step passed; only the exit went wrong
             res.message = ("every step passed, but the probe process " + (
                 "did not exit in time and was killed" if timed_out else
@@ -112,9 +112,10 @@ class Probe:
         elif timed_out:
             res.verdict, res.failed_step = "hung", where
             steps[where].status, steps[where].detail = "hung", f"no answer within {timeout:g} s"
-            since = _started_at(self.events, where)
+            since = started.get(where)
             res.message = (f"hung at step '{TITLES[where]}' (no answer for {timeout:g} s"
-                           + (f", {since:.1f} s in that step" if since is not None else "")
+                           + (f", {max(0.0, time.time() - since):.1f} s in that step"
+                              if since is not None else "")
                            + "); the probe process was killed")
             if rc is None:
                 res.message += " but could not be reaped (stuck in the driver?)"
@@ -123,8 +124,7 @@ class Probe:
             res.verdict = "wrong result" if status == "wrong" else "failed"
             res.failed_step = name
             first = (error.strip().splitlines() or [""])[0]
-            res.message = f"{'wrong result' if status == 'wrong' else 'failed'} at step " \
-                          f"'{TITLES[name]}': {first}"
+            res.message = f"{res.verdict} at step '{TITLES[name]}': {first}"
         elif not ended or rc != 0:
             res.verdict, res.failed_step = "crashed", where
             why = _exit_reason(rc)
@@ -138,16 +138,6 @@ class Probe:
     def _stderr_tail(self) -> str:
         lines = [ln for ln in self.watched.child.tail if ln.strip()]
         return " | ".join(lines[-3:])[-400:]
-
-
-def _next_step(steps: dict[str, ProbeStep]) -> str:
-    return next((n for n in STEPS if steps[n].status == "not run"), STEPS[-1])
-
-
-def _started_at(events: list[dict], step: str) -> float | None:
-    t0 = next((ev.get("t") for ev in events if ev.get("e") == "start" and ev.get("step") == step),
-              None)
-    return None if t0 is None else max(0.0, time.time() - t0)
 
 
 def _exit_reason(rc: int | None) -> str:
