@@ -72,7 +72,8 @@ def _free(path: str | os.PathLike | None) -> str:
 
 def atomic_save(obj: dict, path: str | os.PathLike, keep_previous: bool = False) -> Path:
     """``torch.save(obj)`` to a temporary file, fsynced, renamed over ``path``: a crash leaves
-    the old file or the new one, whole. ``keep_previous``: the old becomes ``<stem>.prev<suffix>``."""
+    the old file or the new one, whole. ``keep_previous``: the old one is kept as
+    ``<stem>.prev<suffix>``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -92,7 +93,7 @@ def atomic_save(obj: dict, path: str | os.PathLike, keep_previous: bool = False)
 
 
 def keep_copy(src: Path, dst: Path) -> None:
-    """Make ``dst`` a copy of ``src`` (hard link, else a copy); a failure leaves ``dst`` as it was."""
+    """Make ``dst`` a copy of ``src`` (a hard link, else a copy); a failure leaves ``dst`` be."""
     tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
     try:
         with contextlib.suppress(FileNotFoundError):

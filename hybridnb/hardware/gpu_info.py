@@ -113,14 +113,14 @@ def rocm_inventory(root: Path = KFD_TOPOLOGY) -> tuple[list[GpuInfo], str]:
         if int(props.get("simd_count", 0)) <= 0:  # CPU nodes have no SIMDs
             continue
         arch = gfx_name(int(props.get("gfx_target_version", 0)))
-        name = (node / "name").read_text().strip() if (node / "name").is_file() else ""
+        name = _read(node / "name")
         total = sum(int(_kv_file(b / "properties").get("size_in_bytes", 0))
                     for b in sorted((node / "mem_banks").glob("*")) if b.is_dir())
         i = len(gpus)
         unique = props.get("unique_id")  # stable per card on recent kernels
         gpus.append(GpuInfo(index=i, physical_index=i, backend="rocm",
                             name=amd_name(arch, name), arch=arch, total_memory=total or None,
-                            driver_version=_read(Path("/sys/module/amdgpu/version")),
+                            driver_version=_read(Path("/sys/module/amdgpu/version")) or None,
                             uuid=f"AMD-{unique}" if unique and unique != "0" else None))
     return gpus, f"KFD: {len(gpus)} AMD GPU(s)"
 
@@ -256,23 +256,16 @@ def _major(version: str | None) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
 def _kv_file(path: Path) -> dict[str, str]:
-    out: dict[str, str] = {}
-    try:
-        for line in path.read_text().splitlines():
-            parts = line.split()
-            if len(parts) == 2:
-                out[parts[0]] = parts[1]
-    except OSError:
-        pass
-    return out
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip() or None
-    except OSError:
-        return None
+    pairs = (line.split() for line in _read(path).splitlines())
+    return {p[0]: p[1] for p in pairs if len(p) == 2}
 
 
 def gib(n: int | None) -> str:

@@ -19,12 +19,12 @@ _MARK = {"ok": "ok", "failed": "FAILED", "wrong": "WRONG", "hung": "HUNG", "cras
          "not run": "-"}
 
 
-def proven(p: ProbeResult, now: float | None = None) -> str:
+def proven(p: ProbeResult) -> str:
     """When and how the GPU was last proven, in a phrase: "passed every probe step in 4.2 s"
     (+ "(cached: proven 3.1 h ago, at 2026-11-21 09:12; detect(refresh=True) probes again)")."""
     text = f"passed every probe step in {p.seconds:.1f} s"
     if p.cached and p.proven_at is not None:
-        age = max(0.0, (time.time() if now is None else now) - p.proven_at)
+        age = max(0.0, time.time() - p.proven_at)
         ago = f"{age / 3600:.1f} h" if age >= 3600 else f"{age / 60:.0f} min"
         at = time.strftime("%Y-%m-%d %H:%M", time.localtime(p.proven_at))
         text += f" (cached: proven {ago} ago, at {at}; detect(refresh=True) probes again)"

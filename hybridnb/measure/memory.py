@@ -154,7 +154,8 @@ def heap_reader() -> tuple[Callable[[], float], str]:
         return info, "heap bytes in use (glibc mallinfo2, sampled every 2 ms)"
     import psutil
 
-    return lambda: float(psutil.Process().memory_info().rss), "resident-set rise (approximate: sampled, and freed memory may be reused)"
+    return (lambda: float(psutil.Process().memory_info().rss),
+            "resident-set rise (approximate: sampled, and freed memory may be reused)")
 
 
 def _mallinfo2() -> Callable[[], float] | None:
@@ -260,7 +261,7 @@ class MemorySampler:
         return out
 
     def drop_device(self, reason: str) -> None:
-        """Stop reading the device (it was lost: nothing may call into it again); keep the host's."""
+        """Stop reading the lost device (nothing may call into it again); keep the host's."""
         self._drop(["torch.cuda", "nvml", "mps"], f"device memory no longer read: {reason}")
 
     def _drop(self, names: list[str], note: str) -> None:

@@ -43,8 +43,7 @@ def _path(key: dict, environ: dict[str, str] | None) -> Path:
     return folder(environ) / f"{digest}.json"
 
 
-def load(key: dict, ttl: float, environ: dict[str, str] | None = None,
-         now: float | None = None) -> ProbeResult | None:
+def load(key: dict, ttl: float, environ: dict[str, str] | None = None) -> ProbeResult | None:
     """The stored pass for ``key`` if younger than ``ttl`` seconds, else None (also for an
     unreadable or foreign file, which the next store overwrites)."""
     if ttl <= 0:
@@ -56,7 +55,7 @@ def load(key: dict, ttl: float, environ: dict[str, str] | None = None,
         result = ProbeResult.from_dict(data["result"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    age = (time.time() if now is None else now) - (result.proven_at or 0.0)
+    age = time.time() - (result.proven_at or 0.0)
     if not result.ok or not 0 <= age <= ttl:
         return None
     result.cached = True
