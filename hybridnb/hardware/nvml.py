@@ -6,16 +6,13 @@ Without NVML, or when a device stops answering, every function returns None inst
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
-import threading
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from hybridnb.env import current
-
-_LOCK = threading.Lock()
-_STATE: dict[str, Any] = {"opened": False, "lib": None, "error": ""}
 
 
 class Memory(NamedTuple):
@@ -28,27 +25,22 @@ class Memory(NamedTuple):
 
 def library() -> Any | None:
     """The initialised ``pynvml`` module, or None (``status()`` says why)."""
-    if not _STATE["opened"]:
-        with _LOCK:
-            if not _STATE["opened"]:
-                _STATE["lib"], _STATE["error"] = _open()
-                _STATE["opened"] = True
-    return _STATE["lib"]
+    return _opened()[0]
 
 
 def status() -> str:
     """Why NVML is not usable ("" when it is), in words for a report."""
-    library()
-    return _STATE["error"]
+    return _opened()[1]
 
 
 def reset() -> None:
     """Forget the opened library, so the next call opens it again (``pynvml`` was swapped)."""
-    with _LOCK:
-        _STATE.update(opened=False, lib=None, error="")
+    _opened.cache_clear()
 
 
-def _open() -> tuple[Any | None, str]:
+@functools.cache
+def _opened() -> tuple[Any | None, str]:
+    """Once per process (two threads racing here would both init: NVML counts inits)."""
     try:
         import pynvml
     except ImportError:
@@ -62,9 +54,9 @@ def _open() -> tuple[Any | None, str]:
 
 def attempt(name: str, *args: Any) -> tuple[Any | None, str]:
     """Call ``pynvml.<name>(*args)``: ``(value, "")``, or ``(None, why)`` on any failure."""
-    lib = library()
+    lib, why = _opened()
     if lib is None:
-        return None, _STATE["error"]
+        return None, why
     try:
         return getattr(lib, name)(*args), ""
     except Exception as exc:  # noqa: BLE001 - broad: any NVML code, or a missing symbol
@@ -117,7 +109,7 @@ def locate(device: Any, torch_uuid: str | None = None,
         return None, f"{device!r} is not a CUDA device"
     n = count()
     if n is None:
-        return None, f"NVML not available ({_STATE['error'] or 'no answer'})"
+        return None, f"NVML not available ({status() or 'no answer'})"
     handles = [handle_by_index(i) for i in range(n)]
     uuids = [uuid(h) for h in handles]
     want = torch_uuid or _torch_uuid(index)

@@ -54,13 +54,12 @@ class ThroughputMonitor:
     """Samples/s by the wall clock, data-wait share, FLOP/s and MFU for a training loop.
 
     Iterate through ``batches(loader)`` and call ``step_done(n_samples)`` after each step; the
-    first ``warmup_steps`` (compiling, autotuning, loader start-up) are not counted. ``peak``
-    (TFLOP/s) overrides the table.
+    first ``warmup_steps`` (compiling, autotuning, loader start-up) are not counted.
     """
 
     def __init__(self, device: torch.device | str = "cpu", *, warmup_steps: int = 2,
                  every: int = 20, flops_per_sample: float | None = None,
-                 precision: str = "fp32", peak: float | None = None) -> None:
+                 precision: str = "fp32") -> None:
         if warmup_steps < 0 or every < 1:
             raise ValueError(f"ThroughputMonitor: warmup_steps={warmup_steps} must be >= 0 and "
                              f"every={every} >= 1")
@@ -68,9 +67,8 @@ class ThroughputMonitor:
         self.warmup_steps, self.every = warmup_steps, every
         self.flops_per_sample = flops_per_sample
         self.precision = precision
-        if peak is None and self.device.type == "cuda":
-            peak = peak_tflops(torch.cuda.get_device_name(self.device), peak_key(precision))
-        self.peak = peak
+        self.peak = (peak_tflops(torch.cuda.get_device_name(self.device), peak_key(precision))
+                     if self.device.type == "cuda" else None)  # dense TFLOP/s
         self._steps = 0  # all steps, warm-up included
         self._start: float | None = None  # the window's first measuring point
         # last measuring point: (time, samples, steps, seconds waiting, seconds paused)
