@@ -49,15 +49,8 @@ class EpochRow(Row):
 
 
 def row_kind(row: dict) -> str:
-    """"step", "validation" or "epoch": a typed row's own; a plain dict a caller made itself is
-    read from its keys."""
+    """"step", "validation" or "epoch": a typed row's own; a plain dict is an epoch's row when it
+    says ``epoch_end``, else a step's (no kind is guessed from the other keys)."""
     if isinstance(row, Row):
         return row.kind
-    if row.get("epoch_end"):
-        return "epoch"
-    if len(row) > len(_STEP_KEYS) and any(k.startswith("val_") for k in row):
-        return "validation"
-    return "step"
-
-
-_STEP_KEYS = ("epoch", "step", "global_step", "loss", "lr", "samples_per_s", "elapsed_s")
+    return "epoch" if row.get("epoch_end") else "step"
