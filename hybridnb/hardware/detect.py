@@ -229,18 +229,17 @@ def _probe(targets: list[GpuInfo], build: BuildInfo, env: dict[str, str], timeou
            ttl: float, refresh: bool, notes: list[str]) -> None:
     """Attach a probe result to each target: a cached pass younger than ``ttl`` seconds (0: no
     cache) unless ``refresh``, else a new child's (passes are stored)."""
-    keys = [probe_cache.key_for(g, build) if ttl > 0 else None for g in targets]
     todo = []
-    for g, key in zip(targets, keys, strict=True):
+    for g in targets:
+        key = probe_cache.key_for(g, build) if ttl > 0 else None
         hit = probe_cache.load(key, ttl, env) if key is not None and not refresh else None
         if hit is not None:
             _merge_probe(g, hit)
         else:
             todo.append((g, key))
-    if not todo:
-        return
     backends = [("mps" if g.backend == "mps" else "cuda", g.index) for g, _ in todo]
-    for (g, key), res in zip(todo, probe.run_probes(backends, timeout), strict=True):
+    for (g, key), res in zip(todo, probe.run_probes(backends, timeout) if todo else [],
+                             strict=True):
         _merge_probe(g, res)
         note = probe_cache.store(key, res, env) if key is not None else ""
         if note and note not in notes:
@@ -272,11 +271,11 @@ def _choose(gpus: list[GpuInfo], forced: torch.device | None, launched: bool,
             none_found: str = "") -> tuple[torch.device, GpuInfo | None, str]:
     """(device, its GpuInfo or None, the reason in one sentence)."""
     failed = [g for g in gpus if g.probe is not None and not g.probe.ok]
-    for g in failed:
-        warns.append(f"{g.label} {g.probe.message}.")
+    warns.extend(f"{g.label} {g.probe.message}." for g in failed)
+    asked = f"{DEVICE_ENV}={env.get(DEVICE_ENV)}"
     if forced is not None:
         if forced.type == "cpu":
-            return forced, None, f"forced by {DEVICE_ENV}={env.get(DEVICE_ENV)}."
+            return forced, None, f"forced by {asked}."
         kind = ("mps",) if forced.type == "mps" else ("cuda", "rocm")
         pool = [g for g in gpus if g.backend in kind and (forced.index is None
                                                          or g.index == forced.index)]
@@ -285,20 +284,18 @@ def _choose(gpus: list[GpuInfo], forced: torch.device | None, launched: bool,
             if not g.trusted:
                 why = g.probe.message if g.probe is not None and not g.probe.ok else \
                     "it is known-bad (see the warnings)"
-                warns.append(f"{DEVICE_ENV}={env.get(DEVICE_ENV)} forces {g.label} although "
-                             f"{why}; training may hang, crash or compute wrong numbers.")
-            dev = torch.device(g.torch_device)
-            return dev, g, f"forced by {DEVICE_ENV}={env.get(DEVICE_ENV)} ({g.name})."
+                warns.append(f"{asked} forces {g.label} although {why}; training may hang, "
+                             "crash or compute wrong numbers.")
+            return torch.device(g.torch_device), g, f"forced by {asked} ({g.name})."
         have = ", ".join(g.torch_device for g in gpus) or "no GPU"
-        warns.append(f"{DEVICE_ENV}={env.get(DEVICE_ENV)} asks for {forced}, but this machine "
-                     f"has {have}; choosing automatically instead.")
+        warns.append(f"{asked} asks for {forced}, but this machine has {have}; choosing "
+                     "automatically instead.")
     good = [g for g in gpus if g.trusted]
     if launched and local_rank is not None:
         good = [g for g in good if g.index == local_rank] or good
     best = next((g for g in good if g.backend != "mps"), None) or (good[0] if good else None)
     if best is not None:
-        dev = torch.device(best.torch_device)
-        return dev, best, f"{best.name} {views.proven(best.probe)}."
+        return torch.device(best.torch_device), best, f"{best.name} {views.proven(best.probe)}."
     if failed or any(not g.usable for g in gpus):
         names = "; ".join(f"{g.label} " + (
             g.probe.message if g.probe is not None and not g.probe.ok else
