@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+import psutil
 import torch
 
 from hybridnb.hardware import nvml
@@ -89,8 +90,6 @@ def torch_cuda_probe(index: int) -> Probe:
 
 def host_probe(pid: int | None = None) -> Probe:
     """The resident set of this process (or of ``pid``, a worker) and the machine's RAM in use."""
-    import psutil
-
     proc = psutil.Process(pid)
 
     def probe() -> dict[str, float]:
@@ -138,10 +137,7 @@ def probes_for(device: torch.device | str, pid: int | None = None
     elif device.type == "mps":
         probes.append(("mps", lambda: {"mps_current": float(torch.mps.current_allocated_memory()),
                                        "mps_driver": float(torch.mps.driver_allocated_memory())}))
-    try:
-        probes.append(("host", host_probe(pid)))
-    except ImportError as exc:
-        notes.append(f"host memory not shown: {exc}")
+    probes.append(("host", host_probe(pid)))
     return probes, notes
 
 
@@ -152,8 +148,6 @@ def heap_reader() -> tuple[Callable[[], float], str]:
     info = _mallinfo2()
     if info is not None:
         return info, "heap bytes in use (glibc mallinfo2, sampled every 2 ms)"
-    import psutil
-
     return (lambda: float(psutil.Process().memory_info().rss),
             "resident-set rise (approximate: sampled, and freed memory may be reused)")
 
@@ -228,15 +222,11 @@ class MemorySampler:
     def __init__(self, device: torch.device | str, interval: float = 0.5,
                  max_points: int = 4000, probes: list[tuple[str, Probe]] | None = None,
                  clock: Callable[[], float] = time.time, pid: int | None = None):
-        self.device = str(device)
         self.interval = float(interval)
         self.max_points = int(max_points)
         self.clock = clock
-        notes: list[str] = []
-        if probes is None:
-            probes, notes = probes_for(device, pid)
-        self.probes = list(probes)
-        self.notes: list[str] = list(notes)
+        self.probes, self.notes = (probes_for(device, pid) if probes is None
+                                   else (list(probes), []))
         self.start_time = clock()
         self._series = MemorySeries()
         self._lock = threading.Lock()

@@ -49,13 +49,10 @@ def run_steps(backend: str, index: int, emit) -> bool:
         t0 = time.perf_counter()
         try:
             detail = _STEP_FUNCS[name](ctx) or ""
-        except _WrongResult as exc:
-            emit(e="fail", step=name, s=round(time.perf_counter() - t0, 4), error=str(exc),
-                 wrong=True)
-            return False
         except Exception as exc:  # noqa: BLE001 - broad: any failure is this step's verdict
-            emit(e="fail", step=name, s=round(time.perf_counter() - t0, 4),
-                 error=f"{type(exc).__name__}: {str(exc).strip()[:500]}")
+            wrong = isinstance(exc, _WrongResult)
+            emit(e="fail", step=name, s=round(time.perf_counter() - t0, 4), wrong=wrong,
+                 error=str(exc) if wrong else f"{type(exc).__name__}: {str(exc).strip()[:500]}")
             return False
         emit(e="ok", step=name, s=round(time.perf_counter() - t0, 4), detail=detail)
     emit(e="end")
