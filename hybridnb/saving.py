@@ -75,12 +75,10 @@ def _init_record(model: torch.nn.Module, init_args: dict | None) -> dict | None:
         except (TypeError, ValueError):  # not plain data (e.g. a montage object): not known
             return None
     try:
-        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
-    except (TypeError, ValueError):
+        takes_none = len(inspect.signature(cls.__init__).parameters) == 1  # self alone
+    except (TypeError, ValueError):  # no signature to read
         return None
-    if not params:  # nothing to know
-        return {"how": "kwargs", "args": {}}
-    return None
+    return {"how": "kwargs", "args": {}} if takes_none else None
 
 
 def _plain(value, where: str):
