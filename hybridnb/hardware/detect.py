@@ -14,7 +14,7 @@ import re
 import threading
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -67,7 +67,7 @@ class Hardware:
         return {
             "device": str(self.device), "precision": self.precision,
             "settings": self.settings.to_dict(),
-            "gpus": [g.to_dict() for g in self.gpus], "host": self.host.to_dict(),
+            "gpus": [g.to_dict() for g in self.gpus], "host": asdict(self.host),
             "frontend": self.frontend,
             "torch": {"version": self.build.torch, "cuda": self.build.cuda,
                       "hip": self.build.hip, "arch_list": list(self.build.arch_list)},

@@ -6,7 +6,7 @@ import math
 import os
 import platform
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -25,9 +25,6 @@ class HostInfo:
     python: str
     cpu: str
     cores_note: str = ""       # why usable < logical, when it is
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def host_info() -> HostInfo:
