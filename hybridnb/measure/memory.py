@@ -21,17 +21,11 @@ from hybridnb.hardware import nvml
 
 #: Series names and what they mean (bytes unless the name ends in ``_util``).
 SERIES = {
-    "gpu_allocated": "GPU allocated (torch)",
-    "gpu_reserved": "GPU reserved (torch)",
-    "gpu_peak": "GPU peak allocated (torch)",
-    "gpu_used": "GPU used (NVML, all processes)",
-    "gpu_total": "GPU total (NVML)",
-    "gpu_util": "GPU utilisation % (NVML)",
-    "mps_current": "MPS allocated",
-    "mps_driver": "MPS driver",
-    "rss": "process RSS",
-    "ram_used": "system RAM used",
-    "ram_total": "system RAM total",
+    "gpu_allocated": "GPU allocated (torch)", "gpu_reserved": "GPU reserved (torch)",
+    "gpu_peak": "GPU peak allocated (torch)", "gpu_used": "GPU used (NVML, all processes)",
+    "gpu_total": "GPU total (NVML)", "gpu_util": "GPU utilisation % (NVML)",
+    "mps_current": "MPS allocated", "mps_driver": "MPS driver", "rss": "process RSS",
+    "ram_used": "system RAM used", "ram_total": "system RAM total",
 }
 
 Probe = Callable[[], dict[str, float]]
