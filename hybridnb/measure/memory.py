@@ -215,13 +215,12 @@ class MemorySampler:
 
     def __init__(self, device: torch.device | str, interval: float = 0.5,
                  max_points: int = 4000, probes: list[tuple[str, Probe]] | None = None,
-                 clock: Callable[[], float] = time.time, pid: int | None = None):
+                 pid: int | None = None):
         self.interval = float(interval)
         self.max_points = int(max_points)
-        self.clock = clock
         self.probes, self.notes = (probes_for(device, pid) if probes is None
                                    else (list(probes), []))
-        self.start_time = clock()
+        self.start_time = time.time()
         self._series = MemorySeries()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -236,7 +235,7 @@ class MemorySampler:
                 out.update(probe())
             except Exception as exc:  # noqa: BLE001 - a probe's library may raise anything
                 self._drop([name], f"{name} memory probe stopped ({type(exc).__name__}: {exc})")
-        now = self.clock()
+        now = time.time()
         with self._lock:
             self._series.append(now - self.start_time, out)
             if len(self._series.times) > self.max_points:
