@@ -179,9 +179,8 @@ def utilisation(h: Any) -> float | None:
     return _get("nvmlDeviceGetUtilizationRates", h, convert=lambda r: float(r.gpu))
 
 
-def uuid(device: Any) -> str | None:
-    """The device's UUID ("GPU-…"), from a handle or an NVML (physical) index."""
-    h = handle_by_index(device) if isinstance(device, int) else device
+def uuid(h: Any) -> str | None:
+    """The device's UUID ("GPU-…")."""
     return _get("nvmlDeviceGetUUID", h, convert=text)
 
 

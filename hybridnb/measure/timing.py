@@ -20,8 +20,6 @@ def synchronize(device: torch.device | str) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
-    elif device.type == "xpu":
-        torch.xpu.synchronize(device)
 
 
 class Stopwatch:
