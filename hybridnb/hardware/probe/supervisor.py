@@ -38,10 +38,6 @@ def run_probes(targets: list[tuple[str, int]], timeout: float) -> list[ProbeResu
     return [probe.result(timeout) for probe in probes]
 
 
-IN_PROCESS = ("probed in this process, without a time limit: {why}; a GPU that hangs would "
-              "hang this process too")
-
-
 def run_here(backend: str, index: int) -> ProbeResult:
     """The probe's steps in this process (no child can be supervised here): a hang or a crash
     is not caught, and the message says so."""
@@ -51,7 +47,8 @@ def run_here(backend: str, index: int) -> ProbeResult:
     probe = Probe(backend, index)
     probe.events = events
     res = probe.verdict(time.monotonic() - t0, timed_out=False, rc=0, timeout=0.0)
-    note = IN_PROCESS.format(why=platform.child_pipes().why)
+    note = (f"probed in this process, without a time limit: {platform.child_pipes().why}; a GPU "
+            "that hangs would hang this process too")
     res.message = f"{res.message}; {note}" if res.message else note
     return res
 
