@@ -1,11 +1,9 @@
 """Command line: ``python -m hybridnb detect|compare`` (also the ``hybridnb`` script).
 
-Each subcommand is a real argparse subparser, so ``detect --help`` and ``compare --help`` list
-their options. Only the chosen subcommand's arguments are built (compare's come from its own
-module, imported when ``compare`` is asked for, with or without ``--help``), so ``--help`` at the
-top costs no torch import. Errors go to stderr with exit code 2; ``detect --json`` prints JSON and
-nothing else on stdout. An interrupt (SIGINT) ends a command with code 130 once its child
-processes are gone; SIGTERM ends it as SIGTERM does, once they are gone (``processes.supervise``).
+Each subcommand is an argparse subparser with a real ``--help``; only the chosen one's arguments
+are built (compare's from its own module), so ``--help`` at the top imports no torch. Errors go
+to stderr with exit code 2; ``detect --json`` prints only JSON on stdout. An interrupt ends a
+command with code 130 once its child processes are gone (``processes.supervise``).
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 PROG = "python -m hybridnb"
+INTERRUPTED = 130  # the shell's code for a command ended by SIGINT
 
 
 @dataclass(frozen=True)
@@ -25,8 +24,6 @@ class Command:
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
 
-
-# ---------------------------------------------------------------- detect
 
 def detect_arguments(parser: argparse.ArgumentParser) -> None:
     from hybridnb.hardware.probe import DEFAULT_TIMEOUT  # light: no torch
@@ -42,7 +39,6 @@ def detect_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_detect(args: argparse.Namespace) -> int:
-    """Print the report (text or JSON)."""
     import json
 
     from hybridnb.hardware.detect import HardwareWarning, detect
@@ -54,11 +50,8 @@ def run_detect(args: argparse.Namespace) -> int:
     return 0
 
 
-# ---------------------------------------------------------------- compare
-
-def compare_cli():
-    """compare's arguments and run live with compare (a light module: no torch)."""
-    from hybridnb.comparison import compare_cli
+def _compare():
+    from hybridnb.comparison import compare_cli  # a light module: no torch
 
     return compare_cli
 
@@ -67,12 +60,10 @@ COMMANDS = {
     "detect": Command("probe the hardware and print the recommended settings",
                       detect_arguments, run_detect),
     "compare": Command("compare precision / layout / compile variants of a model's training "
-                       "step", lambda parser: compare_cli().add_arguments(parser),
-                       lambda args: int(compare_cli().run(args) or 0)),
+                       "step", lambda parser: _compare().add_arguments(parser),
+                       lambda args: int(_compare().run(args) or 0)),
 }
 
-
-# ---------------------------------------------------------------- entry point
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """The parser, with the arguments of the subcommand named in ``argv`` (if any) built."""
@@ -92,9 +83,8 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; returns its exit code (2 for a usage or input error)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(argv)
     try:
-        args = parser.parse_args(argv)
+        args = build_parser(argv).parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2, already printed to stderr)
         return int(exc.code or 0)
     try:
@@ -105,9 +95,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # its children are already gone (processes.supervise.Watch)
         print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
         return INTERRUPTED
-
-
-INTERRUPTED = 130  # the shell's code for a command ended by SIGINT
 
 
 def _positive(text: str) -> float:

@@ -8,12 +8,8 @@ from dataclasses import asdict, dataclass, field
 
 @dataclass(frozen=True)
 class Event:
-    """Something that happened during a run that a person should know about.
-
-    ``kind`` is a short machine-readable tag, e.g. ``"oom_split"``, ``"cpu_batch"``,
-    ``"device_lost"``, ``"nonfinite_loss"``, ``"loss_spike"``, ``"restore"``, ``"compile_fallback"``,
-    ``"precision_fallback"``, ``"early_stop"``, ``"interrupt"``, ``"checkpoint_fallback"``.
-    """
+    """Something that happened during a run that a person should know about; ``kind`` is a
+    short tag (``"oom_split"``, ``"device_lost"``, ``"early_stop"``, ...)."""
 
     kind: str
     message: str
@@ -29,9 +25,7 @@ class Event:
 
 
 class Row(dict):
-    """A row the live view draws after a step, a validation or an epoch (a dict of numbers:
-    renderers read it as before); its class names its kind, so no reader guesses the kind from
-    the keys."""
+    """A row the live view draws (a dict of numbers) whose class names its kind."""
 
     kind = "step"
 
@@ -49,21 +43,14 @@ class ValidationRow(Row):
 
 
 class EpochRow(Row):
-    """At an epoch's end (``epoch_end=True`` too, for views that read the flag)."""
+    """At an epoch's end (with ``epoch_end=True`` for views that read the flag)."""
 
     kind = "epoch"
 
 
 def row_kind(row: dict) -> str:
-    """"step", "validation" or "epoch": a typed row's own; a plain dict (rows a caller made
-    itself) is read from its keys, as the live view did before rows had types."""
+    """"step", "validation" or "epoch": a typed row's own; a plain dict is an epoch's row when it
+    says ``epoch_end``, else a step's (no kind is guessed from the other keys)."""
     if isinstance(row, Row):
         return row.kind
-    if row.get("epoch_end"):
-        return "epoch"
-    if len(row) > len(_STEP_KEYS) and any(k.startswith("val_") for k in row):
-        return "validation"
-    return "step"
-
-
-_STEP_KEYS = ("epoch", "step", "global_step", "loss", "lr", "samples_per_s", "elapsed_s")
+    return "epoch" if row.get("epoch_end") else "step"

@@ -1,7 +1,6 @@
-"""What an error from torch means: the batch did not fit in memory (``is_oom``), or the device
-cannot be trusted again in this process (``is_device_lost``); ``first_line`` words an error for
-an event. Plain predicates over the exception's type and text, with no state: the strategies
-(which agree on a failure across ranks) and train's recovery (which acts on it) both use them.
+"""What an error from torch means: the batch did not fit (``is_oom``), or the device cannot be
+trusted again in this process (``is_device_lost``). Stateless predicates over the exception's type
+and text, shared by the strategies and train's recovery.
 """
 
 from __future__ import annotations
@@ -11,36 +10,20 @@ import torch
 # Messages that mean "this batch does not fit", across backends (torch raises some of them as a
 # plain RuntimeError, e.g. from cuDNN, the driver or the CPU allocator).
 OOM_MESSAGES = (
-    "CUDA out of memory",
-    "HIP out of memory",
-    "MPS backend out of memory",
-    "XPU out of memory",
-    "CUDA error: out of memory",
-    "hipErrorOutOfMemory",
-    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDA out of memory", "HIP out of memory", "MPS backend out of memory", "XPU out of memory",
+    "CUDA error: out of memory", "hipErrorOutOfMemory", "CUBLAS_STATUS_ALLOC_FAILED",
     "CUDNN_STATUS_NOT_SUPPORTED",  # cuDNN's answer to a batch too large for its kernels
     "DefaultCPUAllocator: can't allocate memory",
 )
 
 # Messages after which the device (or its context) cannot be trusted again in this process.
 DEVICE_LOST_MESSAGES = (
-    "device-side assert",
-    "illegal memory access",
-    "an illegal instruction was encountered",
-    "misaligned address",
-    "unspecified launch failure",
-    "hipErrorLaunchFailure",
-    "hipErrorIllegalAddress",
-    "hipErrorNoDevice",
-    "HIP error: an illegal",
-    "uncorrectable ECC error",
-    "GPU is lost",
-    "device lost",
-    "CUDA error: unknown error",
-    "CUBLAS_STATUS_EXECUTION_FAILED",
-    "CUDNN_STATUS_EXECUTION_FAILED",
-    "no CUDA GPUs are available",
-    "CUDA driver version is insufficient",
+    "device-side assert", "illegal memory access", "an illegal instruction was encountered",
+    "misaligned address", "unspecified launch failure", "hipErrorLaunchFailure",
+    "hipErrorIllegalAddress", "hipErrorNoDevice", "HIP error: an illegal",
+    "uncorrectable ECC error", "GPU is lost", "device lost", "CUDA error: unknown error",
+    "CUBLAS_STATUS_EXECUTION_FAILED", "CUDNN_STATUS_EXECUTION_FAILED",
+    "no CUDA GPUs are available", "CUDA driver version is insufficient",
 )
 
 

@@ -1,12 +1,7 @@
-"""Files written whole or not at all, read without running code, and what a failed write means.
-
-The low layer under ``train.checkpoint`` (checkpoints) and ``saving`` (model files): both write
-with ``atomic_save`` and read with ``read_safely``, so neither needs the other's package.
-
-A failed write comes as an ``OSError`` from Python's own file calls, or as a ``RuntimeError`` from
-torch's writer (``torch.save``'s zip writer drops the errno: ``[enforce fail at
-inline_container.cc:...] unexpected pos ...``, ``file write failed``). ``is_write_failure`` tells
-those apart from every other RuntimeError (a bug stays a bug); ``describe`` words either.
+"""Files written whole or not at all, read without running code, and what a failed write means:
+the layer under ``train.checkpoint`` and ``saving``. A failed write is an ``OSError``, or a
+``RuntimeError`` from torch's zip writer, which drops the errno (``unexpected pos ...``);
+``is_write_failure`` tells those from every other RuntimeError (a bug stays a bug).
 """
 
 from __future__ import annotations
@@ -40,17 +35,14 @@ class WriteError(OSError):
 
 
 def is_write_failure(exc: BaseException) -> bool:
-    """True for an error a write raises when storage fails: any ``OSError``, and torch's
-    serialization write errors (``unexpected pos``, ``file write failed``, an errno text such as
-    ``No space left on device``); False for every other exception."""
+    """True for an error a write raises when storage fails (an ``OSError`` or torch's writer's)."""
     if isinstance(exc, OSError):
         return True
     return isinstance(exc, RuntimeError) and _TORCH_WRITE.search(str(exc)) is not None
 
 
 def describe(exc: BaseException, path: str | os.PathLike | None = None) -> str:
-    """``ENOSPC: No space left on device`` (the errno's name, then the text); for torch's
-    writer errors its own words and the free space left in ``path``'s folder."""
+    """``ENOSPC: No space left on device``; for torch's writer, its words and the free space."""
     if isinstance(exc, OSError):
         code = errno.errorcode.get(exc.errno, "") if exc.errno is not None else ""
         text = exc.strerror or str(exc) or type(exc).__name__
@@ -63,7 +55,6 @@ def describe(exc: BaseException, path: str | os.PathLike | None = None) -> str:
 
 
 def _free(path: str | os.PathLike | None) -> str:
-    """The free space in ``path``'s folder ('' when it cannot be read)."""
     if path is None:
         return ""
     try:
@@ -80,10 +71,9 @@ def _free(path: str | os.PathLike | None) -> str:
 
 
 def atomic_save(obj: dict, path: str | os.PathLike, keep_previous: bool = False) -> Path:
-    """``torch.save(obj)`` into a temporary file in ``path``'s folder, flushed and fsynced, then
-    renamed over ``path``: a crash at any moment leaves the old file or the new one, whole. With
-    ``keep_previous`` the old file becomes ``<stem>.prev<suffix>`` first. A failing write raises
-    (see ``is_write_failure``) and removes its temporary file; ``path`` is left as it was."""
+    """``torch.save(obj)`` to a temporary file, fsynced, renamed over ``path``: a crash leaves
+    the old file or the new one, whole. ``keep_previous``: the old one is kept as
+    ``<stem>.prev<suffix>``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -103,8 +93,7 @@ def atomic_save(obj: dict, path: str | os.PathLike, keep_previous: bool = False)
 
 
 def keep_copy(src: Path, dst: Path) -> None:
-    """Make ``dst`` a copy of ``src`` while ``src`` stays in place (hard link, else a copy);
-    a copy that fails leaves ``dst`` as it was and no temporary file."""
+    """Make ``dst`` a copy of ``src`` (a hard link, else a copy); a failure leaves ``dst`` be."""
     tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
     try:
         with contextlib.suppress(FileNotFoundError):
@@ -131,10 +120,8 @@ def fsync_dir(folder: Path) -> None:
 
 def read_safely(path: str | os.PathLike, what: str, unreadable: str,
                 missing: type[Exception], bad: type[Exception], pickled_advice: str) -> object:
-    """``torch.load(path, weights_only=True)`` on the CPU; a missing file raises ``missing`` and
-    an unreadable one ``bad``, naming ``what`` and the file. A file that holds pickled objects
-    (code, which weights-only loading refuses to run) says so and ``pickled_advice``; any other
-    unreadable file says ``unreadable``."""
+    """``torch.load(path, weights_only=True)`` on the CPU; a missing file raises ``missing``, an
+    unreadable one ``bad`` (with ``pickled_advice`` for pickled code, else ``unreadable``)."""
     path = Path(path)
     if not path.is_file():
         raise missing(f"{what} {path} does not exist")

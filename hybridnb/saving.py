@@ -1,27 +1,13 @@
 """Trained weights in one file, with what is needed to use them, and their safe load.
 
-``trainer.save(path)`` (or ``save_model(model, path, ...)``) writes ``trainer.model``'s weights
-(after fit: the best or EMA weights when fit chose them) with the model's class (module and
-qualified name) and, when known, the arguments it was built with (a model with ``get_config()``
-and ``from_config()``, as braindecode's keep theirs; ``init_args=`` given to save; or a class
-whose ``__init__`` takes none), one sample's input shape (e.g. ``(129, 200)``), the hybridnb and
-torch versions and a format tag, atomically (a temporary file renamed over the old one).
+``save_model`` (``trainer.save``) writes the weights atomically with the model's class, the
+arguments it was built with when known (``get_config()``/``from_config()`` as braindecode's
+models have, ``init_args=``, or an ``__init__`` that takes none), one sample's input shape and
+the versions. ``hn.load(path, model)`` loads them with ``weights_only=True`` (no pickled code
+runs) after checking the file and the class; ``hn.load(path)`` imports the saved class by name
+and rebuilds it. A hybridnb checkpoint (``last.pt``, ``best.pt``) loads too.
 
-``hn.load(path, model)`` loads the weights with ``torch.load(weights_only=True)`` (no pickled
-code runs) into a model built with the same arguments, after checking the file is one of ours
-and the class matches, and returns it in eval mode. ``hn.load(path)`` without a model rebuilds
-the saved class: it imports the class's module by name (as any import does; nothing pickled
-runs) and builds it with the saved arguments; where the module cannot be imported or the
-arguments are not known, a ``ModelFileError`` says to pass the model. ``read_metadata(path)``
-returns everything but the weights.
-
->>> trainer.save("runs/c1/model.pt")
->>> model = hn.load("runs/c1/model.pt")                  # a braindecode model rebuilds itself
 >>> model = hn.load("runs/c1/model.pt", ShallowFBCSPNet(n_chans=129, n_outputs=1, n_times=200))
->>> hybridnb.saving.read_metadata("runs/c1/model.pt")["input_shape"]
-[129, 200]
-
-A hybridnb checkpoint (``last.pt``, ``best.pt``) loads too: its weights, checked the same way.
 """
 
 from __future__ import annotations
@@ -48,13 +34,9 @@ def save_model(model: torch.nn.Module, path: str | os.PathLike, *,
                extra: dict | None = None, init_args: dict | None = None) -> Path:
     """Write ``model``'s weights and metadata to ``path`` atomically; returns the path.
 
-    ``weights``: which weights these are ("final", "best", "ema"); ``extra``: more metadata
-    (plain numbers, strings, lists, dicts: it must load with ``weights_only=True``);
-    ``init_args``: the keyword arguments ``type(model)(**init_args)`` rebuilds it with, so
-    ``hn.load(path)`` needs no model (plain data; default: what the model tells, see the
-    module). A write that
-    fails (a full disk, a read-only folder) raises ``files.WriteError`` (an ``OSError``) naming
-    ``path`` and the cause; an older file at ``path`` is left as it was, and no partial file."""
+    ``weights``: "final", "best" or "ema"; ``extra``: more metadata, plain data;
+    ``init_args``: what ``type(model)(**init_args)`` rebuilds it with. A failed write raises
+    ``files.WriteError`` naming ``path`` and the cause, leaving an older file there as it was."""
     import hybridnb
 
     if not isinstance(model, torch.nn.Module):
@@ -82,8 +64,7 @@ def save_model(model: torch.nn.Module, path: str | os.PathLike, *,
 
 
 def _init_record(model: torch.nn.Module, init_args: dict | None) -> dict | None:
-    """How ``hn.load(path)`` rebuilds the model: ``{"how": "kwargs" | "from_config", "args":
-    {...}}``, or None when the arguments are not known (or not plain data)."""
+    """``{"how": "kwargs" | "from_config", "args": {...}}``, or None when not known."""
     cls = type(model)
     if init_args is not None:
         return {"how": "kwargs", "args": _plain(dict(init_args), "init_args")}
@@ -94,17 +75,14 @@ def _init_record(model: torch.nn.Module, init_args: dict | None) -> dict | None:
         except (TypeError, ValueError):  # not plain data (e.g. a montage object): not known
             return None
     try:
-        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
-    except (TypeError, ValueError):
+        takes_none = len(inspect.signature(cls.__init__).parameters) == 1  # self alone
+    except (TypeError, ValueError):  # no signature to read
         return None
-    if not params:  # nothing to know
-        return {"how": "kwargs", "args": {}}
-    return None
+    return {"how": "kwargs", "args": {}} if takes_none else None
 
 
 def _plain(value, where: str):
-    """``value`` as data ``torch.load(weights_only=True)`` reads (numpy scalars become Python
-    numbers); anything else is a TypeError naming where it is."""
+    """``value`` as data ``weights_only=True`` reads, or a TypeError naming ``where``."""
     if value is None or type(value) in (bool, int, float, str):
         return value
     if isinstance(value, torch.Tensor):
@@ -128,7 +106,6 @@ _PICKLED_ADVICE = ("save the weights with trainer.save(path) or torch.save(model
 
 
 def _read(path: str | os.PathLike) -> dict:
-    """The file's content, as a model record (a checkpoint's weights are converted)."""
     path = Path(path)
     data = files.read_safely(path, "model file", "is not a readable model file (truncated, "
                              "corrupt, or not written by torch.save)", FileNotFoundError,
@@ -157,26 +134,19 @@ def read_metadata(path: str | os.PathLike) -> dict:
 
 
 def load(path: str | os.PathLike, model: torch.nn.Module | None = None) -> torch.nn.Module:
-    """Load the weights saved in ``path`` into ``model`` (built with the same arguments as the
-    saved one), or, with no model, into the saved class rebuilt with its saved arguments;
-    returns it in eval mode. Clear errors for a file that is not ours, another model class, a
-    class that cannot be rebuilt (pass the model), and missing, unexpected or differently
-    shaped weights."""
-    if model is None:
-        data = _read(path)
-        model = _rebuild(path, data)
-        _check_keys(path, data["model"], model)
-        model.load_state_dict(data["model"])
-        return model.eval()
+    """Load the weights saved in ``path`` into ``model`` (built with the saved one's arguments)
+    or, with no model, into the saved class rebuilt; returns it in eval mode."""
     if isinstance(model, type):
         raise TypeError(f"load(path, {model.__name__}) needs a model instance built with the "
                         f"same arguments as the saved one, e.g. {model.__name__}(...)")
-    if not isinstance(model, torch.nn.Module):
+    if model is not None and not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     data = _read(path)
     saved = data.get("model_class") or {}
     mine = type(model)
-    if saved.get("qualname") and saved["qualname"] != mine.__qualname__:
+    if model is None:
+        model = _rebuild(path, data)
+    elif saved.get("qualname") and saved["qualname"] != mine.__qualname__:
         where = f"{saved['module']}.{saved['qualname']}" if saved.get("module") else \
             saved["qualname"]
         raise ModelFileError(f"{path} holds weights of a {where}, but the model given is a "
@@ -188,7 +158,6 @@ def load(path: str | os.PathLike, model: torch.nn.Module | None = None) -> torch
 
 
 def _rebuild(path, data: dict) -> torch.nn.Module:
-    """The saved class, imported by name and built with its saved arguments."""
     saved = data.get("model_class") or {}
     module, qualname, init = saved.get("module"), saved.get("qualname"), saved.get("init")
     name = f"{module}.{qualname}" if module else (qualname or "model")

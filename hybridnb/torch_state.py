@@ -1,6 +1,5 @@
-"""Torch's global state, held for a while and put back: a model's eval mode, torch's random
-generators. Shared by the training step, seeding, compare() and the speedups' checks and trials
-(one definition below all of them)."""
+"""Torch's global state, held for a while and put back (eval mode, random generators): one
+definition below the training step, compare() and the speedups' trials."""
 
 from __future__ import annotations
 

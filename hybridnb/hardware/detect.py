@@ -1,18 +1,9 @@
 """``detect()``: which device to train on, and with what settings, on this machine.
 
-GPUs are listed without initialising CUDA here (NVML / sysfs, see ``gpu_info``), then each is
-validated in a child process under a timeout (``probe``). The report is cached per process; a
-passed probe is also cached on disk for a day (``probe.cache``), so a fresh process on a known-good
-GPU answers without starting a child.
-
->>> hw = hybridnb.detect()
->>> hw.device, hw.precision, hw.settings.batch_size
->>> DataLoader(ds, batch_size=hw.settings.batch_size, **hw.dataloader_kwargs())
-
-Environment: ``HYBRIDNB_DEVICE=cpu|cuda|cuda:N|mps`` forces the device (an escape hatch: it is
-obeyed even when the probe failed, with a warning); ``CUDA_VISIBLE_DEVICES`` (and HIP's/ROCR's)
-hide GPUs as usual; ``HYBRIDNB_LAUNCHED=1`` (set by ``hn.launch``) or torchrun's ``LOCAL_RANK`` /
-``WORLD_SIZE`` mark one rank of a multi-process job.
+GPUs are listed without initialising CUDA here (``gpu_info``), then each is validated in a child
+process under a timeout (``probe``; a pass is cached on disk, ``probe.cache``).
+``HYBRIDNB_DEVICE=cpu|cuda|cuda:N|mps`` forces the device (obeyed even when the probe failed,
+with a warning); ``HYBRIDNB_LAUNCHED=1`` or torchrun's ``LOCAL_RANK`` mark one rank of a job.
 """
 
 from __future__ import annotations
@@ -23,7 +14,7 @@ import re
 import threading
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -37,7 +28,6 @@ from hybridnb.hardware.probe import ProbeResult
 from hybridnb.hardware.probe import cache as probe_cache
 from hybridnb.hardware.rules import Recommended, choose_precision, native_bf16, recommend
 
-DEFAULT_PROBE_TIMEOUT = probe.DEFAULT_TIMEOUT
 _CACHE_VARS = (DEVICE_ENV, LAUNCHED_ENV, "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
                "ROCR_VISIBLE_DEVICES", "HSA_OVERRIDE_GFX_VERSION", "LOCAL_RANK", "WORLD_SIZE",
                "RANK")
@@ -61,7 +51,7 @@ class Hardware:
     warnings: list[str] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    probe_timeout: float = DEFAULT_PROBE_TIMEOUT
+    probe_timeout: float = probe.DEFAULT_TIMEOUT
     seconds: float = 0.0
 
     def dataloader_kwargs(self) -> dict:
@@ -77,7 +67,7 @@ class Hardware:
         return {
             "device": str(self.device), "precision": self.precision,
             "settings": self.settings.to_dict(),
-            "gpus": [g.to_dict() for g in self.gpus], "host": self.host.to_dict(),
+            "gpus": [g.to_dict() for g in self.gpus], "host": asdict(self.host),
             "frontend": self.frontend,
             "torch": {"version": self.build.torch, "cuda": self.build.cuda,
                       "hip": self.build.hip, "arch_list": list(self.build.arch_list)},
@@ -97,15 +87,13 @@ _CACHE: dict[tuple, Hardware] = {}
 _LOCK = threading.Lock()
 
 
-def detect(refresh: bool = False, probe_timeout: float = DEFAULT_PROBE_TIMEOUT) -> Hardware:
+def detect(refresh: bool = False, probe_timeout: float = probe.DEFAULT_TIMEOUT) -> Hardware:
     """Find the GPUs, probe each in a child process, and recommend a device and settings.
 
-    Cached for the process (per value of the device-related environment variables), and a
-    passed probe on disk for a day (``HYBRIDNB_PROBE_CACHE_TTL`` seconds; the report says when
-    each GPU was last proven); ``refresh=True`` probes again. Returns within ``probe_timeout``
-    + 1 s whatever a GPU does.
-    Warnings (known-bad GPU, failed probe, device request not met) are also raised once as
-    ``HardwareWarning``.
+    Cached per process (per value of the device-related environment variables), a passed probe
+    on disk for ``HYBRIDNB_PROBE_CACHE_TTL`` seconds (a day); ``refresh=True`` probes again.
+    Returns within ``probe_timeout`` + 1 s whatever a GPU does; each warning is also raised once
+    as ``HardwareWarning``.
     """
     if not isinstance(probe_timeout, (int, float)) or not probe_timeout > 0:
         raise ValueError(f"probe_timeout={probe_timeout!r} must be a positive number of seconds")
@@ -134,7 +122,6 @@ def _detect(probe_timeout: float, env: dict[str, str], refresh: bool = False) ->
     none_found = " ".join(notes).rstrip(".") or "none listed"
     none_found = none_found[:1].lower() + none_found[1:]
 
-    # --- which GPUs to probe
     if forced is not None and forced.type == "cpu":
         targets = []
         if gpus:
@@ -150,8 +137,6 @@ def _detect(probe_timeout: float, env: dict[str, str], refresh: bool = False) ->
         if g.backend != "mps":
             gpu_info.judge(g, build, env)
         warns.extend(w for w in g.warnings if w not in warns)
-
-    # --- the device
     device, chosen, reason = _choose(gpus, forced, launched, local_rank, warns, env,
                                      none_found)
     precision, precision_reason = choose_precision(device.type, chosen)
@@ -169,8 +154,6 @@ def _detect(probe_timeout: float, env: dict[str, str], refresh: bool = False) ->
                     frontend=frontend, build=build, warnings=warns, advice=advice, notes=notes,
                     probe_timeout=probe_timeout, seconds=time.perf_counter() - t0)
 
-
-# ---------------------------------------------------------------- inputs
 
 def parse_device(value: str | None) -> torch.device | None:
     """``HYBRIDNB_DEVICE``'s value as a device, None for unset/empty/"auto"; ValueError if bad."""
@@ -242,25 +225,21 @@ def _find_gpus(build: BuildInfo, env: dict[str, str]) -> tuple[list[GpuInfo], li
     return gpus, notes, warns
 
 
-# ---------------------------------------------------------------- probe results and choice
-
 def _probe(targets: list[GpuInfo], build: BuildInfo, env: dict[str, str], timeout: float,
            ttl: float, refresh: bool, notes: list[str]) -> None:
-    """Attach a probe result to each target: a passed verdict from the disk cache when one is
-    younger than ``ttl`` seconds (unless ``refresh``), else a new child's; passes are stored.
-    ``ttl`` 0 turns the cache off."""
-    keys = [probe_cache.key_for(g, build) if ttl > 0 else None for g in targets]
+    """Attach a probe result to each target: a cached pass younger than ``ttl`` seconds (0: no
+    cache) unless ``refresh``, else a new child's (passes are stored)."""
     todo = []
-    for g, key in zip(targets, keys, strict=True):
+    for g in targets:
+        key = probe_cache.key_for(g, build) if ttl > 0 else None
         hit = probe_cache.load(key, ttl, env) if key is not None and not refresh else None
         if hit is not None:
             _merge_probe(g, hit)
         else:
             todo.append((g, key))
-    if not todo:
-        return
     backends = [("mps" if g.backend == "mps" else "cuda", g.index) for g, _ in todo]
-    for (g, key), res in zip(todo, probe.run_probes(backends, timeout), strict=True):
+    for (g, key), res in zip(todo, probe.run_probes(backends, timeout) if todo else [],
+                             strict=True):
         _merge_probe(g, res)
         note = probe_cache.store(key, res, env) if key is not None else ""
         if note and note not in notes:
@@ -268,7 +247,7 @@ def _probe(targets: list[GpuInfo], build: BuildInfo, env: dict[str, str], timeou
 
 
 def _nvidia_driver_loaded() -> bool:
-    """Whether the NVIDIA kernel driver is loaded (its /proc file; False where there is no /proc)."""
+    """Whether the NVIDIA kernel driver is loaded (False where there is no /proc)."""
     path = platform.proc_path("driver", "nvidia", "version")
     return path is not None and os.path.exists(path)
 
@@ -292,11 +271,11 @@ def _choose(gpus: list[GpuInfo], forced: torch.device | None, launched: bool,
             none_found: str = "") -> tuple[torch.device, GpuInfo | None, str]:
     """(device, its GpuInfo or None, the reason in one sentence)."""
     failed = [g for g in gpus if g.probe is not None and not g.probe.ok]
-    for g in failed:
-        warns.append(f"{g.label} {g.probe.message}.")
+    warns.extend(f"{g.label} {g.probe.message}." for g in failed)
+    asked = f"{DEVICE_ENV}={env.get(DEVICE_ENV)}"
     if forced is not None:
         if forced.type == "cpu":
-            return forced, None, f"forced by {DEVICE_ENV}={env.get(DEVICE_ENV)}."
+            return forced, None, f"forced by {asked}."
         kind = ("mps",) if forced.type == "mps" else ("cuda", "rocm")
         pool = [g for g in gpus if g.backend in kind and (forced.index is None
                                                          or g.index == forced.index)]
@@ -305,22 +284,23 @@ def _choose(gpus: list[GpuInfo], forced: torch.device | None, launched: bool,
             if not g.trusted:
                 why = g.probe.message if g.probe is not None and not g.probe.ok else \
                     "it is known-bad (see the warnings)"
-                warns.append(f"{DEVICE_ENV}={env.get(DEVICE_ENV)} forces {g.label} although "
-                             f"{why}; training may hang, crash or compute wrong numbers.")
-            dev = torch.device(g.torch_device)
-            return dev, g, f"forced by {DEVICE_ENV}={env.get(DEVICE_ENV)} ({g.name})."
+                warns.append(f"{asked} forces {g.label} although {why}; training may hang, "
+                             "crash or compute wrong numbers.")
+            return torch.device(g.torch_device), g, f"forced by {asked} ({g.name})."
         have = ", ".join(g.torch_device for g in gpus) or "no GPU"
-        warns.append(f"{DEVICE_ENV}={env.get(DEVICE_ENV)} asks for {forced}, but this machine "
-                     f"has {have}; choosing automatically instead.")
+        warns.append(f"{asked} asks for {forced}, but this machine has {have}; choosing "
+                     "automatically instead.")
     good = [g for g in gpus if g.trusted]
     if launched and local_rank is not None:
         good = [g for g in good if g.index == local_rank] or good
     best = next((g for g in good if g.backend != "mps"), None) or (good[0] if good else None)
     if best is not None:
-        dev = torch.device(best.torch_device)
-        return dev, best, f"{best.name} {views.proven(best.probe)}."
+        return torch.device(best.torch_device), best, f"{best.name} {views.proven(best.probe)}."
     if failed or any(not g.usable for g in gpus):
-        names = "; ".join(f"{g.label} " + _trouble(g) for g in gpus)
+        names = "; ".join(f"{g.label} " + (
+            g.probe.message if g.probe is not None and not g.probe.ok else
+            "has a known problem (see the warnings)" if not g.usable else "was not probed")
+            for g in gpus)
         warns.append("Falling back to the CPU: no GPU both passed its probe and is free of "
                      "known problems.")
         return torch.device("cpu"), None, f"no GPU can be trusted ({names})."
@@ -328,8 +308,3 @@ def _choose(gpus: list[GpuInfo], forced: torch.device | None, launched: bool,
         return torch.device("cpu"), None, "no GPU was probed."
     return torch.device("cpu"), None, f"no GPU found: {none_found}."
 
-
-def _trouble(g: GpuInfo) -> str:
-    if g.probe is not None and not g.probe.ok:
-        return g.probe.message
-    return "has a known problem (see the warnings)" if not g.usable else "was not probed"

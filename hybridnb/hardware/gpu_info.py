@@ -1,10 +1,6 @@
-"""Find GPUs without initialising CUDA, and judge them against known-bad hardware.
-
-The parent process never calls ``torch.cuda`` to count devices: NVIDIA cards are listed through
-NVML (``hardware.nvml``; as ``PYTORCH_NVML_BASED_CUDA_CHECK``, Lightning and Accelerate do), AMD
-cards through the kernel's KFD topology in sysfs. Both keep the process fork-safe for a multi-GPU
-launch later. Whether a card really computes is the probe's job (``hybridnb.hardware.probe``), in a
-child process.
+"""Find GPUs without initialising CUDA (NVIDIA through NVML, AMD through the KFD topology in
+sysfs, keeping the process fork-safe), and judge them against known-bad hardware. Whether a card
+really computes is the probe's job, in a child.
 """
 
 from __future__ import annotations
@@ -82,13 +78,8 @@ class GpuInfo:
         return d
 
 
-# ---------------------------------------------------------------- NVIDIA, through NVML
-
 def nvml_inventory() -> tuple[list[GpuInfo], str]:
-    """All NVIDIA GPUs NVML sees (physical order, before CUDA_VISIBLE_DEVICES), and a status line.
-
-    Never initialises CUDA. An empty list with the reason when NVML is missing (no driver).
-    """
+    """All NVIDIA GPUs NVML sees (physical order), and a status line (the reason when none)."""
     n = nvml.count()
     if n is None:
         return [], nvml.status() or "NVML did not answer"
@@ -112,8 +103,6 @@ def nvml_inventory() -> tuple[list[GpuInfo], str]:
     return gpus, f"NVML: {n} NVIDIA GPU(s), driver {driver_text}"
 
 
-# ---------------------------------------------------------------- AMD, through KFD sysfs
-
 def rocm_inventory(root: Path = KFD_TOPOLOGY) -> tuple[list[GpuInfo], str]:
     """AMD GPUs from the KFD topology in sysfs (what ROCm itself enumerates), in node order."""
     if not root.is_dir():
@@ -124,14 +113,14 @@ def rocm_inventory(root: Path = KFD_TOPOLOGY) -> tuple[list[GpuInfo], str]:
         if int(props.get("simd_count", 0)) <= 0:  # CPU nodes have no SIMDs
             continue
         arch = gfx_name(int(props.get("gfx_target_version", 0)))
-        name = (node / "name").read_text().strip() if (node / "name").is_file() else ""
+        name = _read(node / "name")
         total = sum(int(_kv_file(b / "properties").get("size_in_bytes", 0))
                     for b in sorted((node / "mem_banks").glob("*")) if b.is_dir())
         i = len(gpus)
         unique = props.get("unique_id")  # stable per card on recent kernels
         gpus.append(GpuInfo(index=i, physical_index=i, backend="rocm",
                             name=amd_name(arch, name), arch=arch, total_memory=total or None,
-                            driver_version=_read(Path("/sys/module/amdgpu/version")),
+                            driver_version=_read(Path("/sys/module/amdgpu/version")) or None,
                             uuid=f"AMD-{unique}" if unique and unique != "0" else None))
     return gpus, f"KFD: {len(gpus)} AMD GPU(s)"
 
@@ -156,46 +145,24 @@ def amd_name(arch: str | None, node_name: str = "") -> str:
     return f"{base} ({extra})" if extra else base
 
 
-# ---------------------------------------------------------------- visibility
-
 def apply_visible(gpus: list[GpuInfo], value: str | None, var: str) -> tuple[list[GpuInfo], str]:
-    """Keep the GPUs a ``*_VISIBLE_DEVICES`` value shows, renumbered as the runtime will.
-
-    Same rules as CUDA: comma-separated indices or UUID prefixes, and the list ends at the first
-    entry that is invalid, unknown or repeated. Returns (visible GPUs, a note or "").
-    """
+    """Keep the GPUs a ``*_VISIBLE_DEVICES`` value shows, renumbered as the runtime will
+    (``nvml.visible_indices``' rules). Returns (visible GPUs, a note or "")."""
     if value is None:
         return gpus, ""
-    out: list[GpuInfo] = []
-    for token in (t.strip() for t in value.split(",")):
-        found = None
-        if re.fullmatch(r"-?\d+", token):
-            k = int(token)
-            found = gpus[k] if 0 <= k < len(gpus) else None
-        elif token:
-            key = token if token.startswith(("GPU-", "MIG-")) else f"GPU-{token}"
-            hits = [g for g in gpus if g.uuid and g.uuid.startswith(key)]
-            found = hits[0] if len(hits) == 1 else None
-        if found is None or any(g is found for g in out):
-            break
-        out.append(found)
-    visible = [replace(g, index=i) for i, g in enumerate(out)]
+    shown = nvml.visible_indices(value, [g.uuid for g in gpus])
+    visible = [replace(gpus[k], index=i) for i, k in enumerate(shown)]
     if len(visible) == len(gpus) and value.strip():
         return visible, ""
-    shown = ", ".join(str(g.physical_index) for g in out) or "none"
+    names = ", ".join(str(g.physical_index) for g in visible) or "none"
     return visible, (f"{var}={value!r} hides {len(gpus) - len(visible)} of {len(gpus)} GPU(s) "
-                     f"(visible: {shown}).")
+                     f"(visible: {names}).")
 
-
-# ---------------------------------------------------------------- judgement
 
 def kernel_image_ok(gpu: GpuInfo, build: BuildInfo, environ: dict[str, str]) -> bool | None:
-    """Whether the installed torch carries kernels for this GPU (None when it cannot be told).
-
-    CUDA: an ``sm_XY`` with X equal to the major and Y <= minor (binary compatible), or a
-    ``compute_XY`` PTX at or below the capability (JIT). ROCm: the gfx target itself (or the
-    one HSA_OVERRIDE_GFX_VERSION makes the runtime use).
-    """
+    """Whether the installed torch carries kernels for this GPU (None when it cannot be told):
+    an ``sm_XY`` of the same major and a minor <= the GPU's, a ``compute_XY`` PTX at or below
+    it, or the gfx target (HSA_OVERRIDE_GFX_VERSION's where set)."""
     if not build.arch_list:
         return None
     if gpu.backend == "cuda" and gpu.capability:
@@ -284,30 +251,21 @@ def _judge_amd(gpu: GpuInfo, build: BuildInfo, environ: dict[str, str]) -> None:
             "ROCm releases ignore it or can crash with it. Not set by hybridnb.")
 
 
-# ---------------------------------------------------------------- small helpers
-
 def _major(version: str | None) -> int | None:
     m = re.match(r"(\d+)", version or "")
     return int(m.group(1)) if m else None
 
 
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
 def _kv_file(path: Path) -> dict[str, str]:
-    out: dict[str, str] = {}
-    try:
-        for line in path.read_text().splitlines():
-            parts = line.split()
-            if len(parts) == 2:
-                out[parts[0]] = parts[1]
-    except OSError:
-        pass
-    return out
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip() or None
-    except OSError:
-        return None
+    pairs = (line.split() for line in _read(path).splitlines())
+    return {p[0]: p[1] for p in pairs if len(p) == 2}
 
 
 def gib(n: int | None) -> str:

@@ -6,7 +6,7 @@ import math
 import os
 import platform
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -26,9 +26,6 @@ class HostInfo:
     cpu: str
     cores_note: str = ""       # why usable < logical, when it is
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 def host_info() -> HostInfo:
     logical = os.cpu_count() or 1
@@ -41,7 +38,7 @@ def host_info() -> HostInfo:
 
 
 def usable_cores() -> tuple[int, str]:
-    """Cores this process may use: CPU affinity, capped by a cgroup CPU quota (containers)."""
+    """Cores this process may use: CPU affinity, capped by a cgroup CPU quota, and why fewer."""
     try:
         affinity = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

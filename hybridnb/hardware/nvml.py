@@ -1,27 +1,18 @@
-"""NVIDIA's management library (NVML), opened once and read safely.
-
-The one place hybridnb talks to NVML (``pynvml``, from nvidia-ml-py): the inventory in
-``gpu_info``, the memory sampler and the GPU-busy reader in ``measure``. NVML never initialises
-CUDA, so the kernel process may use it freely. It is opened lazily on the first call and kept
-open for the life of the process (opening it costs ~50 ms; closing it would race with another
-thread still reading). Every function here is safe: without NVML (no driver, no library, an
-AMD or Apple machine) or when a device stops answering, it returns None instead of raising.
-
->>> h = nvml.handle("cuda:0")          # torch's numbering; None without NVML
->>> nvml.memory(h), nvml.utilisation(h), nvml.uuid(h), nvml.driver()
+"""NVIDIA's management library (NVML, ``pynvml``), opened once and read safely: the one place
+hybridnb talks to it. NVML never initialises CUDA, so the kernel may use it freely. Opened on
+first use and kept open (opening costs ~50 ms; closing would race with a thread still reading).
+Without NVML, or when a device stops answering, every function returns None instead of raising.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 import sys
-import threading
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from hybridnb.env import current
-
-_LOCK = threading.Lock()
-_STATE: dict[str, Any] = {"opened": False, "lib": None, "error": ""}
 
 
 class Memory(NamedTuple):
@@ -32,31 +23,24 @@ class Memory(NamedTuple):
     used: int
 
 
-# ---------------------------------------------------------------- the library
-
 def library() -> Any | None:
-    """The initialised ``pynvml`` module, or None when NVML cannot be used (see ``status()``)."""
-    if not _STATE["opened"]:
-        with _LOCK:
-            if not _STATE["opened"]:
-                _STATE["lib"], _STATE["error"] = _open()
-                _STATE["opened"] = True
-    return _STATE["lib"]
+    """The initialised ``pynvml`` module, or None (``status()`` says why)."""
+    return _opened()[0]
 
 
 def status() -> str:
     """Why NVML is not usable ("" when it is), in words for a report."""
-    library()
-    return _STATE["error"]
+    return _opened()[1]
 
 
 def reset() -> None:
-    """Forget the opened library, so the next call opens it again (tests swap ``pynvml``)."""
-    with _LOCK:
-        _STATE.update(opened=False, lib=None, error="")
+    """Forget the opened library, so the next call opens it again (``pynvml`` was swapped)."""
+    _opened.cache_clear()
 
 
-def _open() -> tuple[Any | None, str]:
+@functools.cache
+def _opened() -> tuple[Any | None, str]:
+    """Once per process (two threads racing here would both init: NVML counts inits)."""
     try:
         import pynvml
     except ImportError:
@@ -70,44 +54,39 @@ def _open() -> tuple[Any | None, str]:
 
 def attempt(name: str, *args: Any) -> tuple[Any | None, str]:
     """Call ``pynvml.<name>(*args)``: ``(value, "")``, or ``(None, why)`` on any failure."""
-    lib = library()
+    lib, why = _opened()
     if lib is None:
-        return None, _STATE["error"]
+        return None, why
     try:
         return getattr(lib, name)(*args), ""
     except Exception as exc:  # noqa: BLE001 - broad: any NVML code, or a missing symbol
         return None, text(exc)
 
 
-def _get(name: str, *args: Any) -> Any | None:
-    return attempt(name, *args)[0]
+def _get(name: str, *args: Any, convert: Any = None) -> Any | None:
+    """``pynvml.<name>(*args)`` through ``convert``; None for a None argument or any failure."""
+    value = None if None in args else attempt(name, *args)[0]
+    return value if value is None or convert is None else convert(value)
 
-
-# ---------------------------------------------------------------- the system
 
 def count() -> int | None:
-    """How many NVIDIA GPUs NVML sees (all of them: it ignores CUDA_VISIBLE_DEVICES)."""
+    """How many NVIDIA GPUs NVML sees (it ignores CUDA_VISIBLE_DEVICES)."""
     return _get("nvmlDeviceGetCount")
 
 
 def driver() -> str | None:
     """The NVIDIA driver's version, e.g. "580.159.04"."""
-    value = _get("nvmlSystemGetDriverVersion")
-    return None if value is None else text(value)
+    return _get("nvmlSystemGetDriverVersion", convert=text)
 
 
 def cuda_driver() -> str | None:
     """The highest CUDA version the driver supports, e.g. "13.0"."""
-    value = _get("nvmlSystemGetCudaDriverVersion")
-    return f"{value // 1000}.{(value % 1000) // 10}" if value else None
+    return _get("nvmlSystemGetCudaDriverVersion", convert=lambda v: f"{v // 1000}.{v % 1000 // 10}")
 
-
-# ---------------------------------------------------------------- finding a device
 
 def handle_by_index(physical: int) -> Any | None:
     """The handle of NVML device ``physical`` (PCI order, before CUDA_VISIBLE_DEVICES)."""
     return _get("nvmlDeviceGetHandleByIndex", physical)
-
 
 
 def handle(device: Any) -> Any | None:
@@ -121,46 +100,49 @@ def locate(device: Any, torch_uuid: str | None = None,
     ``(None, why not)``.
 
     NVML numbers devices in PCI order and ignores ``CUDA_VISIBLE_DEVICES``; CUDA renumbers the
-    visible ones. The stable key is the UUID: the one torch reports for the ordinal (passed as
-    ``torch_uuid``, or read from torch when this process has already initialised CUDA: never
-    initialised here), else the ``CUDA_VISIBLE_DEVICES`` entry for the ordinal (an NVML index, a
-    UUID or a unique UUID prefix), else the ordinal itself.
+    visible ones. The stable key is the UUID torch reports for the ordinal (``torch_uuid``, or
+    read from torch only when this process has initialised CUDA already); without it the ordinal
+    is mapped through ``CUDA_VISIBLE_DEVICES`` as CUDA reads it (``visible_indices``).
     """
     index = ordinal(device)
     if index is None:
         return None, f"{device!r} is not a CUDA device"
     n = count()
     if n is None:
-        return None, f"NVML not available ({_STATE['error'] or 'no answer'})"
-    uuids = [(h, norm_uuid(uuid(h))) for h in (handle_by_index(i) for i in range(n))]
+        return None, f"NVML not available ({status() or 'no answer'})"
+    handles = [handle_by_index(i) for i in range(n)]
+    uuids = [uuid(h) for h in handles]
     want = torch_uuid or _torch_uuid(index)
     if want:
-        want = norm_uuid(want)
-        found = [h for h, u in uuids if u == want]
-        return (found[0], f"matched by UUID GPU-{want}") if found else (
-            None, f"no NVML device has the UUID GPU-{want} that torch reports for cuda:{index}")
-    env = current() if environ is None else environ
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is None or not visible.strip():
-        if index < n:
-            return uuids[index][0], f"NVML index {index} (CUDA_VISIBLE_DEVICES unset)"
-        return None, f"cuda:{index} is past the {n} NVML devices"
-    entries = [e.strip() for e in visible.split(",") if e.strip()]
-    if index >= len(entries):
-        return None, f"cuda:{index} is past CUDA_VISIBLE_DEVICES={visible!r}"
-    entry = entries[index]
-    if entry.isdigit():
-        i = int(entry)
-        if i < n:
-            return uuids[i][0], f"NVML index {i} from CUDA_VISIBLE_DEVICES={visible!r}"
-        return None, f"CUDA_VISIBLE_DEVICES entry {entry!r} is past the {n} NVML devices"
-    if entry.lower().startswith("mig-"):
-        return None, f"MIG instance {entry!r}: NVML per-device numbers would not be this GPU's"
-    prefix = norm_uuid(entry)
-    found = [h for h, u in uuids if u and u.startswith(prefix)]
-    if len(found) == 1:
-        return found[0], f"matched CUDA_VISIBLE_DEVICES entry {entry!r} by UUID"
-    return None, f"CUDA_VISIBLE_DEVICES entry {entry!r} matches {len(found)} NVML devices"
+        found = [h for h, u in zip(handles, uuids, strict=True) if norm_uuid(u) == norm_uuid(want)]
+        return (found[0], f"matched by UUID {want}") if found else (
+            None, f"no NVML device has the UUID {want} that torch reports for cuda:{index}")
+    visible = (current() if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
+    order = list(range(n)) if visible is None else visible_indices(visible, uuids)
+    where = "" if visible is None else f" (CUDA_VISIBLE_DEVICES={visible!r})"
+    if index >= len(order):
+        return None, f"cuda:{index} is past the {len(order)} visible NVML device(s){where}"
+    return handles[order[index]], f"NVML index {order[index]}{where}"
+
+
+def visible_indices(value: str, uuids: list[str | None]) -> list[int]:
+    """The physical indices a ``*_VISIBLE_DEVICES`` value shows, in the runtime's order.
+
+    CUDA's rules: comma-separated indices or unique UUID prefixes ("GPU-" optional); the list
+    ends at the first entry that is invalid, unknown, ambiguous or repeated (so a MIG entry
+    shows no whole GPU).
+    """
+    out: list[int] = []
+    for token in (t.strip() for t in value.split(",")):
+        if re.fullmatch(r"-?\d+", token):
+            hits = [int(token)] if 0 <= int(token) < len(uuids) else []
+        else:
+            hits = [i for i, u in enumerate(uuids)
+                    if token and u and norm_uuid(u).startswith(norm_uuid(token))]
+        if len(hits) != 1 or hits[0] in out:
+            break
+        out.append(hits[0])
+    return out
 
 
 def ordinal(device: Any) -> int | None:
@@ -185,42 +167,33 @@ def _torch_uuid(index: int) -> str | None:
     return None if value is None else str(value)
 
 
-# ---------------------------------------------------------------- reading a device
-
 def memory(h: Any) -> Memory | None:
     """Total, free and used bytes of the device (every process's use counts)."""
-    info = _get("nvmlDeviceGetMemoryInfo", h) if h is not None else None
-    return None if info is None else Memory(int(info.total), int(info.free), int(info.used))
+    return _get("nvmlDeviceGetMemoryInfo", h,
+                convert=lambda m: Memory(int(m.total), int(m.free), int(m.used)))
 
 
 def utilisation(h: Any) -> float | None:
-    """NVML's "GPU busy" percentage: the share of its last sample period (1/6 s to 1 s) in
-    which any kernel ran. It says nothing about how well the GPU is used (a tiny kernel counts)."""
-    rates = _get("nvmlDeviceGetUtilizationRates", h) if h is not None else None
-    return None if rates is None else float(rates.gpu)
+    """NVML's "GPU busy" %: the share of its last sample period (1/6 s to 1 s) in which any
+    kernel ran; no measure of how well the GPU is used (a tiny kernel counts)."""
+    return _get("nvmlDeviceGetUtilizationRates", h, convert=lambda r: float(r.gpu))
 
 
-def uuid(device: Any) -> str | None:
-    """The device's UUID ("GPU-…"), from a handle or an NVML (physical) index."""
-    h = handle_by_index(device) if isinstance(device, int) else device
-    value = _get("nvmlDeviceGetUUID", h) if h is not None else None
-    return None if value is None else text(value)
+def uuid(h: Any) -> str | None:
+    """The device's UUID ("GPU-…")."""
+    return _get("nvmlDeviceGetUUID", h, convert=text)
 
 
 def name(h: Any) -> str | None:
-    value = _get("nvmlDeviceGetName", h) if h is not None else None
-    return None if value is None else text(value)
+    return _get("nvmlDeviceGetName", h, convert=text)
 
 
 def capability(h: Any) -> tuple[int, int] | None:
-    value = _get("nvmlDeviceGetCudaComputeCapability", h) if h is not None else None
-    return None if value is None else (int(value[0]), int(value[1]))
+    return _get("nvmlDeviceGetCudaComputeCapability", h, convert=lambda v: (int(v[0]), int(v[1])))
 
-
-# ---------------------------------------------------------------- small helpers
 
 def norm_uuid(value: Any) -> str:
-    """A UUID in one spelling: lower case, without the "GPU-" prefix ("" for None)."""
+    """A UUID lower case, without the "GPU-" prefix ("" for None)."""
     if value is None:
         return ""
     t = text(value).strip().lower()

@@ -1,9 +1,6 @@
 """The rules, each decided in one place: native bf16, whether torch.compile can run, and the
-recommended training settings (each with the reason it was chosen).
-
-Pure functions of the hardware facts, so every rule is testable on a CPU box; the two that other
-modules ask about a live device (``device_native_bf16``, ``compile_unavailable``) read torch
-only in a process that already uses that device, never initialising CUDA themselves.
+recommended training settings, each with its reason. Pure functions of the hardware facts (so
+testable on a CPU box); the live-device ones never initialise CUDA themselves.
 """
 
 from __future__ import annotations
@@ -26,9 +23,8 @@ CPU_BATCH = 64
 MEMORY_TIERS = ((6, 32), (12, 64), (40, 128), (math.inf, 256))
 # AMD architectures with bf16 matrix hardware (CDNA1+, RDNA3+). RDNA1/2 and Vega only emulate it.
 _AMD_NATIVE_BF16 = re.compile(r"^gfx(908|90a|94\d|95\d|11\d\d|12\d\d)$")
-# Loader workers on GPU hosts, measured (shared/reference/gpu-h100.md): on a 16-core H100 host an
-# in-memory (N, 129, 200) dataset ran at 0.8x with 8 workers of what it ran with none.
-# torch.compile on this project's 2-core CPU (issue 34, bench/results/speedups-rules.md)
+# measured: torch.compile on a 2-core CPU (bench/results/speedups-rules.md); loader workers on
+# an H100 host (shared/reference/gpu-h100.md)
 CPU_COMPILE_MEASURED = ("measured on 2 cores, compiling cost 38-77 s on the first step and the "
                         "compiled step then ran 1.0x eager (EEGNeX; a 2-epoch fit took 99.5 s "
                         "against 14 s eager), so it never pays back on a CPU run of this size")
@@ -62,11 +58,8 @@ class Recommended:
 
 
 def native_bf16(gpu: GpuInfo) -> bool | None:
-    """bf16 in hardware: CUDA capability >= 8.0; CDNA/RDNA3+ on AMD; Apple MPS no.
-
-    (``torch.cuda.is_bf16_supported()`` also answers True where bf16 is only emulated, e.g. a T4.)
-    None when the facts to tell are missing.
-    """
+    """bf16 in hardware (CUDA capability >= 8.0, CDNA/RDNA3+; not MPS), None when unknown:
+    ``torch.cuda.is_bf16_supported()`` also says True where it is emulated (a T4)."""
     if gpu.backend == "cuda":
         return None if gpu.capability is None else gpu.capability[0] >= 8
     if gpu.backend == "rocm":
@@ -75,9 +68,8 @@ def native_bf16(gpu: GpuInfo) -> bool | None:
 
 
 def device_native_bf16(device: Any) -> bool:
-    """``native_bf16`` for a torch device this process trains on (False for CPU/MPS, or when
-    CUDA is not available). Reads the device's properties through torch, so call it where the
-    device is used anyway (the Trainer, compare()), not in the notebook kernel before that."""
+    """``native_bf16`` for a device this process trains on (False for CPU/MPS): reads torch's
+    device properties, so call it where the device is used anyway, not in the kernel."""
     import torch
 
     device = torch.device(device)
@@ -94,11 +86,7 @@ def device_native_bf16(device: Any) -> bool:
 def compile_unavailable(device: Any, mode: str = "default",
                         capability: tuple[int, int] | None = None) -> str | None:
     """Why ``torch.compile`` (in ``mode``) cannot work on ``device`` here, or None when it can.
-
-    ``device``: a torch device or its type ("cpu", "cuda", "mps"). ``capability``: the CUDA
-    compute capability when known; otherwise it is read from torch only if this process has
-    already initialised CUDA (never initialised here).
-    """
+    ``capability`` unknown: read from torch only where CUDA is initialised already."""
     kind = str(device).split(":")[0]
     mode = mode or "default"
     if kind == "cpu":
@@ -129,7 +117,7 @@ def _live_capability(device: Any) -> tuple[int, int] | None:
         if torch is None or torch.version.hip or not torch.cuda.is_initialized():
             return None
         major, minor = torch.cuda.get_device_capability(torch.device(device))
-    except Exception:
+    except Exception:  # noqa: BLE001 - broad: torch's error for a bad ordinal varies by version
         return None
     return int(major), int(minor)
 
@@ -161,17 +149,12 @@ def choose_precision(device_type: str, gpu: GpuInfo | None) -> tuple[str, str]:
 def recommend(device_type: str, gpu: GpuInfo | None, host: HostInfo, frontend: str,
               gpus_ok: int = 0, launched: bool = False, world_size: int = 1,
               deepspeed: bool = False) -> Recommended:
-    """Settings for training on ``device_type`` ("cpu" | "cuda" | "mps").
-
-    ``gpus_ok``: GPUs of this kind that passed the probe (DDP candidates); ``launched``: this
-    process is one rank of a launched job (``hn.launch`` / torchrun) of ``world_size`` ranks;
-    ``deepspeed``: the package is importable (ZeRO-2 is then the advice for 2+ GPUs in scripts).
-    """
+    """Settings for training on ``device_type``: ``gpus_ok`` GPUs passed the probe (DDP
+    candidates); ``launched``: one of ``world_size`` ranks; ``deepspeed``: it is importable."""
     reasons: dict[str, str] = {}
     cores = max(1, host.cores_usable)
     on_gpu = device_type == "cuda"
 
-    # --- strategy: how many processes share this machine
     if launched and world_size > 1:
         strategy, procs = "ddp", world_size
         reasons["strategy"] = f"this process is one of {world_size} launched ranks."
@@ -196,7 +179,6 @@ def recommend(device_type: str, gpu: GpuInfo | None, host: HostInfo, frontend: s
         reasons["strategy"] = ("one GPU passed the probe." if on_gpu
                                else f"one device: the {device_type.upper()}.")
 
-    # --- batch size and accumulation
     if on_gpu and gpu is not None and gpu.total_memory:
         gib = gpu.total_memory / GiB
         batch = next(b for limit, b in MEMORY_TIERS if gib < limit)
@@ -215,7 +197,6 @@ def recommend(device_type: str, gpu: GpuInfo | None, host: HostInfo, frontend: s
                              else "") + f" = {batch * accum * procs} samples per optimizer step "
                              f"(target {TARGET_BATCH}).")
 
-    # --- data loading
     share = max(1, cores // procs)
     if on_gpu:
         workers = 0
@@ -240,7 +221,6 @@ def recommend(device_type: str, gpu: GpuInfo | None, host: HostInfo, frontend: s
     reasons["persistent_workers"] = ("keeps the workers between epochs (no restart cost)."
                                      if persistent else "no worker processes.")
 
-    # --- threads
     if on_gpu:
         threads = max(1, share - workers)
         reasons["torch_threads"] = ("this process's share of the cores, minus its loader "
@@ -254,7 +234,7 @@ def recommend(device_type: str, gpu: GpuInfo | None, host: HostInfo, frontend: s
         reasons["torch_threads"] = ("all usable cores for the model; loader worker "
                                     "processes run 1 thread each (DataLoader sets that).")
 
-    # --- torch.compile: recommended only where it measured faster for a run of this length
+    # torch.compile: recommended only where it measured faster for a run of this length
     why_not = compile_unavailable(device_type, capability=gpu.capability if gpu else None)
     if why_not is not None:
         reasons["compile"] = why_not + "."
@@ -268,8 +248,6 @@ def recommend(device_type: str, gpu: GpuInfo | None, host: HostInfo, frontend: s
         reasons["compile"] = (
             f"not recommended on the CPU: {CPU_COMPILE_MEASURED}. It can run here (a C++ "
             f"compiler, {cxx_compiler()}, is present): Trainer(compile=True) still compiles.")
-    compile_ok = False
-
     return Recommended(batch_size=batch, grad_accum=accum, num_workers=workers, pin_memory=pin,
-                    persistent_workers=persistent, strategy=strategy, compile=compile_ok,
+                    persistent_workers=persistent, strategy=strategy, compile=False,
                     torch_threads=threads, devices=procs, reasons=reasons)

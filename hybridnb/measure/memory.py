@@ -1,13 +1,7 @@
-"""Memory numbers per backend: torch.cuda / NVML (``hardware.nvml``) / MPS / psutil.
-
-``peak_bytes`` and ``reset_peak`` are what the Trainer records per epoch. The live view uses a
-``MemorySampler``: a small background thread that only *collects* numbers (it never touches a
-widget or a display; ipykernel drops display messages from other threads) while the training loop
-renders them on the main thread.
-
-Each source is a "probe": a function returning ``{series_name: value}``. Probes are chosen once
-for the device; a probe that fails is dropped with its reason kept in ``sampler.notes``, so a
-broken NVML never stops training and never fails silently.
+"""Memory numbers per backend (torch.cuda, NVML, MPS, psutil): ``peak_bytes`` per epoch, and
+``MemorySampler``, a thread that only collects numbers (ipykernel drops displays from other
+threads) from probes, functions returning ``{series_name: value}``, chosen once per device. A
+probe that fails is dropped with its reason in ``sampler.notes``: never fatal, never silent.
 """
 
 from __future__ import annotations
@@ -20,31 +14,26 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+import psutil
 import torch
 
 from hybridnb.hardware import nvml
 
 #: Series names and what they mean (bytes unless the name ends in ``_util``).
 SERIES = {
-    "gpu_allocated": "GPU allocated (torch)",
-    "gpu_reserved": "GPU reserved (torch)",
-    "gpu_peak": "GPU peak allocated (torch)",
-    "gpu_used": "GPU used (NVML, all processes)",
-    "gpu_total": "GPU total (NVML)",
-    "gpu_util": "GPU utilisation % (NVML)",
-    "mps_current": "MPS allocated",
-    "mps_driver": "MPS driver",
-    "rss": "process RSS",
-    "ram_used": "system RAM used",
-    "ram_total": "system RAM total",
+    "gpu_allocated": "GPU allocated (torch)", "gpu_reserved": "GPU reserved (torch)",
+    "gpu_peak": "GPU peak allocated (torch)", "gpu_used": "GPU used (NVML, all processes)",
+    "gpu_total": "GPU total (NVML)", "gpu_util": "GPU utilisation % (NVML)",
+    "mps_current": "MPS allocated", "mps_driver": "MPS driver", "rss": "process RSS",
+    "ram_used": "system RAM used", "ram_total": "system RAM total",
 }
 
 Probe = Callable[[], dict[str, float]]
 
 
 def peak_bytes(device: torch.device | str) -> int | None:
-    """Peak memory since the last ``reset_peak`` on ``device``: CUDA/ROCm allocator peak, MPS
-    driver memory, or the process's peak resident set on CPU."""
+    """Peak bytes since the last ``reset_peak``: the CUDA/ROCm allocator's, MPS driver memory,
+    or the process's peak resident set on the CPU."""
     device = torch.device(device)
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
@@ -61,16 +50,11 @@ def reset_peak(device: torch.device | str) -> None:
 
 def _host_peak_rss() -> int | None:
     try:
-        import resource
-
-        # ru_maxrss is in KiB on Linux, bytes on macOS.
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return int(rss if sys.platform == "darwin" else rss * 1024)
-    except (ImportError, OSError):
+        import resource  # not on Windows
+    except ImportError:
         return None
-
-
-# --------------------------------------------------------------------------- probes
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)  # KiB on Linux, bytes on macOS
 
 
 def cuda_index(device: torch.device | str) -> int:
@@ -83,8 +67,8 @@ def cuda_index(device: torch.device | str) -> int:
 
 
 def torch_cuda_probe(index: int) -> Probe:
-    """Allocator numbers for CUDA/ROCm device ``index``. Reads nothing until CUDA is initialised
-    by the training itself (the sampler must never be the thing that creates a CUDA context)."""
+    """Allocator numbers for CUDA/ROCm device ``index``; nothing until the training has
+    initialised CUDA (the sampler must never create a CUDA context)."""
 
     def probe() -> dict[str, float]:
         if not torch.cuda.is_initialized():
@@ -98,21 +82,8 @@ def torch_cuda_probe(index: int) -> Probe:
     return probe
 
 
-def mps_probe() -> Probe:
-    def probe() -> dict[str, float]:
-        return {
-            "mps_current": float(torch.mps.current_allocated_memory()),
-            "mps_driver": float(torch.mps.driver_allocated_memory()),
-        }
-
-    return probe
-
-
 def host_probe(pid: int | None = None) -> Probe:
-    """The resident set of this process (or of ``pid``: an isolated training worker) and the
-    machine's RAM in use (total - available)."""
-    import psutil
-
+    """The resident set of this process (or of ``pid``, a worker) and the machine's RAM in use."""
     proc = psutil.Process(pid)
 
     def probe() -> dict[str, float]:
@@ -127,8 +98,8 @@ def host_probe(pid: int | None = None) -> Probe:
 
 
 def nvml_probe(handle) -> Probe:
-    """NVML numbers for one device handle: memory used by every process, total, utilisation.
-    A device that stops answering raises (the sampler then drops this probe, saying why)."""
+    """NVML's memory used (every process), total and utilisation; raises when the device stops
+    answering (the sampler then drops this probe, saying why)."""
 
     def probe() -> dict[str, float]:
         mem, why = nvml.attempt("nvmlDeviceGetMemoryInfo", handle)
@@ -145,50 +116,34 @@ def nvml_probe(handle) -> Probe:
 
 def probes_for(device: torch.device | str, pid: int | None = None
                ) -> tuple[list[tuple[str, Probe]], list[str]]:
-    """Choose the probes for ``device`` once: ``(probes, notes)``, named probes and sentences
-    saying why a source is missing. NVML is ``hardware.nvml``'s, opened once per process."""
+    """``(named probes, notes saying why a source is missing)`` for ``device``."""
     device = torch.device(device)
     probes: list[tuple[str, Probe]] = []
     notes: list[str] = []
     if device.type == "cuda":
         index = cuda_index(device)
         probes.append(("torch.cuda", torch_cuda_probe(index)))
-        if getattr(torch.version, "hip", None):
-            notes.append("ROCm device: NVML numbers are not available; showing torch's allocator")
-        elif nvml.library() is None:
-            notes.append(f"NVML not available ({nvml.status()})")
+        handle, how = (None, "a ROCm device") if torch.version.hip else nvml.locate(index)
+        if handle is None:
+            notes.append(f"NVML numbers not shown ({how}); showing torch's allocator")
         else:
-            handle, how = nvml.locate(index)
-            if handle is None:
-                notes.append(f"NVML not used: {how}")
-            else:
-                probes.append(("nvml", nvml_probe(handle)))
+            probes.append(("nvml", nvml_probe(handle)))
     elif device.type == "mps":
-        probes.append(("mps", mps_probe()))
-    try:
-        probes.append(("host", host_probe(pid)))
-    except ImportError as exc:
-        notes.append(f"host memory not shown: {exc}")
+        probes.append(("mps", lambda: {"mps_current": float(torch.mps.current_allocated_memory()),
+                                       "mps_driver": float(torch.mps.driver_allocated_memory())}))
+    probes.append(("host", host_probe(pid)))
     return probes, notes
 
 
 def heap_reader() -> tuple[Callable[[], float], str]:
-    """A reader of this process's host memory in use, and what it measures.
-
-    With glibc, ``mallinfo2()`` gives the bytes malloc has handed out and not taken back (arenas
-    plus mmapped blocks): what torch's CPU tensors use, whether or not freed memory was returned
-    to the OS. Elsewhere the resident set is the fallback; it lags frees and reuse, so a rise in it
-    is approximate.
-    """
+    """A reader of this process's host memory in use, and what it measures: glibc's
+    ``mallinfo2()`` (bytes malloc handed out, freed or not returned to the OS alike), else the
+    resident set, which lags frees and reuse."""
     info = _mallinfo2()
     if info is not None:
         return info, "heap bytes in use (glibc mallinfo2, sampled every 2 ms)"
-    return _rss_bytes, "resident-set rise (approximate: sampled, and freed memory may be reused)"
-
-
-def _rss_bytes() -> float:
-    import psutil
-    return float(psutil.Process().memory_info().rss)
+    return (lambda: float(psutil.Process().memory_info().rss),
+            "resident-set rise (approximate: sampled, and freed memory may be reused)")
 
 
 def _mallinfo2() -> Callable[[], float] | None:
@@ -217,14 +172,10 @@ def _mallinfo2() -> Callable[[], float] | None:
     return read
 
 
-# --------------------------------------------------------------------------- sampler
-
-
 @dataclass
 class MemorySeries:
-    """Time series of memory numbers: ``times`` (seconds since the sampler started) and one list
-    per series name, all the same length (NaN where a source had nothing). ``peaks`` holds each
-    series' highest value over every sample taken, including those dropped by ``halve``."""
+    """``times`` (seconds since the start) and one list per series, all the same length (NaN
+    where a source had nothing); ``peaks``: each series' highest value, halved samples too."""
 
     times: list[float] = field(default_factory=list)
     values: dict[str, list[float]] = field(default_factory=dict)
@@ -242,7 +193,6 @@ class MemorySeries:
                 seq.append(float("nan"))
 
     def halve(self) -> None:
-        """Keep every second sample (bounded memory for very long runs)."""
         self.times = self.times[::2]
         self.values = {k: v[::2] for k, v in self.values.items()}
 
@@ -258,36 +208,25 @@ class MemorySeries:
 
 class MemorySampler:
     """Collects numbers for one device every ``interval`` seconds on a daemon thread: the one
-    sampling thread of hybridnb (the live view's memory plot, compare()'s step memory and
-    NVML busy readings).
-
-    Only numbers are collected there; renderers call ``series()`` from the main thread. The
-    series is bounded: past ``max_points`` samples it keeps every second one and doubles the
-    interval, so a day-long run costs the same memory as a short one (``series().peak(name)``
-    stays exact). ``probes`` replaces the device's default sources. As a context manager it
-    samples once on entry, then on the thread, then once more on exit.
+    sampling thread of hybridnb (the live view, compare()). Past ``max_points`` samples it keeps
+    every second one and doubles the interval, so a day-long run costs what a short one does.
+    ``probes`` replaces the device's default sources.
     """
 
     def __init__(self, device: torch.device | str, interval: float = 0.5,
                  max_points: int = 4000, probes: list[tuple[str, Probe]] | None = None,
-                 clock: Callable[[], float] = time.time, pid: int | None = None):
-        self.device = str(device)
+                 pid: int | None = None):
         self.interval = float(interval)
         self.max_points = int(max_points)
-        self.clock = clock
-        notes: list[str] = []
-        if probes is None:
-            probes, notes = probes_for(device, pid)
-        self.probes = list(probes)
-        self.notes: list[str] = list(notes)
-        self.start_time = clock()
+        self.probes, self.notes = (probes_for(device, pid) if probes is None
+                                   else (list(probes), []))
+        self.start_time = time.time()
         self._series = MemorySeries()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def sample(self) -> dict[str, float]:
-        """Read every probe once (a failing probe is dropped and its reason noted)."""
         out: dict[str, float] = {}
         with self._lock:
             probes = list(self.probes)
@@ -296,7 +235,7 @@ class MemorySampler:
                 out.update(probe())
             except Exception as exc:  # noqa: BLE001 - a probe's library may raise anything
                 self._drop([name], f"{name} memory probe stopped ({type(exc).__name__}: {exc})")
-        now = self.clock()
+        now = time.time()
         with self._lock:
             self._series.append(now - self.start_time, out)
             if len(self._series.times) > self.max_points:
@@ -305,8 +244,7 @@ class MemorySampler:
         return out
 
     def drop_device(self, reason: str) -> None:
-        """Stop reading the device itself (torch allocator, NVML, MPS) and keep the host's: after
-        a device is lost, nothing may call into it again. ``reason`` goes into ``notes``."""
+        """Stop reading the lost device (nothing may call into it again); keep the host's."""
         self._drop(["torch.cuda", "nvml", "mps"], f"device memory no longer read: {reason}")
 
     def _drop(self, names: list[str], note: str) -> None:
@@ -335,7 +273,6 @@ class MemorySampler:
             self.sample()
 
     def series(self) -> MemorySeries:
-        """A copy of what was collected so far (safe to read while the thread keeps going)."""
         with self._lock:
             return MemorySeries(list(self._series.times),
                                 {k: list(v) for k, v in self._series.values.items()},
@@ -346,8 +283,7 @@ class MemorySampler:
             return self._series.latest()
 
     def close(self) -> None:
-        """Stop the thread and take one last sample. Safe to call twice. NVML stays open: it
-        is ``hardware.nvml``'s, shared by the whole process."""
+        """Stop the thread and take one last sample (NVML stays open: the process shares it)."""
         if self._stop.is_set():
             return
         self._stop.set()

@@ -1,21 +1,10 @@
 """Wall-clock throughput, time spent waiting for data, and FLOP/s against the device's peak.
 
-A step timer alone flatters a run: on an H100 the Trainer once reported 41-53k samples/s for a
-model whose wall clock gave 14-18k, because collating each batch — outside the timed step — was
-the bottleneck. ``ThroughputMonitor`` counts the wall clock between measuring points (data
-loading included), the share of it spent waiting for the next batch, and a compute-only rate
-labelled as such. The device is synchronised only at the measuring points (the end of warm-up,
-every ``every`` steps, and ``summary()``), so measuring does not slow the loop.
-
->>> mon = ThroughputMonitor(device, flops_per_sample=step.count_flops(model, (x,)) / len(x))
->>> for x, y in mon.batches(loader):           # times each fetch as waiting for data
-...     step(x, y)
-...     mon.step_done(len(x))
->>> mon.summary()   # samples_per_s, data_wait_pct, compute_samples_per_s, tflops, mfu, ...
-
-MFU (model FLOPs utilisation) is the FLOPs the model needs divided by what the device could do in
-the same time at its dense peak for the precision in use. It is not NVML's "utilisation", which is
-the share of time any kernel was running: an H100 read 97-100% busy at 2% of its bf16 peak.
+A step timer alone flatters a run: on an H100 the Trainer once reported 41-53k samples/s where
+the wall clock gave 14-18k (collating batches, outside the timed step, was the bottleneck). So
+``ThroughputMonitor`` counts the wall clock, data loading included, synchronising the device only
+at measuring points. MFU is the model's FLOPs over the device's dense peak in the same time, not
+NVML's "utilisation" (an H100 read 97-100% busy at 2% of its bf16 peak).
 """
 
 from __future__ import annotations
@@ -31,9 +20,7 @@ from hybridnb.measure.timing import synchronize
 
 DATA_BOUND_PCT = 50.0  # waiting for data above this share of wall time: the run is data-bound
 
-# Dense peak TFLOP/s by precision, from the vendors' data sheets (without structured sparsity).
-# tf32: fp32 tensors on tensor cores (cuDNN's default for convolutions on Ampere and later).
-# Order matters: the first pattern that matches the device's name wins.
+# Dense peak TFLOP/s by precision (vendors' data sheets, no sparsity); the first match wins.
 PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
     (r"H100.*PCIe", {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0}),
     (r"H100(?!.*NVL)", {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0}),  # SXM
@@ -66,18 +53,13 @@ def peak_key(precision: str) -> str:
 class ThroughputMonitor:
     """Samples/s by the wall clock, data-wait share, FLOP/s and MFU for a training loop.
 
-    Iterate the batches through ``batches(loader)`` (it times each fetch as waiting), and call
-    ``step_done(n_samples)`` after each step. The first ``warmup_steps`` steps (compiling, cuDNN
-    autotuning, loader start-up) are not counted. ``summary()`` gives the numbers over the steps
-    since warm-up or the last ``reset()``.
-
-    ``flops_per_sample``: from ``hybridnb.train.step.count_flops`` (divide by the batch size); ``precision``: the
-    training precision, for the peak; ``peak`` (TFLOP/s) overrides the table.
+    Iterate through ``batches(loader)`` and call ``step_done(n_samples)`` after each step; the
+    first ``warmup_steps`` (compiling, autotuning, loader start-up) are not counted.
     """
 
     def __init__(self, device: torch.device | str = "cpu", *, warmup_steps: int = 2,
                  every: int = 20, flops_per_sample: float | None = None,
-                 precision: str = "fp32", peak: float | None = None) -> None:
+                 precision: str = "fp32") -> None:
         if warmup_steps < 0 or every < 1:
             raise ValueError(f"ThroughputMonitor: warmup_steps={warmup_steps} must be >= 0 and "
                              f"every={every} >= 1")
@@ -85,9 +67,8 @@ class ThroughputMonitor:
         self.warmup_steps, self.every = warmup_steps, every
         self.flops_per_sample = flops_per_sample
         self.precision = precision
-        if peak is None and self.device.type == "cuda":
-            peak = peak_tflops(torch.cuda.get_device_name(self.device), peak_key(precision))
-        self.peak = peak
+        self.peak = (peak_tflops(torch.cuda.get_device_name(self.device), peak_key(precision))
+                     if self.device.type == "cuda" else None)  # dense TFLOP/s
         self._steps = 0  # all steps, warm-up included
         self._start: float | None = None  # the window's first measuring point
         # last measuring point: (time, samples, steps, seconds waiting, seconds paused)
@@ -97,10 +78,8 @@ class ThroughputMonitor:
         if warmup_steps == 0:
             self.reset()
 
-    # -- the loop's calls ------------------------------------------------------------------
     def step_done(self, n_samples: int) -> None:
-        """A step on ``n_samples`` samples was queued (the device is synchronised only every
-        ``every`` counted steps)."""
+        """A step on ``n_samples`` was queued (a synchronise every ``every`` counted steps)."""
         self._steps += 1
         if self._start is None:
             if self._steps >= self.warmup_steps:
@@ -112,9 +91,8 @@ class ThroughputMonitor:
             self._measure()
 
     def batches(self, iterable: Iterable) -> Iterator:
-        """Yield from ``iterable``, timing each fetch as waiting for data. When the loop over
-        them ends (exhausted, or left with ``break``/``return``), so does the window
-        (``close``): what the caller does next, validating, is never counted."""
+        """Yield from ``iterable``, timing each fetch as waiting; when the loop ends (or is left)
+        so does the window: what the caller does next is never counted."""
         it = iter(iterable)
         try:
             while True:
@@ -129,15 +107,13 @@ class ThroughputMonitor:
             self.close()
 
     def close(self) -> None:
-        """The training loop ended: a measuring point now, so that a later ``summary()`` does
-        not stretch the window over what came after (validation, checkpoint writes)."""
+        """A measuring point now, so a later ``summary()`` does not count what came after."""
         if self._start is not None and self._counted != self._point[2]:
             self._measure()
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
-        """Leave the time inside out of the wall clock (validation, checkpoint writes between
-        training steps). Counted apart, so no device synchronise is needed here."""
+        """Leave the time inside out of the wall clock (validation, checkpoint writes)."""
         t0 = time.perf_counter()
         try:
             yield
@@ -146,7 +122,6 @@ class ThroughputMonitor:
                 self._paused += time.perf_counter() - t0
 
     def reset(self) -> None:
-        """Start a new window now (after a synchronise): counts from here on."""
         synchronize(self.device)
         now = time.perf_counter()
         self._start = now
@@ -154,16 +129,11 @@ class ThroughputMonitor:
         self._wait = self._paused = 0.0
         self._point = (now, 0, 0, 0.0, 0.0)
 
-    # -- the numbers -----------------------------------------------------------------------
     def summary(self, measure: bool = True) -> dict:
-        """The window's numbers (a synchronise first when steps ran since the last point).
-
-        samples_per_s: wall clock, waiting included; data_wait_pct: % of that time spent waiting
-        for batches; compute_samples_per_s: samples over the time not waiting (compute-only, not
-        what the run achieves); tflops: achieved model TFLOP/s by the wall clock; mfu: tflops over
-        the device's dense peak for the precision (None when either is unknown); data_bound:
-        waiting took more than DATA_BOUND_PCT % of the time. ``measure=False`` reports the last
-        measuring point without synchronising the device (for per-step displays).
+        """The window's numbers: samples_per_s (wall clock, waiting included), data_wait_pct,
+        compute_samples_per_s (time not waiting: not what the run achieves), tflops, mfu (None
+        when the peak is unknown), data_bound. ``measure=False``: the last measuring point,
+        without a synchronise (for per-step displays).
         """
         if measure and self._start is not None and self._counted != self._point[2]:
             self._measure()

@@ -1,9 +1,5 @@
-"""Device-synchronised timers for honest speed numbers, and NVML's busy reading.
-
-GPU work is asynchronous: a host clock read right after the backward pass measures how fast the
-Python loop *queued* kernels, not how fast they ran. ``Stopwatch`` brackets a window with CUDA events
-(after a synchronise) on CUDA/ROCm, synchronises MPS/XPU before reading the host clock, and uses
-``time.perf_counter`` on the CPU, where every op is synchronous already.
+"""Device-synchronised timers, and NVML's busy reading. GPU work is asynchronous: a host clock
+read after the backward pass measures how fast kernels were queued, not how fast they ran.
 """
 
 from __future__ import annotations
@@ -24,16 +20,11 @@ def synchronize(device: torch.device | str) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
-    elif device.type == "xpu":
-        torch.xpu.synchronize(device)
 
 
 class Stopwatch:
-    """Time one window of device work: ``start()``, queue the work, ``stop()`` -> seconds.
-
-    On CUDA the window is measured between two CUDA events on the current stream; ``stop()``
-    waits for the second event, so the number is the device's time, not the launch time.
-    """
+    """Time one window of device work: ``start()``, queue the work, ``stop()`` -> seconds
+    (between two CUDA events on CUDA: the device's time, not the launch time)."""
 
     def __init__(self, device: torch.device | str) -> None:
         self.device = torch.device(device)
@@ -52,7 +43,6 @@ class Stopwatch:
             self._t0 = time.perf_counter()
 
     def stop(self) -> float:
-        """Seconds since ``start()``, after the device finished the queued work."""
         if self._cuda and self._events is not None:
             begin, end = self._events
             end.record()
@@ -64,12 +54,8 @@ class Stopwatch:
 
 
 def nvml_busy_reader(device: torch.device | str) -> Callable[[], float | None] | None:
-    """A function returning NVML's 'GPU busy' percentage for ``device``, or None without NVML.
-
-    NVML reports the share of its last sample period (1/6 s to 1 s, by GPU) in which at least
-    one kernel was running: a coarse number, meaningful over windows of a second or more, and
-    no measure of how well the GPU is used.
-    """
+    """A function returning NVML's 'GPU busy' % for ``device`` (see ``nvml.utilisation``), or
+    None without NVML."""
     device = torch.device(device)
     if device.type != "cuda" or torch.version.hip:
         return None

@@ -469,12 +469,12 @@ def test_an_old_verdict_expires_and_ttl_zero_turns_the_cache_off(machine, monkey
     calls = _count_probes(monkeypatch)
     D.detect(probe_timeout=30)
     _fresh_process()
-    real_load = cache.load
-    monkeypatch.setattr(cache, "load", lambda key, ttl, environ=None, now=None: real_load(
-        key, ttl, environ, now=time.time() + 2 * env.DEFAULT_PROBE_CACHE_TTL))  # two days on
+    for path in cache.folder().glob("*.json"):  # the stored verdict is two days old
+        data = json.loads(path.read_text())
+        data["result"]["proven_at"] -= 2 * env.DEFAULT_PROBE_CACHE_TTL
+        path.write_text(json.dumps(data))
     D.detect(probe_timeout=30)
     assert len(calls) == 2
-    monkeypatch.setattr(cache, "load", real_load)
     monkeypatch.setenv(env.PROBE_CACHE_TTL_ENV, "0")
     _fresh_process()
     D.detect(probe_timeout=30)

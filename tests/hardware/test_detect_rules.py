@@ -321,7 +321,7 @@ def test_nvml_opens_once_and_reads_a_device(fake_nvml, monkeypatch):
     assert h == ("h", 0) and nvml.handle("cuda:1") == ("h", 1)
     assert nvml.memory(h) == nvml.Memory(80 * GiB, 79 * GiB, GiB)
     assert nvml.utilisation(h) == 97.0 and nvml.utilisation(("h", 1)) is None
-    assert nvml.uuid(h) == "GPU-aaaa-1111" and nvml.uuid(1) == "GPU-bbbb-2222"
+    assert nvml.uuid(h) == "GPU-aaaa-1111" and nvml.uuid(nvml.handle_by_index(1)) == "GPU-bbbb-2222"
     assert nvml.driver() == "580.159.04" and nvml.cuda_driver() == "13.0"
     assert nvml.capability(h) == (9, 0) and nvml.name(h) == "Fake H100 #0"
     assert fake.inits == 1
@@ -349,7 +349,7 @@ def test_nvml_absent_means_none_everywhere(fake_nvml):
     nvml = fake_nvml(NoDriver())
     assert nvml.library() is None and "Driver Not Loaded" in nvml.status()
     assert (nvml.count(), nvml.driver(), nvml.handle(0), nvml.memory(None),
-            nvml.utilisation(None), nvml.uuid(0)) == (None,) * 6
+            nvml.utilisation(None), nvml.handle_by_index(0)) == (None,) * 6
     gpus, status = gpu_info.nvml_inventory()
     assert gpus == [] and "no NVIDIA driver found" in status
 

@@ -48,7 +48,6 @@ def test_the_mps_probe_reads_its_memory_through_torch_mps(monkeypatch):
     assert list(ok)[:3] == ["import", "available", "memory"]
     assert info["name"] == "Apple GPU (MPS)" and info["total_memory"] == 12 * GiB
     assert info["free_memory"] == 9 * GiB  # the driver's 3 GiB, not the tensors' 1 GiB
-    assert info["mps_driver_memory"] == 3 * GiB and info["mps_allocated_memory"] == 1 * GiB
     assert "9.0 of 12.0 GiB free" in ok["memory"]["detail"]
     if not passed:  # no real MPS here: the tensor step fails and says why
         assert [e["step"] for e in events if e["e"] == "fail"] == ["tensor"]

@@ -153,7 +153,9 @@ def test_cache_round_trip_expiry_and_foreign_files(tmp_path):
     hit = cache.load(key, 3600, env)
     assert hit is not None and hit.cached and hit.ok and hit.proven_at == pytest.approx(now)
     assert hit.steps == _passed(now).steps and hit.info == {"name": "Fake"}
-    assert cache.load(key, 3600, env, now=now + 3601) is None          # too old
+    assert cache.store(key, _passed(now - 3601), env) == ""
+    assert cache.load(key, 3600, env) is None                           # too old
+    assert cache.store(key, _passed(now), env) == ""
     assert cache.load(key, 0, env) is None                              # cache off
     assert cache.load({**key, "driver": "590"}, 3600, env) is None      # another driver
     [path] = cache.folder(env).glob("*.json")

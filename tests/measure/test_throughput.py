@@ -150,8 +150,9 @@ def test_mfu_uses_the_peak_for_the_precision():
     assert peak_tflops("Tesla T4", "bf16") is None  # no bf16 hardware
     assert peak_tflops("Some Future GPU", "bf16") is None
     assert peak_key("bf16") == "bf16"
-    mon = ThroughputMonitor("cpu", warmup_steps=0, every=2, flops_per_sample=1e9, peak=10.0,
+    mon = ThroughputMonitor("cpu", warmup_steps=0, every=2, flops_per_sample=1e9,
                             precision="bf16")
+    mon.peak = 10.0  # a device whose dense peak is 10 TFLOP/s
     for _ in range(4):
         time.sleep(0.01)
         mon.step_done(100)

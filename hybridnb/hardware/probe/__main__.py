@@ -8,4 +8,4 @@ from hybridnb.processes.framed import connect
 
 if __name__ == "__main__":
     channel, _, rest = connect(sys.argv[1:])
-    sys.exit(main(rest, channel))
+    main(rest, channel)

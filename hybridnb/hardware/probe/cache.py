@@ -1,18 +1,10 @@
 """The probe's verdicts on disk, so a known-good GPU is not probed again in every new process.
 
-A passed probe is kept per (GPU UUID, driver version, kernel release, torch version and its
-CUDA/HIP build, probe version) for a bounded time: one day by default,
-``$HYBRIDNB_PROBE_CACHE_TTL`` seconds if set (0 turns the cache off). Any change of driver or
-torch build is a different key, so the GPU is probed again. ``detect(refresh=True)`` ignores
-what is stored and stores the new verdict.
-
-Failures are never stored: a failed, hung or crashed probe is tried again in the next process,
-because a failure can be passing (another process held the GPU, a driver was reloading) and a
-stored one would keep sending training to the CPU without a fresh look. The price is the probe
-time in each new process on a machine whose GPU is broken.
-
-Files: one small JSON file per key in ``<cache dir>/probe/`` (see ``env.cache_dir``), written
-atomically (a temporary file, then a rename), so concurrent ranks of a launched job are safe.
+A pass is kept per (GPU UUID, driver, kernel, torch build, probe version) for
+``$HYBRIDNB_PROBE_CACHE_TTL`` seconds (a day; 0 turns it off); a new driver or torch is a new
+key. Failures are never stored: they can be passing (another process held the GPU), and a stored
+one would keep training on the CPU without a fresh look. One JSON file per key in
+``<cache dir>/probe/``, written atomically so concurrent ranks are safe.
 """
 
 from __future__ import annotations
@@ -33,8 +25,7 @@ VERSION = 1   # bump when the probe's steps change, so older verdicts no longer 
 
 
 def key_for(gpu: GpuInfo, build: BuildInfo) -> dict | None:
-    """The facts a stored verdict must match, or None when this GPU cannot be cached (no UUID:
-    NVML could not read it)."""
+    """The facts a stored verdict must match; None without a UUID (nothing stable to key on)."""
     if not gpu.uuid:
         return None
     return {"uuid": gpu.uuid, "backend": gpu.backend, "driver": gpu.driver_version or "",
@@ -52,12 +43,9 @@ def _path(key: dict, environ: dict[str, str] | None) -> Path:
     return folder(environ) / f"{digest}.json"
 
 
-def load(key: dict, ttl: float, environ: dict[str, str] | None = None,
-         now: float | None = None) -> ProbeResult | None:
-    """The stored passed verdict for ``key`` if younger than ``ttl`` seconds, else None.
-
-    An unreadable or foreign file counts as no entry (it is overwritten by the next store).
-    """
+def load(key: dict, ttl: float, environ: dict[str, str] | None = None) -> ProbeResult | None:
+    """The stored pass for ``key`` if younger than ``ttl`` seconds, else None (also for an
+    unreadable or foreign file, which the next store overwrites)."""
     if ttl <= 0:
         return None
     try:
@@ -67,7 +55,7 @@ def load(key: dict, ttl: float, environ: dict[str, str] | None = None,
         result = ProbeResult.from_dict(data["result"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    age = (time.time() if now is None else now) - (result.proven_at or 0.0)
+    age = time.time() - (result.proven_at or 0.0)
     if not result.ok or not 0 <= age <= ttl:
         return None
     result.cached = True
@@ -75,8 +63,8 @@ def load(key: dict, ttl: float, environ: dict[str, str] | None = None,
 
 
 def store(key: dict, result: ProbeResult, environ: dict[str, str] | None = None) -> str:
-    """Keep a passed ``result`` for ``key``. Returns "" or, when it cannot be written, a note
-    saying where and how to fix it (the run goes on: the cache only saves time)."""
+    """Keep a passed ``result``; "" or, when it cannot be written, a note saying how to fix it
+    (the run goes on: the cache only saves time)."""
     if not result.ok or result.cached or result.proven_at is None:
         return ""
     path = _path(key, environ)

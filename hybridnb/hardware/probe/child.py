@@ -1,10 +1,5 @@
-"""The probe child: validate one device step by step, one message per event.
-
-Started by the supervisor as ``python -m hybridnb.hardware.probe WIRING --backend B --index N``
-(``processes.framed``: its events travel in the channel's frames, like every child's). Steps:
-import torch -> device available -> memory query -> small tensor -> matrix product checked
-against the CPU result -> copy back (a round trip compared bit for bit). Each step sends a
-"start" event before and an "ok"/"fail" event after, so a hang is placed at its step.
+"""The probe child: validate one device step by step (``result.STEPS``), sending a "start"
+event before each step and an "ok"/"fail" event after it, so a hang is placed at its step.
 """
 
 from __future__ import annotations
@@ -25,9 +20,7 @@ class _WrongResult(Exception):
     """The device computed, but not what the CPU computed."""
 
 
-def main(argv: list[str] | None = None, channel: Channel | None = None) -> int:
-    """Child entry point: run the steps for one device, one "probe" message per event (the
-    channel's frames; see ``processes.framed``)."""
+def main(argv: list[str] | None = None, channel: Channel | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m hybridnb.hardware.probe")
     parser.add_argument("--backend", choices=("cuda", "rocm", "mps"), required=True)
     parser.add_argument("--index", type=int, default=0)
@@ -38,39 +31,32 @@ def main(argv: list[str] | None = None, channel: Channel | None = None) -> int:
         channel.send(EVENT, event)
         channel.flush()
 
-    _exit(channel, 0 if run_steps(args.backend, args.index, emit) else 1)
-    return 0
+    passed = run_steps(args.backend, args.index, emit)
+    # leave without the interpreter's teardown (about 1 s with torch loaded): the OS frees the
+    # device once the messages and output are out
+    channel.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if passed else 1)
 
 
 def run_steps(backend: str, index: int, emit) -> bool:
-    """Run every step for one device, ``emit(**event)`` for each start, end and fact; stop at
-    the first failure. True when every step passed (then an "end" event was emitted)."""
+    """Run the steps, ``emit(**event)`` for each start, end and fact, up to the first failure;
+    True when every step passed."""
     ctx: dict = {"backend": backend, "index": index, "emit": emit}
     for name in STEPS:
         emit(e="start", step=name, t=time.time())
         t0 = time.perf_counter()
         try:
             detail = _STEP_FUNCS[name](ctx) or ""
-        except _WrongResult as exc:
-            emit(e="fail", step=name, s=round(time.perf_counter() - t0, 4), error=str(exc),
-                 wrong=True)
-            return False
         except Exception as exc:  # noqa: BLE001 - broad: any failure is this step's verdict
-            emit(e="fail", step=name, s=round(time.perf_counter() - t0, 4),
-                 error=f"{type(exc).__name__}: {str(exc).strip()[:500]}")
+            wrong = isinstance(exc, _WrongResult)
+            emit(e="fail", step=name, s=round(time.perf_counter() - t0, 4), wrong=wrong,
+                 error=str(exc) if wrong else f"{type(exc).__name__}: {str(exc).strip()[:500]}")
             return False
         emit(e="ok", step=name, s=round(time.perf_counter() - t0, 4), detail=detail)
     emit(e="end")
     return True
-
-
-def _exit(channel: Channel, code: int) -> None:
-    """Leave without the interpreter's teardown (about 1 s with torch loaded); the OS frees
-    the device. Messages and output are flushed first."""
-    channel.flush()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def _step_import(ctx: dict) -> str:
@@ -86,8 +72,7 @@ def _step_available(ctx: dict) -> str:
         if not torch.backends.mps.is_available():
             raise RuntimeError("torch.backends.mps.is_available() is False")
         ctx["device"], ctx["sync"] = torch.device("mps"), torch.mps.synchronize
-        ctx["emit"](e="info", info={"name": "Apple GPU (MPS)", "runtime": "mps",
-                                    "bf16": _mps_bf16(torch)})
+        ctx["emit"](e="info", info={"name": "Apple GPU (MPS)", "runtime": "mps"})
         return "MPS available"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -113,41 +98,26 @@ def _step_available(ctx: dict) -> str:
     return f"{props.name}, {count} device(s) visible"
 
 
-def _mps_bf16(torch) -> bool:
-    """Whether this Mac's MPS computes in bfloat16 (macOS 14 or later); False when it raises."""
-    try:
-        x = torch.ones(4, dtype=torch.bfloat16, device="mps")
-        return float((x * 2).sum().item()) == 8.0
-    except Exception:  # noqa: BLE001 - broad: MPS raises TypeError or RuntimeError by version
-        return False
-
-
 def _step_memory(ctx: dict) -> str:
     torch = ctx["torch"]
     if ctx["device"].type == "mps":
-        free, total = _mps_memory(torch, ctx["emit"])
+        free, total = _mps_memory(torch)
     else:
         free, total = (int(v) for v in torch.cuda.mem_get_info(ctx["device"]))
     ctx["emit"](e="info", info={"free_memory": free, "total_memory": total})
     return f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free"
 
 
-def _mps_memory(torch, emit) -> tuple[int, int]:
-    """(free, total) bytes of the Apple GPU, as torch.mps reads them: the memory Metal
-    recommends for this process (the machine's RAM where torch predates
-    ``recommended_max_memory``) less what the driver has allocated; also emitted as facts."""
-    mps = torch.mps
-    allocated = int(mps.current_allocated_memory())
-    driver = int(mps.driver_allocated_memory())
-    recommended = getattr(mps, "recommended_max_memory", None)
-    if recommended is not None:
-        total = int(recommended())
-    else:
-        import psutil
+def _mps_memory(torch) -> tuple[int, int]:
+    """(free, total) bytes of the Apple GPU: the memory Metal recommends for this process (the
+    machine's RAM where torch predates ``recommended_max_memory``) less what the driver holds."""
+    import psutil
 
-        total = int(psutil.virtual_memory().total)
-    emit(e="info", info={"mps_allocated_memory": allocated, "mps_driver_memory": driver})
-    return max(0, total - max(allocated, driver)), total
+    mps = torch.mps
+    used = max(int(mps.current_allocated_memory()), int(mps.driver_allocated_memory()))
+    recommended = getattr(mps, "recommended_max_memory", None)
+    total = int(recommended() if recommended else psutil.virtual_memory().total)
+    return max(0, total - used), total
 
 
 def _step_tensor(ctx: dict) -> str:

@@ -1,13 +1,13 @@
-"""What a probe found: the steps, their titles, and one result per GPU (plain data, no processes)."""
+"""What a probe found: the steps, their titles, and one result per GPU (plain data)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
 EVENT = "probe"   # the kind of the child's messages: {"e": start|ok|fail|info|end, ...}
-STEPS = ("import", "available", "memory", "tensor", "matmul", "copy_back")
 TITLES = {"import": "import torch", "available": "device available", "memory": "memory query",
           "tensor": "small tensor", "matmul": "matmul vs CPU", "copy_back": "copy back"}
+STEPS = tuple(TITLES)  # in the order they run
 
 
 @dataclass

@@ -1,16 +1,10 @@
-"""The parent side of the probe: start one child per GPU, watch them, kill them at the deadline.
+"""The parent side of the probe: one child per GPU, watched together, killed at the deadline.
 
-A flaky card (an unsupported ROCm GPU, a wedged driver) can hang or crash the process that
-touches it, so the parent never does. Each child (``probe.child``) is a framed command
-(``processes.framed``) in its own process group, watched with the others by the one watch loop
-(``processes.supervise.Watch``); it sends one message as each step starts and ends, so that when
-it hangs the parent knows which step. At the deadline the watch kills the whole group and reaps
-it: no orphan, no zombie. An interrupt kills the probes at once (they have nothing to keep) and
-is then raised here. The verdict (``ProbeResult``) is built from the steps the child reported
-and how the process ended.
-
-Where the OS cannot supervise a child (Windows: ``platform.child_pipes()``) the steps run in
-this process instead, without the deadline; each result's message says so (``run_here``).
+A flaky card can hang or crash the process that touches it, so the parent never does. Each child
+(``probe.child``, a framed command in its own process group) reports each step's start and end,
+so a hang is placed at its step; at the deadline ``processes.supervise.Watch`` kills and reaps
+the group. Where the OS cannot supervise a child (``platform.child_pipes()``) the steps run here
+without the deadline, and each result says so (``run_here``).
 """
 
 from __future__ import annotations
@@ -31,12 +25,8 @@ CHILD_MODULE = "hybridnb.hardware.probe"
 
 
 def run_probes(targets: list[tuple[str, int]], timeout: float) -> list[ProbeResult]:
-    """Probe each (backend, index) in its own child, all at once, sharing one deadline.
-
-    Returns within ``timeout`` plus at most ``REAP_S`` whatever the children do; children still
-    running then are killed with their process groups and reaped, also when this call is
-    interrupted (SIGINT: a KeyboardInterrupt in a notebook, once they are gone).
-    """
+    """Probe each (backend, index) in its own child, all at once, sharing one deadline:
+    returns within ``timeout`` + ``REAP_S`` whatever the children do (also when interrupted)."""
     if not platform.child_pipes():
         return [run_here(backend, index) for backend, index in targets]
     deadline = time.monotonic() + timeout
@@ -48,20 +38,17 @@ def run_probes(targets: list[tuple[str, int]], timeout: float) -> list[ProbeResu
     return [probe.result(timeout) for probe in probes]
 
 
-IN_PROCESS = ("probed in this process, without a time limit: {why}; a GPU that hangs would "
-              "hang this process too")
-
-
 def run_here(backend: str, index: int) -> ProbeResult:
-    """The probe's steps in this process (no child can be supervised here): the same verdicts
-    for failures and wrong results; a hang or a crash is not caught. The message says so."""
+    """The probe's steps in this process (no child can be supervised here): a hang or a crash
+    is not caught, and the message says so."""
     events: list[dict] = []
     t0 = time.monotonic()
     probe_child.run_steps(backend, index, lambda **event: events.append(event))
     probe = Probe(backend, index)
     probe.events = events
     res = probe.verdict(time.monotonic() - t0, timed_out=False, rc=0, timeout=0.0)
-    note = IN_PROCESS.format(why=platform.child_pipes().why)
+    note = (f"probed in this process, without a time limit: {platform.child_pipes().why}; a GPU "
+            "that hangs would hang this process too")
     res.message = f"{res.message}; {note}" if res.message else note
     return res
 
@@ -86,21 +73,19 @@ class Probe:
             self.events.append(message.payload)
 
     def result(self, timeout: float) -> ProbeResult:
-        """The verdict once the watch is over; the return code as Popen says it, None when the
-        child could not be reaped."""
+        """The verdict once the watch is over (return code None: the child was not reaped)."""
         outcome, proc = self.watched.outcome, self.watched.child
         rc = proc.exit.returncode if proc.reaped and proc.exit else None
         return self.verdict(outcome.seconds, outcome.status == Ending.TIMEOUT, rc, timeout)
 
     def verdict(self, seconds: float, timed_out: bool, rc: int | None, timeout: float
                 ) -> ProbeResult:
-        """The result from the events the steps sent and how the process ended."""
         steps = {name: ProbeStep(name, "not run") for name in STEPS}
-        current, info, failure, ended = None, {}, None, False
+        current, info, failure, ended, started = None, {}, None, False, {}
         for ev in list(self.events):
             kind, name = ev.get("e"), ev.get("step")
             if kind == "start" and name in steps:
-                current = name
+                current, started[name] = name, ev.get("t")
             elif kind == "ok" and name in steps:
                 steps[name] = ProbeStep(name, "ok", ev.get("s"), ev.get("detail", ""))
                 current = None
@@ -115,7 +100,7 @@ class Probe:
         res = ProbeResult(self.backend, self.index, "passed", list(steps.values()),
                           round(seconds, 3), info=info, returncode=rc,
                           proven_at=round(time.time(), 3))
-        where = current or _next_step(steps)
+        where = current or next((n for n in STEPS if steps[n].status == "not run"), STEPS[-1])
         if ended and (timed_out or rc != 0):  # every step passed; only the exit went wrong
             res.message = ("every step passed, but the probe process " + (
                 "did not exit in time and was killed" if timed_out else
@@ -124,9 +109,10 @@ class Probe:
         elif timed_out:
             res.verdict, res.failed_step = "hung", where
             steps[where].status, steps[where].detail = "hung", f"no answer within {timeout:g} s"
-            since = _started_at(self.events, where)
+            since = started.get(where)
             res.message = (f"hung at step '{TITLES[where]}' (no answer for {timeout:g} s"
-                           + (f", {since:.1f} s in that step" if since is not None else "")
+                           + (f", {max(0.0, time.time() - since):.1f} s in that step"
+                              if since is not None else "")
                            + "); the probe process was killed")
             if rc is None:
                 res.message += " but could not be reaped (stuck in the driver?)"
@@ -135,8 +121,7 @@ class Probe:
             res.verdict = "wrong result" if status == "wrong" else "failed"
             res.failed_step = name
             first = (error.strip().splitlines() or [""])[0]
-            res.message = f"{'wrong result' if status == 'wrong' else 'failed'} at step " \
-                          f"'{TITLES[name]}': {first}"
+            res.message = f"{res.verdict} at step '{TITLES[name]}': {first}"
         elif not ended or rc != 0:
             res.verdict, res.failed_step = "crashed", where
             why = _exit_reason(rc)
@@ -147,20 +132,9 @@ class Probe:
         res.steps = list(steps.values())
         return res
 
-    def _stderr_tail(self, limit: int = 400) -> str:
-        """Its last lines of output (the protocol has its own pipe)."""
+    def _stderr_tail(self) -> str:
         lines = [ln for ln in self.watched.child.tail if ln.strip()]
-        return " | ".join(lines[-3:])[-limit:]
-
-
-def _next_step(steps: dict[str, ProbeStep]) -> str:
-    return next((n for n in STEPS if steps[n].status == "not run"), STEPS[-1])
-
-
-def _started_at(events: list[dict], step: str) -> float | None:
-    t0 = next((ev.get("t") for ev in events if ev.get("e") == "start" and ev.get("step") == step),
-              None)
-    return None if t0 is None else max(0.0, time.time() - t0)
+        return " | ".join(lines[-3:])[-400:]
 
 
 def _exit_reason(rc: int | None) -> str:
