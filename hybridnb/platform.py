@@ -12,8 +12,6 @@ facility                      Linux                                      elsewhe
 ``parent_death_signal()``     ``prctl(PR_SET_PDEATHSIG)``                a lifeline pipe: the child
                                                                          ends itself on its EOF
 ``fork()``                    ``os.fork`` for ``hn.launch``              spawn (a fresh interpreter)
-``process_groups()``          ``os.killpg``, ``start_new_session``       psutil's process tree,
-                                                                         CREATE_NEW_PROCESS_GROUP
 ``wait_without_reaping()``    ``os.waitid(WNOWAIT)``                     Popen.poll (reaps at once)
 ``pidfd()``                   ``os.pidfd_open`` (wake on exit)           a short sleep
 ``proc()``                    /proc (memory cap, /proc/cpuinfo)          memory cap off; platform
@@ -34,7 +32,6 @@ import contextlib
 import functools
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -113,14 +110,6 @@ def fork() -> Facility:
 
 
 @functools.cache
-def process_groups() -> Facility:
-    """POSIX process groups: a child in its own group, its whole tree ended by ``killpg``."""
-    return _has("process groups", hasattr(os, "killpg") and hasattr(os, "setsid"),
-                "no POSIX process groups: a child's process tree is ended through psutil "
-                "(its descendants, then itself)")
-
-
-@functools.cache
 def wait_without_reaping() -> Facility:
     """``os.waitid(WNOWAIT)``: see that a child ended without reaping it (Linux; macOS from
     Python 3.13), so its process group cannot be reused before it is killed."""
@@ -162,13 +151,6 @@ def hangup_signals() -> tuple[int, ...]:
     """The signals that end a process by default and that a supervisor answers: SIGINT,
     SIGTERM, and SIGHUP where it exists."""
     return tuple(s for s in (signal.SIGINT, signal.SIGTERM, HANGUP) if s is not None)
-
-
-def new_group_popen_kwargs() -> dict:
-    """Popen's arguments that start a child in its own process group (session)."""
-    if process_groups():
-        return {"start_new_session": True}
-    return {"creationflags": getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)}
 
 
 @dataclass(frozen=True)
@@ -227,8 +209,7 @@ def say_once(sentence: str, key: str | None = None) -> None:
         say(sentence)
 
 
-FACILITIES = (memfd, parent_death_signal, fork, process_groups, wait_without_reaping, pidfd,
-              proc, child_pipes)
+FACILITIES = (memfd, parent_death_signal, fork, wait_without_reaping, pidfd, proc, child_pipes)
 
 
 def missing() -> list[Facility]:
