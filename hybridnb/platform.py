@@ -147,12 +147,6 @@ def proc_path(*parts: str) -> str | None:
     return os.path.join("/proc", *parts) if proc() else None
 
 
-def hangup_signals() -> tuple[int, ...]:
-    """The signals that end a process by default and that a supervisor answers: SIGINT,
-    SIGTERM, and SIGHUP where it exists."""
-    return tuple(s for s in (signal.SIGINT, signal.SIGTERM, HANGUP) if s is not None)
-
-
 @dataclass(frozen=True)
 class SharedMemory:
     """The shared-memory folder (Linux's /dev/shm): its size and free bytes, or why none."""

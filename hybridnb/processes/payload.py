@@ -53,6 +53,8 @@ SHM_MIN_BYTES = 1 << 20
 SHM_DIR = "/dev/shm"
 SHM_RESERVE = 0.1  # the share of /dev/shm left free for others (DataLoader workers use it too)
 _FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
 def _mb(n: float) -> str:
     return f"{n / 2**20:.0f} MiB"
 
@@ -183,18 +185,16 @@ def pack(obj: Any, files: list[str] | None = None) -> tuple[bytes, list[str]]:
     pickler = _Pickler(buf, folder, [] if files is None else files)
     try:
         pickler.dump(obj)
-    except Exception:
+    except BaseException as exc:  # any failure: its files go; a part that cannot pickle is named
         discard(pickler.paths)
-        named = (job_parts(*obj) if isinstance(obj, tuple) and len(obj) == 3
-                 and callable(obj[0]) and isinstance(obj[1], tuple)
-                 and isinstance(obj[2], dict) else [("the object", obj)])
-        found = not_sendable(named)
+        if not isinstance(exc, Exception):
+            raise
+        job = (isinstance(obj, tuple) and len(obj) == 3 and callable(obj[0])
+               and isinstance(obj[1], tuple) and isinstance(obj[2], dict))
+        found = not_sendable(job_parts(*obj) if job else [("the object", obj)])
         if found is None:
             raise
         raise found from None
-    except BaseException:
-        discard(pickler.paths)
-        raise
     if pickler.live_loaders:
         platform.say("a DataLoader with live worker processes (persistent_workers, already "
                      "iterated) is sent as its dataset and settings; the worker process starts "

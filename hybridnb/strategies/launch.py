@@ -157,7 +157,7 @@ class _Rank:
         return self.watched.child.output_text()
 
 
-INTERRUPT_NOTE = ("hybridnb: interrupt sent to every rank: they stop after the current step and "
+INTERRUPT_NOTE = ("interrupt sent to every rank: they stop after the current step and "
                   "save a checkpoint (interrupt again to kill them)")
 
 
