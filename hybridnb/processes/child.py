@@ -283,8 +283,8 @@ class PrestartedWorker:
     came (after ``send``: nothing to do). ``spare``: it was a spare started earlier
     (``hybridnb.processes.spare``), not for this request."""
 
-    def __init__(self, child: Child, payload_w: int, spawned_at: float) -> None:
-        self.child, self.spawned_at = child, spawned_at
+    def __init__(self, child: Child, payload_w: int) -> None:
+        self.child = child
         self._payload_w: int | None = payload_w
         self.spare = False
         self._next: Callable[[], None] | None = None  # starts the spare after the job
@@ -349,20 +349,22 @@ def prestart_spawn(*, preload: Sequence[str] = ("torch",), env: dict[str, str] |
     from hybridnb.processes import spare
 
     preload = tuple(preload)
-    key = spare.key_of(preload, env, death_signal, merge_output)
+
+    def key() -> spare.Key:  # read again for the spare: the environment may change meanwhile
+        return spare.key_of(preload, env, death_signal, merge_output)
 
     def spawn() -> PrestartedWorker:
         return _atomically(lambda: _spawn(preload, env, death_signal, merge_output))
 
     def start_next() -> None:
         try:
-            spare.replenish(key, spawn)
+            spare.replenish(key(), spawn)
         except Exception as exc:  # noqa: BLE001 - said; the next fit starts a worker itself
             platform.say(f"no spare worker for the next fit ({type(exc).__name__}: {exc}); "
                          "it will start its own")
 
     with _held_signals():  # handed over whole, or kept
-        early = spare.take(key) if warm_worker() else None
+        early = spare.take(key()) if warm_worker() else None
         if early is not None:
             early.spare = True
     if early is None:
@@ -376,13 +378,12 @@ def _spawn(preload: Sequence[str], env: dict[str, str] | None, death_signal: int
     """Start the worker module; it reads its job from its request pipe (``send``)."""
     from hybridnb.processes.framed import start_framed
 
-    spawned_at = time.monotonic()
     environ = child_environment()
     environ.update(WORKER_ENV if env is None else env)
-    child, job = start_framed(WORKER_MODULE, str(int(death_signal)), repr(spawned_at),
+    child, job = start_framed(WORKER_MODULE, str(int(death_signal)), repr(time.monotonic()),
                               ",".join(preload), environ=environ, requests=True,
                               merge_output=merge_output)
-    return PrestartedWorker(child, job.fd, spawned_at)
+    return PrestartedWorker(child, job.fd)
 
 
 def child_environment() -> dict[str, str]:
