@@ -83,17 +83,14 @@ def parent_death_signal() -> Facility:
     return _has("PR_SET_PDEATHSIG", True, "")
 
 
-def set_parent_death_signal(death_signal: int) -> bool:
-    """Ask the kernel to send ``death_signal`` to this process when its parent dies (True when
-    it took; False where ``parent_death_signal()`` is missing)."""
-    if not parent_death_signal():
-        return False
-    import ctypes
+def set_parent_death_signal(death_signal: int) -> None:
+    """Ask the kernel to send ``death_signal`` to this process when its parent dies (where
+    ``parent_death_signal()``; the lifeline pipe covers the rest)."""
+    if parent_death_signal():
+        import ctypes
 
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl(1, int(death_signal)) == 0
-    except (OSError, AttributeError):
-        return False
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(death_signal))
 
 
 @functools.cache

@@ -71,7 +71,7 @@ class StopFlag:
     """One byte shared by the parent and its child: anonymous shared memory (kept across a
     fork), or with ``shareable=True`` a file no path reaches (a memfd; elsewhere a temporary
     file unlinked at once: ``platform.memfd()``) whose descriptor ``fd`` a spawned child
-    inherits and opens with ``StopFlag.attach(fd)``.
+    inherits and opens with ``StopFlag(fd=fd)``.
 
     The byte says why the parent asked the child to stop: 0 (it did not), 1 "stop" (a
     ``should_stop`` callback such as a Stop button), 2 "callback" (the caller's callbacks) or
@@ -83,11 +83,6 @@ class StopFlag:
             self.fd = _unnamed_file("hybridnb-stop")
             os.ftruncate(self.fd, 1)
         self._map = mmap.mmap(-1, 1) if self.fd is None else mmap.mmap(self.fd, 1)
-
-    @classmethod
-    def attach(cls, fd: int) -> StopFlag:
-        """The child's side of a shareable flag."""
-        return cls(fd=fd)
 
     def set(self, reason: str = STOP) -> None:
         """Ask the child to stop, saying why (one of ``_REASONS``)."""
@@ -427,15 +422,8 @@ class _TensorUnpickler(pickle.Unpickler):
 
 # ============================================================================ requests
 
-def send_frame(fd: int, kind: str, payload: Any = None) -> None:
-    """Write one message to a pipe the other way (parent to child: a request), in the same
-    framing; blocks until it is written. OSError when the reader is gone."""
-    parts, _ = encode(kind, payload)
-    write_all(fd, parts)
-
-
 class Inbox:
-    """A child's side of a request pipe its parent writes with ``send_frame``: ``get()``
+    """A child's side of a request pipe its parent writes (``framed.Requests``): ``get()``
     blocks until the next message and returns None once the parent closed its end."""
 
     def __init__(self, fd: int) -> None:

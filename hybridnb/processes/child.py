@@ -207,11 +207,6 @@ class Child:
 
 # ============================================================================ starting
 
-def fork_available() -> bool:
-    """Whether this platform can fork (``platform.fork()``: POSIX with a "fork" start method)."""
-    return bool(platform.fork())
-
-
 def start_fork(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None = None,
                death_signal: int = platform.KILL, merge_output: bool = False) -> Child:
     """Fork a child that runs ``fn(channel, *args)`` and sends its return value back.

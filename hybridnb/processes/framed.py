@@ -25,8 +25,9 @@ from hybridnb.processes.channel import (
     FrameReader,
     Inbox,
     StopFlag,
-    send_frame,
+    encode,
     widen_pipe,
+    write_all,
 )
 from hybridnb.processes.child import Child, child_environment, close_fds, new_pipe, start_command
 
@@ -45,7 +46,7 @@ class Requests:
         """Write one request (blocks while the pipe is full; OSError once the child is gone)."""
         if self.fd is None:
             raise BrokenPipeError("the request pipe is closed")
-        send_frame(self.fd, kind, payload)
+        write_all(self.fd, encode(kind, payload)[0])
 
     def close(self) -> None:
         if self.fd is not None:
@@ -94,7 +95,7 @@ def wiring(argv: Sequence[str], death_signal: int = platform.KILL
                          "not by hand")
     msg_fd, stop_fd, req_fd, parent = argv[0].split(",")
     lifeline.hold(parent, death_signal)
-    channel = Channel(int(msg_fd), StopFlag.attach(int(stop_fd)))
+    channel = Channel(int(msg_fd), StopFlag(fd=int(stop_fd)))
     return channel, None if req_fd == NONE else int(req_fd), list(argv[1:])
 
 

@@ -194,28 +194,21 @@ class Watched:
             limit, name = self.start_grace, "start_grace"
         return limit, name
 
+    def _limits(self) -> list[tuple[float, str]]:
+        """When each of its limits runs out (time.monotonic()), and the cause it gives."""
+        if self.finished_at is not None:
+            return [(self.finished_at + EXIT_GRACE_S, "finished")]
+        limits = [(self.stop_deadline, "stop_timeout"), (self.deadline_at, "deadline"),
+                  (self.progress.last_message + self.limit()[0], "silent")]
+        return [(at, cause) for at, cause in limits if at is not None]
+
     def next_check(self) -> float:
         """When one of its limits runs out next (time.monotonic())."""
-        if self.finished_at is not None:
-            return self.finished_at + EXIT_GRACE_S
-        deadline = self.progress.last_message + self.limit()[0]
-        if self.stop_deadline is not None:
-            deadline = min(deadline, self.stop_deadline)
-        if self.deadline_at is not None:
-            deadline = min(deadline, self.deadline_at)
-        return deadline
+        return min(at for at, _ in self._limits())
 
     def overdue(self, now: float) -> str | None:
         """The limit it has passed (a cause), or None."""
-        if self.finished_at is not None:
-            return "finished" if now > self.finished_at + EXIT_GRACE_S else None
-        if self.stop_deadline is not None and now >= self.stop_deadline:
-            return "stop_timeout"
-        if self.deadline_at is not None and now > self.deadline_at:
-            return "deadline"
-        if now > self.progress.last_message + self.limit()[0]:
-            return "silent"
-        return None
+        return next((cause for at, cause in self._limits() if now >= at), None)
 
     # ---------------------------------------------------------------- the outcome
     def make_outcome(self, now: float) -> ChildOutcome:

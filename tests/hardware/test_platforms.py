@@ -150,7 +150,7 @@ def test_every_missing_facility_says_what_hybridnb_does_instead(monkeypatch):
         from hybridnb.processes.channel import StopFlag
 
         flag = StopFlag(shareable=True)  # the stop flag still works, through a file
-        other = StopFlag.attach(os.dup(flag.fd))
+        other = StopFlag(fd=os.dup(flag.fd))
         flag.set("interrupt")
         assert other.reason() == "interrupt"
         other.close()
