@@ -1,32 +1,23 @@
-"""What a spawned child is given: a callable and its arguments, pickled with cloudpickle (so
-functions and classes defined in a notebook's ``__main__`` travel by value), with the big data
-kept out of the pickle stream:
+"""What a spawned child is given: a callable and its arguments, pickled with cloudpickle (so a
+notebook's functions and classes travel by value), the big data kept out of the pickle stream:
 
 - an array or CPU tensor whose bytes lie in a file mapping (an ``np.memmap``, a view of one,
-  ``torch.from_numpy(memmap)``, ``torch.from_file``) travels as a reference to that file
-  (``refs``): the worker maps the same bytes, nothing is copied or even read here;
+  ``torch.from_file``) travels as a reference to that file (``refs``): nothing is copied here;
 - any other plain CPU tensor or numpy array of ``SHM_MIN_BYTES`` or more is written once into its
-  own file under ``/dev/shm`` (one copy, here); the child maps that file (no copy: pages are read
-  as they are touched) and unlinks it at once, so the memory goes when the child lets go of it.
-  The child's copy is a snapshot: later changes on either side do not reach the other. The parent
-  unlinks whatever the child did not (``discard``), e.g. when it died before loading;
-- a torch ``DataLoader`` travels as its dataset and settings and is built again (``loaders``);
-  one holding live worker processes (persistent workers, already iterated) says so once;
-- a parametrized module (``torch.nn.utils.parametrize``: weight norm, spectral norm,
-  braindecode's max-norm layers), which torch refuses to pickle, travels with its state as it
-  is and gets its parametrized class again in the child (``parametrized``).
+  own file under ``/dev/shm``; the child maps it (pages are read as they are touched) and
+  unlinks it at once. The child's copy is a snapshot. The parent unlinks whatever the child
+  did not (``discard``), e.g. when it died before loading;
+- a torch ``DataLoader`` travels as its dataset and settings (``loaders``), a parametrized
+  module with its state as it is (``parametrized``).
 
 An object that cannot be pickled raises ``NotSendable`` naming where it is (``unsendable``).
 
 Shared memory is an optimisation, not a requirement: where ``/dev/shm`` has too little room
 (Docker gives a container 64 MB unless ``--shm-size`` says otherwise) or a write there fails for
-lack of space, the files go to the temporary folder instead (mapped the same way, read from disk
-as they are touched), and if that is full too the bytes go in the pickle itself (the pipe). Each
-fallback is said once, naming ``/dev/shm`` and ``--shm-size``.
-
-Why files rather than torch's ``share_memory_()``: that moves the parent's own tensor into shared
-memory, so the child's writes would change the parent's copy (the start state a crashed worker's
-parent relies on).
+lack of space, the files go to the temporary folder instead, and if that is full too the bytes
+go in the pickle itself. Each fallback is said once. Files rather than torch's
+``share_memory_()``, which would move the parent's own tensor into shared memory: the child's
+writes would change the start state a crashed worker's parent relies on.
 """
 
 from __future__ import annotations
