@@ -73,12 +73,10 @@ class Child:
                 self.pidfd = os.pidfd_open(pid)
 
     # ---------------------------------------------------------------- reading
-    def read_output(self, fd: int) -> tuple[int, str, list[str]] | None:
-        """Read what is there on one output pipe: (1 or 2, the text, the lines it completed);
-        None once the pipe is closed (then it is no longer in ``output_fds``)."""
-        stream = self.output_fds[fd]
+    def read_output(self, fd: int) -> tuple[int, str] | None:
+        """Read what is there on one output pipe: (1 or 2, the text); None once the pipe is
+        closed (then it is no longer in ``output_fds``)."""
         chunks: list[str] = []
-        lines: list[str] = []
         while True:
             try:
                 data = os.read(fd, 65536)
@@ -87,17 +85,14 @@ class Child:
             except OSError:
                 data = b""
             if not data:
-                del self.output_fds[fd]
+                stream = self.output_fds.pop(fd)
                 os.close(fd)
-                if not chunks:
-                    return None
-                break
+                return (stream, "".join(chunks)) if chunks else None
             text, done = self._outputs[fd].feed(data)
             chunks.append(text)
-            lines.extend(done)
             for line in done:
                 self.last_words.feed(line)
-        return stream, "".join(chunks), lines
+        return self.output_fds[fd], "".join(chunks)
 
     def output_text(self) -> str:
         """The kept lines and any unfinished ones."""
@@ -245,9 +240,9 @@ def _fork(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None, death
                                 category=DeprecationWarning)
         pid = os.fork()
     if pid == 0:  # the child; never returns
-        _forked_child(fn, args, wiring, death_signal, msg_w, out_w,
+        _forked_child(fn, args, wiring, death_signal, Channel(msg_w, stop), out_w,
                       out_w if err_w is None else err_w,
-                      [fd for fd in (msg_r, out_r, err_r) if fd is not None], stop,
+                      [fd for fd in (msg_r, out_r, err_r) if fd is not None],
                       WORKER_ENV if env is None else env)
     with contextlib.suppress(OSError):  # the child does it too; whichever comes first
         os.setpgid(pid, pid)
@@ -417,8 +412,8 @@ def start_command(argv: Sequence[str], *, env: dict[str, str] | None = None,
 
 # ============================================================================ in the child
 
-def _forked_child(fn, args, wiring: str, death_signal: int, msg_w: int, out_w: int, err_w: int,
-                  read_fds: list[int], stop: StopFlag, env: dict[str, str]) -> None:
+def _forked_child(fn, args, wiring: str, death_signal: int, channel: Channel, out_w: int,
+                  err_w: int, read_fds: list[int], env: dict[str, str]) -> None:
     """The forked child: its own process group, its output into pipes, ``fn``, exit.
 
     It always leaves with ``os._exit``: never back into the parent's code, its atexit handlers
@@ -444,7 +439,6 @@ def _forked_child(fn, args, wiring: str, death_signal: int, msg_w: int, out_w: i
                           closefd=False)
         sys.stdin = open(os.devnull)
         prepare()
-        channel = Channel(msg_w, stop)
         channel.ready()
         code = run(fn, args, {}, channel)
     finally:
