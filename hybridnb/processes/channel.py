@@ -171,26 +171,37 @@ def encode(kind: str, payload: Any) -> tuple[list[bytes | memoryview], int]:
         body = pickle.dumps((kind, payload), protocol=pickle.HIGHEST_PROTOCOL)
         head = HEADER.pack(MAGIC, len(body), len(_NO_SPECS))
         return [head, body, _NO_SPECS], len(head) + len(body) + len(_NO_SPECS)
-    import torch
-
     tensors: list = []
     buf = io.BytesIO()
     _TensorPickler(buf, tensors, {}).dump((kind, payload))
     body = buf.getbuffer()
-    raws, specs = [], []
-    for t in tensors:
-        flat = t.detach()
-        if flat.device.type != "cpu":
-            flat = flat.cpu()
-        flat = flat.resolve_conj().resolve_neg().contiguous()
-        specs.append((flat.dtype, tuple(flat.shape), flat.nbytes,
-                      isinstance(t, torch.nn.Parameter), t.requires_grad))
-        if flat.nbytes:
-            raws.append(memoryview(flat.reshape(-1).view(torch.uint8).numpy()))
+    sent = [tensor_bytes(t) for t in tensors]
+    specs = [spec for spec, _ in sent]
+    raws = [raw for _, raw in sent if raw.nbytes]
     spec_bytes = pickle.dumps(specs, protocol=pickle.HIGHEST_PROTOCOL)
     head = HEADER.pack(MAGIC, len(body), len(spec_bytes))
     parts = [head, body, spec_bytes, *raws]
     return parts, sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+
+
+def tensor_bytes(t: Any) -> tuple[tuple, memoryview]:
+    """A tensor's spec (dtype, shape, bytes, a Parameter?, requires grad?) and its bytes, as
+    they lie in memory (copied to the CPU and made contiguous first when needed)."""
+    import torch
+
+    flat = t.detach().cpu().resolve_conj().resolve_neg().contiguous()
+    spec = (flat.dtype, tuple(flat.shape), flat.nbytes, isinstance(t, torch.nn.Parameter),
+            t.requires_grad)
+    return spec, memoryview(flat.reshape(-1).view(torch.uint8).numpy())
+
+
+def as_sent(t: Any, is_param: bool, requires_grad: bool) -> Any:
+    """``t`` as the kind of tensor its spec says was sent."""
+    import torch
+
+    if is_param:
+        return torch.nn.Parameter(t, requires_grad=requires_grad)
+    return t.requires_grad_(True) if requires_grad else t
 
 
 def write_all(fd: int, parts: list[bytes | memoryview]) -> None:
@@ -403,11 +414,7 @@ def _allocate(specs: list) -> tuple[list, list[memoryview]]:
         t = torch.empty(shape, dtype=dtype)
         if nbytes:
             raws.append(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
-        if is_param:
-            t = torch.nn.Parameter(t, requires_grad=requires_grad)
-        elif requires_grad:
-            t.requires_grad_(True)
-        tensors.append(t)
+        tensors.append(as_sent(t, is_param, requires_grad))
     return tensors, raws
 
 

@@ -36,6 +36,7 @@ import cloudpickle
 
 from hybridnb import platform
 from hybridnb.processes import loaders, parametrized, refs
+from hybridnb.processes.channel import as_sent, tensor_bytes
 from hybridnb.processes.unsendable import NotSendable, job_parts, not_sendable
 
 __all__ = ["NotSendable", "SHM_MIN_BYTES", "discard", "pack", "unpack"]
@@ -146,14 +147,9 @@ class _Pickler(cloudpickle.Pickler):
         return None
 
     def _tensor_to_file(self, obj: Any) -> tuple | None:
-        import torch
-
-        flat = obj.detach().resolve_conj().resolve_neg().contiguous()
-        path = self._write(memoryview(flat.reshape(-1).view(torch.uint8).numpy()))
-        if path is None:
-            return None
-        return ("shm", path, flat.dtype, tuple(flat.shape), flat.nbytes,
-                isinstance(obj, torch.nn.Parameter), obj.requires_grad)
+        spec, raw = tensor_bytes(obj)
+        path = self._write(raw)
+        return None if path is None else ("shm", path, *spec)
 
     def _array_to_file(self, obj: Any) -> tuple | None:
         import numpy as np
@@ -208,9 +204,7 @@ class _Unpickler(pickle.Unpickler):
             with contextlib.suppress(OSError):
                 os.unlink(path)  # mapped: the pages live as long as the tensor
         t = raw.view(dtype).view(shape) if nbytes else torch.empty(shape, dtype=dtype)
-        if is_param:
-            return torch.nn.Parameter(t, requires_grad=requires_grad)
-        return t.requires_grad_(True) if requires_grad else t
+        return as_sent(t, is_param, requires_grad)
 
 
 def _open_shm_array(path: str, dtype: Any, shape: tuple, writeable: bool) -> Any:
