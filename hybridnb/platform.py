@@ -1,29 +1,17 @@
 """What this operating system can do for hybridnb's child processes: asked here, nowhere else.
 
-Linux, macOS and Windows differ in the facilities a supervised child needs. Each is a cached
-function returning a ``Facility`` (true when present; ``why`` says in one sentence what is
-missing and what hybridnb does instead), so a missing one is a sentence and a fallback, never
-an exception at import or in ``detect()``:
-
-============================  =========================================  ============================
-facility                      Linux                                      elsewhere (the fallback)
-============================  =========================================  ============================
-``memfd()``                   ``os.memfd_create`` (stop flag, payload)   an unlinked temporary file
-``parent_death_signal()``     ``prctl(PR_SET_PDEATHSIG)``                a lifeline pipe: the child
-                                                                         ends itself on its EOF
-``fork()``                    ``os.fork`` for ``hn.launch``              spawn (a fresh interpreter)
-``wait_without_reaping()``    ``os.waitid(WNOWAIT)``                     Popen.poll (reaps at once)
-``pidfd()``                   ``os.pidfd_open`` (wake on exit)           a short sleep
-``proc()``                    /proc (memory cap, /proc/cpuinfo)          memory cap off; platform
-``child_pipes()``             ``select`` on pipes, Popen's ``pass_fds``  none on Windows: the probe,
-                                                                         isolation and compare()
-                                                                         run in process, said once
-============================  =========================================  ============================
+Linux, macOS and Windows differ in the facilities a supervised child needs: ``memfd()``,
+``parent_death_signal()``, ``fork()``, ``wait_without_reaping()``, ``pidfd()``, ``proc()`` and
+``child_pipes()`` (Windows has none: the probe, isolation and compare() run in process). Each is
+a cached function returning a ``Facility``: true when present, else ``why`` says in one sentence
+what is missing and what hybridnb does instead. A missing one is a sentence and a fallback,
+never an exception at import or in ``detect()``.
 
 The facts are read from the running interpreter (``hasattr(os, ...)``, ctypes, the file
 system), so a test that takes a facility away (``tests/platform_sim``) changes what this module
 reports without a flag in hybridnb. The signals are read with ``getattr``: Windows has no
-SIGKILL nor SIGHUP.
+SIGKILL nor SIGHUP. ``say``/``say_once``: the one-line notices of the process machinery (its
+fallbacks), to a run's bus where one listens (``notices_to``), else to stderr.
 """
 
 from __future__ import annotations
