@@ -49,9 +49,9 @@ def _has(name: str, ok: bool, why: str) -> Facility:
 
 @functools.cache
 def memfd() -> Facility:
-    """Anonymous memory files (Linux): the stop flag and a spawned child's job travel in one."""
+    """Anonymous memory files (Linux): a spawned child's stop flag lives in one."""
     return _has("memfd", hasattr(os, "memfd_create"),
-                "os.memfd_create is Linux-only: the stop flag and a child's job use an "
+                "os.memfd_create is Linux-only: the stop flag uses an "
                 "unlinked temporary file instead")
 
 
