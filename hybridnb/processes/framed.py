@@ -31,8 +31,6 @@ from hybridnb.processes.channel import (
 )
 from hybridnb.processes.child import Child, child_environment, close_fds, new_pipe, start_command
 
-__all__ = ["Requests", "child_environment", "connect", "start_framed", "wiring"]
-
 NONE = "-"
 
 
