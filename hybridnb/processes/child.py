@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import faulthandler
 import os
 import signal
 import subprocess
@@ -32,10 +33,19 @@ from typing import Any, TypeVar
 from hybridnb import platform
 from hybridnb.env import HEADLESS_ENV, ISOLATED_ENV, environment, warm_worker
 from hybridnb.processes import lifeline
-from hybridnb.processes.channel import Channel, FrameReader, StopFlag, widen_pipe, write_all
+from hybridnb.processes.channel import (
+    DONE,
+    Channel,
+    FrameReader,
+    StopFlag,
+    encode,
+    widen_pipe,
+    write_all,
+)
 from hybridnb.processes.ended import Exit
 from hybridnb.processes.output import LastWords, OutputLines
 
+NONE = "-"           # no request pipe, in a framed child's wiring
 REAP_S = 10.0        # after SIGKILL: time to reap (a process stuck in a driver call cannot die)
 TAIL_LINES = 120     # the child's last output lines kept
 WORKER_MODULE = "hybridnb.processes.worker"
@@ -366,8 +376,6 @@ def prestart_spawn(*, preload: Sequence[str] = ("torch",), env: dict[str, str] |
 def _spawn(preload: Sequence[str], env: dict[str, str] | None, death_signal: int,
            merge_output: bool) -> PrestartedWorker:
     """Start the worker module; it reads its job from its request pipe (``send``)."""
-    from hybridnb.processes.framed import start_framed
-
     environ = child_environment()
     environ.update(WORKER_ENV if env is None else env)
     child, job = start_framed(WORKER_MODULE, str(int(death_signal)), repr(time.monotonic()),
@@ -410,7 +418,89 @@ def start_command(argv: Sequence[str], *, env: dict[str, str] | None = None,
     return Child(popen.pid, popen=popen, output_fds=_outputs(out_r, err_r))
 
 
+class Requests:
+    """The parent's end of a child's request pipe."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd: int | None = fd
+
+    def send(self, kind: str, payload=None) -> None:
+        """Write one request (blocks while the pipe is full; OSError once the child is gone)."""
+        if self.fd is None:
+            raise BrokenPipeError("the request pipe is closed")
+        write_all(self.fd, encode(kind, payload)[0])
+
+    def close(self) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = None
+
+
+def start_framed(module: str, *args: str, environ: dict[str, str] | None = None,
+                 requests: bool = False, merge_output: bool = False
+                 ) -> tuple[Child, Requests | None]:
+    """Start ``python -m module`` (see the module docstring); the ``Child`` has ``messages``
+    and ``stop`` like a spawned one. ``environ``: its whole environment (default
+    ``child_environment()``)."""
+    made: list[int] = []
+    stop: StopFlag | None = None
+    try:
+        msg_r, msg_w = new_pipe(made)
+        widen_pipe(msg_w)
+        req_r, req_w = new_pipe(made) if requests else (None, None)
+        stop = StopFlag(shareable=True)
+        fds = ",".join(str(x) for x in (msg_w, stop.fd, NONE if req_r is None else req_r,
+                                        lifeline.wiring()))
+        child = start_command([sys.executable, "-m", module, fds, *args],
+                              env=child_environment() if environ is None else environ,
+                              merge_output=merge_output,
+                              pass_fds=[fd for fd in (msg_w, stop.fd, req_r, *lifeline.pass_fds())
+                                        if fd is not None])
+    except BaseException:  # cleanup, then re-raised
+        close_fds(made)
+        if stop is not None:
+            stop.close()
+        raise
+    close_fds([fd for fd in (msg_w, req_r) if fd is not None])
+    child.messages, child.stop = FrameReader(msg_r), stop
+    return child, (Requests(req_w) if req_w is not None else None)
+
+
 # ============================================================================ in the child
+
+def prepare() -> None:
+    """Signals as a plain Python process has them, and faulthandler on stderr."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if platform.HANGUP is not None:  # a forked child inherits the parent's Watch handler
+        signal.signal(platform.HANGUP, signal.SIG_DFL)
+    faulthandler.enable(file=sys.stderr)  # a segfault or abort prints the Python stack
+
+
+def run(fn: Callable[..., Any], args: tuple, kwargs: dict, channel: Channel) -> int:
+    """Run ``fn(channel, *args, **kwargs)``; send its result or its error; the exit code."""
+    try:
+        result = fn(channel, *args, **kwargs)
+        if not channel.finished:
+            try:
+                channel.send(DONE, result)
+            except Exception as exc:  # noqa: BLE001 - any pickling failure: named
+                raise TypeError(f"the result ({type(result).__name__}) cannot be sent to the "
+                                f"parent ({type(exc).__name__}: {exc}); return plain values "
+                                "(numbers, dicts, CPU tensors)") from exc
+        return 0
+    except BaseException as exc:  # reported to the parent, whatever it was
+        if not channel.finished:
+            channel.send_error(exc)
+        else:
+            with contextlib.suppress(BaseException):  # the pipe is gone: print what we can
+                import traceback
+
+                traceback.print_exc()
+        return 1
+
+
 
 def _forked_child(fn, args, wiring: str, death_signal: int, channel: Channel, out_w: int,
                   err_w: int, read_fds: list[int], env: dict[str, str]) -> None:
@@ -422,8 +512,6 @@ def _forked_child(fn, args, wiring: str, death_signal: int, channel: Channel, ou
     try:
         with contextlib.suppress(OSError):
             os.setpgid(0, 0)  # a Ctrl-C in the parent's group does not reach it; killpg does
-        from hybridnb.processes.worker import prepare, run
-
         lifeline.after_fork()
         lifeline.hold(wiring, death_signal)
         for fd in read_fds:

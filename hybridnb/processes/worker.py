@@ -10,23 +10,19 @@ with torch loaded it costs about a second). It gets DEATH_SIGNAL when its parent
 (``processes.lifeline``); faulthandler prints the Python stack of a segfault or abort on
 stderr. Threads are left as torch sets them: a fresh interpreter has no broken OpenMP pool.
 
-``run`` and ``prepare`` are shared with the forked child (``child.start_fork``).
+``run`` and ``prepare`` (in ``child``) are shared with the forked child.
 """
 
 from __future__ import annotations
 
 import contextlib
-import faulthandler
 import importlib
 import os
-import signal
 import sys
 import time
-from collections.abc import Callable
-from typing import Any
 
 from hybridnb import platform
-from hybridnb.processes.channel import DONE, Channel
+from hybridnb.processes.child import prepare, run
 from hybridnb.processes.framed import wiring
 
 # When this worker was started (the parent's time.monotonic(), one clock for both processes),
@@ -39,38 +35,6 @@ def startup() -> dict[str, float]:
     imports done) and ``job_at`` (its job read), on ``time.monotonic()``'s clock; empty
     elsewhere."""
     return dict(_STARTUP)
-
-
-def prepare() -> None:
-    """Signals as a plain Python process has them, and faulthandler on stderr."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if platform.HANGUP is not None:  # a forked child inherits the parent's Watch handler
-        signal.signal(platform.HANGUP, signal.SIG_DFL)
-    faulthandler.enable(file=sys.stderr)  # a segfault or abort prints the Python stack
-
-
-def run(fn: Callable[..., Any], args: tuple, kwargs: dict, channel: Channel) -> int:
-    """Run ``fn(channel, *args, **kwargs)``; send its result or its error; the exit code."""
-    try:
-        result = fn(channel, *args, **kwargs)
-        if not channel.finished:
-            try:
-                channel.send(DONE, result)
-            except Exception as exc:  # noqa: BLE001 - any pickling failure: named
-                raise TypeError(f"the result ({type(result).__name__}) cannot be sent to the "
-                                f"parent ({type(exc).__name__}: {exc}); return plain values "
-                                "(numbers, dicts, CPU tensors)") from exc
-        return 0
-    except BaseException as exc:  # reported to the parent, whatever it was
-        if not channel.finished:
-            channel.send_error(exc)
-        else:
-            with contextlib.suppress(BaseException):  # the pipe is gone: print what we can
-                import traceback
-
-                traceback.print_exc()
-        return 1
 
 
 def _read_all(fd: int) -> bytes:
