@@ -30,14 +30,18 @@ INTERACTIVE_FRONTENDS = NOTEBOOK_FRONTENDS + ("ipython",)
 
 
 def current() -> dict[str, str]:
-    """This process's environment as a mapping: the one read of ``os.environ`` that the
-    functions taking an ``environ=`` argument (tests pass their own) fall back to."""
+    """This process's environment: what the functions taking ``environ=`` (tests pass their
+    own) read otherwise."""
     return os.environ  # type: ignore[return-value]
+
+
+def _env(environ: dict[str, str] | None) -> dict[str, str]:
+    return current() if environ is None else environ
 
 
 def quick() -> bool:
     """True when ``HYBRIDNB_QUICK`` asks for the quick mode (CI, notebook tests)."""
-    return os.environ.get(QUICK_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+    return current().get(QUICK_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
 def frontend(environ: dict[str, str] | None = None) -> str:
@@ -49,7 +53,7 @@ def frontend(environ: dict[str, str] | None = None) -> str:
     jupyter-server session started and whose parent process is a notebook runner (nbclient,
     nbconvert, papermill, nbval, pytest).
     """
-    env = os.environ if environ is None else environ
+    env = _env(environ)
     if env.get(HEADLESS_ENV):  # set by hn.launch in its workers: no frontend of their own
         return "ci"
     kernel = _in_kernel()
@@ -115,7 +119,7 @@ def _in_kernel() -> bool:
 def launch_env(environ: dict[str, str] | None = None) -> tuple[int, int, int] | None:
     """``(rank, local_rank, world_size)`` when this process is one rank of a launched job
     (torchrun or ``hn.launch`` set ``RANK`` and ``WORLD_SIZE``), else None."""
-    env = os.environ if environ is None else environ
+    env = _env(environ)
     try:
         rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
     except (KeyError, ValueError):
@@ -128,7 +132,7 @@ def launched_rank(environ: dict[str, str] | None = None) -> tuple[bool, int | No
     """``(launched?, local rank, world size)`` as detect() needs it: one rank of a job of 2+
     processes, or any process ``hn.launch`` started (``HYBRIDNB_LAUNCHED=1``, even a job of one).
     Not launched: ``(False, None, 1)``."""
-    env = os.environ if environ is None else environ
+    env = _env(environ)
     job = launch_env(env)
     by_us = env.get(LAUNCHED_ENV, "") == "1"
     if job is None and by_us:  # RANK missing: the local rank still says which GPU is ours
@@ -145,20 +149,17 @@ def launched_rank(environ: dict[str, str] | None = None) -> tuple[bool, int | No
 def isolated_worker(environ: dict[str, str] | None = None) -> bool:
     """True in an isolated training worker (``HYBRIDNB_ISOLATED`` set): it owns CUDA and never
     isolates again."""
-    env = os.environ if environ is None else environ
-    return bool(env.get(ISOLATED_ENV))
+    return bool(_env(environ).get(ISOLATED_ENV))
 
 
 def visible_gpus(environ: dict[str, str] | None = None) -> str | None:
     """``$CUDA_VISIBLE_DEVICES`` as set (None when unset), for messages about GPU counts."""
-    env = os.environ if environ is None else environ
-    return env.get("CUDA_VISIBLE_DEVICES")
+    return _env(environ).get("CUDA_VISIBLE_DEVICES")
 
 
 def cxx(environ: dict[str, str] | None = None) -> str | None:
     """``$CXX``: the C++ compiler the user chose for TorchInductor (None when unset or empty)."""
-    env = os.environ if environ is None else environ
-    return env.get("CXX") or None
+    return _env(environ).get("CXX") or None
 
 
 # ------------------------------------------------------------------ the cache folder
@@ -166,7 +167,7 @@ def cxx(environ: dict[str, str] | None = None) -> str | None:
 def cache_dir(environ: dict[str, str] | None = None) -> Path:
     """hybridnb's cache folder: ``$HYBRIDNB_CACHE_DIR``, else ``$XDG_CACHE_HOME/hybridnb``, else
     ``~/.cache/hybridnb``. Not created here."""
-    env = os.environ if environ is None else environ
+    env = _env(environ)
     if env.get(CACHE_DIR_ENV):
         return Path(env[CACHE_DIR_ENV]).expanduser()
     base = env.get("XDG_CACHE_HOME") or str(Path("~/.cache").expanduser())
@@ -177,8 +178,7 @@ def seconds_from_env(name: str, default: float, environ: dict[str, str] | None =
                      zero: str | None = None) -> float:
     """A number of seconds from ``$name`` (``default`` when unset): > 0, or >= 0 when ``zero``
     says what 0 means; ValueError naming the variable otherwise."""
-    env = os.environ if environ is None else environ
-    raw = env.get(name, "").strip()
+    raw = _env(environ).get(name, "").strip()
     if not raw:
         return default
     try:
@@ -198,7 +198,6 @@ def probe_cache_ttl(environ: dict[str, str] | None = None) -> float:
                             zero="turns the probe cache off")
 
 
-# --- payload
 WARM_WORKER_ENV = "HYBRIDNB_WARM_WORKER"  # "0": no spare worker kept ready between isolated fits
 
 
@@ -206,8 +205,8 @@ def warm_worker(environ: dict[str, str] | None = None) -> bool:
     """Whether a spare worker (torch imported) is kept ready for the next isolated fit:
     ``$HYBRIDNB_WARM_WORKER``, on unless it says 0/false/no/off. It costs the memory of one
     idle interpreter with torch loaded."""
-    env = os.environ if environ is None else environ
-    return env.get(WARM_WORKER_ENV, "").strip().lower() not in ("0", "false", "no", "off")
+    return _env(environ).get(WARM_WORKER_ENV, "").strip().lower() not in ("0", "false", "no",
+                                                                           "off")
 
 
 def environment() -> dict[str, str]:
@@ -215,8 +214,6 @@ def environment() -> dict[str, str]:
     return dict(os.environ)
 
 
-# --- supervisor
-
 def omp_threads_set(environ: dict[str, str] | None = None) -> bool:
     """Whether ``OMP_NUM_THREADS`` is set (then a launched rank keeps torch's thread count)."""
-    return "OMP_NUM_THREADS" in (os.environ if environ is None else environ)
+    return "OMP_NUM_THREADS" in _env(environ)

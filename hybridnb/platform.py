@@ -1,31 +1,17 @@
 """What this operating system can do for hybridnb's child processes: asked here, nowhere else.
 
-Linux, macOS and Windows differ in the facilities a supervised child needs. Each is a cached
-function returning a ``Facility`` (true when present; ``why`` says in one sentence what is
-missing and what hybridnb does instead), so a missing one is a sentence and a fallback, never
-an exception at import or in ``detect()``:
-
-============================  =========================================  ============================
-facility                      Linux                                      elsewhere (the fallback)
-============================  =========================================  ============================
-``memfd()``                   ``os.memfd_create`` (stop flag, payload)   an unlinked temporary file
-``parent_death_signal()``     ``prctl(PR_SET_PDEATHSIG)``                a lifeline pipe: the child
-                                                                         ends itself on its EOF
-``fork()``                    ``os.fork`` for ``hn.launch``              spawn (a fresh interpreter)
-``process_groups()``          ``os.killpg``, ``start_new_session``       psutil's process tree,
-                                                                         CREATE_NEW_PROCESS_GROUP
-``wait_without_reaping()``    ``os.waitid(WNOWAIT)``                     Popen.poll (reaps at once)
-``pidfd()``                   ``os.pidfd_open`` (wake on exit)           a short sleep
-``proc()``                    /proc (memory cap, /proc/cpuinfo)          memory cap off; platform
-``child_pipes()``             ``select`` on pipes, Popen's ``pass_fds``  none on Windows: the probe,
-                                                                         isolation and compare()
-                                                                         run in process, said once
-============================  =========================================  ============================
+Linux, macOS and Windows differ in the facilities a supervised child needs: ``memfd()``,
+``parent_death_signal()``, ``fork()``, ``wait_without_reaping()``, ``pidfd()``, ``proc()`` and
+``child_pipes()`` (Windows has none: the probe, isolation and compare() run in process). Each is
+a cached function returning a ``Facility``: true when present, else ``why`` says in one sentence
+what is missing and what hybridnb does instead. A missing one is a sentence and a fallback,
+never an exception at import or in ``detect()``.
 
 The facts are read from the running interpreter (``hasattr(os, ...)``, ctypes, the file
 system), so a test that takes a facility away (``tests/platform_sim``) changes what this module
 reports without a flag in hybridnb. The signals are read with ``getattr``: Windows has no
-SIGKILL nor SIGHUP.
+SIGKILL nor SIGHUP. ``say``/``say_once``: the one-line notices of the process machinery (its
+fallbacks), to a run's bus where one listens (``notices_to``), else to stderr.
 """
 
 from __future__ import annotations
@@ -34,7 +20,6 @@ import contextlib
 import functools
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -64,9 +49,9 @@ def _has(name: str, ok: bool, why: str) -> Facility:
 
 @functools.cache
 def memfd() -> Facility:
-    """Anonymous memory files (Linux): the stop flag and a spawned child's job travel in one."""
+    """Anonymous memory files (Linux): a spawned child's stop flag lives in one."""
     return _has("memfd", hasattr(os, "memfd_create"),
-                "os.memfd_create is Linux-only: the stop flag and a child's job use an "
+                "os.memfd_create is Linux-only: the stop flag uses an "
                 "unlinked temporary file instead")
 
 
@@ -86,17 +71,14 @@ def parent_death_signal() -> Facility:
     return _has("PR_SET_PDEATHSIG", True, "")
 
 
-def set_parent_death_signal(death_signal: int) -> bool:
-    """Ask the kernel to send ``death_signal`` to this process when its parent dies (True when
-    it took; False where ``parent_death_signal()`` is missing)."""
-    if not parent_death_signal():
-        return False
-    import ctypes
+def set_parent_death_signal(death_signal: int) -> None:
+    """Ask the kernel to send ``death_signal`` to this process when its parent dies (where
+    ``parent_death_signal()``; the lifeline pipe covers the rest)."""
+    if parent_death_signal():
+        import ctypes
 
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl(1, int(death_signal)) == 0
-    except (OSError, AttributeError):
-        return False
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(death_signal))
 
 
 @functools.cache
@@ -110,14 +92,6 @@ def fork() -> Facility:
         methods = []
     return _has("fork", hasattr(os, "fork") and "fork" in methods,
                 "this platform cannot fork: children start as fresh interpreters (spawn)")
-
-
-@functools.cache
-def process_groups() -> Facility:
-    """POSIX process groups: a child in its own group, its whole tree ended by ``killpg``."""
-    return _has("process groups", hasattr(os, "killpg") and hasattr(os, "setsid"),
-                "no POSIX process groups: a child's process tree is ended through psutil "
-                "(its descendants, then itself)")
 
 
 @functools.cache
@@ -156,19 +130,6 @@ def child_pipes() -> Facility:
 def proc_path(*parts: str) -> str | None:
     """A path under /proc (``proc_path("cpuinfo")``), or None where there is no /proc."""
     return os.path.join("/proc", *parts) if proc() else None
-
-
-def hangup_signals() -> tuple[int, ...]:
-    """The signals that end a process by default and that a supervisor answers: SIGINT,
-    SIGTERM, and SIGHUP where it exists."""
-    return tuple(s for s in (signal.SIGINT, signal.SIGTERM, HANGUP) if s is not None)
-
-
-def new_group_popen_kwargs() -> dict:
-    """Popen's arguments that start a child in its own process group (session)."""
-    if process_groups():
-        return {"start_new_session": True}
-    return {"creationflags": getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)}
 
 
 @dataclass(frozen=True)
@@ -227,8 +188,7 @@ def say_once(sentence: str, key: str | None = None) -> None:
         say(sentence)
 
 
-FACILITIES = (memfd, parent_death_signal, fork, process_groups, wait_without_reaping, pidfd,
-              proc, child_pipes)
+FACILITIES = (memfd, parent_death_signal, fork, wait_without_reaping, pidfd, proc, child_pipes)
 
 
 def missing() -> list[Facility]:

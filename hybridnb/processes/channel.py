@@ -1,28 +1,23 @@
 """The message pipe between a supervised child (a forked or spawned worker) and its parent.
 
-The child calls ``channel.send(kind, payload)``; the kernel reads whole messages, in order, with
-``FrameReader`` (non-blocking, so it can keep watching the worker while a large message arrives).
-A message is one frame::
+The child calls ``channel.send(kind, payload)``; the parent reads whole messages, in order, with
+``FrameReader`` (non-blocking: it keeps watching the child while a large message arrives). A
+message is one frame: header (magic, body length, specs length) | body | specs | raw tensor
+bytes. ``body`` is the pickled ``(kind, payload)`` with every plain CPU tensor replaced by a
+reference; ``specs`` lists those tensors (dtype, shape, size), whose bytes follow as they lie in
+memory. The parent allocates each tensor once and reads the pipe straight into it: a state of
+tens of MB costs one copy on each side, not the several of pickling tensors. Tensors arrive on
+the CPU, contiguous, each with its own storage (the same tensor sent twice in one message
+arrives as one tensor).
 
-    header (magic, body length, specs length) | body | specs | raw tensor bytes ...
-
-``body`` is the pickled ``(kind, payload)`` in which every plain CPU tensor was replaced by a
-reference; ``specs`` lists those tensors (dtype, shape, size); their bytes follow as they are in
-memory. The kernel allocates each tensor once and reads the pipe straight into it, so a state of
-tens of MB costs one copy on each side instead of the several of pickling tensors (which goes
-through ``torch.save`` into an in-memory buffer per storage). Tensors arrive on the CPU,
-contiguous, each with its own storage (views of one storage arrive as separate copies; the same
-tensor object sent twice in one message arrives as one tensor).
-
-A frame cut short (the worker died while sending) is never delivered: the kernel keeps the last
-complete message of each kind. The stop request travels the other way through one shared byte
-(``StopFlag``), which the worker can read every step for the cost of a memory load; for a
-spawned child (a fresh interpreter) that byte lives in a memfd whose descriptor it inherits (an
-unlinked temporary file where there is no memfd: ``platform.memfd()``).
+A frame cut short (the child died while sending) is never delivered. The stop request travels
+the other way through one shared byte (``StopFlag``), which the child reads every step for the
+cost of a memory load.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import mmap
 import os
@@ -60,12 +55,10 @@ class Message:
 
 def widen_pipe(fd: int, size: int = PIPE_BYTES) -> None:
     """Best effort: a larger pipe buffer (Linux only; the system limit may refuse it)."""
-    try:
+    with contextlib.suppress(ImportError, AttributeError, OSError):
         import fcntl
 
         fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
-    except (ImportError, AttributeError, OSError):
-        pass
 
 
 # why a stop was asked: a should_stop callback (the Stop button; "callback": the caller's own
@@ -76,54 +69,42 @@ _REASONS = {1: STOP, 2: CALLBACK, 3: INTERRUPT}
 
 class StopFlag:
     """One byte shared by the parent and its child: anonymous shared memory (kept across a
-    fork), or with ``shareable=True`` a memfd (Linux; elsewhere a temporary file unlinked at
-    once, so nothing is left behind) whose descriptor (``fd``) a spawned child inherits and
-    opens with ``StopFlag.attach(fd)``.
+    fork), or with ``shareable=True`` a file no path reaches (a memfd; elsewhere a temporary
+    file unlinked at once: ``platform.memfd()``) whose descriptor ``fd`` a spawned child
+    inherits and opens with ``StopFlag(fd=fd)``.
 
-    The byte says why the parent asked the child to stop: 0 (it did not), 1 ("stop": a
-    ``should_stop`` callback such as a Stop button) or 2 ("interrupt": SIGINT or SIGTERM
-    reached the parent). An interrupt is never turned back into a plain stop."""
+    The byte says why the parent asked the child to stop: 0 (it did not), 1 "stop" (a
+    ``should_stop`` callback such as a Stop button), 2 "callback" (the caller's callbacks) or
+    3 "interrupt" (a signal reached the parent). A reason is never lowered."""
 
     def __init__(self, shareable: bool = False, fd: int | None = None) -> None:
         self.fd: int | None = fd
         if fd is None and shareable:
-            self.fd = shared_file("hybridnb-stop")
+            self.fd = _unnamed_file("hybridnb-stop")
             os.ftruncate(self.fd, 1)
         self._map = mmap.mmap(-1, 1) if self.fd is None else mmap.mmap(self.fd, 1)
 
-    @classmethod
-    def attach(cls, fd: int) -> StopFlag:
-        """The child's side of a shareable flag."""
-        return cls(fd=fd)
-
     def set(self, reason: str = STOP) -> None:
-        """Ask the child to stop, saying why: "stop" or "interrupt"."""
+        """Ask the child to stop, saying why (one of ``_REASONS``)."""
         code = {v: k for k, v in _REASONS.items()}.get(reason)
         if code is None:
             raise ValueError(f"reason={reason!r}: use one of {tuple(_REASONS.values())}")
         self._map[0] = max(self._map[0], code)
 
     def reason(self) -> str | None:
-        """None (no stop asked), "stop" or "interrupt"."""
+        """None (no stop asked), "stop", "callback" or "interrupt"."""
         return _REASONS.get(self._map[0])
-
-    def is_set(self) -> bool:
-        return self._map[0] != 0
 
     def close(self) -> None:
         self._map.close()
         if self.fd is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(self.fd)
-            except OSError:
-                pass
             self.fd = None
 
 
-def shared_file(name: str) -> int:
-    """A new descriptor on an empty file no path reaches: a memfd (Linux), else a temporary
-    file unlinked at once (``platform.memfd()``). Close-on-exec; Popen's ``pass_fds`` opens it
-    to one child."""
+def _unnamed_file(name: str) -> int:
+    """A new close-on-exec descriptor on an empty file no path reaches."""
     from hybridnb import platform
 
     if platform.memfd():
@@ -131,10 +112,7 @@ def shared_file(name: str) -> int:
     import tempfile
 
     fd, path = tempfile.mkstemp(prefix=name + "-")
-    try:
-        os.unlink(path)
-    except OSError:  # Windows cannot unlink an open file; it goes when the descriptor closes
-        pass
+    os.unlink(path)
     return fd
 
 
@@ -193,26 +171,37 @@ def encode(kind: str, payload: Any) -> tuple[list[bytes | memoryview], int]:
         body = pickle.dumps((kind, payload), protocol=pickle.HIGHEST_PROTOCOL)
         head = HEADER.pack(MAGIC, len(body), len(_NO_SPECS))
         return [head, body, _NO_SPECS], len(head) + len(body) + len(_NO_SPECS)
-    import torch
-
     tensors: list = []
     buf = io.BytesIO()
     _TensorPickler(buf, tensors, {}).dump((kind, payload))
     body = buf.getbuffer()
-    raws, specs = [], []
-    for t in tensors:
-        flat = t.detach()
-        if flat.device.type != "cpu":
-            flat = flat.cpu()
-        flat = flat.resolve_conj().resolve_neg().contiguous()
-        specs.append((flat.dtype, tuple(flat.shape), flat.nbytes,
-                      isinstance(t, torch.nn.Parameter), t.requires_grad))
-        if flat.nbytes:
-            raws.append(memoryview(flat.reshape(-1).view(torch.uint8).numpy()))
+    sent = [tensor_bytes(t) for t in tensors]
+    specs = [spec for spec, _ in sent]
+    raws = [raw for _, raw in sent if raw.nbytes]
     spec_bytes = pickle.dumps(specs, protocol=pickle.HIGHEST_PROTOCOL)
     head = HEADER.pack(MAGIC, len(body), len(spec_bytes))
     parts = [head, body, spec_bytes, *raws]
     return parts, sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+
+
+def tensor_bytes(t: Any) -> tuple[tuple, memoryview]:
+    """A tensor's spec (dtype, shape, bytes, a Parameter?, requires grad?) and its bytes, as
+    they lie in memory (copied to the CPU and made contiguous first when needed)."""
+    import torch
+
+    flat = t.detach().cpu().resolve_conj().resolve_neg().contiguous()
+    spec = (flat.dtype, tuple(flat.shape), flat.nbytes, isinstance(t, torch.nn.Parameter),
+            t.requires_grad)
+    return spec, memoryview(flat.reshape(-1).view(torch.uint8).numpy())
+
+
+def as_sent(t: Any, is_param: bool, requires_grad: bool) -> Any:
+    """``t`` as the kind of tensor its spec says was sent."""
+    import torch
+
+    if is_param:
+        return torch.nn.Parameter(t, requires_grad=requires_grad)
+    return t.requires_grad_(True) if requires_grad else t
 
 
 def write_all(fd: int, parts: list[bytes | memoryview]) -> None:
@@ -225,23 +214,19 @@ def write_all(fd: int, parts: list[bytes | memoryview]) -> None:
 
 
 class Channel:
-    """What the child's function uses to talk to its parent.
+    """What the child's function uses to talk to its parent: ``send(kind, payload)``, any
+    picklable payload (plain CPU tensors travel as raw bytes).
 
-    ``send(kind, payload)``: any picklable payload (plain CPU tensors travel as raw bytes).
-    Kinds the supervisor reads itself: ``"step_done"`` (a step finished; payload
-    ``{"seconds": step time, "at": time.monotonic()}``, either may be None), ``"heartbeat"``
-    (alive, no step; payload ``{"phase": "validation", "grace": s}``: the phase names what the
-    child is doing now, and the outcome of a child that goes silent names it; ``grace`` allows
-    up to s seconds of silence for what comes next: compiling, a long evaluation),
-    ``"state"`` (the last good run state: kept by the kernel), ``"done"`` (the result; sent for
-    you with ``work``'s return value), ``"error"`` (sent for you when ``work`` raises). Any other
-    kind (``"view"``, ``"event"``, ...) is passed to the kernel's ``on_message`` as it is.
+    Kinds the supervisor reads itself: "step_done" (``step_done()``), "heartbeat" (alive, no
+    step: ``heartbeat(phase, grace)``), "state" (the last good run state: kept by the parent),
+    "done" (the result: sent for you with the function's return value) and "error" (sent for
+    you when it raises). Any other kind goes to the parent's ``on_message`` as it is.
 
     Small messages are batched: they go out together at most ``flush_interval`` seconds after
-    they were sent (every write wakes the kernel, and on a busy machine a woken kernel can take
-    the worker's core for milliseconds); a small thread writes what waits while the worker is
-    busy in a long step. "state", "heartbeat", "done" and "error" go out at once, with
-    everything before them. Order is always kept.
+    they were sent (every write wakes the parent, and on a busy machine a woken kernel can take
+    the worker's core for milliseconds); a small thread writes what waits while the child is
+    busy in a long step. The kinds in ``URGENT`` go out at once, with everything before them.
+    Order is always kept.
     """
 
     def __init__(self, fd: int, stop: StopFlag, flush_interval: float = FLUSH_INTERVAL_S
@@ -323,9 +308,8 @@ class Channel:
         self.send(STATE, state)
 
     def stop_reason(self) -> str | None:
-        """Why the parent asked the run to stop: None (it did not), "stop" (a ``should_stop``
-        callback: the live view's Stop button) or "interrupt" (SIGINT or SIGTERM reached the
-        parent). Either way: finish the step, send the state and return."""
+        """Why the parent asked the run to stop (``StopFlag.reason``); whatever the reason:
+        finish the step, send the state and return."""
         return self._stop.reason()
 
     def stop_requested(self) -> bool:
@@ -360,10 +344,8 @@ class FrameReader:
         """Close the pipe's read end (a child still writing gets EPIPE)."""
         if not self.closed:
             self.closed = self.eof = True
-            try:
+            with contextlib.suppress(OSError):
                 os.close(self.fd)
-            except OSError:
-                pass
 
     def _reset(self) -> None:
         self._stage = "header"
@@ -432,11 +414,7 @@ def _allocate(specs: list) -> tuple[list, list[memoryview]]:
         t = torch.empty(shape, dtype=dtype)
         if nbytes:
             raws.append(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
-        if is_param:
-            t = torch.nn.Parameter(t, requires_grad=requires_grad)
-        elif requires_grad:
-            t.requires_grad_(True)
-        tensors.append(t)
+        tensors.append(as_sent(t, is_param, requires_grad))
     return tensors, raws
 
 
@@ -451,15 +429,8 @@ class _TensorUnpickler(pickle.Unpickler):
 
 # ============================================================================ requests
 
-def send_frame(fd: int, kind: str, payload: Any = None) -> None:
-    """Write one message to a pipe the other way (parent to child: a request), in the same
-    framing; blocks until it is written. OSError when the reader is gone."""
-    parts, _ = encode(kind, payload)
-    write_all(fd, parts)
-
-
 class Inbox:
-    """A child's side of a request pipe its parent writes with ``send_frame``: ``get()``
+    """A child's side of a request pipe its parent writes (``framed.Requests``): ``get()``
     blocks until the next message and returns None once the parent closed its end."""
 
     def __init__(self, fd: int) -> None:

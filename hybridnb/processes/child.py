@@ -1,25 +1,25 @@
 """Start a child process, read it, signal it, reap it, and say how it ended.
 
 The one module of hybridnb that sends signals (``os.kill``/``os.killpg``; tests check it).
-Every child runs in its own process group (its pid), so ``Child.kill_group()`` reaches the helpers it
+Every child leads its own process group, so ``Child.kill_group()`` reaches the helpers it
 started too (DataLoader workers, a driver's helper), and it is reaped before this returns: no
 orphan, no zombie. Ways to start one: ``start_fork``, ``start_spawn`` (a fresh interpreter,
 ``python -m hybridnb.processes.worker``), ``prestart_spawn`` then ``.send`` (the worker imports
-torch while this process prepares the job), ``start_command`` (any command).
+torch while this process prepares the job), ``start_command`` (any command). Children start
+only where ``platform.child_pipes()`` (POSIX): elsewhere their callers run in process.
 
 Starts are atomic with respect to Ctrl-C and SIGTERM: they return a child the caller owns, or
 leave nothing (no process, no shared file); the signals are held while the child is made and
 delivered afterwards. Forked and spawned children talk back through a ``Channel``; their output
-comes through pipes, and they die with the parent (``processes.lifeline``). What differs between
-operating systems is asked of ``hybridnb.platform``.
+comes through pipes, and they die with the parent (``processes.lifeline``).
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import faulthandler
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -27,15 +27,25 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from hybridnb import platform
-from hybridnb.env import HEADLESS_ENV, ISOLATED_ENV, environment
+from hybridnb.env import HEADLESS_ENV, ISOLATED_ENV, environment, warm_worker
 from hybridnb.processes import lifeline
-from hybridnb.processes.channel import FrameReader, StopFlag, shared_file, widen_pipe
+from hybridnb.processes.channel import (
+    DONE,
+    Channel,
+    FrameReader,
+    StopFlag,
+    encode,
+    widen_pipe,
+    write_all,
+)
 from hybridnb.processes.ended import Exit
 from hybridnb.processes.output import LastWords, OutputLines
 
+NONE = "-"           # no request pipe, in a framed child's wiring
 REAP_S = 10.0        # after SIGKILL: time to reap (a process stuck in a driver call cannot die)
 TAIL_LINES = 120     # the child's last output lines kept
 WORKER_MODULE = "hybridnb.processes.worker"
@@ -47,22 +57,22 @@ class Child:
 
     ``messages``: the ``FrameReader`` of its channel (None for a command). ``output_fds``: the
     open stdout/stderr pipes (fd -> 1 or 2); ``read_output(fd)`` reads one. ``tail``: its last
-    lines; ``last_words``: the line that best says why it died. ``stop``: the shared stop flag.
+    lines; ``last_words``: the line that best says why it died. ``stop``: the shared stop flag;
+    ``files``: the shared-memory files of its job, removed at ``close``.
     """
 
     def __init__(self, pid: int, *, popen: subprocess.Popen | None = None,
                  messages_fd: int | None = None, output_fds: dict[int, int] | None = None,
-                 stop: StopFlag | None = None, files: Sequence[str] = (),
-                 tail_lines: int = TAIL_LINES) -> None:
+                 stop: StopFlag | None = None) -> None:
         self.pid, self.popen, self.stop = pid, popen, stop
         self.messages = FrameReader(messages_fd) if messages_fd is not None else None
         self.output_fds = dict(output_fds or {})
-        self.tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.last_words = LastWords()
         self._outputs = {fd: OutputLines(self.tail) for fd in self.output_fds}
         for fd in self.output_fds:
             os.set_blocking(fd, False)
-        self.files = list(files)
+        self.files: list[str] = []
         self.exit: Exit | None = None
         self.reaped = False
         self.not_reaped = ""  # why the exit is unknown after kill_group(), when it is
@@ -73,12 +83,10 @@ class Child:
                 self.pidfd = os.pidfd_open(pid)
 
     # ---------------------------------------------------------------- reading
-    def read_output(self, fd: int) -> tuple[int, str, list[str]] | None:
-        """Read what is there on one output pipe: (1 or 2, the text, the lines it completed);
-        None once the pipe is closed (then it is no longer in ``output_fds``)."""
-        stream = self.output_fds[fd]
+    def read_output(self, fd: int) -> tuple[int, str] | None:
+        """Read what is there on one output pipe: (1 or 2, the text); None once the pipe is
+        closed (then it is no longer in ``output_fds``)."""
         chunks: list[str] = []
-        lines: list[str] = []
         while True:
             try:
                 data = os.read(fd, 65536)
@@ -87,17 +95,14 @@ class Child:
             except OSError:
                 data = b""
             if not data:
-                del self.output_fds[fd]
+                stream = self.output_fds.pop(fd)
                 os.close(fd)
-                if not chunks:
-                    return None
-                break
+                return (stream, "".join(chunks)) if chunks else None
             text, done = self._outputs[fd].feed(data)
             chunks.append(text)
-            lines.extend(done)
             for line in done:
                 self.last_words.feed(line)
-        return stream, "".join(chunks), lines
+        return self.output_fds[fd], "".join(chunks)
 
     def output_text(self) -> str:
         """The kept lines and any unfinished ones."""
@@ -115,58 +120,40 @@ class Child:
 
     # ---------------------------------------------------------------- its end
     def poll(self) -> Exit | None:
-        """How it ended, once it has; it stays unreaped (so ``kill`` cannot hit a stranger)."""
+        """How it ended, once it has. Where ``os.waitid`` can look without reaping it stays
+        unreaped (so ``kill_group`` cannot hit a stranger); elsewhere (macOS before Python
+        3.13) it is reaped at once and its group killed afterwards: the OS does not hand a
+        group's id to a new process while any member of the group lives."""
         if self.exit is not None:
             return self.exit
         if not platform.wait_without_reaping():
-            return self._poll_reaping()
+            ended = self._reap_now()
+            self.group_left = ended is not None and ended.how != "unknown"
+            return self.exit
         try:
             r = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:  # reaped elsewhere
-            if self.popen is not None and self.popen.returncode is not None:
-                self.exit = Exit.from_returncode(self.popen.returncode)
-            else:
-                self.exit = Exit("unknown", -1)
-            self.reaped = True
-            return self.exit
-        if r is None:
-            return None
-        killed = r.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
-        self.exit = Exit("signal" if killed else "code", r.si_status)
-        return self.exit
-
-    def _poll_reaping(self) -> Exit | None:
-        """``poll`` without ``os.waitid`` (macOS before Python 3.13, Windows): an ended child is
-        reaped at once. Its process group is still killed afterwards (``kill_group``): the OS
-        does not hand a group's id to a new process while any member of the group lives."""
-        if self.popen is not None:
-            rc = self.popen.poll()
-            if rc is None:
-                return None
-            self.exit, self.reaped, self.group_left = Exit.from_returncode(rc), True, True
-            return self.exit
-        try:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-        except ChildProcessError:
             self.exit, self.reaped = Exit("unknown", -1), True
             return self.exit
-        if not pid:
-            return None
-        self.exit, self.reaped, self.group_left = Exit.from_status(status), True, True
+        if r is not None:
+            killed = r.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+            self.exit = Exit("signal" if killed else "code", r.si_status)
         return self.exit
 
-    def wait(self, timeout: float | None) -> Exit | None:
-        """Wait up to ``timeout`` seconds (None: for ever) for it to end, reading nothing."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            left = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
-            if left <= 0:
-                return None
-            if self.pidfd is not None:
-                select.select([self.pidfd], [], [], left)
-            else:
-                time.sleep(left)
-        return self.exit
+    def _reap_now(self) -> Exit | None:
+        """Reap it if it has ended (never blocks): its exit, or None while it runs."""
+        if self.popen is not None:
+            rc = self.popen.poll()
+            ended = None if rc is None else Exit.from_returncode(rc)
+        else:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                ended = Exit.from_status(status) if pid else None
+            except ChildProcessError:  # reaped elsewhere
+                ended = Exit("unknown", -1)
+        if ended is not None:
+            self.reaped, self.exit = True, self.exit or ended
+        return ended
 
     def send_signal(self, sig: int) -> None:
         """Send ``sig`` to the child itself (not its group), while it is not reaped."""
@@ -180,55 +167,31 @@ class Child:
         The group is killed before the child is reaped: while it is unreaped its id cannot be
         reused, so the signal cannot reach an unrelated process. A child stuck in a driver call
         that is not gone after ``reap_s`` is reaped later by a thread; ``not_reaped`` says so."""
-        if not self.reaped:
-            kill_tree(self.pid)
-        elif self.group_left:  # reaped by poll: what it started may still run
+        if not self.reaped or self.group_left:  # reaped by poll: what it started may still run
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, platform.KILL)
+            if not self.reaped:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(self.pid, platform.KILL)  # should it have left its group
             self.group_left = False
-            kill_tree(self.pid, leader_reaped=True)
-        self._reap(reap_s)
-
-    def _reap(self, reap_s: float) -> None:
-        if self.reaped:
-            return
-        if self.popen is not None:
-            try:
-                rc = self.popen.wait(timeout=reap_s)
-            except subprocess.TimeoutExpired:  # subprocess reaps it on a later Popen call
-                self.not_reaped = f"not reaped {reap_s:g} s after SIGKILL (stuck in a driver?)"
-                return
-            self.reaped = True
-            self.exit = self.exit or Exit.from_returncode(rc)
-            return
         deadline = time.monotonic() + reap_s
-        while True:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                self.reaped = True
-                self.exit = self.exit or Exit("unknown", -1)
-                return
-            if pid:
-                self.reaped = True
-                self.exit = self.exit or Exit.from_status(status)
-                return
+        while not self.reaped and self._reap_now() is None:
             if time.monotonic() > deadline:
                 self.not_reaped = f"not reaped {reap_s:g} s after SIGKILL (stuck in a driver?)"
-                threading.Thread(target=_reap_later, args=(self.pid,), daemon=True).start()
+                if self.popen is None:  # (a Popen's is reaped by subprocess on a later Popen)
+                    threading.Thread(target=os.waitpid, args=(self.pid, 0), daemon=True).start()
                 return
             time.sleep(0.005)
 
     def close(self) -> None:
         """Kill and reap it if needed, then release every descriptor and shared file."""
         self.kill_group()
-        for fd in list(self.output_fds):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        close_fds(list(self.output_fds))
         self.output_fds.clear()
         if self.messages is not None and not self.messages.closed:
             self.messages.close()
         if self.pidfd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.pidfd)
+            close_fds([self.pidfd])
             self.pidfd = None
         if self.stop is not None:
             self.stop.close()
@@ -237,14 +200,6 @@ class Child:
 
             discard(self.files)
             self.files = []
-        if self.popen is not None:
-            for stream in (self.popen.stdout, self.popen.stderr):
-                if stream is not None:
-                    with contextlib.suppress(OSError):
-                        stream.close()
-
-    def __enter__(self) -> Child:
-        return self
 
     def __del__(self) -> None:
         # A child nobody holds any more is killed (e.g. one whose start returned just as a
@@ -254,39 +209,8 @@ class Child:
         with contextlib.suppress(Exception):  # in __del__: nothing may escape
             self.close()
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 # ============================================================================ starting
-
-def kill_tree(pid: int, leader_reaped: bool = False) -> None:
-    """End ``pid`` and every process it started, by this OS's own means: ``killpg`` (each child
-    of hybridnb leads its own process group), else (Windows) psutil's descendants, then the
-    process. ``leader_reaped``: only what is left of its group. A process already gone is fine."""
-    if platform.process_groups():
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, platform.KILL)
-        if not leader_reaped:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, platform.KILL)  # should it have left its group
-        return
-    import psutil
-
-    try:
-        leader = psutil.Process(pid)
-        tree = leader.children(recursive=True) + ([] if leader_reaped else [leader])
-    except psutil.Error:
-        return
-    for proc in tree:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-
-
-def fork_available() -> bool:
-    """Whether this platform can fork (``platform.fork()``: POSIX with a "fork" start method)."""
-    return bool(platform.fork())
-
 
 def start_fork(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None = None,
                death_signal: int = platform.KILL, merge_output: bool = False) -> Child:
@@ -326,15 +250,14 @@ def _fork(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None, death
                                 category=DeprecationWarning)
         pid = os.fork()
     if pid == 0:  # the child; never returns
-        _forked_child(fn, args, wiring, death_signal, msg_w, out_w,
+        _forked_child(fn, args, wiring, death_signal, Channel(msg_w, stop), out_w,
                       out_w if err_w is None else err_w,
-                      [fd for fd in (msg_r, out_r, err_r) if fd is not None], stop,
+                      [fd for fd in (msg_r, out_r, err_r) if fd is not None],
                       WORKER_ENV if env is None else env)
     with contextlib.suppress(OSError):  # the child does it too; whichever comes first
         os.setpgid(pid, pid)
     close_fds([fd for fd in (msg_w, out_w, err_w) if fd is not None])
-    outputs = {out_r: 1} if err_r is None else {out_r: 1, err_r: 2}
-    return Child(pid, messages_fd=msg_r, output_fds=outputs, stop=stop)
+    return Child(pid, messages_fd=msg_r, output_fds=_outputs(out_r, err_r), stop=stop)
 
 
 def start_spawn(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None = None,
@@ -343,46 +266,28 @@ def start_spawn(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None =
     """Start ``python -m hybridnb.processes.worker``, a fresh interpreter, that runs
     ``fn(channel, *args, **kwargs)`` and sends its return value back.
 
-    ``fn`` and its arguments travel cloudpickled through a memfd (a notebook's functions and
-    classes too); CPU tensors of 1 MiB or more through shared memory (``payload``). The child
-    has this process's environment, ``env`` on top (default ``WORKER_ENV``), this process's
-    ``sys.path`` on its ``PYTHONPATH``, its own process group, faulthandler on, and dies with
-    this process. An argument that cannot be pickled raises here, before anything starts."""
-    from hybridnb.processes.payload import discard, pack
-
-    files: list[str] = []  # filled as pack makes them: discarded whenever this fails
-
-    def spawn() -> Child:
-        made: list[int] = []
-        try:
-            payload_fd = _payload_fd(data, made)
-        except BaseException:  # cleanup, then re-raised
-            close_fds(made)
-            raise
-        child = _spawn(payload_fd, made, env, death_signal, merge_output, preload=())
-        child.files = files
-        return child
-
-    try:
-        data, _ = pack((fn, args, kwargs), files)
-        return _atomically(spawn)
-    except BaseException:  # cleanup, then re-raised
-        discard(files)
-        raise
+    ``fn`` and its arguments travel cloudpickled (a notebook's functions and classes too); CPU
+    tensors of 1 MiB or more through shared memory (``payload``). The child has this process's
+    environment, ``env`` on top (default ``WORKER_ENV``), this process's ``sys.path`` on its
+    ``PYTHONPATH``, its own process group, faulthandler on, and dies with this process. The
+    interpreter starts while the job is pickled; an argument that cannot be pickled ends it
+    and raises ``NotSendable`` here."""
+    worker = _atomically(lambda: _spawn((), env, death_signal, merge_output))
+    return worker.send(fn, *args, **kwargs)
 
 
 class PrestartedWorker:
-    """A spawned worker started before its job exists (``prestart_spawn``): it imports its
-    modules while this process prepares the job. ``send(fn, *args, **kwargs)`` hands the job
-    over and returns the ``Child`` (the caller supervises and closes it); ``close()`` kills a
-    worker whose job never came (safe after ``send``: then it does nothing). ``spare``: it
-    was a spare started earlier (``hybridnb.processes.spare``), not for this request."""
+    """A spawned worker started before its job exists: it imports its modules while this
+    process prepares the job. ``send(fn, *args, **kwargs)`` hands the job over and returns the
+    ``Child`` (the caller supervises and closes it); ``close()`` kills a worker whose job never
+    came (after ``send``: nothing to do). ``spare``: it was a spare started earlier
+    (``hybridnb.processes.spare``), not for this request."""
 
-    def __init__(self, child: Child, payload_w: int, spawned_at: float) -> None:
-        self.child, self.spawned_at = child, spawned_at
+    def __init__(self, child: Child, payload_w: int) -> None:
+        self.child = child
         self._payload_w: int | None = payload_w
         self.spare = False
-        self._next: tuple | None = None  # (spare key, start) of the spare to start after send
+        self._next: Callable[[], None] | None = None  # starts the spare after the job
 
     def send(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Child:
         """Pickle the job (``NotSendable`` names a part that cannot be pickled) and write it to
@@ -416,7 +321,7 @@ class PrestartedWorker:
         take CPU from the job itself."""
         if self._next is not None:
             nxt, self._next = self._next, None
-            _start_spare(*nxt)
+            nxt()
 
     def close(self) -> None:
         """Kill the worker if its job never came (after ``send``: nothing to do)."""
@@ -434,9 +339,9 @@ class PrestartedWorker:
 def prestart_spawn(*, preload: Sequence[str] = ("torch",), env: dict[str, str] | None = None,
                    death_signal: int = platform.KILL, merge_output: bool = False
                    ) -> PrestartedWorker:
-    """A spawned worker that imports ``preload``, sends "ready", and waits for its job on a
-    pipe that ``PrestartedWorker.send`` writes: so its start-up runs in parallel with this process's
-    own preparation. The rest is as ``start_spawn``.
+    """A spawned worker that imports ``preload``, sends "ready", and waits for the job that
+    ``PrestartedWorker.send`` writes: its start-up runs in parallel with this process's own
+    preparation. The rest is as ``start_spawn``.
 
     With warm workers on (``HYBRIDNB_WARM_WORKER``, the default) this is the spare started when
     the previous request's job ended (``start_next``) when one is running (``spare``: it has
@@ -444,74 +349,52 @@ def prestart_spawn(*, preload: Sequence[str] = ("torch",), env: dict[str, str] |
     from hybridnb.processes import spare
 
     preload = tuple(preload)
-    key = spare.key_of(preload, env, death_signal, merge_output)
+
+    def key() -> spare.Key:  # read again for the spare: the environment may change meanwhile
+        return spare.key_of(preload, env, death_signal, merge_output)
 
     def spawn() -> PrestartedWorker:
-        made: list[int] = []
-        payload_r, payload_w = new_pipe(made)
-        spawned_at = time.monotonic()
-        child = _spawn(payload_r, made, env, death_signal, merge_output, preload=preload,
-                       spawned_at=spawned_at)  # on failure it closed both ends
-        return PrestartedWorker(child, payload_w, spawned_at)
+        return _atomically(lambda: _spawn(preload, env, death_signal, merge_output))
+
+    def start_next() -> None:
+        try:
+            spare.replenish(key(), spawn)
+        except Exception as exc:  # noqa: BLE001 - said; the next fit starts a worker itself
+            platform.say(f"no spare worker for the next fit ({type(exc).__name__}: {exc}); "
+                         "it will start its own")
 
     with _held_signals():  # handed over whole, or kept
-        early = spare.take(key) if spare.enabled() else None
+        early = spare.take(key()) if warm_worker() else None
         if early is not None:
             early.spare = True
     if early is None:
-        early = _atomically(spawn)
-    early._next = (preload, env, death_signal, merge_output, spawn)
+        early = spawn()
+    early._next = start_next
     return early
 
 
-def _start_spare(preload: tuple[str, ...], env: dict[str, str] | None, death_signal: int,
-                 merge_output: bool, spawn: Callable[[], PrestartedWorker]) -> None:
-    """Start the spare for the next request like this one (``spare.replenish``); a failure to
-    start one is said here and costs only the warm start."""
-    from hybridnb.processes import spare
-
-    try:
-        spare.replenish(spare.key_of(preload, env, death_signal, merge_output),
-                        lambda: _atomically(spawn))
-    except Exception as exc:  # noqa: BLE001 - said, and the next fit starts a worker itself
-        platform.say(f"no spare worker for the next fit ({type(exc).__name__}: {exc}); it "
-                     "will start its own")
+def _spawn(preload: Sequence[str], env: dict[str, str] | None, death_signal: int,
+           merge_output: bool) -> PrestartedWorker:
+    """Start the worker module; it reads its job from its request pipe (``send``)."""
+    environ = child_environment()
+    environ.update(WORKER_ENV if env is None else env)
+    child, job = start_framed(WORKER_MODULE, str(int(death_signal)), repr(time.monotonic()),
+                              ",".join(preload), environ=environ, requests=True,
+                              merge_output=merge_output)
+    return PrestartedWorker(child, job.fd)
 
 
-def _spawn(payload_fd: int, made: list[int], env: dict[str, str] | None, death_signal: int,
-           merge_output: bool, preload: Sequence[str], spawned_at: float | None = None
-           ) -> Child:
-    """Popen the worker module reading its job from ``payload_fd`` (closed here once the
-    child has it, like every descriptor in ``made`` on failure)."""
-    stop: StopFlag | None = None
-    try:
-        msg_r, msg_w = new_pipe(made)
-        widen_pipe(msg_w)
-        out_r, out_w = new_pipe(made)
-        err_r, err_w = (None, None) if merge_output else new_pipe(made)
-        stop = StopFlag(shareable=True)
-        child_env = environment()
-        child_env.update(WORKER_ENV if env is None else env)
-        child_env["PYTHONPATH"] = os.pathsep.join(
-            [p for p in sys.path if p] + [child_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-        spawned_at = time.monotonic() if spawned_at is None else spawned_at
-        argv = [sys.executable, "-m", WORKER_MODULE, str(payload_fd), str(msg_w), str(stop.fd),
-                lifeline.wiring(), str(int(death_signal)), repr(spawned_at), ",".join(preload)]
-        sys.stdout.flush()
-        sys.stderr.flush()
-        popen = subprocess.Popen(argv, pass_fds=(payload_fd, msg_w, stop.fd,
-                                                 *lifeline.pass_fds()),
-                                 stdin=subprocess.DEVNULL, stdout=out_w,
-                                 stderr=out_w if err_w is None else err_w, env=child_env,
-                                 **platform.new_group_popen_kwargs())
-    except BaseException:  # cleanup, then re-raised
-        close_fds(made)
-        if stop is not None:
-            stop.close()
-        raise
-    close_fds([fd for fd in (payload_fd, msg_w, out_w, err_w) if fd is not None])
-    outputs = {out_r: 1} if err_r is None else {out_r: 1, err_r: 2}
-    return Child(popen.pid, popen=popen, messages_fd=msg_r, output_fds=outputs, stop=stop)
+def child_environment() -> dict[str, str]:
+    """This process's environment with the folder holding hybridnb and this process's
+    ``sys.path`` on ``PYTHONPATH`` (a notebook may have added them to sys.path only), and
+    unbuffered output."""
+    environ = environment()
+    package_root = str(Path(__file__).resolve().parents[2])
+    environ["PYTHONPATH"] = os.pathsep.join(
+        [package_root] + [p for p in sys.path if p] + [environ.get("PYTHONPATH", "")]
+    ).rstrip(os.pathsep)
+    environ["PYTHONUNBUFFERED"] = "1"
+    return environ
 
 
 def start_command(argv: Sequence[str], *, env: dict[str, str] | None = None,
@@ -523,21 +406,104 @@ def start_command(argv: Sequence[str], *, env: dict[str, str] | None = None,
     try:
         out_r, out_w = new_pipe(made)
         err_r, err_w = (None, None) if merge_output else new_pipe(made)
+        sys.stdout.flush()
+        sys.stderr.flush()
         popen = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out_w,
                                  stderr=out_w if err_w is None else err_w, env=env,
-                                 pass_fds=tuple(pass_fds), **platform.new_group_popen_kwargs())
+                                 pass_fds=tuple(pass_fds), start_new_session=True)
     except BaseException:  # cleanup, then re-raised
         close_fds(made)
         raise
     close_fds([fd for fd in (out_w, err_w) if fd is not None])
-    outputs = {out_r: 1} if err_r is None else {out_r: 1, err_r: 2}
-    return Child(popen.pid, popen=popen, output_fds=outputs)
+    return Child(popen.pid, popen=popen, output_fds=_outputs(out_r, err_r))
+
+
+class Requests:
+    """The parent's end of a child's request pipe."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd: int | None = fd
+
+    def send(self, kind: str, payload=None) -> None:
+        """Write one request (blocks while the pipe is full; OSError once the child is gone)."""
+        if self.fd is None:
+            raise BrokenPipeError("the request pipe is closed")
+        write_all(self.fd, encode(kind, payload)[0])
+
+    def close(self) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = None
+
+
+def start_framed(module: str, *args: str, environ: dict[str, str] | None = None,
+                 requests: bool = False, merge_output: bool = False
+                 ) -> tuple[Child, Requests | None]:
+    """Start ``python -m module`` (see the module docstring); the ``Child`` has ``messages``
+    and ``stop`` like a spawned one. ``environ``: its whole environment (default
+    ``child_environment()``)."""
+    made: list[int] = []
+    stop: StopFlag | None = None
+    try:
+        msg_r, msg_w = new_pipe(made)
+        widen_pipe(msg_w)
+        req_r, req_w = new_pipe(made) if requests else (None, None)
+        stop = StopFlag(shareable=True)
+        fds = ",".join(str(x) for x in (msg_w, stop.fd, NONE if req_r is None else req_r,
+                                        lifeline.wiring()))
+        child = start_command([sys.executable, "-m", module, fds, *args],
+                              env=child_environment() if environ is None else environ,
+                              merge_output=merge_output,
+                              pass_fds=[fd for fd in (msg_w, stop.fd, req_r, *lifeline.pass_fds())
+                                        if fd is not None])
+    except BaseException:  # cleanup, then re-raised
+        close_fds(made)
+        if stop is not None:
+            stop.close()
+        raise
+    close_fds([fd for fd in (msg_w, req_r) if fd is not None])
+    child.messages, child.stop = FrameReader(msg_r), stop
+    return child, (Requests(req_w) if req_w is not None else None)
 
 
 # ============================================================================ in the child
 
-def _forked_child(fn, args, wiring: str, death_signal: int, msg_w: int, out_w: int, err_w: int,
-                  read_fds: list[int], stop: StopFlag, env: dict[str, str]) -> None:
+def prepare() -> None:
+    """Signals as a plain Python process has them, and faulthandler on stderr."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if platform.HANGUP is not None:  # a forked child inherits the parent's Watch handler
+        signal.signal(platform.HANGUP, signal.SIG_DFL)
+    faulthandler.enable(file=sys.stderr)  # a segfault or abort prints the Python stack
+
+
+def run(fn: Callable[..., Any], args: tuple, kwargs: dict, channel: Channel) -> int:
+    """Run ``fn(channel, *args, **kwargs)``; send its result or its error; the exit code."""
+    try:
+        result = fn(channel, *args, **kwargs)
+        if not channel.finished:
+            try:
+                channel.send(DONE, result)
+            except Exception as exc:  # noqa: BLE001 - any pickling failure: named
+                raise TypeError(f"the result ({type(result).__name__}) cannot be sent to the "
+                                f"parent ({type(exc).__name__}: {exc}); return plain values "
+                                "(numbers, dicts, CPU tensors)") from exc
+        return 0
+    except BaseException as exc:  # reported to the parent, whatever it was
+        if not channel.finished:
+            channel.send_error(exc)
+        else:
+            with contextlib.suppress(BaseException):  # the pipe is gone: print what we can
+                import traceback
+
+                traceback.print_exc()
+        return 1
+
+
+
+def _forked_child(fn, args, wiring: str, death_signal: int, channel: Channel, out_w: int,
+                  err_w: int, read_fds: list[int], env: dict[str, str]) -> None:
     """The forked child: its own process group, its output into pipes, ``fn``, exit.
 
     It always leaves with ``os._exit``: never back into the parent's code, its atexit handlers
@@ -546,8 +512,6 @@ def _forked_child(fn, args, wiring: str, death_signal: int, msg_w: int, out_w: i
     try:
         with contextlib.suppress(OSError):
             os.setpgid(0, 0)  # a Ctrl-C in the parent's group does not reach it; killpg does
-        from hybridnb.processes.worker import prepare, run
-
         lifeline.after_fork()
         lifeline.hold(wiring, death_signal)
         for fd in read_fds:
@@ -563,7 +527,8 @@ def _forked_child(fn, args, wiring: str, death_signal: int, msg_w: int, out_w: i
                           closefd=False)
         sys.stdin = open(os.devnull)
         prepare()
-        code = run(msg_w, stop, fn, args, {})
+        channel.ready()
+        code = run(fn, args, {}, channel)
     finally:
         with contextlib.suppress(BaseException):  # exiting anyway
             sys.stdout.flush()
@@ -587,29 +552,16 @@ def close_fds(fds: list[int]) -> None:
             os.close(fd)
 
 
-def _payload_fd(data: bytes, made: list[int]) -> int:
-    """A descriptor, at offset 0, holding ``data`` (``channel.shared_file``: a memfd, or an
-    unlinked temporary file): the child reads it whenever it is ready, so nothing blocks here.
-    It is added to ``made`` (closed by ``_spawn`` on failure)."""
-    fd = shared_file("hybridnb-payload")
-    made.append(fd)
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
-
-
 def _write_all(fd: int, data: bytes) -> None:
     """Write ``data`` to a pipe and close it; a reader that died ends it quietly."""
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    except OSError:
-        pass
-    finally:
-        close_fds([fd])
+    with contextlib.suppress(OSError):
+        write_all(fd, [data])
+    close_fds([fd])
+
+
+def _outputs(out_r: int, err_r: int | None) -> dict[int, int]:
+    """The output pipes' read ends: fd -> 1 (stdout) or 2 (stderr)."""
+    return {out_r: 1} if err_r is None else {out_r: 1, err_r: 2}
 
 
 # ============================================================================ atomic starts
@@ -668,7 +620,3 @@ def _deliver(pending: list[int]) -> None:
     for sig in dict.fromkeys(pending):
         signal.raise_signal(sig)
 
-
-def _reap_later(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, 0)

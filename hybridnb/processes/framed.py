@@ -1,110 +1,47 @@
 """A command (``python -m MODULE ...``) that talks to its parent in the channel's frames.
 
-The GPU probe and a compare() variant are modules run as fresh interpreters, not callables:
-``start_framed(module, *args)`` starts ``python -m MODULE WIRING *args`` in its own process
-group with a message pipe (the child's ``Channel``), a stop flag and, with ``requests=True``, a
-request pipe the parent writes with ``Requests.send`` (the child reads it with an ``Inbox``).
-WIRING is one argument naming the inherited descriptors and the parent's pid; the module passes
-its argv to ``connect()``, which dies with the parent (``processes.lifeline``) and returns the
-channel, the inbox and the remaining arguments. So every child of hybridnb speaks one framing
-and is watched by the one loop (``supervise.Watch``).
+The GPU probe, a compare() variant and the spawned worker are modules run as fresh
+interpreters: ``start_framed(module, *args)`` (in ``child``, named here too) starts ``python -m
+MODULE WIRING *args`` in its own process group with a message pipe (the child's ``Channel``), a
+stop flag and, with ``requests=True``, a request pipe the parent writes (``Requests``). WIRING is
+one argument naming the inherited descriptors and the parent's pid. This module is the child's
+side: the module passes its argv to ``connect()`` (``wiring()`` for the worker, which reads its
+job as raw bytes), which dies with the parent (``processes.lifeline``) and returns the channel,
+its requests and the remaining arguments. So every child of hybridnb speaks one framing and is
+watched by the one loop (``supervise.Watch``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from hybridnb import env as _env
 from hybridnb import platform
 from hybridnb.processes import lifeline
-from hybridnb.processes.channel import (
-    Channel,
-    FrameReader,
-    Inbox,
-    StopFlag,
-    send_frame,
-    widen_pipe,
+from hybridnb.processes.channel import Channel, Inbox, StopFlag
+from hybridnb.processes.child import (  # noqa: F401 - the parent's side, named here too
+    NONE,
+    Requests,
+    child_environment,
+    start_framed,
 )
-from hybridnb.processes.child import Child, close_fds, new_pipe, start_command
-
-NONE = "-"
 
 
-class Requests:
-    """The parent's end of a child's request pipe."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd: int | None = fd
-
-    def send(self, kind: str, payload=None) -> None:
-        """Write one request (blocks while the pipe is full; OSError once the child is gone)."""
-        if self.fd is None:
-            raise BrokenPipeError("the request pipe is closed")
-        send_frame(self.fd, kind, payload)
-
-    def close(self) -> None:
-        if self.fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.fd)
-            self.fd = None
-
-
-def start_framed(module: str, *args: str, environ: dict[str, str] | None = None,
-                 requests: bool = False, merge_output: bool = False
-                 ) -> tuple[Child, Requests | None]:
-    """Start ``python -m module`` (see the module docstring); the ``Child`` has ``messages``
-    and ``stop`` like a spawned one. ``environ``: its whole environment (default: this
-    process's, with this process's ``sys.path`` on ``PYTHONPATH``)."""
-    made: list[int] = []
-    stop: StopFlag | None = None
-    try:
-        msg_r, msg_w = new_pipe(made)
-        widen_pipe(msg_w)
-        req_r, req_w = new_pipe(made) if requests else (None, None)
-        stop = StopFlag(shareable=True)
-        wiring = ",".join(str(x) for x in (msg_w, stop.fd, NONE if req_r is None else req_r,
-                                           lifeline.wiring()))
-        child = start_command([sys.executable, "-m", module, wiring, *args],
-                              env=child_environment() if environ is None else environ,
-                              merge_output=merge_output,
-                              pass_fds=[fd for fd in (msg_w, stop.fd, req_r, *lifeline.pass_fds())
-                                        if fd is not None])
-    except BaseException:  # cleanup, then re-raised
-        close_fds(made)
-        if stop is not None:
-            stop.close()
-        raise
-    close_fds([fd for fd in (msg_w, req_r) if fd is not None])
-    child.messages, child.stop = FrameReader(msg_r), stop
-    return child, (Requests(req_w) if req_w is not None else None)
-
-
-def child_environment() -> dict[str, str]:
-    """This process's environment with the folder holding hybridnb and this process's
-    ``sys.path`` on ``PYTHONPATH`` (a notebook may have added them to sys.path only), and
-    unbuffered output."""
-    environ = _env.environment()
-    package_root = str(Path(__file__).resolve().parents[2])
-    environ["PYTHONPATH"] = os.pathsep.join(
-        [package_root] + [p for p in sys.path if p] + [environ.get("PYTHONPATH", "")]
-    ).rstrip(os.pathsep)
-    environ["PYTHONUNBUFFERED"] = "1"
-    return environ
-
-
-def connect(argv: Sequence[str]) -> tuple[Channel, Inbox | None, list[str]]:
-    """In the child: the channel, the inbox (None without requests) and the arguments after
-    WIRING. It dies with its parent (SIGKILL) and exits at once if the parent is already gone."""
+def wiring(argv: Sequence[str], death_signal: int = platform.KILL
+           ) -> tuple[Channel, int | None, list[str]]:
+    """In the child: the channel, the request pipe's descriptor (None without requests) and
+    the arguments after WIRING. It gets ``death_signal`` when its parent dies, and exits at
+    once if the parent is already gone."""
     if not argv or argv[0].count(",") != 3:
         raise SystemExit("this module is started by hybridnb (processes.framed.start_framed), "
                          "not by hand")
     msg_fd, stop_fd, req_fd, parent = argv[0].split(",")
-    lifeline.hold(parent, platform.KILL)
-    channel = Channel(int(msg_fd), StopFlag.attach(int(stop_fd)))
-    inbox = None if req_fd == NONE else Inbox(int(req_fd))
-    return channel, inbox, list(argv[1:])
+    lifeline.hold(parent, death_signal)
+    channel = Channel(int(msg_fd), StopFlag(fd=int(stop_fd)))
+    return channel, None if req_fd == NONE else int(req_fd), list(argv[1:])
 
+
+def connect(argv: Sequence[str]) -> tuple[Channel, Inbox | None, list[str]]:
+    """In the child: the channel, the inbox of its requests (None without) and the arguments
+    after WIRING (see ``wiring``)."""
+    channel, req_fd, rest = wiring(argv)
+    return channel, None if req_fd is None else Inbox(req_fd), rest

@@ -1,18 +1,13 @@
 """A child dies with its parent: ``PR_SET_PDEATHSIG`` on Linux, a lifeline pipe elsewhere.
 
-Where the kernel cannot send a child a signal when its parent dies (macOS, Windows:
-``platform.parent_death_signal()``), each process that starts children holds one pipe: it
-keeps the write end and never writes; every child inherits the read end. When the parent dies,
-however it dies (SIGKILL included), the OS closes the write end and each child's watcher thread
-reads EOF and delivers the death signal to its own process (SIGKILL ends it at once; SIGINT,
-for ``hn.launch``'s ranks, raises KeyboardInterrupt in its main thread as the kernel's signal
-would). ``wiring()`` is what the child needs, as text for its argv ("PID" or "PID:FD");
-``hold(wiring, death_signal)`` in the child sets it up and exits at once if the parent is
-already gone.
-
-A forked child inherits the write end too: it must ``after_fork()`` (close that end), or
-it would keep its own lifeline open. Any other process forked from the parent without exec
-(a multiprocessing "fork" worker) also holds it until it ends.
+Where the kernel cannot signal a child when its parent dies (``platform.parent_death_signal()``),
+each process that starts children holds one pipe: it keeps the write end and never writes; every
+child inherits the read end. When the parent dies, however it dies, the OS closes the write end
+and the child's watcher thread delivers the death signal to its own process (SIGKILL ends it;
+SIGINT, for ``hn.launch``'s ranks, raises KeyboardInterrupt in its main thread). ``wiring()`` is
+what the child needs, as text for its argv; ``hold(wiring, death_signal)`` in the child sets it
+up and exits at once if the parent is already gone. A forked child must ``after_fork()`` (close
+the inherited write end), or it would keep its own lifeline open.
 """
 
 from __future__ import annotations

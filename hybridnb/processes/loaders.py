@@ -1,13 +1,9 @@
 """A torch ``DataLoader`` travels as its dataset and settings and is built again in the worker.
 
-A loader that was iterated with ``persistent_workers=True`` holds live worker processes (its
-``_iterator``), which cannot be pickled; they stay in this process, and the worker's loader
-starts its own when it is first iterated. ``reduce_loader`` is the pickler's reduction: a plain
-``DataLoader`` is rebuilt through its constructor (batch_size or batch_sampler, the sampler,
-which says shuffle or not, collate_fn, num_workers, pin_memory, drop_last, timeout,
-worker_init_fn, multiprocessing_context, generator, prefetch_factor, persistent_workers,
-pin_memory_device, in_order); a subclass (whose constructor may take other arguments) is
-rebuilt from its attributes without the live iterator.
+A loader iterated with ``persistent_workers=True`` holds live worker processes, which cannot be
+pickled: they stay here, and the worker's loader starts its own. A plain ``DataLoader`` is
+rebuilt through its constructor (``loader_settings``); a subclass, whose constructor may take
+other arguments, from its attributes without the live iterator.
 """
 
 from __future__ import annotations

@@ -11,11 +11,12 @@ PARTIAL_CAP = 2000  # characters of an unfinished line kept (a progress bar with
 
 
 class OutputLines:
-    """The text of one stream. ``lines`` (a bounded deque) may be shared between streams."""
+    """The text of one stream, its completed lines kept in ``lines`` (a bounded deque the
+    streams of one child share)."""
 
-    def __init__(self, lines: collections.deque | None = None, maxlen: int = 120) -> None:
+    def __init__(self, lines: collections.deque) -> None:
         self._decode = codecs.getincrementaldecoder("utf-8")("replace").decode
-        self.lines = lines if lines is not None else collections.deque(maxlen=maxlen)
+        self.lines = lines
         self.partial = ""
 
     def feed(self, data: bytes) -> tuple[str, list[str]]:
@@ -27,10 +28,6 @@ class OutputLines:
         done = [part.rsplit("\r", 1)[-1] for part in parts]
         self.lines.extend(done)
         return text, done
-
-    def text(self) -> str:
-        """The kept lines and the unfinished one."""
-        return "".join(line + "\n" for line in self.lines) + self.partial
 
 
 class LastWords:
@@ -53,10 +50,3 @@ class LastWords:
 
     def best(self, limit: int = 240) -> str:
         return (self.error or self.last)[:limit]
-
-    @classmethod
-    def of(cls, text: str) -> LastWords:
-        words = cls()
-        for line in text.splitlines():
-            words.feed(line.rsplit("\r", 1)[-1])
-        return words

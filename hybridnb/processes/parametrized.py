@@ -1,22 +1,14 @@
 """Parametrized modules (``torch.nn.utils.parametrize``) travel to a worker as they are.
 
-``register_parametrization`` (torch's ``weight_norm`` and ``spectral_norm`` in
-``torch.nn.utils.parametrizations``, braindecode's max-norm layers in EEGNeX, EEGNet, TCN...)
-swaps the module's class for one made on the spot (``ParametrizedConv2d``) whose
-``__getstate__`` refuses pickling: such a class cannot be found by name in another process, and
-its properties close over the module. torch suggests ``state_dict()``; building the model again
-from its state dict would need its constructor's arguments, and registering the
-parametrizations again runs their ``right_inverse`` (weight norm splits the weight again,
-max-norm rescales it), so the weights would not be the ones sent.
-
-So ``reduce`` sends such a module as an instance of the class it had before (its
-``type_before_parametrizations``) with its whole state, the ``parametrizations`` container
-with the ``original``/``original0``... tensors and the parametrization modules (spectral norm's
-``u``/``v`` included) untouched, and ``rebuild`` makes the class and its properties again in the
-worker, the way ``register_parametrization`` does (``_inject_new_class``,
-``_inject_property``): every tensor arrives bit for bit, nothing is recomputed, and the
-module's ``state_dict`` keys are the ones the kernel's model has (the trained state comes back
-through them).
+``register_parametrization`` (weight norm, spectral norm, braindecode's max-norm layers in
+EEGNeX, EEGNet, TCN...) swaps the module's class for one made on the spot whose
+``__getstate__`` refuses pickling. Building the model again from its state dict would need its
+constructor's arguments, and registering the parametrizations again runs their
+``right_inverse`` (the weights would not be the ones sent). So ``reduce`` sends such a module as
+an instance of its class before parametrization with its whole state (the ``parametrizations``
+container untouched), and ``rebuild`` makes the class and its properties again in the worker
+the way ``register_parametrization`` does: every tensor arrives bit for bit, and the
+``state_dict`` keys are the kernel's (the trained state comes back through them).
 """
 
 from __future__ import annotations

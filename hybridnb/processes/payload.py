@@ -1,32 +1,23 @@
-"""What a spawned child is given: a callable and its arguments, pickled with cloudpickle (so
-functions and classes defined in a notebook's ``__main__`` travel by value), with the big data
-kept out of the pickle stream:
+"""What a spawned child is given: a callable and its arguments, pickled with cloudpickle (so a
+notebook's functions and classes travel by value), the big data kept out of the pickle stream:
 
 - an array or CPU tensor whose bytes lie in a file mapping (an ``np.memmap``, a view of one,
-  ``torch.from_numpy(memmap)``, ``torch.from_file``) travels as a reference to that file
-  (``refs``): the worker maps the same bytes, nothing is copied or even read here;
+  ``torch.from_file``) travels as a reference to that file (``refs``): nothing is copied here;
 - any other plain CPU tensor or numpy array of ``SHM_MIN_BYTES`` or more is written once into its
-  own file under ``/dev/shm`` (one copy, here); the child maps that file (no copy: pages are read
-  as they are touched) and unlinks it at once, so the memory goes when the child lets go of it.
-  The child's copy is a snapshot: later changes on either side do not reach the other. The parent
-  unlinks whatever the child did not (``discard``), e.g. when it died before loading;
-- a torch ``DataLoader`` travels as its dataset and settings and is built again (``loaders``);
-  one holding live worker processes (persistent workers, already iterated) says so once;
-- a parametrized module (``torch.nn.utils.parametrize``: weight norm, spectral norm,
-  braindecode's max-norm layers), which torch refuses to pickle, travels with its state as it
-  is and gets its parametrized class again in the child (``parametrized``).
+  own file under ``/dev/shm``; the child maps it (pages are read as they are touched) and
+  unlinks it at once. The child's copy is a snapshot. The parent unlinks whatever the child
+  did not (``discard``), e.g. when it died before loading;
+- a torch ``DataLoader`` travels as its dataset and settings (``loaders``), a parametrized
+  module with its state as it is (``parametrized``).
 
 An object that cannot be pickled raises ``NotSendable`` naming where it is (``unsendable``).
 
 Shared memory is an optimisation, not a requirement: where ``/dev/shm`` has too little room
 (Docker gives a container 64 MB unless ``--shm-size`` says otherwise) or a write there fails for
-lack of space, the files go to the temporary folder instead (mapped the same way, read from disk
-as they are touched), and if that is full too the bytes go in the pickle itself (the pipe). Each
-fallback is said once, naming ``/dev/shm`` and ``--shm-size``.
-
-Why files rather than torch's ``share_memory_()``: that moves the parent's own tensor into shared
-memory, so the child's writes would change the parent's copy (the start state a crashed worker's
-parent relies on).
+lack of space, the files go to the temporary folder instead, and if that is full too the bytes
+go in the pickle itself. Each fallback is said once. Files rather than torch's
+``share_memory_()``, which would move the parent's own tensor into shared memory: the child's
+writes would change the start state a crashed worker's parent relies on.
 """
 
 from __future__ import annotations
@@ -45,6 +36,7 @@ import cloudpickle
 
 from hybridnb import platform
 from hybridnb.processes import loaders, parametrized, refs
+from hybridnb.processes.channel import as_sent, tensor_bytes
 from hybridnb.processes.unsendable import NotSendable, job_parts, not_sendable
 
 __all__ = ["NotSendable", "SHM_MIN_BYTES", "discard", "pack", "unpack"]
@@ -53,6 +45,8 @@ SHM_MIN_BYTES = 1 << 20
 SHM_DIR = "/dev/shm"
 SHM_RESERVE = 0.1  # the share of /dev/shm left free for others (DataLoader workers use it too)
 _FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
 def _mb(n: float) -> str:
     return f"{n / 2**20:.0f} MiB"
 
@@ -153,14 +147,9 @@ class _Pickler(cloudpickle.Pickler):
         return None
 
     def _tensor_to_file(self, obj: Any) -> tuple | None:
-        import torch
-
-        flat = obj.detach().resolve_conj().resolve_neg().contiguous()
-        path = self._write(memoryview(flat.reshape(-1).view(torch.uint8).numpy()))
-        if path is None:
-            return None
-        return ("shm", path, flat.dtype, tuple(flat.shape), flat.nbytes,
-                isinstance(obj, torch.nn.Parameter), obj.requires_grad)
+        spec, raw = tensor_bytes(obj)
+        path = self._write(raw)
+        return None if path is None else ("shm", path, *spec)
 
     def _array_to_file(self, obj: Any) -> tuple | None:
         import numpy as np
@@ -183,18 +172,16 @@ def pack(obj: Any, files: list[str] | None = None) -> tuple[bytes, list[str]]:
     pickler = _Pickler(buf, folder, [] if files is None else files)
     try:
         pickler.dump(obj)
-    except Exception:
+    except BaseException as exc:  # any failure: its files go; a part that cannot pickle is named
         discard(pickler.paths)
-        named = (job_parts(*obj) if isinstance(obj, tuple) and len(obj) == 3
-                 and callable(obj[0]) and isinstance(obj[1], tuple)
-                 and isinstance(obj[2], dict) else [("the object", obj)])
-        found = not_sendable(named)
+        if not isinstance(exc, Exception):
+            raise
+        job = (isinstance(obj, tuple) and len(obj) == 3 and callable(obj[0])
+               and isinstance(obj[1], tuple) and isinstance(obj[2], dict))
+        found = not_sendable(job_parts(*obj) if job else [("the object", obj)])
         if found is None:
             raise
         raise found from None
-    except BaseException:
-        discard(pickler.paths)
-        raise
     if pickler.live_loaders:
         platform.say("a DataLoader with live worker processes (persistent_workers, already "
                      "iterated) is sent as its dataset and settings; the worker process starts "
@@ -217,9 +204,7 @@ class _Unpickler(pickle.Unpickler):
             with contextlib.suppress(OSError):
                 os.unlink(path)  # mapped: the pages live as long as the tensor
         t = raw.view(dtype).view(shape) if nbytes else torch.empty(shape, dtype=dtype)
-        if is_param:
-            return torch.nn.Parameter(t, requires_grad=requires_grad)
-        return t.requires_grad_(True) if requires_grad else t
+        return as_sent(t, is_param, requires_grad)
 
 
 def _open_shm_array(path: str, dtype: Any, shape: tuple, writeable: bool) -> Any:

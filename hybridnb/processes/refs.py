@@ -1,20 +1,18 @@
 """Arrays and tensors whose memory lies in a file mapping travel as a reference, not a copy.
 
 An ``np.memmap``, a view of one, ``torch.from_numpy(memmap)`` or ``torch.from_file(...)``: their
-bytes are already in a file. ``ndarray_ref``/``tensor_ref`` find the file and the byte range
-from the pointer (Linux: ``/proc/self/maps``) and return a ``FileRef`` (path, offset, dtype, shape, strides,
-mode, the file's identity); ``open_ref`` maps the same bytes again in the worker, without a
-copy (pages are read as they are touched). Nothing else of the array is read here.
+bytes are already in a file. ``ndarray_ref``/``tensor_ref`` find the file and the byte range from
+the pointer (``/proc/self/maps``) and return a ``FileRef``; ``open_ref`` maps the same bytes
+again in the worker, without a copy. Nothing else of the array is read here.
 
-When the reference is not taken (they return None, and the caller sends the bytes):
-the memory is anonymous, the file was deleted or replaced since it was mapped, the array holds
-Python objects, or a private (copy-on-write) mapping has pages written since it was mapped
-(``/proc/self/smaps``: then the file no longer holds what the array holds).
+No reference is taken (they return None, and the caller sends the bytes) when the memory is
+anonymous, the file was deleted or replaced since it was mapped, the array holds Python
+objects, or a private (copy-on-write) mapping has pages written since it was mapped
+(``/proc/self/smaps``: the file no longer holds what the array holds).
 
 A writable shared mapping (``np.memmap(mode="r+")``, ``torch.from_file(shared=True)``) is
-opened shared in the worker too: writes on either side reach the file and the other side, as
-they do between two memmaps of one file. A read-only one stays read-only; an unwritten private
-one is opened copy-on-write.
+opened shared in the worker too, as two memmaps of one file are; a read-only one stays
+read-only; an unwritten private one is opened copy-on-write.
 """
 
 from __future__ import annotations
@@ -192,26 +190,21 @@ def tensor_ref(t: Any, locator: Locator) -> FileRef | None:
 
 
 def _check(ref: FileRef) -> None:
+    dev, ino, size, mtime = ref.stamp
     try:
         st = os.stat(ref.path)
     except OSError as exc:
-        raise SentFileChanged(
-            f"{ref.path}: the file behind an array sent by reference is gone ({exc.strerror}); "
-            "keep it in place until the worker has started, or send a copy (np.array(x))"
-        ) from None
-    dev, ino, size, mtime = ref.stamp
-    changes = []
-    if (st.st_dev, st.st_ino) != (dev, ino):
-        changes.append("replaced by another file")
-    if st.st_size != size:
-        changes.append(f"size {size} -> {st.st_size} bytes")
-    if mtime is not None and st.st_mtime_ns != mtime:
-        changes.append("modified")
+        changes = [f"gone: {exc.strerror}"]
+    else:
+        changes = [what for what, changed in (
+            ("replaced by another file", (st.st_dev, st.st_ino) != (dev, ino)),
+            (f"size {size} -> {st.st_size} bytes", st.st_size != size),
+            ("modified", mtime is not None and st.st_mtime_ns != mtime)) if changed]
     if changes:
         raise SentFileChanged(
             f"{ref.path}: the file behind an array sent by reference changed before the worker "
-            f"opened it ({', '.join(changes)}); keep it unchanged until the worker has started, "
-            "or send a copy (np.array(x))")
+            f"opened it ({', '.join(changes)}); keep it in place and unchanged until the worker "
+            "has started, or send a copy (np.array(x))")
 
 
 def open_ref(ref: FileRef) -> Any:

@@ -1,22 +1,18 @@
 """A warm worker: one spare prestarted worker per preload tuple, kept for the next request.
 
 ``child.prestart_spawn`` takes the spare when there is one (``take``) instead of starting an
-interpreter, and once a worker's job is over (``PrestartedWorker.start_next``, which
-``train.isolate.run_isolated`` calls) the next spare is started (``replenish``): so the second
-isolated fit in a kernel finds a worker that has already imported torch, and no spare's start-up
-takes CPU from a running job. A spare is handed out only while it runs (one that died is dropped, closed, and
-a fresh one started instead) and only when it was started for the same request: the same
-preload, worker variables, death signal and output plumbing, and the same environment,
-``sys.path``, working directory and interpreter as now (else it is closed as stale). A spare
-still importing is handed out too: it is ahead of a fresh start.
+interpreter, and once a worker's job is over (``PrestartedWorker.start_next``) the next spare is
+started (``replenish``): the second isolated fit in a kernel finds a worker that has imported
+torch already, and no spare's start-up takes CPU from a running job. A spare is handed out only
+while it runs and only when it was started for the same request (preload, worker variables,
+death signal, output plumbing, and the same environment, ``sys.path``, working directory and
+interpreter as now); else it is closed. One still importing is handed out too: it is ahead.
 
-A spare never outlives this process: it gets ``death_signal`` (SIGKILL) when this process dies
-(``processes.lifeline``: ``PR_SET_PDEATHSIG``, or a lifeline pipe), sees EOF on its job pipe and exits when this process is gone, and is
-killed at interpreter exit (atexit). ``HYBRIDNB_WARM_WORKER=0`` turns spares off (each costs the
-memory of an idle interpreter with torch loaded).
-
-The spare is started from the thread that calls ``send`` (Linux's PR_SET_PDEATHSIG fires when the
-*thread* that started a child ends; a spare killed that way is found dead and replaced).
+A spare never outlives this process: it dies with it (``processes.lifeline``), sees EOF on its
+job pipe, and is killed at interpreter exit (atexit). ``HYBRIDNB_WARM_WORKER=0`` turns spares
+off (each costs the memory of an idle interpreter with torch loaded). Linux's PR_SET_PDEATHSIG
+fires when the *thread* that started a child ends: a spare killed that way is found dead and
+replaced.
 """
 
 from __future__ import annotations
@@ -26,28 +22,15 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from hybridnb.env import environment, warm_worker
 
-
-class Spare(Protocol):
-    """What this module needs of ``child.PrestartedWorker`` (not imported: child imports this)."""
-
-    child: Any
-
-    def close(self) -> None: ...
-
-
 Key = tuple
+Spare = Any  # a ``child.PrestartedWorker`` (not imported: child imports this module)
 
 _lock = threading.Lock()
 _spares: dict[tuple[str, ...], tuple[Key, Spare]] = {}
-
-
-def enabled() -> bool:
-    """Whether spares are kept (``HYBRIDNB_WARM_WORKER``)."""
-    return warm_worker()
 
 
 def key_of(preload: tuple[str, ...], env: dict[str, str] | None, death_signal: int,
@@ -74,7 +57,7 @@ def take(key: Key) -> Spare | None:
 
 def replenish(key: Key, start: Callable[[], Spare]) -> None:
     """Start the spare for ``key`` unless a running one is there (spares on)."""
-    if not enabled():
+    if not warm_worker():
         return
     with _lock:
         entry = _spares.get(key[0])

@@ -1,36 +1,28 @@
 """The one watch loop for every child of hybridnb, under one interrupt policy.
 
 ``Watch`` watches several children together (the GPU probes, compare()'s variants, an isolated
-fit, ``hn.launch``'s ranks) in one ``select`` loop: it passes each child's messages (the
-channel's frames) to its ``on_message``, copies its stdout/stderr into this process's (or keeps
-only the tail), applies its limits, and turns how it ended into a ``ChildOutcome``. ``supervise``
-is the shorthand for one child. Nothing is left running when a ``Watch`` closes, whatever
-raised: every child's process group is killed and reaped.
+fit, ``hn.launch``'s ranks) in one ``select`` loop: it passes each child's messages to its
+``on_message``, copies its output into this process's (or keeps only the tail), applies its
+limits, and turns how it ended into a ``ChildOutcome``; ``supervise`` is the shorthand for one
+child. Nothing is left running when a ``Watch`` closes, whatever raised.
 
-Limits, per child. The silence limit bounds *silence*, not a phase's length: every
-"step_done" or "heartbeat" restarts the clock, so a validation of an hour that beats every
-minute is fine, and a child silent for longer than the limit is killed; its outcome
-(``Ending.HUNG``) names the last phase a heartbeat reported (``{"phase": "validation"}``) and how
-long it had been silent. A heartbeat's ``grace`` lengthens the limit until the next message
-(compiling). ``deadline`` bounds the run, or one request (``Watched.arm``), instead
+Limits, per child. The silence limit bounds *silence*, not a phase: every "step_done" or
+"heartbeat" restarts the clock, and a child silent for longer is killed (``Ending.HUNG``, naming
+the last phase a heartbeat reported). A heartbeat's ``grace`` lengthens the limit until the next
+message (compiling). ``deadline`` bounds the run, or one request (``Watched.arm``), instead
 (``Ending.TIMEOUT``).
 
-The interrupt policy, in this one place: the handlers for SIGINT, SIGTERM and SIGHUP (where the
-OS has it: ``platform.hangup_signals()``) are
-installed when the watch opens, before any child starts, so a signal at any moment (a child's
-start-up included) is counted and never strands a child. The first signal asks every child to
-stop: its stop flag says "interrupt" (``Channel.stop_reason()``) and a child with a
-``stop_signal`` (launch's ranks: SIGINT) gets that signal; it finishes its step and sends its
-state and result. A child that has not ended after its ``stop_grace`` is killed with its process
-group (``Ending.INTERRUPTED``); a child with nothing to keep (``stop_grace=0``: a probe, a
-compare() variant) is killed at once. A second signal kills every child at once. Once the
-children are gone, SIGTERM (or SIGHUP) is delivered again to this process as it was handled
-before the watch (by default: it ends); SIGINT too, unless the watch keeps it
-(``keep_interrupt=True``: the isolated fit and launch answer it with their outcome).
-``should_stop`` (a Stop button) sets the flag with the reason "stop" (or the word it returns,
-"callback"), without a time limit. A
-parent killed outright (SIGKILL, which no handler sees) takes its children with it: each dies
-with its parent (``processes.lifeline``: ``PR_SET_PDEATHSIG``, or a lifeline pipe).
+The interrupt policy, in this one place: the handlers for SIGINT, SIGTERM and SIGHUP are
+installed when the watch opens, before any child starts, so a signal at any moment is counted
+and never strands a child. The first signal asks every child to stop (its stop flag says
+"interrupt"; a child with a ``stop_signal`` also gets that signal): it finishes its step and
+sends its state and result, or is killed after its ``stop_grace`` (0: at once, for a child
+with nothing to keep). A second signal kills every child at once. Once the children are gone,
+SIGTERM (or SIGHUP) is delivered again to this process as it was handled before the watch; SIGINT
+too, unless the watch keeps it (``keep_interrupt=True``: the isolated fit and launch answer it
+with their outcome). ``should_stop`` (a Stop button) sets the flag with the reason "stop" (or
+the word it returns), without a time limit. A parent killed outright takes its children with it
+(``processes.lifeline``).
 """
 
 from __future__ import annotations
@@ -53,7 +45,6 @@ from hybridnb.processes.channel import (
     ERROR,
     HEARTBEAT,
     INTERRUPT,
-    READY,
     STATE,
     STEP_DONE,
     STOP,
@@ -64,9 +55,9 @@ from hybridnb.processes.ended import SIGNAL_HINTS, ChildOutcome, Ending, signal_
 
 STOP_GRACE_S = 30.0     # after an interrupt: time to finish the step and send the result
 EXIT_GRACE_S = 10.0     # after "done"/"error": time for the child to exit by itself
-# the signals the policy answers: an interrupt, and the two that end a process by default
-# (SIGTERM: a service manager, ``kill``; SIGHUP: the terminal closed)
-SIGNALS = platform.hangup_signals()
+# the signals the policy answers: an interrupt, and those that end a process by default
+# (SIGTERM: a service manager, ``kill``; SIGHUP, where there is one: the terminal closed)
+SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, platform.HANGUP) if s is not None)
 
 
 @dataclass
@@ -80,7 +71,6 @@ class ChildProgress:
     last_message: float = 0.0             # time.monotonic() of the last step or heartbeat
     last_step: float = 0.0
     started: bool = False                 # it sent something ("ready" or more)
-    ready_at: float | None = None         # when it said "ready" (its clock: time.monotonic())
 
     @property
     def median_step_s(self) -> float | None:
@@ -162,9 +152,7 @@ class Watched:
         p = self.progress
         p.started = True
         info = m.payload if isinstance(m.payload, dict) else {}
-        if m.kind == READY:
-            p.last_message, p.ready_at = now, info.get("at", now)
-        elif m.kind == STEP_DONE:
+        if m.kind == STEP_DONE:
             p.steps += 1
             seconds, at = info.get("seconds"), info.get("at")
             at = now if at is None else at  # time.monotonic() is one clock for both processes
@@ -206,28 +194,21 @@ class Watched:
             limit, name = self.start_grace, "start_grace"
         return limit, name
 
+    def _limits(self) -> list[tuple[float, str]]:
+        """When each of its limits runs out (time.monotonic()), and the cause it gives."""
+        if self.finished_at is not None:
+            return [(self.finished_at + EXIT_GRACE_S, "finished")]
+        limits = [(self.stop_deadline, "stop_timeout"), (self.deadline_at, "deadline"),
+                  (self.progress.last_message + self.limit()[0], "silent")]
+        return [(at, cause) for at, cause in limits if at is not None]
+
     def next_check(self) -> float:
         """When one of its limits runs out next (time.monotonic())."""
-        if self.finished_at is not None:
-            return self.finished_at + EXIT_GRACE_S
-        deadline = self.progress.last_message + self.limit()[0]
-        if self.stop_deadline is not None:
-            deadline = min(deadline, self.stop_deadline)
-        if self.deadline_at is not None:
-            deadline = min(deadline, self.deadline_at)
-        return deadline
+        return min(at for at, _ in self._limits())
 
     def overdue(self, now: float) -> str | None:
         """The limit it has passed (a cause), or None."""
-        if self.finished_at is not None:
-            return "finished" if now > self.finished_at + EXIT_GRACE_S else None
-        if self.stop_deadline is not None and now >= self.stop_deadline:
-            return "stop_timeout"
-        if self.deadline_at is not None and now > self.deadline_at:
-            return "deadline"
-        if now > self.progress.last_message + self.limit()[0]:
-            return "silent"
-        return None
+        return next((cause for at, cause in self._limits() if now >= at), None)
 
     # ---------------------------------------------------------------- the outcome
     def make_outcome(self, now: float) -> ChildOutcome:
@@ -300,7 +281,7 @@ class Watch:
     watches them all until every one has ended, or ``until()`` is true; ``end(watched)`` ends
     one now. ``poll``: how often children and ``should_stop`` are checked when nothing arrives.
     ``keep_interrupt``: SIGINT is answered by the outcomes (not delivered again).
-    ``interrupt_note``: what to print on stderr at the first interrupt (default: names the
+    ``interrupt_note``: what ``platform.say`` says at the first interrupt (default: names the
     children and says a second interrupt kills them)."""
 
     def __init__(self, *, poll: float = 0.1, should_stop: Callable[[], bool] | None = None,
@@ -392,7 +373,7 @@ class Watch:
             now = time.monotonic()
             for w in live:
                 if w.child.poll() is not None:
-                    self._read(w, self._fds(w))  # what it wrote before it ended
+                    self._read(w, w.child.wait_fds())  # what it wrote before it ended
                     self._end(w, "exited")
                 elif len(self.signals) >= 2:
                     self._end(w, "interrupted")
@@ -412,7 +393,7 @@ class Watch:
         child is ended all the same."""
         if not watched.ended:
             try:
-                self._read(watched, self._fds(watched), deliver)
+                self._read(watched, watched.child.wait_fds(), deliver)
             finally:
                 self._end(watched, "exited" if watched.child.poll() is not None else "closed")
         return watched.outcome
@@ -429,13 +410,6 @@ class Watch:
             raise failed
 
     # ---------------------------------------------------------------- the loop's parts
-    @staticmethod
-    def _fds(w: Watched) -> list[int]:
-        fds = list(w.child.output_fds)
-        if w.child.messages is not None:
-            fds.append(w.child.messages.fd)
-        return fds
-
     def _read(self, w: Watched, ready, deliver: bool = True) -> None:
         child = w.child
         reader = child.messages
@@ -490,18 +464,14 @@ class Watch:
                     median = w.progress.median_step_s or 0.0
                     w.stop_wait = max(w.stop_grace, 3 * median) if w.stop_grace > 0 else 0.0
                     w.stop_deadline = now + w.stop_wait
-        if reason == INTERRUPT and not self._announced:
-            self._announced = True
-            waiting = [w for w in self.live() if w.stop_wait > 0]
-            if self.interrupt_note is not None:
-                print(self.interrupt_note, file=sys.stderr)
-            elif len(waiting) == 1:
-                print(f"hybridnb: interrupt: {waiting[0].name} stops after its current step "
-                      "and sends its state (interrupt again to kill it)", file=sys.stderr)
-            elif waiting:
-                print(f"hybridnb: interrupt: {', '.join(w.name for w in waiting)} stop after "
-                      "their current step and send their state (interrupt again to kill them)",
-                      file=sys.stderr)
+        waiting = [w.name for w in self.live() if w.stop_wait > 0]
+        if reason == INTERRUPT and not self._announced and (waiting or self.interrupt_note):
+            self._announced = True  # said where the run's notices go (platform.say)
+            one = len(waiting) == 1
+            platform.say(self.interrupt_note or (
+                f"interrupt: {', '.join(waiting)} {'stops' if one else 'stop'} after the current "
+                f"step and {'sends its' if one else 'send their'} state (interrupt again to kill "
+                f"{'it' if one else 'them'})"))
 
 
 def _secs(seconds: float | None) -> str:

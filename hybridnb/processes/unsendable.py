@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import io
 import pickle
 import sys
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,12 +33,7 @@ class NotSendable(TypeError):
         self.path, self.kind = path, kind
 
 
-class _Null(io.RawIOBase):
-    def writable(self) -> bool:
-        return True
-
-    def write(self, b) -> int:
-        return len(b)
+_NULL = types.SimpleNamespace(write=len)  # a file that keeps nothing: only failures count
 
 
 class _Probe(cloudpickle.Pickler):
@@ -65,10 +60,8 @@ class _Probe(cloudpickle.Pickler):
 
 def _fails(obj: Any) -> BaseException | None:
     try:
-        _Probe(_Null(), protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    except RecursionError as exc:
-        return exc
-    except Exception as exc:  # noqa: BLE001 - any failure marks the object
+        _Probe(_NULL, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    except Exception as exc:  # noqa: BLE001 - any failure (recursion too) marks the object
         return exc
     return None
 
@@ -91,15 +84,9 @@ def _parts(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
     import functools
 
     if isinstance(obj, functools.partial):
-        try:
-            names = list(inspect.signature(obj.func).parameters)
-        except (TypeError, ValueError):
-            names = []
         yield f"{path}.func", obj.func
-        for i, v in enumerate(obj.args):
-            yield f"{path}.<argument {names[i] if i < len(names) else i}>", v
-        for k, v in obj.keywords.items():
-            yield f"{path}.<argument {k}>", v
+        for name, v in _bound(obj):
+            yield f"{path}.<argument {name}>", v
         return
     if inspect.isfunction(obj):
         for name, cell in zip(obj.__code__.co_freevars, obj.__closure__ or (), strict=False):
@@ -176,24 +163,29 @@ def job_parts(fn: Any, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
     names (a partial's too: ``partial(work, job)`` gives ``job``), then the function."""
     import functools
 
-    named: list[tuple[str, Any]] = []
-    if isinstance(fn, functools.partial):
-        try:
-            names = list(inspect.signature(fn.func).parameters)
-        except (TypeError, ValueError):
-            names = []
-        named += [(names[i] if i < len(names) else f"args[{i}]", a)
-                  for i, a in enumerate(fn.args)]
-        named += list(fn.keywords.items())
-    try:
-        params = list(inspect.signature(fn).parameters)[1:]  # after the channel
-    except (TypeError, ValueError):
-        params = []
-    named += [(params[i] if i < len(params) else f"args[{i}]", a) for i, a in enumerate(args)]
-    named += list(kwargs.items())
-    inner = fn.func if isinstance(fn, functools.partial) else fn
+    partial = isinstance(fn, functools.partial)
+    named = _bound(fn) if partial else []
+    named += _by_name(_parameters(fn)[1:], args, kwargs)  # after the channel
+    inner = fn.func if partial else fn
     named.append((getattr(inner, "__qualname__", None) or "the function", inner))
     return named
+
+
+def _parameters(fn: Any) -> list[str]:
+    try:
+        return list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # a builtin, or no signature
+        return []
+
+
+def _by_name(names: list[str], args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
+    return [(names[i] if i < len(names) else f"args[{i}]", a)
+            for i, a in enumerate(args)] + list(kwargs.items())
+
+
+def _bound(p: Any) -> list[tuple[str, Any]]:
+    """A partial's arguments, named by the parameters they fill."""
+    return _by_name(_parameters(p.func), p.args, p.keywords)
 
 
 def _type_name(obj: Any) -> str:

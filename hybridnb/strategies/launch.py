@@ -33,7 +33,7 @@ from hybridnb.env import (  # HEADLESS: text view
     omp_threads_set,
 )
 from hybridnb.processes.channel import DONE, ERROR, Message
-from hybridnb.processes.child import fork_available, start_fork, start_spawn
+from hybridnb.processes.child import start_fork, start_spawn
 from hybridnb.processes.ended import Ending
 from hybridnb.processes.supervise import Watch, Watched
 
@@ -56,7 +56,7 @@ def launch(fn: Callable[..., Any], *args: Any, num_processes: int | None = None,
     n = _count(num_processes)
     if start_method is not None and start_method not in START_METHODS:
         raise ValueError(f"start_method={start_method!r}: use 'spawn'"
-                         + (" or 'fork'" if fork_available() else ""))
+                         + (" or 'fork'" if platform.fork() else ""))
     if n > 1 and not platform.child_pipes():
         platform.say_once(f"hn.launch: {platform.child_pipes().why}; running fn once in this process "
              f"(1 process instead of {n})")
@@ -64,7 +64,7 @@ def launch(fn: Callable[..., Any], *args: Any, num_processes: int | None = None,
     if n == 1:
         return fn(*args)
     # start_fork spawns (and says so once) where this OS cannot fork
-    method = start_method or ("fork" if fork_available() else "spawn")
+    method = start_method or ("fork" if platform.fork() else "spawn")
     import torch
 
     if method == "fork" and torch.cuda.is_initialized():
@@ -142,7 +142,7 @@ class _Rank:
         return self.watched.child.output_text()
 
 
-INTERRUPT_NOTE = ("hybridnb: interrupt sent to every rank: they stop after the current step and "
+INTERRUPT_NOTE = ("interrupt sent to every rank: they stop after the current step and "
                   "save a checkpoint (interrupt again to kill them)")
 
 
