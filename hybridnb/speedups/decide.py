@@ -226,28 +226,37 @@ def _cpu_auto(model, inputs, device, prec: str, auto: bool, chosen, applied: App
 def _cpu_channels_last(toggle, model, inputs, applied: Applied) -> None:
     """channels_last where a grouped ``(H, 1)`` convolution reads the model's own input (made
     NHWC by the pre-hook), or spans the whole height of an input made after a plain 2-D
-    convolution ran (one eval forward on the slice, hooks): EEGNeX, EEGNet and their kin gain
-    1.2-2.5x. A grouped (16, 1) filter
-    along time (EEGTCNet) ran 0.4x, and a spatial filter over a tensor no convolution module
-    made (SincShallowNet's functional sinc filters, permuted and made contiguous) 0.5x (its
-    BatchNorm backward ran 8x slower)."""
-    state = {"conv": False, "keep": False}
+    convolution ran, with the channels of the module that ran just before it, an even number
+    of them (one eval forward on the slice, hooks): EEGNeX, EEGNet and their kin gain
+    1.05-2.5x. The losses the rule keeps out are BatchNorm's over the tall map: a grouped
+    (16, 1) filter along time (EEGTCNet) ran 0.4x; a spatial filter over a tensor no
+    convolution module made (SincShallowNet's functional sinc filters) 0.5x; over a
+    concatenation of branches (TCFormer: BatchNorm's backward on channel slices of an NHWC
+    gradient) 0.42x; over 9 channels (MSVTNet: BatchNorm 4.9x its NCHW time) 0.78-0.97x."""
+    state = {"conv": False, "keep": False, "channels": None}
     given = {a.data_ptr() for a in inputs if isinstance(a, torch.Tensor)}
 
-    def conv_ran(module, args, output):
-        state["conv"] = True
+    def ran(conv: bool, output) -> None:
+        state["conv"] |= conv
+        if isinstance(output, torch.Tensor) and output.dim() == 4:
+            state["channels"] = output.shape[1]
 
     def grouped_in(module, args):
         x = replace.first_tensor(args)
-        state["keep"] |= x is not None and x.dim() == 4 and (
-            x.data_ptr() in given or (state["conv"] and x.shape[2] == module.kernel_size[0]))
+        state["keep"] |= x is not None and x.dim() == 4 and (x.data_ptr() in given or (
+            state["conv"] and x.shape[2] == module.kernel_size[0]
+            and x.shape[1] == state["channels"] and x.shape[1] % 2 == 0))
 
     hooks = []
-    for m in replace.originals(model):  # a replacement shares its original's hooks
+    for name, m in model.named_modules():  # a replacement shares its original's hooks
+        m = m.original if isinstance(m, replace.Replacement) else m
         if _grouped_rows(m):
             hooks.append(m.register_forward_pre_hook(grouped_in))
-        elif isinstance(m, nn.Conv2d) and m.groups == 1:
-            hooks.append(m.register_forward_hook(conv_ran))
+        layer = isinstance(m, nn.Conv2d) or not any(True for _ in m.children())
+        if layer and "parametrizations" not in name.split("."):  # a weight's parametrization
+            conv = isinstance(m, nn.Conv2d) and m.groups == 1  # is no layer
+            hooks.append(m.register_forward_hook(
+                lambda module, args, output, conv=conv: ran(conv, output)))
     try:
         exact.eval_output(model, inputs)
     finally:
@@ -256,7 +265,8 @@ def _cpu_channels_last(toggle, model, inputs, applied: Applied) -> None:
     if not state["keep"]:
         applied.skipped["channels_last"] = ("no grouped (H, 1) 2-D convolution on the input "
                                             "or spanning the height of a 2-D convolution's "
-                                            "output (the CPU's rule)")
+                                            "output, of an even number of channels, "
+                                            "unconcatenated (the CPU's rule)")
         return
     toggle(True)
     applied.applied.append("channels_last")
