@@ -120,6 +120,14 @@ def originals(model: nn.Module) -> Iterator[nn.Module]:
         yield module.original if isinstance(module, Replacement) else module
 
 
+def is_stock_conv2d(module: nn.Module) -> bool:
+    """A ``Conv2d`` running Conv2d's own forward: a subclass that changes ``forward`` or
+    ``_conv_forward`` may do more than the convolution, and is left alone."""
+    cls = type(module)
+    return (isinstance(module, nn.Conv2d) and cls.forward is nn.Conv2d.forward
+            and cls._conv_forward is nn.Conv2d._conv_forward)
+
+
 def first_tensor(args: tuple) -> torch.Tensor | None:
     """A forward call's first positional input when it is a tensor."""
     return args[0] if args and isinstance(args[0], torch.Tensor) else None

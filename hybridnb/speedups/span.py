@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridnb.speedups.replace import FormReplacement
+from hybridnb.speedups.replace import FormReplacement, is_stock_conv2d
 from hybridnb.speedups.rewrite import LayerRewrite, RewriteReport
 
 MIN_SPAN = 2  # electrodes: a kernel over one row gains nothing from the 1-D form
@@ -65,11 +65,7 @@ def spanned_axes(module: nn.Module) -> tuple[int, ...]:
     padding, stride 1, dilation 1 and at least ``MIN_SPAN`` taps, the other axis at least two
     (none for any other module). A one-tap spatial filter is a matrix product oneDNN already
     runs well: SignalJEPA_PreLocal's (129, 1) one ran 0.85x as 1-D (issue 34)."""
-    if not isinstance(module, nn.Conv2d):
-        return ()
-    cls = type(module)
-    if not (cls.forward is nn.Conv2d.forward and cls._conv_forward is nn.Conv2d._conv_forward
-            and module.in_channels == 1 and module.groups == 1
+    if not (is_stock_conv2d(module) and module.in_channels == 1 and module.groups == 1
             and module.padding_mode == "zeros" and module.padding != "same"):
         return ()
     return tuple(axis for axis in (1, 0)
