@@ -1,18 +1,10 @@
-"""The one interface of a rewrite: a rule, a check on a batch, and an undo.
+"""The one interface of a rewrite (``Rewrite``: a rule, a check on a batch, an undo; see the
+package docstring) and ``LayerRewrite``, the common case: one layer for one layer, checked layer
+by layer on the batch (forward hooks) and on the whole model's output.
 
-A ``Rewrite`` puts replacement modules (``replace.Replacement``) in the place of stock layers
-whose arithmetic a faster form computes exactly. Every rewrite:
-
-- ``applies(module)``: its rule, about a layer's type and shape (never a model's name);
-- ``apply(model, *example)``: finds the layers the rule takes on one example batch, replaces
-  them, ``check``s, and keeps nothing when the check fails (the report's ``note`` says why);
-- ``check(model, *example)``: exactness on the batch, the model as it is against a copy with this
-  rewrite undone (``exact.RTOL``);
-- ``undo(model)``: the original modules back in their places;
-- keeps ``state_dict()`` keys and values (replacements share the originals' tensors).
-
-``LayerRewrite`` is the common case, one layer for one layer, checked layer by layer on the
-batch (forward hooks) and on the whole model's output.
+Every rewrite's rule is about a layer's type and shape, never a model's name; ``apply`` keeps
+nothing when the check fails (its report's ``note`` says why); replacements share the
+originals' tensors, so ``state_dict()`` keys and values stay.
 """
 
 from __future__ import annotations
