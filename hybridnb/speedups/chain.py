@@ -361,11 +361,8 @@ def _scan(model: nn.Module, example: tuple) -> tuple[list[tuple[str, str, str]],
 
 
 class ChainRewrite(Rewrite):
-    """The ``chain`` knob; see the module docstring. ``check`` compares, in fp32 on the first
-    ``CHECK_SAMPLES`` samples, the eval-mode output and, on copies of the model (the model's own
-    statistics, gradients and random streams untouched), one training-mode forward + backward of
-    each (same random streams, a fixed random projection of the output as the loss): output,
-    every parameter's gradient and every buffer."""
+    """The ``chain`` knob; see the module docstring. ``check``: on the first ``CHECK_SAMPLES``
+    samples, the eval output and one training step on copies (``exact.training_diff``)."""
 
     name = "chain"
     label = LABEL

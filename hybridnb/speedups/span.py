@@ -175,9 +175,8 @@ class SpanAsConv1d(FormReplacement):
 
 
 class SpanRewrite(LayerRewrite):
-    """The ``span`` knob; see the module docstring. ``check`` compares the eval-mode output and,
-    on copies (the model's own statistics, gradients and random streams untouched), one
-    training-mode forward + backward: output, every gradient, every buffer."""
+    """The ``span`` knob; see the module docstring. ``check``: the eval output and one training
+    step on copies (``exact.training_diff``)."""
 
     name = "span"
     label = "electrode-spanning convolution as 1-D rewrite"
