@@ -14,7 +14,6 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import torch
 from torch import nn
 
 from hybridnb.speedups import exact, replace
@@ -156,7 +155,7 @@ class Rewrite(ABC):
 
 class LayerRewrite(Rewrite):
     """One layer for one layer, by the ``kind`` of :class:`replace.FormReplacement` it puts in:
-    ``fits(module, x)`` says whether the form computes this input, ``compute(module, x)``
+    ``kind.fits(module, x)`` says whether the form computes this input, ``kind.compute``
     computes it; any other input takes the stock layer's forward."""
 
     kind: ClassVar[type[replace.FormReplacement]]
@@ -164,12 +163,6 @@ class LayerRewrite(Rewrite):
     def swap_in(self, model: nn.Module, group: tuple[str, ...]) -> None:
         (name,) = group
         replace.put(model, name, self.kind(model.get_submodule(name)))
-
-    def fits(self, module: nn.Module, x: torch.Tensor) -> bool:
-        return self.kind.fits(module, x)
-
-    def compute(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return self.kind.compute(module, x)
 
     def find(self, model: nn.Module, example: tuple) -> Found:
         """Candidates found with forward hooks on one eval forward; each one's faster form is
@@ -180,8 +173,8 @@ class LayerRewrite(Rewrite):
         def check(name):
             def hook(module, args, output):
                 x = replace.first_tensor(args)
-                if x is not None and self.fits(module, x):
-                    diff = exact.rel_diff(self.compute(module, x), output)
+                if x is not None and self.kind.fits(module, x):
+                    diff = exact.rel_diff(self.kind.compute(module, x), output)
                     worst[name] = max(worst.get(name, 0.0), diff)
             return hook
 
