@@ -10,35 +10,22 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Applied:
-    """What ``apply_speedups`` applied and measured.
-
-    ``applied``: knob names in effect (``"rewrite"``, ``"chain"``, ``"rows"``,
-    ``"span"``, ``"channels_last"``, ``"cudnn_benchmark"``, ``"precision"`` when it changed the choice).
-    ``speedup``: knob -> measured gain (x) where it was measured, kept or not. ``skipped``: knob ->
-    why it is not in effect. ``precision``: the precision name to train with. ``rewritten``:
-    module names running the matmul form; ``fused``: the conv-BatchNorm-conv chains computed as
-    one convolution ("a>bn>b" names); ``folded``: the modules running the rows-as-1-D form; ``spanned``: those running
-    the electrode-spanning convolution as a 1-D one.
-    ``rules``: knob -> the rule that applied it without measuring (the CPU's rules).
-    ``seconds``: time spent, checks and measuring included. ``message``: one sentence for the
-    run's log; ``notes``: sentences that must be shown (a rewrite that failed its check).
-    ``restore_globals()``: process-wide flags back as they were (call it when the run ends);
-    ``undo()``: everything back; ``portable()``: a copy without the undo actions (to send).
-    """
+    """What ``apply_speedups`` applied and measured; ``precision`` is the one to train with."""
 
     device: str
     precision: str
     mode: str
-    applied: list[str] = field(default_factory=list)
-    speedup: dict[str, float] = field(default_factory=dict)
-    skipped: dict[str, str] = field(default_factory=dict)
+    applied: list[str] = field(default_factory=list)  # knobs in effect, in the order applied
+    speedup: dict[str, float] = field(default_factory=dict)  # measured gains, kept or not
+    skipped: dict[str, str] = field(default_factory=dict)  # knob -> why it is not in effect
+    # the modules each rewrite runs (a chain as "a>bn>b"): depthwise, chain, rows, span
     rewritten: list[str] = field(default_factory=list)
     fused: list[str] = field(default_factory=list)
     folded: list[str] = field(default_factory=list)
     spanned: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    rules: dict[str, str] = field(default_factory=dict)
-    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)  # must be shown: a rewrite that failed its check
+    rules: dict[str, str] = field(default_factory=dict)  # knob -> the rule that applied it
+    seconds: float = 0.0  # checks and measuring included
     _undo: list[Callable[[], None]] = field(default_factory=list, repr=False)
     _globals: list[Callable[[], None]] = field(default_factory=list, repr=False)
 

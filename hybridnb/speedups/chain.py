@@ -19,33 +19,26 @@ passing an identity basis through the two convolutions, and applied as one matmu
 
 Why: when convB maps many channels to many (EEGNeX's blocks 1-2: 1 -> 8 -> 32 channels, two
 (1, 64) kernels), the composite kernel costs a fraction of convB's multiply-adds
-(``cost_share``); the CPU's rules apply it by rule (``bench/results/cpu-speedups-latest.md``).
+(``cost_share``, at most ``MAX_COST_SHARE``); the CPU's rules apply it by rule
+(``bench/results/cpu-speedups-latest.md``).
 
 Rule (shapes, never names): convA and convB are stock ``Conv2d`` with a ``(1, k)`` kernel,
-stride 1, dilation 1, groups 1, zeros padding along the time axis only ("same", "valid" or
-``(0, p)``); the BatchNorm is a stock ``BatchNorm2d`` over convA's channels; convB takes convA's
-channels. On the example batch (forward hooks) each is called once, the BatchNorm's input is
-convA's output object and convB's input is the BatchNorm's output object, and no other module
-receives either intermediate (containers that hand them on excepted). The composite must cost at
-most ``MAX_COST_SHARE`` of the two convolutions' multiply-adds per (row, sample).
+stride 1, dilation 1, groups 1, zero padding along time only; the BatchNorm is a stock
+``BatchNorm2d`` over convA's channels. On the example batch each is called once, each feeds the
+next directly, and no other module receives either intermediate.
 
-Design: each of the three modules is replaced (``replace.Replacement``: same parameters, buffers
-and state_dict keys), and the three replacements share a small link object (a plain attribute,
-not a submodule: no new keys) that carries the call in flight. convA computes its real output
-and remembers its input; the BatchNorm computes its real output (by its own forward: the running
-statistics and ``num_batches_tracked`` move exactly as they would) and hands ``a`` and ``b`` on
-(the batch statistics again, by a differentiable ``torch.var_mean``); convB, when its input is
-that very tensor, computes the composite from convA's input instead of convolving. So every
-intermediate stays real: calling ``block_1`` alone, a hook, or a residual that reuses ``z``
-functionally still sees the stock values; only convB's arithmetic changes. Any other input
-(another shape, an interrupted chain, autocast, a dtype other than fp32/fp64) takes the stock
-path. A deepcopy keeps the form with the link pointing at the copies; pickling writes the stock
-modules.
+Design: the three modules are replaced (``replace.Replacement``: same parameters, buffers and
+state_dict keys) and share a link object (not a submodule) that carries the call in flight.
+convA and the BatchNorm compute their real outputs (the running statistics move exactly as
+stock); convB, when its input is that very BatchNorm output, computes the composite from
+convA's input. So every intermediate stays real for hooks and residuals; only convB's
+arithmetic changes. Any other input (another shape, an interrupted chain, autocast, a dtype
+other than fp32/fp64) takes the stock path.
 
 Precision: ``b`` absorbs ``-mean * a``, so when convA's output has a mean far larger than its
-spread, the composite and the table cancel and lose about that ratio in relative precision. The
-first-batch check (eval output, and a training-mode forward + backward on copies: output, every
-gradient, the running statistics) refuses the rewrite when that costs more than ``RTOL``.
+spread, the composite and the table cancel and lose about that ratio in relative precision; the
+first-batch check (eval output, and a training step on copies) refuses the rewrite when that
+costs more than ``RTOL``.
 """
 
 from __future__ import annotations
@@ -60,7 +53,7 @@ from torch import nn
 from hybridnb.speedups import replace
 from hybridnb.speedups.exact import exact_fp32
 from hybridnb.speedups.rewrite import Found, Rewrite, RewriteReport
-from hybridnb.speedups.rows import is_width_conv
+from hybridnb.speedups.rows import is_width_conv, time_padding
 from hybridnb.torch_state import evaluating
 
 MAX_COST_SHARE = 0.5  # the composite's multiply-adds must be at most this share of the stock two
@@ -78,17 +71,6 @@ def is_temporal_conv(module: nn.Module) -> bool:
 def is_plain_batchnorm(module: nn.Module) -> bool:
     """A ``BatchNorm2d`` whose forward is BatchNorm2d's own."""
     return isinstance(module, nn.BatchNorm2d) and type(module).forward is nn.BatchNorm2d.forward
-
-
-def time_padding(conv: nn.Conv2d) -> tuple[int, int]:
-    """(left, right) zeros convolution ``conv`` adds along time (PyTorch's "same" split: the odd
-    sample goes right)."""
-    reach = conv.kernel_size[1] - 1
-    if conv.padding == "same":
-        return reach // 2, reach - reach // 2
-    if conv.padding == "valid":
-        return 0, 0
-    return conv.padding[1], conv.padding[1]
 
 
 def _geometry(conv_a: nn.Conv2d, conv_b: nn.Conv2d, width: int) -> dict:
@@ -329,13 +311,6 @@ class ChainTail(ChainForm):
 
 # ----------------------------------------------------------------------------- find and check
 
-def has_chain_candidate(model: nn.Module) -> bool:
-    """Cheap, before any batch: a temporal conv and a plain BatchNorm2d exist at all."""
-    mods = list(model.modules())
-    return any(is_plain_batchnorm(m) for m in mods) and sum(
-        is_temporal_conv(m) for m in mods) >= 2
-
-
 def _scan(model: nn.Module, example: tuple) -> tuple[list[tuple[str, str, str]], object]:
     """``find_chains`` and the stock eval-mode output it saw (the check's reference)."""
     names = {m: n for n, m in model.named_modules()}
@@ -386,11 +361,8 @@ def _scan(model: nn.Module, example: tuple) -> tuple[list[tuple[str, str, str]],
 
 
 class ChainRewrite(Rewrite):
-    """The ``chain`` knob; see the module docstring. ``check`` compares, in fp32 on the first
-    ``CHECK_SAMPLES`` samples, the eval-mode output and, on copies of the model (the model's own
-    statistics, gradients and random streams untouched), one training-mode forward + backward of
-    each (same random streams, a fixed random projection of the output as the loss): output,
-    every parameter's gradient and every buffer."""
+    """The ``chain`` knob; see the module docstring. ``check``: on the first ``CHECK_SAMPLES``
+    samples, the eval output and one training step on copies (``exact.training_diff``)."""
 
     name = "chain"
     label = LABEL
@@ -400,7 +372,8 @@ class ChainRewrite(Rewrite):
         return is_temporal_conv(module) or is_plain_batchnorm(module)
 
     def could_apply(self, model: nn.Module) -> bool:
-        return has_chain_candidate(model)
+        mods = list(model.modules())  # a plain BatchNorm2d and two temporal convolutions
+        return any(map(is_plain_batchnorm, mods)) and sum(map(is_temporal_conv, mods)) >= 2
 
     def sample(self, example: tuple) -> tuple:
         return tuple(a[:CHECK_SAMPLES] if isinstance(a, torch.Tensor) and a.dim() else a

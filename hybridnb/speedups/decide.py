@@ -16,27 +16,24 @@ The knobs, each a rule about layers or devices, never about a model's name:
   on a CPU with bf16 in hardware, bf16 autocast timed against fp32.
 
 ``mode="auto"`` on CUDA (and ``mode="measure"`` anywhere) keeps a knob only where timed steps on
-the first batch say it is faster (``trial.py``; greedy: channels_last, then the rewrite on top,
-then precision; a knob kept only when at least ``MARGIN`` faster), within ``BUDGET_S``.
+the first batch say it is at least ``MARGIN`` faster (``trial.py``; greedy: channels_last, then
+the rewrite on top, then precision), within ``BUDGET_S``.
 
-``mode="auto"`` on the CPU, where a step costs seconds, decides by exact rules, with no timed
-trial but the bf16 one (bounded by ``BUDGET_S["cpu"]``): the span and chain rewrites first,
-then the rows rewrite (each checked exact on a slice of the batch), channels_last for models
-with a grouped ``(H, 1)`` ``Conv2d`` on the input or spanning the height of a 2-D convolution's
-output (plain convolutions do not gain from it), no depthwise rewrite in fp32, and bf16 only
-where the CPU has it in hardware (``amx_bf16``/``avx512_bf16``), there are ``MIN_TRIAL_CORES``
-cores, the run has at least ``MIN_TRIAL_STEPS`` steps, and a bounded trial under an address-space
-cap (oneDNN's bf16 paths can ask for more memory than the machine has) measures it
-``MARGIN["cpu"]`` faster. channels_last makes dropout draw other (equally likely) masks for the
-same seed: a run and its resume use the same layout and stay identical. No ``torch.compile``: it
-never pays back its compile time on a CPU run of this size (``Trainer(compile=True)`` remains).
-The measurements behind these rules: ``bench/results/cpu-speedups-latest.md``,
-``bench/results/gpu-latest.md`` and ``bench/results/speedups-rules.md``.
+``mode="auto"`` on the CPU, where a step costs seconds, decides by exact rules (each rewrite
+checked exact on a slice of the batch): span and chain, channels_last where a grouped ``(H, 1)``
+convolution reads the input or spans a 2-D convolution's output (``_cpu_channels_last``), rows
+only beside channels_last, no depthwise rewrite in fp32, and bf16 only after a bounded,
+memory-capped trial where the CPU has it in hardware, has ``MIN_TRIAL_CORES`` cores and the run
+``MIN_TRIAL_STEPS`` steps. channels_last makes dropout draw other (equally likely) masks for
+the same seed: a run and its resume use the same layout and stay identical. No
+``torch.compile``: it never pays back its compile time on a CPU run of this size. The
+measurements: ``bench/results/cpu-speedups-latest.md``, ``zoo-speed-cpu-latest.md``,
+``gpu-latest.md`` and ``speedups-rules.md``.
 
 The model's weights, BatchNorm statistics, gradients and random-number streams are as they were
 after any measuring. ``mode="all"`` applies every applicable knob without measuring;
-``mode="off"`` applies nothing. ``Applied.undo()`` takes everything back; nothing needs undoing
-to save: the rewrites keep parameters and state_dict keys.
+``mode="off"`` nothing. ``Applied.undo()`` takes everything back; the rewrites keep parameters
+and state_dict keys.
 """
 
 from __future__ import annotations
@@ -226,28 +223,37 @@ def _cpu_auto(model, inputs, device, prec: str, auto: bool, chosen, applied: App
 def _cpu_channels_last(toggle, model, inputs, applied: Applied) -> None:
     """channels_last where a grouped ``(H, 1)`` convolution reads the model's own input (made
     NHWC by the pre-hook), or spans the whole height of an input made after a plain 2-D
-    convolution ran (one eval forward on the slice, hooks): EEGNeX, EEGNet and their kin gain
-    1.2-2.5x. A grouped (16, 1) filter
-    along time (EEGTCNet) ran 0.4x, and a spatial filter over a tensor no convolution module
-    made (SincShallowNet's functional sinc filters, permuted and made contiguous) 0.5x (its
-    BatchNorm backward ran 8x slower)."""
-    state = {"conv": False, "keep": False}
+    convolution ran, with the channels of the module that ran just before it, an even number
+    of them (one eval forward on the slice, hooks): EEGNeX, EEGNet and their kin gain
+    1.05-2.5x. The losses the rule keeps out are BatchNorm's over the tall map: a grouped
+    (16, 1) filter along time (EEGTCNet) ran 0.4x; a spatial filter over a tensor no
+    convolution module made (SincShallowNet's functional sinc filters) 0.5x; over a
+    concatenation of branches (TCFormer: BatchNorm's backward on channel slices of an NHWC
+    gradient) 0.42x; over 9 channels (MSVTNet: BatchNorm 4.9x its NCHW time) 0.78-0.97x."""
+    state = {"conv": False, "keep": False, "channels": None}
     given = {a.data_ptr() for a in inputs if isinstance(a, torch.Tensor)}
 
-    def conv_ran(module, args, output):
-        state["conv"] = True
+    def ran(conv: bool, output) -> None:
+        state["conv"] |= conv
+        if isinstance(output, torch.Tensor) and output.dim() == 4:
+            state["channels"] = output.shape[1]
 
     def grouped_in(module, args):
         x = replace.first_tensor(args)
-        state["keep"] |= x is not None and x.dim() == 4 and (
-            x.data_ptr() in given or (state["conv"] and x.shape[2] == module.kernel_size[0]))
+        state["keep"] |= x is not None and x.dim() == 4 and (x.data_ptr() in given or (
+            state["conv"] and x.shape[2] == module.kernel_size[0]
+            and x.shape[1] == state["channels"] and x.shape[1] % 2 == 0))
 
     hooks = []
-    for m in replace.originals(model):  # a replacement shares its original's hooks
+    for name, m in model.named_modules():  # a replacement shares its original's hooks
+        m = m.original if isinstance(m, replace.Replacement) else m
         if _grouped_rows(m):
             hooks.append(m.register_forward_pre_hook(grouped_in))
-        elif isinstance(m, nn.Conv2d) and m.groups == 1:
-            hooks.append(m.register_forward_hook(conv_ran))
+        layer = isinstance(m, nn.Conv2d) or not any(True for _ in m.children())
+        if layer and "parametrizations" not in name.split("."):  # a weight's parametrization
+            conv = isinstance(m, nn.Conv2d) and m.groups == 1  # is no layer
+            hooks.append(m.register_forward_hook(
+                lambda module, args, output, conv=conv: ran(conv, output)))
     try:
         exact.eval_output(model, inputs)
     finally:
@@ -256,7 +262,8 @@ def _cpu_channels_last(toggle, model, inputs, applied: Applied) -> None:
     if not state["keep"]:
         applied.skipped["channels_last"] = ("no grouped (H, 1) 2-D convolution on the input "
                                             "or spanning the height of a 2-D convolution's "
-                                            "output (the CPU's rule)")
+                                            "output, of an even number of channels, "
+                                            "unconcatenated (the CPU's rule)")
         return
     toggle(True)
     applied.applied.append("channels_last")
@@ -270,13 +277,8 @@ def _by_rule(rewrite: Rewrite, model, inputs, applied: Applied, listed: str, rul
     recorded under its knob (applied, or skipped and why), its modules listed in
     ``applied.<listed>``, and undone by ``applied.undo()``."""
     knob = rewrite.name
-    report = rewrite.apply(model, *inputs)
-    if report.note:  # found, but not exact on the batch: said
-        applied.notes.append(report.note)
-        applied.skipped[knob] = report.note
-        return
-    if not report:
-        applied.skipped[knob] = "already rewritten" if rewrite.active(model) else none_found
+    report = _checked(rewrite, model, inputs, applied, none_found)
+    if report is None:
         return
     applied.applied.append(knob)
     applied.rules[knob] = rule
@@ -288,6 +290,21 @@ def _by_rule(rewrite: Rewrite, model, inputs, applied: Applied, listed: str, rul
         setattr(applied, listed, [])
 
     applied.on_undo(undo)
+
+
+def _checked(rewrite: Rewrite, model, inputs, applied: Applied, none_found: str):
+    """``rewrite.apply``'s report, or None, with why under its knob, when nothing was rewritten
+    (none found, or found but not exact on the batch: a note that must be shown)."""
+    report = rewrite.apply(model, *inputs)
+    if report.note:
+        applied.notes.append(report.note)
+        applied.skipped[rewrite.name] = report.note
+        return None
+    if not report:
+        applied.skipped[rewrite.name] = ("already rewritten" if rewrite.active(model)
+                                         else none_found)
+        return None
+    return report
 
 
 def _cpu_bf16(model, inputs, device, prec: str, with_rewrite: bool, applied: Applied, steps,
@@ -401,14 +418,8 @@ def _layer_toggle(rewrite: Rewrite, model, inputs, applied: Applied, listed: str
     """``rewrite`` applied (checked), then switched off; the returned toggle puts its
     replacements in (True) or the originals back (False), listing them in
     ``applied.<listed>``; None (and why, under the knob) when nothing is rewritten."""
-    knob = rewrite.name
-    report = rewrite.apply(model, *inputs)
-    if report.note:
-        applied.notes.append(report.note)
-        applied.skipped[knob] = report.note
-        return None
-    if not report:
-        applied.skipped[knob] = "already rewritten" if rewrite.active(model) else none_found
+    report = _checked(rewrite, model, inputs, applied, none_found)
+    if report is None:
         return None
     fast = replace.replaced(model, rewrite.kind)
     names = list(report.rewritten)

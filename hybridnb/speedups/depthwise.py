@@ -21,21 +21,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hybridnb.speedups.replace import FormReplacement
+from hybridnb.speedups.replace import FormReplacement, is_stock_conv2d
 from hybridnb.speedups.rewrite import LayerRewrite, RewriteReport
 
 
 def is_candidate_conv(module: nn.Module) -> bool:
-    """A depthwise Conv2d with a (H, 1) kernel that the matmul form can replace, whatever H is.
-
-    Subclasses that change ``forward`` or ``_conv_forward`` are left alone: their forward may do
-    more than the convolution.
-    """
-    if not isinstance(module, nn.Conv2d):
-        return False
-    cls = type(module)
-    return (cls.forward is nn.Conv2d.forward and cls._conv_forward is nn.Conv2d._conv_forward
-            and module.groups == module.in_channels
+    """A depthwise Conv2d with a (H, 1) kernel that the matmul form can replace, whatever H is."""
+    return (is_stock_conv2d(module) and module.groups == module.in_channels
             and module.out_channels % module.in_channels == 0
             and module.kernel_size[1] == 1 and module.stride[1] == 1
             and tuple(module.dilation) == (1, 1)

@@ -1,20 +1,12 @@
 """Replacement modules: a faster module put in a stock module's place, sharing its state.
 
-A ``Replacement`` holds the module it stands in for (``original``, kept outside ``_modules``) and
-shares the original's parameter, buffer and submodule dicts and its hooks — the same dict
-objects, not copies. So ``state_dict()`` has the same keys and the same tensors (a
-``torch.nn.utils.parametrize`` parametrization included), an optimizer built before or after the
-swap steps the same Parameters, ``model.to(...)`` moves both, and putting the original back
-(``restore``) undoes the swap with everything learnt in between.
-
-Two things cannot come naturally and are said here once:
-
-- Pickling (``torch.save(model)``, cloudpickle) writes the original module: a saved whole model
-  loads into the stock classes without hybridnb. A ``deepcopy`` copies the replacement itself
-  (the copy stays fast), which is why ``__deepcopy__`` is written out next to ``__reduce_ex__``.
-- Attributes the replacement does not have (a convolution's ``kernel_size``) are read from the
-  original; ``train()``/``eval()`` set both; ``original.training`` follows the replacement's flag
-  whenever the original's own code runs.
+A ``Replacement`` holds the module it stands in for (``original``, outside ``_modules``) and
+shares the original's parameter, buffer and submodule dicts and its hooks (the same dicts). So
+``state_dict()`` has the same keys and tensors (parametrizations included), an optimizer steps
+the same Parameters, ``model.to(...)`` moves both, and ``restore`` keeps everything learnt.
+Pickling writes the original module (a saved model loads without hybridnb); a ``deepcopy``
+copies the replacement (the copy stays fast). Attributes the replacement lacks (``kernel_size``)
+are read from the original, and ``train()``/``eval()`` set both.
 """
 
 from __future__ import annotations
@@ -118,6 +110,14 @@ def originals(model: nn.Module) -> Iterator[nn.Module]:
     about layers, such as "a grouped Conv2d", see the stock layers)."""
     for module in model.modules():
         yield module.original if isinstance(module, Replacement) else module
+
+
+def is_stock_conv2d(module: nn.Module) -> bool:
+    """A ``Conv2d`` running Conv2d's own forward: a subclass that changes ``forward`` or
+    ``_conv_forward`` may do more than the convolution, and is left alone."""
+    cls = type(module)
+    return (isinstance(module, nn.Conv2d) and cls.forward is nn.Conv2d.forward
+            and cls._conv_forward is nn.Conv2d._conv_forward)
 
 
 def first_tensor(args: tuple) -> torch.Tensor | None:

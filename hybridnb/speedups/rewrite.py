@@ -1,18 +1,10 @@
-"""The one interface of a rewrite: a rule, a check on a batch, and an undo.
+"""The one interface of a rewrite (``Rewrite``: a rule, a check on a batch, an undo; see the
+package docstring) and ``LayerRewrite``, the common case: one layer for one layer, checked layer
+by layer on the batch (forward hooks) and on the whole model's output.
 
-A ``Rewrite`` puts replacement modules (``replace.Replacement``) in the place of stock layers
-whose arithmetic a faster form computes exactly. Every rewrite:
-
-- ``applies(module)``: its rule, about a layer's type and shape (never a model's name);
-- ``apply(model, *example)``: finds the layers the rule takes on one example batch, replaces
-  them, ``check``s, and keeps nothing when the check fails (the report's ``note`` says why);
-- ``check(model, *example)``: exactness on the batch, the model as it is against a copy with this
-  rewrite undone (``exact.RTOL``);
-- ``undo(model)``: the original modules back in their places;
-- keeps ``state_dict()`` keys and values (replacements share the originals' tensors).
-
-``LayerRewrite`` is the common case, one layer for one layer, checked layer by layer on the
-batch (forward hooks) and on the whole model's output.
+Every rewrite's rule is about a layer's type and shape, never a model's name; ``apply`` keeps
+nothing when the check fails (its report's ``note`` says why); replacements share the
+originals' tensors, so ``state_dict()`` keys and values stay.
 """
 
 from __future__ import annotations
@@ -22,7 +14,6 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import torch
 from torch import nn
 
 from hybridnb.speedups import exact, replace
@@ -164,7 +155,7 @@ class Rewrite(ABC):
 
 class LayerRewrite(Rewrite):
     """One layer for one layer, by the ``kind`` of :class:`replace.FormReplacement` it puts in:
-    ``fits(module, x)`` says whether the form computes this input, ``compute(module, x)``
+    ``kind.fits(module, x)`` says whether the form computes this input, ``kind.compute``
     computes it; any other input takes the stock layer's forward."""
 
     kind: ClassVar[type[replace.FormReplacement]]
@@ -172,12 +163,6 @@ class LayerRewrite(Rewrite):
     def swap_in(self, model: nn.Module, group: tuple[str, ...]) -> None:
         (name,) = group
         replace.put(model, name, self.kind(model.get_submodule(name)))
-
-    def fits(self, module: nn.Module, x: torch.Tensor) -> bool:
-        return self.kind.fits(module, x)
-
-    def compute(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return self.kind.compute(module, x)
 
     def find(self, model: nn.Module, example: tuple) -> Found:
         """Candidates found with forward hooks on one eval forward; each one's faster form is
@@ -188,8 +173,8 @@ class LayerRewrite(Rewrite):
         def check(name):
             def hook(module, args, output):
                 x = replace.first_tensor(args)
-                if x is not None and self.fits(module, x):
-                    diff = exact.rel_diff(self.compute(module, x), output)
+                if x is not None and self.kind.fits(module, x):
+                    diff = exact.rel_diff(self.kind.compute(module, x), output)
                     worst[name] = max(worst.get(name, 0.0), diff)
             return hook
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridnb.speedups.replace import FormReplacement
+from hybridnb.speedups.replace import FormReplacement, is_stock_conv2d
 from hybridnb.speedups.rewrite import LayerRewrite, RewriteReport
 
 # rows shorter than this stay 2-D: the folded form then runs B*H tiny 1-D convolutions (CBraMod's
@@ -24,14 +24,9 @@ MIN_WIDTH = 16
 def is_width_conv(module: nn.Module) -> bool:
     """A stock ``Conv2d`` with a ``(1, k)`` kernel, stride 1, no groups, zero padding along the
     width only: the layer both this rewrite and the chain rewrite start from."""
-    if not isinstance(module, nn.Conv2d):
-        return False
-    cls = type(module)
-    padding = module.padding
-    return (cls.forward is nn.Conv2d.forward and cls._conv_forward is nn.Conv2d._conv_forward
-            and module.groups == 1 and module.kernel_size[0] == 1
+    return (is_stock_conv2d(module) and module.groups == 1 and module.kernel_size[0] == 1
             and tuple(module.stride) == (1, 1) and module.padding_mode == "zeros"
-            and (padding in ("same", "valid") or padding[0] == 0))
+            and (module.padding in ("same", "valid") or module.padding[0] == 0))
 
 
 def is_rows_candidate(module: nn.Module) -> bool:
@@ -47,16 +42,21 @@ def several_rows(module: nn.Conv2d, x: torch.Tensor) -> bool:
             and x.shape[3] >= MIN_WIDTH)
 
 
+def time_padding(conv: nn.Conv2d) -> tuple[int, int]:
+    """(left, right) zeros ``conv`` adds along time (PyTorch's "same" split: the odd sample
+    goes right)."""
+    reach = conv.dilation[1] * (conv.kernel_size[1] - 1)
+    if conv.padding == "same":
+        return reach // 2, reach - reach // 2
+    if conv.padding == "valid":
+        return 0, 0
+    return conv.padding[1], conv.padding[1]
+
+
 def rows_as_conv1d(module: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     """``module(x)`` computed as a 1-D convolution over ``(B*H, C, T)``."""
     batch, chans, rows, width = x.shape
-    reach = module.dilation[1] * (module.kernel_size[1] - 1)
-    if module.padding == "same":  # PyTorch's own split: the odd sample goes to the right
-        left, right = reach // 2, reach - reach // 2
-    elif module.padding == "valid":
-        left = right = 0
-    else:
-        left = right = module.padding[1]
+    left, right = time_padding(module)
     folded = x.transpose(1, 2).reshape(batch * rows, chans, width)
     if left or right:
         folded = F.pad(folded, (left, right))

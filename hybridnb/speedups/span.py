@@ -8,23 +8,19 @@ exactly what a 1-D convolution with the electrodes as channels sums:
     conv2d(x, w)[b, f, t, 0] == conv1d(x[:, 0].transpose(1, 2), w[:, 0].transpose(1, 2))[b, f, t]
 
 (input ``(B, C, T)``, weight ``(F, C, K)``), and likewise for the transposed layout ``(B, 1, C,
-T)`` with a ``(C, K)`` kernel (weight ``w[:, 0]`` as it is). braindecode's ``CombinedConv``
-(ShallowFBCSPNet's and Deep4Net's first layer: ``conv_time`` and ``conv_spat`` merged into one
-such convolution) is taken too: its combined weight and bias are computed as its own forward
-computes them, then reshaped, so its parameters, ``state_dict`` and gradients are its own.
+T)``. braindecode's ``CombinedConv`` (ShallowFBCSPNet's and Deep4Net's first layer) is taken
+too: its combined weight and bias are computed as its own forward computes them, so its
+parameters, ``state_dict`` and gradients are its own.
 
-Why: a ``Conv2d`` with one input channel and a 25 x 129 kernel is oneDNN's slow case on the CPU
-(one channel, a huge kernel); the same sums as a 1-D convolution over 129 channels run 3.6-4.4x
-faster forward + backward on two cores, and with the kernel's gradient computed as a convolution
-over the batch (``_Conv1d``) the C1 and C2 recipes' whole training step runs 3.1-3.5x stock on
-one and two threads (issue 34; ``bench/results/zoo-speed-cpu-latest.md``).
-The CPU's rules apply it by rule (checked exact on the first batch); on CUDA it is a timed knob
-(cuDNN may already pick a good algorithm for the 2-D form).
+Why: a one-channel ``Conv2d`` with a 25 x 129 kernel is oneDNN's slow case on the CPU; as a 1-D
+convolution over 129 channels, with the kernel's gradient as a convolution over the batch
+(``_Conv1d``), the C1 and C2 recipes' whole training step runs 3.1-3.5x stock on one and two
+threads (issue 34; ``bench/results/zoo-speed-cpu-latest.md``). By rule on the CPU (checked
+exact on the first batch), a timed knob on CUDA (cuDNN may already do well with the 2-D form).
 
-The rule is about a layer's type and shape, never a model's name: a stock ``Conv2d`` with one
-input channel, groups 1, zero padding and stride 1 and dilation 1 along the spanned axis, applied
-to an input whose spanned axis the kernel covers exactly (at least two electrodes); or a
-``CombinedConv`` whose forward is braindecode's own. Any other input takes the stock forward.
+The rule is about a layer's type and shape (``spanned_axes``, ``is_combined_conv``), never a
+model's name; any input whose spanned axis the kernel does not cover exactly takes the stock
+forward.
 """
 
 from __future__ import annotations
@@ -36,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridnb.speedups.replace import FormReplacement
+from hybridnb.speedups.replace import FormReplacement, is_stock_conv2d
 from hybridnb.speedups.rewrite import LayerRewrite, RewriteReport
 
 MIN_SPAN = 2  # electrodes: a kernel over one row gains nothing from the 1-D form
@@ -65,11 +61,7 @@ def spanned_axes(module: nn.Module) -> tuple[int, ...]:
     padding, stride 1, dilation 1 and at least ``MIN_SPAN`` taps, the other axis at least two
     (none for any other module). A one-tap spatial filter is a matrix product oneDNN already
     runs well: SignalJEPA_PreLocal's (129, 1) one ran 0.85x as 1-D (issue 34)."""
-    if not isinstance(module, nn.Conv2d):
-        return ()
-    cls = type(module)
-    if not (cls.forward is nn.Conv2d.forward and cls._conv_forward is nn.Conv2d._conv_forward
-            and module.in_channels == 1 and module.groups == 1
+    if not (is_stock_conv2d(module) and module.in_channels == 1 and module.groups == 1
             and module.padding_mode == "zeros" and module.padding != "same"):
         return ()
     return tuple(axis for axis in (1, 0)
@@ -183,9 +175,8 @@ class SpanAsConv1d(FormReplacement):
 
 
 class SpanRewrite(LayerRewrite):
-    """The ``span`` knob; see the module docstring. ``check`` compares the eval-mode output and,
-    on copies (the model's own statistics, gradients and random streams untouched), one
-    training-mode forward + backward: output, every gradient, every buffer."""
+    """The ``span`` knob; see the module docstring. ``check``: the eval output and one training
+    step on copies (``exact.training_diff``)."""
 
     name = "span"
     label = "electrode-spanning convolution as 1-D rewrite"

@@ -33,12 +33,6 @@ def autocast(name: str, device: torch.device) -> contextlib.AbstractContextManag
     return torch.autocast(device.type, dtype=DTYPES[name])
 
 
-def precision_of(prec) -> str:
-    """The precision name of a trial's ``prec``: a name, or a holder ``{"p": name}`` that a
-    toggle switches."""
-    return prec["p"] if isinstance(prec, dict) else prec
-
-
 def race(toggle: Callable[[bool], None], model: nn.Module, inputs: tuple,
          device: torch.device, prec, budget: float, min_rounds: int | None = None
          ) -> float | str:
@@ -76,7 +70,8 @@ def timed_step(toggle: Callable[[bool], None], state: bool, model: nn.Module, in
     toggle(state)
     synchronize(device)
     t0 = time.perf_counter()
-    train_pass(model, inputs, precision_of(prec), device)
+    precision = prec["p"] if isinstance(prec, dict) else prec  # a holder a toggle switches
+    train_pass(model, inputs, precision, device)
     synchronize(device)
     return time.perf_counter() - t0
 

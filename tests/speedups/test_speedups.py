@@ -529,14 +529,33 @@ class _Functional(nn.Module):
         return self.spatial(z.permute(0, 1, 2, 3).contiguous()).mean((1, 2, 3))
 
 
+class _Branches(nn.Module):
+    """TCFormer's way: temporal branches, each with its BatchNorm, concatenated before the
+    spatial filter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.branches = nn.ModuleList(nn.Sequential(nn.Conv2d(1, 4, (1, k), padding=(0, k // 2)),
+                                                    nn.BatchNorm2d(4)) for k in (3, 5))
+        self.spatial = nn.Conv2d(8, 8, (8, 1), groups=8)
+
+    def forward(self, x):
+        x = x.unsqueeze(1)
+        return self.spatial(torch.cat([b(x) for b in self.branches], 1)).mean((1, 2, 3))
+
+
 def test_cpu_auto_keeps_nchw_unless_the_filter_spans_a_convolutions_output():
     """EEGTCNet (a grouped (16, 1) filter along time over 25 rows) ran 0.4x in channels_last,
-    SincShallowNet (a spatial filter over functional sinc filters' output) 0.5x."""
+    SincShallowNet (a spatial filter over functional sinc filters' output) 0.5x, TCFormer (over
+    concatenated branches) 0.42x, MSVTNet (over 9 channels) 0.78-0.97x."""
     along_time = nn.Sequential(nn.Unflatten(1, (1, 8)), nn.Conv2d(1, 8, (1, 5)),
                                nn.Conv2d(8, 8, (4, 1), groups=8), nn.Flatten(), nn.LazyLinear(1))
+    odd = nn.Sequential(nn.Unflatten(1, (1, 8)), nn.Conv2d(1, 9, (1, 5)), nn.BatchNorm2d(9),
+                        nn.Conv2d(9, 18, (8, 1), groups=9), nn.Flatten(), nn.LazyLinear(1))
     x = torch.randn(4, 8, 30)
     along_time(x)
-    for model in (along_time, _Functional()):
+    odd(x)
+    for model in (along_time, _Functional(), _Branches(), odd):
         applied = apply_speedups(model, x, "cpu", precision="fp32")
         assert "channels_last" not in applied.applied
         assert "spanning the height" in applied.skipped["channels_last"], model
