@@ -40,8 +40,8 @@ KINDS = tuple(ROWS)
 BASELINES = ("training mean", *ROWS.values())   # every reference row but the oracle
 
 __all__ = ["BANDS", "STANDARD_BANDS", "ALPHAS", "ROWS", "KINDS", "BASELINES", "Margin",
-           "binned_amplitude", "band_power", "welch_bands", "features", "all_features",
-           "fit_ridge", "training_mean", "reference_scores", "margin", "oracle"]
+           "binned_amplitude", "band_power", "welch_bands", "features", "fit_ridge",
+           "training_mean", "reference_scores", "margin", "oracle"]
 
 
 def binned_amplitude(X: np.ndarray, n_bins: int = 10) -> np.ndarray:
@@ -103,25 +103,16 @@ def features(windows, kind: str, crop: int | None = None, seed: int | None = Non
     ``crop``/``seed``: the 2-s crops of Challenge 2, drawn as ``windows.dataset(crop, seed)``
     draws them (the same seed gives the crops a model is scored on). ``scale``: volts -> µV.
     """
-    feats = all_features(windows, (kind,), crop=crop, seed=seed, scale=scale, chunk=chunk)
-    return feats[kind], windows.y.astype(float), windows.metadata["subject"].astype(str).to_numpy()
-
-
-def all_features(windows, kinds=KINDS, crop: int | None = None, seed: int | None = None,
-                 scale: float = 1e6, chunk: int = 512) -> dict[str, np.ndarray]:
-    """``{kind: features}`` of every window, as :func:`features` computes each, from one read
-    of the windows (reading and cropping them costs more than the features)."""
-    unknown = [k for k in kinds if k not in KINDS]
-    if unknown:
-        raise ValueError(f"features: kind must be one of {KINDS}, got {unknown[0]!r}")
-    fns = {"amplitude": binned_amplitude, "bandpower": band_power, "bands": welch_bands}
+    if kind not in KINDS:
+        raise ValueError(f"features: kind must be one of {KINDS}, got {kind!r}")
+    fn = {"amplitude": binned_amplitude, "bandpower": band_power, "bands": welch_bands}[kind]
     ds = windows.dataset(crop=crop, seed=seed, scale=scale)
-    parts: dict[str, list] = {k: [] for k in kinds}
+    parts = []
     for s in range(0, len(windows), chunk):
-        x = ds[list(range(s, min(s + chunk, len(windows))))][0].numpy()
-        for k in kinds:
-            parts[k].append(fns[k](x))
-    return {k: np.concatenate(v) for k, v in parts.items()}
+        x, _ = ds[list(range(s, min(s + chunk, len(windows))))]
+        parts.append(fn(x.numpy()))
+    subjects = windows.metadata["subject"].astype(str).to_numpy()
+    return np.concatenate(parts), windows.y.astype(float), subjects
 
 
 def fit_ridge(F: np.ndarray, y: np.ndarray, groups: np.ndarray, alphas=ALPHAS,

@@ -218,16 +218,3 @@ def test_the_demo_table_shows_the_margin_with_its_fold_sd(tmp_path):
                 if ln.startswith("Challenge 1"))
     assert "+0.027 ± 0.015" in line and "0.347 (ridge, amplitude)" in line
     assert scores.fold_margin({"deep": {"mean": 0.3, "sd": 0.0}}) is None   # no fold columns
-
-
-def test_all_features_reads_once_what_features_computes_per_kind(clean_release):
-    """The notebooks compute every kind in one read; each must equal features() of that kind,
-    on the same seeded crops (chunk 7: the crops must not depend on how the read is cut)."""
-    w2 = challenge2.make_windows(clean_release, tasks=("RestingState",), progress=False)
-    every = baselines.all_features(w2, crop=200, seed=42, chunk=7)
-    assert set(every) == set(baselines.KINDS)
-    for kind in baselines.KINDS:
-        np.testing.assert_array_equal(every[kind], baselines.features(w2, kind, crop=200,
-                                                                      seed=42)[0])
-    with pytest.raises(ValueError, match="kind must be one of"):
-        baselines.all_features(w2, ("power",))
