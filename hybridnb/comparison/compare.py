@@ -1,20 +1,13 @@
 """compare(): one model's training step under precision / layout / compile variants, side by side.
 
-"bf16 is 2x faster" is folklore until it is measured on *your* model and *your* hardware. For every
-variant compare() builds a fresh model from the same seed, applies the variant (precision,
-channels_last, the depthwise-as-matmul rewrite, torch.compile), warms it up, then times training
-steps (``train.step.TrainStep``: forward, backward, AdamW) with device-synchronised timers.
-Variants take turns (A B A B ...) so drift on a busy machine does not favour one; speed-ups are
-the median of per-round ratios against fp32 eager.
-
-Each variant runs in its own process (``comparison.isolation``): an out-of-memory, an abort, a
-segfault or a hang in one variant is a row with its reason, and the caller carries on. Variants
-that cannot run here are rows with a reason, never silently dropped.
+"bf16 is 2x faster" is folklore until it is measured on *your* model and *your* hardware. Every
+variant starts from the same seeded weights and times ``train.step.TrainStep`` (forward,
+backward, AdamW) with device-synchronised timers, taking turns (A B A B ...) so drift on a busy
+machine favours none; each runs in its own process (``comparison.isolation``), so a crash or a
+hang is a row with its reason. The batch stays on the device: the model step is measured, not
+the data path.
 
 >>> df = hn.compare(lambda: MyNet(), (x, y), variants=("fp32", "bf16", "bf16+compile"))
->>> df[["variant", "samples_per_s", "speedup", "loss_rel_diff"]]
-
-The batch stays on the device: compare() measures the model step, not the data path.
 """
 
 from __future__ import annotations
@@ -39,7 +32,6 @@ from hybridnb.comparison.compare_view import (
     compare_figure,
     compare_table,
 )
-from hybridnb.comparison.compare_view import show as show_table
 from hybridnb.comparison.isolation import ChildVariant, LocalVariant
 from hybridnb.comparison.session import CPU_BF16_NOTE, Job, apply_changes
 from hybridnb.comparison.variants import DEFAULT_VARIANTS, Variant, parse_variant, unavailable
@@ -99,36 +91,25 @@ def compare(model_fn: Callable[[], nn.Module] | nn.Module, data: Any,
             variants: Sequence[str] = DEFAULT_VARIANTS, *, steps: int = 20, warmup: int = 3,
             repeats: int = 3, batch_sizes: Sequence[int] | None = None,
             device: str | torch.device = "auto", loss: str | Callable = "mse", lr: float = 1e-3,
-            seed: int = 0, loss_tol: float = 0.05, show: bool = False, progress: bool = True,
+            seed: int = 0, loss_tol: float = 0.05, progress: bool = True,
             isolate: bool = True, timeout: float | None = DEFAULT_TIMEOUT) -> CompareResult:
-    """Time training steps of ``model_fn()`` under each variant; return one row per variant and
-    batch size (see ``COLUMNS``).
+    """Time training steps of ``model_fn()`` under each variant: one row per variant and batch
+    size (``COLUMNS``).
 
-    ``model_fn`` builds a fresh model (called once per variant, after ``torch.manual_seed(seed)``,
-    so every variant starts from the same weights); an ``nn.Module`` is copied instead.
-    ``data`` is a sample batch ``(x, y)``, a Dataset or a DataLoader (its first batch).
-    ``variants``: a precision (fp32, bf16, fp16) with ``+channels_last``, ``+rewrite``,
-    ``+speedups`` (the Trainer's own decision),
-    ``+compile`` or ``+compile:<mode>`` (see ``comparison.variants``).
-    ``batch_sizes`` default to the sample batch's size (64 for a Dataset); a larger size repeats
-    the samples. Each variant runs ``warmup`` steps (compiling, if asked), one untimed step for
-    memory, then ``repeats`` timed windows of ``steps`` steps, taking turns with the other
-    variants. fp32 eager is the baseline and always runs; list a variant twice for an A/A check.
+    ``model_fn`` is called once per variant after ``torch.manual_seed(seed)`` (a module is
+    copied). ``data``: a batch ``(x, y)``, a Dataset or a DataLoader (its first batch); a batch
+    size above its size repeats samples (default: its size, 64 for a Dataset). ``variants``: see
+    ``comparison.variants``; fp32 eager is the baseline and always runs (list a variant twice
+    for an A/A check). Each variant runs ``warmup`` steps, one untimed step for memory, then
+    ``repeats`` timed windows of ``steps`` steps in turn with the others. ``isolate=False`` runs
+    them in this process (a crash ends it); isolated, a variant silent for ``timeout`` s in one
+    request is killed.
 
-    ``isolate`` (default True): each variant in its own process, so a crash, an abort or an
-    allocation failure is a row (status "crashed") and a variant silent for ``timeout`` seconds
-    in one request (warm-up with compiling, or one window) is killed (status "timeout").
-    ``isolate=False`` runs them in this process: faster to start, but a crash ends it.
-
-    Columns: ``samples_per_s`` (median over windows, with min/max), ``speedup`` (median of
-    per-window ratios to fp32 eager at the same batch size), ``peak_mem_mb`` (this variant's
-    weights, optimizer state and batch plus the step's peak working memory — exact on CUDA,
-    sampled from the host heap on CPU), ``compile_s`` (first step minus a steady step),
-    ``final_loss`` after the same number of steps for all, ``loss_rel_diff`` against fp32 and
-    ``loss_ok`` (finite and within ``loss_tol``; None where it cannot be compared: a model with
-    dropout under channels_last draws other masks). ``status`` is ok | skipped | oom | failed |
-    crashed | timeout and ``note`` says why. ``show=True`` displays the table (and the chart in
-    a notebook) at once.
+    ``speedup``: median of per-window ratios to fp32 eager; ``peak_mem_mb``: weights, optimizer
+    state and batch plus the step's peak working memory (exact on CUDA, sampled from the heap
+    on CPU); ``compile_s``: first step minus a steady step; ``loss_ok``: finite and within
+    ``loss_tol`` of fp32 after the same steps (None under channels_last with dropout, which draws
+    other masks). ``status``: ok | skipped | oom | failed | crashed | timeout, ``note`` says why.
     """
     runs, dev, attrs = _plan(model_fn, data, variants, steps, warmup, repeats, batch_sizes,
                              device, loss, loss_tol, timeout)
@@ -165,8 +146,6 @@ def compare(model_fn: Callable[[], nn.Module] | nn.Module, data: Any,
     if dev.type == "cpu" and any(r.variant.precision == "bf16" and r.status == "ok"
                                  for r in runs):
         df.attrs["notes"].append(CPU_BF16_NOTE + ".")
-    if show:
-        show_table(df)
     return df
 
 
@@ -452,16 +431,13 @@ EXACT_RTOL = RTOL  # |a - b| <= RTOL * max|b| counts as rounding (hybridnb.speed
 def first_step_diff(model_fn, data, variants: Sequence[str], seed: int = 0,
                     loss: str | Callable = "mse") -> pd.DataFrame:
     """Each variant's first training step against stock fp32 eager, on the CPU in this
-    process: the largest difference of the outputs and of every gradient, relative to the
-    stock maximum (``exact``: both within ``EXACT_RTOL``, float rounding).
+    process: the largest difference of the outputs and of every gradient over the stock maximum
+    (``exact``: both within ``EXACT_RTOL``, float rounding).
 
-    Where it means something: one step from the same weights on the same batch compares the
-    arithmetic; a loss after several steps (``compare()``'s ``loss_rel_diff``) also carries how
-    training amplifies rounding, which on a small batch and a few steps can read as a
-    difference for an exact change. Dropout modules run in eval mode for the step (under
-    channels_last the same seed draws other, equally likely masks); BatchNorm uses batch
-    statistics as in training. ``+compile`` variants are listed, not run (compiling costs a
-    minute on a CPU).
+    One step from the same weights compares the arithmetic; a loss after several steps also
+    carries how training amplifies rounding. Dropout is off for the step (under channels_last
+    the same seed draws other masks); ``+compile`` variants are listed, not run (a minute each
+    on a CPU).
     """
     import pandas as pd
 

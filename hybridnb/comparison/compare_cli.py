@@ -1,15 +1,10 @@
 """``python -m hybridnb compare``: the command line of ``hn.compare()``.
 
-Light on purpose: importing this module imports nothing heavy (no torch), so ``--help`` is
-instant; ``run`` imports compare when it runs. The model comes as an import spec
-(``package.module:factory``) or a short name that an installed package registers in the
-``hybridnb.models`` entry-point group (this distribution registers ``eegnex`` and ``shallow``
-from ``hybridnb_tools.models``), so hybridnb itself needs to know no model zoo:
-
-    python -m hybridnb compare --model eegnex
-    python -m hybridnb compare --model hybridnb_tools.models:eegnex --variants fp32 bf16
-
-In quick mode (``HYBRIDNB_QUICK=1``) the defaults shrink to one fp32 step of batch 4 on the CPU.
+Importing it imports no torch (``--help`` is instant). The model is an import spec
+(``package.module:factory``) or a short name registered in the ``hybridnb.models`` entry-point
+group (``eegnex``, ``shallow`` from ``hybridnb_tools.models``), so hybridnb knows no model zoo:
+``python -m hybridnb compare --model eegnex --variants fp32 bf16``. Quick mode
+(``HYBRIDNB_QUICK=1``): one fp32 step of batch 4 on the CPU.
 """
 
 from __future__ import annotations

@@ -110,10 +110,3 @@ def compare_figure(df: pd.DataFrame):
         yaxis_title="samples/s (median; whiskers min–max)", xaxis_title="variant",
         showlegend=multi, template="plotly_white", height=420)
     return fig
-
-
-def show(df: CompareResult) -> None:
-    if frontend() in NOTEBOOK_FRONTENDS + ("ci",):
-        df._ipython_display_()
-    else:
-        print(compare_table(df))

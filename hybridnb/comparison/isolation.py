@@ -1,24 +1,16 @@
 """Where a compare() variant runs: in its own process (the default) or in the caller's.
 
-Both answer ``call(request, *args, stage=...)`` with the session's plain dicts. In its own process
-a variant cannot take the caller down: if the process dies (any signal, an abort from a C++
-thread, an allocation the OS refuses) the answer is status "crashed" naming the signal and the
-last line it wrote; if it does not answer within ``timeout`` seconds its whole process group is
-killed and the answer is status "timeout".
+Both answer ``call(request, *args, stage=...)`` with the session's plain dicts. A variant's own
+process cannot take the caller down: its death (a signal, an abort, a refused allocation) is
+status "crashed" naming the signal and its last line; no answer within ``timeout`` seconds kills
+its process group (status "timeout"). The caller's one ``Watch`` (``hybridnb.processes``) watches
+them all: an interrupt kills every variant's process group, and each dies with the caller.
 
-Every variant's process is watched by the caller's one ``Watch`` (``hybridnb.processes``):
-requests and answers travel in the channel's frames; an interrupt (SIGINT, SIGTERM) kills every
-variant's process group at once (a variant has nothing to keep), and each process dies with the
-caller.
-
-Why a fresh interpreter (``python -m hybridnb.comparison.worker``) and not ``fork``: a forked child
-of a process that has already run a multi-threaded OpenMP region (any torch CPU op of some size)
-hangs in its own first parallel region (libgomp is not fork-safe; measured: a Conv1d backward never
-returns), and limiting the child to one thread would measure the wrong CPU speed. A fresh process
-also works when the caller has already initialised CUDA. It costs one ``import torch`` per variant
-(~3-5 s), paid in parallel: every variant's process starts at once, before the first warm-up.
-The model function, loss and batch travel by cloudpickle (joblib's dependency), so functions and
-classes defined in a notebook or a script work.
+Why a fresh interpreter and not ``fork``: a forked child of a process that has run a
+multi-threaded OpenMP region hangs in its own first parallel region (libgomp is not fork-safe;
+measured: a Conv1d backward never returns), and one thread would measure the wrong CPU speed. It
+costs one ``import torch`` per variant (~3-5 s), paid in parallel. The job travels by cloudpickle,
+so functions and classes defined in a notebook work.
 """
 
 from __future__ import annotations
@@ -61,11 +53,9 @@ class LocalVariant:
 
 
 class ChildVariant:
-    """The variant in its own process (a framed command, ``processes.framed``), started now and
-    watched by the caller's ``Watch``; see the module docstring. Its job (the cloudpickled
-    ``Job``) is its first request, written by a thread so every variant starts at once; the
-    "ready" call waits for the answer to it. Its output is kept as a bounded tail (its last
-    words name a crash)."""
+    """The variant in its own process (``processes.framed``), watched by the caller's ``Watch``.
+    Its job is its first request, written by a thread so every variant starts at once; "ready"
+    waits for the answer to it."""
 
     def __init__(self, job_bytes: bytes, watch: Watch, name: str, timeout: float | None) -> None:
         self.timeout, self.watch = timeout, watch

@@ -120,7 +120,7 @@ class VariantSession:
                 seconds = watch.stop()
             answer = {"status": "ok", "note": "", "seconds": seconds,
                       "busy": _values(busy, "gpu_util"), "loss": float(self._loss)}
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - every failure (OOM included) becomes an answer
             answer = _failure(exc, "timed window", self.job.x.shape[0])
         if answer["status"] != "ok":
             self.release()
@@ -212,12 +212,9 @@ class VariantSession:
 
     @contextlib.contextmanager
     def _own_rng(self) -> Iterator[None]:
-        """Give the variant its own random stream while it has its turn.
-
-        Variants take turns, so in one process each one's dropout masks would depend on how many
-        steps the others took; the A/A check and the loss comparison would then measure mask
-        noise instead of numerics. Swapping states costs microseconds, outside the timed window.
-        """
+        """The variant's own random stream while it has its turn: in one process its dropout
+        masks would otherwise depend on the others' steps (the loss comparison would measure
+        mask noise). Swapped outside the timed window."""
         outside = torch_rng_state(self.device)
         set_torch_rng_state(self._rng, self.device)
         try:
@@ -241,14 +238,10 @@ class VariantSession:
 
 @contextlib.contextmanager
 def _compile_settings(device: torch.device) -> Iterator[None]:
-    """Compiler settings for the comparison only, scoped with ``config.patch``.
-
-    Each variant compiles its own fresh model, so the recompile limit is raised (hitting it would
-    silently fall back to eager). Compiled random ops (dropout) draw from torch's generator like
-    eager ones (``fallback_random``), so a compiled run sees the same dropout masks as fp32 eager
-    and its loss can be compared. On the CPU, inductor's layout optimisation is off: it crashes
-    oneDNN on models like EEGNeX under bf16 autocast.
-    """
+    """Compiler settings for the comparison only: a raised recompile limit (each variant compiles
+    a fresh model; the limit would fall back to eager silently), ``fallback_random`` (the same
+    dropout masks as eager, so the loss compares), and on the CPU no inductor layout optimisation
+    (it crashes oneDNN on EEGNeX under bf16 autocast)."""
     import torch._dynamo
     import torch._inductor.config as inductor_config
 
@@ -291,7 +284,6 @@ def _state_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> int:
 
 
 def _has_dropout(model: nn.Module) -> bool:
-    """Whether ``model`` drops anything in training. Dropout draws its mask in the tensor's
-    memory order, so under channels_last the same seed gives other masks (same distribution):
-    the loss then cannot be compared step for step with the NCHW baseline."""
+    """Whether ``model`` drops anything in training: under channels_last dropout draws other
+    masks (memory order), so its loss cannot be compared step for step with NCHW."""
     return any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules())

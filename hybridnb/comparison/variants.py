@@ -1,12 +1,9 @@
 """What a compare() variant is, how its name is read, and whether it can run on a device.
 
-A variant is a precision followed by ``+``-joined changes, applied in this order whatever order
-they are written in: ``channels_last`` (weights and 4-D inputs in NHWC), ``rewrite`` (the exact
-depthwise-convolution-as-matmul rewrite of ``hybridnb.speedups.depthwise``), ``speedups`` (what the
-Trainer's ``speedups="auto"`` decides for this model and device, ``hybridnb.speedups``:
-on a CPU the exact chain and rows rewrites and channels_last by rule; it picks the layout and
-rewrites itself, so it does not combine with the two before), ``compile`` or ``compile:<mode>``
-(torch.compile). Examples: ``"bf16"``, ``"fp32+compile"``, ``"fp32+speedups"``,
+A precision, then ``+``-joined changes applied in this order: ``channels_last`` (NHWC weights and
+4-D inputs), ``rewrite`` (the exact depthwise-as-matmul rewrite, ``hybridnb.speedups.depthwise``),
+``speedups`` (the Trainer's ``speedups="auto"`` decision; it picks layout and rewrites itself, so
+it excludes the two before), ``compile`` or ``compile:<mode>``. E.g. ``"fp32+speedups"``,
 ``"bf16+channels_last+rewrite+compile:max-autotune"``.
 """
 
