@@ -226,7 +226,7 @@ class Checkpoints:
         self.folder, self.is_main, self.bus = folder, is_main, bus
         self.on_keep: Callable[[dict], None] | None = None
         self.snapshot: dict | None = None
-        self.storage = StorageGuard(bus.note)
+        self.storage = StorageGuard(bus)
         self.log_patterns = log_patterns  # the logs in this folder, set aside with a fresh run
 
     def keep(self, state: dict) -> None:
@@ -252,7 +252,7 @@ class Checkpoints:
         path = self.folder / name
         try:
             save(state, path, keep_previous=keep_previous)
-        except Exception as exc:
+        except Exception as exc:  # narrowed by is_write_failure (torch's writer error too)
             if not is_write_failure(exc):
                 raise
             self.storage.failed(path, exc, lambda: (

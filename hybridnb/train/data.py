@@ -170,7 +170,7 @@ def yields_device_tensors(data) -> bool:
     no pinned memory: a forked worker cannot touch CUDA tensors)."""
     try:
         item = data[0]
-    except Exception:
+    except Exception:  # noqa: BLE001 - any dataset's error: the loader meets it and says it
         return False
     items = item if isinstance(item, (tuple, list)) else (item,)
     return any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in items)

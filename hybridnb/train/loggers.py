@@ -259,7 +259,7 @@ class CsvLogger(_FileLogger):
                                 "trainer.history and written again whole with the next row")
             return
         epochs = [r[0] for r in rows]
-        self.storage.say("storage", f"{self.path} disappeared mid-run (was its folder "
+        self.storage.say(f"{self.path} disappeared mid-run (was its folder "
                          f"removed?): written again whole, the header and the {len(rows)} "
                          f"rows of epochs {epochs[0]} to {epochs[-1]}")
         self.header, self.pending, self.rows = True, [], rows
@@ -333,7 +333,7 @@ class TensorBoardLogger(_FileLogger):
         self.writer = None
         since = f"steps {self._first_step} to {step - 1}" if self._first_step else \
             f"the steps before {step}"
-        self.storage.say("storage", f"the TensorBoard event file in {self.folder} disappeared "
+        self.storage.say(f"the TensorBoard event file in {self.folder} disappeared "
                          f"mid-run (was its folder removed?): its scalars of {since} are lost "
                          "to TensorBoard (they are in trainer.history and trainer.steps); a new "
                          f"event file holds those from step {step} on")

@@ -315,7 +315,7 @@ class Recovery:
                     result = self.step.update(total)
                 self.phase = "idle"
                 break
-            except Exception as exc:
+            except Exception as exc:  # classified: what is no step failure is raised again
                 if self.strategy.world_size > 1 and self.phase != "update":
                     self.strategy.settle(self.step.params, None, window, failed=exc)
                 failure, detail = self.classify(exc)
