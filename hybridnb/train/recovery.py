@@ -34,13 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hybridnb.failures import (  # noqa: F401  (their old home: kept importable from here)
-    DEVICE_LOST_MESSAGES,
-    OOM_MESSAGES,
-    first_line,
-    is_device_lost,
-    is_oom,
-)
+from hybridnb.failures import first_line, is_device_lost, is_oom
 from hybridnb.measure.memory import cuda_index
 from hybridnb.strategies.batches import batch_len
 from hybridnb.torch_state import set_torch_rng_state, torch_rng_state
