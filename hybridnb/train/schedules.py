@@ -191,9 +191,6 @@ class TorchSchedule(Constant):
                              f"per epoch, after grad_accum); {hint}")
 
     def factor(self, step: int) -> float:
-        if self.sched is None:
-            raise RuntimeError("TorchSchedule.factor() before bind(): the Trainer binds it when "
-                               "a fit starts")
         if self.plateau:
             return self.current
         while self.sched.last_epoch < step:
@@ -282,13 +279,6 @@ def _name(factory) -> str:
     return getattr(factory, "__qualname__", None) or type(factory).__name__
 
 
-def is_factory(schedule) -> bool:
-    """Whether ``schedule`` is a factory ``(optimizer[, total_steps]) -> LRScheduler`` (a callable that is not
-    a schedule object or a scheduler class used by mistake)."""
-    return callable(schedule) and not isinstance(schedule, (str, type)) and not hasattr(
-        schedule, "factor")
-
-
 def make_schedule(schedule, warmup: float = 0.05,
                   optimizer: torch.optim.Optimizer | None = None) -> Constant:
     """``"warmup_cosine"`` | ``"plateau"`` | ``"constant"`` | None | a schedule object | a
@@ -307,7 +297,7 @@ def make_schedule(schedule, warmup: float = 0.05,
         raise ValueError(f"schedule={schedule.__name__} is a scheduler class: pass a factory "
                          f"that builds it on the optimizer, e.g. schedule=lambda opt: "
                          f"torch.optim.lr_scheduler.{schedule.__name__}(opt, ...)")
-    if is_factory(schedule):
+    if callable(schedule) and not isinstance(schedule, type) and not hasattr(schedule, "factor"):
         if optimizer is None:
             raise ValueError("a schedule factory needs the optimizer (make_schedule(..., "
                              "optimizer=...))")
