@@ -1,16 +1,10 @@
 """Learning-rate schedules as a multiplier of the base learning rate.
 
 Each schedule answers ``factor(step)`` for an optimizer step, is told the run's length by
-``bind(total_steps)`` and hears every validation through ``on_validation(improved)``. Their state
-is plain numbers (saved in checkpoints).
-
-``schedule=`` may also be a factory ``(optimizer, total_steps) -> torch.optim.lr_scheduler``
-(or ``optimizer -> ...``; ``TorchSchedule``): ``total_steps`` is the run's number of optimizer
-steps after gradient accumulation (``Trainer.total_steps``), so a ``OneCycleLR`` built from it
-ends exactly with the fit. The scheduler is stepped once per optimizer step (``ReduceLROnPlateau``:
-with the monitored metric at each validation), and the loop reads its LR as a factor of the
-base LR like any schedule here, so the loss guard's LR cut, resume and an isolated worker treat it
-the same way.
+``bind(total_steps)`` and hears every validation through ``on_validation(improved)``; its state is
+plain numbers (saved in checkpoints). ``schedule=`` may also be a factory building a
+``torch.optim.lr_scheduler`` (``TorchSchedule``), read as a factor like the others, so the loss
+guard's LR cut, resume and an isolated worker treat it the same way.
 
 >>> s = WarmupCosine(warmup=0.1); s.bind(1000)
 >>> s.factor(0), s.factor(100), s.factor(1000)
@@ -111,16 +105,13 @@ class TorchSchedule(Constant):
     """A ``torch.optim.lr_scheduler`` made by ``factory(optimizer, total_steps)`` (or
     ``factory(optimizer)``), as a factor of the base LR.
 
-    The scheduler is built at ``bind`` (every fit starts it afresh). A resumed fit loads the
-    checkpoint's scheduler state when the factory builds the same scheduler again; when it
-    builds a different one (e.g. a ``OneCycleLR`` over more steps for more epochs) the one given
-    is used, advanced to the run's step, and ``replaced`` says so. A scheduler with a
-    ``total_steps`` shorter than the run is an error at ``bind``, before the first step. It is
-    stepped once per optimizer step (``factor(step)`` catches up to ``step``), and its LR
-    divided by the base LR is the factor; the loop multiplies in the loss guard's cut itself, so
-    a chained scheduler never compounds it. ``ReduceLROnPlateau`` is stepped at each validation
-    with the monitored metric instead. Its state (plain numbers) is saved in checkpoints. The
-    factor of the first parameter group applies to every group (each keeps its own base LR).
+    ``total_steps``: the run's optimizer steps after gradient accumulation, so a ``OneCycleLR``
+    built from it ends with the fit (a shorter one is an error at ``bind``, before any step).
+    Built afresh at every ``bind``; a resumed fit loads the saved scheduler state when the
+    factory builds the same scheduler, else uses the new one advanced to the run's step
+    (``replaced`` says why). Stepped once per optimizer step (``ReduceLROnPlateau``: at each
+    validation, with the monitored metric). The loop multiplies in the loss guard's cut itself,
+    so a chained scheduler never compounds it; the first group's factor applies to every group.
     """
 
     name = "torch"
@@ -174,9 +165,8 @@ class TorchSchedule(Constant):
                 self._pending = None
 
     def _check_length(self, sched) -> None:
-        """A scheduler that counts its own steps (OneCycleLR) must last the whole run: else
-        it would fail part-way (torch: "Tried to step ... times"); said now, before any
-        step."""
+        """A scheduler counting its own steps (OneCycleLR) must last the run, or torch fails
+        part-way."""
         length = getattr(sched, "total_steps", None)
         if isinstance(length, int) and length < self.total_steps:
             hint = ("it receives total_steps: use it, e.g. lambda opt, total_steps: "
