@@ -13,6 +13,7 @@ is anything with the three methods of ``Logger``::
 ``metrics``: the epoch's history row as ``trainer.history`` has it (NaN where nothing was
 measured), at ``step`` = the epoch's last global step. A logger with ``per_step = True`` also
 gets ``{"train/loss": ..., "train/lr": ...}`` after every optimizer step.
+The objects here: ``CsvLogger``, ``TensorBoardLogger``, ``MLflowLogger``, ``WandbLogger``.
 
 Loggers run in the user's process only (an isolated worker's events are heard in the kernel), on
 rank 0. ``CsvLogger()`` / ``TensorBoardLogger()`` without a folder write into ``log_dir``; a fresh
