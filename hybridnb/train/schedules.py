@@ -169,16 +169,13 @@ class TorchSchedule(Constant):
         part-way."""
         length = getattr(sched, "total_steps", None)
         if isinstance(length, int) and length < self.total_steps:
-            hint = ("it receives total_steps: use it, e.g. lambda opt, total_steps: "
-                    "OneCycleLR(opt, max_lr=..., total_steps=total_steps)"
-                    if takes_total_steps(self.factory) else
-                    "give the factory a second argument, total_steps (the Trainer passes "
-                    "this run's count): lambda opt, total_steps: OneCycleLR(opt, max_lr=..., "
-                    "total_steps=total_steps)")
+            hint = ("use the total_steps it receives" if takes_total_steps(self.factory) else
+                    "give the factory a second argument, total_steps (this run's count)")
             raise ValueError(f"schedule={_name(self.factory)} built a {type(sched).__name__} "
                              f"of total_steps={length}, but this run takes {self.total_steps} "
                              f"optimizer steps (trainer.total_steps: epochs x optimizer steps "
-                             f"per epoch, after grad_accum); {hint}")
+                             f"per epoch, after grad_accum); {hint}, e.g. lambda opt, total_steps: "
+                             "OneCycleLR(opt, max_lr=..., total_steps=total_steps)")
 
     def factor(self, step: int) -> float:
         if self.plateau:
@@ -250,8 +247,7 @@ def _differences(saved: dict, sched) -> str:
     old = _config(saved)
     keys = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
     shown = [f"{k}={old.get(k)!r} saved, {new.get(k)!r} given" for k in keys
-             if not isinstance(new.get(k), (list, dict)) and not isinstance(old.get(k),
-                                                                            (list, dict))]
+             if not any(isinstance(v, (list, dict)) for v in (old.get(k), new.get(k)))]
     return "; ".join(shown[:3]) or ", ".join(keys[:4])
 
 
