@@ -24,8 +24,6 @@ import torch
 class Constant:
     """No schedule: factor 1 throughout."""
 
-    name = "constant"
-
     def bind(self, total_steps: int) -> None:
         self.total_steps = int(total_steps)
 
@@ -47,8 +45,6 @@ class WarmupCosine(Constant):
 
     ``warmup`` below 1 is a fraction of the run's optimizer steps, else a number of steps.
     """
-
-    name = "warmup_cosine"
 
     def __init__(self, warmup: float = 0.05, min_factor: float = 0.0) -> None:
         if warmup < 0:
@@ -72,8 +68,6 @@ class WarmupCosine(Constant):
 class Plateau(Constant):
     """Multiply the factor by ``factor`` after ``patience`` validations without improvement
     (never below ``min_factor``)."""
-
-    name = "plateau"
 
     def __init__(self, patience: int = 3, factor: float = 0.5, min_factor: float = 1e-3) -> None:
         if patience < 1 or not 0 < factor < 1:
@@ -114,7 +108,6 @@ class TorchSchedule(Constant):
     so a chained scheduler never compounds it; the first group's factor applies to every group.
     """
 
-    name = "torch"
     wants_value = True  # on_validation receives the monitored metric
 
     def __init__(self, factory: Callable, optimizer: torch.optim.Optimizer) -> None:
