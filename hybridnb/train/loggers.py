@@ -132,7 +132,6 @@ def numbers(metrics: dict) -> dict[str, float]:
 class _FileLogger:
     """A logger writing into a folder: its own, or the Trainer's ``log_dir`` (``bind``)."""
 
-    name = ""
     patterns: tuple[str, ...] = ()
     per_step = False
 
@@ -158,7 +157,6 @@ class CsvLogger(_FileLogger):
     """``history.csv``: one row per epoch, appended and fsynced as each epoch ends (a run
     killed with SIGKILL leaves every finished epoch's row, parseable)."""
 
-    name = "csv"
     patterns = (HISTORY,)
 
     def __init__(self, folder: str | os.PathLike | None = None) -> None:
@@ -261,7 +259,6 @@ class TensorBoardLogger(_FileLogger):
     """TensorBoard event files in the log folder (``tensorboard --logdir <its parent>``):
     ``train/loss`` and ``train/lr`` per step, ``epoch/<column>`` at each epoch's last step."""
 
-    name = "tensorboard"
     patterns = (TB_EVENTS,)
     per_step = True  # fed every step's row
 
