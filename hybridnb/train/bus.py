@@ -128,12 +128,13 @@ class Bus:
         step, epoch = self.where()
         return self.emit(Event(kind, message, step=step, epoch=epoch))
 
-    def note(self, kind: str, message: str) -> None:
-        """Said once: now during a fit, else when the next fit opens the bus."""
+    def note(self, kind: str, message: str) -> Event | None:
+        """Said once: now during a fit (the event returned), else when the next fit opens the
+        bus."""
         if self.open:
-            self.say(kind, message)
-        else:
-            self.pending.append((kind, message))
+            return self.say(kind, message)
+        self.pending.append((kind, message))
+        return None
 
     def flush(self) -> None:
         """Open: the queued notes are said now, in order; later notes are said as they come."""

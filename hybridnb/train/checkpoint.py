@@ -17,21 +17,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hybridnb.files import CHECKPOINT_FORMAT as FORMAT
-from hybridnb.files import (
-    atomic_save,
-    describe,
-    fsync_dir,
-    is_write_failure,
-    keep_copy,
-    read_safely,
-)
+from hybridnb.files import atomic_save, describe, is_write_failure, read_safely
 from hybridnb.train.run_lock import RunLock
 from hybridnb.train.storage import StorageGuard
 
-__all__ = ["FORMAT", "atomic_save", "read_safely", "save", "load", "read", "Checkpoints"]
-_keep_copy, _fsync_dir = keep_copy, fsync_dir  # the names this module had before files.py
 LAST, PREVIOUS, BEST = "last.pt", "last.prev.pt", "best.pt"
-# the temporary names ``save`` / ``_keep_copy`` / ``check_dir`` write (".last.pt.tmp-<pid>")
+# the temporary names ``save`` (files.atomic_save, files.keep_copy) and ``check_dir`` write (".last.pt.tmp-<pid>")
 _OUR_TEMP = re.compile(r"\.(?:(?:last|last\.prev|best)\.pt\.tmp|write-test)-(?P<pid>\d+)")
 
 
@@ -226,7 +217,7 @@ class Checkpoints:
         self.folder, self.is_main, self.bus = folder, is_main, bus
         self.on_keep: Callable[[dict], None] | None = None
         self.snapshot: dict | None = None
-        self.storage = StorageGuard(bus.note)
+        self.storage = StorageGuard(bus)
         self.log_patterns = log_patterns  # the logs in this folder, set aside with a fresh run
 
     def keep(self, state: dict) -> None:
@@ -252,7 +243,7 @@ class Checkpoints:
         path = self.folder / name
         try:
             save(state, path, keep_previous=keep_previous)
-        except Exception as exc:
+        except Exception as exc:  # narrowed by is_write_failure (torch's writer error too)
             if not is_write_failure(exc):
                 raise
             self.storage.failed(path, exc, lambda: (

@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 from hybridnb.strategies.batches import ResumableBatchSampler
+from hybridnb.train.seeding import set_rng_state, worker_init_fn
 
 
 def as_dataset(data, bus, what: str = "data") -> Dataset | DataLoader:
@@ -170,7 +171,7 @@ def yields_device_tensors(data) -> bool:
     no pinned memory: a forked worker cannot touch CUDA tensors)."""
     try:
         item = data[0]
-    except Exception:
+    except Exception:  # noqa: BLE001 - any dataset's error: the loader meets it and says it
         return False
     items = item if isinstance(item, (tuple, list)) else (item,)
     return any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in items)
@@ -181,8 +182,6 @@ def make_loader(data, *, batch_size: int, shuffle: bool, what: str, seed: int | 
     """Batches for ``data``: a given DataLoader is used as it is; in-memory tensors become
     ``IndexedBatches`` (on the device when they fit); other Datasets get a DataLoader. Both
     follow the resumable batch order (this rank's shard under DDP) of a seeded generator."""
-    from hybridnb.train.seeding import worker_init_fn
-
     if isinstance(data, IndexedBatches):
         return data
     data = as_dataset(data, bus, what)
@@ -199,11 +198,8 @@ def make_loader(data, *, batch_size: int, shuffle: bool, what: str, seed: int | 
         return data
     if len(data) == 0:
         raise ValueError(f"{what} dataset is empty")
-    gen = torch.Generator()
-    if seed is not None:
-        gen.manual_seed(seed)
-    else:
-        gen.seed()  # a fresh random seed; its state is still saved in checkpoints
+    gen = torch.Generator()  # from a fresh random seed without one (saved in checkpoints)
+    gen.manual_seed(seed) if seed is not None else gen.seed()
     sampler = strategy.batch_sampler(len(data), batch_size, shuffle, gen)
     if type(data) is TensorDataset:
         return IndexedBatches(tuple(data.tensors), sampler, gen)
@@ -224,8 +220,6 @@ def _stream_loader(data: IterableDataset, *, batch_size: int, shuffle: bool, wha
     """A DataLoader over an IterableDataset: read in its own order (a stream cannot be
     shuffled by index: said once for training); one process only (under DDP every rank would
     read all of it)."""
-    from hybridnb.train.seeding import worker_init_fn
-
     if strategy.world_size > 1:
         raise ValueError(f"{what}: an IterableDataset ({type(data).__name__}) with "
                          f"{strategy.world_size} processes: each would read all of it. Shard it "
@@ -258,8 +252,6 @@ def epoch_batches(loader, state, event) -> Iterator:
 
 
 def _epoch_iter(loader, state, event) -> Iterator:
-    from hybridnb.train.seeding import set_rng_state
-
     gen = getattr(loader, "generator", None)
     if state.batches_done == 0:
         if state.pending_rng is not None:

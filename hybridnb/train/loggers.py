@@ -9,30 +9,18 @@ is anything with the three methods of ``Logger``::
         def log_metrics(self, metrics, step): ...   # each epoch's history row (a dict)
         def close(self): ...                        # the fit ended (also when it failed)
 
-``params`` are the run's settings as plain values (numbers, strings, booleans, None) with the
-model's class and parameter count. ``metrics`` is the epoch's history row, as
-``trainer.history`` and ``on_epoch_end`` have it (numbers, NaN where nothing was measured, and
-``events``, a string), at ``step`` = the epoch's last global step. A logger with
-``per_step = True`` also gets ``{"train/loss": ..., "train/lr": ...}`` after every optimizer
-step, at that step. The objects here:
+``params``: the run's settings as plain values, with the model's class and parameter count.
+``metrics``: the epoch's history row as ``trainer.history`` has it (NaN where nothing was
+measured), at ``step`` = the epoch's last global step. A logger with ``per_step = True`` also
+gets ``{"train/loss": ..., "train/lr": ...}`` after every optimizer step.
+The objects here: ``CsvLogger``, ``TensorBoardLogger``, ``MLflowLogger``, ``WandbLogger``.
 
-- ``CsvLogger(folder)``: ``<folder>/history.csv``, one row per epoch, appended and fsynced as
-  each epoch ends (a run killed with SIGKILL leaves every finished epoch's row, parseable).
-- ``TensorBoardLogger(folder)``: ``torch.utils.tensorboard`` event files (``train/loss`` and
-  ``train/lr`` per step, ``epoch/<column>`` per epoch at the epoch's last step).
-- ``MLflowLogger(tracking_uri, experiment)``: one MLflow run per fit, params and metrics
-  (``pip install 'hybridnb[loggers]'``).
-- ``WandbLogger(project, dir)``: one Weights & Biases run per fit, offline by default (its files
-  under ``dir``; ``wandb sync`` uploads them later; ``mode="online"`` syncs live).
-
-``CsvLogger()`` / ``TensorBoardLogger()`` without a folder write into ``log_dir``. They run in
-the user's process only (for an isolated fit the kernel logs what the worker's view sends), on
-rank 0 only. A fresh fit moves an earlier run's csv/TensorBoard files into ``earlier-<time>/``
-(as it does checkpoints); a resumed fit keeps the rows before the epoch it resumes at and appends
-after them (TensorBoard purges the steps after the resume point). A write that fails (full disk,
-read-only folder) is said once and retried with the next row (``storage.StorageGuard``); a
-``history.csv`` that disappears mid-run (its folder removed) is written again whole, header
-included, and said; rows are never lost from ``trainer.history``.
+Loggers run in the user's process only (an isolated worker's events are heard in the kernel), on
+rank 0. ``CsvLogger()`` / ``TensorBoardLogger()`` without a folder write into ``log_dir``; a fresh
+fit moves an earlier run's files into ``earlier-<time>/`` (as it does checkpoints), a resumed fit
+keeps the rows before its epoch (TensorBoard purges the later steps). A failed write is said once
+and retried with the next row (``storage.StorageGuard``); rows are never lost from
+``trainer.history``.
 """
 
 from __future__ import annotations
@@ -62,9 +50,8 @@ INSTALL = "pip install 'hybridnb[loggers]' (or pip install {package})"
 
 @runtime_checkable
 class Logger(Protocol):
-    """What ``Trainer(logger=...)`` calls (see the module's docstring for what each receives).
-    Optional: ``per_step = True`` (fed every optimizer step's loss and lr) and
-    ``open(start_epoch, global_step)`` (a fit starts, fresh at 0 or resumed)."""
+    """What ``Trainer(logger=...)`` calls (the module's docstring says what each receives).
+    Optional: ``per_step = True`` and ``open(start_epoch, global_step)`` (a fit starts)."""
 
     def log_hparams(self, params: dict[str, Any]) -> None: ...
 
@@ -145,7 +132,6 @@ def numbers(metrics: dict) -> dict[str, float]:
 class _FileLogger:
     """A logger writing into a folder: its own, or the Trainer's ``log_dir`` (``bind``)."""
 
-    name = ""
     patterns: tuple[str, ...] = ()
     per_step = False
 
@@ -168,9 +154,9 @@ class _FileLogger:
 
 
 class CsvLogger(_FileLogger):
-    """``history.csv``: one row per epoch, appended and fsynced as each epoch ends."""
+    """``history.csv``: one row per epoch, appended and fsynced as each epoch ends (a run
+    killed with SIGKILL leaves every finished epoch's row, parseable)."""
 
-    name = "csv"
     patterns = (HISTORY,)
 
     def __init__(self, folder: str | os.PathLike | None = None) -> None:
@@ -259,7 +245,7 @@ class CsvLogger(_FileLogger):
                                 "trainer.history and written again whole with the next row")
             return
         epochs = [r[0] for r in rows]
-        self.storage.say("storage", f"{self.path} disappeared mid-run (was its folder "
+        self.storage.say(f"{self.path} disappeared mid-run (was its folder "
                          f"removed?): written again whole, the header and the {len(rows)} "
                          f"rows of epochs {epochs[0]} to {epochs[-1]}")
         self.header, self.pending, self.rows = True, [], rows
@@ -270,9 +256,9 @@ class CsvLogger(_FileLogger):
 
 
 class TensorBoardLogger(_FileLogger):
-    """TensorBoard event files in the log folder (``tensorboard --logdir <its parent>``)."""
+    """TensorBoard event files in the log folder (``tensorboard --logdir <its parent>``):
+    ``train/loss`` and ``train/lr`` per step, ``epoch/<column>`` at each epoch's last step."""
 
-    name = "tensorboard"
     patterns = (TB_EVENTS,)
     per_step = True  # fed every step's row
 
@@ -333,7 +319,7 @@ class TensorBoardLogger(_FileLogger):
         self.writer = None
         since = f"steps {self._first_step} to {step - 1}" if self._first_step else \
             f"the steps before {step}"
-        self.storage.say("storage", f"the TensorBoard event file in {self.folder} disappeared "
+        self.storage.say(f"the TensorBoard event file in {self.folder} disappeared "
                          f"mid-run (was its folder removed?): its scalars of {since} are lost "
                          "to TensorBoard (they are in trainer.history and trainer.steps); a new "
                          f"event file holds those from step {step} on")
@@ -369,14 +355,12 @@ def _require(module: str, package: str, what: str):
 
 
 class MLflowLogger:
-    """One MLflow run per fit: ``log_hparams`` as params, each epoch's numbers as metrics
-    (``per_step``: also ``train/loss`` and ``train/lr`` every optimizer step).
+    """One MLflow run per fit (``pip install 'hybridnb[loggers]'``): params, each epoch's
+    numbers as metrics (``per_step``: also every optimizer step's loss and lr).
 
-    ``tracking_uri``: where (None: MLflow's own default, ``MLFLOW_TRACKING_URI`` or, in MLflow
-    3, ``sqlite:///mlflow.db``); e.g. a local file store ``"file:./mlruns"`` (MLflow 3 asks
-    ``MLFLOW_ALLOW_FILE_STORE=true`` for it) or a server ``"http://host:5000"``. ``sqlite:``
-    stores (the default included) need the full ``mlflow`` package, not the ``loggers``
-    extra's ``mlflow-skinny``. ``run_id`` after the fit:
+    ``tracking_uri`` None: MLflow's default (``MLFLOW_TRACKING_URI``, or ``sqlite:///mlflow.db``
+    in MLflow 3, which needs the full ``mlflow`` package); else e.g. ``"file:./mlruns"`` (with
+    ``MLFLOW_ALLOW_FILE_STORE=true`` in MLflow 3) or ``"http://host:5000"``. After the fit:
     ``MlflowClient(tracking_uri).get_metric_history(logger.run_id, "val_loss")``."""
 
     def __init__(self, tracking_uri: str | None = None, experiment: str = "hybridnb",
@@ -431,13 +415,12 @@ class MLflowLogger:
 
 
 class WandbLogger:
-    """One Weights & Biases run per fit: ``log_hparams`` as its config, each epoch's numbers
-    (and ``per_step``: ``train/loss``, ``train/lr`` every optimizer step) as its history.
+    """One Weights & Biases run per fit: params as its config, each epoch's numbers (and
+    ``per_step``: every optimizer step's loss and lr) as its history.
 
-    ``mode="offline"`` (the default) writes the run's files under ``<dir>/wandb/`` and uses no
-    network (``wandb sync <dir>/wandb/offline-run-*`` uploads them later); ``mode="online"``
-    syncs live. Other keyword arguments go to ``wandb.init``. ``run_dir`` after a fit: where its
-    files are."""
+    ``mode="offline"`` (the default) writes under ``<dir>/wandb/`` with no network (``wandb
+    sync <dir>/wandb/offline-run-*`` uploads later); ``mode="online"`` syncs live. Other keyword
+    arguments go to ``wandb.init``; ``run_dir`` after a fit: where its files are."""
 
     def __init__(self, project: str = "hybridnb", dir: str | os.PathLike | None = None,
                  mode: str = "offline", name: str | None = None, per_step: bool = True,

@@ -56,11 +56,12 @@ _REGRESSION_MODULES = (torch.nn.MSELoss, torch.nn.L1Loss, torch.nn.HuberLoss,
 
 
 class ShapeChecked:
-    """A torch regression loss module, its inputs matched as the named losses' are."""
+    """A regression loss (torch's module or function) with its inputs matched by
+    ``match_target``."""
 
-    def __init__(self, module: torch.nn.Module) -> None:
+    def __init__(self, module: Callable) -> None:
         self.module = module
-        self.__name__ = type(module).__name__
+        self.__name__ = getattr(module, "__name__", type(module).__name__)
 
     def __call__(self, pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self.module(*match_target(pred, y))
@@ -108,14 +109,6 @@ class ReweightedHuber:
 
     def __repr__(self) -> str:
         return f"ReweightedHuber(delta={self.delta}, after_epoch={self.after_epoch}, c={self.c})"
-
-
-def _named(fn) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    def loss(pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return fn(*match_target(pred, y))
-    loss.__name__ = fn.__name__
-    loss.check = match_target
-    return loss
 
 
 CLASSIFICATION_NAMES = ("cross_entropy", "ce", "crossentropy")
@@ -225,9 +218,9 @@ def make_loss(loss, huber_delta: float = 1.0, reweight_after: int | None = None,
     if callable(loss):
         return loss
     if loss == "mse":
-        return _named(F.mse_loss)
+        return ShapeChecked(F.mse_loss)
     if loss in ("l1", "mae"):
-        return _named(F.l1_loss)
+        return ShapeChecked(F.l1_loss)
     if loss == "huber":
         return ReweightedHuber(delta=huber_delta, after_epoch=reweight_after)
     raise ValueError(f"loss={loss!r}: use 'mse', 'l1', 'huber' (regression), 'cross_entropy' "

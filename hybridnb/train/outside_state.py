@@ -6,16 +6,12 @@ counter, the last output kept), a non-persistent buffer, the ``training`` flag. 
 of the model is a different object, so without this the kernel's model would keep what it had
 before the fit, and ``predict()`` would differ from an in-process run's.
 
-In the worker, ``Fingerprint(model)`` takes a fingerprint of every submodule's own attributes and
-non-persistent buffers when the job arrives (before the Trainer places the model); ``changes()``
-after the fit lists what differs, by attribute path, with the new values (tensors on the CPU).
-In the kernel, ``apply`` sets them on the same paths of the kernel's model. What cannot travel
-back (a value that cannot be pickled, e.g. a lock or a lambda) is listed by path instead, and
-the fit says so once.
-
-Left alone: submodules (walked themselves), the module's own bookkeeping (hooks, the parameter,
-buffer and module dicts: the state dict carries their tensors), and attributes that alias one of
-the model's parameters or buffers (the kernel's model has its own alias already).
+``Fingerprint(model)``, taken in the worker as the job arrives, and its ``changes()`` after the
+fit list every submodule's own attributes and non-persistent buffers that differ, by path (tensors
+on the CPU); ``apply`` sets them on the kernel's model. What cannot be pickled (a lock, a lambda)
+is listed by path instead, and the fit says so once. Left alone: submodules (walked themselves),
+nn.Module's bookkeeping (the state dict carries its tensors), and aliases of the model's
+parameters or buffers.
 """
 
 from __future__ import annotations
@@ -29,8 +25,6 @@ from typing import Any
 import cloudpickle
 import torch
 from torch import nn
-
-__all__ = ["Changes", "Fingerprint", "apply", "describe"]
 
 # nn.Module's own bookkeeping in every module's __dict__ (hooks, parameter/buffer/module dicts)
 _INTERNAL = frozenset(k for k in nn.Module().__dict__ if k != "training") | {
@@ -67,8 +61,9 @@ class _Hasher(io.RawIOBase):
         return len(b)
 
 
-class _TensorBytes(pickle.Pickler):
-    """Pickles a value; every tensor inside as its dtype, shape and bytes (any device)."""
+class _TensorBytes(cloudpickle.Pickler):
+    """Pickles any value (a notebook's function or class by value); every tensor inside as its
+    dtype, shape and bytes (any device)."""
 
     def persistent_id(self, obj: Any):
         if isinstance(obj, torch.Tensor):
@@ -79,12 +74,6 @@ class _TensorBytes(pickle.Pickler):
                                      if flat.numel() else b"", digest_size=16).hexdigest()
             return ("tensor", str(obj.dtype), tuple(obj.shape), digest)
         return None
-
-
-class _CloudTensorBytes(cloudpickle.Pickler):
-    """``_TensorBytes`` for any value (a notebook's function or class by value)."""
-
-    persistent_id = _TensorBytes.persistent_id
 
 
 class _Sendable(pickle.Pickler):
@@ -98,7 +87,7 @@ def _fingerprint(value: Any) -> str | BaseException:
     """A digest of ``value`` (its tensors by their bytes), or the error pickling it raised."""
     sink = _Hasher()
     try:
-        _CloudTensorBytes(sink, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+        _TensorBytes(sink, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
     except Exception as exc:  # noqa: BLE001 - any failure: the value cannot be compared
         return exc
     return sink.h.hexdigest()

@@ -70,8 +70,8 @@ class Placement:
         self._placed_on = self.device
 
     def speed_up(self, train_loader, batch_size: int, steps: int) -> None:
-        """Apply what measures faster on this model and device (once per device), said once
-        with the numbers; the FLOPs per sample (the live view's MFU on a GPU)."""
+        """Apply what measures faster on this model and device (once per device, said with the
+        numbers); count the FLOPs per sample (the live view's MFU on a GPU)."""
         if not speedups.wanted(self.settings.speedups, self.device) or \
                 self._sped_up_on == self.device:
             return
@@ -93,8 +93,8 @@ class Placement:
             self.bus.note("speedups", applied.message)
             for line in applied.notes:
                 self.bus.note("speedups", line)
-        # per sample, counted on a slice (FLOPs grow linearly with the batch; a slice is cheap
-        # and rarely runs out of memory where the whole fp32 batch might)
+        # counted on a slice: FLOPs grow linearly with the batch, and a slice rarely runs out of
+        # memory where the whole fp32 batch might
         x = x[:FLOP_SLICE]
         flops = count_flops(model, (x,), on_skip=lambda why: self.bus.note("flops", why))
         self.flops_per_sample = None if flops is None else flops / len(x)
@@ -199,9 +199,8 @@ def compile_estimate_s(model: torch.nn.Module, device: torch.device | str) -> fl
 
 def say_compiling(compiled: torch.nn.Module, model: torch.nn.Module, device: torch.device,
                   bus) -> None:
-    """The first call of ``compiled`` (the first step's forward, which compiles) says so, with
-    a rough duration, and then how long it took: a first step that compiles is otherwise a long
-    silence (the live view's ETA leaves the first step out)."""
+    """The first forward of ``compiled`` (which compiles) says so with a rough duration, then
+    how long it took: a first step that compiles is otherwise a long silence."""
     handles = []
     started = []
 
@@ -227,20 +226,15 @@ def say_compiling(compiled: torch.nn.Module, model: torch.nn.Module, device: tor
     handles.append(compiled.register_forward_hook(after))
 
 
-class _DropCudaHome(logging.Filter):
-    """Drops torch's "No CUDA runtime is found, using CUDA_HOME=..." (said when torch's C++
-    extension helpers are imported on a machine with a CUDA toolkit but no GPU): noise for a
-    CPU compile, which needs no CUDA."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("No CUDA runtime is found")
-
-
 def quiet_cuda_home_warning() -> None:
     """Import ``torch.utils.cpp_extension`` (TorchInductor's CPU builder imports it when it first
-    compiles) with its one-time CUDA_HOME warning dropped; other messages of that logger pass."""
+    compiles) without its one-time "No CUDA runtime is found, using CUDA_HOME=...": noise for a
+    CPU compile on a machine with a CUDA toolkit but no GPU. Other messages of that logger pass."""
     logger = logging.getLogger("torch.utils.cpp_extension")
-    drop = _DropCudaHome()
+
+    def drop(record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("No CUDA runtime is found")
+
     logger.addFilter(drop)
     try:
         import torch.utils.cpp_extension  # noqa: F401 — the warning is said at import

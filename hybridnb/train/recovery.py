@@ -34,13 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hybridnb.failures import (  # noqa: F401  (their old home: kept importable from here)
-    DEVICE_LOST_MESSAGES,
-    OOM_MESSAGES,
-    first_line,
-    is_device_lost,
-    is_oom,
-)
+from hybridnb.failures import first_line, is_device_lost, is_oom
 from hybridnb.measure.memory import cuda_index
 from hybridnb.strategies.batches import batch_len
 from hybridnb.torch_state import set_torch_rng_state, torch_rng_state
@@ -315,7 +309,7 @@ class Recovery:
                     result = self.step.update(total)
                 self.phase = "idle"
                 break
-            except Exception as exc:
+            except Exception as exc:  # classified: what is no step failure is raised again
                 if self.strategy.world_size > 1 and self.phase != "update":
                     self.strategy.settle(self.step.params, None, window, failed=exc)
                 failure, detail = self.classify(exc)

@@ -1,16 +1,10 @@
 """Learning-rate schedules as a multiplier of the base learning rate.
 
 Each schedule answers ``factor(step)`` for an optimizer step, is told the run's length by
-``bind(total_steps)`` and hears every validation through ``on_validation(improved)``. Their state
-is plain numbers (saved in checkpoints).
-
-``schedule=`` may also be a factory ``(optimizer, total_steps) -> torch.optim.lr_scheduler``
-(or ``optimizer -> ...``; ``TorchSchedule``): ``total_steps`` is the run's number of optimizer
-steps after gradient accumulation (``Trainer.total_steps``), so a ``OneCycleLR`` built from it
-ends exactly with the fit. The scheduler is stepped once per optimizer step (``ReduceLROnPlateau``:
-with the monitored metric at each validation), and the loop reads its LR as a factor of the
-base LR like any schedule here, so the loss guard's LR cut, resume and an isolated worker treat it
-the same way.
+``bind(total_steps)`` and hears every validation through ``on_validation(improved)``; its state is
+plain numbers (saved in checkpoints). ``schedule=`` may also be a factory building a
+``torch.optim.lr_scheduler`` (``TorchSchedule``), read as a factor like the others, so the loss
+guard's LR cut, resume and an isolated worker treat it the same way.
 
 >>> s = WarmupCosine(warmup=0.1); s.bind(1000)
 >>> s.factor(0), s.factor(100), s.factor(1000)
@@ -29,8 +23,6 @@ import torch
 
 class Constant:
     """No schedule: factor 1 throughout."""
-
-    name = "constant"
 
     def bind(self, total_steps: int) -> None:
         self.total_steps = int(total_steps)
@@ -54,8 +46,6 @@ class WarmupCosine(Constant):
     ``warmup`` below 1 is a fraction of the run's optimizer steps, else a number of steps.
     """
 
-    name = "warmup_cosine"
-
     def __init__(self, warmup: float = 0.05, min_factor: float = 0.0) -> None:
         if warmup < 0:
             raise ValueError(f"warmup={warmup!r} must be >= 0 (a fraction < 1 or a step count)")
@@ -78,8 +68,6 @@ class WarmupCosine(Constant):
 class Plateau(Constant):
     """Multiply the factor by ``factor`` after ``patience`` validations without improvement
     (never below ``min_factor``)."""
-
-    name = "plateau"
 
     def __init__(self, patience: int = 3, factor: float = 0.5, min_factor: float = 1e-3) -> None:
         if patience < 1 or not 0 < factor < 1:
@@ -111,19 +99,15 @@ class TorchSchedule(Constant):
     """A ``torch.optim.lr_scheduler`` made by ``factory(optimizer, total_steps)`` (or
     ``factory(optimizer)``), as a factor of the base LR.
 
-    The scheduler is built at ``bind`` (every fit starts it afresh). A resumed fit loads the
-    checkpoint's scheduler state when the factory builds the same scheduler again; when it
-    builds a different one (e.g. a ``OneCycleLR`` over more steps for more epochs) the one given
-    is used, advanced to the run's step, and ``replaced`` says so. A scheduler with a
-    ``total_steps`` shorter than the run is an error at ``bind``, before the first step. It is
-    stepped once per optimizer step (``factor(step)`` catches up to ``step``), and its LR
-    divided by the base LR is the factor; the loop multiplies in the loss guard's cut itself, so
-    a chained scheduler never compounds it. ``ReduceLROnPlateau`` is stepped at each validation
-    with the monitored metric instead. Its state (plain numbers) is saved in checkpoints. The
-    factor of the first parameter group applies to every group (each keeps its own base LR).
+    ``total_steps``: the run's optimizer steps after gradient accumulation, so a ``OneCycleLR``
+    built from it ends with the fit (a shorter one is an error at ``bind``, before any step).
+    Built afresh at every ``bind``; a resumed fit loads the saved scheduler state when the
+    factory builds the same scheduler, else uses the new one advanced to the run's step
+    (``replaced`` says why). Stepped once per optimizer step (``ReduceLROnPlateau``: at each
+    validation, with the monitored metric). The loop multiplies in the loss guard's cut itself,
+    so a chained scheduler never compounds it; the first group's factor applies to every group.
     """
 
-    name = "torch"
     wants_value = True  # on_validation receives the monitored metric
 
     def __init__(self, factory: Callable, optimizer: torch.optim.Optimizer) -> None:
@@ -174,26 +158,19 @@ class TorchSchedule(Constant):
                 self._pending = None
 
     def _check_length(self, sched) -> None:
-        """A scheduler that counts its own steps (OneCycleLR) must last the whole run: else
-        it would fail part-way (torch: "Tried to step ... times"); said now, before any
-        step."""
+        """A scheduler counting its own steps (OneCycleLR) must last the run, or torch fails
+        part-way."""
         length = getattr(sched, "total_steps", None)
         if isinstance(length, int) and length < self.total_steps:
-            hint = ("it receives total_steps: use it, e.g. lambda opt, total_steps: "
-                    "OneCycleLR(opt, max_lr=..., total_steps=total_steps)"
-                    if takes_total_steps(self.factory) else
-                    "give the factory a second argument, total_steps (the Trainer passes "
-                    "this run's count): lambda opt, total_steps: OneCycleLR(opt, max_lr=..., "
-                    "total_steps=total_steps)")
+            hint = ("use the total_steps it receives" if takes_total_steps(self.factory) else
+                    "give the factory a second argument, total_steps (this run's count)")
             raise ValueError(f"schedule={_name(self.factory)} built a {type(sched).__name__} "
                              f"of total_steps={length}, but this run takes {self.total_steps} "
                              f"optimizer steps (trainer.total_steps: epochs x optimizer steps "
-                             f"per epoch, after grad_accum); {hint}")
+                             f"per epoch, after grad_accum); {hint}, e.g. lambda opt, total_steps: "
+                             "OneCycleLR(opt, max_lr=..., total_steps=total_steps)")
 
     def factor(self, step: int) -> float:
-        if self.sched is None:
-            raise RuntimeError("TorchSchedule.factor() before bind(): the Trainer binds it when "
-                               "a fit starts")
         if self.plateau:
             return self.current
         while self.sched.last_epoch < step:
@@ -263,8 +240,7 @@ def _differences(saved: dict, sched) -> str:
     old = _config(saved)
     keys = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
     shown = [f"{k}={old.get(k)!r} saved, {new.get(k)!r} given" for k in keys
-             if not isinstance(new.get(k), (list, dict)) and not isinstance(old.get(k),
-                                                                            (list, dict))]
+             if not any(isinstance(v, (list, dict)) for v in (old.get(k), new.get(k)))]
     return "; ".join(shown[:3]) or ", ".join(keys[:4])
 
 
@@ -280,13 +256,6 @@ def takes_total_steps(factory) -> bool:
 
 def _name(factory) -> str:
     return getattr(factory, "__qualname__", None) or type(factory).__name__
-
-
-def is_factory(schedule) -> bool:
-    """Whether ``schedule`` is a factory ``(optimizer[, total_steps]) -> LRScheduler`` (a callable that is not
-    a schedule object or a scheduler class used by mistake)."""
-    return callable(schedule) and not isinstance(schedule, (str, type)) and not hasattr(
-        schedule, "factor")
 
 
 def make_schedule(schedule, warmup: float = 0.05,
@@ -307,7 +276,7 @@ def make_schedule(schedule, warmup: float = 0.05,
         raise ValueError(f"schedule={schedule.__name__} is a scheduler class: pass a factory "
                          f"that builds it on the optimizer, e.g. schedule=lambda opt: "
                          f"torch.optim.lr_scheduler.{schedule.__name__}(opt, ...)")
-    if is_factory(schedule):
+    if callable(schedule) and not isinstance(schedule, type) and not hasattr(schedule, "factor"):
         if optimizer is None:
             raise ValueError("a schedule factory needs the optimizer (make_schedule(..., "
                              "optimizer=...))")

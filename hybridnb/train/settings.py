@@ -153,12 +153,9 @@ class Settings:
         return self.log_dir if self.log_dir is not None else self.checkpoint_dir
 
     def for_worker(self) -> Settings:
-        """What an isolated worker trains with: no isolation again, and no loggers (they run in
-        the user's process, fed by the worker's view messages, as the callbacks do, which are
-        not settings: ``Trainer(callbacks=...)`` keeps them in the user's process). The worker
-        computes with as many torch threads as this process does when the settings name none
-        (a fresh interpreter would take every core: a ``torch.set_num_threads`` of the user's,
-        or of detect(), holds in the worker too)."""
+        """What an isolated worker trains with: no isolation again, no loggers (they run in the
+        user's process, as callbacks do), and this process's torch threads when none are named
+        (a fresh interpreter would take every core)."""
         return dataclasses.replace(self, isolate=False, logger=None,
                                    torch_threads=self.torch_threads or torch.get_num_threads())
 
@@ -169,8 +166,7 @@ class Settings:
                                        or self.batch_size is None or self.grad_accum is None)
 
     def resolved(self, hw: Any, device: torch.device) -> Settings:
-        """The settings with ``device`` (already checked) and what ``hw`` (``detect()``'s
-        answer, or None) recommends filled in."""
+        """With ``device`` (checked) and what ``hw`` (``detect()``'s answer, or None) advises."""
         batch_size = self.batch_size if self.batch_size is not None else hw.settings.batch_size
         # detect()'s accumulation goes with its batch size: a batch size given alone is the
         # effective batch, never silently multiplied
@@ -195,11 +191,9 @@ class Settings:
                                                  and hw.settings.torch_threads else None))
 
     def chosen(self, precision: str | None = None, speedups: tuple = ()) -> list[str]:
-        """What the Trainer chose on the user's behalf, in words for the run's header: the
-        options taken from detect()'s advice, and the defaults in force that change training
-        (schedule, gradient clipping, weight decay); ``precision`` and ``speedups``: what the
-        placement decided for ``"auto"``. A value equal to its default counts as the
-        default."""
+        """What the Trainer chose on the user's behalf, in words for the run's header: what
+        detect() advised, the defaults that change training, and what the placement decided
+        for ``"auto"`` (``precision``, ``speedups``)."""
         said = []
         if "batch_size" in self.from_detect:
             said.append(f"batch {self.batch_size}" + (

@@ -30,7 +30,7 @@ class Sinks:
     def __init__(self, make_loggers, callbacks: tuple) -> None:
         """``make_loggers(storage)``: this fit's loggers, reporting failed writes to
         ``storage``."""
-        self.storage = StorageGuard(self._say)
+        self.storage = StorageGuard()  # on the Trainer's bus once a fit begins
         self.loggers, self.callbacks = make_loggers(self.storage), callbacks
         self.step_loggers = [lg for lg in self.loggers if getattr(lg, "per_step", False)]
         self.wants_steps = bool(self.step_loggers)
@@ -38,19 +38,13 @@ class Sinks:
         self.next_epoch = 0
         self.open = False
         self.trainer = None
-        self.said: list = []
         self.locks: list[RunLock] = []  # the log folders this fit holds (besides its own)
-
-    def _say(self, kind: str, message: str) -> None:
-        """A logger's storage event, said on the Trainer now (and kept: an isolated fit's
-        hand-over replaces the kernel's events with the worker's, ``end`` adds it back)."""
-        if self.trainer is not None:
-            self.said.append(self.trainer.event(kind, message))
 
     def begin(self, trainer) -> None:
         """A fit starts at ``trainer.state`` (fresh or resumed): open the loggers (``open``
         when they have it, then ``log_hparams``), call ``on_fit_start``."""
-        self.trainer, self.said = trainer, []
+        self.trainer = trainer
+        self.storage.bus, self.storage.said = trainer.bus, []
         state = trainer.state
         self.next_epoch = len(state.history)
         params = hparams(trainer.settings, trainer.model) if self.loggers else {}
@@ -86,7 +80,10 @@ class Sinks:
             self.epoch_rows(trainer.state.history, trainer)
         finally:
             self.close()
-        trainer.state.events.extend(e for e in self.said if e not in trainer.state.events)
+        # the loggers' storage events are kept: an isolated fit's hand-over replaces the
+        # kernel's events with the worker's
+        said = self.storage.said
+        trainer.state.events.extend(e for e in said if e not in trainer.state.events)
         cbs.call(self.callbacks, "on_fit_end", trainer)
 
     def hear(self, event) -> None:
@@ -134,7 +131,7 @@ class Sinks:
             for logger in self.loggers:
                 try:
                     logger.close()
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - raised after the others close
                     first = first or exc
             if first is not None:
                 raise first

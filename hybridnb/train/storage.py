@@ -15,17 +15,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from hybridnb.events import Event
 from hybridnb.files import describe, is_write_failure
+from hybridnb.train.bus import Bus
 
 __all__ = ["StorageGuard", "describe", "is_write_failure"]
 
 
 class StorageGuard:
-    """Says a failing write once per file, and its recovery once (``say(kind, message)``)."""
+    """Says a failing write once per file, and its recovery once, as ``storage`` notes on
+    ``bus`` (set later by an owner that gets its bus later); ``said``: the events said."""
 
-    def __init__(self, say: Callable[[str, str], None] | None = None) -> None:
-        self.say = say or (lambda kind, message: None)
+    def __init__(self, bus: Bus | None = None) -> None:
+        self.bus = bus
+        self.said: list[Event] = []
         self.failing: dict[Path, int] = {}  # file -> writes missed so far
+
+    def say(self, message: str) -> None:
+        if self.bus is not None:
+            event = self.bus.note("storage", message)
+            if event is not None:
+                self.said.append(event)
 
     def failed(self, path: Path, exc: BaseException, kept: str | Callable[[], str]) -> None:
         """A write of ``path`` raised ``exc`` (one ``is_write_failure`` accepts); ``kept``: what
@@ -36,12 +46,12 @@ class StorageGuard:
         self.failing[path] = missed + 1
         if missed == 0:
             kept = kept() if callable(kept) else kept
-            self.say("storage", f"writing {path} failed ({describe(exc, path)}); the run "
+            self.say(f"writing {path} failed ({describe(exc, path)}); the run "
                      f"continues: {kept}. Every later write is retried (said when one works "
                      "again)")
 
     def worked(self, path: Path) -> None:
         missed = self.failing.pop(Path(path), 0)
         if missed:
-            self.say("storage", f"writing {path} works again ({missed} write"
+            self.say(f"writing {path} works again ({missed} write"
                      f"{'s' if missed > 1 else ''} missed before)")
