@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hybridnb.env import quick
+from hybridnb.train import opening, setup
 from hybridnb.train.bus import StepEnded
 from hybridnb.train.loop import CancelFit
-from hybridnb.train.opening import plan
 from hybridnb.train.recovery import LossGuard
 from hybridnb.train.schedules import Constant
 from hybridnb.train.state import Plan, RunState
@@ -110,10 +110,10 @@ def lr_find(trainer, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_s
     if quick() and num_steps > QUICK_STEPS:
         num_steps, capped = QUICK_STEPS, f"quick mode: the sweep capped at {QUICK_STEPS} steps"
     loop, bus, placement = trainer.loop, trainer.bus, trainer.placement
-    loader = loop.loader(data, shuffle=True, what="lr_find data")
+    loader = opening.loader(loop, data, shuffle=True, what="lr_find data")
     placement.place([loader])
     # the speedups fit would choose for this data (decided once per device; fit keeps them)
-    placement.speed_up(loader, trainer.batch_size, plan(loader, loop.settings).total_steps)
+    placement.speed_up(loader, trainer.batch_size, opening.plan(loader, loop.settings).total_steps)
     applied = placement.applied_speedups
     used = tuple(applied.applied) if applied is not None else ()
     bus.note("lr_find", f"sweeping lr {start_lr:.0e} to {end_lr:.0e} over at most {num_steps} "
@@ -128,7 +128,7 @@ def lr_find(trainer, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_s
     finally:
         trainer.optimizer.zero_grad(set_to_none=True)
         trainer.restore(saved)
-        loop.build_step(compiled=False)  # the trainer's own guard and EMA again
+        setup.build_step(loop)  # the trainer's own guard and EMA again
     result = LRFindResult(np.array(curve.lrs), np.array(curve.smooth), np.array(curve.raw),
                           None, suggest, curve.diverged, speedups=used)
     result.suggestion, why = suggestion(result.lrs, result.losses, suggest)

@@ -20,7 +20,7 @@ import time
 import pandas as pd
 
 from hybridnb import platform
-from hybridnb.train import isolate, outside_state, worker_fit
+from hybridnb.train import isolate, opening, outside_state, saved, setup, worker_fit
 from hybridnb.train.bus import Ended, Lost, Started, StateKept
 from hybridnb.train.heartbeat import EVENT
 from hybridnb.train.state import Stop
@@ -56,7 +56,7 @@ class Relay:
     def hear(self, message) -> None:
         if message.kind == "state":  # applied as it arrives: a lost worker loses nothing
             state = message.payload
-            self.loop.restore(state, events=True)
+            saved.restore(self.loop, state, events=True)
             self.loop.bus.emit(StateKept(state["position"]["global_step"], state))
         elif message.kind == EVENT:
             event = message.payload
@@ -107,10 +107,10 @@ class Worker:
             relay.keep()
             return trainer.history
         if out.state is None:  # nothing arrived: the start state (each state that came is
-            loop.restore(start, events=True)  # applied already, as it arrived)
+            saved.restore(loop, start, events=True)  # applied already, as it arrived)
         relay.keep()
         if not relay.started:  # lost before it drew anything: the kernel's view starts here
-            trainer.bus.emit(Started(loop.run_info()))
+            trainer.bus.emit(Started(opening.run_info(loop)))
         trainer.bus.emit(Lost(out.reason))
         if out.status == "interrupted":
             trainer.event("interrupt", f"{out.reason}; the last good state (step "
@@ -141,7 +141,8 @@ class Worker:
 
 def lose_device(trainer) -> None:
     """The device is lost: never used again in this process; the rest runs on the CPU here."""
-    trainer.loop.continue_on_cpu()
+    trainer.placement.continue_on_cpu(trainer.loop.loaders.opened)
+    trainer.loop.loaders.on_cpu()
     trainer.isolated = False
 
 
@@ -155,10 +156,10 @@ def adopt(trainer, result: FitResult) -> None:
     if state["device"] == "cpu" and trainer.device.type != "cpu":
         lose_device(trainer)
     if trainer.placement.adopt(result.placement):
-        loop.build_step(compiled=False)
+        setup.build_step(loop)
     trainer.batch_size = state["config"]["batch_size"]
     trainer.grad_accum = state["config"]["grad_accum"]
-    loop.restore(state, events=True)
+    saved.restore(loop, state, events=True)
     lost = outside_state.apply(trainer.model, result.outside_state)
     if lost:
         trainer.event("outside_state", outside_state.describe(lost))

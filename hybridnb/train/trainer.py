@@ -27,12 +27,12 @@ import torch
 
 from hybridnb.events import Event
 from hybridnb.live.summary import header
-from hybridnb.train import isolate, loggers, opening
+from hybridnb.train import isolate, loggers, opening, saved, setup
 from hybridnb.train.bus import Bus, Started
 from hybridnb.train.callbacks import check_callbacks
 from hybridnb.train.checkpoint import read as read_checkpoint
 from hybridnb.train.data import made_dataset
-from hybridnb.train.evaluation import as_output, metrics
+from hybridnb.train.evaluation import as_output, metrics, predict_here
 from hybridnb.train.habits import refuse_lightning_hooks
 from hybridnb.train.heap import frozen_heap
 from hybridnb.train.loop import Loop
@@ -188,7 +188,7 @@ class Trainer:
             bus.note("isolate", why)  # where it trains, and why, said once
         if not self.isolated:  # isolated: the worker places the model (the kernel never does)
             self.placement.place([])
-        loop.build_step(compiled=False)
+        setup.build_step(loop)
 
     @property
     def runner(self) -> Here | Worker:
@@ -256,7 +256,8 @@ class Trainer:
         >>> trainer.plan(train).total_steps == trainer.total_steps   # epochs x steps per epoch
         """
         # fit says the loader's notes (and quick mode's cap) when it opens the same data
-        loader = self.loop.loader(train, shuffle=True, what="train", bus=Bus(self.bus.where))
+        loader = opening.loader(self.loop, train, shuffle=True, what="train",
+                                bus=Bus(self.bus.where))
         self._planned = opening.plan(loader, self.settings)
         return self._planned
 
@@ -293,7 +294,7 @@ class Trainer:
         # an isolated fit's worker starts first: it imports torch while this process sets up
         early = isolate.prestart() if self.isolated else None
         try:
-            train_loader, val_loader = self.loop.open(train, val)
+            train_loader, val_loader = opening.open_loaders(self.loop, train, val)
             self.should_stop = False
             self._begin(resume)
             self.sinks.begin(self)  # loggers and callbacks: here, also for an isolated fit
@@ -316,7 +317,7 @@ class Trainer:
                           f"checkpoints: moved to {kept} (fit(..., resume=True) would have "
                           "continued it)")
         pending, self.state.pending = self.state.pending, None
-        self.loop.begin(pending)
+        opening.begin(self.loop, pending)
 
     def _elsewhere(self, what: str, job_type, *args) -> tuple[bool, object]:
         """Where fit ran: ``job_type`` (a worker_fit job) in a worker after an isolated fit,
@@ -353,8 +354,8 @@ class Trainer:
         done, result = self._elsewhere("predicting", PredictJob, data, with_targets)
         if done:
             return result
-        return self.loop.predict(self.loop.loader(data, shuffle=False, what="data"),
-                                 with_targets)
+        loader = opening.loader(self.loop, data, shuffle=False, what="data")
+        return predict_here(self.loop, loader, with_targets)
 
     def event(self, kind: str, message: str) -> Event:
         """Record an event (kept in ``events``, shown by the live view)."""
@@ -362,7 +363,8 @@ class Trainer:
 
     def summary(self, stopped: Stop | None = None) -> dict:
         """What the view's end() and report() show (speeds are wall clock: progress.py)."""
-        return self.loop.summary(stopped)
+        return self.progress.summary(self.state, self.settings.monitor, self.device,
+                                     self.placement.precision.name, stopped)
 
     def find_batch_size(self, dataset, headroom: float = 0.1, max_batch: int | None = None,
                         start: int = 1) -> int:
@@ -384,16 +386,16 @@ class Trainer:
     def state_dict(self) -> dict:
         """Everything needed to continue exactly: weights, optimizer, schedule, scaler, EMA,
         the run's state and RNG states (CPU copies; loads with weights_only=True)."""
-        return self.loop.state_dict()
+        return saved.state_dict(self.loop)
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (a ``state_dict()`` or a checkpoint file's content)."""
-        self.loop.load_state_dict(state)
+        saved.load(self.loop, state)
 
     def restore(self, state: dict) -> None:
         """Back to a ``state_dict()`` taken earlier in this process (weights, optimizer, run
         state, RNG); the events said since are kept."""
-        self.loop.restore(state)
+        saved.restore(self.loop, state)
         set_rng_state(self.state.pending_rng)
         self.state.pending_rng = None
 

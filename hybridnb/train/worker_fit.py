@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from hybridnb.processes.worker import startup as worker_startup
-from hybridnb.train import isolate, outside_state, recovery
+from hybridnb.train import isolate, opening, outside_state, recovery, saved, setup
+from hybridnb.train.evaluation import predict_here
 from hybridnb.train.heap import frozen_heap
 from hybridnb.train.parts import build_loop
 from hybridnb.train.settings import Settings
@@ -36,7 +37,7 @@ def worker_loop(settings: Settings, model: torch.nn.Module, channel):
     with frozen_heap():  # building the optimizer imports torch._dynamo (heap.py)
         loop = build_loop(model, settings, channel)
     loop.placement.place([])  # the kernel's never is
-    loop.build_step(compiled=False)
+    setup.build_step(loop)
     return loop
 
 
@@ -79,20 +80,20 @@ class FitJob:
         heartbeat.beat("setup")  # the job arrived: alive (its faults come later)
         loop.stop_flag = lambda: heartbeat.stop_asked() is Stop.CALLBACK
         random.setstate(self.py_random)
-        train_loader, val_loader = loop.open(self.train, self.val)
+        train_loader, val_loader = opening.open_loaders(loop, self.train, self.val)
         loop.state = RunState.fresh([], carry=loop.state)
-        loop.load_state_dict(self.start)
-        loop.bind_schedule()
+        saved.load(loop, self.start)
+        opening.bind_schedule(loop.learner.schedule, loop.state.plan, loop.bus)
         try:
             loop.fit(train_loader, val_loader)
         except BaseException:
             # whatever ended the fit, the kernel gets the state the worker holds now (what an
             # in-process run would hold), then the error (best effort: the pipe may be gone)
             with contextlib.suppress(Exception):
-                channel.state(recovery.to_cpu(loop.state_dict()))
+                channel.state(recovery.to_cpu(saved.state_dict(loop)))
             raise
         heartbeat.beat("hand-over")
-        return FitResult(recovery.to_cpu(loop.state_dict()), loop.state.stopped,
+        return FitResult(recovery.to_cpu(saved.state_dict(loop)), loop.state.stopped,
                          loop.placement.facts(), watch.changes().to_payload())
 
 
@@ -100,7 +101,8 @@ def _evaluating(settings: Settings, model: torch.nn.Module, channel):
     """The Loop for a job after a fit: alive ("evaluate"); the notes of its set-up were said
     by the kernel already."""
     loop = worker_loop(settings, model, channel)
-    channel.heartbeat(phase="evaluate", grace=loop.grace("the first batch"))
+    channel.heartbeat(phase="evaluate", grace=loop.heartbeat.grace(
+        "the first batch", compiling=False, device_type=loop.placement.device.type, bus=loop.bus))
     loop.bus.forget()
     return loop
 
@@ -116,8 +118,8 @@ class PredictJob:
 
     def run(self, channel) -> tuple:
         loop = _evaluating(self.settings, self.model, channel)
-        return loop.predict(loop.loader(self.data, shuffle=False, what="data"),
-                            self.with_targets)
+        loader = opening.loader(loop, self.data, shuffle=False, what="data")
+        return predict_here(loop, loader, self.with_targets)
 
 
 def _trainer(trainer_class: type, loop):
