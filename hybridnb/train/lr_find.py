@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hybridnb.env import quick
-from hybridnb.train import opening, setup
+from hybridnb.train import opening, saved, setup
 from hybridnb.train.bus import StepEnded
 from hybridnb.train.loop import CancelFit
 from hybridnb.train.recovery import LossGuard
@@ -93,10 +93,10 @@ class LRFindResult:
         return fig
 
 
-def lr_find(trainer, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_steps: int = 100,
+def lr_find(loop, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_steps: int = 100,
             beta: float = 0.98, diverge: float = 4.0, suggest: str = "valley") -> LRFindResult:
     """Sweep the learning rate over ``num_steps`` real steps on ``data`` (a Dataset, a
-    DataLoader or ``(X, y)``) and restore the trainer's state afterwards; see the module."""
+    DataLoader or ``(X, y)``) on ``loop`` and restore its state afterwards; see the module."""
     if not 0 < start_lr < end_lr:
         raise ValueError(f"lr_find: need 0 < start_lr < end_lr, got start_lr={start_lr!r}, "
                          f"end_lr={end_lr!r}")
@@ -109,11 +109,11 @@ def lr_find(trainer, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_s
     capped = ""
     if quick() and num_steps > QUICK_STEPS:
         num_steps, capped = QUICK_STEPS, f"quick mode: the sweep capped at {QUICK_STEPS} steps"
-    loop, bus, placement = trainer.loop, trainer.bus, trainer.placement
+    bus, placement = loop.bus, loop.placement
     loader = opening.loader(loop, data, shuffle=True, what="lr_find data")
     placement.place([loader])
     # the speedups fit would choose for this data (decided once per device; fit keeps them)
-    placement.speed_up(loader, trainer.batch_size, opening.plan(loader, loop.settings).total_steps)
+    placement.speed_up(loader, loop.settings.batch_size, opening.plan(loader, loop.settings).total_steps)
     applied = placement.applied_speedups
     used = tuple(applied.applied) if applied is not None else ()
     bus.note("lr_find", f"sweeping lr {start_lr:.0e} to {end_lr:.0e} over at most {num_steps} "
@@ -121,13 +121,13 @@ def lr_find(trainer, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_s
              f"{', '.join(used) or 'none'})")  # said as the sweep's view opens
     lrs = start_lr * (end_lr / start_lr) ** (np.arange(num_steps) / (num_steps - 1))
     curve = Curve(lrs, beta, diverge)
-    saved = trainer.state_dict()
+    start = saved.state_dict(loop)
     try:
-        with sweeping(loop, lrs / trainer.lr, loader, curve):
+        with sweeping(loop, lrs / loop.settings.lr, loader, curve):
             loop.fit(loader, None)
     finally:
-        trainer.optimizer.zero_grad(set_to_none=True)
-        trainer.restore(saved)
+        loop.learner.optimizer.zero_grad(set_to_none=True)
+        saved.rewind(loop, start)
         setup.build_step(loop)  # the trainer's own guard and EMA again
     result = LRFindResult(np.array(curve.lrs), np.array(curve.smooth), np.array(curve.raw),
                           None, suggest, curve.diverged, speedups=used)

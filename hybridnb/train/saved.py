@@ -10,7 +10,7 @@ a lost device, or a Ctrl-C during the optimizer update.
 from __future__ import annotations
 
 from hybridnb.train import recovery
-from hybridnb.train.seeding import rng_state
+from hybridnb.train.seeding import rng_state, set_rng_state
 from hybridnb.train.setup import build_step
 
 
@@ -38,6 +38,14 @@ def restore(loop, state: dict, events: bool = False) -> None:
         placement.precision.scaler.load_state_dict(state["scaler"])
     run.load_state_dict(state, events=events)
     placement.resume_micro(run.micro)
+
+
+def rewind(loop, state: dict) -> None:
+    """Back to a ``state_dict`` taken earlier in this process, its RNG states now; the events
+    said since are kept."""
+    restore(loop, state)
+    set_rng_state(loop.state.pending_rng)
+    loop.state.pending_rng = None
 
 
 def load(loop, state: dict) -> None:

@@ -28,6 +28,7 @@ import torch
 from hybridnb.events import Event
 from hybridnb.live.summary import header
 from hybridnb.train import isolate, loggers, opening, saved, setup
+from hybridnb.train.batch_size import find_batch_size
 from hybridnb.train.bus import Bus, Started
 from hybridnb.train.callbacks import check_callbacks
 from hybridnb.train.checkpoint import read as read_checkpoint
@@ -35,12 +36,11 @@ from hybridnb.train.data import made_dataset
 from hybridnb.train.evaluation import as_output, metrics, predict_here
 from hybridnb.train.habits import refuse_lightning_hooks
 from hybridnb.train.heap import frozen_heap
-from hybridnb.train.loop import Loop
+from hybridnb.train.isolate import isolate_decision
 from hybridnb.train.parts import build_loop
 from hybridnb.train.preflight import check_fit_data, check_outputs
 from hybridnb.train.run_here import Here
 from hybridnb.train.run_worker import Worker
-from hybridnb.train.seeding import set_rng_state
 from hybridnb.train.settings import Settings
 from hybridnb.train.sinks import Sinks
 from hybridnb.train.state import HISTORY_COLUMNS, STEP_COLUMNS, Plan, Stop
@@ -162,12 +162,10 @@ class Trainer:
         settings = Settings.build(**kwargs)
         refuse_lightning_hooks(model)
         with frozen_heap():  # building the optimizer imports torch._dynamo (heap.py)
-            self._hold(build_loop(model, settings), check_callbacks(callbacks))
-
-    def _hold(self, loop: Loop, callbacks: tuple) -> None:
-        """``loop``'s parts, the user's loggers and callbacks, and where fit runs."""
-        self.loop, settings, bus = loop, loop.settings, loop.bus
-        self.bus = bus
+            loop, callbacks = build_loop(model, settings), check_callbacks(callbacks)
+        # the Loop's parts, the user's loggers and callbacks, and where fit runs
+        self.loop = loop
+        bus = self.bus = loop.bus
         self.learner, self.placement, self.checkpoints = loop.learner, loop.placement, \
             loop.checkpoints
         self.progress, self.stopping, self.heartbeat = loop.progress, loop.stopping, \
@@ -181,7 +179,7 @@ class Trainer:
         loop.stop_flag = lambda: self.should_stop
         for listener in (self.sinks.hear, self._print):
             bus.subscribe(listener)
-        self.isolated, why = isolate.isolate_decision(
+        self.isolated, why = isolate_decision(
             settings.isolate, self.device, in_distributed=strategy.world_size > 1)
         if self.isolated or settings.isolate is True or (
                 settings.isolate == "auto" and self.device.type != "cpu"):
@@ -373,14 +371,13 @@ class Trainer:
         The model and optimizer are restored afterwards. See hybridnb.train.batch_size."""
         kwargs = {"headroom": headroom, "max_batch": max_batch, "start": start}
         dataset = made_dataset(dataset, self.bus, "dataset")
-        done, result = self._elsewhere("finding the batch size", BatchSizeJob, dataset, kwargs,
-                                       type(self))
+        done, result = self._elsewhere("finding the batch size", BatchSizeJob, dataset, kwargs)
         if done:  # the device is the worker's: measured there
-            self.batch_size, self.grad_accum = result.batch_size, result.grad_accum
             self.state.events.extend(result.events)
-            return result.found
-        from hybridnb.train.batch_size import find_batch_size
-        return find_batch_size(self, dataset, **kwargs)
+        else:
+            result = find_batch_size(self.loop, dataset, **kwargs)
+        self.batch_size, self.grad_accum = result.batch_size, result.grad_accum
+        return result.found
 
     # ----------------------------------------------------------------------------- state
     def state_dict(self) -> dict:
@@ -395,9 +392,7 @@ class Trainer:
     def restore(self, state: dict) -> None:
         """Back to a ``state_dict()`` taken earlier in this process (weights, optimizer, run
         state, RNG); the events said since are kept."""
-        saved.restore(self.loop, state)
-        set_rng_state(self.state.pending_rng)
-        self.state.pending_rng = None
+        saved.rewind(self.loop, state)
 
     def resume(self, path: str | Path) -> Trainer:
         """Load a checkpoint file (or the newest good one in a folder) now; the next ``fit``
@@ -456,9 +451,9 @@ class Trainer:
         ``apply=True`` sets ``lr`` to the suggestion. See hybridnb.train.lr_find."""
         from hybridnb.train import lr_find as finder
         data = made_dataset(data, self.bus, "data")
-        done, result = self._elsewhere("running lr_find", LrFindJob, data, kwargs, type(self))
+        done, result = self._elsewhere("running lr_find", LrFindJob, data, kwargs)
         if not done:  # no worker, or it was lost: here
-            result = finder.lr_find(self, data, **kwargs)
+            result = finder.lr_find(self.loop, data, **kwargs)
         if apply and result.suggestion is not None:
             old = self.lr
             finder.apply_lr(self, result.suggestion)

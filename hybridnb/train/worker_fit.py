@@ -20,6 +20,7 @@ import torch
 
 from hybridnb.processes.worker import startup as worker_startup
 from hybridnb.train import isolate, opening, outside_state, recovery, saved, setup
+from hybridnb.train.batch_size import BatchFound, find_batch_size
 from hybridnb.train.evaluation import predict_here
 from hybridnb.train.heap import frozen_heap
 from hybridnb.train.parts import build_loop
@@ -122,54 +123,31 @@ class PredictJob:
         return predict_here(loop, loader, self.with_targets)
 
 
-def _trainer(trainer_class: type, loop):
-    """A Trainer (``trainer_class``: the kernel's) around the worker's Loop, for the searches
-    that still take one (lr_find, find_batch_size)."""
-    trainer = trainer_class.__new__(trainer_class)
-    trainer._hold(loop, ())
-    return trainer
-
-
 @dataclass
 class LrFindJob:
-    """``lr_find`` on ``data`` with ``kwargs``; returns its ``LrFindResult``."""
+    """``lr_find`` on ``data`` with ``kwargs`` on the worker's Loop; returns its
+    ``LRFindResult``."""
 
     settings: Settings
     model: torch.nn.Module
     data: Any
     kwargs: dict
-    trainer_class: type
 
     def run(self, channel):
         from hybridnb.train.lr_find import lr_find
 
-        trainer = _trainer(self.trainer_class, _evaluating(self.settings, self.model, channel))
-        return lr_find(trainer, self.data, **self.kwargs)
-
-
-@dataclass
-class BatchFound:
-    """What ``find_batch_size`` found in the worker, and the events it said there."""
-
-    found: int
-    batch_size: int
-    grad_accum: int
-    events: list
+        return lr_find(_evaluating(self.settings, self.model, channel), self.data, **self.kwargs)
 
 
 @dataclass
 class BatchSizeJob:
-    """``find_batch_size`` on ``dataset`` with ``kwargs``."""
+    """``find_batch_size`` on ``dataset`` with ``kwargs`` on the worker's Loop."""
 
     settings: Settings
     model: torch.nn.Module
     dataset: Any
     kwargs: dict
-    trainer_class: type
 
     def run(self, channel) -> BatchFound:
-        from hybridnb.train.batch_size import find_batch_size
-
-        trainer = _trainer(self.trainer_class, _evaluating(self.settings, self.model, channel))
-        found = find_batch_size(trainer, self.dataset, **self.kwargs)
-        return BatchFound(found, trainer.batch_size, trainer.grad_accum, trainer.events)
+        loop = _evaluating(self.settings, self.model, channel)
+        return find_batch_size(loop, self.dataset, **self.kwargs)
