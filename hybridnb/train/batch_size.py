@@ -101,7 +101,7 @@ def _try(loop, data, bs: int, steps: int, limit: float | None) -> str:
     try:
         for _ in range(steps):
             loop.placement.step(x, y)  # the fit's own step: precision, scaler, clipping
-    except Exception as exc:
+    except Exception as exc:  # classified: only an out-of-memory error is caught
         if not recovery.is_oom(exc):
             raise
         failed = True

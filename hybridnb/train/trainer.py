@@ -297,7 +297,7 @@ class Trainer:
             self._begin(resume)
             self.sinks.begin(self)  # loggers and callbacks: here, also for an isolated fit
             self.runner.fit(self, train, val, train_loader, val_loader, early)
-        except BaseException:
+        except BaseException:  # any end, Ctrl-C included: the files closed, then re-raised
             self.sinks.close()  # the rows logged so far stay in the files
             raise
         finally:
