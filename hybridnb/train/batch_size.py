@@ -23,13 +23,12 @@ from hybridnb.train.data import as_dataset
 
 @dataclass
 class BatchFound:
-    """The largest batch that fits, the ``batch_size`` x ``grad_accum`` that keeps the
-    effective batch with it, and the run's events (said in a worker: sent back)."""
+    """The largest batch that fits, and the ``batch_size`` x ``grad_accum`` that keeps the
+    effective batch with it."""
 
     found: int
     batch_size: int
     grad_accum: int
-    events: list
 
 
 def find_batch_size(loop, dataset, headroom: float = 0.1, max_batch: int | None = None,
@@ -88,7 +87,7 @@ def find_batch_size(loop, dataset, headroom: float = 0.1, max_batch: int | None 
     loop.bus.say("batch_size", f"largest batch that fits on {device}: {good} ({why}); with "
                  f"{headroom:.0%} headroom {found}; now batch_size={batch_size} x grad_accum="
                  f"{accum} (effective {effective} kept)")
-    return BatchFound(found, batch_size, accum, loop.state.events)
+    return BatchFound(found, batch_size, accum)
 
 
 def _try(loop, data, bs: int, steps: int, limit: float | None) -> str:

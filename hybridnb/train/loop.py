@@ -1,5 +1,5 @@
 """The Loop: a fit's epochs and steps wherever it runs (the kernel, or an isolated worker:
-``run_here.py``, ``run_worker.py``). Read ``fit`` -> ``_epochs`` -> ``_epoch`` ->
+``run_worker.py``). Read ``fit`` -> ``_epochs`` -> ``_epoch`` ->
 ``_between_steps`` top to bottom, as fastai's ``_do_fit`` / ``_do_epoch``.
 
 It runs over the Trainer's parts (learner, placement, checkpoints, progress, stopping, heartbeat,

@@ -7,8 +7,8 @@ parts, each owning its state: ``learner`` (model, optimizer, loss, schedule, EMA
 throughput), ``stopping`` (best weights, early stopping), ``sinks`` (loggers, callbacks) and
 ``bus`` (typed events; the view and sinks listen), and ``loop`` (loop.py: runs the fit over them;
 owns the run's state). ``build_loop`` makes the Loop and its parts, here and in an isolated
-worker alike. The Trainer chooses a runner: ``Here`` (run_here.py) or ``Worker`` (run_worker.py:
-the same Loop in a supervised worker process, its events emitted again here and its states
+worker alike. The Trainer runs the Loop here, or isolated through ``run_worker.py`` (the
+same Loop in a supervised worker process, its events emitted again here and its states
 applied as they arrive).
 
 >>> tr = Trainer(model, loss="mse", lr=1e-3, epochs=10, checkpoint_dir="runs/c1")
@@ -27,7 +27,7 @@ import torch
 
 from hybridnb.events import Event
 from hybridnb.live.summary import header
-from hybridnb.train import isolate, loggers, opening, saved, setup
+from hybridnb.train import isolate, loggers, opening, run_worker, saved, setup
 from hybridnb.train.batch_size import find_batch_size
 from hybridnb.train.bus import Bus, Started
 from hybridnb.train.callbacks import check_callbacks
@@ -39,8 +39,6 @@ from hybridnb.train.heap import frozen_heap
 from hybridnb.train.isolate import isolate_decision
 from hybridnb.train.parts import build_loop
 from hybridnb.train.preflight import check_fit_data, check_outputs
-from hybridnb.train.run_here import Here
-from hybridnb.train.run_worker import Worker
 from hybridnb.train.settings import Settings
 from hybridnb.train.sinks import Sinks
 from hybridnb.train.state import HISTORY_COLUMNS, STEP_COLUMNS, Plan, Stop
@@ -188,11 +186,6 @@ class Trainer:
             self.placement.place([])
         setup.build_step(loop)
 
-    @property
-    def runner(self) -> Here | Worker:
-        """Where fit (and evaluate, predict, ... after it) runs: in a worker while isolated."""
-        return Worker() if self.isolated else Here()
-
     def _print(self, event) -> None:
         """Notes on stderr without a live view (an isolated worker's too: its events are
         emitted again here),
@@ -296,7 +289,10 @@ class Trainer:
             self.should_stop = False
             self._begin(resume)
             self.sinks.begin(self)  # loggers and callbacks: here, also for an isolated fit
-            self.runner.fit(self, train, val, train_loader, val_loader, early)
+            if self.isolated:  # fit (and evaluate, predict, ... after it) in a worker
+                run_worker.fit(self, train, val, train_loader, val_loader, early)
+            else:
+                self.loop.fit(train_loader, val_loader)
         except BaseException:  # any end, Ctrl-C included: the files closed, then re-raised
             self.sinks.close()  # the rows logged so far stay in the files
             raise
@@ -323,7 +319,7 @@ class Trainer:
         said once)."""
         if not self.isolated or self.loop.fitting:
             return False, None
-        return Worker().job(self, what, job_type, *args)
+        return run_worker.job(self, what, job_type, *args)
 
     # ----------------------------------------------------------------------------- evaluate
     @torch.no_grad()
@@ -372,9 +368,7 @@ class Trainer:
         kwargs = {"headroom": headroom, "max_batch": max_batch, "start": start}
         dataset = made_dataset(dataset, self.bus, "dataset")
         done, result = self._elsewhere("finding the batch size", BatchSizeJob, dataset, kwargs)
-        if done:  # the device is the worker's: measured there
-            self.state.events.extend(result.events)
-        else:
+        if not done:  # else the device is the worker's: measured there
             result = find_batch_size(self.loop, dataset, **kwargs)
         self.batch_size, self.grad_accum = result.batch_size, result.grad_accum
         return result.found
