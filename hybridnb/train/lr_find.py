@@ -10,7 +10,8 @@ smoothed loss passes ``diverge`` times its best. The suggestion is read off the 
 * ``"steepest"`` (Lightning's): the learning rate of the steepest descent of the smoothed loss
   (its slope measured over a tenth of the sweep: step to step it is mostly batch noise).
 
-The sweep is a fit on the Trainer's own Loop (fastai's ``LRFinder`` is a callback on its fit):
+The sweep is a fit on the Trainer's Loop, here or in the worker of an isolated fit (fastai's
+``LRFinder`` is a callback on its fit):
 the sweep's schedule, a listener (``Curve``) that records each step and ends the fit, recovery
 (out of memory, a lost device) as in any fit, and the live view, events and heartbeats of a fit.
 It runs with the speedups fit uses (decided here when lr_find comes first; fit keeps them). It
