@@ -63,6 +63,6 @@ def call(callbacks: tuple, hook: str, *args) -> None:
             continue
         try:
             method(*args)
-        except Exception as exc:
+        except Exception as exc:  # the user's code: any error, wrapped and re-raised
             raise CallbackError(f"callback {type(cb).__name__}.{hook} raised "
                                 f"{type(exc).__name__}: {exc}") from exc

@@ -12,6 +12,7 @@ import math
 import numpy as np
 import torch
 
+from hybridnb.train.interrupt import stop_asked
 from hybridnb.train.losses import ReweightedHuber
 from hybridnb.train.metrics import classification_metrics, regression_metrics
 from hybridnb.train.state import Stop
@@ -79,7 +80,7 @@ def predict_here(loop, loader, with_targets: bool, phase: str = "evaluate") -> t
         precision=placement.precision, loss_fn=learner.loss_fn, with_targets=with_targets,
         # a callback's stop waits for the step's end, as in process
         stop_requested=lambda: (in_fit or loop.heartbeat.in_worker)
-        and loop.stop_asked() not in (None, Stop.CALLBACK),
+        and stop_asked(loop) not in (None, Stop.CALLBACK),
         cast=loop.batch_check.cast, on_batch=lambda: loop.heartbeat.beat(phase))
 
 

@@ -52,16 +52,16 @@ class GracefulInterrupt:
             self._updating = False
 
 
-def stop_asked(interrupt: GracefulInterrupt | None, stop_flag, heartbeat, progress) -> Stop | None:
-    """Whether a stop was asked, and how: Ctrl-C (here, or the kernel's when in a worker), a
-    callback's ``trainer.should_stop`` (``stop_flag()``) or the Stop button."""
-    if interrupt is not None and interrupt.requested:
+def stop_asked(loop) -> Stop | None:
+    """Whether a stop was asked of ``loop``, and how: Ctrl-C (here, or the kernel's when in a
+    worker), a callback's ``trainer.should_stop`` (``loop.stop_flag()``) or the Stop button."""
+    if loop.interrupt is not None and loop.interrupt.requested:
         return Stop.INTERRUPT
-    if stop_flag():
+    if loop.stop_flag():
         return Stop.CALLBACK
-    if heartbeat.in_worker:
-        return heartbeat.stop_asked()
-    return Stop.STOP_BUTTON if progress.stop_requested else None
+    if loop.heartbeat.in_worker:
+        return loop.heartbeat.stop_asked()
+    return Stop.STOP_BUTTON if loop.progress.stop_requested else None
 
 
 def agreed_stop(asked: Stop | None, strategy) -> Stop | None:

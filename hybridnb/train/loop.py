@@ -1,5 +1,5 @@
 """The Loop: a fit's epochs and steps wherever it runs (the kernel, or an isolated worker:
-``run_here.py``, ``run_worker.py``). Read ``fit`` -> ``_epochs`` -> ``_epoch`` ->
+``run_worker.py``). Read ``fit`` -> ``_epochs`` -> ``_epoch`` ->
 ``_between_steps`` top to bottom, as fastai's ``_do_fit`` / ``_do_epoch``.
 
 It runs over the Trainer's parts (learner, placement, checkpoints, progress, stopping, heartbeat,
@@ -12,7 +12,6 @@ typed events; the view, loggers, callbacks and heartbeat listen. A listener that
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import math
 
@@ -23,7 +22,6 @@ from hybridnb.train import opening, saved, setup
 from hybridnb.train.blocks import checkpointed_blocks, say_checkpointed
 from hybridnb.train.bus import Bus, Ended, EpochEnded, Started, StateKept, StepEnded
 from hybridnb.train.data import epoch_batches
-from hybridnb.train.evaluation import predict_here
 from hybridnb.train.interrupt import GracefulInterrupt, agreed_stop, stop_asked, stop_words
 from hybridnb.train.opening import Loaders
 from hybridnb.train.recovery import Came
@@ -65,7 +63,8 @@ class Loop:
     def fit(self, train_loader, val_loader, view_started: bool = False) -> None:
         """The whole fit from ``state`` (the view already runs when ``view_started``)."""
         s, placement = self.settings, self.placement
-        grace = self.grace("set-up and the first step")
+        grace = self.heartbeat.grace("set-up and the first step", compiling=bool(placement.compile),
+                                     device_type=placement.device.type, bus=self.bus)
         self.heartbeat.beat("setup", grace=grace)
         placement.place(self.loaders.opened)
         placement.speed_up(train_loader, s.batch_size, self.state.plan.total_steps)
@@ -76,13 +75,13 @@ class Loop:
                 checkpointed_blocks(self.learner.model, s.grad_checkpointing) as blocks, \
                 setup.compile_settings(bool(placement.compile), placement.device,
                                        placement.precision):
-            self.build_step(compiled=bool(placement.compile))
-            self.checkpoints.keep(self.state_dict())
+            setup.build_step(self, compiled=bool(placement.compile))
+            self.checkpoints.keep(saved.state_dict(self))
             self.first_step = self.state.global_step
             if not view_started:
                 self.progress.view = self.progress.make_view(
                     s.live, channel=self.heartbeat.channel, is_main=placement.strategy.is_main)
-                self.bus.emit(Started(self.run_info()))
+                self.bus.emit(Started(opening.run_info(self)))
             self.bus.flush()
             say_checkpointed(blocks, s.grad_checkpointing, self.bus)
             self.heartbeat.beat("first step", grace=grace)
@@ -108,7 +107,7 @@ class Loop:
                 metrics, stop = self.validation.at_epoch_end(val_loader)
             except KeyboardInterrupt:  # in a step, loading data or validating
                 self.rewind.after_interrupt()
-                self._stop(Stop.STOP_BUTTON if self.stop_asked() is Stop.STOP_BUTTON else
+                self._stop(Stop.STOP_BUTTON if stop_asked(self) is Stop.STOP_BUTTON else
                            Stop.INTERRUPT, "the current step or validation was dropped")
                 return
             self._end_epoch(metrics)
@@ -165,7 +164,7 @@ class Loop:
         """Stop requests, validation every ``val_every`` steps, checkpoints and snapshots;
         True when the fit stops here."""
         state, s = self.state, self.settings
-        asked = agreed_stop(self.stop_asked(), self.placement.strategy)
+        asked = agreed_stop(stop_asked(self), self.placement.strategy)
         if asked is not None:
             return self._stop(asked, "stopping after the current step")
         if s.val_every and state.global_step % s.val_every == 0 and val_loader is not None:
@@ -175,7 +174,7 @@ class Loop:
             self._save_last()
         elif (s.snapshot_every and state.global_step % s.snapshot_every == 0
               and (self.learner.guard is None or self.learner.guard.streak == 0)):
-            self.checkpoints.keep(self.state_dict())
+            self.checkpoints.keep(saved.state_dict(self))
         return False
 
     def _step_ended(self, loss: float | None) -> None:
@@ -213,9 +212,9 @@ class Loop:
     def _save_last(self) -> None:
         """The last good state kept, and written when this fit has a ``checkpoint_dir``."""
         if self.settings.checkpoint_dir is None:
-            return self.checkpoints.keep(self.state_dict())
+            return self.checkpoints.keep(saved.state_dict(self))
         self.heartbeat.beat("checkpoint")
-        self.checkpoints.save_last(self.placement.strategy.for_file(self.state_dict()))
+        self.checkpoints.save_last(self.placement.strategy.for_file(saved.state_dict(self)))
         self.heartbeat.beat("step")
 
     def _finish(self, failed: bool) -> None:
@@ -227,57 +226,6 @@ class Loop:
                                                                    self.settings)
         if said:
             self.bus.say(*said)
-        self.bus.emit(Ended({**self.summary(), "failed": failed}))
-
-    # ---------------- the parts' services (one line each: trainer.py and run_worker.py call them)
-    def open(self, train, val) -> tuple:
-        *loaders, self.state.plan = self.loaders.open(train, val, self.settings,
-                                                      self.placement.strategy, self.bus)
-        return tuple(loaders)
-
-    def loader(self, data, shuffle: bool, what: str, bus=None):
-        return self.loaders.make(data, self.settings, self.placement.strategy, shuffle=shuffle,
-                                 what=what, bus=bus or self.bus)
-
-    def begin(self, pending: dict | None) -> None:
-        opening.begin(self, pending)
-
-    def bind_schedule(self) -> None:
-        opening.bind_schedule(self.learner.schedule, self.state.plan, self.bus)
-
-    def run_info(self) -> dict:
-        return opening.run_info(self.state.plan, self.settings, self.placement,
-                                self.learner.model)
-
-    def grace(self, what: str) -> float | None:
-        return self.heartbeat.grace(what, compiling=bool(self.placement.compile),
-                                    device_type=self.placement.device.type, bus=self.bus)
-
-    def build_step(self, compiled: bool) -> None:
-        self.placement.build_step(compiled, updating=self.interrupt.updating
-                                  if self.interrupt else contextlib.nullcontext,
-                                  state=self.state)
-
-    def stop_asked(self) -> Stop | None:
-        return stop_asked(self.interrupt, self.stop_flag, self.heartbeat, self.progress)
-
-    def predict(self, loader, with_targets: bool, phase: str = "evaluate") -> tuple:
-        return predict_here(self, loader, with_targets, phase)
-
-    def summary(self, stopped: Stop | None = None) -> dict:
-        return self.progress.summary(self.state, self.settings.monitor, self.placement.device,
-                                     self.placement.precision.name, stopped)
-
-    def state_dict(self) -> dict:
-        return saved.state_dict(self.state, self.learner, self.placement, self.settings,
-                                self.loaders.generator)
-
-    def load_state_dict(self, state: dict) -> None:
-        saved.load(self, state)
-
-    def restore(self, state: dict, events: bool = False) -> None:
-        saved.restore(self.state, self.learner, self.placement, state, events)
-
-    def continue_on_cpu(self) -> None:
-        self.placement.continue_on_cpu(self.loaders.opened)
-        self.loaders.on_cpu()
+        summary = self.progress.summary(self.state, self.settings.monitor, self.placement.device,
+                                        self.placement.precision.name)
+        self.bus.emit(Ended({**summary, "failed": failed}))

@@ -10,7 +10,8 @@ smoothed loss passes ``diverge`` times its best. The suggestion is read off the 
 * ``"steepest"`` (Lightning's): the learning rate of the steepest descent of the smoothed loss
   (its slope measured over a tenth of the sweep: step to step it is mostly batch noise).
 
-The sweep is a fit on the Trainer's own Loop (fastai's ``LRFinder`` is a callback on its fit):
+The sweep is a fit on the Trainer's Loop, here or in the worker of an isolated fit (fastai's
+``LRFinder`` is a callback on its fit):
 the sweep's schedule, a listener (``Curve``) that records each step and ends the fit, recovery
 (out of memory, a lost device) as in any fit, and the live view, events and heartbeats of a fit.
 It runs with the speedups fit uses (decided here when lr_find comes first; fit keeps them). It
@@ -33,9 +34,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hybridnb.env import quick
+from hybridnb.train import opening, saved, setup
 from hybridnb.train.bus import StepEnded
 from hybridnb.train.loop import CancelFit
-from hybridnb.train.opening import plan
 from hybridnb.train.recovery import LossGuard
 from hybridnb.train.schedules import Constant
 from hybridnb.train.state import Plan, RunState
@@ -93,10 +94,10 @@ class LRFindResult:
         return fig
 
 
-def lr_find(trainer, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_steps: int = 100,
+def lr_find(loop, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_steps: int = 100,
             beta: float = 0.98, diverge: float = 4.0, suggest: str = "valley") -> LRFindResult:
     """Sweep the learning rate over ``num_steps`` real steps on ``data`` (a Dataset, a
-    DataLoader or ``(X, y)``) and restore the trainer's state afterwards; see the module."""
+    DataLoader or ``(X, y)``) on ``loop`` and restore its state afterwards; see the module."""
     if not 0 < start_lr < end_lr:
         raise ValueError(f"lr_find: need 0 < start_lr < end_lr, got start_lr={start_lr!r}, "
                          f"end_lr={end_lr!r}")
@@ -109,11 +110,11 @@ def lr_find(trainer, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_s
     capped = ""
     if quick() and num_steps > QUICK_STEPS:
         num_steps, capped = QUICK_STEPS, f"quick mode: the sweep capped at {QUICK_STEPS} steps"
-    loop, bus, placement = trainer.loop, trainer.bus, trainer.placement
-    loader = loop.loader(data, shuffle=True, what="lr_find data")
+    bus, placement = loop.bus, loop.placement
+    loader = opening.loader(loop, data, shuffle=True, what="lr_find data")
     placement.place([loader])
     # the speedups fit would choose for this data (decided once per device; fit keeps them)
-    placement.speed_up(loader, trainer.batch_size, plan(loader, loop.settings).total_steps)
+    placement.speed_up(loader, loop.settings.batch_size, opening.plan(loader, loop.settings).total_steps)
     applied = placement.applied_speedups
     used = tuple(applied.applied) if applied is not None else ()
     bus.note("lr_find", f"sweeping lr {start_lr:.0e} to {end_lr:.0e} over at most {num_steps} "
@@ -121,14 +122,14 @@ def lr_find(trainer, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_s
              f"{', '.join(used) or 'none'})")  # said as the sweep's view opens
     lrs = start_lr * (end_lr / start_lr) ** (np.arange(num_steps) / (num_steps - 1))
     curve = Curve(lrs, beta, diverge)
-    saved = trainer.state_dict()
+    start = saved.state_dict(loop)
     try:
-        with sweeping(loop, lrs / trainer.lr, loader, curve):
+        with sweeping(loop, lrs / loop.settings.lr, loader, curve):
             loop.fit(loader, None)
     finally:
-        trainer.optimizer.zero_grad(set_to_none=True)
-        trainer.restore(saved)
-        loop.build_step(compiled=False)  # the trainer's own guard and EMA again
+        loop.learner.optimizer.zero_grad(set_to_none=True)
+        saved.rewind(loop, start)
+        setup.build_step(loop)  # the trainer's own guard and EMA again
     result = LRFindResult(np.array(curve.lrs), np.array(curve.smooth), np.array(curve.raw),
                           None, suggest, curve.diverged, speedups=used)
     result.suggestion, why = suggestion(result.lrs, result.losses, suggest)

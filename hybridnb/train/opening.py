@@ -8,6 +8,7 @@ import math
 import os
 
 from hybridnb.env import quick
+from hybridnb.train import saved
 from hybridnb.train.data import make_loader, plan_epochs
 from hybridnb.train.seeding import seed_everything
 from hybridnb.train.state import Plan, RunState
@@ -22,24 +23,28 @@ class Loaders:
         self.opened: list = []
         self.generator = None
 
-    def make(self, data, settings, strategy, *, shuffle: bool, what: str, bus):
-        """Batches of ``data`` (the loader's notes said on ``bus``)."""
-        return make_loader(data, batch_size=settings.batch_size, shuffle=shuffle, what=what,
-                           seed=settings.seed, strategy=strategy, loader_kwargs=self.kwargs,
-                           bus=bus)
-
-    def open(self, train, val, settings, strategy, bus) -> tuple:
-        """This fit's train and validation loaders (``val`` may be None) and its plan."""
-        train_loader = self.make(train, settings, strategy, shuffle=True, what="train", bus=bus)
-        val_loader = None if val is None else self.make(val, settings, strategy, shuffle=False,
-                                                        what="val", bus=bus)
-        self.opened = [ld for ld in (train_loader, val_loader) if ld is not None]
-        self.generator = getattr(train_loader, "generator", None)
-        return train_loader, val_loader, plan(train_loader, settings, bus)
-
     def on_cpu(self) -> None:
         """The device is lost: the loaders made from now on pin no memory."""
         self.kwargs["pin_memory"] = False
+
+
+def loader(loop, data, *, shuffle: bool, what: str, bus=None):
+    """Batches of ``data`` for ``loop`` (the loader's notes said on ``bus``, else the loop's)."""
+    s = loop.settings
+    return make_loader(data, batch_size=s.batch_size, shuffle=shuffle, what=what, seed=s.seed,
+                       strategy=loop.placement.strategy, loader_kwargs=loop.loaders.kwargs,
+                       bus=bus or loop.bus)
+
+
+def open_loaders(loop, train, val) -> tuple:
+    """This fit's train and validation loaders (``val`` may be None); its plan on the run
+    state."""
+    train_loader = loader(loop, train, shuffle=True, what="train")
+    val_loader = None if val is None else loader(loop, val, shuffle=False, what="val")
+    loop.loaders.opened = [ld for ld in (train_loader, val_loader) if ld is not None]
+    loop.loaders.generator = getattr(train_loader, "generator", None)
+    loop.state.plan = plan(train_loader, loop.settings, loop.bus)
+    return train_loader, val_loader
 
 
 def plan(train_loader, settings, bus=None) -> Plan:
@@ -60,7 +65,7 @@ def begin(loop, pending: dict | None) -> None:
     if loop.learner.guard is not None:
         loop.learner.guard.reset()  # a resumed run loads the checkpoint's guard below
     if pending is not None:
-        loop.load_state_dict(pending)
+        saved.load(loop, pending)
     elif loop.settings.seed is not None:
         seed_everything(loop.settings.seed)
     bind_schedule(loop.learner.schedule, loop.state.plan, loop.bus)
@@ -74,8 +79,10 @@ def bind_schedule(schedule, plan: Plan, bus) -> None:
         bus.note("schedule", schedule.replaced)
 
 
-def run_info(plan: Plan, settings, placement, model) -> dict:
+def run_info(loop) -> dict:
     """The run's description for the view's header."""
+    plan, settings, placement, model = loop.state.plan, loop.settings, loop.placement, \
+        loop.learner.model
     applied = placement.applied_speedups
     return {"epochs": plan.epochs, "steps_per_epoch": plan.steps_per_epoch,
             "batch_size": settings.batch_size, "grad_accum": settings.grad_accum,

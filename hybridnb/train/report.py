@@ -46,7 +46,7 @@ def _model(trainer, folder: Path) -> list[str]:
         table, note = model_summary(trainer), []
     except ImportError as exc:
         return [f"model.txt skipped: {exc}"]
-    except Exception as exc:
+    except Exception as exc:  # the user's forward: any error, said in the note
         table = model_summary(trainer.model)
         note = [f"model.txt holds parameters only: a forward on one zero sample failed "
                 f"({type(exc).__name__}: {str(exc)[:160]})"]

@@ -20,7 +20,8 @@ import time
 import pandas as pd
 
 from hybridnb import platform
-from hybridnb.train import isolate, outside_state, worker_fit
+from hybridnb.events import Event
+from hybridnb.train import isolate, opening, outside_state, saved, setup, worker_fit
 from hybridnb.train.bus import Ended, Lost, Started, StateKept
 from hybridnb.train.heartbeat import EVENT
 from hybridnb.train.state import Stop
@@ -56,7 +57,7 @@ class Relay:
     def hear(self, message) -> None:
         if message.kind == "state":  # applied as it arrives: a lost worker loses nothing
             state = message.payload
-            self.loop.restore(state, events=True)
+            saved.restore(self.loop, state, events=True)
             self.loop.bus.emit(StateKept(state["position"]["global_step"], state))
         elif message.kind == EVENT:
             event = message.payload
@@ -78,70 +79,74 @@ class Relay:
             self.loop.bus.emit(self.ended)
 
 
-class Worker:
-    """Fit (and afterwards evaluate, predict, lr_find, find_batch_size) in a spawned worker."""
-
-    name = "worker"
-
-    def fit(self, trainer, train, val, train_loader, val_loader, early=None) -> pd.DataFrame:
-        """The fit in a supervised worker (``early``: the worker ``fit`` started first); if it
-        dies or hangs, on the CPU here from the last state it sent."""
-        device, start, loop = trainer.device, trainer.state_dict(), trainer.loop
-        job = FitJob(trainer.settings.for_worker(), trainer.model, train, val, start,
-                     list(trainer.bus.pending), random.getstate(), time.monotonic())
-        trainer.progress.view = trainer.progress.make_view(trainer.live)  # drawn here
-        relay = Relay(loop)
-        try:
-            with platform.notices_to(relay.notice):
-                out = run_job(trainer, job, prestarted=early, on_message=relay.hear,
-                              should_stop=lambda: "callback" if trainer.should_stop
-                              else trainer.progress.stop_requested)
-        except BaseException:  # the worker's own error: its last state is applied already
-            relay.finish()
-            raise
-        for sentence in relay.notices:  # lost before its view started: said by the next one
-            trainer.bus.note(NOTICE, sentence)
-        if out.status == "done":
-            relay.finish()
-            adopt(trainer, out.result)
-            relay.keep()
-            return trainer.history
-        if out.state is None:  # nothing arrived: the start state (each state that came is
-            loop.restore(start, events=True)  # applied already, as it arrived)
+def fit(trainer, train, val, train_loader, val_loader, early=None) -> pd.DataFrame:
+    """The fit in a supervised worker (``early``: the worker ``fit`` started first); if it
+    dies or hangs, on the CPU here from the last state it sent."""
+    device, start, loop = trainer.device, trainer.state_dict(), trainer.loop
+    job = FitJob(trainer.settings.for_worker(), trainer.model, train, val, start,
+                 list(trainer.bus.pending), random.getstate(), time.monotonic())
+    trainer.progress.view = trainer.progress.make_view(trainer.live)  # drawn here
+    relay = Relay(loop)
+    try:
+        with platform.notices_to(relay.notice):
+            out = run_job(trainer, job, prestarted=early, on_message=relay.hear,
+                          should_stop=lambda: "callback" if trainer.should_stop
+                          else trainer.progress.stop_requested)
+    except BaseException:  # the worker's own error: its last state is applied already
+        relay.finish()
+        raise
+    for sentence in relay.notices:  # lost before its view started: said by the next one
+        trainer.bus.note(NOTICE, sentence)
+    if out.status == "done":
+        relay.finish()
+        adopt(trainer, out.result)
         relay.keep()
-        if not relay.started:  # lost before it drew anything: the kernel's view starts here
-            trainer.bus.emit(Started(loop.run_info()))
-        trainer.bus.emit(Lost(out.reason))
-        if out.status == "interrupted":
-            trainer.event("interrupt", f"{out.reason}; the last good state (step "
-                          f"{loop.state.global_step}) is kept")
-            trainer.bus.emit(Ended(trainer.summary(Stop.INTERRUPT)))
-            return trainer.history
-        lose_device(trainer)
-        where = ("the run continues in this process" if device.type == "cpu" else
-                 f"{device} is not used again in this process: the run continues on the CPU")
-        trainer.event("worker_lost", f"{out.reason}. {where} from the last good state (step "
-                      f"{loop.state.global_step}) in fp32"
-                      + ("" if device.type == "cpu" else "; steps will be slower"))
-        loop.state.micro = None
-        loop.fit(train_loader, val_loader, view_started=True)
         return trainer.history
+    if out.state is None:  # nothing arrived: the start state (each state that came is
+        saved.restore(loop, start, events=True)  # applied already, as it arrived)
+    relay.keep()
+    if not relay.started:  # lost before it drew anything: the kernel's view starts here
+        trainer.bus.emit(Started(opening.run_info(loop)))
+    trainer.bus.emit(Lost(out.reason))
+    if out.status == "interrupted":
+        trainer.event("interrupt", f"{out.reason}; the last good state (step "
+                      f"{loop.state.global_step}) is kept")
+        trainer.bus.emit(Ended(trainer.summary(Stop.INTERRUPT)))
+        return trainer.history
+    lose_device(trainer)
+    where = ("the run continues in this process" if device.type == "cpu" else
+             f"{device} is not used again in this process: the run continues on the CPU")
+    trainer.event("worker_lost", f"{out.reason}. {where} from the last good state (step "
+                  f"{loop.state.global_step}) in fp32"
+                  + ("" if device.type == "cpu" else "; steps will be slower"))
+    loop.state.micro = None
+    loop.fit(train_loader, val_loader, view_started=True)
+    return trainer.history
 
-    def job(self, trainer, what: str, job_type, *args) -> tuple[bool, object]:
-        """``job_type(settings, model, *args)`` in a worker after an isolated fit; (True, its
-        result). (False, None) when this process does it: the worker was lost (said once; the
-        rest runs on the CPU here)."""
-        out = run_job(trainer, job_type(trainer.settings.for_worker(), trainer.model, *args))
-        if out.status == "done":
-            return True, out.result
-        trainer.bus.note("worker_lost", f"{out.reason}; {what} on the CPU in this process")
-        lose_device(trainer)
-        return False, None
+
+def job(trainer, what: str, job_type, *args) -> tuple[bool, object]:
+    """``job_type(settings, model, *args)`` in a worker after an isolated fit; (True, its
+    result). (False, None) when this process does it: the worker was lost (said once; the
+    rest runs on the CPU here)."""
+    bus = trainer.bus
+
+    def hear(message) -> None:  # the job's notes, said here as in process (its steps are its own)
+        if message.kind == EVENT and isinstance(message.payload, Event):
+            bus.emit(message.payload)
+
+    out = run_job(trainer, job_type(trainer.settings.for_worker(), trainer.model, *args),
+                  on_message=hear)
+    if out.status == "done":
+        return True, out.result
+    trainer.bus.note("worker_lost", f"{out.reason}; {what} on the CPU in this process")
+    lose_device(trainer)
+    return False, None
 
 
 def lose_device(trainer) -> None:
     """The device is lost: never used again in this process; the rest runs on the CPU here."""
-    trainer.loop.continue_on_cpu()
+    trainer.placement.continue_on_cpu(trainer.loop.loaders.opened)
+    trainer.loop.loaders.on_cpu()
     trainer.isolated = False
 
 
@@ -155,10 +160,10 @@ def adopt(trainer, result: FitResult) -> None:
     if state["device"] == "cpu" and trainer.device.type != "cpu":
         lose_device(trainer)
     if trainer.placement.adopt(result.placement):
-        loop.build_step(compiled=False)
+        setup.build_step(loop)
     trainer.batch_size = state["config"]["batch_size"]
     trainer.grad_accum = state["config"]["grad_accum"]
-    loop.restore(state, events=True)
+    saved.restore(loop, state, events=True)
     lost = outside_state.apply(trainer.model, result.outside_state)
     if lost:
         trainer.event("outside_state", outside_state.describe(lost))

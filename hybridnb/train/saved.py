@@ -10,12 +10,14 @@ a lost device, or a Ctrl-C during the optimizer update.
 from __future__ import annotations
 
 from hybridnb.train import recovery
-from hybridnb.train.seeding import rng_state
-from hybridnb.train.state import RunState
+from hybridnb.train.seeding import rng_state, set_rng_state
+from hybridnb.train.setup import build_step
 
 
-def state_dict(run: RunState, learner, placement, settings, generator) -> dict:
-    """Everything needed to continue exactly (``generator``: the train loader's, or None)."""
+def state_dict(loop) -> dict:
+    """Everything needed to continue ``loop``'s run exactly."""
+    run, learner, placement, settings = loop.state, loop.learner, loop.placement, loop.settings
+    generator = loop.loaders.generator  # the train loader's, or None
     rng = run.pending_rng if run.pending_rng is not None else {
         **rng_state(), "loader": generator.get_state() if generator is not None else None}
     return {"kind": "last", **learner.state_dict(placement.strategy),
@@ -27,9 +29,10 @@ def state_dict(run: RunState, learner, placement, settings, generator) -> dict:
             "device": str(placement.device), "precision": placement.precision.name}
 
 
-def restore(run: RunState, learner, placement, state: dict, events: bool = False) -> None:
+def restore(loop, state: dict, events: bool = False) -> None:
     """Weights, optimizer, schedule, scaler, EMA, guard and the run state (its events only
     with ``events``)."""
+    run, learner, placement = loop.state, loop.learner, loop.placement
     learner.load_state_dict(state, placement.strategy)
     if placement.precision.scaler.is_enabled() and state["scaler"]:
         placement.precision.scaler.load_state_dict(state["scaler"])
@@ -37,10 +40,18 @@ def restore(run: RunState, learner, placement, state: dict, events: bool = False
     placement.resume_micro(run.micro)
 
 
+def rewind(loop, state: dict) -> None:
+    """Back to a ``state_dict`` taken earlier in this process, its RNG states now; the events
+    said since are kept."""
+    restore(loop, state)
+    set_rng_state(loop.state.pending_rng)
+    loop.state.pending_rng = None
+
+
 def load(loop, state: dict) -> None:
     """Continue ``loop``'s run from ``state`` (its events too); a checkpoint of another batch
     size continues its epoch after about as many samples (said)."""
-    loop.restore(state, events=True)
+    restore(loop, state, events=True)
     run, s = loop.state, loop.settings
     old = (state.get("config", {}).get("batch_size"), state.get("config", {}).get("grad_accum"))
     if None not in old and old != (s.batch_size, s.grad_accum) and run.batches_done:
@@ -68,11 +79,12 @@ class Rewind:
                      "process. Moving the run (model, optimizer state, scaler, EMA) to the CPU "
                      f"and continuing from the last good state (step "
                      f"{snapshot['position']['global_step']}) in fp32; steps will be slower")
-        loop.continue_on_cpu()
+        loop.placement.continue_on_cpu(loop.loaders.opened)
+        loop.loaders.on_cpu()
         loop.learner.rebuild_on_cpu()
-        loop.restore(snapshot)
+        restore(loop, snapshot)
         loop.state.micro = None  # the GPU's micro-batch size means nothing here
-        loop.build_step(compiled=False)
+        build_step(loop)
 
     def after_bad_steps(self) -> None:
         """``patience`` bad steps in a row: back to the last good state, the lower LR kept."""
@@ -91,7 +103,7 @@ class Rewind:
         loop.bus.say("restore", f"{loop.learner.guard.patience} bad steps in a row: restoring "
                      f"the last good state (step {at}) and keeping the lower learning rate "
                      f"({lr_scale:.3g} of the schedule)")
-        loop.restore(snapshot)
+        restore(loop, snapshot)
         state.lr_scale = lr_scale
         loop.learner.guard.streak = 0
 
@@ -101,6 +113,6 @@ class Rewind:
         loop = self.loop
         loop.learner.optimizer.zero_grad(set_to_none=True)
         if loop.placement.recovery.phase == "update":  # the update may be half done
-            loop.restore(loop.checkpoints.snapshot)
+            restore(loop, loop.checkpoints.snapshot)
             loop.bus.say("restore", "interrupted during the optimizer update: restored the last "
                          f"good state (step {loop.state.global_step})")

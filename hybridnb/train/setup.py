@@ -157,6 +157,13 @@ def compile_settings(compiled: bool, device: torch.device, precision: Precision)
     return inductor_config.patch(layout_optimization=False)
 
 
+def build_step(loop, compiled: bool = False) -> None:
+    """``loop``'s step (re)built over its placement: a Ctrl-C waits out the optimizer update
+    while a fit runs."""
+    updating = loop.interrupt.updating if loop.interrupt else contextlib.nullcontext
+    loop.placement.build_step(compiled, updating=updating, state=loop.state)
+
+
 def detect():
     """``hn.detect()``'s cached answer (imported when a Trainer needs a recommendation)."""
     from hybridnb.hardware.detect import detect as detect_hardware

@@ -7,8 +7,8 @@ parts, each owning its state: ``learner`` (model, optimizer, loss, schedule, EMA
 throughput), ``stopping`` (best weights, early stopping), ``sinks`` (loggers, callbacks) and
 ``bus`` (typed events; the view and sinks listen), and ``loop`` (loop.py: runs the fit over them;
 owns the run's state). ``build_loop`` makes the Loop and its parts, here and in an isolated
-worker alike. The Trainer chooses a runner: ``Here`` (run_here.py) or ``Worker`` (run_worker.py:
-the same Loop in a supervised worker process, its events emitted again here and its states
+worker alike. The Trainer runs the Loop here, or isolated through ``run_worker.py`` (the
+same Loop in a supervised worker process, its events emitted again here and its states
 applied as they arrive).
 
 >>> tr = Trainer(model, loss="mse", lr=1e-3, epochs=10, checkpoint_dir="runs/c1")
@@ -27,20 +27,18 @@ import torch
 
 from hybridnb.events import Event
 from hybridnb.live.summary import header
-from hybridnb.train import isolate, loggers, opening
+from hybridnb.train import isolate, loggers, opening, run_worker, saved, setup
+from hybridnb.train.batch_size import find_batch_size
 from hybridnb.train.bus import Bus, Started
 from hybridnb.train.callbacks import check_callbacks
 from hybridnb.train.checkpoint import read as read_checkpoint
 from hybridnb.train.data import made_dataset
-from hybridnb.train.evaluation import as_output, metrics
+from hybridnb.train.evaluation import as_output, metrics, predict_here
 from hybridnb.train.habits import refuse_lightning_hooks
 from hybridnb.train.heap import frozen_heap
-from hybridnb.train.loop import Loop
+from hybridnb.train.isolate import isolate_decision
 from hybridnb.train.parts import build_loop
 from hybridnb.train.preflight import check_fit_data, check_outputs
-from hybridnb.train.run_here import Here
-from hybridnb.train.run_worker import Worker
-from hybridnb.train.seeding import set_rng_state
 from hybridnb.train.settings import Settings
 from hybridnb.train.sinks import Sinks
 from hybridnb.train.state import HISTORY_COLUMNS, STEP_COLUMNS, Plan, Stop
@@ -162,12 +160,10 @@ class Trainer:
         settings = Settings.build(**kwargs)
         refuse_lightning_hooks(model)
         with frozen_heap():  # building the optimizer imports torch._dynamo (heap.py)
-            self._hold(build_loop(model, settings), check_callbacks(callbacks))
-
-    def _hold(self, loop: Loop, callbacks: tuple) -> None:
-        """``loop``'s parts, the user's loggers and callbacks, and where fit runs."""
-        self.loop, settings, bus = loop, loop.settings, loop.bus
-        self.bus = bus
+            loop, callbacks = build_loop(model, settings), check_callbacks(callbacks)
+        # the Loop's parts, the user's loggers and callbacks, and where fit runs
+        self.loop = loop
+        bus = self.bus = loop.bus
         self.learner, self.placement, self.checkpoints = loop.learner, loop.placement, \
             loop.checkpoints
         self.progress, self.stopping, self.heartbeat = loop.progress, loop.stopping, \
@@ -181,19 +177,14 @@ class Trainer:
         loop.stop_flag = lambda: self.should_stop
         for listener in (self.sinks.hear, self._print):
             bus.subscribe(listener)
-        self.isolated, why = isolate.isolate_decision(
+        self.isolated, why = isolate_decision(
             settings.isolate, self.device, in_distributed=strategy.world_size > 1)
         if self.isolated or settings.isolate is True or (
                 settings.isolate == "auto" and self.device.type != "cpu"):
             bus.note("isolate", why)  # where it trains, and why, said once
         if not self.isolated:  # isolated: the worker places the model (the kernel never does)
             self.placement.place([])
-        loop.build_step(compiled=False)
-
-    @property
-    def runner(self) -> Here | Worker:
-        """Where fit (and evaluate, predict, ... after it) runs: in a worker while isolated."""
-        return Worker() if self.isolated else Here()
+        setup.build_step(loop)
 
     def _print(self, event) -> None:
         """Notes on stderr without a live view (an isolated worker's too: its events are
@@ -256,7 +247,8 @@ class Trainer:
         >>> trainer.plan(train).total_steps == trainer.total_steps   # epochs x steps per epoch
         """
         # fit says the loader's notes (and quick mode's cap) when it opens the same data
-        loader = self.loop.loader(train, shuffle=True, what="train", bus=Bus(self.bus.where))
+        loader = opening.loader(self.loop, train, shuffle=True, what="train",
+                                bus=Bus(self.bus.where))
         self._planned = opening.plan(loader, self.settings)
         return self._planned
 
@@ -293,12 +285,15 @@ class Trainer:
         # an isolated fit's worker starts first: it imports torch while this process sets up
         early = isolate.prestart() if self.isolated else None
         try:
-            train_loader, val_loader = self.loop.open(train, val)
+            train_loader, val_loader = opening.open_loaders(self.loop, train, val)
             self.should_stop = False
             self._begin(resume)
             self.sinks.begin(self)  # loggers and callbacks: here, also for an isolated fit
-            self.runner.fit(self, train, val, train_loader, val_loader, early)
-        except BaseException:
+            if self.isolated:  # fit (and evaluate, predict, ... after it) in a worker
+                run_worker.fit(self, train, val, train_loader, val_loader, early)
+            else:
+                self.loop.fit(train_loader, val_loader)
+        except BaseException:  # any end, Ctrl-C included: the files closed, then re-raised
             self.sinks.close()  # the rows logged so far stay in the files
             raise
         finally:
@@ -316,7 +311,7 @@ class Trainer:
                           f"checkpoints: moved to {kept} (fit(..., resume=True) would have "
                           "continued it)")
         pending, self.state.pending = self.state.pending, None
-        self.loop.begin(pending)
+        opening.begin(self.loop, pending)
 
     def _elsewhere(self, what: str, job_type, *args) -> tuple[bool, object]:
         """Where fit ran: ``job_type`` (a worker_fit job) in a worker after an isolated fit,
@@ -324,7 +319,7 @@ class Trainer:
         said once)."""
         if not self.isolated or self.loop.fitting:
             return False, None
-        return Worker().job(self, what, job_type, *args)
+        return run_worker.job(self, what, job_type, *args)
 
     # ----------------------------------------------------------------------------- evaluate
     @torch.no_grad()
@@ -353,8 +348,8 @@ class Trainer:
         done, result = self._elsewhere("predicting", PredictJob, data, with_targets)
         if done:
             return result
-        return self.loop.predict(self.loop.loader(data, shuffle=False, what="data"),
-                                 with_targets)
+        loader = opening.loader(self.loop, data, shuffle=False, what="data")
+        return predict_here(self.loop, loader, with_targets)
 
     def event(self, kind: str, message: str) -> Event:
         """Record an event (kept in ``events``, shown by the live view)."""
@@ -362,7 +357,8 @@ class Trainer:
 
     def summary(self, stopped: Stop | None = None) -> dict:
         """What the view's end() and report() show (speeds are wall clock: progress.py)."""
-        return self.loop.summary(stopped)
+        return self.progress.summary(self.state, self.settings.monitor, self.device,
+                                     self.placement.precision.name, stopped)
 
     def find_batch_size(self, dataset, headroom: float = 0.1, max_batch: int | None = None,
                         start: int = 1) -> int:
@@ -371,31 +367,26 @@ class Trainer:
         The model and optimizer are restored afterwards. See hybridnb.train.batch_size."""
         kwargs = {"headroom": headroom, "max_batch": max_batch, "start": start}
         dataset = made_dataset(dataset, self.bus, "dataset")
-        done, result = self._elsewhere("finding the batch size", BatchSizeJob, dataset, kwargs,
-                                       type(self))
-        if done:  # the device is the worker's: measured there
-            self.batch_size, self.grad_accum = result.batch_size, result.grad_accum
-            self.state.events.extend(result.events)
-            return result.found
-        from hybridnb.train.batch_size import find_batch_size
-        return find_batch_size(self, dataset, **kwargs)
+        done, result = self._elsewhere("finding the batch size", BatchSizeJob, dataset, kwargs)
+        if not done:  # else the device is the worker's: measured there
+            result = find_batch_size(self.loop, dataset, **kwargs)
+        self.batch_size, self.grad_accum = result.batch_size, result.grad_accum
+        return result.found
 
     # ----------------------------------------------------------------------------- state
     def state_dict(self) -> dict:
         """Everything needed to continue exactly: weights, optimizer, schedule, scaler, EMA,
         the run's state and RNG states (CPU copies; loads with weights_only=True)."""
-        return self.loop.state_dict()
+        return saved.state_dict(self.loop)
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (a ``state_dict()`` or a checkpoint file's content)."""
-        self.loop.load_state_dict(state)
+        saved.load(self.loop, state)
 
     def restore(self, state: dict) -> None:
         """Back to a ``state_dict()`` taken earlier in this process (weights, optimizer, run
         state, RNG); the events said since are kept."""
-        self.loop.restore(state)
-        set_rng_state(self.state.pending_rng)
-        self.state.pending_rng = None
+        saved.rewind(self.loop, state)
 
     def resume(self, path: str | Path) -> Trainer:
         """Load a checkpoint file (or the newest good one in a folder) now; the next ``fit``
@@ -454,9 +445,9 @@ class Trainer:
         ``apply=True`` sets ``lr`` to the suggestion. See hybridnb.train.lr_find."""
         from hybridnb.train import lr_find as finder
         data = made_dataset(data, self.bus, "data")
-        done, result = self._elsewhere("running lr_find", LrFindJob, data, kwargs, type(self))
+        done, result = self._elsewhere("running lr_find", LrFindJob, data, kwargs)
         if not done:  # no worker, or it was lost: here
-            result = finder.lr_find(self, data, **kwargs)
+            result = finder.lr_find(self.loop, data, **kwargs)
         if apply and result.suggestion is not None:
             old = self.lr
             finder.apply_lr(self, result.suggestion)

@@ -8,6 +8,7 @@ import math
 from hybridnb.events import ValidationRow
 from hybridnb.train.bus import Validated
 from hybridnb.train.evaluation import metrics as metrics_of
+from hybridnb.train.evaluation import predict_here
 from hybridnb.train.metrics import higher_is_better
 from hybridnb.train.recovery import to_cpu
 from hybridnb.train.schedules import tell_validation
@@ -71,7 +72,7 @@ class Validation:
 
     def run(self, loader) -> dict:
         loop = self.loop
-        scores = metrics_of(*loop.predict(loader, with_targets=True, phase="validation"),
+        scores = metrics_of(*predict_here(loop, loader, with_targets=True, phase="validation"),
                             task=loop.settings.task)
         loop.heartbeat.beat("step")
         self.last = (loop.state.global_step, {"val_" + k: v for k, v in scores.items()})

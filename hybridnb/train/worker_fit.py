@@ -19,7 +19,9 @@ from typing import Any
 import torch
 
 from hybridnb.processes.worker import startup as worker_startup
-from hybridnb.train import isolate, outside_state, recovery
+from hybridnb.train import isolate, opening, outside_state, recovery, saved, setup
+from hybridnb.train.batch_size import BatchFound, find_batch_size
+from hybridnb.train.evaluation import predict_here
 from hybridnb.train.heap import frozen_heap
 from hybridnb.train.parts import build_loop
 from hybridnb.train.settings import Settings
@@ -36,7 +38,7 @@ def worker_loop(settings: Settings, model: torch.nn.Module, channel):
     with frozen_heap():  # building the optimizer imports torch._dynamo (heap.py)
         loop = build_loop(model, settings, channel)
     loop.placement.place([])  # the kernel's never is
-    loop.build_step(compiled=False)
+    setup.build_step(loop)
     return loop
 
 
@@ -79,20 +81,20 @@ class FitJob:
         heartbeat.beat("setup")  # the job arrived: alive (its faults come later)
         loop.stop_flag = lambda: heartbeat.stop_asked() is Stop.CALLBACK
         random.setstate(self.py_random)
-        train_loader, val_loader = loop.open(self.train, self.val)
+        train_loader, val_loader = opening.open_loaders(loop, self.train, self.val)
         loop.state = RunState.fresh([], carry=loop.state)
-        loop.load_state_dict(self.start)
-        loop.bind_schedule()
+        saved.load(loop, self.start)
+        opening.bind_schedule(loop.learner.schedule, loop.state.plan, loop.bus)
         try:
             loop.fit(train_loader, val_loader)
-        except BaseException:
+        except BaseException:  # re-raised after the state is sent
             # whatever ended the fit, the kernel gets the state the worker holds now (what an
             # in-process run would hold), then the error (best effort: the pipe may be gone)
-            with contextlib.suppress(Exception):
-                channel.state(recovery.to_cpu(loop.state_dict()))
+            with contextlib.suppress(Exception):  # best effort: the pipe may be gone
+                channel.state(recovery.to_cpu(saved.state_dict(loop)))
             raise
         heartbeat.beat("hand-over")
-        return FitResult(recovery.to_cpu(loop.state_dict()), loop.state.stopped,
+        return FitResult(recovery.to_cpu(saved.state_dict(loop)), loop.state.stopped,
                          loop.placement.facts(), watch.changes().to_payload())
 
 
@@ -100,7 +102,8 @@ def _evaluating(settings: Settings, model: torch.nn.Module, channel):
     """The Loop for a job after a fit: alive ("evaluate"); the notes of its set-up were said
     by the kernel already."""
     loop = worker_loop(settings, model, channel)
-    channel.heartbeat(phase="evaluate", grace=loop.grace("the first batch"))
+    channel.heartbeat(phase="evaluate", grace=loop.heartbeat.grace(
+        "the first batch", compiling=False, device_type=loop.placement.device.type, bus=loop.bus))
     loop.bus.forget()
     return loop
 
@@ -116,58 +119,35 @@ class PredictJob:
 
     def run(self, channel) -> tuple:
         loop = _evaluating(self.settings, self.model, channel)
-        return loop.predict(loop.loader(self.data, shuffle=False, what="data"),
-                            self.with_targets)
-
-
-def _trainer(trainer_class: type, loop):
-    """A Trainer (``trainer_class``: the kernel's) around the worker's Loop, for the searches
-    that still take one (lr_find, find_batch_size)."""
-    trainer = trainer_class.__new__(trainer_class)
-    trainer._hold(loop, ())
-    return trainer
+        loader = opening.loader(loop, self.data, shuffle=False, what="data")
+        return predict_here(loop, loader, self.with_targets)
 
 
 @dataclass
 class LrFindJob:
-    """``lr_find`` on ``data`` with ``kwargs``; returns its ``LrFindResult``."""
+    """``lr_find`` on ``data`` with ``kwargs`` on the worker's Loop; returns its
+    ``LRFindResult``."""
 
     settings: Settings
     model: torch.nn.Module
     data: Any
     kwargs: dict
-    trainer_class: type
 
     def run(self, channel):
         from hybridnb.train.lr_find import lr_find
 
-        trainer = _trainer(self.trainer_class, _evaluating(self.settings, self.model, channel))
-        return lr_find(trainer, self.data, **self.kwargs)
-
-
-@dataclass
-class BatchFound:
-    """What ``find_batch_size`` found in the worker, and the events it said there."""
-
-    found: int
-    batch_size: int
-    grad_accum: int
-    events: list
+        return lr_find(_evaluating(self.settings, self.model, channel), self.data, **self.kwargs)
 
 
 @dataclass
 class BatchSizeJob:
-    """``find_batch_size`` on ``dataset`` with ``kwargs``."""
+    """``find_batch_size`` on ``dataset`` with ``kwargs`` on the worker's Loop."""
 
     settings: Settings
     model: torch.nn.Module
     dataset: Any
     kwargs: dict
-    trainer_class: type
 
     def run(self, channel) -> BatchFound:
-        from hybridnb.train.batch_size import find_batch_size
-
-        trainer = _trainer(self.trainer_class, _evaluating(self.settings, self.model, channel))
-        found = find_batch_size(trainer, self.dataset, **self.kwargs)
-        return BatchFound(found, trainer.batch_size, trainer.grad_accum, trainer.events)
+        loop = _evaluating(self.settings, self.model, channel)
+        return find_batch_size(loop, self.dataset, **self.kwargs)

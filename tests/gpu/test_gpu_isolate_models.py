@@ -54,7 +54,7 @@ def test_eegnex_fits_isolated_on_cuda_into_the_kernels_model():
     tr.fit(windows(), val=windows(32))
     assert not any(e.kind in ("worker_lost", "device_lost", "outside_state")
                    for e in tr.events), [str(e) for e in tr.events]
-    assert tr.runner.name == "worker" and tr.global_step == 8
+    assert tr.isolated and tr.global_step == 8
     assert parametrize.is_parametrized(model.block_3[0])
     key = "block_3.0.parametrizations.weight.original"
     assert not torch.equal(model.state_dict()[key].cpu(), before[key])

@@ -23,7 +23,7 @@ def stream(isolate: bool) -> list:
     heard = []
     tr.bus.subscribe(heard.append)
     tr.fit(sine_data(128), val=sine_data(64, seed=1))
-    assert tr.runner.name == ("worker" if isolate else "here")
+    assert tr.isolated is isolate
     return [ev for ev in heard if not (isinstance(ev, Event) and ev.kind in WORKER_ONLY)]
 
 

@@ -26,7 +26,7 @@ def test_a_listener_hears_typed_events_in_order_with_their_steps():
     tr.bus.subscribe(heard.append)
     tr.fit(data(), val=data(32, seed=1))
 
-    assert tr.runner.name == "here"
+    assert not tr.isolated
     # the start state is kept, then the view starts with the run's description
     assert isinstance(heard[0], StateKept) and heard[0].step == 0
     assert isinstance(heard[1], Started) and heard[1].run["steps_per_epoch"] == 4

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 import hybridnb.train.progress as progress_mod
 import hybridnb.train.trainer as trainer_mod
 from hybridnb.live import View
-from hybridnb.train import checkpoint
+from hybridnb.train import checkpoint, opening
 from hybridnb.train.losses import ReweightedHuber
 from hybridnb.train.schedules import Plateau, WarmupCosine
 from hybridnb.train.trainer import Trainer
@@ -521,7 +521,7 @@ def test_a_dataset_yielding_device_tensors_gets_no_loader_workers():
 
     tr = Trainer(mlp(), device="cpu", batch_size=4, epochs=1, live=False,
                  loader_kwargs={"num_workers": 2, "pin_memory": True})
-    loader = tr.loop.loader(OnDevice(), shuffle=False, what="train")
+    loader = opening.loader(tr.loop, OnDevice(), shuffle=False, what="train")
     assert loader.num_workers == 0 and loader.pin_memory is False
     assert [k for k, _ in tr.bus.pending].count("loader") == 1
 
@@ -530,7 +530,7 @@ def test_in_memory_tensors_are_batched_by_indexing_without_a_dataloader():
     from hybridnb.train.data import IndexedBatches
 
     tr = Trainer(mlp(), device="cpu", batch_size=32, epochs=1, live=False, seed=0)
-    loader = tr.loop.loader(TensorDataset(*data()), shuffle=True, what="train")
+    loader = opening.loader(tr.loop, TensorDataset(*data()), shuffle=True, what="train")
     assert isinstance(loader, IndexedBatches) and len(loader) == 8
     # the same batches, in the same order, as a DataLoader with the same generator state
     gen = torch.Generator().manual_seed(0)
