@@ -243,15 +243,15 @@ def _stream_loader(data: IterableDataset, *, batch_size: int, shuffle: bool, wha
                       worker_init_fn=worker_init_fn, **kwargs)
 
 
-def epoch_batches(loader, state, event) -> Iterator:
+def epoch_batches(loader, state, bus) -> Iterator:
     """The epoch's batches from ``state.batches_done`` on, with the RNG states a straight run
     would have at that point (a resumed run continues bit for bit). Each batch's sample shape is
     checked against the epoch's first (``same_sample_shape``)."""
-    return same_sample_shape(_epoch_iter(loader, state, event), state.batches_done,
+    return same_sample_shape(_epoch_iter(loader, state, bus), state.batches_done,
                              state.epoch, "training")
 
 
-def _epoch_iter(loader, state, event) -> Iterator:
+def _epoch_iter(loader, state, bus) -> Iterator:
     gen = getattr(loader, "generator", None)
     if state.batches_done == 0:
         if state.pending_rng is not None:
@@ -270,8 +270,8 @@ def _epoch_iter(loader, state, event) -> Iterator:
         sampler.skip(state.batches_done)
         it = iter(loader)
     else:
-        event("resume_skip", f"reading and skipping {state.batches_done} batches of this epoch "
-              "to reach the saved position (pass a Dataset to skip without reading)")
+        bus.say("resume_skip", f"reading and skipping {state.batches_done} batches of this "
+                "epoch to reach the saved position (pass a Dataset to skip without reading)")
         it = iter(loader)
         for _ in range(state.batches_done):
             next(it)

@@ -1,17 +1,67 @@
 """What a fit opens before its first step: its loaders (handles, kept here and not in the run
 state, which is data only), its plan, a fresh or resumed run state with the schedule bound to it,
-and the run's description for the view's header."""
+the run's description for the view's header, and ``fitting``: the set-up around the Loop's
+epochs and the fit's end."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+from collections.abc import Iterator
 
 from hybridnb.env import quick
-from hybridnb.train import saved
+from hybridnb.train import saved, setup
+from hybridnb.train.blocks import checkpointed_blocks, say_checkpointed
+from hybridnb.train.bus import Started
 from hybridnb.train.data import make_loader, plan_epochs
+from hybridnb.train.interrupt import GracefulInterrupt
 from hybridnb.train.seeding import seed_everything
 from hybridnb.train.state import Plan, RunState
+from hybridnb.train.validation import Validation
+
+
+class CancelFit(Exception):
+    """Raised by a bus listener to end the fit now, normally (fastai's ``CancelFitException``)."""
+
+
+@contextlib.contextmanager
+def fitting(loop, train_loader, view_started: bool) -> Iterator[None]:
+    """Around a fit's epochs: the model placed and sped up, Ctrl-C held for the step's end, the
+    step built, the start state kept, the view started (unless ``view_started``) and the queued
+    notes said; at the end, however it ends, ``saved.finish``."""
+    s, placement = loop.settings, loop.placement
+    grace = loop.heartbeat.grace("set-up and the first step", compiling=bool(placement.compile),
+                                 device_type=placement.device.type, bus=loop.bus)
+    loop.heartbeat.beat("setup", grace=grace)
+    placement.place(loop.loaders.opened)
+    placement.speed_up(train_loader, s.batch_size, loop.state.plan.total_steps)
+    # this fit's bookkeeping: its last validation, its restores to each step
+    loop.validation, loop.rewind = Validation(loop), saved.Rewind(loop)
+    failed = True
+    with GracefulInterrupt() as loop.interrupt, \
+            checkpointed_blocks(loop.learner.model, s.grad_checkpointing) as blocks, \
+            setup.compile_settings(bool(placement.compile), placement.device,
+                                   placement.precision):
+        setup.build_step(loop, compiled=bool(placement.compile))
+        loop.checkpoints.keep(saved.state_dict(loop))
+        loop.first_step = loop.state.global_step
+        if not view_started:
+            loop.progress.view = loop.progress.make_view(
+                s.live, channel=loop.heartbeat.channel, is_main=placement.strategy.is_main)
+            loop.bus.emit(Started(run_info(loop)))
+        loop.bus.flush()
+        say_checkpointed(blocks, s.grad_checkpointing, loop.bus)
+        loop.heartbeat.beat("first step", grace=grace)
+        try:
+            yield
+            failed = False
+        except CancelFit:
+            failed = False
+        finally:
+            saved.finish(loop, failed)
+            loop.interrupt = None  # a Ctrl-C that stopped fit does not also stop evaluate()
+            loop.bus.open = False
 
 
 class Loaders:

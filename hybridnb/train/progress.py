@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 import pandas as pd
 import torch
 
-from hybridnb.events import Event
+from hybridnb.events import EpochRow, Event, StepRow
 from hybridnb.live import View, make_view
 from hybridnb.measure.memory import peak_bytes
 from hybridnb.measure.throughput import ThroughputMonitor
@@ -94,18 +94,30 @@ class Progress:
                 "global_step": state.global_step, "lr": lr, "train_loss": state.train_loss(),
                 **self.speeds(), "elapsed_s": time.perf_counter() - self.started, **extra}
 
-    def epoch_row(self, state: RunState, lr: float, metrics: dict,
-                  device: torch.device) -> dict:
-        """The epoch's history row (the Loop appends it to ``state.history``)."""
+    def step_ended(self, state: RunState, grad_accum: int, lr: float,
+                   loss: float) -> StepEnded:
+        """The event of the step just taken, with the row the view draws."""
+        row = StepRow(self.row(state, grad_accum, lr, loss=loss))
+        return StepEnded(state.global_step, state.epoch, loss, lr, row)
+
+    def epoch_ended(self, state: RunState, lr: float, metrics: dict, device: torch.device,
+                    grad_accum: int) -> EpochEnded:
+        """The epoch's history row appended to ``state.history`` (the task's own metrics among
+        ``HISTORY_COLUMNS`` too), and the event with the row the view draws."""
         peak = peak_bytes(device)
         seconds = self._monitor.summary()["seconds"]
         speeds = self.speeds()
-        return {"epoch": state.epoch, "step": state.global_step,
-                "train_loss": state.train_loss(),
-                **{c: float(metrics.get(c, math.nan)) for c in METRICS},
-                "lr": lr, **{k: speeds[k] for k in SPEEDS},
-                "peak_memory_mb": peak / 2**20 if peak is not None else math.nan,
-                "time_s": seconds, "events": state.epoch_events()}
+        row = {"epoch": state.epoch, "step": state.global_step, "train_loss": state.train_loss(),
+               **{c: float(metrics.get(c, math.nan)) for c in METRICS},
+               "lr": lr, **{k: speeds[k] for k in SPEEDS},
+               "peak_memory_mb": peak / 2**20 if peak is not None else math.nan,
+               "time_s": seconds, "events": state.epoch_events()}
+        row.update({k: float(v) for k, v in metrics.items()
+                    if k in HISTORY_COLUMNS and k not in row})
+        view_row = EpochRow(self.row(state, grad_accum, lr, loss=row["train_loss"],
+                                     epoch_end=True, **metrics))
+        state.history.append(row)
+        return EpochEnded(state.epoch, state.global_step, state.history, view_row)
 
     def hear(self, event) -> None:
         """A listener on the fit's bus: the view starts, draws each row and note, and ends."""

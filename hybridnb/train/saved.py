@@ -10,6 +10,7 @@ a lost device, or a Ctrl-C during the optimizer update.
 from __future__ import annotations
 
 from hybridnb.train import recovery
+from hybridnb.train.bus import Ended
 from hybridnb.train.seeding import rng_state, set_rng_state
 from hybridnb.train.setup import build_step
 
@@ -60,6 +61,30 @@ def load(loop, state: dict) -> None:
         loop.bus.note("resume", f"the checkpoint used batch_size={old[0]} x grad_accum="
                       f"{old[1]}, this run {s.batch_size} x {s.grad_accum}: the epoch "
                       f"continues after about {samples} samples, not bit for bit")
+
+
+def save_last(loop) -> None:
+    """The last good state kept, and written when this fit has a ``checkpoint_dir``."""
+    if loop.settings.checkpoint_dir is None:
+        return loop.checkpoints.keep(state_dict(loop))
+    loop.heartbeat.beat("checkpoint")
+    loop.checkpoints.save_last(loop.placement.strategy.for_file(state_dict(loop)))
+    loop.heartbeat.beat("step")
+
+
+def finish(loop, failed: bool) -> None:
+    """A fit's end: the model takes the weights fit chose (a failed fit's crash state is
+    written instead) and the view ends with the summary."""
+    placement, settings = loop.placement, loop.settings
+    placement.end_fit()
+    if failed and settings.checkpoint_dir is not None:
+        loop.checkpoints.save_crash(placement.strategy.file_ready)
+    said = None if failed else loop.learner.take_final_weights(loop.state.best, settings)
+    if said:
+        loop.bus.say(*said)
+    summary = loop.progress.summary(loop.state, settings.monitor, placement.device,
+                                    placement.precision.name)
+    loop.bus.emit(Ended({**summary, "failed": failed}))
 
 
 class Rewind:
