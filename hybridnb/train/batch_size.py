@@ -1,11 +1,16 @@
 """find_batch_size: the largest batch that fits on the device, found by real training steps.
 
-Doubling from ``start`` until a step runs out of memory (or its peak passes the limit), then
+Doubling from ``start`` until a size runs out of memory (or its peak passes the limit), then
 bisection between the last size that fitted and the first that did not. A size "fits" when
-``steps`` full optimizer steps run and the measured peak stays under ``(1 - headroom)`` of the
-device's memory. When the bound came from an out-of-memory error (no peak to compare), the answer
-is scaled by ``1 - headroom`` so that the run keeps that margin. The model, optimizer and every
-other piece of the Loop's state are restored afterwards.
+``steps`` full optimizer steps run without running out of memory and the measured peak stays
+under ``(1 - headroom)`` of the device's memory. When the bound came from an out-of-memory error
+(no peak to compare), the answer is scaled by ``1 - headroom`` so that the run keeps that margin.
+
+The search is one trial fit on the Loop (``opening.trial``, as lr_find's sweep): ``Probe`` is
+its batches and a listener on its bus. A step that runs out of memory is recovered as in any fit
+(split; the ``oom_split`` or ``cpu_batch`` note is the probe's signal that the size does not
+fit), a lost device moves the search to the CPU, and the view shows each step. The model,
+optimizer and every other piece of the Loop's state are restored afterwards.
 """
 
 from __future__ import annotations
@@ -16,9 +21,16 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader
 
+from hybridnb.events import Event
 from hybridnb.measure.memory import peak_bytes, reset_peak
-from hybridnb.train import recovery, saved
+from hybridnb.train import opening, recovery
+from hybridnb.train.bus import StepEnded
 from hybridnb.train.data import as_dataset
+from hybridnb.train.opening import CancelFit
+from hybridnb.train.schedules import Constant
+from hybridnb.train.state import Plan
+
+OOM_NOTES = ("oom_split", "cpu_batch")  # recovery's notes: the step ran out of memory
 
 
 @dataclass
@@ -36,81 +48,97 @@ def find_batch_size(loop, dataset, headroom: float = 0.1, max_batch: int | None 
     """Search on ``loop``'s model and device; the settings are the caller's to change."""
     if not 0 <= headroom < 1:
         raise ValueError(f"headroom={headroom!r} must be in [0, 1)")
-    device, s = loop.placement.device, loop.settings
     data = as_dataset(dataset, loop.bus)
     data = data.dataset if isinstance(data, DataLoader) else data
     n = len(data)
     if n == 0:
         raise ValueError("find_batch_size needs a non-empty dataset")
     max_batch = min(max_batch or n, n)
-    limit = _capacity(device)
-    limit = None if limit is None else (1 - headroom) * limit
-    state = saved.state_dict(loop)
-    outcome: dict[int, str] = {}
-
-    def fits(bs: int) -> bool:
-        if bs not in outcome:
-            outcome[bs] = _try(loop, data, bs, steps, limit)
-        return outcome[bs] == "ok"
-
-    try:
-        good, bad = 0, None
-        bs = max(1, min(start, max_batch))
-        while True:
-            if not fits(bs):
-                bad = bs
-                break
-            good = bs
-            if bs >= max_batch:
-                break
-            bs = min(bs * 2, max_batch)
-        if bad is not None:
-            lo, hi = good, bad
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-            good, bad = lo, hi
-    finally:
-        saved.rewind(loop, state)
-        recovery.free_memory(device)
+    probe = Probe(loop, data, steps, max_batch, max(1, min(start, max_batch)), headroom)
+    loop.bus.note("batch_size", f"searching the largest batch from {probe.size} up to "
+                  f"{max_batch}, {steps} steps each, on {loop.placement.device}")
+    trials = 2 * math.ceil(math.log2(max_batch) + 1)  # doubling, then bisection
+    with opening.trial(loop, probe, Plan(1, trials * steps, trials * steps, trials * steps),
+                       probe, Constant()):
+        loop.fit(probe, None)
+    good, bad, device = probe.good, probe.bad, loop.placement.device
     if good == 0:
         raise MemoryError(f"not even a batch of 1 fits on {device} "
-                          f"({outcome.get(1, 'out of memory')})")
-    found = good
-    if bad is not None and outcome[bad] == "oom" and headroom:
-        found = max(1, math.floor(good * (1 - headroom)))
+                          f"({probe.outcome.get(1, 'out of memory')})")
+    oom = bad is not None and probe.outcome[bad] == "oom"
+    found = max(1, math.floor(good * (1 - headroom))) if oom and headroom else good
+    s = loop.settings
     effective = s.batch_size * s.grad_accum
     accum = max(1, math.ceil(effective / found))
     batch_size = math.ceil(effective / accum)
-    why = ("bounded by out-of-memory at " + str(bad) if bad is not None and outcome[bad] == "oom"
-           else "peak memory limit" if bad is not None else "the largest size tried")
+    why = (f"bounded by out-of-memory at {bad}" if oom else
+           "peak memory limit" if bad is not None else "the largest size tried")
     loop.bus.say("batch_size", f"largest batch that fits on {device}: {good} ({why}); with "
                  f"{headroom:.0%} headroom {found}; now batch_size={batch_size} x grad_accum="
                  f"{accum} (effective {effective} kept)")
     return BatchFound(found, batch_size, accum)
 
 
-def _try(loop, data, bs: int, steps: int, limit: float | None) -> str:
-    """'ok', 'oom' or 'peak' (ran but over the memory limit) for ``steps`` real steps at ``bs``."""
-    batch = next(iter(DataLoader(data, batch_size=bs, shuffle=False)))
-    x, y = batch[0], batch[1]
-    failed = False
-    device = loop.placement.device
-    reset_peak(device)
-    try:
-        for _ in range(steps):
-            loop.placement.step(x, y)  # the fit's own step: precision, scaler, clipping
-    except Exception as exc:  # classified: only an out-of-memory error is caught
-        if not recovery.is_oom(exc):
-            raise
-        failed = True
-    # outside the except block, so the failed step's tensors can be freed
-    loop.learner.optimizer.zero_grad(set_to_none=True)
-    recovery.free_memory(device)
-    if failed:
-        return "oom"
-    peak = peak_bytes(device)
-    return "peak" if limit is not None and peak is not None and peak > limit else "ok"
+class Probe:
+    """The search as a trial fit's batches (the data's first ``size`` samples, again and again)
+    and a listener on its bus: after ``steps`` steps of a size, or the first that ran out of
+    memory, the size is judged ("ok", "oom" or "peak": over the memory limit) and the next one
+    chosen; the fit ends (``CancelFit``) when the search is over."""
+
+    def __init__(self, loop, dataset, steps: int, max_batch: int, size: int,
+                 headroom: float) -> None:
+        self.loop, self.dataset, self.steps, self.max_batch = loop, dataset, steps, max_batch
+        self.headroom = headroom
+        self.outcome: dict[int, str] = {}
+        self.good, self.bad = 0, None  # the largest size that fits, the smallest that does not
+        self._start(size)
+
+    def _start(self, size: int) -> None:
+        self.size, self.taken, self.oom = size, 0, False
+        self.batch = next(iter(DataLoader(self.dataset, batch_size=size, shuffle=False)))
+        reset_peak(self.loop.placement.device)
+
+    def __iter__(self):
+        while True:
+            yield self.batch
+
+    def __call__(self, event) -> None:
+        if isinstance(event, Event) and event.kind in OOM_NOTES:
+            self.oom = True
+        if not isinstance(event, StepEnded):
+            return
+        self.taken += 1
+        if not self.oom and self.taken < self.steps:
+            return
+        verdict = self._verdict()
+        self.outcome[self.size] = verdict
+        if verdict == "ok":
+            self.good = self.size
+        else:
+            self.bad = self.size
+        placement = self.loop.placement
+        placement.resume_micro(None)  # the next size starts whole again
+        self.loop.state.micro = None
+        self.loop.learner.optimizer.zero_grad(set_to_none=True)
+        recovery.free_memory(placement.device)
+        size = self._next()
+        if size is None:
+            raise CancelFit
+        self._start(size)
+
+    def _verdict(self) -> str:
+        if self.oom:
+            return "oom"
+        device = self.loop.placement.device
+        limit, peak = _capacity(device), peak_bytes(device)
+        over = limit is not None and peak is not None and peak > (1 - self.headroom) * limit
+        return "peak" if over else "ok"
+
+    def _next(self) -> int | None:
+        """Doubling until a size fails, then bisection; None when the search is over."""
+        if self.bad is None:
+            return None if self.good >= self.max_batch else min(2 * self.good, self.max_batch)
+        return None if self.bad - self.good <= 1 else (self.good + self.bad) // 2
 
 
 def _capacity(device: torch.device) -> float | None:

@@ -26,20 +26,17 @@ would have without the sweep.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from hybridnb.env import quick
-from hybridnb.train import opening, saved, setup
+from hybridnb.train import opening
 from hybridnb.train.bus import StepEnded
-from hybridnb.train.loop import CancelFit
-from hybridnb.train.recovery import LossGuard
+from hybridnb.train.opening import CancelFit
 from hybridnb.train.schedules import Constant
-from hybridnb.train.state import Plan, RunState
+from hybridnb.train.state import Plan
 
 SUGGESTIONS = ("valley", "steepest")
 QUICK_STEPS = 20  # quick mode (HYBRIDNB_QUICK=1): a short sweep, as the Trainer caps fits
@@ -122,14 +119,14 @@ def lr_find(loop, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_step
              f"{', '.join(used) or 'none'})")  # said as the sweep's view opens
     lrs = start_lr * (end_lr / start_lr) ** (np.arange(num_steps) / (num_steps - 1))
     curve = Curve(lrs, beta, diverge)
-    start = saved.state_dict(loop)
     try:
-        with sweeping(loop, lrs / loop.settings.lr, loader, curve):
-            loop.fit(loader, None)
-    finally:
-        loop.learner.optimizer.zero_grad(set_to_none=True)
-        saved.rewind(loop, start)
-        setup.build_step(loop)  # the trainer's own guard and EMA again
+        batches = min(len(loader), num_steps)
+    except TypeError:  # a stream: one epoch of the sweep's steps
+        batches = num_steps
+    epochs = math.ceil(num_steps / batches)
+    with opening.trial(loop, loader, Plan(epochs, batches, batches, epochs * batches), curve,
+                       Sweep(lrs / loop.settings.lr)):
+        loop.fit(loader, None)
     result = LRFindResult(np.array(curve.lrs), np.array(curve.smooth), np.array(curve.raw),
                           None, suggest, curve.diverged, speedups=used)
     result.suggestion, why = suggestion(result.lrs, result.losses, suggest)
@@ -184,37 +181,6 @@ class Sweep(Constant):
 
     def factor(self, step: int) -> float:
         return float(self.factors[min(step, len(self.factors) - 1)])
-
-
-@contextlib.contextmanager
-def sweeping(loop, factors: np.ndarray, loader, curve: Curve) -> Iterator[None]:
-    """The Loop set up for the sweep while the block runs: a run state of its own, the sweep's
-    schedule, every step applied (a guard that only skips non-finite losses; the sweep itself
-    stops there), no EMA, no validation, no stop flag and no files, ``curve`` listening on the
-    bus; everything put back after."""
-    try:
-        batches = len(loader)
-    except TypeError:  # a stream: one epoch of the sweep's steps
-        batches = len(factors)
-    batches = min(batches, len(factors))
-    epochs = math.ceil(len(factors) / batches)
-    own = loop.settings, loop.state, loop.stop_flag, loop.loaders.opened, loop.loaders.generator
-    loop.settings = loop.settings.replace(
-        grad_accum=1, schedule=None, val_every=None, checkpoint_every=None, snapshot_every=None,
-        checkpoint_dir=None, early_stopping=None)
-    loop.state = RunState.fresh(loop.state.events)  # the events said go on in the trainer's
-    loop.state.plan = Plan(epochs, batches, batches, epochs * batches)
-    loop.stop_flag = lambda: False
-    loop.loaders.opened, loop.loaders.generator = [loader], getattr(loader, "generator", None)
-    guard = LossGuard(spike=0.0, lr_cut=1.0, patience=len(factors) + 1)
-    loop.bus.subscribe(curve)
-    try:
-        with loop.learner.swapped(schedule=Sweep(factors), guard=guard, ema=None):
-            yield
-    finally:
-        loop.bus.listeners.remove(curve)
-        loop.settings, loop.state, loop.stop_flag, loop.loaders.opened, \
-            loop.loaders.generator = own
 
 
 def suggestion(lrs: np.ndarray, losses: np.ndarray, method: str = "valley"

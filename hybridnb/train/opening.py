@@ -11,11 +11,12 @@ import os
 from collections.abc import Iterator
 
 from hybridnb.env import quick
-from hybridnb.train import saved, setup
+from hybridnb.train import recovery, saved, setup
 from hybridnb.train.blocks import checkpointed_blocks, say_checkpointed
 from hybridnb.train.bus import Started
 from hybridnb.train.data import make_loader, plan_epochs
 from hybridnb.train.interrupt import GracefulInterrupt
+from hybridnb.train.recovery import LossGuard
 from hybridnb.train.seeding import seed_everything
 from hybridnb.train.state import Plan, RunState
 from hybridnb.train.validation import Validation
@@ -143,3 +144,37 @@ def run_info(loop) -> dict:
             "n_params": sum(p.numel() for p in model.parameters()),
             "monitor": settings.monitor, "quick": quick(), "pid": os.getpid(),
             "metric": "val_accuracy" if settings.task == "classification" else None}
+
+
+@contextlib.contextmanager
+def trial(loop, loader, plan: Plan, listener, schedule) -> Iterator[None]:
+    """The Loop set up for a trial fit on ``loader`` (lr_find's sweep, find_batch_size's
+    probe) while the block runs: a run state of its own on ``plan``, ``schedule``, a guard that
+    only skips non-finite losses, out-of-memory errors recovered whatever ``on_gpu_error`` says
+    (a probe's signal), no EMA, validation, stop flag or files, ``listener`` on the bus. After
+    it the Loop's own settings, run state, weights, optimizer and RNG are back, as they were."""
+    start = saved.state_dict(loop)
+    placement = loop.placement
+    own = loop.settings, loop.state, loop.stop_flag, loop.loaders.opened, \
+        loop.loaders.generator, placement.settings
+    loop.settings = loop.settings.replace(
+        grad_accum=1, schedule=None, val_every=None, checkpoint_every=None, snapshot_every=None,
+        checkpoint_dir=None, early_stopping=None)
+    placement.settings = placement.settings.replace(on_gpu_error="recover")
+    loop.state = RunState.fresh(loop.state.events)  # the events said go on in the trainer's
+    loop.state.plan = plan
+    loop.stop_flag = lambda: False
+    loop.loaders.opened, loop.loaders.generator = [loader], getattr(loader, "generator", None)
+    guard = LossGuard(spike=0.0, lr_cut=1.0, patience=plan.total_steps + 1)
+    loop.bus.subscribe(listener)
+    try:
+        with loop.learner.swapped(schedule=schedule, guard=guard, ema=None):
+            yield
+    finally:
+        loop.bus.listeners.remove(listener)
+        loop.settings, loop.state, loop.stop_flag, loop.loaders.opened, \
+            loop.loaders.generator, placement.settings = own
+        loop.learner.optimizer.zero_grad(set_to_none=True)
+        saved.rewind(loop, start)
+        setup.build_step(loop)  # the trainer's own guard, EMA and on_gpu_error again
+        recovery.free_memory(placement.device)

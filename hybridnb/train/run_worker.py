@@ -20,7 +20,6 @@ import time
 import pandas as pd
 
 from hybridnb import platform
-from hybridnb.events import Event
 from hybridnb.train import isolate, opening, outside_state, saved, setup, worker_fit
 from hybridnb.train.bus import Ended, Lost, Started, StateKept
 from hybridnb.train.heartbeat import EVENT
@@ -128,11 +127,11 @@ def job(trainer, what: str, job_type, *args) -> tuple[bool, object]:
     """``job_type(settings, model, *args)`` in a worker after an isolated fit; (True, its
     result). (False, None) when this process does it: the worker was lost (said once; the
     rest runs on the CPU here)."""
-    bus = trainer.bus
-
-    def hear(message) -> None:  # the job's notes, said here as in process (its steps are its own)
-        if message.kind == EVENT and isinstance(message.payload, Event):
-            bus.emit(message.payload)
+    def hear(message) -> None:  # the job's events (a trial fit's view, steps, notes) as in process
+        if message.kind == EVENT:
+            if isinstance(message.payload, Started):
+                trainer.progress.view = trainer.progress.make_view(trainer.live)  # drawn here
+            trainer.bus.emit(message.payload)
 
     out = run_job(trainer, job_type(trainer.settings.for_worker(), trainer.model, *args),
                   on_message=hear)

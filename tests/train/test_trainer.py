@@ -416,17 +416,30 @@ class TooBig(nn.Module):
         return self.net(x)
 
 
-def test_find_batch_size_bisects_keeps_headroom_and_restores_state():
+@pytest.mark.parametrize("isolate", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not hasattr(os, "fork"), reason="isolation needs os.fork"))])
+def test_find_batch_size_bisects_keeps_headroom_and_restores_state(isolate):
+    """The search is a fit on the Loop, here or in the worker alike: its out-of-memory steps
+    are recovered as a fit's (whatever on_gpu_error says) and the view hears its steps."""
     model = TooBig(limit=48)
-    tr = Trainer(model, device="cpu", batch_size=128, grad_accum=1, live=False, lr=1e-2)
+    tr = Trainer(model, device="cpu", batch_size=128, grad_accum=1, live=False, lr=1e-2,
+                 verbose=False, isolate=isolate, on_gpu_error="raise")
     before = params(model)
+    heard = []
+    tr.bus.subscribe(heard.append)
     found = tr.find_batch_size(TensorDataset(*data(256)))
     assert found == 43  # 48 fits, 49 does not; 10% headroom
     assert (tr.batch_size, tr.grad_accum) == (43, 3)  # effective 129 >= 128
     assert close(params(model), before, 0, 0) and not tr.optimizer.state
     assert any(e.kind == "batch_size" and "48" in e.message for e in tr.events)
+    kinds = [type(e).__name__ for e in heard]
+    assert kinds.index("Started") < kinds.index("StepEnded") and kinds.count("Ended") == 1
+    assert any(e.kind == "oom_split" for e in tr.events)  # 64 ran out of memory: recovered
+    if isolate:
+        return
+    searched = len(tr.events)
     tr.fit(data())
-    assert not any(e.kind == "oom_split" for e in tr.events)
+    assert not any(e.kind == "oom_split" for e in tr.events[searched:])
 
 
 # ------------------------------------------------------------------------------- report
