@@ -42,11 +42,6 @@ class Progress:
         self.started = 0.0
         self._monitor: ThroughputMonitor | None = None
 
-    def start(self, view, run: dict) -> None:
-        """A new fit's view, started with the run's description."""
-        self.view, self.started = view, time.perf_counter()
-        view.start(run)
-
     @staticmethod
     def make_view(live, *, channel=None, is_main: bool = True):
         """The renderer for ``live``; an isolated worker (``channel``: its events are drawn by
@@ -56,9 +51,6 @@ class Progress:
     @property
     def stop_requested(self) -> bool:
         return bool(self.view.stop_requested)
-
-    def event(self, ev) -> None:
-        self.view.event(ev)
 
     # ------------------------------------------------------------------ one epoch
     def new_epoch(self, device: torch.device, warmup: bool, flops_per_sample: float | None,
@@ -126,9 +118,10 @@ class Progress:
         elif isinstance(event, Event):
             self.view.event(event)
         elif isinstance(event, Started):
-            self.start(self.view, event.run)
+            self.started = time.perf_counter()
+            self.view.start(event.run)
         elif isinstance(event, Ended):
-            self.end(event.summary)
+            self.view.end(event.summary)
 
     def summary(self, state: RunState, monitor: str, device, precision: str,
                 stopped=None) -> dict:
@@ -145,6 +138,3 @@ class Progress:
                          "epoch": best.epoch},
                 "events": list(state.events), "device": str(device), "precision": precision,
                 "stopped": stopped if stopped is not None else state.stopped}
-
-    def end(self, summary: dict) -> None:
-        self.view.end(summary)

@@ -123,8 +123,8 @@ def fit(trainer, train, val, train_loader, val_loader, early=None) -> pd.DataFra
     return trainer.history
 
 
-def job(trainer, what: str, job_type, *args) -> tuple[bool, object]:
-    """``job_type(settings, model, *args)`` in a worker after an isolated fit; (True, its
+def job(trainer, what: str, fn, *args, **kwargs) -> tuple[bool, object]:
+    """``fn(loop, *args, **kwargs)`` on a worker's Loop after an isolated fit; (True, its
     result). (False, None) when this process does it: the worker was lost (said once; the
     rest runs on the CPU here)."""
     def hear(message) -> None:  # the job's events (a trial fit's view, steps, notes) as in process
@@ -133,8 +133,8 @@ def job(trainer, what: str, job_type, *args) -> tuple[bool, object]:
                 trainer.progress.view = trainer.progress.make_view(trainer.live)  # drawn here
             trainer.bus.emit(message.payload)
 
-    out = run_job(trainer, job_type(trainer.settings.for_worker(), trainer.model, *args),
-                  on_message=hear)
+    out = run_job(trainer, worker_fit.LoopJob(trainer.settings.for_worker(), trainer.model, fn,
+                                              args, kwargs), on_message=hear)
     if out.status == "done":
         return True, out.result
     trainer.bus.note("worker_lost", f"{out.reason}; {what} on the CPU in this process")

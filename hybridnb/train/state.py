@@ -17,8 +17,9 @@ from typing import NamedTuple
 from hybridnb.events import Event
 
 HISTORY_COLUMNS = ["epoch", "step", "train_loss", "val_loss", "val_rmse", "val_nrmse", "val_mae",
-                   "val_r2", "val_accuracy", "val_balanced_accuracy", "lr", "samples_per_s", "data_wait_pct", "compute_samples_per_s",
-                   "mfu", "peak_memory_mb", "time_s", "events"]
+                   "val_r2", "val_accuracy", "val_balanced_accuracy", "lr", "samples_per_s",
+                   "data_wait_pct", "compute_samples_per_s", "mfu", "peak_memory_mb", "time_s",
+                   "events"]
 STEP_COLUMNS = ["global_step", "epoch", "loss", "lr"]
 
 
@@ -75,8 +76,8 @@ class Best:
 
 
 # What a checkpoint holds of the run (Composer's ``serialized_attributes``); the other fields
-# are this process's: the RNG state a resume applies at its epoch's start, the plan, why the fit
-# stopped, and a checkpoint ``resume()`` read for the next fit.
+# are this process's: the RNG state a resume applies at its epoch's start, the plan, and why the
+# fit stopped.
 SAVED = ("epoch", "batches_done", "global_step", "acc", "lr_scale", "micro", "history", "steps",
          "events", "epoch_first_event", "best", "epoch_start")
 
@@ -101,7 +102,6 @@ class RunState:
     pending_rng: dict | None = None
     plan: Plan = Plan(0, 0, 0, 0)
     stopped: Stop | None = None
-    pending: dict | None = None
 
     @classmethod
     def fresh(cls, events: list[Event], carry: RunState | None = None) -> RunState:

@@ -27,13 +27,13 @@ import torch
 
 from hybridnb.events import Event
 from hybridnb.live.summary import header
-from hybridnb.train import isolate, loggers, opening, run_worker, saved, setup
+from hybridnb.train import isolate, loggers, opening, run_worker, saved, setup, worker_fit
 from hybridnb.train.batch_size import find_batch_size
 from hybridnb.train.bus import Bus, Started
 from hybridnb.train.callbacks import check_callbacks
 from hybridnb.train.checkpoint import read as read_checkpoint
 from hybridnb.train.data import made_dataset
-from hybridnb.train.evaluation import as_output, metrics, predict_here
+from hybridnb.train.evaluation import as_output, metrics
 from hybridnb.train.habits import refuse_lightning_hooks
 from hybridnb.train.heap import frozen_heap
 from hybridnb.train.isolate import isolate_decision
@@ -42,7 +42,6 @@ from hybridnb.train.preflight import check_fit_data, check_outputs
 from hybridnb.train.settings import Settings
 from hybridnb.train.sinks import Sinks
 from hybridnb.train.state import HISTORY_COLUMNS, STEP_COLUMNS, Plan, Stop
-from hybridnb.train.worker_fit import BatchSizeJob, LrFindJob, PredictJob
 
 
 def _setting(name: str, writable: bool = False) -> property:
@@ -174,6 +173,7 @@ class Trainer:
             settings.loggers, settings.log_folder, storage, strategy.is_main),
             callbacks)  # objects of the user's process: never in settings, never sent to a worker
         self.should_stop = False  # a callback sets it: the fit stops after the current step
+        self._resume_from: dict | None = None  # a checkpoint resume() read
         loop.stop_flag = lambda: self.should_stop
         for listener in (self.sinks.hear, self._print):
             bus.subscribe(listener)
@@ -310,16 +310,17 @@ class Trainer:
             self.bus.note("earlier_run", f"{self.checkpoint_dir} held an earlier run's "
                           f"checkpoints: moved to {kept} (fit(..., resume=True) would have "
                           "continued it)")
-        pending, self.state.pending = self.state.pending, None
+        pending, self._resume_from = self._resume_from, None
         opening.begin(self.loop, pending)
 
-    def _elsewhere(self, what: str, job_type, *args) -> tuple[bool, object]:
-        """Where fit ran: ``job_type`` (a worker_fit job) in a worker after an isolated fit,
-        (True, its result); (False, None) when this process does it (no worker, or it was lost:
-        said once)."""
-        if not self.isolated or self.loop.fitting:
-            return False, None
-        return run_worker.job(self, what, job_type, *args)
+    def _where_fit_ran(self, what: str, fn, *args, **kwargs):
+        """``fn(loop, *args, **kwargs)`` where fit ran: in a worker after an isolated fit (if it
+        is lost, here on the CPU, said once), else in this process."""
+        if self.isolated and not self.loop.fitting:
+            done, result = run_worker.job(self, what, fn, *args, **kwargs)
+            if done:
+                return result
+        return fn(self.loop, *args, **kwargs)
 
     # ----------------------------------------------------------------------------- evaluate
     @torch.no_grad()
@@ -345,11 +346,7 @@ class Trainer:
         """Where fit ran: in a worker after an isolated fit (if it dies, here on the CPU, said
         once), else in this process."""
         data = made_dataset(data, self.bus, "data")
-        done, result = self._elsewhere("predicting", PredictJob, data, with_targets)
-        if done:
-            return result
-        loader = opening.loader(self.loop, data, shuffle=False, what="data")
-        return predict_here(self.loop, loader, with_targets)
+        return self._where_fit_ran("predicting", worker_fit.predict, data, with_targets)
 
     def event(self, kind: str, message: str) -> Event:
         """Record an event (kept in ``events``, shown by the live view)."""
@@ -367,9 +364,8 @@ class Trainer:
         The model and optimizer are restored afterwards. See hybridnb.train.batch_size."""
         kwargs = {"headroom": headroom, "max_batch": max_batch, "start": start}
         dataset = made_dataset(dataset, self.bus, "dataset")
-        done, result = self._elsewhere("finding the batch size", BatchSizeJob, dataset, kwargs)
-        if not done:  # else the device is the worker's: measured there
-            result = find_batch_size(self.loop, dataset, **kwargs)
+        result = self._where_fit_ran("finding the batch size", find_batch_size, dataset,
+                                     **kwargs)
         self.batch_size, self.grad_accum = result.batch_size, result.grad_accum
         return result.found
 
@@ -395,7 +391,7 @@ class Trainer:
         for p in problems:
             self.bus.note("checkpoint_fallback", f"{p}; using {used} instead")
         self.model.load_state_dict(state["model"])
-        self.state.pending = state
+        self._resume_from = state  # the next fit continues from it
         self.bus.note("resume", f"resuming from {used} (epoch {state['position']['epoch']}, "
                       f"step {state['position']['global_step']})")
         return self
@@ -445,9 +441,7 @@ class Trainer:
         ``apply=True`` sets ``lr`` to the suggestion. See hybridnb.train.lr_find."""
         from hybridnb.train import lr_find as finder
         data = made_dataset(data, self.bus, "data")
-        done, result = self._elsewhere("running lr_find", LrFindJob, data, kwargs)
-        if not done:  # no worker, or it was lost: here
-            result = finder.lr_find(self.loop, data, **kwargs)
+        result = self._where_fit_ran("running lr_find", finder.lr_find, data, **kwargs)
         if apply and result.suggestion is not None:
             old = self.lr
             finder.apply_lr(self, result.suggestion)

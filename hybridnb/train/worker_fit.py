@@ -2,7 +2,7 @@
 
 The kernel hands a spawned worker one job: a ``FitJob`` (the resolved settings, so the worker
 never detects again; the model; the data as the user gave it; the start state; the notes not yet
-said), or after a fit a ``PredictJob``, ``LrFindJob`` or ``BatchSizeJob``. The worker builds the
+said), or after a fit a ``LoopJob`` (predict, lr_find, find_batch_size). The worker builds the
 same Loop over fresh parts (``parts.build_loop``, with the channel: no Trainer) and runs it.
 Its bus forwards every event unchanged and every state it keeps (``heartbeat.py``); whatever
 ends its fit early (an error, Ctrl-C), it sends the state it holds then, before the error. The
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,6 @@ import torch
 
 from hybridnb.processes.worker import startup as worker_startup
 from hybridnb.train import isolate, opening, outside_state, recovery, saved, setup
-from hybridnb.train.batch_size import BatchFound, find_batch_size
 from hybridnb.train.evaluation import predict_here
 from hybridnb.train.heap import frozen_heap
 from hybridnb.train.parts import build_loop
@@ -98,56 +98,27 @@ class FitJob:
                          loop.placement.facts(), watch.changes().to_payload())
 
 
-def _evaluating(settings: Settings, model: torch.nn.Module, channel):
-    """The Loop for a job after a fit: alive ("evaluate"); the notes of its set-up were said
-    by the kernel already."""
-    loop = worker_loop(settings, model, channel)
-    channel.heartbeat(phase="evaluate", grace=loop.heartbeat.grace(
-        "the first batch", compiling=False, device_type=loop.placement.device.type, bus=loop.bus))
-    loop.bus.forget()
-    return loop
-
-
 @dataclass
-class PredictJob:
-    """Predictions (and the targets, with ``with_targets``) on ``data``: ``Loop.predict``."""
+class LoopJob:
+    """``fn(loop, *args, **kwargs)`` on the worker's Loop after a fit (``predict``, lr_find,
+    find_batch_size); the notes of its set-up were said by the kernel already."""
 
     settings: Settings
     model: torch.nn.Module
-    data: Any
-    with_targets: bool
-
-    def run(self, channel) -> tuple:
-        loop = _evaluating(self.settings, self.model, channel)
-        loader = opening.loader(loop, self.data, shuffle=False, what="data")
-        return predict_here(loop, loader, self.with_targets)
-
-
-@dataclass
-class LrFindJob:
-    """``lr_find`` on ``data`` with ``kwargs`` on the worker's Loop; returns its
-    ``LRFindResult``."""
-
-    settings: Settings
-    model: torch.nn.Module
-    data: Any
+    fn: Callable
+    args: tuple
     kwargs: dict
 
     def run(self, channel):
-        from hybridnb.train.lr_find import lr_find
+        loop = worker_loop(self.settings, self.model, channel)
+        channel.heartbeat(phase="evaluate", grace=loop.heartbeat.grace(
+            "the first batch", compiling=False, device_type=loop.placement.device.type,
+            bus=loop.bus))
+        loop.bus.forget()
+        return self.fn(loop, *self.args, **self.kwargs)
 
-        return lr_find(_evaluating(self.settings, self.model, channel), self.data, **self.kwargs)
 
-
-@dataclass
-class BatchSizeJob:
-    """``find_batch_size`` on ``dataset`` with ``kwargs`` on the worker's Loop."""
-
-    settings: Settings
-    model: torch.nn.Module
-    dataset: Any
-    kwargs: dict
-
-    def run(self, channel) -> BatchFound:
-        loop = _evaluating(self.settings, self.model, channel)
-        return find_batch_size(loop, self.dataset, **self.kwargs)
+def predict(loop, data, with_targets: bool) -> tuple:
+    """Predictions (and the targets, with ``with_targets``) on ``data`` with ``loop``'s model."""
+    loader = opening.loader(loop, data, shuffle=False, what="data")
+    return predict_here(loop, loader, with_targets)
