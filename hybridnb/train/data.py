@@ -8,7 +8,6 @@ have seen next.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 
 import numpy as np
@@ -63,17 +62,12 @@ def made_dataset(data, bus, what: str = "data"):
     if not isinstance(made, (Dataset, DataLoader)):
         raise TypeError(f"{what}: {kind}.to_dataset() returned a {type(made).__name__}, not a "
                         "torch Dataset or DataLoader")
+    scale = getattr(made, "scale", None)
+    scaled = f" (inputs x {scale:g})" if isinstance(scale, (int, float)) and scale != 1 else ""
     bus.note("data", f"{what}: a {kind} was given; using its to_dataset(), a "
-             f"{_described(made)} (pass {what}.dataset(...) yourself for other options)")
+             f"{type(made).__name__}{scaled} (pass {what}.dataset(...) yourself for other "
+             "options)")
     return made
-
-
-def _described(dataset) -> str:
-    """A short account of a Dataset made for the user: its type, and its scale when it has
-    one."""
-    scale = getattr(dataset, "scale", None)
-    return type(dataset).__name__ + (f" (inputs x {scale:g})" if isinstance(
-        scale, (int, float)) and scale != 1 else "")
 
 
 def is_stream(data) -> bool:
@@ -83,33 +77,7 @@ def is_stream(data) -> bool:
     return isinstance(data, IterableDataset)
 
 
-QUICK_EPOCHS, QUICK_STEPS = 2, 5
-
-
-def plan_epochs(loader, epochs: int, steps_per_epoch: int | None, grad_accum: int,
-                small: bool) -> tuple[int, int, str | None]:
-    """Epochs and batches per epoch for a fit, and a note when quick mode capped them."""
-    try:
-        n_batches = len(loader)
-    except TypeError:
-        if not steps_per_epoch:
-            kind = type(getattr(loader, "dataset", loader)).__name__
-            raise TypeError(f"the training data ({kind}) has no length, so an epoch has no "
-                            "end: pass steps_per_epoch= (the optimizer steps each epoch reads; "
-                            "fewer when the stream ends first), or give it a __len__") from None
-        n_batches = steps_per_epoch * grad_accum
-    if n_batches == 0:
-        raise ValueError("the training data gives no batches")
-    if steps_per_epoch:
-        n_batches = min(n_batches, steps_per_epoch * grad_accum)
-    if not small:
-        return epochs, n_batches, None
-    capped = min(epochs, QUICK_EPOCHS), min(n_batches, QUICK_STEPS * grad_accum)
-    note = None
-    if capped != (epochs, n_batches):
-        note = (f"quick mode (HYBRIDNB_QUICK): {capped[0]} epochs of at most {QUICK_STEPS} steps "
-                f"instead of {epochs} x {math.ceil(n_batches / grad_accum)}")
-    return capped[0], capped[1], note
+QUICK_EPOCHS, QUICK_STEPS = 2, 5  # quick mode (HYBRIDNB_QUICK): a fit capped to these
 
 
 class IndexedBatches:
@@ -198,8 +166,7 @@ def make_loader(data, *, batch_size: int, shuffle: bool, what: str, seed: int | 
         return data
     if len(data) == 0:
         raise ValueError(f"{what} dataset is empty")
-    gen = torch.Generator()  # from a fresh random seed without one (saved in checkpoints)
-    gen.manual_seed(seed) if seed is not None else gen.seed()
+    gen = _generator(seed)
     sampler = strategy.batch_sampler(len(data), batch_size, shuffle, gen)
     if type(data) is TensorDataset:
         return IndexedBatches(tuple(data.tensors), sampler, gen)
@@ -208,11 +175,23 @@ def make_loader(data, *, batch_size: int, shuffle: bool, what: str, seed: int | 
         bus.note("loader", f"the {what} dataset yields tensors already on the device: no "
                  "loader workers and no pinned memory for it")
         kwargs.update(num_workers=0, pin_memory=False)
+    return DataLoader(data, batch_sampler=sampler, generator=gen, worker_init_fn=worker_init_fn,
+                      **_worker_options(kwargs))
+
+
+def _generator(seed: int | None) -> torch.Generator:
+    """The loader's generator (a fresh random seed without one; saved in checkpoints)."""
+    gen = torch.Generator()
+    gen.manual_seed(seed) if seed is not None else gen.seed()
+    return gen
+
+
+def _worker_options(kwargs: dict) -> dict:
+    """DataLoader options without those that need worker processes when there are none."""
     if kwargs.get("num_workers", 0) == 0:
         kwargs.pop("persistent_workers", None)
         kwargs.pop("prefetch_factor", None)
-    return DataLoader(data, batch_sampler=sampler, generator=gen, worker_init_fn=worker_init_fn,
-                      **kwargs)
+    return kwargs
 
 
 def _stream_loader(data: IterableDataset, *, batch_size: int, shuffle: bool, what: str,
@@ -229,18 +208,13 @@ def _stream_loader(data: IterableDataset, *, batch_size: int, shuffle: bool, wha
         bus.note("data", f"the {what} data is an IterableDataset ({type(data).__name__}): "
                  "read in its own order, which the Trainer cannot shuffle (shuffle inside the "
                  "stream)")
-    gen = torch.Generator()
-    gen.manual_seed(seed) if seed is not None else gen.seed()
     kwargs = dict(loader_kwargs)
-    if kwargs.get("num_workers", 0) == 0:
-        kwargs.pop("persistent_workers", None)
-        kwargs.pop("prefetch_factor", None)
-    elif kwargs.get("num_workers", 0) > 1:  # each worker would yield the whole stream
+    if kwargs.get("num_workers", 0) > 1:  # each worker would yield the whole stream
         bus.note("loader", f"the {what} data is an IterableDataset: read by one loader "
                  f"worker (not {kwargs['num_workers']}: each would yield all of it)")
         kwargs["num_workers"] = 1
-    return DataLoader(data, batch_size=batch_size, generator=gen,
-                      worker_init_fn=worker_init_fn, **kwargs)
+    return DataLoader(data, batch_size=batch_size, generator=_generator(seed),
+                      worker_init_fn=worker_init_fn, **_worker_options(kwargs))
 
 
 def epoch_batches(loader, state, bus) -> Iterator:

@@ -28,21 +28,27 @@ def eval_loss(loss_fn, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def predict_loader(model, loader, *, strategy, precision, loss_fn, with_targets: bool,
-                   stop_requested=lambda: False, cast=lambda x: x,
-                   on_batch=lambda: None) -> tuple:
+def predict_here(loop, loader, with_targets: bool, phase: str = "evaluate") -> tuple:
     """Predictions (N,) or (N, k), targets (or None), the mean loss over finite targets, and
-    the number of samples whose targets are non-finite (left out of loss and metrics).
-    ``cast`` brings each input to the model's dtype (``BatchCheck.cast``)."""
+    the number of samples whose targets are non-finite (left out of loss and metrics), with
+    the run's model (the EMA's weights while fitting), device and precision in this process:
+    a heartbeat per batch, inputs cast as in training, and a stop asked (Ctrl-C, Stop) ending
+    a long validation within one batch (a callback's waits for the step's end, as in process)."""
+    placement, in_fit = loop.placement, loop.fitting
+    placement.place([loader])
+    strategy, precision, loss_fn = placement.strategy, placement.precision, loop.learner.loss_fn
+    model = loop.learner.eval_model(in_fit)
     was_training = model.training
     model.eval()
     preds, targets, loss_sum, n = [], [], 0.0, 0
     try:
         for batch in loader:
-            on_batch()  # an isolated worker's heartbeat
-            if strategy.agree(stop_requested()):
+            loop.heartbeat.beat(phase)
+            asked = (in_fit or loop.heartbeat.in_worker) and \
+                stop_asked(loop) not in (None, Stop.CALLBACK)
+            if strategy.agree(asked):
                 raise KeyboardInterrupt  # on every rank, before the same batch
-            x = cast(batch[0] if isinstance(batch, (tuple, list)) else batch)
+            x = loop.batch_check.cast(batch[0] if isinstance(batch, (tuple, list)) else batch)
             with precision.autocast():
                 out = model(strategy.to_device(x))
             has_y = isinstance(batch, (tuple, list)) and len(batch) > 1
@@ -69,21 +75,6 @@ def predict_loader(model, loader, *, strategy, precision, loss_fn, with_targets:
     return pred, target, (loss[0] / loss[1] if loss[1] else math.nan), bad
 
 
-def predict_here(loop, loader, with_targets: bool, phase: str = "evaluate") -> tuple:
-    """``predict_loader`` with the run's model, device and precision in this process: the
-    EMA's weights while fitting, a heartbeat per batch, and a stop asked (Ctrl-C, Stop) ending
-    a long validation within one batch."""
-    placement, learner, in_fit = loop.placement, loop.learner, loop.fitting
-    placement.place([loader])
-    return predict_loader(
-        learner.eval_model(in_fit), loader, strategy=placement.strategy,
-        precision=placement.precision, loss_fn=learner.loss_fn, with_targets=with_targets,
-        # a callback's stop waits for the step's end, as in process
-        stop_requested=lambda: (in_fit or loop.heartbeat.in_worker)
-        and stop_asked(loop) not in (None, Stop.CALLBACK),
-        cast=loop.batch_check.cast, on_batch=lambda: loop.heartbeat.beat(phase))
-
-
 def _finite_rows(y: torch.Tensor) -> torch.Tensor:
     if not y.is_floating_point():
         return torch.ones(len(y), dtype=torch.bool, device=y.device)
@@ -95,7 +86,7 @@ def _squeeze(a: np.ndarray) -> np.ndarray:
 
 
 def metrics(pred, target, loss, bad, task: str = "regression") -> dict:
-    """Loss and the task's metrics from ``predict_loader``'s output (regression: rmse, nrmse,
+    """Loss and the task's metrics from ``predict_here``'s output (regression: rmse, nrmse,
     mae, r2; classification: accuracy, balanced_accuracy); targets that are not finite are
     left out and counted (``nonfinite_targets``)."""
     out = {"loss": loss}

@@ -14,7 +14,7 @@ from hybridnb.env import quick
 from hybridnb.train import recovery, saved, setup
 from hybridnb.train.blocks import checkpointed_blocks, say_checkpointed
 from hybridnb.train.bus import Started
-from hybridnb.train.data import make_loader, plan_epochs
+from hybridnb.train.data import QUICK_EPOCHS, QUICK_STEPS, make_loader
 from hybridnb.train.interrupt import GracefulInterrupt
 from hybridnb.train.recovery import LossGuard
 from hybridnb.train.seeding import seed_everything
@@ -101,11 +101,27 @@ def open_loaders(loop, train, val) -> tuple:
 def plan(train_loader, settings, bus=None) -> Plan:
     """Epochs, batches and optimizer steps of a fit on ``train_loader`` (``steps_per_epoch``,
     ``grad_accum`` and quick mode's caps applied; quick mode's cap said on ``bus``, if any)."""
-    epochs, batches, said = plan_epochs(train_loader, settings.epochs, settings.steps_per_epoch,
-                                        settings.grad_accum, quick())
-    if said and bus is not None:
-        bus.note("quick", said)
-    steps = math.ceil(batches / settings.grad_accum)
+    accum, per_epoch, epochs = settings.grad_accum, settings.steps_per_epoch, settings.epochs
+    try:
+        batches = len(train_loader)
+    except TypeError:
+        if not per_epoch:
+            kind = type(getattr(train_loader, "dataset", train_loader)).__name__
+            raise TypeError(f"the training data ({kind}) has no length, so an epoch has no "
+                            "end: pass steps_per_epoch= (the optimizer steps each epoch reads; "
+                            "fewer when the stream ends first), or give it a __len__") from None
+        batches = per_epoch * accum
+    if batches == 0:
+        raise ValueError("the training data gives no batches")
+    if per_epoch:
+        batches = min(batches, per_epoch * accum)
+    capped = min(epochs, QUICK_EPOCHS), min(batches, QUICK_STEPS * accum)
+    if quick() and capped != (epochs, batches):
+        if bus is not None:
+            bus.note("quick", f"quick mode (HYBRIDNB_QUICK): {capped[0]} epochs of at most "
+                     f"{QUICK_STEPS} steps instead of {epochs} x {math.ceil(batches / accum)}")
+        epochs, batches = capped
+    steps = math.ceil(batches / accum)
     return Plan(epochs, batches, steps, epochs * steps)
 
 

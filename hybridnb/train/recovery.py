@@ -1,26 +1,17 @@
 """What happens when a step fails: out of memory, a broken device, a loss that explodes.
 
-Two small predicates decide what an error is (``is_oom``, ``is_device_lost``); one object,
-``Recovery``, runs a step and acts on its failures (Composer's ``_train_batch`` shape: try the
-step, classify the failure, agree across ranks, shrink, retry), returning an ``Outcome`` the loop
-reads (no exceptions between the loop and recovery). The policies it uses are small and separate:
+The predicates (``is_oom``, ``is_device_lost``) decide what an error is; ``Recovery`` runs a step
+and acts on its failures (Composer's ``_train_batch``: try, classify, agree across ranks, shrink,
+retry) and returns an ``Outcome`` the loop reads. Its policies: ``MicroBatches`` (the same batch
+as halves, quarters, ..., each loss weighted by its share, so the update equals the unsplit one),
+``on_cpu`` (one batch on the CPU when not even one sample fits) and ``LossGuard`` (a non-finite
+or spiking loss skips the step and cuts the learning rate). Memory is freed *after* the
+``except`` block: while the exception lives, its traceback pins the failed step's tensors.
 
-- ``MicroBatches``: re-run the same batch as halves, quarters, ... with each micro-batch's loss
-  weighted by its share of the samples, so the update equals the unsplit one; the working size is
-  remembered for later steps.
-- ``on_cpu``: run one batch's forward/backward on the CPU when even one sample does not fit on the
-  GPU (the per-batch fallback), then go back to the GPU.
-- ``LossGuard``: a non-finite loss or a spike against the running mean skips the step and cuts the
-  learning rate; after ``patience`` bad steps in a row the Trainer restores its last good state.
-
-Memory is freed by ``free_memory`` *after* the ``except`` block has ended: while the exception is
-alive its traceback pins every tensor of the failed step.
-
-What in-process recovery survives: out of memory (split, per-batch CPU fallback), a failing
-compiled step (eager), an exploding loss, and sticky device errors that torch raises as Python
-exceptions (moved to the CPU from a CPU-side snapshot; the lost device is never called again).
-It cannot survive a device that aborts or segfaults the process from a C++ thread, or a kernel
-that never returns: that needs ``Trainer(isolate=True)`` (training in a worker process).
+It survives out of memory, a failing compiled step (eager), an exploding loss and sticky device
+errors raised as Python exceptions (the run moves to the CPU; the lost device is never called
+again), not a device that aborts the process or a kernel that never returns: that needs
+``Trainer(isolate=True)``.
 """
 
 from __future__ import annotations
@@ -58,12 +49,9 @@ def is_lost(device: torch.device) -> bool:
 
 
 def free_memory(device: torch.device) -> None:
-    """Release what a failed step left behind. Call it outside the ``except`` block.
-
-    A full collection (tenths of a second with torch and pandas loaded) runs for accelerators,
-    where cached blocks must go back to the driver; on the CPU the young generations suffice.
-    A device marked lost is never called (after a sticky error every call into it fails).
-    """
+    """Release what a failed step left behind (outside the ``except`` block). A full
+    collection (tenths of a second) only for accelerators, whose cached blocks go back to the
+    driver; a device marked lost is never called."""
     if device.type == "cpu":
         gc.collect(1)
         return
@@ -78,13 +66,9 @@ def free_memory(device: torch.device) -> None:
 
 @dataclass
 class MicroBatches:
-    """The micro-batch size that fits, found by halving on OOM and then remembered.
-
-    ``size`` None means whole batches. ``split(window)`` yields ``(x, y, weight)`` for every
-    micro-batch of every batch in the accumulation window; ``weight`` is the micro-batch's share of
-    the window's samples, so the weighted sum of mean-reduced losses equals the loss of the whole
-    window (and its gradient the unsplit gradient).
-    """
+    """The micro-batch size that fits (None: whole batches), halved on OOM and remembered.
+    ``split`` yields ``(x, y, weight)``, ``weight`` the piece's share of the window's samples,
+    so the weighted sum of mean losses is the whole window's loss (and its gradient)."""
 
     size: int | None = None
 
@@ -109,11 +93,8 @@ class MicroBatches:
 
 @contextlib.contextmanager
 def on_cpu(model: torch.nn.Module, device: torch.device):
-    """Move ``model`` (parameters and gradients) to the CPU for one batch, then back to ``device``.
-
-    Parameters keep their identity (``Module.to`` swaps ``.data``), so the optimizer, whose state
-    stays on the GPU, steps the same tensors afterwards.
-    """
+    """``model`` on the CPU for one batch, then back on ``device``; its parameters keep their
+    identity (``Module.to`` swaps ``.data``), so the optimizer steps the same tensors."""
     model.to("cpu")
     try:
         yield torch.device("cpu")
@@ -135,11 +116,8 @@ def to_cpu(obj):
 
 
 def rebuild_on_cpu(module: torch.nn.Module) -> None:
-    """Give ``module`` fresh, uninitialised CPU storage without reading the old device's memory.
-
-    After a sticky error every read from the GPU fails; the caller loads a saved CPU state into
-    the new storage. Gradients are dropped.
-    """
+    """Fresh, uninitialised CPU storage for ``module`` without reading the lost device (every
+    read fails after a sticky error); the caller loads a saved CPU state into it."""
     module.to_empty(device="cpu")
     for p in module.parameters():
         p.grad = None
@@ -147,13 +125,10 @@ def rebuild_on_cpu(module: torch.nn.Module) -> None:
 
 @dataclass
 class LossGuard:
-    """Detects an exploding loss. ``check`` answers "ok", "nonfinite" or "spike".
-
-    A spike is a loss above ``spike`` times the running mean of good losses, looked for once
-    ``warmup`` good steps were seen. On every bad step the Trainer skips the update and multiplies
-    the learning rate by ``lr_cut``; after ``patience`` bad steps in a row it restores the last good
-    state.
-    """
+    """Detects an exploding loss: ``check`` answers "ok", "nonfinite" or "spike" (above
+    ``spike`` x the running mean of good losses, after ``warmup`` good steps). A bad step is
+    skipped and the learning rate x ``lr_cut``; ``patience`` in a row restore the last good
+    state."""
 
     spike: float = 10.0
     lr_cut: float = 0.5
@@ -261,18 +236,12 @@ class _Trace:
 
 
 class Recovery:
-    """Runs one optimizer step over a window of batches and recovers from its failures.
-
-    Try the step; on an exception classify it (``classify``), tell the other ranks, free memory
-    and act: a failing compiled step goes eager; out of memory re-runs the same batch split
-    into micro-batches (buffers and RNG restored first), then one batch on the CPU; a sticky
-    device error returns ``Outcome("device_lost")``. A non-finite loss whose batch holds
-    non-finite data is skipped with an event naming the tensor (the model is fine; the learning
-    rate is kept), and ``LossGuard.patience`` such batches in a row stop the run with an error.
-
-    ``eager`` builds the uncompiled step; ``cpu_batch_step`` the per-batch CPU fallback's step
-    (both called at most once). ``updating`` holds Ctrl-C back during the optimizer update.
-    """
+    """Runs one optimizer step over a window of batches and recovers from its failures: a
+    failing compiled step goes eager; out of memory re-runs the batch split (buffers and RNG
+    restored first), then on the CPU; a sticky device error is ``Came.DEVICE_LOST``. A
+    non-finite loss from non-finite data skips the batch (``patience`` in a row: an error).
+    ``eager`` and ``cpu_batch_step`` build those steps (once); ``updating`` holds Ctrl-C back
+    during the optimizer update."""
 
     def __init__(self, step, *, model: torch.nn.Module, on_gpu_error: str,
                  guard: LossGuard | None, state, bus,
