@@ -1,16 +1,12 @@
 """find_batch_size: the largest batch that fits on the device, found by real training steps.
 
-Doubling from ``start`` until a size runs out of memory (or its peak passes the limit), then
-bisection between the last size that fitted and the first that did not. A size "fits" when
-``steps`` full optimizer steps run without running out of memory and the measured peak stays
-under ``(1 - headroom)`` of the device's memory. When the bound came from an out-of-memory error
-(no peak to compare), the answer is scaled by ``1 - headroom`` so that the run keeps that margin.
-
-The search is one trial fit on the Loop (``opening.trial``, as lr_find's sweep): ``Probe`` is
-its batches and a listener on its bus. A step that runs out of memory is recovered as in any fit
-(split; the ``oom_split`` or ``cpu_batch`` note is the probe's signal that the size does not
-fit), a lost device moves the search to the CPU, and the view shows each step. The model,
-optimizer and every other piece of the Loop's state are restored afterwards.
+Doubling from ``start`` until a size fails, then bisection. A size fits when ``steps`` optimizer
+steps run without running out of memory and the peak stays under ``(1 - headroom)`` of the
+device's memory; a bound set by an out-of-memory error (no peak to compare) scales the answer by
+``1 - headroom`` instead. The search is one trial fit on the Loop (``opening.trial``, as lr_find's
+sweep) whose batches and listener are a ``Probe``: a step out of memory is recovered as in any fit
+(its ``oom_split`` or ``cpu_batch`` note tells the probe the size does not fit), the view shows
+each step, and the Loop's state is restored afterwards.
 """
 
 from __future__ import annotations

@@ -10,14 +10,11 @@ smoothed loss passes ``diverge`` times its best. The suggestion is read off the 
 * ``"steepest"`` (Lightning's): the learning rate of the steepest descent of the smoothed loss
   (its slope measured over a tenth of the sweep: step to step it is mostly batch noise).
 
-The sweep is a fit on the Trainer's Loop, here or in the worker of an isolated fit (fastai's
-``LRFinder`` is a callback on its fit):
-the sweep's schedule, a listener (``Curve``) that records each step and ends the fit, recovery
-(out of memory, a lost device) as in any fit, and the live view, events and heartbeats of a fit.
-It runs with the speedups fit uses (decided here when lr_find comes first; fit keeps them). It
-steps the Trainer's own model and optimizer, then puts the weights, optimizer and schedule
-state, EMA, loss guard, run state and every RNG back, so a fit afterwards starts exactly where it
-would have without the sweep.
+The sweep is a trial fit on the Trainer's Loop (``opening.trial``), here or in an isolated fit's
+worker, as fastai's ``LRFinder`` is a callback on its fit: a listener (``Curve``) records each
+step and ends the fit; recovery, the view, events, heartbeats and speedups are a fit's. The
+weights, optimizer, schedule, EMA, guard, run state and every RNG are put back afterwards, so a
+fit starts exactly where it would have without the sweep.
 
 >>> result = trainer.lr_find(train)        # result.lrs, result.losses, result.suggestion
 >>> result.plot()                          # plotly figure, the suggestion marked
