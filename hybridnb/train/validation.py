@@ -16,49 +16,19 @@ from hybridnb.train.state import Best
 
 
 class EarlyStopping:
-    """Tracks ``monitor`` in a ``Best`` record; ``patience=None`` never stops."""
+    """The monitored metric, its direction (``sign``: 1 when higher is better) and the patience
+    in validations without improvement (None: never stops)."""
 
     def __init__(self, monitor: str, patience: int | None) -> None:
         self.monitor, self.patience = monitor, patience
         self.sign = 1 if higher_is_better(monitor) else -1
 
-    def check(self, metrics: dict) -> str | None:
-        """The first validation: ``monitor`` must exist (a ValueError listing what does); a
-        sentence to say once when some targets were non-finite, else None."""
-        if self.monitor not in metrics:
-            raise ValueError(f"monitor={self.monitor!r} is not a validation metric; the "
-                             f"validation gives {sorted(metrics)}")
-        bad = metrics.get("val_nonfinite_targets")
-        if bad:
-            return (f"{int(bad)} validation samples have non-finite targets: they are left out "
-                    "of val_loss and the metrics")
-        return None
-
-    def improved(self, best: Best, metrics: dict) -> bool | None:
-        """Whether ``metrics`` beat ``best`` (None: the metric is missing or not finite, which
-        neither improves nor counts against patience)."""
-        value = metrics.get(self.monitor)
-        if value is None or not math.isfinite(value):
+    def improved(self, best: Best, value: float) -> bool | None:
+        """Whether ``value`` beats ``best`` (None: not finite, which neither improves nor counts
+        against patience)."""
+        if not math.isfinite(value):
             return None
         return best.value is None or self.sign * (value - best.value) > 0
-
-    def record(self, best: Best, metrics: dict, improved: bool, step: int, epoch: int,
-               weights) -> None:
-        """Update ``best``: the new value and weights (``weights()`` gives a CPU copy) when
-        improved, one more bad validation otherwise."""
-        if improved:
-            best.value, best.step, best.epoch, best.bad = float(metrics[self.monitor]), step, \
-                epoch, 0
-            best.model = weights()
-        else:
-            best.bad += 1
-
-    def should_stop(self, best: Best) -> bool:
-        return bool(self.patience and best.bad >= self.patience)
-
-    def message(self, best: Best) -> str:
-        return (f"{self.monitor} did not improve for {self.patience} validations (best "
-                f"{best.value:.4g} at epoch {best.epoch}, step {best.step})")
 
 
 class Validation:
@@ -98,26 +68,37 @@ class Validation:
         return metrics, self.verdict(metrics)
 
     def verdict(self, metrics: dict) -> bool:
-        """Track the best weights; True when early stopping says stop (on every rank)."""
+        """Track the best weights (kept, and written as best.pt) and tell the schedule; True
+        when early stopping says stop (on every rank). ``monitor`` must be a metric."""
         loop = self.loop
-        state, stopping, learner, settings = loop.state, loop.stopping, loop.learner, loop.settings
-        said = stopping.check(metrics)
-        if said and not any(e.kind == "nonfinite_targets" for e in state.events):
-            loop.bus.say("nonfinite_targets", said)
-        improved = stopping.improved(state.best, metrics)
+        state, stopping, learner = loop.state, loop.stopping, loop.learner
+        monitor, best = stopping.monitor, state.best
+        if monitor not in metrics:
+            raise ValueError(f"monitor={monitor!r} is not a validation metric; the validation "
+                             f"gives {sorted(metrics)}")
+        bad = metrics.get("val_nonfinite_targets")
+        if bad and not any(e.kind == "nonfinite_targets" for e in state.events):
+            loop.bus.say("nonfinite_targets", f"{int(bad)} validation samples have non-finite "
+                         "targets: they are left out of val_loss and the metrics")
+        value = metrics[monitor]
+        improved = stopping.improved(best, value)
         if improved is None:
             return False
-        stopping.record(state.best, metrics, improved, state.global_step, state.epoch,
-                        lambda: to_cpu(learner.eval_model(True).state_dict()))
         if improved:
-            best = state.best
-            loop.checkpoints.save_best({"model": best.model, "monitor": settings.monitor,
+            best.value, best.step, best.epoch, best.bad = float(value), state.global_step, \
+                state.epoch, 0
+            best.model = to_cpu(learner.eval_model(True).state_dict())
+            loop.checkpoints.save_best({"model": best.model, "monitor": monitor,
                                         "value": best.value, "epoch": best.epoch,
                                         "global_step": best.step, "ema": learner.ema is not None})
-        note = tell_validation(learner.schedule, improved, metrics.get(settings.monitor))
+        else:
+            best.bad += 1
+        note = tell_validation(learner.schedule, improved, value)
         if note:
             loop.bus.say("lr_plateau", note)
-        if loop.placement.strategy.agree(stopping.should_stop(state.best)):
-            loop.bus.say("early_stop", stopping.message(state.best))
+        if loop.placement.strategy.agree(bool(stopping.patience and best.bad >= stopping.patience)):
+            loop.bus.say("early_stop", f"{monitor} did not improve for {stopping.patience} "
+                         f"validations (best {best.value:.4g} at epoch {best.epoch}, step "
+                         f"{best.step})")
             return True
         return False
