@@ -92,10 +92,11 @@ class Probe:
     def _start(self, size: int) -> None:
         self.size, self.taken, self.oom = size, 0, False
         self.batch = next(iter(DataLoader(self.dataset, batch_size=size, shuffle=False)))
-        reset_peak(self.loop.placement.device)
 
     def __iter__(self):
         while True:
+            if self.taken == 0:  # a size's peak counts its own steps (not set-up, speedups)
+                reset_peak(self.loop.placement.device)
             yield self.batch
 
     def __call__(self, event) -> None:

@@ -33,9 +33,9 @@ SPEEDS = ("samples_per_s", "data_wait_pct", "compute_samples_per_s", "mfu")
 
 
 class Progress:
-    """The view (a renderer; a silent one in an isolated worker), the epoch's
-    throughput window, the rows the Loop emits (``row``, ``epoch_row``), and ``hear``: the
-    view's listener on the bus."""
+    """The view (a renderer; a silent one in an isolated worker), the epoch's throughput
+    window, the events the Loop emits with their rows (``step_ended``, ``epoch_ended``), and
+    ``hear``: the view's listener on the bus."""
 
     def __init__(self, view=None) -> None:
         self.view = view if view is not None else View()  # silent until a fit starts

@@ -31,9 +31,9 @@ NOTICE = "worker_notice"  # a notice said around the job (payload, the next spar
 
 class Relay:
     """The worker's messages on the kernel's side: each event emitted again on ``loop``'s bus
-    as it came, each state applied (and emitted as the ``StateKept`` it was there). The worker's ``Ended`` is held until its final state is here
-    (``finish``): a worker lost during the hand-over leaves the view open for the run to
-    continue here."""
+    as it came, each state applied (and emitted as the ``StateKept`` it was there). The
+    worker's ``Ended`` is held until its final state is here (``finish``): a worker lost during
+    the hand-over leaves the view open for the run to continue here."""
 
     def __init__(self, loop) -> None:
         self.loop, self.started, self.ended = loop, False, None
