@@ -218,15 +218,26 @@ def check_submission(zip_path: str | os.PathLike, X, y, challenge: int = 1,
     subject's Challenge 2 windows). Raises :class:`SubmissionError` with the child's message when
     the zip is incomplete or the model fails or returns the wrong shape.
     """
+    return check_submissions(zip_path, {challenge: (X, y)}, batch_size, timeout)[challenge]
+
+
+def check_submissions(zip_path: str | os.PathLike, data: dict, batch_size: int = 128,
+                      timeout: float = 600.0) -> dict[int, dict]:
+    """:func:`check_submission` for several challenges, ``{challenge: (X, y)}`` -> ``{challenge:
+    result}``: their fresh processes run at the same time (each on one thread), so checking both
+    challenges waits for one interpreter start, not two."""
     zip_path = Path(zip_path)
-    if challenge not in (1, 2):
-        raise ValueError(f"challenge must be 1 or 2, got {challenge!r}")
-    X = np.asarray(X, dtype=np.float32)
-    y = np.asarray(y, dtype=np.float64).reshape(-1)
-    if X.ndim != 3 or X.shape[1:] != (N_CHANS, N_TIMES):
-        raise ValueError(f"X must be (N, {N_CHANS}, {N_TIMES}) windows, got shape {X.shape}")
-    if len(X) != len(y):
-        raise ValueError(f"X has {len(X)} windows but y has {len(y)} targets")
+    inputs = {}
+    for challenge, (X, y) in data.items():
+        if challenge not in (1, 2):
+            raise ValueError(f"challenge must be 1 or 2, got {challenge!r}")
+        X = np.asarray(X, dtype=np.float32)
+        y = np.asarray(y, dtype=np.float64).reshape(-1)
+        if X.ndim != 3 or X.shape[1:] != (N_CHANS, N_TIMES):
+            raise ValueError(f"X must be (N, {N_CHANS}, {N_TIMES}) windows, got shape {X.shape}")
+        if len(X) != len(y):
+            raise ValueError(f"X has {len(X)} windows but y has {len(y)} targets")
+        inputs[challenge] = X, y
     with zipfile.ZipFile(zip_path) as zf:
         names = zf.namelist()
         missing = [n for n in SUBMISSION_FILES if n not in names]
@@ -234,8 +245,24 @@ def check_submission(zip_path: str | os.PathLike, X, y, challenge: int = 1,
             raise SubmissionError(f"{zip_path} lacks {', '.join(missing)} (it holds {names}); "
                                   "the harness expects them at the top level of the zip")
         with tempfile.TemporaryDirectory(prefix="hybridnb-submission-") as tmp:
-            zf.extractall(tmp)
-            proc, pred = _run_check(Path(tmp), X, challenge, batch_size, timeout)
+            started = {}
+            try:
+                for challenge, (X, _) in inputs.items():
+                    folder = Path(tmp) / str(challenge)
+                    zf.extractall(folder)
+                    started[challenge] = _start_check(folder, X, challenge, batch_size)
+                finished = {c: _finish_check(proc, folder, timeout)
+                            for c, (proc, folder) in started.items()}
+            finally:
+                for proc, _ in started.values():
+                    if proc.poll() is None:
+                        proc.kill()
+                        proc.wait()
+    return {c: _result(zip_path, c, *finished[c], inputs[c][1]) for c in inputs}
+
+
+def _result(zip_path: Path, challenge: int, proc: subprocess.CompletedProcess,
+            pred: np.ndarray | None, y: np.ndarray) -> dict:
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
     if proc.returncode != 0 or not lines or pred is None:
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
@@ -254,17 +281,31 @@ def check_submission(zip_path: str | os.PathLike, X, y, challenge: int = 1,
     return result
 
 
-def _run_check(folder: Path, X: np.ndarray, challenge: int, batch_size: int,
-               timeout: float) -> tuple[subprocess.CompletedProcess, np.ndarray | None]:
-    """Run :data:`CHECK_SCRIPT` in ``folder`` (the unpacked zip) in a fresh ``python -I``; returns
-    the finished process and its predictions (None when it wrote none)."""
+def _start_check(folder: Path, X: np.ndarray, challenge: int,
+                 batch_size: int) -> tuple[subprocess.Popen, Path]:
+    """Start :data:`CHECK_SCRIPT` in ``folder`` (the unpacked zip) in a fresh ``python -I``."""
     np.save(folder / "X.npy", X)
     script = folder / "_harness_check.py"
     shutil.copyfile(CHECK_SCRIPT, script)
     env = environment.for_child("PYTHON")
     env.setdefault("OMP_NUM_THREADS", "1")
-    proc = subprocess.run([sys.executable, "-I", "-W", "ignore", str(script), str(challenge),
-                           str(batch_size)], cwd=folder, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.Popen([sys.executable, "-I", "-W", "ignore", str(script), str(challenge),
+                             str(batch_size)], cwd=folder, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    return proc, folder
+
+
+def _finish_check(proc: subprocess.Popen, folder: Path, timeout: float
+                  ) -> tuple[subprocess.CompletedProcess, np.ndarray | None]:
+    """The finished process and its predictions (None when it wrote none)."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise SubmissionError(f"challenge {folder.name}'s model did not finish within {timeout:.0f} s "
+                              "in a fresh process; pass a larger timeout= on a slow machine"
+                              ) from None
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     pred_path = folder / "pred.npy"
-    return proc, (np.load(pred_path).astype(np.float64) if pred_path.exists() else None)
+    return done, (np.load(pred_path).astype(np.float64) if pred_path.exists() else None)

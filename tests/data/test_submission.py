@@ -67,12 +67,12 @@ def test_zip_is_single_level_with_the_three_files_and_the_harness_api(built):
 def test_fresh_process_returns_B_by_1_and_scores_each_challenge_with_its_own_weights(built):
     path, _, m1, m2 = built
     X, y = _data(50)
-    r1 = S.check_submission(path, X, y, challenge=1, batch_size=32)
-    assert r1["output_shape"] == (50, 1)
+    both = S.check_submissions(path, {1: (X, y), 2: (X, y)}, batch_size=32)  # side by side
+    r1, r2 = both[1], both[2]
+    assert r1["output_shape"] == r2["output_shape"] == (50, 1)
     assert r1["batch_shapes"] == [(18, 1), (32, 1)]
-    assert r1["leaked"] == []
+    assert r1["leaked"] == r2["leaked"] == []
     assert r1["nrmse"] == pytest.approx(_nrmse(m1, X, y), rel=1e-4)
-    r2 = S.check_submission(path, X, y, challenge=2, batch_size=64)
     assert r2["nrmse"] == pytest.approx(_nrmse(m2, X * 1000.0, y), rel=1e-4)
     assert r1["nrmse"] != pytest.approx(r2["nrmse"], rel=1e-3)
 
@@ -299,3 +299,17 @@ def test_a_spec_names_a_layer_type_and_the_fresh_process_builds_it(tmp_path):
 def test_a_layer_name_outside_torch_nn_is_named():
     with pytest.raises(ValueError, match="conv_nonlin='torch.nn.NoSuchLayer'"):
         _spec(conv_nonlin="torch.nn.NoSuchLayer").build()
+
+
+def test_a_model_that_never_answers_is_stopped_at_the_timeout_and_named(built, tmp_path):
+    path, *_ = built
+    slow = tmp_path / "slow.zip"
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(slow, "w") as dst:
+        for name in src.namelist():
+            data = src.read(name)
+            if name == "submission.py":
+                data = b"import time\ntime.sleep(120)\n" + data
+            dst.writestr(name, data)
+    X, y = _data(4)
+    with pytest.raises(S.SubmissionError, match="challenge 2's model did not finish within 2 s"):
+        S.check_submissions(slow, {2: (X, y)}, timeout=2)
