@@ -34,6 +34,7 @@ class Learner:
         self.optimizer = setup.make_optimizer(settings.optimizer, self.params, settings.lr,
                                               settings.weight_decay)
         self.ema = make_ema(model, settings.ema) if settings.ema is not None else None
+        self.ema_decay = settings.ema
         self.loss_fn = make_loss(settings.loss, huber_delta=settings.huber_delta,
                                  reweight_after=settings.reweight_after,
                                  class_weights=settings.class_weights)
@@ -72,6 +73,15 @@ class Learner:
         """During fit, validation scores the EMA weights when EMA is on; after fit the model
         holds the weights fit chose (best or EMA), so evaluate/predict score exactly those."""
         return self.ema.module if self.ema is not None and fitting else self.model
+
+    def follow_rewrites(self) -> None:
+        """The EMA copy takes the model's layers as the speedups rewrote them, keeping its
+        averaged weights: it was copied before the rewrite, and validation scores it, so
+        without this every validation ran the stock (slower) layers."""
+        if self.ema is not None:
+            averaged = self.ema.state_dict()
+            self.ema = make_ema(self.model, self.ema_decay)
+            self.ema.load_state_dict(averaged)
 
     def state_dict(self, strategy) -> dict:
         """Weights, optimizer, EMA (CPU copies), schedule and guard."""

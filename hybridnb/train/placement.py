@@ -86,6 +86,8 @@ class Placement:
         asked = "auto" if self.settings.precision == "auto" else self.precision
         applied = speedups.apply_speedups(model, x, self.device, precision=asked, steps=steps)
         self.applied_speedups = applied
+        if applied.applied:
+            self.learner.follow_rewrites()
         if "precision" in applied.applied and applied.precision in \
                 self.strategy.supported_precisions:  # measured faster than the first choice
             self.precision = Precision.choose(applied.precision, self.device)
