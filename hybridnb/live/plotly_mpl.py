@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from hybridnb.live.mpl_style import DPI, RC
+from hybridnb.live.static import DPI, RC
 
 DEFAULT_SIZE = (700, 450)  # plotly's default figure size in px
 DEFAULT_MARGIN = {"l": 80, "r": 80, "t": 100, "b": 80}
