@@ -17,8 +17,9 @@ import copy
 import math
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
@@ -77,13 +78,10 @@ class _Run:
     def take(self, answer: dict) -> bool:
         """Record an answer; False when the run has ended (skipped, oom, failed, crashed...)."""
         if answer["status"] != "ok":
-            self.status, self.note = answer["status"], answer.get("note", "")
-            self.last_loss = None
+            self.status, self.note, self.last_loss = answer["status"], answer.get("note", ""), None
             return False
-        if "loss" in answer:
-            self.last_loss = answer["loss"]
-        if answer.get("note"):  # what an ok variant applied (+speedups)
-            self.note = answer["note"]
+        self.last_loss = answer.get("loss", self.last_loss)
+        self.note = answer.get("note") or self.note  # what an ok variant applied (+speedups)
         return True
 
 
@@ -113,7 +111,7 @@ def compare(model_fn: Callable[[], nn.Module] | nn.Module, data: Any,
     """
     runs, dev, attrs = _plan(model_fn, data, variants, steps, warmup, repeats, batch_sizes,
                              device, loss, loss_tol, timeout)
-    say = _printer(progress)
+    say = (lambda text: print(f"compare: {text}", flush=True)) if progress else (lambda _: None)
     batches = _batches(data, sorted({r.batch_size for r in runs}))
     jobs = {id(r): Job(r.variant, _factory(model_fn), *batches[r.batch_size], str(dev), loss,
                        lr, seed, warmup) for r in runs if r.status == "ok"}
@@ -134,9 +132,14 @@ def compare(model_fn: Callable[[], nn.Module] | nn.Module, data: Any,
                 _prepare(run, say)
         for rnd in range(repeats):
             for run in runs:
-                if run.status == "ok" and _window(run, steps):
+                if run.status != "ok":
+                    continue
+                answer = run.where.call("window", steps, stage=f"timed window {rnd + 1}")
+                if run.take(answer):
+                    run.windows.append(answer["seconds"])
+                    run.busy.extend(answer["busy"])
                     order.append((run.variant.label, run.batch_size, rnd))
-            done = [f"{r.variant.label}@{r.batch_size} {_median_rate(r, steps):.1f}/s"
+            done = [f"{r.variant.label}@{r.batch_size} {statistics.median(_rates(r, steps)):.1f}/s"
                     for r in runs if r.status == "ok"]
             say(f"round {rnd + 1}/{repeats}: " + ", ".join(done))
     df = CompareResult(_rows(runs, steps, loss_tol, warmup, repeats), columns=COLUMNS)
@@ -168,31 +171,23 @@ def _plan(model_fn, data, variants, steps, warmup, repeats, batch_sizes, device,
     parsed = [parse_variant(v) for v in variants]
     if not any(v.is_baseline for v in parsed):
         parsed.insert(0, Variant("fp32", "fp32"))
-    seen: dict[str, int] = {}
+    seen: Counter[str] = Counter()
     labelled = []
-    for v in parsed:
-        seen[v.label] = seen.get(v.label, 0) + 1
-        label = v.label if seen[v.label] == 1 else f"{v.label} #{seen[v.label]}"
-        labelled.append(Variant(label, v.precision, v.compile, v.channels_last, v.rewrite, v.speedups))
-    if batch_sizes is not None:
-        batch_sizes = list(batch_sizes)
-        bad = [b for b in batch_sizes if not isinstance(b, int) or b < 1]
-        if bad or not batch_sizes:
-            raise ValueError(f"batch_sizes={batch_sizes!r}: need positive integers")
-    else:
-        batch_sizes = [_natural_batch_size(data)]
+    for v in parsed:  # a variant listed twice (an A/A check) is labelled "#2"
+        seen[v.label] += 1
+        labelled.append(replace(v, label=v.label if seen[v.label] == 1
+                                else f"{v.label} #{seen[v.label]}"))
+    batch_sizes = [_natural_batch_size(data)] if batch_sizes is None else list(batch_sizes)
+    if not batch_sizes or any(not isinstance(b, int) or b < 1 for b in batch_sizes):
+        raise ValueError(f"batch_sizes={batch_sizes!r}: need positive integers")
     dev = resolve_device(device)
     runs = []
+    baseline = next(v for v in labelled if v.is_baseline)
     for bs in batch_sizes:
-        first_baseline = True
         for v in labelled:
-            run = _Run(v, bs)
-            if v.is_baseline and first_baseline:
-                run.baseline, first_baseline = True, False
             reason = unavailable(v, dev)  # what is known without touching the device
-            if reason:
-                run.status, run.note = "skipped", reason
-            runs.append(run)
+            runs.append(_Run(v, bs, baseline=v is baseline, status="skipped" if reason else "ok",
+                             note=reason))
     method = ("CUDA allocator peak" if dev.type == "cuda" else
               "MPS allocator, sampled every 2 ms" if dev.type == "mps" else heap_reader()[1])
     attrs = dict(device=str(dev), steps=steps, warmup=warmup, repeats=repeats,
@@ -258,16 +253,6 @@ def _prepare(run: _Run, say) -> None:
         say(f"{run.name}: {run.status}: {run.note}")
 
 
-def _window(run: _Run, steps: int) -> bool:
-    """One timed window of ``steps`` steps; False when the run ended in it."""
-    answer = run.where.call("window", steps, stage=f"timed window {len(run.windows) + 1}")
-    if not run.take(answer):
-        return False
-    run.windows.append(answer["seconds"])
-    run.busy.extend(answer["busy"])
-    return True
-
-
 def random_windows(n: int, n_chans: int, n_times: int, seed: int = 0
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """``n`` random (n_chans, n_times) inputs with a planted linear target (something a model
@@ -310,30 +295,25 @@ def _model_name(model_fn) -> str:
     return getattr(model_fn, "__name__", type(model_fn).__name__)
 
 
-def _is_dataset(data) -> bool:
-    return (isinstance(data, torch.utils.data.Dataset) and not isinstance(data, (tuple, list))
-            and hasattr(data, "__len__"))
-
-
 def _sample_batch(data) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The batch (x, y) that ``data`` is or whose first batch it yields; None for a Dataset."""
     if isinstance(data, torch.utils.data.DataLoader):
         data = next(iter(data))
-    if isinstance(data, (tuple, list)) and len(data) >= 2 and not _is_dataset(data):
-        x, y = (torch.as_tensor(data[0]), torch.as_tensor(data[1]))
-        if len(x) != len(y):
-            raise ValueError(f"data: x has {len(x)} samples but y has {len(y)}")
-        if len(x) == 0:
-            raise ValueError("data: the sample batch is empty")
-        return x, y
-    if _is_dataset(data):
+    if isinstance(data, torch.utils.data.Dataset) and hasattr(data, "__len__"):
         return None
-    raise TypeError(f"data must be a batch (x, y), a Dataset or a DataLoader; "
-                    f"got {type(data).__name__}")
+    if not isinstance(data, (tuple, list)) or len(data) < 2:
+        raise TypeError(f"data must be a batch (x, y), a Dataset or a DataLoader; "
+                        f"got {type(data).__name__}")
+    x, y = torch.as_tensor(data[0]), torch.as_tensor(data[1])
+    if len(x) != len(y) or len(x) == 0:
+        raise ValueError(f"data: the sample batch has {len(x)} inputs and {len(y)} targets "
+                         "(need the same number, at least one)")
+    return x, y
 
 
 def _natural_batch_size(data) -> int:
     batch = _sample_batch(data)
-    return len(batch[0]) if batch is not None else DEFAULT_DATASET_BATCH
+    return DEFAULT_DATASET_BATCH if batch is None else len(batch[0])
 
 
 def _batches(data, sizes: list[int]) -> dict[int, tuple]:
@@ -347,23 +327,17 @@ def _batches(data, sizes: list[int]) -> dict[int, tuple]:
         items = [data[i % n] for i in range(max(sizes))]
         collated = torch.utils.data.default_collate([(it[0], it[1]) for it in items])
         batch = (torch.as_tensor(collated[0]), torch.as_tensor(collated[1]))
-    x, y = batch
-    x = x.float() if x.is_floating_point() else x
-    y = y.float() if y.is_floating_point() else y
-    out = {}
-    for bs in sizes:
-        idx = torch.arange(bs) % len(x)
-        out[bs] = (x[idx].contiguous(), y[idx].contiguous())
-    return out
+    x, y = (t.float() if t.is_floating_point() else t for t in batch)
+    return {bs: (x[torch.arange(bs) % len(x)].contiguous(),
+                 y[torch.arange(bs) % len(y)].contiguous()) for bs in sizes}
 
 
 # ----------------------------------------------------------------------------------------------
 # the table
 
 
-def _median_rate(run: _Run, steps: int) -> float:
-    rates = [steps * run.batch_size / s for s in run.windows if s > 0]
-    return statistics.median(rates) if rates else math.nan
+def _rates(run: _Run, steps: int) -> list[float]:
+    return [steps * run.batch_size / s for s in run.windows]
 
 
 def _rows(runs: list[_Run], steps: int, loss_tol: float, warmup: int, repeats: int) -> list[dict]:
@@ -371,54 +345,43 @@ def _rows(runs: list[_Run], steps: int, loss_tol: float, warmup: int, repeats: i
     total_steps = warmup + 1 + steps * repeats
     rows = []
     for run in runs:
-        rates = [steps * run.batch_size / s for s in run.windows if s > 0]
-        ok = run.status == "ok" and len(rates) == repeats
-        ref = base.get(run.batch_size)
-        ref_ok = ref is not None and ref.status == "ok" and len(ref.windows) == repeats
-        final = run.last_loss if ok and run.last_loss is not None else math.nan
         row = dict.fromkeys(COLUMNS, math.nan)
         row.update(variant=run.variant.label, precision=run.variant.precision,
                    compile=run.variant.compile or "eager", batch_size=run.batch_size,
                    status=run.status, note=run.note, loss_ok=None)
-        if ok:
-            median_s = statistics.median(run.windows)
-            row.update(samples_per_s=statistics.median(rates), samples_per_s_min=min(rates),
-                       samples_per_s_max=max(rates), step_ms=1000 * median_s / steps, loss_ok=False,
-                       peak_mem_mb=run.mem_bytes / 2**20, final_loss=final)
-            if run.variant.compile:
-                row["compile_s"] = max(run.first_step_s - median_s / steps, 0.0)
-            if run.busy:
-                row["gpu_busy_pct"] = statistics.median(run.busy)
-            if ref_ok:
-                row["speedup"] = statistics.median(
-                    [a / b for a, b in zip(ref.windows, run.windows, strict=True)])
-                ref_loss = ref.last_loss
-                diff = abs(final - ref_loss) / max(abs(ref_loss), 1e-12)
-                row["loss_rel_diff"] = diff
-                row["loss_ok"] = bool(math.isfinite(diff) and diff <= loss_tol)
-            if not math.isfinite(final):
-                row["note"] = f"non-finite loss after {total_steps} steps"
-            elif row["loss_ok"] is False and ref_ok and run.other_masks:
-                row["loss_ok"] = None
-                row["note"] = "; ".join(filter(None, [run.note, (
-                    f"loss not compared with fp32 (differs by {row['loss_rel_diff']:.1%} after "
-                    f"{total_steps} steps): dropout draws its masks in memory order, so under "
-                    f"channels_last the same seed gives other masks; first_step_diff() "
-                    f"compares the arithmetic")]))
-                row["loss_rel_diff"] = math.nan  # a number here would read as a difference
-            elif row["loss_ok"] is False and ref_ok:
-                row["note"] = (f"loss after {total_steps} steps differs from fp32 by "
-                               f"{row['loss_rel_diff']:.1%} (> loss_tol {loss_tol:.0%})")
-        elif run.status == "ok":  # never timed: an earlier stage ended it without a reason
-            row.update(status="failed", note=run.note or "no timed window completed")
         rows.append(row)
+        if run.status != "ok":  # an ok run answered every window: repeats of them
+            continue
+        rates, median_s = _rates(run, steps), statistics.median(run.windows)
+        final = run.last_loss if run.last_loss is not None else math.nan
+        row.update(samples_per_s=statistics.median(rates), samples_per_s_min=min(rates),
+                   samples_per_s_max=max(rates), step_ms=1000 * median_s / steps, loss_ok=False,
+                   peak_mem_mb=run.mem_bytes / 2**20, final_loss=final)
+        if run.variant.compile:
+            row["compile_s"] = max(run.first_step_s - median_s / steps, 0.0)
+        if run.busy:
+            row["gpu_busy_pct"] = statistics.median(run.busy)
+        ref = base.get(run.batch_size)
+        compared = ref is not None and ref.status == "ok"
+        if compared:
+            row["speedup"] = statistics.median(
+                [a / b for a, b in zip(ref.windows, run.windows, strict=True)])
+            diff = abs(final - ref.last_loss) / max(abs(ref.last_loss), 1e-12)
+            row.update(loss_rel_diff=diff, loss_ok=bool(math.isfinite(diff) and diff <= loss_tol))
+        if not math.isfinite(final):
+            row["note"] = f"non-finite loss after {total_steps} steps"
+        elif row["loss_ok"] is False and compared and run.other_masks:
+            row["note"] = "; ".join(filter(None, [run.note, (
+                f"loss not compared with fp32 (differs by {row['loss_rel_diff']:.1%} after "
+                f"{total_steps} steps): dropout draws its masks in memory order, so under "
+                f"channels_last the same seed gives other masks; first_step_diff() "
+                f"compares the arithmetic")]))
+            # a number here would read as a difference
+            row.update(loss_ok=None, loss_rel_diff=math.nan)
+        elif row["loss_ok"] is False and compared:
+            row["note"] = (f"loss after {total_steps} steps differs from fp32 by "
+                           f"{row['loss_rel_diff']:.1%} (> loss_tol {loss_tol:.0%})")
     return rows
-
-
-def _printer(progress: bool):
-    if not progress:
-        return lambda text: None
-    return lambda text: print(f"compare: {text}", flush=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -445,54 +408,47 @@ def first_step_diff(model_fn, data, variants: Sequence[str], seed: int = 0,
     x, y = _batches(data, [size])[size]
     loss_fn = make_loss(loss)
     build = _factory(model_fn)
-    stock = _first_step(build, seed, x, y, loss_fn, "fp32")
-    gscale = max((h.abs().max().item() for h in stock[1] if h is not None), default=0.0)
+    stock_out, stock_grads, *_ = _first_step(build, seed, x, y, loss_fn, Variant("fp32", "fp32"))
+    gscale = max((h.abs().max().item() for h in stock_grads if h is not None), default=0.0)
     rows = []
     for text in variants:
         v = parse_variant(text)
         row = {"variant": v.label, "out_rel_diff": math.nan, "grad_rel_diff": math.nan,
                "exact": None, "note": ""}
+        rows.append(row)
         if v.compile:
             row["note"] = "not run here: torch.compile costs about a minute per variant on a CPU"
-            rows.append(row)
             continue
-
-        def change(model, v=v, row=row) -> None:
-            skip, said, _ = apply_changes(v, model, x, "cpu", v.precision)
-            row["note"], row["skipped"] = skip or said, bool(skip)
-
-        out, grads = _first_step(build, seed, x, y, loss_fn, v.precision, change)
-        if row.pop("skipped"):  # nothing changed: no difference to measure
-            rows.append(row)
+        out, grads, row["note"], changed = _first_step(build, seed, x, y, loss_fn, v)
+        if not changed:  # nothing to act on: no difference to measure
             continue
-        row["out_rel_diff"] = _rel(out, stock[0])
+        row["out_rel_diff"] = _rel(out, stock_out)
         row["grad_rel_diff"] = max((_rel(g, h, scale=gscale)
-                                    for g, h in zip(grads, stock[1], strict=True)
+                                    for g, h in zip(grads, stock_grads, strict=True)
                                     if g is not None and h is not None), default=0.0)
         row["exact"] = bool(row["out_rel_diff"] <= EXACT_RTOL
                             and row["grad_rel_diff"] <= EXACT_RTOL)
-        rows.append(row)
     return pd.DataFrame(rows)
 
 
-def _first_step(build, seed: int, x, y, loss_fn, precision: str, change=None):
-    """One training-mode forward + backward from the seeded weights (dropout off): the output
-    and every parameter's gradient."""
+def _first_step(build, seed: int, x, y, loss_fn, v: Variant):
+    """One training-mode forward + backward of ``v`` from the seeded weights (dropout off):
+    the output, every parameter's gradient, the variant's note, and False when its change had
+    nothing to act on."""
     torch.manual_seed(seed)
     model = build().train()
-    if change is not None:
-        change(model)
+    skip, said, _ = apply_changes(v, model, x, "cpu", v.precision)
     for m in model.modules():
         if isinstance(m, nn.modules.dropout._DropoutNd):
             m.eval()
     torch.manual_seed(seed + 1)
     # each precision's own autocast; bf16 with oneDNN off, as compare()'s variants run it (its
     # bf16 grouped convolution asks some CPUs for hundreds of GB)
-    with torch.backends.mkldnn.flags(enabled=precision != "bf16"), \
-            autocast(precision, torch.device("cpu")):
+    with torch.backends.mkldnn.flags(enabled=v.precision != "bf16"), \
+            autocast(v.precision, torch.device("cpu")):
         out = model(x)
     loss_fn(out.float(), y).backward()
-    return out.detach().float(), [p.grad for p in model.parameters()]
+    return out.detach().float(), [p.grad for p in model.parameters()], skip or said, not skip
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor, scale: float | None = None) -> float:

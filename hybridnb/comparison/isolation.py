@@ -79,7 +79,7 @@ class ChildVariant:
         if message.kind == ANSWER:
             self.answers.append(message.payload)
 
-    def _send_quietly(self, kind: str, payload) -> None:
+    def _send_quietly(self, kind: str, payload=None) -> None:
         try:
             self.requests.send(kind, payload)
         except OSError:  # the process is gone; the watch says how
@@ -90,10 +90,7 @@ class ChildVariant:
         if self.ended is not None:
             return self.ended
         if request != "ready":  # "ready" is the answer to the job, already on its way
-            try:
-                self.requests.send(request, args)
-            except OSError:
-                pass  # it died: the watch below says how
+            self._send_quietly(request, args)
         self.watched.arm(self.timeout)
         self.watch.run(until=lambda: bool(self.answers) or self.watched.ended)
         self.watched.arm(None)
@@ -111,12 +108,9 @@ class ChildVariant:
     def close(self) -> None:
         """Ask the process to finish, then make sure nothing of its process group is left."""
         if not self.watched.ended and not self._job.is_alive():  # the pipe has room
-            try:
-                self.requests.send("close")
-                self.watched.arm(CLOSE_S)
-                self.watch.run(until=lambda: self.watched.ended)
-            except OSError:
-                pass
+            self._send_quietly("close")
+            self.watched.arm(CLOSE_S)
+            self.watch.run(until=lambda: self.watched.ended)
         self.watch.end(self.watched)
         # the job's writer gets EPIPE now that the process is gone; its descriptor is closed
         # only once it has returned (a closed number could be reused under a late write)

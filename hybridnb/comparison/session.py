@@ -89,49 +89,44 @@ class VariantSession:
         self._said = ""  # what +speedups applied, for the row's note
         self._nhwc = False  # the variant runs channels_last (dropout then draws other masks)
 
-    # ------------------------------------------------------------------ the two requests
-
     def prepare(self) -> dict:
         """Build, change, warm up (compiling when asked) and measure memory:
         ``{status, note, first_step_s, mem_bytes, loss}``."""
         reason = unavailable(self.variant, self.device, live=True)
         if reason:
             return {"status": "skipped", "note": reason}
+        return self._answer("warm-up", lambda: self._build() or self._warm_up())
+
+    def window(self, steps: int) -> dict:
+        """Time ``steps`` training steps: ``{status, note, seconds, busy, loss}``."""
+        return self._answer("timed window", self._timed, steps)
+
+    def _answer(self, stage: str, fn: Callable, *args) -> dict:
+        """``fn``'s answer under the variant's settings; a failure (OOM included) is one too."""
         try:
             with self._context():
-                answer = self._build()
-                if answer is None:
-                    answer = self._warm_up()
+                answer = fn(*args)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an answer
-            answer = _failure(exc, "warm-up", self.job.x.shape[0])
+            answer = _failure(exc, stage, self.job.x.shape[0])
         if answer["status"] != "ok":
             self.release()  # outside the except block: its traceback pins the tensors
         return answer
 
-    def window(self, steps: int) -> dict:
-        """Time ``steps`` training steps: ``{status, note, seconds, busy, loss}``."""
+    def _timed(self, steps: int) -> dict:
         watch = Stopwatch(self.device)
         busy = self._busy_sampler()
-        try:
-            with self._context(), self._own_rng(), busy:
-                watch.start()
-                for _ in range(steps):
-                    self._loss = self._run()
-                seconds = watch.stop()
-            answer = {"status": "ok", "note": "", "seconds": seconds,
-                      "busy": _values(busy, "gpu_util"), "loss": float(self._loss)}
-        except Exception as exc:  # noqa: BLE001 - every failure (OOM included) becomes an answer
-            answer = _failure(exc, "timed window", self.job.x.shape[0])
-        if answer["status"] != "ok":
-            self.release()
-        return answer
+        with self._own_rng(), busy:
+            watch.start()
+            for _ in range(steps):
+                self._loss = self._run()
+            seconds = watch.stop()
+        return {"status": "ok", "note": "", "seconds": seconds,
+                "busy": _values(busy, "gpu_util"), "loss": float(self._loss)}
 
     def release(self) -> None:
         """Drop the model, optimizer and batch so their memory comes back."""
         self._run, self._held, self._loss = None, (), None
         free_memory(self.device)
-
-    # ------------------------------------------------------------------ building
 
     def _build(self) -> dict | None:
         """The model with the variant's changes and its step; an answer when it cannot run."""
@@ -171,8 +166,7 @@ class VariantSession:
             first = watch.stop()
             for _ in range(self.job.warmup - 1):
                 self._loss = self._run()
-            persistent = _state_bytes(model, opt) + _tensor_bytes(x) + _tensor_bytes(y)
-            mem = persistent + self._step_rise()
+            mem = _state_bytes(model, opt) + _bytes(x, y) + self._step_rise()
         return {"status": "ok", "note": self._said, "first_step_s": first, "mem_bytes": mem,
                 "loss": float(self._loss), "other_masks": self._nhwc and _has_dropout(model)}
 
@@ -195,8 +189,6 @@ class VariantSession:
         series = sampler.series().values.get("heap", [])
         peak = sampler.series().peak("heap")
         return max(peak - series[0], 0.0) if series and peak is not None else math.nan
-
-    # ------------------------------------------------------------------ context
 
     @contextlib.contextmanager
     def _context(self) -> Iterator[None]:
@@ -224,6 +216,7 @@ class VariantSession:
             set_torch_rng_state(outside, self.device)
 
     def _busy_sampler(self):
+        """The GPU's busy % sampled through NVML during a window (nothing without NVML)."""
         if self._busy is None:
             self._busy = nvml_busy_reader(self.device) or False
         if not self._busy:
@@ -231,9 +224,6 @@ class VariantSession:
         read = self._busy
         return MemorySampler(self.device, interval=0.05,
                              probes=[("nvml busy", lambda: {"gpu_util": read()})])
-
-
-# ---------------------------------------------------------------------- helpers
 
 
 @contextlib.contextmanager
@@ -271,16 +261,13 @@ def _values(sampler, name: str) -> list[float]:
     return [v for v in sampler.series().values.get(name, []) if v == v]
 
 
-def _tensor_bytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+def _bytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _state_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> int:
-    total = sum(_tensor_bytes(p) for p in model.parameters())
-    total += sum(_tensor_bytes(b) for b in model.buffers())
-    for state in opt.state.values():
-        total += sum(_tensor_bytes(v) for v in state.values() if isinstance(v, torch.Tensor))
-    return total
+    state = [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    return _bytes(*model.parameters(), *model.buffers(), *state)
 
 
 def _has_dropout(model: nn.Module) -> bool:

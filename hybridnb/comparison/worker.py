@@ -19,8 +19,6 @@ import sys
 from hybridnb.processes.channel import ANSWER, Channel, Inbox
 from hybridnb.processes.framed import connect
 
-REQUESTS = ("prepare", "window")
-
 
 def serve(channel: Channel, inbox: Inbox) -> None:
     """Load the job, then answer requests until ``close`` or until the caller closes its end."""
@@ -29,25 +27,18 @@ def serve(channel: Channel, inbox: Inbox) -> None:
     first = inbox.get()
     if first is None:
         return
-    session = None
+    session, broken = None, None
     try:
         session = VariantSession(pickle.loads(first.payload))
-        broken = None
     except Exception as exc:  # noqa: BLE001 - a job this process cannot load becomes an answer
         broken = {"status": "failed", "note": f"the variant's process could not load its job: "
                                               f"{type(exc).__name__}: {exc}"}
     channel.send(ANSWER, broken or {"status": "ok"})
     while True:
-        request = inbox.get()
+        request = inbox.get()  # "prepare" or "window" (the caller sends no other)
         if request is None or request.kind == "close":
             return
-        if broken is not None:
-            channel.send(ANSWER, broken)
-        elif request.kind in REQUESTS:
-            channel.send(ANSWER, getattr(session, request.kind)(*(request.payload or ())))
-        else:
-            channel.send(ANSWER, {"status": "failed", "note": f"unknown request "
-                                                             f"{request.kind!r}"})
+        channel.send(ANSWER, broken or getattr(session, request.kind)(*(request.payload or ())))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -123,15 +123,14 @@ class LiveView(View):
     def end(self, summary: dict) -> None:
         rec = self.record
         try:
-            rec.summary = dict(summary)
             if rec.sampler is not None:
                 rec.sampler.close()
             if self.failed is None:
-                self._safe(self._close, rec.summary)
+                self._safe(self._close, dict(summary))
             else:
                 from hybridnb.live.summary import paragraph
 
-                print(paragraph(rec.summary, rec))
+                print(paragraph(summary, rec))
         finally:
             self._release()
 

@@ -17,7 +17,8 @@ Trainer treats an interrupt exactly like Stop).
 from __future__ import annotations
 
 import contextlib
-import threading
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 
@@ -54,24 +55,20 @@ class SubshellRoute(ClickRoute):
 
     def _on_channel_thread(self, fn, *args):
         """Run ``fn`` on the kernel's shell-channel thread (where subshells are managed)."""
-        box: dict[str, Any] = {}
-        done = threading.Event()
+        future: Future = Future()
 
         def call():
             try:
-                box["value"] = fn(*args)
-            except BaseException as exc:  # broad: re-raised below, on the caller's thread
-                box["error"] = exc
-            finally:
-                done.set()
+                future.set_result(fn(*args))
+            except BaseException as exc:  # broad: re-raised by result(), on the caller's thread
+                future.set_exception(exc)
 
         self._loop.add_callback(call)
-        if not done.wait(self._timeout):
+        try:
+            return future.result(self._timeout)
+        except FutureTimeout:
             raise TimeoutError(f"the kernel's shell-channel thread did not answer in "
-                               f"{self._timeout} s")
-        if "error" in box:
-            raise box["error"]
-        return box.get("value")
+                               f"{self._timeout} s") from None
 
     def close(self) -> None:
         sid, self.subshell_id = self.subshell_id, None

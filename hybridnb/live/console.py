@@ -24,23 +24,14 @@ class ConsoleView(LiveView):
                  heartbeat_s: float = 60.0, **kwargs: Any):
         super().__init__(note, **kwargs)
         self._stream = stream
-        self._tty = tty
+        self.tty = tty  # None: asked of the stream when the run starts
         self.heartbeat_s = heartbeat_s
         self._partial = 0  # length of the \r line on screen, 0 when none
         self._last_line = time.monotonic()
 
     @property
-    def out(self) -> TextIO:
+    def out(self) -> TextIO:  # sys.stdout as it is now (a notebook or pytest swaps it)
         return self._stream if self._stream is not None else sys.stdout
-
-    @property
-    def tty(self) -> bool:
-        if self._tty is not None:
-            return self._tty
-        try:
-            return bool(self.out.isatty())
-        except (AttributeError, ValueError):
-            return False
 
     def _line(self, line: str) -> None:
         out = self.out
@@ -56,6 +47,9 @@ class ConsoleView(LiveView):
         return sampler.latest() if sampler is not None else {}
 
     def _open(self, run: dict) -> None:
+        if self.tty is None:
+            isatty = getattr(self.out, "isatty", None)
+            self.tty = bool(isatty and not getattr(self.out, "closed", False) and isatty())
         self._line("hybridnb · " + text.header(run, self.note))
 
     def _draw_progress(self) -> None:

@@ -105,16 +105,11 @@ def panels(record, max_points: int = SNAPSHOT_POINTS) -> list[Series]:
         out.append(Series("gpu_util", "GPU util %", ux, uy, 2, "#7f7f7f", dash="dot",
                           secondary=True))
     ex = record.event_times()
-    top = _top(out)
+    top = max((v for s in out if s.panel == 2 and not s.hidden and not s.secondary
+               for v in s.y if v is not None), default=0.0)  # events mark the memory panel's top
     out.append(Series("events", "events", ex, [top] * len(ex), 2, "#d62728", mode="markers+text",
                       text=[ev.kind for ev in record.events]))
     return out
-
-
-def _top(series: list[Series]) -> float:
-    vals = [v for s in series if s.panel == 2 and not s.hidden and not s.secondary
-            for v in s.y if v is not None]
-    return max(vals) if vals else 0.0
 
 
 # ------------------------------------------------------------------ plotly

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from hybridnb.live.figures import PANELS, SNAPSHOT_POINTS, figure_dict, panels
+from hybridnb.live.static import RC, save, static_figure
 
 TITLE = "hybridnb: loss, learning rate, memory"
 _XLABELS = ("step", "step", "seconds")
@@ -19,8 +20,6 @@ def draw(record, max_points: int = SNAPSHOT_POINTS):
     """A ``matplotlib.figure.Figure`` of the record's loss, learning-rate and memory panels."""
     import matplotlib
     from matplotlib.figure import Figure
-
-    from hybridnb.live.mpl_style import RC
 
     with matplotlib.rc_context(RC):
         fig = Figure(figsize=(9.6, 3.6), dpi=100, layout="constrained")
@@ -65,8 +64,6 @@ def draw(record, max_points: int = SNAPSHOT_POINTS):
 
 def to_svg(record, max_points: int = SNAPSHOT_POINTS) -> str:
     """The panels as an SVG document (titled, the same bytes for the same record)."""
-    from hybridnb.live.static import save
-
     return save(draw(record, max_points), "svg").decode("utf-8")
 
 
@@ -80,6 +77,4 @@ def make_figure(record, widget: bool = False, max_points: int = SNAPSHOT_POINTS)
     if widget:  # a widget sizes itself once, often before its output area is laid out
         fig["layout"]["width"] = 960
         return go.FigureWidget(fig)
-    from hybridnb.live.static import static_figure
-
     return static_figure(go.Figure(fig), draw=lambda: draw(record, max_points))

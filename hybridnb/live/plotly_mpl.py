@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from hybridnb.live.mpl_style import DPI, RC
+from hybridnb.live.static import DPI, RC
 
 DEFAULT_SIZE = (700, 450)  # plotly's default figure size in px
 DEFAULT_MARGIN = {"l": 80, "r": 80, "t": 100, "b": 80}
@@ -85,7 +85,8 @@ def draw(fd: dict):
     layout = fd.get("layout") or {}
     colorway = layout.get("colorway") or ((layout.get("template") or {}).get("layout") or
                                           {}).get("colorway") or PLOTLY_COLORWAY
-    traces = [t for t in (fd.get("data") or []) if t.get("visible", True) is True]
+    shown = [t for t in (fd.get("data") or []) if t.get("visible", True) is True]
+    traces = [t for t in shown if not (layout.get(_pair(t)[1]) or {}).get("overlaying")]
     pairs = list(dict.fromkeys(_pair(t) for t in traces))  # one Axes per subplot in use
     width = layout.get("width") or max(DEFAULT_SIZE[0], 320 * len({x for x, _ in pairs}))
     height = layout.get("height") or DEFAULT_SIZE[1]
@@ -100,13 +101,7 @@ def draw(fd: dict):
     with matplotlib.rc_context(RC):
         fig = Figure(figsize=(width / DPI, height / DPI), dpi=DPI)
         axes = {}
-        overlay = {y: _axis_name((layout.get(y) or {}).get("overlaying") or "", "y")
-                   for _, y in pairs if (layout.get(y) or {}).get("overlaying")}
-        for xname, yname in sorted(pairs or [("xaxis", "yaxis")], key=lambda p: p[1] in overlay):
-            host = next((ax for (_, y), ax in axes.items() if y == overlay.get(yname)), None)
-            if host is not None:  # a secondary y axis (make_subplots(secondary_y=True))
-                axes[(xname, yname)] = host.twinx()
-                continue
+        for xname, yname in pairs or [("xaxis", "yaxis")]:
             (x0, y0), (x1, y1) = (paper(a, b) for a, b in zip(
                 (layout.get(xname) or {}).get("domain") or (0, 1),
                 (layout.get(yname) or {}).get("domain") or (0, 1), strict=True))
@@ -115,7 +110,7 @@ def draw(fd: dict):
         groups: dict[tuple[tuple[str, str], str], list[int]] = {}  # side by side per axes
         for i, t in enumerate(traces):
             groups.setdefault((_pair(t), t.get("type", "scatter")), []).append(i)
-        skipped = set()
+        skipped = {"secondary y axes"} if len(traces) < len(shown) else set()
         for i, t in enumerate(traces):
             kind = t.get("type", "scatter")
             drawer = _DRAWERS.get(kind)

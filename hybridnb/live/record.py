@@ -31,7 +31,6 @@ class RunRecord:
         self.events: list[Event] = []
         self.state: dict[str, Any] = {}
         self.sampler = sampler
-        self.summary: dict[str, Any] | None = None
         self.at_epoch_end = False  # between an epoch-end update and the next step
         self._pace_from: tuple[float, float] | None = None  # (fraction, elapsed) after step 1
 

@@ -104,8 +104,7 @@ def status(record, memory: Mapping[str, float] | None = None) -> str:
                 parts.append(f"{key} {fmt.number(value)}")
                 if key == "val_loss":
                     break
-        run = getattr(record, "run", None) or {}
-        for key in dict.fromkeys((run.get("metric"), run.get("monitor"))):  # the run's own
+        for key in dict.fromkeys((record.run.get("metric"), record.run.get("monitor"))):
             if key and key != "val_loss" and last.get(key) is not None:
                 parts.append(f"{key} {fmt.number(last[key])}")
     if st.get("lr") is not None:
@@ -115,10 +114,8 @@ def status(record, memory: Mapping[str, float] | None = None) -> str:
     remaining = record.remaining_s()
     if remaining is not None:
         parts.append(f"~{fmt.duration(remaining)} left")
-    mem = memory_line(memory or {})
-    if mem:
-        parts.append(mem)
-    return " · ".join(parts)
+    parts.append(memory_line(memory or {}))
+    return " · ".join(p for p in parts if p)
 
 
 def paragraph(summary: Mapping[str, Any], record) -> str:
