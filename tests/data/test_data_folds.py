@@ -160,6 +160,28 @@ def test_welch_bands_match_mne_welch_and_find_each_band():
         baselines.welch_bands(X[..., :100], sfreq=50.0)
 
 
+def test_welch_bands_equal_scipys_welch_for_odd_and_even_segments():
+    """The float32 Welch is scipy.signal.welch's defaults, to float rounding."""
+    from scipy.signal import welch
+
+    X = np.random.default_rng(2).normal(0, 5, (3, 4, 200)).astype(np.float32)
+    for sfreq in (100.0, 99.0):  # 100- and 99-sample segments (a Nyquist bin or none)
+        bands = {"low": (1.0, 9.0), "high": (9.0, 40.0)}
+        f, psd = welch(X.astype(np.float64), fs=sfreq, nperseg=int(round(sfreq)), axis=-1)
+        want = np.stack([np.log(psd[..., (f >= lo) & (f < hi)].sum(axis=-1) * (f[1] - f[0]))
+                         for lo, hi in bands.values()], axis=-1).reshape(3, -1)
+        np.testing.assert_allclose(baselines.welch_bands(X, sfreq, bands), want, atol=1e-5)
+
+
+def test_feature_table_reads_once_what_features_gives_kind_by_kind(clean_release):
+    w = challenge1.make_windows(clean_release)
+    table = baselines.feature_table(w, chunk=7)
+    for kind in baselines.KINDS:
+        np.testing.assert_array_equal(table[kind], baselines.features(w, kind)[0])
+    with pytest.raises(ValueError, match="kind must be one of"):
+        baselines.feature_table(w, ("bands", "spectra"))
+
+
 def test_reference_scores_fit_on_the_fit_rows_only():
     rng = np.random.default_rng(0)
     subjects = np.repeat([f"S{i}" for i in range(12)], 20)
