@@ -1,18 +1,14 @@
-"""The message pipe between a supervised child (a forked or spawned worker) and its parent.
+"""The message pipe between a supervised child and its parent.
 
 The child calls ``channel.send(kind, payload)``; the parent reads whole messages, in order, with
 ``FrameReader`` (non-blocking: it keeps watching the child while a large message arrives). A
-message is one frame: header (magic, body length, specs length) | body | specs | raw tensor
-bytes. ``body`` is the pickled ``(kind, payload)`` with every plain CPU tensor replaced by a
-reference; ``specs`` lists those tensors (dtype, shape, size), whose bytes follow as they lie in
-memory. The parent allocates each tensor once and reads the pipe straight into it: a state of
-tens of MB costs one copy on each side, not the several of pickling tensors. Tensors arrive on
-the CPU, contiguous, each with its own storage (the same tensor sent twice in one message
-arrives as one tensor).
-
-A frame cut short (the child died while sending) is never delivered. The stop request travels
-the other way through one shared byte (``StopFlag``), which the child reads every step for the
-cost of a memory load.
+frame is header (magic, body length, specs length) | body | specs | raw tensor bytes: the body
+is the pickled ``(kind, payload)`` with each plain tensor replaced by a reference, the specs
+list those tensors, whose bytes follow as they lie in memory. The parent reads the pipe straight
+into tensors it allocated once, so a state of tens of MB costs one copy on each side. Tensors
+arrive on the CPU, contiguous; a frame cut short (the child died while sending) is never
+delivered. The stop request travels the other way through one shared byte (``StopFlag``), read
+every step for the cost of a memory load.
 """
 
 from __future__ import annotations
@@ -43,10 +39,6 @@ ANSWER = "answer"  # a child's answer to its parent's request (processes.framed)
 URGENT = frozenset((DONE, ERROR, STATE, HEARTBEAT, READY, ANSWER))  # written at once, with what came before
 
 
-class ChannelError(RuntimeError):
-    """The message stream from the worker is not what this module writes (a stray writer)."""
-
-
 @dataclass
 class Message:
     kind: str
@@ -61,21 +53,18 @@ def widen_pipe(fd: int, size: int = PIPE_BYTES) -> None:
         fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
 
 
-# why a stop was asked: a should_stop callback (the Stop button; "callback": the caller's own
-# callbacks asked), a signal
+# why a stop was asked: a should_stop callback (the Stop button), the caller's own callbacks,
+# a signal; a reason is never lowered
 STOP, CALLBACK, INTERRUPT = "stop", "callback", "interrupt"
 _REASONS = {1: STOP, 2: CALLBACK, 3: INTERRUPT}
+_CODES = {reason: code for code, reason in _REASONS.items()}
 
 
 class StopFlag:
-    """One byte shared by the parent and its child: anonymous shared memory (kept across a
-    fork), or with ``shareable=True`` a file no path reaches (a memfd; elsewhere a temporary
-    file unlinked at once: ``platform.memfd()``) whose descriptor ``fd`` a spawned child
-    inherits and opens with ``StopFlag(fd=fd)``.
-
-    The byte says why the parent asked the child to stop: 0 (it did not), 1 "stop" (a
-    ``should_stop`` callback such as a Stop button), 2 "callback" (the caller's callbacks) or
-    3 "interrupt" (a signal reached the parent). A reason is never lowered."""
+    """One byte shared by the parent and its child, saying why the parent asked it to stop (0:
+    it did not; ``_REASONS``): anonymous shared memory (kept across a fork), or with
+    ``shareable=True`` a file no path reaches (a memfd, else an unlinked temporary file) whose
+    ``fd`` a spawned child inherits and opens with ``StopFlag(fd=fd)``."""
 
     def __init__(self, shareable: bool = False, fd: int | None = None) -> None:
         self.fd: int | None = fd
@@ -85,14 +74,12 @@ class StopFlag:
         self._map = mmap.mmap(-1, 1) if self.fd is None else mmap.mmap(self.fd, 1)
 
     def set(self, reason: str = STOP) -> None:
-        """Ask the child to stop, saying why (one of ``_REASONS``)."""
-        code = {v: k for k, v in _REASONS.items()}.get(reason)
+        code = _CODES.get(reason)
         if code is None:
             raise ValueError(f"reason={reason!r}: use one of {tuple(_REASONS.values())}")
         self._map[0] = max(self._map[0], code)
 
     def reason(self) -> str | None:
-        """None (no stop asked), "stop", "callback" or "interrupt"."""
         return _REASONS.get(self._map[0])
 
     def close(self) -> None:
@@ -118,27 +105,26 @@ def _unnamed_file(name: str) -> int:
 
 # ============================================================================ worker side
 
-def _sendable(obj: Any) -> bool:
-    """A tensor this module moves as raw bytes (other tensors go through plain pickling)."""
-    import torch
-
-    return (type(obj) in (torch.Tensor, torch.nn.Parameter) and obj.layout == torch.strided
-            and not obj.is_quantized and obj.device.type != "meta")
-
-
 class _TensorPickler(pickle.Pickler):
-    def __init__(self, file, tensors: list, seen: dict) -> None:
+    """Plain strided tensors are left out (``tensors``), to follow as raw bytes."""
+
+    def __init__(self, file) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self._tensors, self._seen = tensors, seen
+        self.tensors: list = []
+        self._seen: dict[int, int] = {}
 
     def persistent_id(self, obj):
-        if not hasattr(obj, "untyped_storage") or not _sendable(obj):
+        if not hasattr(obj, "untyped_storage"):  # not a tensor: torch is not asked
             return None
-        index = self._seen.get(id(obj))
-        if index is None:
-            index = self._seen[id(obj)] = len(self._tensors)
-            self._tensors.append(obj)
-        return index
+        import torch
+
+        if (type(obj) not in (torch.Tensor, torch.nn.Parameter) or obj.layout != torch.strided
+                or obj.is_quantized or obj.device.type == "meta"):
+            return None
+        if id(obj) not in self._seen:
+            self._seen[id(obj)] = len(self.tensors)
+            self.tensors.append(obj)
+        return self._seen[id(obj)]
 
 
 _SCALARS = (str, int, float, bool, type(None), bytes)
@@ -147,7 +133,7 @@ PLAIN_NODES = 256  # a larger payload takes the general path (which also handles
 
 
 def _plain(obj: Any, budget: list[int]) -> bool:
-    """Only dicts, lists and tuples of numbers and strings (no tensor, nothing custom), small."""
+    """Small dicts, lists and tuples of numbers and strings: nothing to look into."""
     budget[0] -= 1
     if budget[0] < 0:
         return False
@@ -162,20 +148,17 @@ def _plain(obj: Any, budget: list[int]) -> bool:
 
 
 def encode(kind: str, payload: Any) -> tuple[list[bytes | memoryview], int]:
-    """The frame for one message, as buffers to write in order, and its total size.
-
-    Pickling happens before anything is written, so a payload that cannot be pickled raises
-    here and leaves the stream intact.
-    """
+    """The frame for one message, as buffers to write in order, and its total size (pickled
+    before anything is written: a payload that cannot be pickled leaves the stream intact)."""
     if _plain(payload, [PLAIN_NODES]):  # the per-step messages: no tensor can be inside
         body = pickle.dumps((kind, payload), protocol=pickle.HIGHEST_PROTOCOL)
         head = HEADER.pack(MAGIC, len(body), len(_NO_SPECS))
         return [head, body, _NO_SPECS], len(head) + len(body) + len(_NO_SPECS)
-    tensors: list = []
     buf = io.BytesIO()
-    _TensorPickler(buf, tensors, {}).dump((kind, payload))
+    pickler = _TensorPickler(buf)
+    pickler.dump((kind, payload))
     body = buf.getbuffer()
-    sent = [tensor_bytes(t) for t in tensors]
+    sent = [tensor_bytes(t) for t in pickler.tensors]
     specs = [spec for spec, _ in sent]
     raws = [raw for _, raw in sent if raw.nbytes]
     spec_bytes = pickle.dumps(specs, protocol=pickle.HIGHEST_PROTOCOL)
@@ -185,8 +168,8 @@ def encode(kind: str, payload: Any) -> tuple[list[bytes | memoryview], int]:
 
 
 def tensor_bytes(t: Any) -> tuple[tuple, memoryview]:
-    """A tensor's spec (dtype, shape, bytes, a Parameter?, requires grad?) and its bytes, as
-    they lie in memory (copied to the CPU and made contiguous first when needed)."""
+    """A tensor's spec (dtype, shape, bytes, a Parameter?, requires grad?) and its bytes, on
+    the CPU and contiguous."""
     import torch
 
     flat = t.detach().cpu().resolve_conj().resolve_neg().contiguous()
@@ -196,7 +179,6 @@ def tensor_bytes(t: Any) -> tuple[tuple, memoryview]:
 
 
 def as_sent(t: Any, is_param: bool, requires_grad: bool) -> Any:
-    """``t`` as the kind of tensor its spec says was sent."""
     import torch
 
     if is_param:
@@ -205,7 +187,7 @@ def as_sent(t: Any, is_param: bool, requires_grad: bool) -> Any:
 
 
 def write_all(fd: int, parts: list[bytes | memoryview]) -> None:
-    """Write every buffer completely (a blocking pipe may still return short writes)."""
+    """Write every buffer completely (a pipe may take part of one)."""
     for part in parts:
         view = memoryview(part).cast("B")
         while view:
@@ -215,18 +197,13 @@ def write_all(fd: int, parts: list[bytes | memoryview]) -> None:
 
 class Channel:
     """What the child's function uses to talk to its parent: ``send(kind, payload)``, any
-    picklable payload (plain CPU tensors travel as raw bytes).
+    picklable payload. The supervisor reads "step_done", "heartbeat", "state" (the last good
+    run state), "done" and "error" (both sent for you); every kind goes to ``on_message``.
 
-    Kinds the supervisor reads itself: "step_done" (``step_done()``), "heartbeat" (alive, no
-    step: ``heartbeat(phase, grace)``), "state" (the last good run state: kept by the parent),
-    "done" (the result: sent for you with the function's return value) and "error" (sent for
-    you when it raises). Any other kind goes to the parent's ``on_message`` as it is.
-
-    Small messages are batched: they go out together at most ``flush_interval`` seconds after
-    they were sent (every write wakes the parent, and on a busy machine a woken kernel can take
-    the worker's core for milliseconds); a small thread writes what waits while the child is
-    busy in a long step. The kinds in ``URGENT`` go out at once, with everything before them.
-    Order is always kept.
+    Small messages are batched, at most ``flush_interval`` seconds late (every write wakes the
+    parent, and on a busy machine a woken kernel can take the worker's core for milliseconds);
+    a thread writes what waits while the child is in a long step. ``URGENT`` kinds go out at
+    once with everything before them; order is always kept.
     """
 
     def __init__(self, fd: int, stop: StopFlag, flush_interval: float = FLUSH_INTERVAL_S
@@ -259,13 +236,11 @@ class Channel:
             self.finished = True
 
     def flush(self) -> None:
-        """Write the batched messages now."""
         with self._lock:
             self._flush(time.monotonic())
 
     def _flush_late(self) -> None:
-        """Write batched messages that waited ``flush_interval`` (the worker may be in a long
-        step, or hung: the kernel still gets the step_done and view updates before it)."""
+        """Write what waited ``flush_interval`` (the worker may be in a long step, or hung)."""
         while True:
             time.sleep(self.flush_interval)
             with self._lock:
@@ -284,14 +259,14 @@ class Channel:
 
     def step_done(self, seconds: float | None = None) -> None:
         """A step finished (``seconds``: its duration; by default the time since the previous
-        step_done, measured here: batching would blur it on the kernel's side)."""
+        one, measured here: batching would blur it on the parent's side)."""
         self.send(STEP_DONE, {"seconds": None if seconds is None else float(seconds),
                               "at": time.monotonic()})
 
     def heartbeat(self, phase: str | None = None, grace: float | None = None) -> None:
-        """Alive: restarts the parent's silence clock. ``phase`` (e.g. "validation") is kept
-        until the next one names another; ``grace``: seconds of silence allowed from now on
-        (until the next step or heartbeat), when longer than the parent's limit."""
+        """Alive: restarts the parent's silence clock. ``phase`` (e.g. "validation") holds until
+        another is named; ``grace``: silence allowed until the next message, when longer than
+        the parent's limit."""
         payload: dict = {}
         if phase is not None:
             payload["phase"] = str(phase)
@@ -300,20 +275,18 @@ class Channel:
         self.send(HEARTBEAT, payload or None)
 
     def ready(self) -> None:
-        """Up and about to run (or to wait for) its work: the parent's start-up allowance ends
-        and its silence clock starts."""
+        """Up (imports done): the parent's start-up allowance ends."""
         self.send(READY, {"at": time.monotonic()})
 
     def state(self, state: Any) -> None:
         self.send(STATE, state)
 
     def stop_reason(self) -> str | None:
-        """Why the parent asked the run to stop (``StopFlag.reason``); whatever the reason:
-        finish the step, send the state and return."""
+        """Why the parent asked the run to stop; whatever the reason: finish the step, send the
+        state and return."""
         return self._stop.reason()
 
     def stop_requested(self) -> bool:
-        """True once the parent asked the run to stop (``stop_reason()`` is not None)."""
         return self.stop_reason() is not None
 
     def send_error(self, exc: BaseException) -> None:
@@ -329,8 +302,8 @@ class Channel:
 # ============================================================================ kernel side
 
 class FrameReader:
-    """Reads frames from a non-blocking pipe as bytes arrive; ``read()`` returns the complete
-    messages so far (never blocks) and ``eof`` says the writer side is closed."""
+    """Reads frames from a non-blocking pipe as bytes arrive: ``read()`` returns the complete
+    messages so far, never blocking."""
 
     def __init__(self, fd: int) -> None:
         os.set_blocking(fd, False)
@@ -341,7 +314,6 @@ class FrameReader:
         self._reset()
 
     def close(self) -> None:
-        """Close the pipe's read end (a child still writing gets EPIPE)."""
         if not self.closed:
             self.closed = self.eof = True
             with contextlib.suppress(OSError):
@@ -382,11 +354,11 @@ class FrameReader:
         return out
 
     def _advance(self) -> Message | None:
-        """The current part is complete: move to the next one; a finished frame is returned."""
+        """The current part is complete: on to the next; a finished frame is returned."""
         if self._stage == "header":
             magic, self._body_len, self._spec_len = HEADER.unpack(self._target)
             if magic != MAGIC:
-                raise ChannelError(f"unexpected bytes {bytes(self._target)!r} on the worker's "
+                raise RuntimeError(f"unexpected bytes {bytes(self._target)!r} on the worker's "
                                    "message pipe (something else wrote to it)")
             self._stage, self._target, self._pos = "meta", memoryview(
                 bytearray(self._body_len + self._spec_len)), 0
@@ -400,7 +372,9 @@ class FrameReader:
         if target is not None:
             self._target, self._pos = target, 0
             return None
-        kind, payload = _TensorUnpickler(io.BytesIO(self._body), self._tensors).load()
+        unpickler = pickle.Unpickler(io.BytesIO(self._body))
+        unpickler.persistent_load = self._tensors.__getitem__
+        kind, payload = unpickler.load()
         self._reset()
         return Message(kind, payload)
 
@@ -418,26 +392,17 @@ def _allocate(specs: list) -> tuple[list, list[memoryview]]:
     return tensors, raws
 
 
-class _TensorUnpickler(pickle.Unpickler):
-    def __init__(self, file, tensors: list) -> None:
-        super().__init__(file)
-        self._tensors = tensors
-
-    def persistent_load(self, pid):
-        return self._tensors[pid]
-
-
 # ============================================================================ requests
 
 class Inbox:
-    """A child's side of a request pipe its parent writes (``framed.Requests``): ``get()``
-    blocks until the next message and returns None once the parent closed its end."""
+    """A child's side of its request pipe (``framed.Requests``)."""
 
     def __init__(self, fd: int) -> None:
         self._reader = FrameReader(fd)
         self._queue: list[Message] = []
 
     def get(self) -> Message | None:
+        """The next request (blocks); None once the parent closed its end."""
         import select
 
         while not self._queue:

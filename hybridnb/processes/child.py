@@ -312,31 +312,26 @@ class PrestartedWorker:
             self.child.close()
 
 
-def prestart_spawn(*, preload: Sequence[str] = ("torch",), env: dict[str, str] | None = None,
-                   death_signal: int = platform.KILL, merge_output: bool = False
-                   ) -> PrestartedWorker:
+def prestart_spawn(*, preload: Sequence[str] = ("torch",)) -> PrestartedWorker:
     """A spawned worker that imports ``preload``, says "ready" and waits for its job
-    (``PrestartedWorker.send``); the rest is as ``start_spawn``. With warm workers on
+    (``PrestartedWorker.send``), as ``start_spawn``'s with the defaults. With warm workers on
     (``HYBRIDNB_WARM_WORKER``) it is the spare the previous job left when one runs."""
     from hybridnb.processes import spare
 
     preload = tuple(preload)
 
-    def key() -> spare.Key:  # read again for the spare: the environment may change meanwhile
-        return spare.key_of(preload, env, death_signal, merge_output)
-
     def spawn() -> PrestartedWorker:
-        return _atomically(lambda: _spawn(preload, env, death_signal, merge_output))
+        return _atomically(lambda: _spawn(preload, None, platform.KILL, False))
 
     def start_next() -> None:
         try:
-            spare.replenish(key(), spawn)
+            spare.replenish(spare.key_of(preload), spawn)  # now: the environment may change
         except Exception as exc:  # noqa: BLE001 - said; the next fit starts a worker itself
             platform.say(f"no spare worker for the next fit ({type(exc).__name__}: {exc}); "
                          "it will start its own")
 
     with _held_signals():  # handed over whole, or kept
-        early = spare.take(key()) if warm_worker() else None
+        early = spare.take(spare.key_of(preload)) if warm_worker() else None
         if early is not None:
             early.spare = True
     if early is None:

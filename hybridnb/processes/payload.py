@@ -1,23 +1,19 @@
-"""What a spawned child is given: a callable and its arguments, pickled with cloudpickle (so a
+"""What a spawned child is given: a callable and its arguments, pickled with cloudpickle (a
 notebook's functions and classes travel by value), the big data kept out of the pickle stream:
 
-- an array or CPU tensor whose bytes lie in a file mapping (an ``np.memmap``, a view of one,
-  ``torch.from_file``) travels as a reference to that file (``refs``): nothing is copied here;
-- any other plain CPU tensor or numpy array of ``SHM_MIN_BYTES`` or more is written once into its
-  own file under ``/dev/shm``; the child maps it (pages are read as they are touched) and
-  unlinks it at once. The child's copy is a snapshot. The parent unlinks whatever the child
-  did not (``discard``), e.g. when it died before loading;
+- an array or CPU tensor whose bytes lie in a file mapping (``np.memmap``, ``torch.from_file``)
+  travels as a reference to that file (``refs``): nothing is copied;
+- any other CPU tensor or array of ``SHM_MIN_BYTES`` or more is written once into its own file
+  under ``/dev/shm``, which the child maps and unlinks at once (a snapshot); the parent unlinks
+  what the child did not (``discard``);
 - a torch ``DataLoader`` travels as its dataset and settings (``loaders``), a parametrized
-  module with its state as it is (``parametrized``).
-
-An object that cannot be pickled raises ``NotSendable`` naming where it is (``unsendable``).
+  module as it is (``parametrized``); a part that cannot be pickled raises ``NotSendable``.
 
 Shared memory is an optimisation, not a requirement: where ``/dev/shm`` has too little room
-(Docker gives a container 64 MB unless ``--shm-size`` says otherwise) or a write there fails for
-lack of space, the files go to the temporary folder instead, and if that is full too the bytes
-go in the pickle itself. Each fallback is said once. Files rather than torch's
-``share_memory_()``, which would move the parent's own tensor into shared memory: the child's
-writes would change the start state a crashed worker's parent relies on.
+(Docker gives a container 64 MB unless ``--shm-size``) or fills up, the files go to the
+temporary folder, and if that is full too the bytes go in the pickle; each fallback is said
+once. Files, not torch's ``share_memory_()``, which would move the parent's own tensor into
+shared memory: the child's writes would change the start state its parent falls back on.
 """
 
 from __future__ import annotations
@@ -51,11 +47,6 @@ def _mb(n: float) -> str:
     return f"{n / 2**20:.0f} MiB"
 
 
-def _cpu_tensor(obj: Any, torch: Any) -> bool:
-    return (type(obj) in (torch.Tensor, torch.nn.Parameter) and obj.device.type == "cpu"
-            and obj.layout == torch.strided and not obj.is_quantized)
-
-
 class _Pickler(cloudpickle.Pickler):
     def __init__(self, file, folder: str, paths: list[str]) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
@@ -74,7 +65,9 @@ class _Pickler(cloudpickle.Pickler):
         torch = sys.modules.get("torch")  # no tensor can exist before torch is imported
         np = sys.modules.get("numpy")
         pid = None
-        if torch is not None and _cpu_tensor(obj, torch):
+        if (torch is not None and cls in (torch.Tensor, torch.nn.Parameter)
+                and obj.device.type == "cpu" and obj.layout == torch.strided
+                and not obj.is_quantized):
             # pickled by value, a view would take its whole storage along
             if max(obj.nbytes, obj.untyped_storage().nbytes()) >= SHM_MIN_BYTES:
                 ref = refs.tensor_ref(obj, self._locator)
@@ -103,7 +96,6 @@ class _Pickler(cloudpickle.Pickler):
         return path
 
     def _leave_shm(self, why: str) -> None:
-        """/dev/shm cannot take the data: the temporary folder from now on (said once)."""
         self.folder = tempfile.gettempdir()
         platform.say_once(f"{SHM_DIR} {why}: the data for the worker process goes through files "
                           f"in {self.folder} instead (read from disk as the worker touches it). "
@@ -111,9 +103,7 @@ class _Pickler(cloudpickle.Pickler):
                           "docker run --shm-size=8g ...", key="shm")
 
     def _room_in_shm(self, nbytes: int) -> bool:
-        usage = platform.shared_memory(SHM_DIR)
-        if usage.path is None:
-            return True  # unknown: the write says whether it fits
+        usage = platform.shared_memory(SHM_DIR)  # there: pack saw it
         if usage.free - nbytes >= SHM_RESERVE * usage.total:
             return True
         self._leave_shm(f"has {_mb(usage.free)} free of {_mb(usage.total)}, too little for "
@@ -121,8 +111,7 @@ class _Pickler(cloudpickle.Pickler):
         return False
 
     def _write(self, data: memoryview) -> str | None:
-        """``data`` in a new file (in /dev/shm when it has room, else the temporary folder);
-        None when no folder has room: the bytes then go in the pickle itself."""
+        """``data`` in a new file; None when no folder has room (then it goes in the pickle)."""
         while self.folder is not None:
             if self.folder == SHM_DIR and not self._room_in_shm(data.nbytes):
                 continue
@@ -162,11 +151,10 @@ class _Pickler(cloudpickle.Pickler):
 
 
 def pack(obj: Any, files: list[str] | None = None) -> tuple[bytes, list[str]]:
-    """The pickled ``obj`` and the shared-memory files its big tensors and arrays went into
-    (the caller passes them to ``discard`` once the child is gone). ``files``: a list the
-    file names are added to as each file is made (so a caller interrupted at any moment knows
-    what to discard); it is also the list returned. ``NotSendable`` (a TypeError) names the
-    part that cannot be pickled, in a job ``(fn, args, kwargs)`` or any other object."""
+    """The pickled ``obj`` and the files its big tensors and arrays went into, for ``discard``
+    once the child is gone. ``files``: the list they are added to as each is made (a caller
+    interrupted at any moment knows what to discard). ``NotSendable`` names the part that
+    cannot be pickled, in a job ``(fn, args, kwargs)`` or any other object."""
     folder = platform.shared_memory(SHM_DIR).path or tempfile.gettempdir()
     buf = io.BytesIO()
     pickler = _Pickler(buf, folder, [] if files is None else files)
@@ -221,13 +209,12 @@ def _open_shm_array(path: str, dtype: Any, shape: tuple, writeable: bool) -> Any
 
 
 def unpack(data: bytes | memoryview) -> Any:
-    """The child's side of ``pack``. ``refs.SentFileChanged`` names a file sent by reference
-    that vanished or changed in between."""
+    """The child's side of ``pack`` (``refs.SentFileChanged``: a file sent by reference
+    vanished or changed in between)."""
     return _Unpickler(io.BytesIO(data)).load()
 
 
 def discard(paths: list[str]) -> None:
-    """Remove the shared-memory files the child has not taken."""
     for path in paths:
         with contextlib.suppress(OSError):
             os.unlink(path)

@@ -1,10 +1,9 @@
 """Which part of a job cannot be sent to a worker: the attribute path from the root.
 
-Run only once pickling the whole job has failed (no cost when it works). ``find`` walks the
-object the way pickle does (module children, attributes, dict/list/tuple items, a partial's
-arguments, a function's closure and defaults) and returns the first object that fails to
-pickle on its own while none of its parts does, e.g. ``job.model.encoder._lock``. Tensors and
-arrays are replaced by a placeholder while probing, so no data is copied.
+Run only once pickling the whole job has failed. ``find`` walks the object the way pickle does
+(module children, attributes, items, a partial's arguments, a function's closure and defaults)
+down to the innermost part that fails to pickle, e.g. ``job.model.encoder._lock``. Tensors and
+arrays are left out while probing, so no data is copied.
 """
 
 from __future__ import annotations
@@ -24,9 +23,8 @@ MAX_NODES = 20000
 
 
 class NotSendable(TypeError):
-    """An object in the job cannot be sent to a worker process (it cannot be pickled).
-
-    ``path``: where it is, from the root (``job.model.encoder._lock``); ``kind``: its type."""
+    """An object in the job cannot be pickled for a worker process: ``path``, where it is from
+    the root (``job.model.encoder._lock``), and ``kind``, its type."""
 
     def __init__(self, message: str, path: str = "", kind: str = "") -> None:
         super().__init__(message)
@@ -37,7 +35,7 @@ _NULL = types.SimpleNamespace(write=len)  # a file that keeps nothing: only fail
 
 
 class _Probe(cloudpickle.Pickler):
-    """cloudpickle, with arrays and tensors left out (their data pickles anyway)."""
+    """cloudpickle as ``payload`` uses it, arrays and tensors left out."""
 
     def persistent_id(self, obj: Any):
         torch = sys.modules.get("torch")
@@ -51,9 +49,9 @@ class _Probe(cloudpickle.Pickler):
     def reducer_override(self, obj: Any):
         from hybridnb.processes import loaders, parametrized
 
-        if loaders.is_loader(obj):  # sent as its dataset and settings (payload)
+        if loaders.is_loader(obj):
             return loaders.reduce_loader(obj)
-        if parametrized.is_parametrized(obj):  # sent with its state (payload)
+        if parametrized.is_parametrized(obj):
             return parametrized.reduce(obj)
         return super().reducer_override(obj)
 
@@ -131,8 +129,8 @@ def _parts(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
 
 
 def find(named: list[tuple[str, Any]]) -> tuple[str, Any, BaseException] | None:
-    """(path, object, its error) of the innermost part that cannot be pickled, searching each
-    (name, object) of ``named`` in turn; None when every part on its own can be pickled."""
+    """(path, object, its error) of the innermost part of ``named`` (name, object) that cannot
+    be pickled; None when each can."""
     seen: set[int] = set()
     nodes = 0
 
@@ -160,7 +158,7 @@ def find(named: list[tuple[str, Any]]) -> tuple[str, Any, BaseException] | None:
 
 def job_parts(fn: Any, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
     """A job ``fn(channel, *args, **kwargs)`` as named parts: the arguments by their parameter
-    names (a partial's too: ``partial(work, job)`` gives ``job``), then the function."""
+    names (a partial's too), then the function."""
     import functools
 
     partial = isinstance(fn, functools.partial)
@@ -194,8 +192,7 @@ def _type_name(obj: Any) -> str:
 
 
 def not_sendable(named: list[tuple[str, Any]]) -> NotSendable | None:
-    """The ``NotSendable`` naming the part of ``named`` (see ``find``) that cannot be pickled,
-    or None when no part can be named."""
+    """The ``NotSendable`` naming the part of ``named`` that cannot be pickled, or None."""
     found = find(named)
     if found is None:
         return None

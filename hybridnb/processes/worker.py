@@ -1,16 +1,11 @@
 """A spawned child: ``python -m hybridnb.processes.worker WIRING DEATH_SIGNAL SPAWNED_AT PRELOAD``
-(started by ``child.start_spawn`` or ``child.prestart_spawn`` through ``framed``; not a command
-for people).
+(started by ``child.start_spawn``/``prestart_spawn``; not a command for people).
 
-It imports the PRELOAD modules (comma-separated: ``import torch`` while the parent is still
-preparing the job), says it is ready, reads the cloudpickled ``(fn, args, kwargs)`` from its
-request pipe, runs ``fn(channel, *args, **kwargs)``, sends the return value ("done") or the
-exception with its traceback ("error"), and leaves with ``os._exit`` (no interpreter teardown:
-with torch loaded it costs about a second). It gets DEATH_SIGNAL when its parent dies
-(``processes.lifeline``); faulthandler prints the Python stack of a segfault or abort on
-stderr. Threads are left as torch sets them: a fresh interpreter has no broken OpenMP pool.
-
-``run`` and ``prepare`` (in ``child``) are shared with the forked child.
+It imports the PRELOAD modules (comma-separated: ``import torch`` while the parent prepares the
+job), says it is ready, reads the ``payload`` ``(fn, args, kwargs)`` from its request pipe, runs
+it as a forked child does (``child.run``) and leaves with ``os._exit`` (an interpreter teardown
+with torch loaded costs about a second). Threads are left as torch sets them: a fresh
+interpreter has no broken OpenMP pool.
 """
 
 from __future__ import annotations
@@ -25,15 +20,13 @@ from hybridnb import platform
 from hybridnb.processes.child import prepare, run
 from hybridnb.processes.framed import wiring
 
-# When this worker was started (the parent's time.monotonic(), one clock for both processes),
-# ready (its imports done) and given its job: what ``startup()`` returns
 _STARTUP: dict[str, float] = {}
 
 
 def startup() -> dict[str, float]:
     """In a spawned worker: ``spawned_at`` (when the parent started it), ``ready_at`` (its
-    imports done) and ``job_at`` (its job read), on ``time.monotonic()``'s clock; empty
-    elsewhere."""
+    imports done) and ``job_at`` (its job read), on ``time.monotonic()``'s clock (one for both
+    processes); empty elsewhere."""
     return dict(_STARTUP)
 
 
