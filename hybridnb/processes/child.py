@@ -175,7 +175,7 @@ class Child:
         self.kill_group()
         close_fds(list(self.output_fds))
         self.output_fds.clear()
-        if self.messages is not None and not self.messages.closed:
+        if self.messages is not None:
             self.messages.close()
         if self.pidfd is not None:
             close_fds([self.pidfd])

@@ -56,10 +56,8 @@ class Exit:
         return cls("code", os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1)
 
     @classmethod
-    def from_returncode(cls, rc: int | None) -> Exit | None:
+    def from_returncode(cls, rc: int) -> Exit:
         """From a ``Popen.returncode`` (negative: the signal)."""
-        if rc is None:
-            return None
         return cls("signal", -rc) if rc < 0 else cls("code", rc)
 
     @property

@@ -84,7 +84,7 @@ def start_framed(module: str, *args: str, environ: dict[str, str] | None = None,
         child = start_command([sys.executable, "-m", module, fds, *args],
                               env=child_environment() if environ is None else environ,
                               merge_output=merge_output,
-                              pass_fds=[fd for fd in (msg_w, stop.fd, req_r, *lifeline.pass_fds())
+                              pass_fds=[fd for fd in (msg_w, stop.fd, req_r, lifeline.read_end())
                                         if fd is not None])
     except BaseException:  # cleanup, then re-raised
         close_fds(made)

@@ -40,12 +40,6 @@ def wiring() -> str:
     return str(os.getpid()) if fd is None else f"{os.getpid()}:{fd}"
 
 
-def pass_fds() -> tuple[int, ...]:
-    """The descriptors a spawned child must inherit for ``wiring()``."""
-    fd = read_end()
-    return () if fd is None else (fd,)
-
-
 def after_fork() -> None:
     """In a forked child: close the parent's write end (the read end stays, for ``hold``);
     this process makes its own pipe for its children."""

@@ -174,7 +174,7 @@ class Watched:
             limit, name = self.start_grace, "start_grace"
         return limit, name
 
-    def _limits(self) -> list[tuple[float, str]]:
+    def limits(self) -> list[tuple[float, str]]:
         """When each of its limits runs out (time.monotonic()), and the cause it gives."""
         if self.finished_at is not None:
             return [(self.finished_at + EXIT_GRACE_S, "finished")]
@@ -182,12 +182,9 @@ class Watched:
                   (self.progress.last_message + self.limit()[0], "silent")]
         return [(at, cause) for at, cause in limits if at is not None]
 
-    def next_check(self) -> float:
-        return min(at for at, _ in self._limits())
-
     def overdue(self, now: float) -> str | None:
         """The limit it has passed (a cause), or None."""
-        return next((cause for at, cause in self._limits() if now >= at), None)
+        return next((cause for at, cause in self.limits() if now >= at), None)
 
     # ---------------------------------------------------------------- the outcome
     def make_outcome(self, now: float) -> ChildOutcome:
@@ -322,7 +319,7 @@ class Watch:
             if not live or (until is not None and until() and not self.signals):
                 break
             now = time.monotonic()
-            wait = max(0.0, min([self.poll] + [w.next_check() - now for w in live]))
+            wait = max(0.0, min([self.poll] + [at - now for w in live for at, _ in w.limits()]))
             try:
                 fds = [fd for w in live for fd in w.child.wait_fds()]
                 if fds:

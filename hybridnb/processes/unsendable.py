@@ -186,18 +186,15 @@ def _bound(p: Any) -> list[tuple[str, Any]]:
     return _by_name(_parameters(p.func), p.args, p.keywords)
 
 
-def _type_name(obj: Any) -> str:
-    cls = type(obj)
-    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
-
-
 def not_sendable(named: list[tuple[str, Any]]) -> NotSendable | None:
     """The ``NotSendable`` naming the part of ``named`` that cannot be pickled, or None."""
     found = find(named)
     if found is None:
         return None
     path, part, err = found
-    kind = _type_name(part)
+    cls = type(part)
+    kind = (cls.__qualname__ if cls.__module__ == "builtins"
+            else f"{cls.__module__}.{cls.__qualname__}")
     why = f"{type(err).__name__}: {err}"
     return NotSendable(
         f"{path} (a {kind}) cannot be sent to the worker process ({why}). Drop it or create it "

@@ -30,14 +30,6 @@ def startup() -> dict[str, float]:
     return dict(_STARTUP)
 
 
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    while data := os.read(fd, 1 << 20):
-        chunks.append(data)
-    os.close(fd)
-    return b"".join(chunks)
-
-
 def main(argv: list[str] | None = None) -> None:
     """The spawned child's life; never returns."""
     code = 70
@@ -59,7 +51,8 @@ def main(argv: list[str] | None = None) -> None:
                 channel.ready()
             from hybridnb.processes.payload import unpack
 
-            fn, args, kwargs = unpack(_read_all(job_fd))
+            with open(job_fd, "rb") as job:
+                fn, args, kwargs = unpack(job.read())
         except BaseException as exc:  # say it through the channel: the parent shows it
             channel.send_error(exc)
             code = 1
