@@ -33,7 +33,7 @@ import cloudpickle
 from hybridnb import platform
 from hybridnb.processes import loaders, parametrized, refs
 from hybridnb.processes.channel import as_sent, tensor_bytes
-from hybridnb.processes.unsendable import NotSendable, job_parts, not_sendable
+from hybridnb.processes.unsendable import NotSendable, not_sendable
 
 __all__ = ["NotSendable", "SHM_MIN_BYTES", "discard", "pack", "unpack"]
 
@@ -164,9 +164,7 @@ def pack(obj: Any, files: list[str] | None = None) -> tuple[bytes, list[str]]:
         discard(pickler.paths)
         if not isinstance(exc, Exception):
             raise
-        job = (isinstance(obj, tuple) and len(obj) == 3 and callable(obj[0])
-               and isinstance(obj[1], tuple) and isinstance(obj[2], dict))
-        found = not_sendable(job_parts(*obj) if job else [("the object", obj)])
+        found = not_sendable(obj)
         if found is None:
             raise
         raise found from None

@@ -64,11 +64,6 @@ def _fails(obj: Any) -> BaseException | None:
     return None
 
 
-def _has_own_getstate(obj: Any) -> bool:
-    getstate = getattr(type(obj), "__getstate__", None)
-    return getstate is not None and getstate is not getattr(object, "__getstate__", None)
-
-
 def _parts(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
     """(path, part) for each part pickle would send of ``obj``."""
     if isinstance(obj, dict):
@@ -103,21 +98,20 @@ def _parts(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
         yield f"{path}.__self__", obj.__self__
         return
     state: Any = None
-    if _has_own_getstate(obj):
+    getstate = getattr(type(obj), "__getstate__", None)
+    if getstate is not None and getstate is not getattr(object, "__getstate__", None):
         with contextlib.suppress(Exception):  # a user's __getstate__ may raise anything
             state = obj.__getstate__()
     elif hasattr(obj, "__dict__"):
         state = vars(obj)
     if isinstance(state, dict):
-        modules = state.get("_modules") if isinstance(state.get("_modules"), dict) else {}
-        for name, child in modules.items():  # nn.Module children first: model.encoder
-            yield f"{path}.{name}", child
-        for key in ("_parameters", "_buffers"):
+        held = ("_modules", "_parameters", "_buffers")  # an nn.Module's parts: model.encoder
+        for key in held:
             if isinstance(state.get(key), dict):
                 for name, v in state[key].items():
                     yield f"{path}.{name}", v
         for k, v in state.items():
-            if k not in ("_modules", "_parameters", "_buffers"):
+            if k not in held:
                 yield f"{path}.{k}", v
     elif state is not None:
         yield f"{path}.<state>", state
@@ -128,37 +122,8 @@ def _parts(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
                 yield f"{path}.{name}", getattr(obj, name)
 
 
-def find(named: list[tuple[str, Any]]) -> tuple[str, Any, BaseException] | None:
-    """(path, object, its error) of the innermost part of ``named`` (name, object) that cannot
-    be pickled; None when each can."""
-    seen: set[int] = set()
-    nodes = 0
-
-    def walk(path: str, node: Any, err: BaseException, depth: int):
-        nonlocal nodes
-        seen.add(id(node))
-        if depth < MAX_DEPTH:
-            for sub_path, part in _parts(node, path):
-                nodes += 1
-                if nodes > MAX_NODES:
-                    break
-                if id(part) in seen or part is None or isinstance(part, (str, int, float)):
-                    continue
-                sub_err = _fails(part)
-                if sub_err is not None:
-                    return walk(sub_path, part, sub_err, depth + 1)
-        return path, node, err
-
-    for name, obj in named:
-        error = _fails(obj)
-        if error is not None:
-            return walk(name, obj, error, 0)
-    return None
-
-
-def job_parts(fn: Any, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
-    """A job ``fn(channel, *args, **kwargs)`` as named parts: the arguments by their parameter
-    names (a partial's too), then the function."""
+def _job_parts(fn: Any, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
+    """The arguments by their parameter names (a partial's too), then the function."""
     import functools
 
     partial = isinstance(fn, functools.partial)
@@ -186,17 +151,39 @@ def _bound(p: Any) -> list[tuple[str, Any]]:
     return _by_name(_parameters(p.func), p.args, p.keywords)
 
 
-def not_sendable(named: list[tuple[str, Any]]) -> NotSendable | None:
-    """The ``NotSendable`` naming the part of ``named`` that cannot be pickled, or None."""
-    found = find(named)
-    if found is None:
-        return None
-    path, part, err = found
-    cls = type(part)
-    kind = (cls.__qualname__ if cls.__module__ == "builtins"
-            else f"{cls.__module__}.{cls.__qualname__}")
-    why = f"{type(err).__name__}: {err}"
-    return NotSendable(
-        f"{path} (a {kind}) cannot be sent to the worker process ({why}). Drop it or create it "
-        "again in its class's __getstate__/__setstate__, or train in this process with "
-        "isolate=False", path, kind)
+def not_sendable(obj: Any) -> NotSendable | None:
+    """The ``NotSendable`` naming the innermost part of ``obj`` that cannot be pickled (in a job
+    ``(fn, args, kwargs)``: from its arguments' names), or None when no part can be named."""
+    job = (isinstance(obj, tuple) and len(obj) == 3 and callable(obj[0])
+           and isinstance(obj[1], tuple) and isinstance(obj[2], dict))
+    seen: set[int] = set()
+    nodes = 0
+
+    def walk(path: str, node: Any, err: BaseException, depth: int):
+        nonlocal nodes
+        seen.add(id(node))
+        if depth < MAX_DEPTH:
+            for sub_path, part in _parts(node, path):
+                nodes += 1
+                if nodes > MAX_NODES:
+                    break
+                if id(part) in seen or part is None or isinstance(part, (str, int, float)):
+                    continue
+                sub_err = _fails(part)
+                if sub_err is not None:
+                    return walk(sub_path, part, sub_err, depth + 1)
+        return path, node, err
+
+    for name, root in _job_parts(*obj) if job else [("the object", obj)]:
+        error = _fails(root)
+        if error is None:
+            continue
+        path, part, err = walk(name, root, error, 0)
+        cls = type(part)
+        kind = (cls.__qualname__ if cls.__module__ == "builtins"
+                else f"{cls.__module__}.{cls.__qualname__}")
+        return NotSendable(
+            f"{path} (a {kind}) cannot be sent to the worker process ({type(err).__name__}: "
+            f"{err}). Drop it or create it again in its class's __getstate__/__setstate__, or "
+            "train in this process with isolate=False", path, kind)
+    return None
