@@ -22,7 +22,7 @@ import struct
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -303,15 +303,16 @@ class Channel:
 
 class FrameReader:
     """Reads frames from a non-blocking pipe as bytes arrive: ``read()`` returns the complete
-    messages so far, never blocking."""
+    messages so far, never blocking. ``partial``: a frame has begun but not finished (it is
+    dropped if the worker dies now)."""
 
     def __init__(self, fd: int) -> None:
         os.set_blocking(fd, False)
         self.fd = fd
-        self.eof = False
-        self.closed = False
+        self.eof = self.closed = self.partial = False
         self.bytes_read = 0
-        self._reset()
+        self._done: list[Message] = []
+        self._frames = self._parse()
 
     def close(self) -> None:
         if not self.closed:
@@ -319,64 +320,47 @@ class FrameReader:
             with contextlib.suppress(OSError):
                 os.close(self.fd)
 
-    def _reset(self) -> None:
-        self._stage = "header"
-        self._target = memoryview(bytearray(HEADER.size))
-        self._pos = 0
-        self._tensors: list = []
-        self._pending: Iterator | None = None
-
-    @property
-    def partial(self) -> bool:
-        """A frame has started but not finished (it is dropped if the worker dies now)."""
-        return self._stage != "header" or self._pos > 0
-
     def read(self) -> list[Message]:
-        out: list[Message] = []
-        while not self.eof:
-            if self._pos < len(self._target):
-                try:
-                    n = os.readv(self.fd, [self._target[self._pos:]])
-                except BlockingIOError:
-                    break
-                except InterruptedError:
-                    continue
-                if n == 0:
-                    self.eof = True
-                    break
-                self._pos += n
-                self.bytes_read += n
-                if self._pos < len(self._target):
-                    continue
-            message = self._advance()
-            if message is not None:
-                out.append(message)
-        return out
+        if not self.eof:
+            next(self._frames)  # parses until the pipe is empty for now
+        done, self._done = self._done, []
+        return done
 
-    def _advance(self) -> Message | None:
-        """The current part is complete: on to the next; a finished frame is returned."""
-        if self._stage == "header":
-            magic, self._body_len, self._spec_len = HEADER.unpack(self._target)
+    def _parse(self) -> Generator[None, None, None]:
+        while True:
+            head = yield from self._fill(memoryview(bytearray(HEADER.size)))
+            magic, body_len, spec_len = HEADER.unpack(head)
             if magic != MAGIC:
-                raise RuntimeError(f"unexpected bytes {bytes(self._target)!r} on the worker's "
-                                   "message pipe (something else wrote to it)")
-            self._stage, self._target, self._pos = "meta", memoryview(
-                bytearray(self._body_len + self._spec_len)), 0
-            return None
-        if self._stage == "meta":
-            self._body = self._target[:self._body_len]
-            self._tensors, raws = _allocate(pickle.loads(self._target[self._body_len:]))
-            self._pending = iter(raws)
-            self._stage = "raw"
-        target = next(self._pending, None)
-        if target is not None:
-            self._target, self._pos = target, 0
-            return None
-        unpickler = pickle.Unpickler(io.BytesIO(self._body))
-        unpickler.persistent_load = self._tensors.__getitem__
-        kind, payload = unpickler.load()
-        self._reset()
-        return Message(kind, payload)
+                raise RuntimeError(f"unexpected bytes {bytes(head)!r} on the worker's message "
+                                   "pipe (something else wrote to it)")
+            meta = yield from self._fill(memoryview(bytearray(body_len + spec_len)))
+            tensors, raws = _allocate(pickle.loads(meta[body_len:]))
+            for raw in raws:  # straight into the tensors
+                yield from self._fill(raw)
+            unpickler = pickle.Unpickler(io.BytesIO(meta[:body_len]))
+            unpickler.persistent_load = tensors.__getitem__
+            self._done.append(Message(*unpickler.load()))
+            self.partial = False
+
+    def _fill(self, view: memoryview) -> Generator[None, None, memoryview]:
+        """``view`` filled from the pipe; yields while the pipe is empty (for good at EOF)."""
+        pos = 0
+        while pos < len(view):
+            try:
+                n = os.readv(self.fd, [view[pos:]])
+            except BlockingIOError:
+                yield
+                continue
+            except InterruptedError:
+                continue
+            if n == 0:
+                self.eof = True
+                while True:
+                    yield
+            pos += n
+            self.bytes_read += n
+            self.partial = True
+        return view
 
 
 def _allocate(specs: list) -> tuple[list, list[memoryview]]:

@@ -467,9 +467,6 @@ def _outputs(out_r: int, err_r: int | None) -> dict[int, int]:
 
 # ============================================================================ atomic starts
 
-HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
 @contextlib.contextmanager
 def _held_signals() -> Iterator[list[int]]:
     """SIGINT and SIGTERM wait while the block runs, noted in the list yielded (Python runs
@@ -480,7 +477,7 @@ def _held_signals() -> Iterator[list[int]]:
         return
     old: dict[int, Any] = {}
     try:
-        for sig in HELD_SIGNALS:
+        for sig in (signal.SIGINT, signal.SIGTERM):
             handler = signal.getsignal(sig)
             if handler is None or handler == signal.SIG_IGN:
                 continue  # set outside Python, or ignored: nothing to hold

@@ -22,6 +22,7 @@ flag with the reason "stop" (or the word it returns), without a time limit.
 from __future__ import annotations
 
 import collections
+import contextlib
 import select
 import signal
 import statistics
@@ -264,7 +265,8 @@ class Watch:
     def __enter__(self) -> Watch:
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._on_signal)
+                with contextlib.suppress(ValueError):  # a subinterpreter refuses handlers
+                    self._previous[sig] = signal.signal(sig, self._on_signal)
         return self
 
     def __exit__(self, kind, value, tb) -> None:
@@ -321,12 +323,8 @@ class Watch:
             now = time.monotonic()
             wait = max(0.0, min([self.poll] + [at - now for w in live for at, _ in w.limits()]))
             try:
-                fds = [fd for w in live for fd in w.child.wait_fds()]
-                if fds:
-                    ready = set(select.select(fds, [], [], wait)[0])
-                else:  # nothing to wait on (a command without pipes, no pidfd): poll
-                    ready = set()
-                    time.sleep(wait)
+                fds = [fd for w in live for fd in w.child.wait_fds()]  # none: a plain sleep
+                ready = set(select.select(fds, [], [], wait)[0])
                 for w in live:
                     self._read(w, ready)
             except KeyboardInterrupt:  # no handler of ours (it could not be installed)
