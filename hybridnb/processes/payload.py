@@ -71,12 +71,12 @@ class _Pickler(cloudpickle.Pickler):
             # pickled by value, a view would take its whole storage along
             if max(obj.nbytes, obj.untyped_storage().nbytes()) >= SHM_MIN_BYTES:
                 ref = refs.tensor_ref(obj, self._locator)
-                pid = ("ref", ref) if ref is not None else self._tensor_to_file(obj)
+                pid = ("ref", ref) if ref is not None else self._to_file(obj, torch)
         elif np is not None and cls in (np.ndarray, np.memmap) and not obj.dtype.hasobject:
             ref = (refs.ndarray_ref(obj, self._locator)
                    if cls is np.memmap or obj.nbytes >= SHM_MIN_BYTES else None)
             pid = ("ref", ref) if ref is not None else (
-                self._array_to_file(obj) if obj.nbytes >= SHM_MIN_BYTES else None)
+                self._to_file(obj, torch) if obj.nbytes >= SHM_MIN_BYTES else None)
         if pid is not None:
             self._seen[key] = (obj, pid)  # obj kept alive: its id stays its own
         return pid
@@ -135,19 +135,18 @@ class _Pickler(cloudpickle.Pickler):
                     self.folder = None
         return None
 
-    def _tensor_to_file(self, obj: Any) -> tuple | None:
-        spec, raw = tensor_bytes(obj)
-        path = self._write(raw)
-        return None if path is None else ("shm", path, *spec)
-
-    def _array_to_file(self, obj: Any) -> tuple | None:
+    def _to_file(self, obj: Any, torch: Any) -> tuple | None:
+        """A tensor's or array's bytes in a file of its own; None: they go in the pickle."""
+        if torch is not None and isinstance(obj, torch.Tensor):
+            spec, raw = tensor_bytes(obj)
+            path = self._write(raw)
+            return None if path is None else ("shm", path, *spec)
         import numpy as np
 
         flat = np.ascontiguousarray(obj)
         path = self._write(memoryview(flat.reshape(-1).view(np.uint8)))
-        if path is None:
-            return None
-        return ("shm-array", path, flat.dtype, flat.shape, bool(obj.flags.writeable))
+        return None if path is None else (
+            "shm-array", path, flat.dtype, flat.shape, bool(obj.flags.writeable))
 
 
 def pack(obj: Any, files: list[str] | None = None) -> tuple[bytes, list[str]]:
@@ -179,31 +178,24 @@ class _Unpickler(pickle.Unpickler):
     def persistent_load(self, pid):
         if pid[0] == "ref":
             return refs.open_ref(pid[1])
-        if pid[0] == "shm-array":
-            return _open_shm_array(*pid[1:])
-        _, path, dtype, shape, nbytes, is_param, requires_grad = pid
-        import torch
+        path = pid[1]
+        try:  # mapped, the file goes at once: its pages live as long as the tensor or array
+            if pid[0] == "shm-array":
+                import numpy as np
 
-        try:
+                _, _, dtype, shape, writeable = pid
+                arr = np.ndarray(shape, np.dtype(dtype), buffer=np.memmap(path, np.uint8, "r+"))
+                arr.flags.writeable = writeable
+                return arr
+            import torch
+
+            _, _, dtype, shape, nbytes, is_param, requires_grad = pid
             raw = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+            t = raw.view(dtype).view(shape) if nbytes else torch.empty(shape, dtype=dtype)
+            return as_sent(t, is_param, requires_grad)
         finally:
             with contextlib.suppress(OSError):
-                os.unlink(path)  # mapped: the pages live as long as the tensor
-        t = raw.view(dtype).view(shape) if nbytes else torch.empty(shape, dtype=dtype)
-        return as_sent(t, is_param, requires_grad)
-
-
-def _open_shm_array(path: str, dtype: Any, shape: tuple, writeable: bool) -> Any:
-    import numpy as np
-
-    try:
-        mm = np.memmap(path, np.uint8, "r+")
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)  # mapped: the pages live as long as the array
-    arr = np.ndarray(shape, np.dtype(dtype), buffer=mm)
-    arr.flags.writeable = writeable
-    return arr
+                os.unlink(path)
 
 
 def unpack(data: bytes | memoryview) -> Any:
