@@ -88,11 +88,8 @@ def read_mappings() -> list[Mapping]:
 def _written_private_pages(start: int, end: int) -> int:
     """kB of copied-on-write pages in the mappings within [start, end); -1 when unknown."""
     total, inside, found = 0, False, False
-    smaps = platform.proc_path("self", "smaps")
-    if smaps is None:
-        return -1
     try:
-        with open(smaps) as f:
+        with open("/proc/self/smaps") as f:  # there: a mapping was found in /proc/self/maps
             for line in f:
                 head = line.split(None, 1)[0]
                 if "-" in head and not head.endswith(":"):
