@@ -45,12 +45,12 @@ class Message:
     payload: Any
 
 
-def widen_pipe(fd: int, size: int = PIPE_BYTES) -> None:
+def widen_pipe(fd: int) -> None:
     """Best effort: a larger pipe buffer (Linux only; the system limit may refuse it)."""
     with contextlib.suppress(ImportError, AttributeError, OSError):
         import fcntl
 
-        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
 
 
 # why a stop was asked: a should_stop callback (the Stop button), the caller's own callbacks,
@@ -200,15 +200,14 @@ class Channel:
     picklable payload. The supervisor reads "step_done", "heartbeat", "state" (the last good
     run state), "done" and "error" (both sent for you); every kind goes to ``on_message``.
 
-    Small messages are batched, at most ``flush_interval`` seconds late (every write wakes the
+    Small messages are batched, at most ``FLUSH_INTERVAL_S`` late (every write wakes the
     parent, and on a busy machine a woken kernel can take the worker's core for milliseconds);
     a thread writes what waits while the child is in a long step. ``URGENT`` kinds go out at
     once with everything before them; order is always kept.
     """
 
-    def __init__(self, fd: int, stop: StopFlag, flush_interval: float = FLUSH_INTERVAL_S
-                 ) -> None:
-        self._fd, self._stop, self.flush_interval = fd, stop, flush_interval
+    def __init__(self, fd: int, stop: StopFlag) -> None:
+        self._fd, self._stop = fd, stop
         self._lock = threading.Lock()
         self._pending = bytearray()
         self._last_write = time.monotonic()
@@ -223,7 +222,7 @@ class Channel:
             if n <= BATCH_BYTES and not urgent:
                 for part in parts:
                     self._pending += part
-                if now - self._last_write >= self.flush_interval:
+                if now - self._last_write >= FLUSH_INTERVAL_S:
                     self._flush(now)
                 elif self._flusher is None:
                     self._flusher = threading.Thread(target=self._flush_late, daemon=True,
@@ -240,12 +239,12 @@ class Channel:
             self._flush(time.monotonic())
 
     def _flush_late(self) -> None:
-        """Write what waited ``flush_interval`` (the worker may be in a long step, or hung)."""
+        """Write what waited (the worker may be in a long step, or hung)."""
         while True:
-            time.sleep(self.flush_interval)
+            time.sleep(FLUSH_INTERVAL_S)
             with self._lock:
                 now = time.monotonic()
-                if self._pending and now - self._last_write >= self.flush_interval:
+                if self._pending and now - self._last_write >= FLUSH_INTERVAL_S:
                     try:
                         self._flush(now)
                     except OSError:  # the kernel is gone; the worker's next send says so

@@ -23,7 +23,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from hybridnb import platform
 from hybridnb.env import HEADLESS_ENV, ISOLATED_ENV, warm_worker
@@ -409,8 +409,7 @@ def run(fn: Callable[..., Any], args: tuple, kwargs: dict, channel: Channel) -> 
 
 def _forked_child(fn, args, wiring: str, death_signal: int, channel: Channel, out_w: int,
                   err_w: int, read_fds: list[int], env: dict[str, str]) -> None:
-    """The forked child; it leaves with ``os._exit``, never back into the parent's code, its
-    atexit handlers or its threads' teardown."""
+    """The forked child; it never returns into the parent's code (``leave``)."""
     code = 70
     try:
         with contextlib.suppress(OSError):
@@ -433,10 +432,15 @@ def _forked_child(fn, args, wiring: str, death_signal: int, channel: Channel, ou
         channel.ready()
         code = run(fn, args, {}, channel)
     finally:
-        with contextlib.suppress(BaseException):  # exiting anyway
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
+        leave(code)
+
+
+def leave(code: int) -> NoReturn:
+    """Flush and exit at once: no atexit handlers, no teardown of the interpreter or threads."""
+    with contextlib.suppress(BaseException):  # exiting anyway
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
 
 
 # ============================================================================ small helpers

@@ -293,11 +293,8 @@ class Watch:
         ending = [sig for sig in self.signals if sig != signal.SIGINT]
         if ending:
             signal.raise_signal(ending[0])
-        elif not self.keep_interrupt:
-            if threading.current_thread() is threading.main_thread():
-                signal.raise_signal(signal.SIGINT)
-            else:
-                raise KeyboardInterrupt
+        elif not self.keep_interrupt:  # (signals reach a watch in the main thread only)
+            signal.raise_signal(signal.SIGINT)
 
     # ---------------------------------------------------------------- children
     def start(self, start: Callable[[], Child], **limits: Any) -> Watched:

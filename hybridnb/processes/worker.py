@@ -10,14 +10,13 @@ interpreter has no broken OpenMP pool.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import sys
 import time
 
 from hybridnb import platform
-from hybridnb.processes.child import prepare, run
+from hybridnb.processes.child import leave, prepare, run
 from hybridnb.processes.framed import wiring
 
 _STARTUP: dict[str, float] = {}
@@ -63,10 +62,7 @@ def main(argv: list[str] | None = None) -> None:
             channel.ready()
         code = run(fn, args, kwargs, channel)
     finally:
-        with contextlib.suppress(BaseException):  # exiting anyway
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
+        leave(code)
 
 
 if __name__ == "__main__":
