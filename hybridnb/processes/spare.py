@@ -55,16 +55,7 @@ def replenish(key: Key, start: Callable[[], Spare]) -> None:
     """Start the spare for ``key`` unless a running one is there (spares on)."""
     if not warm_worker():
         return
-    with _lock:
-        entry = _spares.get(key[0])
-    if entry is not None:
-        if entry[0] == key and entry[1].child.poll() is None:
-            return
-        with _lock:
-            stale = _spares.pop(key[0], None)
-        if stale is not None:
-            stale[1].close()
-    spare = start()
+    spare = take(key) or start()  # a running one is kept, a stale one closed
     with _lock:
         old = _spares.pop(key[0], None)
         _spares[key[0]] = (key, spare)
