@@ -259,12 +259,11 @@ def start_spawn(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None =
 
 class PrestartedWorker:
     """A spawned worker started before its job exists: it imports its modules while this
-    process prepares the job. ``spare``: it was started earlier (``processes.spare``)."""
+    process prepares the job."""
 
     def __init__(self, child: Child, payload_w: int) -> None:
         self.child = child
         self._payload_w: int | None = payload_w
-        self.spare = False
         self._next: Callable[[], None] | None = None  # starts the spare after the job
 
     def send(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Child:
@@ -332,8 +331,6 @@ def prestart_spawn(*, preload: Sequence[str] = ("torch",)) -> PrestartedWorker:
 
     with _held_signals():  # handed over whole, or kept
         early = spare.take(spare.key_of(preload)) if warm_worker() else None
-        if early is not None:
-            early.spare = True
     if early is None:
         early = spawn()
     early._next = start_next

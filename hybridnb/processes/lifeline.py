@@ -57,8 +57,7 @@ def hold(wiring_text: str, death_signal: int = platform.KILL) -> None:
     parent = int(pid_text)
     platform.set_parent_death_signal(death_signal)
     if fd_text:
-        fd = int(fd_text)
-        threading.Thread(target=_watch, args=(fd, death_signal), daemon=True,
+        threading.Thread(target=_watch, args=(int(fd_text), death_signal), daemon=True,
                          name="hybridnb-lifeline").start()
     if os.getppid() != parent:  # the parent died before the death signal could be set
         os._exit(1)
@@ -66,11 +65,9 @@ def hold(wiring_text: str, death_signal: int = platform.KILL) -> None:
 
 def _watch(fd: int, death_signal: int) -> None:
     """Block on the lifeline until the parent's end closes, then deliver the death signal."""
-    try:
+    with contextlib.suppress(OSError):
         while os.read(fd, 1):
             pass
-    except OSError:
-        pass
     with contextlib.suppress(OSError, ValueError):
         signal.raise_signal(death_signal)  # SIGINT: its handler runs in the main thread
     if death_signal != signal.SIGINT:
