@@ -1,13 +1,10 @@
 """A command (``python -m MODULE ...``) that talks to its parent in the channel's frames.
 
-The GPU probe, a compare() variant and the spawned worker are modules run as fresh
-interpreters: ``start_framed(module, *args)`` starts ``python -m MODULE WIRING *args`` in its own
-process group with a message pipe (the child's ``Channel``), a stop flag and, with
-``requests=True``, a request pipe the parent writes (``Requests``). WIRING names the inherited
-descriptors and the parent's pid; in the child, ``connect(argv)`` (``wiring`` for the worker,
-which reads its job as raw bytes) takes it apart and ties the child's life to the parent's
-(``processes.lifeline``). So every child of hybridnb speaks one framing and is watched by the one
-loop (``supervise.Watch``).
+The GPU probe, a compare() variant and the spawned worker run as fresh interpreters started by
+``start_framed``: their own process group, a message pipe (the child's ``Channel``), a stop flag
+and, with ``requests=True``, a request pipe the parent writes (``Requests``), all named by one
+WIRING argument that ``connect``/``wiring`` take apart in the child. So every child of hybridnb
+speaks one framing, dies with its parent and is watched by the one loop (``supervise.Watch``).
 """
 
 from __future__ import annotations
