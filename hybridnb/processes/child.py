@@ -137,7 +137,7 @@ class Child:
         else:
             try:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
-                ended = Exit.from_status(status) if pid else None
+                ended = Exit.from_returncode(os.waitstatus_to_exitcode(status)) if pid else None
             except ChildProcessError:  # reaped elsewhere
                 ended = Exit("unknown", -1)
         if ended is not None:

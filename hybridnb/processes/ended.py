@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import enum
-import os
 import signal
 from dataclasses import dataclass
 from typing import Any
@@ -47,13 +46,6 @@ class Exit:
 
     how: str     # "code", "signal" or "unknown" (reaped elsewhere)
     number: int  # the exit code or the signal number
-
-    @classmethod
-    def from_status(cls, status: int) -> Exit:
-        """From ``os.waitpid``'s status word."""
-        if os.WIFSIGNALED(status):
-            return cls("signal", os.WTERMSIG(status))
-        return cls("code", os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1)
 
     @classmethod
     def from_returncode(cls, rc: int) -> Exit:

@@ -113,7 +113,7 @@ class Watched:
         self.finished_at: float | None = None
         self.stop_deadline: float | None = None
         self.stop_wait = 0.0
-        self.interrupts = self.bytes = 0
+        self.bytes = 0
         self.signal: int | None = None     # the first signal that reached the parent
         self.t0 = self.progress.last_message = self.progress.last_step = time.monotonic()
         self.arm(deadline)
@@ -196,7 +196,7 @@ class Watched:
                            state=self.state, state_steps=self.state_steps, steps=p.steps,
                            median_step_s=p.median_step_s, seconds=now - self.t0, phase=p.phase,
                            exit=exit_text, signal=ex.signal if ex else None,
-                           exit_code=ex.code if ex else None, interrupted=self.interrupts > 0,
+                           exit_code=ex.code if ex else None, interrupted=self.signal is not None,
                            stop_sent=self.stop_reason is not None, bytes_received=self.bytes,
                            output_tail=child.output_text(), last_words=child.last_words.best(),
                            pid=child.pid)
@@ -228,7 +228,7 @@ class Watched:
             out.reason = (f"interrupted: {who} had not stopped {_secs(self.stop_wait)} after "
                           f"{by} and was killed {steps}{in_phase}")
         elif cause == "closed":
-            out.status = Ending.INTERRUPTED if self.interrupts else Ending.DIED
+            out.status = Ending.INTERRUPTED if self.signal is not None else Ending.DIED
             out.reason = f"{who} was still running when its watch closed; killed {steps}"
         else:  # it exited without "done" or "error"
             if ex is not None and ex.how == "signal":
@@ -412,7 +412,6 @@ class Watch:
                 if reason == INTERRUPT and w.stop_signal is not None:
                     w.child.send_signal(w.stop_signal)
             if reason == INTERRUPT:
-                w.interrupts = len(self.signals)
                 w.signal = w.signal or self.signals[0]
                 if w.stop_deadline is None and w.finished_at is None:
                     median = w.progress.median_step_s or 0.0
