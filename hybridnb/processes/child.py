@@ -233,11 +233,30 @@ def _fork(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None, death
         warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks",
                                 category=DeprecationWarning)
         pid = os.fork()
-    if pid == 0:  # the child; never returns
-        _forked_child(fn, args, wiring, death_signal, Channel(msg_w, stop), out_w,
-                      out_w if err_w is None else err_w,
-                      [fd for fd in (msg_r, out_r, err_r) if fd is not None],
-                      WORKER_ENV if env is None else env)
+    if pid == 0:  # the child: it never returns into the parent's code (``leave``)
+        code = 70
+        try:
+            with contextlib.suppress(OSError):
+                os.setpgid(0, 0)  # a Ctrl-C in the parent's group does not reach it; killpg does
+            lifeline.after_fork()
+            lifeline.hold(wiring, death_signal)
+            close_fds([fd for fd in (msg_r, out_r, err_r) if fd is not None])
+            os.environ.update(WORKER_ENV if env is None else env)
+            err_w = out_w if err_w is None else err_w
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            close_fds([out_w, err_w])
+            sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace",
+                              closefd=False)
+            sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace",
+                              closefd=False)
+            sys.stdin = open(os.devnull)
+            prepare()
+            channel = Channel(msg_w, stop)
+            channel.ready()
+            code = run(fn, args, {}, channel)
+        finally:
+            leave(code)
     with contextlib.suppress(OSError):  # the child does it too; whichever comes first
         os.setpgid(pid, pid)
     close_fds([fd for fd in (msg_w, out_w, err_w) if fd is not None])
@@ -402,34 +421,6 @@ def run(fn: Callable[..., Any], args: tuple, kwargs: dict, channel: Channel) -> 
 
                 traceback.print_exc()
         return 1
-
-
-def _forked_child(fn, args, wiring: str, death_signal: int, channel: Channel, out_w: int,
-                  err_w: int, read_fds: list[int], env: dict[str, str]) -> None:
-    """The forked child; it never returns into the parent's code (``leave``)."""
-    code = 70
-    try:
-        with contextlib.suppress(OSError):
-            os.setpgid(0, 0)  # a Ctrl-C in the parent's group does not reach it; killpg does
-        lifeline.after_fork()
-        lifeline.hold(wiring, death_signal)
-        for fd in read_fds:
-            os.close(fd)
-        os.environ.update(env)
-        os.dup2(out_w, 1)
-        os.dup2(err_w, 2)
-        for fd in {out_w, err_w}:
-            os.close(fd)
-        sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace",
-                          closefd=False)
-        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace",
-                          closefd=False)
-        sys.stdin = open(os.devnull)
-        prepare()
-        channel.ready()
-        code = run(fn, args, {}, channel)
-    finally:
-        leave(code)
 
 
 def leave(code: int) -> NoReturn:
