@@ -60,7 +60,7 @@ class Child:
         self.output_fds = dict(output_fds or {})
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.last_words = LastWords()
-        self._outputs = {fd: OutputLines(self.tail) for fd in self.output_fds}
+        self._outputs = {fd: OutputLines(self.tail, self.last_words) for fd in self.output_fds}
         for fd in self.output_fds:
             os.set_blocking(fd, False)
         self.files: list[str] = []
@@ -88,10 +88,7 @@ class Child:
                 stream = self.output_fds.pop(fd)
                 os.close(fd)
                 return (stream, "".join(chunks)) if chunks else None
-            text, done = self._outputs[fd].feed(data)
-            chunks.append(text)
-            for line in done:
-                self.last_words.feed(line)
+            chunks.append(self._outputs[fd].feed(data))
         return self.output_fds[fd], "".join(chunks)
 
     def output_text(self) -> str:
