@@ -90,11 +90,6 @@ class _Pickler(cloudpickle.Pickler):
             return parametrized.reduce(obj)
         return super().reducer_override(obj)
 
-    def _new_file(self) -> str:
-        path = os.path.join(self.folder, f"hybridnb-{os.getpid()}-{uuid.uuid4().hex[:12]}")
-        self.paths.append(path)  # first: an interrupted write is discarded too
-        return path
-
     def _leave_shm(self, why: str) -> None:
         self.folder = tempfile.gettempdir()
         platform.say_once(f"{SHM_DIR} {why}: the data for the worker process goes through files "
@@ -102,20 +97,17 @@ class _Pickler(cloudpickle.Pickler):
                           "In a Docker container give it more shared memory: "
                           "docker run --shm-size=8g ...", key="shm")
 
-    def _room_in_shm(self, nbytes: int) -> bool:
-        usage = platform.shared_memory(SHM_DIR)  # there: pack saw it
-        if usage.free - nbytes >= SHM_RESERVE * usage.total:
-            return True
-        self._leave_shm(f"has {_mb(usage.free)} free of {_mb(usage.total)}, too little for "
-                        f"{_mb(nbytes)}")
-        return False
-
     def _write(self, data: memoryview) -> str | None:
         """``data`` in a new file; None when no folder has room (then it goes in the pickle)."""
         while self.folder is not None:
-            if self.folder == SHM_DIR and not self._room_in_shm(data.nbytes):
-                continue
-            path = self._new_file()
+            if self.folder == SHM_DIR:
+                usage = platform.shared_memory(SHM_DIR)  # there: pack saw it
+                if usage.free - data.nbytes < SHM_RESERVE * usage.total:
+                    self._leave_shm(f"has {_mb(usage.free)} free of {_mb(usage.total)}, too "
+                                    f"little for {_mb(data.nbytes)}")
+                    continue
+            path = os.path.join(self.folder, f"hybridnb-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+            self.paths.append(path)  # first: an interrupted write is discarded too
             try:
                 with open(path, "wb") as f:
                     f.write(data)
