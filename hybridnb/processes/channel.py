@@ -19,12 +19,15 @@ import mmap
 import os
 import pickle
 import struct
+import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
+
+from hybridnb import platform
 
 MAGIC = b"HNw1"
 HEADER = struct.Struct("<4sQQ")
@@ -69,7 +72,11 @@ class StopFlag:
     def __init__(self, shareable: bool = False, fd: int | None = None) -> None:
         self.fd: int | None = fd
         if fd is None and shareable:
-            self.fd = _unnamed_file("hybridnb-stop")
+            if platform.memfd():
+                self.fd = os.memfd_create("hybridnb-stop", os.MFD_CLOEXEC)
+            else:  # a file no path reaches, as a memfd
+                self.fd, path = tempfile.mkstemp(prefix="hybridnb-stop-")
+                os.unlink(path)
             os.ftruncate(self.fd, 1)
         self._map = mmap.mmap(-1, 1) if self.fd is None else mmap.mmap(self.fd, 1)
 
@@ -88,19 +95,6 @@ class StopFlag:
             with contextlib.suppress(OSError):
                 os.close(self.fd)
             self.fd = None
-
-
-def _unnamed_file(name: str) -> int:
-    """A new close-on-exec descriptor on an empty file no path reaches."""
-    from hybridnb import platform
-
-    if platform.memfd():
-        return os.memfd_create(name, os.MFD_CLOEXEC)
-    import tempfile
-
-    fd, path = tempfile.mkstemp(prefix=name + "-")
-    os.unlink(path)
-    return fd
 
 
 # ============================================================================ worker side
