@@ -18,6 +18,7 @@ import io
 import mmap
 import os
 import pickle
+import select
 import struct
 import tempfile
 import threading
@@ -380,14 +381,9 @@ class Inbox:
 
     def get(self) -> Message | None:
         """The next request (blocks); None once the parent closed its end."""
-        import select
-
         while not self._queue:
             if self._reader.eof:
                 return None
             select.select([self._reader.fd], [], [])
             self._queue.extend(self._reader.read())
         return self._queue.pop(0)
-
-    def close(self) -> None:
-        self._reader.close()
