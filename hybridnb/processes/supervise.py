@@ -151,12 +151,10 @@ class Watched:
                 p.phase = str(info["phase"])
         elif m.kind == STATE:
             self.state, self.state_steps = m.payload, p.steps
-        elif m.kind in (DONE, ERROR):
-            if m.kind == DONE:
-                self.result, self.got_done = m.payload, True
-            else:
-                self.error = m.payload  # ``Channel.send_error``'s dict
-            self.finished_at = now
+        elif m.kind == DONE:
+            self.result, self.got_done, self.finished_at = m.payload, True, now
+        elif m.kind == ERROR:
+            self.error, self.finished_at = m.payload, now  # ``Channel.send_error``'s dict
         else:
             p.last_message = now  # any other message is a sign of life too
 
