@@ -316,7 +316,7 @@ class FrameReader:
 
     def read(self) -> list[Message]:
         if not self.eof:
-            next(self._frames)  # parses until the pipe is empty for now
+            next(self._frames, None)  # parses until the pipe is empty (ended: after a raise)
         done, self._done = self._done, []
         return done
 
