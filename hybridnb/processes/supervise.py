@@ -181,10 +181,6 @@ class Watched:
                   (self.progress.last_message + self.limit()[0], "silent")]
         return [(at, cause) for at, cause in limits if at is not None]
 
-    def overdue(self, now: float) -> str | None:
-        """The limit it has passed (a cause), or None."""
-        return next((cause for at, cause in self.limits() if now >= at), None)
-
     # ---------------------------------------------------------------- the outcome
     def make_outcome(self, now: float) -> ChildOutcome:
         child, p, cause, who = self.child, self.progress, self.cause, self.name
@@ -332,8 +328,8 @@ class Watch:
                     self._end(w, "exited")
                 elif len(self.signals) >= 2:
                     self._end(w, "interrupted")
-                else:
-                    cause = w.overdue(now)
+                else:  # the first limit it has passed, if any
+                    cause = next((cause for at, cause in w.limits() if now >= at), None)
                     if cause is not None:
                         self._end(w, cause)
         if self.signals and not self.live() and (set(self.signals) - {signal.SIGINT}
