@@ -9,7 +9,6 @@ speaks one framing, dies with its parent and is watched by the one loop (``super
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -59,8 +58,7 @@ class Requests:
 
     def close(self) -> None:
         if self.fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.fd)
+            close_fds([self.fd])
             self.fd = None
 
 

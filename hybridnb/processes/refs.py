@@ -61,11 +61,8 @@ def read_mappings() -> list[Mapping]:
     maps = platform.proc_path("self", "maps")
     if maps is None:
         return []
-    try:
-        with open(maps) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return []
+    with open(maps) as f:
+        lines = f.read().splitlines()
     out: list[Mapping] = []
     for line in lines:
         parts = line.split(None, 5)

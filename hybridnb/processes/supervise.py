@@ -421,7 +421,5 @@ class Watch:
                 f"{'it' if one else 'them'})"))
 
 
-def _secs(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
+def _secs(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
