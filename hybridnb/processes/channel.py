@@ -1,18 +1,14 @@
-"""The message pipe between a supervised child (a forked or spawned worker) and its parent.
+"""The message pipe between a supervised child and its parent.
 
 The child calls ``channel.send(kind, payload)``; the parent reads whole messages, in order, with
 ``FrameReader`` (non-blocking: it keeps watching the child while a large message arrives). A
-message is one frame: header (magic, body length, specs length) | body | specs | raw tensor
-bytes. ``body`` is the pickled ``(kind, payload)`` with every plain CPU tensor replaced by a
-reference; ``specs`` lists those tensors (dtype, shape, size), whose bytes follow as they lie in
-memory. The parent allocates each tensor once and reads the pipe straight into it: a state of
-tens of MB costs one copy on each side, not the several of pickling tensors. Tensors arrive on
-the CPU, contiguous, each with its own storage (the same tensor sent twice in one message
-arrives as one tensor).
-
-A frame cut short (the child died while sending) is never delivered. The stop request travels
-the other way through one shared byte (``StopFlag``), which the child reads every step for the
-cost of a memory load.
+frame is header (magic, body length, specs length) | body | specs | raw tensor bytes: the body
+is the pickled ``(kind, payload)`` with each plain tensor replaced by a reference, the specs
+list those tensors, whose bytes follow as they lie in memory. The parent reads the pipe straight
+into tensors it allocated once, so a state of tens of MB costs one copy on each side. Tensors
+arrive on the CPU, contiguous; a frame cut short (the child died while sending) is never
+delivered. The stop request travels the other way through one shared byte (``StopFlag``), read
+every step for the cost of a memory load.
 """
 
 from __future__ import annotations
@@ -22,13 +18,17 @@ import io
 import mmap
 import os
 import pickle
+import select
 import struct
+import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
+
+from hybridnb import platform
 
 MAGIC = b"HNw1"
 HEADER = struct.Struct("<4sQQ")
@@ -43,56 +43,51 @@ ANSWER = "answer"  # a child's answer to its parent's request (processes.framed)
 URGENT = frozenset((DONE, ERROR, STATE, HEARTBEAT, READY, ANSWER))  # written at once, with what came before
 
 
-class ChannelError(RuntimeError):
-    """The message stream from the worker is not what this module writes (a stray writer)."""
-
-
 @dataclass
 class Message:
     kind: str
     payload: Any
 
 
-def widen_pipe(fd: int, size: int = PIPE_BYTES) -> None:
+def widen_pipe(fd: int) -> None:
     """Best effort: a larger pipe buffer (Linux only; the system limit may refuse it)."""
     with contextlib.suppress(ImportError, AttributeError, OSError):
         import fcntl
 
-        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
 
 
-# why a stop was asked: a should_stop callback (the Stop button; "callback": the caller's own
-# callbacks asked), a signal
+# why a stop was asked: a should_stop callback (the Stop button), the caller's own callbacks,
+# a signal; a reason is never lowered
 STOP, CALLBACK, INTERRUPT = "stop", "callback", "interrupt"
 _REASONS = {1: STOP, 2: CALLBACK, 3: INTERRUPT}
+_CODES = {reason: code for code, reason in _REASONS.items()}
 
 
 class StopFlag:
-    """One byte shared by the parent and its child: anonymous shared memory (kept across a
-    fork), or with ``shareable=True`` a file no path reaches (a memfd; elsewhere a temporary
-    file unlinked at once: ``platform.memfd()``) whose descriptor ``fd`` a spawned child
-    inherits and opens with ``StopFlag(fd=fd)``.
-
-    The byte says why the parent asked the child to stop: 0 (it did not), 1 "stop" (a
-    ``should_stop`` callback such as a Stop button), 2 "callback" (the caller's callbacks) or
-    3 "interrupt" (a signal reached the parent). A reason is never lowered."""
+    """One byte shared by the parent and its child, saying why the parent asked it to stop (0:
+    it did not; ``_REASONS``): anonymous shared memory (kept across a fork), or with
+    ``shareable=True`` a file no path reaches (a memfd, else an unlinked temporary file) whose
+    ``fd`` a spawned child inherits and opens with ``StopFlag(fd=fd)``."""
 
     def __init__(self, shareable: bool = False, fd: int | None = None) -> None:
         self.fd: int | None = fd
         if fd is None and shareable:
-            self.fd = _unnamed_file("hybridnb-stop")
+            if platform.memfd():
+                self.fd = os.memfd_create("hybridnb-stop", os.MFD_CLOEXEC)
+            else:  # a file no path reaches, as a memfd
+                self.fd, path = tempfile.mkstemp(prefix="hybridnb-stop-")
+                os.unlink(path)
             os.ftruncate(self.fd, 1)
         self._map = mmap.mmap(-1, 1) if self.fd is None else mmap.mmap(self.fd, 1)
 
     def set(self, reason: str = STOP) -> None:
-        """Ask the child to stop, saying why (one of ``_REASONS``)."""
-        code = {v: k for k, v in _REASONS.items()}.get(reason)
+        code = _CODES.get(reason)
         if code is None:
             raise ValueError(f"reason={reason!r}: use one of {tuple(_REASONS.values())}")
         self._map[0] = max(self._map[0], code)
 
     def reason(self) -> str | None:
-        """None (no stop asked), "stop", "callback" or "interrupt"."""
         return _REASONS.get(self._map[0])
 
     def close(self) -> None:
@@ -103,42 +98,28 @@ class StopFlag:
             self.fd = None
 
 
-def _unnamed_file(name: str) -> int:
-    """A new close-on-exec descriptor on an empty file no path reaches."""
-    from hybridnb import platform
-
-    if platform.memfd():
-        return os.memfd_create(name, os.MFD_CLOEXEC)
-    import tempfile
-
-    fd, path = tempfile.mkstemp(prefix=name + "-")
-    os.unlink(path)
-    return fd
-
-
 # ============================================================================ worker side
 
-def _sendable(obj: Any) -> bool:
-    """A tensor this module moves as raw bytes (other tensors go through plain pickling)."""
-    import torch
-
-    return (type(obj) in (torch.Tensor, torch.nn.Parameter) and obj.layout == torch.strided
-            and not obj.is_quantized and obj.device.type != "meta")
-
-
 class _TensorPickler(pickle.Pickler):
-    def __init__(self, file, tensors: list, seen: dict) -> None:
+    """Plain strided tensors are left out (``tensors``), to follow as raw bytes."""
+
+    def __init__(self, file) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self._tensors, self._seen = tensors, seen
+        self.tensors: list = []
+        self._seen: dict[int, int] = {}
 
     def persistent_id(self, obj):
-        if not hasattr(obj, "untyped_storage") or not _sendable(obj):
+        if not hasattr(obj, "untyped_storage"):  # not a tensor: torch is not asked
             return None
-        index = self._seen.get(id(obj))
-        if index is None:
-            index = self._seen[id(obj)] = len(self._tensors)
-            self._tensors.append(obj)
-        return index
+        import torch
+
+        if (type(obj) not in (torch.Tensor, torch.nn.Parameter) or obj.layout != torch.strided
+                or obj.is_quantized or obj.device.type == "meta"):
+            return None
+        if id(obj) not in self._seen:
+            self._seen[id(obj)] = len(self.tensors)
+            self.tensors.append(obj)
+        return self._seen[id(obj)]
 
 
 _SCALARS = (str, int, float, bool, type(None), bytes)
@@ -147,7 +128,7 @@ PLAIN_NODES = 256  # a larger payload takes the general path (which also handles
 
 
 def _plain(obj: Any, budget: list[int]) -> bool:
-    """Only dicts, lists and tuples of numbers and strings (no tensor, nothing custom), small."""
+    """Small dicts, lists and tuples of numbers and strings: nothing to look into."""
     budget[0] -= 1
     if budget[0] < 0:
         return False
@@ -162,20 +143,17 @@ def _plain(obj: Any, budget: list[int]) -> bool:
 
 
 def encode(kind: str, payload: Any) -> tuple[list[bytes | memoryview], int]:
-    """The frame for one message, as buffers to write in order, and its total size.
-
-    Pickling happens before anything is written, so a payload that cannot be pickled raises
-    here and leaves the stream intact.
-    """
+    """The frame for one message, as buffers to write in order, and its total size (pickled
+    before anything is written: a payload that cannot be pickled leaves the stream intact)."""
     if _plain(payload, [PLAIN_NODES]):  # the per-step messages: no tensor can be inside
         body = pickle.dumps((kind, payload), protocol=pickle.HIGHEST_PROTOCOL)
         head = HEADER.pack(MAGIC, len(body), len(_NO_SPECS))
         return [head, body, _NO_SPECS], len(head) + len(body) + len(_NO_SPECS)
-    tensors: list = []
     buf = io.BytesIO()
-    _TensorPickler(buf, tensors, {}).dump((kind, payload))
+    pickler = _TensorPickler(buf)
+    pickler.dump((kind, payload))
     body = buf.getbuffer()
-    sent = [tensor_bytes(t) for t in tensors]
+    sent = [tensor_bytes(t) for t in pickler.tensors]
     specs = [spec for spec, _ in sent]
     raws = [raw for _, raw in sent if raw.nbytes]
     spec_bytes = pickle.dumps(specs, protocol=pickle.HIGHEST_PROTOCOL)
@@ -185,8 +163,8 @@ def encode(kind: str, payload: Any) -> tuple[list[bytes | memoryview], int]:
 
 
 def tensor_bytes(t: Any) -> tuple[tuple, memoryview]:
-    """A tensor's spec (dtype, shape, bytes, a Parameter?, requires grad?) and its bytes, as
-    they lie in memory (copied to the CPU and made contiguous first when needed)."""
+    """A tensor's spec (dtype, shape, bytes, a Parameter?, requires grad?) and its bytes, on
+    the CPU and contiguous."""
     import torch
 
     flat = t.detach().cpu().resolve_conj().resolve_neg().contiguous()
@@ -196,7 +174,6 @@ def tensor_bytes(t: Any) -> tuple[tuple, memoryview]:
 
 
 def as_sent(t: Any, is_param: bool, requires_grad: bool) -> Any:
-    """``t`` as the kind of tensor its spec says was sent."""
     import torch
 
     if is_param:
@@ -205,7 +182,7 @@ def as_sent(t: Any, is_param: bool, requires_grad: bool) -> Any:
 
 
 def write_all(fd: int, parts: list[bytes | memoryview]) -> None:
-    """Write every buffer completely (a blocking pipe may still return short writes)."""
+    """Write every buffer completely (a pipe may take part of one)."""
     for part in parts:
         view = memoryview(part).cast("B")
         while view:
@@ -215,23 +192,17 @@ def write_all(fd: int, parts: list[bytes | memoryview]) -> None:
 
 class Channel:
     """What the child's function uses to talk to its parent: ``send(kind, payload)``, any
-    picklable payload (plain CPU tensors travel as raw bytes).
+    picklable payload. The supervisor reads "step_done", "heartbeat", "state" (the last good
+    run state), "done" and "error" (both sent for you); every kind goes to ``on_message``.
 
-    Kinds the supervisor reads itself: "step_done" (``step_done()``), "heartbeat" (alive, no
-    step: ``heartbeat(phase, grace)``), "state" (the last good run state: kept by the parent),
-    "done" (the result: sent for you with the function's return value) and "error" (sent for
-    you when it raises). Any other kind goes to the parent's ``on_message`` as it is.
-
-    Small messages are batched: they go out together at most ``flush_interval`` seconds after
-    they were sent (every write wakes the parent, and on a busy machine a woken kernel can take
-    the worker's core for milliseconds); a small thread writes what waits while the child is
-    busy in a long step. The kinds in ``URGENT`` go out at once, with everything before them.
-    Order is always kept.
+    Small messages are batched, at most ``FLUSH_INTERVAL_S`` late (every write wakes the
+    parent, and on a busy machine a woken kernel can take the worker's core for milliseconds);
+    a thread writes what waits while the child is in a long step. ``URGENT`` kinds go out at
+    once with everything before them; order is always kept.
     """
 
-    def __init__(self, fd: int, stop: StopFlag, flush_interval: float = FLUSH_INTERVAL_S
-                 ) -> None:
-        self._fd, self._stop, self.flush_interval = fd, stop, flush_interval
+    def __init__(self, fd: int, stop: StopFlag) -> None:
+        self._fd, self._stop = fd, stop
         self._lock = threading.Lock()
         self._pending = bytearray()
         self._last_write = time.monotonic()
@@ -246,7 +217,7 @@ class Channel:
             if n <= BATCH_BYTES and not urgent:
                 for part in parts:
                     self._pending += part
-                if now - self._last_write >= self.flush_interval:
+                if now - self._last_write >= FLUSH_INTERVAL_S:
                     self._flush(now)
                 elif self._flusher is None:
                     self._flusher = threading.Thread(target=self._flush_late, daemon=True,
@@ -259,18 +230,16 @@ class Channel:
             self.finished = True
 
     def flush(self) -> None:
-        """Write the batched messages now."""
         with self._lock:
             self._flush(time.monotonic())
 
     def _flush_late(self) -> None:
-        """Write batched messages that waited ``flush_interval`` (the worker may be in a long
-        step, or hung: the kernel still gets the step_done and view updates before it)."""
+        """Write what waited (the worker may be in a long step, or hung)."""
         while True:
-            time.sleep(self.flush_interval)
+            time.sleep(FLUSH_INTERVAL_S)
             with self._lock:
                 now = time.monotonic()
-                if self._pending and now - self._last_write >= self.flush_interval:
+                if self._pending and now - self._last_write >= FLUSH_INTERVAL_S:
                     try:
                         self._flush(now)
                     except OSError:  # the kernel is gone; the worker's next send says so
@@ -284,14 +253,14 @@ class Channel:
 
     def step_done(self, seconds: float | None = None) -> None:
         """A step finished (``seconds``: its duration; by default the time since the previous
-        step_done, measured here: batching would blur it on the kernel's side)."""
+        one, measured here: batching would blur it on the parent's side)."""
         self.send(STEP_DONE, {"seconds": None if seconds is None else float(seconds),
                               "at": time.monotonic()})
 
     def heartbeat(self, phase: str | None = None, grace: float | None = None) -> None:
-        """Alive: restarts the parent's silence clock. ``phase`` (e.g. "validation") is kept
-        until the next one names another; ``grace``: seconds of silence allowed from now on
-        (until the next step or heartbeat), when longer than the parent's limit."""
+        """Alive: restarts the parent's silence clock. ``phase`` (e.g. "validation") holds until
+        another is named; ``grace``: silence allowed until the next message, when longer than
+        the parent's limit."""
         payload: dict = {}
         if phase is not None:
             payload["phase"] = str(phase)
@@ -300,20 +269,18 @@ class Channel:
         self.send(HEARTBEAT, payload or None)
 
     def ready(self) -> None:
-        """Up and about to run (or to wait for) its work: the parent's start-up allowance ends
-        and its silence clock starts."""
+        """Up (imports done): the parent's start-up allowance ends."""
         self.send(READY, {"at": time.monotonic()})
 
     def state(self, state: Any) -> None:
         self.send(STATE, state)
 
     def stop_reason(self) -> str | None:
-        """Why the parent asked the run to stop (``StopFlag.reason``); whatever the reason:
-        finish the step, send the state and return."""
+        """Why the parent asked the run to stop; whatever the reason: finish the step, send the
+        state and return."""
         return self._stop.reason()
 
     def stop_requested(self) -> bool:
-        """True once the parent asked the run to stop (``stop_reason()`` is not None)."""
         return self.stop_reason() is not None
 
     def send_error(self, exc: BaseException) -> None:
@@ -329,80 +296,65 @@ class Channel:
 # ============================================================================ kernel side
 
 class FrameReader:
-    """Reads frames from a non-blocking pipe as bytes arrive; ``read()`` returns the complete
-    messages so far (never blocks) and ``eof`` says the writer side is closed."""
+    """Reads frames from a non-blocking pipe as bytes arrive: ``read()`` returns the complete
+    messages so far, never blocking. ``partial``: a frame has begun but not finished (it is
+    dropped if the worker dies now)."""
 
     def __init__(self, fd: int) -> None:
         os.set_blocking(fd, False)
         self.fd = fd
-        self.eof = False
-        self.closed = False
+        self.eof = self.closed = self.partial = False
         self.bytes_read = 0
-        self._reset()
+        self._done: list[Message] = []
+        self._frames = self._parse()
 
     def close(self) -> None:
-        """Close the pipe's read end (a child still writing gets EPIPE)."""
         if not self.closed:
             self.closed = self.eof = True
             with contextlib.suppress(OSError):
                 os.close(self.fd)
 
-    def _reset(self) -> None:
-        self._stage = "header"
-        self._target = memoryview(bytearray(HEADER.size))
-        self._pos = 0
-        self._tensors: list = []
-        self._pending: Iterator | None = None
-
-    @property
-    def partial(self) -> bool:
-        """A frame has started but not finished (it is dropped if the worker dies now)."""
-        return self._stage != "header" or self._pos > 0
-
     def read(self) -> list[Message]:
-        out: list[Message] = []
-        while not self.eof:
-            if self._pos < len(self._target):
-                try:
-                    n = os.readv(self.fd, [self._target[self._pos:]])
-                except BlockingIOError:
-                    break
-                except InterruptedError:
-                    continue
-                if n == 0:
-                    self.eof = True
-                    break
-                self._pos += n
-                self.bytes_read += n
-                if self._pos < len(self._target):
-                    continue
-            message = self._advance()
-            if message is not None:
-                out.append(message)
-        return out
+        if not self.eof:
+            next(self._frames, None)  # parses until the pipe is empty (ended: after a raise)
+        done, self._done = self._done, []
+        return done
 
-    def _advance(self) -> Message | None:
-        """The current part is complete: move to the next one; a finished frame is returned."""
-        if self._stage == "header":
-            magic, self._body_len, self._spec_len = HEADER.unpack(self._target)
+    def _parse(self) -> Generator[None, None, None]:
+        while True:
+            head = yield from self._fill(memoryview(bytearray(HEADER.size)))
+            magic, body_len, spec_len = HEADER.unpack(head)
             if magic != MAGIC:
-                raise ChannelError(f"unexpected bytes {bytes(self._target)!r} on the worker's "
-                                   "message pipe (something else wrote to it)")
-            self._stage, self._target, self._pos = "meta", memoryview(
-                bytearray(self._body_len + self._spec_len)), 0
-            return None
-        if self._stage == "meta":
-            self._body = self._target[:self._body_len]
-            self._tensors, raws = _allocate(pickle.loads(self._target[self._body_len:]))
-            self._pending = iter(raws)
-            self._stage = "raw"
-        target = next(self._pending, None)
-        if target is not None:
-            self._target, self._pos = target, 0
-            return None
-        kind, payload = _TensorUnpickler(io.BytesIO(self._body), self._tensors).load()
-        self._reset()
-        return Message(kind, payload)
+                raise RuntimeError(f"unexpected bytes {bytes(head)!r} on the worker's message "
+                                   "pipe (something else wrote to it)")
+            meta = yield from self._fill(memoryview(bytearray(body_len + spec_len)))
+            tensors, raws = _allocate(pickle.loads(meta[body_len:]))
+            for raw in raws:  # straight into the tensors
+                yield from self._fill(raw)
+            unpickler = pickle.Unpickler(io.BytesIO(meta[:body_len]))
+            unpickler.persistent_load = tensors.__getitem__
+            self._done.append(Message(*unpickler.load()))
+            self.partial = False
+
+    def _fill(self, view: memoryview) -> Generator[None, None, memoryview]:
+        """``view`` filled from the pipe; yields while the pipe is empty (for good at EOF)."""
+        pos = 0
+        while pos < len(view):
+            try:
+                n = os.readv(self.fd, [view[pos:]])
+            except BlockingIOError:
+                yield
+                continue
+            except InterruptedError:
+                continue
+            if n == 0:
+                self.eof = True
+                while True:
+                    yield
+            pos += n
+            self.bytes_read += n
+            self.partial = True
+        return view
 
 
 def _allocate(specs: list) -> tuple[list, list[memoryview]]:
@@ -418,34 +370,20 @@ def _allocate(specs: list) -> tuple[list, list[memoryview]]:
     return tensors, raws
 
 
-class _TensorUnpickler(pickle.Unpickler):
-    def __init__(self, file, tensors: list) -> None:
-        super().__init__(file)
-        self._tensors = tensors
-
-    def persistent_load(self, pid):
-        return self._tensors[pid]
-
-
 # ============================================================================ requests
 
 class Inbox:
-    """A child's side of a request pipe its parent writes (``framed.Requests``): ``get()``
-    blocks until the next message and returns None once the parent closed its end."""
+    """A child's side of its request pipe (``framed.Requests``)."""
 
     def __init__(self, fd: int) -> None:
         self._reader = FrameReader(fd)
         self._queue: list[Message] = []
 
     def get(self) -> Message | None:
-        import select
-
+        """The next request (blocks); None once the parent closed its end."""
         while not self._queue:
             if self._reader.eof:
                 return None
             select.select([self._reader.fd], [], [])
             self._queue.extend(self._reader.read())
         return self._queue.pop(0)
-
-    def close(self) -> None:
-        self._reader.close()

@@ -1,17 +1,13 @@
-"""Start a child process, read it, signal it, reap it, and say how it ended.
+"""Start a child process, read it, signal it, reap it.
 
 The one module of hybridnb that sends signals (``os.kill``/``os.killpg``; tests check it).
 Every child leads its own process group, so ``Child.kill_group()`` reaches the helpers it
-started too (DataLoader workers, a driver's helper), and it is reaped before this returns: no
-orphan, no zombie. Ways to start one: ``start_fork``, ``start_spawn`` (a fresh interpreter,
-``python -m hybridnb.processes.worker``), ``prestart_spawn`` then ``.send`` (the worker imports
-torch while this process prepares the job), ``start_command`` (any command). Children start
-only where ``platform.child_pipes()`` (POSIX): elsewhere their callers run in process.
+started too (DataLoader workers, a driver's helper), and reaps it: no orphan, no zombie.
+Children start only where ``platform.child_pipes()`` (POSIX): elsewhere callers run in process.
 
-Starts are atomic with respect to Ctrl-C and SIGTERM: they return a child the caller owns, or
-leave nothing (no process, no shared file); the signals are held while the child is made and
-delivered afterwards. Forked and spawned children talk back through a ``Channel``; their output
-comes through pipes, and they die with the parent (``processes.lifeline``).
+Starts are atomic with respect to Ctrl-C and SIGTERM: the signals are held while the child is
+made and delivered afterwards, so a start returns a child the caller owns or leaves nothing (no
+process, no shared file). Children die with the parent (``processes.lifeline``).
 """
 
 from __future__ import annotations
@@ -27,25 +23,22 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from hybridnb import platform
-from hybridnb.env import HEADLESS_ENV, ISOLATED_ENV, environment, warm_worker
+from hybridnb.env import HEADLESS_ENV, ISOLATED_ENV, warm_worker
 from hybridnb.processes import lifeline
 from hybridnb.processes.channel import (
     DONE,
     Channel,
     FrameReader,
     StopFlag,
-    encode,
     widen_pipe,
     write_all,
 )
 from hybridnb.processes.ended import Exit
 from hybridnb.processes.output import LastWords, OutputLines
 
-NONE = "-"           # no request pipe, in a framed child's wiring
 REAP_S = 10.0        # after SIGKILL: time to reap (a process stuck in a driver call cannot die)
 TAIL_LINES = 120     # the child's last output lines kept
 WORKER_MODULE = "hybridnb.processes.worker"
@@ -53,13 +46,11 @@ WORKER_ENV = {HEADLESS_ENV: "1", ISOLATED_ENV: "1"}  # a worker draws nothing, n
 
 
 class Child:
-    """A started child: ``pid`` (also its process group), the parent's ends of its pipes.
+    """A started child: ``pid`` (also its process group) and the parent's ends of its pipes.
 
-    ``messages``: the ``FrameReader`` of its channel (None for a command). ``output_fds``: the
-    open stdout/stderr pipes (fd -> 1 or 2); ``read_output(fd)`` reads one. ``tail``: its last
-    lines; ``last_words``: the line that best says why it died. ``stop``: the shared stop flag;
-    ``files``: the shared-memory files of its job, removed at ``close``.
-    """
+    ``messages``: its channel's ``FrameReader`` (None for a command). ``output_fds``: the open
+    stdout/stderr pipes (fd -> 1 or 2). ``files``: its job's shared-memory files, removed at
+    ``close``."""
 
     def __init__(self, pid: int, *, popen: subprocess.Popen | None = None,
                  messages_fd: int | None = None, output_fds: dict[int, int] | None = None,
@@ -69,7 +60,7 @@ class Child:
         self.output_fds = dict(output_fds or {})
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.last_words = LastWords()
-        self._outputs = {fd: OutputLines(self.tail) for fd in self.output_fds}
+        self._outputs = {fd: OutputLines(self.tail, self.last_words) for fd in self.output_fds}
         for fd in self.output_fds:
             os.set_blocking(fd, False)
         self.files: list[str] = []
@@ -84,8 +75,7 @@ class Child:
 
     # ---------------------------------------------------------------- reading
     def read_output(self, fd: int) -> tuple[int, str] | None:
-        """Read what is there on one output pipe: (1 or 2, the text); None once the pipe is
-        closed (then it is no longer in ``output_fds``)."""
+        """What is there on one output pipe: (1 or 2, the text); None once it is closed."""
         chunks: list[str] = []
         while True:
             try:
@@ -98,10 +88,7 @@ class Child:
                 stream = self.output_fds.pop(fd)
                 os.close(fd)
                 return (stream, "".join(chunks)) if chunks else None
-            text, done = self._outputs[fd].feed(data)
-            chunks.append(text)
-            for line in done:
-                self.last_words.feed(line)
+            chunks.append(self._outputs[fd].feed(data))
         return self.output_fds[fd], "".join(chunks)
 
     def output_text(self) -> str:
@@ -110,7 +97,7 @@ class Child:
         return "\n".join([*self.tail, *partial])
 
     def wait_fds(self) -> list[int]:
-        """The descriptors that become readable when something happens to the child."""
+        """The descriptors that become readable when something happens to it."""
         fds = list(self.output_fds)
         if self.messages is not None and not self.messages.eof:
             fds.append(self.messages.fd)
@@ -121,9 +108,8 @@ class Child:
     # ---------------------------------------------------------------- its end
     def poll(self) -> Exit | None:
         """How it ended, once it has. Where ``os.waitid`` can look without reaping it stays
-        unreaped (so ``kill_group`` cannot hit a stranger); elsewhere (macOS before Python
-        3.13) it is reaped at once and its group killed afterwards: the OS does not hand a
-        group's id to a new process while any member of the group lives."""
+        unreaped (so ``kill_group`` cannot hit a stranger); elsewhere it is reaped at once and
+        its group killed afterwards (a group's id is not reused while a member lives)."""
         if self.exit is not None:
             return self.exit
         if not platform.wait_without_reaping():
@@ -148,7 +134,7 @@ class Child:
         else:
             try:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
-                ended = Exit.from_status(status) if pid else None
+                ended = Exit.from_returncode(os.waitstatus_to_exitcode(status)) if pid else None
             except ChildProcessError:  # reaped elsewhere
                 ended = Exit("unknown", -1)
         if ended is not None:
@@ -162,11 +148,9 @@ class Child:
                 os.kill(self.pid, sig)
 
     def kill_group(self, reap_s: float = REAP_S) -> None:
-        """SIGKILL its whole process group (its own children too) and reap it.
-
-        The group is killed before the child is reaped: while it is unreaped its id cannot be
-        reused, so the signal cannot reach an unrelated process. A child stuck in a driver call
-        that is not gone after ``reap_s`` is reaped later by a thread; ``not_reaped`` says so."""
+        """SIGKILL its whole process group, then reap it (while unreaped its id cannot be
+        reused). One stuck in a driver call after ``reap_s`` is reaped later by a thread;
+        ``not_reaped`` says so."""
         if not self.reaped or self.group_left:  # reaped by poll: what it started may still run
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, platform.KILL)
@@ -184,11 +168,11 @@ class Child:
             time.sleep(0.005)
 
     def close(self) -> None:
-        """Kill and reap it if needed, then release every descriptor and shared file."""
+        """Kill and reap it if needed; release every descriptor and shared file."""
         self.kill_group()
         close_fds(list(self.output_fds))
         self.output_fds.clear()
-        if self.messages is not None and not self.messages.closed:
+        if self.messages is not None:
             self.messages.close()
         if self.pidfd is not None:
             close_fds([self.pidfd])
@@ -202,8 +186,7 @@ class Child:
             self.files = []
 
     def __del__(self) -> None:
-        # A child nobody holds any more is killed (e.g. one whose start returned just as a
-        # Ctrl-C reached the caller, before the caller could keep it)
+        # a child nobody holds is killed (its start returned as a Ctrl-C reached the caller)
         if getattr(self, "reaped", True):
             return
         with contextlib.suppress(Exception):  # in __del__: nothing may escape
@@ -216,12 +199,10 @@ def start_fork(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None = 
                death_signal: int = platform.KILL, merge_output: bool = False) -> Child:
     """Fork a child that runs ``fn(channel, *args)`` and sends its return value back.
 
-    ``env``: variables set in the child (default ``WORKER_ENV``). ``death_signal``: what the
-    child gets when this process dies (SIGKILL; ``hn.launch``'s ranks get SIGINT, to stop at an
-    agreed step). ``merge_output``: stdout and stderr through one pipe (the order kept).
-
-    Where this OS cannot fork (``platform.fork()``) the child is spawned (``start_spawn``:
-    ``fn`` and its arguments must pickle with cloudpickle), said once."""
+    ``env``: variables set in the child (default ``WORKER_ENV``). ``death_signal``: what it gets
+    when this process dies (``hn.launch``'s ranks get SIGINT, to stop at an agreed step).
+    ``merge_output``: stdout and stderr through one pipe. Where this OS cannot fork it is
+    spawned (``start_spawn``), said once."""
     if not platform.fork():
         platform.say_once(f"{platform.fork().why}: start_fork starts a spawned child")
         return start_spawn(fn, *args, env=env, death_signal=death_signal,
@@ -249,11 +230,30 @@ def _fork(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None, death
         warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks",
                                 category=DeprecationWarning)
         pid = os.fork()
-    if pid == 0:  # the child; never returns
-        _forked_child(fn, args, wiring, death_signal, Channel(msg_w, stop), out_w,
-                      out_w if err_w is None else err_w,
-                      [fd for fd in (msg_r, out_r, err_r) if fd is not None],
-                      WORKER_ENV if env is None else env)
+    if pid == 0:  # the child: it never returns into the parent's code (``leave``)
+        code = 70
+        try:
+            with contextlib.suppress(OSError):
+                os.setpgid(0, 0)  # a Ctrl-C in the parent's group does not reach it; killpg does
+            lifeline.after_fork()
+            lifeline.hold(wiring, death_signal)
+            close_fds([fd for fd in (msg_r, out_r, err_r) if fd is not None])
+            os.environ.update(WORKER_ENV if env is None else env)
+            err_w = out_w if err_w is None else err_w
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            close_fds([out_w, err_w])
+            sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace",
+                              closefd=False)
+            sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace",
+                              closefd=False)
+            sys.stdin = open(os.devnull)
+            prepare()
+            channel = Channel(msg_w, stop)
+            channel.ready()
+            code = run(fn, args, {}, channel)
+        finally:
+            leave(code)
     with contextlib.suppress(OSError):  # the child does it too; whichever comes first
         os.setpgid(pid, pid)
     close_fds([fd for fd in (msg_w, out_w, err_w) if fd is not None])
@@ -263,37 +263,29 @@ def _fork(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None, death
 def start_spawn(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None = None,
                 death_signal: int = platform.KILL, merge_output: bool = False,
                 **kwargs: Any) -> Child:
-    """Start ``python -m hybridnb.processes.worker``, a fresh interpreter, that runs
-    ``fn(channel, *args, **kwargs)`` and sends its return value back.
+    """Start a fresh interpreter (``processes.worker``) that runs ``fn(channel, *args,
+    **kwargs)`` and sends its return value back; the rest is as ``start_fork``.
 
-    ``fn`` and its arguments travel cloudpickled (a notebook's functions and classes too); CPU
-    tensors of 1 MiB or more through shared memory (``payload``). The child has this process's
-    environment, ``env`` on top (default ``WORKER_ENV``), this process's ``sys.path`` on its
-    ``PYTHONPATH``, its own process group, faulthandler on, and dies with this process. The
-    interpreter starts while the job is pickled; an argument that cannot be pickled ends it
-    and raises ``NotSendable`` here."""
+    The job travels by ``payload`` (cloudpickle; big tensors through shared memory). The child
+    has this process's environment (``child_environment``), ``env`` on top. It starts while the
+    job is pickled; a part that cannot be pickled ends it and raises ``NotSendable`` here."""
     worker = _atomically(lambda: _spawn((), env, death_signal, merge_output))
     return worker.send(fn, *args, **kwargs)
 
 
 class PrestartedWorker:
     """A spawned worker started before its job exists: it imports its modules while this
-    process prepares the job. ``send(fn, *args, **kwargs)`` hands the job over and returns the
-    ``Child`` (the caller supervises and closes it); ``close()`` kills a worker whose job never
-    came (after ``send``: nothing to do). ``spare``: it was a spare started earlier
-    (``hybridnb.processes.spare``), not for this request."""
+    process prepares the job."""
 
     def __init__(self, child: Child, payload_w: int) -> None:
         self.child = child
         self._payload_w: int | None = payload_w
-        self.spare = False
         self._next: Callable[[], None] | None = None  # starts the spare after the job
 
     def send(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Child:
-        """Pickle the job (``NotSendable`` names a part that cannot be pickled) and write it to
-        the worker from a thread, so the caller starts watching the worker at once. Whatever
-        fails or interrupts this kills the worker and removes its shared files before the
-        exception goes on."""
+        """Hand the job over: the ``Child``, for the caller to supervise and close. It is
+        written from a thread, so the caller watches the worker at once; whatever fails or
+        interrupts this kills the worker and removes its shared files."""
         from hybridnb.processes.payload import discard, pack
 
         if self._payload_w is None:
@@ -303,7 +295,7 @@ class PrestartedWorker:
         def hand_over() -> Child:
             self.child.files.extend(files)
             fd, self._payload_w = self._payload_w, None
-            threading.Thread(target=_write_all, args=(fd, data), daemon=True,
+            threading.Thread(target=_write_and_close, args=(fd, data), daemon=True,
                              name="hybridnb-payload").start()
             return self.child
 
@@ -316,9 +308,8 @@ class PrestartedWorker:
             raise
 
     def start_next(self) -> None:
-        """Start the spare for the next request like this one (warm workers on; once). Call it
-        when this worker's job is over: a spare's start-up (importing torch) would otherwise
-        take CPU from the job itself."""
+        """Start the spare for the next request like this one (once). Called when this job is
+        over: a spare's start-up (importing torch) would take CPU from the job."""
         if self._next is not None:
             nxt, self._next = self._next, None
             nxt()
@@ -336,37 +327,26 @@ class PrestartedWorker:
             self.child.close()
 
 
-def prestart_spawn(*, preload: Sequence[str] = ("torch",), env: dict[str, str] | None = None,
-                   death_signal: int = platform.KILL, merge_output: bool = False
-                   ) -> PrestartedWorker:
-    """A spawned worker that imports ``preload``, sends "ready", and waits for the job that
-    ``PrestartedWorker.send`` writes: its start-up runs in parallel with this process's own
-    preparation. The rest is as ``start_spawn``.
-
-    With warm workers on (``HYBRIDNB_WARM_WORKER``, the default) this is the spare started when
-    the previous request's job ended (``start_next``) when one is running (``spare``: it has
-    usually imported ``preload`` already), else a worker started now."""
+def prestart_spawn(*, preload: Sequence[str] = ("torch",)) -> PrestartedWorker:
+    """A spawned worker that imports ``preload``, says "ready" and waits for its job
+    (``PrestartedWorker.send``), as ``start_spawn``'s with the defaults. With warm workers on
+    (``HYBRIDNB_WARM_WORKER``) it is the spare the previous job left when one runs."""
     from hybridnb.processes import spare
 
     preload = tuple(preload)
 
-    def key() -> spare.Key:  # read again for the spare: the environment may change meanwhile
-        return spare.key_of(preload, env, death_signal, merge_output)
-
     def spawn() -> PrestartedWorker:
-        return _atomically(lambda: _spawn(preload, env, death_signal, merge_output))
+        return _atomically(lambda: _spawn(preload, None, platform.KILL, False))
 
     def start_next() -> None:
         try:
-            spare.replenish(key(), spawn)
+            spare.replenish(spare.key_of(preload), spawn)  # now: the environment may change
         except Exception as exc:  # noqa: BLE001 - said; the next fit starts a worker itself
             platform.say(f"no spare worker for the next fit ({type(exc).__name__}: {exc}); "
                          "it will start its own")
 
     with _held_signals():  # handed over whole, or kept
-        early = spare.take(key()) if warm_worker() else None
-        if early is not None:
-            early.spare = True
+        early = spare.take(spare.key_of(preload)) if warm_worker() else None
     if early is None:
         early = spawn()
     early._next = start_next
@@ -375,7 +355,8 @@ def prestart_spawn(*, preload: Sequence[str] = ("torch",), env: dict[str, str] |
 
 def _spawn(preload: Sequence[str], env: dict[str, str] | None, death_signal: int,
            merge_output: bool) -> PrestartedWorker:
-    """Start the worker module; it reads its job from its request pipe (``send``)."""
+    from hybridnb.processes.framed import child_environment, start_framed
+
     environ = child_environment()
     environ.update(WORKER_ENV if env is None else env)
     child, job = start_framed(WORKER_MODULE, str(int(death_signal)), repr(time.monotonic()),
@@ -384,24 +365,10 @@ def _spawn(preload: Sequence[str], env: dict[str, str] | None, death_signal: int
     return PrestartedWorker(child, job.fd)
 
 
-def child_environment() -> dict[str, str]:
-    """This process's environment with the folder holding hybridnb and this process's
-    ``sys.path`` on ``PYTHONPATH`` (a notebook may have added them to sys.path only), and
-    unbuffered output."""
-    environ = environment()
-    package_root = str(Path(__file__).resolve().parents[2])
-    environ["PYTHONPATH"] = os.pathsep.join(
-        [package_root] + [p for p in sys.path if p] + [environ.get("PYTHONPATH", "")]
-    ).rstrip(os.pathsep)
-    environ["PYTHONUNBUFFERED"] = "1"
-    return environ
-
-
 def start_command(argv: Sequence[str], *, env: dict[str, str] | None = None,
                   merge_output: bool = False, pass_fds: Sequence[int] = ()) -> Child:
-    """Start a command in its own process group (stdin from /dev/null), its stdout and stderr
-    through pipes (``Child.read_output``). ``env``: its whole environment (default: this
-    process's)."""
+    """Start a command in its own process group, stdin from /dev/null, its output through
+    pipes. ``env``: its whole environment (default: this process's)."""
     made: list[int] = []
     try:
         out_r, out_w = new_pipe(made)
@@ -418,59 +385,10 @@ def start_command(argv: Sequence[str], *, env: dict[str, str] | None = None,
     return Child(popen.pid, popen=popen, output_fds=_outputs(out_r, err_r))
 
 
-class Requests:
-    """The parent's end of a child's request pipe."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd: int | None = fd
-
-    def send(self, kind: str, payload=None) -> None:
-        """Write one request (blocks while the pipe is full; OSError once the child is gone)."""
-        if self.fd is None:
-            raise BrokenPipeError("the request pipe is closed")
-        write_all(self.fd, encode(kind, payload)[0])
-
-    def close(self) -> None:
-        if self.fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.fd)
-            self.fd = None
-
-
-def start_framed(module: str, *args: str, environ: dict[str, str] | None = None,
-                 requests: bool = False, merge_output: bool = False
-                 ) -> tuple[Child, Requests | None]:
-    """Start ``python -m module`` (see the module docstring); the ``Child`` has ``messages``
-    and ``stop`` like a spawned one. ``environ``: its whole environment (default
-    ``child_environment()``)."""
-    made: list[int] = []
-    stop: StopFlag | None = None
-    try:
-        msg_r, msg_w = new_pipe(made)
-        widen_pipe(msg_w)
-        req_r, req_w = new_pipe(made) if requests else (None, None)
-        stop = StopFlag(shareable=True)
-        fds = ",".join(str(x) for x in (msg_w, stop.fd, NONE if req_r is None else req_r,
-                                        lifeline.wiring()))
-        child = start_command([sys.executable, "-m", module, fds, *args],
-                              env=child_environment() if environ is None else environ,
-                              merge_output=merge_output,
-                              pass_fds=[fd for fd in (msg_w, stop.fd, req_r, *lifeline.pass_fds())
-                                        if fd is not None])
-    except BaseException:  # cleanup, then re-raised
-        close_fds(made)
-        if stop is not None:
-            stop.close()
-        raise
-    close_fds([fd for fd in (msg_w, req_r) if fd is not None])
-    child.messages, child.stop = FrameReader(msg_r), stop
-    return child, (Requests(req_w) if req_w is not None else None)
-
-
 # ============================================================================ in the child
 
 def prepare() -> None:
-    """Signals as a plain Python process has them, and faulthandler on stderr."""
+    """In a child: signals as a plain Python process has them, faulthandler on stderr."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if platform.HANGUP is not None:  # a forked child inherits the parent's Watch handler
@@ -479,7 +397,8 @@ def prepare() -> None:
 
 
 def run(fn: Callable[..., Any], args: tuple, kwargs: dict, channel: Channel) -> int:
-    """Run ``fn(channel, *args, **kwargs)``; send its result or its error; the exit code."""
+    """In a child: run ``fn(channel, *args, **kwargs)``, send its result or its error; the
+    exit code."""
     try:
         result = fn(channel, *args, **kwargs)
         if not channel.finished:
@@ -501,86 +420,53 @@ def run(fn: Callable[..., Any], args: tuple, kwargs: dict, channel: Channel) -> 
         return 1
 
 
-
-def _forked_child(fn, args, wiring: str, death_signal: int, channel: Channel, out_w: int,
-                  err_w: int, read_fds: list[int], env: dict[str, str]) -> None:
-    """The forked child: its own process group, its output into pipes, ``fn``, exit.
-
-    It always leaves with ``os._exit``: never back into the parent's code, its atexit handlers
-    or its threads' teardown."""
-    code = 70
-    try:
-        with contextlib.suppress(OSError):
-            os.setpgid(0, 0)  # a Ctrl-C in the parent's group does not reach it; killpg does
-        lifeline.after_fork()
-        lifeline.hold(wiring, death_signal)
-        for fd in read_fds:
-            os.close(fd)
-        os.environ.update(env)
-        os.dup2(out_w, 1)
-        os.dup2(err_w, 2)
-        for fd in {out_w, err_w}:
-            os.close(fd)
-        sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace",
-                          closefd=False)
-        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace",
-                          closefd=False)
-        sys.stdin = open(os.devnull)
-        prepare()
-        channel.ready()
-        code = run(fn, args, {}, channel)
-    finally:
-        with contextlib.suppress(BaseException):  # exiting anyway
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
+def leave(code: int) -> NoReturn:
+    """Flush and exit at once: no atexit handlers, no teardown of the interpreter or threads."""
+    with contextlib.suppress(BaseException):  # exiting anyway
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
 
 
 # ============================================================================ small helpers
 
 def new_pipe(made: list[int]) -> tuple[int, int]:
-    """A pipe, its two descriptors also added to ``made`` (closed together on failure)."""
+    """A pipe, its descriptors also added to ``made`` (closed together on failure)."""
     r, w = os.pipe()
     made += (r, w)
     return r, w
 
 
 def close_fds(fds: list[int]) -> None:
-    """Close each descriptor, ignoring those already closed."""
     for fd in fds:
         with contextlib.suppress(OSError):
             os.close(fd)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    """Write ``data`` to a pipe and close it; a reader that died ends it quietly."""
+def _write_and_close(fd: int, data: bytes) -> None:
+    """A reader that died ends it quietly."""
     with contextlib.suppress(OSError):
         write_all(fd, [data])
     close_fds([fd])
 
 
 def _outputs(out_r: int, err_r: int | None) -> dict[int, int]:
-    """The output pipes' read ends: fd -> 1 (stdout) or 2 (stderr)."""
     return {out_r: 1} if err_r is None else {out_r: 1, err_r: 2}
 
 
 # ============================================================================ atomic starts
 
-HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
 @contextlib.contextmanager
 def _held_signals() -> Iterator[list[int]]:
-    """SIGINT and SIGTERM wait while the block runs: their Python handlers are swapped for one
-    that notes them (the list yielded). Python runs signal handlers in the main thread only, so
-    elsewhere nothing can interrupt the block and nothing is swapped."""
+    """SIGINT and SIGTERM wait while the block runs, noted in the list yielded (Python runs
+    handlers in the main thread only: elsewhere nothing can interrupt the block)."""
     pending: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield pending
         return
     old: dict[int, Any] = {}
     try:
-        for sig in HELD_SIGNALS:
+        for sig in (signal.SIGINT, signal.SIGTERM):
             handler = signal.getsignal(sig)
             if handler is None or handler == signal.SIG_IGN:
                 continue  # set outside Python, or ignored: nothing to hold
@@ -595,10 +481,8 @@ T = TypeVar("T", Child, "PrestartedWorker")
 
 
 def _atomically(start: Callable[[], T]) -> T:
-    """``start()`` with SIGINT and SIGTERM held, so it returns a child the caller owns or
-    leaves nothing running. A signal that came meanwhile is delivered afterwards to the
-    handler in place; when that raises (Ctrl-C's KeyboardInterrupt), the child is killed and
-    reaped (and its shared files removed) before the exception goes on."""
+    """``start()`` with SIGINT and SIGTERM held; a signal that came meanwhile is delivered
+    afterwards, and when its handler raises (KeyboardInterrupt) the child is closed first."""
     pending: list[int] = []
     try:
         with _held_signals() as pending:
@@ -616,7 +500,6 @@ def _atomically(start: Callable[[], T]) -> T:
 
 
 def _deliver(pending: list[int]) -> None:
-    """Raise each held signal once, in order, to the handler now in place."""
     for sig in dict.fromkeys(pending):
         signal.raise_signal(sig)
 

@@ -1,12 +1,10 @@
 """How a supervised child ended, as data: ``Ending`` (the kind), ``Exit`` (what the OS said) and
-``ChildOutcome`` (everything the parent kept: result or error, last state, the phase it was in, how
-long it had been silent, its last output). Nothing here starts or signals a process.
+``ChildOutcome`` (everything the parent kept). Nothing here starts or signals a process.
 """
 
 from __future__ import annotations
 
 import enum
-import os
 import signal
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +19,7 @@ SIGNAL_HINTS = {
 
 
 class Ending(str, enum.Enum):
-    """The kind of ending. A ``str`` enum, so ``outcome.status == "done"`` keeps working."""
+    """The kind of ending (a ``str`` enum: ``outcome.status == "done"`` works)."""
 
     DONE = "done"                # the child's function returned (``result``); a command exited 0
     ERROR = "error"              # the child's function raised (``error`` has its traceback)
@@ -44,36 +42,25 @@ def signal_name(number: int) -> str:
 
 @dataclass(frozen=True)
 class Exit:
-    """What the OS says about an ended child: ``how`` is "code", "signal" or "unknown" (reaped
-    elsewhere), ``number`` the exit code or the signal number."""
+    """What the OS says about an ended child."""
 
-    how: str
-    number: int
-
-    @classmethod
-    def from_status(cls, status: int) -> Exit:
-        """From ``os.waitpid``'s status word."""
-        if os.WIFSIGNALED(status):
-            return cls("signal", os.WTERMSIG(status))
-        return cls("code", os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1)
+    how: str     # "code", "signal" or "unknown" (reaped elsewhere)
+    number: int  # the exit code or the signal number
 
     @classmethod
-    def from_returncode(cls, rc: int | None) -> Exit | None:
+    def from_returncode(cls, rc: int) -> Exit:
         """From a ``Popen.returncode`` (negative: the signal)."""
-        if rc is None:
-            return None
         return cls("signal", -rc) if rc < 0 else cls("code", rc)
 
     @property
     def returncode(self) -> int | None:
-        """As ``Popen.returncode`` would say it: the code, or minus the signal number."""
+        """As ``Popen.returncode`` says it: the code, or minus the signal number."""
         if self.how == "signal":
             return -self.number
         return self.number if self.how == "code" else None
 
     @property
     def signal(self) -> str | None:
-        """"SIGKILL" when a signal ended it, else None."""
         return signal_name(self.number) if self.how == "signal" else None
 
     @property
@@ -94,40 +81,29 @@ class Exit:
 
 @dataclass
 class ChildOutcome:
-    """How a supervised child ended, and what the parent kept from it.
-
-    ``status``: an ``Ending``. ``reason``: the same in one sentence. ``result``: what the child's
-    function returned (DONE). ``error``: type, message and ``traceback`` of what it raised
-    (ERROR). ``state``: the last complete "state" message (None if none came), sent after
-    ``state_steps`` completed steps. ``phase``: the last phase a heartbeat named (None if none
-    did); ``silent_s``: seconds since its last message when it was killed for silence or at its
-    deadline; ``limit_s``/``limit_name``: the silence limit that applied then and the rule that
-    set it. ``exit``: "code 0", "signal SIGABRT", or "not reaped ..." (stuck in a driver);
-    ``signal``/``exit_code``: the same as facts. ``output_tail``: its last lines of
-    stdout/stderr; ``last_words``: the one line that best says why it died.
-    """
+    """How a supervised child ended, and what the parent kept from it."""
 
     status: Ending
-    reason: str
-    result: Any = None
-    error: dict | None = None
-    state: Any = None
-    state_steps: int | None = None
+    reason: str                    # the status in one sentence
+    result: Any = None             # what its function returned (DONE)
+    error: dict | None = None      # type, message and traceback of what it raised (ERROR)
+    state: Any = None              # the last complete "state" message
+    state_steps: int | None = None  # the steps completed when it was sent
     steps: int = 0
     median_step_s: float | None = None
     seconds: float = 0.0
-    phase: str | None = None
-    silent_s: float | None = None
-    limit_s: float | None = None
+    phase: str | None = None       # the last phase a heartbeat named
+    silent_s: float | None = None  # silent that long when killed for silence or at its deadline
+    limit_s: float | None = None   # the silence limit then, and the rule that set it
     limit_name: str = ""
-    exit: str = ""
+    exit: str = ""                 # "code 0", "signal SIGABRT", "not reaped ..." (in a driver)
     signal: str | None = None
     exit_code: int | None = None
     interrupted: bool = False      # SIGINT or SIGTERM reached the parent while supervising
     stop_sent: bool = False        # the child was asked to stop (an interrupt or should_stop)
     bytes_received: int = 0
-    output_tail: str = ""
-    last_words: str = ""
+    output_tail: str = ""          # its last lines of stdout/stderr
+    last_words: str = ""           # the one line that best says why it died
     pid: int | None = None         # also its process group id
 
     @property

@@ -1,13 +1,11 @@
 """A child dies with its parent: ``PR_SET_PDEATHSIG`` on Linux, a lifeline pipe elsewhere.
 
-Where the kernel cannot signal a child when its parent dies (``platform.parent_death_signal()``),
-each process that starts children holds one pipe: it keeps the write end and never writes; every
-child inherits the read end. When the parent dies, however it dies, the OS closes the write end
-and the child's watcher thread delivers the death signal to its own process (SIGKILL ends it;
-SIGINT, for ``hn.launch``'s ranks, raises KeyboardInterrupt in its main thread). ``wiring()`` is
-what the child needs, as text for its argv; ``hold(wiring, death_signal)`` in the child sets it
-up and exits at once if the parent is already gone. A forked child must ``after_fork()`` (close
-the inherited write end), or it would keep its own lifeline open.
+Where the kernel cannot signal a child when its parent dies, each process that starts children
+holds one pipe whose write end it never writes; every child inherits the read end. When the
+parent dies, however it dies, the OS closes the write end and the child's watcher thread
+delivers the death signal to its own process (SIGINT, for ``hn.launch``'s ranks, raises
+KeyboardInterrupt in its main thread). A forked child must ``after_fork()``, or it would keep
+its own lifeline open.
 """
 
 from __future__ import annotations
@@ -25,8 +23,8 @@ _owner: int | None = None  # the pid that made _pipe (a forked child makes its o
 
 
 def read_end() -> int | None:
-    """The read end of this process's lifeline (made once per process), for a child to
-    inherit; None where the kernel's parent-death signal does the job."""
+    """The read end of this process's lifeline (made once per process); None where the
+    kernel's parent-death signal does the job."""
     global _pipe, _owner
     if platform.parent_death_signal():
         return None
@@ -37,20 +35,14 @@ def read_end() -> int | None:
 
 
 def wiring() -> str:
-    """The parent's pid, and the lifeline's read end where one is needed ("PID" or "PID:FD")."""
+    """What the child needs, for its argv: "PID", or "PID:FD" with the lifeline's read end."""
     fd = read_end()
     return str(os.getpid()) if fd is None else f"{os.getpid()}:{fd}"
 
 
-def pass_fds() -> tuple[int, ...]:
-    """The descriptors a spawned child must inherit for ``wiring()`` to work."""
-    fd = read_end()
-    return () if fd is None else (fd,)
-
-
 def after_fork() -> None:
-    """In a forked child: close the parent's write end of the lifeline (the read end stays,
-    for ``hold``), and forget the pipe, so this process makes its own for its children."""
+    """In a forked child: close the parent's write end (the read end stays, for ``hold``);
+    this process makes its own pipe for its children."""
     global _pipe, _owner
     if _pipe is not None and _owner != os.getpid():
         with contextlib.suppress(OSError):
@@ -65,8 +57,7 @@ def hold(wiring_text: str, death_signal: int = platform.KILL) -> None:
     parent = int(pid_text)
     platform.set_parent_death_signal(death_signal)
     if fd_text:
-        fd = int(fd_text)
-        threading.Thread(target=_watch, args=(fd, death_signal), daemon=True,
+        threading.Thread(target=_watch, args=(int(fd_text), death_signal), daemon=True,
                          name="hybridnb-lifeline").start()
     if os.getppid() != parent:  # the parent died before the death signal could be set
         os._exit(1)
@@ -74,11 +65,9 @@ def hold(wiring_text: str, death_signal: int = platform.KILL) -> None:
 
 def _watch(fd: int, death_signal: int) -> None:
     """Block on the lifeline until the parent's end closes, then deliver the death signal."""
-    try:
+    with contextlib.suppress(OSError):
         while os.read(fd, 1):
             pass
-    except OSError:
-        pass
     with contextlib.suppress(OSError, ValueError):
         signal.raise_signal(death_signal)  # SIGINT: its handler runs in the main thread
     if death_signal != signal.SIGINT:

@@ -8,7 +8,9 @@ other arguments, from its attributes without the live iterator.
 
 from __future__ import annotations
 
+import copyreg
 import inspect
+import sys
 from typing import Any
 
 SETTINGS = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
@@ -17,8 +19,6 @@ SETTINGS = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_f
 
 
 def is_loader(obj: Any) -> bool:
-    import sys
-
     data = sys.modules.get("torch.utils.data")
     return data is not None and isinstance(obj, data.DataLoader)
 
@@ -53,12 +53,6 @@ def _rebuild(cls: type, dataset: Any, settings: dict[str, Any]) -> Any:
     return cls(dataset, **settings)
 
 
-def _restore(cls: type, state: dict[str, Any]) -> Any:
-    obj = object.__new__(cls)
-    obj.__dict__.update(state)
-    return obj
-
-
 def reduce_loader(loader: Any) -> tuple:
     """The pickle reduction of a DataLoader (see the module docstring)."""
     from torch.utils.data import DataLoader
@@ -67,4 +61,4 @@ def reduce_loader(loader: Any) -> tuple:
         return _rebuild, (DataLoader, loader.dataset, loader_settings(loader))
     state = dict(loader.__dict__)
     state["_iterator"] = None
-    return _restore, (type(loader), state)
+    return copyreg.__newobj__, (type(loader),), state  # set as it is (no __setattr__ checks)

@@ -12,22 +12,24 @@ PARTIAL_CAP = 2000  # characters of an unfinished line kept (a progress bar with
 
 class OutputLines:
     """The text of one stream, its completed lines kept in ``lines`` (a bounded deque the
-    streams of one child share)."""
+    streams of one child share) and fed to ``last_words``."""
 
-    def __init__(self, lines: collections.deque) -> None:
+    def __init__(self, lines: collections.deque, last_words: LastWords) -> None:
         self._decode = codecs.getincrementaldecoder("utf-8")("replace").decode
-        self.lines = lines
+        self.lines, self.last_words = lines, last_words
         self.partial = ""
 
-    def feed(self, data: bytes) -> tuple[str, list[str]]:
-        """Decode ``data``: the text, and the lines it completed (a line rewritten with
-        carriage returns, like a progress bar, counts by its last state)."""
+    def feed(self, data: bytes) -> str:
+        """Decode ``data`` (a line rewritten with carriage returns, like a progress bar, counts
+        by its last state)."""
         text = self._decode(data)
         parts = (self.partial + text).split("\n")
         self.partial = parts.pop()[-PARTIAL_CAP:]
-        done = [part.rsplit("\r", 1)[-1] for part in parts]
-        self.lines.extend(done)
-        return text, done
+        for line in parts:
+            line = line.rsplit("\r", 1)[-1]
+            self.lines.append(line)
+            self.last_words.feed(line)
+        return text
 
 
 class LastWords:

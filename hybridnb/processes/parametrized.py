@@ -16,8 +16,6 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["is_parametrized", "rebuild", "reduce"]
-
 
 def is_parametrized(obj: Any) -> bool:
     """Whether ``obj`` is a module whose class ``register_parametrization`` swapped (cheap for
@@ -33,17 +31,13 @@ def is_parametrized(obj: Any) -> bool:
     return parametrize.is_parametrized(obj)
 
 
-def _base(obj: Any) -> type:
-    from torch.nn.utils import parametrize
-
-    return parametrize.type_before_parametrizations(obj)
-
-
 def reduce(obj: Any) -> tuple:
     """A pickle reduce value for a parametrized module (see the module docstring): its state is
     pickled after the module itself is memoised, so a reference back to it inside its state
     (a parent held by a child) is the same object in the worker."""
-    base = _base(obj)
+    from torch.nn.utils import parametrize
+
+    base = parametrize.type_before_parametrizations(obj)
     getstate = getattr(base, "__getstate__", None)  # the class's own, not the one that refuses
     state = getstate(obj) if getstate is not None else obj.__dict__.copy()
     if state is obj.__dict__:

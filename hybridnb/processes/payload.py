@@ -1,23 +1,19 @@
-"""What a spawned child is given: a callable and its arguments, pickled with cloudpickle (so a
+"""What a spawned child is given: a callable and its arguments, pickled with cloudpickle (a
 notebook's functions and classes travel by value), the big data kept out of the pickle stream:
 
-- an array or CPU tensor whose bytes lie in a file mapping (an ``np.memmap``, a view of one,
-  ``torch.from_file``) travels as a reference to that file (``refs``): nothing is copied here;
-- any other plain CPU tensor or numpy array of ``SHM_MIN_BYTES`` or more is written once into its
-  own file under ``/dev/shm``; the child maps it (pages are read as they are touched) and
-  unlinks it at once. The child's copy is a snapshot. The parent unlinks whatever the child
-  did not (``discard``), e.g. when it died before loading;
+- an array or CPU tensor whose bytes lie in a file mapping (``np.memmap``, ``torch.from_file``)
+  travels as a reference to that file (``refs``): nothing is copied;
+- any other CPU tensor or array of ``SHM_MIN_BYTES`` or more is written once into its own file
+  under ``/dev/shm``, which the child maps and unlinks at once (a snapshot); the parent unlinks
+  what the child did not (``discard``);
 - a torch ``DataLoader`` travels as its dataset and settings (``loaders``), a parametrized
-  module with its state as it is (``parametrized``).
-
-An object that cannot be pickled raises ``NotSendable`` naming where it is (``unsendable``).
+  module as it is (``parametrized``); a part that cannot be pickled raises ``NotSendable``.
 
 Shared memory is an optimisation, not a requirement: where ``/dev/shm`` has too little room
-(Docker gives a container 64 MB unless ``--shm-size`` says otherwise) or a write there fails for
-lack of space, the files go to the temporary folder instead, and if that is full too the bytes
-go in the pickle itself. Each fallback is said once. Files rather than torch's
-``share_memory_()``, which would move the parent's own tensor into shared memory: the child's
-writes would change the start state a crashed worker's parent relies on.
+(Docker gives a container 64 MB unless ``--shm-size``) or fills up, the files go to the
+temporary folder, and if that is full too the bytes go in the pickle; each fallback is said
+once. Files, not torch's ``share_memory_()``, which would move the parent's own tensor into
+shared memory: the child's writes would change the start state its parent falls back on.
 """
 
 from __future__ import annotations
@@ -37,7 +33,7 @@ import cloudpickle
 from hybridnb import platform
 from hybridnb.processes import loaders, parametrized, refs
 from hybridnb.processes.channel import as_sent, tensor_bytes
-from hybridnb.processes.unsendable import NotSendable, job_parts, not_sendable
+from hybridnb.processes.unsendable import NotSendable, not_sendable
 
 __all__ = ["NotSendable", "SHM_MIN_BYTES", "discard", "pack", "unpack"]
 
@@ -49,11 +45,6 @@ _FULL = (errno.ENOSPC, errno.EDQUOT)
 
 def _mb(n: float) -> str:
     return f"{n / 2**20:.0f} MiB"
-
-
-def _cpu_tensor(obj: Any, torch: Any) -> bool:
-    return (type(obj) in (torch.Tensor, torch.nn.Parameter) and obj.device.type == "cpu"
-            and obj.layout == torch.strided and not obj.is_quantized)
 
 
 class _Pickler(cloudpickle.Pickler):
@@ -74,16 +65,18 @@ class _Pickler(cloudpickle.Pickler):
         torch = sys.modules.get("torch")  # no tensor can exist before torch is imported
         np = sys.modules.get("numpy")
         pid = None
-        if torch is not None and _cpu_tensor(obj, torch):
+        if (torch is not None and cls in (torch.Tensor, torch.nn.Parameter)
+                and obj.device.type == "cpu" and obj.layout == torch.strided
+                and not obj.is_quantized):
             # pickled by value, a view would take its whole storage along
             if max(obj.nbytes, obj.untyped_storage().nbytes()) >= SHM_MIN_BYTES:
                 ref = refs.tensor_ref(obj, self._locator)
-                pid = ("ref", ref) if ref is not None else self._tensor_to_file(obj)
+                pid = ("ref", ref) if ref is not None else self._to_file(obj, torch)
         elif np is not None and cls in (np.ndarray, np.memmap) and not obj.dtype.hasobject:
             ref = (refs.ndarray_ref(obj, self._locator)
                    if cls is np.memmap or obj.nbytes >= SHM_MIN_BYTES else None)
             pid = ("ref", ref) if ref is not None else (
-                self._array_to_file(obj) if obj.nbytes >= SHM_MIN_BYTES else None)
+                self._to_file(obj, torch) if obj.nbytes >= SHM_MIN_BYTES else None)
         if pid is not None:
             self._seen[key] = (obj, pid)  # obj kept alive: its id stays its own
         return pid
@@ -97,36 +90,24 @@ class _Pickler(cloudpickle.Pickler):
             return parametrized.reduce(obj)
         return super().reducer_override(obj)
 
-    def _new_file(self) -> str:
-        path = os.path.join(self.folder, f"hybridnb-{os.getpid()}-{uuid.uuid4().hex[:12]}")
-        self.paths.append(path)  # first: an interrupted write is discarded too
-        return path
-
     def _leave_shm(self, why: str) -> None:
-        """/dev/shm cannot take the data: the temporary folder from now on (said once)."""
         self.folder = tempfile.gettempdir()
         platform.say_once(f"{SHM_DIR} {why}: the data for the worker process goes through files "
                           f"in {self.folder} instead (read from disk as the worker touches it). "
                           "In a Docker container give it more shared memory: "
                           "docker run --shm-size=8g ...", key="shm")
 
-    def _room_in_shm(self, nbytes: int) -> bool:
-        usage = platform.shared_memory(SHM_DIR)
-        if usage.path is None:
-            return True  # unknown: the write says whether it fits
-        if usage.free - nbytes >= SHM_RESERVE * usage.total:
-            return True
-        self._leave_shm(f"has {_mb(usage.free)} free of {_mb(usage.total)}, too little for "
-                        f"{_mb(nbytes)}")
-        return False
-
     def _write(self, data: memoryview) -> str | None:
-        """``data`` in a new file (in /dev/shm when it has room, else the temporary folder);
-        None when no folder has room: the bytes then go in the pickle itself."""
+        """``data`` in a new file; None when no folder has room (then it goes in the pickle)."""
         while self.folder is not None:
-            if self.folder == SHM_DIR and not self._room_in_shm(data.nbytes):
-                continue
-            path = self._new_file()
+            if self.folder == SHM_DIR:
+                usage = platform.shared_memory(SHM_DIR)  # there: pack saw it
+                if usage.free - data.nbytes < SHM_RESERVE * usage.total:
+                    self._leave_shm(f"has {_mb(usage.free)} free of {_mb(usage.total)}, too "
+                                    f"little for {_mb(data.nbytes)}")
+                    continue
+            path = os.path.join(self.folder, f"hybridnb-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+            self.paths.append(path)  # first: an interrupted write is discarded too
             try:
                 with open(path, "wb") as f:
                     f.write(data)
@@ -146,27 +127,25 @@ class _Pickler(cloudpickle.Pickler):
                     self.folder = None
         return None
 
-    def _tensor_to_file(self, obj: Any) -> tuple | None:
-        spec, raw = tensor_bytes(obj)
-        path = self._write(raw)
-        return None if path is None else ("shm", path, *spec)
-
-    def _array_to_file(self, obj: Any) -> tuple | None:
+    def _to_file(self, obj: Any, torch: Any) -> tuple | None:
+        """A tensor's or array's bytes in a file of its own; None: they go in the pickle."""
+        if torch is not None and isinstance(obj, torch.Tensor):
+            spec, raw = tensor_bytes(obj)
+            path = self._write(raw)
+            return None if path is None else ("shm", path, *spec)
         import numpy as np
 
         flat = np.ascontiguousarray(obj)
         path = self._write(memoryview(flat.reshape(-1).view(np.uint8)))
-        if path is None:
-            return None
-        return ("shm-array", path, flat.dtype, flat.shape, bool(obj.flags.writeable))
+        return None if path is None else (
+            "shm-array", path, flat.dtype, flat.shape, bool(obj.flags.writeable))
 
 
 def pack(obj: Any, files: list[str] | None = None) -> tuple[bytes, list[str]]:
-    """The pickled ``obj`` and the shared-memory files its big tensors and arrays went into
-    (the caller passes them to ``discard`` once the child is gone). ``files``: a list the
-    file names are added to as each file is made (so a caller interrupted at any moment knows
-    what to discard); it is also the list returned. ``NotSendable`` (a TypeError) names the
-    part that cannot be pickled, in a job ``(fn, args, kwargs)`` or any other object."""
+    """The pickled ``obj`` and the files its big tensors and arrays went into, for ``discard``
+    once the child is gone. ``files``: the list they are added to as each is made (a caller
+    interrupted at any moment knows what to discard). ``NotSendable`` names the part that
+    cannot be pickled, in a job ``(fn, args, kwargs)`` or any other object."""
     folder = platform.shared_memory(SHM_DIR).path or tempfile.gettempdir()
     buf = io.BytesIO()
     pickler = _Pickler(buf, folder, [] if files is None else files)
@@ -176,9 +155,7 @@ def pack(obj: Any, files: list[str] | None = None) -> tuple[bytes, list[str]]:
         discard(pickler.paths)
         if not isinstance(exc, Exception):
             raise
-        job = (isinstance(obj, tuple) and len(obj) == 3 and callable(obj[0])
-               and isinstance(obj[1], tuple) and isinstance(obj[2], dict))
-        found = not_sendable(job_parts(*obj) if job else [("the object", obj)])
+        found = not_sendable(obj)
         if found is None:
             raise
         raise found from None
@@ -193,41 +170,33 @@ class _Unpickler(pickle.Unpickler):
     def persistent_load(self, pid):
         if pid[0] == "ref":
             return refs.open_ref(pid[1])
-        if pid[0] == "shm-array":
-            return _open_shm_array(*pid[1:])
-        _, path, dtype, shape, nbytes, is_param, requires_grad = pid
-        import torch
+        path = pid[1]
+        try:  # mapped, the file goes at once: its pages live as long as the tensor or array
+            if pid[0] == "shm-array":
+                import numpy as np
 
-        try:
+                _, _, dtype, shape, writeable = pid
+                arr = np.ndarray(shape, np.dtype(dtype), buffer=np.memmap(path, np.uint8, "r+"))
+                arr.flags.writeable = writeable
+                return arr
+            import torch
+
+            _, _, dtype, shape, nbytes, is_param, requires_grad = pid
             raw = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+            t = raw.view(dtype).view(shape) if nbytes else torch.empty(shape, dtype=dtype)
+            return as_sent(t, is_param, requires_grad)
         finally:
             with contextlib.suppress(OSError):
-                os.unlink(path)  # mapped: the pages live as long as the tensor
-        t = raw.view(dtype).view(shape) if nbytes else torch.empty(shape, dtype=dtype)
-        return as_sent(t, is_param, requires_grad)
-
-
-def _open_shm_array(path: str, dtype: Any, shape: tuple, writeable: bool) -> Any:
-    import numpy as np
-
-    try:
-        mm = np.memmap(path, np.uint8, "r+")
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)  # mapped: the pages live as long as the array
-    arr = np.ndarray(shape, np.dtype(dtype), buffer=mm)
-    arr.flags.writeable = writeable
-    return arr
+                os.unlink(path)
 
 
 def unpack(data: bytes | memoryview) -> Any:
-    """The child's side of ``pack``. ``refs.SentFileChanged`` names a file sent by reference
-    that vanished or changed in between."""
+    """The child's side of ``pack`` (``refs.SentFileChanged``: a file sent by reference
+    vanished or changed in between)."""
     return _Unpickler(io.BytesIO(data)).load()
 
 
 def discard(paths: list[str]) -> None:
-    """Remove the shared-memory files the child has not taken."""
     for path in paths:
         with contextlib.suppress(OSError):
             os.unlink(path)

@@ -1,18 +1,13 @@
 """Arrays and tensors whose memory lies in a file mapping travel as a reference, not a copy.
 
 An ``np.memmap``, a view of one, ``torch.from_numpy(memmap)`` or ``torch.from_file(...)``: their
-bytes are already in a file. ``ndarray_ref``/``tensor_ref`` find the file and the byte range from
-the pointer (``/proc/self/maps``) and return a ``FileRef``; ``open_ref`` maps the same bytes
-again in the worker, without a copy. Nothing else of the array is read here.
-
-No reference is taken (they return None, and the caller sends the bytes) when the memory is
-anonymous, the file was deleted or replaced since it was mapped, the array holds Python
-objects, or a private (copy-on-write) mapping has pages written since it was mapped
-(``/proc/self/smaps``: the file no longer holds what the array holds).
-
-A writable shared mapping (``np.memmap(mode="r+")``, ``torch.from_file(shared=True)``) is
-opened shared in the worker too, as two memmaps of one file are; a read-only one stays
-read-only; an unwritten private one is opened copy-on-write.
+bytes are already in a file, found from the pointer in ``/proc/self/maps`` (``ndarray_ref``,
+``tensor_ref``); ``open_ref`` maps the same bytes again in the worker. No reference is taken
+(None: the caller sends the bytes) when the memory is anonymous, the file was deleted or
+replaced since it was mapped, the array holds Python objects, a private (copy-on-write) mapping
+has written pages (``/proc/self/smaps``), or there is no /proc. A writable shared mapping is
+opened shared in the worker too, a read-only one read-only, an unwritten private one
+copy-on-write.
 """
 
 from __future__ import annotations
@@ -46,23 +41,18 @@ class Mapping:
 
 @dataclass(frozen=True)
 class FileRef:
-    """Where an array's bytes lie in a file, and how to view them again.
-
-    ``offset``/``nbytes``: the byte range of the file the array spans; ``first``: the byte of
-    element 0 within that range; ``strides`` in bytes; ``dtype``: a numpy dtype or a torch
-    dtype name; ``kind``: "ndarray", "memmap", "tensor" or "parameter"; ``mode``: the
-    np.memmap mode to open it with; ``stamp``: (device, inode, size, mtime_ns or None)."""
+    """Where an array's bytes lie in a file, and how to view them again."""
 
     path: str
-    offset: int
+    offset: int                # the byte range of the file the array spans
     nbytes: int
-    first: int
+    first: int                 # the byte of element 0 within that range
     shape: tuple[int, ...]
-    strides: tuple[int, ...]
-    dtype: Any
-    kind: str
-    mode: str
-    stamp: tuple
+    strides: tuple[int, ...]   # in bytes
+    dtype: Any                 # a numpy dtype or a torch dtype name
+    kind: str                  # "ndarray", "memmap", "tensor" or "parameter"
+    mode: str                  # the np.memmap mode to open it with
+    stamp: tuple               # (device, inode, size, mtime_ns or None)
     requires_grad: bool = False
 
 
@@ -71,11 +61,8 @@ def read_mappings() -> list[Mapping]:
     maps = platform.proc_path("self", "maps")
     if maps is None:
         return []
-    try:
-        with open(maps) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return []
+    with open(maps) as f:
+        lines = f.read().splitlines()
     out: list[Mapping] = []
     for line in lines:
         parts = line.split(None, 5)
@@ -96,14 +83,10 @@ def read_mappings() -> list[Mapping]:
 
 
 def _written_private_pages(start: int, end: int) -> int:
-    """kB of copied-on-write (anonymous) pages in the private mappings within [start, end);
-    -1 when unknown."""
+    """kB of copied-on-write pages in the mappings within [start, end); -1 when unknown."""
     total, inside, found = 0, False, False
-    smaps = platform.proc_path("self", "smaps")
-    if smaps is None:
-        return -1
     try:
-        with open(smaps) as f:
+        with open("/proc/self/smaps") as f:  # there: a mapping was found in /proc/self/maps
             for line in f:
                 head = line.split(None, 1)[0]
                 if "-" in head and not head.endswith(":"):
@@ -135,22 +118,15 @@ class Locator:
     def __init__(self) -> None:
         self._maps: list[Mapping] | None = None
 
-    def find(self, lo: int, hi: int) -> Mapping | None:
-        if self._maps is None:
-            self._maps = read_mappings()
-        for m in self._maps:
-            if m.start <= lo and hi <= m.end:
-                return m
-        return None
-
     def ref(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int,
             dtype: Any, kind: str, requires_grad: bool = False) -> FileRef | None:
-        """A ``FileRef`` for the array at ``ptr`` if its bytes lie in a file that still holds
-        them; None otherwise (see the module docstring)."""
+        """A ``FileRef`` for the array at ``ptr`` if a file still holds its bytes, else None."""
         if any(n == 0 for n in shape):
             return None
         lo, hi = _span(ptr, shape, strides, itemsize)
-        m = self.find(lo, hi)
+        if self._maps is None:
+            self._maps = read_mappings()
+        m = next((m for m in self._maps if m.start <= lo and hi <= m.end), None)
         if m is None:
             return None
         shared, writable = m.perms[3] == "s", m.perms[1] == "w"
@@ -171,7 +147,7 @@ class Locator:
 
 
 def ndarray_ref(arr: Any, locator: Locator) -> FileRef | None:
-    """A reference for a numpy array (np.memmap or a view into a file mapping), or None."""
+    """A reference for a numpy array in a file mapping, or None."""
     if arr.dtype.hasobject:
         return None
     kind = "memmap" if type(arr).__name__ == "memmap" else "ndarray"
@@ -208,9 +184,8 @@ def _check(ref: FileRef) -> None:
 
 
 def open_ref(ref: FileRef) -> Any:
-    """The worker's side: the same bytes mapped again (no copy), as the same kind of object.
-    ``SentFileChanged`` names the file when it vanished or changed since the reference was
-    taken."""
+    """The worker's side: the same bytes mapped again, as the same kind of object
+    (``SentFileChanged`` when the file vanished or changed since)."""
     import numpy as np
 
     _check(ref)

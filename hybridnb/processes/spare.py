@@ -1,18 +1,16 @@
 """A warm worker: one spare prestarted worker per preload tuple, kept for the next request.
 
-``child.prestart_spawn`` takes the spare when there is one (``take``) instead of starting an
-interpreter, and once a worker's job is over (``PrestartedWorker.start_next``) the next spare is
-started (``replenish``): the second isolated fit in a kernel finds a worker that has imported
-torch already, and no spare's start-up takes CPU from a running job. A spare is handed out only
-while it runs and only when it was started for the same request (preload, worker variables,
-death signal, output plumbing, and the same environment, ``sys.path``, working directory and
-interpreter as now); else it is closed. One still importing is handed out too: it is ahead.
+``child.prestart_spawn`` takes the spare (``take``) instead of starting an interpreter, and once
+a worker's job is over the next spare starts (``replenish``): the second isolated fit in a
+kernel finds a worker that has imported torch already, and no spare's start-up takes CPU from a
+running job. A spare is handed out only while it runs (still importing counts: it is ahead) and
+only when started for the same request (preload, environment, ``sys.path``, working directory,
+interpreter); else it is closed.
 
-A spare never outlives this process: it dies with it (``processes.lifeline``), sees EOF on its
-job pipe, and is killed at interpreter exit (atexit). ``HYBRIDNB_WARM_WORKER=0`` turns spares
-off (each costs the memory of an idle interpreter with torch loaded). Linux's PR_SET_PDEATHSIG
-fires when the *thread* that started a child ends: a spare killed that way is found dead and
-replaced.
+A spare never outlives this process (``processes.lifeline``, and atexit).
+``HYBRIDNB_WARM_WORKER=0`` turns spares off (each costs an idle interpreter with torch loaded).
+Linux's PR_SET_PDEATHSIG fires when the *thread* that started a child ends: a spare killed that
+way is found dead and replaced.
 """
 
 from __future__ import annotations
@@ -33,17 +31,15 @@ _lock = threading.Lock()
 _spares: dict[tuple[str, ...], tuple[Key, Spare]] = {}
 
 
-def key_of(preload: tuple[str, ...], env: dict[str, str] | None, death_signal: int,
-           merge_output: bool) -> Key:
+def key_of(preload: tuple[str, ...]) -> Key:
     """What a spare must have been started with to serve this request."""
-    return (preload, None if env is None else tuple(sorted(env.items())), int(death_signal),
-            bool(merge_output), tuple(sorted(environment().items())), tuple(sys.path),
-            os.getcwd(), sys.executable)
+    return (preload, tuple(sorted(environment().items())), tuple(sys.path), os.getcwd(),
+            sys.executable)
 
 
 def take(key: Key) -> Spare | None:
-    """The running spare started for ``key``, now the caller's; None when there is none (a
-    dead or stale spare is closed)."""
+    """The running spare started for ``key``, now the caller's (a dead or stale one is
+    closed)."""
     with _lock:
         entry = _spares.pop(key[0], None)
     if entry is None:
@@ -59,13 +55,7 @@ def replenish(key: Key, start: Callable[[], Spare]) -> None:
     """Start the spare for ``key`` unless a running one is there (spares on)."""
     if not warm_worker():
         return
-    with _lock:
-        entry = _spares.get(key[0])
-    if entry is not None:
-        if entry[0] == key and entry[1].child.poll() is None:
-            return
-        discard(key[0])
-    spare = start()
+    spare = take(key) or start()  # a running one is kept, a stale one closed
     with _lock:
         old = _spares.pop(key[0], None)
         _spares[key[0]] = (key, spare)
@@ -73,16 +63,7 @@ def replenish(key: Key, start: Callable[[], Spare]) -> None:
         old[1].close()
 
 
-def discard(preload: tuple[str, ...]) -> None:
-    """Close the spare kept for ``preload``, if any."""
-    with _lock:
-        entry = _spares.pop(preload, None)
-    if entry is not None:
-        entry[1].close()
-
-
 def waiting() -> list[Spare]:
-    """The spares kept now."""
     with _lock:
         return [spare for _, spare in _spares.values()]
 

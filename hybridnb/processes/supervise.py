@@ -1,28 +1,22 @@
 """The one watch loop for every child of hybridnb, under one interrupt policy.
 
-``Watch`` watches several children together (the GPU probes, compare()'s variants, an isolated
-fit, ``hn.launch``'s ranks) in one ``select`` loop: it passes each child's messages to its
-``on_message``, copies its output into this process's (or keeps only the tail), applies its
-limits, and turns how it ended into a ``ChildOutcome``; ``supervise`` is the shorthand for one
-child. Nothing is left running when a ``Watch`` closes, whatever raised.
+``Watch`` watches several children in one ``select`` loop (the GPU probes, compare()'s variants,
+an isolated fit, ``hn.launch``'s ranks); ``supervise`` is the shorthand for one child. Nothing
+is left running when a ``Watch`` closes, whatever raised.
 
-Limits, per child. The silence limit bounds *silence*, not a phase: every "step_done" or
-"heartbeat" restarts the clock, and a child silent for longer is killed (``Ending.HUNG``, naming
-the last phase a heartbeat reported). A heartbeat's ``grace`` lengthens the limit until the next
-message (compiling). ``deadline`` bounds the run, or one request (``Watched.arm``), instead
-(``Ending.TIMEOUT``).
+Limits, per child: the silence limit bounds *silence*, not a phase: every "step_done" or
+"heartbeat" restarts the clock (a heartbeat's ``grace`` lengthens it until the next message),
+and a child silent for longer is killed (``Ending.HUNG``, naming the last phase reported).
+``deadline`` bounds the run, or one request (``Watched.arm``), instead (``Ending.TIMEOUT``).
 
-The interrupt policy, in this one place: the handlers for SIGINT, SIGTERM and SIGHUP are
-installed when the watch opens, before any child starts, so a signal at any moment is counted
-and never strands a child. The first signal asks every child to stop (its stop flag says
-"interrupt"; a child with a ``stop_signal`` also gets that signal): it finishes its step and
-sends its state and result, or is killed after its ``stop_grace`` (0: at once, for a child
-with nothing to keep). A second signal kills every child at once. Once the children are gone,
-SIGTERM (or SIGHUP) is delivered again to this process as it was handled before the watch; SIGINT
-too, unless the watch keeps it (``keep_interrupt=True``: the isolated fit and launch answer it
-with their outcome). ``should_stop`` (a Stop button) sets the flag with the reason "stop" (or
-the word it returns), without a time limit. A parent killed outright takes its children with it
-(``processes.lifeline``).
+The interrupt policy: the handlers for SIGINT, SIGTERM and SIGHUP are installed when the watch
+opens, before any child starts, so no signal strands a child. The first asks every child to stop
+(its stop flag says "interrupt"; a child with a ``stop_signal`` also gets that signal): it
+finishes its step and sends its state and result, or is killed after its ``stop_grace`` (0: at
+once). A second kills every child. Once they are gone, SIGTERM (or SIGHUP) is delivered again to
+this process as handled before the watch; SIGINT too, unless ``keep_interrupt=True`` (the
+isolated fit and launch answer it with their outcome). ``should_stop`` (a Stop button) sets the
+flag with the reason "stop" (or the word it returns), without a time limit.
 """
 
 from __future__ import annotations
@@ -82,12 +76,8 @@ SilenceLimit = Callable[[ChildProgress], tuple[float, str]]
 
 def supervise(start: Callable[[], Child], *, poll: float = 0.1,
               should_stop: Callable[[], bool] | None = None, **limits: Any) -> ChildOutcome:
-    """Start one child with ``start()`` and watch it until it ends; see the module docstring.
-
-    ``limits``: ``Watched``'s keywords (``name`` is "the worker" here). ``poll``: how often the
-    child and ``should_stop`` are checked when nothing arrives. An interrupt is answered by the
-    outcome (``Ending.INTERRUPTED``, or the child's own result when it stopped in time);
-    SIGTERM is delivered again once the child is gone."""
+    """Start one child with ``start()`` and watch it until it ends, an interrupt answered by
+    the outcome (``keep_interrupt``). ``limits``: ``Watched``'s keywords."""
     limits.setdefault("name", "the worker")
     with Watch(poll=poll, should_stop=should_stop, keep_interrupt=True) as watch:
         watched = watch.start(start, **limits)
@@ -107,34 +97,28 @@ class Watched:
                  reap_s: float = REAP_S) -> None:
         """``name``: how reasons call it. ``silence``: seconds of silence allowed, or a function
         of ``ChildProgress`` returning (seconds, the rule's name), or None (no limit).
-        ``deadline``: seconds the whole run may take (None: no bound). ``stop_grace``: after an
-        interrupt, the time it has to stop (0: killed at once). ``forward_output``: copy its
-        output into this process's (else only its tail is kept). ``start_grace``: seconds of
-        silence allowed before its first message (its interpreter starting, ``import torch``:
-        a child of ``start_spawn``/``start_fork`` says "ready" first), when longer than the
-        limit. ``stop_signal``: also sent to it at an interrupt. ``reap_s``: after SIGKILL, how
-        long to wait for it to go."""
+        ``deadline``: seconds the whole run may take. ``stop_grace``: after an interrupt, the
+        time it has to stop (0: killed at once). ``forward_output``: copy its output into this
+        process's (else only its tail is kept). ``start_grace``: silence allowed before its
+        first message (``import torch``), when longer than the limit. ``stop_signal``: also
+        sent at an interrupt. ``reap_s``: after SIGKILL, how long to wait for it to go."""
         self.child, self.name, self.on_message, self.silence = child, name, on_message, silence
         self.stop_grace, self.start_grace = stop_grace, start_grace
         self.forward_output, self.stop_signal, self.reap_s = forward_output, stop_signal, reap_s
         self.progress = ChildProgress()
         self.queue: collections.deque[Message] = collections.deque()
         self.state = self.state_steps = self.result = self.error = None
-        self.got_done = False
+        self.got_done = self.partial = False
         self.stop_reason: str | None = None
         self.finished_at: float | None = None
         self.stop_deadline: float | None = None
         self.stop_wait = 0.0
-        self.interrupts = 0
+        self.bytes = 0
         self.signal: int | None = None     # the first signal that reached the parent
         self.t0 = self.progress.last_message = self.progress.last_step = time.monotonic()
-        self.deadline_s: float | None = None
-        self.deadline_at: float | None = None
         self.arm(deadline)
         self.cause: str | None = None
         self.outcome: ChildOutcome | None = None
-        self.bytes = 0
-        self.partial = False
 
     @property
     def ended(self) -> bool:
@@ -154,8 +138,7 @@ class Watched:
         info = m.payload if isinstance(m.payload, dict) else {}
         if m.kind == STEP_DONE:
             p.steps += 1
-            seconds, at = info.get("seconds"), info.get("at")
-            at = now if at is None else at  # time.monotonic() is one clock for both processes
+            seconds, at = info.get("seconds"), info.get("at", now)  # one clock for both
             if seconds is None and p.steps > 1:  # the first one includes start-up
                 seconds = at - p.last_step
             if seconds is not None:
@@ -168,13 +151,10 @@ class Watched:
                 p.phase = str(info["phase"])
         elif m.kind == STATE:
             self.state, self.state_steps = m.payload, p.steps
-        elif m.kind in (DONE, ERROR):
-            if m.kind == DONE:
-                self.result, self.got_done = m.payload, True
-            else:
-                self.error = m.payload if isinstance(m.payload, dict) else {
-                    "type": "?", "message": str(m.payload), "traceback": ""}
-            self.finished_at = now
+        elif m.kind == DONE:
+            self.result, self.got_done, self.finished_at = m.payload, True, now
+        elif m.kind == ERROR:
+            self.error, self.finished_at = m.payload, now  # ``Channel.send_error``'s dict
         else:
             p.last_message = now  # any other message is a sign of life too
 
@@ -189,12 +169,11 @@ class Watched:
         grace = self.progress.grace
         if grace is not None and grace > limit:
             limit, name = grace, "the grace the worker asked for"
-        if not self.progress.started and self.start_grace is not None and \
-                self.start_grace > limit:
+        if not self.progress.started and (self.start_grace or 0) > limit:
             limit, name = self.start_grace, "start_grace"
         return limit, name
 
-    def _limits(self) -> list[tuple[float, str]]:
+    def limits(self) -> list[tuple[float, str]]:
         """When each of its limits runs out (time.monotonic()), and the cause it gives."""
         if self.finished_at is not None:
             return [(self.finished_at + EXIT_GRACE_S, "finished")]
@@ -202,49 +181,38 @@ class Watched:
                   (self.progress.last_message + self.limit()[0], "silent")]
         return [(at, cause) for at, cause in limits if at is not None]
 
-    def next_check(self) -> float:
-        """When one of its limits runs out next (time.monotonic())."""
-        return min(at for at, _ in self._limits())
-
-    def overdue(self, now: float) -> str | None:
-        """The limit it has passed (a cause), or None."""
-        return next((cause for at, cause in self._limits() if now >= at), None)
-
     # ---------------------------------------------------------------- the outcome
     def make_outcome(self, now: float) -> ChildOutcome:
-        child, p, cause = self.child, self.progress, self.cause
+        child, p, cause, who = self.child, self.progress, self.cause, self.name
         ex = child.exit
-        exit_text = child.not_reaped if child.not_reaped else str(ex) if ex is not None \
-            else "unknown"
+        exit_text = child.not_reaped or (str(ex) if ex is not None else "unknown")
         out = ChildOutcome(status=Ending.DIED, reason="", result=self.result, error=self.error,
-                      state=self.state, state_steps=self.state_steps, steps=p.steps,
-                      median_step_s=p.median_step_s, seconds=now - self.t0, phase=p.phase,
-                      exit=exit_text, signal=ex.signal if ex else None,
-                      exit_code=ex.code if ex else None, interrupted=self.interrupts > 0,
-                      stop_sent=self.stop_reason is not None, bytes_received=self.bytes,
-                      output_tail=child.output_text(), last_words=child.last_words.best(),
-                      pid=child.pid)
+                           state=self.state, state_steps=self.state_steps, steps=p.steps,
+                           median_step_s=p.median_step_s, seconds=now - self.t0, phase=p.phase,
+                           exit=exit_text, signal=ex.signal if ex else None,
+                           exit_code=ex.code if ex else None, interrupted=self.signal is not None,
+                           stop_sent=self.stop_reason is not None, bytes_received=self.bytes,
+                           output_tail=child.output_text(), last_words=child.last_words.best(),
+                           pid=child.pid)
         steps = f"after {p.steps} step{'s' if p.steps != 1 else ''}"
         in_phase = f" in phase '{p.phase}'" if p.phase else ""
-        who = self.name
         if self.got_done:
             out.status, out.reason = Ending.DONE, f"{who} finished {steps}"
         elif self.error is not None:
             first = (str(self.error.get("message", "")).strip().splitlines() or [""])[0][:200]
             out.status = Ending.ERROR
             out.reason = f"{who} raised {self.error.get('type', '?')} {steps}{in_phase}: {first}"
-        elif cause in ("silent", "deadline"):
-            limit, rule = self.limit()
+        elif cause == "silent":
+            out.limit_s, out.limit_name = self.limit()
+            out.status, out.silent_s = Ending.HUNG, now - p.last_message
+            out.reason = (f"{who} was silent for {_secs(out.silent_s)}{in_phase} "
+                          f"({out.limit_name}={_secs(out.limit_s)}): no step completed; "
+                          f"killed {steps}")
+        elif cause == "deadline":
+            out.status, out.limit_s, out.limit_name = Ending.TIMEOUT, self.deadline_s, "deadline"
             out.silent_s = now - p.last_message
-            if cause == "silent":
-                out.status, out.limit_s, out.limit_name = Ending.HUNG, limit, rule
-                out.reason = (f"{who} was silent for {_secs(out.silent_s)}{in_phase} ({rule}="
-                              f"{_secs(limit)}): no step completed; killed {steps}")
-            else:
-                out.status, out.limit_s, out.limit_name = Ending.TIMEOUT, self.deadline_s, "deadline"
-                out.reason = (f"{who} was still running at its deadline of "
-                              f"{_secs(self.deadline_s)}{in_phase} (silent for "
-                              f"{_secs(out.silent_s)}); killed {steps}")
+            out.reason = (f"{who} was still running at its deadline of {_secs(self.deadline_s)}"
+                          f"{in_phase} (silent for {_secs(out.silent_s)}); killed {steps}")
         elif cause == "interrupted":
             out.status = Ending.INTERRUPTED
             out.reason = f"interrupted twice: {who} was killed {steps}{in_phase}"
@@ -254,10 +222,9 @@ class Watched:
             out.reason = (f"interrupted: {who} had not stopped {_secs(self.stop_wait)} after "
                           f"{by} and was killed {steps}{in_phase}")
         elif cause == "closed":
-            out.status = Ending.INTERRUPTED if self.interrupts else Ending.DIED
+            out.status = Ending.INTERRUPTED if self.signal is not None else Ending.DIED
             out.reason = f"{who} was still running when its watch closed; killed {steps}"
         else:  # it exited without "done" or "error"
-            out.status = Ending.DIED
             if ex is not None and ex.how == "signal":
                 hint = SIGNAL_HINTS.get(ex.signal or "")
                 out.reason = (f"{who} was killed by {ex.signal} {steps}{in_phase}"
@@ -273,16 +240,11 @@ class Watched:
 
 
 class Watch:
-    """Children watched together by one loop, under the interrupt policy of the module
-    docstring. Use it as a context manager: the signal handlers are in place from ``__enter__``
-    (before any child starts) to ``__exit__``, which kills and reaps every child still there.
-
-    ``start(...)`` starts and registers a child (returns its ``Watched``); ``run(until)``
-    watches them all until every one has ended, or ``until()`` is true; ``end(watched)`` ends
-    one now. ``poll``: how often children and ``should_stop`` are checked when nothing arrives.
-    ``keep_interrupt``: SIGINT is answered by the outcomes (not delivered again).
-    ``interrupt_note``: what ``platform.say`` says at the first interrupt (default: names the
-    children and says a second interrupt kills them)."""
+    """Children watched together by one loop, under the module docstring's interrupt policy:
+    a context manager whose signal handlers are in place from ``__enter__`` (before any child
+    starts) to ``__exit__``, which kills and reaps every child still there. ``poll``: how often
+    children and ``should_stop`` are checked when nothing arrives. ``interrupt_note``: what is
+    said at the first interrupt (default: names the children that stop after their step)."""
 
     def __init__(self, *, poll: float = 0.1, should_stop: Callable[[], bool] | None = None,
                  keep_interrupt: bool = False, interrupt_note: str | None = None) -> None:
@@ -297,7 +259,7 @@ class Watch:
     def __enter__(self) -> Watch:
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
-                with contextlib.suppress(ValueError, OSError):
+                with contextlib.suppress(ValueError):  # a subinterpreter refuses handlers
                     self._previous[sig] = signal.signal(sig, self._on_signal)
         return self
 
@@ -313,30 +275,24 @@ class Watch:
 
     def _restore(self) -> None:
         for sig, previous in self._previous.items():
-            with contextlib.suppress(ValueError, OSError):
-                signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
         self._previous = {}
 
     def _deliver_signal(self) -> None:
         """Once the children are gone: SIGTERM or SIGHUP (and SIGINT unless kept) to this
-        process again, handled as before the watch (SIGINT's default raises
-        KeyboardInterrupt; SIGTERM's ends the process)."""
+        process again, handled as before the watch."""
         if self._delivered or not self.signals:
             return
         self._delivered = True
         ending = [sig for sig in self.signals if sig != signal.SIGINT]
         if ending:
             signal.raise_signal(ending[0])
-        elif not self.keep_interrupt:
-            if threading.current_thread() is threading.main_thread():
-                signal.raise_signal(signal.SIGINT)
-            else:
-                raise KeyboardInterrupt
+        elif not self.keep_interrupt:  # (signals reach a watch in the main thread only)
+            signal.raise_signal(signal.SIGINT)
 
     # ---------------------------------------------------------------- children
     def start(self, start: Callable[[], Child], **limits: Any) -> Watched:
-        """Start a child with ``start()`` and watch it from now on, under ``limits``
-        (``Watched``'s keywords)."""
+        """Start a child with ``start()`` and watch it under ``limits`` (``Watched``'s)."""
         child = start()
         try:
             watched = Watched(child, **limits)
@@ -350,21 +306,16 @@ class Watch:
         return [w for w in self.children if not w.ended]
 
     def run(self, until: Callable[[], bool] | None = None) -> None:
-        """Watch every child until all have ended or ``until()`` is true. After an interrupt
-        that is not kept, the signal is delivered here once every child is gone."""
+        """Watch every child until all have ended or ``until()`` is true."""
         while True:
             live = self.live()
             if not live or (until is not None and until() and not self.signals):
                 break
             now = time.monotonic()
-            wait = max(0.0, min([self.poll] + [w.next_check() - now for w in live]))
+            wait = max(0.0, min([self.poll] + [at - now for w in live for at, _ in w.limits()]))
             try:
-                fds = [fd for w in live for fd in w.child.wait_fds()]
-                if fds:
-                    ready = set(select.select(fds, [], [], wait)[0])
-                else:  # nothing to wait on (a command without pipes, no pidfd): poll
-                    ready = set()
-                    time.sleep(wait)
+                fds = [fd for w in live for fd in w.child.wait_fds()]  # none: a plain sleep
+                ready = set(select.select(fds, [], [], wait)[0])
                 for w in live:
                     self._read(w, ready)
             except KeyboardInterrupt:  # no handler of ours (it could not be installed)
@@ -377,8 +328,8 @@ class Watch:
                     self._end(w, "exited")
                 elif len(self.signals) >= 2:
                     self._end(w, "interrupted")
-                else:
-                    cause = w.overdue(now)
+                else:  # the first limit it has passed, if any
+                    cause = next((cause for at, cause in w.limits() if now >= at), None)
                     if cause is not None:
                         self._end(w, cause)
         if self.signals and not self.live() and (set(self.signals) - {signal.SIGINT}
@@ -388,9 +339,8 @@ class Watch:
             self._deliver_signal()
 
     def end(self, watched: Watched, deliver: bool = True) -> ChildOutcome:
-        """End one child now (killed with its process group if still running): its outcome.
-        What it sent last goes to its ``on_message`` (``deliver``), and if that raises, the
-        child is ended all the same."""
+        """End one child now (killed with its group if still running): its outcome. What it
+        sent last goes to its ``on_message`` (``deliver``); if that raises, it ends anyway."""
         if not watched.ended:
             try:
                 self._read(watched, watched.child.wait_fds(), deliver)
@@ -399,7 +349,7 @@ class Watch:
         return watched.outcome
 
     def close(self, deliver: bool = True) -> None:
-        """End every child still running (see ``end``); every one, whatever raises."""
+        """End every child still running, every one whatever raises."""
         failed: BaseException | None = None
         for w in self.children:
             try:
@@ -429,7 +379,6 @@ class Watch:
                 w.on_message(message)
 
     def _end(self, w: Watched, cause: str) -> None:
-        """Kill its group (a no-op for a reaped child), reap it, release it, its outcome."""
         w.cause = cause
         try:
             w.child.kill_group(w.reap_s)
@@ -441,7 +390,6 @@ class Watch:
             w.outcome = w.make_outcome(ended_at)
 
     def _ask_stop(self) -> None:
-        """The first interrupt (or ``should_stop``) asks every live child to stop."""
         reason = INTERRUPT if self.signals else None
         if reason is None and self.should_stop is not None and not self._stop_asked:
             asked = self.should_stop()  # True, or the reason as a word ("callback")
@@ -458,7 +406,6 @@ class Watch:
                 if reason == INTERRUPT and w.stop_signal is not None:
                     w.child.send_signal(w.stop_signal)
             if reason == INTERRUPT:
-                w.interrupts = len(self.signals)
                 w.signal = w.signal or self.signals[0]
                 if w.stop_deadline is None and w.finished_at is None:
                     median = w.progress.median_step_s or 0.0
@@ -466,7 +413,7 @@ class Watch:
                     w.stop_deadline = now + w.stop_wait
         waiting = [w.name for w in self.live() if w.stop_wait > 0]
         if reason == INTERRUPT and not self._announced and (waiting or self.interrupt_note):
-            self._announced = True  # said where the run's notices go (platform.say)
+            self._announced = True
             one = len(waiting) == 1
             platform.say(self.interrupt_note or (
                 f"interrupt: {', '.join(waiting)} {'stops' if one else 'stop'} after the current "
@@ -474,7 +421,5 @@ class Watch:
                 f"{'it' if one else 'them'})"))
 
 
-def _secs(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
+def _secs(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"

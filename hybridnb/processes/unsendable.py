@@ -1,10 +1,9 @@
 """Which part of a job cannot be sent to a worker: the attribute path from the root.
 
-Run only once pickling the whole job has failed (no cost when it works). ``find`` walks the
-object the way pickle does (module children, attributes, dict/list/tuple items, a partial's
-arguments, a function's closure and defaults) and returns the first object that fails to
-pickle on its own while none of its parts does, e.g. ``job.model.encoder._lock``. Tensors and
-arrays are replaced by a placeholder while probing, so no data is copied.
+Run only once pickling the whole job has failed. ``find`` walks the object the way pickle does
+(module children, attributes, items, a partial's arguments, a function's closure and defaults)
+down to the innermost part that fails to pickle, e.g. ``job.model.encoder._lock``. Tensors and
+arrays are left out while probing, so no data is copied.
 """
 
 from __future__ import annotations
@@ -24,9 +23,8 @@ MAX_NODES = 20000
 
 
 class NotSendable(TypeError):
-    """An object in the job cannot be sent to a worker process (it cannot be pickled).
-
-    ``path``: where it is, from the root (``job.model.encoder._lock``); ``kind``: its type."""
+    """An object in the job cannot be pickled for a worker process: ``path``, where it is from
+    the root (``job.model.encoder._lock``), and ``kind``, its type."""
 
     def __init__(self, message: str, path: str = "", kind: str = "") -> None:
         super().__init__(message)
@@ -37,7 +35,7 @@ _NULL = types.SimpleNamespace(write=len)  # a file that keeps nothing: only fail
 
 
 class _Probe(cloudpickle.Pickler):
-    """cloudpickle, with arrays and tensors left out (their data pickles anyway)."""
+    """cloudpickle as ``payload`` uses it, arrays and tensors left out."""
 
     def persistent_id(self, obj: Any):
         torch = sys.modules.get("torch")
@@ -51,9 +49,9 @@ class _Probe(cloudpickle.Pickler):
     def reducer_override(self, obj: Any):
         from hybridnb.processes import loaders, parametrized
 
-        if loaders.is_loader(obj):  # sent as its dataset and settings (payload)
+        if loaders.is_loader(obj):
             return loaders.reduce_loader(obj)
-        if parametrized.is_parametrized(obj):  # sent with its state (payload)
+        if parametrized.is_parametrized(obj):
             return parametrized.reduce(obj)
         return super().reducer_override(obj)
 
@@ -64,11 +62,6 @@ def _fails(obj: Any) -> BaseException | None:
     except Exception as exc:  # noqa: BLE001 - any failure (recursion too) marks the object
         return exc
     return None
-
-
-def _has_own_getstate(obj: Any) -> bool:
-    getstate = getattr(type(obj), "__getstate__", None)
-    return getstate is not None and getstate is not getattr(object, "__getstate__", None)
 
 
 def _parts(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
@@ -105,21 +98,20 @@ def _parts(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
         yield f"{path}.__self__", obj.__self__
         return
     state: Any = None
-    if _has_own_getstate(obj):
+    getstate = getattr(type(obj), "__getstate__", None)
+    if getstate is not None and getstate is not getattr(object, "__getstate__", None):
         with contextlib.suppress(Exception):  # a user's __getstate__ may raise anything
             state = obj.__getstate__()
     elif hasattr(obj, "__dict__"):
         state = vars(obj)
     if isinstance(state, dict):
-        modules = state.get("_modules") if isinstance(state.get("_modules"), dict) else {}
-        for name, child in modules.items():  # nn.Module children first: model.encoder
-            yield f"{path}.{name}", child
-        for key in ("_parameters", "_buffers"):
+        held = ("_modules", "_parameters", "_buffers")  # an nn.Module's parts: model.encoder
+        for key in held:
             if isinstance(state.get(key), dict):
                 for name, v in state[key].items():
                     yield f"{path}.{name}", v
         for k, v in state.items():
-            if k not in ("_modules", "_parameters", "_buffers"):
+            if k not in held:
                 yield f"{path}.{k}", v
     elif state is not None:
         yield f"{path}.<state>", state
@@ -130,37 +122,8 @@ def _parts(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
                 yield f"{path}.{name}", getattr(obj, name)
 
 
-def find(named: list[tuple[str, Any]]) -> tuple[str, Any, BaseException] | None:
-    """(path, object, its error) of the innermost part that cannot be pickled, searching each
-    (name, object) of ``named`` in turn; None when every part on its own can be pickled."""
-    seen: set[int] = set()
-    nodes = 0
-
-    def walk(path: str, node: Any, err: BaseException, depth: int):
-        nonlocal nodes
-        seen.add(id(node))
-        if depth < MAX_DEPTH:
-            for sub_path, part in _parts(node, path):
-                nodes += 1
-                if nodes > MAX_NODES:
-                    break
-                if id(part) in seen or part is None or isinstance(part, (str, int, float)):
-                    continue
-                sub_err = _fails(part)
-                if sub_err is not None:
-                    return walk(sub_path, part, sub_err, depth + 1)
-        return path, node, err
-
-    for name, obj in named:
-        error = _fails(obj)
-        if error is not None:
-            return walk(name, obj, error, 0)
-    return None
-
-
-def job_parts(fn: Any, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
-    """A job ``fn(channel, *args, **kwargs)`` as named parts: the arguments by their parameter
-    names (a partial's too: ``partial(work, job)`` gives ``job``), then the function."""
+def _job_parts(fn: Any, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
+    """The arguments by their parameter names (a partial's too), then the function."""
     import functools
 
     partial = isinstance(fn, functools.partial)
@@ -188,21 +151,39 @@ def _bound(p: Any) -> list[tuple[str, Any]]:
     return _by_name(_parameters(p.func), p.args, p.keywords)
 
 
-def _type_name(obj: Any) -> str:
-    cls = type(obj)
-    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+def not_sendable(obj: Any) -> NotSendable | None:
+    """The ``NotSendable`` naming the innermost part of ``obj`` that cannot be pickled (in a job
+    ``(fn, args, kwargs)``: from its arguments' names), or None when no part can be named."""
+    job = (isinstance(obj, tuple) and len(obj) == 3 and callable(obj[0])
+           and isinstance(obj[1], tuple) and isinstance(obj[2], dict))
+    seen: set[int] = set()
+    nodes = 0
 
+    def walk(path: str, node: Any, err: BaseException, depth: int):
+        nonlocal nodes
+        seen.add(id(node))
+        if depth < MAX_DEPTH:
+            for sub_path, part in _parts(node, path):
+                nodes += 1
+                if nodes > MAX_NODES:
+                    break
+                if id(part) in seen or part is None or isinstance(part, (str, int, float)):
+                    continue
+                sub_err = _fails(part)
+                if sub_err is not None:
+                    return walk(sub_path, part, sub_err, depth + 1)
+        return path, node, err
 
-def not_sendable(named: list[tuple[str, Any]]) -> NotSendable | None:
-    """The ``NotSendable`` naming the part of ``named`` (see ``find``) that cannot be pickled,
-    or None when no part can be named."""
-    found = find(named)
-    if found is None:
-        return None
-    path, part, err = found
-    kind = _type_name(part)
-    why = f"{type(err).__name__}: {err}"
-    return NotSendable(
-        f"{path} (a {kind}) cannot be sent to the worker process ({why}). Drop it or create it "
-        "again in its class's __getstate__/__setstate__, or train in this process with "
-        "isolate=False", path, kind)
+    for name, root in _job_parts(*obj) if job else [("the object", obj)]:
+        error = _fails(root)
+        if error is None:
+            continue
+        path, part, err = walk(name, root, error, 0)
+        cls = type(part)
+        kind = (cls.__qualname__ if cls.__module__ == "builtins"
+                else f"{cls.__module__}.{cls.__qualname__}")
+        return NotSendable(
+            f"{path} (a {kind}) cannot be sent to the worker process ({type(err).__name__}: "
+            f"{err}). Drop it or create it again in its class's __getstate__/__setstate__, or "
+            "train in this process with isolate=False", path, kind)
+    return None

@@ -1,48 +1,32 @@
 """A spawned child: ``python -m hybridnb.processes.worker WIRING DEATH_SIGNAL SPAWNED_AT PRELOAD``
-(started by ``child.start_spawn`` or ``child.prestart_spawn`` through ``framed``; not a command
-for people).
+(started by ``child.start_spawn``/``prestart_spawn``; not a command for people).
 
-It imports the PRELOAD modules (comma-separated: ``import torch`` while the parent is still
-preparing the job), says it is ready, reads the cloudpickled ``(fn, args, kwargs)`` from its
-request pipe, runs ``fn(channel, *args, **kwargs)``, sends the return value ("done") or the
-exception with its traceback ("error"), and leaves with ``os._exit`` (no interpreter teardown:
-with torch loaded it costs about a second). It gets DEATH_SIGNAL when its parent dies
-(``processes.lifeline``); faulthandler prints the Python stack of a segfault or abort on
-stderr. Threads are left as torch sets them: a fresh interpreter has no broken OpenMP pool.
-
-``run`` and ``prepare`` (in ``child``) are shared with the forked child.
+It imports the PRELOAD modules (comma-separated: ``import torch`` while the parent prepares the
+job), says it is ready, reads the ``payload`` ``(fn, args, kwargs)`` from its request pipe, runs
+it as a forked child does (``child.run``) and leaves with ``os._exit`` (an interpreter teardown
+with torch loaded costs about a second). Threads are left as torch sets them: a fresh
+interpreter has no broken OpenMP pool.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import sys
 import time
 
 from hybridnb import platform
-from hybridnb.processes.child import prepare, run
+from hybridnb.processes.child import leave, prepare, run
 from hybridnb.processes.framed import wiring
 
-# When this worker was started (the parent's time.monotonic(), one clock for both processes),
-# ready (its imports done) and given its job: what ``startup()`` returns
 _STARTUP: dict[str, float] = {}
 
 
 def startup() -> dict[str, float]:
     """In a spawned worker: ``spawned_at`` (when the parent started it), ``ready_at`` (its
-    imports done) and ``job_at`` (its job read), on ``time.monotonic()``'s clock; empty
-    elsewhere."""
+    imports done) and ``job_at`` (its job read), on ``time.monotonic()``'s clock (one for both
+    processes); empty elsewhere."""
     return dict(_STARTUP)
-
-
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    while data := os.read(fd, 1 << 20):
-        chunks.append(data)
-    os.close(fd)
-    return b"".join(chunks)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -66,7 +50,8 @@ def main(argv: list[str] | None = None) -> None:
                 channel.ready()
             from hybridnb.processes.payload import unpack
 
-            fn, args, kwargs = unpack(_read_all(job_fd))
+            with open(job_fd, "rb") as job:
+                fn, args, kwargs = unpack(job.read())
         except BaseException as exc:  # say it through the channel: the parent shows it
             channel.send_error(exc)
             code = 1
@@ -77,10 +62,7 @@ def main(argv: list[str] | None = None) -> None:
             channel.ready()
         code = run(fn, args, kwargs, channel)
     finally:
-        with contextlib.suppress(BaseException):  # exiting anyway
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
+        leave(code)
 
 
 if __name__ == "__main__":
