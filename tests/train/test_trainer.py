@@ -507,8 +507,9 @@ def test_samples_per_s_is_wall_clock_and_names_the_data_wait():
     tr.fit(SlowData())
     wall = time.perf_counter() - t0
     row = tr.history.iloc[0]
-    truth = 160 / wall
-    assert abs(row["samples_per_s"] - truth) / truth < 0.10, (row["samples_per_s"], truth)
+    # wall clock, not compute: at most the rate the loading sleeps alone allow (0.8 s for 160
+    # samples), at least the whole fit's rate (the epoch is inside it); no bound on the speed
+    assert 160 / wall <= row["samples_per_s"] <= 160 / (160 * SlowData().delay)
     assert row["data_wait_pct"] > 50
     assert row["compute_samples_per_s"] > 3 * row["samples_per_s"]  # the step alone, labelled
 
