@@ -98,9 +98,10 @@ def test_a_spawned_child_reads_the_memmap_the_parent_never_copied(big_file):
         return {"sum": float(dataset.x[95:155, :1000].sum()),
                 "mapped": isinstance(dataset.x, np.memmap)}
 
-    before, shm_before = _uss(), set(glob.glob("/dev/shm/hybridnb-*"))
+    mine = f"/dev/shm/hybridnb-{os.getpid()}-*"  # not files of other runs on this machine
+    before, shm_before = _uss(), set(glob.glob(mine))
     child = start_spawn(work, ds)
-    shm = set(glob.glob("/dev/shm/hybridnb-*")) - shm_before
+    shm = set(glob.glob(mine)) - shm_before
     assert _shm_bytes(list(shm)) < SIZE // 100
     out = supervise(lambda: child, silence=60)
     grown = _uss() - before
