@@ -38,6 +38,7 @@ and state_dict keys.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Iterable
 
@@ -63,6 +64,8 @@ MEASURE_BUDGET_S = 8.0  # mode="measure" on the CPU: every knob timed
 CPU_SLICE = 4  # samples of the example batch timed on the CPU
 MIN_TRIAL_STEPS = 50  # a 1 s trial won by 10% on a >= 0.2 s step pays back within 50 steps
 NATIVE_BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
+CL_MARGIN = 0.05  # channels_last on the CPU: kept when its paired median is this share faster
+CL_TRIAL_S = 30.0  # seconds its trial may take at most (less in a short run: trial.RUN_SHARE)
 MIN_TRIAL_CORES = 8  # fewer cores: one first bf16 step alone can take the whole budget
 
 
@@ -148,16 +151,15 @@ def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
     if mode == "off":
         return applied
     t0 = time.perf_counter()
-    inputs = _on_device(example_x, device)
+    inputs = full = _on_device(example_x, device)
     _check_device(model, device)
-    if device.type == "cpu":  # a CPU step costs seconds: check and time a slice of the batch
+    if device.type == "cpu":  # a CPU step costs seconds: check (and time bf16) on a slice
         inputs = _slice(inputs, CPU_SLICE)
     if device.type == "cuda" and "cudnn_benchmark" in chosen:
         use_cudnn_benchmark(applied, fixed_shapes)
     if device.type == "cpu" and mode == "auto":
-        budget = BUDGET_S["cpu"] if budget_s is None else budget_s
-        _cpu_auto(model, inputs, device, prec, auto, chosen, applied, steps,
-                  deadline=t0 + budget)
+        _cpu_auto(model, inputs, full, device, prec, auto, chosen, applied, steps,
+                  BUDGET_S["cpu"] if budget_s is None else budget_s)
         applied.seconds = time.perf_counter() - t0
         return applied
     toggles = {}  # raced in this order: channels_last measured the larger gain on both devices
@@ -185,11 +187,11 @@ def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
     return applied
 
 
-def _cpu_auto(model, inputs, device, prec: str, auto: bool, chosen, applied: Applied, steps,
-              deadline: float) -> None:
-    """The CPU's decision within ``deadline``: the chain and rows rewrites and channels_last by
-    rule, bf16 (+ rewrite) only where the CPU has it in hardware and a bounded, memory-capped
-    trial says it is faster."""
+def _cpu_auto(model, inputs, full, device, prec: str, auto: bool, chosen, applied: Applied,
+              steps, budget: float) -> None:
+    """The CPU's decision: span and chain by rule, channels_last (and rows beside it) by a
+    paired trial on the run's batch ``full``, bf16 (+ rewrite) only where the CPU has it in
+    hardware and a bounded, memory-capped trial within ``budget`` s says it is faster."""
     if "span" in chosen:
         _by_rule(SPAN, model, inputs, applied, "spanned",
                  "convolutions over every electrode of a one-channel input as 1-D",
@@ -201,35 +203,80 @@ def _cpu_auto(model, inputs, device, prec: str, auto: bool, chosen, applied: App
                  "no conv-BatchNorm-conv chain that one convolution computes with fewer "
                  "multiply-adds")
     if "channels_last" in chosen:
-        if not has_grouped_conv2d(model):
-            applied.skipped["channels_last"] = ("no grouped (H, 1) 2-D convolution (the CPU's "
-                                                "rule)")
-        elif (toggle := _channels_last_toggle(model, applied)) is not None:
-            _cpu_channels_last(toggle, model, inputs, applied)
+        _cpu_channels_last(model, inputs, full, device, prec, "rows" in chosen, applied, steps)
     if "rows" in chosen and "channels_last" not in applied.applied:
         # the folded form pays only beside channels_last: alone, TIDNet, TSception and
         # EEGConformer ran 0.75-0.84x (1 thread, issue 34)
         applied.skipped["rows"] = "only beside channels_last (the CPU's rule)"
-    elif "rows" in chosen:
-        _by_rule(ROWS, model, inputs, applied, "folded", "(1, K) convolutions over several rows",
-                 "no (1, K) convolution over several rows")
     if "precision" in chosen and auto and prec == "fp32":
-        _cpu_bf16(model, inputs, device, prec, "rewrite" in chosen, applied, steps, deadline)
+        _cpu_bf16(model, inputs, device, prec, "rewrite" in chosen, applied, steps,
+                  deadline=time.perf_counter() + budget)
     if "rewrite" in chosen and "rewrite" not in applied.applied \
             and "rewrite" not in applied.skipped:
         applied.skipped["rewrite"] = "not used in fp32 on the CPU (EEGNeX measured 0.95x)"
 
 
-def _cpu_channels_last(toggle, model, inputs, applied: Applied) -> None:
-    """channels_last where a grouped ``(H, 1)`` convolution reads the model's own input (made
-    NHWC by the pre-hook), or spans the whole height of an input made after a plain 2-D
-    convolution ran, with the channels of the module that ran just before it, an even number
-    of them (one eval forward on the slice, hooks): EEGNeX, EEGNet and their kin gain
-    1.05-2.5x. The losses the rule keeps out are BatchNorm's over the tall map: a grouped
-    (16, 1) filter along time (EEGTCNet) ran 0.4x; a spatial filter over a tensor no
-    convolution module made (SincShallowNet's functional sinc filters) 0.5x; over a
-    concatenation of branches (TCFormer: BatchNorm's backward on channel slices of an NHWC
-    gradient) 0.42x; over 9 channels (MSVTNet: BatchNorm 4.9x its NCHW time) 0.78-0.97x."""
+def _cpu_channels_last(model, inputs, full, device, prec: str, rows: bool, applied: Applied,
+                       steps) -> None:
+    """channels_last, with the rows rewrite beside it, where a grouped ``(H, 1)`` convolution
+    could gain from it (``_could_gain``), kept only when a paired trial of whole steps on the
+    run's batch measures it ``CL_MARGIN`` faster than stock. A rule alone could not tell a
+    wash from a gain: CTNet measured 0.96-1.05x at batch 64, EEGNet 1.4x; and a slice of four
+    samples misleads (EEGITNet 0.75x on 4, 1.5x on 64)."""
+    if not has_grouped_conv2d(model):
+        applied.skipped["channels_last"] = "no grouped (H, 1) 2-D convolution (the CPU's rule)"
+        return
+    toggle = _channels_last_toggle(model, applied)
+    if toggle is None:
+        return
+    if not _could_gain(model, inputs):
+        applied.skipped["channels_last"] = ("no grouped (H, 1) 2-D convolution on the input or "
+                                            "spanning the height of a 2-D convolution's output, "
+                                            "unconcatenated (the CPU's rule)")
+        return
+    fold = _layer_toggle(ROWS, model, inputs, applied, "folded",
+                         "no (1, K) convolution over several rows") if rows else None
+
+    def candidate(on: bool) -> None:
+        toggle(on)
+        if fold is not None:
+            fold(on)
+
+    saved = trial.Snapshot(model, device)
+    try:
+        ratios = trial.paired(
+            lambda on: trial.timed_step(candidate, on, model, full, device, prec), CL_TRIAL_S,
+            steps)
+    except Exception as exc:  # noqa: BLE001 — a layout whose step fails is not kept
+        ratios = f"its timed step failed ({type(exc).__name__}: {str(exc)[:80]})"
+    finally:
+        saved.restore()
+    if isinstance(ratios, str):
+        candidate(False)
+        applied.skipped["channels_last"] = f"channels_last {ratios}; stock kept"
+        return
+    gain = statistics.median(ratios)
+    applied.speedup["channels_last"] = gain
+    keep = gain >= 1 + CL_MARGIN
+    candidate(keep)
+    if not keep:
+        applied.skipped["channels_last"] = f"measured {gain:.2f}x here, not faster"
+        return
+    applied.applied.append("channels_last")
+    applied.rules["channels_last"] = (f"a grouped (H, 1) convolution; {len(ratios)} paired "
+                                      f"rounds, >= {1 + CL_MARGIN:g}x")
+    if fold is not None and applied.folded:
+        applied.applied.append("rows")
+        applied.rules["rows"] = "beside channels_last"
+
+
+def _could_gain(model, inputs) -> bool:
+    """Whether a grouped ``(H, 1)`` convolution reads the model's input, or spans the whole
+    height of the output of the module that ran just before it, after a plain 2-D convolution
+    ran (one eval forward on the slice, hooks). The losses this keeps out untimed are
+    BatchNorm's over tall maps: a grouped (16, 1) filter along time (EEGTCNet) ran 0.4x, one
+    over functional filters' output (SincShallowNet) 0.5x, over a concatenation of branches
+    (TCFormer) 0.42x."""
     state = {"conv": False, "keep": False, "channels": None}
     given = {a.data_ptr() for a in inputs if isinstance(a, torch.Tensor)}
 
@@ -242,7 +289,7 @@ def _cpu_channels_last(toggle, model, inputs, applied: Applied) -> None:
         x = replace.first_tensor(args)
         state["keep"] |= x is not None and x.dim() == 4 and (x.data_ptr() in given or (
             state["conv"] and x.shape[2] == module.kernel_size[0]
-            and x.shape[1] == state["channels"] and x.shape[1] % 2 == 0))
+            and x.shape[1] == state["channels"]))
 
     hooks = []
     for name, m in model.named_modules():  # a replacement shares its original's hooks
@@ -259,16 +306,7 @@ def _cpu_channels_last(toggle, model, inputs, applied: Applied) -> None:
     finally:
         for h in hooks:
             h.remove()
-    if not state["keep"]:
-        applied.skipped["channels_last"] = ("no grouped (H, 1) 2-D convolution on the input "
-                                            "or spanning the height of a 2-D convolution's "
-                                            "output, of an even number of channels, "
-                                            "unconcatenated (the CPU's rule)")
-        return
-    toggle(True)
-    applied.applied.append("channels_last")
-    applied.rules["channels_last"] = ("grouped (H, 1) 2-D convolutions over the input or a "
-                                      "2-D convolution's output")
+    return state["keep"]
 
 
 def _by_rule(rewrite: Rewrite, model, inputs, applied: Applied, listed: str, rule: str,
