@@ -367,6 +367,10 @@ class ChainRewrite(Rewrite):
     name = "chain"
     label = LABEL
     kind = ChainForm
+    rule = (f"conv-BatchNorm-conv with <= {MAX_COST_SHARE:g} of the multiply-adds as one "
+            "convolution")
+    none_found = ("no conv-BatchNorm-conv chain that one convolution computes with fewer "
+                  "multiply-adds")
 
     def applies(self, module: nn.Module) -> bool:
         return is_temporal_conv(module) or is_plain_batchnorm(module)

@@ -1,39 +1,25 @@
 """Which speedups a run gets: ``wanted`` (the Trainer's setting) and ``apply_speedups`` (the
-decision on the model's own first batch).
+decision on the model's own first batch). Each knob is a rule about layers or devices, never a
+model's name: ``rewrite`` (depthwise.py), ``span`` (span.py), ``chain`` and ``rows`` (CPU only;
+chain.py, rows.py), ``channels_last`` (NHWC parameters and inputs), ``cudnn_benchmark`` (CUDA,
+fixed shapes; put back by ``Applied.restore_globals()``) and ``precision`` (only when "auto").
 
-The knobs, each a rule about layers or devices, never about a model's name:
+On CUDA (and with ``mode="measure"`` anywhere) a knob is kept only where timed steps on the first
+batch say it is ``MARGIN`` faster (``trial.race``; greedy: channels_last, span, the rewrite,
+then precision), within ``BUDGET_S``.
 
-- ``rewrite``: height-spanning depthwise convolutions as a batched matmul (``depthwise.py``).
-- ``span``: convolutions over every electrode of a one-channel input (braindecode's
-  ``CombinedConv``, a ``Conv2d(1, F, (K, C))``) as 1-D convolutions with the electrodes as
-  channels (``span.py``): by rule on the CPU, timed on CUDA.
-- ``chain`` (CPU only): conv-BatchNorm-conv chains as one convolution (``chain.py``).
-- ``rows`` (CPU only): ``(1, K)`` convolutions over several rows as 1-D ones (``rows.py``).
-- ``channels_last``: 4-D parameters and inputs in NHWC, for models with 2-D convolutions.
-- ``cudnn_benchmark`` (CUDA only, a rule): cuDNN's autotuner when the input shapes are fixed
-  (``fixed_shapes=True``); a process-wide flag, put back by ``Applied.restore_globals()``.
-- ``precision`` (only when ``precision="auto"``): on CUDA the low precision timed against fp32;
-  on a CPU with bf16 in hardware, bf16 autocast timed against fp32.
+On the CPU, where a step costs seconds, span and chain apply by rule (checked exact on a slice);
+channels_last, with rows beside it, where a grouped ``(H, 1)`` convolution could gain and a
+paired trial of whole steps on the run's batch measures it ``CL_MARGIN`` faster (none in a short
+run); no depthwise rewrite in fp32; bf16 only after a bounded, memory-capped trial where the CPU
+has it in hardware, ``MIN_TRIAL_CORES`` cores and the run ``MIN_TRIAL_STEPS`` steps. No
+``torch.compile``: it never pays back its compile time on a CPU run of this size. channels_last
+makes dropout draw other (equally likely) masks for the same seed; a run and its resume use the
+same layout. Measurements: ``bench/results/zoo-speed-cpu-latest.md``, ``gpu-latest.md``.
 
-``mode="auto"`` on CUDA (and ``mode="measure"`` anywhere) keeps a knob only where timed steps on
-the first batch say it is at least ``MARGIN`` faster (``trial.py``; greedy: channels_last, then
-the rewrite on top, then precision), within ``BUDGET_S``.
-
-``mode="auto"`` on the CPU, where a step costs seconds, decides by exact rules (each rewrite
-checked exact on a slice of the batch): span and chain, channels_last where a grouped ``(H, 1)``
-convolution reads the input or spans a 2-D convolution's output (``_cpu_channels_last``), rows
-only beside channels_last, no depthwise rewrite in fp32, and bf16 only after a bounded,
-memory-capped trial where the CPU has it in hardware, has ``MIN_TRIAL_CORES`` cores and the run
-``MIN_TRIAL_STEPS`` steps. channels_last makes dropout draw other (equally likely) masks for
-the same seed: a run and its resume use the same layout and stay identical. No
-``torch.compile``: it never pays back its compile time on a CPU run of this size. The
-measurements: ``bench/results/cpu-speedups-latest.md``, ``zoo-speed-cpu-latest.md``,
-``gpu-latest.md`` and ``speedups-rules.md``.
-
-The model's weights, BatchNorm statistics, gradients and random-number streams are as they were
-after any measuring. ``mode="all"`` applies every applicable knob without measuring;
-``mode="off"`` nothing. ``Applied.undo()`` takes everything back; the rewrites keep parameters
-and state_dict keys.
+Weights, BatchNorm statistics, gradients and random-number streams are as they were after any
+measuring. ``mode="all"`` applies every applicable knob unmeasured, ``"off"`` nothing;
+``Applied.undo()`` takes everything back.
 """
 
 from __future__ import annotations
@@ -48,7 +34,7 @@ from torch import nn
 from hybridnb.hardware.host import cpu_flags
 from hybridnb.speedups import exact, replace, trial
 from hybridnb.speedups.applied import Applied
-from hybridnb.speedups.chain import CHAIN, MAX_COST_SHARE
+from hybridnb.speedups.chain import CHAIN
 from hybridnb.speedups.depthwise import DEPTHWISE
 from hybridnb.speedups.rewrite import Rewrite
 from hybridnb.speedups.rows import ROWS
@@ -70,8 +56,7 @@ MIN_TRIAL_CORES = 8  # fewer cores: one first bf16 step alone can take the whole
 
 
 def wanted(setting: bool | str | None, device: torch.device | str) -> bool:
-    """Whether the Trainer's ``speedups`` setting asks for ``apply_speedups`` on ``device``:
-    True on any device, "auto" on CUDA and the CPU (``AUTO_DEVICES``), False/None never."""
+    """Whether the Trainer's ``speedups`` setting asks for ``apply_speedups`` on ``device``."""
     if setting is True:
         return True
     if setting is False or setting is None:
@@ -82,19 +67,16 @@ def wanted(setting: bool | str | None, device: torch.device | str) -> bool:
 
 
 def cpu_candidate(model: nn.Module) -> bool:
-    """Whether any CPU knob could apply to ``model`` (the span, chain and channels_last rules,
-    rows only beside channels_last, or a CPU with native bf16 and the cores for its trial),
-    decided without a batch: the Trainer skips drawing an example batch from a slow Dataset
-    when nothing could apply."""
+    """Whether any CPU knob could apply to ``model``, without a batch: the Trainer skips drawing
+    an example batch from a slow Dataset when nothing could."""
     return has_grouped_conv2d(model) or SPAN.could_apply(model) or CHAIN.could_apply(model) or (
         cpu_native_bf16() and trial.cores() >= MIN_TRIAL_CORES)  # else no bf16 trial could run
 
 
 def has_grouped_conv2d(model: nn.Module) -> bool:
-    """The CPU's channels_last candidates, before any batch: a grouped (depthwise) 2-D
-    convolution with an ``(H, 1)`` kernel over several rows (EEGNeX's spatial filter), whose
-    NCHW oneDNN path is slow; ``_cpu_channels_last`` has the rest of the rule. Grouped kernels
-    along the width do not count: ATCNet's ``(1, 129)`` one ran 0.53x in channels_last."""
+    """The CPU's channels_last candidates: a grouped ``(H, 1)`` 2-D convolution over several
+    rows (EEGNeX's spatial filter), whose NCHW oneDNN path is slow. Grouped kernels along the
+    width do not count: ATCNet's ``(1, 129)`` one ran 0.53x in channels_last."""
     return any(map(_grouped_rows, replace.originals(model)))
 
 
@@ -109,9 +91,9 @@ def cpu_native_bf16() -> bool:
 
 
 def precision_name(precision, device: torch.device) -> str:
-    """The precision a run uses for ``precision`` (a name, or an object with ``.name`` such as
-    the Trainer's ``Precision``, taken as decided): "auto" is bf16 on a CUDA GPU with bf16 in
-    hardware, fp16 on an older one, fp32 elsewhere; fp16 on a CPU is bf16 (as ``Precision``)."""
+    """The precision a run uses for ``precision`` (a name, or the Trainer's decided
+    ``Precision``): "auto" is bf16 or fp16 on CUDA by hardware, fp32 elsewhere; fp16 on a CPU
+    is bf16."""
     name = getattr(precision, "name", precision)
     if name not in PRECISIONS:
         raise ValueError(f"apply_speedups: precision={name!r} is not one of {PRECISIONS}")
@@ -128,16 +110,12 @@ def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
                    precision="auto", mode: str = "auto",
                    knobs: Iterable[str] | None = None, fixed_shapes: bool = True,
                    budget_s: float | None = None, steps: int | None = None) -> Applied:
-    """Apply the speed knobs that help ``model`` on ``device``; see the module docstring.
-
-    ``model`` must already be on ``device``. ``example_x``: one batch's input (a tensor, or a
-    tuple/list of the model's positional inputs). ``precision``: a name ("auto" lets the trials
-    change it) or the run's decided ``Precision``. ``knobs``: a subset of ``KNOBS`` to consider
-    (default all). ``budget_s``: seconds for the decision (default ``BUDGET_S``;
-    ``MEASURE_BUDGET_S`` for mode="measure" on the CPU). ``steps``: the run's expected number of
-    optimizer steps, when known: a CPU run shorter than ``MIN_TRIAL_STEPS`` gets the rules
-    without a timed trial.
-    """
+    """Apply the speed knobs that help ``model`` (already on ``device``); see the module
+    docstring. ``example_x``: one batch's input (a tensor, or a tuple of the model's positional
+    inputs). ``precision``: a name ("auto" lets the trials change it) or the run's decided
+    ``Precision``. ``knobs``: a subset of ``KNOBS``. ``budget_s``: seconds for the timed
+    decisions but the CPU's channels_last trial. ``steps``: the run's expected optimizer steps,
+    when known: a short CPU run gets no timed trial."""
     if mode not in MODES:
         raise ValueError(f"apply_speedups: mode={mode!r} is not one of {MODES}")
     chosen = set(KNOBS if knobs is None else knobs)
@@ -166,11 +144,9 @@ def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
     if "channels_last" in chosen:
         toggles["channels_last"] = _channels_last_toggle(model, applied)
     if "span" in chosen:
-        toggles["span"] = _layer_toggle(SPAN, model, inputs, applied, "spanned",
-                                        "no convolution spans every electrode of a one-channel "
-                                        "input")
+        toggles["span"] = _layer_toggle(SPAN, model, inputs, applied)
     if "rewrite" in chosen:
-        toggles["rewrite"] = _rewrite_toggle(model, inputs, applied)
+        toggles["rewrite"] = _layer_toggle(DEPTHWISE, model, inputs, applied)
     toggles = {k: t for k, t in toggles.items() if t is not None}
     measure_precision = ("precision" in chosen and device.type == "cuda" and mode != "all"
                          and auto and prec != "fp32")
@@ -193,15 +169,9 @@ def _cpu_auto(model, inputs, full, device, prec: str, auto: bool, chosen, applie
     paired trial on the run's batch ``full``, bf16 (+ rewrite) only where the CPU has it in
     hardware and a bounded, memory-capped trial within ``budget`` s says it is faster."""
     if "span" in chosen:
-        _by_rule(SPAN, model, inputs, applied, "spanned",
-                 "convolutions over every electrode of a one-channel input as 1-D",
-                 "no convolution spans every electrode of a one-channel input")
+        _by_rule(SPAN, model, inputs, applied)
     if "chain" in chosen:  # before rows: the rows rewrite takes the (1, K) convolutions left
-        _by_rule(CHAIN, model, inputs, applied, "fused",
-                 f"conv-BatchNorm-conv with <= {MAX_COST_SHARE:g} of the multiply-adds as one "
-                 "convolution",
-                 "no conv-BatchNorm-conv chain that one convolution computes with fewer "
-                 "multiply-adds")
+        _by_rule(CHAIN, model, inputs, applied)
     if "channels_last" in chosen:
         _cpu_channels_last(model, inputs, full, device, prec, "rows" in chosen, applied, steps)
     if "rows" in chosen and "channels_last" not in applied.applied:
@@ -234,8 +204,7 @@ def _cpu_channels_last(model, inputs, full, device, prec: str, rows: bool, appli
                                             "spanning the height of a 2-D convolution's output, "
                                             "unconcatenated (the CPU's rule)")
         return
-    fold = _layer_toggle(ROWS, model, inputs, applied, "folded",
-                         "no (1, K) convolution over several rows") if rows else None
+    fold = _layer_toggle(ROWS, model, inputs, applied) if rows else None
 
     def candidate(on: bool) -> None:
         toggle(on)
@@ -265,7 +234,7 @@ def _cpu_channels_last(model, inputs, full, device, prec: str, rows: bool, appli
     applied.applied.append("channels_last")
     applied.rules["channels_last"] = (f"a grouped (H, 1) convolution; {len(ratios)} paired "
                                       f"rounds, >= {1 + CL_MARGIN:g}x")
-    if fold is not None and applied.folded:
+    if fold is not None and applied.modules.get("rows"):
         applied.applied.append("rows")
         applied.rules["rows"] = "beside channels_last"
 
@@ -309,28 +278,26 @@ def _could_gain(model, inputs) -> bool:
     return state["keep"]
 
 
-def _by_rule(rewrite: Rewrite, model, inputs, applied: Applied, listed: str, rule: str,
-             none_found: str) -> None:
-    """``rewrite`` applied by rule, kept only where it computes the same on the example batch;
-    recorded under its knob (applied, or skipped and why), its modules listed in
-    ``applied.<listed>``, and undone by ``applied.undo()``."""
-    knob = rewrite.name
-    report = _checked(rewrite, model, inputs, applied, none_found)
+def _by_rule(rewrite: Rewrite, model, inputs, applied: Applied) -> None:
+    """``rewrite`` applied by its rule, kept only where it computes the same on the batch;
+    recorded under its knob and undone by ``applied.undo()``."""
+    report = _checked(rewrite, model, inputs, applied)
     if report is None:
         return
+    knob = rewrite.name
     applied.applied.append(knob)
-    applied.rules[knob] = rule
-    setattr(applied, listed, list(report.rewritten))
+    applied.rules[knob] = rewrite.rule
+    applied.modules[knob] = list(report.rewritten)
     names = [n for group in report.rewritten for n in group.split(">")]
 
     def undo() -> None:
         rewrite.undo(model, names)
-        setattr(applied, listed, [])
+        applied.modules.pop(knob, None)
 
     applied.on_undo(undo)
 
 
-def _checked(rewrite: Rewrite, model, inputs, applied: Applied, none_found: str):
+def _checked(rewrite: Rewrite, model, inputs, applied: Applied):
     """``rewrite.apply``'s report, or None, with why under its knob, when nothing was rewritten
     (none found, or found but not exact on the batch: a note that must be shown)."""
     report = rewrite.apply(model, *inputs)
@@ -340,7 +307,7 @@ def _checked(rewrite: Rewrite, model, inputs, applied: Applied, none_found: str)
         return None
     if not report:
         applied.skipped[rewrite.name] = ("already rewritten" if rewrite.active(model)
-                                         else none_found)
+                                         else rewrite.none_found)
         return None
     return report
 
@@ -379,7 +346,7 @@ def _cpu_bf16(model, inputs, device, prec: str, with_rewrite: bool, applied: App
             applied.skipped["precision"] = (f"bf16 not measured: a first step takes {first:.2g} s "
                                             f"here, {max(left, 0):.2g} s of the budget left")
             return
-        rewrite = _rewrite_toggle(model, inputs, applied) if with_rewrite else None
+        rewrite = _layer_toggle(DEPTHWISE, model, inputs, applied) if with_rewrite else None
         with trial.memory_cap():
             gain = trial.race(use_bf16, model, inputs, device, holder,
                               deadline - time.perf_counter(), min_rounds=1)
@@ -444,19 +411,11 @@ def _measure(model, inputs, device, prec: str, toggles, measure_precision: bool,
         saved.restore()
 
 
-def _rewrite_toggle(model, inputs, applied: Applied):
-    """The depthwise rewrite applied (checked), then switched off; the returned toggle puts its
-    replacements in (True) or the originals back (False)."""
-    return _layer_toggle(DEPTHWISE, model, inputs, applied, "rewritten",
-                         "no depthwise convolution spans its input's height")
-
-
-def _layer_toggle(rewrite: Rewrite, model, inputs, applied: Applied, listed: str,
-                  none_found: str):
+def _layer_toggle(rewrite: Rewrite, model, inputs, applied: Applied):
     """``rewrite`` applied (checked), then switched off; the returned toggle puts its
-    replacements in (True) or the originals back (False), listing them in
-    ``applied.<listed>``; None (and why, under the knob) when nothing is rewritten."""
-    report = _checked(rewrite, model, inputs, applied, none_found)
+    replacements in (True) or the originals back (False); None (and why, under the knob) when
+    nothing is rewritten."""
+    report = _checked(rewrite, model, inputs, applied)
     if report is None:
         return None
     fast = replace.replaced(model, rewrite.kind)
@@ -465,7 +424,7 @@ def _layer_toggle(rewrite: Rewrite, model, inputs, applied: Applied, listed: str
     def toggle(on: bool) -> None:
         for n in names:
             replace.put(model, n, fast[n] if on else fast[n].original)
-        setattr(applied, listed, list(names) if on else [])
+        applied.modules[rewrite.name] = list(names) if on else []
 
     toggle(False)
     applied.on_undo(lambda: toggle(False))

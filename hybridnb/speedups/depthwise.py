@@ -65,7 +65,7 @@ class DepthwiseRewrite(LayerRewrite):
     name = "rewrite"
     label = "depthwise-as-matmul rewrite"
     kind = MatmulDepthwise
-    differs_from = "the convolution"
+    none_found = "no depthwise convolution spans its input's height"
 
     def applies(self, module: nn.Module) -> bool:
         return is_candidate_conv(module)

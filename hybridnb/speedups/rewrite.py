@@ -62,6 +62,8 @@ class Rewrite(ABC):
     label: ClassVar[str]  # how messages name it
     kind: ClassVar[type[replace.Replacement]]  # the base class of its replacements
     differs_from: ClassVar[str] = "the stock layers"  # the note's wording
+    rule: ClassVar[str] = ""  # what the CPU's rule applies, in a message
+    none_found: ClassVar[str]  # why nothing was rewritten, when the rule took no layer
 
     @abstractmethod
     def applies(self, module: nn.Module) -> bool:
@@ -159,6 +161,7 @@ class LayerRewrite(Rewrite):
     computes it; any other input takes the stock layer's forward."""
 
     kind: ClassVar[type[replace.FormReplacement]]
+    differs_from = "the convolution"
 
     def swap_in(self, model: nn.Module, group: tuple[str, ...]) -> None:
         (name,) = group

@@ -77,7 +77,7 @@ class RowsRewrite(LayerRewrite):
     name = "rows"
     label = "rows-as-1-D-convolution rewrite"
     kind = RowsAsConv1d
-    differs_from = "the convolution"
+    none_found = "no (1, K) convolution over several rows"
 
     def applies(self, module: nn.Module) -> bool:
         return is_rows_candidate(module)

@@ -181,7 +181,8 @@ class SpanRewrite(LayerRewrite):
     name = "span"
     label = "electrode-spanning convolution as 1-D rewrite"
     kind = SpanAsConv1d
-    differs_from = "the convolution"
+    rule = "convolutions over every electrode of a one-channel input as 1-D"
+    none_found = "no convolution spans every electrode of a one-channel input"
 
     def applies(self, module: nn.Module) -> bool:
         return is_span_candidate(module)

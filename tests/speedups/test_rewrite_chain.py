@@ -185,11 +185,11 @@ def test_cpu_rule_applies_the_chain_before_rows_and_says_so():
     model = eegnex_like()
     x = batches(1)[0]
     applied = apply_speedups(model, x, "cpu", precision="fp32", steps=10)
-    assert applied.applied[0] == "chain" and applied.fused == ["1>2>3"]
+    assert applied.applied[0] == "chain" and applied.modules["chain"] == ["1>2>3"]
     assert "chain" in applied.rules and "1>2>3" in applied.message
     assert not ROWS_REWRITE.active(model)  # rows found nothing left
     applied.undo()
-    assert not chained_modules(model) and applied.fused == []
+    assert not chained_modules(model) and not applied.modules.get("chain")
 
 
 def test_trainer_applies_it_by_rule_and_trains_the_same_weights():
@@ -210,7 +210,7 @@ def test_trainer_applies_it_by_rule_and_trains_the_same_weights():
         runs[speedups] = tr
     said = [e.message for e in runs["auto"].events if e.kind == "speedups"]
     assert len(said) == 1 and "conv-BatchNorm-conv" in said[0] and "1>2>3" in said[0]
-    assert runs["auto"].applied_speedups.fused == ["1>2>3"]
+    assert runs["auto"].applied_speedups.modules["chain"] == ["1>2>3"]
     fast, stock = runs["auto"].model.state_dict(), runs[False].model.state_dict()
     assert fast.keys() == stock.keys()
     for name in stock:

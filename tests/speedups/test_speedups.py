@@ -253,7 +253,7 @@ def test_all_applies_everything_applicable_and_undo_takes_it_back():
     x = torch.randn(4, 1, 5, 9)
     ref = copy.deepcopy(model).eval()(x)
     applied = apply_speedups(model, x, "cpu", mode="all")
-    assert applied.applied == ["rewrite", "channels_last"] and applied.rewritten == ["spatial"]
+    assert applied.applied == ["rewrite", "channels_last"] and applied.modules["rewrite"] == ["spatial"]
     torch.testing.assert_close(model.eval()(x), ref, atol=1e-5, rtol=1e-5)
     applied.undo()
     assert type(model.spatial) is nn.Conv2d and model.temporal.weight.is_contiguous()
@@ -330,7 +330,7 @@ def test_cpu_auto_puts_a_conv_model_in_channels_last_when_its_trial_says_faster(
     applied = apply_speedups(model, x, "cpu", precision="fp32", steps=10_000)
     assert applied.applied == ["channels_last", "rows"] and "channels_last" in applied.rules
     assert applied.speedup == {"channels_last": 1.5} and "1.50x" in applied.message
-    assert applied.folded == ["conv"] and "rows" in applied.rules
+    assert applied.modules["rows"] == ["conv"] and "rows" in applied.rules
     assert model.conv.weight.is_contiguous(memory_format=torch.channels_last)
     assert not rewritten_modules(model) and "rewrite" in applied.skipped
     assert not race, "precision fp32 was asked: nothing to time"
@@ -347,7 +347,7 @@ def test_cpu_auto_keeps_stock_unless_channels_last_measures_clearly_faster(monke
     before = copy.deepcopy(model.state_dict())
     applied = apply_speedups(model, x, "cpu", precision="fp32")
     assert "channels_last" not in applied.applied and "rows" not in applied.applied
-    assert not applied.folded and not ROWS.active(model)
+    assert not applied.modules.get("rows") and not ROWS.active(model)
     assert all(p.is_contiguous() for p in model.parameters())
     assert f"not kept: channels_last {ratio:.2f}x" in applied.message
     for k, v in model.state_dict().items():  # the trial's steps moved nothing
@@ -535,7 +535,7 @@ def test_cpu_auto_folds_eegnex_temporal_convolutions_and_says_so(monkeypatch):
     no_chain = [k for k in speedups.KNOBS if k != "chain"]  # the chain rule would take both
     applied = apply_speedups(model, x, "cpu", precision="fp32", knobs=no_chain)
     assert applied.applied[:2] == ["channels_last", "rows"]
-    assert applied.folded == ["block_1.1", "block_2.0"]  # blocks 4 and 5 see one row
+    assert applied.modules["rows"] == ["block_1.1", "block_2.0"]  # blocks 4 and 5 see one row
     assert "block_2.0" in applied.message
     torch.testing.assert_close(model.eval()(x), ref, atol=1e-5, rtol=1e-4)
     applied.undo()
@@ -550,7 +550,7 @@ def test_cpu_auto_computes_eegnex_blocks_1_2_as_one_convolution_and_says_so(monk
     ref = copy.deepcopy(model).eval()(x)
     applied = apply_speedups(model, x, "cpu", precision="fp32")
     assert applied.applied[:2] == ["chain", "channels_last"]
-    assert applied.fused == ["block_1.1>block_1.2>block_2.0"] and not applied.folded
+    assert applied.modules["chain"] == ["block_1.1>block_1.2>block_2.0"] and not applied.modules.get("rows")
     assert "block_1.1>block_1.2>block_2.0" in applied.message
     torch.testing.assert_close(model.eval()(x), ref, atol=1e-5, rtol=1e-4)
 
