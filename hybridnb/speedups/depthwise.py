@@ -75,7 +75,5 @@ DEPTHWISE = DepthwiseRewrite()
 
 
 def rewrite_depthwise(model: nn.Module, *example) -> RewriteReport:
-    """``DEPTHWISE.apply``: every height-spanning depthwise convolution of ``model`` as a matmul,
-    in place, checked on ``example`` (eval mode, fp32, no gradients: no BatchNorm statistics
-    move, no random numbers are drawn)."""
+    """``DEPTHWISE.apply`` (comparison's layout variants call it)."""
     return DEPTHWISE.apply(model, *example)

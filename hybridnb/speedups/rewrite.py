@@ -64,6 +64,7 @@ class Rewrite(ABC):
     differs_from: ClassVar[str] = "the stock layers"  # the note's wording
     rule: ClassVar[str] = ""  # what the CPU's rule applies, in a message
     none_found: ClassVar[str]  # why nothing was rewritten, when the rule took no layer
+    trains: ClassVar[bool] = False  # the training path differs from eval's: check it too
 
     @abstractmethod
     def applies(self, module: nn.Module) -> bool:
@@ -121,19 +122,15 @@ class Rewrite(ABC):
         return Verdict(worst, self._differed(worst) if worst > exact.RTOL else "")
 
     def _compare(self, model: nn.Module, example: tuple, reference: Any) -> float:
-        """The largest relative difference the check measures (override to measure more)."""
-        if reference is None:
-            reference = exact.eval_output(self.stock_copy(model), example)
-        return exact.rel_diff_any(exact.eval_output(model, example), reference)
-
-    def _compare_training(self, model: nn.Module, example: tuple, reference: Any) -> float:
-        """Eval outputs, then one training forward and backward (outputs, gradients, buffers)
-        against stock: for rewrites whose training path differs from their eval path."""
-        stock = self.stock_copy(model)
+        """The largest relative difference of the eval outputs, and where ``trains`` of one
+        training forward and backward (outputs, gradients, buffers), against stock."""
+        stock = self.stock_copy(model) if reference is None or self.trains else None
         if reference is None:
             reference = exact.eval_output(stock, example)
         worst = exact.rel_diff_any(exact.eval_output(model, example), reference)
-        return max(worst, exact.training_diff(stock, copy.deepcopy(model), example))
+        if self.trains:
+            worst = max(worst, exact.training_diff(stock, copy.deepcopy(model), example))
+        return worst
 
     def _differed(self, worst: float) -> str:
         return (f"it differed from {self.differs_from} by {worst:.2g} (relative) on the first "

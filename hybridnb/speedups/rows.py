@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybridnb.speedups.replace import FormReplacement, is_stock_conv2d
-from hybridnb.speedups.rewrite import LayerRewrite, RewriteReport
+from hybridnb.speedups.rewrite import LayerRewrite
 
 # rows shorter than this stay 2-D: the folded form then runs B*H tiny 1-D convolutions (CBraMod's
 # (1, 3) convolutions over 129 rows of 8 samples ran 0.81x; EEG-length rows of 200 gain)
@@ -84,9 +84,3 @@ class RowsRewrite(LayerRewrite):
 
 
 ROWS = RowsRewrite()
-
-
-def rewrite_rows(model: nn.Module, *example) -> RewriteReport:
-    """``ROWS.apply``: every ``(1, K)`` convolution of ``model`` that sees several rows on
-    ``example`` in the folded 1-D form, in place; checked like the depthwise rewrite."""
-    return ROWS.apply(model, *example)

@@ -18,7 +18,6 @@ from torch.nn.utils import parametrize
 from hybridnb import speedups
 from hybridnb.speedups import DEPTHWISE, ROWS, apply_speedups, decide, depthwise, trial
 from hybridnb.speedups.depthwise import rewrite_depthwise
-from hybridnb.speedups.rows import rewrite_rows
 
 
 def rewritten_modules(model: nn.Module) -> list[str]:
@@ -505,7 +504,7 @@ def _rows_net() -> nn.Module:
 def test_rows_rewrite_computes_the_same_forward_and_gradients():
     model, x = _rows_net(), torch.randn(5, 2, 7, 40)
     stock = copy.deepcopy(model)
-    report = rewrite_rows(model, x)
+    report = ROWS.apply(model, x)
     assert report.rewritten == ["0", "2", "3"]  # the (3, 1) convolution is not a (1, K) one
     assert ROWS.active(model) == ["0", "2", "3"]
     target = torch.randn_like(stock(x))
@@ -522,7 +521,7 @@ def test_rows_rewrite_computes_the_same_forward_and_gradients():
 
 def test_rows_rewrite_leaves_single_row_inputs_alone():
     model = nn.Sequential(nn.Conv2d(2, 4, (1, 5), padding="same"))
-    assert not rewrite_rows(model, torch.randn(3, 2, 1, 30))
+    assert not ROWS.apply(model, torch.randn(3, 2, 1, 30))
     assert type(model[0]) is nn.Conv2d
 
 
@@ -627,5 +626,5 @@ def test_cpu_auto_folds_rows_only_beside_channels_last():
 def test_rows_shorter_than_the_minimum_stay_two_dimensional():
     """CBraMod's (1, 3) convolutions over rows of 8 samples ran 0.81x folded."""
     conv = nn.Sequential(nn.Conv2d(4, 4, (1, 3), padding=(0, 1)))
-    assert not rewrite_rows(conv, torch.randn(2, 4, 16, 8))
-    assert rewrite_rows(conv, torch.randn(2, 4, 16, 40)).rewritten == ["0"]
+    assert not ROWS.apply(conv, torch.randn(2, 4, 16, 8))
+    assert ROWS.apply(conv, torch.randn(2, 4, 16, 40)).rewritten == ["0"]
