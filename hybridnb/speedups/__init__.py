@@ -6,11 +6,8 @@ One interface for a rewrite (``rewrite.Rewrite``): ``applies(module)`` (the rule
 swaps replacement modules in that share the originals' parameters and buffers
 (``replace.Replacement``), so ``state_dict()`` keys and values are unchanged.
 
-Modules: ``exact`` (tolerances and comparisons), ``replace`` (replacement modules), ``rewrite``
-(the interface), ``depthwise``/``span``/``rows``/``chain`` (the four rewrites: ``DEPTHWISE``, ``SPAN``,
-``ROWS``, ``CHAIN``), ``trial`` (timed trials), ``applied`` (``Applied``: what was done, its message, its
-undo), ``decide`` (``wanted``, ``cpu_candidate``, ``apply_speedups``: the one entry point the
-Trainer's placement uses).
+The four rewrites: ``DEPTHWISE``, ``SPAN``, ``ROWS``, ``CHAIN``; ``decide.apply_speedups`` is
+the one entry point the Trainer's placement uses.
 """
 
 from hybridnb.speedups.applied import Applied

@@ -1,10 +1,6 @@
-"""The one interface of a rewrite (``Rewrite``: a rule, a check on a batch, an undo; see the
-package docstring) and ``LayerRewrite``, the common case: one layer for one layer, checked layer
-by layer on the batch (forward hooks) and on the whole model's output.
-
-Every rewrite's rule is about a layer's type and shape, never a model's name; ``apply`` keeps
-nothing when the check fails (its report's ``note`` says why); replacements share the
-originals' tensors, so ``state_dict()`` keys and values stay.
+"""The one interface of a rewrite (``Rewrite``; see the package docstring) and ``LayerRewrite``,
+one layer for one layer, checked layer by layer (forward hooks) and on the model's output.
+``apply`` keeps nothing when the check fails (its report's ``note`` says why).
 """
 
 from __future__ import annotations
