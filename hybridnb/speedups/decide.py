@@ -220,18 +220,11 @@ def _cpu_channels_last(model, inputs, full, device, prec: str, rows: bool, appli
         ratios = f"its timed step failed ({type(exc).__name__}: {str(exc)[:80]})"
     finally:
         saved.restore()
-    if isinstance(ratios, str):
-        candidate(False)
-        applied.skipped["channels_last"] = f"channels_last {ratios}; stock kept"
-        return
-    gain = statistics.median(ratios)
-    applied.speedup["channels_last"] = gain
-    keep = gain >= 1 + CL_MARGIN
+    gain = ratios if isinstance(ratios, str) else statistics.median(ratios)
+    keep = _judged(applied, "channels_last", gain, CL_MARGIN)
     candidate(keep)
     if not keep:
-        applied.skipped["channels_last"] = f"measured {gain:.2f}x here, not faster"
         return
-    applied.applied.append("channels_last")
     applied.rules["channels_last"] = (f"a grouped (H, 1) convolution; {len(ratios)} paired "
                                       f"rounds, >= {1 + CL_MARGIN:g}x")
     if fold is not None and applied.modules.get("rows"):
@@ -352,19 +345,12 @@ def _cpu_bf16(model, inputs, device, prec: str, with_rewrite: bool, applied: App
                               deadline - time.perf_counter(), min_rounds=1)
     finally:
         saved.restore()
-    keep = not isinstance(gain, str) and gain >= 1 + MARGIN["cpu"]
+    keep = _judged(applied, "precision", gain, MARGIN["cpu"], "bf16 ")
     use_bf16(keep)
-    if isinstance(gain, str):
-        applied.skipped["precision"] = f"bf16 {gain}"
-        return
-    applied.speedup["precision"] = gain
-    if not keep:
-        applied.skipped["precision"] = f"bf16 measured {gain:.2f}x fp32 here, not faster"
-        return
-    applied.precision = "bf16"
-    applied.applied.append("precision")
-    if rewrite is not None:
-        applied.applied.append("rewrite")
+    if keep:
+        applied.precision = "bf16"
+        if rewrite is not None:
+            applied.applied.append("rewrite")
 
 
 def _measure(model, inputs, device, prec: str, toggles, measure_precision: bool,
@@ -376,22 +362,12 @@ def _measure(model, inputs, device, prec: str, toggles, measure_precision: bool,
     try:
         for knob, toggle in toggles.items():
             gain = trial.race(lambda on, t=toggle: t(on), model, inputs, device, prec, share)
-            if isinstance(gain, str):
-                applied.skipped[knob] = gain
-                toggle(False)
-                if gain.startswith("not measured"):  # the other knobs would not be either
-                    for other in list(toggles)[list(toggles).index(knob) + 1:]:
-                        applied.skipped[other] = gain
-                    measure_precision = False
-                    break
-                continue
-            applied.speedup[knob] = gain
-            keep = gain >= 1 + margin
-            toggle(keep)
-            if keep:
-                applied.applied.append(knob)
-            else:
-                applied.skipped[knob] = f"measured {gain:.2f}x here, not faster"
+            toggle(_judged(applied, knob, gain, margin))
+            if isinstance(gain, str) and gain.startswith("not measured"):  # nor would the rest
+                for other in list(toggles)[list(toggles).index(knob) + 1:]:
+                    applied.skipped[other] = gain
+                measure_precision = False
+                break
         if measure_precision:
             holder = {"p": prec}
 
@@ -399,16 +375,25 @@ def _measure(model, inputs, device, prec: str, toggles, measure_precision: bool,
                 holder["p"] = "fp32" if on else prec
 
             gain = trial.race(use_fp32, model, inputs, device, holder, share)
-            if isinstance(gain, str):
-                applied.skipped["precision"] = gain
-            elif gain >= 1 + margin:
+            if _judged(applied, "precision", gain, margin, "fp32 "):
                 applied.precision = "fp32"
-                applied.applied.append("precision")
-                applied.speedup["precision"] = gain
-            else:
-                applied.skipped["precision"] = f"fp32 measured {gain:.2f}x {prec}; {prec} kept"
     finally:
         saved.restore()
+
+
+def _judged(applied: Applied, knob: str, gain: float | str, margin: float,
+            what: str = "") -> bool:
+    """A trial's gain (or why there is none) recorded under ``knob``; True, and the knob
+    listed as applied, when it won by ``margin``."""
+    if isinstance(gain, str):
+        applied.skipped[knob] = what + gain
+        return False
+    applied.speedup[knob] = gain
+    if gain < 1 + margin:
+        applied.skipped[knob] = f"{what}measured {gain:.2f}x here, not faster"
+        return False
+    applied.applied.append(knob)
+    return True
 
 
 def _layer_toggle(rewrite: Rewrite, model, inputs, applied: Applied):
