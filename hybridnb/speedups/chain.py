@@ -52,7 +52,6 @@ from hybridnb.torch_state import evaluating
 
 MAX_COST_SHARE = 0.5  # the composite's multiply-adds must be at most this share of the stock two
 CHECK_SAMPLES = 2  # the check runs on this many samples of the example batch
-LABEL = "conv-BatchNorm-conv chain as one convolution"
 
 
 # ----------------------------------------------------------------------------- rule and shapes
@@ -351,12 +350,11 @@ def _scan(model: nn.Module, example: tuple) -> tuple[list[tuple[str, str, str]],
 
 
 class ChainRewrite(Rewrite):
-    """The ``chain`` knob; see the module docstring. ``check``: on the first ``CHECK_SAMPLES``
-    samples, the eval output and one training step on copies (``exact.training_diff``)."""
+    """The ``chain`` knob; checked on the first ``CHECK_SAMPLES`` samples."""
 
     name = "chain"
     trains = True
-    label = LABEL
+    label = "conv-BatchNorm-conv chain as one convolution"
     kind = ChainForm
     rule = (f"conv-BatchNorm-conv with <= {MAX_COST_SHARE:g} of the multiply-adds as one "
             "convolution")

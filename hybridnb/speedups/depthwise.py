@@ -53,15 +53,11 @@ def depthwise_as_matmul(module: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
 
 
 class MatmulDepthwise(FormReplacement):
-    """A depthwise convolution computed as a batched matmul where its kernel spans the input."""
-
     fits = staticmethod(spans_height)
     compute = staticmethod(depthwise_as_matmul)
 
 
 class DepthwiseRewrite(LayerRewrite):
-    """The ``rewrite`` knob; see the module docstring."""
-
     name = "rewrite"
     label = "depthwise-as-matmul rewrite"
     kind = MatmulDepthwise

@@ -30,14 +30,11 @@ def is_width_conv(module: nn.Module) -> bool:
 
 
 def is_rows_candidate(module: nn.Module) -> bool:
-    """A width convolution (:func:`is_width_conv`) with K >= 2: the 1-D form computes it for
-    inputs of any height."""
     return is_width_conv(module) and module.kernel_size[1] >= 2
 
 
 def several_rows(module: nn.Conv2d, x: torch.Tensor) -> bool:
-    """True when ``x`` is a batched input with more than one row (one row gains nothing) of at
-    least ``MIN_WIDTH`` samples."""
+    """A batched input of several rows (one row gains nothing) of ``MIN_WIDTH`` samples."""
     return (x.dim() == 4 and x.shape[1] == module.in_channels and x.shape[2] > 1
             and x.shape[3] >= MIN_WIDTH)
 
@@ -65,15 +62,11 @@ def rows_as_conv1d(module: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
 
 
 class RowsAsConv1d(FormReplacement):
-    """A ``(1, K)`` convolution computed as a 1-D convolution over folded rows."""
-
     fits = staticmethod(several_rows)
     compute = staticmethod(rows_as_conv1d)
 
 
 class RowsRewrite(LayerRewrite):
-    """The ``rows`` knob; see the module docstring."""
-
     name = "rows"
     label = "rows-as-1-D-convolution rewrite"
     kind = RowsAsConv1d

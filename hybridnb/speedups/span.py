@@ -95,7 +95,6 @@ def input_axis(module: nn.Module, x: torch.Tensor) -> int | None:
 
 
 def spans_input(module: nn.Module, x: torch.Tensor) -> bool:
-    """True when ``x`` is a batched one-channel input whose electrodes the kernel spans."""
     return input_axis(module, x) is not None
 
 
@@ -156,16 +155,11 @@ class _Conv1d(torch.autograd.Function):
 
 
 class SpanAsConv1d(FormReplacement):
-    """A convolution over every electrode of a one-channel input, computed as a 1-D one."""
-
     fits = staticmethod(spans_input)
     compute = staticmethod(span_as_conv1d)
 
 
 class SpanRewrite(LayerRewrite):
-    """The ``span`` knob; see the module docstring. ``check``: the eval output and one training
-    step on copies (``exact.training_diff``)."""
-
     name = "span"
     trains = True
     label = "electrode-spanning convolution as 1-D rewrite"
