@@ -174,7 +174,11 @@ def measure(name: str, quick: bool, time_unchanged: bool = False) -> dict:
     applied = apply_speedups(fast, x, "cpu")
     row = {"model": name, "params": sum(p.numel() for p in stock.parameters()),
            "applied": ", ".join(applied.applied) or "none",
-           "decision s": applied.seconds}
+           "decision s": applied.seconds,
+           "channels_last trial": (  # its paired median, or why it did not run
+               f"{applied.speedup['channels_last']:.2f}x" if "channels_last" in applied.speedup
+               else "not measured" if "not measured" in applied.skipped.get("channels_last", "")
+               else "")}
     if not applied.applied and not time_unchanged:  # the very same model and step: ratio 1
         row.update({"out rel": 0.0, "grad rel": 0.0, "ratio (paired median)": 1.0,
                     "rounds x steps": "not timed: nothing applied"})

@@ -6,21 +6,18 @@ One interface for a rewrite (``rewrite.Rewrite``): ``applies(module)`` (the rule
 swaps replacement modules in that share the originals' parameters and buffers
 (``replace.Replacement``), so ``state_dict()`` keys and values are unchanged.
 
-Modules: ``exact`` (tolerances and comparisons), ``replace`` (replacement modules), ``rewrite``
-(the interface), ``depthwise``/``span``/``rows``/``chain`` (the four rewrites: ``DEPTHWISE``, ``SPAN``,
-``ROWS``, ``CHAIN``), ``trial`` (timed trials), ``applied`` (``Applied``: what was done, its message, its
-undo), ``decide`` (``wanted``, ``cpu_candidate``, ``apply_speedups``: the one entry point the
-Trainer's placement uses).
+The four rewrites: ``DEPTHWISE``, ``SPAN``, ``ROWS``, ``CHAIN``; ``decide.apply_speedups`` is
+the one entry point the Trainer's placement uses.
 """
 
 from hybridnb.speedups.applied import Applied
-from hybridnb.speedups.chain import CHAIN, find_chains, rewrite_chain
+from hybridnb.speedups.chain import CHAIN, find_chains
 from hybridnb.speedups.decide import KNOBS, MODES, apply_speedups, cpu_candidate, wanted
 from hybridnb.speedups.depthwise import DEPTHWISE, rewrite_depthwise
 from hybridnb.speedups.replace import Replacement
 from hybridnb.speedups.rewrite import Rewrite, RewriteReport, Verdict
-from hybridnb.speedups.rows import ROWS, rewrite_rows
-from hybridnb.speedups.span import SPAN, rewrite_span
+from hybridnb.speedups.rows import ROWS
+from hybridnb.speedups.span import SPAN
 
 REWRITES: tuple[Rewrite, ...] = (DEPTHWISE, SPAN, CHAIN, ROWS)
 
@@ -32,5 +29,4 @@ def undo_rewrites(model) -> int:
 
 __all__ = ["CHAIN", "DEPTHWISE", "KNOBS", "MODES", "REWRITES", "ROWS", "Applied", "Replacement",
            "Rewrite", "RewriteReport", "SPAN", "Verdict", "apply_speedups", "cpu_candidate",
-           "find_chains", "rewrite_chain", "rewrite_depthwise", "rewrite_rows", "rewrite_span",
-           "undo_rewrites", "wanted"]
+           "find_chains", "rewrite_depthwise", "undo_rewrites", "wanted"]

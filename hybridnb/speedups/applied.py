@@ -18,11 +18,8 @@ class Applied:
     applied: list[str] = field(default_factory=list)  # knobs in effect, in the order applied
     speedup: dict[str, float] = field(default_factory=dict)  # measured gains, kept or not
     skipped: dict[str, str] = field(default_factory=dict)  # knob -> why it is not in effect
-    # the modules each rewrite runs (a chain as "a>bn>b"): depthwise, chain, rows, span
-    rewritten: list[str] = field(default_factory=list)
-    fused: list[str] = field(default_factory=list)
-    folded: list[str] = field(default_factory=list)
-    spanned: list[str] = field(default_factory=list)
+    # knob -> the modules its rewrite runs (a chain as "a>bn>b")
+    modules: dict[str, list[str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # must be shown: a rewrite that failed its check
     rules: dict[str, str] = field(default_factory=dict)  # knob -> the rule that applied it
     seconds: float = 0.0  # checks and measuring included
@@ -40,12 +37,12 @@ class Applied:
         parts = []
         for knob in self.applied:
             gain = self.speedup.get(knob)
-            label = {"rewrite": f"depthwise-as-matmul ({', '.join(self.rewritten)})",
-                     "chain": f"conv-BatchNorm-conv as one convolution ({', '.join(self.fused)})",
-                     "rows": f"(1, K) convolutions as 1-D ({', '.join(self.folded)})",
-                     "span": f"electrode-spanning convolutions as 1-D "
-                             f"({', '.join(self.spanned)})",
+            label = {"rewrite": "depthwise-as-matmul", "chain": "conv-BatchNorm-conv as one "
+                     "convolution", "rows": "(1, K) convolutions as 1-D", "span":
+                     "electrode-spanning convolutions as 1-D",
                      "precision": f"precision {self.precision}"}.get(knob, knob)
+            if self.modules.get(knob):
+                label += f" ({', '.join(self.modules[knob])})"
             if knob in self.rules:
                 label += f" (rule: {self.rules[knob]})"
             parts.append(f"{label} {gain:.2f}x" if gain else label)
@@ -87,7 +84,4 @@ class Applied:
             self._undo.pop()()
         self.restore_globals()
         self.applied.clear()
-        self.rewritten = []
-        self.fused = []
-        self.folded = []
-        self.spanned = []
+        self.modules.clear()

@@ -22,18 +22,13 @@ Why: when convB maps many channels to many (EEGNeX's blocks 1-2: 1 -> 8 -> 32 ch
 (``cost_share``, at most ``MAX_COST_SHARE``); the CPU's rules apply it by rule
 (``bench/results/cpu-speedups-latest.md``).
 
-Rule (shapes, never names): convA and convB are stock ``Conv2d`` with a ``(1, k)`` kernel,
-stride 1, dilation 1, groups 1, zero padding along time only; the BatchNorm is a stock
-``BatchNorm2d`` over convA's channels. On the example batch each is called once, each feeds the
-next directly, and no other module receives either intermediate.
+Rule (shapes, never names): two stock width convolutions (``is_temporal_conv``) around a stock
+``BatchNorm2d``, each called once on the example batch, each feeding only the next.
 
-Design: the three modules are replaced (``replace.Replacement``: same parameters, buffers and
-state_dict keys) and share a link object (not a submodule) that carries the call in flight.
-convA and the BatchNorm compute their real outputs (the running statistics move exactly as
-stock); convB, when its input is that very BatchNorm output, computes the composite from
-convA's input. So every intermediate stays real for hooks and residuals; only convB's
-arithmetic changes. Any other input (another shape, an interrupted chain, autocast, a dtype
-other than fp32/fp64) takes the stock path.
+Design: the three modules are replaced and share a link (not a submodule) carrying the call in
+flight. convA and the BatchNorm compute their real outputs (statistics move as stock), so hooks
+and residuals see real intermediates; only convB's arithmetic changes. Any other input (another
+shape, an interrupted chain, autocast, a dtype other than fp32/fp64) takes the stock path.
 
 Precision: ``b`` absorbs ``-mean * a``, so when convA's output has a mean far larger than its
 spread, the composite and the table cancel and lose about that ratio in relative precision; the
@@ -44,7 +39,6 @@ costs more than ``RTOL``.
 from __future__ import annotations
 
 import weakref
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -52,13 +46,12 @@ from torch import nn
 
 from hybridnb.speedups import replace
 from hybridnb.speedups.exact import exact_fp32
-from hybridnb.speedups.rewrite import Found, Rewrite, RewriteReport
+from hybridnb.speedups.rewrite import Found, Rewrite
 from hybridnb.speedups.rows import is_width_conv, time_padding
 from hybridnb.torch_state import evaluating
 
 MAX_COST_SHARE = 0.5  # the composite's multiply-adds must be at most this share of the stock two
 CHECK_SAMPLES = 2  # the check runs on this many samples of the example batch
-LABEL = "conv-BatchNorm-conv chain as one convolution"
 
 
 # ----------------------------------------------------------------------------- rule and shapes
@@ -69,7 +62,6 @@ def is_temporal_conv(module: nn.Module) -> bool:
 
 
 def is_plain_batchnorm(module: nn.Module) -> bool:
-    """A ``BatchNorm2d`` whose forward is BatchNorm2d's own."""
     return isinstance(module, nn.BatchNorm2d) and type(module).forward is nn.BatchNorm2d.forward
 
 
@@ -112,9 +104,7 @@ def _fits(link: _Link, x: torch.Tensor) -> bool:
 
 def batchnorm_affine(bn: nn.BatchNorm2d, c1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The per-channel ``(a, mean)`` with which ``bn`` normalises ``c1``: ``bn(c1) = (c1 - mean)
-    * a + beta``; batch statistics (biased variance) where BatchNorm2d uses them (training mode,
-    or no running statistics), the running ones otherwise. Call it after ``bn``'s own forward:
-    the running statistics are then the ones it used (in eval mode they do not move)."""
+    * a + beta``, with the statistics BatchNorm2d used (call it after ``bn``'s own forward)."""
     if bn.training or (bn.running_mean is None and bn.running_var is None):
         var, mean = torch.var_mean(c1, dim=(0, 2, 3), unbiased=False)
     else:
@@ -259,7 +249,6 @@ class _Link:
 
 
 class ChainForm(replace.Replacement):
-    """A module of a rewritten chain; ``link`` joins the three."""
 
     link: _Link
 
@@ -312,7 +301,7 @@ class ChainTail(ChainForm):
 # ----------------------------------------------------------------------------- find and check
 
 def _scan(model: nn.Module, example: tuple) -> tuple[list[tuple[str, str, str]], object]:
-    """``find_chains`` and the stock eval-mode output it saw (the check's reference)."""
+    """The chains the rule takes on ``example`` and the stock eval output (the reference)."""
     names = {m: n for n, m in model.named_modules()}
     calls: list[tuple[nn.Module, list[int], int]] = []
     keep: list = []  # the tensors seen, alive until the end so their ids stay unique
@@ -361,12 +350,16 @@ def _scan(model: nn.Module, example: tuple) -> tuple[list[tuple[str, str, str]],
 
 
 class ChainRewrite(Rewrite):
-    """The ``chain`` knob; see the module docstring. ``check``: on the first ``CHECK_SAMPLES``
-    samples, the eval output and one training step on copies (``exact.training_diff``)."""
+    """The ``chain`` knob; checked on the first ``CHECK_SAMPLES`` samples."""
 
     name = "chain"
-    label = LABEL
+    trains = True
+    label = "conv-BatchNorm-conv chain as one convolution"
     kind = ChainForm
+    rule = (f"conv-BatchNorm-conv with <= {MAX_COST_SHARE:g} of the multiply-adds as one "
+            "convolution")
+    none_found = ("no conv-BatchNorm-conv chain that one convolution computes with fewer "
+                  "multiply-adds")
 
     def applies(self, module: nn.Module) -> bool:
         return is_temporal_conv(module) or is_plain_batchnorm(module)
@@ -395,22 +388,11 @@ class ChainRewrite(Rewrite):
             form.link = link
             replace.put(model, name, form)
 
-    def _compare(self, model: nn.Module, example: tuple, reference: Any) -> float:
-        return self._compare_training(model, example, reference)
 
 
 CHAIN = ChainRewrite()
 
 
 def find_chains(model: nn.Module, *example) -> list[tuple[str, str, str]]:
-    """The (convA, bn, convB) names that follow the rule on ``example`` (one eval-mode forward
-    without gradients, forward hooks on every module)."""
+    """The (convA, bn, convB) names that follow the rule on ``example``."""
     return _scan(model, example)[0]
-
-
-def rewrite_chain(model: nn.Module, *example) -> RewriteReport:
-    """``CHAIN.apply``: every conv-BatchNorm-conv chain of ``model`` that follows the rule on
-    ``example`` and costs at most ``MAX_COST_SHARE`` of its stock multiply-adds, in place,
-    checked there; any difference beyond ``RTOL`` or an error: nothing is rewritten and ``note``
-    says why."""
-    return CHAIN.apply(model, *example)

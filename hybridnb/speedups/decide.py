@@ -1,43 +1,30 @@
 """Which speedups a run gets: ``wanted`` (the Trainer's setting) and ``apply_speedups`` (the
-decision on the model's own first batch).
+decision on the model's own first batch). Each knob is a rule about layers or devices, never a
+model's name: ``rewrite`` (depthwise.py), ``span`` (span.py), ``chain`` and ``rows`` (CPU only;
+chain.py, rows.py), ``channels_last`` (NHWC parameters and inputs), ``cudnn_benchmark`` (CUDA,
+fixed shapes; put back by ``Applied.restore_globals()``) and ``precision`` (only when "auto").
 
-The knobs, each a rule about layers or devices, never about a model's name:
+On CUDA (and with ``mode="measure"`` anywhere) a knob is kept only where timed steps on the first
+batch say it is ``MARGIN`` faster (``trial.race``; greedy: channels_last, span, the rewrite,
+then precision), within ``BUDGET_S``.
 
-- ``rewrite``: height-spanning depthwise convolutions as a batched matmul (``depthwise.py``).
-- ``span``: convolutions over every electrode of a one-channel input (braindecode's
-  ``CombinedConv``, a ``Conv2d(1, F, (K, C))``) as 1-D convolutions with the electrodes as
-  channels (``span.py``): by rule on the CPU, timed on CUDA.
-- ``chain`` (CPU only): conv-BatchNorm-conv chains as one convolution (``chain.py``).
-- ``rows`` (CPU only): ``(1, K)`` convolutions over several rows as 1-D ones (``rows.py``).
-- ``channels_last``: 4-D parameters and inputs in NHWC, for models with 2-D convolutions.
-- ``cudnn_benchmark`` (CUDA only, a rule): cuDNN's autotuner when the input shapes are fixed
-  (``fixed_shapes=True``); a process-wide flag, put back by ``Applied.restore_globals()``.
-- ``precision`` (only when ``precision="auto"``): on CUDA the low precision timed against fp32;
-  on a CPU with bf16 in hardware, bf16 autocast timed against fp32.
+On the CPU, where a step costs seconds, span and chain apply by rule (checked exact on a slice);
+channels_last, with rows beside it, where a grouped ``(H, 1)`` convolution could gain and a
+paired trial of whole steps on the run's batch measures it ``CL_MARGIN`` faster (none in a short
+run); no depthwise rewrite in fp32; bf16 only after a bounded, memory-capped trial where the CPU
+has it in hardware, ``MIN_TRIAL_CORES`` cores and the run ``MIN_TRIAL_STEPS`` steps. No
+``torch.compile``: it never pays back its compile time on a CPU run of this size. channels_last
+makes dropout draw other (equally likely) masks for the same seed; a run and its resume use the
+same layout. Measurements: ``bench/results/zoo-speed-cpu-latest.md``, ``gpu-latest.md``.
 
-``mode="auto"`` on CUDA (and ``mode="measure"`` anywhere) keeps a knob only where timed steps on
-the first batch say it is at least ``MARGIN`` faster (``trial.py``; greedy: channels_last, then
-the rewrite on top, then precision), within ``BUDGET_S``.
-
-``mode="auto"`` on the CPU, where a step costs seconds, decides by exact rules (each rewrite
-checked exact on a slice of the batch): span and chain, channels_last where a grouped ``(H, 1)``
-convolution reads the input or spans a 2-D convolution's output (``_cpu_channels_last``), rows
-only beside channels_last, no depthwise rewrite in fp32, and bf16 only after a bounded,
-memory-capped trial where the CPU has it in hardware, has ``MIN_TRIAL_CORES`` cores and the run
-``MIN_TRIAL_STEPS`` steps. channels_last makes dropout draw other (equally likely) masks for
-the same seed: a run and its resume use the same layout and stay identical. No
-``torch.compile``: it never pays back its compile time on a CPU run of this size. The
-measurements: ``bench/results/cpu-speedups-latest.md``, ``zoo-speed-cpu-latest.md``,
-``gpu-latest.md`` and ``speedups-rules.md``.
-
-The model's weights, BatchNorm statistics, gradients and random-number streams are as they were
-after any measuring. ``mode="all"`` applies every applicable knob without measuring;
-``mode="off"`` nothing. ``Applied.undo()`` takes everything back; the rewrites keep parameters
-and state_dict keys.
+Weights, BatchNorm statistics, gradients and random-number streams are as they were after any
+measuring. ``mode="all"`` applies every applicable knob unmeasured, ``"off"`` nothing;
+``Applied.undo()`` takes everything back.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Iterable
 
@@ -47,7 +34,7 @@ from torch import nn
 from hybridnb.hardware.host import cpu_flags
 from hybridnb.speedups import exact, replace, trial
 from hybridnb.speedups.applied import Applied
-from hybridnb.speedups.chain import CHAIN, MAX_COST_SHARE
+from hybridnb.speedups.chain import CHAIN
 from hybridnb.speedups.depthwise import DEPTHWISE
 from hybridnb.speedups.rewrite import Rewrite
 from hybridnb.speedups.rows import ROWS
@@ -63,12 +50,13 @@ MEASURE_BUDGET_S = 8.0  # mode="measure" on the CPU: every knob timed
 CPU_SLICE = 4  # samples of the example batch timed on the CPU
 MIN_TRIAL_STEPS = 50  # a 1 s trial won by 10% on a >= 0.2 s step pays back within 50 steps
 NATIVE_BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
+CL_MARGIN = 0.05  # channels_last on the CPU: kept when its paired median is this share faster
+CL_TRIAL_S = 30.0  # seconds its trial may take at most (less in a short run: trial.RUN_SHARE)
 MIN_TRIAL_CORES = 8  # fewer cores: one first bf16 step alone can take the whole budget
 
 
 def wanted(setting: bool | str | None, device: torch.device | str) -> bool:
-    """Whether the Trainer's ``speedups`` setting asks for ``apply_speedups`` on ``device``:
-    True on any device, "auto" on CUDA and the CPU (``AUTO_DEVICES``), False/None never."""
+    """Whether the Trainer's ``speedups`` setting asks for ``apply_speedups`` on ``device``."""
     if setting is True:
         return True
     if setting is False or setting is None:
@@ -79,19 +67,16 @@ def wanted(setting: bool | str | None, device: torch.device | str) -> bool:
 
 
 def cpu_candidate(model: nn.Module) -> bool:
-    """Whether any CPU knob could apply to ``model`` (the span, chain and channels_last rules,
-    rows only beside channels_last, or a CPU with native bf16 and the cores for its trial),
-    decided without a batch: the Trainer skips drawing an example batch from a slow Dataset
-    when nothing could apply."""
+    """Whether any CPU knob could apply to ``model``, without a batch: the Trainer skips drawing
+    an example batch from a slow Dataset when nothing could."""
     return has_grouped_conv2d(model) or SPAN.could_apply(model) or CHAIN.could_apply(model) or (
         cpu_native_bf16() and trial.cores() >= MIN_TRIAL_CORES)  # else no bf16 trial could run
 
 
 def has_grouped_conv2d(model: nn.Module) -> bool:
-    """The CPU's channels_last candidates, before any batch: a grouped (depthwise) 2-D
-    convolution with an ``(H, 1)`` kernel over several rows (EEGNeX's spatial filter), whose
-    NCHW oneDNN path is slow; ``_cpu_channels_last`` has the rest of the rule. Grouped kernels
-    along the width do not count: ATCNet's ``(1, 129)`` one ran 0.53x in channels_last."""
+    """The CPU's channels_last candidates: a grouped ``(H, 1)`` 2-D convolution over several
+    rows (EEGNeX's spatial filter), whose NCHW oneDNN path is slow. Grouped kernels along the
+    width do not count: ATCNet's ``(1, 129)`` one ran 0.53x in channels_last."""
     return any(map(_grouped_rows, replace.originals(model)))
 
 
@@ -106,9 +91,9 @@ def cpu_native_bf16() -> bool:
 
 
 def precision_name(precision, device: torch.device) -> str:
-    """The precision a run uses for ``precision`` (a name, or an object with ``.name`` such as
-    the Trainer's ``Precision``, taken as decided): "auto" is bf16 on a CUDA GPU with bf16 in
-    hardware, fp16 on an older one, fp32 elsewhere; fp16 on a CPU is bf16 (as ``Precision``)."""
+    """The precision a run uses for ``precision`` (a name, or the Trainer's decided
+    ``Precision``): "auto" is bf16 or fp16 on CUDA by hardware, fp32 elsewhere; fp16 on a CPU
+    is bf16."""
     name = getattr(precision, "name", precision)
     if name not in PRECISIONS:
         raise ValueError(f"apply_speedups: precision={name!r} is not one of {PRECISIONS}")
@@ -125,16 +110,12 @@ def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
                    precision="auto", mode: str = "auto",
                    knobs: Iterable[str] | None = None, fixed_shapes: bool = True,
                    budget_s: float | None = None, steps: int | None = None) -> Applied:
-    """Apply the speed knobs that help ``model`` on ``device``; see the module docstring.
-
-    ``model`` must already be on ``device``. ``example_x``: one batch's input (a tensor, or a
-    tuple/list of the model's positional inputs). ``precision``: a name ("auto" lets the trials
-    change it) or the run's decided ``Precision``. ``knobs``: a subset of ``KNOBS`` to consider
-    (default all). ``budget_s``: seconds for the decision (default ``BUDGET_S``;
-    ``MEASURE_BUDGET_S`` for mode="measure" on the CPU). ``steps``: the run's expected number of
-    optimizer steps, when known: a CPU run shorter than ``MIN_TRIAL_STEPS`` gets the rules
-    without a timed trial.
-    """
+    """Apply the speed knobs that help ``model`` (already on ``device``); see the module
+    docstring. ``example_x``: one batch's input (a tensor, or a tuple of the model's positional
+    inputs). ``precision``: a name ("auto" lets the trials change it) or the run's decided
+    ``Precision``. ``knobs``: a subset of ``KNOBS``. ``budget_s``: seconds for the timed
+    decisions but the CPU's channels_last trial. ``steps``: the run's expected optimizer steps,
+    when known: a short CPU run gets no timed trial."""
     if mode not in MODES:
         raise ValueError(f"apply_speedups: mode={mode!r} is not one of {MODES}")
     chosen = set(KNOBS if knobs is None else knobs)
@@ -148,27 +129,24 @@ def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
     if mode == "off":
         return applied
     t0 = time.perf_counter()
-    inputs = _on_device(example_x, device)
+    inputs = full = _on_device(example_x, device)
     _check_device(model, device)
-    if device.type == "cpu":  # a CPU step costs seconds: check and time a slice of the batch
+    if device.type == "cpu":  # a CPU step costs seconds: check (and time bf16) on a slice
         inputs = _slice(inputs, CPU_SLICE)
     if device.type == "cuda" and "cudnn_benchmark" in chosen:
         use_cudnn_benchmark(applied, fixed_shapes)
     if device.type == "cpu" and mode == "auto":
-        budget = BUDGET_S["cpu"] if budget_s is None else budget_s
-        _cpu_auto(model, inputs, device, prec, auto, chosen, applied, steps,
-                  deadline=t0 + budget)
+        _cpu_auto(model, inputs, full, device, prec, auto, chosen, applied, steps,
+                  BUDGET_S["cpu"] if budget_s is None else budget_s)
         applied.seconds = time.perf_counter() - t0
         return applied
     toggles = {}  # raced in this order: channels_last measured the larger gain on both devices
     if "channels_last" in chosen:
         toggles["channels_last"] = _channels_last_toggle(model, applied)
     if "span" in chosen:
-        toggles["span"] = _layer_toggle(SPAN, model, inputs, applied, "spanned",
-                                        "no convolution spans every electrode of a one-channel "
-                                        "input")
+        toggles["span"] = _layer_toggle(SPAN, model, inputs, applied)
     if "rewrite" in chosen:
-        toggles["rewrite"] = _rewrite_toggle(model, inputs, applied)
+        toggles["rewrite"] = _layer_toggle(DEPTHWISE, model, inputs, applied)
     toggles = {k: t for k, t in toggles.items() if t is not None}
     measure_precision = ("precision" in chosen and device.type == "cuda" and mode != "all"
                          and auto and prec != "fp32")
@@ -185,51 +163,82 @@ def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
     return applied
 
 
-def _cpu_auto(model, inputs, device, prec: str, auto: bool, chosen, applied: Applied, steps,
-              deadline: float) -> None:
-    """The CPU's decision within ``deadline``: the chain and rows rewrites and channels_last by
-    rule, bf16 (+ rewrite) only where the CPU has it in hardware and a bounded, memory-capped
-    trial says it is faster."""
+def _cpu_auto(model, inputs, full, device, prec: str, auto: bool, chosen, applied: Applied,
+              steps, budget: float) -> None:
+    """The CPU's decision: span and chain by rule, channels_last (and rows beside it) by a
+    paired trial on the run's batch ``full``, bf16 (+ rewrite) only where the CPU has it in
+    hardware and a bounded, memory-capped trial within ``budget`` s says it is faster."""
     if "span" in chosen:
-        _by_rule(SPAN, model, inputs, applied, "spanned",
-                 "convolutions over every electrode of a one-channel input as 1-D",
-                 "no convolution spans every electrode of a one-channel input")
+        _by_rule(SPAN, model, inputs, applied)
     if "chain" in chosen:  # before rows: the rows rewrite takes the (1, K) convolutions left
-        _by_rule(CHAIN, model, inputs, applied, "fused",
-                 f"conv-BatchNorm-conv with <= {MAX_COST_SHARE:g} of the multiply-adds as one "
-                 "convolution",
-                 "no conv-BatchNorm-conv chain that one convolution computes with fewer "
-                 "multiply-adds")
+        _by_rule(CHAIN, model, inputs, applied)
     if "channels_last" in chosen:
-        if not has_grouped_conv2d(model):
-            applied.skipped["channels_last"] = ("no grouped (H, 1) 2-D convolution (the CPU's "
-                                                "rule)")
-        elif (toggle := _channels_last_toggle(model, applied)) is not None:
-            _cpu_channels_last(toggle, model, inputs, applied)
+        _cpu_channels_last(model, inputs, full, device, prec, "rows" in chosen, applied, steps)
     if "rows" in chosen and "channels_last" not in applied.applied:
         # the folded form pays only beside channels_last: alone, TIDNet, TSception and
         # EEGConformer ran 0.75-0.84x (1 thread, issue 34)
         applied.skipped["rows"] = "only beside channels_last (the CPU's rule)"
-    elif "rows" in chosen:
-        _by_rule(ROWS, model, inputs, applied, "folded", "(1, K) convolutions over several rows",
-                 "no (1, K) convolution over several rows")
     if "precision" in chosen and auto and prec == "fp32":
-        _cpu_bf16(model, inputs, device, prec, "rewrite" in chosen, applied, steps, deadline)
+        _cpu_bf16(model, inputs, device, prec, "rewrite" in chosen, applied, steps,
+                  deadline=time.perf_counter() + budget)
     if "rewrite" in chosen and "rewrite" not in applied.applied \
             and "rewrite" not in applied.skipped:
         applied.skipped["rewrite"] = "not used in fp32 on the CPU (EEGNeX measured 0.95x)"
 
 
-def _cpu_channels_last(toggle, model, inputs, applied: Applied) -> None:
-    """channels_last where a grouped ``(H, 1)`` convolution reads the model's own input (made
-    NHWC by the pre-hook), or spans the whole height of an input made after a plain 2-D
-    convolution ran, with the channels of the module that ran just before it, an even number
-    of them (one eval forward on the slice, hooks): EEGNeX, EEGNet and their kin gain
-    1.05-2.5x. The losses the rule keeps out are BatchNorm's over the tall map: a grouped
-    (16, 1) filter along time (EEGTCNet) ran 0.4x; a spatial filter over a tensor no
-    convolution module made (SincShallowNet's functional sinc filters) 0.5x; over a
-    concatenation of branches (TCFormer: BatchNorm's backward on channel slices of an NHWC
-    gradient) 0.42x; over 9 channels (MSVTNet: BatchNorm 4.9x its NCHW time) 0.78-0.97x."""
+def _cpu_channels_last(model, inputs, full, device, prec: str, rows: bool, applied: Applied,
+                       steps) -> None:
+    """channels_last, with the rows rewrite beside it, where a grouped ``(H, 1)`` convolution
+    could gain from it (``_could_gain``), kept only when a paired trial of whole steps on the
+    run's batch measures it ``CL_MARGIN`` faster than stock. A rule alone could not tell a
+    wash from a gain: CTNet measured 0.96-1.05x at batch 64, EEGNet 1.4x; and a slice of four
+    samples misleads (EEGITNet 0.75x on 4, 1.5x on 64)."""
+    if not has_grouped_conv2d(model):
+        applied.skipped["channels_last"] = "no grouped (H, 1) 2-D convolution (the CPU's rule)"
+        return
+    toggle = _channels_last_toggle(model, applied)
+    if toggle is None:
+        return
+    if not _could_gain(model, inputs):
+        applied.skipped["channels_last"] = ("no grouped (H, 1) 2-D convolution on the input or "
+                                            "spanning the height of a 2-D convolution's output, "
+                                            "unconcatenated (the CPU's rule)")
+        return
+    fold = _layer_toggle(ROWS, model, inputs, applied) if rows else None
+
+    def candidate(on: bool) -> None:
+        toggle(on)
+        if fold is not None:
+            fold(on)
+
+    saved = trial.Snapshot(model, device)
+    try:
+        ratios = trial.paired(
+            lambda on: trial.timed_step(candidate, on, model, full, device, prec), CL_TRIAL_S,
+            steps)
+    except Exception as exc:  # noqa: BLE001 — a layout whose step fails is not kept
+        ratios = f"its timed step failed ({type(exc).__name__}: {str(exc)[:80]})"
+    finally:
+        saved.restore()
+    gain = ratios if isinstance(ratios, str) else statistics.median(ratios)
+    keep = _judged(applied, "channels_last", gain, CL_MARGIN)
+    candidate(keep)
+    if not keep:
+        return
+    applied.rules["channels_last"] = (f"a grouped (H, 1) convolution; {len(ratios)} paired "
+                                      f"rounds, >= {1 + CL_MARGIN:g}x")
+    if fold is not None and applied.modules.get("rows"):
+        applied.applied.append("rows")
+        applied.rules["rows"] = "beside channels_last"
+
+
+def _could_gain(model, inputs) -> bool:
+    """Whether a grouped ``(H, 1)`` convolution reads the model's input, or spans the whole
+    height of the output of the module that ran just before it, after a plain 2-D convolution
+    ran (one eval forward on the slice, hooks). The losses this keeps out untimed are
+    BatchNorm's over tall maps: a grouped (16, 1) filter along time (EEGTCNet) ran 0.4x, one
+    over functional filters' output (SincShallowNet) 0.5x, over a concatenation of branches
+    (TCFormer) 0.42x."""
     state = {"conv": False, "keep": False, "channels": None}
     given = {a.data_ptr() for a in inputs if isinstance(a, torch.Tensor)}
 
@@ -242,7 +251,7 @@ def _cpu_channels_last(toggle, model, inputs, applied: Applied) -> None:
         x = replace.first_tensor(args)
         state["keep"] |= x is not None and x.dim() == 4 and (x.data_ptr() in given or (
             state["conv"] and x.shape[2] == module.kernel_size[0]
-            and x.shape[1] == state["channels"] and x.shape[1] % 2 == 0))
+            and x.shape[1] == state["channels"]))
 
     hooks = []
     for name, m in model.named_modules():  # a replacement shares its original's hooks
@@ -259,40 +268,29 @@ def _cpu_channels_last(toggle, model, inputs, applied: Applied) -> None:
     finally:
         for h in hooks:
             h.remove()
-    if not state["keep"]:
-        applied.skipped["channels_last"] = ("no grouped (H, 1) 2-D convolution on the input "
-                                            "or spanning the height of a 2-D convolution's "
-                                            "output, of an even number of channels, "
-                                            "unconcatenated (the CPU's rule)")
-        return
-    toggle(True)
-    applied.applied.append("channels_last")
-    applied.rules["channels_last"] = ("grouped (H, 1) 2-D convolutions over the input or a "
-                                      "2-D convolution's output")
+    return state["keep"]
 
 
-def _by_rule(rewrite: Rewrite, model, inputs, applied: Applied, listed: str, rule: str,
-             none_found: str) -> None:
-    """``rewrite`` applied by rule, kept only where it computes the same on the example batch;
-    recorded under its knob (applied, or skipped and why), its modules listed in
-    ``applied.<listed>``, and undone by ``applied.undo()``."""
-    knob = rewrite.name
-    report = _checked(rewrite, model, inputs, applied, none_found)
+def _by_rule(rewrite: Rewrite, model, inputs, applied: Applied) -> None:
+    """``rewrite`` applied by its rule, kept only where it computes the same on the batch;
+    recorded under its knob and undone by ``applied.undo()``."""
+    report = _checked(rewrite, model, inputs, applied)
     if report is None:
         return
+    knob = rewrite.name
     applied.applied.append(knob)
-    applied.rules[knob] = rule
-    setattr(applied, listed, list(report.rewritten))
+    applied.rules[knob] = rewrite.rule
+    applied.modules[knob] = list(report.rewritten)
     names = [n for group in report.rewritten for n in group.split(">")]
 
     def undo() -> None:
         rewrite.undo(model, names)
-        setattr(applied, listed, [])
+        applied.modules.pop(knob, None)
 
     applied.on_undo(undo)
 
 
-def _checked(rewrite: Rewrite, model, inputs, applied: Applied, none_found: str):
+def _checked(rewrite: Rewrite, model, inputs, applied: Applied):
     """``rewrite.apply``'s report, or None, with why under its knob, when nothing was rewritten
     (none found, or found but not exact on the batch: a note that must be shown)."""
     report = rewrite.apply(model, *inputs)
@@ -302,7 +300,7 @@ def _checked(rewrite: Rewrite, model, inputs, applied: Applied, none_found: str)
         return None
     if not report:
         applied.skipped[rewrite.name] = ("already rewritten" if rewrite.active(model)
-                                         else none_found)
+                                         else rewrite.none_found)
         return None
     return report
 
@@ -341,25 +339,18 @@ def _cpu_bf16(model, inputs, device, prec: str, with_rewrite: bool, applied: App
             applied.skipped["precision"] = (f"bf16 not measured: a first step takes {first:.2g} s "
                                             f"here, {max(left, 0):.2g} s of the budget left")
             return
-        rewrite = _rewrite_toggle(model, inputs, applied) if with_rewrite else None
+        rewrite = _layer_toggle(DEPTHWISE, model, inputs, applied) if with_rewrite else None
         with trial.memory_cap():
             gain = trial.race(use_bf16, model, inputs, device, holder,
                               deadline - time.perf_counter(), min_rounds=1)
     finally:
         saved.restore()
-    keep = not isinstance(gain, str) and gain >= 1 + MARGIN["cpu"]
+    keep = _judged(applied, "precision", gain, MARGIN["cpu"], "bf16 ")
     use_bf16(keep)
-    if isinstance(gain, str):
-        applied.skipped["precision"] = f"bf16 {gain}"
-        return
-    applied.speedup["precision"] = gain
-    if not keep:
-        applied.skipped["precision"] = f"bf16 measured {gain:.2f}x fp32 here, not faster"
-        return
-    applied.precision = "bf16"
-    applied.applied.append("precision")
-    if rewrite is not None:
-        applied.applied.append("rewrite")
+    if keep:
+        applied.precision = "bf16"
+        if rewrite is not None:
+            applied.applied.append("rewrite")
 
 
 def _measure(model, inputs, device, prec: str, toggles, measure_precision: bool,
@@ -371,22 +362,12 @@ def _measure(model, inputs, device, prec: str, toggles, measure_precision: bool,
     try:
         for knob, toggle in toggles.items():
             gain = trial.race(lambda on, t=toggle: t(on), model, inputs, device, prec, share)
-            if isinstance(gain, str):
-                applied.skipped[knob] = gain
-                toggle(False)
-                if gain.startswith("not measured"):  # the other knobs would not be either
-                    for other in list(toggles)[list(toggles).index(knob) + 1:]:
-                        applied.skipped[other] = gain
-                    measure_precision = False
-                    break
-                continue
-            applied.speedup[knob] = gain
-            keep = gain >= 1 + margin
-            toggle(keep)
-            if keep:
-                applied.applied.append(knob)
-            else:
-                applied.skipped[knob] = f"measured {gain:.2f}x here, not faster"
+            toggle(_judged(applied, knob, gain, margin))
+            if isinstance(gain, str) and gain.startswith("not measured"):  # nor would the rest
+                for other in list(toggles)[list(toggles).index(knob) + 1:]:
+                    applied.skipped[other] = gain
+                measure_precision = False
+                break
         if measure_precision:
             holder = {"p": prec}
 
@@ -394,31 +375,32 @@ def _measure(model, inputs, device, prec: str, toggles, measure_precision: bool,
                 holder["p"] = "fp32" if on else prec
 
             gain = trial.race(use_fp32, model, inputs, device, holder, share)
-            if isinstance(gain, str):
-                applied.skipped["precision"] = gain
-            elif gain >= 1 + margin:
+            if _judged(applied, "precision", gain, margin, "fp32 "):
                 applied.precision = "fp32"
-                applied.applied.append("precision")
-                applied.speedup["precision"] = gain
-            else:
-                applied.skipped["precision"] = f"fp32 measured {gain:.2f}x {prec}; {prec} kept"
     finally:
         saved.restore()
 
 
-def _rewrite_toggle(model, inputs, applied: Applied):
-    """The depthwise rewrite applied (checked), then switched off; the returned toggle puts its
-    replacements in (True) or the originals back (False)."""
-    return _layer_toggle(DEPTHWISE, model, inputs, applied, "rewritten",
-                         "no depthwise convolution spans its input's height")
+def _judged(applied: Applied, knob: str, gain: float | str, margin: float,
+            what: str = "") -> bool:
+    """A trial's gain (or why there is none) recorded under ``knob``; True, and the knob
+    listed as applied, when it won by ``margin``."""
+    if isinstance(gain, str):
+        applied.skipped[knob] = what + gain
+        return False
+    applied.speedup[knob] = gain
+    if gain < 1 + margin:
+        applied.skipped[knob] = f"{what}measured {gain:.2f}x here, not faster"
+        return False
+    applied.applied.append(knob)
+    return True
 
 
-def _layer_toggle(rewrite: Rewrite, model, inputs, applied: Applied, listed: str,
-                  none_found: str):
+def _layer_toggle(rewrite: Rewrite, model, inputs, applied: Applied):
     """``rewrite`` applied (checked), then switched off; the returned toggle puts its
-    replacements in (True) or the originals back (False), listing them in
-    ``applied.<listed>``; None (and why, under the knob) when nothing is rewritten."""
-    report = _checked(rewrite, model, inputs, applied, none_found)
+    replacements in (True) or the originals back (False); None (and why, under the knob) when
+    nothing is rewritten."""
+    report = _checked(rewrite, model, inputs, applied)
     if report is None:
         return None
     fast = replace.replaced(model, rewrite.kind)
@@ -427,7 +409,7 @@ def _layer_toggle(rewrite: Rewrite, model, inputs, applied: Applied, listed: str
     def toggle(on: bool) -> None:
         for n in names:
             replace.put(model, n, fast[n] if on else fast[n].original)
-        setattr(applied, listed, list(names) if on else [])
+        applied.modules[rewrite.name] = list(names) if on else []
 
     toggle(False)
     applied.on_undo(lambda: toggle(False))

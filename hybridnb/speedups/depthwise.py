@@ -53,19 +53,15 @@ def depthwise_as_matmul(module: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
 
 
 class MatmulDepthwise(FormReplacement):
-    """A depthwise convolution computed as a batched matmul where its kernel spans the input."""
-
     fits = staticmethod(spans_height)
     compute = staticmethod(depthwise_as_matmul)
 
 
 class DepthwiseRewrite(LayerRewrite):
-    """The ``rewrite`` knob; see the module docstring."""
-
     name = "rewrite"
     label = "depthwise-as-matmul rewrite"
     kind = MatmulDepthwise
-    differs_from = "the convolution"
+    none_found = "no depthwise convolution spans its input's height"
 
     def applies(self, module: nn.Module) -> bool:
         return is_candidate_conv(module)
@@ -75,7 +71,5 @@ DEPTHWISE = DepthwiseRewrite()
 
 
 def rewrite_depthwise(model: nn.Module, *example) -> RewriteReport:
-    """``DEPTHWISE.apply``: every height-spanning depthwise convolution of ``model`` as a matmul,
-    in place, checked on ``example`` (eval mode, fp32, no gradients: no BatchNorm statistics
-    move, no random numbers are drawn)."""
+    """``DEPTHWISE.apply`` (comparison's layout variants call it)."""
     return DEPTHWISE.apply(model, *example)

@@ -20,8 +20,7 @@ from torch import nn
 
 
 class Replacement(nn.Module):
-    """Stands in for ``original``; subclasses write ``forward`` and call ``stock(x)`` for inputs
-    their form does not compute."""
+    """Stands in for ``original`` (see the module docstring); subclasses write ``forward``."""
 
     original: nn.Module
 

@@ -1,10 +1,6 @@
-"""The one interface of a rewrite (``Rewrite``: a rule, a check on a batch, an undo; see the
-package docstring) and ``LayerRewrite``, the common case: one layer for one layer, checked layer
-by layer on the batch (forward hooks) and on the whole model's output.
-
-Every rewrite's rule is about a layer's type and shape, never a model's name; ``apply`` keeps
-nothing when the check fails (its report's ``note`` says why); replacements share the
-originals' tensors, so ``state_dict()`` keys and values stay.
+"""The one interface of a rewrite (``Rewrite``; see the package docstring) and ``LayerRewrite``,
+one layer for one layer, checked layer by layer (forward hooks) and on the model's output.
+``apply`` keeps nothing when the check fails (its report's ``note`` says why).
 """
 
 from __future__ import annotations
@@ -62,6 +58,9 @@ class Rewrite(ABC):
     label: ClassVar[str]  # how messages name it
     kind: ClassVar[type[replace.Replacement]]  # the base class of its replacements
     differs_from: ClassVar[str] = "the stock layers"  # the note's wording
+    rule: ClassVar[str] = ""  # what the CPU's rule applies, in a message
+    none_found: ClassVar[str]  # why nothing was rewritten, when the rule took no layer
+    trains: ClassVar[bool] = False  # the training path differs from eval's: check it too
 
     @abstractmethod
     def applies(self, module: nn.Module) -> bool:
@@ -119,19 +118,15 @@ class Rewrite(ABC):
         return Verdict(worst, self._differed(worst) if worst > exact.RTOL else "")
 
     def _compare(self, model: nn.Module, example: tuple, reference: Any) -> float:
-        """The largest relative difference the check measures (override to measure more)."""
-        if reference is None:
-            reference = exact.eval_output(self.stock_copy(model), example)
-        return exact.rel_diff_any(exact.eval_output(model, example), reference)
-
-    def _compare_training(self, model: nn.Module, example: tuple, reference: Any) -> float:
-        """Eval outputs, then one training forward and backward (outputs, gradients, buffers)
-        against stock: for rewrites whose training path differs from their eval path."""
-        stock = self.stock_copy(model)
+        """The largest relative difference of the eval outputs, and where ``trains`` of one
+        training forward and backward (outputs, gradients, buffers), against stock."""
+        stock = self.stock_copy(model) if reference is None or self.trains else None
         if reference is None:
             reference = exact.eval_output(stock, example)
         worst = exact.rel_diff_any(exact.eval_output(model, example), reference)
-        return max(worst, exact.training_diff(stock, copy.deepcopy(model), example))
+        if self.trains:
+            worst = max(worst, exact.training_diff(stock, copy.deepcopy(model), example))
+        return worst
 
     def _differed(self, worst: float) -> str:
         return (f"it differed from {self.differs_from} by {worst:.2g} (relative) on the first "
@@ -159,6 +154,7 @@ class LayerRewrite(Rewrite):
     computes it; any other input takes the stock layer's forward."""
 
     kind: ClassVar[type[replace.FormReplacement]]
+    differs_from = "the convolution"
 
     def swap_in(self, model: nn.Module, group: tuple[str, ...]) -> None:
         (name,) = group

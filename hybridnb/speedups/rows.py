@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybridnb.speedups.replace import FormReplacement, is_stock_conv2d
-from hybridnb.speedups.rewrite import LayerRewrite, RewriteReport
+from hybridnb.speedups.rewrite import LayerRewrite
 
 # rows shorter than this stay 2-D: the folded form then runs B*H tiny 1-D convolutions (CBraMod's
 # (1, 3) convolutions over 129 rows of 8 samples ran 0.81x; EEG-length rows of 200 gain)
@@ -30,14 +30,11 @@ def is_width_conv(module: nn.Module) -> bool:
 
 
 def is_rows_candidate(module: nn.Module) -> bool:
-    """A width convolution (:func:`is_width_conv`) with K >= 2: the 1-D form computes it for
-    inputs of any height."""
     return is_width_conv(module) and module.kernel_size[1] >= 2
 
 
 def several_rows(module: nn.Conv2d, x: torch.Tensor) -> bool:
-    """True when ``x`` is a batched input with more than one row (one row gains nothing) of at
-    least ``MIN_WIDTH`` samples."""
+    """A batched input of several rows (one row gains nothing) of ``MIN_WIDTH`` samples."""
     return (x.dim() == 4 and x.shape[1] == module.in_channels and x.shape[2] > 1
             and x.shape[3] >= MIN_WIDTH)
 
@@ -65,28 +62,18 @@ def rows_as_conv1d(module: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
 
 
 class RowsAsConv1d(FormReplacement):
-    """A ``(1, K)`` convolution computed as a 1-D convolution over folded rows."""
-
     fits = staticmethod(several_rows)
     compute = staticmethod(rows_as_conv1d)
 
 
 class RowsRewrite(LayerRewrite):
-    """The ``rows`` knob; see the module docstring."""
-
     name = "rows"
     label = "rows-as-1-D-convolution rewrite"
     kind = RowsAsConv1d
-    differs_from = "the convolution"
+    none_found = "no (1, K) convolution over several rows"
 
     def applies(self, module: nn.Module) -> bool:
         return is_rows_candidate(module)
 
 
 ROWS = RowsRewrite()
-
-
-def rewrite_rows(model: nn.Module, *example) -> RewriteReport:
-    """``ROWS.apply``: every ``(1, K)`` convolution of ``model`` that sees several rows on
-    ``example`` in the folded 1-D form, in place; checked like the depthwise rewrite."""
-    return ROWS.apply(model, *example)

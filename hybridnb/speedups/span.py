@@ -13,27 +13,21 @@ too: its combined weight and bias are computed as its own forward computes them,
 parameters, ``state_dict`` and gradients are its own.
 
 Why: a one-channel ``Conv2d`` with a 25 x 129 kernel is oneDNN's slow case on the CPU; as a 1-D
-convolution over 129 channels, with the kernel's gradient as a convolution over the batch
-(``_Conv1d``), the C1 and C2 recipes' whole training step runs 3.1-3.5x stock on one and two
-threads (issue 34; ``bench/results/zoo-speed-cpu-latest.md``). By rule on the CPU (checked
-exact on the first batch), a timed knob on CUDA (cuDNN may already do well with the 2-D form).
-
-The rule is about a layer's type and shape (``spanned_axes``, ``is_combined_conv``), never a
-model's name; any input whose spanned axis the kernel does not cover exactly takes the stock
-forward.
+convolution (``_Conv1d``) the C1 and C2 recipes' whole training step runs 3.1-4x stock
+(``bench/results/zoo-speed-cpu-latest.md``). By rule on the CPU, timed on CUDA. Any input whose
+spanned axis the kernel does not cover exactly takes the stock forward.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from hybridnb.speedups.replace import FormReplacement, is_stock_conv2d
-from hybridnb.speedups.rewrite import LayerRewrite, RewriteReport
+from hybridnb.speedups.rewrite import LayerRewrite
 
 MIN_SPAN = 2  # electrodes: a kernel over one row gains nothing from the 1-D form
 # taps from which the kernel's gradient as a convolution over the batch beats oneDNN's own
@@ -70,12 +64,6 @@ def spanned_axes(module: nn.Module) -> tuple[int, ...]:
                  and module.kernel_size[axis] >= MIN_SPAN and module.kernel_size[1 - axis] >= 2)
 
 
-def is_span_candidate(module: nn.Module) -> bool:
-    """The rule before any batch: a ``CombinedConv``, or a one-channel ``Conv2d`` with an axis
-    the 1-D form could span (:func:`spanned_axes`)."""
-    return is_combined_conv(module) or bool(spanned_axes(module))
-
-
 def combined_weight_bias(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``CombinedConv``'s weight ``(F, 1, K, C)`` and bias, computed as its own forward does."""
     conv_time, conv_spat = module.conv_time, module.conv_spat
@@ -107,7 +95,6 @@ def input_axis(module: nn.Module, x: torch.Tensor) -> int | None:
 
 
 def spans_input(module: nn.Module, x: torch.Tensor) -> bool:
-    """True when ``x`` is a batched one-channel input whose electrodes the kernel spans."""
     return input_axis(module, x) is not None
 
 
@@ -168,32 +155,20 @@ class _Conv1d(torch.autograd.Function):
 
 
 class SpanAsConv1d(FormReplacement):
-    """A convolution over every electrode of a one-channel input, computed as a 1-D one."""
-
     fits = staticmethod(spans_input)
     compute = staticmethod(span_as_conv1d)
 
 
 class SpanRewrite(LayerRewrite):
-    """The ``span`` knob; see the module docstring. ``check``: the eval output and one training
-    step on copies (``exact.training_diff``)."""
-
     name = "span"
+    trains = True
     label = "electrode-spanning convolution as 1-D rewrite"
     kind = SpanAsConv1d
-    differs_from = "the convolution"
+    rule = "convolutions over every electrode of a one-channel input as 1-D"
+    none_found = "no convolution spans every electrode of a one-channel input"
 
     def applies(self, module: nn.Module) -> bool:
-        return is_span_candidate(module)
-
-    def _compare(self, model: nn.Module, example: tuple, reference: Any) -> float:
-        return self._compare_training(model, example, reference)
+        return is_combined_conv(module) or bool(spanned_axes(module))
 
 
 SPAN = SpanRewrite()
-
-
-def rewrite_span(model: nn.Module, *example) -> RewriteReport:
-    """``SPAN.apply``: every convolution of ``model`` that spans all electrodes of a one-channel
-    input on ``example`` as a 1-D convolution, in place, checked like the other rewrites."""
-    return SPAN.apply(model, *example)

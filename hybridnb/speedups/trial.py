@@ -24,6 +24,7 @@ from hybridnb.torch_state import set_torch_rng_state as set_rng_state
 from hybridnb.torch_state import torch_rng_state as rng_state
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+RUN_SHARE = 0.1  # a CPU trial costs at most this share of the run's stock steps
 
 
 def autocast(name: str, device: torch.device) -> contextlib.AbstractContextManager:
@@ -62,6 +63,32 @@ def race(toggle: Callable[[bool], None], model: nn.Module, inputs: tuple,
     toggle(False)
     free_memory(device)  # outside the except: the failed step's tensors are free now
     return failed
+
+
+def paired(step: Callable[[bool], float], budget: float, run_steps: int | None = None,
+           rounds: int = 3, clear: float = 1.3) -> list[float] | str:
+    """Paired ratios (stock time / candidate time), one per round of one step each way, after an
+    untimed step of each (oneDNN's primitives, the layout's copies); or why not measured.
+
+    ``step(on)`` times one step in a state (``timed_step``; a test passes a fake). At least two
+    rounds, at most ``rounds``; two rounds both past ``clear`` either way end it early. The
+    rounds must fit ``budget`` seconds and, when the run's length is known, ``RUN_SHARE`` of
+    ``run_steps`` stock steps: a short run is not worth a trial."""
+    warm = step(False) + step(True)
+    stock = warm / 2
+    if run_steps is not None:
+        budget = min(budget, RUN_SHARE * run_steps * stock)
+    if 3 * warm > budget:  # the warm-ups and two rounds of the same cost
+        return (f"not measured: a step takes {stock:.2g} s here, the trial's budget is "
+                f"{budget:.2g} s" + ("" if run_steps is None else f" ({run_steps} steps)"))
+    spent, ratios, last = warm, [], warm
+    while len(ratios) < rounds and (len(ratios) < 2 or spent + last <= budget):
+        off, on = step(False), step(True)
+        spent, last = spent + off + on, off + on
+        ratios.append(off / on)
+        if len(ratios) == 2 and (min(ratios) >= clear or max(ratios) <= 1 / clear):
+            break
+    return ratios
 
 
 def timed_step(toggle: Callable[[bool], None], state: bool, model: nn.Module, inputs: tuple,

@@ -14,7 +14,7 @@ from torch import nn
 from hybridnb.speedups import CHAIN, apply_speedups, exact, undo_rewrites
 from hybridnb.speedups import ROWS as ROWS_REWRITE
 from hybridnb.speedups import chain as rc
-from hybridnb.speedups.chain import find_chains, rewrite_chain
+from hybridnb.speedups.chain import find_chains
 
 
 def chained_modules(model: nn.Module) -> list[str]:
@@ -63,7 +63,7 @@ def test_three_steps_match_the_stock_model(k, pad_a, pad_b, bias, momentum, opti
     stock = eegnex_like(k, pad_a, pad_b, bias, momentum)
     fast = copy.deepcopy(stock)
     xs = batches()
-    report = rewrite_chain(fast, xs[0])
+    report = CHAIN.apply(fast, xs[0])
     assert report.rewritten == ["1>2>3"] and not report.note
     assert [type(m) for m in fast][1:4] == [rc.ChainHead, rc.ChainNorm, rc.ChainTail]
     make = torch.optim.AdamW if optimizer == "adamw" else torch.optim.SGD
@@ -96,7 +96,7 @@ def test_keys_pickle_deepcopy_and_undo():
     model = eegnex_like()
     keys = list(model.state_dict())
     x = batches(1)[0]
-    assert rewrite_chain(model, x)
+    assert CHAIN.apply(model, x)
     assert list(model.state_dict()) == keys
     again = pickle.loads(pickle.dumps(model))  # the stock classes, no link
     assert [type(m) for m in again][1:4] == [nn.Conv2d, nn.BatchNorm2d, nn.Conv2d]
@@ -118,7 +118,7 @@ def test_keys_pickle_deepcopy_and_undo():
 def test_intermediates_stay_real_and_other_inputs_take_the_stock_path():
     stock = eegnex_like()
     fast = copy.deepcopy(stock)
-    assert rewrite_chain(fast, batches(1)[0])
+    assert CHAIN.apply(fast, batches(1)[0])
     x = batches(1)[0]
     head, ref_head = fast[:3], stock[:3]  # convA + BN alone: the BatchNorm's own output
     close(head(x), ref_head(x))
@@ -149,7 +149,7 @@ def test_a_reused_intermediate_is_refused_or_computed_exactly():
     assert find_chains(Residual(functional=False), x) == []  # another module takes z
     stock = Residual(functional=True)  # a reuse no hook sees: z is real, so still exact
     fast = copy.deepcopy(stock)
-    assert rewrite_chain(fast, x)
+    assert CHAIN.apply(fast, x)
     target = torch.randn(4, 8, ROWS, TIMES)
     for model in (stock, fast):
         (model(x) * target).sum().backward()
@@ -162,19 +162,19 @@ def test_a_nonlinearity_between_or_a_costlier_composite_is_not_rewritten():
     x = batches(1)[0]
     between = eegnex_like()
     between.insert(3, nn.ELU())
-    assert find_chains(between, x) == [] and not rewrite_chain(between, x)
+    assert find_chains(between, x) == [] and not CHAIN.apply(between, x)
     wide = nn.Sequential(nn.Unflatten(1, (1, ROWS)), nn.Conv2d(1, 2, (1, 8), padding="same"),
                          nn.BatchNorm2d(2), nn.Conv2d(2, 8, (1, 8), padding="same"))
     assert find_chains(wide, x) == [("1", "2", "3")]
     assert rc.cost_share(wide[1], wide[3], TIMES) > rc.MAX_COST_SHARE  # 2 -> 8 channels
-    assert not rewrite_chain(wide, x) and not chained_modules(wide)
+    assert not CHAIN.apply(wide, x) and not chained_modules(wide)
 
 
 def test_a_chain_that_differs_is_not_used_and_says_so(monkeypatch):
     real = rc.chain_output
     monkeypatch.setattr(rc, "chain_output", lambda *a: real(*a) * 1.01)
     model = eegnex_like()
-    report = rewrite_chain(model, batches(1)[0])
+    report = CHAIN.apply(model, batches(1)[0])
     assert not report and "differed" in report.note and report.max_rel_diff > exact.RTOL
     assert not chained_modules(model)
     assert all(m.training for m in model.modules())  # the check left the flags alone
@@ -185,11 +185,11 @@ def test_cpu_rule_applies_the_chain_before_rows_and_says_so():
     model = eegnex_like()
     x = batches(1)[0]
     applied = apply_speedups(model, x, "cpu", precision="fp32", steps=10)
-    assert applied.applied[0] == "chain" and applied.fused == ["1>2>3"]
+    assert applied.applied[0] == "chain" and applied.modules["chain"] == ["1>2>3"]
     assert "chain" in applied.rules and "1>2>3" in applied.message
     assert not ROWS_REWRITE.active(model)  # rows found nothing left
     applied.undo()
-    assert not chained_modules(model) and applied.fused == []
+    assert not chained_modules(model) and not applied.modules.get("chain")
 
 
 def test_trainer_applies_it_by_rule_and_trains_the_same_weights():
@@ -210,7 +210,7 @@ def test_trainer_applies_it_by_rule_and_trains_the_same_weights():
         runs[speedups] = tr
     said = [e.message for e in runs["auto"].events if e.kind == "speedups"]
     assert len(said) == 1 and "conv-BatchNorm-conv" in said[0] and "1>2>3" in said[0]
-    assert runs["auto"].applied_speedups.fused == ["1>2>3"]
+    assert runs["auto"].applied_speedups.modules["chain"] == ["1>2>3"]
     fast, stock = runs["auto"].model.state_dict(), runs[False].model.state_dict()
     assert fast.keys() == stock.keys()
     for name in stock:

@@ -32,20 +32,21 @@ from hybridnb.train.trainer import Trainer
 pytestmark = pytest.mark.slow
 
 
-class Depthwise(nn.Module):
-    """A grouped Conv2d (the CPU's channels_last rule applies) with a head; raises a simulated
-    out-of-memory error for training batches larger than ``fits`` (None: never)."""
+class Spanning(nn.Module):
+    """A Conv2d spanning every electrode of a one-channel input (the CPU's span rule applies)
+    with a head; raises a simulated out-of-memory error for training batches larger than
+    ``fits`` (None: never)."""
 
     def __init__(self, fits: int | None = None) -> None:
         super().__init__()
         self.fits = fits
-        self.conv = nn.Conv2d(4, 8, (5, 1), groups=4)  # (H, 1): the rule's kernel
+        self.conv = nn.Conv2d(1, 8, (5, 4))  # over (B, 1, T, 4): the rule's kernel
         self.head = nn.Linear(8 * 12, 1)
 
     def forward(self, x):
         if self.training and self.fits is not None and x.shape[0] > self.fits:
             raise torch.OutOfMemoryError(f"simulated: a batch of {x.shape[0]} does not fit")
-        return self.head(torch.tanh(self.conv(x)).flatten(1))
+        return self.head(torch.tanh(self.conv(x[..., 0].transpose(1, 2).unsqueeze(1))).flatten(1))
 
 
 def windows(n=128, seed=0):
@@ -61,7 +62,7 @@ def _fresh_lost_devices(monkeypatch):
 
 def test_what_the_worker_applied_and_measured_reaches_the_kernel(tmp_path):
     torch.manual_seed(0)
-    model = Depthwise(fits=16)
+    model = Spanning(fits=16)
     tr = Trainer(model, device="cpu", isolate=True, speedups=True, batch_size=32, epochs=2,
                  lr=1e-2, seed=0, live=False, verbose=False, schedule=None,
                  checkpoint_dir=tmp_path / "ck")
@@ -77,12 +78,12 @@ def test_what_the_worker_applied_and_measured_reaches_the_kernel(tmp_path):
     assert 0 < startup < 120 and waited <= startup
     said = [e.message for e in tr.events if e.kind == "speedups"]
     assert tr.applied_speedups is not None and said[0] == tr.applied_speedups.message
-    assert "channels_last" in tr.applied_speedups.applied  # the CPU's grouped-Conv2d rule
+    assert "span" in tr.applied_speedups.applied  # the CPU's span rule
     # the FLOPs per sample the worker counted, as counted here on the same slice
-    expected = step.count_flops(Depthwise(), (windows()[0][:FLOP_SLICE],)) / FLOP_SLICE
+    expected = step.count_flops(Spanning(), (windows()[0][:FLOP_SLICE],)) / FLOP_SLICE
     assert tr.placement.flops_per_sample == pytest.approx(expected)
     # the worker's last checkpoint names its precision and micro-batch; the kernel has both
-    state, _, _ = read_checkpoint(tmp_path / "ck" / "last.pt", Depthwise())
+    state, _, _ = read_checkpoint(tmp_path / "ck" / "last.pt", Spanning())
     assert tr.precision.name == state["precision"]
     assert any(e.kind == "oom_split" for e in tr.events)
     assert tr.state.micro == state["micro"] == 16
@@ -119,7 +120,7 @@ class SlowValidation(Dataset):
 def test_validation_never_counts_in_samples_per_s():
     # 7 steps an epoch: not a multiple of the throughput window's period (20 steps)
     val = SlowValidation(4, seconds=0.3)  # 1.2 s of validation per epoch
-    tr = Trainer(Depthwise(), device="cpu", isolate=False, speedups=False, batch_size=16,
+    tr = Trainer(Spanning(), device="cpu", isolate=False, speedups=False, batch_size=16,
                  epochs=2, lr=1e-2, seed=0, live=False, verbose=False, schedule=None)
     tr.fit(windows(112), val=val)
     hist = tr.history
@@ -136,7 +137,7 @@ def test_a_flop_count_out_of_memory_is_skipped_with_a_note(monkeypatch):
         raise torch.OutOfMemoryError("simulated: the fp32 FLOP pass does not fit")
 
     monkeypatch.setattr(step, "measure_pass", out_of_memory)
-    tr = Trainer(Depthwise(), device="cpu", isolate=False, speedups=True, batch_size=16,
+    tr = Trainer(Spanning(), device="cpu", isolate=False, speedups=True, batch_size=16,
                  epochs=1, steps_per_epoch=3, seed=0, live=False, verbose=False)
     tr.fit(windows(64))
     notes = [e.message for e in tr.events if e.kind == "flops"]
@@ -149,7 +150,7 @@ def test_the_same_fit_here_and_in_the_worker_ends_the_same():
     runs = {}
     for isolate in (False, True):
         torch.manual_seed(0)
-        tr = Trainer(Depthwise(), device="cpu", isolate=isolate, speedups=False, batch_size=16,
+        tr = Trainer(Spanning(), device="cpu", isolate=isolate, speedups=False, batch_size=16,
                      epochs=2, lr=1e-2, seed=0, live=False, verbose=False, schedule=None,
                      precision="fp32")
         heard = []

@@ -555,18 +555,18 @@ def test_in_memory_tensors_are_batched_by_indexing_without_a_dataloader():
 
 
 def test_speedups_are_measured_said_once_and_leave_the_weights_loadable_by_the_stock_model():
-    class Spatial(nn.Module):  # a depthwise convolution spanning the whole input height
+    class Spatial(nn.Module):  # a convolution spanning every electrode of a one-channel input
         def __init__(self):
             super().__init__()
             torch.manual_seed(0)
-            self.conv = nn.Conv2d(4, 8, (6, 1), groups=4)
-            self.head = nn.Linear(8 * 20, 1)
+            self.conv = nn.Conv2d(1, 8, (5, 6))
+            self.head = nn.Linear(8 * 16, 1)
 
         def forward(self, x):
-            return self.head(self.conv(x).flatten(1))
+            return self.head(self.conv(x.unsqueeze(1)).flatten(1))
 
     g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(64, 4, 6, 20, generator=g), torch.randn(64, generator=g)
+    x, y = torch.randn(64, 20, 6, generator=g), torch.randn(64, generator=g)
     tr = Trainer(Spatial(), device="cpu", batch_size=16, epochs=1, live=False, seed=0,
                  speedups=True)
     tr.fit((x, y))
@@ -581,7 +581,7 @@ def test_speedups_are_measured_said_once_and_leave_the_weights_loadable_by_the_s
         assert torch.allclose(stock(x), tr.model(x), atol=1e-5)
     auto = Trainer(Spatial(), device="cpu", batch_size=16, epochs=1, live=False, seed=0)
     auto.fit((x, y))  # "auto" on a CPU: decided by rule, said once, only when it applies
-    assert auto.applied_speedups.applied == ["channels_last"]
+    assert auto.applied_speedups.applied == ["span"]
     assert [e.kind for e in auto.events].count("speedups") == 1
     off = Trainer(Spatial(), device="cpu", batch_size=16, epochs=1, live=False, seed=0,
                   speedups=False)
