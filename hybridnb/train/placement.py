@@ -91,7 +91,8 @@ class Placement:
         if "precision" in applied.applied and applied.precision in \
                 self.strategy.supported_precisions:  # measured faster than the first choice
             self.precision = Precision.choose(applied.precision, self.device)
-        if applied.applied or self.device.type != "cpu":  # a CPU left as it was: nothing to say
+        # a CPU left as it was with nothing timed: nothing to say; a trial that lost is said
+        if applied.applied or applied.speedup or self.device.type != "cpu":
             self.bus.note("speedups", applied.message)
             for line in applied.notes:
                 self.bus.note("speedups", line)
