@@ -30,8 +30,7 @@ INTERACTIVE_FRONTENDS = NOTEBOOK_FRONTENDS + ("ipython",)
 
 
 def current() -> dict[str, str]:
-    """This process's environment: what the functions taking ``environ=`` (tests pass their
-    own) read otherwise."""
+    """This process's environment: what the functions taking ``environ=`` read otherwise."""
     return os.environ  # type: ignore[return-value]
 
 

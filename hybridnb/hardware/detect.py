@@ -168,13 +168,10 @@ def parse_device(value: str | None) -> torch.device | None:
 
 def _torch_build() -> BuildInfo:
     """What torch was built for, read without touching a device."""
-    arch = ""
-    getter = getattr(torch._C, "_cuda_getArchFlags", None)  # get_arch_list() would init CUDA
-    if getter is not None:
-        try:
-            arch = getter() or ""
-        except Exception:  # noqa: BLE001 - broad: a private torch call; failing means unknown
-            arch = ""
+    try:  # get_arch_list() would init CUDA
+        arch = torch._C._cuda_getArchFlags() or ""
+    except Exception:  # noqa: BLE001 - broad: a private torch call (absent or failing): unknown
+        arch = ""
     mps = getattr(torch.backends, "mps", None)
     return BuildInfo(torch=torch.__version__, cuda=torch.version.cuda,
                      hip=getattr(torch.version, "hip", None), arch_list=arch.split(),

@@ -54,9 +54,7 @@ def usable_cores() -> tuple[int, str]:
 def _cgroup_quota(root: Path = Path("/sys/fs/cgroup")) -> int | None:
     try:  # cgroup v2: "max 100000" or "200000 100000"
         quota, period = (root / "cpu.max").read_text().split()[:2]
-        if quota != "max":
-            return max(1, math.ceil(int(quota) / int(period)))
-        return None
+        return max(1, math.ceil(int(quota) / int(period))) if quota != "max" else None
     except (OSError, ValueError):
         pass
     try:  # cgroup v1
@@ -90,8 +88,4 @@ def cxx_compiler() -> str | None:
     """The C++ compiler TorchInductor would use for CPU code ($CXX, else g++/c++/clang++)."""
     candidates = [cxx()] if cxx() else []
     candidates += ["cl"] if os.name == "nt" else ["g++", "c++", "clang++"]
-    for name in candidates:
-        path = shutil.which(name) if name else None
-        if path:
-            return path
-    return None
+    return next(filter(None, map(shutil.which, candidates)), None)

@@ -93,16 +93,13 @@ class ThroughputMonitor:
     def batches(self, iterable: Iterable) -> Iterator:
         """Yield from ``iterable``, timing each fetch as waiting; when the loop ends (or is left)
         so does the window: what the caller does next is never counted."""
-        it = iter(iterable)
+        t0 = time.perf_counter()
         try:
-            while True:
-                t0 = time.perf_counter()
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    return
-                self._add_wait(time.perf_counter() - t0)
+            for batch in iterable:
+                if self._start is not None:
+                    self._wait += time.perf_counter() - t0
                 yield batch
+                t0 = time.perf_counter()
         finally:
             self.close()
 
@@ -135,8 +132,8 @@ class ThroughputMonitor:
         when the peak is unknown), data_bound. ``measure=False``: the last measuring point,
         without a synchronise (for per-step displays).
         """
-        if measure and self._start is not None and self._counted != self._point[2]:
-            self._measure()
+        if measure:
+            self.close()
         t, samples, steps, wait, paused = self._point
         wall = t - self._start - paused if self._start is not None else 0.0
         rate = samples / wall if wall > 0 else None
@@ -157,10 +154,6 @@ class ThroughputMonitor:
             "samples": samples,
             "seconds": wall,
         }
-
-    def _add_wait(self, seconds: float) -> None:
-        if self._start is not None:
-            self._wait += seconds
 
     def _measure(self) -> None:
         synchronize(self.device)

@@ -58,8 +58,8 @@ def launch(fn: Callable[..., Any], *args: Any, num_processes: int | None = None,
         raise ValueError(f"start_method={start_method!r}: use 'spawn'"
                          + (" or 'fork'" if platform.fork() else ""))
     if n > 1 and not platform.child_pipes():
-        platform.say_once(f"hn.launch: {platform.child_pipes().why}; running fn once in this process "
-             f"(1 process instead of {n})")
+        platform.say_once(f"hn.launch: {platform.child_pipes().why}; running fn once in this "
+                          f"process (1 process instead of {n})")
         n = 1
     if n == 1:
         return fn(*args)
