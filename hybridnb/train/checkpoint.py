@@ -141,15 +141,15 @@ def check_fits(state: dict, path: Path, model) -> None:
                                   f"{tuple(mine[key].shape)} here")
 
 
-def check_dir(folder: str | os.PathLike | None) -> Path | None:
-    """Check ``checkpoint_dir`` before any training: a folder (created if missing) this process
+def check_dir(folder: str | os.PathLike | None, name: str = "checkpoint_dir") -> Path | None:
+    """Check ``checkpoint_dir`` (or ``log_dir``, ``name``) before any training: a folder (created if missing) this process
     can write into. Temporary files that a killed write left (``.last.pt.tmp-<pid>`` of a
     process that is gone) are removed; nothing else in the folder is touched."""
     if folder is None:
         return None
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
-        raise ValueError(f"checkpoint_dir={str(folder)!r} is an existing file, not a folder: "
+        raise ValueError(f"{name}={str(folder)!r} is an existing file, not a folder: "
                          "pass a folder path")
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -157,7 +157,7 @@ def check_dir(folder: str | os.PathLike | None) -> Path | None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
-        raise ValueError(f"checkpoint_dir={str(folder)!r} cannot be written "
+        raise ValueError(f"{name}={str(folder)!r} cannot be written "
                          f"({type(exc).__name__}: {exc.strerror or exc}): pass a folder you "
                          "can write into") from None
     for tmp in folder.iterdir():

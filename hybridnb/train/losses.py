@@ -112,7 +112,6 @@ class ReweightedHuber:
 
 
 CLASSIFICATION_NAMES = ("cross_entropy", "ce", "crossentropy")
-REGRESSION_NAMES = ("mse", "l1", "mae", "huber")
 
 
 def is_classification(loss) -> bool:

@@ -96,8 +96,7 @@ class Settings:
             f = kwargs["freeze"]
             kwargs["freeze"] = (f,) if isinstance(f, str) else tuple(f)
         kwargs["checkpoint_dir"] = checkpoint.check_dir(kwargs.get("checkpoint_dir"))
-        if kwargs.get("log_dir") is not None:
-            kwargs["log_dir"] = _checked_log_dir(kwargs["log_dir"])
+        kwargs["log_dir"] = checkpoint.check_dir(kwargs.get("log_dir"), "log_dir")
         settings = cls(**kwargs)
         settings.check()
         return settings
@@ -237,10 +236,3 @@ def _checked_weights(weights, kwargs: dict) -> tuple[float, ...]:
                          "not all 0")
     return values
 
-
-def _checked_log_dir(folder) -> Path:
-    """``log_dir=``: a folder this process can write into (created if missing)."""
-    try:
-        return checkpoint.check_dir(folder)
-    except ValueError as exc:
-        raise ValueError(str(exc).replace("checkpoint_dir=", "log_dir=", 1)) from None

@@ -147,21 +147,13 @@ def measure_pass(model: torch.nn.Module, inputs: tuple, precision: Precision,
 def count_flops(model: torch.nn.Module, inputs: tuple | torch.Tensor, backward: bool = True,
                 *, on_skip: Callable[[str], None] | None = None) -> int | None:
     """FLOPs of one forward (+ backward, as ``measure_pass`` runs it) of ``model`` on
-    ``inputs``, counted once with ``torch.utils.flop_counter.FlopCounterMode`` (matmuls,
-    convolutions, attention; cheap element-wise work is not counted, as is usual for MFU).
-    Gradients, BatchNorm statistics and training flags are left as they were.
+    ``inputs`` by ``FlopCounterMode`` (matmuls, convolutions, attention; element-wise work is not
+    counted, as is usual for MFU). Gradients, BatchNorm statistics and training flags are kept.
 
-    The count first runs on the meta device (the model's parameters, buffers and ``inputs`` as
-    meta tensors through ``torch.func.functional_call``): shapes only, no arithmetic and no
-    memory. Why: on the CPU the real pass was a full forward and backward before training, 0.47 s
-    for EEGNeX on 8 samples on this project's 2-core EPYC against 0.03 s on meta (the same
-    count). A model that cannot run on meta (an op without a meta kernel, a tensor made on a real
-    device inside ``forward``, data-dependent control flow) is counted on the real tensors.
-
-    The real pass runs a whole fp32 batch, which may not fit where training fits (training may
-    run in bf16, after speedups): when it runs out of memory the count is skipped, the memory is
-    freed, ``on_skip`` gets one sentence for the run's log ("FLOP count skipped: ...") and the
-    result is None (MFU is then not shown). Any other error propagates.
+    Counted on the meta device first (shapes only: 0.03 s for EEGNeX on 8 samples on a 2-core
+    EPYC against 0.47 s for the real pass); a model that cannot run on meta is counted on the
+    real tensors in fp32. If that runs out of memory the count is skipped, ``on_skip`` gets one
+    sentence for the run's log and the result is None (no MFU). Any other error propagates.
     """
     inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     counted = _count_on_meta(model, inputs, backward)

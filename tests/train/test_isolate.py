@@ -19,6 +19,7 @@ import torch
 from hybridnb import platform
 from hybridnb.train import isolate
 from hybridnb.train.isolate import isolate_decision, run_isolated
+from hybridnb.train.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)  # a supervisor that never returns fails, not hangs
 
@@ -446,7 +447,7 @@ def test_isolate_decision(monkeypatch):
     assert decide("auto", "cuda", in_distributed=False)[0] is True
     assert decide(True, "cpu", in_distributed=False)[0] is True
     with pytest.raises(ValueError, match="isolate='yes'"):
-        decide("yes", "cuda", in_distributed=False)
+        Settings.build(isolate="yes")  # checked with every option, before any decision
 
 
 def test_say_once(capsys):
