@@ -20,8 +20,8 @@ import threading
 from hybridnb import platform
 from hybridnb.comparison.session import Job, VariantSession
 from hybridnb.processes.channel import ANSWER, Message
+from hybridnb.processes.child import Requests, start_framed
 from hybridnb.processes.ended import Ending
-from hybridnb.processes.framed import Requests, start_framed
 from hybridnb.processes.supervise import Watch, Watched
 
 WORKER_MODULE = "hybridnb.comparison.worker"

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from hybridnb.live.static import DPI, RC
-
+DPI = 100  # plotly's px = matplotlib's pixels at this dpi
+RC = {"font.size": 9, "axes.titlesize": 10}  # plotly's 12 px text at 100 dpi
 DEFAULT_SIZE = (700, 450)  # plotly's default figure size in px
 DEFAULT_MARGIN = {"l": 80, "r": 80, "t": 100, "b": 80}
 PLOTLY_COLORWAY = ("#636efa", "#EF553B", "#00cc96", "#ab63fa", "#FFA15A", "#19d3f3", "#FF6692",

@@ -21,9 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hybridnb.live.plotly_mpl import DPI, RC  # plotly's sizes in matplotlib's units
+
 # every static image of hybridnb (its own panels and translated user figures)
-DPI = 100  # plotly's px = matplotlib's pixels at this dpi
-RC = {"font.size": 9, "axes.titlesize": 10}  # plotly's 12 px text at 100 dpi
 IMAGE_RENDERER = "hybridnb_image"
 IMAGE_MIME = "image/svg+xml"
 # the same figure, the same bytes: a re-run notebook's outputs do not change for nothing

@@ -373,7 +373,7 @@ def _allocate(specs: list) -> tuple[list, list[memoryview]]:
 # ============================================================================ requests
 
 class Inbox:
-    """A child's side of its request pipe (``framed.Requests``)."""
+    """A child's side of its request pipe (``child.Requests``)."""
 
     def __init__(self, fd: int) -> None:
         self._reader = FrameReader(fd)

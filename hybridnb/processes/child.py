@@ -23,16 +23,18 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 from hybridnb import platform
-from hybridnb.env import HEADLESS_ENV, ISOLATED_ENV, warm_worker
+from hybridnb.env import HEADLESS_ENV, ISOLATED_ENV, environment, warm_worker
 from hybridnb.processes import lifeline
 from hybridnb.processes.channel import (
     DONE,
     Channel,
     FrameReader,
     StopFlag,
+    encode,
     widen_pipe,
     write_all,
 )
@@ -355,14 +357,75 @@ def prestart_spawn(*, preload: Sequence[str] = ("torch",)) -> PrestartedWorker:
 
 def _spawn(preload: Sequence[str], env: dict[str, str] | None, death_signal: int,
            merge_output: bool) -> PrestartedWorker:
-    from hybridnb.processes.framed import child_environment, start_framed
-
     environ = child_environment()
     environ.update(WORKER_ENV if env is None else env)
     child, job = start_framed(WORKER_MODULE, str(int(death_signal)), repr(time.monotonic()),
                               ",".join(preload), environ=environ, requests=True,
                               merge_output=merge_output)
     return PrestartedWorker(child, job.fd)
+
+
+NONE = "-"  # no request pipe, in WIRING
+
+
+def child_environment() -> dict[str, str]:
+    """This process's environment, with hybridnb's folder and ``sys.path`` on ``PYTHONPATH`` (a
+    notebook may have added them to sys.path only), and unbuffered output."""
+    environ = environment()
+    package_root = str(Path(__file__).resolve().parents[2])
+    environ["PYTHONPATH"] = os.pathsep.join(
+        [package_root] + [p for p in sys.path if p] + [environ.get("PYTHONPATH", "")]
+    ).rstrip(os.pathsep)
+    environ["PYTHONUNBUFFERED"] = "1"
+    return environ
+
+
+
+class Requests:
+    """The parent's end of a child's request pipe."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd: int | None = fd
+
+    def send(self, kind: str, payload=None) -> None:
+        """Write one request (blocks while the pipe is full; OSError once the child is gone)."""
+        if self.fd is None:
+            raise BrokenPipeError("the request pipe is closed")
+        write_all(self.fd, encode(kind, payload)[0])
+
+    def close(self) -> None:
+        if self.fd is not None:
+            close_fds([self.fd])
+            self.fd = None
+
+
+def start_framed(module: str, *args: str, environ: dict[str, str] | None = None,
+                 requests: bool = False, merge_output: bool = False
+                 ) -> tuple[Child, Requests | None]:
+    """Start ``python -m module WIRING *args``; the ``Child`` has ``messages`` and ``stop`` like
+    a spawned one. ``environ``: its whole environment (default ``child_environment()``)."""
+    made: list[int] = []
+    stop: StopFlag | None = None
+    try:
+        msg_r, msg_w = new_pipe(made)
+        widen_pipe(msg_w)
+        req_r, req_w = new_pipe(made) if requests else (None, None)
+        stop = StopFlag(shareable=True)
+        fds = ",".join(str(x) for x in (msg_w, stop.fd, NONE if req_r is None else req_r,
+                                        lifeline.wiring()))
+        child = start_command([sys.executable, "-m", module, fds, *args],
+                              env=child_environment() if environ is None else environ,
+                              merge_output=merge_output,
+                              pass_fds=[fd for fd in (msg_w, stop.fd, req_r, lifeline.read_end())
+                                        if fd is not None])
+    except BaseException:  # cleanup, then re-raised
+        close_fds(made)
+        if stop is not None:
+            stop.close()
+        raise
+    close_fds([fd for fd in (msg_w, req_r) if fd is not None])
+    child.messages, child.stop = FrameReader(msg_r), stop
+    return child, (Requests(req_w) if req_w is not None else None)
 
 
 def start_command(argv: Sequence[str], *, env: dict[str, str] | None = None,

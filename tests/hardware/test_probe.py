@@ -28,7 +28,7 @@ def test_child_reports_each_step_as_framed_messages(monkeypatch):
     """The protocol itself (the channel's frames, as every child): a start and an end event per
     step."""
     from hybridnb.processes import supervise
-    from hybridnb.processes.framed import start_framed
+    from hybridnb.processes.child import start_framed
 
     fake_gpu.use(monkeypatch, {"gpu": {"name": "Fake A100"}, "error_at": "tensor"})
     got = []

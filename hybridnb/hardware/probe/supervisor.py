@@ -15,8 +15,8 @@ from hybridnb import platform
 from hybridnb.hardware.probe import child as probe_child
 from hybridnb.hardware.probe.result import EVENT, STEPS, TITLES, ProbeResult, ProbeStep
 from hybridnb.processes.channel import Message
+from hybridnb.processes.child import child_environment, start_framed
 from hybridnb.processes.ended import Ending, Exit
-from hybridnb.processes.framed import child_environment, start_framed
 from hybridnb.processes.supervise import Watch, Watched
 
 DEFAULT_TIMEOUT = 15.0    # seconds all probes together may take (detect()'s probe_timeout)
