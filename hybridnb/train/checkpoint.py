@@ -18,6 +18,7 @@ from pathlib import Path
 
 from hybridnb.files import CHECKPOINT_FORMAT as FORMAT
 from hybridnb.files import atomic_save, describe, is_write_failure, read_safely
+from hybridnb.train.bus import StateKept
 from hybridnb.train.run_lock import RunLock
 from hybridnb.train.storage import StorageGuard
 
@@ -207,15 +208,14 @@ def set_aside(folder: Path | None, patterns: tuple[str, ...] = (),
 
 
 class Checkpoints:
-    """A run's last good state: kept in memory for recovery, handed to ``on_keep`` (an isolated
-    worker sends it to the kernel), and written as ``last.pt`` / ``best.pt`` into ``folder``
+    """A run's last good state: kept in memory for recovery, said on the bus as ``StateKept`` (an
+    isolated worker sends it to the kernel), and written as ``last.pt`` / ``best.pt`` into ``folder``
     (rank 0 only; ``folder=None`` keeps it in memory only)."""
 
     def __init__(self, folder: Path | None, is_main: bool, bus,
                  log_patterns: tuple[str, ...] = ()) -> None:
         """``bus``: the run's (failed writes, the state kept at a crash, a stale lock)."""
         self.folder, self.is_main, self.bus = folder, is_main, bus
-        self.on_keep: Callable[[dict], None] | None = None
         self.snapshot: dict | None = None
         self.storage = StorageGuard(bus)
         self.log_patterns = log_patterns  # the logs in this folder, set aside with a fresh run
@@ -223,8 +223,7 @@ class Checkpoints:
     def keep(self, state: dict) -> None:
         """``state`` (a ``Trainer.state_dict()``) is the last good state from now on."""
         self.snapshot = state
-        if self.on_keep is not None:
-            self.on_keep(state)
+        self.bus.emit(StateKept(state["position"]["global_step"], state))
 
     def save_last(self, state: dict) -> None:
         """Keep ``state`` and write it as ``last.pt`` (the old one becomes ``last.prev.pt``)."""

@@ -145,7 +145,7 @@ def measure_pass(model: torch.nn.Module, inputs: tuple, precision: Precision,
 
 
 def count_flops(model: torch.nn.Module, inputs: tuple | torch.Tensor, backward: bool = True,
-                *, on_skip: Callable[[str], None] | None = None) -> int | None:
+                *, bus=None) -> int | None:
     """FLOPs of one forward (+ backward, as ``measure_pass`` runs it) of ``model`` on
     ``inputs``, counted once with ``torch.utils.flop_counter.FlopCounterMode`` (matmuls,
     convolutions, attention; cheap element-wise work is not counted, as is usual for MFU).
@@ -160,14 +160,14 @@ def count_flops(model: torch.nn.Module, inputs: tuple | torch.Tensor, backward: 
 
     The real pass runs a whole fp32 batch, which may not fit where training fits (training may
     run in bf16, after speedups): when it runs out of memory the count is skipped, the memory is
-    freed, ``on_skip`` gets one sentence for the run's log ("FLOP count skipped: ...") and the
+    freed, ``bus`` (the run's) gets one "flops" note ("FLOP count skipped: ...") and the
     result is None (MFU is then not shown). Any other error propagates.
     """
     inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     counted = _count_on_meta(model, inputs, backward)
     if counted is not None:
         return counted
-    return _count_for_real(model, inputs, backward, on_skip)
+    return _count_for_real(model, inputs, backward, bus)
 
 
 def _count_pass(model: torch.nn.Module, inputs: tuple, backward: bool, call) -> int:
@@ -202,9 +202,8 @@ def _count_on_meta(model: torch.nn.Module, inputs: tuple, backward: bool) -> int
         return None
 
 
-def _count_for_real(model: torch.nn.Module, inputs: tuple, backward: bool,
-                    on_skip: Callable[[str], None] | None) -> int | None:
-    """The count on the real tensors; None (said through ``on_skip``) when it ran out of memory."""
+def _count_for_real(model: torch.nn.Module, inputs: tuple, backward: bool, bus) -> int | None:
+    """The count on the real tensors; None (said on ``bus``) when it ran out of memory."""
     grads = [(p, p.grad) for p in model.parameters()]
     try:
         return _count_pass(model, inputs, backward, model)
@@ -221,8 +220,8 @@ def _count_for_real(model: torch.nn.Module, inputs: tuple, backward: bool,
     # outside the except: the failed pass's tensors are unreferenced now
     first = next((a for a in inputs if isinstance(a, torch.Tensor)), None)
     free_memory(first.device if first is not None else torch.device("cpu"))
-    if on_skip is not None:
-        on_skip(skipped)
+    if bus is not None:
+        bus.note("flops", skipped)
     return None
 
 
