@@ -4,7 +4,7 @@ A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts, so i
 ``torch.load(weights_only=True)`` (no pickled code runs on load). Writes go to a temporary file
 in the same folder, are flushed and fsynced, then renamed over the old file: a crash or SIGKILL at
 any moment leaves either the old or the new file, never half of one. Before ``last.pt`` is
-replaced the old one is kept as ``last.prev.pt``, which ``load_latest`` uses when ``last.pt`` is
+replaced the old one is kept as ``last.prev.pt``, which ``read`` uses when ``last.pt`` is
 damaged.
 """
 
@@ -18,6 +18,7 @@ from pathlib import Path
 
 from hybridnb.files import CHECKPOINT_FORMAT as FORMAT
 from hybridnb.files import atomic_save, describe, is_write_failure, read_safely
+from hybridnb.train.bus import StateKept
 from hybridnb.train.run_lock import RunLock
 from hybridnb.train.storage import StorageGuard
 
@@ -53,29 +54,6 @@ def load(path: str | os.PathLike) -> dict:
     return state
 
 
-def load_latest(folder: str | os.PathLike) -> tuple[dict, Path, list[str]]:
-    """The newest readable 'last' checkpoint in ``folder``: ``last.pt``, else ``last.prev.pt``.
-
-    Returns (state, path, problems) where ``problems`` names each file that was skipped and why.
-    Raises ``CheckpointError`` when none can be read (or none exists).
-    """
-    folder = Path(folder)
-    problems: list[str] = []
-    for name in (LAST, PREVIOUS):
-        path = folder / name
-        if not path.exists():
-            continue
-        try:
-            return load(path), path, problems
-        except CheckpointError as exc:
-            problems.append(str(exc))
-    if problems:
-        raise CheckpointError(f"no usable checkpoint in {folder}: " + "; ".join(problems)
-                              + f". To go on: {_advice(folder)}")
-    raise CheckpointError(f"no checkpoint to resume from in {folder} (looked for {LAST}, "
-                          f"{PREVIOUS})")
-
-
 def _advice(folder: Path) -> str:
     """What to do when no 'last' checkpoint can be read: best.pt when it loads, else afresh."""
     best = folder / BEST
@@ -91,34 +69,28 @@ def _advice(folder: Path) -> str:
 
 
 def read(path: str | os.PathLike, model=None) -> tuple[dict, Path, list[str]]:
-    """A 'last' checkpoint to resume from: a file (its ``.prev`` copy when it is damaged) or
-    the newest good one in a folder, checked against ``model``: the same class and the same
-    parameter names and shapes, else an error naming the file and the first mismatch."""
+    """A 'last' checkpoint to resume from: a file (its ``.prev`` copy when it is damaged) or a
+    folder's ``last.pt`` (else ``last.prev.pt``), checked against ``model``: the same class and
+    the same parameter names and shapes, else an error naming the file and the first mismatch.
+    Returns (state, the file used, why each file before it was skipped)."""
     path = Path(path)
-    if path.is_dir():
-        state, used, problems = load_latest(path)
-    else:
-        state, used, problems = _load_or_previous(path)
-    if model is not None:
-        check_fits(state, used, model)
-    return state, used, problems
-
-
-def _load_or_previous(path: Path) -> tuple[dict, Path, list[str]]:
-    """``path``, else its ``.prev`` copy; when neither loads, one error naming both and what
-    to do."""
-    try:
-        return load(path), path, []
-    except CheckpointError as exc:
-        first = str(exc)
-    prev = path.with_name(f"{path.stem}.prev{path.suffix}")
-    problems = [first]
-    if prev.exists():
-        try:
-            return load(prev), prev, problems
-        except CheckpointError as exc:
-            problems.append(str(exc))
-    raise CheckpointError("; ".join(problems) + f". To go on: {_advice(path.parent)}")
+    first = path / LAST if path.is_dir() else path
+    candidates = [first, first.with_name(f"{first.stem}.prev{first.suffix}")]
+    if path.is_dir() and not any(c.exists() for c in candidates):
+        raise CheckpointError(f"no checkpoint to resume from in {path} (looked for {LAST}, "
+                              f"{PREVIOUS})")
+    problems: list[str] = []
+    for candidate in candidates:
+        if candidate.exists() or candidate is path:  # a file given that is missing: said
+            try:
+                state = load(candidate)
+            except CheckpointError as exc:
+                problems.append(str(exc))
+                continue
+            if model is not None:
+                check_fits(state, candidate, model)
+            return state, candidate, problems
+    raise CheckpointError("; ".join(problems) + f". To go on: {_advice(first.parent)}")
 
 
 def check_fits(state: dict, path: Path, model) -> None:
@@ -207,15 +179,14 @@ def set_aside(folder: Path | None, patterns: tuple[str, ...] = (),
 
 
 class Checkpoints:
-    """A run's last good state: kept in memory for recovery, handed to ``on_keep`` (an isolated
-    worker sends it to the kernel), and written as ``last.pt`` / ``best.pt`` into ``folder``
+    """A run's last good state: kept in memory for recovery, said on the bus as ``StateKept`` (an
+    isolated worker sends it to the kernel), and written as ``last.pt`` / ``best.pt`` into ``folder``
     (rank 0 only; ``folder=None`` keeps it in memory only)."""
 
     def __init__(self, folder: Path | None, is_main: bool, bus,
                  log_patterns: tuple[str, ...] = ()) -> None:
         """``bus``: the run's (failed writes, the state kept at a crash, a stale lock)."""
         self.folder, self.is_main, self.bus = folder, is_main, bus
-        self.on_keep: Callable[[dict], None] | None = None
         self.snapshot: dict | None = None
         self.storage = StorageGuard(bus)
         self.log_patterns = log_patterns  # the logs in this folder, set aside with a fresh run
@@ -223,8 +194,7 @@ class Checkpoints:
     def keep(self, state: dict) -> None:
         """``state`` (a ``Trainer.state_dict()``) is the last good state from now on."""
         self.snapshot = state
-        if self.on_keep is not None:
-            self.on_keep(state)
+        self.bus.emit(StateKept(state["position"]["global_step"], state))
 
     def save_last(self, state: dict) -> None:
         """Keep ``state`` and write it as ``last.pt`` (the old one becomes ``last.prev.pt``)."""

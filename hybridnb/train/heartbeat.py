@@ -20,8 +20,9 @@ EVENT = "event"  # the channel kind of a forwarded bus event (the kernel emits i
 class Heartbeat:
     """The channel to the kernel (None: not in a worker) and the phase announced last."""
 
-    def __init__(self, channel=None) -> None:
-        self.channel = channel
+    def __init__(self, bus, channel=None) -> None:
+        """``bus``: the run's (where a grace is said)."""
+        self.bus, self.channel = bus, channel
         self.phase: str | None = None
 
     @property
@@ -57,8 +58,8 @@ class Heartbeat:
         if isinstance(event, (Started, Ended)) or self.phase == "first step":
             self.channel.flush()  # the view starts, shows the first step and ends at once
 
-    def grace(self, what: str, *, compiling: bool, device_type: str, bus) -> float | None:
-        """The longer silence ``what`` needs, said once on ``bus`` (the run's); None
+    def grace(self, what: str, *, compiling: bool, device_type: str) -> float | None:
+        """The longer silence ``what`` needs, said once on the run's bus; None
         where nothing needs one (not in a worker, nothing to compile, no CUDA to start)."""
         if self.channel is None:
             return None
@@ -67,7 +68,7 @@ class Heartbeat:
         if not why:
             return None
         seconds = isolate.first_step_grace_s()
-        bus.note("grace", f"allowing {seconds:.0f} s of silence for {what}: {' and '.join(why)}")
+        self.bus.note("grace", f"allowing {seconds:.0f} s of silence for {what}: {' and '.join(why)}")
         return seconds
 
     def stop_asked(self) -> Stop | None:

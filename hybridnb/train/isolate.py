@@ -1,31 +1,18 @@
-"""Isolated training: the steps run in a worker process that the kernel supervises.
+"""Isolated training: the steps run in a worker process that the kernel supervises, so whatever
+the GPU does to the worker (an abort or segfault in a C++ thread, a sticky CUDA error, a kernel
+launch that never returns) the kernel survives, with the last state the worker sent.
 
-Whatever the GPU does to the worker (an abort or segfault in a C++ thread, a sticky CUDA error,
-a kernel launch that never returns), the kernel survives it: ``run_isolated(work)`` starts a
-worker in its own process group (``hybridnb.processes``), the worker runs ``work(channel)`` and
-sends messages back (events, its last good state, step completions, heartbeats naming its
-phase, its result), and the kernel watches it. When the worker dies, or stays silent
-longer than the step timeout, the kernel kills the worker's whole process group, reaps it, and
-returns a ``ChildOutcome`` that names what happened (and the phase it was in) and keeps the last
-state the worker sent, so the caller can carry on from there.
-
-This module holds training's policy: whether to isolate (``isolate_decision``), and the silence
+This module holds training's policy: whether to isolate (``isolate_decision``) and the silence
 limit that follows the measured steps (``auto_step_timeout``; a longer grace only where the
-worker asks for one in a heartbeat: compiling, CUDA starting). Starting, watching and killing
-the worker is ``hybridnb.processes``'s.
+worker asks for one in a heartbeat: compiling, CUDA starting). Starting, watching and killing the
+worker (its process group, its messages, the ``ChildOutcome`` naming how and in which phase it
+ended) is ``hybridnb.processes``'s.
 
-``start="spawn"`` (the Trainer's): a fresh interpreter that receives ``work`` cloudpickled (big
-CPU tensors through shared memory); nothing the kernel did (CUDA, threads, OpenMP) can break it.
-``start="fork"`` (the default here): a copy of this process, safe only while no CUDA context and
-no thread of the caller's holds a lock across the call; Python reseeds ``random`` in the child.
-The worker is headless and marked ``HYBRIDNB_ISOLATED=1``; its stdout and stderr are copied
-into the kernel's (the last lines are in the ChildOutcome).
-
-Ctrl-C while supervising asks the worker to stop (``channel.stop_requested()`` turns true): it
-finishes its step, sends its state and result, and the ChildOutcome says it was interrupted; if it
-has not finished within ``stop_grace`` (or at a second Ctrl-C) it is killed. ``should_stop``
-(the live view's Stop button; or the reason as a word: "callback") sends the same request
-without a time limit.
+``start="spawn"`` (the Trainer's): a fresh interpreter that receives ``work`` cloudpickled;
+nothing the kernel did (CUDA, threads, OpenMP) can break it. ``start="fork"`` (the default here):
+safe only while no CUDA context and no thread of the caller's holds a lock across the call.
+Ctrl-C asks the worker to stop at its step's end (killed after ``stop_grace`` or a second
+Ctrl-C); ``should_stop`` sends the same request without a time limit.
 """
 
 from __future__ import annotations

@@ -185,8 +185,7 @@ class CsvLogger(_FileLogger):
             rows = list(csv.reader(f))
         if not rows:
             return
-        kept = [rows[0]] + [r for r in rows[1:] if r and _int(r[0]) is not None
-                            and _int(r[0]) < epoch]
+        kept = [rows[0]] + [r for r in rows[1:] if r and _epoch(r[0]) < epoch]
         self.rows = kept[1:]
         if len(kept) == len(rows):
             return
@@ -325,15 +324,13 @@ class TensorBoardLogger(_FileLogger):
                          f"event file holds those from step {step} on")
 
     def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
-        if "epoch" not in metrics:  # a step's row: train/loss, train/lr
-            def write():
-                for key, value in numbers(metrics).items():
-                    self.writer.add_scalar(key, value, step)
-        else:
-            def write():
-                for key, value in numbers(metrics).items():
-                    if key != "step":
-                        self.writer.add_scalar(f"epoch/{key}", value, step)
+        prefix = "epoch/" if "epoch" in metrics else ""  # else a step's train/loss, train/lr
+
+        def write():
+            for key, value in numbers(metrics).items():
+                if key != "step":
+                    self.writer.add_scalar(prefix + key, value, step)
+            if prefix:
                 self.writer.flush()
         self._guarded(write, step)
 
@@ -502,11 +499,12 @@ def _cell(value) -> object:
     return "" if value is None else value
 
 
-def _int(text: str) -> int | None:
+def _epoch(text: str) -> float:
+    """A row's epoch cell as a number (a cell that is not one sorts after every epoch)."""
     try:
         return int(float(text))
     except ValueError:
-        return None
+        return math.inf
 
 
 def patterns(loggers: tuple) -> tuple[str, ...]:

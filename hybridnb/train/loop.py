@@ -18,7 +18,7 @@ import math
 from hybridnb.measure.memory import reset_peak
 from hybridnb.strategies.batches import batch_len
 from hybridnb.train import opening, saved
-from hybridnb.train.bus import Bus, StateKept
+from hybridnb.train.bus import Bus
 from hybridnb.train.data import epoch_batches
 from hybridnb.train.interrupt import agreed_stop, stop_asked, stop_words
 from hybridnb.train.opening import CancelFit, Loaders
@@ -50,8 +50,6 @@ class Loop:
         self.interrupt = None  # the GracefulInterrupt while a fit runs
         self.first_step = 0  # the global step this fit started at
         self.stop_flag = lambda: False  # the Trainer's ``should_stop`` (set by a callback)
-        checkpoints.on_keep = lambda state: bus.emit(StateKept(
-            state["position"]["global_step"], state))
 
     fitting = property(lambda self: self.interrupt is not None)
 

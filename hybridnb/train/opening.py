@@ -33,7 +33,7 @@ def fitting(loop, train_loader, view_started: bool) -> Iterator[None]:
     notes said; at the end, however it ends, ``saved.finish``."""
     s, placement = loop.settings, loop.placement
     grace = loop.heartbeat.grace("set-up and the first step", compiling=bool(placement.compile),
-                                 device_type=placement.device.type, bus=loop.bus)
+                                 device_type=placement.device.type)
     loop.heartbeat.beat("setup", grace=grace)
     placement.place(loop.loaders.opened)
     placement.speed_up(train_loader, s.batch_size, loop.state.plan.total_steps)

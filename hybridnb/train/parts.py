@@ -41,7 +41,7 @@ def build_loop(model: torch.nn.Module, settings: Settings, channel=None) -> Loop
                                loss=settings.loss, task=settings.task)
     batch_check = BatchCheck(learner.dtype, bus, first=lambda x, y: (
         learner.see_input(x), target_scale.targets(y)))
-    heartbeat = Heartbeat(channel)
+    heartbeat = Heartbeat(bus, channel)
     loop = Loop(settings, learner=learner, placement=placement, checkpoints=checkpoints,
                 progress=Progress(), stopping=EarlyStopping(settings.monitor,
                                                             settings.early_stopping),

@@ -99,7 +99,7 @@ class Placement:
         # counted on a slice: FLOPs grow linearly with the batch, and a slice rarely runs out of
         # memory where the whole fp32 batch might
         x = x[:FLOP_SLICE]
-        flops = count_flops(model, (x,), on_skip=lambda why: self.bus.note("flops", why))
+        flops = count_flops(model, (x,), bus=self.bus)
         self.flops_per_sample = None if flops is None else flops / len(x)
 
     def facts(self) -> dict:

@@ -33,7 +33,10 @@ def write_report(trainer, folder) -> Path:
     events.to_csv(folder / "events.csv", index=False)
     record = run_record(trainer, summary)
     notes = _figures(record, folder) + _model(trainer, folder)
-    (folder / "summary.txt").write_text(summary_text(summary, record, notes))
+    # the live view's end paragraph, then each event and what the report left out
+    lines = [live_summary.paragraph(summary, record), "",
+             *[f"  {ev}" for ev in summary["events"]], *notes]
+    (folder / "summary.txt").write_text("\n".join(lines) + "\n")
     return folder
 
 
@@ -79,14 +82,6 @@ def run_record(trainer, summary: dict) -> RunRecord:
     for ev in events:
         record.add_event(ev)
     return record
-
-
-def summary_text(summary: dict, record: RunRecord, notes: list[str] = ()) -> str:
-    """The live view's end paragraph, then each event and what the report left out."""
-    lines = [live_summary.paragraph(summary, record), ""]
-    lines += [f"  {ev}" for ev in summary["events"]]
-    lines += list(notes)
-    return "\n".join(lines) + "\n"
 
 
 def _figures(record: RunRecord, folder: Path) -> list[str]:

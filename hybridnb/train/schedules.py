@@ -258,10 +258,9 @@ def _name(factory) -> str:
     return getattr(factory, "__qualname__", None) or type(factory).__name__
 
 
-def make_schedule(schedule, warmup: float = 0.05,
-                  optimizer: torch.optim.Optimizer | None = None) -> Constant:
+def make_schedule(schedule, warmup: float, optimizer: torch.optim.Optimizer) -> Constant:
     """``"warmup_cosine"`` | ``"plateau"`` | ``"constant"`` | None | a schedule object | a
-    factory ``(optimizer[, total_steps]) -> LRScheduler`` (needs ``optimizer``)."""
+    factory ``(optimizer[, total_steps]) -> LRScheduler`` (built on ``optimizer``)."""
     if schedule is None or schedule == "constant":
         return Constant()
     if schedule == "warmup_cosine":
@@ -277,9 +276,6 @@ def make_schedule(schedule, warmup: float = 0.05,
                          f"that builds it on the optimizer, e.g. schedule=lambda opt: "
                          f"torch.optim.lr_scheduler.{schedule.__name__}(opt, ...)")
     if callable(schedule) and not isinstance(schedule, type) and not hasattr(schedule, "factor"):
-        if optimizer is None:
-            raise ValueError("a schedule factory needs the optimizer (make_schedule(..., "
-                             "optimizer=...))")
         return TorchSchedule(schedule, optimizer)
     raise ValueError(f"schedule={schedule!r}: use 'warmup_cosine', 'plateau', 'constant', None, "
                      "an object with bind/factor/on_validation/state_dict, or a factory "

@@ -33,7 +33,6 @@ class Sinks:
         self.storage = StorageGuard()  # on the Trainer's bus once a fit begins
         self.loggers, self.callbacks = make_loggers(self.storage), callbacks
         self.step_loggers = [lg for lg in self.loggers if getattr(lg, "per_step", False)]
-        self.wants_steps = bool(self.step_loggers)
         self.step_hooks = any(callable(getattr(cb, "on_step_end", None)) for cb in callbacks)
         self.next_epoch = 0
         self.open = False
@@ -55,14 +54,6 @@ class Sinks:
                 logger.open(self.next_epoch, state.global_step)
             logger.log_hparams(dict(params))
         cbs.call(self.callbacks, "on_fit_start", trainer)
-
-    def step(self, row: dict) -> None:
-        if self.open:
-            loss = row.get("loss")
-            metrics = {"train/loss": float("nan") if loss is None else float(loss),
-                       "train/lr": float(row["lr"])}
-            for logger in self.step_loggers:
-                logger.log_metrics(dict(metrics), row["global_step"])
 
     def epoch_rows(self, rows: list[dict], trainer) -> None:
         """Log (and call ``on_epoch_end`` with) the rows of epochs not logged yet."""
@@ -89,11 +80,13 @@ class Sinks:
     def hear(self, event) -> None:
         """A listener on the fit's bus (the user's process): step rows to the loggers that
         want them and ``on_step_end``, each epoch's row to loggers and ``on_epoch_end``."""
-        if isinstance(event, StepEnded):
-            if self.wants_steps:
-                self.step(event.row)
-            if self.step_hooks and self.open and self.trainer is not None:
-                cbs.call(self.callbacks, "on_step_end", self.trainer, dict(event.row))
+        if isinstance(event, StepEnded) and self.open:
+            row, loss = event.row, event.row.get("loss")
+            for logger in self.step_loggers:
+                logger.log_metrics({"train/loss": float("nan") if loss is None else float(loss),
+                                    "train/lr": float(row["lr"])}, row["global_step"])
+            if self.step_hooks and self.trainer is not None:
+                cbs.call(self.callbacks, "on_step_end", self.trainer, dict(row))
         elif isinstance(event, EpochEnded) and self.trainer is not None:
             self.epoch_rows(event.history, self.trainer)
 
@@ -118,20 +111,15 @@ class Sinks:
         """Every logger closed (one that raises does not keep the others open), the log
         folders released."""
         locks, self.locks = self.locks, []
-        try:
-            self._close()
-        finally:
-            for lock in locks:
-                lock.release()
-
-    def _close(self) -> None:
+        first = None
         if self.open:
             self.open = False
-            first = None
             for logger in self.loggers:
                 try:
                     logger.close()
                 except Exception as exc:  # noqa: BLE001 - raised after the others close
                     first = first or exc
-            if first is not None:
-                raise first
+        for lock in locks:
+            lock.release()
+        if first is not None:
+            raise first

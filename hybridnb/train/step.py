@@ -145,21 +145,21 @@ def measure_pass(model: torch.nn.Module, inputs: tuple, precision: Precision,
 
 
 def count_flops(model: torch.nn.Module, inputs: tuple | torch.Tensor, backward: bool = True,
-                *, on_skip: Callable[[str], None] | None = None) -> int | None:
+                *, bus=None) -> int | None:
     """FLOPs of one forward (+ backward, as ``measure_pass`` runs it) of ``model`` on
     ``inputs`` by ``FlopCounterMode`` (matmuls, convolutions, attention; element-wise work is not
     counted, as is usual for MFU). Gradients, BatchNorm statistics and training flags are kept.
 
     Counted on the meta device first (shapes only: 0.03 s for EEGNeX on 8 samples on a 2-core
     EPYC against 0.47 s for the real pass); a model that cannot run on meta is counted on the
-    real tensors in fp32. If that runs out of memory the count is skipped, ``on_skip`` gets one
-    sentence for the run's log and the result is None (no MFU). Any other error propagates.
+    real tensors in fp32. If that runs out of memory the count is skipped, ``bus`` gets one
+    "flops" note for the run's log and the result is None (no MFU). Any other error propagates.
     """
     inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     counted = _count_on_meta(model, inputs, backward)
     if counted is not None:
         return counted
-    return _count_for_real(model, inputs, backward, on_skip)
+    return _count_for_real(model, inputs, backward, bus)
 
 
 def _count_pass(model: torch.nn.Module, inputs: tuple, backward: bool, call) -> int:
@@ -194,9 +194,8 @@ def _count_on_meta(model: torch.nn.Module, inputs: tuple, backward: bool) -> int
         return None
 
 
-def _count_for_real(model: torch.nn.Module, inputs: tuple, backward: bool,
-                    on_skip: Callable[[str], None] | None) -> int | None:
-    """The count on the real tensors; None (said through ``on_skip``) when it ran out of memory."""
+def _count_for_real(model: torch.nn.Module, inputs: tuple, backward: bool, bus) -> int | None:
+    """The count on the real tensors; None (said on ``bus``) when it ran out of memory."""
     grads = [(p, p.grad) for p in model.parameters()]
     try:
         return _count_pass(model, inputs, backward, model)
@@ -213,8 +212,8 @@ def _count_for_real(model: torch.nn.Module, inputs: tuple, backward: bool,
     # outside the except: the failed pass's tensors are unreferenced now
     first = next((a for a in inputs if isinstance(a, torch.Tensor)), None)
     free_memory(first.device if first is not None else torch.device("cpu"))
-    if on_skip is not None:
-        on_skip(skipped)
+    if bus is not None:
+        bus.note("flops", skipped)
     return None
 
 

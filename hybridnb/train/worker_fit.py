@@ -112,8 +112,7 @@ class LoopJob:
     def run(self, channel):
         loop = worker_loop(self.settings, self.model, channel)
         channel.heartbeat(phase="evaluate", grace=loop.heartbeat.grace(
-            "the first batch", compiling=False, device_type=loop.placement.device.type,
-            bus=loop.bus))
+            "the first batch", compiling=False, device_type=loop.placement.device.type))
         loop.bus.forget()
         return self.fn(loop, *self.args, **self.kwargs)
 

@@ -464,6 +464,7 @@ def test_restore_globals_puts_cudnn_benchmark_back(monkeypatch):
     RuntimeError("HIP out of memory. Tried to allocate 2.00 GiB"),
 ])
 def test_a_flop_count_that_runs_out_of_memory_returns_none_with_a_note(error):
+    from hybridnb.train.bus import Bus
     from hybridnb.train.step import count_flops
 
     model = ConvNet()
@@ -473,10 +474,11 @@ def test_a_flop_count_that_runs_out_of_memory_returns_none_with_a_note(error):
         raise error
 
     handle = model.depthwise.register_forward_pre_hook(oom)
-    notes = []
-    assert count_flops(model, torch.randn(4, 8, 64), on_skip=notes.append) is None
-    assert len(notes) == 1 and notes[0].startswith("FLOP count skipped")
-    assert count_flops(model, torch.randn(4, 8, 64)) is None  # no callback: still None
+    bus = Bus(lambda: (0, 0))
+    assert count_flops(model, torch.randn(4, 8, 64), bus=bus) is None
+    assert len(bus.pending) == 1 and bus.pending[0][0] == "flops"
+    assert bus.pending[0][1].startswith("FLOP count skipped")
+    assert count_flops(model, torch.randn(4, 8, 64)) is None  # no bus: still None
     assert [p.grad for p in model.parameters()] == grads_before and model.training
     handle.remove()
     assert count_flops(model, torch.randn(4, 8, 64)) > 0
