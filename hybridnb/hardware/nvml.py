@@ -92,13 +92,11 @@ def handle(device: Any) -> Any | None:
 
 def locate(device: Any, torch_uuid: str | None = None,
            environ: Mapping[str, str] | None = None) -> tuple[Any | None, str]:
-    """Map torch's CUDA ordinal for ``device`` to an NVML handle: ``(handle, how)``, or
-    ``(None, why not)``.
+    """``(NVML handle, how)`` for torch's CUDA ordinal of ``device``, or ``(None, why not)``.
 
-    NVML numbers devices in PCI order and ignores ``CUDA_VISIBLE_DEVICES``; CUDA renumbers the
-    visible ones. The stable key is the UUID torch reports for the ordinal (``torch_uuid``, or
-    read from torch only when this process has initialised CUDA already); without it the ordinal
-    is mapped through ``CUDA_VISIBLE_DEVICES`` as CUDA reads it (``visible_indices``).
+    NVML numbers devices in PCI order, CUDA renumbers the visible ones: the stable key is the UUID
+    torch reports (``torch_uuid``, or read where CUDA is initialised already), else the ordinal
+    goes through ``CUDA_VISIBLE_DEVICES`` as CUDA reads it.
     """
     index = ordinal(device)
     if index is None:

@@ -73,12 +73,8 @@ def shard(start: int, stop: int, rank: int, world: int) -> tuple[int, int]:
 
 
 class ShardedBatchSampler(ResumableBatchSampler):
-    """This rank's part of every global batch; what DistributedSampler does, for batches.
-
-    Every rank draws the same epoch order from the same generator (the strategy broadcasts rank
-    0's generator state), cuts it into global batches of ``batch_size x world_size`` exactly as a
-    single process with that batch size would, and keeps its slice.
-    """
+    """This rank's slice of every global batch (``batch_size x world_size``, cut as one process
+    with that batch size would): every rank draws the same order from rank 0's generator state."""
 
     def __init__(self, n: int, batch_size: int, shuffle: bool, generator: torch.Generator,
                  rank: int, world_size: int) -> None:
