@@ -61,13 +61,11 @@ def _free(path: str | os.PathLike | None) -> str:
         free = float(shutil.disk_usage(Path(path).parent).free)
     except OSError:
         return ""
-    if free < 1024:
-        return f"{free:.0f} bytes"
-    for unit in ("KB", "MB", "GB"):
+    for unit in ("bytes", "KB", "MB"):
+        if free < 1024:
+            return f"{free:.0f} bytes" if unit == "bytes" else f"{free:.1f} {unit}"
         free /= 1024
-        if free < 1024 or unit == "GB":
-            return f"{free:.1f} {unit}"
-    return ""
+    return f"{free:.1f} GB"
 
 
 def atomic_save(obj: dict, path: str | os.PathLike, keep_previous: bool = False) -> Path:

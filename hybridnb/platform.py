@@ -2,16 +2,10 @@
 
 Linux, macOS and Windows differ in the facilities a supervised child needs: ``memfd()``,
 ``parent_death_signal()``, ``fork()``, ``wait_without_reaping()``, ``pidfd()``, ``proc()`` and
-``child_pipes()`` (Windows has none: the probe, isolation and compare() run in process). Each is
-a cached function returning a ``Facility``: true when present, else ``why`` says in one sentence
-what is missing and what hybridnb does instead. A missing one is a sentence and a fallback,
-never an exception at import or in ``detect()``.
-
-The facts are read from the running interpreter (``hasattr(os, ...)``, ctypes, the file
-system), so a test that takes a facility away (``tests/platform_sim``) changes what this module
-reports without a flag in hybridnb. The signals are read with ``getattr``: Windows has no
-SIGKILL nor SIGHUP. ``say``/``say_once``: the one-line notices of the process machinery (its
-fallbacks), to a run's bus where one listens (``notices_to``), else to stderr.
+``child_pipes()`` (Windows has none: the probe, isolation and compare() run in process). A
+missing one is a ``Facility`` whose ``why`` says what hybridnb does instead, never an exception.
+The facts are read from the running interpreter, so a test takes a facility away
+(``tests/platform_sim``) without a flag in hybridnb. ``say``/``say_once``: the fallbacks' notices.
 """
 
 from __future__ import annotations

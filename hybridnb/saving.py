@@ -83,14 +83,14 @@ def _init_record(model: torch.nn.Module, init_args: dict | None) -> dict | None:
 
 def _plain(value, where: str):
     """``value`` as data ``weights_only=True`` reads, or a TypeError naming ``where``."""
-    if value is None or type(value) in (bool, int, float, str):
+    if value is None:
         return value
+    if isinstance(value, (bool, int, float, str)):  # subclasses (e.g. TorchVersion) as the base
+        return value if type(value) in (bool, int, float, str) else type(value).__mro__[-2](value)
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
     if hasattr(value, "item") and getattr(value, "shape", None) == ():  # numpy scalar
         return value.item()
-    if isinstance(value, (bool, int, float, str)):  # subclasses (e.g. TorchVersion)
-        return type(value).__mro__[-2](value)
     if isinstance(value, (list, tuple)):
         return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, dict):

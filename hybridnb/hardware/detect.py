@@ -185,22 +185,22 @@ def _find_gpus(build: BuildInfo, env: dict[str, str]) -> tuple[list[GpuInfo], li
     warns: list[str] = []
     if build.hip:
         raw, status = gpu_info.rocm_inventory()
-        gpus = raw
-        for var in ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES" if "HIP_VISIBLE_DEVICES" in env
-                    else "CUDA_VISIBLE_DEVICES"):
-            gpus, note = gpu_info.apply_visible(gpus, env.get(var), var)
-            notes += [note] if note else []
+        masks = ["ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES" if "HIP_VISIBLE_DEVICES" in env
+                 else "CUDA_VISIBLE_DEVICES"]
     else:
         raw, status = gpu_info.nvml_inventory()
+        masks = ["CUDA_VISIBLE_DEVICES"]
         if not raw and build.cuda and _nvidia_driver_loaded():
             # The driver is loaded but NVML is not usable here (e.g. a container without
             # libnvidia-ml): let the probe child find out what GPU 0 is.
             raw = [GpuInfo(index=0, physical_index=0, backend="cuda", name="NVIDIA GPU")]
             notes.append(f"{status[:1].upper() + status[1:]}, but an NVIDIA driver is loaded; "
                          "only GPU 0 is probed, and its facts come from the probe.")
-        gpus, note = gpu_info.apply_visible(raw, env.get("CUDA_VISIBLE_DEVICES"),
-                                            "CUDA_VISIBLE_DEVICES")
+    gpus = raw
+    for var in masks:
+        gpus, note = gpu_info.apply_visible(gpus, env.get(var), var)
         notes += [note] if note else []
+    if not build.hip:
         if raw and not build.cuda:
             warns.append(f"NVML sees {len(raw)} NVIDIA GPU(s), but this torch ({build.torch}) is "
                          "a CPU-only build, so it cannot use them. Install a CUDA build of "
@@ -244,7 +244,6 @@ def _probe(targets: list[GpuInfo], build: BuildInfo, env: dict[str, str], timeou
 
 
 def _nvidia_driver_loaded() -> bool:
-    """Whether the NVIDIA kernel driver is loaded (False where there is no /proc)."""
     path = platform.proc_path("driver", "nvidia", "version")
     return path is not None and os.path.exists(path)
 

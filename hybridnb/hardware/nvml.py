@@ -1,7 +1,6 @@
-"""NVIDIA's management library (NVML, ``pynvml``), opened once and read safely: the one place
-hybridnb talks to it. NVML never initialises CUDA, so the kernel may use it freely. Opened on
-first use and kept open (opening costs ~50 ms; closing would race with a thread still reading).
-Without NVML, or when a device stops answering, every function returns None instead of raising.
+"""NVML (``pynvml``), the one place hybridnb talks to it: it never initialises CUDA, so the
+kernel may use it. Kept open once opened (~50 ms; closing would race with a reading thread).
+Without NVML, or when a device stops answering, every function returns None.
 """
 
 from __future__ import annotations
@@ -24,17 +23,16 @@ class Memory(NamedTuple):
 
 
 def library() -> Any | None:
-    """The initialised ``pynvml`` module, or None (``status()`` says why)."""
     return _opened()[0]
 
 
 def status() -> str:
-    """Why NVML is not usable ("" when it is), in words for a report."""
+    """Why NVML is not usable ("" when it is)."""
     return _opened()[1]
 
 
 def reset() -> None:
-    """Forget the opened library, so the next call opens it again (``pynvml`` was swapped)."""
+    """Open it again on the next call (``pynvml`` was swapped)."""
     _opened.cache_clear()
 
 
@@ -70,12 +68,11 @@ def _get(name: str, *args: Any, convert: Any = None) -> Any | None:
 
 
 def count() -> int | None:
-    """How many NVIDIA GPUs NVML sees (it ignores CUDA_VISIBLE_DEVICES)."""
+    """NVML ignores CUDA_VISIBLE_DEVICES."""
     return _get("nvmlDeviceGetCount")
 
 
 def driver() -> str | None:
-    """The NVIDIA driver's version, e.g. "580.159.04"."""
     return _get("nvmlSystemGetDriverVersion", convert=text)
 
 
@@ -85,24 +82,21 @@ def cuda_driver() -> str | None:
 
 
 def handle_by_index(physical: int) -> Any | None:
-    """The handle of NVML device ``physical`` (PCI order, before CUDA_VISIBLE_DEVICES)."""
+    """``physical``: PCI order, before CUDA_VISIBLE_DEVICES."""
     return _get("nvmlDeviceGetHandleByIndex", physical)
 
 
 def handle(device: Any) -> Any | None:
-    """The NVML handle of a torch device ("cuda", "cuda:N", ``torch.device``, or an ordinal N)."""
     return locate(device)[0]
 
 
 def locate(device: Any, torch_uuid: str | None = None,
            environ: Mapping[str, str] | None = None) -> tuple[Any | None, str]:
-    """Map torch's CUDA ordinal for ``device`` to an NVML handle: ``(handle, how)``, or
-    ``(None, why not)``.
+    """``(NVML handle, how)`` for torch's CUDA ordinal of ``device``, or ``(None, why not)``.
 
-    NVML numbers devices in PCI order and ignores ``CUDA_VISIBLE_DEVICES``; CUDA renumbers the
-    visible ones. The stable key is the UUID torch reports for the ordinal (``torch_uuid``, or
-    read from torch only when this process has initialised CUDA already); without it the ordinal
-    is mapped through ``CUDA_VISIBLE_DEVICES`` as CUDA reads it (``visible_indices``).
+    NVML numbers devices in PCI order, CUDA renumbers the visible ones: the stable key is the UUID
+    torch reports (``torch_uuid``, or read where CUDA is initialised already), else the ordinal
+    goes through ``CUDA_VISIBLE_DEVICES`` as CUDA reads it.
     """
     index = ordinal(device)
     if index is None:
@@ -168,7 +162,6 @@ def _torch_uuid(index: int) -> str | None:
 
 
 def memory(h: Any) -> Memory | None:
-    """Total, free and used bytes of the device (every process's use counts)."""
     return _get("nvmlDeviceGetMemoryInfo", h,
                 convert=lambda m: Memory(int(m.total), int(m.free), int(m.used)))
 
@@ -180,7 +173,6 @@ def utilisation(h: Any) -> float | None:
 
 
 def uuid(h: Any) -> str | None:
-    """The device's UUID ("GPU-…")."""
     return _get("nvmlDeviceGetUUID", h, convert=text)
 
 

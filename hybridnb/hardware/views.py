@@ -1,7 +1,5 @@
-"""The hardware report as text (terminals, CI logs) and as an HTML table (notebooks).
-
-Both render the same sections (``_sections``). The views take ``Hardware`` as ``Any`` (importing
-the class here would make an import cycle).
+"""The hardware report as text (terminals, CI logs) and as an HTML table (notebooks), both
+from ``_sections``. ``Hardware`` is typed ``Any``: importing it here would make a cycle.
 """
 
 from __future__ import annotations

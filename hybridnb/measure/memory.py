@@ -207,11 +207,9 @@ class MemorySeries:
 
 
 class MemorySampler:
-    """Collects numbers for one device every ``interval`` seconds on a daemon thread: the one
-    sampling thread of hybridnb (the live view, compare()). Past ``max_points`` samples it keeps
-    every second one and doubles the interval, so a day-long run costs what a short one does.
-    ``probes`` replaces the device's default sources.
-    """
+    """hybridnb's one sampling thread: every ``interval`` seconds for one device. Past
+    ``max_points`` samples it keeps every second one and doubles the interval, so a day-long run
+    costs what a short one does. ``probes`` replaces the device's default sources."""
 
     def __init__(self, device: torch.device | str, interval: float = 0.5,
                  max_points: int = 4000, probes: list[tuple[str, Probe]] | None = None,

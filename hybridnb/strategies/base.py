@@ -1,11 +1,7 @@
-"""Where the run executes: the whole interface a distributed strategy implements.
+"""The whole interface of a strategy: everything that changes between one device and many.
 
-The Trainer talks to its strategy for everything that changes between one device and many:
-placing tensors, wrapping the model, splitting the data, skipping gradient sync on accumulation
-steps, agreeing on decisions and reducing numbers across processes. A strategy also says what it
-supports (precisions, compile, whether its engine runs backward and the update); the Trainer asks
-once when it is built and never gets patched. ``SingleDevice`` is the one-process answer; DDP
-(hybridnb.strategies.ddp) and DeepSpeed ZeRO-2 (hybridnb.strategies.deepspeed) replace parts of it.
+A strategy also says what it supports (precisions, compile, whether its engine owns the update);
+the Trainer asks once and never gets patched. DDP and DeepSpeed override parts of ``Strategy``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ exactly the batches a straight run would have seen next.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 
 import torch
@@ -40,7 +39,7 @@ class ResumableBatchSampler(Sampler[list[int]]):
             yield order[lo:hi]
 
     def __len__(self) -> int:
-        return math.ceil(self.n / self.batch_size)
+        return len(self._spans())
 
 
 def batch_len(batch) -> int:

@@ -73,12 +73,8 @@ def shard(start: int, stop: int, rank: int, world: int) -> tuple[int, int]:
 
 
 class ShardedBatchSampler(ResumableBatchSampler):
-    """This rank's part of every global batch; what DistributedSampler does, for batches.
-
-    Every rank draws the same epoch order from the same generator (the strategy broadcasts rank
-    0's generator state), cuts it into global batches of ``batch_size x world_size`` exactly as a
-    single process with that batch size would, and keeps its slice.
-    """
+    """This rank's slice of every global batch (``batch_size x world_size``, cut as one process
+    with that batch size would): every rank draws the same order from rank 0's generator state."""
 
     def __init__(self, n: int, batch_size: int, shuffle: bool, generator: torch.Generator,
                  rank: int, world_size: int) -> None:
@@ -95,11 +91,15 @@ class ShardedBatchSampler(ResumableBatchSampler):
     def _spans(self) -> list[tuple[int, int]]:
         return self._global
 
-    def __len__(self) -> int:
-        return len(self._global)
-
 
 # --------------------------------------------------------------------------------- agreement
+def vote(failed: BaseException | None, loss_sum: float, n: float) -> torch.Tensor:
+    """What a rank tells the others about an attempt: (OOM, other failure, loss x samples,
+    samples)."""
+    code = 0 if failed is None else (1 if failures.is_oom(failed) else 2)
+    return torch.tensor([code == 1, code == 2, loss_sum, n], dtype=torch.float64)
+
+
 class _Agreed:
     """Marks the error a rank raises because another rank failed (already agreed on)."""
 
@@ -184,9 +184,7 @@ class DDPStrategy(Strategy):
         buffers = ([b for b in self._module.buffers() if b.is_floating_point()]
                    if self._module is not None else [])
         n = float(sum(batch_len(b) for b in window))
-        code = 0 if failed is None else (1 if failures.is_oom(failed) else 2)
-        head = torch.tensor([code == 1, code == 2, 0.0 if failed else float(total) * n,
-                             0.0 if failed else n])
+        head = vote(failed, 0.0, 0.0) if failed else vote(None, float(total) * n, n)
         sizes = [4, len(params), sum(p.numel() for p in params), sum(b.numel() for b in buffers)]
         if failed is None:
             flat = torch.cat([t.to(self._comm, torch.float32) for t in [

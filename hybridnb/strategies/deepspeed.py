@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from hybridnb import failures
 from hybridnb.strategies.batches import batch_len
-from hybridnb.strategies.ddp import DDPStrategy, _Agreed
+from hybridnb.strategies.ddp import DDPStrategy, _Agreed, vote
 
 MISSING = ("strategy='deepspeed' needs the deepspeed package, which is not installed: pip install "
            "deepspeed (Linux with a compiler; see deepspeed.ai). For EEG-sized models "
@@ -143,9 +143,8 @@ class DeepSpeedStrategy(DDPStrategy):
         """The global batch's mean loss, buffers averaged; a local failure told to the others."""
         if failed is not None and isinstance(failed, _Agreed):
             return None
-        n = float(sum(batch_len(b) for b in window))
-        loss_sum = 0.0 if failed is not None else float(total) * n
-        result = self._vote(failed, loss_sum, 0.0 if failed is not None else n)
+        n = 0.0 if failed is not None else float(sum(batch_len(b) for b in window))
+        result = self._vote(failed, float(total) * n if n else 0.0, n)
         if result is None:
             return None
         buffers = [b for b in self._module.buffers() if b.is_floating_point()]
@@ -160,9 +159,7 @@ class DeepSpeedStrategy(DDPStrategy):
     def _vote(self, failed: BaseException | None, loss_sum: float, n: float) -> float | None:
         """One all-reduce of (OOM ranks, failed ranks, loss x samples, samples): the mean loss,
         None on a failing rank, ``PeerOutOfMemory``/``PeerFailure`` on the others."""
-        code = 0 if failed is None else (1 if failures.is_oom(failed) else 2)
-        head = torch.tensor([code == 1, code == 2, loss_sum, n], dtype=torch.float64,
-                            device=self._comm)
+        head = vote(failed, loss_sum, n).to(self._comm)
         dist.all_reduce(head)
         ooms, others, total, count = head.tolist()
         if self._peer_verdict(ooms, others, failed):

@@ -2,16 +2,10 @@
 
 Like Accelerate's ``notebook_launcher``: workers are forked by default, so a function defined in
 a notebook is already in their memory; forking is only safe while CUDA is not initialised in the
-kernel, so ``launch`` refuses when it is (``hn.detect()`` probes in a child: safe first).
-``start_method="spawn"`` sends ``fn`` with cloudpickle to fresh interpreters instead. The ranks
-run under ``hybridnb.processes``'s one ``Watch`` and get the torchrun environment plus
+kernel, so ``launch`` refuses when it is. The ranks get the torchrun environment plus
 ``HYBRIDNB_LAUNCHED=1``, so ``Trainer(strategy="auto")`` inside ``fn`` runs DDP. Rank 0's output
-is streamed as text (widgets cannot be drawn from another process); a failing rank stops the
-others and ``launch`` raises with its traceback. The first interrupt asks every rank to stop
-after the current step and save a checkpoint; a second kills them.
-
-Where the OS cannot fork the ranks are spawned; where hybridnb cannot supervise a child at all
-(``platform.child_pipes()``), ``fn`` runs once in this process. Both are said once.
+is streamed as text (widgets cannot be drawn from another process). The first interrupt asks
+every rank to stop after the current step and save a checkpoint; a second kills them.
 """
 
 from __future__ import annotations

@@ -21,10 +21,7 @@ class ProbeStep:
 @dataclass
 class ProbeResult:
     """What one probe child did. ``verdict``: passed | failed | wrong result | hung | crashed.
-
-    ``proven_at``: when the probe ran (seconds since the epoch); ``cached``: this result was read
-    from the on-disk probe cache instead of a new child (see ``probe.cache``).
-    """
+    ``proven_at``: seconds since the epoch; ``cached``: read from ``probe.cache``."""
 
     backend: str
     index: int

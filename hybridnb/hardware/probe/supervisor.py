@@ -1,10 +1,8 @@
 """The parent side of the probe: one child per GPU, watched together, killed at the deadline.
 
-A flaky card can hang or crash the process that touches it, so the parent never does. Each child
-(``probe.child``, a framed command in its own process group) reports each step's start and end,
-so a hang is placed at its step; at the deadline ``processes.supervise.Watch`` kills and reaps
-the group. Where the OS cannot supervise a child (``platform.child_pipes()``) the steps run here
-without the deadline, and each result says so (``run_here``).
+A flaky card can hang or crash the process that touches it, so the parent never does. Where the
+OS cannot supervise a child (``platform.child_pipes()``) the steps run here without the
+deadline, and each result says so.
 """
 
 from __future__ import annotations
