@@ -63,7 +63,9 @@ def test_a_heap_the_user_froze_or_a_collector_turned_off_is_left_as_it_was(clean
     gc.freeze()
     frozen = gc.get_freeze_count()
     _trainer([])
-    assert gc.get_freeze_count() == frozen  # not unfrozen behind the user's back
+    # not unfrozen behind the user's back (that empties the permanent generation); a few
+    # frozen objects may die meanwhile, by reference counting
+    assert gc.get_freeze_count() >= 0.99 * frozen
     gc.unfreeze()
     gc.disable()
     seen: list[int] = []
