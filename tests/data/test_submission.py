@@ -80,13 +80,7 @@ def test_fresh_process_returns_B_by_1_and_scores_each_challenge_with_its_own_wei
 @pytest.mark.slow
 def test_a_submission_that_needs_this_project_fails_the_check(built, tmp_path):
     path, *_ = built
-    bad = tmp_path / "bad.zip"
-    with zipfile.ZipFile(path) as src, zipfile.ZipFile(bad, "w") as dst:
-        for name in src.namelist():
-            data = src.read(name)
-            if name == "submission.py":
-                data = b"import hybridnb\n" + data
-            dst.writestr(name, data)
+    bad = _with_prefix(path, tmp_path / "bad.zip", b"import hybridnb\n")
     X, y = _data(4)
     with pytest.raises(S.SubmissionError, match="hybridnb is not available"):
         S.check_submission(bad, X, y)
@@ -303,13 +297,16 @@ def test_a_layer_name_outside_torch_nn_is_named():
 
 def test_a_model_that_never_answers_is_stopped_at_the_timeout_and_named(built, tmp_path):
     path, *_ = built
-    slow = tmp_path / "slow.zip"
-    with zipfile.ZipFile(path) as src, zipfile.ZipFile(slow, "w") as dst:
-        for name in src.namelist():
-            data = src.read(name)
-            if name == "submission.py":
-                data = b"import time\ntime.sleep(120)\n" + data
-            dst.writestr(name, data)
+    slow = _with_prefix(path, tmp_path / "slow.zip", b"import time\ntime.sleep(120)\n")
     X, y = _data(4)
     with pytest.raises(S.SubmissionError, match="challenge 2's model did not finish within 2 s"):
         S.check_submissions(slow, {2: (X, y)}, timeout=2)
+
+
+def _with_prefix(path, out, code: bytes):
+    """A copy of the zip whose submission.py starts with ``code``."""
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(out, "w") as dst:
+        for name in src.namelist():
+            data = src.read(name)
+            dst.writestr(name, code + data if name == "submission.py" else data)
+    return out

@@ -554,17 +554,20 @@ def test_in_memory_tensors_are_batched_by_indexing_without_a_dataloader():
         assert torch.equal(a, c) and torch.equal(b, d)
 
 
+class Spatial(nn.Module):
+    """A convolution spanning every electrode of a one-channel input: the span rewrite's case."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(1, 8, (5, 6))
+        self.head = nn.Linear(8 * 16, 1)
+
+    def forward(self, x):
+        return self.head(self.conv(x.unsqueeze(1)).flatten(1))
+
+
 def test_speedups_are_measured_said_once_and_leave_the_weights_loadable_by_the_stock_model():
-    class Spatial(nn.Module):  # a convolution spanning every electrode of a one-channel input
-        def __init__(self):
-            super().__init__()
-            torch.manual_seed(0)
-            self.conv = nn.Conv2d(1, 8, (5, 6))
-            self.head = nn.Linear(8 * 16, 1)
-
-        def forward(self, x):
-            return self.head(self.conv(x.unsqueeze(1)).flatten(1))
-
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(64, 20, 6, generator=g), torch.randn(64, generator=g)
     tr = Trainer(Spatial(), device="cpu", batch_size=16, epochs=1, live=False, seed=0,
@@ -591,21 +594,11 @@ def test_speedups_are_measured_said_once_and_leave_the_weights_loadable_by_the_s
 
 
 def test_validation_scores_the_ema_through_the_layers_the_speedups_rewrote():
-    class Spanning(nn.Module):  # (B, 1, T, C): the kernel spans every electrode (a rewrite)
-        def __init__(self):
-            super().__init__()
-            torch.manual_seed(0)
-            self.conv = nn.Conv2d(1, 8, (5, 6))
-            self.head = nn.Linear(8 * 16, 1)
-
-        def forward(self, x):
-            return self.head(self.conv(x).flatten(1))
-
     from hybridnb.speedups.replace import Replacement
 
     g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(64, 1, 20, 6, generator=g), torch.randn(64, generator=g)
-    tr = Trainer(Spanning(), device="cpu", batch_size=16, epochs=2, live=False, seed=0,
+    x, y = torch.randn(64, 20, 6, generator=g), torch.randn(64, generator=g)
+    tr = Trainer(Spatial(), device="cpu", batch_size=16, epochs=2, live=False, seed=0,
                  speedups=True, ema=0.9)
     tr.fit((x, y), val=(x[:32], y[:32]))
     rewritten = {n for n, m in tr.model.named_modules() if isinstance(m, Replacement)}
