@@ -99,12 +99,10 @@ class TorchSchedule(Constant):
     """A ``torch.optim.lr_scheduler`` made by ``factory(optimizer, total_steps)`` (or
     ``factory(optimizer)``), as a factor of the base LR.
 
-    ``total_steps``: the run's optimizer steps after gradient accumulation, so a ``OneCycleLR``
-    built from it ends with the fit (a shorter one is an error at ``bind``, before any step).
-    Built afresh at every ``bind``; a resumed fit loads the saved scheduler state when the
-    factory builds the same scheduler, else uses the new one advanced to the run's step
-    (``replaced`` says why). Stepped once per optimizer step (``ReduceLROnPlateau``: at each
-    validation, with the monitored metric). The loop multiplies in the loss guard's cut itself,
+    ``total_steps``: the run's optimizer steps after gradient accumulation. Built afresh at every
+    ``bind``; a resume loads the saved state when the factory builds the same scheduler, else
+    advances the new one to the run's step (``replaced`` says why). ``ReduceLROnPlateau`` steps
+    at each validation with the monitored metric. The loop multiplies in the loss guard's cut,
     so a chained scheduler never compounds it; the first group's factor applies to every group.
     """
 
@@ -116,10 +114,6 @@ class TorchSchedule(Constant):
         self._pending: dict | None = None
         self.total_steps = 1
         self.replaced: str | None = None  # why a resumed fit did not load the saved state
-
-    @property
-    def plateau(self) -> bool:
-        return isinstance(self.sched, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
     def bind(self, total_steps: int) -> None:
         self.total_steps = max(int(total_steps), 1)
@@ -139,8 +133,17 @@ class TorchSchedule(Constant):
         if getattr(sched, "optimizer", self.optimizer) is not self.optimizer:
             raise ValueError(f"schedule={_name(self.factory)} built its scheduler on another "
                              "optimizer: use the optimizer the factory is given")
-        self._check_length(sched)
+        length = getattr(sched, "total_steps", None)  # OneCycleLR: torch fails part-way
+        if isinstance(length, int) and length < self.total_steps:
+            hint = ("use the total_steps it receives" if takes_total_steps(self.factory) else
+                    "give the factory a second argument, total_steps (this run's count)")
+            raise ValueError(f"schedule={_name(self.factory)} built a {type(sched).__name__} "
+                             f"of total_steps={length}, but this run takes {self.total_steps} "
+                             f"optimizer steps (trainer.total_steps: epochs x optimizer steps "
+                             f"per epoch, after grad_accum); {hint}, e.g. lambda opt, total_steps: "
+                             "OneCycleLR(opt, max_lr=..., total_steps=total_steps)")
         self.sched = sched
+        self.plateau = isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau)
         self.base = [g["initial_lr"] if "initial_lr" in g else g["lr"]
                      for g in self.optimizer.param_groups]
         self.current = 1.0
@@ -157,19 +160,6 @@ class TorchSchedule(Constant):
                                  "the scheduler given, advanced to the run's step")
                 self._pending = None
 
-    def _check_length(self, sched) -> None:
-        """A scheduler counting its own steps (OneCycleLR) must last the run, or torch fails
-        part-way."""
-        length = getattr(sched, "total_steps", None)
-        if isinstance(length, int) and length < self.total_steps:
-            hint = ("use the total_steps it receives" if takes_total_steps(self.factory) else
-                    "give the factory a second argument, total_steps (this run's count)")
-            raise ValueError(f"schedule={_name(self.factory)} built a {type(sched).__name__} "
-                             f"of total_steps={length}, but this run takes {self.total_steps} "
-                             f"optimizer steps (trainer.total_steps: epochs x optimizer steps "
-                             f"per epoch, after grad_accum); {hint}, e.g. lambda opt, total_steps: "
-                             "OneCycleLR(opt, max_lr=..., total_steps=total_steps)")
-
     def factor(self, step: int) -> float:
         if self.plateau:
             return self.current
@@ -179,16 +169,9 @@ class TorchSchedule(Constant):
             for group, lr in zip(self.optimizer.param_groups, self.sched.get_last_lr(),
                                  strict=True):
                 group["lr"] = lr
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", UserWarning)
-                    self.sched.step()
-            except ValueError as exc:  # OneCycleLR past its total_steps
-                raise ValueError(f"schedule={_name(self.factory)}: the scheduler failed at "
-                                 f"optimizer step {step + 1} of this fit's "
-                                 f"{self.total_steps} ({exc}); size it with the run's "
-                                 "count, which a factory's second argument receives: "
-                                 "lambda opt, total_steps: ...") from None
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                self.sched.step()
         return float(self.sched.get_last_lr()[0]) / self.base[0]
 
     def on_validation(self, improved: bool, value: float | None = None) -> str | None:
@@ -236,12 +219,8 @@ def _config(state):
 
 
 def _differences(saved: dict, sched) -> str:
-    new = _config(sched.state_dict())
-    old = _config(saved)
-    keys = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
-    shown = [f"{k}={old.get(k)!r} saved, {new.get(k)!r} given" for k in keys
-             if not any(isinstance(v, (list, dict)) for v in (old.get(k), new.get(k)))]
-    return "; ".join(shown[:3]) or ", ".join(keys[:4])
+    new, old = _config(sched.state_dict()), _config(saved)
+    return ", ".join(k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k))
 
 
 def takes_total_steps(factory) -> bool:
