@@ -34,12 +34,10 @@ class StepResult:
 class TrainStep:
     """Forward, loss, backward (gradient accumulation over micro-batches) and the update.
 
-    - ``model``: the module the forward calls (compiled and/or wrapped by the strategy).
-    - ``guard``: a ``recovery.LossGuard`` judging each loss before the optimizer steps.
-    - ``on_applied``: called after every applied update (the Trainer's EMA).
-    - ``loss_scale``: for a forward/backward on another device than the optimizer's (the
-      per-batch CPU fallback): the factor the loss is multiplied by before backward, so the
-      gradients match what the device's GradScaler expects.
+    ``guard``: a ``recovery.LossGuard`` judging each loss before the optimizer steps;
+    ``on_applied``: called after every applied update (the EMA); ``loss_scale``: the factor
+    the loss is multiplied by before backward when the forward runs on another device than the
+    optimizer's (the per-batch CPU fallback), so gradients match the device's GradScaler.
     """
 
     def __init__(self, model: torch.nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer,
@@ -95,8 +93,10 @@ class TrainStep:
         norm = (torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad)
                 if self.clip_grad else None)
         loss = grad_norm = None
-        if read:
-            loss, grad_norm = _read(total, norm if self._read_norm else None)
+        if read and norm is not None and self._read_norm:  # one device sync for both
+            loss, grad_norm = torch.stack([total.float(), norm.float()]).tolist()
+        elif read:
+            loss = float(total)
         verdict = self.guard.check(loss, grad_norm) if self.guard else "ok"
         if verdict == "ok":
             self.scaler.step(self.optimizer)
@@ -123,43 +123,35 @@ class TrainStep:
         return StepResult(loss, verdict)
 
 
-def _read(total: torch.Tensor, norm: torch.Tensor | None) -> tuple[float, float | None]:
-    """Loss (and gradient norm) as floats with one device sync."""
-    if norm is None:
-        return float(total), None
-    loss, grad_norm = torch.stack([total.float(), norm.float()]).tolist()
-    return loss, grad_norm
-
-
-def measure_pass(model: torch.nn.Module, inputs: tuple, precision: Precision,
-                 call: Callable | None = None) -> None:
-    """One forward and backward as the training step runs them (the precision's autocast, then
-    backward of the mean of the first output), for timing and FLOP counting; the caller drops
-    the gradients. ``call`` runs the forward instead of ``model`` (the FLOP count's meta-device
-    call). Every backward pass of hybridnb lives in this module."""
-    with precision.autocast():
-        out = (call or model)(*inputs)
-    loss = first_tensor(out).float().mean()
-    if loss.requires_grad:
-        loss.backward()
-
-
 def count_flops(model: torch.nn.Module, inputs: tuple | torch.Tensor, backward: bool = True,
                 *, bus=None) -> int | None:
-    """FLOPs of one forward (+ backward, as ``measure_pass`` runs it) of ``model`` on
-    ``inputs`` by ``FlopCounterMode`` (matmuls, convolutions, attention; element-wise work is not
+    """FLOPs of one forward (+ the backward of its first output's mean) of ``model`` on
+    ``inputs`` by ``FlopCounterMode`` (matmuls, convolutions, attention: element-wise work is not
     counted, as is usual for MFU). Gradients, BatchNorm statistics and training flags are kept.
 
     Counted on the meta device first (shapes only: 0.03 s for EEGNeX on 8 samples on a 2-core
-    EPYC against 0.47 s for the real pass); a model that cannot run on meta is counted on the
-    real tensors in fp32. If that runs out of memory the count is skipped, ``bus`` gets one
-    "flops" note for the run's log and the result is None (no MFU). Any other error propagates.
+    EPYC against 0.47 s for the real pass), else on the real tensors in fp32. A real count out of
+    memory is skipped: one "flops" note on ``bus`` and None (no MFU); other errors propagate.
     """
     inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     counted = _count_on_meta(model, inputs, backward)
     if counted is not None:
         return counted
-    return _count_for_real(model, inputs, backward, bus)
+    grads = [(p, p.grad) for p in model.parameters()]
+    try:
+        return _count_pass(model, inputs, backward, model)
+    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
+        if not (is_oom(exc) or "out of memory" in str(exc)):
+            raise
+        skipped = (f"FLOP count skipped: an fp32 batch of {len(inputs[0])} ran out of memory "
+                   f"({first_line(exc, limit=100)}); training goes on, MFU is not shown")
+    finally:
+        for p, g in grads:
+            p.grad = g
+    free_memory(inputs[0].device)  # outside the except: the failed pass's tensors are gone now
+    if bus is not None:
+        bus.note("flops", skipped)
+    return None
 
 
 def _count_pass(model: torch.nn.Module, inputs: tuple, backward: bool, call) -> int:
@@ -168,11 +160,10 @@ def _count_pass(model: torch.nn.Module, inputs: tuple, backward: bool, call) -> 
     from torch.utils.flop_counter import FlopCounterMode
 
     with evaluating(model), FlopCounterMode(display=False) as counter:
-        if backward:
-            measure_pass(model, inputs, Precision.choose("fp32", "cpu"), call)
-        else:
-            with torch.no_grad():
-                call(*inputs)
+        with torch.set_grad_enabled(backward):
+            loss = first_tensor(call(*inputs)).float().mean()
+        if loss.requires_grad:
+            loss.backward()
     return int(counter.get_total_flops())
 
 
@@ -192,29 +183,6 @@ def _count_on_meta(model: torch.nn.Module, inputs: tuple, backward: bool) -> int
                            lambda *xs: functional_call(model, swapped, xs, tie_weights=True))
     except Exception:  # noqa: BLE001 - any failure on meta means: count on the real tensors
         return None
-
-
-def _count_for_real(model: torch.nn.Module, inputs: tuple, backward: bool, bus) -> int | None:
-    """The count on the real tensors; None (said on ``bus``) when it ran out of memory."""
-    grads = [(p, p.grad) for p in model.parameters()]
-    try:
-        return _count_pass(model, inputs, backward, model)
-    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
-        if not (is_oom(exc) or "out of memory" in str(exc)):
-            raise
-        size = inputs[0].shape[0] if inputs and isinstance(inputs[0], torch.Tensor) and \
-            inputs[0].dim() else "?"
-        skipped = (f"FLOP count skipped: an fp32 batch of {size} ran out of memory "
-                   f"({first_line(exc, limit=100)}); training goes on, MFU is not shown")
-    finally:
-        for p, g in grads:
-            p.grad = g
-    # outside the except: the failed pass's tensors are unreferenced now
-    first = next((a for a in inputs if isinstance(a, torch.Tensor)), None)
-    free_memory(first.device if first is not None else torch.device("cpu"))
-    if bus is not None:
-        bus.note("flops", skipped)
-    return None
 
 
 def first_tensor(out) -> torch.Tensor:

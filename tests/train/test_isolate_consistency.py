@@ -136,7 +136,7 @@ def test_a_flop_count_out_of_memory_is_skipped_with_a_note(monkeypatch):
     def out_of_memory(*a, **k):
         raise torch.OutOfMemoryError("simulated: the fp32 FLOP pass does not fit")
 
-    monkeypatch.setattr(step, "measure_pass", out_of_memory)
+    monkeypatch.setattr(step, "_count_pass", out_of_memory)
     tr = Trainer(Spanning(), device="cpu", isolate=False, speedups=True, batch_size=16,
                  epochs=1, steps_per_epoch=3, seed=0, live=False, verbose=False)
     tr.fit(windows(64))
