@@ -1,20 +1,15 @@
 """The learning-rate range test (Smith 2015; fastai's ``lr_find``, Lightning's ``Tuner.lr_find``).
 
-An exponential sweep of the learning rate, one real optimizer step per value, from ``start_lr`` to
-``end_lr`` over at most ``num_steps`` steps. The loss is smoothed (an exponential moving average
-with bias correction, ``beta=0.98`` as both libraries do) and the sweep stops early once the
-smoothed loss passes ``diverge`` times its best. The suggestion is read off the smoothed curve:
+An exponential sweep from ``start_lr`` to ``end_lr``, one real optimizer step per value, that stops
+once the smoothed loss (bias-corrected EMA, ``beta=0.98`` as both libraries) passes ``diverge``
+times its best. The suggestion is fastai's ``"valley"`` (a point a little past the first third of
+the longest falling stretch) or Lightning's ``"steepest"`` (the steepest descent, its slope
+measured over a tenth of the sweep: step to step it is mostly batch noise).
 
-* ``"valley"`` (fastai's default): the longest stretch over which the loss keeps falling, and a
-  point a little past its first third, where the loss falls fast and is still far from blowing up;
-* ``"steepest"`` (Lightning's): the learning rate of the steepest descent of the smoothed loss
-  (its slope measured over a tenth of the sweep: step to step it is mostly batch noise).
-
-The sweep is a trial fit on the Trainer's Loop (``opening.trial``), here or in an isolated fit's
-worker, as fastai's ``LRFinder`` is a callback on its fit: a listener (``Curve``) records each
-step and ends the fit; recovery, the view, events, heartbeats and speedups are a fit's. The
-weights, optimizer, schedule, EMA, guard, run state and every RNG are put back afterwards, so a
-fit starts exactly where it would have without the sweep.
+The sweep is a trial fit on the Trainer's Loop (``opening.trial``), with a listener (``Curve``)
+recording each step, as fastai's ``LRFinder`` is a callback on its fit: recovery, the view,
+events and speedups are a fit's, and the weights, optimizer, schedule, EMA, guard, run state and
+RNGs are put back afterwards.
 
 >>> result = trainer.lr_find(train)        # result.lrs, result.losses, result.suggestion
 >>> result.plot()                          # plotly figure, the suggestion marked
@@ -24,7 +19,7 @@ fit starts exactly where it would have without the sweep.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -51,7 +46,7 @@ class LRFindResult:
     method: str = "valley"
     stopped_early: bool = False
     note: str = ""
-    applied: bool = field(default=False)
+    applied: bool = False
     speedups: tuple[str, ...] = ()  # the speedups the sweep ran with: the ones fit uses
 
     def __repr__(self) -> str:
@@ -60,9 +55,8 @@ class LRFindResult:
                 f"suggestion {lr} ({self.method}){', stopped early' if self.stopped_early else ''})")
 
     def plot(self, title: str = "Learning-rate range test"):
-        """The smoothed loss against the learning rate (log axis), the suggestion marked: a
-        plotly figure whose notebook output also holds an SVG (``hybridnb.live.static``), so a
-        saved or exported notebook shows it."""
+        """The smoothed loss against the learning rate (log axis), the suggestion marked; its
+        notebook output also holds an SVG (``hybridnb.live.static``) for saved notebooks."""
         import plotly.graph_objects as go
 
         from hybridnb.live.static import static_figure
@@ -170,8 +164,6 @@ class Curve:
 
 class Sweep(Constant):
     """The sweep's learning rates as factors of the trainer's, one per optimizer step."""
-
-    name = "lr_find"
 
     def __init__(self, factors: np.ndarray) -> None:
         self.factors = factors
