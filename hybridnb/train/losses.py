@@ -131,32 +131,27 @@ class CrossEntropy:
 
     def __init__(self, weights: tuple[float, ...] | None = None) -> None:
         self.weights = None if weights is None else torch.tensor(weights, dtype=torch.float32)
-        self._on: dict = {}  # the weights on each device they were needed on
         self._seen = False  # targets on a device: their range is checked on the first batch
 
     def __call__(self, pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         pred, y = class_targets(pred, y, check_range=y.device.type == "cpu" or not self._seen)
         self._seen = True
-        weight = None
-        if self.weights is not None:
-            if len(self.weights) != pred.shape[1]:
-                raise ValueError(f"class_weights has {len(self.weights)} weights but the model "
-                                 f"gives {pred.shape[1]} outputs (one per class): give one "
-                                 "weight per class")
-            weight = self._on.get(pred.device)
-            if weight is None:
-                weight = self._on[pred.device] = self.weights.to(pred.device)
         per_sample = F.cross_entropy(pred, y, reduction="none")
-        if weight is not None:
-            per_sample = per_sample * (weight[y] if y.dim() == 1 else y @ weight)
-        return per_sample.mean()
+        if self.weights is None:
+            return per_sample.mean()
+        if len(self.weights) != pred.shape[1]:
+            raise ValueError(f"class_weights has {len(self.weights)} weights but the model gives "
+                             f"{pred.shape[1]} outputs (one per class): give one weight per class")
+        if self.weights.device != pred.device:  # moved when the run's device changes, not per step
+            self.weights = self.weights.to(pred.device)
+        return (per_sample * (self.weights[y] if y.dim() == 1 else y @ self.weights)).mean()
 
     def check(self, pred: torch.Tensor, y: torch.Tensor) -> None:
         """The outputs' and targets' shapes and the classes' range (preflight.py)."""
         class_targets(pred, y)
 
     def __getstate__(self) -> dict:
-        return {"weights": self.weights, "_on": {}, "_seen": False}
+        return {"weights": None if self.weights is None else self.weights.cpu(), "_seen": False}
 
     def __repr__(self) -> str:
         w = None if self.weights is None else self.weights.tolist()
