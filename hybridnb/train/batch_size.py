@@ -4,9 +4,7 @@ Doubling from ``start`` until a size fails, then bisection. A size fits when ``s
 steps run without running out of memory and the peak stays under ``(1 - headroom)`` of the
 device's memory; a bound set by an out-of-memory error (no peak to compare) scales the answer by
 ``1 - headroom`` instead. The search is one trial fit on the Loop (``opening.trial``, as lr_find's
-sweep) whose batches and listener are a ``Probe``: a step out of memory is recovered as in any fit
-(its ``oom_split`` or ``cpu_batch`` note tells the probe the size does not fit), the view shows
-each step, and the Loop's state is restored afterwards.
+sweep), so an out-of-memory step is recovered as in any fit and the Loop's state restored.
 """
 
 from __future__ import annotations
@@ -146,9 +144,7 @@ def _capacity(device: torch.device) -> float | None:
         fraction = float(get_fraction(device)) if get_fraction is not None else 1.0
         return float(total) * fraction
     if device.type == "cpu":
-        try:
-            import psutil
-        except ImportError:
-            return None
+        import psutil  # a dependency (pyproject)
+
         return float(psutil.virtual_memory().available + psutil.Process().memory_info().rss)
     return None

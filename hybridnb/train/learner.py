@@ -1,9 +1,6 @@
-"""What learns: the model, its trainable parameters, the optimizer, loss, LR schedule, EMA copy
-and loss guard, built once from the settings, with their states in and out together.
-
-The Trainer's other parts use these objects through this one (``placement`` puts them on a
-device and builds the step around them; ``state_dict`` feeds checkpoints and the worker's
-hand-over). fastai calls this bundle a Learner.
+"""What learns (fastai's Learner): the model, its trainable parameters, the optimizer, loss, LR
+schedule, EMA copy and loss guard, built once from the settings, with their states in and out
+together (checkpoints and the worker's hand-over).
 """
 
 from __future__ import annotations

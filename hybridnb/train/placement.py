@@ -204,7 +204,6 @@ def say_compiling(compiled: torch.nn.Module, model: torch.nn.Module, device: tor
                   bus) -> None:
     """The first forward of ``compiled`` (which compiles) says so with a rough duration, then
     how long it took: a first step that compiles is otherwise a long silence."""
-    handles = []
     started = []
 
     def before(module, args):
@@ -212,21 +211,15 @@ def say_compiling(compiled: torch.nn.Module, model: torch.nn.Module, device: tor
         bus.say("compiling", f"compiling, about {compile_estimate_s(model, device):.0f} s "
                 f"(torch.compile of {type(model).__name__} on the first step, "
                 f"{device.type.upper()}); the ETA starts after it")
-        if handles:
-            handles[0].remove()
+        pre.remove()
 
     def after(module, args, output):
-        handles[1].remove()
-        if started:
-            bus.say("compiling", f"compiled the forward in "
-                    f"{time.perf_counter() - started[0]:.0f} s (the backward compiles in this "
-                    "first step too)")
+        post.remove()
+        bus.say("compiling", f"compiled the forward in {time.perf_counter() - started[0]:.0f} s "
+                "(the backward compiles in this first step too)")
 
-    if not isinstance(compiled, torch.nn.Module):  # a compiler that returns a function
-        before(compiled, ())
-        return
-    handles.append(compiled.register_forward_pre_hook(before))
-    handles.append(compiled.register_forward_hook(after))
+    pre = compiled.register_forward_pre_hook(before)
+    post = compiled.register_forward_hook(after)
 
 
 def quiet_cuda_home_warning() -> None:

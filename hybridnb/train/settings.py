@@ -126,12 +126,9 @@ class Settings:
                              "'val_loss'")
         if self.isolate not in ("auto", True, False):
             raise ValueError(f"isolate={self.isolate!r}: use 'auto', True or False")
-        self._check_loggers()
         if self.step_timeout is not None and not self.step_timeout > 0:
             raise ValueError(f"step_timeout={self.step_timeout!r} must be > 0 seconds, or None "
                              "(automatic)")
-
-    def _check_loggers(self) -> None:
         names = self.loggers  # raises on an unknown name
         if self.logger != "auto" and need_folder(names) and self.log_folder is None:
             raise ValueError(f"logger={self.logger!r} needs a folder to write into: pass "
