@@ -123,9 +123,8 @@ class TrainStep:
         return StepResult(loss, verdict)
 
 
-def count_flops(model: torch.nn.Module, inputs: tuple | torch.Tensor, backward: bool = True,
-                *, bus=None) -> int | None:
-    """FLOPs of one forward (+ the backward of its first output's mean) of ``model`` on
+def count_flops(model: torch.nn.Module, inputs: tuple | torch.Tensor, *, bus=None) -> int | None:
+    """FLOPs of one forward and the backward of its first output's mean of ``model`` on
     ``inputs`` by ``FlopCounterMode`` (matmuls, convolutions, attention: element-wise work is not
     counted, as is usual for MFU). Gradients, BatchNorm statistics and training flags are kept.
 
@@ -134,12 +133,12 @@ def count_flops(model: torch.nn.Module, inputs: tuple | torch.Tensor, backward: 
     memory is skipped: one "flops" note on ``bus`` and None (no MFU); other errors propagate.
     """
     inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
-    counted = _count_on_meta(model, inputs, backward)
+    counted = _count_on_meta(model, inputs)
     if counted is not None:
         return counted
     grads = [(p, p.grad) for p in model.parameters()]
     try:
-        return _count_pass(model, inputs, backward, model)
+        return _count_pass(model, inputs, model)
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
         if not (is_oom(exc) or "out of memory" in str(exc)):
             raise
@@ -154,20 +153,19 @@ def count_flops(model: torch.nn.Module, inputs: tuple | torch.Tensor, backward: 
     return None
 
 
-def _count_pass(model: torch.nn.Module, inputs: tuple, backward: bool, call) -> int:
-    """FLOPs of ``call(*inputs)`` (+ its backward) with ``model`` in eval mode (no BatchNorm
+def _count_pass(model: torch.nn.Module, inputs: tuple, call) -> int:
+    """FLOPs of ``call(*inputs)`` and its backward with ``model`` in eval mode (no BatchNorm
     statistics update; the FLOPs of the layers are the same)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with evaluating(model), FlopCounterMode(display=False) as counter:
-        with torch.set_grad_enabled(backward):
-            loss = first_tensor(call(*inputs)).float().mean()
+        loss = first_tensor(call(*inputs)).float().mean()
         if loss.requires_grad:
             loss.backward()
     return int(counter.get_total_flops())
 
 
-def _count_on_meta(model: torch.nn.Module, inputs: tuple, backward: bool) -> int | None:
+def _count_on_meta(model: torch.nn.Module, inputs: tuple) -> int | None:
     """The count on meta tensors, or None when the model cannot run on meta."""
     from torch.func import functional_call
 
@@ -179,7 +177,7 @@ def _count_on_meta(model: torch.nn.Module, inputs: tuple, backward: bool) -> int
                    [*model.named_parameters(remove_duplicate=False),
                     *model.named_buffers(remove_duplicate=False)]}
         fake = tuple(meta(x) if isinstance(x, torch.Tensor) else x for x in inputs)
-        return _count_pass(model, fake, backward,
+        return _count_pass(model, fake,
                            lambda *xs: functional_call(model, swapped, xs, tie_weights=True))
     except Exception:  # noqa: BLE001 - any failure on meta means: count on the real tensors
         return None
