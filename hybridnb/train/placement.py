@@ -80,9 +80,8 @@ class Placement:
         if self.device.type == "cpu" and self.settings.speedups == "auto" and \
                 not speedups.cpu_candidate(model):
             return
-        x = example_batch(train_loader, batch_size)[0].to(self.device)
-        if x.is_floating_point() and x.dtype != self.learner.dtype:  # as BatchCheck casts it
-            x = x.to(self.learner.dtype)
+        x = example_batch(train_loader, batch_size)[0]  # on the device, cast as BatchCheck does
+        x = x.to(self.device, self.learner.dtype if x.is_floating_point() else x.dtype)
         asked = "auto" if self.settings.precision == "auto" else self.precision
         applied = speedups.apply_speedups(model, x, self.device, precision=asked, steps=steps)
         self.applied_speedups = applied
@@ -93,8 +92,7 @@ class Placement:
             self.precision = Precision.choose(applied.precision, self.device)
         # a CPU left as it was with nothing timed: nothing to say; a trial that lost is said
         if applied.applied or applied.speedup or self.device.type != "cpu":
-            self.bus.note("speedups", applied.message)
-            for line in applied.notes:
+            for line in (applied.message, *applied.notes):
                 self.bus.note("speedups", line)
         # counted on a slice: FLOPs grow linearly with the batch, and a slice rarely runs out of
         # memory where the whole fp32 batch might

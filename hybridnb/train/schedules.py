@@ -112,8 +112,6 @@ class TorchSchedule(Constant):
         self.factory, self.optimizer = factory, optimizer
         self.sched = None
         self._pending: dict | None = None
-        self.total_steps = 1
-        self.replaced: str | None = None  # why a resumed fit did not load the saved state
 
     def bind(self, total_steps: int) -> None:
         self.total_steps = max(int(total_steps), 1)
@@ -147,7 +145,7 @@ class TorchSchedule(Constant):
         self.base = [g["initial_lr"] if "initial_lr" in g else g["lr"]
                      for g in self.optimizer.param_groups]
         self.current = 1.0
-        self.replaced = None
+        self.replaced: str | None = None  # why a resumed fit did not load the saved state
         if self._pending:
             saved = self._pending.get("torch", {})
             if self.plateau or _config(saved) == _config(sched.state_dict()):

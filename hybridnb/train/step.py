@@ -51,7 +51,6 @@ class TrainStep:
         self.params = params if params is not None else [
             p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
         self.clip_grad, self.guard, self.on_applied = clip_grad, guard, on_applied
-        self.to_device = self.strategy.to_device
         # decided once: who runs backward, who runs the update, whether the norm is read
         if loss_scale is not None:
             self._backward = lambda loss, last: (loss * loss_scale()).backward()
@@ -75,7 +74,7 @@ class TrainStep:
         pieces = list(pieces) + [(*pieces[-1][:2], 0.0)] * (count - len(pieces))
         total = 0.0
         for k, (x, y, weight) in enumerate(pieces):
-            x, y = self.to_device(x), self.to_device(y)
+            x, y = self.strategy.to_device(x), self.strategy.to_device(y)
             last = k == len(pieces) - 1
             with self.strategy.no_sync(self.model, last=last):
                 with self.autocast():
