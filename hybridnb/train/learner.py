@@ -21,9 +21,7 @@ class Learner:
     """Model, parameters, optimizer, loss, schedule, EMA and guard of one run."""
 
     def __init__(self, model: torch.nn.Module, settings: Settings) -> None:
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        self.model = model
+        self.model = model  # a Module: Trainer checked it
         self.frozen = setup.freeze(model, list(settings.freeze or ()))
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
