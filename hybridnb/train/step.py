@@ -138,7 +138,7 @@ def count_flops(model: torch.nn.Module, inputs: tuple | torch.Tensor, *, bus=Non
     grads = [(p, p.grad) for p in model.parameters()]
     try:
         return _count_pass(model, inputs, model)
-    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
+    except (MemoryError, RuntimeError) as exc:  # torch.OutOfMemoryError is a RuntimeError
         if not (is_oom(exc) or "out of memory" in str(exc)):
             raise
         skipped = (f"FLOP count skipped: an fp32 batch of {len(inputs[0])} ran out of memory "
