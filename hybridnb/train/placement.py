@@ -9,7 +9,6 @@ and nothing reads the device again.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 
@@ -125,8 +124,7 @@ class Placement:
         if self.applied_speedups is not None:
             self.applied_speedups.restore_globals()
 
-    def build_step(self, compiled: bool, updating=contextlib.nullcontext,
-                   state=None) -> None:
+    def build_step(self, compiled: bool, updating, state) -> None:
         """The step (compiled when asked) and the recovery object that runs it."""
         learner, model = self.learner, self.learner.model
         if compiled:
