@@ -30,15 +30,12 @@ def match_target(pred: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, tor
 
 def output_structure(out) -> str:
     """What a model returned that is not one tensor, and how to train it anyway."""
-    if isinstance(out, dict):  # also transformers' ModelOutput (a dict subclass)
-        parts = [f"{k!r}: {_shape(v)}" for k, v in out.items()]
-        pick = f"out[{next(iter(out))!r}]" if out else "out[...]"
-    elif isinstance(out, (tuple, list)):
-        parts = [f"[{i}]: {_shape(v)}" for i, v in enumerate(out)]
-        pick = "out[0]"
-    else:
+    if not isinstance(out, (dict, tuple, list)):  # a dict: also transformers' ModelOutput
         return (f"the model returned a {type(out).__name__}, not a tensor: the loss needs the "
                 "predictions as one tensor of shape (batch,) or (batch, outputs)")
+    keys = list(out) if isinstance(out, dict) else list(range(len(out)))
+    parts = [f"[{k!r}]: {_shape(out[k])}" for k in keys]
+    pick = f"out[{keys[0]!r}]" if keys else "out[...]"
     return (f"the model returned a {type(out).__name__} ({', '.join(parts[:6])}"
             f"{', ...' if len(parts) > 6 else ''}), not one tensor: the named losses need the "
             "predictions alone. Return them alone from forward(), or pass a loss that picks "
