@@ -1,9 +1,9 @@
 """The one training step: forward and backward over micro-batches, then unscale, clip, check the
-loss, step the optimizer and update the scaler.
+loss, step the optimizer and update the scaler; and the FLOP count of that pass (MFU).
 
-Precision (the autocast context and the GradScaler) and the strategy's hooks are captured once
-when the step is built, so the step has no branches for them (nanoGPT's shape). The Trainer runs
-it through ``recovery.Recovery``; ``hn.compare()`` and the batch-size finder call it directly:
+Precision and the strategy's hooks are captured once when the step is built, so the step has no
+branches for them (nanoGPT's shape). The Trainer runs it through ``recovery.Recovery``;
+``hn.compare()`` calls it directly:
 
 >>> step = TrainStep(model, loss_fn, optimizer, Precision.choose("bf16", "cpu"))
 >>> loss = step(x, y)            # one whole optimizer step; a 0-dim tensor, no host sync
