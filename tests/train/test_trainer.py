@@ -289,12 +289,18 @@ def test_compile_failure_falls_back_to_eager_once(monkeypatch, error):
     compiled_calls, layout_during = [], []
     before = inductor_config.layout_optimization
 
-    def fake_compile(model, mode=None):  # torch.compile is lazy: it fails on the first call
-        def broken(x):
-            compiled_calls.append(mode)
+    class Broken(nn.Module):  # torch.compile's module is lazy: it fails on the first call
+        def __init__(self, mode):
+            super().__init__()
+            self.mode = mode
+
+        def forward(self, x):
+            compiled_calls.append(self.mode)
             layout_during.append(inductor_config.layout_optimization)
             raise error
-        return broken
+
+    def fake_compile(model, mode=None):
+        return Broken(mode)
 
     monkeypatch.setattr(torch, "compile", fake_compile)
     eager = run(epochs=1)
