@@ -225,10 +225,9 @@ def _checked_weights(weights, kwargs: dict) -> tuple[float, ...]:
                          "torch.nn.CrossEntropyLoss(weight=...))")
     try:
         values = tuple(float(w) for w in torch.as_tensor(weights).reshape(-1).tolist())
-    except (TypeError, ValueError, RuntimeError) as exc:
-        raise ValueError(f"class_weights={weights!r} must be a sequence of numbers, one per "
-                         "class") from exc
-    if not values or any(not (w >= 0 and w < float("inf")) for w in values) or not any(values):
+    except (TypeError, ValueError, RuntimeError):
+        values = ()  # not numbers
+    if not any(values) or any(not (w >= 0 and w < float("inf")) for w in values):
         raise ValueError(f"class_weights={weights!r} must be finite numbers >= 0, one per class, "
                          "not all 0")
     return values
