@@ -26,7 +26,7 @@ import cloudpickle
 import torch
 from torch import nn
 
-from hybridnb.comparison import isolation
+from hybridnb import platform
 from hybridnb.comparison.compare_view import (
     COLUMNS,
     CompareResult,
@@ -201,15 +201,15 @@ def _pickled(isolate: bool, jobs: dict) -> tuple[dict | None, str]:
     variants cannot get processes of their own."""
     if not isolate or not jobs:
         return None, ""
-    why = isolation.unavailable()
-    if why:
-        return None, why
-    try:
-        return {key: cloudpickle.dumps(job) for key, job in jobs.items()}, ""
-    except Exception as exc:  # noqa: BLE001 - any pickling failure means: run here, and say so
-        return None, (f"the model function, loss or batch cannot be sent to a variant's own "
-                      f"process ({type(exc).__name__}: {str(exc)[:160]}), so the variants run "
-                      f"in this process: a crash in one would end it")
+    pipes = platform.child_pipes()
+    why = "" if pipes else pipes.why
+    if not why:
+        try:
+            return {key: cloudpickle.dumps(job) for key, job in jobs.items()}, ""
+        except Exception as exc:  # noqa: BLE001 - any pickling failure means: run here, and say so
+            why = (f"the model function, loss or batch cannot be sent to a variant's own "
+                   f"process ({type(exc).__name__}: {str(exc)[:160]})")
+    return None, f"{why}, so the variants run in this process: a crash in one would end it"
 
 
 def _close_all(runs: list[_Run]) -> None:
@@ -388,14 +388,11 @@ def _rows(runs: list[_Run], steps: int, loss_tol: float, warmup: int, repeats: i
 # exactness of the first step
 
 
-EXACT_RTOL = RTOL  # |a - b| <= RTOL * max|b| counts as rounding (hybridnb.speedups.exact)
-
-
 def first_step_diff(model_fn, data, variants: Sequence[str], seed: int = 0,
                     loss: str | Callable = "mse") -> pd.DataFrame:
     """Each variant's first training step against stock fp32 eager, on the CPU in this
     process: the largest difference of the outputs and of every gradient over the stock maximum
-    (``exact``: both within ``EXACT_RTOL``, float rounding).
+    (``exact``: both within ``speedups.exact.RTOL``, float rounding).
 
     One step from the same weights compares the arithmetic; a loss after several steps also
     carries how training amplifies rounding. Dropout is off for the step (under channels_last
@@ -426,8 +423,8 @@ def first_step_diff(model_fn, data, variants: Sequence[str], seed: int = 0,
         row["grad_rel_diff"] = max((_rel(g, h, scale=gscale)
                                     for g, h in zip(grads, stock_grads, strict=True)
                                     if g is not None and h is not None), default=0.0)
-        row["exact"] = bool(row["out_rel_diff"] <= EXACT_RTOL
-                            and row["grad_rel_diff"] <= EXACT_RTOL)
+        row["exact"] = bool(row["out_rel_diff"] <= RTOL
+                            and row["grad_rel_diff"] <= RTOL)
     return pd.DataFrame(rows)
 
 

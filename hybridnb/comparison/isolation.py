@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import threading
 
-from hybridnb import platform
 from hybridnb.comparison.session import Job, VariantSession
 from hybridnb.processes.channel import ANSWER, Message
 from hybridnb.processes.child import Requests, start_framed
@@ -26,15 +25,6 @@ from hybridnb.processes.supervise import Watch, Watched
 
 WORKER_MODULE = "hybridnb.comparison.worker"
 CLOSE_S = 5.0  # after "close": time for the variant's process to exit by itself
-
-
-def unavailable() -> str:
-    """Why the variants cannot have processes of their own on this OS (one sentence, saying
-    they run in this process instead), or "" when they can (``platform.child_pipes()``)."""
-    pipes = platform.child_pipes()
-    if pipes:
-        return ""
-    return (f"{pipes.why}, so the variants run in this process: a crash in one would end it")
 
 
 class LocalVariant:
