@@ -175,8 +175,8 @@ def _plan(model_fn, data, variants, steps, warmup, repeats, batch_sizes, device,
     labelled = []
     for v in parsed:  # a variant listed twice (an A/A check) is labelled "#2"
         seen[v.label] += 1
-        labelled.append(replace(v, label=v.label if seen[v.label] == 1
-                                else f"{v.label} #{seen[v.label]}"))
+        labelled.append(replace(v, label=f"{v.label} #{seen[v.label]}") if seen[v.label] > 1
+                        else v)
     batch_sizes = [_natural_batch_size(data)] if batch_sizes is None else list(batch_sizes)
     if not batch_sizes or any(not isinstance(b, int) or b < 1 for b in batch_sizes):
         raise ValueError(f"batch_sizes={batch_sizes!r}: need positive integers")
