@@ -33,8 +33,8 @@ from hybridnb.comparison.compare_view import (
     compare_figure,
     compare_table,
 )
-from hybridnb.comparison.isolation import ChildVariant, LocalVariant
-from hybridnb.comparison.session import CPU_BF16_NOTE, Job, apply_changes
+from hybridnb.comparison.isolation import ChildVariant
+from hybridnb.comparison.session import CPU_BF16_NOTE, Job, VariantSession, apply_changes
 from hybridnb.comparison.variants import DEFAULT_VARIANTS, Variant, parse_variant, unavailable
 from hybridnb.hardware.detect import detect
 from hybridnb.measure.memory import heap_reader
@@ -69,7 +69,7 @@ class _Run:
     busy: list[float] = field(default_factory=list)
     last_loss: float | None = None
     other_masks: bool = False  # dropout under channels_last: its loss is not comparable
-    where: Any = None  # LocalVariant | ChildVariant while it lives
+    where: Any = None  # VariantSession | ChildVariant while it lives
 
     @property
     def name(self) -> str:
@@ -228,7 +228,7 @@ def _start(runs: list[_Run], jobs: dict, blobs: dict | None, watch: Watch | None
     live = [r for r in runs if r.status == "ok"]
     for i, run in enumerate(live):
         run.where = (ChildVariant(blobs[id(run)], watch, f"variant-{i}", timeout)
-                     if blobs is not None else LocalVariant(jobs[id(run)]))
+                     if blobs is not None else VariantSession(jobs[id(run)]))
     for run in live:
         run.take(run.where.call("ready", stage="start-up"))
     if blobs is not None and live:

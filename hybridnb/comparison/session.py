@@ -97,6 +97,11 @@ class VariantSession:
             return {"status": "skipped", "note": reason}
         return self._answer("warm-up", lambda: self._build() or self._warm_up())
 
+    def call(self, request: str, *args, stage: str = "") -> dict:
+        """``request`` answered in this process, as ``isolation.ChildVariant.call`` answers it
+        from the variant's own."""
+        return {"status": "ok"} if request == "ready" else getattr(self, request)(*args)
+
     def window(self, steps: int) -> dict:
         """Time ``steps`` training steps: ``{status, note, seconds, busy, loss}``."""
         return self._answer("timed window", self._timed, steps)
@@ -130,6 +135,8 @@ class VariantSession:
         """Drop the model, optimizer and batch so their memory comes back."""
         self._run, self._held, self._loss = None, (), None
         free_memory(self.device)
+
+    close = release
 
     def _build(self) -> dict | None:
         """The model with the variant's changes and its step; an answer when it cannot run."""

@@ -39,7 +39,7 @@ def serve(channel: Channel, inbox: Inbox) -> None:
         request = inbox.get()  # "prepare" or "window" (the caller sends no other)
         if request is None or request.kind == "close":
             return
-        channel.send(ANSWER, broken or getattr(session, request.kind)(*(request.payload or ())))
+        channel.send(ANSWER, broken or session.call(request.kind, *(request.payload or ())))
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
