@@ -28,7 +28,6 @@ class Throttle:
         self.budget = float(budget)
         self.clock = clock
         self.last = -float("inf")
-        self.renders = 0
         self._recent: list[float] = []
 
     def due(self, now: float | None = None) -> bool:
@@ -38,7 +37,6 @@ class Throttle:
     def done(self, started: float) -> None:
         """Record a render that began at ``started`` (a reading of ``clock``) and ended now."""
         now = self.clock()
-        self.renders += 1
         self.last = now
         self._recent = [*self._recent[-2:], max(0.0, now - started)]
         self.interval = min(MAX_INTERVAL, max(self.base, min(self._recent) / self.budget))
