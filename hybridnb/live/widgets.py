@@ -16,9 +16,9 @@ import contextlib
 from typing import Any
 
 from hybridnb.live import figures, panel_image
+from hybridnb.live.base import Throttle
 from hybridnb.live.clicks import ClickRoute, route_clicks
 from hybridnb.live.html import HtmlView, progress_html
-from hybridnb.live.throttle import Throttle
 
 STOP_TOOLTIP = "Stop after the current step (checkpoint and history are kept)"
 

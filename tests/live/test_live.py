@@ -18,10 +18,9 @@ import hybridnb.live as live
 from hybridnb import env as runtime
 from hybridnb.events import Event
 from hybridnb.live import figures
-from hybridnb.live.base import LiveView, LiveViewWarning, View
+from hybridnb.live.base import LiveView, LiveViewWarning, Throttle, View
 from hybridnb.live.console import ConsoleView
 from hybridnb.live.html import PLOTLY_MIME, HtmlView
-from hybridnb.live.throttle import Throttle
 from hybridnb.measure.memory import MemorySampler
 
 RUN = dict(epochs=3, steps_per_epoch=20, batch_size=32, device="cpu", precision="fp32",
