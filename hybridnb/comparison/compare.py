@@ -290,9 +290,7 @@ def _factory(model_fn):
 
 
 def _model_name(model_fn) -> str:
-    if isinstance(model_fn, nn.Module):
-        return type(model_fn).__name__
-    return getattr(model_fn, "__name__", type(model_fn).__name__)
+    return getattr(model_fn, "__name__", type(model_fn).__name__)  # a module: its class's
 
 
 def _sample_batch(data) -> tuple[torch.Tensor, torch.Tensor] | None:
