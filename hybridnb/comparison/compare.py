@@ -26,15 +26,15 @@ import cloudpickle
 import torch
 from torch import nn
 
-from hybridnb.comparison import isolation
+from hybridnb import platform
 from hybridnb.comparison.compare_view import (
     COLUMNS,
     CompareResult,
     compare_figure,
     compare_table,
 )
-from hybridnb.comparison.isolation import ChildVariant, LocalVariant
-from hybridnb.comparison.session import CPU_BF16_NOTE, Job, apply_changes
+from hybridnb.comparison.isolation import ChildVariant
+from hybridnb.comparison.session import CPU_BF16_NOTE, Job, VariantSession, apply_changes
 from hybridnb.comparison.variants import DEFAULT_VARIANTS, Variant, parse_variant, unavailable
 from hybridnb.hardware.detect import detect
 from hybridnb.measure.memory import heap_reader
@@ -69,7 +69,7 @@ class _Run:
     busy: list[float] = field(default_factory=list)
     last_loss: float | None = None
     other_masks: bool = False  # dropout under channels_last: its loss is not comparable
-    where: Any = None  # LocalVariant | ChildVariant while it lives
+    where: Any = None  # VariantSession | ChildVariant while it lives
 
     @property
     def name(self) -> str:
@@ -175,8 +175,8 @@ def _plan(model_fn, data, variants, steps, warmup, repeats, batch_sizes, device,
     labelled = []
     for v in parsed:  # a variant listed twice (an A/A check) is labelled "#2"
         seen[v.label] += 1
-        labelled.append(replace(v, label=v.label if seen[v.label] == 1
-                                else f"{v.label} #{seen[v.label]}"))
+        labelled.append(replace(v, label=f"{v.label} #{seen[v.label]}") if seen[v.label] > 1
+                        else v)
     batch_sizes = [_natural_batch_size(data)] if batch_sizes is None else list(batch_sizes)
     if not batch_sizes or any(not isinstance(b, int) or b < 1 for b in batch_sizes):
         raise ValueError(f"batch_sizes={batch_sizes!r}: need positive integers")
@@ -201,15 +201,15 @@ def _pickled(isolate: bool, jobs: dict) -> tuple[dict | None, str]:
     variants cannot get processes of their own."""
     if not isolate or not jobs:
         return None, ""
-    why = isolation.unavailable()
-    if why:
-        return None, why
-    try:
-        return {key: cloudpickle.dumps(job) for key, job in jobs.items()}, ""
-    except Exception as exc:  # noqa: BLE001 - any pickling failure means: run here, and say so
-        return None, (f"the model function, loss or batch cannot be sent to a variant's own "
-                      f"process ({type(exc).__name__}: {str(exc)[:160]}), so the variants run "
-                      f"in this process: a crash in one would end it")
+    pipes = platform.child_pipes()
+    why = "" if pipes else pipes.why
+    if not why:
+        try:
+            return {key: cloudpickle.dumps(job) for key, job in jobs.items()}, ""
+        except Exception as exc:  # noqa: BLE001 - any pickling failure means: run here, and say so
+            why = (f"the model function, loss or batch cannot be sent to a variant's own "
+                   f"process ({type(exc).__name__}: {str(exc)[:160]})")
+    return None, f"{why}, so the variants run in this process: a crash in one would end it"
 
 
 def _close_all(runs: list[_Run]) -> None:
@@ -228,7 +228,7 @@ def _start(runs: list[_Run], jobs: dict, blobs: dict | None, watch: Watch | None
     live = [r for r in runs if r.status == "ok"]
     for i, run in enumerate(live):
         run.where = (ChildVariant(blobs[id(run)], watch, f"variant-{i}", timeout)
-                     if blobs is not None else LocalVariant(jobs[id(run)]))
+                     if blobs is not None else VariantSession(jobs[id(run)]))
     for run in live:
         run.take(run.where.call("ready", stage="start-up"))
     if blobs is not None and live:
@@ -290,9 +290,7 @@ def _factory(model_fn):
 
 
 def _model_name(model_fn) -> str:
-    if isinstance(model_fn, nn.Module):
-        return type(model_fn).__name__
-    return getattr(model_fn, "__name__", type(model_fn).__name__)
+    return getattr(model_fn, "__name__", type(model_fn).__name__)  # a module: its class's
 
 
 def _sample_batch(data) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -388,14 +386,11 @@ def _rows(runs: list[_Run], steps: int, loss_tol: float, warmup: int, repeats: i
 # exactness of the first step
 
 
-EXACT_RTOL = RTOL  # |a - b| <= RTOL * max|b| counts as rounding (hybridnb.speedups.exact)
-
-
 def first_step_diff(model_fn, data, variants: Sequence[str], seed: int = 0,
                     loss: str | Callable = "mse") -> pd.DataFrame:
     """Each variant's first training step against stock fp32 eager, on the CPU in this
     process: the largest difference of the outputs and of every gradient over the stock maximum
-    (``exact``: both within ``EXACT_RTOL``, float rounding).
+    (``exact``: both within ``speedups.exact.RTOL``, float rounding).
 
     One step from the same weights compares the arithmetic; a loss after several steps also
     carries how training amplifies rounding. Dropout is off for the step (under channels_last
@@ -426,8 +421,8 @@ def first_step_diff(model_fn, data, variants: Sequence[str], seed: int = 0,
         row["grad_rel_diff"] = max((_rel(g, h, scale=gscale)
                                     for g, h in zip(grads, stock_grads, strict=True)
                                     if g is not None and h is not None), default=0.0)
-        row["exact"] = bool(row["out_rel_diff"] <= EXACT_RTOL
-                            and row["grad_rel_diff"] <= EXACT_RTOL)
+        row["exact"] = bool(row["out_rel_diff"] <= RTOL
+                            and row["grad_rel_diff"] <= RTOL)
     return pd.DataFrame(rows)
 
 

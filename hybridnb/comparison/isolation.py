@@ -1,7 +1,6 @@
-"""Where a compare() variant runs: in its own process (the default) or in the caller's.
-
-Both answer ``call(request, *args, stage=...)`` with the session's plain dicts. A variant's own
-process cannot take the caller down: its death (a signal, an abort, a refused allocation) is
+"""A compare() variant in its own process (the default), answering ``call(request, *args,
+stage=...)`` as a ``session.VariantSession`` does in the caller's. A variant's own process
+cannot take the caller down: its death (a signal, an abort, a refused allocation) is
 status "crashed" naming the signal and its last line; no answer within ``timeout`` seconds kills
 its process group (status "timeout"). The caller's one ``Watch`` (``hybridnb.processes``) watches
 them all: an interrupt kills every variant's process group, and each dies with the caller.
@@ -17,8 +16,6 @@ from __future__ import annotations
 
 import threading
 
-from hybridnb import platform
-from hybridnb.comparison.session import Job, VariantSession
 from hybridnb.processes.channel import ANSWER, Message
 from hybridnb.processes.child import Requests, start_framed
 from hybridnb.processes.ended import Ending
@@ -26,30 +23,6 @@ from hybridnb.processes.supervise import Watch, Watched
 
 WORKER_MODULE = "hybridnb.comparison.worker"
 CLOSE_S = 5.0  # after "close": time for the variant's process to exit by itself
-
-
-def unavailable() -> str:
-    """Why the variants cannot have processes of their own on this OS (one sentence, saying
-    they run in this process instead), or "" when they can (``platform.child_pipes()``)."""
-    pipes = platform.child_pipes()
-    if pipes:
-        return ""
-    return (f"{pipes.why}, so the variants run in this process: a crash in one would end it")
-
-
-class LocalVariant:
-    """The variant in the caller's process: fastest to start, and a crash ends the caller."""
-
-    def __init__(self, job: Job) -> None:
-        self.session = VariantSession(job)
-
-    def call(self, request: str, *args, stage: str = "") -> dict:
-        if request == "ready":
-            return {"status": "ok"}
-        return getattr(self.session, request)(*args)
-
-    def close(self) -> None:
-        self.session.release()
 
 
 class ChildVariant:

@@ -83,7 +83,7 @@ class VariantSession:
         self.device = torch.device(job.device)
         self._run: Callable[[], torch.Tensor] | None = None
         self._rng: tuple | None = None
-        self._busy = None
+        self._busy = None  # NVML's GPU-busy reader, None without NVML (set in _build)
         self._loss: torch.Tensor | None = None
         self._held: tuple = ()
         self._said = ""  # what +speedups applied, for the row's note
@@ -96,6 +96,11 @@ class VariantSession:
         if reason:
             return {"status": "skipped", "note": reason}
         return self._answer("warm-up", lambda: self._build() or self._warm_up())
+
+    def call(self, request: str, *args, stage: str = "") -> dict:
+        """``request`` answered in this process, as ``isolation.ChildVariant.call`` answers it
+        from the variant's own."""
+        return {"status": "ok"} if request == "ready" else getattr(self, request)(*args)
 
     def window(self, steps: int) -> dict:
         """Time ``steps`` training steps: ``{status, note, seconds, busy, loss}``."""
@@ -113,20 +118,25 @@ class VariantSession:
         return answer
 
     def _timed(self, steps: int) -> dict:
-        watch = Stopwatch(self.device)
-        busy = self._busy_sampler()
+        watch, read = Stopwatch(self.device), self._busy
+        busy = (MemorySampler(self.device, interval=0.05,
+                              probes=[("nvml busy", lambda: {"gpu_util": read()})])
+                if read else contextlib.nullcontext())
         with self._own_rng(), busy:
             watch.start()
             for _ in range(steps):
                 self._loss = self._run()
             seconds = watch.stop()
+        util = busy.series().values.get("gpu_util", []) if read else []
         return {"status": "ok", "note": "", "seconds": seconds,
-                "busy": _values(busy, "gpu_util"), "loss": float(self._loss)}
+                "busy": [v for v in util if v == v], "loss": float(self._loss)}
 
     def release(self) -> None:
         """Drop the model, optimizer and batch so their memory comes back."""
         self._run, self._held, self._loss = None, (), None
         free_memory(self.device)
+
+    close = release
 
     def _build(self) -> dict | None:
         """The model with the variant's changes and its step; an answer when it cannot run."""
@@ -154,6 +164,7 @@ class VariantSession:
             return step(x, y)
 
         self._run, self._held = run, (model, opt, x, y)
+        self._busy = nvml_busy_reader(dev)
         self._rng = torch_rng_state(dev)  # right after the seeded init: the same for every variant
         return None
 
@@ -215,16 +226,6 @@ class VariantSession:
             self._rng = torch_rng_state(self.device)
             set_torch_rng_state(outside, self.device)
 
-    def _busy_sampler(self):
-        """The GPU's busy % sampled through NVML during a window (nothing without NVML)."""
-        if self._busy is None:
-            self._busy = nvml_busy_reader(self.device) or False
-        if not self._busy:
-            return contextlib.nullcontext()
-        read = self._busy
-        return MemorySampler(self.device, interval=0.05,
-                             probes=[("nvml busy", lambda: {"gpu_util": read()})])
-
 
 @contextlib.contextmanager
 def _compile_settings(device: torch.device) -> Iterator[None]:
@@ -253,12 +254,6 @@ def _failure(exc: BaseException, stage: str, batch_size: int) -> dict:
         return {"status": "oom", "note": f"out of memory during {stage} at batch {batch_size}: "
                                          f"{first_line(exc, 240)}"}
     return {"status": "failed", "note": f"{stage}: {type(exc).__name__}: {first_line(exc, 240)}"}
-
-
-def _values(sampler, name: str) -> list[float]:
-    if not isinstance(sampler, MemorySampler):
-        return []
-    return [v for v in sampler.series().values.get(name, []) if v == v]
 
 
 def _bytes(*tensors: torch.Tensor) -> int:

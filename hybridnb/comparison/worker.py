@@ -12,11 +12,12 @@ into a row.
 from __future__ import annotations
 
 import contextlib
-import os
 import pickle
 import sys
+from typing import NoReturn
 
 from hybridnb.processes.channel import ANSWER, Channel, Inbox
+from hybridnb.processes.child import leave
 from hybridnb.processes.framed import connect
 
 
@@ -38,10 +39,10 @@ def serve(channel: Channel, inbox: Inbox) -> None:
         request = inbox.get()  # "prepare" or "window" (the caller sends no other)
         if request is None or request.kind == "close":
             return
-        channel.send(ANSWER, broken or getattr(session, request.kind)(*(request.payload or ())))
+        channel.send(ANSWER, broken or session.call(request.kind, *(request.payload or ())))
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> NoReturn:
     channel, inbox, _ = connect(sys.argv[1:] if argv is None else argv)
     code = 0
     try:
@@ -54,9 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         with contextlib.suppress(BaseException):  # exiting anyway
             channel.flush()
-            sys.stdout.flush()
-            sys.stderr.flush()
-    os._exit(code)  # no interpreter teardown (about a second with torch loaded)
+    leave(code)  # no interpreter teardown (about a second with torch loaded)
 
 
 if __name__ == "__main__":

@@ -102,11 +102,7 @@ def route_clicks(widget: Any, kernel: Any | None = None) -> ClickRoute:
             return SubshellRoute(kernel, widget)
         except Exception as exc:  # broad: ipykernel internals; the fallback says why
             reason = f"kernel subshell unavailable ({type(exc).__name__}: {exc}); "
-    if hasattr(kernel, "do_one_iteration"):
-        try:
-            import jupyter_ui_poll  # noqa: F401
-            return UiPollRoute(reason.rstrip("; "))
-        except ImportError:
-            reason += "jupyter-ui-poll is not installed; "
+    if hasattr(kernel, "do_one_iteration"):  # jupyter-ui-poll: a dependency of hybridnb
+        return UiPollRoute(reason.rstrip("; "))
     return ClickRoute(reason + "this kernel cannot deliver clicks while it trains: interrupt "
                       "the kernel (■) to stop; the checkpoint and history are kept")

@@ -19,6 +19,7 @@ GIB = 1024.0**3
 LIVE_POINTS = 600  # per series while training (a panel is ~300 px wide): cheap to resend
 SNAPSHOT_POINTS = 2000  # per series in the end snapshot and reports
 PANELS = ("loss", "learning rate", "memory (GiB)")
+XTITLES = ("step", "step", "seconds")  # each panel's x axis
 
 #: (series key in the sampler, trace label, colour, dash, hidden by default)
 MEMORY_TRACES = (
@@ -116,7 +117,6 @@ def panels(record, max_points: int = SNAPSHOT_POINTS) -> list[Series]:
 
 #: one x axis per panel; the memory panel's GPU utilisation on a right-hand axis (y4)
 _AXES = (("x", "y"), ("x2", "y2"), ("x3", "y3"))
-_XTITLES = ("step", "step", "seconds")
 _DOMAINS = ((0.0, 0.28), (0.36, 0.64), (0.72, 1.0))
 
 
@@ -148,7 +148,7 @@ def _layout() -> dict[str, Any]:
                          "yref": "paper", "xanchor": "center", "yanchor": "bottom",
                          "showarrow": False, "font": {"size": 14}}
                         for name, d in zip(PANELS, _DOMAINS, strict=True)]}
-    for (x, y), title, domain in zip(_AXES, _XTITLES, _DOMAINS, strict=True):
+    for (x, y), title, domain in zip(_AXES, XTITLES, _DOMAINS, strict=True):
         layout["xaxis" + x[1:]] = {"domain": domain, "anchor": y, "title": {"text": title}}
         layout.setdefault("yaxis" + y[1:], {}).update(anchor=x)
     return layout

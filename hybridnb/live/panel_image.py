@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import math
 
-from hybridnb.live.figures import PANELS, SNAPSHOT_POINTS, figure_dict, panels
+from hybridnb.live.figures import PANELS, SNAPSHOT_POINTS, XTITLES, figure_dict, panels
 from hybridnb.live.static import RC, save, static_figure
 
 TITLE = "hybridnb: loss, learning rate, memory"
-_XLABELS = ("step", "step", "seconds")
 
 
 def draw(record, max_points: int = SNAPSHOT_POINTS):
@@ -43,7 +42,7 @@ def draw(record, max_points: int = SNAPSHOT_POINTS):
                 ax = util
             ax.plot(s.x, y, color=s.color, linestyle="--" if s.dash else "-", linewidth=1.2,
                     marker="o" if "markers" in s.mode else None, markersize=3, label=s.name)
-        for ax, title, xlabel in zip(axes, PANELS, _XLABELS, strict=True):
+        for ax, title, xlabel in zip(axes, PANELS, XTITLES, strict=True):
             ax.set_title(title)
             ax.set_xlabel(xlabel)
             ax.grid(color="#e5e5e5", linewidth=0.8)

@@ -260,9 +260,8 @@ _DRAWERS = {"scatter": _scatter, "scattergl": _scatter, "bar": _bar, "histogram"
 def _ref_axes(axes: dict, xref: str, yref: str):
     """The Axes a shape or annotation refers to (its x and y reference)."""
     xname, yname = _axis_name(xref, "x"), _axis_name(yref, "y")
-    return next((ax for (x, y), ax in axes.items() if y == yname and x == xname), None) or \
-        next((ax for (x, y), ax in axes.items() if y == yname or x == xname),
-             next(iter(axes.values())))
+    return axes.get((xname, yname)) or next(
+        (ax for (x, y), ax in axes.items() if y == yname or x == xname), next(iter(axes.values())))
 
 
 def _transform(ax, xref: str, yref: str):
@@ -296,14 +295,13 @@ def _shapes(axes: dict, shapes: list[dict]) -> set[str]:
 
 
 def _annotations(fig, axes: dict, layout: dict, paper) -> None:
-    va = {"top": "top", "bottom": "bottom"}
     for note in layout.get("annotations") or []:
         text, x, y = _text(note.get("text")), note.get("x"), note.get("y")
         if not text or not isinstance(x, (int, float)) or not isinstance(y, (int, float)):
             continue
         xref, yref = str(note.get("xref", "x")), str(note.get("yref", "y"))
-        kw = {"ha": note.get("xanchor") if note.get("xanchor") in ("left", "right") else
-              "center", "va": va.get(note.get("yanchor"), "center"),
+        kw = {"ha": note.get("xanchor") if note.get("xanchor") in ("left", "right") else "center",
+              "va": note.get("yanchor") if note.get("yanchor") in ("top", "bottom") else "center",
               "fontsize": ((note.get("font") or {}).get("size") or 12) * 0.75}
         if xref == "paper" and yref == "paper":  # subplot titles
             fig.text(*paper(x, y), text, **kw)

@@ -52,9 +52,7 @@ class RunRecord:
             self._pace_from = (self.fraction(), self.elapsed())
 
     def _end_epoch(self, state: Mapping[str, Any]) -> None:
-        row = {**self.state, **state}
-        row.setdefault("epoch", len(self.epoch_ends))
-        row.setdefault("global_step", self.global_step)
+        row = {**self.state, **state}  # an EpochRow carries its epoch and global_step
         self.epoch_ends.append(row)
         if any(k.startswith("val_") for k in state):
             self.val_rows.append(row)

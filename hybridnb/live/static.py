@@ -165,9 +165,7 @@ def _classes():
             else:
                 print(repr(self))
 
-        def show(self, *args, **kwargs):
-            renderer = kwargs.pop("renderer", args[0] if args else None)
-            validate = kwargs.pop("validate", args[1] if len(args) > 1 else True)
+        def show(self, renderer=None, validate=True, **kwargs):
             self._own_image(pio.show, self, renderer=with_image(renderer), validate=validate,
                             **kwargs)
 

@@ -1,7 +1,7 @@
 """Widget live view for JupyterLab / Notebook 7 / Colab (ipywidgets 7 or 8): the progress panel,
 a Stop button and a plotly FigureWidget.
 
-The progress panel is the HTML view's (``snapshot.progress_html``) with a Stop button below it;
+The progress panel is the HTML view's (``html.progress_html``) with a Stop button below it;
 then one FigureWidget with loss, learning rate and memory panels. Only the main thread (the
 training loop, through ``update``) changes widgets; the Stop button's handler, which may run on a
 kernel subshell thread, only sets ``stop_requested``.
@@ -15,10 +15,10 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from hybridnb.live import figures, panel_image, snapshot
+from hybridnb.live import figures, panel_image
+from hybridnb.live.base import Throttle
 from hybridnb.live.clicks import ClickRoute, route_clicks
-from hybridnb.live.html import HtmlView
-from hybridnb.live.throttle import Throttle
+from hybridnb.live.html import HtmlView, progress_html
 
 STOP_TOOLTIP = "Stop after the current step (checkpoint and history are kept)"
 
@@ -37,7 +37,7 @@ class WidgetView(HtmlView):
     def _open(self, run: dict) -> None:
         import ipywidgets as W
 
-        self.progress = W.HTML(snapshot.progress_html(self.record, self.note))
+        self.progress = W.HTML(progress_html(self.record, self.note))
         self.stop_button = W.Button(description="Stop", icon="stop", button_style="danger",
                                     tooltip=STOP_TOOLTIP, layout=W.Layout(width="110px"))
         self.stop_button.add_class("hybridnb-stop")
@@ -59,7 +59,7 @@ class WidgetView(HtmlView):
         self.stop_requested = True
 
     def _draw_progress(self) -> None:
-        self.progress.value = snapshot.progress_html(self.record, self.note)
+        self.progress.value = progress_html(self.record, self.note)
         if self.stop_requested and not self._stop_shown:
             self._stop_shown = True
             self.stop_button.description = "Stopping…"
