@@ -17,6 +17,7 @@ import copy
 import math
 import statistics
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -439,9 +440,12 @@ def _first_step(build, seed: int, x, y, loss_fn, v: Variant):
     torch.manual_seed(seed + 1)
     # each precision's own autocast; bf16 with oneDNN off, as compare()'s variants run it (its
     # bf16 grouped convolution asks some CPUs for hundreds of GB)
-    with torch.backends.mkldnn.flags(enabled=v.precision != "bf16"), \
-            autocast(v.precision, torch.device("cpu")):
-        out = model(x)
+    with warnings.catch_warnings():
+        # torch's flags() also sets oneDNN's TF32 switch, which warns on every CPU
+        warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
+        with torch.backends.mkldnn.flags(enabled=v.precision != "bf16"), \
+                autocast(v.precision, torch.device("cpu")):
+            out = model(x)
     loss_fn(out.float(), y).backward()
     return out.detach().float(), [p.grad for p in model.parameters()], skip or said, not skip
 
