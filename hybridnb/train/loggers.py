@@ -163,7 +163,6 @@ class CsvLogger(_FileLogger):
         super().__init__(folder)
         self.pending: list[dict] = []
         self.rows: list[list] = []  # the rows on disk (this fit's and those kept on resume)
-        self.header = False
 
     @property
     def path(self) -> Path:
@@ -176,7 +175,6 @@ class CsvLogger(_FileLogger):
             checkpoint.set_aside(self.folder, self.patterns, checkpoints=False)
         elif self.path.is_file():
             self._keep_rows_before(start_epoch)
-        self.header = self.path.is_file() and self.path.stat().st_size > 0
 
     def _keep_rows_before(self, epoch: int) -> None:
         """A resumed fit: rows of epochs at or after ``epoch`` (written by the run it resumes,
@@ -201,54 +199,45 @@ class CsvLogger(_FileLogger):
             self._write()
 
     def _write(self) -> None:
+        """The pending rows appended (after the header in a new file); a file that disappeared
+        mid-run (its folder removed) is written again whole, atomically."""
         if not self.pending:
             return
         lines = [[_cell(row.get(c)) for c in HISTORY_COLUMNS] for row in self.pending]
-        if self.header and not self.path.exists():
-            self._rewrite(lines)
+        new = not self.path.exists() or self.path.stat().st_size == 0
+        whole = new and bool(self.rows)
+        try:
+            if whole:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                _replace(self.path, [HISTORY_COLUMNS] + self.rows + lines)
+            else:
+                self._append([HISTORY_COLUMNS] + lines if new else lines)
+        except OSError as exc:
+            self.storage.failed(self.path, exc, f"the rows from epoch "
+                                f"{self.pending[0]['epoch']} on are in trainer.history and "
+                                "written with the next row")
             return
+        if whole:
+            self.storage.say(f"{self.path} disappeared mid-run (was its folder removed?): "
+                             f"written again whole, the header and the "
+                             f"{len(self.rows) + len(lines)} rows of epochs {self.rows[0][0]} "
+                             f"to {lines[-1][0]}")
+        self.pending, self.rows = [], self.rows + lines
+        self.storage.worked(self.path)
+
+    def _append(self, lines: list[list]) -> None:
         buf = io.StringIO()
-        out = csv.writer(buf)
-        if not self.header:
-            out.writerow(HISTORY_COLUMNS)
-        out.writerows(lines)
+        csv.writer(buf).writerows(lines)
         size = self.path.stat().st_size if self.path.exists() else 0
         try:
             with open(self.path, "a", newline="") as f:
                 f.write(buf.getvalue())
                 f.flush()
                 os.fsync(f.fileno())
-        except OSError as exc:
-            try:  # a row written half-way is cut off, so the retry appends whole rows
-                if self.path.exists() and self.path.stat().st_size > size:
-                    os.truncate(self.path, size)
-            except OSError:
-                pass
-            self.storage.failed(self.path, exc, f"the rows up to epoch "
-                                f"{self.pending[0]['epoch'] - 1} are on disk, the others in "
-                                "trainer.history and written with the next row")
-            return
-        self.header, self.pending = True, []
-        self.rows += lines
-        self.storage.worked(self.path)
-
-    def _rewrite(self, lines: list[list]) -> None:
-        """``history.csv`` disappeared mid-run (its folder removed, or the file): written again
-        whole, header and every row, and said; appending would leave a file without header."""
-        rows = self.rows + lines
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            _replace(self.path, [HISTORY_COLUMNS] + rows)
-        except OSError as exc:
-            self.storage.failed(self.path, exc, "it disappeared mid-run; its rows are in "
-                                "trainer.history and written again whole with the next row")
-            return
-        epochs = [r[0] for r in rows]
-        self.storage.say(f"{self.path} disappeared mid-run (was its folder "
-                         f"removed?): written again whole, the header and the {len(rows)} "
-                         f"rows of epochs {epochs[0]} to {epochs[-1]}")
-        self.header, self.pending, self.rows = True, [], rows
-        self.storage.worked(self.path)
+        except OSError:
+            with contextlib.suppress(OSError):  # cut a half-written row: retries append whole
+                os.truncate(self.path, size)
+            raise
 
     def close(self) -> None:
         self._write()
@@ -265,8 +254,7 @@ class TensorBoardLogger(_FileLogger):
         super().__init__(folder)
         self.writer = None
         self._purge: int | None = None
-        self._first_step: int | None = None  # the first step the current event file holds
-        self._file: Path | None = None
+        self._file: Path | None = None  # the writer's event file (watched: a folder removed)
 
     def open(self, start_epoch: int, global_step: int) -> None:
         try:
@@ -284,44 +272,34 @@ class TensorBoardLogger(_FileLogger):
         """Run ``write`` on the writer (made first when there is none); a write failure is said
         once and drops the writer, whose thread keeps the error: the next write makes a new
         one (TensorBoard reads every event file in the folder). An event file that disappeared
-        is said first (``_lost``)."""
+        is said first."""
         try:
             if self.writer is not None and self._file is not None and not self._file.exists():
-                self._lost(step)
+                self._drop()
+                self.storage.say(f"the TensorBoard event file in {self.folder} disappeared "
+                                 f"mid-run (was its folder removed?): its scalars before step "
+                                 f"{step} are lost to TensorBoard (they are in trainer.history "
+                                 f"and trainer.steps); a new event file holds those from step "
+                                 f"{step} on")
             if self.writer is None:
                 self.writer, self._purge = self._make(), None  # purged once, not again
-                self._first_step = step
-                self._file = self._newest()
+                files = list(self.folder.glob(TB_EVENTS))
+                self._file = max(files, key=lambda p: p.stat().st_mtime_ns) if files else None
             write()
         except Exception as exc:  # narrowed by is_write_failure
             if not is_write_failure(exc):
                 raise
-            if self.writer is not None:
-                with contextlib.suppress(Exception):  # dropping it anyway
-                    self.writer.close()
-            self.writer = None
+            self._drop()
             self.storage.failed(self.folder / "events.out.tfevents", exc,
                                 "the scalars are kept in trainer.history and trainer.steps")
             return
         self.storage.worked(self.folder / "events.out.tfevents")
 
-    def _newest(self) -> Path | None:
-        """The event file the writer just made (watched: a folder removed mid-run)."""
-        files = list(self.folder.glob(TB_EVENTS))
-        return max(files, key=lambda p: p.stat().st_mtime_ns) if files else None
-
-    def _lost(self, step: int) -> None:
-        """The event file disappeared mid-run (its folder removed): what it held is lost to
-        TensorBoard, said once; a new one is written from ``step`` on."""
-        with contextlib.suppress(Exception):  # dropping it anyway
+    def _drop(self) -> None:
+        """The writer closed and forgotten (the next write makes a new one)."""
+        with contextlib.suppress(Exception):  # dropping it anyway (None: nothing to close)
             self.writer.close()
         self.writer = None
-        since = f"steps {self._first_step} to {step - 1}" if self._first_step else \
-            f"the steps before {step}"
-        self.storage.say(f"the TensorBoard event file in {self.folder} disappeared "
-                         f"mid-run (was its folder removed?): its scalars of {since} are lost "
-                         "to TensorBoard (they are in trainer.history and trainer.steps); a new "
-                         f"event file holds those from step {step} on")
 
     def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
         prefix = "epoch/" if "epoch" in metrics else ""  # else a step's train/loss, train/lr

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import gc
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -108,10 +109,8 @@ def to_cpu(obj):
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, dict):
         return type(obj)((k, to_cpu(v)) for k, v in obj.items())
-    if isinstance(obj, list):
-        return [to_cpu(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(to_cpu(v) for v in obj)
+    if isinstance(obj, (list, tuple)):
+        return (list if isinstance(obj, list) else tuple)(to_cpu(v) for v in obj)
     return obj
 
 
@@ -137,7 +136,7 @@ class LossGuard:
     momentum: float = 0.95
     mean: float = 0.0
     good: int = 0
-    streak: int = field(default=0)
+    streak: int = 0
 
     def check(self, loss: float, grad_norm: float | None = None) -> str:
         """Judge a step and count it (``verdict`` then ``record``)."""
@@ -178,8 +177,7 @@ class LossGuard:
         return {"mean": float(self.mean), "good": int(self.good), "streak": int(self.streak)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.mean, self.good, self.streak = float(state["mean"]), int(state["good"]), int(
-            state["streak"])
+        self.mean, self.good, self.streak = state["mean"], state["good"], state["streak"]
 
 
 def nonfinite_inputs(window: list) -> str | None:
@@ -212,8 +210,7 @@ class Came(str, enum.Enum):
 
 @dataclass
 class Outcome:
-    """What one optimizer step came to (``kind``), its loss when applied, and ``detail`` naming
-    the failure."""
+    """A step's ``Came``, its loss when applied, and ``detail`` naming the failure."""
 
     kind: Came
     loss: float | None = None
@@ -251,7 +248,8 @@ class Recovery:
         self.model = model  # the unwrapped module: its buffers are what a failed attempt touched
         self.strategy = step.strategy
         self.on_gpu_error, self.updating, self.compiled = on_gpu_error, updating, compiled
-        self._eager, self._cpu_batch_step, self._cpu_step = eager, cpu_batch_step, None
+        self._eager = eager
+        self._cpu = cpu_batch_step and functools.cache(cpu_batch_step)  # built once, if needed
         self.micro = MicroBatches(state.micro)
         self.phase = "idle"
         self._bad_data, self._said_unguarded = 0, False
@@ -328,10 +326,9 @@ class Recovery:
         self.state.micro = self.micro.size
         if new is not None:
             self.bus.say("oom_split", f"out of memory at micro-batch {size_before} on {device} "
-                         f"({detail}); re-running the same batch as micro-batches of {new}; later "
-                         "steps keep it. The failed attempt left no trace (batch-norm statistics "
-                         "and RNG restored); the update equals the unsplit one except for layers "
-                         "that depend on the batch (batch norm normalises per micro-batch)")
+                         f"({detail}); re-running the same batch, batch-norm statistics and RNG "
+                         f"restored, as micro-batches of {new} (later steps keep it): the same "
+                         "update, except that batch norm normalises per micro-batch")
             return False
         if on_cpu_batch or not self.strategy.accelerator or self.strategy.owns_update:
             raise MemoryError(f"out of memory on {'the CPU' if on_cpu_batch else device} even "
@@ -340,11 +337,6 @@ class Recovery:
         self.bus.say("cpu_batch", f"one sample does not fit on {device} ({detail}); this batch "
                      "runs on the CPU, the next goes back to the GPU")
         return True
-
-    def _cpu(self):
-        if self._cpu_step is None:
-            self._cpu_step = self._cpu_batch_step()
-        return self._cpu_step
 
     def _judge(self, loss: float | None, verdict: str, window: list) -> Outcome:
         """A skipped step: name bad data, or cut the LR; after ``patience`` bad steps in a row

@@ -1,15 +1,9 @@
 """Trainer: the public class, a facade over its parts, a Loop and a runner.
 
-The Trainer validates the options once (``settings``: the checked, frozen ``Settings``), holds the
-parts, each owning its state: ``learner`` (model, optimizer, loss, schedule, EMA, guard),
-``placement`` (device, precision decided once, speedups, the step and its recovery),
-``checkpoints`` (the last good state, files, earlier runs), ``progress`` (the live view, rows,
-throughput), ``stopping`` (best weights, early stopping), ``sinks`` (loggers, callbacks) and
-``bus`` (typed events; the view and sinks listen), and ``loop`` (loop.py: runs the fit over them;
-owns the run's state). ``build_loop`` makes the Loop and its parts, here and in an isolated
-worker alike. The Trainer runs the Loop here, or isolated through ``run_worker.py`` (the
-same Loop in a supervised worker process, its events emitted again here and its states
-applied as they arrive).
+The Trainer validates the options once (``settings``: the checked, frozen ``Settings``), holds
+the parts ``build_loop`` makes (parts.py; an isolated worker builds the same) and its ``sinks``
+(loggers, callbacks), and runs the Loop here or in a supervised worker (``run_worker.py``: its
+events emitted again here, its states applied as they arrive).
 
 >>> tr = Trainer(model, loss="mse", lr=1e-3, epochs=10, checkpoint_dir="runs/c1")
 >>> history = tr.fit(train, val)          # Datasets or DataLoaders; batches (x, y[, extras])
@@ -165,9 +159,7 @@ class Trainer:
         bus = self.bus = loop.bus
         self.learner, self.placement, self.checkpoints = loop.learner, loop.placement, \
             loop.checkpoints
-        self.progress, self.stopping, self.heartbeat = loop.progress, loop.stopping, \
-            loop.heartbeat
-        self.batch_check = loop.batch_check
+        self.progress, self.stopping = loop.progress, loop.stopping
         strategy = self.placement.strategy
         self.sinks = Sinks(lambda storage: loggers.make_loggers(
             settings.loggers, settings.log_folder, storage, strategy.is_main),
@@ -187,9 +179,8 @@ class Trainer:
         setup.build_step(loop)
 
     def _print(self, event) -> None:
-        """Notes on stderr without a live view (an isolated worker's too: its events are
-        emitted again here),
-        the run's header line first (what the Trainer chose on the user's behalf)."""
+        """Notes on stderr without a live view (an isolated worker's too), the run's header
+        line first (what the Trainer chose on the user's behalf)."""
         if not (self.verbose and self.live in (False, None) and self.strategy.is_main):
             return
         if isinstance(event, Event):
@@ -254,12 +245,9 @@ class Trainer:
 
     @property
     def total_steps(self) -> int:
-        """Optimizer steps of the whole run (epochs x optimizer steps per epoch, after
-        ``grad_accum``, ``steps_per_epoch`` and quick mode's caps): what a schedule should
-        span. Known once the training data is: after ``plan(train)``, during and after
-        ``fit``. A schedule factory with a second argument receives the same number:
-        ``schedule=lambda opt, total_steps: OneCycleLR(opt, max_lr=1e-2,
-        total_steps=total_steps)``. A resumed fit continues the same count."""
+        """Optimizer steps of the whole run (after ``grad_accum``, ``steps_per_epoch`` and
+        quick mode's caps): what a schedule should span, and what a schedule factory's second
+        argument receives. Known after ``plan(train)``; a resumed fit continues the count."""
         if self.loop.state.plan.total_steps:
             return self.loop.state.plan.total_steps
         planned = getattr(self, "_planned", None)
@@ -343,8 +331,6 @@ class Trainer:
         return as_output(self._predict(data, with_targets=False)[0], self.settings.task, output)
 
     def _predict(self, data, with_targets: bool) -> tuple:
-        """Where fit ran: in a worker after an isolated fit (if it dies, here on the CPU, said
-        once), else in this process."""
         data = made_dataset(data, self.bus, "data")
         return self._where_fit_ran("predicting", worker_fit.predict, data, with_targets)
 
@@ -362,10 +348,9 @@ class Trainer:
         """The largest batch that fits with ``headroom`` to spare (doubling + bisection over
         real steps); sets ``batch_size`` and raises ``grad_accum`` to keep the effective batch.
         The model and optimizer are restored afterwards. See hybridnb.train.batch_size."""
-        kwargs = {"headroom": headroom, "max_batch": max_batch, "start": start}
         dataset = made_dataset(dataset, self.bus, "dataset")
         result = self._where_fit_ran("finding the batch size", find_batch_size, dataset,
-                                     **kwargs)
+                                     headroom=headroom, max_batch=max_batch, start=start)
         self.batch_size, self.grad_accum = result.batch_size, result.grad_accum
         return result.found
 
