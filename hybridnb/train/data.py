@@ -1,9 +1,6 @@
-"""DataLoaders for the Trainer: built from a Dataset with a resumable batch order.
-
-``ResumableBatchSampler`` (defined in ``strategies.batches``, importable from here) draws each
-epoch's order from the loader's own generator, and can start an epoch at batch k without reading
-the k batches before it, so a run resumed mid-epoch sees exactly the batches a straight run would
-have seen next.
+"""DataLoaders for the Trainer: built from a Dataset with a resumable batch order
+(``strategies.batches.ResumableBatchSampler``, importable from here), so a run resumed mid-epoch
+sees exactly the batches a straight run would have seen next.
 """
 
 from __future__ import annotations
@@ -20,9 +17,8 @@ from hybridnb.train.seeding import set_rng_state, worker_init_fn
 
 def as_dataset(data, bus, what: str = "data") -> Dataset | DataLoader:
     """A Dataset or DataLoader as given; ``(X, y)`` arrays/tensors become a TensorDataset; an
-    object with a ``to_dataset()`` method (a data library's windows that know their Dataset)
-    becomes what it returns, said once on ``bus`` (the run's). Anything else is a TypeError naming
-    ``what`` and the call to make."""
+    object with ``to_dataset()`` what it returns (``made_dataset``). Anything else is a
+    TypeError naming ``what`` and the call to make."""
     if isinstance(data, (Dataset, DataLoader)):
         return data
     if isinstance(data, (tuple, list)) and len(data) >= 1 and all(
@@ -264,32 +260,28 @@ def same_sample_shape(batches: Iterator, start: int, epoch: int, source: str) ->
     a ValueError naming the batch, the epoch, ``source`` and both shapes, where torch would say
     only ``mat1 and mat2 shapes cannot be multiplied`` later. Samples of different shapes
     inside one batch (torch's collate cannot stack them) are named the same way."""
-    batches = iter(batches)
     first, index = None, start
-    while True:
-        try:
-            batch = next(batches)
-        except StopIteration:
-            return
-        except RuntimeError as exc:
-            if _COLLATE_SIZES not in str(exc):
-                raise
-            raise ValueError(f"{source} batch {index} of epoch {epoch}: its samples have "
-                             f"different shapes ({str(exc).strip().splitlines()[0]}): every "
-                             "sample must have the same shape (crop or pad them in the "
-                             "Dataset)") from None
-        x = batch[0] if isinstance(batch, (tuple, list)) and batch else None
-        if isinstance(x, torch.Tensor) and x.dim() > 0:
-            shape = tuple(x.shape[1:])
-            if first is None:
-                first = (index, shape)
-            elif shape != first[1]:
-                raise ValueError(f"{source} batch {index} of epoch {epoch} holds samples of "
-                                 f"shape {shape}, but batch {first[0]}'s are {first[1]}: every "
-                                 "sample must have the same shape (look at that batch's items "
-                                 "in the Dataset; crop or pad them)")
-        yield batch
-        index += 1
+    try:  # around the loader's next(): its collate fails on samples of different shapes
+        for batch in batches:
+            x = batch[0] if isinstance(batch, (tuple, list)) and batch else None
+            if isinstance(x, torch.Tensor) and x.dim() > 0:
+                shape = tuple(x.shape[1:])
+                if first is None:
+                    first = (index, shape)
+                elif shape != first[1]:
+                    raise ValueError(f"{source} batch {index} of epoch {epoch} holds samples of "
+                                     f"shape {shape}, but batch {first[0]}'s are {first[1]}: "
+                                     "every sample must have the same shape (look at that "
+                                     "batch's items in the Dataset; crop or pad them)")
+            yield batch
+            index += 1
+    except RuntimeError as exc:
+        if _COLLATE_SIZES not in str(exc):
+            raise
+        raise ValueError(f"{source} batch {index} of epoch {epoch}: its samples have "
+                         f"different shapes ({str(exc).strip().splitlines()[0]}): every "
+                         "sample must have the same shape (crop or pad them in the "
+                         "Dataset)") from None
 
 
 class BatchCheck:

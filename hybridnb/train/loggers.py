@@ -71,9 +71,8 @@ def logger_names(logger) -> tuple:
         if isinstance(item, str):
             if item not in LOGGERS:
                 raise ValueError(f"logger={logger!r}: unknown logger {item!r}; use one of "
-                                 f"{LOGGERS}, a logger object (hybridnb.train.loggers: "
-                                 "CsvLogger, TensorBoardLogger, MLflowLogger, WandbLogger, or "
-                                 "your own), a list of them, or None")
+                                 f"{LOGGERS}, a logger object (hybridnb.train.loggers), a list "
+                                 "of them, or None")
         elif isinstance(item, type):
             raise ValueError(f"logger={logger!r} passes the class {item.__name__}: pass an "
                              f"instance, {item.__name__}(...)")
@@ -81,9 +80,7 @@ def logger_names(logger) -> tuple:
             missing = [m for m in METHODS if not callable(getattr(item, m, None))]
             if missing:
                 raise ValueError(f"logger={logger!r}: a {type(item).__name__} is not a logger, "
-                                 f"it lacks {', '.join(missing)} (a logger has log_hparams("
-                                 "params), log_metrics(metrics, step) and close(); see "
-                                 "hybridnb.train.loggers.Logger), or use 'csv', 'tensorboard'")
+                                 f"it lacks {', '.join(missing)} (hybridnb.train.loggers.Logger)")
         if not any(item is k or (isinstance(item, str) and item == k) for k in kept):
             kept.append(item)
     return tuple(kept)
@@ -347,13 +344,12 @@ class MLflowLogger:
         try:
             self.client = MlflowClient(tracking_uri)
         except Exception as exc:  # noqa: BLE001 — mlflow's store errors share no base class
+            store = tracking_uri or "sqlite:///mlflow.db (its default)"
             raise ValueError(
-                f"MLflowLogger: MLflow cannot open the tracking store "
-                f"{tracking_uri or 'of its default (sqlite:///mlflow.db in MLflow 3)'} "
-                f"({type(exc).__name__}: {str(exc)[:160]}). A sqlite store needs the full "
-                f"package (pip install mlflow); with the loggers extra's mlflow-skinny pass "
-                f"tracking_uri='file:./mlruns' (and set MLFLOW_ALLOW_FILE_STORE=true) or a "
-                f"server ('http://host:5000')") from exc
+                f"MLflowLogger: MLflow cannot open the tracking store {store} "
+                f"({type(exc).__name__}: {str(exc)[:160]}). A sqlite store needs pip install "
+                "mlflow; with mlflow-skinny pass tracking_uri='file:./mlruns' (and set "
+                "MLFLOW_ALLOW_FILE_STORE=true) or a server ('http://host:5000')") from exc
         self.tracking_uri, self.experiment = tracking_uri, experiment
         self.run_name, self.tags, self.per_step = run_name, dict(tags or {}), per_step
         self.run_id: str | None = None
@@ -414,8 +410,6 @@ class WandbLogger:
                                        dir=None if self.dir is None else str(self.dir),
                                        config=config, **self.init_kwargs)
             self.run_dir = Path(self.run.dir).parent if getattr(self.run, "dir", None) else None
-        elif config:
-            self.run.config.update(config, allow_val_change=True)
         return self.run
 
     def log_hparams(self, params: dict[str, Any]) -> None:
@@ -448,9 +442,8 @@ def make_loggers(loggers: tuple, folder: Path | None, storage: StorageGuard,
                          and getattr(o, "folder", None) == lg.folder), None)
             if twin is not None:
                 raise ValueError(f"logger=: two {type(lg).__name__}s would write into one "
-                                 f"folder, {lg.folder} (a name such as 'csv' writes into "
-                                 "log_dir, as an object given no folder does): keep one, or "
-                                 "give the other a folder of its own")
+                                 f"folder, {lg.folder} (a name writes into log_dir, as an object "
+                                 "given no folder does): keep one, or give one its own folder")
         made.append(lg)
     return made
 

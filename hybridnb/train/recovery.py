@@ -256,19 +256,17 @@ class Recovery:
 
     def run(self, window: list) -> Outcome:
         """One optimizer step over ``window`` (the batches of one accumulation window)."""
-        samples = sum(batch_len(b) for b in window)
-        trace = _Trace(self.model, self.strategy.device)
+        samples, device = sum(batch_len(b) for b in window), self.strategy.device
+        trace = _Trace(self.model, device)
         on_cpu_batch = False
         while True:
             step = self._cpu() if on_cpu_batch else self.step
             try:
                 self.phase = "forward"
                 pieces = list(self.micro.split(window))
-                if on_cpu_batch:  # the model visits the CPU; its parameters keep their identity
-                    with on_cpu(step.model, self.strategy.device):
-                        total = step.accumulate(pieces, samples).to(self.strategy.device)
-                else:
-                    total = step.accumulate(pieces, samples)
+                # on_cpu: the model visits the CPU; its parameters keep their identity
+                with on_cpu(step.model, device) if on_cpu_batch else contextlib.nullcontext():
+                    total = step.accumulate(pieces, samples).to(device)
                 if self.strategy.world_size > 1:  # all ranks agree, then gradients are averaged
                     total = self.strategy.settle(self.step.params, total, window)
                 self.phase = "update"
@@ -284,10 +282,10 @@ class Recovery:
             self.step.optimizer.zero_grad(set_to_none=True)
             self.strategy.discard()
             if failure == "device_lost":
-                mark_lost(self.strategy.device)
+                mark_lost(device)
                 gc.collect()
                 return Outcome(Came.DEVICE_LOST, detail=detail)
-            free_memory(self.strategy.device)
+            free_memory(device)
             trace.restore()
             on_cpu_batch = self._act(failure, detail, window, on_cpu_batch)
         return self._judge(result.loss, result.verdict, window)

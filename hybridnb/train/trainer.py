@@ -73,9 +73,9 @@ class Trainer:
       from hybridnb.train.schedules | a factory ``(optimizer, total_steps) ->
       torch.optim.lr_scheduler`` object (e.g. ``lambda opt, total_steps: OneCycleLR(opt,
       max_lr=1e-2, total_steps=total_steps)``; ``optimizer -> ...`` also works), stepped once
-      per optimizer step (ReduceLROnPlateau: with the ``monitor`` value at each validation).
-      Schedules count optimizer steps: ``total_steps`` (after ``plan(train)``) is the run's.
-      On resume the scheduler given is used (the checkpoint's state when it is the same one).
+      per optimizer step (``total_steps``: the run's; ReduceLROnPlateau: with the ``monitor``
+      value at each validation). On resume the scheduler given is used (the checkpoint's state
+      when it is the same one).
     - ``ema``: None or a decay (e.g. 0.999); validation, best weights and the final model use it.
     - ``early_stopping``: None or a patience in validations; the best weights are restored.
       ``monitor``: the validation metric it watches (checked at the first validation).
@@ -122,10 +122,8 @@ class Trainer:
     (data_prep's Windows). A keyword of Lightning, fastai or skorch names the option that does
     the same; ``test(data)`` is ``evaluate(data)``.
 
-    ``save(path)`` writes ``model``'s weights with their class (its arguments when known) and
-    input shape; ``hn.load(path)`` rebuilds and loads it, ``hn.load(path, model)`` loads into
-    ``model`` (hybridnb.saving). A checkpoint or log write that fails
-    (full disk, read-only folder) is said once; the run continues from memory.
+    A checkpoint or log write that fails (full disk, read-only folder) is said once; the run
+    continues from memory.
     """
 
     def __init__(self, model: torch.nn.Module, *, loss="mse",
@@ -292,8 +290,13 @@ class Trainer:
 
     def _begin(self, resume) -> None:
         """A fresh run state: resumed, or started (earlier files set aside, seeded)."""
-        if resume is not False and resume is not None:
-            self._load_resume(resume)
+        if resume is True and not self.checkpoints.has_last():
+            if self.checkpoint_dir is None:
+                raise ValueError("fit(resume=True) needs checkpoint_dir=; or pass resume=<path>")
+            self.bus.note("resume", f"no checkpoint in {self.checkpoint_dir} yet: starting from "
+                          "scratch")
+        elif resume is not False and resume is not None:
+            self.resume(self.checkpoint_dir if resume is True else resume)
         elif kept := self.checkpoints.set_aside():
             self.bus.note("earlier_run", f"{self.checkpoint_dir} held an earlier run's "
                           f"checkpoints: moved to {kept} (fit(..., resume=True) would have "
@@ -380,15 +383,6 @@ class Trainer:
         self.bus.note("resume", f"resuming from {used} (epoch {state['position']['epoch']}, "
                       f"step {state['position']['global_step']})")
         return self
-
-    def _load_resume(self, resume) -> None:
-        where = self.checkpoint_dir if resume is True else Path(resume)
-        if where is None:
-            raise ValueError("fit(resume=True) needs checkpoint_dir=; or pass resume=<path>")
-        if resume is True and not self.checkpoints.has_last():
-            self.bus.note("resume", f"no checkpoint in {where} yet: starting from scratch")
-            return
-        self.resume(where)
 
     def save(self, path: str | Path, extra: dict | None = None, *,
              init_args: dict | None = None) -> Path:
