@@ -34,7 +34,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from hybridnb.train import checkpoint
 from hybridnb.train.state import HISTORY_COLUMNS
@@ -48,7 +48,6 @@ TB_INSTALL = "pip install 'hybridnb[tensorboard]' (or pip install tensorboard)"
 INSTALL = "pip install 'hybridnb[loggers]' (or pip install {package})"
 
 
-@runtime_checkable
 class Logger(Protocol):
     """What ``Trainer(logger=...)`` calls (the module's docstring says what each receives).
     Optional: ``per_step = True`` and ``open(start_epoch, global_step)`` (a fit starts)."""
@@ -101,13 +100,10 @@ def hparams(settings, model) -> dict[str, Any]:
     name), with the model's class and parameter count."""
     skip = {"logger", "log_dir", "loader_kwargs", "live", "verbose", "resolved_",
             "from_detect", "recommended_precision", "torch_threads"}
-    params: dict[str, Any] = {}
-    for f in dataclasses.fields(settings):
-        if f.name not in skip:
-            params[f.name] = _plain(getattr(settings, f.name))
-    params["model"] = type(model).__name__
-    params["n_params"] = sum(p.numel() for p in model.parameters())
-    return params
+    params = {f.name: _plain(getattr(settings, f.name)) for f in dataclasses.fields(settings)
+              if f.name not in skip}
+    return {**params, "model": type(model).__name__,
+            "n_params": sum(p.numel() for p in model.parameters())}
 
 
 def _plain(value) -> Any:
