@@ -175,13 +175,12 @@ def set_aside(folder: Path | None, patterns: tuple[str, ...] = (),
 
 
 class Checkpoints:
-    """A run's last good state: kept in memory for recovery, said on the bus as ``StateKept`` (an
-    isolated worker sends it to the kernel), and written as ``last.pt`` / ``best.pt`` into ``folder``
-    (rank 0 only; ``folder=None`` keeps it in memory only)."""
+    """A run's last good state: kept in memory for recovery, said on the run's ``bus`` as
+    ``StateKept`` (an isolated worker sends it to the kernel), and written as ``last.pt`` /
+    ``best.pt`` into ``folder`` (rank 0 only; ``folder=None`` keeps it in memory only)."""
 
     def __init__(self, folder: Path | None, is_main: bool, bus,
                  log_patterns: tuple[str, ...] = ()) -> None:
-        """``bus``: the run's (failed writes, the state kept at a crash, a stale lock)."""
         self.folder, self.is_main, self.bus = folder, is_main, bus
         self.snapshot: dict | None = None
         self.storage = StorageGuard(bus)

@@ -236,11 +236,10 @@ _COLLATE_SIZES = "stack expects each tensor to be equal size"
 
 
 def same_sample_shape(batches: Iterator, start: int, epoch: int, source: str) -> Iterator:
-    """``batches`` (numbered from ``start`` within ``epoch``), each checked to hold samples of
-    the first batch's shape (``x.shape[1:]``: a tuple compare per batch): another shape raises
-    a ValueError naming the batch, the epoch, ``source`` and both shapes, where torch would say
-    only ``mat1 and mat2 shapes cannot be multiplied`` later. Samples of different shapes
-    inside one batch (torch's collate cannot stack them) are named the same way."""
+    """``batches`` (numbered from ``start``) checked to hold samples of the first batch's shape:
+    another shape, or different shapes inside one batch (collate's error), is a ValueError naming
+    the batch, ``epoch``, ``source`` and the shapes, where torch would say only ``mat1 and mat2
+    shapes cannot be multiplied`` later."""
     first, index = None, start
     try:  # around the loader's next(): its collate fails on samples of different shapes
         for batch in batches:
@@ -272,8 +271,7 @@ class BatchCheck:
     ``Trainer.save``, the targets' scale)."""
 
     def __init__(self, dtype: torch.dtype, bus, first=None) -> None:
-        self.dtype, self.bus, self._noted = dtype, bus, False
-        self.first = first
+        self.dtype, self.bus, self.first, self._noted = dtype, bus, first, False
 
     def __call__(self, batch) -> tuple:
         if not isinstance(batch, (tuple, list)) or len(batch) < 2:

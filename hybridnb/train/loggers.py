@@ -1,26 +1,11 @@
 """Loggers: the run's rows written as they happen, for tools outside the notebook.
 
 ``Trainer(logger=...)`` takes the names ``"csv"`` and ``"tensorboard"`` (writing into
-``log_dir``, default ``checkpoint_dir``), logger objects, or a list mixing them. A logger object
-is anything with the three methods of ``Logger``::
-
-    class MyLogger:
-        def log_hparams(self, params): ...          # once per fit, before its first step
-        def log_metrics(self, metrics, step): ...   # each epoch's history row (a dict)
-        def close(self): ...                        # the fit ended (also when it failed)
-
-``params``: the run's settings as plain values, with the model's class and parameter count.
-``metrics``: the epoch's history row as ``trainer.history`` has it (NaN where nothing was
-measured), at ``step`` = the epoch's last global step. A logger with ``per_step = True`` also
-gets ``{"train/loss": ..., "train/lr": ...}`` after every optimizer step.
-The objects here: ``CsvLogger``, ``TensorBoardLogger``, ``MLflowLogger``, ``WandbLogger``.
-
-Loggers run in the user's process only (an isolated worker's events are heard in the kernel), on
-rank 0. ``CsvLogger()`` / ``TensorBoardLogger()`` without a folder write into ``log_dir``; a fresh
-fit moves an earlier run's files into ``earlier-<time>/`` (as it does checkpoints), a resumed fit
-keeps the rows before its epoch (TensorBoard purges the later steps). A failed write is said once
-and retried with the next row (``storage.StorageGuard``); rows are never lost from
-``trainer.history``.
+``log_dir``, default ``checkpoint_dir``), logger objects (anything with the methods of
+``Logger``; here ``CsvLogger``, ``TensorBoardLogger``, ``MLflowLogger``, ``WandbLogger``), or a
+list mixing them (docs/runs-and-logs.md). Loggers run in the user's process only (an isolated
+worker's events are heard in the kernel), on rank 0. A failed write is said once and retried
+with the next row (``storage.StorageGuard``); rows are never lost from ``trainer.history``.
 """
 
 from __future__ import annotations
@@ -49,8 +34,12 @@ INSTALL = "pip install 'hybridnb[loggers]' (or pip install {package})"
 
 
 class Logger(Protocol):
-    """What ``Trainer(logger=...)`` calls (the module's docstring says what each receives).
-    Optional: ``per_step = True`` and ``open(start_epoch, global_step)`` (a fit starts)."""
+    """What ``Trainer(logger=...)`` calls: ``log_hparams`` once per fit before its first step
+    (the settings as plain values, the model's class and parameter count), ``log_metrics`` with
+    each epoch's history row (NaN where nothing was measured) at its last global step, ``close``
+    when the fit ends (also when it failed). Optional: ``per_step = True`` (also every optimizer
+    step's ``{"train/loss", "train/lr"}``) and ``open(start_epoch, global_step)`` (a fit
+    starts)."""
 
     def log_hparams(self, params: dict[str, Any]) -> None: ...
 
@@ -123,7 +112,9 @@ def numbers(metrics: dict) -> dict[str, float]:
 
 
 class _FileLogger:
-    """A logger writing into a folder: its own, or the Trainer's ``log_dir`` (``bind``)."""
+    """A logger writing into a folder: its own, or the Trainer's ``log_dir`` (``bind``). A fresh
+    fit moves an earlier run's files into ``earlier-<time>/``, a resumed fit keeps the rows before
+    its epoch (TensorBoard purges the later steps)."""
 
     patterns: tuple[str, ...] = ()
     per_step = False

@@ -217,19 +217,18 @@ class Outcome:
     detail: str = ""
 
 
-class _Trace:
-    """Buffers (BatchNorm running statistics) and RNG states from before a step's first
-    attempt, so a failed attempt that is re-run split leaves no trace."""
+def _trace(model: torch.nn.Module, device: torch.device):
+    """A function putting back the buffers (BatchNorm running statistics) and RNG states of
+    now, before a step's first attempt, so a failed attempt that is re-run split leaves no
+    trace."""
+    buffers, rng = [(b, b.detach().clone()) for b in model.buffers()], torch_rng_state(device)
 
-    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
-        self.buffers = [(b, b.detach().clone()) for b in model.buffers()]
-        self.device, self.rng = device, torch_rng_state(device)
-
-    def restore(self) -> None:
-        with torch.no_grad():
-            for live, saved in self.buffers:
-                live.copy_(saved)
-        set_torch_rng_state(self.rng, self.device)
+    @torch.no_grad()
+    def restore() -> None:
+        for live, saved in buffers:
+            live.copy_(saved)
+        set_torch_rng_state(rng, device)
+    return restore
 
 
 class Recovery:
@@ -257,7 +256,7 @@ class Recovery:
     def run(self, window: list) -> Outcome:
         """One optimizer step over ``window`` (the batches of one accumulation window)."""
         samples, device = sum(batch_len(b) for b in window), self.strategy.device
-        trace = _Trace(self.model, device)
+        untrace = _trace(self.model, device)
         on_cpu_batch = False
         while True:
             step = self._cpu() if on_cpu_batch else self.step
@@ -286,7 +285,7 @@ class Recovery:
                 gc.collect()
                 return Outcome(Came.DEVICE_LOST, detail=detail)
             free_memory(device)
-            trace.restore()
+            untrace()
             on_cpu_batch = self._act(failure, detail, window, on_cpu_batch)
         return self._judge(result.loss, result.verdict, window)
 
