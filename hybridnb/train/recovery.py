@@ -5,7 +5,9 @@ and acts on its failures (Composer's ``_train_batch``: try, classify, agree acro
 retry) and returns an ``Outcome`` the loop reads. Its policies: ``MicroBatches`` (the same batch
 as halves, quarters, ..., each loss weighted by its share, so the update equals the unsplit one),
 ``on_cpu`` (one batch on the CPU when not even one sample fits) and ``LossGuard`` (a non-finite
-or spiking loss skips the step and cuts the learning rate). Memory is freed *after* the
+or spiking loss skips the step and cuts the learning rate; non-finite data skips the batch, and
+``patience`` such batches in a row are an error). A re-run attempt starts from the buffers and
+RNG states of the first (``_trace``). Memory is freed *after* the
 ``except`` block: while the exception lives, its traceback pins the failed step's tensors.
 
 It survives out of memory, a failing compiled step (eager), an exploding loss and sticky device
@@ -53,15 +55,12 @@ def free_memory(device: torch.device) -> None:
     """Release what a failed step left behind (outside the ``except`` block). A full
     collection (tenths of a second) only for accelerators, whose cached blocks go back to the
     driver; a device marked lost is never called."""
-    if device.type == "cpu":
-        gc.collect(1)
-        return
-    gc.collect()
-    if is_lost(device):
+    gc.collect(1 if device.type == "cpu" else 2)
+    if device.type == "cpu" or is_lost(device):
         return
     if device.type == "cuda" and torch.cuda.is_available():
         torch.cuda.empty_cache()
-    elif device.type == "mps" and hasattr(torch, "mps"):
+    elif device.type == "mps":
         torch.mps.empty_cache()
 
 
@@ -232,12 +231,9 @@ def _trace(model: torch.nn.Module, device: torch.device):
 
 
 class Recovery:
-    """Runs one optimizer step over a window of batches and recovers from its failures: a
-    failing compiled step goes eager; out of memory re-runs the batch split (buffers and RNG
-    restored first), then on the CPU; a sticky device error is ``Came.DEVICE_LOST``. A
-    non-finite loss from non-finite data skips the batch (``patience`` in a row: an error).
-    ``eager`` and ``cpu_batch_step`` build those steps (once); ``updating`` holds Ctrl-C back
-    during the optimizer update."""
+    """Runs one optimizer step over a window of batches and recovers from its failures (the
+    module's docstring says how). ``eager`` and ``cpu_batch_step`` build the fallback steps
+    (once); ``updating`` holds Ctrl-C back during the optimizer update."""
 
     def __init__(self, step, *, model: torch.nn.Module, on_gpu_error: str,
                  guard: LossGuard | None, state, bus,
