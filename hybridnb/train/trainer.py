@@ -106,16 +106,13 @@ class Trainer:
     - ``speedups``: "auto" (on CUDA: channels_last, the depthwise-convolution rewrite, cuDNN
       autotuning and precision, each kept only where it measures faster) | True (any device) |
       False.
-    - ``logger``: "auto" (csv when there is a folder, else nothing) | "csv" (each epoch's
-      history row appended to ``<log_dir>/history.csv`` as the epoch ends, flushed: a killed
-      run keeps its finished epochs) | "tensorboard" (event files in ``log_dir``: train/loss and
-      train/lr per step, epoch/<column> per epoch; ``pip install 'hybridnb[tensorboard]'``) | a
+    - ``logger``: "auto" (csv when there is a folder, else nothing) | "csv" (each epoch's row
+      appended to ``<log_dir>/history.csv`` as it ends) | "tensorboard" | a logger object | a
       list | None. ``log_dir``: where (default ``checkpoint_dir``). hybridnb.train.loggers.
     - ``callbacks``: objects with any of ``on_fit_start(trainer)``, ``on_step_end(trainer,
-      row)`` (the step's row: global_step, epoch, loss, lr, ...), ``on_epoch_end(trainer, row)``
-      (the epoch's history row as a dict), ``on_fit_end(trainer)``; they run in this process,
-      also for an isolated fit. A hook stops the run with ``trainer.should_stop = True``: the
-      fit ends after the current step, its state kept (hybridnb.train.callbacks).
+      row)``, ``on_epoch_end(trainer, row)``, ``on_fit_end(trainer)``, run in this process (also
+      for an isolated fit); a hook stops the fit after the current step with
+      ``trainer.should_stop = True`` (hybridnb.train.callbacks).
 
     Data: a Dataset (items ``(x, y[, extras])``: braindecode's windows as they come), a
     DataLoader, ``(X, y)`` arrays or tensors as one tuple, or an object with ``to_dataset()``
