@@ -13,9 +13,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from hybridnb.failures import first_line
 from hybridnb.files import CHECKPOINT_FORMAT as FORMAT
 from hybridnb.files import atomic_save, describe, is_write_failure, read_safely
 from hybridnb.train.bus import StateKept
@@ -57,12 +59,8 @@ def load(path: str | os.PathLike) -> dict:
 def _advice(folder: Path) -> str:
     """What to do when no 'last' checkpoint can be read: best.pt when it loads, else afresh."""
     best = folder / BEST
-    if best.is_file():
-        try:
-            load(best)
-        except CheckpointError:
-            return (f"{best} is unreadable too; start afresh without resume (or move the "
-                    "folder away)")
+    with contextlib.suppress(CheckpointError):  # missing or unreadable: no best.pt to offer
+        load(best)
         return (f"{best} holds the best weights (trainer.model.load_state_dict(torch.load("
                 f"'{best}', weights_only=True)['model'])), or start afresh without resume")
     return "start afresh without resume (or move the folder away)"
@@ -158,8 +156,6 @@ def set_aside(folder: Path | None, patterns: tuple[str, ...] = (),
     found += sorted({p for pattern in patterns for p in folder.glob(pattern) if p.is_file()})
     if not found:
         return None
-    import time
-
     target = folder / time.strftime("earlier-%Y%m%d-%H%M%S")
     k = 1
     while target.exists():
@@ -179,13 +175,12 @@ def set_aside(folder: Path | None, patterns: tuple[str, ...] = (),
 
 
 class Checkpoints:
-    """A run's last good state: kept in memory for recovery, said on the bus as ``StateKept`` (an
-    isolated worker sends it to the kernel), and written as ``last.pt`` / ``best.pt`` into ``folder``
-    (rank 0 only; ``folder=None`` keeps it in memory only)."""
+    """A run's last good state: kept in memory for recovery, said on the run's ``bus`` as
+    ``StateKept`` (an isolated worker sends it to the kernel), and written as ``last.pt`` /
+    ``best.pt`` into ``folder`` (rank 0 only; ``folder=None`` keeps it in memory only)."""
 
     def __init__(self, folder: Path | None, is_main: bool, bus,
                  log_patterns: tuple[str, ...] = ()) -> None:
-        """``bus``: the run's (failed writes, the state kept at a crash, a stale lock)."""
         self.folder, self.is_main, self.bus = folder, is_main, bus
         self.snapshot: dict | None = None
         self.storage = StorageGuard(bus)
@@ -262,9 +257,8 @@ class Checkpoints:
         try:
             save(snapshot, last, keep_previous=True)
         except Exception as exc:  # noqa: BLE001 - said; the original error follows
-            cause = describe(exc, last) if is_write_failure(exc) else (
-                f"{type(exc).__name__}: "
-                f"{str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ''}")
+            cause = describe(exc, last) if is_write_failure(exc) else \
+                f"{type(exc).__name__}: {first_line(exc)}"
             kept = (f"the {LAST} on disk (step {_step_of(last)}) is intact" if last.exists()
                     else "no checkpoint is on disk")
             self.bus.note("failed", "training failed, and saving the last good state into "

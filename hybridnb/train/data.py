@@ -1,9 +1,6 @@
-"""DataLoaders for the Trainer: built from a Dataset with a resumable batch order.
-
-``ResumableBatchSampler`` (defined in ``strategies.batches``, importable from here) draws each
-epoch's order from the loader's own generator, and can start an epoch at batch k without reading
-the k batches before it, so a run resumed mid-epoch sees exactly the batches a straight run would
-have seen next.
+"""DataLoaders for the Trainer: built from a Dataset with a resumable batch order
+(``strategies.batches.ResumableBatchSampler``, importable from here), so a run resumed mid-epoch
+sees exactly the batches a straight run would have seen next.
 """
 
 from __future__ import annotations
@@ -20,9 +17,8 @@ from hybridnb.train.seeding import set_rng_state, worker_init_fn
 
 def as_dataset(data, bus, what: str = "data") -> Dataset | DataLoader:
     """A Dataset or DataLoader as given; ``(X, y)`` arrays/tensors become a TensorDataset; an
-    object with a ``to_dataset()`` method (a data library's windows that know their Dataset)
-    becomes what it returns, said once on ``bus`` (the run's). Anything else is a TypeError naming
-    ``what`` and the call to make."""
+    object with ``to_dataset()`` what it returns (``made_dataset``). Anything else is a
+    TypeError naming ``what`` and the call to make."""
     if isinstance(data, (Dataset, DataLoader)):
         return data
     if isinstance(data, (tuple, list)) and len(data) >= 1 and all(
@@ -149,14 +145,12 @@ def make_loader(data, *, batch_size: int, shuffle: bool, what: str, seed: int | 
                 loader_kwargs: dict, bus):
     """Batches for ``data``: a given DataLoader is used as it is; in-memory tensors become
     ``IndexedBatches`` (on the device when they fit); other Datasets get a DataLoader. Both
-    follow the resumable batch order (this rank's shard under DDP) of a seeded generator."""
+    follow the resumable batch order (this rank's shard under DDP) of a seeded generator. A
+    stream (IterableDataset) is read in its own order, by one process and one loader worker
+    (more would each read all of it)."""
     if isinstance(data, IndexedBatches):
         return data
     data = as_dataset(data, bus, what)
-    if isinstance(data, IterableDataset):
-        return _stream_loader(data, batch_size=batch_size, shuffle=shuffle, what=what,
-                              seed=seed, strategy=strategy, loader_kwargs=loader_kwargs,
-                              bus=bus)
     if isinstance(data, DataLoader):
         shards = getattr(data.batch_sampler, "world_size", 1)  # 1: every rank sees all of it
         if shards != strategy.world_size:
@@ -164,57 +158,40 @@ def make_loader(data, *, batch_size: int, shuffle: bool, what: str, seed: int | 
                              f"{strategy.world_size} processes: the Trainer gives each "
                              "process its shard of every batch")
         return data
-    if len(data) == 0:
-        raise ValueError(f"{what} dataset is empty")
-    gen = _generator(seed)
-    sampler = strategy.batch_sampler(len(data), batch_size, shuffle, gen)
-    if type(data) is TensorDataset:
-        return IndexedBatches(tuple(data.tensors), sampler, gen)
-    kwargs = dict(loader_kwargs)
-    if (kwargs.get("num_workers") or kwargs.get("pin_memory")) and yields_device_tensors(data):
-        bus.note("loader", f"the {what} dataset yields tensors already on the device: no "
-                 "loader workers and no pinned memory for it")
-        kwargs.update(num_workers=0, pin_memory=False)
-    return DataLoader(data, batch_sampler=sampler, generator=gen, worker_init_fn=worker_init_fn,
-                      **_worker_options(kwargs))
-
-
-def _generator(seed: int | None) -> torch.Generator:
-    """The loader's generator (a fresh random seed without one; saved in checkpoints)."""
-    gen = torch.Generator()
+    gen = torch.Generator()  # the loader's (saved in checkpoints); without a seed, a random one
     gen.manual_seed(seed) if seed is not None else gen.seed()
-    return gen
-
-
-def _worker_options(kwargs: dict) -> dict:
-    """DataLoader options without those that need worker processes when there are none."""
-    if kwargs.get("num_workers", 0) == 0:
+    kwargs = dict(loader_kwargs)
+    if isinstance(data, IterableDataset):
+        if strategy.world_size > 1:
+            raise ValueError(f"{what}: an IterableDataset ({type(data).__name__}) with "
+                             f"{strategy.world_size} processes: each would read all of it. Shard "
+                             "it by rank inside the dataset and pass a DataLoader, or use a "
+                             "map-style Dataset (the Trainer shards those itself)")
+        if shuffle:
+            bus.note("data", f"the {what} data is an IterableDataset ({type(data).__name__}): "
+                     "read in its own order, which the Trainer cannot shuffle (shuffle inside "
+                     "the stream)")
+        if kwargs.get("num_workers", 0) > 1:
+            bus.note("loader", f"the {what} data is an IterableDataset: read by one loader "
+                     f"worker (not {kwargs['num_workers']}: each would yield all of it)")
+            kwargs["num_workers"] = 1
+        kwargs["batch_size"] = batch_size
+    else:
+        if len(data) == 0:
+            raise ValueError(f"{what} dataset is empty")
+        sampler = strategy.batch_sampler(len(data), batch_size, shuffle, gen)
+        if type(data) is TensorDataset:
+            return IndexedBatches(tuple(data.tensors), sampler, gen)
+        if (kwargs.get("num_workers") or kwargs.get("pin_memory")) and \
+                yields_device_tensors(data):
+            bus.note("loader", f"the {what} dataset yields tensors already on the device: no "
+                     "loader workers and no pinned memory for it")
+            kwargs.update(num_workers=0, pin_memory=False)
+        kwargs["batch_sampler"] = sampler
+    if kwargs.get("num_workers", 0) == 0:  # options that need worker processes
         kwargs.pop("persistent_workers", None)
         kwargs.pop("prefetch_factor", None)
-    return kwargs
-
-
-def _stream_loader(data: IterableDataset, *, batch_size: int, shuffle: bool, what: str,
-                   seed: int | None, strategy, loader_kwargs: dict, bus) -> DataLoader:
-    """A DataLoader over an IterableDataset: read in its own order (a stream cannot be
-    shuffled by index: said once for training); one process only (under DDP every rank would
-    read all of it)."""
-    if strategy.world_size > 1:
-        raise ValueError(f"{what}: an IterableDataset ({type(data).__name__}) with "
-                         f"{strategy.world_size} processes: each would read all of it. Shard it "
-                         "by rank inside the dataset and pass a DataLoader, or use a "
-                         "map-style Dataset (the Trainer shards those itself)")
-    if shuffle:
-        bus.note("data", f"the {what} data is an IterableDataset ({type(data).__name__}): "
-                 "read in its own order, which the Trainer cannot shuffle (shuffle inside the "
-                 "stream)")
-    kwargs = dict(loader_kwargs)
-    if kwargs.get("num_workers", 0) > 1:  # each worker would yield the whole stream
-        bus.note("loader", f"the {what} data is an IterableDataset: read by one loader "
-                 f"worker (not {kwargs['num_workers']}: each would yield all of it)")
-        kwargs["num_workers"] = 1
-    return DataLoader(data, batch_size=batch_size, generator=_generator(seed),
-                      worker_init_fn=worker_init_fn, **_worker_options(kwargs))
+    return DataLoader(data, generator=gen, worker_init_fn=worker_init_fn, **kwargs)
 
 
 def epoch_batches(loader, state, bus) -> Iterator:
@@ -259,37 +236,32 @@ _COLLATE_SIZES = "stack expects each tensor to be equal size"
 
 
 def same_sample_shape(batches: Iterator, start: int, epoch: int, source: str) -> Iterator:
-    """``batches`` (numbered from ``start`` within ``epoch``), each checked to hold samples of
-    the first batch's shape (``x.shape[1:]``: a tuple compare per batch): another shape raises
-    a ValueError naming the batch, the epoch, ``source`` and both shapes, where torch would say
-    only ``mat1 and mat2 shapes cannot be multiplied`` later. Samples of different shapes
-    inside one batch (torch's collate cannot stack them) are named the same way."""
-    batches = iter(batches)
+    """``batches`` (numbered from ``start``) checked to hold samples of the first batch's shape:
+    another shape, or different shapes inside one batch (collate's error), is a ValueError naming
+    the batch, ``epoch``, ``source`` and the shapes, where torch would say only ``mat1 and mat2
+    shapes cannot be multiplied`` later."""
     first, index = None, start
-    while True:
-        try:
-            batch = next(batches)
-        except StopIteration:
-            return
-        except RuntimeError as exc:
-            if _COLLATE_SIZES not in str(exc):
-                raise
-            raise ValueError(f"{source} batch {index} of epoch {epoch}: its samples have "
-                             f"different shapes ({str(exc).strip().splitlines()[0]}): every "
-                             "sample must have the same shape (crop or pad them in the "
-                             "Dataset)") from None
-        x = batch[0] if isinstance(batch, (tuple, list)) and batch else None
-        if isinstance(x, torch.Tensor) and x.dim() > 0:
-            shape = tuple(x.shape[1:])
-            if first is None:
-                first = (index, shape)
-            elif shape != first[1]:
-                raise ValueError(f"{source} batch {index} of epoch {epoch} holds samples of "
-                                 f"shape {shape}, but batch {first[0]}'s are {first[1]}: every "
-                                 "sample must have the same shape (look at that batch's items "
-                                 "in the Dataset; crop or pad them)")
-        yield batch
-        index += 1
+    try:  # around the loader's next(): its collate fails on samples of different shapes
+        for batch in batches:
+            x = batch[0] if isinstance(batch, (tuple, list)) and batch else None
+            if isinstance(x, torch.Tensor) and x.dim() > 0:
+                shape = tuple(x.shape[1:])
+                if first is None:
+                    first = (index, shape)
+                elif shape != first[1]:
+                    raise ValueError(f"{source} batch {index} of epoch {epoch} holds samples of "
+                                     f"shape {shape}, but batch {first[0]}'s are {first[1]}: "
+                                     "every sample must have the same shape (look at that "
+                                     "batch's items in the Dataset; crop or pad them)")
+            yield batch
+            index += 1
+    except RuntimeError as exc:
+        if _COLLATE_SIZES not in str(exc):
+            raise
+        raise ValueError(f"{source} batch {index} of epoch {epoch}: its samples have "
+                         f"different shapes ({str(exc).strip().splitlines()[0]}): every "
+                         "sample must have the same shape (crop or pad them in the "
+                         "Dataset)") from None
 
 
 class BatchCheck:
@@ -299,8 +271,7 @@ class BatchCheck:
     ``Trainer.save``, the targets' scale)."""
 
     def __init__(self, dtype: torch.dtype, bus, first=None) -> None:
-        self.dtype, self.bus, self._noted = dtype, bus, False
-        self.first = first
+        self.dtype, self.bus, self.first, self._noted = dtype, bus, first, False
 
     def __call__(self, batch) -> tuple:
         if not isinstance(batch, (tuple, list)) or len(batch) < 2:

@@ -1,26 +1,11 @@
 """Loggers: the run's rows written as they happen, for tools outside the notebook.
 
 ``Trainer(logger=...)`` takes the names ``"csv"`` and ``"tensorboard"`` (writing into
-``log_dir``, default ``checkpoint_dir``), logger objects, or a list mixing them. A logger object
-is anything with the three methods of ``Logger``::
-
-    class MyLogger:
-        def log_hparams(self, params): ...          # once per fit, before its first step
-        def log_metrics(self, metrics, step): ...   # each epoch's history row (a dict)
-        def close(self): ...                        # the fit ended (also when it failed)
-
-``params``: the run's settings as plain values, with the model's class and parameter count.
-``metrics``: the epoch's history row as ``trainer.history`` has it (NaN where nothing was
-measured), at ``step`` = the epoch's last global step. A logger with ``per_step = True`` also
-gets ``{"train/loss": ..., "train/lr": ...}`` after every optimizer step.
-The objects here: ``CsvLogger``, ``TensorBoardLogger``, ``MLflowLogger``, ``WandbLogger``.
-
-Loggers run in the user's process only (an isolated worker's events are heard in the kernel), on
-rank 0. ``CsvLogger()`` / ``TensorBoardLogger()`` without a folder write into ``log_dir``; a fresh
-fit moves an earlier run's files into ``earlier-<time>/`` (as it does checkpoints), a resumed fit
-keeps the rows before its epoch (TensorBoard purges the later steps). A failed write is said once
-and retried with the next row (``storage.StorageGuard``); rows are never lost from
-``trainer.history``.
+``log_dir``, default ``checkpoint_dir``), logger objects (anything with the methods of
+``Logger``; here ``CsvLogger``, ``TensorBoardLogger``, ``MLflowLogger``, ``WandbLogger``), or a
+list mixing them (docs/runs-and-logs.md). Loggers run in the user's process only (an isolated
+worker's events are heard in the kernel), on rank 0. A failed write is said once and retried
+with the next row (``storage.StorageGuard``); rows are never lost from ``trainer.history``.
 """
 
 from __future__ import annotations
@@ -34,7 +19,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from hybridnb.train import checkpoint
 from hybridnb.train.state import HISTORY_COLUMNS
@@ -48,10 +33,13 @@ TB_INSTALL = "pip install 'hybridnb[tensorboard]' (or pip install tensorboard)"
 INSTALL = "pip install 'hybridnb[loggers]' (or pip install {package})"
 
 
-@runtime_checkable
 class Logger(Protocol):
-    """What ``Trainer(logger=...)`` calls (the module's docstring says what each receives).
-    Optional: ``per_step = True`` and ``open(start_epoch, global_step)`` (a fit starts)."""
+    """What ``Trainer(logger=...)`` calls: ``log_hparams`` once per fit before its first step
+    (the settings as plain values, the model's class and parameter count), ``log_metrics`` with
+    each epoch's history row (NaN where nothing was measured) at its last global step, ``close``
+    when the fit ends (also when it failed). Optional: ``per_step = True`` (also every optimizer
+    step's ``{"train/loss", "train/lr"}``) and ``open(start_epoch, global_step)`` (a fit
+    starts)."""
 
     def log_hparams(self, params: dict[str, Any]) -> None: ...
 
@@ -71,9 +59,8 @@ def logger_names(logger) -> tuple:
         if isinstance(item, str):
             if item not in LOGGERS:
                 raise ValueError(f"logger={logger!r}: unknown logger {item!r}; use one of "
-                                 f"{LOGGERS}, a logger object (hybridnb.train.loggers: "
-                                 "CsvLogger, TensorBoardLogger, MLflowLogger, WandbLogger, or "
-                                 "your own), a list of them, or None")
+                                 f"{LOGGERS}, a logger object (hybridnb.train.loggers), a list "
+                                 "of them, or None")
         elif isinstance(item, type):
             raise ValueError(f"logger={logger!r} passes the class {item.__name__}: pass an "
                              f"instance, {item.__name__}(...)")
@@ -81,9 +68,7 @@ def logger_names(logger) -> tuple:
             missing = [m for m in METHODS if not callable(getattr(item, m, None))]
             if missing:
                 raise ValueError(f"logger={logger!r}: a {type(item).__name__} is not a logger, "
-                                 f"it lacks {', '.join(missing)} (a logger has log_hparams("
-                                 "params), log_metrics(metrics, step) and close(); see "
-                                 "hybridnb.train.loggers.Logger), or use 'csv', 'tensorboard'")
+                                 f"it lacks {', '.join(missing)} (hybridnb.train.loggers.Logger)")
         if not any(item is k or (isinstance(item, str) and item == k) for k in kept):
             kept.append(item)
     return tuple(kept)
@@ -104,13 +89,10 @@ def hparams(settings, model) -> dict[str, Any]:
     name), with the model's class and parameter count."""
     skip = {"logger", "log_dir", "loader_kwargs", "live", "verbose", "resolved_",
             "from_detect", "recommended_precision", "torch_threads"}
-    params: dict[str, Any] = {}
-    for f in dataclasses.fields(settings):
-        if f.name not in skip:
-            params[f.name] = _plain(getattr(settings, f.name))
-    params["model"] = type(model).__name__
-    params["n_params"] = sum(p.numel() for p in model.parameters())
-    return params
+    params = {f.name: _plain(getattr(settings, f.name)) for f in dataclasses.fields(settings)
+              if f.name not in skip}
+    return {**params, "model": type(model).__name__,
+            "n_params": sum(p.numel() for p in model.parameters())}
 
 
 def _plain(value) -> Any:
@@ -130,7 +112,9 @@ def numbers(metrics: dict) -> dict[str, float]:
 
 
 class _FileLogger:
-    """A logger writing into a folder: its own, or the Trainer's ``log_dir`` (``bind``)."""
+    """A logger writing into a folder: its own, or the Trainer's ``log_dir`` (``bind``). A fresh
+    fit moves an earlier run's files into ``earlier-<time>/``, a resumed fit keeps the rows before
+    its epoch (TensorBoard purges the later steps)."""
 
     patterns: tuple[str, ...] = ()
     per_step = False
@@ -163,7 +147,6 @@ class CsvLogger(_FileLogger):
         super().__init__(folder)
         self.pending: list[dict] = []
         self.rows: list[list] = []  # the rows on disk (this fit's and those kept on resume)
-        self.header = False
 
     @property
     def path(self) -> Path:
@@ -176,7 +159,6 @@ class CsvLogger(_FileLogger):
             checkpoint.set_aside(self.folder, self.patterns, checkpoints=False)
         elif self.path.is_file():
             self._keep_rows_before(start_epoch)
-        self.header = self.path.is_file() and self.path.stat().st_size > 0
 
     def _keep_rows_before(self, epoch: int) -> None:
         """A resumed fit: rows of epochs at or after ``epoch`` (written by the run it resumes,
@@ -201,54 +183,45 @@ class CsvLogger(_FileLogger):
             self._write()
 
     def _write(self) -> None:
+        """The pending rows appended (after the header in a new file); a file that disappeared
+        mid-run (its folder removed) is written again whole, atomically."""
         if not self.pending:
             return
         lines = [[_cell(row.get(c)) for c in HISTORY_COLUMNS] for row in self.pending]
-        if self.header and not self.path.exists():
-            self._rewrite(lines)
+        new = not self.path.exists() or self.path.stat().st_size == 0
+        whole = new and bool(self.rows)
+        try:
+            if whole:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                _replace(self.path, [HISTORY_COLUMNS] + self.rows + lines)
+            else:
+                self._append([HISTORY_COLUMNS] + lines if new else lines)
+        except OSError as exc:
+            self.storage.failed(self.path, exc, f"the rows from epoch "
+                                f"{self.pending[0]['epoch']} on are in trainer.history and "
+                                "written with the next row")
             return
+        if whole:
+            self.storage.say(f"{self.path} disappeared mid-run (was its folder removed?): "
+                             f"written again whole, the header and the "
+                             f"{len(self.rows) + len(lines)} rows of epochs {self.rows[0][0]} "
+                             f"to {lines[-1][0]}")
+        self.pending, self.rows = [], self.rows + lines
+        self.storage.worked(self.path)
+
+    def _append(self, lines: list[list]) -> None:
         buf = io.StringIO()
-        out = csv.writer(buf)
-        if not self.header:
-            out.writerow(HISTORY_COLUMNS)
-        out.writerows(lines)
+        csv.writer(buf).writerows(lines)
         size = self.path.stat().st_size if self.path.exists() else 0
         try:
             with open(self.path, "a", newline="") as f:
                 f.write(buf.getvalue())
                 f.flush()
                 os.fsync(f.fileno())
-        except OSError as exc:
-            try:  # a row written half-way is cut off, so the retry appends whole rows
-                if self.path.exists() and self.path.stat().st_size > size:
-                    os.truncate(self.path, size)
-            except OSError:
-                pass
-            self.storage.failed(self.path, exc, f"the rows up to epoch "
-                                f"{self.pending[0]['epoch'] - 1} are on disk, the others in "
-                                "trainer.history and written with the next row")
-            return
-        self.header, self.pending = True, []
-        self.rows += lines
-        self.storage.worked(self.path)
-
-    def _rewrite(self, lines: list[list]) -> None:
-        """``history.csv`` disappeared mid-run (its folder removed, or the file): written again
-        whole, header and every row, and said; appending would leave a file without header."""
-        rows = self.rows + lines
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            _replace(self.path, [HISTORY_COLUMNS] + rows)
-        except OSError as exc:
-            self.storage.failed(self.path, exc, "it disappeared mid-run; its rows are in "
-                                "trainer.history and written again whole with the next row")
-            return
-        epochs = [r[0] for r in rows]
-        self.storage.say(f"{self.path} disappeared mid-run (was its folder "
-                         f"removed?): written again whole, the header and the {len(rows)} "
-                         f"rows of epochs {epochs[0]} to {epochs[-1]}")
-        self.header, self.pending, self.rows = True, [], rows
-        self.storage.worked(self.path)
+        except OSError:
+            with contextlib.suppress(OSError):  # cut a half-written row: retries append whole
+                os.truncate(self.path, size)
+            raise
 
     def close(self) -> None:
         self._write()
@@ -265,8 +238,7 @@ class TensorBoardLogger(_FileLogger):
         super().__init__(folder)
         self.writer = None
         self._purge: int | None = None
-        self._first_step: int | None = None  # the first step the current event file holds
-        self._file: Path | None = None
+        self._file: Path | None = None  # the writer's event file (watched: a folder removed)
 
     def open(self, start_epoch: int, global_step: int) -> None:
         try:
@@ -284,44 +256,34 @@ class TensorBoardLogger(_FileLogger):
         """Run ``write`` on the writer (made first when there is none); a write failure is said
         once and drops the writer, whose thread keeps the error: the next write makes a new
         one (TensorBoard reads every event file in the folder). An event file that disappeared
-        is said first (``_lost``)."""
+        is said first."""
         try:
             if self.writer is not None and self._file is not None and not self._file.exists():
-                self._lost(step)
+                self._drop()
+                self.storage.say(f"the TensorBoard event file in {self.folder} disappeared "
+                                 f"mid-run (was its folder removed?): its scalars before step "
+                                 f"{step} are lost to TensorBoard (they are in trainer.history "
+                                 f"and trainer.steps); a new event file holds those from step "
+                                 f"{step} on")
             if self.writer is None:
                 self.writer, self._purge = self._make(), None  # purged once, not again
-                self._first_step = step
-                self._file = self._newest()
+                files = list(self.folder.glob(TB_EVENTS))
+                self._file = max(files, key=lambda p: p.stat().st_mtime_ns) if files else None
             write()
         except Exception as exc:  # narrowed by is_write_failure
             if not is_write_failure(exc):
                 raise
-            if self.writer is not None:
-                with contextlib.suppress(Exception):  # dropping it anyway
-                    self.writer.close()
-            self.writer = None
+            self._drop()
             self.storage.failed(self.folder / "events.out.tfevents", exc,
                                 "the scalars are kept in trainer.history and trainer.steps")
             return
         self.storage.worked(self.folder / "events.out.tfevents")
 
-    def _newest(self) -> Path | None:
-        """The event file the writer just made (watched: a folder removed mid-run)."""
-        files = list(self.folder.glob(TB_EVENTS))
-        return max(files, key=lambda p: p.stat().st_mtime_ns) if files else None
-
-    def _lost(self, step: int) -> None:
-        """The event file disappeared mid-run (its folder removed): what it held is lost to
-        TensorBoard, said once; a new one is written from ``step`` on."""
-        with contextlib.suppress(Exception):  # dropping it anyway
+    def _drop(self) -> None:
+        """The writer closed and forgotten (the next write makes a new one)."""
+        with contextlib.suppress(Exception):  # dropping it anyway (None: nothing to close)
             self.writer.close()
         self.writer = None
-        since = f"steps {self._first_step} to {step - 1}" if self._first_step else \
-            f"the steps before {step}"
-        self.storage.say(f"the TensorBoard event file in {self.folder} disappeared "
-                         f"mid-run (was its folder removed?): its scalars of {since} are lost "
-                         "to TensorBoard (they are in trainer.history and trainer.steps); a new "
-                         f"event file holds those from step {step} on")
 
     def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
         prefix = "epoch/" if "epoch" in metrics else ""  # else a step's train/loss, train/lr
@@ -369,13 +331,12 @@ class MLflowLogger:
         try:
             self.client = MlflowClient(tracking_uri)
         except Exception as exc:  # noqa: BLE001 — mlflow's store errors share no base class
+            store = tracking_uri or "sqlite:///mlflow.db (its default)"
             raise ValueError(
-                f"MLflowLogger: MLflow cannot open the tracking store "
-                f"{tracking_uri or 'of its default (sqlite:///mlflow.db in MLflow 3)'} "
-                f"({type(exc).__name__}: {str(exc)[:160]}). A sqlite store needs the full "
-                f"package (pip install mlflow); with the loggers extra's mlflow-skinny pass "
-                f"tracking_uri='file:./mlruns' (and set MLFLOW_ALLOW_FILE_STORE=true) or a "
-                f"server ('http://host:5000')") from exc
+                f"MLflowLogger: MLflow cannot open the tracking store {store} "
+                f"({type(exc).__name__}: {str(exc)[:160]}). A sqlite store needs pip install "
+                "mlflow; with mlflow-skinny pass tracking_uri='file:./mlruns' (and set "
+                "MLFLOW_ALLOW_FILE_STORE=true) or a server ('http://host:5000')") from exc
         self.tracking_uri, self.experiment = tracking_uri, experiment
         self.run_name, self.tags, self.per_step = run_name, dict(tags or {}), per_step
         self.run_id: str | None = None
@@ -436,8 +397,6 @@ class WandbLogger:
                                        dir=None if self.dir is None else str(self.dir),
                                        config=config, **self.init_kwargs)
             self.run_dir = Path(self.run.dir).parent if getattr(self.run, "dir", None) else None
-        elif config:
-            self.run.config.update(config, allow_val_change=True)
         return self.run
 
     def log_hparams(self, params: dict[str, Any]) -> None:
@@ -470,9 +429,8 @@ def make_loggers(loggers: tuple, folder: Path | None, storage: StorageGuard,
                          and getattr(o, "folder", None) == lg.folder), None)
             if twin is not None:
                 raise ValueError(f"logger=: two {type(lg).__name__}s would write into one "
-                                 f"folder, {lg.folder} (a name such as 'csv' writes into "
-                                 "log_dir, as an object given no folder does): keep one, or "
-                                 "give the other a folder of its own")
+                                 f"folder, {lg.folder} (a name writes into log_dir, as an object "
+                                 "given no folder does): keep one, or give one its own folder")
         made.append(lg)
     return made
 

@@ -5,7 +5,9 @@ and acts on its failures (Composer's ``_train_batch``: try, classify, agree acro
 retry) and returns an ``Outcome`` the loop reads. Its policies: ``MicroBatches`` (the same batch
 as halves, quarters, ..., each loss weighted by its share, so the update equals the unsplit one),
 ``on_cpu`` (one batch on the CPU when not even one sample fits) and ``LossGuard`` (a non-finite
-or spiking loss skips the step and cuts the learning rate). Memory is freed *after* the
+or spiking loss skips the step and cuts the learning rate; non-finite data skips the batch, and
+``patience`` such batches in a row are an error). A re-run attempt starts from the buffers and
+RNG states of the first (``_trace``). Memory is freed *after* the
 ``except`` block: while the exception lives, its traceback pins the failed step's tensors.
 
 It survives out of memory, a failing compiled step (eager), an exploding loss and sticky device
@@ -18,10 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import gc
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -52,15 +55,12 @@ def free_memory(device: torch.device) -> None:
     """Release what a failed step left behind (outside the ``except`` block). A full
     collection (tenths of a second) only for accelerators, whose cached blocks go back to the
     driver; a device marked lost is never called."""
-    if device.type == "cpu":
-        gc.collect(1)
-        return
-    gc.collect()
-    if is_lost(device):
+    gc.collect(1 if device.type == "cpu" else 2)
+    if device.type == "cpu" or is_lost(device):
         return
     if device.type == "cuda" and torch.cuda.is_available():
         torch.cuda.empty_cache()
-    elif device.type == "mps" and hasattr(torch, "mps"):
+    elif device.type == "mps":
         torch.mps.empty_cache()
 
 
@@ -108,10 +108,8 @@ def to_cpu(obj):
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, dict):
         return type(obj)((k, to_cpu(v)) for k, v in obj.items())
-    if isinstance(obj, list):
-        return [to_cpu(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(to_cpu(v) for v in obj)
+    if isinstance(obj, (list, tuple)):
+        return (list if isinstance(obj, list) else tuple)(to_cpu(v) for v in obj)
     return obj
 
 
@@ -137,7 +135,7 @@ class LossGuard:
     momentum: float = 0.95
     mean: float = 0.0
     good: int = 0
-    streak: int = field(default=0)
+    streak: int = 0
 
     def check(self, loss: float, grad_norm: float | None = None) -> str:
         """Judge a step and count it (``verdict`` then ``record``)."""
@@ -178,8 +176,7 @@ class LossGuard:
         return {"mean": float(self.mean), "good": int(self.good), "streak": int(self.streak)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.mean, self.good, self.streak = float(state["mean"]), int(state["good"]), int(
-            state["streak"])
+        self.mean, self.good, self.streak = state["mean"], state["good"], state["streak"]
 
 
 def nonfinite_inputs(window: list) -> str | None:
@@ -212,36 +209,31 @@ class Came(str, enum.Enum):
 
 @dataclass
 class Outcome:
-    """What one optimizer step came to (``kind``), its loss when applied, and ``detail`` naming
-    the failure."""
+    """A step's ``Came``, its loss when applied, and ``detail`` naming the failure."""
 
     kind: Came
     loss: float | None = None
     detail: str = ""
 
 
-class _Trace:
-    """Buffers (BatchNorm running statistics) and RNG states from before a step's first
-    attempt, so a failed attempt that is re-run split leaves no trace."""
+def _trace(model: torch.nn.Module, device: torch.device):
+    """A function putting back the buffers (BatchNorm running statistics) and RNG states of
+    now, before a step's first attempt, so a failed attempt that is re-run split leaves no
+    trace."""
+    buffers, rng = [(b, b.detach().clone()) for b in model.buffers()], torch_rng_state(device)
 
-    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
-        self.buffers = [(b, b.detach().clone()) for b in model.buffers()]
-        self.device, self.rng = device, torch_rng_state(device)
-
-    def restore(self) -> None:
-        with torch.no_grad():
-            for live, saved in self.buffers:
-                live.copy_(saved)
-        set_torch_rng_state(self.rng, self.device)
+    @torch.no_grad()
+    def restore() -> None:
+        for live, saved in buffers:
+            live.copy_(saved)
+        set_torch_rng_state(rng, device)
+    return restore
 
 
 class Recovery:
-    """Runs one optimizer step over a window of batches and recovers from its failures: a
-    failing compiled step goes eager; out of memory re-runs the batch split (buffers and RNG
-    restored first), then on the CPU; a sticky device error is ``Came.DEVICE_LOST``. A
-    non-finite loss from non-finite data skips the batch (``patience`` in a row: an error).
-    ``eager`` and ``cpu_batch_step`` build those steps (once); ``updating`` holds Ctrl-C back
-    during the optimizer update."""
+    """Runs one optimizer step over a window of batches and recovers from its failures (the
+    module's docstring says how). ``eager`` and ``cpu_batch_step`` build the fallback steps
+    (once); ``updating`` holds Ctrl-C back during the optimizer update."""
 
     def __init__(self, step, *, model: torch.nn.Module, on_gpu_error: str,
                  guard: LossGuard | None, state, bus,
@@ -251,26 +243,25 @@ class Recovery:
         self.model = model  # the unwrapped module: its buffers are what a failed attempt touched
         self.strategy = step.strategy
         self.on_gpu_error, self.updating, self.compiled = on_gpu_error, updating, compiled
-        self._eager, self._cpu_batch_step, self._cpu_step = eager, cpu_batch_step, None
+        self._eager = eager
+        self._cpu = cpu_batch_step and functools.cache(cpu_batch_step)  # built once, if needed
         self.micro = MicroBatches(state.micro)
         self.phase = "idle"
         self._bad_data, self._said_unguarded = 0, False
 
     def run(self, window: list) -> Outcome:
         """One optimizer step over ``window`` (the batches of one accumulation window)."""
-        samples = sum(batch_len(b) for b in window)
-        trace = _Trace(self.model, self.strategy.device)
+        samples, device = sum(batch_len(b) for b in window), self.strategy.device
+        untrace = _trace(self.model, device)
         on_cpu_batch = False
         while True:
             step = self._cpu() if on_cpu_batch else self.step
             try:
                 self.phase = "forward"
                 pieces = list(self.micro.split(window))
-                if on_cpu_batch:  # the model visits the CPU; its parameters keep their identity
-                    with on_cpu(step.model, self.strategy.device):
-                        total = step.accumulate(pieces, samples).to(self.strategy.device)
-                else:
-                    total = step.accumulate(pieces, samples)
+                # on_cpu: the model visits the CPU; its parameters keep their identity
+                with on_cpu(step.model, device) if on_cpu_batch else contextlib.nullcontext():
+                    total = step.accumulate(pieces, samples).to(device)
                 if self.strategy.world_size > 1:  # all ranks agree, then gradients are averaged
                     total = self.strategy.settle(self.step.params, total, window)
                 self.phase = "update"
@@ -286,11 +277,11 @@ class Recovery:
             self.step.optimizer.zero_grad(set_to_none=True)
             self.strategy.discard()
             if failure == "device_lost":
-                mark_lost(self.strategy.device)
+                mark_lost(device)
                 gc.collect()
                 return Outcome(Came.DEVICE_LOST, detail=detail)
-            free_memory(self.strategy.device)
-            trace.restore()
+            free_memory(device)
+            untrace()
             on_cpu_batch = self._act(failure, detail, window, on_cpu_batch)
         return self._judge(result.loss, result.verdict, window)
 
@@ -328,10 +319,9 @@ class Recovery:
         self.state.micro = self.micro.size
         if new is not None:
             self.bus.say("oom_split", f"out of memory at micro-batch {size_before} on {device} "
-                         f"({detail}); re-running the same batch as micro-batches of {new}; later "
-                         "steps keep it. The failed attempt left no trace (batch-norm statistics "
-                         "and RNG restored); the update equals the unsplit one except for layers "
-                         "that depend on the batch (batch norm normalises per micro-batch)")
+                         f"({detail}); re-running the same batch, batch-norm statistics and RNG "
+                         f"restored, as micro-batches of {new} (later steps keep it): the same "
+                         "update, except that batch norm normalises per micro-batch")
             return False
         if on_cpu_batch or not self.strategy.accelerator or self.strategy.owns_update:
             raise MemoryError(f"out of memory on {'the CPU' if on_cpu_batch else device} even "
@@ -340,11 +330,6 @@ class Recovery:
         self.bus.say("cpu_batch", f"one sample does not fit on {device} ({detail}); this batch "
                      "runs on the CPU, the next goes back to the GPU")
         return True
-
-    def _cpu(self):
-        if self._cpu_step is None:
-            self._cpu_step = self._cpu_batch_step()
-        return self._cpu_step
 
     def _judge(self, loss: float | None, verdict: str, window: list) -> Outcome:
         """A skipped step: name bad data, or cut the LR; after ``patience`` bad steps in a row

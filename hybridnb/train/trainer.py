@@ -1,15 +1,9 @@
 """Trainer: the public class, a facade over its parts, a Loop and a runner.
 
-The Trainer validates the options once (``settings``: the checked, frozen ``Settings``), holds the
-parts, each owning its state: ``learner`` (model, optimizer, loss, schedule, EMA, guard),
-``placement`` (device, precision decided once, speedups, the step and its recovery),
-``checkpoints`` (the last good state, files, earlier runs), ``progress`` (the live view, rows,
-throughput), ``stopping`` (best weights, early stopping), ``sinks`` (loggers, callbacks) and
-``bus`` (typed events; the view and sinks listen), and ``loop`` (loop.py: runs the fit over them;
-owns the run's state). ``build_loop`` makes the Loop and its parts, here and in an isolated
-worker alike. The Trainer runs the Loop here, or isolated through ``run_worker.py`` (the
-same Loop in a supervised worker process, its events emitted again here and its states
-applied as they arrive).
+The Trainer validates the options once (``settings``: the checked, frozen ``Settings``), holds
+the parts ``build_loop`` makes (parts.py; an isolated worker builds the same) and its ``sinks``
+(loggers, callbacks), and runs the Loop here or in a supervised worker (``run_worker.py``: its
+events emitted again here, its states applied as they arrive).
 
 >>> tr = Trainer(model, loss="mse", lr=1e-3, epochs=10, checkpoint_dir="runs/c1")
 >>> history = tr.fit(train, val)          # Datasets or DataLoaders; batches (x, y[, extras])
@@ -79,9 +73,9 @@ class Trainer:
       from hybridnb.train.schedules | a factory ``(optimizer, total_steps) ->
       torch.optim.lr_scheduler`` object (e.g. ``lambda opt, total_steps: OneCycleLR(opt,
       max_lr=1e-2, total_steps=total_steps)``; ``optimizer -> ...`` also works), stepped once
-      per optimizer step (ReduceLROnPlateau: with the ``monitor`` value at each validation).
-      Schedules count optimizer steps: ``total_steps`` (after ``plan(train)``) is the run's.
-      On resume the scheduler given is used (the checkpoint's state when it is the same one).
+      per optimizer step (``total_steps``: the run's; ReduceLROnPlateau: with the ``monitor``
+      value at each validation). On resume the scheduler given is used (the checkpoint's state
+      when it is the same one).
     - ``ema``: None or a decay (e.g. 0.999); validation, best weights and the final model use it.
     - ``early_stopping``: None or a patience in validations; the best weights are restored.
       ``monitor``: the validation metric it watches (checked at the first validation).
@@ -112,26 +106,21 @@ class Trainer:
     - ``speedups``: "auto" (on CUDA: channels_last, the depthwise-convolution rewrite, cuDNN
       autotuning and precision, each kept only where it measures faster) | True (any device) |
       False.
-    - ``logger``: "auto" (csv when there is a folder, else nothing) | "csv" (each epoch's
-      history row appended to ``<log_dir>/history.csv`` as the epoch ends, flushed: a killed
-      run keeps its finished epochs) | "tensorboard" (event files in ``log_dir``: train/loss and
-      train/lr per step, epoch/<column> per epoch; ``pip install 'hybridnb[tensorboard]'``) | a
+    - ``logger``: "auto" (csv when there is a folder, else nothing) | "csv" (each epoch's row
+      appended to ``<log_dir>/history.csv`` as it ends) | "tensorboard" | a logger object | a
       list | None. ``log_dir``: where (default ``checkpoint_dir``). hybridnb.train.loggers.
     - ``callbacks``: objects with any of ``on_fit_start(trainer)``, ``on_step_end(trainer,
-      row)`` (the step's row: global_step, epoch, loss, lr, ...), ``on_epoch_end(trainer, row)``
-      (the epoch's history row as a dict), ``on_fit_end(trainer)``; they run in this process,
-      also for an isolated fit. A hook stops the run with ``trainer.should_stop = True``: the
-      fit ends after the current step, its state kept (hybridnb.train.callbacks).
+      row)``, ``on_epoch_end(trainer, row)``, ``on_fit_end(trainer)``, run in this process (also
+      for an isolated fit); a hook stops the fit after the current step with
+      ``trainer.should_stop = True`` (hybridnb.train.callbacks).
 
     Data: a Dataset (items ``(x, y[, extras])``: braindecode's windows as they come), a
     DataLoader, ``(X, y)`` arrays or tensors as one tuple, or an object with ``to_dataset()``
     (data_prep's Windows). A keyword of Lightning, fastai or skorch names the option that does
     the same; ``test(data)`` is ``evaluate(data)``.
 
-    ``save(path)`` writes ``model``'s weights with their class (its arguments when known) and
-    input shape; ``hn.load(path)`` rebuilds and loads it, ``hn.load(path, model)`` loads into
-    ``model`` (hybridnb.saving). A checkpoint or log write that fails
-    (full disk, read-only folder) is said once; the run continues from memory.
+    A checkpoint or log write that fails (full disk, read-only folder) is said once; the run
+    continues from memory.
     """
 
     def __init__(self, model: torch.nn.Module, *, loss="mse",
@@ -165,9 +154,7 @@ class Trainer:
         bus = self.bus = loop.bus
         self.learner, self.placement, self.checkpoints = loop.learner, loop.placement, \
             loop.checkpoints
-        self.progress, self.stopping, self.heartbeat = loop.progress, loop.stopping, \
-            loop.heartbeat
-        self.batch_check = loop.batch_check
+        self.progress, self.stopping = loop.progress, loop.stopping
         strategy = self.placement.strategy
         self.sinks = Sinks(lambda storage: loggers.make_loggers(
             settings.loggers, settings.log_folder, storage, strategy.is_main),
@@ -187,9 +174,8 @@ class Trainer:
         setup.build_step(loop)
 
     def _print(self, event) -> None:
-        """Notes on stderr without a live view (an isolated worker's too: its events are
-        emitted again here),
-        the run's header line first (what the Trainer chose on the user's behalf)."""
+        """Notes on stderr without a live view (an isolated worker's too), the run's header
+        line first (what the Trainer chose on the user's behalf)."""
         if not (self.verbose and self.live in (False, None) and self.strategy.is_main):
             return
         if isinstance(event, Event):
@@ -254,12 +240,9 @@ class Trainer:
 
     @property
     def total_steps(self) -> int:
-        """Optimizer steps of the whole run (epochs x optimizer steps per epoch, after
-        ``grad_accum``, ``steps_per_epoch`` and quick mode's caps): what a schedule should
-        span. Known once the training data is: after ``plan(train)``, during and after
-        ``fit``. A schedule factory with a second argument receives the same number:
-        ``schedule=lambda opt, total_steps: OneCycleLR(opt, max_lr=1e-2,
-        total_steps=total_steps)``. A resumed fit continues the same count."""
+        """Optimizer steps of the whole run (after ``grad_accum``, ``steps_per_epoch`` and
+        quick mode's caps): what a schedule should span, and what a schedule factory's second
+        argument receives. Known after ``plan(train)``; a resumed fit continues the count."""
         if self.loop.state.plan.total_steps:
             return self.loop.state.plan.total_steps
         planned = getattr(self, "_planned", None)
@@ -304,8 +287,13 @@ class Trainer:
 
     def _begin(self, resume) -> None:
         """A fresh run state: resumed, or started (earlier files set aside, seeded)."""
-        if resume is not False and resume is not None:
-            self._load_resume(resume)
+        if resume is True and not self.checkpoints.has_last():
+            if self.checkpoint_dir is None:
+                raise ValueError("fit(resume=True) needs checkpoint_dir=; or pass resume=<path>")
+            self.bus.note("resume", f"no checkpoint in {self.checkpoint_dir} yet: starting from "
+                          "scratch")
+        elif resume is not False and resume is not None:
+            self.resume(self.checkpoint_dir if resume is True else resume)
         elif kept := self.checkpoints.set_aside():
             self.bus.note("earlier_run", f"{self.checkpoint_dir} held an earlier run's "
                           f"checkpoints: moved to {kept} (fit(..., resume=True) would have "
@@ -343,8 +331,6 @@ class Trainer:
         return as_output(self._predict(data, with_targets=False)[0], self.settings.task, output)
 
     def _predict(self, data, with_targets: bool) -> tuple:
-        """Where fit ran: in a worker after an isolated fit (if it dies, here on the CPU, said
-        once), else in this process."""
         data = made_dataset(data, self.bus, "data")
         return self._where_fit_ran("predicting", worker_fit.predict, data, with_targets)
 
@@ -362,10 +348,9 @@ class Trainer:
         """The largest batch that fits with ``headroom`` to spare (doubling + bisection over
         real steps); sets ``batch_size`` and raises ``grad_accum`` to keep the effective batch.
         The model and optimizer are restored afterwards. See hybridnb.train.batch_size."""
-        kwargs = {"headroom": headroom, "max_batch": max_batch, "start": start}
         dataset = made_dataset(dataset, self.bus, "dataset")
         result = self._where_fit_ran("finding the batch size", find_batch_size, dataset,
-                                     **kwargs)
+                                     headroom=headroom, max_batch=max_batch, start=start)
         self.batch_size, self.grad_accum = result.batch_size, result.grad_accum
         return result.found
 
@@ -395,15 +380,6 @@ class Trainer:
         self.bus.note("resume", f"resuming from {used} (epoch {state['position']['epoch']}, "
                       f"step {state['position']['global_step']})")
         return self
-
-    def _load_resume(self, resume) -> None:
-        where = self.checkpoint_dir if resume is True else Path(resume)
-        if where is None:
-            raise ValueError("fit(resume=True) needs checkpoint_dir=; or pass resume=<path>")
-        if resume is True and not self.checkpoints.has_last():
-            self.bus.note("resume", f"no checkpoint in {where} yet: starting from scratch")
-            return
-        self.resume(where)
 
     def save(self, path: str | Path, extra: dict | None = None, *,
              init_args: dict | None = None) -> Path:
