@@ -65,9 +65,7 @@ def frontend(environ: dict[str, str] | None = None) -> str:
         return "ci"
     if kernel:
         return "ci" if _headless_kernel(env) else "jupyter"
-    if "IPython" in sys.modules and _ipython_shell() is not None:
-        return "ipython"
-    return "terminal"
+    return "ipython" if _ipython_shell() is not None else "terminal"
 
 
 HEADLESS_RUNNERS = ("nbclient", "nbconvert", "papermill", "nbval", "pytest", "jupyter-execute",
@@ -98,19 +96,15 @@ def _parent_command(env) -> str:
 
 
 def _ipython_shell():
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return None
-    return get_ipython()
+    """The running IPython shell, if any (a shell has IPython imported already)."""
+    ipython = sys.modules.get("IPython")
+    return ipython.get_ipython() if ipython is not None else None
 
 
 def _in_kernel() -> bool:
     """True inside a Jupyter kernel (ZMQ shell), false in a terminal IPython or plain Python."""
-    if "ipykernel" not in sys.modules:
-        return False
-    shell = _ipython_shell()
-    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+    return ("ipykernel" in sys.modules
+            and type(_ipython_shell()).__name__ == "ZMQInteractiveShell")
 
 
 # ------------------------------------------------------------------ the launch environment
@@ -154,11 +148,6 @@ def isolated_worker(environ: dict[str, str] | None = None) -> bool:
 def visible_gpus(environ: dict[str, str] | None = None) -> str | None:
     """``$CUDA_VISIBLE_DEVICES`` as set (None when unset), for messages about GPU counts."""
     return _env(environ).get("CUDA_VISIBLE_DEVICES")
-
-
-def cxx(environ: dict[str, str] | None = None) -> str | None:
-    """``$CXX``: the C++ compiler the user chose for TorchInductor (None when unset or empty)."""
-    return _env(environ).get("CXX") or None
 
 
 # ------------------------------------------------------------------ the cache folder

@@ -52,17 +52,15 @@ def memfd() -> Facility:
 @functools.cache
 def parent_death_signal() -> Facility:
     """``prctl(PR_SET_PDEATHSIG)`` (Linux): a child gets a signal when its parent dies."""
-    why = ("PR_SET_PDEATHSIG is Linux-only: a child notices its parent's death through a "
-           "lifeline pipe instead (it ends itself when the pipe's other end closes)")
-    if not sys.platform.startswith("linux"):
-        return _has("PR_SET_PDEATHSIG", False, why)
-    try:
-        import ctypes
+    found = False
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(ImportError, OSError, TypeError):
+            import ctypes
 
-        _ = ctypes.CDLL(None, use_errno=True).prctl
-    except (ImportError, OSError, AttributeError, TypeError):
-        return _has("PR_SET_PDEATHSIG", False, why)
-    return _has("PR_SET_PDEATHSIG", True, "")
+            found = hasattr(ctypes.CDLL(None, use_errno=True), "prctl")
+    return _has("PR_SET_PDEATHSIG", found,
+                "PR_SET_PDEATHSIG is Linux-only: a child notices its parent's death through a "
+                "lifeline pipe instead (it ends itself when the pipe's other end closes)")
 
 
 def set_parent_death_signal(death_signal: int) -> None:
@@ -80,11 +78,7 @@ def fork() -> Facility:
     """``os.fork`` and multiprocessing's "fork" start method (POSIX)."""
     import multiprocessing
 
-    try:
-        methods = multiprocessing.get_all_start_methods()
-    except Exception:  # noqa: BLE001 - a stripped multiprocessing: treat as no fork
-        methods = []
-    return _has("fork", hasattr(os, "fork") and "fork" in methods,
+    return _has("fork", hasattr(os, "fork") and "fork" in multiprocessing.get_all_start_methods(),
                 "this platform cannot fork: children start as fresh interpreters (spawn)")
 
 
@@ -188,9 +182,3 @@ FACILITIES = (memfd, parent_death_signal, fork, wait_without_reaping, pidfd, pro
 def missing() -> list[Facility]:
     """The facilities this OS lacks, each with its sentence."""
     return [f for f in (probe() for probe in FACILITIES) if not f]
-
-
-def refresh() -> None:
-    """Forget the cached facts (for tests that take a facility away in this process)."""
-    for probe in FACILITIES:
-        probe.cache_clear()

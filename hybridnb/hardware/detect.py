@@ -58,23 +58,20 @@ class Hardware:
         """``num_workers``, ``pin_memory``, ``persistent_workers`` for torch's DataLoader
         (for data held in CPU memory: a dataset that yields GPU tensors takes no workers and
         no pinning)."""
-        s = self.settings
-        return {"num_workers": s.num_workers, "pin_memory": s.pin_memory,
-                "persistent_workers": s.persistent_workers}
+        return {k: getattr(self.settings, k)
+                for k in ("num_workers", "pin_memory", "persistent_workers")}
 
     def to_dict(self) -> dict:
         """Everything in the report as plain JSON types."""
-        return {
-            "device": str(self.device), "precision": self.precision,
-            "settings": self.settings.to_dict(),
-            "gpus": [g.to_dict() for g in self.gpus], "host": asdict(self.host),
-            "frontend": self.frontend,
-            "torch": {"version": self.build.torch, "cuda": self.build.cuda,
-                      "hip": self.build.hip, "arch_list": list(self.build.arch_list)},
-            "warnings": list(self.warnings), "advice": list(self.advice),
-            "notes": list(self.notes), "probe_timeout": self.probe_timeout,
-            "seconds": round(self.seconds, 4),
-        }
+        b = self.build
+        return {"device": str(self.device), "precision": self.precision,
+                "settings": self.settings.to_dict(), "gpus": [g.to_dict() for g in self.gpus],
+                "host": asdict(self.host), "frontend": self.frontend,
+                "torch": {"version": b.torch, "cuda": b.cuda, "hip": b.hip,
+                          "arch_list": list(b.arch_list)},
+                "warnings": list(self.warnings), "advice": list(self.advice),
+                "notes": list(self.notes), "probe_timeout": self.probe_timeout,
+                "seconds": round(self.seconds, 4)}
 
     def __str__(self) -> str:
         return views.text(self)
@@ -120,7 +117,6 @@ def _detect(probe_timeout: float, env: dict[str, str], refresh: bool = False) ->
     frontend = runtime.frontend()
     gpus, notes, warns = _find_gpus(build, env)
     none_found = " ".join(notes).rstrip(".") or "none listed"
-    none_found = none_found[:1].lower() + none_found[1:]
 
     if forced is not None and forced.type == "cpu":
         targets = []
@@ -194,8 +190,8 @@ def _find_gpus(build: BuildInfo, env: dict[str, str]) -> tuple[list[GpuInfo], li
             # The driver is loaded but NVML is not usable here (e.g. a container without
             # libnvidia-ml): let the probe child find out what GPU 0 is.
             raw = [GpuInfo(index=0, physical_index=0, backend="cuda", name="NVIDIA GPU")]
-            notes.append(f"{status[:1].upper() + status[1:]}, but an NVIDIA driver is loaded; "
-                         "only GPU 0 is probed, and its facts come from the probe.")
+            notes.append(f"{status}, but an NVIDIA driver is loaded; only GPU 0 is probed, and "
+                         "its facts come from the probe.")
     gpus = raw
     for var in masks:
         gpus, note = gpu_info.apply_visible(gpus, env.get(var), var)
@@ -216,7 +212,7 @@ def _find_gpus(build: BuildInfo, env: dict[str, str]) -> tuple[list[GpuInfo], li
     for g in gpus:
         g.runtime_version = build.hip if g.backend == "rocm" else build.cuda
     if not raw:
-        notes.append(status[:1].upper() + status[1:] + ".")
+        notes.append(status + ".")
     if build.mps_built and torch.backends.mps.is_available():
         gpus.append(GpuInfo(index=0, backend="mps", name="Apple GPU (MPS)", native_bf16=False))
     return gpus, notes, warns
