@@ -52,7 +52,7 @@ def run_steps(backend: str, index: int, emit) -> bool:
         except Exception as exc:  # noqa: BLE001 - broad: any failure is this step's verdict
             wrong = isinstance(exc, _WrongResult)
             emit(e="fail", step=name, s=round(time.perf_counter() - t0, 4), wrong=wrong,
-                 error=str(exc) if wrong else f"{type(exc).__name__}: {str(exc).strip()[:500]}")
+                 detail=str(exc) if wrong else f"{type(exc).__name__}: {str(exc).strip()[:500]}")
             return False
         emit(e="ok", step=name, s=round(time.perf_counter() - t0, 4), detail=detail)
     emit(e="end")
