@@ -168,10 +168,8 @@ def _torch_build() -> BuildInfo:
         arch = torch._C._cuda_getArchFlags() or ""
     except Exception:  # noqa: BLE001 - broad: a private torch call (absent or failing): unknown
         arch = ""
-    mps = getattr(torch.backends, "mps", None)
-    return BuildInfo(torch=torch.__version__, cuda=torch.version.cuda,
-                     hip=getattr(torch.version, "hip", None), arch_list=arch.split(),
-                     mps_built=bool(mps and mps.is_built()))
+    return BuildInfo(torch=torch.__version__, cuda=torch.version.cuda, hip=torch.version.hip,
+                     arch_list=arch.split(), mps_built=torch.backends.mps.is_built())
 
 
 def _find_gpus(build: BuildInfo, env: dict[str, str]) -> tuple[list[GpuInfo], list[str],
@@ -186,29 +184,26 @@ def _find_gpus(build: BuildInfo, env: dict[str, str]) -> tuple[list[GpuInfo], li
     else:
         raw, status = gpu_info.nvml_inventory()
         masks = ["CUDA_VISIBLE_DEVICES"]
-        if not raw and build.cuda and _nvidia_driver_loaded():
+        if raw and not build.cuda:
+            warns.append(f"NVML sees {len(raw)} NVIDIA GPU(s), but this torch ({build.torch}) is "
+                         "a CPU-only build, so it cannot use them. Install a CUDA build of "
+                         "torch (https://pytorch.org/get-started/locally/).")
+            for g in raw:
+                g.usable = False
+        elif not raw and build.cuda and _nvidia_driver_loaded():
             # The driver is loaded but NVML is not usable here (e.g. a container without
             # libnvidia-ml): let the probe child find out what GPU 0 is.
             raw = [GpuInfo(index=0, physical_index=0, backend="cuda", name="NVIDIA GPU")]
             notes.append(f"{status}, but an NVIDIA driver is loaded; only GPU 0 is probed, and "
                          "its facts come from the probe.")
+        elif not raw and (amd := gpu_info.rocm_inventory()[0]):
+            warns.append(f"{len(amd)} AMD GPU(s) found ({amd[0].name}), but this torch "
+                         f"({build.torch}) is not a ROCm build. Install torch from "
+                         "https://download.pytorch.org/whl/rocm6.x to use them.")
     gpus = raw
     for var in masks:
         gpus, note = gpu_info.apply_visible(gpus, env.get(var), var)
         notes += [note] if note else []
-    if not build.hip:
-        if raw and not build.cuda:
-            warns.append(f"NVML sees {len(raw)} NVIDIA GPU(s), but this torch ({build.torch}) is "
-                         "a CPU-only build, so it cannot use them. Install a CUDA build of "
-                         "torch (https://pytorch.org/get-started/locally/).")
-            for g in gpus:
-                g.usable = False
-        if not raw:
-            amd, _ = gpu_info.rocm_inventory()
-            if amd:
-                warns.append(f"{len(amd)} AMD GPU(s) found ({amd[0].name}), but this torch "
-                             f"({build.torch}) is not a ROCm build. Install torch from "
-                             "https://download.pytorch.org/whl/rocm6.x to use them.")
     for g in gpus:
         g.runtime_version = build.hip if g.backend == "rocm" else build.cuda
     if not raw:
@@ -246,16 +241,14 @@ def _nvidia_driver_loaded() -> bool:
 
 def _merge_probe(g: GpuInfo, res: ProbeResult) -> None:
     """Attach a probe result; fill facts NVML/sysfs could not give from what the child read."""
-    g.probe = res
-    info = res.info
+    g.probe, info = res, res.info
     if g.name in ("", "NVIDIA GPU") and info.get("name"):
         g.name = info["name"]
-    g.total_memory = g.total_memory or info.get("total_memory")
-    g.free_memory = g.free_memory if g.free_memory is not None else info.get("free_memory")
+    for key in ("total_memory", "free_memory", "arch"):
+        if getattr(g, key) is None:
+            setattr(g, key, info.get(key))
     if g.capability is None and info.get("capability") and g.backend == "cuda":
         g.capability = tuple(info["capability"])
-    if g.arch is None and info.get("arch"):
-        g.arch = info["arch"]
 
 
 def _choose(gpus: list[GpuInfo], forced: torch.device | None, launched: bool,

@@ -280,7 +280,7 @@ class FakeNVML:
         self.inits += 1
 
     def nvmlSystemGetDriverVersion(self):
-        return b"580.159.04"
+        return "580.159.04"
 
     def nvmlSystemGetCudaDriverVersion(self):
         return 13000
@@ -297,7 +297,7 @@ class FakeNVML:
         return self.uuids[h[1]]
 
     def nvmlDeviceGetName(self, h):
-        return f"Fake H100 #{h[1]}".encode()
+        return f"Fake H100 #{h[1]}"
 
     def nvmlDeviceGetCudaComputeCapability(self, h):
         return (9, 0)
