@@ -14,7 +14,8 @@ import warnings
 from collections.abc import Callable
 from typing import NamedTuple
 
-from hybridnb.comparison import compare_cli  # a light module: no torch
+from hybridnb.comparison import compare_cli  # light modules: no torch
+from hybridnb.hardware.probe import DEFAULT_TIMEOUT
 
 PROG = "python -m hybridnb"
 INTERRUPTED = 130  # the shell's code for a command ended by SIGINT
@@ -27,13 +28,11 @@ class Command(NamedTuple):
 
 
 def detect_arguments(parser: argparse.ArgumentParser) -> None:
-    from hybridnb.hardware.probe import DEFAULT_TIMEOUT  # light: no torch
-
     parser.description = ("Find the GPUs, validate each in a child process, and print the "
                           "recommended device, precision and training settings.")
     parser.add_argument("--json", action="store_true",
                         help="print the report as JSON (and nothing else) on stdout")
-    parser.add_argument("--timeout", type=_positive, default=DEFAULT_TIMEOUT, metavar="S",
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
                         help=f"seconds the GPU probe may take (default {DEFAULT_TIMEOUT:g})")
     parser.add_argument("--refresh", action="store_true",
                         help="probe the GPUs again instead of trusting a cached verdict")
@@ -71,7 +70,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; returns its exit code (2 for a usage or input error)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2, already printed to stderr)
@@ -85,12 +83,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
         return INTERRUPTED
 
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value

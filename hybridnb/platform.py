@@ -133,7 +133,7 @@ class SharedMemory:
 def shared_memory(path: str = "/dev/shm") -> SharedMemory:
     """The size and free space of ``path`` now (not cached: it fills and empties). Docker's
     default is 64 MB (``docker run --shm-size``)."""
-    if not os.path.isdir(path) or not hasattr(os, "statvfs"):
+    if not os.path.isdir(path):  # (Windows, which has no statvfs, has no /dev/shm either)
         return SharedMemory(None, why=f"there is no {path} here: large tensors travel through "
                                       "a temporary folder instead")
     try:
@@ -167,10 +167,9 @@ def say(sentence: str) -> None:
 
 
 def say_once(sentence: str, key: str | None = None) -> None:
-    """A fallback that changes what the user gets, said once per process (``say``).
-    ``key``: one kind of fallback, said once whatever its sentence (default: the sentence
-    itself)."""
-    key = sentence if key is None else key
+    """A fallback that changes what the user gets, said once per process (``say``); ``key``:
+    one kind of fallback, said once whatever its sentence."""
+    key = key or sentence
     if key not in _said:
         _said.add(key)
         say(sentence)

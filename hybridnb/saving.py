@@ -147,8 +147,7 @@ def load(path: str | os.PathLike, model: torch.nn.Module | None = None) -> torch
     if model is None:
         model = _rebuild(path, data)
     elif saved.get("qualname") and saved["qualname"] != mine.__qualname__:
-        where = f"{saved['module']}.{saved['qualname']}" if saved.get("module") else \
-            saved["qualname"]
+        where = ".".join(filter(None, (saved.get("module"), saved["qualname"])))
         raise ModelFileError(f"{path} holds weights of a {where}, but the model given is a "
                              f"{mine.__module__}.{mine.__qualname__}: build the saved class "
                              "with the same arguments and load into that")
@@ -164,7 +163,7 @@ def load(path: str | os.PathLike, model: torch.nn.Module | None = None) -> torch
 def _rebuild(path, data: dict) -> torch.nn.Module:
     saved = data.get("model_class") or {}
     module, qualname, init = saved.get("module"), saved.get("qualname"), saved.get("init")
-    name = f"{module}.{qualname}" if module else (qualname or "model")
+    name = ".".join(filter(None, (module, qualname))) or "model"
     advice = f"pass the model: hn.load({str(path)!r}, {qualname or 'Model'}(...))"
     if not module or not qualname:
         raise ModelFileError(f"{path} does not name the module of its model's class ({name}): "

@@ -22,10 +22,6 @@ class Memory(NamedTuple):
     used: int
 
 
-def library() -> Any | None:
-    return _opened()[0]
-
-
 def status() -> str:
     """Why NVML is not usable ("" when it is)."""
     return _opened()[1]
