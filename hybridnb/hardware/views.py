@@ -13,8 +13,7 @@ from hybridnb.hardware.probe.result import TITLES, ProbeResult
 
 SETTING_ROWS = ("batch_size", "grad_accum", "num_workers", "pin_memory", "persistent_workers",
                 "strategy", "compile", "torch_threads")
-_MARK = {"ok": "ok", "failed": "FAILED", "wrong": "WRONG", "hung": "HUNG", "crashed": "CRASHED",
-         "not run": "-"}
+_MARK = {"ok": "ok", "not run": "-"}  # else the status in capitals: FAILED, HUNG, ...
 
 
 def proven(p: ProbeResult) -> str:
@@ -51,7 +50,7 @@ def _probe_lines(g: GpuInfo) -> list[str]:
     if p is None:
         return ["not probed"]
     head = f"probe {p.verdict.upper()} in {p.seconds:.1f} s{_cached(p)}"
-    steps = " > ".join(f"{TITLES[s.name]} {_MARK[s.status]}"
+    steps = " > ".join(f"{TITLES[s.name]} {_MARK.get(s.status, s.status.upper())}"
                        + (f" {s.seconds:.2f}s" if s.seconds is not None else "")
                        for s in p.steps)
     return [f"{head}: {steps}"] + ([p.message] if p.message else [])
