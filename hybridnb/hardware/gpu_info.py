@@ -88,18 +88,16 @@ def nvml_inventory() -> tuple[list[GpuInfo], str]:
     gpus: list[GpuInfo] = []
     for i in range(n):
         h, why = nvml.attempt("nvmlDeviceGetHandleByIndex", i)
-        if h is None:  # e.g. NVMLError_GpuIsLost: list it, and say so
-            gpus.append(GpuInfo(index=i, physical_index=i, backend="cuda",
-                                name="NVIDIA GPU (unreadable)", usable=False,
-                                warnings=[f"NVML cannot read GPU {i}: {why} "
-                                          "(fallen off the bus? check `nvidia-smi`)."]))
-            continue
-        mem = nvml.memory(h)
+        mem = nvml.memory(h)  # each reader answers None for no handle
         gpus.append(GpuInfo(
             index=i, physical_index=i, backend="cuda", name=nvml.name(h) or "NVIDIA GPU",
-            total_memory=mem.total if mem else None, free_memory=mem.free if mem else None,
+            total_memory=mem and mem.total, free_memory=mem and mem.free,
             capability=nvml.capability(h), driver_version=driver_text, driver_cuda=driver_cuda,
             uuid=nvml.uuid(h)))
+        if h is None:  # e.g. NVMLError_GpuIsLost: list it, and say so
+            gpus[-1].name, gpus[-1].usable = "NVIDIA GPU (unreadable)", False
+            gpus[-1].warnings.append(f"NVML cannot read GPU {i}: {why} (fallen off the bus? "
+                                     "check `nvidia-smi`).")
     return gpus, f"NVML: {n} NVIDIA GPU(s), driver {driver_text}"
 
 
