@@ -1,7 +1,7 @@
 """Command line: ``python -m hybridnb detect|compare`` (also the ``hybridnb`` script).
 
-Each subcommand is an argparse subparser with a real ``--help``; only the chosen one's arguments
-are built (compare's from its own module), so ``--help`` at the top imports no torch. Errors go
+Each subcommand is an argparse subparser with a real ``--help``; their arguments are built
+without torch (compare's in its own module), so ``--help`` is instant. Errors go
 to stderr with exit code 2; ``detect --json`` prints only JSON on stdout. An interrupt ends a
 command with code 130 once its child processes are gone (``processes.supervise``).
 """
@@ -12,27 +12,27 @@ import argparse
 import sys
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
+
+from hybridnb.comparison import compare_cli  # light modules: no torch
+from hybridnb.hardware.probe import DEFAULT_TIMEOUT
 
 PROG = "python -m hybridnb"
 INTERRUPTED = 130  # the shell's code for a command ended by SIGINT
 
 
-@dataclass(frozen=True)
-class Command:
+class Command(NamedTuple):
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
 
 
 def detect_arguments(parser: argparse.ArgumentParser) -> None:
-    from hybridnb.hardware.probe import DEFAULT_TIMEOUT  # light: no torch
-
     parser.description = ("Find the GPUs, validate each in a child process, and print the "
                           "recommended device, precision and training settings.")
     parser.add_argument("--json", action="store_true",
                         help="print the report as JSON (and nothing else) on stdout")
-    parser.add_argument("--timeout", type=_positive, default=DEFAULT_TIMEOUT, metavar="S",
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
                         help=f"seconds the GPU probe may take (default {DEFAULT_TIMEOUT:g})")
     parser.add_argument("--refresh", action="store_true",
                         help="probe the GPUs again instead of trusting a cached verdict")
@@ -50,45 +50,32 @@ def run_detect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _compare():
-    from hybridnb.comparison import compare_cli  # a light module: no torch
-
-    return compare_cli
-
-
 COMMANDS = {
     "detect": Command("probe the hardware and print the recommended settings",
                       detect_arguments, run_detect),
     "compare": Command("compare precision / layout / compile variants of a model's training "
-                       "step", lambda parser: _compare().add_arguments(parser),
-                       lambda args: int(_compare().run(args) or 0)),
+                       "step", compare_cli.add_arguments, compare_cli.run),
 }
 
 
-def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    """The parser, with the arguments of the subcommand named in ``argv`` (if any) built."""
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="hybridnb: what this machine's hardware can be trusted with, "
         "and how a model's training step runs on it.")
-    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}",
-                                required=True)
-    chosen = next((a for a in argv if not a.startswith("-")), None)
+    sub = parser.add_subparsers(dest="command", required=True)
     for name, command in COMMANDS.items():
-        p = sub.add_parser(name, help=command.help, description=command.help)
-        if name == chosen:
-            command.add_arguments(p)
+        command.add_arguments(sub.add_parser(name, help=command.help, description=command.help))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; returns its exit code (2 for a usage or input error)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser(argv).parse_args(argv)
+        args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2, already printed to stderr)
         return int(exc.code or 0)
     try:
-        return COMMANDS[args.command].run(args)
+        return int(COMMANDS[args.command].run(args) or 0)
     except ValueError as exc:  # a bad argument or environment variable: named in the message
         print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
         return 2
@@ -96,12 +83,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
         return INTERRUPTED
 
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value

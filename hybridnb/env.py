@@ -44,14 +44,9 @@ def quick() -> bool:
 
 
 def frontend(environ: dict[str, str] | None = None) -> str:
-    """Name the frontend from environment variables (never by importing google.colab).
-
-    One of ``"colab"``, ``"vscode"``, ``"jupyter"`` (JupyterLab / Notebook 7), ``"ipython"``
-    (a terminal IPython), ``"ci"``, ``"terminal"``. ``"jupyter"`` needs a running IPython
-    kernel; a headless kernel reports ``"ci"``: one under CI/pytest/nbval, or one that no
-    jupyter-server session started and whose parent process is a notebook runner (nbclient,
-    nbconvert, papermill, nbval, pytest).
-    """
+    """``"colab"``, ``"vscode"``, ``"jupyter"`` (JupyterLab / Notebook 7), ``"ipython"`` (a
+    terminal IPython), ``"ci"`` or ``"terminal"``, from environment variables (never by importing
+    google.colab). A headless kernel (under CI, or started by a notebook runner) is ``"ci"``."""
     env = _env(environ)
     if env.get(HEADLESS_ENV):  # set by hn.launch in its workers: no frontend of their own
         return "ci"
@@ -65,9 +60,7 @@ def frontend(environ: dict[str, str] | None = None) -> str:
         return "ci"
     if kernel:
         return "ci" if _headless_kernel(env) else "jupyter"
-    if "IPython" in sys.modules and _ipython_shell() is not None:
-        return "ipython"
-    return "terminal"
+    return "ipython" if _ipython_shell() is not None else "terminal"
 
 
 HEADLESS_RUNNERS = ("nbclient", "nbconvert", "papermill", "nbval", "pytest", "jupyter-execute",
@@ -75,14 +68,9 @@ HEADLESS_RUNNERS = ("nbclient", "nbconvert", "papermill", "nbval", "pytest", "ju
 
 
 def _headless_kernel(env) -> bool:
-    """A kernel started by a notebook runner rather than by a person's frontend.
-
-    jupyter-server sets ``JPY_SESSION_NAME`` for the kernels of its sessions (JupyterLab,
-    Notebook 7); runners start the kernel themselves, so the kernel's parent is the runner.
-    """
-    if env.get("JPY_SESSION_NAME"):
-        return False
-    cmd = _parent_command(env)
+    """A kernel started by a notebook runner: jupyter-server sets ``JPY_SESSION_NAME`` for the
+    kernels of its sessions; runners start the kernel themselves, so they are its parent."""
+    cmd = "" if env.get("JPY_SESSION_NAME") else _parent_command(env)
     return any(runner in cmd for runner in HEADLESS_RUNNERS)
 
 
@@ -98,19 +86,15 @@ def _parent_command(env) -> str:
 
 
 def _ipython_shell():
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return None
-    return get_ipython()
+    """The running IPython shell, if any (a shell has IPython imported already)."""
+    ipython = sys.modules.get("IPython")
+    return ipython.get_ipython() if ipython is not None else None
 
 
 def _in_kernel() -> bool:
     """True inside a Jupyter kernel (ZMQ shell), false in a terminal IPython or plain Python."""
-    if "ipykernel" not in sys.modules:
-        return False
-    shell = _ipython_shell()
-    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+    return ("ipykernel" in sys.modules
+            and type(_ipython_shell()).__name__ == "ZMQInteractiveShell")
 
 
 # ------------------------------------------------------------------ the launch environment
@@ -135,8 +119,7 @@ def launched_rank(environ: dict[str, str] | None = None) -> tuple[bool, int | No
     job = launch_env(env)
     by_us = env.get(LAUNCHED_ENV, "") == "1"
     if job is None and by_us:  # RANK missing: the local rank still says which GPU is ours
-        local = env.get("LOCAL_RANK", "").strip()
-        world = env.get("WORLD_SIZE", "").strip()
+        local, world = env.get("LOCAL_RANK", "").strip(), env.get("WORLD_SIZE", "").strip()
         job = (0, int(local) if local.isdigit() else 0, int(world) if world.isdigit() else 1)
     if job is None or not (by_us or job[2] > 1):
         return False, None, 1
@@ -154,11 +137,6 @@ def isolated_worker(environ: dict[str, str] | None = None) -> bool:
 def visible_gpus(environ: dict[str, str] | None = None) -> str | None:
     """``$CUDA_VISIBLE_DEVICES`` as set (None when unset), for messages about GPU counts."""
     return _env(environ).get("CUDA_VISIBLE_DEVICES")
-
-
-def cxx(environ: dict[str, str] | None = None) -> str | None:
-    """``$CXX``: the C++ compiler the user chose for TorchInductor (None when unset or empty)."""
-    return _env(environ).get("CXX") or None
 
 
 # ------------------------------------------------------------------ the cache folder

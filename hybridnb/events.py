@@ -24,25 +24,20 @@ class Event:
         return f"[step {self.step}] {self.kind}: {self.message}"
 
 
-class Row(dict):
-    """A row the live view draws (a dict of numbers) whose class names its kind."""
+class StepRow(dict):
+    """A row the live view draws (a dict of numbers) whose class names its kind; this one after
+    an optimizer step: ``loss``, ``lr``, the epoch's running ``train_loss``, speeds."""
 
     kind = "step"
 
 
-class StepRow(Row):
-    """After an optimizer step: ``loss``, ``lr``, the epoch's running ``train_loss``, speeds."""
-
-    kind = "step"
-
-
-class ValidationRow(Row):
+class ValidationRow(StepRow):
     """After a validation between steps (``val_every``): the step's row plus ``val_*``."""
 
     kind = "validation"
 
 
-class EpochRow(Row):
+class EpochRow(StepRow):
     """At an epoch's end (with ``epoch_end=True`` for views that read the flag)."""
 
     kind = "epoch"
@@ -51,6 +46,6 @@ class EpochRow(Row):
 def row_kind(row: dict) -> str:
     """"step", "validation" or "epoch": a typed row's own; a plain dict is an epoch's row when it
     says ``epoch_end``, else a step's (no kind is guessed from the other keys)."""
-    if isinstance(row, Row):
+    if isinstance(row, StepRow):
         return row.kind
     return "epoch" if row.get("epoch_end") else "step"

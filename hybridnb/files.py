@@ -58,14 +58,9 @@ def _free(path: str | os.PathLike | None) -> str:
     if path is None:
         return ""
     try:
-        free = float(shutil.disk_usage(Path(path).parent).free)
+        return f"{shutil.disk_usage(Path(path).parent).free / 2**20:,.1f} MB"
     except OSError:
         return ""
-    for unit in ("bytes", "KB", "MB"):
-        if free < 1024:
-            return f"{free:.0f} bytes" if unit == "bytes" else f"{free:.1f} {unit}"
-        free /= 1024
-    return f"{free:.1f} GB"
 
 
 def atomic_save(obj: dict, path: str | os.PathLike, keep_previous: bool = False) -> Path:

@@ -52,17 +52,15 @@ def memfd() -> Facility:
 @functools.cache
 def parent_death_signal() -> Facility:
     """``prctl(PR_SET_PDEATHSIG)`` (Linux): a child gets a signal when its parent dies."""
-    why = ("PR_SET_PDEATHSIG is Linux-only: a child notices its parent's death through a "
-           "lifeline pipe instead (it ends itself when the pipe's other end closes)")
-    if not sys.platform.startswith("linux"):
-        return _has("PR_SET_PDEATHSIG", False, why)
-    try:
-        import ctypes
+    found = False
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(ImportError, OSError, TypeError):
+            import ctypes
 
-        _ = ctypes.CDLL(None, use_errno=True).prctl
-    except (ImportError, OSError, AttributeError, TypeError):
-        return _has("PR_SET_PDEATHSIG", False, why)
-    return _has("PR_SET_PDEATHSIG", True, "")
+            found = hasattr(ctypes.CDLL(None, use_errno=True), "prctl")
+    return _has("PR_SET_PDEATHSIG", found,
+                "PR_SET_PDEATHSIG is Linux-only: a child notices its parent's death through a "
+                "lifeline pipe instead (it ends itself when the pipe's other end closes)")
 
 
 def set_parent_death_signal(death_signal: int) -> None:
@@ -80,11 +78,7 @@ def fork() -> Facility:
     """``os.fork`` and multiprocessing's "fork" start method (POSIX)."""
     import multiprocessing
 
-    try:
-        methods = multiprocessing.get_all_start_methods()
-    except Exception:  # noqa: BLE001 - a stripped multiprocessing: treat as no fork
-        methods = []
-    return _has("fork", hasattr(os, "fork") and "fork" in methods,
+    return _has("fork", hasattr(os, "fork") and "fork" in multiprocessing.get_all_start_methods(),
                 "this platform cannot fork: children start as fresh interpreters (spawn)")
 
 
@@ -139,7 +133,7 @@ class SharedMemory:
 def shared_memory(path: str = "/dev/shm") -> SharedMemory:
     """The size and free space of ``path`` now (not cached: it fills and empties). Docker's
     default is 64 MB (``docker run --shm-size``)."""
-    if not os.path.isdir(path) or not hasattr(os, "statvfs"):
+    if not os.path.isdir(path):  # (Windows, which has no statvfs, has no /dev/shm either)
         return SharedMemory(None, why=f"there is no {path} here: large tensors travel through "
                                       "a temporary folder instead")
     try:
@@ -173,10 +167,9 @@ def say(sentence: str) -> None:
 
 
 def say_once(sentence: str, key: str | None = None) -> None:
-    """A fallback that changes what the user gets, said once per process (``say``).
-    ``key``: one kind of fallback, said once whatever its sentence (default: the sentence
-    itself)."""
-    key = sentence if key is None else key
+    """A fallback that changes what the user gets, said once per process (``say``); ``key``:
+    one kind of fallback, said once whatever its sentence."""
+    key = key or sentence
     if key not in _said:
         _said.add(key)
         say(sentence)
@@ -188,9 +181,3 @@ FACILITIES = (memfd, parent_death_signal, fork, wait_without_reaping, pidfd, pro
 def missing() -> list[Facility]:
     """The facilities this OS lacks, each with its sentence."""
     return [f for f in (probe() for probe in FACILITIES) if not f]
-
-
-def refresh() -> None:
-    """Forget the cached facts (for tests that take a facility away in this process)."""
-    for probe in FACILITIES:
-        probe.cache_clear()

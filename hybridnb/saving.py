@@ -147,20 +147,23 @@ def load(path: str | os.PathLike, model: torch.nn.Module | None = None) -> torch
     if model is None:
         model = _rebuild(path, data)
     elif saved.get("qualname") and saved["qualname"] != mine.__qualname__:
-        where = f"{saved['module']}.{saved['qualname']}" if saved.get("module") else \
-            saved["qualname"]
+        where = ".".join(filter(None, (saved.get("module"), saved["qualname"])))
         raise ModelFileError(f"{path} holds weights of a {where}, but the model given is a "
                              f"{mine.__module__}.{mine.__qualname__}: build the saved class "
                              "with the same arguments and load into that")
-    _check_keys(path, data["model"], model)
-    model.load_state_dict(data["model"])
+    try:  # torch's error lists every missing, unexpected and differently shaped weight
+        model.load_state_dict(data["model"])
+    except RuntimeError as exc:
+        raise ModelFileError(f"{path} does not fit this model ({exc}): build the model with the "
+                             "arguments it was trained with (n_chans, n_outputs, n_times, ...)"
+                             ) from None
     return model.eval()
 
 
 def _rebuild(path, data: dict) -> torch.nn.Module:
     saved = data.get("model_class") or {}
     module, qualname, init = saved.get("module"), saved.get("qualname"), saved.get("init")
-    name = f"{module}.{qualname}" if module else (qualname or "model")
+    name = ".".join(filter(None, (module, qualname))) or "model"
     advice = f"pass the model: hn.load({str(path)!r}, {qualname or 'Model'}(...))"
     if not module or not qualname:
         raise ModelFileError(f"{path} does not name the module of its model's class ({name}): "
@@ -189,23 +192,3 @@ def _rebuild(path, data: dict) -> torch.nn.Module:
         raise ModelFileError(f"{path}: rebuilding {name} with its saved arguments failed "
                              f"({type(exc).__name__}: {exc}): {advice}") from exc
 
-
-def _check_keys(path, theirs: dict, model: torch.nn.Module) -> None:
-    """One error listing every missing, unexpected and differently shaped weight."""
-    mine = model.state_dict()
-    missing = [k for k in mine if k not in theirs]
-    unexpected = [k for k in theirs if k not in mine]
-    shapes = [f"{k} {tuple(theirs[k].shape)} in the file, {tuple(v.shape)} in the model"
-              for k, v in mine.items() if k in theirs and tuple(theirs[k].shape) != tuple(v.shape)]
-    if not (missing or unexpected or shapes):
-        return
-    parts = []
-    for label, items in (("missing from the file", missing),
-                         ("in the file but not in the model", unexpected),
-                         ("shaped differently", shapes)):
-        if items:
-            parts.append(f"{len(items)} {label}: {', '.join(items[:5])}"
-                         f"{', ...' if len(items) > 5 else ''}")
-    raise ModelFileError(f"{path} does not fit this model ({'; '.join(parts)}): build the "
-                         "model with the arguments it was trained with (n_chans, n_outputs, "
-                         "n_times, ...)")

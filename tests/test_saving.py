@@ -82,12 +82,12 @@ def test_the_wrong_file_class_or_shape_is_named(tmp_path):
     with pytest.raises(saving.ModelFileError, match=r"model\.pt holds weights of a .*\.Conv, "
                                                     r"but the model given is a .*\.Other"):
         hn.load(path, Other())
-    with pytest.raises(saving.ModelFileError, match=r"does not fit this model \(3 shaped "
-                                                    r"differently: conv\.weight \(8, 4, 5\)"):
+    with pytest.raises(saving.ModelFileError, match=r"(?s)model\.pt does not fit this model .*"
+                                                    r"conv\.weight.*\[8, 4, 5\].*n_chans"):
         hn.load(path, Conv(hidden=6))
     grown = Conv()
     grown.extra = nn.Linear(1, 1)
-    with pytest.raises(saving.ModelFileError, match=r"2 missing from the file: extra\.weight, "
+    with pytest.raises(saving.ModelFileError, match=r"(?s)Missing key.*extra\.weight.*"
                                                     r"extra\.bias"):
         hn.load(path, grown)
     with pytest.raises(TypeError, match=r"needs a model instance .* Conv\(\.\.\.\)"):

@@ -58,23 +58,20 @@ class Hardware:
         """``num_workers``, ``pin_memory``, ``persistent_workers`` for torch's DataLoader
         (for data held in CPU memory: a dataset that yields GPU tensors takes no workers and
         no pinning)."""
-        s = self.settings
-        return {"num_workers": s.num_workers, "pin_memory": s.pin_memory,
-                "persistent_workers": s.persistent_workers}
+        return {k: getattr(self.settings, k)
+                for k in ("num_workers", "pin_memory", "persistent_workers")}
 
     def to_dict(self) -> dict:
         """Everything in the report as plain JSON types."""
-        return {
-            "device": str(self.device), "precision": self.precision,
-            "settings": self.settings.to_dict(),
-            "gpus": [g.to_dict() for g in self.gpus], "host": asdict(self.host),
-            "frontend": self.frontend,
-            "torch": {"version": self.build.torch, "cuda": self.build.cuda,
-                      "hip": self.build.hip, "arch_list": list(self.build.arch_list)},
-            "warnings": list(self.warnings), "advice": list(self.advice),
-            "notes": list(self.notes), "probe_timeout": self.probe_timeout,
-            "seconds": round(self.seconds, 4),
-        }
+        b = self.build
+        return {"device": str(self.device), "precision": self.precision,
+                "settings": self.settings.to_dict(), "gpus": [g.to_dict() for g in self.gpus],
+                "host": asdict(self.host), "frontend": self.frontend,
+                "torch": {"version": b.torch, "cuda": b.cuda, "hip": b.hip,
+                          "arch_list": list(b.arch_list)},
+                "warnings": list(self.warnings), "advice": list(self.advice),
+                "notes": list(self.notes), "probe_timeout": self.probe_timeout,
+                "seconds": round(self.seconds, 4)}
 
     def __str__(self) -> str:
         return views.text(self)
@@ -120,7 +117,6 @@ def _detect(probe_timeout: float, env: dict[str, str], refresh: bool = False) ->
     frontend = runtime.frontend()
     gpus, notes, warns = _find_gpus(build, env)
     none_found = " ".join(notes).rstrip(".") or "none listed"
-    none_found = none_found[:1].lower() + none_found[1:]
 
     if forced is not None and forced.type == "cpu":
         targets = []
@@ -172,10 +168,8 @@ def _torch_build() -> BuildInfo:
         arch = torch._C._cuda_getArchFlags() or ""
     except Exception:  # noqa: BLE001 - broad: a private torch call (absent or failing): unknown
         arch = ""
-    mps = getattr(torch.backends, "mps", None)
-    return BuildInfo(torch=torch.__version__, cuda=torch.version.cuda,
-                     hip=getattr(torch.version, "hip", None), arch_list=arch.split(),
-                     mps_built=bool(mps and mps.is_built()))
+    return BuildInfo(torch=torch.__version__, cuda=torch.version.cuda, hip=torch.version.hip,
+                     arch_list=arch.split(), mps_built=torch.backends.mps.is_built())
 
 
 def _find_gpus(build: BuildInfo, env: dict[str, str]) -> tuple[list[GpuInfo], list[str],
@@ -190,33 +184,30 @@ def _find_gpus(build: BuildInfo, env: dict[str, str]) -> tuple[list[GpuInfo], li
     else:
         raw, status = gpu_info.nvml_inventory()
         masks = ["CUDA_VISIBLE_DEVICES"]
-        if not raw and build.cuda and _nvidia_driver_loaded():
-            # The driver is loaded but NVML is not usable here (e.g. a container without
-            # libnvidia-ml): let the probe child find out what GPU 0 is.
-            raw = [GpuInfo(index=0, physical_index=0, backend="cuda", name="NVIDIA GPU")]
-            notes.append(f"{status[:1].upper() + status[1:]}, but an NVIDIA driver is loaded; "
-                         "only GPU 0 is probed, and its facts come from the probe.")
-    gpus = raw
-    for var in masks:
-        gpus, note = gpu_info.apply_visible(gpus, env.get(var), var)
-        notes += [note] if note else []
-    if not build.hip:
         if raw and not build.cuda:
             warns.append(f"NVML sees {len(raw)} NVIDIA GPU(s), but this torch ({build.torch}) is "
                          "a CPU-only build, so it cannot use them. Install a CUDA build of "
                          "torch (https://pytorch.org/get-started/locally/).")
-            for g in gpus:
+            for g in raw:
                 g.usable = False
-        if not raw:
-            amd, _ = gpu_info.rocm_inventory()
-            if amd:
-                warns.append(f"{len(amd)} AMD GPU(s) found ({amd[0].name}), but this torch "
-                             f"({build.torch}) is not a ROCm build. Install torch from "
-                             "https://download.pytorch.org/whl/rocm6.x to use them.")
+        elif not raw and build.cuda and _nvidia_driver_loaded():
+            # The driver is loaded but NVML is not usable here (e.g. a container without
+            # libnvidia-ml): let the probe child find out what GPU 0 is.
+            raw = [GpuInfo(index=0, physical_index=0, backend="cuda", name="NVIDIA GPU")]
+            notes.append(f"{status}, but an NVIDIA driver is loaded; only GPU 0 is probed, and "
+                         "its facts come from the probe.")
+        elif not raw and (amd := gpu_info.rocm_inventory()[0]):
+            warns.append(f"{len(amd)} AMD GPU(s) found ({amd[0].name}), but this torch "
+                         f"({build.torch}) is not a ROCm build. Install torch from "
+                         "https://download.pytorch.org/whl/rocm6.x to use them.")
+    gpus = raw
+    for var in masks:
+        gpus, note = gpu_info.apply_visible(gpus, env.get(var), var)
+        notes += [note] if note else []
     for g in gpus:
         g.runtime_version = build.hip if g.backend == "rocm" else build.cuda
     if not raw:
-        notes.append(status[:1].upper() + status[1:] + ".")
+        notes.append(status + ".")
     if build.mps_built and torch.backends.mps.is_available():
         gpus.append(GpuInfo(index=0, backend="mps", name="Apple GPU (MPS)", native_bf16=False))
     return gpus, notes, warns
@@ -250,16 +241,14 @@ def _nvidia_driver_loaded() -> bool:
 
 def _merge_probe(g: GpuInfo, res: ProbeResult) -> None:
     """Attach a probe result; fill facts NVML/sysfs could not give from what the child read."""
-    g.probe = res
-    info = res.info
+    g.probe, info = res, res.info
     if g.name in ("", "NVIDIA GPU") and info.get("name"):
         g.name = info["name"]
-    g.total_memory = g.total_memory or info.get("total_memory")
-    g.free_memory = g.free_memory if g.free_memory is not None else info.get("free_memory")
+    for key in ("total_memory", "free_memory", "arch"):
+        if getattr(g, key) is None:
+            setattr(g, key, info.get(key))
     if g.capability is None and info.get("capability") and g.backend == "cuda":
         g.capability = tuple(info["capability"])
-    if g.arch is None and info.get("arch"):
-        g.arch = info["arch"]
 
 
 def _choose(gpus: list[GpuInfo], forced: torch.device | None, launched: bool,
@@ -293,13 +282,9 @@ def _choose(gpus: list[GpuInfo], forced: torch.device | None, launched: bool,
     if best is not None:
         return torch.device(best.torch_device), best, f"{best.name} {views.proven(best.probe)}."
     if failed or any(not g.usable for g in gpus):
-        names = "; ".join(f"{g.label} " + (
-            g.probe.message if g.probe is not None and not g.probe.ok else
-            "has a known problem (see the warnings)" if not g.usable else "was not probed")
-            for g in gpus)
         warns.append("Falling back to the CPU: no GPU both passed its probe and is free of "
                      "known problems.")
-        return torch.device("cpu"), None, f"no GPU can be trusted ({names})."
+        return torch.device("cpu"), None, "no GPU can be trusted (see the warnings)."
     if gpus:  # only when nothing was probed (e.g. none targeted)
         return torch.device("cpu"), None, "no GPU was probed."
     return torch.device("cpu"), None, f"no GPU found: {none_found}."

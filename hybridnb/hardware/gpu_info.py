@@ -88,18 +88,16 @@ def nvml_inventory() -> tuple[list[GpuInfo], str]:
     gpus: list[GpuInfo] = []
     for i in range(n):
         h, why = nvml.attempt("nvmlDeviceGetHandleByIndex", i)
-        if h is None:  # e.g. NVMLError_GpuIsLost: list it, and say so
-            gpus.append(GpuInfo(index=i, physical_index=i, backend="cuda",
-                                name="NVIDIA GPU (unreadable)", usable=False,
-                                warnings=[f"NVML cannot read GPU {i}: {why} "
-                                          "(fallen off the bus? check `nvidia-smi`)."]))
-            continue
-        mem = nvml.memory(h)
+        mem = nvml.memory(h)  # each reader answers None for no handle
         gpus.append(GpuInfo(
             index=i, physical_index=i, backend="cuda", name=nvml.name(h) or "NVIDIA GPU",
-            total_memory=mem.total if mem else None, free_memory=mem.free if mem else None,
+            total_memory=mem and mem.total, free_memory=mem and mem.free,
             capability=nvml.capability(h), driver_version=driver_text, driver_cuda=driver_cuda,
             uuid=nvml.uuid(h)))
+        if h is None:  # e.g. NVMLError_GpuIsLost: list it, and say so
+            gpus[-1].name, gpus[-1].usable = "NVIDIA GPU (unreadable)", False
+            gpus[-1].warnings.append(f"NVML cannot read GPU {i}: {why} (fallen off the bus? "
+                                     "check `nvidia-smi`).")
     return gpus, f"NVML: {n} NVIDIA GPU(s), driver {driver_text}"
 
 
@@ -166,15 +164,10 @@ def kernel_image_ok(gpu: GpuInfo, build: BuildInfo, environ: dict[str, str]) -> 
     if not build.arch_list:
         return None
     if gpu.backend == "cuda" and gpu.capability:
-        cap = gpu.capability[0] * 10 + gpu.capability[1]
-        for a in build.arch_list:
-            m = re.fullmatch(r"(sm|compute)_(\d+)(\d)[a-z]?", a)
-            if not m:
-                continue
-            major, minor = int(m.group(2)), int(m.group(3))
-            if m.group(1) == "sm" and major == gpu.capability[0] and minor <= gpu.capability[1]:
-                return True
-            if m.group(1) == "compute" and major * 10 + minor <= cap:
+        for kind, major, minor in re.findall(r"\b(sm|compute)_(\d+)(\d)[a-z]?\b",
+                                             " ".join(build.arch_list)):
+            cap = (int(major), int(minor))
+            if cap <= gpu.capability and (kind == "compute" or cap[0] == gpu.capability[0]):
                 return True
         return False
     if gpu.backend == "rocm" and gpu.arch:
@@ -191,45 +184,41 @@ def override_arch(environ: dict[str, str]) -> str | None:
 
 def judge(gpu: GpuInfo, build: BuildInfo, environ: dict[str, str]) -> None:
     """Add known-bad warnings (marking the GPU unusable) and AMD advice to ``gpu`` in place."""
+    def bad(message: str) -> None:
+        gpu.usable = False
+        gpu.warnings.append(f"{gpu.label}: {message}")
+
     if gpu.backend == "rocm":
-        _judge_amd(gpu, build, environ)
+        _judge_amd(gpu, build, environ, bad)
     drv, need = _major(gpu.driver_cuda), _major(build.cuda)
     if gpu.backend == "cuda" and drv is not None and need is not None and drv < need:
-        gpu.usable = False
-        gpu.warnings.append(
-            f"{gpu.label}: the NVIDIA driver supports CUDA {gpu.driver_cuda} but this torch "
-            f"wheel is built for CUDA {build.cuda}; torch would report 'The NVIDIA driver on your "
-            f"system is too old'. Update the driver, or install a torch built for CUDA {drv}.x.")
-    ok = kernel_image_ok(gpu, build, environ)
-    if ok is False and gpu.backend == "cuda":
+        bad(f"the NVIDIA driver supports CUDA {gpu.driver_cuda} but this torch wheel is built for "
+            f"CUDA {build.cuda}; torch would report 'The NVIDIA driver on your system is too "
+            f"old'. Update the driver, or install a torch built for CUDA {drv}.x.")
+    if kernel_image_ok(gpu, build, environ) is not False:
+        return
+    if gpu.backend == "cuda":
         cap = f"{gpu.capability[0]}.{gpu.capability[1]}"
-        gpu.usable = False
-        gpu.warnings.append(
-            f"{gpu.label}: compute capability {cap} (sm_{cap.replace('.', '')}) is not among this "
-            f"torch build's kernels ({' '.join(build.arch_list)}); CUDA would fail with 'no kernel "
+        bad(f"compute capability {cap} (sm_{cap.replace('.', '')}) is not among this torch "
+            f"build's kernels ({' '.join(build.arch_list)}); CUDA would fail with 'no kernel "
             "image is available for execution on the device'. Install a torch wheel built for "
             "this GPU (an older CUDA build still carries older architectures).")
-    elif ok is False and gpu.backend == "rocm" and gpu.usable:
-        gpu.usable = False
-        gpu.warnings.append(
-            f"{gpu.label}: {override_arch(environ) or gpu.arch} is not among this ROCm torch "
-            f"build's targets ({' '.join(build.arch_list)}); HIP would fail with 'invalid "
-            "device function' or 'no kernel image'.")
+    elif gpu.usable:  # ROCm, not known-bad already
+        bad(f"{override_arch(environ) or gpu.arch} is not among this ROCm torch build's targets "
+            f"({' '.join(build.arch_list)}); HIP would fail with 'invalid device function' or "
+            "'no kernel image'.")
 
 
-def _judge_amd(gpu: GpuInfo, build: BuildInfo, environ: dict[str, str]) -> None:
+def _judge_amd(gpu: GpuInfo, build: BuildInfo, environ: dict[str, str], bad) -> None:
     hip_major = _major(build.hip)
     override = environ.get("HSA_OVERRIDE_GFX_VERSION")
-    if gpu.arch in _RDNA1 or re.search(r"RX ?5[5-7]00", gpu.name):
-        if hip_major is None or hip_major >= 6:
-            gpu.usable = False
-            gpu.warnings.append(
-                f"{gpu.label}: AMD RDNA1 ({gpu.arch or 'RX 5000 series'}) is not supported by "
-                f"ROCm {build.hip or '>= 6'}; kernels on these cards are known to hang the GPU or "
-                "return wrong results, so it is not chosen. Advice: train on the CPU (or a "
-                "supported GPU, e.g. a Colab T4); to try it anyway at your own risk set "
-                "HYBRIDNB_DEVICE=cuda (with a ROCm 5.x-era torch build and "
-                "HSA_OVERRIDE_GFX_VERSION=10.3.0 it sometimes works, sometimes hangs).")
+    rdna1 = gpu.arch in _RDNA1 or re.search(r"RX ?5[5-7]00", gpu.name)
+    if rdna1 and (hip_major is None or hip_major >= 6):
+        bad(f"AMD RDNA1 ({gpu.arch or 'RX 5000 series'}) is not supported by ROCm "
+            f"{build.hip or '>= 6'}; kernels on these cards are known to hang the GPU or return "
+            "wrong results, so it is not chosen. Train on the CPU (or a supported GPU); to try "
+            "it anyway at your own risk set HYBRIDNB_DEVICE=cuda (with a ROCm 5.x torch and "
+            "HSA_OVERRIDE_GFX_VERSION=10.3.0 it sometimes works, sometimes hangs).")
     target = _AMD_OVERRIDE.get(gpu.arch or "")
     if target and not override:
         gpu.advice.append(

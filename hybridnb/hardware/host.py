@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from hybridnb.env import cxx
+from hybridnb.env import current
 from hybridnb.platform import proc_path
 
 
@@ -86,6 +86,6 @@ def cpu_flags() -> set[str]:
 
 def cxx_compiler() -> str | None:
     """The C++ compiler TorchInductor would use for CPU code ($CXX, else g++/c++/clang++)."""
-    candidates = [cxx()] if cxx() else []
-    candidates += ["cl"] if os.name == "nt" else ["g++", "c++", "clang++"]
-    return next(filter(None, map(shutil.which, candidates)), None)
+    candidates = [current().get("CXX", "")] + (["cl"] if os.name == "nt"
+                                                 else ["g++", "c++", "clang++"])
+    return next(filter(None, map(shutil.which, filter(None, candidates))), None)

@@ -22,10 +22,6 @@ class Memory(NamedTuple):
     used: int
 
 
-def library() -> Any | None:
-    return _opened()[0]
-
-
 def status() -> str:
     """Why NVML is not usable ("" when it is)."""
     return _opened()[1]
@@ -46,7 +42,7 @@ def _opened() -> tuple[Any | None, str]:
     try:
         pynvml.nvmlInit()
     except Exception as exc:  # noqa: BLE001 - broad: pynvml has one error class per NVML code
-        return None, f"no NVIDIA driver found (NVML: {text(exc)})"
+        return None, f"no NVIDIA driver found (NVML: {exc})"
     return pynvml, ""
 
 
@@ -58,7 +54,7 @@ def attempt(name: str, *args: Any) -> tuple[Any | None, str]:
     try:
         return getattr(lib, name)(*args), ""
     except Exception as exc:  # noqa: BLE001 - broad: any NVML code, or a missing symbol
-        return None, text(exc)
+        return None, str(exc)
 
 
 def _get(name: str, *args: Any, convert: Any = None) -> Any | None:
@@ -73,7 +69,7 @@ def count() -> int | None:
 
 
 def driver() -> str | None:
-    return _get("nvmlSystemGetDriverVersion", convert=text)
+    return _get("nvmlSystemGetDriverVersion", convert=str)
 
 
 def cuda_driver() -> str | None:
@@ -106,7 +102,7 @@ def locate(device: Any, torch_uuid: str | None = None,
         return None, f"NVML not available ({status() or 'no answer'})"
     handles = [handle_by_index(i) for i in range(n)]
     uuids = [uuid(h) for h in handles]
-    want = torch_uuid or _torch_uuid(index)
+    want = torch_uuid or getattr(initialised_properties(index), "uuid", None)
     if want:
         found = [h for h, u in zip(handles, uuids, strict=True) if norm_uuid(u) == norm_uuid(want)]
         return (found[0], f"matched by UUID {want}") if found else (
@@ -149,16 +145,16 @@ def ordinal(device: Any) -> int | None:
     return int(index) if index.isdigit() else (0 if not index else None)
 
 
-def _torch_uuid(index: int) -> str | None:
-    """The UUID torch reports for ``cuda:index``, only when CUDA is already initialised here."""
-    torch = sys.modules.get("torch")
+def initialised_properties(device: Any) -> Any | None:
+    """torch's properties of a CUDA ``device``, only where this process initialised CUDA
+    already (reading them would initialise it); None otherwise."""
+    torch, index = sys.modules.get("torch"), ordinal(device)
     try:
-        if torch is None or not torch.cuda.is_initialized():
+        if torch is None or index is None or not torch.cuda.is_initialized():
             return None
-        value = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+        return torch.cuda.get_device_properties(index)
     except Exception:  # noqa: BLE001 - broad: torch's error for a bad ordinal varies by version
         return None
-    return None if value is None else str(value)
 
 
 def memory(h: Any) -> Memory | None:
@@ -173,11 +169,11 @@ def utilisation(h: Any) -> float | None:
 
 
 def uuid(h: Any) -> str | None:
-    return _get("nvmlDeviceGetUUID", h, convert=text)
+    return _get("nvmlDeviceGetUUID", h, convert=str)
 
 
 def name(h: Any) -> str | None:
-    return _get("nvmlDeviceGetName", h, convert=text)
+    return _get("nvmlDeviceGetName", h, convert=str)
 
 
 def capability(h: Any) -> tuple[int, int] | None:
@@ -188,10 +184,5 @@ def norm_uuid(value: Any) -> str:
     """A UUID lower case, without the "GPU-" prefix ("" for None)."""
     if value is None:
         return ""
-    t = text(value).strip().lower()
+    t = str(value).strip().lower()
     return t[4:] if t.startswith("gpu-") else t
-
-
-def text(value: Any) -> str:
-    """NVML returns bytes in old bindings and str in new ones."""
-    return value.decode() if isinstance(value, bytes) else str(value)

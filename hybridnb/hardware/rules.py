@@ -8,11 +8,11 @@ from __future__ import annotations
 import importlib.util
 import math
 import re
-import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hybridnb.env import INTERACTIVE_FRONTENDS
+from hybridnb.hardware import nvml
 from hybridnb.hardware.gpu_info import GiB, GpuInfo
 from hybridnb.hardware.host import HostInfo, cpu_flags, cxx_compiler
 
@@ -103,39 +103,26 @@ def compile_unavailable(device: Any, mode: str = "default",
         if importlib.util.find_spec("triton") is None:
             return ("torch.compile on the GPU needs Triton, which is not installed, so "
                     "TorchInductor cannot build GPU kernels")
-        cap = capability if capability is not None else _live_capability(device)
+        props = None if capability is not None else nvml.initialised_properties(device)
+        cap = capability or (props and (props.major, props.minor))  # ROCm's majors are >= 8
         if cap is not None and cap[0] < 7:
             return f"Triton needs a GPU of compute capability >= 7.0; this one is {cap[0]}.{cap[1]}"
         return None
     return f"torch.compile on {kind.upper()} is experimental, so it is not used"
 
 
-def _live_capability(device: Any) -> tuple[int, int] | None:
-    """The capability of a CUDA device this process already uses (None otherwise, or on ROCm)."""
-    torch = sys.modules.get("torch")
-    try:
-        if torch is None or torch.version.hip or not torch.cuda.is_initialized():
-            return None
-        major, minor = torch.cuda.get_device_capability(torch.device(device))
-    except Exception:  # noqa: BLE001 - broad: torch's error for a bad ordinal varies by version
-        return None
-    return int(major), int(minor)
-
-
 def choose_precision(device_type: str, gpu: GpuInfo | None) -> tuple[str, str]:
     """bf16 where the GPU has it in hardware, fp16 + GradScaler on older CUDA, fp32 elsewhere."""
     if device_type == "cpu":
-        flags = cpu_flags()
-        hw_bf16 = sorted(flags & {"amx_bf16", "avx512_bf16"})
+        hw_bf16 = sorted(cpu_flags() & {"amx_bf16", "avx512_bf16"})
         extra = (f" This CPU has {', '.join(hw_bf16)}: bf16 autocast may pay off, measure it "
                  "with hn.compare." if hw_bf16 else "")
         return "fp32", ("on the CPU: fp16 has no CPU fast path, and bf16 autocast only helps "
                         "on CPUs with AMX / AVX-512 BF16." + extra)
     if device_type == "mps":
         return "fp32", "on Apple MPS: autocast support there depends on the macOS version."
-    native = None if gpu is None else (
-        gpu.native_bf16 if gpu.native_bf16 is not None else native_bf16(gpu))
-    if gpu is None or native is None:
+    native = gpu and (gpu.native_bf16 if gpu.native_bf16 is not None else native_bf16(gpu))
+    if native is None:
         return "fp16", ("with a GradScaler: this GPU's bf16 support could not be read, and fp16 "
                         "autocast works on every CUDA/ROCm GPU.")
     what = (f"compute capability {gpu.capability[0]}.{gpu.capability[1]}" if gpu.capability
@@ -151,103 +138,82 @@ def recommend(device_type: str, gpu: GpuInfo | None, host: HostInfo, frontend: s
               deepspeed: bool = False) -> Recommended:
     """Settings for training on ``device_type``: ``gpus_ok`` GPUs passed the probe (DDP
     candidates); ``launched``: one of ``world_size`` ranks; ``deepspeed``: it is importable."""
-    reasons: dict[str, str] = {}
+    why: dict[str, str] = {}
     cores = max(1, host.cores_usable)
-    on_gpu = device_type == "cuda"
-
-    if launched and world_size > 1:
+    on_gpu, ranks = device_type == "cuda", launched and world_size > 1
+    strategy, procs = "single", 1
+    if ranks:
         strategy, procs = "ddp", world_size
-        reasons["strategy"] = f"this process is one of {world_size} launched ranks."
+        why["strategy"] = f"this process is one of {world_size} launched ranks."
     elif on_gpu and gpus_ok >= 2 and frontend in INTERACTIVE_FRONTENDS:
-        strategy, procs = "single", 1
-        reasons["strategy"] = (f"one GPU: {gpus_ok} GPUs passed, but inside a notebook DDP "
-                               "needs one process per GPU, which a cell is not; use "
-                               f"hn.launch(fn, num_processes={gpus_ok}) to train on all of them.")
+        why["strategy"] = (f"one GPU: {gpus_ok} GPUs passed, but inside a notebook DDP needs one "
+                           "process per GPU, which a cell is not; use "
+                           f"hn.launch(fn, num_processes={gpus_ok}) to train on all of them.")
     elif on_gpu and gpus_ok >= 2:
         strategy, procs = ("deepspeed" if deepspeed else "ddp"), gpus_ok
-        run = (f"run the script with torchrun --nproc-per-node={gpus_ok} (or hn.launch) for one "
-               "process per GPU")
-        reasons["strategy"] = (
-            f"{gpus_ok} GPUs passed the probe and deepspeed is installed: "
-            "Trainer(strategy='deepspeed') (ZeRO-2) splits the optimizer state and gradients "
-            f"over them; {run}. strategy='ddp' is as fast while they fit one GPU."
-            if deepspeed else
-            f"{gpus_ok} GPUs passed the probe; {run}. (pip install deepspeed adds ZeRO-2, "
-            "strategy='deepspeed', which also splits the optimizer state over the GPUs.)")
+        why["strategy"] = (
+            f"{gpus_ok} GPUs passed the probe; run the script with torchrun "
+            f"--nproc-per-node={gpus_ok} (or hn.launch) for one process per GPU. " + (
+                "deepspeed is installed: strategy='deepspeed' (ZeRO-2) also splits the optimizer "
+                "state and gradients over them; 'ddp' is as fast while they fit one GPU."
+                if deepspeed else "pip install deepspeed adds ZeRO-2 (strategy='deepspeed'), "
+                "which also splits the optimizer state over them."))
     else:
-        strategy, procs = "single", 1
-        reasons["strategy"] = ("one GPU passed the probe." if on_gpu
-                               else f"one device: the {device_type.upper()}.")
+        why["strategy"] = ("one GPU passed the probe." if on_gpu
+                           else f"one device: the {device_type.upper()}.")
 
     if on_gpu and gpu is not None and gpu.total_memory:
         gib = gpu.total_memory / GiB
         batch = next(b for limit, b in MEMORY_TIERS if gib < limit)
-        reasons["batch_size"] = (f"per GPU, from {gib:.0f} GiB of GPU memory (tiers "
-                                 "<6/12/40 GiB -> 32/64/128, else 256); the Trainer's "
-                                 "batch-size finder refines it.")
+        why["batch_size"] = (f"per GPU, from {gib:.0f} GiB of GPU memory (tiers <6/12/40 GiB -> "
+                             "32/64/128, else 256); the Trainer's batch-size finder refines it.")
     elif on_gpu:
         batch = 64
-        reasons["batch_size"] = "the GPU's memory could not be read; a cautious start."
+        why["batch_size"] = "the GPU's memory could not be read; a cautious start."
     else:
         batch = CPU_BATCH
-        reasons["batch_size"] = (f"on the {device_type.upper()} memory is no limit; a smaller "
-                                 "batch gives more frequent updates and progress.")
+        why["batch_size"] = (f"on the {device_type.upper()} memory is no limit; a smaller batch "
+                             "gives more frequent updates and progress.")
     accum = max(1, math.ceil(TARGET_BATCH / (batch * procs)))
-    reasons["grad_accum"] = (f"{batch} x {accum}" + (f" x {procs} GPUs" if procs > 1
-                             else "") + f" = {batch * accum * procs} samples per optimizer step "
-                             f"(target {TARGET_BATCH}).")
+    why["grad_accum"] = (f"{batch} x {accum}" + (f" x {procs} GPUs" if procs > 1 else "")
+                         + f" = {batch * accum * procs} samples per optimizer step "
+                         f"(target {TARGET_BATCH}).")
 
     share = max(1, cores // procs)
-    if on_gpu:
-        workers = 0
-        reasons["num_workers"] = (
-            f"no worker processes: {GPU_LOADER_MEASURED}; a dataset already on the GPU must "
-            "not use workers at all. Raise it only for data read from disk or decoded per item, "
-            "and measure.")
-    elif share <= 2:
-        workers = 0
-        reasons["num_workers"] = (f"only {share} core(s) per process; measured on 2 cores, "
-                                  "loader worker processes made in-memory EEG windows slower "
-                                  "(pickling 100-200 KB arrays, cores shared with training).")
-    else:
-        workers = min(4, cores // 2)
-        reasons["num_workers"] = (f"min(4, cores // 2) with {cores} usable cores; "
-                                  "the rest run the model.")
-    pin = on_gpu
-    reasons["pin_memory"] = ("for data held in CPU memory: page-locked copies to the GPU are "
-                             "faster and asynchronous (data already on the GPU is not pinned)."
-                             if pin else "no CUDA/ROCm device to copy to.")
-    persistent = workers > 0
-    reasons["persistent_workers"] = ("keeps the workers between epochs (no restart cost)."
-                                     if persistent else "no worker processes.")
-
-    if on_gpu:
-        threads = max(1, share - workers)
-        reasons["torch_threads"] = ("this process's share of the cores, minus its loader "
-                                    "workers if any (the GPU does the math).")
-    elif launched and world_size > 1:
-        threads = max(1, cores // world_size)
-        reasons["torch_threads"] = (f"this rank's share of the cores ({cores} over {world_size} "
-                                    "ranks), so the ranks don't oversubscribe them.")
-    else:
-        threads = cores
-        reasons["torch_threads"] = ("all usable cores for the model; loader worker "
-                                    "processes run 1 thread each (DataLoader sets that).")
+    workers = 0 if on_gpu or share <= 2 else min(4, cores // 2)
+    why["num_workers"] = (
+        f"no worker processes: {GPU_LOADER_MEASURED}; a dataset already on the GPU must not use "
+        "workers at all. Raise it only for data read from disk or decoded per item, and measure."
+        if on_gpu else
+        f"only {share} core(s) per process; measured on 2 cores, loader worker processes made "
+        "in-memory EEG windows slower (pickling 100-200 KB arrays, cores shared with training)."
+        if workers == 0 else
+        f"min(4, cores // 2) with {cores} usable cores; the rest run the model.")
+    why["pin_memory"] = ("for data held in CPU memory: page-locked copies to the GPU are faster "
+                         "and asynchronous (data already on the GPU is not pinned)."
+                         if on_gpu else "no CUDA/ROCm device to copy to.")
+    why["persistent_workers"] = ("keeps the workers between epochs (no restart cost)."
+                                 if workers else "no worker processes.")
+    threads = (max(1, share - workers) if on_gpu else max(1, cores // world_size) if ranks
+               else cores)
+    why["torch_threads"] = (
+        "this process's share of the cores, minus its loader workers if any (the GPU does the "
+        "math)." if on_gpu else
+        f"this rank's share of the cores ({cores} over {world_size} ranks), so the ranks don't "
+        "oversubscribe them." if ranks else
+        "all usable cores for the model; loader worker processes run 1 thread each (DataLoader "
+        "sets that).")
 
     # torch.compile: recommended only where it measured faster for a run of this length
     why_not = compile_unavailable(device_type, capability=gpu.capability if gpu else None)
-    if why_not is not None:
-        reasons["compile"] = why_not + "."
-    elif on_gpu:
-        reasons["compile"] = (
-            "not recommended by default: Triton is installed, so torch.compile can run, but "
-            "its first step compiles for tens of seconds and it has not been measured faster "
-            "for this model and run length; compare first (hn.compare with a '+compile' "
-            "variant), then pass Trainer(compile=True) where it wins.")
-    else:
-        reasons["compile"] = (
-            f"not recommended on the CPU: {CPU_COMPILE_MEASURED}. It can run here (a C++ "
-            f"compiler, {cxx_compiler()}, is present): Trainer(compile=True) still compiles.")
-    return Recommended(batch_size=batch, grad_accum=accum, num_workers=workers, pin_memory=pin,
-                    persistent_workers=persistent, strategy=strategy, compile=False,
-                    torch_threads=threads, devices=procs, reasons=reasons)
+    why["compile"] = (
+        why_not + "." if why_not is not None else
+        "not recommended by default: Triton is installed, so torch.compile can run, but its "
+        "first step compiles for tens of seconds and it has not been measured faster for this "
+        "model and run length; compare first (hn.compare with a '+compile' variant), then pass "
+        "Trainer(compile=True) where it wins." if on_gpu else
+        f"not recommended on the CPU: {CPU_COMPILE_MEASURED}. It can run here (a C++ compiler, "
+        f"{cxx_compiler()}, is present): Trainer(compile=True) still compiles.")
+    return Recommended(batch_size=batch, grad_accum=accum, num_workers=workers, pin_memory=on_gpu,
+                       persistent_workers=workers > 0, strategy=strategy, compile=False,
+                       torch_threads=threads, devices=procs, reasons=why)

@@ -13,41 +13,35 @@ from hybridnb.hardware.probe.result import TITLES, ProbeResult
 
 SETTING_ROWS = ("batch_size", "grad_accum", "num_workers", "pin_memory", "persistent_workers",
                 "strategy", "compile", "torch_threads")
-_MARK = {"ok": "ok", "failed": "FAILED", "wrong": "WRONG", "hung": "HUNG", "crashed": "CRASHED",
-         "not run": "-"}
+_MARK = {"ok": "ok", "not run": "-"}  # else the status in capitals: FAILED, HUNG, ...
 
 
 def proven(p: ProbeResult) -> str:
     """When and how the GPU was last proven, in a phrase: "passed every probe step in 4.2 s"
     (+ "(cached: proven 3.1 h ago, at 2026-11-21 09:12; detect(refresh=True) probes again)")."""
-    text = f"passed every probe step in {p.seconds:.1f} s"
-    if p.cached and p.proven_at is not None:
-        age = max(0.0, time.time() - p.proven_at)
-        ago = f"{age / 3600:.1f} h" if age >= 3600 else f"{age / 60:.0f} min"
-        at = time.strftime("%Y-%m-%d %H:%M", time.localtime(p.proven_at))
-        text += f" (cached: proven {ago} ago, at {at}; detect(refresh=True) probes again)"
-    return text
+    return f"passed every probe step in {p.seconds:.1f} s{_cached(p)}"
+
+
+def _cached(p: ProbeResult) -> str:
+    if not p.cached or p.proven_at is None:
+        return ""
+    age = max(0.0, time.time() - p.proven_at)
+    ago = f"{age / 3600:.1f} h" if age >= 3600 else f"{age / 60:.0f} min"
+    at = time.strftime("%Y-%m-%d %H:%M", time.localtime(p.proven_at))
+    return f" (cached: proven {ago} ago, at {at}; detect(refresh=True) probes again)"
 
 
 def _gpu_facts(g: GpuInfo) -> str:
-    parts = [g.backend.upper() if g.backend != "rocm" else "ROCm"]
-    if g.capability:
-        parts.append(f"capability {g.capability[0]}.{g.capability[1]}")
-    if g.arch:
-        parts.append(g.arch)
-    if g.total_memory:
-        free = f", {gib(g.free_memory)} free" if g.free_memory is not None else ""
-        parts.append(f"{gib(g.total_memory)}{free}")
-    if g.driver_version:
-        parts.append(f"driver {g.driver_version}" + (f" (CUDA {g.driver_cuda})"
-                                                    if g.driver_cuda else ""))
-    if g.runtime_version:
-        parts.append(f"runtime {g.runtime_version}")
-    if g.native_bf16 is not None:
-        parts.append("native bf16" if g.native_bf16 else "no native bf16")
-    if not g.usable:
-        parts.append("NOT USED (known problem)")
-    return ", ".join(parts)
+    memory = g.total_memory and gib(g.total_memory) + (
+        f", {gib(g.free_memory)} free" if g.free_memory is not None else "")
+    driver = g.driver_version and f"driver {g.driver_version}" + (
+        f" (CUDA {g.driver_cuda})" if g.driver_cuda else "")
+    parts = ["ROCm" if g.backend == "rocm" else g.backend.upper(),
+             g.capability and f"capability {g.capability[0]}.{g.capability[1]}", g.arch, memory,
+             driver, g.runtime_version and f"runtime {g.runtime_version}",
+             {True: "native bf16", False: "no native bf16"}.get(g.native_bf16),
+             not g.usable and "NOT USED (known problem)"]
+    return ", ".join(p for p in parts if p)
 
 
 def _probe_lines(g: GpuInfo) -> list[str]:
@@ -55,10 +49,8 @@ def _probe_lines(g: GpuInfo) -> list[str]:
     p = g.probe
     if p is None:
         return ["not probed"]
-    head = f"probe {p.verdict.upper()} in {p.seconds:.1f} s"
-    if p.cached:
-        head = f"probe PASSED, {proven(p).replace('passed every probe step in ', 'in ')}"
-    steps = " > ".join(f"{TITLES[s.name]} {_MARK[s.status]}"
+    head = f"probe {p.verdict.upper()} in {p.seconds:.1f} s{_cached(p)}"
+    steps = " > ".join(f"{TITLES[s.name]} {_MARK.get(s.status, s.status.upper())}"
                        + (f" {s.seconds:.2f}s" if s.seconds is not None else "")
                        for s in p.steps)
     return [f"{head}: {steps}"] + ([p.message] if p.message else [])

@@ -188,9 +188,9 @@ def _nvml_total_bytes() -> int:
     """GPU 0's memory from NVML (the test process never starts CUDA)."""
     from hybridnb.hardware import nvml
 
-    lib = nvml.library()
-    assert lib is not None, f"NVML unavailable: {nvml.status()}"
-    return int(lib.nvmlDeviceGetMemoryInfo(lib.nvmlDeviceGetHandleByIndex(0)).total)
+    memory = nvml.memory(nvml.handle_by_index(0))
+    assert memory is not None, f"NVML unavailable: {nvml.status()}"
+    return memory.total
 
 
 def test_cudnn_benchmark_is_put_back_after_a_fit_that_turned_it_on():

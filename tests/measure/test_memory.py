@@ -43,7 +43,7 @@ class FakeNVML:
         return ("handle", i)
 
     def nvmlDeviceGetUUID(self, h):
-        return self.uuids[h[1]].encode()  # real pynvml may give bytes
+        return self.uuids[h[1]]
 
     def nvmlDeviceGetMemoryInfo(self, h):
         if self.fail_memory:

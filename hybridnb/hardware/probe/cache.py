@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import platform
-import tempfile
 import time
 from pathlib import Path
 
@@ -46,8 +45,6 @@ def _path(key: dict, environ: dict[str, str] | None) -> Path:
 def load(key: dict, ttl: float, environ: dict[str, str] | None = None) -> ProbeResult | None:
     """The stored pass for ``key`` if younger than ``ttl`` seconds, else None (also for an
     unreadable or foreign file, which the next store overwrites)."""
-    if ttl <= 0:
-        return None
     try:
         data = json.loads(_path(key, environ).read_text())
         if data.get("key") != key:
@@ -71,9 +68,8 @@ def store(key: dict, result: ProbeResult, environ: dict[str, str] | None = None)
     payload = json.dumps({"key": key, "result": result.to_dict()}, indent=1)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".probe-", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            f.write(payload)
+        tmp = path.with_name(f".probe-{os.getpid()}-{path.name}")
+        tmp.write_text(payload)
         os.replace(tmp, path)
     except OSError as exc:
         return (f"The probe's verdict could not be cached in {path.parent} ({exc}); every new "

@@ -34,7 +34,6 @@ def main(argv: list[str] | None = None, channel: Channel | None = None) -> None:
     passed = run_steps(args.backend, args.index, emit)
     # leave without the interpreter's teardown (about 1 s with torch loaded): the OS frees the
     # device once the messages and output are out
-    channel.flush()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0 if passed else 1)
@@ -52,7 +51,7 @@ def run_steps(backend: str, index: int, emit) -> bool:
         except Exception as exc:  # noqa: BLE001 - broad: any failure is this step's verdict
             wrong = isinstance(exc, _WrongResult)
             emit(e="fail", step=name, s=round(time.perf_counter() - t0, 4), wrong=wrong,
-                 error=str(exc) if wrong else f"{type(exc).__name__}: {str(exc).strip()[:500]}")
+                 detail=str(exc) if wrong else f"{type(exc).__name__}: {str(exc).strip()[:500]}")
             return False
         emit(e="ok", step=name, s=round(time.perf_counter() - t0, 4), detail=detail)
     emit(e="end")
@@ -109,14 +108,11 @@ def _step_memory(ctx: dict) -> str:
 
 
 def _mps_memory(torch) -> tuple[int, int]:
-    """(free, total) bytes of the Apple GPU: the memory Metal recommends for this process (the
-    machine's RAM where torch predates ``recommended_max_memory``) less what the driver holds."""
-    import psutil
-
+    """(free, total) bytes of the Apple GPU: the memory Metal recommends for this process less
+    what the driver holds."""
     mps = torch.mps
     used = max(int(mps.current_allocated_memory()), int(mps.driver_allocated_memory()))
-    recommended = getattr(mps, "recommended_max_memory", None)
-    total = int(recommended() if recommended else psutil.virtual_memory().total)
+    total = int(mps.recommended_max_memory())
     return max(0, total - used), total
 
 

@@ -28,12 +28,32 @@ def run_probes(targets: list[tuple[str, int]], timeout: float) -> list[ProbeResu
     if not platform.child_pipes():
         return [run_here(backend, index) for backend, index in targets]
     deadline = time.monotonic() + timeout
-    probes = [Probe(backend, index) for backend, index in targets]
+    events: list[list[dict]] = [[] for _ in targets]
     with Watch() as watch:
-        for probe in probes:
-            probe.start(watch, max(0.0, deadline - time.monotonic()))
+        children = [_start(watch, backend, index, got, max(0.0, deadline - time.monotonic()))
+                    for (backend, index), got in zip(targets, events, strict=True)]
         watch.run()
-    return [probe.result(timeout) for probe in probes]
+    results = []
+    for (backend, index), got, watched in zip(targets, events, children, strict=True):
+        proc = watched.child  # return code None: the child was not reaped
+        rc = proc.exit.returncode if proc.reaped and proc.exit else None
+        tail = " | ".join([ln for ln in proc.tail if ln.strip()][-3:])[-400:]
+        results.append(verdict(backend, index, got, watched.outcome.seconds,
+                               watched.outcome.status == Ending.TIMEOUT, rc, timeout, tail))
+    return results
+
+
+def _start(watch: Watch, backend: str, index: int, events: list[dict], seconds: float
+           ) -> Watched:
+    def take(message: Message) -> None:
+        if message.kind == EVENT and isinstance(message.payload, dict):
+            events.append(message.payload)
+
+    argv = ("--backend", backend, "--index", str(index))
+    return watch.start(
+        lambda: start_framed(CHILD_MODULE, *argv, environ=child_environment())[0],
+        name=f"the probe of {backend}:{index}", on_message=take, deadline=seconds,
+        stop_grace=0.0, forward_output=False, reap_s=REAP_S)
 
 
 def run_here(backend: str, index: int) -> ProbeResult:
@@ -42,97 +62,61 @@ def run_here(backend: str, index: int) -> ProbeResult:
     events: list[dict] = []
     t0 = time.monotonic()
     probe_child.run_steps(backend, index, lambda **event: events.append(event))
-    probe = Probe(backend, index)
-    probe.events = events
-    res = probe.verdict(time.monotonic() - t0, timed_out=False, rc=0, timeout=0.0)
+    res = verdict(backend, index, events, time.monotonic() - t0, timed_out=False, rc=0,
+                  timeout=0.0)
     note = (f"probed in this process, without a time limit: {platform.child_pipes().why}; a GPU "
             "that hangs would hang this process too")
     res.message = f"{res.message}; {note}" if res.message else note
     return res
 
 
-class Probe:
-    """One probe child: the events it sent, and how it ended."""
-
-    def __init__(self, backend: str, index: int) -> None:
-        self.backend, self.index = backend, index
-        self.events: list[dict] = []
-        self.watched: Watched | None = None
-
-    def start(self, watch: Watch, seconds: float) -> None:
-        argv = ("--backend", self.backend, "--index", str(self.index))
-        self.watched = watch.start(
-            lambda: start_framed(CHILD_MODULE, *argv, environ=child_environment())[0],
-            name=f"the probe of {self.backend}:{self.index}", on_message=self._take,
-            deadline=seconds, stop_grace=0.0, forward_output=False, reap_s=REAP_S)
-
-    def _take(self, message: Message) -> None:
-        if message.kind == EVENT and isinstance(message.payload, dict):
-            self.events.append(message.payload)
-
-    def result(self, timeout: float) -> ProbeResult:
-        """The verdict once the watch is over (return code None: the child was not reaped)."""
-        outcome, proc = self.watched.outcome, self.watched.child
-        rc = proc.exit.returncode if proc.reaped and proc.exit else None
-        return self.verdict(outcome.seconds, outcome.status == Ending.TIMEOUT, rc, timeout)
-
-    def verdict(self, seconds: float, timed_out: bool, rc: int | None, timeout: float
-                ) -> ProbeResult:
-        steps = {name: ProbeStep(name, "not run") for name in STEPS}
-        current, info, failure, ended, started = None, {}, None, False, {}
-        for ev in list(self.events):
-            kind, name = ev.get("e"), ev.get("step")
-            if kind == "start" and name in steps:
-                current, started[name] = name, ev.get("t")
-            elif kind == "ok" and name in steps:
-                steps[name] = ProbeStep(name, "ok", ev.get("s"), ev.get("detail", ""))
-                current = None
-            elif kind == "fail" and name in steps:
-                status = "wrong" if ev.get("wrong") else "failed"
-                steps[name] = ProbeStep(name, status, ev.get("s"), ev.get("error", ""))
-                failure, current = (name, status, ev.get("error", "")), None
-            elif kind == "info":
-                info.update(ev.get("info", {}))
-            elif kind == "end":
-                ended = True
-        res = ProbeResult(self.backend, self.index, "passed", list(steps.values()),
-                          round(seconds, 3), info=info, returncode=rc,
-                          proven_at=round(time.time(), 3))
-        where = current or next((n for n in STEPS if steps[n].status == "not run"), STEPS[-1])
-        if ended and (timed_out or rc != 0):  # every step passed; only the exit went wrong
-            res.message = ("every step passed, but the probe process " + (
-                "did not exit in time and was killed" if timed_out else
-                f"ended with {_exit_reason(rc).replace(' before finishing', '')}")
-                + " while shutting down (a driver teardown problem; training may still work)")
-        elif timed_out:
-            res.verdict, res.failed_step = "hung", where
-            steps[where].status, steps[where].detail = "hung", f"no answer within {timeout:g} s"
-            since = started.get(where)
-            res.message = (f"hung at step '{TITLES[where]}' (no answer for {timeout:g} s"
-                           + (f", {max(0.0, time.time() - since):.1f} s in that step"
-                              if since is not None else "")
-                           + "); the probe process was killed")
-            if rc is None:
-                res.message += " but could not be reaped (stuck in the driver?)"
-        elif failure is not None:
-            name, status, error = failure
-            res.verdict = "wrong result" if status == "wrong" else "failed"
-            res.failed_step = name
-            first = (error.strip().splitlines() or [""])[0]
-            res.message = f"{res.verdict} at step '{TITLES[name]}': {first}"
-        elif not ended or rc != 0:
-            res.verdict, res.failed_step = "crashed", where
-            why = _exit_reason(rc)
-            tail = self._stderr_tail()
-            steps[where].status, steps[where].detail = "crashed", why
-            at = f"at step '{TITLES[where]}'" if self.events else "before its first step"
-            res.message = f"crashed {at} ({why})" + (f": {tail}" if tail else "")
-        res.steps = list(steps.values())
-        return res
-
-    def _stderr_tail(self) -> str:
-        lines = [ln for ln in self.watched.child.tail if ln.strip()]
-        return " | ".join(lines[-3:])[-400:]
+def verdict(backend: str, index: int, events: list[dict], seconds: float, timed_out: bool,
+            rc: int | None, timeout: float, tail: str = "") -> ProbeResult:
+    """The result of one probe from the events its child sent and how it ended (``tail``: the
+    last lines of its stderr)."""
+    steps = {name: ProbeStep(name, "not run") for name in STEPS}
+    current, since, info, ended = None, None, {}, False
+    for ev in events:
+        kind, name = ev.get("e"), ev.get("step")
+        if kind == "start" and name in steps:
+            current, since = name, ev.get("t")
+        elif kind in ("ok", "fail") and name in steps:
+            status = "ok" if kind == "ok" else "wrong" if ev.get("wrong") else "failed"
+            steps[name] = ProbeStep(name, status, ev.get("s"), ev.get("detail", ""))
+            current = None
+        elif kind == "info":
+            info.update(ev.get("info", {}))
+        ended = ended or kind == "end"
+    res = ProbeResult(backend, index, "passed", list(steps.values()), round(seconds, 3),
+                      info=info, returncode=rc, proven_at=round(time.time(), 3))
+    failed = next((s for s in res.steps if s.status in ("failed", "wrong")), None)
+    where = current or next((n for n in STEPS if steps[n].status == "not run"), STEPS[-1])
+    if ended and (timed_out or rc != 0):  # every step passed; only the exit went wrong
+        res.message = ("every step passed, but the probe process " + (
+            "did not exit in time and was killed" if timed_out else
+            f"ended with {_exit_reason(rc).replace(' before finishing', '')}")
+            + " while shutting down (a driver teardown problem; training may still work)")
+    elif timed_out:
+        res.verdict, res.failed_step = "hung", where
+        steps[where].status, steps[where].detail = "hung", f"no answer within {timeout:g} s"
+        res.message = (f"hung at step '{TITLES[where]}' (no answer for {timeout:g} s"
+                       + (f", {max(0.0, time.time() - since):.1f} s in that step"
+                          if since is not None and current else "")
+                       + "); the probe process was killed")
+        if rc is None:
+            res.message += " but could not be reaped (stuck in the driver?)"
+    elif failed is not None:
+        res.verdict = "wrong result" if failed.status == "wrong" else "failed"
+        res.failed_step = failed.name
+        first = (failed.detail.strip().splitlines() or [""])[0]
+        res.message = f"{res.verdict} at step '{TITLES[failed.name]}': {first}"
+    elif not ended or rc != 0:
+        res.verdict, res.failed_step = "crashed", where
+        why = _exit_reason(rc)
+        steps[where].status, steps[where].detail = "crashed", why
+        at = f"at step '{TITLES[where]}'" if events else "before its first step"
+        res.message = f"crashed {at} ({why})" + (f": {tail}" if tail else "")
+    return res
 
 
 def _exit_reason(rc: int | None) -> str:
