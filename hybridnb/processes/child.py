@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -48,11 +49,9 @@ WORKER_ENV = {HEADLESS_ENV: "1", ISOLATED_ENV: "1"}  # a worker draws nothing, n
 
 
 class Child:
-    """A started child: ``pid`` (also its process group) and the parent's ends of its pipes.
-
-    ``messages``: its channel's ``FrameReader`` (None for a command). ``output_fds``: the open
-    stdout/stderr pipes (fd -> 1 or 2). ``files``: its job's shared-memory files, removed at
-    ``close``."""
+    """A started child: ``pid`` (also its process group), ``messages`` (its channel's reader;
+    None for a command), ``output_fds`` (open stdout/stderr pipes: fd -> 1 or 2) and ``files``
+    (its job's shared-memory files, removed at ``close``)."""
 
     def __init__(self, pid: int, *, popen: subprocess.Popen | None = None,
                  messages_fd: int | None = None, output_fds: dict[int, int] | None = None,
@@ -109,9 +108,8 @@ class Child:
 
     # ---------------------------------------------------------------- its end
     def poll(self) -> Exit | None:
-        """How it ended, once it has. Where ``os.waitid`` can look without reaping it stays
-        unreaped (so ``kill_group`` cannot hit a stranger); elsewhere it is reaped at once and
-        its group killed afterwards (a group's id is not reused while a member lives)."""
+        """How it ended, once it has; left unreaped where ``os.waitid`` allows (so ``kill_group``
+        cannot hit a stranger), else reaped (a group's id is not reused while a member lives)."""
         if self.exit is not None:
             return self.exit
         if not platform.wait_without_reaping():
@@ -150,9 +148,8 @@ class Child:
                 os.kill(self.pid, sig)
 
     def kill_group(self, reap_s: float = REAP_S) -> None:
-        """SIGKILL its whole process group, then reap it (while unreaped its id cannot be
-        reused). One stuck in a driver call after ``reap_s`` is reaped later by a thread;
-        ``not_reaped`` says so."""
+        """SIGKILL its whole process group, then reap it; one still stuck in a driver call after
+        ``reap_s`` is reaped later by a thread, and ``not_reaped`` says so."""
         if not self.reaped or self.group_left:  # reaped by poll: what it started may still run
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, platform.KILL)
@@ -203,8 +200,7 @@ def start_fork(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None = 
 
     ``env``: variables set in the child (default ``WORKER_ENV``). ``death_signal``: what it gets
     when this process dies (``hn.launch``'s ranks get SIGINT, to stop at an agreed step).
-    ``merge_output``: stdout and stderr through one pipe. Where this OS cannot fork it is
-    spawned (``start_spawn``), said once."""
+    ``merge_output``: one pipe for stdout and stderr. Where this OS cannot fork: spawned."""
     if not platform.fork():
         platform.say_once(f"{platform.fork().why}: start_fork starts a spawned child")
         return start_spawn(fn, *args, env=env, death_signal=death_signal,
@@ -266,11 +262,8 @@ def start_spawn(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None =
                 death_signal: int = platform.KILL, merge_output: bool = False,
                 **kwargs: Any) -> Child:
     """Start a fresh interpreter (``processes.worker``) that runs ``fn(channel, *args,
-    **kwargs)`` and sends its return value back; the rest is as ``start_fork``.
-
-    The job travels by ``payload`` (cloudpickle; big tensors through shared memory). The child
-    has this process's environment (``child_environment``), ``env`` on top. It starts while the
-    job is pickled; a part that cannot be pickled ends it and raises ``NotSendable`` here."""
+    **kwargs)``, as ``start_fork``. The job travels by ``payload``; the child has this process's
+    environment, ``env`` on top; a part that cannot be pickled raises ``NotSendable``."""
     worker = _atomically(lambda: _spawn((), env, death_signal, merge_output))
     return worker.send(fn, *args, **kwargs)
 
@@ -285,9 +278,8 @@ class PrestartedWorker:
         self._next: Callable[[], None] | None = None  # starts the spare after the job
 
     def send(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Child:
-        """Hand the job over: the ``Child``, for the caller to supervise and close. It is
-        written from a thread, so the caller watches the worker at once; whatever fails or
-        interrupts this kills the worker and removes its shared files."""
+        """Hand the job over (written from a thread: the caller watches the worker at once): the
+        ``Child``, for the caller to close. A failure or interrupt here kills the worker."""
         from hybridnb.processes.payload import discard, pack
 
         if self._payload_w is None:
@@ -331,8 +323,7 @@ class PrestartedWorker:
 
 def prestart_spawn(*, preload: Sequence[str] = ("torch",)) -> PrestartedWorker:
     """A spawned worker that imports ``preload``, says "ready" and waits for its job
-    (``PrestartedWorker.send``), as ``start_spawn``'s with the defaults. With warm workers on
-    (``HYBRIDNB_WARM_WORKER``) it is the spare the previous job left when one runs."""
+    (``PrestartedWorker.send``); with warm workers on, the spare the previous job left."""
     from hybridnb.processes import spare
 
     preload = tuple(preload)
@@ -380,7 +371,6 @@ def child_environment() -> dict[str, str]:
     return environ
 
 
-
 class Requests:
     """The parent's end of a child's request pipe."""
 
@@ -402,8 +392,8 @@ class Requests:
 def start_framed(module: str, *args: str, environ: dict[str, str] | None = None,
                  requests: bool = False, merge_output: bool = False
                  ) -> tuple[Child, Requests | None]:
-    """Start ``python -m module WIRING *args``; the ``Child`` has ``messages`` and ``stop`` like
-    a spawned one. ``environ``: its whole environment (default ``child_environment()``)."""
+    """Start ``python -m module WIRING *args`` (``processes.framed``), with ``messages`` and
+    ``stop`` as a spawned child. ``environ``: its whole environment."""
     made: list[int] = []
     stop: StopFlag | None = None
     try:
@@ -460,8 +450,8 @@ def prepare() -> None:
 
 
 def run(fn: Callable[..., Any], args: tuple, kwargs: dict, channel: Channel) -> int:
-    """In a child: run ``fn(channel, *args, **kwargs)``, send its result or its error; the
-    exit code."""
+    """In a child: run ``fn(channel, *args, **kwargs)`` and send its result or error; the exit
+    code."""
     try:
         result = fn(channel, *args, **kwargs)
         if not channel.finished:
@@ -477,8 +467,6 @@ def run(fn: Callable[..., Any], args: tuple, kwargs: dict, channel: Channel) -> 
             channel.send_error(exc)
         else:
             with contextlib.suppress(BaseException):  # the pipe is gone: print what we can
-                import traceback
-
                 traceback.print_exc()
         return 1
 

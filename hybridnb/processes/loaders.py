@@ -9,6 +9,7 @@ other arguments, from its attributes without the live iterator.
 from __future__ import annotations
 
 import copyreg
+import functools
 import inspect
 import sys
 from typing import Any
@@ -49,16 +50,12 @@ def loader_settings(loader: Any) -> dict[str, Any]:
     return kw
 
 
-def _rebuild(cls: type, dataset: Any, settings: dict[str, Any]) -> Any:
-    return cls(dataset, **settings)
-
-
 def reduce_loader(loader: Any) -> tuple:
     """The pickle reduction of a DataLoader (see the module docstring)."""
     from torch.utils.data import DataLoader
 
     if type(loader) is DataLoader:
-        return _rebuild, (DataLoader, loader.dataset, loader_settings(loader))
+        return functools.partial(DataLoader, **loader_settings(loader)), (loader.dataset,)
     state = dict(loader.__dict__)
     state["_iterator"] = None
     return copyreg.__newobj__, (type(loader),), state  # set as it is (no __setattr__ checks)

@@ -54,18 +54,7 @@ def rebuild(module: Any, state: dict) -> None:
     its state, then the parametrized class and one property per parametrized tensor again."""
     from torch.nn.utils import parametrize
 
-    setstate = getattr(type(module), "__setstate__", None)
-    if setstate is not None:
-        setstate(module, state)
-    else:
-        module.__dict__.update(state)
-    inject_class = getattr(parametrize, "_inject_new_class", None)
-    inject_property = getattr(parametrize, "_inject_property", None)
-    if inject_class is None or inject_property is None:  # not in this torch version
-        raise RuntimeError(
-            f"a parametrized {type(module).__name__} cannot be rebuilt with this torch version "
-            "(torch.nn.utils.parametrize has no _inject_new_class/_inject_property); train in "
-            "the kernel with isolate=False")
-    inject_class(module)
+    module.__setstate__(state)  # nn.Module's, or the class's own
+    parametrize._inject_new_class(module)  # (both in every torch this package supports)
     for name in module.parametrizations:
-        inject_property(module, name)
+        parametrize._inject_property(module, name)

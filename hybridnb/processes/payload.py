@@ -28,14 +28,10 @@ import tempfile
 import uuid
 from typing import Any
 
-import cloudpickle
-
 from hybridnb import platform
-from hybridnb.processes import loaders, parametrized, refs
+from hybridnb.processes import loaders, refs
 from hybridnb.processes.channel import as_sent, tensor_bytes
-from hybridnb.processes.unsendable import NotSendable, not_sendable
-
-__all__ = ["NotSendable", "SHM_MIN_BYTES", "discard", "pack", "unpack"]
+from hybridnb.processes.unsendable import JobPickler, not_sendable
 
 SHM_MIN_BYTES = 1 << 20
 SHM_DIR = "/dev/shm"
@@ -47,7 +43,7 @@ def _mb(n: float) -> str:
     return f"{n / 2**20:.0f} MiB"
 
 
-class _Pickler(cloudpickle.Pickler):
+class _Pickler(JobPickler):
     def __init__(self, file, folder: str, paths: list[str]) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.folder: str | None = folder
@@ -82,12 +78,8 @@ class _Pickler(cloudpickle.Pickler):
         return pid
 
     def reducer_override(self, obj: Any):
-        if loaders.is_loader(obj):
-            if loaders.has_live_workers(obj):
-                self.live_loaders.append(type(obj).__name__)
-            return loaders.reduce_loader(obj)
-        if parametrized.is_parametrized(obj):
-            return parametrized.reduce(obj)
+        if loaders.is_loader(obj) and loaders.has_live_workers(obj):
+            self.live_loaders.append(type(obj).__name__)
         return super().reducer_override(obj)
 
     def _leave_shm(self, why: str) -> None:

@@ -147,9 +147,7 @@ class Locator:
 
 
 def ndarray_ref(arr: Any, locator: Locator) -> FileRef | None:
-    """A reference for a numpy array in a file mapping, or None."""
-    if arr.dtype.hasobject:
-        return None
+    """A reference for a numpy array (of no Python objects) in a file mapping, or None."""
     kind = "memmap" if type(arr).__name__ == "memmap" else "ndarray"
     return locator.ref(arr.__array_interface__["data"][0], arr.shape,
                        arr.strides, arr.itemsize, arr.dtype, kind)

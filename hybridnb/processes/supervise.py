@@ -108,12 +108,11 @@ class Watched:
         self.progress = ChildProgress()
         self.queue: collections.deque[Message] = collections.deque()
         self.state = self.state_steps = self.result = self.error = None
-        self.got_done = self.partial = False
+        self.got_done = False
         self.stop_reason: str | None = None
         self.finished_at: float | None = None
         self.stop_deadline: float | None = None
         self.stop_wait = 0.0
-        self.bytes = 0
         self.signal: int | None = None     # the first signal that reached the parent
         self.t0 = self.progress.last_message = self.progress.last_step = time.monotonic()
         self.arm(deadline)
@@ -184,14 +183,15 @@ class Watched:
     # ---------------------------------------------------------------- the outcome
     def make_outcome(self, now: float) -> ChildOutcome:
         child, p, cause, who = self.child, self.progress, self.cause, self.name
-        ex = child.exit
+        ex, reader = child.exit, child.messages
         exit_text = child.not_reaped or (str(ex) if ex is not None else "unknown")
         out = ChildOutcome(status=Ending.DIED, reason="", result=self.result, error=self.error,
                            state=self.state, state_steps=self.state_steps, steps=p.steps,
                            median_step_s=p.median_step_s, seconds=now - self.t0, phase=p.phase,
                            exit=exit_text, signal=ex.signal if ex else None,
                            exit_code=ex.code if ex else None, interrupted=self.signal is not None,
-                           stop_sent=self.stop_reason is not None, bytes_received=self.bytes,
+                           stop_sent=self.stop_reason is not None,
+                           bytes_received=reader.bytes_read if reader else 0,
                            output_tail=child.output_text(), last_words=child.last_words.best(),
                            pid=child.pid)
         steps = f"after {p.steps} step{'s' if p.steps != 1 else ''}"
@@ -234,7 +234,7 @@ class Watched:
                               "a result")
             if out.last_words:
                 out.reason += f"; its last output: {out.last_words[:200]}"
-        if self.partial and out.status != Ending.DONE:
+        if reader is not None and reader.partial and out.status != Ending.DONE:
             out.reason += "; a message it was sending was cut off"
         return out
 
@@ -264,31 +264,24 @@ class Watch:
         return self
 
     def __exit__(self, kind, value, tb) -> None:
+        """Every child ended; then the handlers as before the watch, and SIGTERM or SIGHUP
+        (SIGINT too unless kept) delivered again to this process."""
         try:
             self.close(deliver=kind is None)  # after an error: no more calls into the caller
         finally:
-            self._restore()
-            self._deliver_signal()
+            for sig, previous in self._previous.items():
+                signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+            self._previous = {}
+            if self.signals and not self._delivered:
+                self._delivered = True
+                ending = [sig for sig in self.signals if sig != signal.SIGINT]
+                if ending:
+                    signal.raise_signal(ending[0])
+                elif not self.keep_interrupt:  # (signals reach a watch in the main thread only)
+                    signal.raise_signal(signal.SIGINT)
 
     def _on_signal(self, signum, frame) -> None:
         self.signals.append(signum)
-
-    def _restore(self) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
-        self._previous = {}
-
-    def _deliver_signal(self) -> None:
-        """Once the children are gone: SIGTERM or SIGHUP (and SIGINT unless kept) to this
-        process again, handled as before the watch."""
-        if self._delivered or not self.signals:
-            return
-        self._delivered = True
-        ending = [sig for sig in self.signals if sig != signal.SIGINT]
-        if ending:
-            signal.raise_signal(ending[0])
-        elif not self.keep_interrupt:  # (signals reach a watch in the main thread only)
-            signal.raise_signal(signal.SIGINT)
 
     # ---------------------------------------------------------------- children
     def start(self, start: Callable[[], Child], **limits: Any) -> Watched:
@@ -334,9 +327,7 @@ class Watch:
                         self._end(w, cause)
         if self.signals and not self.live() and (set(self.signals) - {signal.SIGINT}
                                                  or not self.keep_interrupt):
-            self.close()
-            self._restore()
-            self._deliver_signal()
+            self.__exit__(None, None, None)
 
     def end(self, watched: Watched, deliver: bool = True) -> ChildOutcome:
         """End one child now (killed with its group if still running): its outcome. What it
@@ -384,9 +375,7 @@ class Watch:
             w.child.kill_group(w.reap_s)
         finally:
             ended_at = time.monotonic()
-            w.bytes = w.child.messages.bytes_read if w.child.messages else 0
-            w.partial = bool(w.child.messages and w.child.messages.partial)
-            w.child.close()
+            w.child.close()  # (its reader keeps what it counted)
             w.outcome = w.make_outcome(ended_at)
 
     def _ask_stop(self) -> None:

@@ -18,6 +18,8 @@ from typing import Any
 
 import cloudpickle
 
+from hybridnb.processes import loaders, parametrized
+
 MAX_DEPTH = 40
 MAX_NODES = 20000
 
@@ -34,8 +36,20 @@ class NotSendable(TypeError):
 _NULL = types.SimpleNamespace(write=len)  # a file that keeps nothing: only failures count
 
 
-class _Probe(cloudpickle.Pickler):
-    """cloudpickle as ``payload`` uses it, arrays and tensors left out."""
+class JobPickler(cloudpickle.Pickler):
+    """cloudpickle with the reductions a job needs: a DataLoader (``loaders``) and a
+    parametrized module (``parametrized``); ``payload``'s pickler and the probe here."""
+
+    def reducer_override(self, obj: Any):
+        if loaders.is_loader(obj):
+            return loaders.reduce_loader(obj)
+        if parametrized.is_parametrized(obj):
+            return parametrized.reduce(obj)
+        return super().reducer_override(obj)
+
+
+class _Probe(JobPickler):
+    """As ``payload`` pickles, arrays and tensors left out."""
 
     def persistent_id(self, obj: Any):
         torch = sys.modules.get("torch")
@@ -45,15 +59,6 @@ class _Probe(cloudpickle.Pickler):
         if np is not None and isinstance(obj, np.ndarray) and not obj.dtype.hasobject:
             return "array"
         return None
-
-    def reducer_override(self, obj: Any):
-        from hybridnb.processes import loaders, parametrized
-
-        if loaders.is_loader(obj):
-            return loaders.reduce_loader(obj)
-        if parametrized.is_parametrized(obj):
-            return parametrized.reduce(obj)
-        return super().reducer_override(obj)
 
 
 def _fails(obj: Any) -> BaseException | None:
