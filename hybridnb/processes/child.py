@@ -1,13 +1,11 @@
 """Start a child process, read it, signal it, reap it.
 
-The one module of hybridnb that sends signals (``os.kill``/``os.killpg``; tests check it).
-Every child leads its own process group, so ``Child.kill_group()`` reaches the helpers it
-started too (DataLoader workers, a driver's helper), and reaps it: no orphan, no zombie.
-Children start only where ``platform.child_pipes()`` (POSIX): elsewhere callers run in process.
-
-Starts are atomic with respect to Ctrl-C and SIGTERM: the signals are held while the child is
-made and delivered afterwards, so a start returns a child the caller owns or leaves nothing (no
-process, no shared file). Children die with the parent (``processes.lifeline``).
+The one module of hybridnb that sends signals (tests check it). Every child leads its own
+process group, so ``Child.kill_group()`` reaches the helpers it started too (DataLoader workers,
+a driver's helper), and reaps it: no orphan, no zombie. Starts hold Ctrl-C and SIGTERM until the
+child is made, so a start returns a child the caller owns or leaves nothing (no process, no
+shared file). Children die with the parent (``processes.lifeline``). POSIX only
+(``platform.child_pipes()``): elsewhere callers run in process.
 """
 
 from __future__ import annotations
@@ -264,8 +262,7 @@ def start_spawn(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None =
     """Start a fresh interpreter (``processes.worker``) that runs ``fn(channel, *args,
     **kwargs)``, as ``start_fork``. The job travels by ``payload``; the child has this process's
     environment, ``env`` on top; a part that cannot be pickled raises ``NotSendable``."""
-    worker = _atomically(lambda: _spawn((), env, death_signal, merge_output))
-    return worker.send(fn, *args, **kwargs)
+    return _spawn((), env, death_signal, merge_output).send(fn, *args, **kwargs)
 
 
 class PrestartedWorker:
@@ -275,7 +272,7 @@ class PrestartedWorker:
     def __init__(self, child: Child, payload_w: int) -> None:
         self.child = child
         self._payload_w: int | None = payload_w
-        self._next: Callable[[], None] | None = None  # starts the spare after the job
+        self.preload: tuple[str, ...] | None = None  # prestart_spawn's: the next spare imports it
 
     def send(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Child:
         """Hand the job over (written from a thread: the caller watches the worker at once): the
@@ -287,10 +284,10 @@ class PrestartedWorker:
         files: list[str] = []
 
         def hand_over() -> Child:
-            self.child.files.extend(files)
-            fd, self._payload_w = self._payload_w, None
-            threading.Thread(target=_write_and_close, args=(fd, data), daemon=True,
+            threading.Thread(target=_write_and_close, args=(self._payload_w, data), daemon=True,
                              name="hybridnb-payload").start()
+            self._payload_w = None  # the thread closes it
+            self.child.files.extend(files)
             return self.child
 
         try:
@@ -298,27 +295,30 @@ class PrestartedWorker:
             return _atomically(hand_over)
         except BaseException:  # nothing is left: not the files, not the worker
             discard(files)
-            self._close_now()
+            self.close()
             raise
 
     def start_next(self) -> None:
-        """Start the spare for the next request like this one (once). Called when this job is
-        over: a spare's start-up (importing torch) would take CPU from the job."""
-        if self._next is not None:
-            nxt, self._next = self._next, None
-            nxt()
+        """Start the spare for the next request like this one (once), when this job is over: a
+        spare's start-up (importing torch) would take CPU from the job."""
+        from hybridnb.processes import spare
+
+        preload, self.preload = self.preload, None
+        if preload is not None:
+            try:  # now: the environment may have changed since
+                spare.replenish(spare.key_of(preload), lambda: _spawn(preload))
+            except Exception as exc:  # noqa: BLE001 - said; the next fit starts a worker itself
+                platform.say(f"no spare worker for the next fit ({type(exc).__name__}: {exc}); "
+                             "it will start its own")
 
     def close(self) -> None:
-        """Kill the worker if its job never came (after ``send``: nothing to do)."""
-        if self._payload_w is not None:
-            self._close_now()
-
-    def _close_now(self) -> None:
+        """Kill the worker if its job never came (after ``send``: nothing to do; a send that
+        failed after the hand-over closed the child itself)."""
         with _held_signals():
             if self._payload_w is not None:
                 close_fds([self._payload_w])
                 self._payload_w = None
-            self.child.close()
+                self.child.close()
 
 
 def prestart_spawn(*, preload: Sequence[str] = ("torch",)) -> PrestartedWorker:
@@ -327,33 +327,25 @@ def prestart_spawn(*, preload: Sequence[str] = ("torch",)) -> PrestartedWorker:
     from hybridnb.processes import spare
 
     preload = tuple(preload)
-
-    def spawn() -> PrestartedWorker:
-        return _atomically(lambda: _spawn(preload, None, platform.KILL, False))
-
-    def start_next() -> None:
-        try:
-            spare.replenish(spare.key_of(preload), spawn)  # now: the environment may change
-        except Exception as exc:  # noqa: BLE001 - said; the next fit starts a worker itself
-            platform.say(f"no spare worker for the next fit ({type(exc).__name__}: {exc}); "
-                         "it will start its own")
-
     with _held_signals():  # handed over whole, or kept
         early = spare.take(spare.key_of(preload)) if warm_worker() else None
-    if early is None:
-        early = spawn()
-    early._next = start_next
+    early = early or _spawn(preload)
+    early.preload = preload
     return early
 
 
-def _spawn(preload: Sequence[str], env: dict[str, str] | None, death_signal: int,
-           merge_output: bool) -> PrestartedWorker:
-    environ = child_environment()
-    environ.update(WORKER_ENV if env is None else env)
-    child, job = start_framed(WORKER_MODULE, str(int(death_signal)), repr(time.monotonic()),
-                              ",".join(preload), environ=environ, requests=True,
-                              merge_output=merge_output)
-    return PrestartedWorker(child, job.fd)
+def _spawn(preload: Sequence[str], env: dict[str, str] | None = None,
+           death_signal: int = platform.KILL, merge_output: bool = False) -> PrestartedWorker:
+    """A worker started atomically (``_atomically``) that imports ``preload``."""
+    def start() -> PrestartedWorker:
+        environ = child_environment()
+        environ.update(WORKER_ENV if env is None else env)
+        child, job = start_framed(WORKER_MODULE, str(int(death_signal)), repr(time.monotonic()),
+                                  ",".join(preload), environ=environ, requests=True,
+                                  merge_output=merge_output)
+        return PrestartedWorker(child, job.fd)
+
+    return _atomically(start)
 
 
 NONE = "-"  # no request pipe, in WIRING

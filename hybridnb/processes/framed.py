@@ -1,12 +1,7 @@
-"""A command (``python -m MODULE ...``) that talks to its parent in the channel's frames.
-
-The GPU probe, a compare() variant and the spawned worker run as fresh interpreters started by
-``start_framed``: their own process group, a message pipe (the child's ``Channel``), a stop flag
-and, with ``requests=True``, a request pipe the parent writes (``Requests``), all named by one
-WIRING argument that ``connect``/``wiring`` take apart in the child. So every child of hybridnb
-speaks one framing, dies with its parent and is watched by the one loop (``supervise.Watch``).
-The parent's side (``start_framed``, ``Requests``) lives in child.py beside the other starts;
-this module is the child's side.
+"""The child's side of a framed command (``python -m MODULE WIRING ...``, started by
+``child.start_framed``): the GPU probe, a compare() variant and the spawned worker. One WIRING
+argument names its message pipe, stop flag, request pipe and lifeline, so every child speaks one
+framing, dies with its parent and is watched by the one loop.
 """
 
 from __future__ import annotations

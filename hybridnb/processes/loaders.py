@@ -1,9 +1,6 @@
-"""A torch ``DataLoader`` travels as its dataset and settings and is built again in the worker.
-
-A loader iterated with ``persistent_workers=True`` holds live worker processes, which cannot be
-pickled: they stay here, and the worker's loader starts its own. A plain ``DataLoader`` is
-rebuilt through its constructor (``loader_settings``); a subclass, whose constructor may take
-other arguments, from its attributes without the live iterator.
+"""A torch ``DataLoader`` travels as its dataset and settings and is built again in the worker:
+its live worker processes (``persistent_workers=True``) cannot be pickled. A plain
+``DataLoader`` is rebuilt through its constructor; a subclass from its attributes.
 """
 
 from __future__ import annotations

@@ -1,19 +1,16 @@
 """What a spawned child is given: a callable and its arguments, pickled with cloudpickle (a
-notebook's functions and classes travel by value), the big data kept out of the pickle stream:
+notebook's functions travel by value), the big data kept out of the pickle stream:
 
 - an array or CPU tensor whose bytes lie in a file mapping (``np.memmap``, ``torch.from_file``)
   travels as a reference to that file (``refs``): nothing is copied;
 - any other CPU tensor or array of ``SHM_MIN_BYTES`` or more is written once into its own file
-  under ``/dev/shm``, which the child maps and unlinks at once (a snapshot); the parent unlinks
-  what the child did not (``discard``);
-- a torch ``DataLoader`` travels as its dataset and settings (``loaders``), a parametrized
-  module as it is (``parametrized``); a part that cannot be pickled raises ``NotSendable``.
+  under ``/dev/shm``, which the child maps and unlinks at once (a snapshot: not torch's
+  ``share_memory_()``, which would let the child change its parent's start state);
+- a ``DataLoader`` (``loaders``) and a parametrized module (``parametrized``) have their own
+  reductions; a part that cannot be pickled raises ``NotSendable``.
 
-Shared memory is an optimisation, not a requirement: where ``/dev/shm`` has too little room
-(Docker gives a container 64 MB unless ``--shm-size``) or fills up, the files go to the
-temporary folder, and if that is full too the bytes go in the pickle; each fallback is said
-once. Files, not torch's ``share_memory_()``, which would move the parent's own tensor into
-shared memory: the child's writes would change the start state its parent falls back on.
+Where ``/dev/shm`` has too little room (Docker's 64 MB) or fills up, the files go to the
+temporary folder, and if that is full too into the pickle; each fallback is said once.
 """
 
 from __future__ import annotations

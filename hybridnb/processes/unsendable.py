@@ -1,9 +1,7 @@
 """Which part of a job cannot be sent to a worker: the attribute path from the root.
 
-Run only once pickling the whole job has failed. ``find`` walks the object the way pickle does
-(module children, attributes, items, a partial's arguments, a function's closure and defaults)
-down to the innermost part that fails to pickle, e.g. ``job.model.encoder._lock``. Tensors and
-arrays are left out while probing, so no data is copied.
+Run only once pickling the job has failed: ``not_sendable`` walks it as pickle does down to the
+innermost part that fails, e.g. ``job.model.encoder._lock``, leaving tensors and arrays out.
 """
 
 from __future__ import annotations

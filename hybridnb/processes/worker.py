@@ -1,11 +1,9 @@
 """A spawned child: ``python -m hybridnb.processes.worker WIRING DEATH_SIGNAL SPAWNED_AT PRELOAD``
 (started by ``child.start_spawn``/``prestart_spawn``; not a command for people).
 
-It imports the PRELOAD modules (comma-separated: ``import torch`` while the parent prepares the
-job), says it is ready, reads the ``payload`` ``(fn, args, kwargs)`` from its request pipe, runs
-it as a forked child does (``child.run``) and leaves with ``os._exit`` (an interpreter teardown
-with torch loaded costs about a second). Threads are left as torch sets them: a fresh
-interpreter has no broken OpenMP pool.
+It imports PRELOAD while the parent prepares the job, says "ready", reads the ``payload`` from
+its request pipe, runs it as a forked child does and leaves with ``os._exit`` (a teardown with
+torch loaded costs about a second). Threads stay as torch sets them (no inherited OpenMP pool).
 """
 
 from __future__ import annotations
