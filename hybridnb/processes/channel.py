@@ -355,18 +355,14 @@ def _allocate(specs: list) -> tuple[list, list[memoryview]]:
 
 # ============================================================================ requests
 
-class Inbox:
+class Inbox(FrameReader):
     """A child's side of its request pipe (``child.Requests``)."""
-
-    def __init__(self, fd: int) -> None:
-        self._reader = FrameReader(fd)
-        self._queue: list[Message] = []
 
     def get(self) -> Message | None:
         """The next request (blocks); None once the parent closed its end."""
-        while not self._queue:
-            if self._reader.eof:
+        while not self._done:
+            if self.eof:
                 return None
-            select.select([self._reader.fd], [], [])
-            self._queue.extend(self._reader.read())
-        return self._queue.pop(0)
+            select.select([self.fd], [], [])
+            next(self._frames, None)
+        return self._done.pop(0)

@@ -7,6 +7,7 @@ innermost part that fails, e.g. ``job.model.encoder._lock``, leaving tensors and
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import pickle
 import sys
@@ -77,11 +78,9 @@ def _parts(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
         for i, v in enumerate(obj):
             yield f"{path}[{i}]", v
         return
-    import functools
-
     if isinstance(obj, functools.partial):
         yield f"{path}.func", obj.func
-        for name, v in _bound(obj):
+        for name, v in _named(obj.func, obj.args, obj.keywords):
             yield f"{path}.<argument {name}>", v
         return
     if inspect.isfunction(obj):
@@ -125,33 +124,26 @@ def _parts(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
                 yield f"{path}.{name}", getattr(obj, name)
 
 
+_CHANNEL = object()  # the channel's place among a job's arguments
+
+
+def _named(fn: Any, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
+    """The arguments by the parameters they fill (by position where they do not fit)."""
+    try:
+        named = list(inspect.signature(fn).bind_partial(*args, **kwargs).arguments.items())
+    except (TypeError, ValueError):  # no signature, or arguments it does not take
+        named = [(f"args[{i}]", a) for i, a in enumerate(args)] + list(kwargs.items())
+    return [(name, v) for name, v in named if v is not _CHANNEL]
+
+
 def _job_parts(fn: Any, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
     """The arguments by their parameter names (a partial's too), then the function."""
-    import functools
-
-    partial = isinstance(fn, functools.partial)
-    named = _bound(fn) if partial else []
-    named += _by_name(_parameters(fn)[1:], args, kwargs)  # after the channel
-    inner = fn.func if partial else fn
-    named.append((getattr(inner, "__qualname__", None) or "the function", inner))
-    return named
-
-
-def _parameters(fn: Any) -> list[str]:
-    try:
-        return list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):  # a builtin, or no signature
-        return []
-
-
-def _by_name(names: list[str], args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
-    return [(names[i] if i < len(names) else f"args[{i}]", a)
-            for i, a in enumerate(args)] + list(kwargs.items())
-
-
-def _bound(p: Any) -> list[tuple[str, Any]]:
-    """A partial's arguments, named by the parameters they fill."""
-    return _by_name(_parameters(p.func), p.args, p.keywords)
+    if isinstance(fn, functools.partial):
+        named = _named(fn.func, (*fn.args, _CHANNEL, *args), {**fn.keywords, **kwargs})
+        fn = fn.func
+    else:
+        named = _named(fn, (_CHANNEL, *args), kwargs)
+    return [*named, (getattr(fn, "__qualname__", None) or "the function", fn)]
 
 
 def not_sendable(obj: Any) -> NotSendable | None:
