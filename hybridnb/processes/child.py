@@ -239,10 +239,8 @@ def _fork(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None, death
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
             close_fds([out_w, err_w])
-            sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace",
-                              closefd=False)
-            sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace",
-                              closefd=False)
+            sys.stdout, sys.stderr = (open(fd, "w", buffering=1, encoding="utf-8",
+                                           errors="replace", closefd=False) for fd in (1, 2))
             sys.stdin = open(os.devnull)
             prepare()
             channel = Channel(msg_w, stop)

@@ -9,6 +9,7 @@ anonymous memory, a file deleted or replaced since, a private mapping with writt
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import warnings
@@ -23,17 +24,9 @@ class SentFileChanged(RuntimeError):
     it."""
 
 
-@dataclass(frozen=True)
-class Mapping:
-    """One file mapping of this process (an array lies within one: it came from one mmap)."""
-
-    start: int
-    end: int
-    perms: str
-    offset: int
-    dev: tuple[int, int]
-    inode: int
-    path: str
+# one file mapping of this process, as /proc/self/maps lists it (an array lies within one: it
+# came from one mmap); dev is (major, minor)
+Mapping = collections.namedtuple("Mapping", "start end perms offset dev inode path")
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,19 @@
 """The one watch loop for every child of hybridnb, under one interrupt policy.
 
-``Watch`` watches several children in one ``select`` loop (the GPU probes, compare()'s variants,
-an isolated fit, ``hn.launch``'s ranks); ``supervise`` is the shorthand for one child. Nothing
-is left running when a ``Watch`` closes, whatever raised.
+``Watch`` watches several children in one ``select`` loop; ``supervise`` is the shorthand for one
+child. Nothing is left running when a ``Watch`` closes, whatever raised.
 
-Limits, per child: the silence limit bounds *silence*, not a phase: every "step_done" or
-"heartbeat" restarts the clock (a heartbeat's ``grace`` lengthens it until the next message),
-and a child silent for longer is killed (``Ending.HUNG``, naming the last phase reported).
-``deadline`` bounds the run, or one request (``Watched.arm``), instead (``Ending.TIMEOUT``).
+Per child, the silence limit bounds *silence*, not a phase: every "step_done" or "heartbeat"
+restarts the clock (a heartbeat's ``grace`` lengthens it until the next message), and a child
+silent longer is killed (``Ending.HUNG``). ``deadline`` bounds the run, or one request
+(``Watched.arm``), instead (``Ending.TIMEOUT``).
 
-The interrupt policy: the handlers for SIGINT, SIGTERM and SIGHUP are installed when the watch
-opens, before any child starts, so no signal strands a child. The first asks every child to stop
-(its stop flag says "interrupt"; a child with a ``stop_signal`` also gets that signal): it
-finishes its step and sends its state and result, or is killed after its ``stop_grace`` (0: at
-once). A second kills every child. Once they are gone, SIGTERM (or SIGHUP) is delivered again to
-this process as handled before the watch; SIGINT too, unless ``keep_interrupt=True`` (the
-isolated fit and launch answer it with their outcome). ``should_stop`` (a Stop button) sets the
-flag with the reason "stop" (or the word it returns), without a time limit.
+Interrupts: the handlers for SIGINT, SIGTERM and SIGHUP are in place before any child starts.
+The first asks every child to stop (its stop flag says "interrupt"; a ``stop_signal`` is sent
+too): it finishes its step and sends its state and result, or is killed after its
+``stop_grace`` (0: at once). A second kills every child. Once they are gone, SIGTERM (or SIGHUP)
+is delivered again as handled before the watch; SIGINT too, unless ``keep_interrupt=True``.
+``should_stop`` (a Stop button) sets the flag with the reason "stop" (or the word it returns).
 """
 
 from __future__ import annotations
@@ -34,16 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridnb import platform
-from hybridnb.processes.channel import (
-    DONE,
-    ERROR,
-    HEARTBEAT,
-    INTERRUPT,
-    STATE,
-    STEP_DONE,
-    STOP,
-    Message,
-)
+from hybridnb.processes import channel
+from hybridnb.processes.channel import Message
 from hybridnb.processes.child import REAP_S, Child
 from hybridnb.processes.ended import SIGNAL_HINTS, ChildOutcome, Ending, signal_name
 
@@ -135,7 +124,7 @@ class Watched:
         p = self.progress
         p.started = True
         info = m.payload if isinstance(m.payload, dict) else {}
-        if m.kind == STEP_DONE:
+        if m.kind == channel.STEP_DONE:
             p.steps += 1
             seconds, at = info.get("seconds"), info.get("at", now)  # one clock for both
             if seconds is None and p.steps > 1:  # the first one includes start-up
@@ -143,16 +132,16 @@ class Watched:
             if seconds is not None:
                 p.step_seconds.append(float(seconds))
             p.last_step, p.last_message, p.grace = at, now, None
-        elif m.kind == HEARTBEAT:
+        elif m.kind == channel.HEARTBEAT:
             p.last_message = now
             p.grace = float(info["grace"]) if info.get("grace") else None
             if info.get("phase"):
                 p.phase = str(info["phase"])
-        elif m.kind == STATE:
+        elif m.kind == channel.STATE:
             self.state, self.state_steps = m.payload, p.steps
-        elif m.kind == DONE:
+        elif m.kind == channel.DONE:
             self.result, self.got_done, self.finished_at = m.payload, True, now
-        elif m.kind == ERROR:
+        elif m.kind == channel.ERROR:
             self.error, self.finished_at = m.payload, now  # ``Channel.send_error``'s dict
         else:
             p.last_message = now  # any other message is a sign of life too
@@ -240,11 +229,9 @@ class Watched:
 
 
 class Watch:
-    """Children watched together by one loop, under the module docstring's interrupt policy:
-    a context manager whose signal handlers are in place from ``__enter__`` (before any child
-    starts) to ``__exit__``, which kills and reaps every child still there. ``poll``: how often
-    children and ``should_stop`` are checked when nothing arrives. ``interrupt_note``: what is
-    said at the first interrupt (default: names the children that stop after their step)."""
+    """Children watched by one loop under the module's interrupt policy, from ``__enter__`` to
+    ``__exit__`` (which ends every child still there). ``poll``: how often ``should_stop`` is
+    asked when nothing arrives. ``interrupt_note``: said at the first interrupt."""
 
     def __init__(self, *, poll: float = 0.1, should_stop: Callable[[], bool] | None = None,
                  keep_interrupt: bool = False, interrupt_note: str | None = None) -> None:
@@ -379,29 +366,29 @@ class Watch:
             w.outcome = w.make_outcome(ended_at)
 
     def _ask_stop(self) -> None:
-        reason = INTERRUPT if self.signals else None
+        reason = channel.INTERRUPT if self.signals else None
         if reason is None and self.should_stop is not None and not self._stop_asked:
             asked = self.should_stop()  # True, or the reason as a word ("callback")
-            reason = (asked if isinstance(asked, str) else STOP) if asked else None
+            reason = (asked if isinstance(asked, str) else channel.STOP) if asked else None
         if reason is None:
             return
         self._stop_asked = True
         now = time.monotonic()
         for w in self.live():
-            if w.stop_reason != reason and w.stop_reason != INTERRUPT:
+            if w.stop_reason != reason and w.stop_reason != channel.INTERRUPT:
                 w.stop_reason = reason
                 if w.child.stop is not None:
                     w.child.stop.set(reason)
-                if reason == INTERRUPT and w.stop_signal is not None:
+                if reason == channel.INTERRUPT and w.stop_signal is not None:
                     w.child.send_signal(w.stop_signal)
-            if reason == INTERRUPT:
+            if reason == channel.INTERRUPT:
                 w.signal = w.signal or self.signals[0]
                 if w.stop_deadline is None and w.finished_at is None:
                     median = w.progress.median_step_s or 0.0
                     w.stop_wait = max(w.stop_grace, 3 * median) if w.stop_grace > 0 else 0.0
                     w.stop_deadline = now + w.stop_wait
         waiting = [w.name for w in self.live() if w.stop_wait > 0]
-        if reason == INTERRUPT and not self._announced and (waiting or self.interrupt_note):
+        if reason == channel.INTERRUPT and not self._announced and (waiting or self.interrupt_note):
             self._announced = True
             one = len(waiting) == 1
             platform.say(self.interrupt_note or (
