@@ -264,8 +264,7 @@ def start_spawn(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None =
 
 
 class PrestartedWorker:
-    """A spawned worker started before its job exists: it imports its modules while this
-    process prepares the job."""
+    """A spawned worker started before its job exists (it imports while the job is packed)."""
 
     def __init__(self, child: Child, payload_w: int) -> None:
         self.child = child
@@ -440,8 +439,7 @@ def prepare() -> None:
 
 
 def run(fn: Callable[..., Any], args: tuple, kwargs: dict, channel: Channel) -> int:
-    """In a child: run ``fn(channel, *args, **kwargs)`` and send its result or error; the exit
-    code."""
+    """In a child: run ``fn(channel, *args, **kwargs)``, send its result or error; exit code."""
     try:
         result = fn(channel, *args, **kwargs)
         if not channel.finished:
@@ -523,24 +521,20 @@ T = TypeVar("T", Child, "PrestartedWorker")
 
 def _atomically(start: Callable[[], T]) -> T:
     """``start()`` with SIGINT and SIGTERM held; a signal that came meanwhile is delivered
-    afterwards, and when its handler raises (KeyboardInterrupt) the child is closed first."""
+    afterwards (a start that failed cleaned up after itself), and when its handler raises
+    (KeyboardInterrupt) the child is closed first."""
     pending: list[int] = []
+    started: T | None = None
     try:
         with _held_signals() as pending:
             started = start()
-    except BaseException:  # it cleaned up after itself; a signal that came still counts
-        _deliver(pending)
-        raise
-    try:
-        _deliver(pending)
-    except BaseException:  # a signal's handler raised: kill first
-        with _held_signals():
-            started.close()
-        raise
+    finally:
+        try:
+            for sig in dict.fromkeys(pending):
+                signal.raise_signal(sig)
+        except BaseException:  # a signal's handler raised: kill first
+            if started is not None:
+                with _held_signals():
+                    started.close()
+            raise
     return started
-
-
-def _deliver(pending: list[int]) -> None:
-    for sig in dict.fromkeys(pending):
-        signal.raise_signal(sig)
-

@@ -21,8 +21,7 @@ _owner: int | None = None  # the pid that made _pipe (a forked child makes its o
 
 
 def read_end() -> int | None:
-    """The read end of this process's lifeline (made once per process); None where the
-    kernel's parent-death signal does the job."""
+    """This process's lifeline's read end; None where the kernel's parent-death signal works."""
     global _pipe, _owner
     if platform.parent_death_signal():
         return None

@@ -132,9 +132,8 @@ class _Pickler(JobPickler):
 
 def pack(obj: Any, files: list[str] | None = None) -> tuple[bytes, list[str]]:
     """The pickled ``obj`` and the files its big tensors and arrays went into, for ``discard``
-    once the child is gone. ``files``: the list they are added to as each is made (a caller
-    interrupted at any moment knows what to discard). ``NotSendable`` names the part that
-    cannot be pickled, in a job ``(fn, args, kwargs)`` or any other object."""
+    once the child is gone; ``files`` gets each as it is made (an interrupted caller knows what
+    to discard). ``NotSendable`` names the part that cannot be pickled."""
     folder = platform.shared_memory(SHM_DIR).path or tempfile.gettempdir()
     buf = io.BytesIO()
     pickler = _Pickler(buf, folder, [] if files is None else files)
@@ -180,8 +179,7 @@ class _Unpickler(pickle.Unpickler):
 
 
 def unpack(data: bytes | memoryview) -> Any:
-    """The child's side of ``pack`` (``refs.SentFileChanged``: a file sent by reference
-    vanished or changed in between)."""
+    """The child's side of ``pack`` (``refs.SentFileChanged``: a referenced file changed)."""
     return _Unpickler(io.BytesIO(data)).load()
 
 

@@ -20,8 +20,7 @@ from hybridnb import platform
 
 
 class SentFileChanged(RuntimeError):
-    """The file behind an array sent by reference vanished or changed before the worker opened
-    it."""
+    """A file sent by reference vanished or changed before the worker opened it."""
 
 
 # one file mapping of this process, as /proc/self/maps lists it (an array lies within one: it

@@ -32,8 +32,7 @@ def key_of(preload: tuple[str, ...]) -> Key:
 
 
 def take(key: Key) -> Spare | None:
-    """The running spare started for ``key``, now the caller's (a dead or stale one is
-    closed)."""
+    """The running spare started for ``key``, now the caller's (a dead or stale one: closed)."""
     with _lock:
         entry = _spares.pop(key[0], None)
     if entry is None:

@@ -21,9 +21,8 @@ _STARTUP: dict[str, float] = {}
 
 
 def startup() -> dict[str, float]:
-    """In a spawned worker: ``spawned_at`` (when the parent started it), ``ready_at`` (its
-    imports done) and ``job_at`` (its job read), on ``time.monotonic()``'s clock (one for both
-    processes); empty elsewhere."""
+    """In a spawned worker: ``spawned_at``, ``ready_at`` (imports done) and ``job_at`` (job read),
+    on ``time.monotonic()``'s clock (one for both processes); empty elsewhere."""
     return dict(_STARTUP)
 
 
