@@ -250,12 +250,7 @@ class Channel:
     def heartbeat(self, phase: str | None = None, grace: float | None = None) -> None:
         """Alive: restarts the parent's silence clock. ``phase`` holds until another is named;
         ``grace``: silence allowed until the next message, when longer than the limit."""
-        payload: dict = {}
-        if phase is not None:
-            payload["phase"] = str(phase)
-        if grace is not None:
-            payload["grace"] = float(grace)
-        self.send(HEARTBEAT, payload or None)
+        self.send(HEARTBEAT, {"phase": phase, "grace": grace})
 
     def ready(self) -> None:
         """Up (imports done): the parent's start-up allowance ends."""
@@ -342,6 +337,8 @@ class FrameReader:
 
 def _allocate(specs: list) -> tuple[list, list[memoryview]]:
     """Empty tensors for the specs, and the byte views to read their data into."""
+    if not specs:  # no tensor: torch is not imported (a spawned worker reads its job so)
+        return [], []
     import torch
 
     tensors, raws = [], []

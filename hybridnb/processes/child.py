@@ -266,9 +266,9 @@ def start_spawn(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None =
 class PrestartedWorker:
     """A spawned worker started before its job exists (it imports while the job is packed)."""
 
-    def __init__(self, child: Child, payload_w: int) -> None:
+    def __init__(self, child: Child, job: Requests) -> None:
         self.child = child
-        self._payload_w: int | None = payload_w
+        self._job: Requests | None = job
         self.preload: tuple[str, ...] | None = None  # prestart_spawn's: the next spare imports it
 
     def send(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Child:
@@ -276,14 +276,14 @@ class PrestartedWorker:
         ``Child``, for the caller to close. A failure or interrupt here kills the worker."""
         from hybridnb.processes.payload import discard, pack
 
-        if self._payload_w is None:
+        if self._job is None:
             raise RuntimeError("this prestarted worker was already given its job or closed")
         files: list[str] = []
 
         def hand_over() -> Child:
-            threading.Thread(target=_write_and_close, args=(self._payload_w, data), daemon=True,
+            threading.Thread(target=_send_job, args=(self._job, data), daemon=True,
                              name="hybridnb-payload").start()
-            self._payload_w = None  # the thread closes it
+            self._job = None  # the thread closes it
             self.child.files.extend(files)
             return self.child
 
@@ -312,9 +312,9 @@ class PrestartedWorker:
         """Kill the worker if its job never came (after ``send``: nothing to do; a send that
         failed after the hand-over closed the child itself)."""
         with _held_signals():
-            if self._payload_w is not None:
-                close_fds([self._payload_w])
-                self._payload_w = None
+            if self._job is not None:
+                self._job.close()
+                self._job = None
                 self.child.close()
 
 
@@ -340,7 +340,7 @@ def _spawn(preload: Sequence[str], env: dict[str, str] | None = None,
         child, job = start_framed(WORKER_MODULE, str(int(death_signal)), repr(time.monotonic()),
                                   ",".join(preload), environ=environ, requests=True,
                                   merge_output=merge_output)
-        return PrestartedWorker(child, job.fd)
+        return PrestartedWorker(child, job)
 
     return _atomically(start)
 
@@ -482,11 +482,11 @@ def close_fds(fds: list[int]) -> None:
             os.close(fd)
 
 
-def _write_and_close(fd: int, data: bytes) -> None:
+def _send_job(job: Requests, data: bytes) -> None:
     """A reader that died ends it quietly."""
     with contextlib.suppress(OSError):
-        write_all(fd, [data])
-    close_fds([fd])
+        job.send("job", data)
+    job.close()
 
 
 def _outputs(out_r: int, err_r: int | None) -> dict[int, int]:

@@ -15,7 +15,7 @@ import time
 
 from hybridnb import platform
 from hybridnb.processes.child import leave, prepare, run
-from hybridnb.processes.framed import wiring
+from hybridnb.processes.framed import connect
 
 _STARTUP: dict[str, float] = {}
 
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         argv = list(argv or sys.argv[1:])
         death = int(argv[1]) if len(argv) > 1 else platform.KILL
-        channel, job_fd, rest = wiring(argv, death)
+        channel, inbox, rest = connect(argv, death)
         # run as __main__: the times go where ``startup()``'s importers look
         times = importlib.import_module("hybridnb.processes.worker")._STARTUP
         times["spawned_at"] = float(rest[1])
@@ -47,8 +47,7 @@ def main(argv: list[str] | None = None) -> None:
                 channel.ready()
             from hybridnb.processes.payload import unpack
 
-            with open(job_fd, "rb") as job:
-                fn, args, kwargs = unpack(job.read())
+            fn, args, kwargs = unpack(inbox.get().payload)  # (None: the parent went first)
         except BaseException as exc:  # say it through the channel: the parent shows it
             channel.send_error(exc)
             code = 1
