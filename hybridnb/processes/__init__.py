@@ -1,11 +1,8 @@
 """The one supervisor of child processes (the GPU probe, compare()'s variants, the isolated fit,
-``hn.launch``'s ranks): ``child`` starts, reads, kills and reaps them; ``supervise`` watches them
-under one interrupt policy; ``channel`` and ``framed`` carry their messages; ``ended`` says how
-they ended; ``payload``, ``refs``, ``loaders``, ``parametrized`` and ``unsendable`` pack what a
-spawned child is given; ``spare`` keeps a warm worker; ``worker`` is its entry point.
+``hn.launch``'s ranks): ``child`` starts and reaps them, ``supervise`` watches them, ``channel``
+and ``framed`` carry their messages, ``payload`` packs what a spawned child is given.
 
-Of hybridnb it imports only ``hybridnb.env`` and ``hybridnb.platform``; importing it does not
-import torch or numpy.
+Of hybridnb it imports only ``hybridnb.env`` and ``hybridnb.platform``; not torch or numpy.
 """
 
 from hybridnb.processes.channel import Channel, Message

@@ -1,14 +1,10 @@
 """The message pipe between a supervised child and its parent.
 
-The child calls ``channel.send(kind, payload)``; the parent reads whole messages, in order, with
-``FrameReader`` (non-blocking: it keeps watching the child while a large message arrives). A
-frame is header (magic, body length, specs length) | body | specs | raw tensor bytes: the body
-is the pickled ``(kind, payload)`` with each plain tensor replaced by a reference, the specs
-list those tensors, whose bytes follow as they lie in memory. The parent reads the pipe straight
-into tensors it allocated once, so a state of tens of MB costs one copy on each side. Tensors
-arrive on the CPU, contiguous; a frame cut short (the child died while sending) is never
-delivered. The stop request travels the other way through one shared byte (``StopFlag``), read
-every step for the cost of a memory load.
+A frame is header | pickled ``(kind, payload)`` with each plain tensor replaced by a reference |
+the tensors' specs | their raw bytes. The parent reads the pipe (non-blocking: it keeps watching
+the child meanwhile) straight into tensors it allocated, so a state of tens of MB costs one copy
+on each side; tensors arrive on the CPU, contiguous; a frame cut short is never delivered. The
+stop request goes the other way through one shared byte (``StopFlag``), read every step.
 """
 
 from __future__ import annotations
@@ -65,10 +61,9 @@ _CODES = {reason: code for code, reason in _REASONS.items()}
 
 
 class StopFlag:
-    """One byte shared by the parent and its child, saying why the parent asked it to stop (0:
-    it did not; ``_REASONS``): anonymous shared memory (kept across a fork), or with
-    ``shareable=True`` a file no path reaches (a memfd, else an unlinked temporary file) whose
-    ``fd`` a spawned child inherits and opens with ``StopFlag(fd=fd)``."""
+    """One byte shared with the child saying why it should stop (0: it should not): anonymous
+    memory (kept across a fork), or with ``shareable=True`` a file no path reaches, whose ``fd`` a
+    spawned child inherits and opens with ``StopFlag(fd=fd)``."""
 
     def __init__(self, shareable: bool = False, fd: int | None = None) -> None:
         self.fd: int | None = fd
@@ -163,8 +158,7 @@ def encode(kind: str, payload: Any) -> tuple[list[bytes | memoryview], int]:
 
 
 def tensor_bytes(t: Any) -> tuple[tuple, memoryview]:
-    """A tensor's spec (dtype, shape, bytes, a Parameter?, requires grad?) and its bytes, on
-    the CPU and contiguous."""
+    """A tensor's spec (dtype, shape, bytes, a Parameter?, requires grad?) and its CPU bytes."""
     import torch
 
     flat = t.detach().cpu().resolve_conj().resolve_neg().contiguous()
@@ -191,14 +185,10 @@ def write_all(fd: int, parts: list[bytes | memoryview]) -> None:
 
 
 class Channel:
-    """What the child's function uses to talk to its parent: ``send(kind, payload)``, any
-    picklable payload. The supervisor reads "step_done", "heartbeat", "state" (the last good
-    run state), "done" and "error" (both sent for you); every kind goes to ``on_message``.
-
-    Small messages are batched, at most ``FLUSH_INTERVAL_S`` late (every write wakes the
-    parent, and on a busy machine a woken kernel can take the worker's core for milliseconds);
-    a thread writes what waits while the child is in a long step. ``URGENT`` kinds go out at
-    once with everything before them; order is always kept.
+    """The child's side: ``send(kind, payload)``, any picklable payload; every kind also goes
+    to the parent's ``on_message``. Small messages are batched, at most ``FLUSH_INTERVAL_S``
+    late (each write wakes the parent, whose kernel can take the worker's core for milliseconds);
+    ``URGENT`` kinds go at once with everything before them; order is always kept.
     """
 
     def __init__(self, fd: int, stop: StopFlag) -> None:
@@ -253,20 +243,14 @@ class Channel:
 
     def step_done(self, seconds: float | None = None) -> None:
         """A step finished (``seconds``: its duration; by default the time since the previous
-        one, measured here: batching would blur it on the parent's side)."""
+        one, timed here: batching would blur it on the parent's side)."""
         self.send(STEP_DONE, {"seconds": None if seconds is None else float(seconds),
                               "at": time.monotonic()})
 
     def heartbeat(self, phase: str | None = None, grace: float | None = None) -> None:
-        """Alive: restarts the parent's silence clock. ``phase`` (e.g. "validation") holds until
-        another is named; ``grace``: silence allowed until the next message, when longer than
-        the parent's limit."""
-        payload: dict = {}
-        if phase is not None:
-            payload["phase"] = str(phase)
-        if grace is not None:
-            payload["grace"] = float(grace)
-        self.send(HEARTBEAT, payload or None)
+        """Alive: restarts the parent's silence clock. ``phase`` holds until another is named;
+        ``grace``: silence allowed until the next message, when longer than the limit."""
+        self.send(HEARTBEAT, {"phase": phase, "grace": grace})
 
     def ready(self) -> None:
         """Up (imports done): the parent's start-up allowance ends."""
@@ -276,29 +260,25 @@ class Channel:
         self.send(STATE, state)
 
     def stop_reason(self) -> str | None:
-        """Why the parent asked the run to stop; whatever the reason: finish the step, send the
-        state and return."""
+        """Why the parent asked the run to stop (whatever it is: finish the step and return)."""
         return self._stop.reason()
 
     def stop_requested(self) -> bool:
         return self.stop_reason() is not None
 
     def send_error(self, exc: BaseException) -> None:
-        """Report ``exc`` with its formatted traceback (best effort: the pipe may be gone)."""
+        """Report ``exc`` with its formatted traceback."""
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        try:
+        with contextlib.suppress(Exception):  # broad: best effort, the pipe may be gone
             self.send(ERROR, {"type": type(exc).__name__, "message": str(exc),
                               "traceback": text})
-        except Exception:  # noqa: BLE001 - best effort: the pipe may be gone
-            pass
 
 
 # ============================================================================ kernel side
 
 class FrameReader:
-    """Reads frames from a non-blocking pipe as bytes arrive: ``read()`` returns the complete
-    messages so far, never blocking. ``partial``: a frame has begun but not finished (it is
-    dropped if the worker dies now)."""
+    """``read()``: the messages completed so far, never blocking. ``partial``: a frame has begun
+    but not finished."""
 
     def __init__(self, fd: int) -> None:
         os.set_blocking(fd, False)
@@ -342,10 +322,8 @@ class FrameReader:
         while pos < len(view):
             try:
                 n = os.readv(self.fd, [view[pos:]])
-            except BlockingIOError:
+            except BlockingIOError:  # (EINTR is retried by Python itself)
                 yield
-                continue
-            except InterruptedError:
                 continue
             if n == 0:
                 self.eof = True
@@ -359,6 +337,8 @@ class FrameReader:
 
 def _allocate(specs: list) -> tuple[list, list[memoryview]]:
     """Empty tensors for the specs, and the byte views to read their data into."""
+    if not specs:  # no tensor: torch is not imported (a spawned worker reads its job so)
+        return [], []
     import torch
 
     tensors, raws = [], []
@@ -372,18 +352,14 @@ def _allocate(specs: list) -> tuple[list, list[memoryview]]:
 
 # ============================================================================ requests
 
-class Inbox:
+class Inbox(FrameReader):
     """A child's side of its request pipe (``child.Requests``)."""
-
-    def __init__(self, fd: int) -> None:
-        self._reader = FrameReader(fd)
-        self._queue: list[Message] = []
 
     def get(self) -> Message | None:
         """The next request (blocks); None once the parent closed its end."""
-        while not self._queue:
-            if self._reader.eof:
+        while not self._done:
+            if self.eof:
                 return None
-            select.select([self._reader.fd], [], [])
-            self._queue.extend(self._reader.read())
-        return self._queue.pop(0)
+            select.select([self.fd], [], [])
+            next(self._frames, None)
+        return self._done.pop(0)

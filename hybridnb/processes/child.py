@@ -1,13 +1,11 @@
 """Start a child process, read it, signal it, reap it.
 
-The one module of hybridnb that sends signals (``os.kill``/``os.killpg``; tests check it).
-Every child leads its own process group, so ``Child.kill_group()`` reaches the helpers it
-started too (DataLoader workers, a driver's helper), and reaps it: no orphan, no zombie.
-Children start only where ``platform.child_pipes()`` (POSIX): elsewhere callers run in process.
-
-Starts are atomic with respect to Ctrl-C and SIGTERM: the signals are held while the child is
-made and delivered afterwards, so a start returns a child the caller owns or leaves nothing (no
-process, no shared file). Children die with the parent (``processes.lifeline``).
+The one module of hybridnb that sends signals (tests check it). Every child leads its own
+process group, so ``Child.kill_group()`` reaches the helpers it started too (DataLoader workers,
+a driver's helper), and reaps it: no orphan, no zombie. Starts hold Ctrl-C and SIGTERM until the
+child is made, so a start returns a child the caller owns or leaves nothing (no process, no
+shared file). Children die with the parent (``processes.lifeline``). POSIX only
+(``platform.child_pipes()``): elsewhere callers run in process.
 """
 
 from __future__ import annotations
@@ -21,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -48,11 +47,9 @@ WORKER_ENV = {HEADLESS_ENV: "1", ISOLATED_ENV: "1"}  # a worker draws nothing, n
 
 
 class Child:
-    """A started child: ``pid`` (also its process group) and the parent's ends of its pipes.
-
-    ``messages``: its channel's ``FrameReader`` (None for a command). ``output_fds``: the open
-    stdout/stderr pipes (fd -> 1 or 2). ``files``: its job's shared-memory files, removed at
-    ``close``."""
+    """A started child: ``pid`` (also its process group), ``messages`` (its channel's reader;
+    None for a command), ``output_fds`` (open stdout/stderr pipes: fd -> 1 or 2) and ``files``
+    (its job's shared-memory files, removed at ``close``)."""
 
     def __init__(self, pid: int, *, popen: subprocess.Popen | None = None,
                  messages_fd: int | None = None, output_fds: dict[int, int] | None = None,
@@ -109,9 +106,8 @@ class Child:
 
     # ---------------------------------------------------------------- its end
     def poll(self) -> Exit | None:
-        """How it ended, once it has. Where ``os.waitid`` can look without reaping it stays
-        unreaped (so ``kill_group`` cannot hit a stranger); elsewhere it is reaped at once and
-        its group killed afterwards (a group's id is not reused while a member lives)."""
+        """How it ended, once it has; left unreaped where ``os.waitid`` allows (so ``kill_group``
+        cannot hit a stranger), else reaped (a group's id is not reused while a member lives)."""
         if self.exit is not None:
             return self.exit
         if not platform.wait_without_reaping():
@@ -150,9 +146,8 @@ class Child:
                 os.kill(self.pid, sig)
 
     def kill_group(self, reap_s: float = REAP_S) -> None:
-        """SIGKILL its whole process group, then reap it (while unreaped its id cannot be
-        reused). One stuck in a driver call after ``reap_s`` is reaped later by a thread;
-        ``not_reaped`` says so."""
+        """SIGKILL its whole process group, then reap it; one still stuck in a driver call after
+        ``reap_s`` is reaped later by a thread, and ``not_reaped`` says so."""
         if not self.reaped or self.group_left:  # reaped by poll: what it started may still run
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, platform.KILL)
@@ -203,8 +198,7 @@ def start_fork(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None = 
 
     ``env``: variables set in the child (default ``WORKER_ENV``). ``death_signal``: what it gets
     when this process dies (``hn.launch``'s ranks get SIGINT, to stop at an agreed step).
-    ``merge_output``: stdout and stderr through one pipe. Where this OS cannot fork it is
-    spawned (``start_spawn``), said once."""
+    ``merge_output``: one pipe for stdout and stderr. Where this OS cannot fork: spawned."""
     if not platform.fork():
         platform.say_once(f"{platform.fork().why}: start_fork starts a spawned child")
         return start_spawn(fn, *args, env=env, death_signal=death_signal,
@@ -245,10 +239,8 @@ def _fork(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None, death
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
             close_fds([out_w, err_w])
-            sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace",
-                              closefd=False)
-            sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace",
-                              closefd=False)
+            sys.stdout, sys.stderr = (open(fd, "w", buffering=1, encoding="utf-8",
+                                           errors="replace", closefd=False) for fd in (1, 2))
             sys.stdin = open(os.devnull)
             prepare()
             channel = Channel(msg_w, stop)
@@ -266,39 +258,33 @@ def start_spawn(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None =
                 death_signal: int = platform.KILL, merge_output: bool = False,
                 **kwargs: Any) -> Child:
     """Start a fresh interpreter (``processes.worker``) that runs ``fn(channel, *args,
-    **kwargs)`` and sends its return value back; the rest is as ``start_fork``.
-
-    The job travels by ``payload`` (cloudpickle; big tensors through shared memory). The child
-    has this process's environment (``child_environment``), ``env`` on top. It starts while the
-    job is pickled; a part that cannot be pickled ends it and raises ``NotSendable`` here."""
-    worker = _atomically(lambda: _spawn((), env, death_signal, merge_output))
-    return worker.send(fn, *args, **kwargs)
+    **kwargs)``, as ``start_fork``. The job travels by ``payload``; the child has this process's
+    environment, ``env`` on top; a part that cannot be pickled raises ``NotSendable``."""
+    return _spawn((), env, death_signal, merge_output).send(fn, *args, **kwargs)
 
 
 class PrestartedWorker:
-    """A spawned worker started before its job exists: it imports its modules while this
-    process prepares the job."""
+    """A spawned worker started before its job exists (it imports while the job is packed)."""
 
-    def __init__(self, child: Child, payload_w: int) -> None:
+    def __init__(self, child: Child, job: Requests) -> None:
         self.child = child
-        self._payload_w: int | None = payload_w
-        self._next: Callable[[], None] | None = None  # starts the spare after the job
+        self._job: Requests | None = job
+        self.preload: tuple[str, ...] | None = None  # prestart_spawn's: the next spare imports it
 
     def send(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Child:
-        """Hand the job over: the ``Child``, for the caller to supervise and close. It is
-        written from a thread, so the caller watches the worker at once; whatever fails or
-        interrupts this kills the worker and removes its shared files."""
+        """Hand the job over (written from a thread: the caller watches the worker at once): the
+        ``Child``, for the caller to close. A failure or interrupt here kills the worker."""
         from hybridnb.processes.payload import discard, pack
 
-        if self._payload_w is None:
+        if self._job is None:
             raise RuntimeError("this prestarted worker was already given its job or closed")
         files: list[str] = []
 
         def hand_over() -> Child:
-            self.child.files.extend(files)
-            fd, self._payload_w = self._payload_w, None
-            threading.Thread(target=_write_and_close, args=(fd, data), daemon=True,
+            threading.Thread(target=_send_job, args=(self._job, data), daemon=True,
                              name="hybridnb-payload").start()
+            self._job = None  # the thread closes it
+            self.child.files.extend(files)
             return self.child
 
         try:
@@ -306,63 +292,57 @@ class PrestartedWorker:
             return _atomically(hand_over)
         except BaseException:  # nothing is left: not the files, not the worker
             discard(files)
-            self._close_now()
+            self.close()
             raise
 
     def start_next(self) -> None:
-        """Start the spare for the next request like this one (once). Called when this job is
-        over: a spare's start-up (importing torch) would take CPU from the job."""
-        if self._next is not None:
-            nxt, self._next = self._next, None
-            nxt()
+        """Start the spare for the next request like this one (once), when this job is over: a
+        spare's start-up (importing torch) would take CPU from the job."""
+        from hybridnb.processes import spare
+
+        preload, self.preload = self.preload, None
+        if preload is not None:
+            try:  # now: the environment may have changed since
+                spare.replenish(spare.key_of(preload), lambda: _spawn(preload))
+            except Exception as exc:  # noqa: BLE001 - said; the next fit starts a worker itself
+                platform.say(f"no spare worker for the next fit ({type(exc).__name__}: {exc}); "
+                             "it will start its own")
 
     def close(self) -> None:
-        """Kill the worker if its job never came (after ``send``: nothing to do)."""
-        if self._payload_w is not None:
-            self._close_now()
-
-    def _close_now(self) -> None:
+        """Kill the worker if its job never came (after ``send``: nothing to do; a send that
+        failed after the hand-over closed the child itself)."""
         with _held_signals():
-            if self._payload_w is not None:
-                close_fds([self._payload_w])
-                self._payload_w = None
-            self.child.close()
+            if self._job is not None:
+                self._job.close()
+                self._job = None
+                self.child.close()
 
 
 def prestart_spawn(*, preload: Sequence[str] = ("torch",)) -> PrestartedWorker:
     """A spawned worker that imports ``preload``, says "ready" and waits for its job
-    (``PrestartedWorker.send``), as ``start_spawn``'s with the defaults. With warm workers on
-    (``HYBRIDNB_WARM_WORKER``) it is the spare the previous job left when one runs."""
+    (``PrestartedWorker.send``); with warm workers on, the spare the previous job left."""
     from hybridnb.processes import spare
 
     preload = tuple(preload)
-
-    def spawn() -> PrestartedWorker:
-        return _atomically(lambda: _spawn(preload, None, platform.KILL, False))
-
-    def start_next() -> None:
-        try:
-            spare.replenish(spare.key_of(preload), spawn)  # now: the environment may change
-        except Exception as exc:  # noqa: BLE001 - said; the next fit starts a worker itself
-            platform.say(f"no spare worker for the next fit ({type(exc).__name__}: {exc}); "
-                         "it will start its own")
-
     with _held_signals():  # handed over whole, or kept
         early = spare.take(spare.key_of(preload)) if warm_worker() else None
-    if early is None:
-        early = spawn()
-    early._next = start_next
+    early = early or _spawn(preload)
+    early.preload = preload
     return early
 
 
-def _spawn(preload: Sequence[str], env: dict[str, str] | None, death_signal: int,
-           merge_output: bool) -> PrestartedWorker:
-    environ = child_environment()
-    environ.update(WORKER_ENV if env is None else env)
-    child, job = start_framed(WORKER_MODULE, str(int(death_signal)), repr(time.monotonic()),
-                              ",".join(preload), environ=environ, requests=True,
-                              merge_output=merge_output)
-    return PrestartedWorker(child, job.fd)
+def _spawn(preload: Sequence[str], env: dict[str, str] | None = None,
+           death_signal: int = platform.KILL, merge_output: bool = False) -> PrestartedWorker:
+    """A worker started atomically (``_atomically``) that imports ``preload``."""
+    def start() -> PrestartedWorker:
+        environ = child_environment()
+        environ.update(WORKER_ENV if env is None else env)
+        child, job = start_framed(WORKER_MODULE, str(int(death_signal)), repr(time.monotonic()),
+                                  ",".join(preload), environ=environ, requests=True,
+                                  merge_output=merge_output)
+        return PrestartedWorker(child, job)
+
+    return _atomically(start)
 
 
 NONE = "-"  # no request pipe, in WIRING
@@ -378,7 +358,6 @@ def child_environment() -> dict[str, str]:
     ).rstrip(os.pathsep)
     environ["PYTHONUNBUFFERED"] = "1"
     return environ
-
 
 
 class Requests:
@@ -402,8 +381,8 @@ class Requests:
 def start_framed(module: str, *args: str, environ: dict[str, str] | None = None,
                  requests: bool = False, merge_output: bool = False
                  ) -> tuple[Child, Requests | None]:
-    """Start ``python -m module WIRING *args``; the ``Child`` has ``messages`` and ``stop`` like
-    a spawned one. ``environ``: its whole environment (default ``child_environment()``)."""
+    """Start ``python -m module WIRING *args`` (``processes.framed``), with ``messages`` and
+    ``stop`` as a spawned child. ``environ``: its whole environment."""
     made: list[int] = []
     stop: StopFlag | None = None
     try:
@@ -460,8 +439,7 @@ def prepare() -> None:
 
 
 def run(fn: Callable[..., Any], args: tuple, kwargs: dict, channel: Channel) -> int:
-    """In a child: run ``fn(channel, *args, **kwargs)``, send its result or its error; the
-    exit code."""
+    """In a child: run ``fn(channel, *args, **kwargs)``, send its result or error; exit code."""
     try:
         result = fn(channel, *args, **kwargs)
         if not channel.finished:
@@ -477,8 +455,6 @@ def run(fn: Callable[..., Any], args: tuple, kwargs: dict, channel: Channel) -> 
             channel.send_error(exc)
         else:
             with contextlib.suppress(BaseException):  # the pipe is gone: print what we can
-                import traceback
-
                 traceback.print_exc()
         return 1
 
@@ -506,11 +482,11 @@ def close_fds(fds: list[int]) -> None:
             os.close(fd)
 
 
-def _write_and_close(fd: int, data: bytes) -> None:
+def _send_job(job: Requests, data: bytes) -> None:
     """A reader that died ends it quietly."""
     with contextlib.suppress(OSError):
-        write_all(fd, [data])
-    close_fds([fd])
+        job.send("job", data)
+    job.close()
 
 
 def _outputs(out_r: int, err_r: int | None) -> dict[int, int]:
@@ -545,24 +521,20 @@ T = TypeVar("T", Child, "PrestartedWorker")
 
 def _atomically(start: Callable[[], T]) -> T:
     """``start()`` with SIGINT and SIGTERM held; a signal that came meanwhile is delivered
-    afterwards, and when its handler raises (KeyboardInterrupt) the child is closed first."""
+    afterwards (a start that failed cleaned up after itself), and when its handler raises
+    (KeyboardInterrupt) the child is closed first."""
     pending: list[int] = []
+    started: T | None = None
     try:
         with _held_signals() as pending:
             started = start()
-    except BaseException:  # it cleaned up after itself; a signal that came still counts
-        _deliver(pending)
-        raise
-    try:
-        _deliver(pending)
-    except BaseException:  # a signal's handler raised: kill first
-        with _held_signals():
-            started.close()
-        raise
+    finally:
+        try:
+            for sig in dict.fromkeys(pending):
+                signal.raise_signal(sig)
+        except BaseException:  # a signal's handler raised: kill first
+            if started is not None:
+                with _held_signals():
+                    started.close()
+            raise
     return started
-
-
-def _deliver(pending: list[int]) -> None:
-    for sig in dict.fromkeys(pending):
-        signal.raise_signal(sig)
-

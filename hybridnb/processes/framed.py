@@ -1,12 +1,7 @@
-"""A command (``python -m MODULE ...``) that talks to its parent in the channel's frames.
-
-The GPU probe, a compare() variant and the spawned worker run as fresh interpreters started by
-``start_framed``: their own process group, a message pipe (the child's ``Channel``), a stop flag
-and, with ``requests=True``, a request pipe the parent writes (``Requests``), all named by one
-WIRING argument that ``connect``/``wiring`` take apart in the child. So every child of hybridnb
-speaks one framing, dies with its parent and is watched by the one loop (``supervise.Watch``).
-The parent's side (``start_framed``, ``Requests``) lives in child.py beside the other starts;
-this module is the child's side.
+"""The child's side of a framed command (``python -m MODULE WIRING ...``, started by
+``child.start_framed``): the GPU probe, a compare() variant and the spawned worker. One WIRING
+argument names its message pipe, stop flag, request pipe and lifeline, so every child speaks one
+framing, dies with its parent and is watched by the one loop.
 """
 
 from __future__ import annotations
@@ -19,21 +14,15 @@ from hybridnb.processes.channel import Channel, Inbox, StopFlag
 from hybridnb.processes.child import NONE
 
 
-def wiring(argv: Sequence[str], death_signal: int = platform.KILL
-           ) -> tuple[Channel, int | None, list[str]]:
-    """In the child: the channel, the request pipe's descriptor (None without requests) and
-    the arguments after WIRING. It gets ``death_signal`` when its parent dies, and exits at
-    once if the parent is already gone."""
+def connect(argv: Sequence[str], death_signal: int = platform.KILL
+            ) -> tuple[Channel, Inbox | None, list[str]]:
+    """In the child: the channel, the inbox of its requests (None without) and the arguments
+    after WIRING. It gets ``death_signal`` when its parent dies, and exits at once if the parent
+    is already gone."""
     if not argv or argv[0].count(",") != 3:
         raise SystemExit("this module is started by hybridnb (processes.child.start_framed), "
                          "not by hand")
     msg_fd, stop_fd, req_fd, parent = argv[0].split(",")
     lifeline.hold(parent, death_signal)
     channel = Channel(int(msg_fd), StopFlag(fd=int(stop_fd)))
-    return channel, None if req_fd == NONE else int(req_fd), list(argv[1:])
-
-
-def connect(argv: Sequence[str]) -> tuple[Channel, Inbox | None, list[str]]:
-    """In the child: as ``wiring``, with the inbox of its requests (None without)."""
-    channel, req_fd, rest = wiring(argv)
-    return channel, None if req_fd is None else Inbox(req_fd), rest
+    return channel, None if req_fd == NONE else Inbox(int(req_fd)), list(argv[1:])

@@ -1,11 +1,9 @@
 """A child dies with its parent: ``PR_SET_PDEATHSIG`` on Linux, a lifeline pipe elsewhere.
 
-Where the kernel cannot signal a child when its parent dies, each process that starts children
-holds one pipe whose write end it never writes; every child inherits the read end. When the
-parent dies, however it dies, the OS closes the write end and the child's watcher thread
-delivers the death signal to its own process (SIGINT, for ``hn.launch``'s ranks, raises
-KeyboardInterrupt in its main thread). A forked child must ``after_fork()``, or it would keep
-its own lifeline open.
+Elsewhere a process that starts children holds a pipe whose write end it never writes; each
+child inherits the read end, and when the OS closes the write end (the parent died, however)
+the child's watcher thread delivers the death signal to its own process. A forked child must
+``after_fork()``, or it would keep its own lifeline open.
 """
 
 from __future__ import annotations
@@ -23,8 +21,7 @@ _owner: int | None = None  # the pid that made _pipe (a forked child makes its o
 
 
 def read_end() -> int | None:
-    """The read end of this process's lifeline (made once per process); None where the
-    kernel's parent-death signal does the job."""
+    """This process's lifeline's read end; None where the kernel's parent-death signal works."""
     global _pipe, _owner
     if platform.parent_death_signal():
         return None

@@ -1,14 +1,12 @@
-"""A torch ``DataLoader`` travels as its dataset and settings and is built again in the worker.
-
-A loader iterated with ``persistent_workers=True`` holds live worker processes, which cannot be
-pickled: they stay here, and the worker's loader starts its own. A plain ``DataLoader`` is
-rebuilt through its constructor (``loader_settings``); a subclass, whose constructor may take
-other arguments, from its attributes without the live iterator.
+"""A torch ``DataLoader`` travels as its dataset and settings and is built again in the worker:
+its live worker processes (``persistent_workers=True``) cannot be pickled. A plain
+``DataLoader`` is rebuilt through its constructor; a subclass from its attributes.
 """
 
 from __future__ import annotations
 
 import copyreg
+import functools
 import inspect
 import sys
 from typing import Any
@@ -49,16 +47,12 @@ def loader_settings(loader: Any) -> dict[str, Any]:
     return kw
 
 
-def _rebuild(cls: type, dataset: Any, settings: dict[str, Any]) -> Any:
-    return cls(dataset, **settings)
-
-
 def reduce_loader(loader: Any) -> tuple:
     """The pickle reduction of a DataLoader (see the module docstring)."""
     from torch.utils.data import DataLoader
 
     if type(loader) is DataLoader:
-        return _rebuild, (DataLoader, loader.dataset, loader_settings(loader))
+        return functools.partial(DataLoader, **loader_settings(loader)), (loader.dataset,)
     state = dict(loader.__dict__)
     state["_iterator"] = None
     return copyreg.__newobj__, (type(loader),), state  # set as it is (no __setattr__ checks)

@@ -20,8 +20,7 @@ class OutputLines:
         self.partial = ""
 
     def feed(self, data: bytes) -> str:
-        """Decode ``data`` (a line rewritten with carriage returns, like a progress bar, counts
-        by its last state)."""
+        """Decode ``data`` (a line redrawn with carriage returns counts by its last state)."""
         text = self._decode(data)
         parts = (self.partial + text).split("\n")
         self.partial = parts.pop()[-PARTIAL_CAP:]

@@ -1,14 +1,11 @@
-"""Parametrized modules (``torch.nn.utils.parametrize``) travel to a worker as they are.
+"""Parametrized modules (``torch.nn.utils.parametrize``: weight norm, spectral norm,
+braindecode's max-norm layers) travel to a worker as they are.
 
-``register_parametrization`` (weight norm, spectral norm, braindecode's max-norm layers in
-EEGNeX, EEGNet, TCN...) swaps the module's class for one made on the spot whose
-``__getstate__`` refuses pickling. Building the model again from its state dict would need its
-constructor's arguments, and registering the parametrizations again runs their
-``right_inverse`` (the weights would not be the ones sent). So ``reduce`` sends such a module as
-an instance of its class before parametrization with its whole state (the ``parametrizations``
-container untouched), and ``rebuild`` makes the class and its properties again in the worker
-the way ``register_parametrization`` does: every tensor arrives bit for bit, and the
-``state_dict`` keys are the kernel's (the trained state comes back through them).
+``register_parametrization`` swaps the module's class for one whose ``__getstate__`` refuses
+pickling, and registering again would run ``right_inverse`` (other weights). So ``reduce`` sends
+the module as its class before parametrization with its whole state, and ``rebuild`` makes the
+class and its properties again as ``register_parametrization`` does: every tensor arrives bit
+for bit, with the kernel's ``state_dict`` keys.
 """
 
 from __future__ import annotations
@@ -54,18 +51,7 @@ def rebuild(module: Any, state: dict) -> None:
     its state, then the parametrized class and one property per parametrized tensor again."""
     from torch.nn.utils import parametrize
 
-    setstate = getattr(type(module), "__setstate__", None)
-    if setstate is not None:
-        setstate(module, state)
-    else:
-        module.__dict__.update(state)
-    inject_class = getattr(parametrize, "_inject_new_class", None)
-    inject_property = getattr(parametrize, "_inject_property", None)
-    if inject_class is None or inject_property is None:  # not in this torch version
-        raise RuntimeError(
-            f"a parametrized {type(module).__name__} cannot be rebuilt with this torch version "
-            "(torch.nn.utils.parametrize has no _inject_new_class/_inject_property); train in "
-            "the kernel with isolate=False")
-    inject_class(module)
+    module.__setstate__(state)  # nn.Module's, or the class's own
+    parametrize._inject_new_class(module)  # (both in every torch this package supports)
     for name in module.parametrizations:
-        inject_property(module, name)
+        parametrize._inject_property(module, name)

@@ -1,19 +1,16 @@
 """What a spawned child is given: a callable and its arguments, pickled with cloudpickle (a
-notebook's functions and classes travel by value), the big data kept out of the pickle stream:
+notebook's functions travel by value), the big data kept out of the pickle stream:
 
 - an array or CPU tensor whose bytes lie in a file mapping (``np.memmap``, ``torch.from_file``)
   travels as a reference to that file (``refs``): nothing is copied;
 - any other CPU tensor or array of ``SHM_MIN_BYTES`` or more is written once into its own file
-  under ``/dev/shm``, which the child maps and unlinks at once (a snapshot); the parent unlinks
-  what the child did not (``discard``);
-- a torch ``DataLoader`` travels as its dataset and settings (``loaders``), a parametrized
-  module as it is (``parametrized``); a part that cannot be pickled raises ``NotSendable``.
+  under ``/dev/shm``, which the child maps and unlinks at once (a snapshot: not torch's
+  ``share_memory_()``, which would let the child change its parent's start state);
+- a ``DataLoader`` (``loaders``) and a parametrized module (``parametrized``) have their own
+  reductions; a part that cannot be pickled raises ``NotSendable``.
 
-Shared memory is an optimisation, not a requirement: where ``/dev/shm`` has too little room
-(Docker gives a container 64 MB unless ``--shm-size``) or fills up, the files go to the
-temporary folder, and if that is full too the bytes go in the pickle; each fallback is said
-once. Files, not torch's ``share_memory_()``, which would move the parent's own tensor into
-shared memory: the child's writes would change the start state its parent falls back on.
+Where ``/dev/shm`` has too little room (Docker's 64 MB) or fills up, the files go to the
+temporary folder, and if that is full too into the pickle; each fallback is said once.
 """
 
 from __future__ import annotations
@@ -28,14 +25,10 @@ import tempfile
 import uuid
 from typing import Any
 
-import cloudpickle
-
 from hybridnb import platform
-from hybridnb.processes import loaders, parametrized, refs
+from hybridnb.processes import loaders, refs
 from hybridnb.processes.channel import as_sent, tensor_bytes
-from hybridnb.processes.unsendable import NotSendable, not_sendable
-
-__all__ = ["NotSendable", "SHM_MIN_BYTES", "discard", "pack", "unpack"]
+from hybridnb.processes.unsendable import JobPickler, not_sendable
 
 SHM_MIN_BYTES = 1 << 20
 SHM_DIR = "/dev/shm"
@@ -47,7 +40,7 @@ def _mb(n: float) -> str:
     return f"{n / 2**20:.0f} MiB"
 
 
-class _Pickler(cloudpickle.Pickler):
+class _Pickler(JobPickler):
     def __init__(self, file, folder: str, paths: list[str]) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.folder: str | None = folder
@@ -82,12 +75,8 @@ class _Pickler(cloudpickle.Pickler):
         return pid
 
     def reducer_override(self, obj: Any):
-        if loaders.is_loader(obj):
-            if loaders.has_live_workers(obj):
-                self.live_loaders.append(type(obj).__name__)
-            return loaders.reduce_loader(obj)
-        if parametrized.is_parametrized(obj):
-            return parametrized.reduce(obj)
+        if loaders.is_loader(obj) and loaders.has_live_workers(obj):
+            self.live_loaders.append(type(obj).__name__)
         return super().reducer_override(obj)
 
     def _leave_shm(self, why: str) -> None:
@@ -143,9 +132,8 @@ class _Pickler(cloudpickle.Pickler):
 
 def pack(obj: Any, files: list[str] | None = None) -> tuple[bytes, list[str]]:
     """The pickled ``obj`` and the files its big tensors and arrays went into, for ``discard``
-    once the child is gone. ``files``: the list they are added to as each is made (a caller
-    interrupted at any moment knows what to discard). ``NotSendable`` names the part that
-    cannot be pickled, in a job ``(fn, args, kwargs)`` or any other object."""
+    once the child is gone; ``files`` gets each as it is made (an interrupted caller knows what
+    to discard). ``NotSendable`` names the part that cannot be pickled."""
     folder = platform.shared_memory(SHM_DIR).path or tempfile.gettempdir()
     buf = io.BytesIO()
     pickler = _Pickler(buf, folder, [] if files is None else files)
@@ -191,8 +179,7 @@ class _Unpickler(pickle.Unpickler):
 
 
 def unpack(data: bytes | memoryview) -> Any:
-    """The child's side of ``pack`` (``refs.SentFileChanged``: a file sent by reference
-    vanished or changed in between)."""
+    """The child's side of ``pack`` (``refs.SentFileChanged``: a referenced file changed)."""
     return _Unpickler(io.BytesIO(data)).load()
 
 

@@ -1,17 +1,15 @@
 """Arrays and tensors whose memory lies in a file mapping travel as a reference, not a copy.
 
-An ``np.memmap``, a view of one, ``torch.from_numpy(memmap)`` or ``torch.from_file(...)``: their
-bytes are already in a file, found from the pointer in ``/proc/self/maps`` (``ndarray_ref``,
-``tensor_ref``); ``open_ref`` maps the same bytes again in the worker. No reference is taken
-(None: the caller sends the bytes) when the memory is anonymous, the file was deleted or
-replaced since it was mapped, the array holds Python objects, a private (copy-on-write) mapping
-has written pages (``/proc/self/smaps``), or there is no /proc. A writable shared mapping is
-opened shared in the worker too, a read-only one read-only, an unwritten private one
-copy-on-write.
+An ``np.memmap``, a view of one, ``torch.from_numpy(memmap)`` or ``torch.from_file(...)``: the
+file is found from the pointer in ``/proc/self/maps`` and ``open_ref`` maps the same bytes in the
+worker, shared, read-only or copy-on-write as here. No reference (None: the bytes are sent) for
+anonymous memory, a file deleted or replaced since, a private mapping with written pages, or no
+/proc.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import warnings
@@ -22,21 +20,12 @@ from hybridnb import platform
 
 
 class SentFileChanged(RuntimeError):
-    """The file behind an array sent by reference vanished or changed before the worker opened
-    it."""
+    """A file sent by reference vanished or changed before the worker opened it."""
 
 
-@dataclass(frozen=True)
-class Mapping:
-    """One file mapping of this process (adjacent pieces of one mapping merged)."""
-
-    start: int
-    end: int
-    perms: str
-    offset: int
-    dev: tuple[int, int]
-    inode: int
-    path: str
+# one file mapping of this process, as /proc/self/maps lists it (an array lies within one: it
+# came from one mmap); dev is (major, minor)
+Mapping = collections.namedtuple("Mapping", "start end perms offset dev inode path")
 
 
 @dataclass(frozen=True)
@@ -70,15 +59,8 @@ def read_mappings() -> list[Mapping]:
             continue
         lo, hi = (int(x, 16) for x in parts[0].split("-"))
         major, minor = (int(x, 16) for x in parts[3].split(":"))
-        m = Mapping(lo, hi, parts[1], int(parts[2], 16), (major, minor), int(parts[4]), parts[5])
-        prev = out[-1] if out else None
-        if (prev is not None and prev.end == m.start and prev.path == m.path
-                and prev.perms == m.perms and prev.inode == m.inode
-                and prev.offset + (prev.end - prev.start) == m.offset):
-            out[-1] = Mapping(prev.start, m.end, prev.perms, prev.offset, prev.dev, prev.inode,
-                              prev.path)
-        else:
-            out.append(m)
+        out.append(Mapping(lo, hi, parts[1], int(parts[2], 16), (major, minor), int(parts[4]),
+                           parts[5]))
     return out
 
 
@@ -147,9 +129,7 @@ class Locator:
 
 
 def ndarray_ref(arr: Any, locator: Locator) -> FileRef | None:
-    """A reference for a numpy array in a file mapping, or None."""
-    if arr.dtype.hasobject:
-        return None
+    """A reference for a numpy array (of no Python objects) in a file mapping, or None."""
     kind = "memmap" if type(arr).__name__ == "memmap" else "ndarray"
     return locator.ref(arr.__array_interface__["data"][0], arr.shape,
                        arr.strides, arr.itemsize, arr.dtype, kind)

@@ -1,16 +1,10 @@
 """A warm worker: one spare prestarted worker per preload tuple, kept for the next request.
 
-``child.prestart_spawn`` takes the spare (``take``) instead of starting an interpreter, and once
-a worker's job is over the next spare starts (``replenish``): the second isolated fit in a
-kernel finds a worker that has imported torch already, and no spare's start-up takes CPU from a
-running job. A spare is handed out only while it runs (still importing counts: it is ahead) and
-only when started for the same request (preload, environment, ``sys.path``, working directory,
-interpreter); else it is closed.
-
-A spare never outlives this process (``processes.lifeline``, and atexit).
-``HYBRIDNB_WARM_WORKER=0`` turns spares off (each costs an idle interpreter with torch loaded).
-Linux's PR_SET_PDEATHSIG fires when the *thread* that started a child ends: a spare killed that
-way is found dead and replaced.
+``child.prestart_spawn`` takes the spare instead of starting an interpreter (the second isolated
+fit finds torch imported), and the next spare starts once a job is over (no start-up takes CPU
+from a job). A spare is handed out only while it runs and only for the same request (preload,
+environment, ``sys.path``, working directory, interpreter); else it is closed. It never outlives
+this process (lifeline, atexit). ``HYBRIDNB_WARM_WORKER=0`` turns spares off.
 """
 
 from __future__ import annotations
@@ -38,8 +32,7 @@ def key_of(preload: tuple[str, ...]) -> Key:
 
 
 def take(key: Key) -> Spare | None:
-    """The running spare started for ``key``, now the caller's (a dead or stale one is
-    closed)."""
+    """The running spare started for ``key``, now the caller's (a dead or stale one: closed)."""
     with _lock:
         entry = _spares.pop(key[0], None)
     if entry is None:

@@ -1,22 +1,19 @@
 """The one watch loop for every child of hybridnb, under one interrupt policy.
 
-``Watch`` watches several children in one ``select`` loop (the GPU probes, compare()'s variants,
-an isolated fit, ``hn.launch``'s ranks); ``supervise`` is the shorthand for one child. Nothing
-is left running when a ``Watch`` closes, whatever raised.
+``Watch`` watches several children in one ``select`` loop; ``supervise`` is the shorthand for one
+child. Nothing is left running when a ``Watch`` closes, whatever raised.
 
-Limits, per child: the silence limit bounds *silence*, not a phase: every "step_done" or
-"heartbeat" restarts the clock (a heartbeat's ``grace`` lengthens it until the next message),
-and a child silent for longer is killed (``Ending.HUNG``, naming the last phase reported).
-``deadline`` bounds the run, or one request (``Watched.arm``), instead (``Ending.TIMEOUT``).
+Per child, the silence limit bounds *silence*, not a phase: every "step_done" or "heartbeat"
+restarts the clock (a heartbeat's ``grace`` lengthens it until the next message), and a child
+silent longer is killed (``Ending.HUNG``). ``deadline`` bounds the run, or one request
+(``Watched.arm``), instead (``Ending.TIMEOUT``).
 
-The interrupt policy: the handlers for SIGINT, SIGTERM and SIGHUP are installed when the watch
-opens, before any child starts, so no signal strands a child. The first asks every child to stop
-(its stop flag says "interrupt"; a child with a ``stop_signal`` also gets that signal): it
-finishes its step and sends its state and result, or is killed after its ``stop_grace`` (0: at
-once). A second kills every child. Once they are gone, SIGTERM (or SIGHUP) is delivered again to
-this process as handled before the watch; SIGINT too, unless ``keep_interrupt=True`` (the
-isolated fit and launch answer it with their outcome). ``should_stop`` (a Stop button) sets the
-flag with the reason "stop" (or the word it returns), without a time limit.
+Interrupts: the handlers for SIGINT, SIGTERM and SIGHUP are in place before any child starts.
+The first asks every child to stop (its stop flag says "interrupt"; a ``stop_signal`` is sent
+too): it finishes its step and sends its state and result, or is killed after its
+``stop_grace`` (0: at once). A second kills every child. Once they are gone, SIGTERM (or SIGHUP)
+is delivered again as handled before the watch; SIGINT too, unless ``keep_interrupt=True``.
+``should_stop`` (a Stop button) sets the flag with the reason "stop" (or the word it returns).
 """
 
 from __future__ import annotations
@@ -34,16 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridnb import platform
-from hybridnb.processes.channel import (
-    DONE,
-    ERROR,
-    HEARTBEAT,
-    INTERRUPT,
-    STATE,
-    STEP_DONE,
-    STOP,
-    Message,
-)
+from hybridnb.processes import channel
+from hybridnb.processes.channel import Message
 from hybridnb.processes.child import REAP_S, Child
 from hybridnb.processes.ended import SIGNAL_HINTS, ChildOutcome, Ending, signal_name
 
@@ -108,12 +97,11 @@ class Watched:
         self.progress = ChildProgress()
         self.queue: collections.deque[Message] = collections.deque()
         self.state = self.state_steps = self.result = self.error = None
-        self.got_done = self.partial = False
+        self.got_done = False
         self.stop_reason: str | None = None
         self.finished_at: float | None = None
         self.stop_deadline: float | None = None
         self.stop_wait = 0.0
-        self.bytes = 0
         self.signal: int | None = None     # the first signal that reached the parent
         self.t0 = self.progress.last_message = self.progress.last_step = time.monotonic()
         self.arm(deadline)
@@ -136,7 +124,7 @@ class Watched:
         p = self.progress
         p.started = True
         info = m.payload if isinstance(m.payload, dict) else {}
-        if m.kind == STEP_DONE:
+        if m.kind == channel.STEP_DONE:
             p.steps += 1
             seconds, at = info.get("seconds"), info.get("at", now)  # one clock for both
             if seconds is None and p.steps > 1:  # the first one includes start-up
@@ -144,16 +132,16 @@ class Watched:
             if seconds is not None:
                 p.step_seconds.append(float(seconds))
             p.last_step, p.last_message, p.grace = at, now, None
-        elif m.kind == HEARTBEAT:
+        elif m.kind == channel.HEARTBEAT:
             p.last_message = now
             p.grace = float(info["grace"]) if info.get("grace") else None
             if info.get("phase"):
                 p.phase = str(info["phase"])
-        elif m.kind == STATE:
+        elif m.kind == channel.STATE:
             self.state, self.state_steps = m.payload, p.steps
-        elif m.kind == DONE:
+        elif m.kind == channel.DONE:
             self.result, self.got_done, self.finished_at = m.payload, True, now
-        elif m.kind == ERROR:
+        elif m.kind == channel.ERROR:
             self.error, self.finished_at = m.payload, now  # ``Channel.send_error``'s dict
         else:
             p.last_message = now  # any other message is a sign of life too
@@ -184,14 +172,15 @@ class Watched:
     # ---------------------------------------------------------------- the outcome
     def make_outcome(self, now: float) -> ChildOutcome:
         child, p, cause, who = self.child, self.progress, self.cause, self.name
-        ex = child.exit
+        ex, reader = child.exit, child.messages
         exit_text = child.not_reaped or (str(ex) if ex is not None else "unknown")
         out = ChildOutcome(status=Ending.DIED, reason="", result=self.result, error=self.error,
                            state=self.state, state_steps=self.state_steps, steps=p.steps,
                            median_step_s=p.median_step_s, seconds=now - self.t0, phase=p.phase,
                            exit=exit_text, signal=ex.signal if ex else None,
                            exit_code=ex.code if ex else None, interrupted=self.signal is not None,
-                           stop_sent=self.stop_reason is not None, bytes_received=self.bytes,
+                           stop_sent=self.stop_reason is not None,
+                           bytes_received=reader.bytes_read if reader else 0,
                            output_tail=child.output_text(), last_words=child.last_words.best(),
                            pid=child.pid)
         steps = f"after {p.steps} step{'s' if p.steps != 1 else ''}"
@@ -234,17 +223,15 @@ class Watched:
                               "a result")
             if out.last_words:
                 out.reason += f"; its last output: {out.last_words[:200]}"
-        if self.partial and out.status != Ending.DONE:
+        if reader is not None and reader.partial and out.status != Ending.DONE:
             out.reason += "; a message it was sending was cut off"
         return out
 
 
 class Watch:
-    """Children watched together by one loop, under the module docstring's interrupt policy:
-    a context manager whose signal handlers are in place from ``__enter__`` (before any child
-    starts) to ``__exit__``, which kills and reaps every child still there. ``poll``: how often
-    children and ``should_stop`` are checked when nothing arrives. ``interrupt_note``: what is
-    said at the first interrupt (default: names the children that stop after their step)."""
+    """Children watched by one loop under the module's interrupt policy, from ``__enter__`` to
+    ``__exit__`` (which ends every child still there). ``poll``: how often ``should_stop`` is
+    asked when nothing arrives. ``interrupt_note``: said at the first interrupt."""
 
     def __init__(self, *, poll: float = 0.1, should_stop: Callable[[], bool] | None = None,
                  keep_interrupt: bool = False, interrupt_note: str | None = None) -> None:
@@ -264,31 +251,24 @@ class Watch:
         return self
 
     def __exit__(self, kind, value, tb) -> None:
+        """Every child ended; then the handlers as before the watch, and SIGTERM or SIGHUP
+        (SIGINT too unless kept) delivered again to this process."""
         try:
             self.close(deliver=kind is None)  # after an error: no more calls into the caller
         finally:
-            self._restore()
-            self._deliver_signal()
+            for sig, previous in self._previous.items():
+                signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+            self._previous = {}
+            if self.signals and not self._delivered:
+                self._delivered = True
+                ending = [sig for sig in self.signals if sig != signal.SIGINT]
+                if ending:
+                    signal.raise_signal(ending[0])
+                elif not self.keep_interrupt:  # (signals reach a watch in the main thread only)
+                    signal.raise_signal(signal.SIGINT)
 
     def _on_signal(self, signum, frame) -> None:
         self.signals.append(signum)
-
-    def _restore(self) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
-        self._previous = {}
-
-    def _deliver_signal(self) -> None:
-        """Once the children are gone: SIGTERM or SIGHUP (and SIGINT unless kept) to this
-        process again, handled as before the watch."""
-        if self._delivered or not self.signals:
-            return
-        self._delivered = True
-        ending = [sig for sig in self.signals if sig != signal.SIGINT]
-        if ending:
-            signal.raise_signal(ending[0])
-        elif not self.keep_interrupt:  # (signals reach a watch in the main thread only)
-            signal.raise_signal(signal.SIGINT)
 
     # ---------------------------------------------------------------- children
     def start(self, start: Callable[[], Child], **limits: Any) -> Watched:
@@ -334,9 +314,7 @@ class Watch:
                         self._end(w, cause)
         if self.signals and not self.live() and (set(self.signals) - {signal.SIGINT}
                                                  or not self.keep_interrupt):
-            self.close()
-            self._restore()
-            self._deliver_signal()
+            self.__exit__(None, None, None)
 
     def end(self, watched: Watched, deliver: bool = True) -> ChildOutcome:
         """End one child now (killed with its group if still running): its outcome. What it
@@ -384,35 +362,33 @@ class Watch:
             w.child.kill_group(w.reap_s)
         finally:
             ended_at = time.monotonic()
-            w.bytes = w.child.messages.bytes_read if w.child.messages else 0
-            w.partial = bool(w.child.messages and w.child.messages.partial)
-            w.child.close()
+            w.child.close()  # (its reader keeps what it counted)
             w.outcome = w.make_outcome(ended_at)
 
     def _ask_stop(self) -> None:
-        reason = INTERRUPT if self.signals else None
+        reason = channel.INTERRUPT if self.signals else None
         if reason is None and self.should_stop is not None and not self._stop_asked:
             asked = self.should_stop()  # True, or the reason as a word ("callback")
-            reason = (asked if isinstance(asked, str) else STOP) if asked else None
+            reason = (asked if isinstance(asked, str) else channel.STOP) if asked else None
         if reason is None:
             return
         self._stop_asked = True
         now = time.monotonic()
         for w in self.live():
-            if w.stop_reason != reason and w.stop_reason != INTERRUPT:
+            if w.stop_reason != reason and w.stop_reason != channel.INTERRUPT:
                 w.stop_reason = reason
                 if w.child.stop is not None:
                     w.child.stop.set(reason)
-                if reason == INTERRUPT and w.stop_signal is not None:
+                if reason == channel.INTERRUPT and w.stop_signal is not None:
                     w.child.send_signal(w.stop_signal)
-            if reason == INTERRUPT:
+            if reason == channel.INTERRUPT:
                 w.signal = w.signal or self.signals[0]
                 if w.stop_deadline is None and w.finished_at is None:
                     median = w.progress.median_step_s or 0.0
                     w.stop_wait = max(w.stop_grace, 3 * median) if w.stop_grace > 0 else 0.0
                     w.stop_deadline = now + w.stop_wait
         waiting = [w.name for w in self.live() if w.stop_wait > 0]
-        if reason == INTERRUPT and not self._announced and (waiting or self.interrupt_note):
+        if reason == channel.INTERRUPT and not self._announced and (waiting or self.interrupt_note):
             self._announced = True
             one = len(waiting) == 1
             platform.say(self.interrupt_note or (

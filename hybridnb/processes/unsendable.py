@@ -1,14 +1,13 @@
 """Which part of a job cannot be sent to a worker: the attribute path from the root.
 
-Run only once pickling the whole job has failed. ``find`` walks the object the way pickle does
-(module children, attributes, items, a partial's arguments, a function's closure and defaults)
-down to the innermost part that fails to pickle, e.g. ``job.model.encoder._lock``. Tensors and
-arrays are left out while probing, so no data is copied.
+Run only once pickling the job has failed: ``not_sendable`` walks it as pickle does down to the
+innermost part that fails, e.g. ``job.model.encoder._lock``, leaving tensors and arrays out.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import pickle
 import sys
@@ -17,6 +16,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import cloudpickle
+
+from hybridnb.processes import loaders, parametrized
 
 MAX_DEPTH = 40
 MAX_NODES = 20000
@@ -34,8 +35,20 @@ class NotSendable(TypeError):
 _NULL = types.SimpleNamespace(write=len)  # a file that keeps nothing: only failures count
 
 
-class _Probe(cloudpickle.Pickler):
-    """cloudpickle as ``payload`` uses it, arrays and tensors left out."""
+class JobPickler(cloudpickle.Pickler):
+    """cloudpickle with the reductions a job needs: a DataLoader (``loaders``) and a
+    parametrized module (``parametrized``); ``payload``'s pickler and the probe here."""
+
+    def reducer_override(self, obj: Any):
+        if loaders.is_loader(obj):
+            return loaders.reduce_loader(obj)
+        if parametrized.is_parametrized(obj):
+            return parametrized.reduce(obj)
+        return super().reducer_override(obj)
+
+
+class _Probe(JobPickler):
+    """As ``payload`` pickles, arrays and tensors left out."""
 
     def persistent_id(self, obj: Any):
         torch = sys.modules.get("torch")
@@ -45,15 +58,6 @@ class _Probe(cloudpickle.Pickler):
         if np is not None and isinstance(obj, np.ndarray) and not obj.dtype.hasobject:
             return "array"
         return None
-
-    def reducer_override(self, obj: Any):
-        from hybridnb.processes import loaders, parametrized
-
-        if loaders.is_loader(obj):
-            return loaders.reduce_loader(obj)
-        if parametrized.is_parametrized(obj):
-            return parametrized.reduce(obj)
-        return super().reducer_override(obj)
 
 
 def _fails(obj: Any) -> BaseException | None:
@@ -74,11 +78,9 @@ def _parts(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
         for i, v in enumerate(obj):
             yield f"{path}[{i}]", v
         return
-    import functools
-
     if isinstance(obj, functools.partial):
         yield f"{path}.func", obj.func
-        for name, v in _bound(obj):
+        for name, v in _named(obj.func, obj.args, obj.keywords):
             yield f"{path}.<argument {name}>", v
         return
     if inspect.isfunction(obj):
@@ -122,33 +124,26 @@ def _parts(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
                 yield f"{path}.{name}", getattr(obj, name)
 
 
+_CHANNEL = object()  # the channel's place among a job's arguments
+
+
+def _named(fn: Any, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
+    """The arguments by the parameters they fill (by position where they do not fit)."""
+    try:
+        named = list(inspect.signature(fn).bind_partial(*args, **kwargs).arguments.items())
+    except (TypeError, ValueError):  # no signature, or arguments it does not take
+        named = [(f"args[{i}]", a) for i, a in enumerate(args)] + list(kwargs.items())
+    return [(name, v) for name, v in named if v is not _CHANNEL]
+
+
 def _job_parts(fn: Any, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
     """The arguments by their parameter names (a partial's too), then the function."""
-    import functools
-
-    partial = isinstance(fn, functools.partial)
-    named = _bound(fn) if partial else []
-    named += _by_name(_parameters(fn)[1:], args, kwargs)  # after the channel
-    inner = fn.func if partial else fn
-    named.append((getattr(inner, "__qualname__", None) or "the function", inner))
-    return named
-
-
-def _parameters(fn: Any) -> list[str]:
-    try:
-        return list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):  # a builtin, or no signature
-        return []
-
-
-def _by_name(names: list[str], args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
-    return [(names[i] if i < len(names) else f"args[{i}]", a)
-            for i, a in enumerate(args)] + list(kwargs.items())
-
-
-def _bound(p: Any) -> list[tuple[str, Any]]:
-    """A partial's arguments, named by the parameters they fill."""
-    return _by_name(_parameters(p.func), p.args, p.keywords)
+    if isinstance(fn, functools.partial):
+        named = _named(fn.func, (*fn.args, _CHANNEL, *args), {**fn.keywords, **kwargs})
+        fn = fn.func
+    else:
+        named = _named(fn, (_CHANNEL, *args), kwargs)
+    return [*named, (getattr(fn, "__qualname__", None) or "the function", fn)]
 
 
 def not_sendable(obj: Any) -> NotSendable | None:

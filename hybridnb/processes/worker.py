@@ -1,11 +1,9 @@
 """A spawned child: ``python -m hybridnb.processes.worker WIRING DEATH_SIGNAL SPAWNED_AT PRELOAD``
 (started by ``child.start_spawn``/``prestart_spawn``; not a command for people).
 
-It imports the PRELOAD modules (comma-separated: ``import torch`` while the parent prepares the
-job), says it is ready, reads the ``payload`` ``(fn, args, kwargs)`` from its request pipe, runs
-it as a forked child does (``child.run``) and leaves with ``os._exit`` (an interpreter teardown
-with torch loaded costs about a second). Threads are left as torch sets them: a fresh
-interpreter has no broken OpenMP pool.
+It imports PRELOAD while the parent prepares the job, says "ready", reads the ``payload`` from
+its request pipe, runs it as a forked child does and leaves with ``os._exit`` (a teardown with
+torch loaded costs about a second). Threads stay as torch sets them (no inherited OpenMP pool).
 """
 
 from __future__ import annotations
@@ -17,15 +15,14 @@ import time
 
 from hybridnb import platform
 from hybridnb.processes.child import leave, prepare, run
-from hybridnb.processes.framed import wiring
+from hybridnb.processes.framed import connect
 
 _STARTUP: dict[str, float] = {}
 
 
 def startup() -> dict[str, float]:
-    """In a spawned worker: ``spawned_at`` (when the parent started it), ``ready_at`` (its
-    imports done) and ``job_at`` (its job read), on ``time.monotonic()``'s clock (one for both
-    processes); empty elsewhere."""
+    """In a spawned worker: ``spawned_at``, ``ready_at`` (imports done) and ``job_at`` (job read),
+    on ``time.monotonic()``'s clock (one for both processes); empty elsewhere."""
     return dict(_STARTUP)
 
 
@@ -35,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         argv = list(argv or sys.argv[1:])
         death = int(argv[1]) if len(argv) > 1 else platform.KILL
-        channel, job_fd, rest = wiring(argv, death)
+        channel, inbox, rest = connect(argv, death)
         # run as __main__: the times go where ``startup()``'s importers look
         times = importlib.import_module("hybridnb.processes.worker")._STARTUP
         times["spawned_at"] = float(rest[1])
@@ -50,8 +47,7 @@ def main(argv: list[str] | None = None) -> None:
                 channel.ready()
             from hybridnb.processes.payload import unpack
 
-            with open(job_fd, "rb") as job:
-                fn, args, kwargs = unpack(job.read())
+            fn, args, kwargs = unpack(inbox.get().payload)  # (None: the parent went first)
         except BaseException as exc:  # say it through the channel: the parent shows it
             channel.send_error(exc)
             code = 1
