@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import io
 import pickle
-from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
@@ -31,34 +30,8 @@ _INTERNAL = frozenset(k for k in nn.Module().__dict__ if k != "training") | {
     "_compiled_call_impl", "_version"}
 
 
-@dataclass
-class Changes:
-    """What changed outside the state dict: ``values`` {(module path, name, kind): value}
-    (kind "attr", "buffer" or "deleted"); ``unsendable`` {attribute path: why}."""
-
-    values: dict = field(default_factory=dict)
-    unsendable: dict = field(default_factory=dict)
-
-    def to_payload(self) -> dict:
-        """Plain data for the channel (tensors travel as raw bytes)."""
-        return {"values": [(*key, value) for key, value in self.values.items()],
-                "unsendable": dict(self.unsendable)}
-
-
 def _path(module_path: str, name: str) -> str:
     return f"{module_path}.{name}" if module_path else name
-
-
-class _Hasher(io.RawIOBase):
-    def __init__(self) -> None:
-        self.h = hashlib.blake2b(digest_size=16)
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, b) -> int:
-        self.h.update(b)
-        return len(b)
 
 
 class _TensorBytes(cloudpickle.Pickler):
@@ -85,17 +58,17 @@ class _Sendable(pickle.Pickler):
 
 def _fingerprint(value: Any) -> str | BaseException:
     """A digest of ``value`` (its tensors by their bytes), or the error pickling it raised."""
-    sink = _Hasher()
+    sink = io.BytesIO()
     try:
         _TensorBytes(sink, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
     except Exception as exc:  # noqa: BLE001 - any failure: the value cannot be compared
         return exc
-    return sink.h.hexdigest()
+    return hashlib.blake2b(sink.getvalue(), digest_size=16).hexdigest()
 
 
 def _sendable(value: Any) -> BaseException | None:
     try:
-        _Sendable(_Hasher(), protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+        _Sendable(io.BytesIO(), protocol=pickle.HIGHEST_PROTOCOL).dump(value)
     except Exception as exc:  # noqa: BLE001 - any failure: it cannot travel back
         return exc
     return None
@@ -143,9 +116,11 @@ class Fingerprint:
                     self.before[(path, name, kind)] = _fingerprint(value)
         self.model = model
 
-    def changes(self) -> Changes:
-        """What differs from the fingerprint, by path, with the value now (tensors on the CPU)."""
-        out = Changes()
+    def changes(self) -> dict:
+        """What differs from the fingerprint, as plain data for the channel: ``values``
+        [(module path, name, kind, value now)] (kind "attr", "buffer" or "deleted"; tensors on
+        the CPU) and ``unsendable`` {attribute path: why}."""
+        values, unsendable = [], {}
         held = _held(self.model)
         seen = set()
         for path, module in self.modules:
@@ -162,12 +137,11 @@ class Fingerprint:
                     continue  # could not be compared before either: it came as it is
                 why = _sendable(value) if isinstance(now, str) else now
                 if why is not None:
-                    out.unsendable[_path(path, name)] = f"{type(value).__name__}: {why}"
+                    unsendable[_path(path, name)] = f"{type(value).__name__}: {why}"
                     continue
-                out.values[key] = _to_cpu(value)
-        for key in self.before.keys() - seen:
-            out.values[(key[0], key[1], "deleted")] = None
-        return out
+                values.append((*key, _to_cpu(value)))
+        values += [(path, name, "deleted", None) for path, name, _ in self.before.keys() - seen]
+        return {"values": values, "unsendable": unsendable}
 
 
 def _to_cpu(value: Any) -> Any:
@@ -186,7 +160,7 @@ def _unwrap(module: nn.Module) -> nn.Module:
 
 
 def apply(model: nn.Module, payload: dict | None) -> dict[str, str]:
-    """Set what the worker's ``Fingerprint.changes().to_payload()`` lists on ``model`` (the kernel's);
+    """Set what the worker's ``Fingerprint.changes()`` lists on ``model`` (the kernel's);
     returns {attribute path: why} for what could not be brought back (the worker's unsendable
     values, and paths the kernel's model lacks)."""
     if not payload:

@@ -95,7 +95,7 @@ class FitJob:
             raise
         heartbeat.beat("hand-over")
         return FitResult(recovery.to_cpu(saved.state_dict(loop)), loop.state.stopped,
-                         loop.placement.facts(), watch.changes().to_payload())
+                         loop.placement.facts(), watch.changes())
 
 
 @dataclass
