@@ -1,22 +1,16 @@
 """One bus for a fit's typed events: the Loop emits them, listeners subscribe.
 
-The Loop never calls the view, the loggers or the callbacks: it emits ``Started``,
-``StepEnded``, ``Validated``, ``EpochEnded``, ``StateKept``, ``Event`` (a note, kept in
-``trainer.events``), ``Lost`` (the kernel, when a worker is lost) and ``Ended``, and whoever
-subscribed hears them in order: the run's record of events, ``Progress.hear`` (the view),
-``Heartbeat.hear`` (in a worker: every event and kept state to the kernel, unchanged),
-``Sinks.hear`` (loggers, callbacks). A worker's events are emitted again on the kernel's bus
-(``run_worker.Relay``), so the kernel's listeners hear what they hear in process. A note
-said before a fit's view starts (set-up, ``resume()``, ``evaluate()`` between fits) is queued
-here (``pending``) and said when the next fit opens the bus: one route for every message.
+The Loop never calls the view, the loggers or the callbacks: whoever subscribed hears each event
+in order (the run's record of events, ``Progress.hear`` for the view, ``Heartbeat.hear`` in a
+worker, ``Sinks.hear`` for loggers and callbacks). A worker's events are emitted again on the
+kernel's bus (``run_worker.Relay``), so the kernel's listeners hear what they hear in process. A
+note said before a fit's view starts is queued (``pending``) and said when the next fit opens.
 
-That route also goes through Python's ``logging``: each note (``Event``) and each run's header
-line is a record of the logger ``"hybridnb"`` (WARNING for what went wrong and was worked
-around, INFO for the rest; the record carries ``kind``, ``step`` and ``epoch``), emitted where
-the user's process hears it (an isolated worker's notes once, in the kernel). The logger has a
-``NullHandler`` only, so nothing is printed twice: the live view and the stderr printer
-(``verbose``) say them as before; attach a handler (or configure the root logger) to get them
-in a log, filter them, or, with ``verbose=False``, print them your way.
+Each note and each run's header line is also a record of the ``"hybridnb"`` logger (WARNING for
+what went wrong and was worked around, INFO for the rest; the record carries ``kind``, ``step``
+and ``epoch``), emitted in the user's process. It has a ``NullHandler`` only, so nothing is
+printed twice: attach a handler to get them in a log, or, with ``verbose=False``, print them
+your way.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """What a model holds outside ``state_dict()``, brought back from an isolated worker.
 
-The trained weights come back through the state dict; an in-process fit also leaves on the model
-what its ``forward`` changed outside it: a plain attribute (a temperature annealed each step, a
-counter, the last output kept), a non-persistent buffer, the ``training`` flag. The worker's copy
-of the model is a different object, so without this the kernel's model would keep what it had
-before the fit, and ``predict()`` would differ from an in-process run's.
-
-``Fingerprint(model)``, taken in the worker as the job arrives, and its ``changes()`` after the
-fit list every submodule's own attributes and non-persistent buffers that differ, by path (tensors
-on the CPU); ``apply`` sets them on the kernel's model. What cannot be pickled (a lock, a lambda)
-is listed by path instead, and the fit says so once. Left alone: submodules (walked themselves),
-nn.Module's bookkeeping (the state dict carries its tensors), and aliases of the model's
-parameters or buffers.
+An in-process fit leaves on the model what its ``forward`` changed outside the state dict (a plain
+attribute such as an annealed temperature, a non-persistent buffer, the ``training`` flag); the
+worker's model is another object, so without this ``predict()`` after an isolated fit would differ.
+``Fingerprint(model)``, taken as the job arrives, and its ``changes()`` after the fit list each
+submodule's own attributes and non-persistent buffers that differ, by path; ``apply`` sets them on
+the kernel's model. What cannot be pickled is named instead, once. Left alone: submodules (walked
+themselves), nn.Module's bookkeeping and aliases of the model's parameters or buffers.
 """
 
 from __future__ import annotations

@@ -1,22 +1,17 @@
 """What a person watching sees: the live view, the step and epoch rows, the epoch's throughput,
 and the summary at the end.
 
-Speeds come from ``measure.throughput.ThroughputMonitor`` and are wall clock: ``samples_per_s``
-divides the epoch's samples by the time its training loop took (waiting for data, the step and
-this bookkeeping; validation and checkpoint writes are paused out; the first two steps of a fit,
-compiling and warming up, are not counted), ``data_wait_pct`` is the share of that time spent
-waiting for the next batch, ``compute_samples_per_s`` (labelled as such) the rate without the
-waiting, and ``mfu`` the model's FLOP/s over the GPU's dense peak for the precision (NVML's
-"utilisation" is only the share of time any kernel ran: an H100 read 100% at 2% of its peak).
-One epoch convention everywhere: epochs count from 0, as in ``history["epoch"]``.
+Speeds are wall clock (``measure.throughput.ThroughputMonitor``): ``samples_per_s`` over the
+epoch's training loop (waiting for data included; validation and checkpoint writes paused out;
+a fit's first two steps not counted), ``data_wait_pct`` the share spent waiting for a batch,
+``compute_samples_per_s`` the rate without it, and ``mfu`` the model's FLOP/s over the GPU's
+dense peak (NVML's "utilisation" read 100% at 2% of an H100's peak). Epochs count from 0.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
-from collections.abc import Iterable, Iterator
 
 import pandas as pd
 import torch
@@ -54,22 +49,13 @@ class Progress:
 
     # ------------------------------------------------------------------ one epoch
     def new_epoch(self, device: torch.device, warmup: bool, flops_per_sample: float | None,
-                  precision: str) -> None:
-        """The epoch's throughput window (a fit's first two steps are warm-up)."""
+                  precision: str) -> ThroughputMonitor:
+        """The epoch's throughput window (a fit's first two steps are warm-up): the Loop times
+        its batches and steps with it and pauses it for validation and checkpoint writes."""
         self._monitor = ThroughputMonitor(device, warmup_steps=2 if warmup else 0,
                                           flops_per_sample=flops_per_sample,
                                           precision=precision)
-
-    def batches(self, batches: Iterable) -> Iterator:
-        """The epoch's batches, the wait for each one timed."""
-        return self._monitor.batches(batches)
-
-    def step_done(self, samples: int) -> None:
-        self._monitor.step_done(samples)
-
-    def paused(self) -> contextlib.AbstractContextManager:
-        """Time left out of the speeds (validation, checkpoint writes)."""
-        return self._monitor.paused() if self._monitor is not None else contextlib.nullcontext()
+        return self._monitor
 
     def speeds(self) -> dict:
         """The epoch's speeds at the monitor's last measuring point (no device sync)."""

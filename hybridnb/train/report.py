@@ -1,11 +1,9 @@
 """trainer.report(folder): what a run leaves behind for people who were not watching.
 
-history.csv (one row per epoch), steps.csv (one row per optimizer step), events.csv, the live
-view's figure (``figures.html``, plotly; ``figures.png``, the same figure drawn with matplotlib
-by ``live/static.py``: no browser needed), model.txt (torchinfo's table of the model: summary.py)
-and summary.txt (the live view's end paragraph, then each event).
-The figure and the paragraph are the live view's own (``live/figures.py``, ``live/summary.py``),
-drawn from a ``RunRecord`` filled with the run's steps, epoch rows and events.
+history.csv, steps.csv, events.csv, the live view's figure (``figures.html``, plotly; and
+``figures.png`` drawn with matplotlib: no browser needed), model.txt (torchinfo's table) and
+summary.txt (the live view's end paragraph, then each event), drawn from a ``RunRecord`` refilled
+with the run's steps, epoch rows and events.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """One live run per checkpoint folder: a lock file naming its holder, held with the OS's lock.
 
-Two fits writing one ``checkpoint_dir`` at once overwrite each other's ``last.pt``, interleave
-``history.csv``, and a fresh one moves the other's live files aside. So a fit claims its folder
-before its first step: it opens ``.hybridnb-run.lock`` there, takes the OS's exclusive lock on it
-(``fcntl.flock`` on POSIX, ``msvcrt.locking`` on Windows) and writes who holds it (pid, host,
-start time). The OS drops the lock when the holder's process ends, however it ends (SIGKILL
-included), so the lock, not the file's text, says whether a run is live:
-
-- taken: the fit is refused (``RunLockError``) naming the folder, the holder and the way out;
-- free, the file empty: the last run there ended and released it (its files are an earlier
-  run's, set aside or resumed as before);
-- free, the file naming a holder: a run whose process died holding it (a stale lock), said once
-  and taken over (``fit(resume=True)`` continues that run's last checkpoint).
-
-The lock file stays in the folder between runs (emptied on release): deleting it would let a
-third process lock a fresh file while a second still holds the deleted one.
+Two fits writing one folder would overwrite each other's ``last.pt`` and logs. So a fit takes the
+OS's exclusive lock (``fcntl.flock``; ``msvcrt.locking`` on Windows) on ``.hybridnb-run.lock``
+there before its first step and writes who holds it. The OS drops the lock when the holder's
+process ends, however it ends, so the lock, not the text, says whether a run is live: taken, the
+fit is refused (``RunLockError``); free and empty, the last run ended cleanly; free and naming a
+holder, a dead run's stale lock, said once and taken over. The file stays between runs (emptied
+on release): deleting it would let a third process lock a fresh file while a second holds the old.
 """
 
 from __future__ import annotations

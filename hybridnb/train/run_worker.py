@@ -1,13 +1,10 @@
-"""The runner that runs the same Loop in a supervised worker process (worker_fit.py: the jobs).
+"""The kernel's side of an isolated fit (worker_fit.py: the worker's).
 
-The kernel hands the worker a ``FitJob``; the worker's bus forwards every event unchanged and
-every state it keeps. Here each event is emitted again on the Trainer's bus (its view, loggers
-and callbacks hear an isolated fit as they hear one in process) and each state is applied as it
-arrives, so whatever ends the worker (an error, a kill, a hang, Ctrl-C) the kernel holds what an
-in-process run would: an error is re-raised after its state was applied; a death or hang
-continues on the CPU here from the last state received (the start state when none came); an
-interrupt keeps the last state. A stop asked here travels as one reason (``should_stop``): the
-Stop button ("stop"), a callback's ``trainer.should_stop`` ("callback"), Ctrl-C ("interrupt").
+Each event the worker forwards is emitted again on the Trainer's bus (its view, loggers and
+callbacks hear an isolated fit as one in process) and each state is applied as it arrives, so
+whatever ends the worker the kernel holds what an in-process run would: an error is re-raised;
+a death or hang continues on the CPU here from the last state received; an interrupt keeps the
+last state. A stop asked here travels as one reason: "stop", "callback" or "interrupt".
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Seeds and random-number-generator states (python, numpy, torch CPU, CUDA) as plain values.
-
-States are kept as tensors, lists and ints so that a checkpoint holding them loads with
-``torch.load(weights_only=True)``.
+"""Seeds and random-number-generator states (python, numpy, torch CPU, CUDA) as plain values
+(tensors, lists, ints), so a checkpoint holding them loads with ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -22,11 +20,8 @@ def seed_everything(seed: int) -> None:
 
 
 def worker_init_fn(worker_id: int) -> None:
-    """Seed python and numpy inside a DataLoader worker from torch's per-worker seed.
-
-    torch seeds each worker with ``base_seed + worker_id``, and the base seed comes from the
-    loader's generator, so workers are reproducible when the loader's generator is seeded.
-    """
+    """Seed python and numpy inside a DataLoader worker from torch's per-worker seed (from the
+    loader's generator: reproducible when it is seeded)."""
     seed = torch.initial_seed() % 2**32
     random.seed(seed)
     np.random.seed(seed)

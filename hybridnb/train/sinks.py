@@ -1,16 +1,11 @@
 """Where a fit's rows go besides the live view: loggers and callbacks, in the user's process.
 
-``Sinks.hear`` listens on the fit's bus (bus.py): the step rows go to the loggers that want them
-(``per_step``) and ``on_step_end``, each epoch's history row to the loggers (``log_metrics``,
-loggers.py) and ``on_epoch_end``. An isolated worker has no sinks of
-its own (``Settings.for_worker`` drops the loggers, callbacks never leave the user's process):
-its events are forwarded and emitted again on the kernel's bus, where these listen; they keep
-listening when the worker is lost and the kernel continues on the CPU.
-
-Rows are logged by epoch number: each epoch once, in order. The worker's ``EpochEnded`` comes
-after the state holding the epoch's row, so the kernel logs from its own history; a worker lost
-before sending it leaves the row in the state the kernel continues from, and the next epoch (or
-the fit's end) catches it up.
+``Sinks.hear`` listens on the fit's bus: step rows to the loggers that want them (``per_step``)
+and ``on_step_end``, each epoch's history row to the loggers and ``on_epoch_end``. An isolated
+worker has none (its events are emitted again on the kernel's bus, where these listen, also
+after the worker is lost). Rows are logged by epoch number, each epoch once and in order, from
+the kernel's own history: a row the worker sent only in its state is caught up by the next epoch
+or the fit's end.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """The run's state as data: position, accumulators, history, best weights, events, RNG.
 
-Everything the loop changes between steps lives in one ``RunState`` of plain data, so a
-checkpoint, the report and an isolated worker's hand-over all read and write the same object
-through ``state_dict()`` / ``load_state_dict()`` (Lightning's progress dataclasses); ``SAVED``
-lists what a checkpoint holds of it. The learner's, scaler's and RNG states are added around it
-by ``saved.py``.
+Everything the loop changes between steps lives in one ``RunState`` of plain data, which a
+checkpoint, the report and an isolated worker's hand-over read and write through
+``state_dict()`` / ``load_state_dict()``; ``SAVED`` lists what a checkpoint holds of it
+(``saved.py`` adds the learner's, scaler's and RNG states).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""A model summary on request: torchinfo's table of layers, output shapes and parameters.
-
-torchinfo ships with braindecode; without it the summary says how to install it. The table is
-computed with one zero-filled sample of the input shape the Trainer saw (its first batch; before
-a fit, pass ``input_shape``), in eval mode and without gradients, on the device the model's
-weights are on: it draws no random numbers and changes no state (BatchNorm statistics, RNG), so
-asking for it never changes a run.
+"""A model summary on request: torchinfo's table of layers, output shapes and parameters,
+computed with one zero-filled sample of the input shape the Trainer saw, in eval mode and
+without gradients, so asking for it never changes a run (no random numbers, no statistics).
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """The worker's side of an isolated fit: the jobs it receives and what it returns.
 
-The kernel hands a spawned worker one job: a ``FitJob`` (the resolved settings, so the worker
-never detects again; the model; the data as the user gave it; the start state; the notes not yet
-said), or after a fit a ``LoopJob`` (predict, lr_find, find_batch_size). The worker builds the
-same Loop over fresh parts (``parts.build_loop``, with the channel: no Trainer) and runs it.
-Its bus forwards every event unchanged and every state it keeps (``heartbeat.py``); whatever
-ends its fit early (an error, Ctrl-C), it sends the state it holds then, before the error. The
-kernel's side (``run_worker.py``) emits the events again and applies each state as it arrives.
+A spawned worker gets one job: a ``FitJob`` (the resolved settings, so the worker never detects
+again; the model, the data, the start state, the notes not yet said), or after a fit a
+``LoopJob`` (predict, lr_find, find_batch_size). It builds the same Loop over fresh parts
+(``parts.build_loop``, no Trainer) and runs it; whatever ends its fit early, it sends the state
+it holds then, before the error. The kernel's side is ``run_worker.py``.
 """
 
 from __future__ import annotations
