@@ -30,7 +30,7 @@ WARNING_KINDS = frozenset({
     "compile_fallback", "precision_fallback", "run_lock", "interrupt", "failed",
     "worker_notice"})
 
-__all__ = ["Bus", "Ended", "EpochEnded", "Event", "Lost", "Started", "StateKept", "StepEnded",
+__all__ = ["Bus", "Ended", "EpochEnded", "Event", "Started", "StateKept", "StepEnded",
            "Validated"]
 
 
@@ -83,13 +83,6 @@ class StateKept:
 
 
 @dataclass(frozen=True)
-class Lost:
-    """The worker running the fit was lost (died, hung or was stopped): ``reason`` says how."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
 class Ended:
     """The fit ended (whole, stopped or failed): the summary the view and report show."""
 
@@ -106,9 +99,8 @@ class Bus:
         self.pending: list[tuple[str, str]] = []  # notes said when the next fit opens
         self.open = False
 
-    def subscribe(self, listener: Callable[[object], None]) -> Callable[[object], None]:
+    def subscribe(self, listener: Callable[[object], None]) -> None:
         self.listeners.append(listener)
-        return listener
 
     def emit(self, event):
         if isinstance(event, (Event, Started)):

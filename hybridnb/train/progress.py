@@ -69,7 +69,7 @@ class Progress:
     def row(self, state: RunState, grad_accum: int, lr: float, **extra) -> dict:
         """What the view draws after a step (``extra``: the step's loss, validation metrics)."""
         return {"epoch": state.epoch, "step": math.ceil(state.batches_done / grad_accum),
-                "global_step": state.global_step, "lr": lr, "train_loss": state.train_loss(),
+                "global_step": state.global_step, "lr": lr, "train_loss": state.acc.mean(),
                 **self.speeds(), "elapsed_s": time.perf_counter() - self.started, **extra}
 
     def step_ended(self, state: RunState, grad_accum: int, lr: float,
@@ -85,11 +85,12 @@ class Progress:
         peak = peak_bytes(device)
         seconds = self._monitor.summary()["seconds"]
         speeds = self.speeds()
-        row = {"epoch": state.epoch, "step": state.global_step, "train_loss": state.train_loss(),
+        kinds = sorted({e.kind for e in state.events[state.epoch_first_event:]})
+        row = {"epoch": state.epoch, "step": state.global_step, "train_loss": state.acc.mean(),
                **{c: float(metrics.get(c, math.nan)) for c in METRICS},
                "lr": lr, **{k: speeds[k] for k in SPEEDS},
                "peak_memory_mb": peak / 2**20 if peak is not None else math.nan,
-               "time_s": seconds, "events": state.epoch_events()}
+               "time_s": seconds, "events": ",".join(kinds)}
         row.update({k: float(v) for k, v in metrics.items()
                     if k in HISTORY_COLUMNS and k not in row})
         view_row = EpochRow(self.row(state, grad_accum, lr, loss=row["train_loss"],
@@ -115,10 +116,11 @@ class Progress:
         hist = pd.DataFrame(state.history, columns=HISTORY_COLUMNS)
         elapsed = time.perf_counter() - self.started if self.started else 0.0
         secs = float(hist["time_s"].sum()) if len(hist) else 0.0
+        samples = int((hist["samples_per_s"] * hist["time_s"]).sum())  # NaN speeds left out
         peak = hist["peak_memory_mb"].max() if len(hist) else math.nan
         best = state.best
         return {"history": hist, "elapsed_s": elapsed,
-                "samples_per_s": state.samples_total() / secs if secs else math.nan,
+                "samples_per_s": samples / secs if secs else math.nan,
                 "peak_memory_bytes": int(peak * 2**20) if peak == peak else None,
                 "best": {"monitor": monitor, "value": best.value, "step": best.step,
                          "epoch": best.epoch},

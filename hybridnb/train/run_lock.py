@@ -20,11 +20,9 @@ from pathlib import Path
 try:  # POSIX
     import fcntl
 except ImportError:  # Windows
-    fcntl = None
-try:
     import msvcrt
-except ImportError:  # POSIX
-    msvcrt = None
+
+    fcntl = None
 
 LOCK_NAME = ".hybridnb-run.lock"
 _WINDOWS_BYTE = 1 << 20  # msvcrt locks a byte range: one far past the text, which stays readable
@@ -36,26 +34,24 @@ class RunLockError(RuntimeError):
 
 def _try_lock(fd: int) -> bool:
     """The OS's exclusive lock on ``fd`` without waiting: True when taken."""
-    if fcntl is not None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        return True
-    if msvcrt is not None:
+    if fcntl is None:
         os.lseek(fd, _WINDOWS_BYTE, os.SEEK_SET)
         try:
             msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
         except OSError:
             return False
         return True
-    return True  # neither (no such platform known): the text still names the holder
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def _unlock(fd: int) -> None:
     if fcntl is not None:
         fcntl.flock(fd, fcntl.LOCK_UN)
-    elif msvcrt is not None:
+    else:
         os.lseek(fd, _WINDOWS_BYTE, os.SEEK_SET)
         msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
 

@@ -18,7 +18,7 @@ import pandas as pd
 
 from hybridnb import platform
 from hybridnb.train import isolate, opening, outside_state, saved, setup, worker_fit
-from hybridnb.train.bus import Ended, Lost, Started, StateKept
+from hybridnb.train.bus import Ended, Started, StateKept
 from hybridnb.train.heartbeat import EVENT
 from hybridnb.train.state import Stop
 from hybridnb.train.worker_fit import FitJob, FitResult
@@ -103,7 +103,6 @@ def fit(trainer, train, val, train_loader, val_loader, early=None) -> pd.DataFra
     relay.keep()
     if not relay.started:  # lost before it drew anything: the kernel's view starts here
         trainer.bus.emit(Started(opening.run_info(loop)))
-    trainer.bus.emit(Lost(out.reason))
     if out.status == "interrupted":
         trainer.event("interrupt", f"{out.reason}; the last good state (step "
                       f"{loop.state.global_step}) is kept")

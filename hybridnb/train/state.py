@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from hybridnb.events import Event
@@ -70,9 +70,6 @@ class Best:
     bad: int = 0
     model: dict | None = None
 
-    def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
 
 # What a checkpoint holds of the run (Composer's ``serialized_attributes``); the other fields
 # are this process's: the RNG state a resume applies at its epoch's start, the plan, and why the
@@ -116,18 +113,6 @@ class RunState:
         self.acc = EpochTotals()
         self.epoch_first_event = len(self.events)
 
-    def epoch_events(self) -> str:
-        return ",".join(sorted({e.kind for e in self.events[self.epoch_first_event:]}))
-
-    def samples_total(self) -> int:
-        """Samples the finished epochs' throughput windows counted."""
-        return int(sum(r["samples_per_s"] * r["time_s"] for r in self.history
-                       if r["samples_per_s"] == r["samples_per_s"]))
-
-    def train_loss(self) -> float:
-        """The epoch's mean training loss, weighted by samples (the view shows the same)."""
-        return self.acc.mean()
-
     def state_dict(self) -> dict:
         """The ``SAVED`` fields as plain CPU data (the checkpoint's layout)."""
         return {"lr_scale": float(self.lr_scale), "micro": self.micro,
@@ -137,7 +122,7 @@ class RunState:
                 "history": [dict(r) for r in self.history], "steps": [list(s) for s in self.steps],
                 "events": [e.to_dict() for e in self.events],
                 "epoch_first_event": self.epoch_first_event,
-                "best": self.best.to_dict(),  # best.model is already a CPU copy
+                "best": dict(vars(self.best)),  # best.model is already a CPU copy
                 "epoch_start": self.epoch_start}
 
     def load_state_dict(self, state: dict, events: bool = True) -> None:
