@@ -39,12 +39,8 @@ PRELOAD = ("torch", "torch._dynamo", "psutil", "hybridnb.train.trainer")
 def isolate_decision(isolate: bool | str, device: Any, *, in_distributed: bool
                      ) -> tuple[bool, str]:
     """Whether ``fit`` should run its steps in an isolated worker, and the reason in a sentence.
-
     ``"auto"``: on for CUDA/ROCm runs; off on the CPU, under torchrun / ``hn.launch`` (each rank
-    is already a supervised process) and inside a worker. ``True`` isolates on the CPU too. The
-    worker is a fresh interpreter (spawned), so what this process did before (CUDA, threads,
-    OpenMP) does not matter; where isolation cannot work it is off and the reason says why.
-    """
+    is already a supervised process) and inside a worker. ``True`` isolates on the CPU too."""
     kind = str(device).split(":", 1)[0]
     if isolate is False:
         return False, "isolate=False: training in this process"
@@ -68,9 +64,8 @@ def isolate_decision(isolate: bool | str, device: Any, *, in_distributed: bool
 
 
 def first_step_grace_s() -> float:
-    """Seconds of silence an isolated worker asks for while something slow and silent runs
-    before its first step (compiling, the CUDA context starting): ``$HYBRIDNB_FIRST_STEP_GRACE``,
-    else ``FIRST_STEP_GRACE_S``. Tests shorten it."""
+    """Seconds of silence a worker asks for while compiling or starting CUDA before its first
+    step: ``$HYBRIDNB_FIRST_STEP_GRACE``, else ``FIRST_STEP_GRACE_S``."""
     return seconds_from_env(FIRST_STEP_GRACE_ENV, FIRST_STEP_GRACE_S)
 
 
@@ -93,16 +88,10 @@ def run_isolated(work: Callable[[Channel], Any], *,
                  start: str = "fork",
                  prestarted: _child.PrestartedWorker | None = None) -> ChildOutcome:
     """Run ``work(channel)`` in a worker, pass each message to ``on_message``, and return how
-    it ended (a ``ChildOutcome``). Nothing is left running when this returns or raises.
-
-    ``step_timeout``: seconds of silence allowed (None: ``auto_step_timeout`` of the measured
-    steps). A "step_done" or "heartbeat" message restarts the clock; a worker that needs longer
-    (compiling, CUDA starting) asks for it in a heartbeat (``channel.heartbeat(phase=...,
-    grace=seconds)``: until its next step), and a silent worker's outcome names its last phase.
-    ``start``: "fork" (a copy of this process) or "spawn" (a fresh interpreter; ``work`` travels
-    with cloudpickle); ``prestarted``: a worker ``prestart()`` started earlier (``start`` is then
-    ignored). An exception from ``on_message`` kills the worker and propagates.
-    """
+    it ended (a ``ChildOutcome``); nothing is left running after. ``step_timeout``: seconds of
+    silence allowed (None: ``auto_step_timeout``); a worker that needs longer asks in a heartbeat
+    (``channel.heartbeat(phase=..., grace=seconds)``). ``start``: "fork" or "spawn" (``work``
+    travels with cloudpickle); ``prestarted``: a worker ``prestart()`` started earlier."""
     if start not in ("fork", "spawn"):
         raise ValueError(f"start={start!r}: use 'fork' or 'spawn'")
 

@@ -164,11 +164,10 @@ def run_info(loop) -> dict:
 
 @contextlib.contextmanager
 def trial(loop, loader, plan: Plan, listener, schedule) -> Iterator[None]:
-    """The Loop set up for a trial fit on ``loader`` (lr_find's sweep, find_batch_size's
-    probe) while the block runs: a run state of its own on ``plan``, ``schedule``, a guard that
-    only skips non-finite losses, out-of-memory errors recovered whatever ``on_gpu_error`` says
-    (a probe's signal), no EMA, validation, stop flag or files, ``listener`` on the bus. After
-    it the Loop's own settings, run state, weights, optimizer and RNG are back, as they were."""
+    """The Loop set up for a trial fit on ``loader`` (lr_find's sweep, find_batch_size's probe):
+    its own run state, ``schedule``, a guard that only skips non-finite losses, out-of-memory
+    errors recovered (a probe's signal), no EMA, validation or files, ``listener`` on the bus.
+    After it the Loop's settings, run state, weights, optimizer and RNG are back as they were."""
     start = saved.state_dict(loop)
     placement = loop.placement
     own = loop.settings, loop.state, loop.stop_flag, loop.loaders.opened, \

@@ -27,10 +27,9 @@ NOTICE = "worker_notice"  # a notice said around the job (payload, the next spar
 
 
 class Relay:
-    """The worker's messages on the kernel's side: each event emitted again on ``loop``'s bus
-    as it came, each state applied (and emitted as the ``StateKept`` it was there). The
-    worker's ``Ended`` is held until its final state is here (``finish``): a worker lost during
-    the hand-over leaves the view open for the run to continue here."""
+    """The worker's messages emitted again on ``loop``'s bus, each state applied as it comes.
+    Its ``Ended`` is held until the final state is here (``finish``): a worker lost during the
+    hand-over leaves the view open for the run to continue here."""
 
     def __init__(self, loop) -> None:
         self.loop, self.started, self.ended = loop, False, None
@@ -146,11 +145,9 @@ def lose_device(trainer) -> None:
 
 
 def adopt(trainer, result: FitResult) -> None:
-    """The worker's fit is the Trainer's: its final state (the weights fit chose), what it
-    decided and measured (precision, speedups, FLOPs, batch size; nothing here touches the
-    device) and what it changed on the model outside its state dict (what could not come is
-    said once). A worker that lost its GPU and finished on the CPU (its event said so) leaves
-    the Trainer on the CPU too."""
+    """The worker's fit is the Trainer's: its final state, what it decided and measured (nothing
+    here touches the device) and what it changed on the model outside its state dict. A worker
+    that lost its GPU and finished on the CPU leaves the Trainer on the CPU too."""
     state, loop = result.state, trainer.loop
     if state["device"] == "cpu" and trainer.device.type != "cpu":
         lose_device(trainer)

@@ -89,9 +89,8 @@ def choose_precision(asked: str, strategy: Strategy, recommended: str | None,
 
 
 def cpu_precision() -> Precision:
-    """What a run continues with on the CPU after leaving the GPU: fp32, whatever was asked.
-    bf16 autocast on a CPU sends convolutions through oneDNN, which asked an Intel Xeon for
-    ~880 GB on EEGNeX and got the process killed; fp32 is safe everywhere."""
+    """fp32 after leaving the GPU, whatever was asked: bf16 autocast on a CPU sends convolutions
+    through oneDNN, which asked an Intel Xeon for ~880 GB on EEGNeX (the process was killed)."""
     return Precision.choose("fp32", "cpu")
 
 
@@ -162,10 +161,3 @@ def build_step(loop, compiled: bool = False) -> None:
     while a fit runs."""
     updating = loop.interrupt.updating if loop.interrupt else contextlib.nullcontext
     loop.placement.build_step(compiled, updating=updating, state=loop.state)
-
-
-def detect():
-    """``hn.detect()``'s cached answer (imported when a Trainer needs a recommendation)."""
-    from hybridnb.hardware.detect import detect as detect_hardware
-
-    return detect_hardware()

@@ -14,10 +14,9 @@ INSTALL = "pip install torchinfo (it comes with braindecode)"
 
 def model_summary(model: torch.nn.Module, input_shape: Sequence[int] | None = None,
                   depth: int = 3, **kwargs):
-    """torchinfo's ``ModelStatistics`` for ``model`` (a module, or a Trainer: its model and
-    the input shape of its first batch); ``str()`` of it is the table. ``input_shape``: one
-    sample's shape (without the batch dimension); None and unknown: parameters only, no
-    output shapes. Other keyword arguments go to ``torchinfo.summary``."""
+    """torchinfo's ``ModelStatistics`` (``str()``: the table) for a module or a Trainer (its
+    first batch's input shape). ``input_shape``: one sample's, without the batch dimension;
+    unknown: parameters only. Other keyword arguments go to ``torchinfo.summary``."""
     try:
         import torchinfo
     except ImportError as exc:
