@@ -30,10 +30,6 @@ WARNING_KINDS = frozenset({
     "compile_fallback", "precision_fallback", "run_lock", "interrupt", "failed",
     "worker_notice"})
 
-__all__ = ["Bus", "Ended", "EpochEnded", "Event", "Started", "StateKept", "StepEnded",
-           "Validated"]
-
-
 @dataclass(frozen=True)
 class Started:
     """A fit's view starts: the run's description (epochs, steps, device, model, ...)."""

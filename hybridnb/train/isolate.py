@@ -21,9 +21,6 @@ from hybridnb.processes.channel import Channel, Message
 from hybridnb.processes.ended import ChildOutcome
 from hybridnb.processes.supervise import STOP_GRACE_S, ChildProgress, supervise
 
-__all__ = ["auto_step_timeout", "first_step_grace_s", "isolate_decision", "prestart",
-           "run_isolated", "startup_note"]
-
 STEP_TIMEOUT_FLOOR_S = 120.0         # the automatic step timeout is never shorter than this
 STEP_TIMEOUT_FACTOR = 20.0           # ... and at least this many median steps
 FIRST_STEP_GRACE_S = 600.0           # the grace a worker asks for when compiling or starting

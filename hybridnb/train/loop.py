@@ -18,12 +18,10 @@ from hybridnb.train import opening, saved
 from hybridnb.train.bus import Bus
 from hybridnb.train.data import epoch_batches
 from hybridnb.train.interrupt import agreed_stop, stop_asked, stop_words
-from hybridnb.train.opening import CancelFit, Loaders
+from hybridnb.train.opening import Loaders
 from hybridnb.train.recovery import Came
 from hybridnb.train.settings import Settings
 from hybridnb.train.state import RunState, Stop
-
-__all__ = ["CancelFit", "Epoch", "Loop"]
 
 
 class Epoch(enum.Enum):

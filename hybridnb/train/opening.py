@@ -74,8 +74,10 @@ class Loaders:
         self.opened: list = []
         self.generator = None
 
-    def on_cpu(self) -> None:
-        """The device is lost: the loaders made from now on pin no memory."""
+    def on_cpu(self, placement) -> None:
+        """The device is lost: the run goes on the CPU; the loaders made from now on pin no
+        memory."""
+        placement.continue_on_cpu(self.opened)
         self.kwargs["pin_memory"] = False
 
 
