@@ -17,7 +17,7 @@ from hybridnb.strategies.batches import batch_len
 from hybridnb.train import opening, saved
 from hybridnb.train.bus import Bus
 from hybridnb.train.data import epoch_batches
-from hybridnb.train.interrupt import agreed_stop, stop_asked, stop_words
+from hybridnb.train.interrupt import STOP_WORDS, agreed_stop, stop_asked
 from hybridnb.train.opening import Loaders
 from hybridnb.train.recovery import Came
 from hybridnb.train.settings import Settings
@@ -147,7 +147,7 @@ class Loop:
             folder = self.settings.checkpoint_dir
             kept = f"checkpoint saved in {folder}" if folder else \
                 "no checkpoint_dir, state kept in memory"
-            self.bus.say(reason.value, f"{stop_words(reason)}: {message}; {kept}")
+            self.bus.say(reason.value, f"{STOP_WORDS[reason]}: {message}; {kept}")
         saved.save_last(self)
         self.state.stopped = reason
         return True

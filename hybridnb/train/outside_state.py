@@ -155,9 +155,8 @@ def _unwrap(module: nn.Module) -> nn.Module:
 
 
 def apply(model: nn.Module, payload: dict | None) -> dict[str, str]:
-    """Set what the worker's ``Fingerprint.changes()`` lists on ``model`` (the kernel's);
-    returns {attribute path: why} for what could not be brought back (the worker's unsendable
-    values, and paths the kernel's model lacks)."""
+    """Set what the worker's ``Fingerprint.changes()`` lists on the kernel's ``model``; returns
+    {attribute path: why} for what could not be brought back."""
     if not payload:
         return {}
     lost = dict(payload.get("unsendable") or {})

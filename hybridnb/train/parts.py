@@ -21,10 +21,8 @@ from hybridnb.train.validation import EarlyStopping
 
 
 def build_loop(model: torch.nn.Module, settings: Settings, channel=None) -> Loop:
-    """The Loop over fresh parts for ``settings`` (filled in from ``detect()`` where an option is
-    left to it): the Trainer's, and an isolated worker's with ``channel`` (its link to the
-    kernel). Its bus records each note in the run's events and draws through ``progress``; in a
-    worker every event also goes to the kernel."""
+    """The Loop over fresh parts for ``settings`` (``detect()`` fills in what is left to it):
+    the Trainer's, and an isolated worker's with ``channel``, its link to the kernel."""
     bus = Bus(lambda: (loop.state.global_step, loop.state.epoch))
     hw = None
     if settings.needs_detect:  # imported (the probe, its cache) only when an option needs it

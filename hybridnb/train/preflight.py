@@ -29,9 +29,8 @@ def check_fit_data(train, val) -> tuple | None:
 
 
 def first_item(data, what: str) -> tuple | None:
-    """``data``'s first item, checked to be (x, y[, extras]) (a ValueError naming ``what``
-    and the fix when not); None when it is not read here (DataLoaders, IterableDatasets,
-    objects that make their Dataset, an empty or failing Dataset: the loader says it)."""
+    """``data``'s first item, checked to be (x, y[, extras]) (else a ValueError naming ``what``
+    and the fix); None when not read here (a loader, a stream, an empty or failing Dataset)."""
     if isinstance(data, _ARRAY) or (isinstance(data, (tuple, list)) and len(data) == 1
                                     and isinstance(data[0], _ARRAY)):
         raise ValueError(f"{what}: inputs without targets: pass (X, y) as one tuple, e.g. "

@@ -28,9 +28,8 @@ SPEEDS = ("samples_per_s", "data_wait_pct", "compute_samples_per_s", "mfu")
 
 
 class Progress:
-    """The view (a renderer; a silent one in an isolated worker), the epoch's throughput
-    window, the events the Loop emits with their rows (``step_ended``, ``epoch_ended``), and
-    ``hear``: the view's listener on the bus."""
+    """The view (silent in an isolated worker), the epoch's throughput window, the step and
+    epoch events with their rows, and ``hear``: the view's listener on the bus."""
 
     def __init__(self, view=None) -> None:
         self.view = view if view is not None else View()  # silent until a fit starts

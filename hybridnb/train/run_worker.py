@@ -119,9 +119,8 @@ def fit(trainer, train, val, train_loader, val_loader, early=None) -> pd.DataFra
 
 
 def job(trainer, what: str, fn, *args, **kwargs) -> tuple[bool, object]:
-    """``fn(loop, *args, **kwargs)`` on a worker's Loop after an isolated fit; (True, its
-    result). (False, None) when this process does it: the worker was lost (said once; the
-    rest runs on the CPU here)."""
+    """(True, ``fn(loop, *args, **kwargs)``) on a worker's Loop after an isolated fit; (False,
+    None) when the worker was lost (said once; this process does it, on the CPU)."""
     def hear(message) -> None:  # the job's events (a trial fit's view, steps, notes) as in process
         if message.kind == EVENT:
             if isinstance(message.payload, Started):
@@ -176,9 +175,8 @@ class WorkerError(Exception):
 
 
 def reraise(error: dict) -> BaseException:
-    """The worker's exception, rebuilt in the kernel with the same type and message when it is
-    a builtin one or a KeyboardInterrupt (a RuntimeError otherwise), its traceback as the
-    cause."""
+    """The worker's exception rebuilt here: a builtin type or KeyboardInterrupt as itself (else
+    a RuntimeError), with its message and the worker's traceback as the cause."""
     cls = getattr(builtins, error.get("type", ""), None)
     message = error.get("message", "")
     if not (isinstance(cls, type) and issubclass(cls, (Exception, KeyboardInterrupt))):

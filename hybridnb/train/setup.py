@@ -20,9 +20,8 @@ STRATEGIES = ("auto", "single", "ddp", "deepspeed")
 
 
 def resolve_device(device, hw, bus=None) -> torch.device:
-    """The device asked for, checked: a clear error naming ``device=`` and what detect() found
-    for a string torch does not know or a device this machine lacks. A device lost earlier in
-    this process gives the CPU, said on ``bus`` (the run's) where there is one."""
+    """The device asked for, checked (an error naming ``device=`` and the fix when torch or this
+    machine lacks it); a device lost earlier in this process gives the CPU, said on ``bus``."""
     if device == "auto":
         dev = hw.device
     else:
@@ -50,8 +49,7 @@ def _missing(dev: torch.device) -> str | None:
             return "this machine has no usable CUDA GPU (hn.detect() found none)"
         if dev.index is not None and dev.index >= count:
             return f"this machine has {count} CUDA GPU(s) (cuda:0..cuda:{count - 1})"
-    if dev.type == "mps" and not (getattr(torch.backends, "mps", None)
-                                  and torch.backends.mps.is_available()):
+    if dev.type == "mps" and not torch.backends.mps.is_available():
         return "MPS (Apple GPU) is not available here"
     return None
 
@@ -72,9 +70,8 @@ def make_strategy(strategy, device: torch.device) -> Strategy:
 
 def choose_precision(asked: str, strategy: Strategy, recommended: str | None,
                      bus) -> Precision:
-    """The precision for the strategy's device, within what the strategy supports (asked once;
-    an automatic choice it cannot run falls back to fp32 and says so, an explicit one is an
-    error), said on ``bus`` (the run's)."""
+    """The precision for the strategy's device within what it supports: an automatic choice it
+    cannot run falls back to fp32 (said on ``bus``), an explicit one is an error."""
     precision = Precision.choose(asked, strategy.device, recommended=recommended)
     if precision.name not in strategy.supported_precisions:
         if asked == precision.name:
@@ -146,9 +143,8 @@ def make_optimizer(optimizer, params, lr: float, weight_decay: float) -> torch.o
 
 
 def compile_settings(compiled: bool, device: torch.device, precision: Precision):
-    """Inductor settings for this fit, scoped with ``config.patch`` (never left set): on the
-    CPU under bf16, no layout optimisation (oneDNN's channels-last bf16 grouped convolution
-    asks for ~110 GB there)."""
+    """Inductor settings scoped to this fit: on the CPU under bf16, no layout optimisation
+    (oneDNN's channels-last bf16 grouped convolution asks for ~110 GB there)."""
     if not (compiled and device.type == "cpu" and precision.name == "bf16"):
         return contextlib.nullcontext()
     import torch._inductor.config as inductor_config

@@ -86,9 +86,8 @@ class Sinks:
             self.epoch_rows(event.history, self.trainer)
 
     def _claim(self, checkpoint_dir, bus) -> None:
-        """The folders the loggers write besides ``checkpoint_dir`` (which the fit holds
-        already) are this run's too: another live run writing there is refused
-        (``run_lock``)."""
+        """The loggers' folders besides ``checkpoint_dir`` (held already) are this run's too:
+        another live run writing there is refused."""
         held = Path(checkpoint_dir).resolve() if checkpoint_dir is not None else None
         folders = {lg.folder.resolve(): "log_dir" if getattr(lg, "needs_folder", False)
                    else f"{type(lg).__name__}'s folder" for lg in self.loggers

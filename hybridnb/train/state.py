@@ -126,9 +126,8 @@ class RunState:
                 "epoch_start": self.epoch_start}
 
     def load_state_dict(self, state: dict, events: bool = True) -> None:
-        """Continue from a saved run state (its RNG states applied when the epoch starts);
-        ``events=False`` keeps this run's events (a restore after a failure must not forget
-        why it restored)."""
+        """Continue from a saved run state (its RNG applied when the epoch starts);
+        ``events=False`` keeps this run's events (a restore must not forget why it restored)."""
         pos = state["position"]
         self.epoch, self.batches_done = int(pos["epoch"]), int(pos["batches_done"])
         self.global_step = int(pos["global_step"])

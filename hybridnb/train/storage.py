@@ -34,9 +34,8 @@ class StorageGuard:
                 self.said.append(event)
 
     def failed(self, path: Path, exc: BaseException, kept: str | Callable[[], str]) -> None:
-        """A write of ``path`` raised ``exc`` (one ``is_write_failure`` accepts); ``kept``: what
-        stays (the file on disk, memory), or a function saying it (called only when the
-        failure is said)."""
+        """A write of ``path`` raised ``exc``; ``kept``: what stays (the file on disk, memory), or
+        a function saying it (called only when the failure is said)."""
         path = Path(path)
         missed = self.failing.get(path, 0)
         self.failing[path] = missed + 1

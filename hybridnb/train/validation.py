@@ -32,9 +32,8 @@ class EarlyStopping:
 
 
 class Validation:
-    """A fit's validations: the scores (``run``), then what they decide (``verdict``): the best
-    weights kept and written, the schedule told, early stopping. ``last`` is the latest one,
-    reused at the epoch's end when ``val_every`` just ran."""
+    """A fit's validations (``run``) and what they decide (``verdict``); ``last``, the latest,
+    is reused at the epoch's end when ``val_every`` just ran."""
 
     def __init__(self, loop) -> None:
         self.loop = loop

@@ -42,9 +42,8 @@ def worker_loop(settings: Settings, model: torch.nn.Module, channel):
 
 @dataclass
 class FitResult:
-    """What a worker's fit hands back: its final state (CPU), why it stopped early (None: it
-    did not), what it decided and measured (``Placement.facts()``) and what the fit changed on
-    the model outside its state dict (``outside_state``)."""
+    """A worker fit's final state (CPU), why it stopped early (or None), what it decided and
+    measured (``Placement.facts()``) and what it changed outside the state dict."""
 
     state: dict
     stopped: Stop | None
