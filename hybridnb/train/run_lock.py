@@ -70,15 +70,10 @@ def _read(fd: int) -> dict:
 
 
 def describe(holder: dict) -> str:
-    """'pid 123 on host h, started 2026-11-26 14:02:11 UTC' (what is known of it)."""
-    if not holder or "pid" not in holder:
+    """'pid 123 on host h, started 2026-11-26 14:02:11 UTC' (as ``_me`` wrote it)."""
+    if "pid" not in holder:
         return "another process"
-    said = f"pid {holder['pid']}"
-    if holder.get("host"):
-        said += f" on host {holder['host']}"
-    if holder.get("started"):
-        said += f", started {holder['started']}"
-    return said
+    return f"pid {holder['pid']} on host {holder.get('host')}, started {holder.get('started')}"
 
 
 class RunLock:

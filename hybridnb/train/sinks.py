@@ -50,20 +50,19 @@ class Sinks:
             logger.log_hparams(dict(params))
         cbs.call(self.callbacks, "on_fit_start", trainer)
 
-    def epoch_rows(self, rows: list[dict], trainer) -> None:
+    def epoch_rows(self, rows: list[dict]) -> None:
         """Log (and call ``on_epoch_end`` with) the rows of epochs not logged yet."""
-        for row in rows:
-            if not self.open or row["epoch"] < self.next_epoch:
-                continue
-            self.next_epoch = row["epoch"] + 1
-            for logger in self.loggers:
-                logger.log_metrics(dict(row), row["step"])
-            cbs.call(self.callbacks, "on_epoch_end", trainer, dict(row))
+        for row in rows if self.open else ():
+            if row["epoch"] >= self.next_epoch:
+                self.next_epoch = row["epoch"] + 1
+                for logger in self.loggers:
+                    logger.log_metrics(dict(row), row["step"])
+                cbs.call(self.callbacks, "on_epoch_end", self.trainer, dict(row))
 
     def end(self, trainer) -> None:
         """The fit returned: rows not logged yet, loggers closed, ``on_fit_end``."""
         try:
-            self.epoch_rows(trainer.state.history, trainer)
+            self.epoch_rows(trainer.state.history)
         finally:
             self.close()
         # the loggers' storage events are kept: an isolated fit's hand-over replaces the
@@ -80,10 +79,10 @@ class Sinks:
             for logger in self.step_loggers:
                 logger.log_metrics({"train/loss": float("nan") if loss is None else float(loss),
                                     "train/lr": float(row["lr"])}, row["global_step"])
-            if self.step_hooks and self.trainer is not None:
+            if self.step_hooks:
                 cbs.call(self.callbacks, "on_step_end", self.trainer, dict(row))
-        elif isinstance(event, EpochEnded) and self.trainer is not None:
-            self.epoch_rows(event.history, self.trainer)
+        elif isinstance(event, EpochEnded):
+            self.epoch_rows(event.history)
 
     def _claim(self, checkpoint_dir, bus) -> None:
         """The loggers' folders besides ``checkpoint_dir`` (held already) are this run's too:
