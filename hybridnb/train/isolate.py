@@ -19,7 +19,7 @@ from hybridnb.env import FIRST_STEP_GRACE_ENV, ISOLATED_ENV, LAUNCHED_ENV, curre
 from hybridnb.processes import child as _child
 from hybridnb.processes.channel import Channel, Message
 from hybridnb.processes.ended import ChildOutcome
-from hybridnb.processes.supervise import STOP_GRACE_S, ChildProgress, supervise
+from hybridnb.processes.supervise import ChildProgress, supervise
 
 STEP_TIMEOUT_FLOOR_S = 120.0         # the automatic step timeout is never shorter than this
 STEP_TIMEOUT_FACTOR = 20.0           # ... and at least this many median steps
@@ -77,18 +77,14 @@ def auto_step_timeout(step_seconds: list[float]) -> float:
 
 def run_isolated(work: Callable[[Channel], Any], *,
                  on_message: Callable[[Message], None] | None = None,
-                 step_timeout: float | None = None,
-                 poll: float = 0.1,
-                 should_stop: Callable[[], bool] | None = None,
-                 stop_grace: float = STOP_GRACE_S,
-                 forward_output: bool = True,
-                 start: str = "fork",
-                 prestarted: _child.PrestartedWorker | None = None) -> ChildOutcome:
+                 step_timeout: float | None = None, start: str = "fork",
+                 prestarted: _child.PrestartedWorker | None = None, **watch: Any) -> ChildOutcome:
     """Run ``work(channel)`` in a worker, pass each message to ``on_message``, and return how
     it ended (a ``ChildOutcome``); nothing is left running after. ``step_timeout``: seconds of
     silence allowed (None: ``auto_step_timeout``); a worker that needs longer asks in a heartbeat
     (``channel.heartbeat(phase=..., grace=seconds)``). ``start``: "fork" or "spawn" (``work``
-    travels with cloudpickle); ``prestarted``: a worker ``prestart()`` started earlier."""
+    travels with cloudpickle); ``prestarted``: a worker ``prestart()`` started earlier. ``watch``:
+    ``supervise``'s keywords (``should_stop``, ``poll``, ``stop_grace``, ``forward_output``)."""
     if start not in ("fork", "spawn"):
         raise ValueError(f"start={start!r}: use 'fork' or 'spawn'")
 
@@ -96,15 +92,10 @@ def run_isolated(work: Callable[[Channel], Any], *,
         return (step_timeout if step_timeout is not None
                 else auto_step_timeout(list(progress.step_seconds))), "step_timeout"
 
-    if prestarted is not None:
-        def begin(fn):
-            return prestarted.send(fn)
-    else:
-        begin = _child.start_fork if start == "fork" else _child.start_spawn
+    begin = prestarted.send if prestarted is not None else \
+        _child.start_fork if start == "fork" else _child.start_spawn
     out = supervise(lambda: begin(work), name="the worker", on_message=on_message,
-                    silence=silence, poll=poll, should_stop=should_stop,
-                    stop_grace=stop_grace, forward_output=forward_output,
-                    start_grace=START_GRACE_S)
+                    silence=silence, start_grace=START_GRACE_S, **watch)
     if prestarted is not None:  # the job is over: the next fit's worker may take the CPU now
         prestarted.start_next()
     return out
