@@ -92,49 +92,42 @@ def _own(module: nn.Module) -> dict[tuple[str, str], Any]:
     return out
 
 
-def _held(model: nn.Module) -> set[int]:
-    """The ids of the model's parameters and buffers (an attribute naming one is an alias)."""
-    return {id(t) for t in model.parameters()} | {id(t) for t in model.buffers()}
-
-
 class Fingerprint:
     """The fingerprint of ``model``'s state outside the state dict, taken now (in the worker,
     as the job arrives); ``changes()`` compares against it later."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.modules = list(model.named_modules(remove_duplicate=True))
-        held = _held(model)
-        self.before: dict[tuple[str, str, str], str | BaseException] = {}
+        self.model, self.modules = model, list(model.named_modules(remove_duplicate=True))
+        self.before: dict[tuple[str, str, str], str | BaseException] = {
+            key: _fingerprint(value) for key, value, alias in self._watched() if not alias}
+
+    def _watched(self):
+        """((module path, name, kind), value, whether it names one of the model's parameters or
+        buffers: an alias, not state of its own) for each module's own values."""
+        held = {id(t) for t in self.model.parameters()} | {id(t) for t in self.model.buffers()}
         for path, module in self.modules:
             for (name, kind), value in _own(module).items():
-                if kind != "attr" or id(value) not in held:
-                    self.before[(path, name, kind)] = _fingerprint(value)
-        self.model = model
+                yield (path, name, kind), value, kind == "attr" and id(value) in held
 
     def changes(self) -> dict:
         """What differs from the fingerprint, as plain data for the channel: ``values``
         [(module path, name, kind, value now)] (kind "attr", "buffer" or "deleted"; tensors on
         the CPU) and ``unsendable`` {attribute path: why}."""
-        values, unsendable = [], {}
-        held = _held(self.model)
-        seen = set()
-        for path, module in self.modules:
-            for (name, kind), value in _own(module).items():
-                key = (path, name, kind)
-                seen.add(key)
-                if kind == "attr" and id(value) in held:
-                    continue
-                now = _fingerprint(value)
-                was = self.before.get(key)
-                if isinstance(now, str) and now == was:
-                    continue
-                if isinstance(now, BaseException) and isinstance(was, BaseException):
-                    continue  # could not be compared before either: it came as it is
-                why = _sendable(value) if isinstance(now, str) else now
-                if why is not None:
-                    unsendable[_path(path, name)] = f"{type(value).__name__}: {why}"
-                    continue
-                values.append((*key, _to_cpu(value)))
+        values, unsendable, seen = [], {}, set()
+        for key, value, alias in self._watched():
+            seen.add(key)
+            if alias:
+                continue
+            now, was = _fingerprint(value), self.before.get(key)
+            if isinstance(now, str) and now == was:
+                continue
+            if isinstance(now, BaseException) and isinstance(was, BaseException):
+                continue  # could not be compared before either: it came as it is
+            why = _sendable(value) if isinstance(now, str) else now
+            if why is not None:
+                unsendable[_path(key[0], key[1])] = f"{type(value).__name__}: {why}"
+                continue
+            values.append((*key, _to_cpu(value)))
         values += [(path, name, "deleted", None) for path, name, _ in self.before.keys() - seen]
         return {"values": values, "unsendable": unsendable}
 
