@@ -31,8 +31,6 @@ START_GRACE_S = 120.0                # a worker's start-up, before it says "read
 PRELOAD = ("torch", "torch._dynamo", "psutil", "hybridnb.train.trainer")
 
 
-# ============================================================================ the decision
-
 def isolate_decision(isolate: bool | str, device: Any, *, in_distributed: bool
                      ) -> tuple[bool, str]:
     """Whether ``fit`` should run its steps in an isolated worker, and the reason in a sentence.
@@ -72,8 +70,6 @@ def auto_step_timeout(step_seconds: list[float]) -> float:
         return STEP_TIMEOUT_FLOOR_S
     return max(STEP_TIMEOUT_FLOOR_S, STEP_TIMEOUT_FACTOR * statistics.median(step_seconds))
 
-
-# ============================================================================ the supervisor
 
 def run_isolated(work: Callable[[Channel], Any], *,
                  on_message: Callable[[Message], None] | None = None,

@@ -46,7 +46,6 @@ class Progress:
     def stop_requested(self) -> bool:
         return bool(self.view.stop_requested)
 
-    # ------------------------------------------------------------------ one epoch
     def new_epoch(self, device: torch.device, warmup: bool, flops_per_sample: float | None,
                   precision: str) -> ThroughputMonitor:
         """The epoch's throughput window (a fit's first two steps are warm-up): the Loop times
@@ -64,7 +63,6 @@ class Progress:
         return {**{k: math.nan if s[k] is None else s[k] for k in SPEEDS},
                 "data_bound": s["data_bound"]}
 
-    # ------------------------------------------------------------------ rows
     def row(self, state: RunState, grad_accum: int, lr: float, **extra) -> dict:
         """What the view draws after a step (``extra``: the step's loss, validation metrics)."""
         return {"epoch": state.epoch, "step": math.ceil(state.batches_done / grad_accum),

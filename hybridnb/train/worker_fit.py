@@ -84,9 +84,7 @@ class FitJob:
         opening.bind_schedule(loop.learner.schedule, loop.state.plan, loop.bus)
         try:
             loop.fit(train_loader, val_loader)
-        except BaseException:  # re-raised after the state is sent
-            # whatever ended the fit, the kernel gets the state the worker holds now (what an
-            # in-process run would hold), then the error (best effort: the pipe may be gone)
+        except BaseException:  # whatever ended it: the state held now first, then the error
             with contextlib.suppress(Exception):  # best effort: the pipe may be gone
                 channel.state(recovery.to_cpu(saved.state_dict(loop)))
             raise
