@@ -31,17 +31,15 @@ def rng_state() -> dict:
     """Every global generator's state as tensors / plain values."""
     version, mt, gauss = random.getstate()
     np_state = np.random.get_state(legacy=False)
-    state = {
+    return {
         "python": {"version": int(version), "state": list(mt), "gauss": gauss},
         "numpy": {"key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
                   "pos": int(np_state["state"]["pos"]), "has_gauss": int(np_state["has_gauss"]),
                   "gauss": float(np_state["gauss"])},
         "torch": torch.get_rng_state(),
-        "cuda": None,
+        # never starts CUDA: a kernel that isolates must not
+        "cuda": list(torch.cuda.get_rng_state_all()) if torch.cuda.is_initialized() else None,
     }
-    if torch.cuda.is_initialized():  # never starts CUDA: a kernel that isolates must not
-        state["cuda"] = list(torch.cuda.get_rng_state_all())
-    return state
 
 
 def set_rng_state(state: dict) -> None:
