@@ -61,7 +61,7 @@ def stop_asked(loop) -> Stop | None:
         return Stop.CALLBACK
     if loop.heartbeat.in_worker:
         return loop.heartbeat.stop_asked()
-    return Stop.STOP_BUTTON if loop.progress.stop_requested else None
+    return Stop.STOP_BUTTON if loop.progress.view.stop_requested else None
 
 
 def agreed_stop(asked: Stop | None, strategy) -> Stop | None:

@@ -42,10 +42,6 @@ class Progress:
         the kernel) and ranks other than 0 draw nothing."""
         return make_view(live) if is_main and channel is None else make_view(False)
 
-    @property
-    def stop_requested(self) -> bool:
-        return bool(self.view.stop_requested)
-
     def new_epoch(self, device: torch.device, warmup: bool, flops_per_sample: float | None,
                   precision: str) -> ThroughputMonitor:
         """The epoch's throughput window (a fit's first two steps are warm-up): the Loop times

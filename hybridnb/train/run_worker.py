@@ -86,7 +86,7 @@ def fit(trainer, train, val, train_loader, val_loader, early=None) -> pd.DataFra
         with platform.notices_to(relay.notice):
             out = run_job(trainer, job, prestarted=early, on_message=relay.hear,
                           should_stop=lambda: "callback" if trainer.should_stop
-                          else trainer.progress.stop_requested)
+                          else trainer.progress.view.stop_requested)
     except BaseException:  # the worker's own error: its last state is applied already
         relay.finish()
         raise
