@@ -39,8 +39,7 @@ class Started:
 
 @dataclass(frozen=True)
 class StepEnded:
-    """An optimizer step ended: ``step`` is the global step after it; ``row`` what the view
-    draws (a ``StepRow``)."""
+    """An optimizer step ended: ``step`` is the global step after it; ``row`` the view's."""
 
     step: int
     epoch: int
@@ -51,8 +50,7 @@ class StepEnded:
 
 @dataclass(frozen=True)
 class Validated:
-    """A validation between steps (``val_every``) ended: its metrics and row
-    (a ``ValidationRow``)."""
+    """A validation between steps (``val_every``) ended: its metrics and the view's row."""
 
     step: int
     metrics: dict
@@ -61,8 +59,7 @@ class Validated:
 
 @dataclass(frozen=True)
 class EpochEnded:
-    """An epoch ended: ``history`` holds every epoch's row so far (the last is this one's),
-    ``row`` what the view draws (an ``EpochRow``)."""
+    """An epoch ended: ``history`` holds every epoch's row so far, ``row`` the view's."""
 
     epoch: int
     step: int
@@ -111,8 +108,7 @@ class Bus:
         return self.emit(Event(kind, message, step=step, epoch=epoch))
 
     def note(self, kind: str, message: str) -> Event | None:
-        """Said once: now during a fit (the event returned), else when the next fit opens the
-        bus."""
+        """Said once: now during a fit (the event returned), else when the next fit opens."""
         if self.open:
             return self.say(kind, message)
         self.pending.append((kind, message))

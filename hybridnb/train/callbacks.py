@@ -40,8 +40,7 @@ def check_callbacks(callbacks) -> tuple:
 
 
 def call(callbacks: tuple, hook: str, *args) -> None:
-    """``hook(*args)`` on every callback that has it; an exception becomes a ``CallbackError``
-    naming the callback and the hook."""
+    """``hook(*args)`` on every callback that has it; an exception becomes a ``CallbackError``."""
     for cb in callbacks:
         method = getattr(cb, hook, None)
         if method is None:

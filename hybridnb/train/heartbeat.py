@@ -32,8 +32,7 @@ class Heartbeat:
             self.phase = phase
 
     def before_step(self, first: bool) -> None:
-        """A heartbeat only when the phase changes: the step's own completion restarts the
-        clock."""
+        """A heartbeat only when the phase changes (a step's completion restarts the clock)."""
         phase = "first step" if first else "step"
         if self.phase != phase:
             self.beat(phase)
@@ -65,8 +64,7 @@ class Heartbeat:
         return seconds
 
     def stop_asked(self) -> Stop | None:
-        """The kernel's stop request and its reason: Ctrl-C, a callback's ``should_stop`` or
-        the Stop button."""
+        """The kernel's stop request and its reason (Ctrl-C, a callback or the Stop button)."""
         reason = self.channel.stop_reason() if self.channel is not None else None
         return None if reason is None else STOPS.get(reason, Stop.STOP_BUTTON)
 

@@ -125,8 +125,7 @@ class Loop:
         return Epoch.COMPLETE
 
     def _between_steps(self, val_loader) -> bool:
-        """Stop requests, validation every ``val_every`` steps, checkpoints and snapshots;
-        True when the fit stops here."""
+        """Stop requests, validation, checkpoints and snapshots; True when the fit stops here."""
         state, s = self.state, self.settings
         asked = agreed_stop(stop_asked(self), self.placement.strategy)
         if asked is not None:

@@ -75,8 +75,7 @@ class Loaders:
         self.generator = None
 
     def on_cpu(self, placement) -> None:
-        """The device is lost: the run goes on the CPU; the loaders made from now on pin no
-        memory."""
+        """The device is lost: the run goes on the CPU, new loaders pin no memory."""
         placement.continue_on_cpu(self.opened)
         self.kwargs["pin_memory"] = False
 
@@ -90,8 +89,7 @@ def loader(loop, data, *, shuffle: bool, what: str, bus=None):
 
 
 def open_loaders(loop, train, val) -> tuple:
-    """This fit's train and validation loaders (``val`` may be None); its plan on the run
-    state."""
+    """This fit's train and validation loaders (``val`` may be None); its plan on the run state."""
     train_loader = loader(loop, train, shuffle=True, what="train")
     val_loader = None if val is None else loader(loop, val, shuffle=False, what="val")
     loop.loaders.opened = [ld for ld in (train_loader, val_loader) if ld is not None]

@@ -37,8 +37,7 @@ class Relay:
         self.said: list = []  # kept in the run's events, which the worker's states replace
 
     def notice(self, sentence: str) -> None:
-        """A notice around the job (``platform.say``: the data sent through files, no spare
-        for the next fit): a note on the kernel's bus."""
+        """A notice around the job (``platform.say``): a note on the kernel's bus."""
         if self.started:
             self.said.append(self.loop.bus.say(NOTICE, sentence))
         else:

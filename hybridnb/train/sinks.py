@@ -23,8 +23,7 @@ class Sinks:
     """The loggers and callbacks of one Trainer (the user's process; loggers on rank 0)."""
 
     def __init__(self, make_loggers, callbacks: tuple) -> None:
-        """``make_loggers(storage)``: this fit's loggers, reporting failed writes to
-        ``storage``."""
+        """``make_loggers(storage)``: this fit's loggers, reporting failed writes to ``storage``."""
         self.storage = StorageGuard()  # on the Trainer's bus once a fit begins
         self.loggers, self.callbacks = make_loggers(self.storage), callbacks
         self.step_loggers = [lg for lg in self.loggers if getattr(lg, "per_step", False)]
@@ -101,8 +100,7 @@ class Sinks:
                 bus.note("run_lock", stale)
 
     def close(self) -> None:
-        """Every logger closed (one that raises does not keep the others open), the log
-        folders released."""
+        """Every logger closed (one that raises does not keep the others open), folders released."""
         locks, self.locks = self.locks, []
         first = None
         if self.open:

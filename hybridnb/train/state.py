@@ -45,8 +45,7 @@ class Plan(NamedTuple):
 
 @dataclass
 class EpochTotals:
-    """The epoch's training loss x samples, and those samples (speeds are the throughput
-    monitor's)."""
+    """The epoch's training loss x samples, and those samples."""
 
     loss_sum: float = 0.0
     loss_samples: int = 0
@@ -81,7 +80,7 @@ SAVED = ("epoch", "batches_done", "global_step", "acc", "lr_scale", "micro", "hi
 @dataclass
 class RunState:
     """Where the run is and what it has seen, as data (no handles: loaders and generators are
-    ``loaders.Loaders``'; the last good full state is the checkpoints part's)."""
+    ``opening.Loaders``'; the last good full state is the checkpoints part's)."""
 
     epoch: int = 0
     batches_done: int = 0

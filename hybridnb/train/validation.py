@@ -24,8 +24,7 @@ class EarlyStopping:
         self.sign = 1 if higher_is_better(monitor) else -1
 
     def improved(self, best: Best, value: float) -> bool | None:
-        """Whether ``value`` beats ``best`` (None: not finite, which neither improves nor counts
-        against patience)."""
+        """Whether ``value`` beats ``best`` (None: not finite; it neither improves nor counts)."""
         if not math.isfinite(value):
             return None
         return best.value is None or self.sign * (value - best.value) > 0
