@@ -30,7 +30,8 @@ def write_report(trainer, folder) -> Path:
                           columns=["kind", "message", "step", "epoch", "time"])
     events.to_csv(folder / "events.csv", index=False)
     record = run_record(trainer, summary)
-    notes = _figures(record, folder) + _model(trainer, folder)
+    _figures(record, folder)
+    notes = _model(trainer, folder)
     # the live view's end paragraph, then each event and what the report left out
     lines = [live_summary.paragraph(summary, record), "",
              *[f"  {ev}" for ev in summary["events"]], *notes]
@@ -40,13 +41,11 @@ def write_report(trainer, folder) -> Path:
 
 def _model(trainer, folder: Path) -> list[str]:
     """model.txt: the model's summary (output shapes when a forward on one zero sample works,
-    else parameters only, said); returns notes on what was skipped."""
+    else parameters only, said); returns the note saying so."""
     from hybridnb.train.summary import model_summary
 
     try:
         table, note = model_summary(trainer), []
-    except ImportError as exc:
-        return [f"model.txt skipped: {exc}"]
     except Exception as exc:  # the user's forward: any error, said in the note
         table = model_summary(trainer.model)
         note = [f"model.txt holds parameters only: a forward on one zero sample failed "
@@ -82,16 +81,9 @@ def run_record(trainer, summary: dict) -> RunRecord:
     return record
 
 
-def _figures(record: RunRecord, folder: Path) -> list[str]:
+def _figures(record: RunRecord, folder: Path) -> None:
     """figures.html (plotly) and figures.png (the same figure drawn with matplotlib, see
-    ``live/static.py``); returns notes on what was skipped."""
-    try:
-        fig = panel_image.make_figure(record)
-    except ImportError:
-        return ["figures skipped: plotly is not installed (pip install plotly)"]
+    ``live/static.py``)."""
+    fig = panel_image.make_figure(record)
     fig.write_html(folder / "figures.html", include_plotlyjs=True)
-    try:
-        static.write_png(fig, folder / "figures.png")
-    except ImportError:
-        return ["figures.png skipped: matplotlib is not installed (pip install matplotlib)"]
-    return []
+    static.write_png(fig, folder / "figures.png")

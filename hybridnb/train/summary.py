@@ -9,18 +9,14 @@ from collections.abc import Sequence
 
 import torch
 
-INSTALL = "pip install torchinfo (it comes with braindecode)"
-
 
 def model_summary(model: torch.nn.Module, input_shape: Sequence[int] | None = None,
                   depth: int = 3, **kwargs):
     """torchinfo's ``ModelStatistics`` (``str()``: the table) for a module or a Trainer (its
     first batch's input shape). ``input_shape``: one sample's, without the batch dimension;
     unknown: parameters only. Other keyword arguments go to ``torchinfo.summary``."""
-    try:
-        import torchinfo
-    except ImportError as exc:
-        raise ImportError(f"a model summary needs torchinfo: {INSTALL}") from exc
+    import torchinfo  # imported only when a summary is asked for
+
     if not isinstance(model, torch.nn.Module):  # a Trainer
         if input_shape is None:
             input_shape = model.learner.input_shape
