@@ -1,7 +1,5 @@
-"""What a fit opens before its first step: its loaders (handles, kept here and not in the run
-state, which is data only), its plan, a fresh or resumed run state with the schedule bound to it,
-the run's description for the view's header, and ``fitting``: the set-up around the Loop's
-epochs and the fit's end."""
+"""What a fit opens before its first step (its loaders, kept here as handles; its plan; a fresh or
+resumed run state; the view's header) and ``fitting``: the set-up around the epochs and the end."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""trainer.report(folder): what a run leaves behind for people who were not watching.
-
-history.csv, steps.csv, events.csv, the live view's figure (``figures.html``, plotly; and
-``figures.png`` drawn with matplotlib: no browser needed), model.txt (torchinfo's table) and
-summary.txt (the live view's end paragraph, then each event), drawn from a ``RunRecord`` refilled
-with the run's steps, epoch rows and events.
-"""
+"""trainer.report(folder): what a run leaves behind for people who were not watching: history.csv,
+steps.csv, events.csv, the live view's figure (figures.html, plotly; figures.png, matplotlib: no
+browser needed), model.txt (torchinfo's table) and summary.txt (the view's end paragraph, then each
+event), drawn from a ``RunRecord`` refilled with the run's steps, epoch rows and events."""
 
 from __future__ import annotations
 
