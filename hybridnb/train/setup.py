@@ -108,18 +108,17 @@ def freeze(model: torch.nn.Module, patterns: list[str] | str | None) -> list[str
         return []
     if isinstance(patterns, str):
         patterns = [patterns]
-    names = [n for n, _ in model.named_parameters()]
-    frozen = []
+    params = dict(model.named_parameters())
+    frozen = set()
     for pattern in patterns:
-        hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        hits = [n for n in params if fnmatch.fnmatchcase(n, pattern)]
         if not hits:
             raise ValueError(f"freeze pattern {pattern!r} matches no parameter of "
-                             f"{type(model).__name__} (names look like {names[:4]})")
-        frozen.extend(hits)
-    for name, p in model.named_parameters():
-        if name in frozen:
-            p.requires_grad_(False)
-    return sorted(set(frozen))
+                             f"{type(model).__name__} (names look like {list(params)[:4]})")
+        frozen.update(hits)
+    for name in frozen:
+        params[name].requires_grad_(False)
+    return sorted(frozen)
 
 
 def make_optimizer(optimizer, params, lr: float, weight_decay: float) -> torch.optim.Optimizer:
