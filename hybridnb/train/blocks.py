@@ -37,13 +37,10 @@ class Checkpointed(torch.nn.Module):
 def eligible(model: torch.nn.Module) -> list[str]:
     """Top-level children with parameters and without batch norm (whose running statistics the
     recomputation would update twice)."""
-    names = []
-    for name, child in model.named_children():
-        has_params = any(True for _ in child.parameters())
-        has_bn = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in child.modules())
-        if has_params and not has_bn:
-            names.append(name)
-    return names
+    batch_norm = torch.nn.modules.batchnorm._BatchNorm
+    return [name for name, child in model.named_children()
+            if any(True for _ in child.parameters())
+            and not any(isinstance(m, batch_norm) for m in child.modules())]
 
 
 @contextlib.contextmanager

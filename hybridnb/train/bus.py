@@ -1,22 +1,16 @@
 """One bus for a fit's typed events: the Loop emits them, listeners subscribe.
 
-The Loop never calls the view, the loggers or the callbacks: it emits ``Started``,
-``StepEnded``, ``Validated``, ``EpochEnded``, ``StateKept``, ``Event`` (a note, kept in
-``trainer.events``), ``Lost`` (the kernel, when a worker is lost) and ``Ended``, and whoever
-subscribed hears them in order: the run's record of events, ``Progress.hear`` (the view),
-``Heartbeat.hear`` (in a worker: every event and kept state to the kernel, unchanged),
-``Sinks.hear`` (loggers, callbacks). A worker's events are emitted again on the kernel's bus
-(``run_worker.Relay``), so the kernel's listeners hear what they hear in process. A note
-said before a fit's view starts (set-up, ``resume()``, ``evaluate()`` between fits) is queued
-here (``pending``) and said when the next fit opens the bus: one route for every message.
+The Loop never calls the view, the loggers or the callbacks: whoever subscribed hears each event
+in order (the run's record of events, ``Progress.hear`` for the view, ``Heartbeat.hear`` in a
+worker, ``Sinks.hear`` for loggers and callbacks). A worker's events are emitted again on the
+kernel's bus (``run_worker.Relay``), so the kernel's listeners hear what they hear in process. A
+note said before a fit's view starts is queued (``pending``) and said when the next fit opens.
 
-That route also goes through Python's ``logging``: each note (``Event``) and each run's header
-line is a record of the logger ``"hybridnb"`` (WARNING for what went wrong and was worked
-around, INFO for the rest; the record carries ``kind``, ``step`` and ``epoch``), emitted where
-the user's process hears it (an isolated worker's notes once, in the kernel). The logger has a
-``NullHandler`` only, so nothing is printed twice: the live view and the stderr printer
-(``verbose``) say them as before; attach a handler (or configure the root logger) to get them
-in a log, filter them, or, with ``verbose=False``, print them your way.
+Each note and each run's header line is also a record of the ``"hybridnb"`` logger (WARNING for
+what went wrong and was worked around, INFO for the rest; the record carries ``kind``, ``step``
+and ``epoch``), emitted in the user's process. It has a ``NullHandler`` only, so nothing is
+printed twice: attach a handler to get them in a log, or, with ``verbose=False``, print them
+your way.
 """
 
 from __future__ import annotations
@@ -36,10 +30,6 @@ WARNING_KINDS = frozenset({
     "compile_fallback", "precision_fallback", "run_lock", "interrupt", "failed",
     "worker_notice"})
 
-__all__ = ["Bus", "Ended", "EpochEnded", "Event", "Lost", "Started", "StateKept", "StepEnded",
-           "Validated"]
-
-
 @dataclass(frozen=True)
 class Started:
     """A fit's view starts: the run's description (epochs, steps, device, model, ...)."""
@@ -49,8 +39,7 @@ class Started:
 
 @dataclass(frozen=True)
 class StepEnded:
-    """An optimizer step ended: ``step`` is the global step after it; ``row`` what the view
-    draws (a ``StepRow``)."""
+    """An optimizer step ended: ``step`` is the global step after it; ``row`` the view's."""
 
     step: int
     epoch: int
@@ -61,8 +50,7 @@ class StepEnded:
 
 @dataclass(frozen=True)
 class Validated:
-    """A validation between steps (``val_every``) ended: its metrics and row
-    (a ``ValidationRow``)."""
+    """A validation between steps (``val_every``) ended: its metrics and the view's row."""
 
     step: int
     metrics: dict
@@ -71,8 +59,7 @@ class Validated:
 
 @dataclass(frozen=True)
 class EpochEnded:
-    """An epoch ended: ``history`` holds every epoch's row so far (the last is this one's),
-    ``row`` what the view draws (an ``EpochRow``)."""
+    """An epoch ended: ``history`` holds every epoch's row so far, ``row`` the view's."""
 
     epoch: int
     step: int
@@ -86,13 +73,6 @@ class StateKept:
 
     step: int
     state: dict = field(default_factory=dict, compare=False, repr=False)
-
-
-@dataclass(frozen=True)
-class Lost:
-    """The worker running the fit was lost (died, hung or was stopped): ``reason`` says how."""
-
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -112,9 +92,8 @@ class Bus:
         self.pending: list[tuple[str, str]] = []  # notes said when the next fit opens
         self.open = False
 
-    def subscribe(self, listener: Callable[[object], None]) -> Callable[[object], None]:
+    def subscribe(self, listener: Callable[[object], None]) -> None:
         self.listeners.append(listener)
-        return listener
 
     def emit(self, event):
         if isinstance(event, (Event, Started)):
@@ -129,8 +108,7 @@ class Bus:
         return self.emit(Event(kind, message, step=step, epoch=epoch))
 
     def note(self, kind: str, message: str) -> Event | None:
-        """Said once: now during a fit (the event returned), else when the next fit opens the
-        bus."""
+        """Said once: now during a fit (the event returned), else when the next fit opens."""
         if self.open:
             return self.say(kind, message)
         self.pending.append((kind, message))

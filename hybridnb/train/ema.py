@@ -7,11 +7,8 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 
 def make_ema(model: torch.nn.Module, decay: float) -> AveragedModel:
-    """An EMA copy of ``model`` (buffers averaged too, e.g. batch-norm statistics).
-
-    After each optimizer step call ``ema.update_parameters(model)``; the first call copies the
-    weights, later ones do ``ema = decay * ema + (1 - decay) * weights``.
-    """
+    """An EMA copy of ``model``, buffers (batch-norm statistics) averaged too: after each step
+    ``ema.update_parameters(model)`` does ``ema = decay * ema + (1 - decay) * weights``."""
     if not 0.0 < decay < 1.0:
         raise ValueError(f"ema={decay!r}: the decay must be between 0 and 1 (e.g. 0.999)")
     return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)

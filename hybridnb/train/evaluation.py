@@ -30,10 +30,8 @@ def eval_loss(loss_fn, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def predict_here(loop, loader, with_targets: bool, phase: str = "evaluate") -> tuple:
     """Predictions (N,) or (N, k), targets (or None), the mean loss over finite targets, and
-    the number of samples whose targets are non-finite (left out of loss and metrics), with
-    the run's model (the EMA's weights while fitting), device and precision in this process:
-    a heartbeat per batch, inputs cast as in training, and a stop asked (Ctrl-C, Stop) ending
-    a long validation within one batch (a callback's waits for the step's end, as in process)."""
+    the number of samples whose targets are non-finite, with the run's model (the EMA's while
+    fitting): a stop asked (Ctrl-C, Stop) ends a long validation within one batch."""
     placement, in_fit = loop.placement, loop.fitting
     placement.place([loader])
     strategy, precision, loss_fn = placement.strategy, placement.precision, loop.learner.loss_fn
@@ -55,12 +53,10 @@ def predict_here(loop, loader, with_targets: bool, phase: str = "evaluate") -> t
             if with_targets and has_y:
                 y = strategy.to_device(batch[1])
                 keep = _finite_rows(y)
-                if keep.all():
-                    loss_sum += float(eval_loss(loss_fn, out, y)) * len(x)
-                    n += len(x)
-                elif keep.any():
-                    loss_sum += float(eval_loss(loss_fn, out[keep], y[keep])) * int(keep.sum())
-                    n += int(keep.sum())
+                kept = int(keep.sum())
+                if kept:
+                    loss_sum += float(eval_loss(loss_fn, out[keep], y[keep])) * kept
+                    n += kept
                 targets.append(strategy.gather(y.float().reshape(len(x), -1)).cpu())
             preds.append(strategy.gather(out.float().reshape(len(x), -1)).cpu())
     finally:

@@ -109,25 +109,15 @@ def precision_name(precision):
                      "(Lightning's '16-mixed', 'bf16-mixed', '32-true' are also understood)")
 
 
-_HOOKS = ("training_step", "configure_optimizers")
-
-
-def lightning_hooks(model: torch.nn.Module) -> list[str]:
-    """The Lightning hooks ``model``'s own classes define (a LightningModule's defaults do not
-    count: only what the user wrote would be ignored)."""
-    found = []
-    for hook in _HOOKS:
-        for cls in type(model).__mro__:
-            if hook in vars(cls):
-                if cls.__module__.split(".")[0] not in ("lightning", "pytorch_lightning"):
-                    found.append(hook)
-                break
-    return found
-
-
 def refuse_lightning_hooks(model: torch.nn.Module) -> None:
-    """A model whose training lives in Lightning hooks would train without them: refused."""
-    hooks = lightning_hooks(model)
+    """A model whose training lives in Lightning hooks would train without them: refused (a
+    LightningModule's defaults do not count: only what the user wrote would be ignored)."""
+    hooks = []
+    for hook in ("training_step", "configure_optimizers"):
+        owner = next((cls for cls in type(model).__mro__ if hook in vars(cls)), None)
+        if owner is not None and owner.__module__.split(".")[0] not in ("lightning",
+                                                                        "pytorch_lightning"):
+            hooks.append(hook)
     if hooks:
         name = type(model).__name__
         raise TypeError(

@@ -1,11 +1,7 @@
-"""An isolated worker's link to the kernel: heartbeats naming the phase, every bus event
-forwarded as it is, the states it keeps, and the kernel's stop request with its reason. In the
-kernel (no channel) every call does nothing, so the loop calls it unconditionally.
-
-The kernel's silence clock restarts at every heartbeat and step; a worker lost while silent is
-named by the last phase it announced. A grace is asked for only where something needs it
-(compiling, the CUDA context starting) and is said once, as a "grace" note; elsewhere the step
-timeout applies from the first message on.
+"""An isolated worker's link to the kernel: heartbeats naming the phase (a worker lost while
+silent is named by the last one), every bus event forwarded as it is, the states it keeps, and
+the kernel's stop request with its reason. In the kernel (no channel) every call does nothing.
+A longer silence (grace) is asked for only where something needs it (compiling, CUDA starting).
 """
 
 from __future__ import annotations
@@ -36,17 +32,14 @@ class Heartbeat:
             self.phase = phase
 
     def before_step(self, first: bool) -> None:
-        """The phase is "first step" or "step" (a heartbeat only when it changes: the step's own
-        completion restarts the clock)."""
+        """A heartbeat only when the phase changes (a step's completion restarts the clock)."""
         phase = "first step" if first else "step"
-        if self.channel is not None and self.phase != phase:
-            self.channel.heartbeat(phase=phase)
-            self.phase = phase
+        if self.phase != phase:
+            self.beat(phase)
 
     def hear(self, event) -> None:
-        """A listener on the fit's bus (in a worker): every event goes to the kernel unchanged
-        (each step also restarts its clock); a state kept goes as a "state", which the kernel
-        applies."""
+        """A listener on the fit's bus (in a worker): every event to the kernel unchanged, a
+        state kept as a "state", which the kernel applies."""
         if self.channel is None:
             return
         if isinstance(event, StateKept):
@@ -59,8 +52,7 @@ class Heartbeat:
             self.channel.flush()  # the view starts, shows the first step and ends at once
 
     def grace(self, what: str, *, compiling: bool, device_type: str) -> float | None:
-        """The longer silence ``what`` needs, said once on the run's bus; None
-        where nothing needs one (not in a worker, nothing to compile, no CUDA to start)."""
+        """The longer silence ``what`` needs, said once; None where nothing needs one."""
         if self.channel is None:
             return None
         why = (["compiling"] if compiling else []) + (
@@ -72,8 +64,7 @@ class Heartbeat:
         return seconds
 
     def stop_asked(self) -> Stop | None:
-        """The kernel's stop request and its reason: Ctrl-C, a callback's ``should_stop`` or
-        the Stop button."""
+        """The kernel's stop request and its reason (Ctrl-C, a callback or the Stop button)."""
         reason = self.channel.stop_reason() if self.channel is not None else None
         return None if reason is None else STOPS.get(reason, Stop.STOP_BUTTON)
 

@@ -61,7 +61,7 @@ def stop_asked(loop) -> Stop | None:
         return Stop.CALLBACK
     if loop.heartbeat.in_worker:
         return loop.heartbeat.stop_asked()
-    return Stop.STOP_BUTTON if loop.progress.stop_requested else None
+    return Stop.STOP_BUTTON if loop.progress.view.stop_requested else None
 
 
 def agreed_stop(asked: Stop | None, strategy) -> Stop | None:
@@ -71,8 +71,6 @@ def agreed_stop(asked: Stop | None, strategy) -> Stop | None:
     return next((reason for reason, vote in zip(reasons, votes, strict=True) if vote), None)
 
 
-def stop_words(reason: Stop) -> str:
-    """Who asked for the stop, in words (a worker hears the kernel's reason too)."""
-    if reason is Stop.STOP_BUTTON:
-        return "Stop clicked"
-    return "interrupted" if reason is Stop.INTERRUPT else "a callback set trainer.should_stop"
+# who asked for the stop, in words (a worker hears the kernel's reason too)
+STOP_WORDS = {Stop.STOP_BUTTON: "Stop clicked", Stop.INTERRUPT: "interrupted",
+              Stop.CALLBACK: "a callback set trainer.should_stop"}

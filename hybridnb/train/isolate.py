@@ -3,16 +3,9 @@ the GPU does to the worker (an abort or segfault in a C++ thread, a sticky CUDA 
 launch that never returns) the kernel survives, with the last state the worker sent.
 
 This module holds training's policy: whether to isolate (``isolate_decision``) and the silence
-limit that follows the measured steps (``auto_step_timeout``; a longer grace only where the
-worker asks for one in a heartbeat: compiling, CUDA starting). Starting, watching and killing the
-worker (its process group, its messages, the ``ChildOutcome`` naming how and in which phase it
-ended) is ``hybridnb.processes``'s.
-
-``start="spawn"`` (the Trainer's): a fresh interpreter that receives ``work`` cloudpickled;
-nothing the kernel did (CUDA, threads, OpenMP) can break it. ``start="fork"`` (the default here):
-safe only while no CUDA context and no thread of the caller's holds a lock across the call.
-Ctrl-C asks the worker to stop at its step's end (killed after ``stop_grace`` or a second
-Ctrl-C); ``should_stop`` sends the same request without a time limit.
+limit that follows the measured steps (``auto_step_timeout``); starting, watching and killing the
+worker is ``hybridnb.processes``'s. ``start="fork"`` (the default here) is safe only while no CUDA
+context and no thread of the caller's holds a lock across the call; the Trainer spawns.
 """
 
 from __future__ import annotations
@@ -26,35 +19,23 @@ from hybridnb.env import FIRST_STEP_GRACE_ENV, ISOLATED_ENV, LAUNCHED_ENV, curre
 from hybridnb.processes import child as _child
 from hybridnb.processes.channel import Channel, Message
 from hybridnb.processes.ended import ChildOutcome
-from hybridnb.processes.supervise import STOP_GRACE_S, ChildProgress, supervise
-
-__all__ = ["auto_step_timeout", "first_step_grace_s", "isolate_decision", "prestart",
-           "run_isolated", "startup_note"]
+from hybridnb.processes.supervise import ChildProgress, supervise
 
 STEP_TIMEOUT_FLOOR_S = 120.0         # the automatic step timeout is never shorter than this
 STEP_TIMEOUT_FACTOR = 20.0           # ... and at least this many median steps
 FIRST_STEP_GRACE_S = 600.0           # the grace a worker asks for when compiling or starting
 #                                      CUDA ($HYBRIDNB_FIRST_STEP_GRACE: first_step_grace_s())
-WARMUP_STEPS = 0                     # steps under first_step_grace unless the caller asks: none
-#                                      (the Trainer's worker asks through its heartbeats instead)
 START_GRACE_S = 120.0                # a worker's start-up, before it says "ready" (import torch)
 # what a prestarted worker imports while it waits: torch, the Trainer, and what building an
 # optimizer imports (torch._dynamo), so nothing slow runs between the job arriving and its first step
 PRELOAD = ("torch", "torch._dynamo", "psutil", "hybridnb.train.trainer")
-STARTS = ("fork", "spawn")
 
-
-# ============================================================================ the decision
 
 def isolate_decision(isolate: bool | str, device: Any, *, in_distributed: bool
                      ) -> tuple[bool, str]:
     """Whether ``fit`` should run its steps in an isolated worker, and the reason in a sentence.
-
     ``"auto"``: on for CUDA/ROCm runs; off on the CPU, under torchrun / ``hn.launch`` (each rank
-    is already a supervised process) and inside a worker. ``True`` isolates on the CPU too. The
-    worker is a fresh interpreter (spawned), so what this process did before (CUDA, threads,
-    OpenMP) does not matter; where isolation cannot work it is off and the reason says why.
-    """
+    is already a supervised process) and inside a worker. ``True`` isolates on the CPU too."""
     kind = str(device).split(":", 1)[0]
     if isolate is False:
         return False, "isolate=False: training in this process"
@@ -78,80 +59,39 @@ def isolate_decision(isolate: bool | str, device: Any, *, in_distributed: bool
 
 
 def first_step_grace_s() -> float:
-    """Seconds of silence an isolated worker asks for while something slow and silent runs
-    before its first step (compiling, the CUDA context starting): ``$HYBRIDNB_FIRST_STEP_GRACE``,
-    else ``FIRST_STEP_GRACE_S``. Tests shorten it."""
+    """Seconds of silence a worker asks for while compiling or starting CUDA before its first
+    step: ``$HYBRIDNB_FIRST_STEP_GRACE``, else ``FIRST_STEP_GRACE_S``."""
     return seconds_from_env(FIRST_STEP_GRACE_ENV, FIRST_STEP_GRACE_S)
 
 
-def auto_step_timeout(step_seconds: list[float], floor: float = STEP_TIMEOUT_FLOOR_S,
-                      factor: float = STEP_TIMEOUT_FACTOR) -> float:
+def auto_step_timeout(step_seconds: list[float]) -> float:
     """max(floor, factor x the median step): generous, so only a real hang trips it."""
     if not step_seconds:
-        return floor
-    return max(floor, factor * statistics.median(step_seconds))
+        return STEP_TIMEOUT_FLOOR_S
+    return max(STEP_TIMEOUT_FLOOR_S, STEP_TIMEOUT_FACTOR * statistics.median(step_seconds))
 
-
-# ============================================================================ the supervisor
 
 def run_isolated(work: Callable[[Channel], Any], *,
                  on_message: Callable[[Message], None] | None = None,
-                 step_timeout: float | None = None,
-                 first_step_grace: float | None = None,
-                 poll: float = 0.1,
-                 should_stop: Callable[[], bool] | None = None,
-                 stop_grace: float = STOP_GRACE_S,
-                 timeout_floor: float = STEP_TIMEOUT_FLOOR_S,
-                 warmup_steps: int = WARMUP_STEPS,
-                 forward_output: bool = True,
-                 start: str = "fork",
-                 prestarted: _child.PrestartedWorker | None = None,
-                 start_grace: float = START_GRACE_S) -> ChildOutcome:
+                 step_timeout: float | None = None, start: str = "fork",
+                 prestarted: _child.PrestartedWorker | None = None, **watch: Any) -> ChildOutcome:
     """Run ``work(channel)`` in a worker, pass each message to ``on_message``, and return how
-    it ended (an ``ChildOutcome``). Nothing is left running when this returns or raises.
-
-    ``step_timeout``: seconds of silence allowed (None: ``auto_step_timeout`` of the measured
-    steps with ``timeout_floor``); until ``warmup_steps`` steps completed (default none)
-    ``first_step_grace`` (None: ``first_step_grace_s()``) applies if longer. A worker that needs
-    longer (compiling, CUDA starting) asks for it in a heartbeat
-    (``channel.heartbeat(phase=..., grace=seconds)``: until its next step), which is how the
-    Trainer's worker does it. A "step_done" or "heartbeat" message restarts the clock; a
-    heartbeat may name the phase (``channel.heartbeat(phase="validation")``), which a silent
-    worker's outcome names. ``poll``: how often the worker and ``should_stop`` are checked when no message
-    comes. ``start``: "fork" (a copy of this process) or "spawn" (a fresh interpreter; ``work``
-    travels with cloudpickle). ``prestarted``: a worker ``prestart()`` started earlier, which is
-    handed ``work`` now (``start`` is then ignored). ``start_grace``: silence allowed before the
-    worker's first message (its start-up). An exception from ``on_message`` kills the worker and
-    propagates.
-    """
-    if start not in STARTS:
+    it ended (a ``ChildOutcome``); nothing is left running after. ``step_timeout``: seconds of
+    silence allowed (None: ``auto_step_timeout``); a worker that needs longer asks in a heartbeat
+    (``channel.heartbeat(phase=..., grace=seconds)``). ``start``: "fork" or "spawn" (``work``
+    travels with cloudpickle); ``prestarted``: a worker ``prestart()`` started earlier. ``watch``:
+    ``supervise``'s keywords (``should_stop``, ``poll``, ``stop_grace``, ``forward_output``)."""
+    if start not in ("fork", "spawn"):
         raise ValueError(f"start={start!r}: use 'fork' or 'spawn'")
-    if first_step_grace is None:
-        first_step_grace = first_step_grace_s()
-    for name, value in (("first_step_grace", first_step_grace), ("poll", poll),
-                        ("stop_grace", stop_grace), ("timeout_floor", timeout_floor)):
-        if not value > 0:
-            raise ValueError(f"{name}={value!r} must be > 0 seconds")
-    if step_timeout is not None and not step_timeout > 0:
-        raise ValueError(f"step_timeout={step_timeout!r} must be > 0 seconds, or None (auto)")
 
     def silence(progress: ChildProgress) -> tuple[float, str]:
-        """The step timeout: fixed, or following the measured steps; longer while warming up."""
-        limit = (step_timeout if step_timeout is not None
-                 else auto_step_timeout(list(progress.step_seconds), timeout_floor))
-        if progress.steps < warmup_steps and first_step_grace >= limit:
-            return first_step_grace, "first_step_grace"
-        return limit, "step_timeout"
+        return (step_timeout if step_timeout is not None
+                else auto_step_timeout(list(progress.step_seconds))), "step_timeout"
 
-    if prestarted is not None:
-        def begin(fn):
-            return prestarted.send(fn)
-    else:
-        begin = _child.start_fork if start == "fork" else _child.start_spawn
+    begin = prestarted.send if prestarted is not None else \
+        _child.start_fork if start == "fork" else _child.start_spawn
     out = supervise(lambda: begin(work), name="the worker", on_message=on_message,
-                    silence=silence, poll=poll, should_stop=should_stop,
-                    stop_grace=stop_grace, forward_output=forward_output,
-                    start_grace=start_grace)
+                    silence=silence, start_grace=START_GRACE_S, **watch)
     if prestarted is not None:  # the job is over: the next fit's worker may take the CPU now
         prestarted.start_next()
     return out

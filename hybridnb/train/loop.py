@@ -1,13 +1,10 @@
-"""The Loop: a fit's epochs and steps wherever it runs (the kernel, or an isolated worker:
-``run_worker.py``). Read ``fit`` -> ``_epochs`` -> ``_epoch`` -> ``_between_steps`` top to
-bottom, as fastai's ``_do_fit`` / ``_do_epoch``.
+"""The Loop: a fit's epochs and steps wherever it runs (the kernel, or an isolated worker). Read
+``fit`` -> ``_epochs`` -> ``_epoch`` -> ``_between_steps`` top to bottom, as fastai's ``_do_fit``.
 
-It runs over the Trainer's parts and one data-only ``RunState`` (state.py; ``SAVED`` lists what a
-checkpoint holds of it). What a fit opens before its first step and does at its end is
-``opening.fitting``'s; the rows ``progress.py``'s; the saved state, its rewinds and the last
-save ``saved.py``'s; validation ``validation.Validation``'s. What happens is emitted on the
-``Bus`` as typed events; the view, loggers, callbacks and heartbeat listen. A listener that
-raises ``CancelFit`` ends the fit normally after the current step (lr_find's sweep does).
+It runs over the Trainer's parts and one data-only ``RunState`` (state.py). What a fit opens and
+does at its end is ``opening.py``'s; the saved state and rewinds ``saved.py``'s; validation
+``validation.py``'s. What happens is emitted on the ``Bus``; a listener that raises
+``CancelFit`` ends the fit normally after the current step (lr_find's sweep does).
 """
 
 from __future__ import annotations
@@ -20,13 +17,11 @@ from hybridnb.strategies.batches import batch_len
 from hybridnb.train import opening, saved
 from hybridnb.train.bus import Bus
 from hybridnb.train.data import epoch_batches
-from hybridnb.train.interrupt import agreed_stop, stop_asked, stop_words
-from hybridnb.train.opening import CancelFit, Loaders
+from hybridnb.train.interrupt import STOP_WORDS, agreed_stop, stop_asked
+from hybridnb.train.opening import Loaders
 from hybridnb.train.recovery import Came
 from hybridnb.train.settings import Settings
 from hybridnb.train.state import RunState, Stop
-
-__all__ = ["CancelFit", "Epoch", "Loop"]
 
 
 class Epoch(enum.Enum):
@@ -95,10 +90,10 @@ class Loop:
         learner.start_epoch(state.epoch)
         if state.batches_done == 0:
             reset_peak(placement.device)
-        self.progress.new_epoch(placement.device, state.global_step == self.first_step,
-                                placement.flops_per_sample, placement.precision.name)
+        monitor = self.progress.new_epoch(placement.device, state.global_step == self.first_step,
+                                          placement.flops_per_sample, placement.precision.name)
         window = []
-        batches = self.progress.batches(epoch_batches(loader, state, self.bus))
+        batches = monitor.batches(epoch_batches(loader, state, self.bus))
         for i, batch in enumerate(batches, start=state.batches_done):
             if i >= plan.batches_per_epoch:
                 break
@@ -120,18 +115,17 @@ class Loop:
             state.batches_done += len(window)
             state.global_step += 1
             window = []
-            self.progress.step_done(n)
+            monitor.step_done(n)
             loss, lr = math.nan if outcome.loss is None else outcome.loss, learner.lr()
             state.steps.append((state.global_step, state.epoch, loss, lr))
             self.bus.emit(self.progress.step_ended(state, self.settings.grad_accum, lr, loss))
-            with self.progress.paused():
+            with monitor.paused():
                 if self._between_steps(val_loader):
                     return Epoch.STOPPED
         return Epoch.COMPLETE
 
     def _between_steps(self, val_loader) -> bool:
-        """Stop requests, validation every ``val_every`` steps, checkpoints and snapshots;
-        True when the fit stops here."""
+        """Stop requests, validation, checkpoints and snapshots; True when the fit stops here."""
         state, s = self.state, self.settings
         asked = agreed_stop(stop_asked(self), self.placement.strategy)
         if asked is not None:
@@ -152,7 +146,7 @@ class Loop:
             folder = self.settings.checkpoint_dir
             kept = f"checkpoint saved in {folder}" if folder else \
                 "no checkpoint_dir, state kept in memory"
-            self.bus.say(reason.value, f"{stop_words(reason)}: {message}; {kept}")
+            self.bus.say(reason.value, f"{STOP_WORDS[reason]}: {message}; {kept}")
         saved.save_last(self)
         self.state.stopped = reason
         return True

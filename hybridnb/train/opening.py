@@ -1,7 +1,5 @@
-"""What a fit opens before its first step: its loaders (handles, kept here and not in the run
-state, which is data only), its plan, a fresh or resumed run state with the schedule bound to it,
-the run's description for the view's header, and ``fitting``: the set-up around the Loop's
-epochs and the fit's end."""
+"""What a fit opens before its first step (its loaders, kept here as handles; its plan; a fresh or
+resumed run state; the view's header) and ``fitting``: the set-up around the epochs and the end."""
 
 from __future__ import annotations
 
@@ -74,8 +72,9 @@ class Loaders:
         self.opened: list = []
         self.generator = None
 
-    def on_cpu(self) -> None:
-        """The device is lost: the loaders made from now on pin no memory."""
+    def on_cpu(self, placement) -> None:
+        """The device is lost: the run goes on the CPU, new loaders pin no memory."""
+        placement.continue_on_cpu(self.opened)
         self.kwargs["pin_memory"] = False
 
 
@@ -88,8 +87,7 @@ def loader(loop, data, *, shuffle: bool, what: str, bus=None):
 
 
 def open_loaders(loop, train, val) -> tuple:
-    """This fit's train and validation loaders (``val`` may be None); its plan on the run
-    state."""
+    """This fit's train and validation loaders (``val`` may be None); its plan on the run state."""
     train_loader = loader(loop, train, shuffle=True, what="train")
     val_loader = None if val is None else loader(loop, val, shuffle=False, what="val")
     loop.loaders.opened = [ld for ld in (train_loader, val_loader) if ld is not None]
@@ -164,11 +162,10 @@ def run_info(loop) -> dict:
 
 @contextlib.contextmanager
 def trial(loop, loader, plan: Plan, listener, schedule) -> Iterator[None]:
-    """The Loop set up for a trial fit on ``loader`` (lr_find's sweep, find_batch_size's
-    probe) while the block runs: a run state of its own on ``plan``, ``schedule``, a guard that
-    only skips non-finite losses, out-of-memory errors recovered whatever ``on_gpu_error`` says
-    (a probe's signal), no EMA, validation, stop flag or files, ``listener`` on the bus. After
-    it the Loop's own settings, run state, weights, optimizer and RNG are back, as they were."""
+    """The Loop set up for a trial fit on ``loader`` (lr_find's sweep, find_batch_size's probe):
+    its own run state, ``schedule``, a guard that only skips non-finite losses, out-of-memory
+    errors recovered (a probe's signal), no EMA, validation or files, ``listener`` on the bus.
+    After it the Loop's settings, run state, weights, optimizer and RNG are back as they were."""
     start = saved.state_dict(loop)
     placement = loop.placement
     own = loop.settings, loop.state, loop.stop_flag, loop.loaders.opened, \

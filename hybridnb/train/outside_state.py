@@ -1,17 +1,12 @@
 """What a model holds outside ``state_dict()``, brought back from an isolated worker.
 
-The trained weights come back through the state dict; an in-process fit also leaves on the model
-what its ``forward`` changed outside it: a plain attribute (a temperature annealed each step, a
-counter, the last output kept), a non-persistent buffer, the ``training`` flag. The worker's copy
-of the model is a different object, so without this the kernel's model would keep what it had
-before the fit, and ``predict()`` would differ from an in-process run's.
-
-``Fingerprint(model)``, taken in the worker as the job arrives, and its ``changes()`` after the
-fit list every submodule's own attributes and non-persistent buffers that differ, by path (tensors
-on the CPU); ``apply`` sets them on the kernel's model. What cannot be pickled (a lock, a lambda)
-is listed by path instead, and the fit says so once. Left alone: submodules (walked themselves),
-nn.Module's bookkeeping (the state dict carries its tensors), and aliases of the model's
-parameters or buffers.
+An in-process fit leaves on the model what its ``forward`` changed outside the state dict (a plain
+attribute such as an annealed temperature, a non-persistent buffer, the ``training`` flag); the
+worker's model is another object, so without this ``predict()`` after an isolated fit would differ.
+``Fingerprint(model)``, taken as the job arrives, and its ``changes()`` after the fit list each
+submodule's own attributes and non-persistent buffers that differ, by path; ``apply`` sets them on
+the kernel's model. What cannot be pickled is named instead, once. Left alone: submodules (walked
+themselves), nn.Module's bookkeeping and aliases of the model's parameters or buffers.
 """
 
 from __future__ import annotations
@@ -19,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import io
 import pickle
-from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
@@ -31,34 +25,8 @@ _INTERNAL = frozenset(k for k in nn.Module().__dict__ if k != "training") | {
     "_compiled_call_impl", "_version"}
 
 
-@dataclass
-class Changes:
-    """What changed outside the state dict: ``values`` {(module path, name, kind): value}
-    (kind "attr", "buffer" or "deleted"); ``unsendable`` {attribute path: why}."""
-
-    values: dict = field(default_factory=dict)
-    unsendable: dict = field(default_factory=dict)
-
-    def to_payload(self) -> dict:
-        """Plain data for the channel (tensors travel as raw bytes)."""
-        return {"values": [(*key, value) for key, value in self.values.items()],
-                "unsendable": dict(self.unsendable)}
-
-
 def _path(module_path: str, name: str) -> str:
     return f"{module_path}.{name}" if module_path else name
-
-
-class _Hasher(io.RawIOBase):
-    def __init__(self) -> None:
-        self.h = hashlib.blake2b(digest_size=16)
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, b) -> int:
-        self.h.update(b)
-        return len(b)
 
 
 class _TensorBytes(cloudpickle.Pickler):
@@ -85,17 +53,17 @@ class _Sendable(pickle.Pickler):
 
 def _fingerprint(value: Any) -> str | BaseException:
     """A digest of ``value`` (its tensors by their bytes), or the error pickling it raised."""
-    sink = _Hasher()
+    sink = io.BytesIO()
     try:
         _TensorBytes(sink, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
     except Exception as exc:  # noqa: BLE001 - any failure: the value cannot be compared
         return exc
-    return sink.h.hexdigest()
+    return hashlib.blake2b(sink.getvalue(), digest_size=16).hexdigest()
 
 
 def _sendable(value: Any) -> BaseException | None:
     try:
-        _Sendable(_Hasher(), protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+        _Sendable(io.BytesIO(), protocol=pickle.HIGHEST_PROTOCOL).dump(value)
     except Exception as exc:  # noqa: BLE001 - any failure: it cannot travel back
         return exc
     return None
@@ -124,50 +92,44 @@ def _own(module: nn.Module) -> dict[tuple[str, str], Any]:
     return out
 
 
-def _held(model: nn.Module) -> set[int]:
-    """The ids of the model's parameters and buffers (an attribute naming one is an alias)."""
-    return {id(t) for t in model.parameters()} | {id(t) for t in model.buffers()}
-
-
 class Fingerprint:
     """The fingerprint of ``model``'s state outside the state dict, taken now (in the worker,
     as the job arrives); ``changes()`` compares against it later."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.modules = list(model.named_modules(remove_duplicate=True))
-        held = _held(model)
-        self.before: dict[tuple[str, str, str], str | BaseException] = {}
-        for path, module in self.modules:
-            for (name, kind), value in _own(module).items():
-                if kind != "attr" or id(value) not in held:
-                    self.before[(path, name, kind)] = _fingerprint(value)
-        self.model = model
+        self.model, self.modules = model, list(model.named_modules(remove_duplicate=True))
+        self.before: dict[tuple[str, str, str], str | BaseException] = {
+            key: _fingerprint(value) for key, value, alias in self._watched() if not alias}
 
-    def changes(self) -> Changes:
-        """What differs from the fingerprint, by path, with the value now (tensors on the CPU)."""
-        out = Changes()
-        held = _held(self.model)
-        seen = set()
+    def _watched(self):
+        """((module path, name, kind), value, whether it names one of the model's parameters or
+        buffers: an alias, not state of its own) for each module's own values."""
+        held = {id(t) for t in self.model.parameters()} | {id(t) for t in self.model.buffers()}
         for path, module in self.modules:
             for (name, kind), value in _own(module).items():
-                key = (path, name, kind)
-                seen.add(key)
-                if kind == "attr" and id(value) in held:
-                    continue
-                now = _fingerprint(value)
-                was = self.before.get(key)
-                if isinstance(now, str) and now == was:
-                    continue
-                if isinstance(now, BaseException) and isinstance(was, BaseException):
-                    continue  # could not be compared before either: it came as it is
-                why = _sendable(value) if isinstance(now, str) else now
-                if why is not None:
-                    out.unsendable[_path(path, name)] = f"{type(value).__name__}: {why}"
-                    continue
-                out.values[key] = _to_cpu(value)
-        for key in self.before.keys() - seen:
-            out.values[(key[0], key[1], "deleted")] = None
-        return out
+                yield (path, name, kind), value, kind == "attr" and id(value) in held
+
+    def changes(self) -> dict:
+        """What differs from the fingerprint, as plain data for the channel: ``values``
+        [(module path, name, kind, value now)] (kind "attr", "buffer" or "deleted"; tensors on
+        the CPU) and ``unsendable`` {attribute path: why}."""
+        values, unsendable, seen = [], {}, set()
+        for key, value, alias in self._watched():
+            seen.add(key)
+            if alias:
+                continue
+            now, was = _fingerprint(value), self.before.get(key)
+            if isinstance(now, str) and now == was:
+                continue
+            if isinstance(now, BaseException) and isinstance(was, BaseException):
+                continue  # could not be compared before either: it came as it is
+            why = _sendable(value) if isinstance(now, str) else now
+            if why is not None:
+                unsendable[_path(key[0], key[1])] = f"{type(value).__name__}: {why}"
+                continue
+            values.append((*key, _to_cpu(value)))
+        values += [(path, name, "deleted", None) for path, name, _ in self.before.keys() - seen]
+        return {"values": values, "unsendable": unsendable}
 
 
 def _to_cpu(value: Any) -> Any:
@@ -186,9 +148,8 @@ def _unwrap(module: nn.Module) -> nn.Module:
 
 
 def apply(model: nn.Module, payload: dict | None) -> dict[str, str]:
-    """Set what the worker's ``Fingerprint.changes().to_payload()`` lists on ``model`` (the kernel's);
-    returns {attribute path: why} for what could not be brought back (the worker's unsendable
-    values, and paths the kernel's model lacks)."""
+    """Set what the worker's ``Fingerprint.changes()`` lists on the kernel's ``model``; returns
+    {attribute path: why} for what could not be brought back."""
     if not payload:
         return {}
     lost = dict(payload.get("unsendable") or {})

@@ -21,12 +21,14 @@ from hybridnb.train.validation import EarlyStopping
 
 
 def build_loop(model: torch.nn.Module, settings: Settings, channel=None) -> Loop:
-    """The Loop over fresh parts for ``settings`` (filled in from ``detect()`` where an option is
-    left to it): the Trainer's, and an isolated worker's with ``channel`` (its link to the
-    kernel). Its bus records each note in the run's events and draws through ``progress``; in a
-    worker every event also goes to the kernel."""
+    """The Loop over fresh parts for ``settings`` (``detect()`` fills in what is left to it):
+    the Trainer's, and an isolated worker's with ``channel``, its link to the kernel."""
     bus = Bus(lambda: (loop.state.global_step, loop.state.epoch))
-    hw = setup.detect() if settings.needs_detect else None
+    hw = None
+    if settings.needs_detect:  # imported (the probe, its cache) only when an option needs it
+        from hybridnb.hardware.detect import detect
+
+        hw = detect()
     device = setup.resolve_device(settings.device, hw, bus)
     settings = settings.resolved(hw, device)
     if settings.torch_threads:

@@ -1,10 +1,5 @@
-"""Mixed precision chosen once: an autocast context and a GradScaler, so the loop has no branches.
-
->>> p = Precision.choose("auto", torch.device("cpu"))
->>> with p.autocast():
-...     loss = model(x)
->>> p.scaler.scale(loss)      # the training step (step.py) scales before its backward pass
-"""
+"""Mixed precision chosen once: an autocast context and a GradScaler, so the step has no
+branches (``with p.autocast(): loss = ...``; ``p.scaler.scale(loss).backward()``)."""
 
 from __future__ import annotations
 
@@ -19,11 +14,8 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 @dataclass
 class Precision:
-    """The chosen precision for one device: ``name`` in bf16 | fp16 | fp32.
-
-    ``note`` holds the one plain sentence to show when the request was changed (e.g. fp16 asked
-    on a CPU), else ``""``.
-    """
+    """The chosen precision for one device: ``name`` in bf16 | fp16 | fp32; ``note`` the
+    sentence to show when the request was changed (fp16 asked on a CPU), else ``""``."""
 
     name: str
     device: torch.device
@@ -46,12 +38,9 @@ class Precision:
     @classmethod
     def choose(cls, name: str, device: torch.device | str, native_bf16: bool | None = None,
                recommended: str | None = None) -> Precision:
-        """Resolve a precision name for ``device``.
-
-        ``"auto"`` takes ``recommended`` (from ``detect()``) when given, else bf16 on a GPU with
+        """``"auto"``: ``recommended`` (``detect()``'s) when given, else bf16 on a GPU with
         native bf16, fp16 on an older CUDA GPU, fp32 on CPU/MPS. fp16 asked on CPU becomes bf16
-        (CPU autocast has no fp16 GradScaler path worth using) and says so in ``note``.
-        """
+        (no fp16 GradScaler path worth using there), said in ``note``."""
         device = torch.device(device)
         if name not in NAMES:
             raise ValueError(f"precision={name!r} is not one of {NAMES}")

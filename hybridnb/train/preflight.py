@@ -1,10 +1,8 @@
-"""What ``fit`` can tell before anything starts (no header, no worker, no summary): the skorch
-habit ``fit(X, y)``, inputs without targets, items that are not ``(x, y[, extras])``, and
-outputs that a named loss cannot pair with the targets (a shape mismatch, one output under
-cross-entropy, class indices beyond the outputs), found by running the model on the meta device
-(shapes only: no arithmetic, no memory, nothing of the model changed). Reads at most the
-training data's first item; DataLoaders, streams and objects that make their Dataset are
-checked at their first batch instead."""
+"""What ``fit`` can tell before anything starts: the skorch habit ``fit(X, y)``, inputs without
+targets, items that are not ``(x, y[, extras])``, and outputs a named loss cannot pair with the
+targets, found by running the model on the meta device (shapes only: nothing computed or
+changed). Reads at most the first training item; DataLoaders and streams are checked at their
+first batch instead."""
 
 from __future__ import annotations
 
@@ -31,9 +29,8 @@ def check_fit_data(train, val) -> tuple | None:
 
 
 def first_item(data, what: str) -> tuple | None:
-    """``data``'s first item, checked to be (x, y[, extras]) (a ValueError naming ``what``
-    and the fix when not); None when it is not read here (DataLoaders, IterableDatasets,
-    objects that make their Dataset, an empty or failing Dataset: the loader says it)."""
+    """``data``'s first item, checked to be (x, y[, extras]) (else a ValueError naming ``what``
+    and the fix); None when not read here (a loader, a stream, an empty or failing Dataset)."""
     if isinstance(data, _ARRAY) or (isinstance(data, (tuple, list)) and len(data) == 1
                                     and isinstance(data[0], _ARRAY)):
         raise ValueError(f"{what}: inputs without targets: pass (X, y) as one tuple, e.g. "
@@ -72,11 +69,9 @@ def first_item(data, what: str) -> tuple | None:
 
 def check_outputs(model: torch.nn.Module, loss_fn, item: tuple, dtype: torch.dtype,
                   batch_size: int) -> None:
-    """The model's output for a batch of ``batch_size`` samples shaped as ``item`` (run on the
-    meta device) against as many of its target, through the named loss's own check
-    (``loss_fn.check``): its error, now rather than at the first step, with the shapes the
-    first step would show. A loss without a check, or a model that cannot run on meta, is left
-    to the first step."""
+    """The named loss's own check (``loss_fn.check``) of the model's output for ``batch_size``
+    samples shaped as ``item`` (on the meta device): its error now rather than at the first step.
+    A loss without a check, or a model that cannot run on meta, is left to the first step."""
     check = getattr(loss_fn, "check", None)
     if check is None:
         return

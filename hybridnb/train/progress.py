@@ -1,22 +1,17 @@
 """What a person watching sees: the live view, the step and epoch rows, the epoch's throughput,
 and the summary at the end.
 
-Speeds come from ``measure.throughput.ThroughputMonitor`` and are wall clock: ``samples_per_s``
-divides the epoch's samples by the time its training loop took (waiting for data, the step and
-this bookkeeping; validation and checkpoint writes are paused out; the first two steps of a fit,
-compiling and warming up, are not counted), ``data_wait_pct`` is the share of that time spent
-waiting for the next batch, ``compute_samples_per_s`` (labelled as such) the rate without the
-waiting, and ``mfu`` the model's FLOP/s over the GPU's dense peak for the precision (NVML's
-"utilisation" is only the share of time any kernel ran: an H100 read 100% at 2% of its peak).
-One epoch convention everywhere: epochs count from 0, as in ``history["epoch"]``.
+Speeds are wall clock (``measure.throughput.ThroughputMonitor``): ``samples_per_s`` over the
+epoch's training loop (waiting for data included; validation and checkpoint writes paused out;
+a fit's first two steps not counted), ``data_wait_pct`` the share spent waiting for a batch,
+``compute_samples_per_s`` the rate without it, and ``mfu`` the model's FLOP/s over the GPU's
+dense peak (NVML's "utilisation" read 100% at 2% of an H100's peak). Epochs count from 0.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
-from collections.abc import Iterable, Iterator
 
 import pandas as pd
 import torch
@@ -33,9 +28,8 @@ SPEEDS = ("samples_per_s", "data_wait_pct", "compute_samples_per_s", "mfu")
 
 
 class Progress:
-    """The view (a renderer; a silent one in an isolated worker), the epoch's throughput
-    window, the events the Loop emits with their rows (``step_ended``, ``epoch_ended``), and
-    ``hear``: the view's listener on the bus."""
+    """The view (silent in an isolated worker), the epoch's throughput window, the step and
+    epoch events with their rows, and ``hear``: the view's listener on the bus."""
 
     def __init__(self, view=None) -> None:
         self.view = view if view is not None else View()  # silent until a fit starts
@@ -48,28 +42,14 @@ class Progress:
         the kernel) and ranks other than 0 draw nothing."""
         return make_view(live) if is_main and channel is None else make_view(False)
 
-    @property
-    def stop_requested(self) -> bool:
-        return bool(self.view.stop_requested)
-
-    # ------------------------------------------------------------------ one epoch
     def new_epoch(self, device: torch.device, warmup: bool, flops_per_sample: float | None,
-                  precision: str) -> None:
-        """The epoch's throughput window (a fit's first two steps are warm-up)."""
+                  precision: str) -> ThroughputMonitor:
+        """The epoch's throughput window (a fit's first two steps are warm-up): the Loop times
+        its batches and steps with it and pauses it for validation and checkpoint writes."""
         self._monitor = ThroughputMonitor(device, warmup_steps=2 if warmup else 0,
                                           flops_per_sample=flops_per_sample,
                                           precision=precision)
-
-    def batches(self, batches: Iterable) -> Iterator:
-        """The epoch's batches, the wait for each one timed."""
-        return self._monitor.batches(batches)
-
-    def step_done(self, samples: int) -> None:
-        self._monitor.step_done(samples)
-
-    def paused(self) -> contextlib.AbstractContextManager:
-        """Time left out of the speeds (validation, checkpoint writes)."""
-        return self._monitor.paused() if self._monitor is not None else contextlib.nullcontext()
+        return self._monitor
 
     def speeds(self) -> dict:
         """The epoch's speeds at the monitor's last measuring point (no device sync)."""
@@ -79,11 +59,10 @@ class Progress:
         return {**{k: math.nan if s[k] is None else s[k] for k in SPEEDS},
                 "data_bound": s["data_bound"]}
 
-    # ------------------------------------------------------------------ rows
     def row(self, state: RunState, grad_accum: int, lr: float, **extra) -> dict:
         """What the view draws after a step (``extra``: the step's loss, validation metrics)."""
         return {"epoch": state.epoch, "step": math.ceil(state.batches_done / grad_accum),
-                "global_step": state.global_step, "lr": lr, "train_loss": state.train_loss(),
+                "global_step": state.global_step, "lr": lr, "train_loss": state.acc.mean(),
                 **self.speeds(), "elapsed_s": time.perf_counter() - self.started, **extra}
 
     def step_ended(self, state: RunState, grad_accum: int, lr: float,
@@ -99,11 +78,12 @@ class Progress:
         peak = peak_bytes(device)
         seconds = self._monitor.summary()["seconds"]
         speeds = self.speeds()
-        row = {"epoch": state.epoch, "step": state.global_step, "train_loss": state.train_loss(),
+        kinds = sorted({e.kind for e in state.events[state.epoch_first_event:]})
+        row = {"epoch": state.epoch, "step": state.global_step, "train_loss": state.acc.mean(),
                **{c: float(metrics.get(c, math.nan)) for c in METRICS},
                "lr": lr, **{k: speeds[k] for k in SPEEDS},
                "peak_memory_mb": peak / 2**20 if peak is not None else math.nan,
-               "time_s": seconds, "events": state.epoch_events()}
+               "time_s": seconds, "events": ",".join(kinds)}
         row.update({k: float(v) for k, v in metrics.items()
                     if k in HISTORY_COLUMNS and k not in row})
         view_row = EpochRow(self.row(state, grad_accum, lr, loss=row["train_loss"],
@@ -129,10 +109,11 @@ class Progress:
         hist = pd.DataFrame(state.history, columns=HISTORY_COLUMNS)
         elapsed = time.perf_counter() - self.started if self.started else 0.0
         secs = float(hist["time_s"].sum()) if len(hist) else 0.0
+        samples = int((hist["samples_per_s"] * hist["time_s"]).sum())  # NaN speeds left out
         peak = hist["peak_memory_mb"].max() if len(hist) else math.nan
         best = state.best
         return {"history": hist, "elapsed_s": elapsed,
-                "samples_per_s": state.samples_total() / secs if secs else math.nan,
+                "samples_per_s": samples / secs if secs else math.nan,
                 "peak_memory_bytes": int(peak * 2**20) if peak == peak else None,
                 "best": {"monitor": monitor, "value": best.value, "step": best.step,
                          "epoch": best.epoch},

@@ -1,12 +1,7 @@
-"""trainer.report(folder): what a run leaves behind for people who were not watching.
-
-history.csv (one row per epoch), steps.csv (one row per optimizer step), events.csv, the live
-view's figure (``figures.html``, plotly; ``figures.png``, the same figure drawn with matplotlib
-by ``live/static.py``: no browser needed), model.txt (torchinfo's table of the model: summary.py)
-and summary.txt (the live view's end paragraph, then each event).
-The figure and the paragraph are the live view's own (``live/figures.py``, ``live/summary.py``),
-drawn from a ``RunRecord`` filled with the run's steps, epoch rows and events.
-"""
+"""trainer.report(folder): what a run leaves behind for people who were not watching: history.csv,
+steps.csv, events.csv, the live view's figure (figures.html, plotly; figures.png, matplotlib: no
+browser needed), model.txt (torchinfo's table) and summary.txt (the view's end paragraph, then each
+event), drawn from a ``RunRecord`` refilled with the run's steps, epoch rows and events."""
 
 from __future__ import annotations
 
@@ -32,7 +27,8 @@ def write_report(trainer, folder) -> Path:
                           columns=["kind", "message", "step", "epoch", "time"])
     events.to_csv(folder / "events.csv", index=False)
     record = run_record(trainer, summary)
-    notes = _figures(record, folder) + _model(trainer, folder)
+    _figures(record, folder)
+    notes = _model(trainer, folder)
     # the live view's end paragraph, then each event and what the report left out
     lines = [live_summary.paragraph(summary, record), "",
              *[f"  {ev}" for ev in summary["events"]], *notes]
@@ -42,13 +38,11 @@ def write_report(trainer, folder) -> Path:
 
 def _model(trainer, folder: Path) -> list[str]:
     """model.txt: the model's summary (output shapes when a forward on one zero sample works,
-    else parameters only, said); returns notes on what was skipped."""
+    else parameters only, said); returns the note saying so."""
     from hybridnb.train.summary import model_summary
 
     try:
         table, note = model_summary(trainer), []
-    except ImportError as exc:
-        return [f"model.txt skipped: {exc}"]
     except Exception as exc:  # the user's forward: any error, said in the note
         table = model_summary(trainer.model)
         note = [f"model.txt holds parameters only: a forward on one zero sample failed "
@@ -84,16 +78,9 @@ def run_record(trainer, summary: dict) -> RunRecord:
     return record
 
 
-def _figures(record: RunRecord, folder: Path) -> list[str]:
+def _figures(record: RunRecord, folder: Path) -> None:
     """figures.html (plotly) and figures.png (the same figure drawn with matplotlib, see
-    ``live/static.py``); returns notes on what was skipped."""
-    try:
-        fig = panel_image.make_figure(record)
-    except ImportError:
-        return ["figures skipped: plotly is not installed (pip install plotly)"]
+    ``live/static.py``)."""
+    fig = panel_image.make_figure(record)
     fig.write_html(folder / "figures.html", include_plotlyjs=True)
-    try:
-        static.write_png(fig, folder / "figures.png")
-    except ImportError:
-        return ["figures.png skipped: matplotlib is not installed (pip install matplotlib)"]
-    return []
+    static.write_png(fig, folder / "figures.png")

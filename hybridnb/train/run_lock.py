@@ -1,20 +1,12 @@
 """One live run per checkpoint folder: a lock file naming its holder, held with the OS's lock.
 
-Two fits writing one ``checkpoint_dir`` at once overwrite each other's ``last.pt``, interleave
-``history.csv``, and a fresh one moves the other's live files aside. So a fit claims its folder
-before its first step: it opens ``.hybridnb-run.lock`` there, takes the OS's exclusive lock on it
-(``fcntl.flock`` on POSIX, ``msvcrt.locking`` on Windows) and writes who holds it (pid, host,
-start time). The OS drops the lock when the holder's process ends, however it ends (SIGKILL
-included), so the lock, not the file's text, says whether a run is live:
-
-- taken: the fit is refused (``RunLockError``) naming the folder, the holder and the way out;
-- free, the file empty: the last run there ended and released it (its files are an earlier
-  run's, set aside or resumed as before);
-- free, the file naming a holder: a run whose process died holding it (a stale lock), said once
-  and taken over (``fit(resume=True)`` continues that run's last checkpoint).
-
-The lock file stays in the folder between runs (emptied on release): deleting it would let a
-third process lock a fresh file while a second still holds the deleted one.
+Two fits writing one folder would overwrite each other's ``last.pt`` and logs. So a fit takes the
+OS's exclusive lock (``fcntl.flock``; ``msvcrt.locking`` on Windows) on ``.hybridnb-run.lock``
+there before its first step and writes who holds it. The OS drops the lock when the holder's
+process ends, however it ends, so the lock, not the text, says whether a run is live: taken, the
+fit is refused (``RunLockError``); free and empty, the last run ended cleanly; free and naming a
+holder, a dead run's stale lock, said once and taken over. The file stays between runs (emptied
+on release): deleting it would let a third process lock a fresh file while a second holds the old.
 """
 
 from __future__ import annotations
@@ -28,11 +20,9 @@ from pathlib import Path
 try:  # POSIX
     import fcntl
 except ImportError:  # Windows
-    fcntl = None
-try:
     import msvcrt
-except ImportError:  # POSIX
-    msvcrt = None
+
+    fcntl = None
 
 LOCK_NAME = ".hybridnb-run.lock"
 _WINDOWS_BYTE = 1 << 20  # msvcrt locks a byte range: one far past the text, which stays readable
@@ -44,26 +34,24 @@ class RunLockError(RuntimeError):
 
 def _try_lock(fd: int) -> bool:
     """The OS's exclusive lock on ``fd`` without waiting: True when taken."""
-    if fcntl is not None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        return True
-    if msvcrt is not None:
+    if fcntl is None:
         os.lseek(fd, _WINDOWS_BYTE, os.SEEK_SET)
         try:
             msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
         except OSError:
             return False
         return True
-    return True  # neither (no such platform known): the text still names the holder
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def _unlock(fd: int) -> None:
     if fcntl is not None:
         fcntl.flock(fd, fcntl.LOCK_UN)
-    elif msvcrt is not None:
+    else:
         os.lseek(fd, _WINDOWS_BYTE, os.SEEK_SET)
         msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
 
@@ -82,15 +70,10 @@ def _read(fd: int) -> dict:
 
 
 def describe(holder: dict) -> str:
-    """'pid 123 on host h, started 2026-11-26 14:02:11 UTC' (what is known of it)."""
-    if not holder or "pid" not in holder:
+    """'pid 123 on host h, started 2026-11-26 14:02:11 UTC' (as ``_me`` wrote it)."""
+    if "pid" not in holder:
         return "another process"
-    said = f"pid {holder['pid']}"
-    if holder.get("host"):
-        said += f" on host {holder['host']}"
-    if holder.get("started"):
-        said += f", started {holder['started']}"
-    return said
+    return f"pid {holder['pid']} on host {holder.get('host')}, started {holder.get('started')}"
 
 
 class RunLock:

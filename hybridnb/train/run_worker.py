@@ -1,13 +1,10 @@
-"""The runner that runs the same Loop in a supervised worker process (worker_fit.py: the jobs).
+"""The kernel's side of an isolated fit (worker_fit.py: the worker's).
 
-The kernel hands the worker a ``FitJob``; the worker's bus forwards every event unchanged and
-every state it keeps. Here each event is emitted again on the Trainer's bus (its view, loggers
-and callbacks hear an isolated fit as they hear one in process) and each state is applied as it
-arrives, so whatever ends the worker (an error, a kill, a hang, Ctrl-C) the kernel holds what an
-in-process run would: an error is re-raised after its state was applied; a death or hang
-continues on the CPU here from the last state received (the start state when none came); an
-interrupt keeps the last state. A stop asked here travels as one reason (``should_stop``): the
-Stop button ("stop"), a callback's ``trainer.should_stop`` ("callback"), Ctrl-C ("interrupt").
+Each event the worker forwards is emitted again on the Trainer's bus (its view, loggers and
+callbacks hear an isolated fit as one in process) and each state is applied as it arrives, so
+whatever ends the worker the kernel holds what an in-process run would: an error is re-raised;
+a death or hang continues on the CPU here from the last state received; an interrupt keeps the
+last state. A stop asked here travels as one reason: "stop", "callback" or "interrupt".
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ import pandas as pd
 
 from hybridnb import platform
 from hybridnb.train import isolate, opening, outside_state, saved, setup, worker_fit
-from hybridnb.train.bus import Ended, Lost, Started, StateKept
+from hybridnb.train.bus import Ended, Started, StateKept
 from hybridnb.train.heartbeat import EVENT
 from hybridnb.train.state import Stop
 from hybridnb.train.worker_fit import FitJob, FitResult
@@ -30,10 +27,9 @@ NOTICE = "worker_notice"  # a notice said around the job (payload, the next spar
 
 
 class Relay:
-    """The worker's messages on the kernel's side: each event emitted again on ``loop``'s bus
-    as it came, each state applied (and emitted as the ``StateKept`` it was there). The
-    worker's ``Ended`` is held until its final state is here (``finish``): a worker lost during
-    the hand-over leaves the view open for the run to continue here."""
+    """The worker's messages emitted again on ``loop``'s bus, each state applied as it comes.
+    Its ``Ended`` is held until the final state is here (``finish``): a worker lost during the
+    hand-over leaves the view open for the run to continue here."""
 
     def __init__(self, loop) -> None:
         self.loop, self.started, self.ended = loop, False, None
@@ -41,8 +37,7 @@ class Relay:
         self.said: list = []  # kept in the run's events, which the worker's states replace
 
     def notice(self, sentence: str) -> None:
-        """A notice around the job (``platform.say``: the data sent through files, no spare
-        for the next fit): a note on the kernel's bus."""
+        """A notice around the job (``platform.say``): a note on the kernel's bus."""
         if self.started:
             self.said.append(self.loop.bus.say(NOTICE, sentence))
         else:
@@ -90,7 +85,7 @@ def fit(trainer, train, val, train_loader, val_loader, early=None) -> pd.DataFra
         with platform.notices_to(relay.notice):
             out = run_job(trainer, job, prestarted=early, on_message=relay.hear,
                           should_stop=lambda: "callback" if trainer.should_stop
-                          else trainer.progress.stop_requested)
+                          else trainer.progress.view.stop_requested)
     except BaseException:  # the worker's own error: its last state is applied already
         relay.finish()
         raise
@@ -106,7 +101,6 @@ def fit(trainer, train, val, train_loader, val_loader, early=None) -> pd.DataFra
     relay.keep()
     if not relay.started:  # lost before it drew anything: the kernel's view starts here
         trainer.bus.emit(Started(opening.run_info(loop)))
-    trainer.bus.emit(Lost(out.reason))
     if out.status == "interrupted":
         trainer.event("interrupt", f"{out.reason}; the last good state (step "
                       f"{loop.state.global_step}) is kept")
@@ -124,9 +118,8 @@ def fit(trainer, train, val, train_loader, val_loader, early=None) -> pd.DataFra
 
 
 def job(trainer, what: str, fn, *args, **kwargs) -> tuple[bool, object]:
-    """``fn(loop, *args, **kwargs)`` on a worker's Loop after an isolated fit; (True, its
-    result). (False, None) when this process does it: the worker was lost (said once; the
-    rest runs on the CPU here)."""
+    """(True, ``fn(loop, *args, **kwargs)``) on a worker's Loop after an isolated fit; (False,
+    None) when the worker was lost (said once; this process does it, on the CPU)."""
     def hear(message) -> None:  # the job's events (a trial fit's view, steps, notes) as in process
         if message.kind == EVENT:
             if isinstance(message.payload, Started):
@@ -144,17 +137,14 @@ def job(trainer, what: str, fn, *args, **kwargs) -> tuple[bool, object]:
 
 def lose_device(trainer) -> None:
     """The device is lost: never used again in this process; the rest runs on the CPU here."""
-    trainer.placement.continue_on_cpu(trainer.loop.loaders.opened)
-    trainer.loop.loaders.on_cpu()
+    trainer.loop.loaders.on_cpu(trainer.placement)
     trainer.isolated = False
 
 
 def adopt(trainer, result: FitResult) -> None:
-    """The worker's fit is the Trainer's: its final state (the weights fit chose), what it
-    decided and measured (precision, speedups, FLOPs, batch size; nothing here touches the
-    device) and what it changed on the model outside its state dict (what could not come is
-    said once). A worker that lost its GPU and finished on the CPU (its event said so) leaves
-    the Trainer on the CPU too."""
+    """The worker's fit is the Trainer's: its final state, what it decided and measured (nothing
+    here touches the device) and what it changed on the model outside its state dict. A worker
+    that lost its GPU and finished on the CPU leaves the Trainer on the CPU too."""
     state, loop = result.state, trainer.loop
     if state["device"] == "cpu" and trainer.device.type != "cpu":
         lose_device(trainer)
@@ -184,9 +174,8 @@ class WorkerError(Exception):
 
 
 def reraise(error: dict) -> BaseException:
-    """The worker's exception, rebuilt in the kernel with the same type and message when it is
-    a builtin one or a KeyboardInterrupt (a RuntimeError otherwise), its traceback as the
-    cause."""
+    """The worker's exception rebuilt here: a builtin type or KeyboardInterrupt as itself (else
+    a RuntimeError), with its message and the worker's traceback as the cause."""
     cls = getattr(builtins, error.get("type", ""), None)
     message = error.get("message", "")
     if not (isinstance(cls, type) and issubclass(cls, (Exception, KeyboardInterrupt))):

@@ -104,8 +104,7 @@ class Rewind:
                      "process. Moving the run (model, optimizer state, scaler, EMA) to the CPU "
                      f"and continuing from the last good state (step "
                      f"{snapshot['position']['global_step']}) in fp32; steps will be slower")
-        loop.placement.continue_on_cpu(loop.loaders.opened)
-        loop.loaders.on_cpu()
+        loop.loaders.on_cpu(loop.placement)
         loop.learner.rebuild_on_cpu()
         restore(loop, snapshot)
         loop.state.micro = None  # the GPU's micro-batch size means nothing here

@@ -1,7 +1,5 @@
-"""Seeds and random-number-generator states (python, numpy, torch CPU, CUDA) as plain values.
-
-States are kept as tensors, lists and ints so that a checkpoint holding them loads with
-``torch.load(weights_only=True)``.
+"""Seeds and random-number-generator states (python, numpy, torch CPU, CUDA) as plain values
+(tensors, lists, ints), so a checkpoint holding them loads with ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -22,11 +20,8 @@ def seed_everything(seed: int) -> None:
 
 
 def worker_init_fn(worker_id: int) -> None:
-    """Seed python and numpy inside a DataLoader worker from torch's per-worker seed.
-
-    torch seeds each worker with ``base_seed + worker_id``, and the base seed comes from the
-    loader's generator, so workers are reproducible when the loader's generator is seeded.
-    """
+    """Seed python and numpy inside a DataLoader worker from torch's per-worker seed (from the
+    loader's generator: reproducible when it is seeded)."""
     seed = torch.initial_seed() % 2**32
     random.seed(seed)
     np.random.seed(seed)
@@ -36,17 +31,15 @@ def rng_state() -> dict:
     """Every global generator's state as tensors / plain values."""
     version, mt, gauss = random.getstate()
     np_state = np.random.get_state(legacy=False)
-    state = {
+    return {
         "python": {"version": int(version), "state": list(mt), "gauss": gauss},
         "numpy": {"key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
                   "pos": int(np_state["state"]["pos"]), "has_gauss": int(np_state["has_gauss"]),
                   "gauss": float(np_state["gauss"])},
         "torch": torch.get_rng_state(),
-        "cuda": None,
+        # never starts CUDA: a kernel that isolates must not
+        "cuda": list(torch.cuda.get_rng_state_all()) if torch.cuda.is_initialized() else None,
     }
-    if torch.cuda.is_initialized():  # never starts CUDA: a kernel that isolates must not
-        state["cuda"] = list(torch.cuda.get_rng_state_all())
-    return state
 
 
 def set_rng_state(state: dict) -> None:

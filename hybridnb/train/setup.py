@@ -20,9 +20,8 @@ STRATEGIES = ("auto", "single", "ddp", "deepspeed")
 
 
 def resolve_device(device, hw, bus=None) -> torch.device:
-    """The device asked for, checked: a clear error naming ``device=`` and what detect() found
-    for a string torch does not know or a device this machine lacks. A device lost earlier in
-    this process gives the CPU, said on ``bus`` (the run's) where there is one."""
+    """The device asked for, checked (an error naming ``device=`` and the fix when torch or this
+    machine lacks it); a device lost earlier in this process gives the CPU, said on ``bus``."""
     if device == "auto":
         dev = hw.device
     else:
@@ -50,8 +49,7 @@ def _missing(dev: torch.device) -> str | None:
             return "this machine has no usable CUDA GPU (hn.detect() found none)"
         if dev.index is not None and dev.index >= count:
             return f"this machine has {count} CUDA GPU(s) (cuda:0..cuda:{count - 1})"
-    if dev.type == "mps" and not (getattr(torch.backends, "mps", None)
-                                  and torch.backends.mps.is_available()):
+    if dev.type == "mps" and not torch.backends.mps.is_available():
         return "MPS (Apple GPU) is not available here"
     return None
 
@@ -72,9 +70,8 @@ def make_strategy(strategy, device: torch.device) -> Strategy:
 
 def choose_precision(asked: str, strategy: Strategy, recommended: str | None,
                      bus) -> Precision:
-    """The precision for the strategy's device, within what the strategy supports (asked once;
-    an automatic choice it cannot run falls back to fp32 and says so, an explicit one is an
-    error), said on ``bus`` (the run's)."""
+    """The precision for the strategy's device within what it supports: an automatic choice it
+    cannot run falls back to fp32 (said on ``bus``), an explicit one is an error."""
     precision = Precision.choose(asked, strategy.device, recommended=recommended)
     if precision.name not in strategy.supported_precisions:
         if asked == precision.name:
@@ -89,9 +86,8 @@ def choose_precision(asked: str, strategy: Strategy, recommended: str | None,
 
 
 def cpu_precision() -> Precision:
-    """What a run continues with on the CPU after leaving the GPU: fp32, whatever was asked.
-    bf16 autocast on a CPU sends convolutions through oneDNN, which asked an Intel Xeon for
-    ~880 GB on EEGNeX and got the process killed; fp32 is safe everywhere."""
+    """fp32 after leaving the GPU, whatever was asked: bf16 autocast on a CPU sends convolutions
+    through oneDNN, which asked an Intel Xeon for ~880 GB on EEGNeX (the process was killed)."""
     return Precision.choose("fp32", "cpu")
 
 
@@ -112,18 +108,17 @@ def freeze(model: torch.nn.Module, patterns: list[str] | str | None) -> list[str
         return []
     if isinstance(patterns, str):
         patterns = [patterns]
-    names = [n for n, _ in model.named_parameters()]
-    frozen = []
+    params = dict(model.named_parameters())
+    frozen = set()
     for pattern in patterns:
-        hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        hits = [n for n in params if fnmatch.fnmatchcase(n, pattern)]
         if not hits:
             raise ValueError(f"freeze pattern {pattern!r} matches no parameter of "
-                             f"{type(model).__name__} (names look like {names[:4]})")
-        frozen.extend(hits)
-    for name, p in model.named_parameters():
-        if name in frozen:
-            p.requires_grad_(False)
-    return sorted(set(frozen))
+                             f"{type(model).__name__} (names look like {list(params)[:4]})")
+        frozen.update(hits)
+    for name in frozen:
+        params[name].requires_grad_(False)
+    return sorted(frozen)
 
 
 def make_optimizer(optimizer, params, lr: float, weight_decay: float) -> torch.optim.Optimizer:
@@ -147,9 +142,8 @@ def make_optimizer(optimizer, params, lr: float, weight_decay: float) -> torch.o
 
 
 def compile_settings(compiled: bool, device: torch.device, precision: Precision):
-    """Inductor settings for this fit, scoped with ``config.patch`` (never left set): on the
-    CPU under bf16, no layout optimisation (oneDNN's channels-last bf16 grouped convolution
-    asks for ~110 GB there)."""
+    """Inductor settings scoped to this fit: on the CPU under bf16, no layout optimisation
+    (oneDNN's channels-last bf16 grouped convolution asks for ~110 GB there)."""
     if not (compiled and device.type == "cpu" and precision.name == "bf16"):
         return contextlib.nullcontext()
     import torch._inductor.config as inductor_config
@@ -158,14 +152,6 @@ def compile_settings(compiled: bool, device: torch.device, precision: Precision)
 
 
 def build_step(loop, compiled: bool = False) -> None:
-    """``loop``'s step (re)built over its placement: a Ctrl-C waits out the optimizer update
-    while a fit runs."""
+    """``loop``'s step (re)built: a Ctrl-C waits out the optimizer update while a fit runs."""
     updating = loop.interrupt.updating if loop.interrupt else contextlib.nullcontext
     loop.placement.build_step(compiled, updating=updating, state=loop.state)
-
-
-def detect():
-    """``hn.detect()``'s cached answer (imported when a Trainer needs a recommendation)."""
-    from hybridnb.hardware.detect import detect as detect_hardware
-
-    return detect_hardware()

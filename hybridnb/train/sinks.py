@@ -1,16 +1,11 @@
 """Where a fit's rows go besides the live view: loggers and callbacks, in the user's process.
 
-``Sinks.hear`` listens on the fit's bus (bus.py): the step rows go to the loggers that want them
-(``per_step``) and ``on_step_end``, each epoch's history row to the loggers (``log_metrics``,
-loggers.py) and ``on_epoch_end``. An isolated worker has no sinks of
-its own (``Settings.for_worker`` drops the loggers, callbacks never leave the user's process):
-its events are forwarded and emitted again on the kernel's bus, where these listen; they keep
-listening when the worker is lost and the kernel continues on the CPU.
-
-Rows are logged by epoch number: each epoch once, in order. The worker's ``EpochEnded`` comes
-after the state holding the epoch's row, so the kernel logs from its own history; a worker lost
-before sending it leaves the row in the state the kernel continues from, and the next epoch (or
-the fit's end) catches it up.
+``Sinks.hear`` listens on the fit's bus: step rows to the loggers that want them (``per_step``)
+and ``on_step_end``, each epoch's history row to the loggers and ``on_epoch_end``. An isolated
+worker has none (its events are emitted again on the kernel's bus, where these listen, also
+after the worker is lost). Rows are logged by epoch number, each epoch once and in order, from
+the kernel's own history: a row the worker sent only in its state is caught up by the next epoch
+or the fit's end.
 """
 
 from __future__ import annotations
@@ -28,8 +23,7 @@ class Sinks:
     """The loggers and callbacks of one Trainer (the user's process; loggers on rank 0)."""
 
     def __init__(self, make_loggers, callbacks: tuple) -> None:
-        """``make_loggers(storage)``: this fit's loggers, reporting failed writes to
-        ``storage``."""
+        """``make_loggers(storage)``: this fit's loggers, reporting failed writes to ``storage``."""
         self.storage = StorageGuard()  # on the Trainer's bus once a fit begins
         self.loggers, self.callbacks = make_loggers(self.storage), callbacks
         self.step_loggers = [lg for lg in self.loggers if getattr(lg, "per_step", False)]
@@ -55,20 +49,19 @@ class Sinks:
             logger.log_hparams(dict(params))
         cbs.call(self.callbacks, "on_fit_start", trainer)
 
-    def epoch_rows(self, rows: list[dict], trainer) -> None:
+    def epoch_rows(self, rows: list[dict]) -> None:
         """Log (and call ``on_epoch_end`` with) the rows of epochs not logged yet."""
-        for row in rows:
-            if not self.open or row["epoch"] < self.next_epoch:
-                continue
-            self.next_epoch = row["epoch"] + 1
-            for logger in self.loggers:
-                logger.log_metrics(dict(row), row["step"])
-            cbs.call(self.callbacks, "on_epoch_end", trainer, dict(row))
+        for row in rows if self.open else ():
+            if row["epoch"] >= self.next_epoch:
+                self.next_epoch = row["epoch"] + 1
+                for logger in self.loggers:
+                    logger.log_metrics(dict(row), row["step"])
+                cbs.call(self.callbacks, "on_epoch_end", self.trainer, dict(row))
 
     def end(self, trainer) -> None:
         """The fit returned: rows not logged yet, loggers closed, ``on_fit_end``."""
         try:
-            self.epoch_rows(trainer.state.history, trainer)
+            self.epoch_rows(trainer.state.history)
         finally:
             self.close()
         # the loggers' storage events are kept: an isolated fit's hand-over replaces the
@@ -85,15 +78,14 @@ class Sinks:
             for logger in self.step_loggers:
                 logger.log_metrics({"train/loss": float("nan") if loss is None else float(loss),
                                     "train/lr": float(row["lr"])}, row["global_step"])
-            if self.step_hooks and self.trainer is not None:
+            if self.step_hooks:
                 cbs.call(self.callbacks, "on_step_end", self.trainer, dict(row))
-        elif isinstance(event, EpochEnded) and self.trainer is not None:
-            self.epoch_rows(event.history, self.trainer)
+        elif isinstance(event, EpochEnded):
+            self.epoch_rows(event.history)
 
     def _claim(self, checkpoint_dir, bus) -> None:
-        """The folders the loggers write besides ``checkpoint_dir`` (which the fit holds
-        already) are this run's too: another live run writing there is refused
-        (``run_lock``)."""
+        """The loggers' folders besides ``checkpoint_dir`` (held already) are this run's too:
+        another live run writing there is refused."""
         held = Path(checkpoint_dir).resolve() if checkpoint_dir is not None else None
         folders = {lg.folder.resolve(): "log_dir" if getattr(lg, "needs_folder", False)
                    else f"{type(lg).__name__}'s folder" for lg in self.loggers
@@ -108,8 +100,7 @@ class Sinks:
                 bus.note("run_lock", stale)
 
     def close(self) -> None:
-        """Every logger closed (one that raises does not keep the others open), the log
-        folders released."""
+        """Every logger closed (one that raises does not keep the others open), folders released."""
         locks, self.locks = self.locks, []
         first = None
         if self.open:

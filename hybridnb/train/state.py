@@ -1,17 +1,16 @@
 """The run's state as data: position, accumulators, history, best weights, events, RNG.
 
-Everything the loop changes between steps lives in one ``RunState`` of plain data, so a
-checkpoint, the report and an isolated worker's hand-over all read and write the same object
-through ``state_dict()`` / ``load_state_dict()`` (Lightning's progress dataclasses); ``SAVED``
-lists what a checkpoint holds of it. The learner's, scaler's and RNG states are added around it
-by ``saved.py``.
+Everything the loop changes between steps lives in one ``RunState`` of plain data, which a
+checkpoint, the report and an isolated worker's hand-over read and write through
+``state_dict()`` / ``load_state_dict()``; ``SAVED`` lists what a checkpoint holds of it
+(``saved.py`` adds the learner's, scaler's and RNG states).
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from hybridnb.events import Event
@@ -46,8 +45,7 @@ class Plan(NamedTuple):
 
 @dataclass
 class EpochTotals:
-    """The epoch's training loss x samples, and those samples (speeds are the throughput
-    monitor's)."""
+    """The epoch's training loss x samples, and those samples."""
 
     loss_sum: float = 0.0
     loss_samples: int = 0
@@ -71,9 +69,6 @@ class Best:
     bad: int = 0
     model: dict | None = None
 
-    def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
 
 # What a checkpoint holds of the run (Composer's ``serialized_attributes``); the other fields
 # are this process's: the RNG state a resume applies at its epoch's start, the plan, and why the
@@ -85,7 +80,7 @@ SAVED = ("epoch", "batches_done", "global_step", "acc", "lr_scale", "micro", "hi
 @dataclass
 class RunState:
     """Where the run is and what it has seen, as data (no handles: loaders and generators are
-    ``loaders.Loaders``'; the last good full state is the checkpoints part's)."""
+    ``opening.Loaders``'; the last good full state is the checkpoints part's)."""
 
     epoch: int = 0
     batches_done: int = 0
@@ -117,18 +112,6 @@ class RunState:
         self.acc = EpochTotals()
         self.epoch_first_event = len(self.events)
 
-    def epoch_events(self) -> str:
-        return ",".join(sorted({e.kind for e in self.events[self.epoch_first_event:]}))
-
-    def samples_total(self) -> int:
-        """Samples the finished epochs' throughput windows counted."""
-        return int(sum(r["samples_per_s"] * r["time_s"] for r in self.history
-                       if r["samples_per_s"] == r["samples_per_s"]))
-
-    def train_loss(self) -> float:
-        """The epoch's mean training loss, weighted by samples (the view shows the same)."""
-        return self.acc.mean()
-
     def state_dict(self) -> dict:
         """The ``SAVED`` fields as plain CPU data (the checkpoint's layout)."""
         return {"lr_scale": float(self.lr_scale), "micro": self.micro,
@@ -138,13 +121,12 @@ class RunState:
                 "history": [dict(r) for r in self.history], "steps": [list(s) for s in self.steps],
                 "events": [e.to_dict() for e in self.events],
                 "epoch_first_event": self.epoch_first_event,
-                "best": self.best.to_dict(),  # best.model is already a CPU copy
+                "best": dict(vars(self.best)),  # best.model is already a CPU copy
                 "epoch_start": self.epoch_start}
 
     def load_state_dict(self, state: dict, events: bool = True) -> None:
-        """Continue from a saved run state (its RNG states applied when the epoch starts);
-        ``events=False`` keeps this run's events (a restore after a failure must not forget
-        why it restored)."""
+        """Continue from a saved run state (its RNG applied when the epoch starts);
+        ``events=False`` keeps this run's events (a restore must not forget why it restored)."""
         pos = state["position"]
         self.epoch, self.batches_done = int(pos["epoch"]), int(pos["batches_done"])
         self.global_step = int(pos["global_step"])

@@ -1,13 +1,9 @@
 """Writes that fail mid-run (a full disk, a folder turned read-only, a lost network mount).
 
-A checkpoint or log write that fails for want of storage does not end the run: the state stays in
-memory (the Trainer's last good snapshot, the logger's pending rows), the file on disk stays the
-last good one (writes are atomic or append-only), and the failure is said once as a ``storage``
-event naming the file and the error. Every later write is retried; the first one that works again
-is said too, so the events tell exactly which writes were missed.
-
-A failed write is an ``OSError`` or torch's own writer error from a full or failing disk
-(``hybridnb.files.is_write_failure``); any other exception is not a storage failure and is raised.
+Such a failure does not end the run: the state stays in memory, the file on disk stays the last
+good one (writes are atomic or append-only), and the failure is said once as a ``storage`` note
+naming the file and the error; every later write is retried and the first that works is said
+too. Only ``hybridnb.files.is_write_failure`` errors count; any other exception is raised.
 """
 
 from __future__ import annotations
@@ -38,9 +34,8 @@ class StorageGuard:
                 self.said.append(event)
 
     def failed(self, path: Path, exc: BaseException, kept: str | Callable[[], str]) -> None:
-        """A write of ``path`` raised ``exc`` (one ``is_write_failure`` accepts); ``kept``: what
-        stays (the file on disk, memory), or a function saying it (called only when the
-        failure is said)."""
+        """A write of ``path`` raised ``exc``; ``kept``: what stays (the file on disk, memory), or
+        a function saying it (called only when the failure is said)."""
         path = Path(path)
         missed = self.failing.get(path, 0)
         self.failing[path] = missed + 1

@@ -1,10 +1,6 @@
-"""A model summary on request: torchinfo's table of layers, output shapes and parameters.
-
-torchinfo ships with braindecode; without it the summary says how to install it. The table is
-computed with one zero-filled sample of the input shape the Trainer saw (its first batch; before
-a fit, pass ``input_shape``), in eval mode and without gradients, on the device the model's
-weights are on: it draws no random numbers and changes no state (BatchNorm statistics, RNG), so
-asking for it never changes a run.
+"""A model summary on request: torchinfo's table of layers, output shapes and parameters,
+computed with one zero-filled sample of the input shape the Trainer saw, in eval mode and
+without gradients, so asking for it never changes a run (no random numbers, no statistics).
 """
 
 from __future__ import annotations
@@ -13,19 +9,14 @@ from collections.abc import Sequence
 
 import torch
 
-INSTALL = "pip install torchinfo (it comes with braindecode)"
-
 
 def model_summary(model: torch.nn.Module, input_shape: Sequence[int] | None = None,
                   depth: int = 3, **kwargs):
-    """torchinfo's ``ModelStatistics`` for ``model`` (a module, or a Trainer: its model and
-    the input shape of its first batch); ``str()`` of it is the table. ``input_shape``: one
-    sample's shape (without the batch dimension); None and unknown: parameters only, no
-    output shapes. Other keyword arguments go to ``torchinfo.summary``."""
-    try:
-        import torchinfo
-    except ImportError as exc:
-        raise ImportError(f"a model summary needs torchinfo: {INSTALL}") from exc
+    """torchinfo's ``ModelStatistics`` (``str()``: the table) for a module or a Trainer (its
+    first batch's input shape). ``input_shape``: one sample's, without the batch dimension;
+    unknown: parameters only. Other keyword arguments go to ``torchinfo.summary``."""
+    import torchinfo  # imported only when a summary is asked for
+
     if not isinstance(model, torch.nn.Module):  # a Trainer
         if input_shape is None:
             input_shape = model.learner.input_shape

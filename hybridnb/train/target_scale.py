@@ -1,11 +1,8 @@
 """Targets on another scale than the model's outputs: said once, never rescaled.
 
-Response times in milliseconds (std in the hundreds), or any targets whose mean lies many stds
-from where a freshly initialised model predicts (near 0), make a regression spend its first
-epochs finding the mean, and with MSE give losses and gradients that dwarf the learning rate's
-intent. The Trainer compares the first training batch's targets with the model's outputs on
-that batch (read once by a forward hook at the first step, then removed; nothing else changes)
-and says what it saw and what to do. It does not rescale: the targets are the user's.
+Targets in milliseconds, or whose mean lies many stds from where a fresh model predicts, make a
+regression spend its first epochs finding the mean (and with MSE dwarf the learning rate). A
+forward hook reads the first batch's outputs once, then is removed; the targets are the user's.
 """
 
 from __future__ import annotations

@@ -24,17 +24,15 @@ class EarlyStopping:
         self.sign = 1 if higher_is_better(monitor) else -1
 
     def improved(self, best: Best, value: float) -> bool | None:
-        """Whether ``value`` beats ``best`` (None: not finite, which neither improves nor counts
-        against patience)."""
+        """Whether ``value`` beats ``best`` (None: not finite; it neither improves nor counts)."""
         if not math.isfinite(value):
             return None
         return best.value is None or self.sign * (value - best.value) > 0
 
 
 class Validation:
-    """A fit's validations: the scores (``run``), then what they decide (``verdict``): the best
-    weights kept and written, the schedule told, early stopping. ``last`` is the latest one,
-    reused at the epoch's end when ``val_every`` just ran."""
+    """A fit's validations (``run``) and what they decide (``verdict``); ``last``, the latest,
+    is reused at the epoch's end when ``val_every`` just ran."""
 
     def __init__(self, loop) -> None:
         self.loop = loop

@@ -1,12 +1,10 @@
 """The worker's side of an isolated fit: the jobs it receives and what it returns.
 
-The kernel hands a spawned worker one job: a ``FitJob`` (the resolved settings, so the worker
-never detects again; the model; the data as the user gave it; the start state; the notes not yet
-said), or after a fit a ``LoopJob`` (predict, lr_find, find_batch_size). The worker builds the
-same Loop over fresh parts (``parts.build_loop``, with the channel: no Trainer) and runs it.
-Its bus forwards every event unchanged and every state it keeps (``heartbeat.py``); whatever
-ends its fit early (an error, Ctrl-C), it sends the state it holds then, before the error. The
-kernel's side (``run_worker.py``) emits the events again and applies each state as it arrives.
+A spawned worker gets one job: a ``FitJob`` (the resolved settings, so the worker never detects
+again; the model, the data, the start state, the notes not yet said), or after a fit a
+``LoopJob`` (predict, lr_find, find_batch_size). It builds the same Loop over fresh parts
+(``parts.build_loop``, no Trainer) and runs it; whatever ends its fit early, it sends the state
+it holds then, before the error. The kernel's side is ``run_worker.py``.
 """
 
 from __future__ import annotations
@@ -44,9 +42,8 @@ def worker_loop(settings: Settings, model: torch.nn.Module, channel):
 
 @dataclass
 class FitResult:
-    """What a worker's fit hands back: its final state (CPU), why it stopped early (None: it
-    did not), what it decided and measured (``Placement.facts()``) and what the fit changed on
-    the model outside its state dict (``outside_state``)."""
+    """A worker fit's final state (CPU), why it stopped early (or None), what it decided and
+    measured (``Placement.facts()``) and what it changed outside the state dict."""
 
     state: dict
     stopped: Stop | None
@@ -87,15 +84,13 @@ class FitJob:
         opening.bind_schedule(loop.learner.schedule, loop.state.plan, loop.bus)
         try:
             loop.fit(train_loader, val_loader)
-        except BaseException:  # re-raised after the state is sent
-            # whatever ended the fit, the kernel gets the state the worker holds now (what an
-            # in-process run would hold), then the error (best effort: the pipe may be gone)
+        except BaseException:  # whatever ended it: the state held now first, then the error
             with contextlib.suppress(Exception):  # best effort: the pipe may be gone
                 channel.state(recovery.to_cpu(saved.state_dict(loop)))
             raise
         heartbeat.beat("hand-over")
         return FitResult(recovery.to_cpu(saved.state_dict(loop)), loop.state.stopped,
-                         loop.placement.facts(), watch.changes().to_payload())
+                         loop.placement.facts(), watch.changes())
 
 
 @dataclass

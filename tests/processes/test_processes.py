@@ -305,7 +305,7 @@ def test_run_isolated_spawn_start_keeps_its_outcome_fields():
         channel.heartbeat(phase="checkpoint")
         time.sleep(600)
 
-    out = run_isolated(steps, start="spawn", step_timeout=1.0, first_step_grace=1.0)
+    out = run_isolated(steps, start="spawn", step_timeout=1.0)
     assert out.status == "hung" and out.phase == "checkpoint" and out.state == {"step": 3}
     assert (out.limit_name, out.steps) == ("step_timeout", 3)
     with pytest.raises(ValueError, match="start='thread'"):
