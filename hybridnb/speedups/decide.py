@@ -108,8 +108,7 @@ def precision_name(precision, device: torch.device) -> str:
 
 def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
                    precision="auto", mode: str = "auto",
-                   knobs: Iterable[str] | None = None, fixed_shapes: bool = True,
-                   budget_s: float | None = None, steps: int | None = None) -> Applied:
+                   knobs: Iterable[str] | None = None, budget_s: float | None = None, steps: int | None = None) -> Applied:
     """Apply the speed knobs that help ``model`` (already on ``device``); see the module
     docstring. ``example_x``: one batch's input (a tensor, or a tuple of the model's positional
     inputs). ``precision``: a name ("auto" lets the trials change it) or the run's decided
@@ -134,7 +133,7 @@ def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
     if device.type == "cpu":  # a CPU step costs seconds: check (and time bf16) on a slice
         inputs = _slice(inputs, CPU_SLICE)
     if device.type == "cuda" and "cudnn_benchmark" in chosen:
-        use_cudnn_benchmark(applied, fixed_shapes)
+        use_cudnn_benchmark(applied)
     if device.type == "cpu" and mode == "auto":
         _cpu_auto(model, inputs, full, device, prec, auto, chosen, applied, steps,
                   BUDGET_S["cpu"] if budget_s is None else budget_s)
@@ -272,37 +271,12 @@ def _could_gain(model, inputs) -> bool:
 
 
 def _by_rule(rewrite: Rewrite, model, inputs, applied: Applied) -> None:
-    """``rewrite`` applied by its rule, kept only where it computes the same on the batch;
-    recorded under its knob and undone by ``applied.undo()``."""
-    report = _checked(rewrite, model, inputs, applied)
-    if report is None:
-        return
-    knob = rewrite.name
-    applied.applied.append(knob)
-    applied.rules[knob] = rewrite.rule
-    applied.modules[knob] = list(report.rewritten)
-    names = [n for group in report.rewritten for n in group.split(">")]
-
-    def undo() -> None:
-        rewrite.undo(model, names)
-        applied.modules.pop(knob, None)
-
-    applied.on_undo(undo)
-
-
-def _checked(rewrite: Rewrite, model, inputs, applied: Applied):
-    """``rewrite.apply``'s report, or None, with why under its knob, when nothing was rewritten
-    (none found, or found but not exact on the batch: a note that must be shown)."""
-    report = rewrite.apply(model, *inputs)
-    if report.note:
-        applied.notes.append(report.note)
-        applied.skipped[rewrite.name] = report.note
-        return None
-    if not report:
-        applied.skipped[rewrite.name] = ("already rewritten" if rewrite.active(model)
-                                         else rewrite.none_found)
-        return None
-    return report
+    """``rewrite`` applied by its rule, kept only where it computes the same on the batch."""
+    toggle = _layer_toggle(rewrite, model, inputs, applied)
+    if toggle is not None:
+        toggle(True)
+        applied.applied.append(rewrite.name)
+        applied.rules[rewrite.name] = rewrite.rule
 
 
 def _cpu_bf16(model, inputs, device, prec: str, with_rewrite: bool, applied: Applied, steps,
@@ -399,17 +373,21 @@ def _judged(applied: Applied, knob: str, gain: float | str, margin: float,
 def _layer_toggle(rewrite: Rewrite, model, inputs, applied: Applied):
     """``rewrite`` applied (checked), then switched off; the returned toggle puts its
     replacements in (True) or the originals back (False); None (and why, under the knob) when
-    nothing is rewritten."""
-    report = _checked(rewrite, model, inputs, applied)
-    if report is None:
+    nothing is rewritten (a note that must be shown when found but not exact)."""
+    report = rewrite.apply(model, *inputs)
+    if report.note:
+        applied.notes.append(report.note)
+    if not report:
+        applied.skipped[rewrite.name] = report.note or (
+            "already rewritten" if rewrite.active(model) else rewrite.none_found)
         return None
     fast = replace.replaced(model, rewrite.kind)
-    names = list(report.rewritten)
+    groups = list(report.rewritten)  # a chain's as "a>bn>b"
 
     def toggle(on: bool) -> None:
-        for n in names:
+        for n in (n for group in groups for n in group.split(">")):
             replace.put(model, n, fast[n] if on else fast[n].original)
-        applied.modules[rewrite.name] = list(names) if on else []
+        applied.modules[rewrite.name] = list(groups) if on else []
 
     toggle(False)
     applied.on_undo(lambda: toggle(False))
@@ -442,12 +420,9 @@ def _inputs_channels_last(module: nn.Module, args: tuple):
                  if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args)
 
 
-def use_cudnn_benchmark(applied: Applied, fixed_shapes: bool) -> None:
-    """The ``cudnn_benchmark`` knob: on when shapes are fixed, recorded in ``applied`` (put back
-    by ``applied.restore_globals()``), else skipped and why."""
-    if not fixed_shapes:
-        applied.skipped["cudnn_benchmark"] = "input shapes vary"
-        return
+def use_cudnn_benchmark(applied: Applied) -> None:
+    """The ``cudnn_benchmark`` knob (a run's shapes are fixed), recorded in ``applied`` and put
+    back by ``applied.restore_globals()``."""
     before = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = True
     applied.applied.append("cudnn_benchmark")
