@@ -11,29 +11,22 @@ convB's output is, exactly (same sums, other order):
     K[o, i, m] = sum_c a_c sum_{j + k = m} wB[o, c, j] wA[c, i, k]   (kernel k1 + k2 - 1)
 
 where ``S[o, c, t]`` sums convB's taps that land inside ``z``'s extent (its zero padding sees
-zeros, not ``b``). The composite convolution also sums convA's output at the ``k1 - 1 - left_A``
-positions left of ``z`` (and ``k1 - 1 - right_A`` right of it) that convB's padding would have
-zeroed; the correction subtracts them. It is a linear map from the first (last) few samples of
-``x`` to the first ``left_B`` (last ``right_B``) outputs, built each call as a small matrix by
-passing an identity basis through the two convolutions, and applied as one matmul per edge.
+zeros, not ``b``). The composite also sums convA's output at the few positions left (right) of
+``z`` that convB's padding would have zeroed; the edge correction, a small matrix from the first
+(last) samples of ``x`` to the first ``left_B`` (last ``right_B``) outputs, subtracts them.
 
 Why: when convB maps many channels to many (EEGNeX's blocks 1-2: 1 -> 8 -> 32 channels, two
-(1, 64) kernels), the composite kernel costs a fraction of convB's multiply-adds
-(``cost_share``, at most ``MAX_COST_SHARE``); the CPU's rules apply it by rule
-(``bench/results/cpu-speedups-latest.md``).
+(1, 64) kernels), the composite costs a fraction of the multiply-adds (``cost_share``); the
+CPU's rules apply it by rule (``bench/results/cpu-speedups-latest.md``). Rule (shapes, never
+names): two stock width convolutions around a stock ``BatchNorm2d``, each called once on the
+example batch, each feeding only the next.
 
-Rule (shapes, never names): two stock width convolutions (``is_temporal_conv``) around a stock
-``BatchNorm2d``, each called once on the example batch, each feeding only the next.
-
-Design: the three modules are replaced and share a link (not a submodule) carrying the call in
-flight. convA and the BatchNorm compute their real outputs (statistics move as stock), so hooks
-and residuals see real intermediates; only convB's arithmetic changes. Any other input (another
-shape, an interrupted chain, autocast, a dtype other than fp32/fp64) takes the stock path.
-
-Precision: ``b`` absorbs ``-mean * a``, so when convA's output has a mean far larger than its
-spread, the composite and the table cancel and lose about that ratio in relative precision; the
-first-batch check (eval output, and a training step on copies) refuses the rewrite when that
-costs more than ``RTOL``.
+The three modules are replaced and share a link carrying the call in flight: convA and the
+BatchNorm compute their real outputs (statistics move as stock), so hooks and residuals see real
+intermediates; only convB's arithmetic changes. Any other input (another shape, an interrupted
+chain, autocast, not fp32/fp64) takes the stock path. Precision: ``b`` absorbs ``-mean * a``, so
+a mean far larger than the spread cancels digits; the first-batch check refuses the rewrite when
+that costs more than ``RTOL``.
 """
 
 from __future__ import annotations

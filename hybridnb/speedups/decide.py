@@ -107,14 +107,13 @@ def precision_name(precision, device: torch.device) -> str:
 
 
 def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
-                   precision="auto", mode: str = "auto",
-                   knobs: Iterable[str] | None = None, budget_s: float | None = None, steps: int | None = None) -> Applied:
-    """Apply the speed knobs that help ``model`` (already on ``device``); see the module
-    docstring. ``example_x``: one batch's input (a tensor, or a tuple of the model's positional
-    inputs). ``precision``: a name ("auto" lets the trials change it) or the run's decided
-    ``Precision``. ``knobs``: a subset of ``KNOBS``. ``budget_s``: seconds for the timed
-    decisions but the CPU's channels_last trial. ``steps``: the run's expected optimizer steps,
-    when known: a short CPU run gets no timed trial."""
+                   precision="auto", mode: str = "auto", knobs: Iterable[str] | None = None,
+                   budget_s: float | None = None, steps: int | None = None) -> Applied:
+    """Apply the speed knobs that help ``model`` (already on ``device``). ``example_x``: one
+    batch's input (a tensor, or a tuple of the model's positional inputs). ``precision``: a name
+    ("auto" lets the trials change it) or the run's decided ``Precision``. ``budget_s``: seconds
+    for the timed decisions but the CPU's channels_last trial. ``steps``: the run's expected
+    optimizer steps, when known: a short CPU run gets no timed trial."""
     if mode not in MODES:
         raise ValueError(f"apply_speedups: mode={mode!r} is not one of {MODES}")
     chosen = set(KNOBS if knobs is None else knobs)
@@ -164,9 +163,7 @@ def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
 
 def _cpu_auto(model, inputs, full, device, prec: str, auto: bool, chosen, applied: Applied,
               steps, budget: float) -> None:
-    """The CPU's decision: span and chain by rule, channels_last (and rows beside it) by a
-    paired trial on the run's batch ``full``, bf16 (+ rewrite) only where the CPU has it in
-    hardware and a bounded, memory-capped trial within ``budget`` s says it is faster."""
+    """The CPU's decision (see the module docstring); ``full``: the run's whole batch."""
     if "span" in chosen:
         _by_rule(SPAN, model, inputs, applied)
     if "chain" in chosen:  # before rows: the rows rewrite takes the (1, K) convolutions left
@@ -187,11 +184,9 @@ def _cpu_auto(model, inputs, full, device, prec: str, auto: bool, chosen, applie
 
 def _cpu_channels_last(model, inputs, full, device, prec: str, rows: bool, applied: Applied,
                        steps) -> None:
-    """channels_last, with the rows rewrite beside it, where a grouped ``(H, 1)`` convolution
-    could gain from it (``_could_gain``), kept only when a paired trial of whole steps on the
-    run's batch measures it ``CL_MARGIN`` faster than stock. A rule alone could not tell a
-    wash from a gain: CTNet measured 0.96-1.05x at batch 64, EEGNet 1.4x; and a slice of four
-    samples misleads (EEGITNet 0.75x on 4, 1.5x on 64)."""
+    """channels_last with rows beside it, by a paired trial on the run's batch where
+    ``_could_gain``. A rule alone could not tell a wash from a gain (CTNet measured 0.96-1.05x at
+    batch 64, EEGNet 1.4x); a slice of four samples misleads (EEGITNet 0.75x on 4, 1.5x on 64)."""
     if not has_grouped_conv2d(model):
         applied.skipped["channels_last"] = "no grouped (H, 1) 2-D convolution (the CPU's rule)"
         return

@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 
+import psutil
 import torch
 from torch import nn
 
@@ -91,6 +92,18 @@ def paired(step: Callable[[bool], float], budget: float, run_steps: int | None =
     return ratios
 
 
+def free_memory(device: torch.device) -> None:
+    """What a failed step left behind, released (call it outside the ``except``); on the CPU
+    the young generations suffice."""
+    if device.type == "cpu":
+        gc.collect(1)
+        return
+    gc.collect()
+    if device.type == "cuda" and torch.cuda.is_initialized():
+        with contextlib.suppress(RuntimeError):  # a device in a sticky error state refuses
+            torch.cuda.empty_cache()
+
+
 def timed_step(toggle: Callable[[bool], None], state: bool, model: nn.Module, inputs: tuple,
                device: torch.device, prec) -> float:
     """Seconds for one step with the knob in ``state`` (synchronised before and after)."""
@@ -117,18 +130,6 @@ def train_pass(model: nn.Module, inputs: tuple, precision: str, device: torch.de
         loss.backward()
     for p in model.parameters():
         p.grad = None
-
-
-def free_memory(device: torch.device) -> None:
-    """What a failed step left behind, released (call it outside the ``except``); on the CPU
-    the young generations suffice."""
-    if device.type == "cpu":
-        gc.collect(1)
-        return
-    gc.collect()
-    if device.type == "cuda" and torch.cuda.is_initialized():
-        with contextlib.suppress(RuntimeError):  # a device in a sticky error state refuses
-            torch.cuda.empty_cache()
 
 
 class Snapshot:
@@ -176,8 +177,7 @@ def memory_cap() -> Iterator[None]:
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    cap = (_kib(platform.proc_path("self", "status"), "VmSize:") * 1024
-           + _kib(platform.proc_path("meminfo"), "MemAvailable:") * 1024)
+    cap = psutil.Process().memory_info().vms + psutil.virtual_memory().available
     if hard != resource.RLIM_INFINITY:
         cap = min(cap, hard)
     if soft != resource.RLIM_INFINITY and soft <= cap:
@@ -188,11 +188,3 @@ def memory_cap() -> Iterator[None]:
         yield
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-
-
-def _kib(path: str, key: str) -> int:
-    with open(path) as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1])
-    raise OSError(f"{key} not in {path}")
