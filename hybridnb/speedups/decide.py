@@ -228,11 +228,10 @@ def _cpu_channels_last(model, inputs, full, device, prec: str, rows: bool, appli
 
 def _could_gain(model, inputs) -> bool:
     """Whether a grouped ``(H, 1)`` convolution reads the model's input, or spans the whole
-    height of the output of the module that ran just before it, after a plain 2-D convolution
-    ran (one eval forward on the slice, hooks). The losses this keeps out untimed are
-    BatchNorm's over tall maps: a grouped (16, 1) filter along time (EEGTCNet) ran 0.4x, one
-    over functional filters' output (SincShallowNet) 0.5x, over a concatenation of branches
-    (TCFormer) 0.42x."""
+    height of the output of the module run just before it, after a plain 2-D convolution (hooks
+    on one eval forward). It keeps out untimed: a grouped (16, 1) filter along time (EEGTCNet)
+    ran 0.4x, one over functional filters' output (SincShallowNet) 0.5x, over a concatenation
+    of branches (TCFormer) 0.42x."""
     state = {"conv": False, "keep": False, "channels": None}
     given = {a.data_ptr() for a in inputs if isinstance(a, torch.Tensor)}
 
@@ -292,13 +291,12 @@ def _cpu_bf16(model, inputs, device, prec: str, with_rewrite: bool, applied: App
         applied.skipped["precision"] = why
         return
     saved = trial.Snapshot(model, device)
-    holder = {"p": prec}
     rewrite = None
 
-    def use_bf16(on: bool) -> None:
-        holder["p"] = "bf16" if on else prec
+    def use_bf16(on: bool) -> str:
         if rewrite is not None:
             rewrite(on)
+        return "bf16" if on else prec
 
     try:
         # one fp32 step first: it primes oneDNN and says whether a race can fit what is left
@@ -310,7 +308,7 @@ def _cpu_bf16(model, inputs, device, prec: str, with_rewrite: bool, applied: App
             return
         rewrite = _layer_toggle(DEPTHWISE, model, inputs, applied) if with_rewrite else None
         with trial.memory_cap():
-            gain = trial.race(use_bf16, model, inputs, device, holder,
+            gain = trial.race(use_bf16, model, inputs, device, prec,
                               deadline - time.perf_counter(), min_rounds=1)
     finally:
         saved.restore()
@@ -330,7 +328,7 @@ def _measure(model, inputs, device, prec: str, toggles, measure_precision: bool,
     saved = trial.Snapshot(model, device)
     try:
         for knob, toggle in toggles.items():
-            gain = trial.race(lambda on, t=toggle: t(on), model, inputs, device, prec, share)
+            gain = trial.race(toggle, model, inputs, device, prec, share)
             toggle(_judged(applied, knob, gain, margin))
             if isinstance(gain, str) and gain.startswith("not measured"):  # nor would the rest
                 for other in list(toggles)[list(toggles).index(knob) + 1:]:
@@ -338,12 +336,8 @@ def _measure(model, inputs, device, prec: str, toggles, measure_precision: bool,
                 measure_precision = False
                 break
         if measure_precision:
-            holder = {"p": prec}
-
-            def use_fp32(on: bool) -> None:
-                holder["p"] = "fp32" if on else prec
-
-            gain = trial.race(use_fp32, model, inputs, device, holder, share)
+            gain = trial.race(lambda on: "fp32" if on else prec, model, inputs, device, prec,
+                              share)
             if _judged(applied, "precision", gain, margin, "fp32 "):
                 applied.precision = "fp32"
     finally:
@@ -385,7 +379,7 @@ def _layer_toggle(rewrite: Rewrite, model, inputs, applied: Applied):
         applied.modules[rewrite.name] = list(groups) if on else []
 
     toggle(False)
-    applied.on_undo(lambda: toggle(False))
+    applied.undoers.append(lambda: toggle(False))
     return toggle
 
 
@@ -403,7 +397,7 @@ def _channels_last_toggle(model: nn.Module, applied: Applied):
             hook["handle"].remove()
             hook["handle"] = None
 
-    applied.on_undo(lambda: toggle(False))
+    applied.undoers.append(lambda: toggle(False))
     return toggle
 
 
@@ -421,7 +415,7 @@ def use_cudnn_benchmark(applied: Applied) -> None:
     before = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = True
     applied.applied.append("cudnn_benchmark")
-    applied.on_restore_globals(lambda: setattr(torch.backends.cudnn, "benchmark", before))
+    applied.global_restores.append(lambda: setattr(torch.backends.cudnn, "benchmark", before))
 
 
 def _on_device(x, device: torch.device) -> tuple:

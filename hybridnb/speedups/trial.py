@@ -35,8 +35,8 @@ def autocast(name: str, device: torch.device) -> contextlib.AbstractContextManag
     return torch.autocast(device.type, dtype=DTYPES[name])
 
 
-def race(toggle: Callable[[bool], None], model: nn.Module, inputs: tuple,
-         device: torch.device, prec, budget: float, min_rounds: int | None = None
+def race(toggle: Callable[[bool], str | None], model: nn.Module, inputs: tuple,
+         device: torch.device, prec: str, budget: float, min_rounds: int | None = None
          ) -> float | str:
     """Time one step with the knob off and on, interleaved, for about ``budget`` s.
 
@@ -104,13 +104,13 @@ def free_memory(device: torch.device) -> None:
             torch.cuda.empty_cache()
 
 
-def timed_step(toggle: Callable[[bool], None], state: bool, model: nn.Module, inputs: tuple,
-               device: torch.device, prec) -> float:
-    """Seconds for one step with the knob in ``state`` (synchronised before and after)."""
-    toggle(state)
+def timed_step(toggle: Callable[[bool], str | None], state: bool, model: nn.Module,
+               inputs: tuple, device: torch.device, prec: str) -> float:
+    """Seconds for one step with the knob in ``state`` (synchronised before and after); a toggle
+    that returns a precision name runs the step in it, else in ``prec``."""
+    precision = toggle(state) or prec
     synchronize(device)
     t0 = time.perf_counter()
-    precision = prec["p"] if isinstance(prec, dict) else prec  # a holder a toggle switches
     train_pass(model, inputs, precision, device)
     synchronize(device)
     return time.perf_counter() - t0
