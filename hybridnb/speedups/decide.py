@@ -387,15 +387,14 @@ def _channels_last_toggle(model: nn.Module, applied: Applied):
     if not any(isinstance(m, nn.Conv2d) for m in replace.originals(model)):
         applied.skipped["channels_last"] = "no 2-D convolution"
         return None
-    hook = {"handle": None}
+    hooks = []
 
     def toggle(on: bool) -> None:
         model.to(memory_format=torch.channels_last if on else torch.contiguous_format)
-        if on and hook["handle"] is None:
-            hook["handle"] = model.register_forward_pre_hook(_inputs_channels_last)
-        elif not on and hook["handle"] is not None:
-            hook["handle"].remove()
-            hook["handle"] = None
+        if on and not hooks:
+            hooks.append(model.register_forward_pre_hook(_inputs_channels_last))
+        while hooks and not on:
+            hooks.pop().remove()
 
     applied.undoers.append(lambda: toggle(False))
     return toggle
@@ -403,8 +402,6 @@ def _channels_last_toggle(model: nn.Module, applied: Applied):
 
 def _inputs_channels_last(module: nn.Module, args: tuple):
     """Forward pre-hook: 4-D tensor inputs in channels_last (others untouched)."""
-    if not any(isinstance(a, torch.Tensor) and a.dim() == 4 for a in args):
-        return None
     return tuple(a.contiguous(memory_format=torch.channels_last)
                  if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args)
 

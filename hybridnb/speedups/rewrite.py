@@ -1,6 +1,8 @@
-"""The one interface of a rewrite (``Rewrite``; see the package docstring) and ``LayerRewrite``,
-one layer for one layer, checked layer by layer (forward hooks) and on the model's output.
-``apply`` keeps nothing when the check fails (its report's ``note`` says why).
+"""The one interface of a rewrite (``Rewrite``): ``applies(module)`` (the rule), ``apply(model,
+*example)`` (find, replace, check: a ``RewriteReport``), ``check`` (exactness on a sample: a
+``Verdict``), ``undo``, ``active``. ``LayerRewrite``: one layer for one layer, checked layer by
+layer (forward hooks) and on the model's output. ``apply`` keeps nothing when the check fails
+(its report's ``note`` says why).
 """
 
 from __future__ import annotations
