@@ -51,11 +51,9 @@ def peak_key(precision: str) -> str:
 
 
 class ThroughputMonitor:
-    """Samples/s by the wall clock, data-wait share, FLOP/s and MFU for a training loop.
-
-    Iterate through ``batches(loader)`` and call ``step_done(n_samples)`` after each step; the
-    first ``warmup_steps`` (compiling, autotuning, loader start-up) are not counted.
-    """
+    """Samples/s by the wall clock, data-wait share, FLOP/s and MFU for a training loop: iterate
+    through ``batches(loader)`` and call ``step_done(n_samples)`` after each step; the first
+    ``warmup_steps`` (compiling, autotuning, loader start-up) are not counted."""
 
     def __init__(self, device: torch.device | str = "cpu", *, warmup_steps: int = 2,
                  every: int = 20, flops_per_sample: float | None = None,
@@ -130,8 +128,7 @@ class ThroughputMonitor:
         """The window's numbers: samples_per_s (wall clock, waiting included), data_wait_pct,
         compute_samples_per_s (time not waiting: not what the run achieves), tflops, mfu (None
         when the peak is unknown), data_bound. ``measure=False``: the last measuring point,
-        without a synchronise (for per-step displays).
-        """
+        without a synchronise (for per-step displays)."""
         if measure:
             self.close()
         t, samples, steps, wait, paused = self._point

@@ -68,13 +68,10 @@ def race(toggle: Callable[[bool], str | None], model: nn.Module, inputs: tuple,
 
 def paired(step: Callable[[bool], float], budget: float, run_steps: int | None = None,
            rounds: int = 3, clear: float = 1.3) -> list[float] | str:
-    """Paired ratios (stock time / candidate time), one per round of one step each way, after an
-    untimed step of each (oneDNN's primitives, the layout's copies); or why not measured.
-
-    ``step(on)`` times one step in a state (``timed_step``; a test passes a fake). At least two
-    rounds, at most ``rounds``; two rounds both past ``clear`` either way end it early. The
-    rounds must fit ``budget`` seconds and, when the run's length is known, ``RUN_SHARE`` of
-    ``run_steps`` stock steps: a short run is not worth a trial."""
+    """Paired ratios (stock time / candidate time) of ``step(on)``, one step each way per round
+    after an untimed one of each (oneDNN's primitives, the layout's copies), or why none. Two to
+    ``rounds`` rounds (two past ``clear`` either way end it), within ``budget`` s and
+    ``RUN_SHARE`` of ``run_steps`` stock steps: a short run is not worth a trial."""
     warm = step(False) + step(True)
     stock = warm / 2
     if run_steps is not None:

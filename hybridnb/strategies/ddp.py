@@ -53,10 +53,8 @@ def shutdown() -> None:
 # --------------------------------------------------------------------------------- data shards
 def global_batches(n: int, batch: int, world: int) -> list[tuple[int, int]]:
     """``(start, stop)`` of each global batch (``batch`` samples per rank) in an epoch's order.
-
     A last global batch too small to give every rank a sample joins the one before it, so every
-    rank gets the same number of batches and none is empty (collectives stay in step).
-    """
+    rank gets the same number of batches and none is empty (collectives stay in step)."""
     size = batch * world
     spans = [(s, min(s + size, n)) for s in range(0, n, size)]
     if len(spans) > 1 and spans[-1][1] - spans[-1][0] < world:
