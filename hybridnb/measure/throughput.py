@@ -23,8 +23,7 @@ DATA_BOUND_PCT = 50.0  # waiting for data above this share of wall time: the run
 # Dense peak TFLOP/s by precision (vendors' data sheets, no sparsity); the first match wins.
 PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
     (r"H100.*PCIe", {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0}),
-    (r"H100(?!.*NVL)", {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0}),  # SXM
-    (r"H200", {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0}),
+    (r"H100(?!.*NVL)|H200", {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0}),  # SXM
     (r"A100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
     (r"L40S", {"bf16": 362.0, "fp16": 362.0, "tf32": 183.0, "fp32": 91.6}),
     (r"\bL4\b", {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3}),
