@@ -136,40 +136,14 @@ def probes_for(device: torch.device | str, pid: int | None = None
 
 
 def heap_reader() -> tuple[Callable[[], float], str]:
-    """A reader of this process's host memory in use, and what it measures: glibc's
-    ``mallinfo2()`` (bytes malloc handed out, freed or not returned to the OS alike), else the
+    """A reader of this process's host memory in use, and what it measures: glibc's heap in use
+    (bytes malloc handed out, freed or not returned to the OS alike; psutil >= 7.1), else the
     resident set, which lags frees and reuse."""
-    info = _mallinfo2()
-    if info is not None:
-        return info, "heap bytes in use (glibc mallinfo2, sampled every 2 ms)"
+    if sys.platform.startswith("linux") and hasattr(psutil, "heap_info"):
+        return (lambda: float(sum(psutil.heap_info()[:2])),  # heap_used + mmap_used
+                "heap bytes in use (glibc mallinfo2, sampled every 2 ms)")
     return (lambda: float(psutil.Process().memory_info().rss),
             "resident-set rise (approximate: sampled, and freed memory may be reused)")
-
-
-def _mallinfo2() -> Callable[[], float] | None:
-    import ctypes
-    import ctypes.util
-
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        fn = libc.mallinfo2
-    except (OSError, AttributeError):
-        return None
-
-    class _Info(ctypes.Structure):
-        _fields_ = [(name, ctypes.c_size_t) for name in (
-            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-            "fordblks", "keepcost")]
-
-    fn.restype = _Info
-
-    def read() -> float:
-        info = fn()
-        return float(info.uordblks + info.hblkhd)
-
-    return read
 
 
 @dataclass

@@ -23,8 +23,7 @@ DATA_BOUND_PCT = 50.0  # waiting for data above this share of wall time: the run
 # Dense peak TFLOP/s by precision (vendors' data sheets, no sparsity); the first match wins.
 PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
     (r"H100.*PCIe", {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0}),
-    (r"H100(?!.*NVL)", {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0}),  # SXM
-    (r"H200", {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0}),
+    (r"H100(?!.*NVL)|H200", {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0}),  # SXM
     (r"A100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
     (r"L40S", {"bf16": 362.0, "fp16": 362.0, "tf32": 183.0, "fp32": 91.6}),
     (r"\bL4\b", {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3}),
@@ -51,11 +50,9 @@ def peak_key(precision: str) -> str:
 
 
 class ThroughputMonitor:
-    """Samples/s by the wall clock, data-wait share, FLOP/s and MFU for a training loop.
-
-    Iterate through ``batches(loader)`` and call ``step_done(n_samples)`` after each step; the
-    first ``warmup_steps`` (compiling, autotuning, loader start-up) are not counted.
-    """
+    """Samples/s by the wall clock, data-wait share, FLOP/s and MFU for a training loop: iterate
+    through ``batches(loader)`` and call ``step_done(n_samples)`` after each step; the first
+    ``warmup_steps`` (compiling, autotuning, loader start-up) are not counted."""
 
     def __init__(self, device: torch.device | str = "cpu", *, warmup_steps: int = 2,
                  every: int = 20, flops_per_sample: float | None = None,
@@ -130,8 +127,7 @@ class ThroughputMonitor:
         """The window's numbers: samples_per_s (wall clock, waiting included), data_wait_pct,
         compute_samples_per_s (time not waiting: not what the run achieves), tflops, mfu (None
         when the peak is unknown), data_bound. ``measure=False``: the last measuring point,
-        without a synchronise (for per-step displays).
-        """
+        without a synchronise (for per-step displays)."""
         if measure:
             self.close()
         t, samples, steps, wait, paused = self._point

@@ -1,12 +1,8 @@
 """Speedups: exact rewrites of a model's layers and the decision of which knobs a run gets.
 
-One interface for a rewrite (``rewrite.Rewrite``): ``applies(module)`` (the rule),
-``apply(model, *example)`` (find, replace, check; a ``RewriteReport``), ``check(model,
-*example)`` (exactness on a sample: a ``Verdict``), ``undo(model)``, ``active(model)``; a rewrite
-swaps replacement modules in that share the originals' parameters and buffers
-(``replace.Replacement``), so ``state_dict()`` keys and values are unchanged.
-
-The four rewrites: ``DEPTHWISE``, ``SPAN``, ``ROWS``, ``CHAIN``; ``decide.apply_speedups`` is
+The four rewrites (``DEPTHWISE``, ``SPAN``, ``ROWS``, ``CHAIN``) share one interface
+(``rewrite.Rewrite``) and swap in replacement modules that share the originals' parameters and
+buffers (``replace.Replacement``), so ``state_dict()`` is unchanged; ``decide.apply_speedups`` is
 the one entry point the Trainer's placement uses.
 """
 

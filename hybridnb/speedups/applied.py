@@ -23,8 +23,9 @@ class Applied:
     notes: list[str] = field(default_factory=list)  # must be shown: a rewrite that failed its check
     rules: dict[str, str] = field(default_factory=dict)  # knob -> the rule that applied it
     seconds: float = 0.0  # checks and measuring included
-    _undo: list[Callable[[], None]] = field(default_factory=list, repr=False)
-    _globals: list[Callable[[], None]] = field(default_factory=list, repr=False)
+    # run by undo() (last first) and by restore_globals() (process-wide flags put back)
+    undoers: list[Callable[[], None]] = field(default_factory=list, repr=False)
+    global_restores: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
     def __bool__(self) -> bool:
         return bool(self.applied)
@@ -58,30 +59,22 @@ class Applied:
                else "decided by rule" if self.rules else "checked")
         return text + f"; {how} in {self.seconds:.1f} s on the first batch"
 
-    def on_undo(self, action: Callable[[], None]) -> None:
-        """``undo()`` runs ``action`` (last registered, first run)."""
-        self._undo.append(action)
-
-    def on_restore_globals(self, action: Callable[[], None]) -> None:
-        """``restore_globals()`` runs ``action`` (a process-wide flag put back)."""
-        self._globals.append(action)
-
     def portable(self) -> Applied:
         """A copy without the undo actions (they hold the model): what a worker sends back."""
-        return dataclasses.replace(self, _undo=[], _globals=[])
+        return dataclasses.replace(self, undoers=[], global_restores=[])
 
     def restore_globals(self) -> None:
         """Put every process-wide flag these speedups changed back as it was (the cuDNN
         autotuner); the model keeps its knobs. Safe to call twice."""
-        while self._globals:
-            self._globals.pop()()
+        while self.global_restores:
+            self.global_restores.pop()()
         if "cudnn_benchmark" in self.applied:
             self.applied.remove("cudnn_benchmark")
 
     def undo(self) -> None:
         """Take back every knob (the model's layout and modules) and the process-wide flags."""
-        while self._undo:
-            self._undo.pop()()
+        while self.undoers:
+            self.undoers.pop()()
         self.restore_globals()
         self.applied.clear()
         self.modules.clear()

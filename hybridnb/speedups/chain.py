@@ -11,44 +11,37 @@ convB's output is, exactly (same sums, other order):
     K[o, i, m] = sum_c a_c sum_{j + k = m} wB[o, c, j] wA[c, i, k]   (kernel k1 + k2 - 1)
 
 where ``S[o, c, t]`` sums convB's taps that land inside ``z``'s extent (its zero padding sees
-zeros, not ``b``). The composite convolution also sums convA's output at the ``k1 - 1 - left_A``
-positions left of ``z`` (and ``k1 - 1 - right_A`` right of it) that convB's padding would have
-zeroed; the correction subtracts them. It is a linear map from the first (last) few samples of
-``x`` to the first ``left_B`` (last ``right_B``) outputs, built each call as a small matrix by
-passing an identity basis through the two convolutions, and applied as one matmul per edge.
+zeros, not ``b``). The composite also sums convA's output at the few positions left (right) of
+``z`` that convB's padding would have zeroed; the edge correction, a small matrix from the first
+(last) samples of ``x`` to the first ``left_B`` (last ``right_B``) outputs, subtracts them.
 
 Why: when convB maps many channels to many (EEGNeX's blocks 1-2: 1 -> 8 -> 32 channels, two
-(1, 64) kernels), the composite kernel costs a fraction of convB's multiply-adds
-(``cost_share``, at most ``MAX_COST_SHARE``); the CPU's rules apply it by rule
-(``bench/results/cpu-speedups-latest.md``).
+(1, 64) kernels), the composite costs a fraction of the multiply-adds (``cost_share``); the
+CPU's rules apply it by rule (``bench/results/cpu-speedups-latest.md``). Rule (shapes, never
+names): two stock width convolutions around a stock ``BatchNorm2d``, each called once on the
+example batch, each feeding only the next.
 
-Rule (shapes, never names): two stock width convolutions (``is_temporal_conv``) around a stock
-``BatchNorm2d``, each called once on the example batch, each feeding only the next.
-
-Design: the three modules are replaced and share a link (not a submodule) carrying the call in
-flight. convA and the BatchNorm compute their real outputs (statistics move as stock), so hooks
-and residuals see real intermediates; only convB's arithmetic changes. Any other input (another
-shape, an interrupted chain, autocast, a dtype other than fp32/fp64) takes the stock path.
-
-Precision: ``b`` absorbs ``-mean * a``, so when convA's output has a mean far larger than its
-spread, the composite and the table cancel and lose about that ratio in relative precision; the
-first-batch check (eval output, and a training step on copies) refuses the rewrite when that
-costs more than ``RTOL``.
+The three modules are replaced and share a link carrying the call in flight: convA and the
+BatchNorm compute their real outputs (statistics move as stock), so hooks and residuals see real
+intermediates; only convB's arithmetic changes. Any other input (another shape, an interrupted
+chain, autocast, not fp32/fp64) takes the stock path. Precision: ``b`` absorbs ``-mean * a``, so
+a mean far larger than the spread cancels digits; the first-batch check refuses the rewrite when
+that costs more than ``RTOL``.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections import Counter
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from hybridnb.speedups import replace
-from hybridnb.speedups.exact import exact_fp32
+from hybridnb.speedups.exact import eval_output
 from hybridnb.speedups.rewrite import Found, Rewrite
 from hybridnb.speedups.rows import is_width_conv, time_padding
-from hybridnb.torch_state import evaluating
 
 MAX_COST_SHARE = 0.5  # the composite's multiply-adds must be at most this share of the stock two
 CHECK_SAMPLES = 2  # the check runs on this many samples of the example batch
@@ -138,53 +131,39 @@ def chain_output(conv_a: nn.Conv2d, conv_b: nn.Conv2d, x: torch.Tensor, a: torch
     folded = x.transpose(1, 2).reshape(batch * rows, ci, width)
     folded = F.pad(folded, (g["la"] + lb, g["ra"] + rb))
     out = F.conv1d(folded, composite, inner)  # (B*H, C2, T2)
-    # the first lb and last rb outputs: the table's edges and the edge corrections
-    nl, nr = g["nl"], g["nr"]
-    left = right = None
-    if lb:
-        left = (table[:, :lb] - inner.view(c2n, 1)).expand(batch * rows, c2n, lb)
-        if nl:
-            xl = x[..., :nl].transpose(1, 2).reshape(batch * rows, ci * nl)
-            left = left - (xl @ _left_edge(wa, scaled, g, ci)).view(batch * rows, c2n, lb)
-    if rb:
-        right = (table[:, t2 - rb:] - inner.view(c2n, 1)).expand(batch * rows, c2n, rb)
-        if nr:
-            xr = x[..., width - nr:].transpose(1, 2).reshape(batch * rows, ci * nr)
-            right = right - (xr @ _right_edge(wa, scaled, g, ci)).view(batch * rows, c2n, rb)
-    out = _AddEdges.apply(out, left, right)
+    edges = [_edge(x, wa, scaled, table - inner.view(c2n, 1), g, left) for left in (True, False)]
+    out = _AddEdges.apply(out, *edges)
     out = out.view(batch, rows, c2n, t2)
     return out.transpose(1, 2)
 
 
-def _left_edge(wa, scaled, g, ci) -> torch.Tensor:
-    """(Ci*nl, C2*lb): what the composite adds to the first ``lb`` outputs from convA's output at
-    the positions s < 0 (left of z), as a map from x's first ``nl`` samples. Output t, tap j and
-    position s = t + j - lb; x sample p = s + k - la for convA's tap k."""
-    nl, lb, la = g["nl"], g["lb"], g["la"]
-    s = torch.arange(-min(nl, lb), 0, device=wa.device)
-    taps = s.view(1, -1) - torch.arange(lb, device=wa.device).view(-1, 1) + lb  # (t, s) -> j
-    reach = torch.arange(nl, device=wa.device).view(-1, 1) - s.view(1, -1) + la  # (p, s) -> k
-    return _edge_map(wa, scaled, taps, reach, ci)
-
-
-def _right_edge(wa, scaled, g, ci) -> torch.Tensor:
-    """(Ci*nr, C2*rb): the same for the last ``rb`` outputs, positions s = T1 + r (right of z),
-    and x's last ``nr`` samples (q = r + k)."""
-    nr, rb, k2 = g["nr"], g["rb"], g["k2"]
-    r = torch.arange(min(nr, rb), device=wa.device)
-    taps = r.view(1, -1) - torch.arange(rb, device=wa.device).view(-1, 1) + k2 - 1  # (v, r) -> j
-    reach = torch.arange(nr, device=wa.device).view(-1, 1) - r.view(1, -1)  # (q, r) -> k
-    return _edge_map(wa, scaled, taps, reach, ci)
-
-
-def _edge_map(wa, scaled, taps, reach, ci) -> torch.Tensor:
-    """sum over positions and convA's channels of convB's (scaled) tap ``taps[t, s]`` times convA's
-    tap ``reach[p, s]`` (each zero where out of its kernel): a (Ci*P, C2*T) matrix."""
-    k1, k2 = wa.shape[-1], scaled.shape[-1]
+def _edge(x, wa, scaled, table, g, left: bool) -> torch.Tensor | None:
+    """What the first ``lb`` (``left``) or last ``rb`` outputs need added: the shift table's edge
+    (``table`` less its inner value) less what the composite sums from convA's output outside z,
+    a map from x's first ``nl`` (last ``nr``) samples. Left: output t, convB tap j at position
+    s = t + j - lb < 0, x sample p = s + k - la for convA's tap k; right: position T1 + s,
+    j = s - t + k2 - 1, x's q-th last sample q = s + k."""
+    outs, ins = (g["lb"], g["nl"]) if left else (g["rb"], g["nr"])
+    if not outs:
+        return None
+    batch, ci, rows, width = x.shape
+    c2n, folded = table.shape[0], batch * rows
+    edge = table[:, :outs] if left else table[:, table.shape[1] - outs:]
+    edge = edge.expand(folded, c2n, outs)
+    if not ins:
+        return edge
+    dev, k1, k2 = wa.device, wa.shape[-1], scaled.shape[-1]
+    s = torch.arange(-min(ins, outs), 0, device=dev) if left else torch.arange(
+        min(ins, outs), device=dev)
+    taps = s.view(1, -1) - torch.arange(outs, device=dev).view(-1, 1) + (
+        outs if left else k2 - 1)  # (t, s) -> j
+    reach = torch.arange(ins, device=dev).view(-1, 1) - s.view(1, -1) + (
+        g["la"] if left else 0)  # (p, s) -> k
     wb_at = scaled[:, :, taps.clamp(0, k2 - 1)] * ((taps >= 0) & (taps < k2))  # (C2, C1, T, S)
     wa_at = wa[:, :, reach.clamp(0, k1 - 1)] * ((reach >= 0) & (reach < k1))  # (C1, Ci, P, S)
-    out = torch.einsum("octs,cips->ipot", wb_at, wa_at)
-    return out.reshape(ci * reach.shape[0], -1)
+    edge_map = torch.einsum("octs,cips->ipot", wb_at, wa_at).reshape(ci * ins, c2n * outs)
+    xs = x[..., :ins] if left else x[..., width - ins:]
+    return edge - (xs.transpose(1, 2).reshape(folded, ci * ins) @ edge_map).view(folded, c2n, outs)
 
 
 def _shift_table(wb, shift, g) -> torch.Tensor:
@@ -316,14 +295,11 @@ def _scan(model: nn.Module, example: tuple) -> tuple[list[tuple[str, str, str]],
 
     hooks = [m.register_forward_hook(hook) for m in names]
     try:
-        with torch.no_grad(), evaluating(model), exact_fp32():
-            output = model(*example)
+        output = eval_output(model, example)
     finally:
         for h in hooks:
             h.remove()
-    count: dict[nn.Module, int] = {}
-    for module, _, _ in calls:
-        count[module] = count.get(module, 0) + 1
+    count = Counter(module for module, _, _ in calls)
     by_name = {n: m for m, n in names.items()}
     ancestors = {m: {by_name[".".join(n.split(".")[:i])] for i in range(n.count(".") + 1)}
                  if n else set() for m, n in names.items()}

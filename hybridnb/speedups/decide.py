@@ -107,15 +107,13 @@ def precision_name(precision, device: torch.device) -> str:
 
 
 def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
-                   precision="auto", mode: str = "auto",
-                   knobs: Iterable[str] | None = None, fixed_shapes: bool = True,
+                   precision="auto", mode: str = "auto", knobs: Iterable[str] | None = None,
                    budget_s: float | None = None, steps: int | None = None) -> Applied:
-    """Apply the speed knobs that help ``model`` (already on ``device``); see the module
-    docstring. ``example_x``: one batch's input (a tensor, or a tuple of the model's positional
-    inputs). ``precision``: a name ("auto" lets the trials change it) or the run's decided
-    ``Precision``. ``knobs``: a subset of ``KNOBS``. ``budget_s``: seconds for the timed
-    decisions but the CPU's channels_last trial. ``steps``: the run's expected optimizer steps,
-    when known: a short CPU run gets no timed trial."""
+    """Apply the speed knobs that help ``model`` (already on ``device``). ``example_x``: one
+    batch's input (a tensor, or a tuple of the model's positional inputs). ``precision``: a name
+    ("auto" lets the trials change it) or the run's decided ``Precision``. ``budget_s``: seconds
+    for the timed decisions but the CPU's channels_last trial. ``steps``: the run's expected
+    optimizer steps, when known: a short CPU run gets no timed trial."""
     if mode not in MODES:
         raise ValueError(f"apply_speedups: mode={mode!r} is not one of {MODES}")
     chosen = set(KNOBS if knobs is None else knobs)
@@ -134,7 +132,7 @@ def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
     if device.type == "cpu":  # a CPU step costs seconds: check (and time bf16) on a slice
         inputs = _slice(inputs, CPU_SLICE)
     if device.type == "cuda" and "cudnn_benchmark" in chosen:
-        use_cudnn_benchmark(applied, fixed_shapes)
+        use_cudnn_benchmark(applied)
     if device.type == "cpu" and mode == "auto":
         _cpu_auto(model, inputs, full, device, prec, auto, chosen, applied, steps,
                   BUDGET_S["cpu"] if budget_s is None else budget_s)
@@ -165,9 +163,7 @@ def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
 
 def _cpu_auto(model, inputs, full, device, prec: str, auto: bool, chosen, applied: Applied,
               steps, budget: float) -> None:
-    """The CPU's decision: span and chain by rule, channels_last (and rows beside it) by a
-    paired trial on the run's batch ``full``, bf16 (+ rewrite) only where the CPU has it in
-    hardware and a bounded, memory-capped trial within ``budget`` s says it is faster."""
+    """The CPU's decision (see the module docstring); ``full``: the run's whole batch."""
     if "span" in chosen:
         _by_rule(SPAN, model, inputs, applied)
     if "chain" in chosen:  # before rows: the rows rewrite takes the (1, K) convolutions left
@@ -188,11 +184,9 @@ def _cpu_auto(model, inputs, full, device, prec: str, auto: bool, chosen, applie
 
 def _cpu_channels_last(model, inputs, full, device, prec: str, rows: bool, applied: Applied,
                        steps) -> None:
-    """channels_last, with the rows rewrite beside it, where a grouped ``(H, 1)`` convolution
-    could gain from it (``_could_gain``), kept only when a paired trial of whole steps on the
-    run's batch measures it ``CL_MARGIN`` faster than stock. A rule alone could not tell a
-    wash from a gain: CTNet measured 0.96-1.05x at batch 64, EEGNet 1.4x; and a slice of four
-    samples misleads (EEGITNet 0.75x on 4, 1.5x on 64)."""
+    """channels_last with rows beside it, by a paired trial on the run's batch where
+    ``_could_gain``. A rule alone could not tell a wash from a gain (CTNet measured 0.96-1.05x at
+    batch 64, EEGNet 1.4x); a slice of four samples misleads (EEGITNet 0.75x on 4, 1.5x on 64)."""
     if not has_grouped_conv2d(model):
         applied.skipped["channels_last"] = "no grouped (H, 1) 2-D convolution (the CPU's rule)"
         return
@@ -234,11 +228,10 @@ def _cpu_channels_last(model, inputs, full, device, prec: str, rows: bool, appli
 
 def _could_gain(model, inputs) -> bool:
     """Whether a grouped ``(H, 1)`` convolution reads the model's input, or spans the whole
-    height of the output of the module that ran just before it, after a plain 2-D convolution
-    ran (one eval forward on the slice, hooks). The losses this keeps out untimed are
-    BatchNorm's over tall maps: a grouped (16, 1) filter along time (EEGTCNet) ran 0.4x, one
-    over functional filters' output (SincShallowNet) 0.5x, over a concatenation of branches
-    (TCFormer) 0.42x."""
+    height of the output of the module run just before it, after a plain 2-D convolution (hooks
+    on one eval forward). It keeps out untimed: a grouped (16, 1) filter along time (EEGTCNet)
+    ran 0.4x, one over functional filters' output (SincShallowNet) 0.5x, over a concatenation
+    of branches (TCFormer) 0.42x."""
     state = {"conv": False, "keep": False, "channels": None}
     given = {a.data_ptr() for a in inputs if isinstance(a, torch.Tensor)}
 
@@ -272,37 +265,12 @@ def _could_gain(model, inputs) -> bool:
 
 
 def _by_rule(rewrite: Rewrite, model, inputs, applied: Applied) -> None:
-    """``rewrite`` applied by its rule, kept only where it computes the same on the batch;
-    recorded under its knob and undone by ``applied.undo()``."""
-    report = _checked(rewrite, model, inputs, applied)
-    if report is None:
-        return
-    knob = rewrite.name
-    applied.applied.append(knob)
-    applied.rules[knob] = rewrite.rule
-    applied.modules[knob] = list(report.rewritten)
-    names = [n for group in report.rewritten for n in group.split(">")]
-
-    def undo() -> None:
-        rewrite.undo(model, names)
-        applied.modules.pop(knob, None)
-
-    applied.on_undo(undo)
-
-
-def _checked(rewrite: Rewrite, model, inputs, applied: Applied):
-    """``rewrite.apply``'s report, or None, with why under its knob, when nothing was rewritten
-    (none found, or found but not exact on the batch: a note that must be shown)."""
-    report = rewrite.apply(model, *inputs)
-    if report.note:
-        applied.notes.append(report.note)
-        applied.skipped[rewrite.name] = report.note
-        return None
-    if not report:
-        applied.skipped[rewrite.name] = ("already rewritten" if rewrite.active(model)
-                                         else rewrite.none_found)
-        return None
-    return report
+    """``rewrite`` applied by its rule, kept only where it computes the same on the batch."""
+    toggle = _layer_toggle(rewrite, model, inputs, applied)
+    if toggle is not None:
+        toggle(True)
+        applied.applied.append(rewrite.name)
+        applied.rules[rewrite.name] = rewrite.rule
 
 
 def _cpu_bf16(model, inputs, device, prec: str, with_rewrite: bool, applied: Applied, steps,
@@ -323,13 +291,12 @@ def _cpu_bf16(model, inputs, device, prec: str, with_rewrite: bool, applied: App
         applied.skipped["precision"] = why
         return
     saved = trial.Snapshot(model, device)
-    holder = {"p": prec}
     rewrite = None
 
-    def use_bf16(on: bool) -> None:
-        holder["p"] = "bf16" if on else prec
+    def use_bf16(on: bool) -> str:
         if rewrite is not None:
             rewrite(on)
+        return "bf16" if on else prec
 
     try:
         # one fp32 step first: it primes oneDNN and says whether a race can fit what is left
@@ -341,7 +308,7 @@ def _cpu_bf16(model, inputs, device, prec: str, with_rewrite: bool, applied: App
             return
         rewrite = _layer_toggle(DEPTHWISE, model, inputs, applied) if with_rewrite else None
         with trial.memory_cap():
-            gain = trial.race(use_bf16, model, inputs, device, holder,
+            gain = trial.race(use_bf16, model, inputs, device, prec,
                               deadline - time.perf_counter(), min_rounds=1)
     finally:
         saved.restore()
@@ -361,7 +328,7 @@ def _measure(model, inputs, device, prec: str, toggles, measure_precision: bool,
     saved = trial.Snapshot(model, device)
     try:
         for knob, toggle in toggles.items():
-            gain = trial.race(lambda on, t=toggle: t(on), model, inputs, device, prec, share)
+            gain = trial.race(toggle, model, inputs, device, prec, share)
             toggle(_judged(applied, knob, gain, margin))
             if isinstance(gain, str) and gain.startswith("not measured"):  # nor would the rest
                 for other in list(toggles)[list(toggles).index(knob) + 1:]:
@@ -369,12 +336,8 @@ def _measure(model, inputs, device, prec: str, toggles, measure_precision: bool,
                 measure_precision = False
                 break
         if measure_precision:
-            holder = {"p": prec}
-
-            def use_fp32(on: bool) -> None:
-                holder["p"] = "fp32" if on else prec
-
-            gain = trial.race(use_fp32, model, inputs, device, holder, share)
+            gain = trial.race(lambda on: "fp32" if on else prec, model, inputs, device, prec,
+                              share)
             if _judged(applied, "precision", gain, margin, "fp32 "):
                 applied.precision = "fp32"
     finally:
@@ -399,20 +362,24 @@ def _judged(applied: Applied, knob: str, gain: float | str, margin: float,
 def _layer_toggle(rewrite: Rewrite, model, inputs, applied: Applied):
     """``rewrite`` applied (checked), then switched off; the returned toggle puts its
     replacements in (True) or the originals back (False); None (and why, under the knob) when
-    nothing is rewritten."""
-    report = _checked(rewrite, model, inputs, applied)
-    if report is None:
+    nothing is rewritten (a note that must be shown when found but not exact)."""
+    report = rewrite.apply(model, *inputs)
+    if report.note:
+        applied.notes.append(report.note)
+    if not report:
+        applied.skipped[rewrite.name] = report.note or (
+            "already rewritten" if rewrite.active(model) else rewrite.none_found)
         return None
     fast = replace.replaced(model, rewrite.kind)
-    names = list(report.rewritten)
+    groups = list(report.rewritten)  # a chain's as "a>bn>b"
 
     def toggle(on: bool) -> None:
-        for n in names:
+        for n in (n for group in groups for n in group.split(">")):
             replace.put(model, n, fast[n] if on else fast[n].original)
-        applied.modules[rewrite.name] = list(names) if on else []
+        applied.modules[rewrite.name] = list(groups) if on else []
 
     toggle(False)
-    applied.on_undo(lambda: toggle(False))
+    applied.undoers.append(lambda: toggle(False))
     return toggle
 
 
@@ -420,38 +387,32 @@ def _channels_last_toggle(model: nn.Module, applied: Applied):
     if not any(isinstance(m, nn.Conv2d) for m in replace.originals(model)):
         applied.skipped["channels_last"] = "no 2-D convolution"
         return None
-    hook = {"handle": None}
+    hooks = []
 
     def toggle(on: bool) -> None:
         model.to(memory_format=torch.channels_last if on else torch.contiguous_format)
-        if on and hook["handle"] is None:
-            hook["handle"] = model.register_forward_pre_hook(_inputs_channels_last)
-        elif not on and hook["handle"] is not None:
-            hook["handle"].remove()
-            hook["handle"] = None
+        if on and not hooks:
+            hooks.append(model.register_forward_pre_hook(_inputs_channels_last))
+        while hooks and not on:
+            hooks.pop().remove()
 
-    applied.on_undo(lambda: toggle(False))
+    applied.undoers.append(lambda: toggle(False))
     return toggle
 
 
 def _inputs_channels_last(module: nn.Module, args: tuple):
     """Forward pre-hook: 4-D tensor inputs in channels_last (others untouched)."""
-    if not any(isinstance(a, torch.Tensor) and a.dim() == 4 for a in args):
-        return None
     return tuple(a.contiguous(memory_format=torch.channels_last)
                  if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args)
 
 
-def use_cudnn_benchmark(applied: Applied, fixed_shapes: bool) -> None:
-    """The ``cudnn_benchmark`` knob: on when shapes are fixed, recorded in ``applied`` (put back
-    by ``applied.restore_globals()``), else skipped and why."""
-    if not fixed_shapes:
-        applied.skipped["cudnn_benchmark"] = "input shapes vary"
-        return
+def use_cudnn_benchmark(applied: Applied) -> None:
+    """The ``cudnn_benchmark`` knob (a run's shapes are fixed), recorded in ``applied`` and put
+    back by ``applied.restore_globals()``."""
     before = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = True
     applied.applied.append("cudnn_benchmark")
-    applied.on_restore_globals(lambda: setattr(torch.backends.cudnn, "benchmark", before))
+    applied.global_restores.append(lambda: setattr(torch.backends.cudnn, "benchmark", before))
 
 
 def _on_device(x, device: torch.device) -> tuple:

@@ -25,15 +25,6 @@ from hybridnb.speedups.replace import FormReplacement, is_stock_conv2d
 from hybridnb.speedups.rewrite import LayerRewrite, RewriteReport
 
 
-def is_candidate_conv(module: nn.Module) -> bool:
-    """A depthwise Conv2d with a (H, 1) kernel that the matmul form can replace, whatever H is."""
-    return (is_stock_conv2d(module) and module.groups == module.in_channels
-            and module.out_channels % module.in_channels == 0
-            and module.kernel_size[1] == 1 and module.stride[1] == 1
-            and tuple(module.dilation) == (1, 1)
-            and module.padding in ((0, 0), "valid"))
-
-
 def spans_height(module: nn.Conv2d, x: torch.Tensor) -> bool:
     """True when ``x`` is a batched input whose height the kernel covers exactly."""
     return x.dim() == 4 and x.shape[1] == module.in_channels \
@@ -64,7 +55,11 @@ class DepthwiseRewrite(LayerRewrite):
     none_found = "no depthwise convolution spans its input's height"
 
     def applies(self, module: nn.Module) -> bool:
-        return is_candidate_conv(module)
+        """A depthwise Conv2d with a (H, 1) kernel the matmul form can replace, whatever H is."""
+        return (is_stock_conv2d(module) and module.groups == module.in_channels
+                and module.out_channels % module.in_channels == 0
+                and module.kernel_size[1] == 1 and module.stride[1] == 1
+                and tuple(module.dilation) == (1, 1) and module.padding in ((0, 0), "valid"))
 
 
 DEPTHWISE = DepthwiseRewrite()

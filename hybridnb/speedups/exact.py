@@ -43,9 +43,9 @@ def eval_output(model: nn.Module, example: tuple):
         return model(*example)
 
 
-def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max|a - b| / (max|b| + ATOL/RTOL): at most RTOL exactly when |a - b| <= ATOL + RTOL max|b|
-    (non-finite values must sit at the same places)."""
+def rel_diff(a: torch.Tensor, b: torch.Tensor, floor: float = 0.0) -> float:
+    """max|a - b| / (max(max|b|, floor) + ATOL/RTOL): at most RTOL exactly when |a - b| <= ATOL +
+    RTOL max|b| (non-finite values must sit at the same places)."""
     a, b = a.detach().float(), b.detach().float()
     if a.shape != b.shape:
         return float("inf")
@@ -55,18 +55,15 @@ def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a[finite], b[finite]
     if not b.numel():
         return 0.0
-    return (a - b).abs().max().item() / (b.abs().max().item() + ATOL / RTOL)
+    return (a - b).abs().max().item() / (max(b.abs().max().item(), floor) + ATOL / RTOL)
 
 
 def rel_diff_any(a, b) -> float:
-    """``rel_diff`` over tensors nested in tuples/lists/dicts (model outputs of any shape)."""
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return rel_diff(a, b)
-    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)) and len(a) == len(b):
-        return max((rel_diff_any(x, y) for x, y in zip(a, b, strict=True)), default=0.0)
-    if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
-        return max((rel_diff_any(a[k], b[k]) for k in a), default=0.0)
-    return 0.0 if a == b else float("inf")
+    """``rel_diff`` over the tensors of two model outputs of any shape (``tensors_of``)."""
+    ta, tb = tensors_of(a), tensors_of(b)
+    if len(ta) != len(tb):
+        return float("inf")
+    return max(map(rel_diff, ta, tb), default=0.0)
 
 
 def tensors_of(out) -> list[torch.Tensor]:
@@ -113,13 +110,9 @@ def training_diff(stock: nn.Module, fast: nn.Module, inputs: tuple) -> float:
                                              for a, b in zip(part_a, part_b, strict=True)):
             return float("inf")
         pairs = [(a, b) for a, b in zip(part_a, part_b, strict=True) if a is not None]
+        floor = 0.0
         if kind == 1 and pairs:  # gradients: rounding noise scales with the largest of them
             floor = GRAD_FLOOR * max(a.detach().abs().max().item() for a, _ in pairs)
-            for a, b in pairs:
-                a, b = a.detach().float(), b.detach().float()
-                worst = max(worst, (b - a).abs().max().item()
-                            / (max(a.abs().max().item(), floor) + ATOL / RTOL))
-            continue
         for a, b in pairs:
-            worst = max(worst, rel_diff(b, a))
+            worst = max(worst, rel_diff(b, a, floor))
     return worst

@@ -1,6 +1,8 @@
-"""The one interface of a rewrite (``Rewrite``; see the package docstring) and ``LayerRewrite``,
-one layer for one layer, checked layer by layer (forward hooks) and on the model's output.
-``apply`` keeps nothing when the check fails (its report's ``note`` says why).
+"""The one interface of a rewrite (``Rewrite``): ``applies(module)`` (the rule), ``apply(model,
+*example)`` (find, replace, check: a ``RewriteReport``), ``check`` (exactness on a sample: a
+``Verdict``), ``undo``, ``active``. ``LayerRewrite``: one layer for one layer, checked layer by
+layer (forward hooks) and on the model's output. ``apply`` keeps nothing when the check fails
+(its report's ``note`` says why).
 """
 
 from __future__ import annotations
@@ -120,7 +122,9 @@ class Rewrite(ABC):
     def _compare(self, model: nn.Module, example: tuple, reference: Any) -> float:
         """The largest relative difference of the eval outputs, and where ``trains`` of one
         training forward and backward (outputs, gradients, buffers), against stock."""
-        stock = self.stock_copy(model) if reference is None or self.trains else None
+        stock = copy.deepcopy(model) if reference is None or self.trains else None
+        if stock is not None:
+            self.undo(stock)
         if reference is None:
             reference = exact.eval_output(stock, example)
         worst = exact.rel_diff_any(exact.eval_output(model, example), reference)
@@ -131,12 +135,6 @@ class Rewrite(ABC):
     def _differed(self, worst: float) -> str:
         return (f"it differed from {self.differs_from} by {worst:.2g} (relative) on the first "
                 f"batch, more than {exact.RTOL:g}")
-
-    def stock_copy(self, model: nn.Module) -> nn.Module:
-        """A deep copy of ``model`` with this rewrite undone (``model`` untouched)."""
-        twin = copy.deepcopy(model)
-        self.undo(twin)
-        return twin
 
     def undo(self, model: nn.Module, names: list[str] | None = None) -> int:
         """The original modules back in place of this rewrite's replacements (those at

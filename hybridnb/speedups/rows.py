@@ -29,10 +29,6 @@ def is_width_conv(module: nn.Module) -> bool:
             and (module.padding in ("same", "valid") or module.padding[0] == 0))
 
 
-def is_rows_candidate(module: nn.Module) -> bool:
-    return is_width_conv(module) and module.kernel_size[1] >= 2
-
-
 def several_rows(module: nn.Conv2d, x: torch.Tensor) -> bool:
     """A batched input of several rows (one row gains nothing) of ``MIN_WIDTH`` samples."""
     return (x.dim() == 4 and x.shape[1] == module.in_channels and x.shape[2] > 1
@@ -73,7 +69,7 @@ class RowsRewrite(LayerRewrite):
     none_found = "no (1, K) convolution over several rows"
 
     def applies(self, module: nn.Module) -> bool:
-        return is_rows_candidate(module)
+        return is_width_conv(module) and module.kernel_size[1] >= 2
 
 
 ROWS = RowsRewrite()

@@ -94,13 +94,9 @@ def input_axis(module: nn.Module, x: torch.Tensor) -> int | None:
     return None
 
 
-def spans_input(module: nn.Module, x: torch.Tensor) -> bool:
-    return input_axis(module, x) is not None
-
-
 def span_as_conv1d(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``module(x)`` computed as a 1-D convolution with the spanned axis as channels (``x`` must
-    satisfy ``spans_input``)."""
+    have an ``input_axis``)."""
     axis = input_axis(module, x)
     if is_combined_conv(module):
         weight, bias = combined_weight_bias(module)
@@ -155,7 +151,7 @@ class _Conv1d(torch.autograd.Function):
 
 
 class SpanAsConv1d(FormReplacement):
-    fits = staticmethod(spans_input)
+    fits = staticmethod(lambda module, x: input_axis(module, x) is not None)
     compute = staticmethod(span_as_conv1d)
 
 

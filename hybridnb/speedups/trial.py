@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 
+import psutil
 import torch
 from torch import nn
 
@@ -34,8 +35,8 @@ def autocast(name: str, device: torch.device) -> contextlib.AbstractContextManag
     return torch.autocast(device.type, dtype=DTYPES[name])
 
 
-def race(toggle: Callable[[bool], None], model: nn.Module, inputs: tuple,
-         device: torch.device, prec, budget: float, min_rounds: int | None = None
+def race(toggle: Callable[[bool], str | None], model: nn.Module, inputs: tuple,
+         device: torch.device, prec: str, budget: float, min_rounds: int | None = None
          ) -> float | str:
     """Time one step with the knob off and on, interleaved, for about ``budget`` s.
 
@@ -67,13 +68,10 @@ def race(toggle: Callable[[bool], None], model: nn.Module, inputs: tuple,
 
 def paired(step: Callable[[bool], float], budget: float, run_steps: int | None = None,
            rounds: int = 3, clear: float = 1.3) -> list[float] | str:
-    """Paired ratios (stock time / candidate time), one per round of one step each way, after an
-    untimed step of each (oneDNN's primitives, the layout's copies); or why not measured.
-
-    ``step(on)`` times one step in a state (``timed_step``; a test passes a fake). At least two
-    rounds, at most ``rounds``; two rounds both past ``clear`` either way end it early. The
-    rounds must fit ``budget`` seconds and, when the run's length is known, ``RUN_SHARE`` of
-    ``run_steps`` stock steps: a short run is not worth a trial."""
+    """Paired ratios (stock time / candidate time) of ``step(on)``, one step each way per round
+    after an untimed one of each (oneDNN's primitives, the layout's copies), or why none. Two to
+    ``rounds`` rounds (two past ``clear`` either way end it), within ``budget`` s and
+    ``RUN_SHARE`` of ``run_steps`` stock steps: a short run is not worth a trial."""
     warm = step(False) + step(True)
     stock = warm / 2
     if run_steps is not None:
@@ -91,13 +89,25 @@ def paired(step: Callable[[bool], float], budget: float, run_steps: int | None =
     return ratios
 
 
-def timed_step(toggle: Callable[[bool], None], state: bool, model: nn.Module, inputs: tuple,
-               device: torch.device, prec) -> float:
-    """Seconds for one step with the knob in ``state`` (synchronised before and after)."""
-    toggle(state)
+def free_memory(device: torch.device) -> None:
+    """What a failed step left behind, released (call it outside the ``except``); on the CPU
+    the young generations suffice."""
+    if device.type == "cpu":
+        gc.collect(1)
+        return
+    gc.collect()
+    if device.type == "cuda" and torch.cuda.is_initialized():
+        with contextlib.suppress(RuntimeError):  # a device in a sticky error state refuses
+            torch.cuda.empty_cache()
+
+
+def timed_step(toggle: Callable[[bool], str | None], state: bool, model: nn.Module,
+               inputs: tuple, device: torch.device, prec: str) -> float:
+    """Seconds for one step with the knob in ``state`` (synchronised before and after); a toggle
+    that returns a precision name runs the step in it, else in ``prec``."""
+    precision = toggle(state) or prec
     synchronize(device)
     t0 = time.perf_counter()
-    precision = prec["p"] if isinstance(prec, dict) else prec  # a holder a toggle switches
     train_pass(model, inputs, precision, device)
     synchronize(device)
     return time.perf_counter() - t0
@@ -117,18 +127,6 @@ def train_pass(model: nn.Module, inputs: tuple, precision: str, device: torch.de
         loss.backward()
     for p in model.parameters():
         p.grad = None
-
-
-def free_memory(device: torch.device) -> None:
-    """What a failed step left behind, released (call it outside the ``except``); on the CPU
-    the young generations suffice."""
-    if device.type == "cpu":
-        gc.collect(1)
-        return
-    gc.collect()
-    if device.type == "cuda" and torch.cuda.is_initialized():
-        with contextlib.suppress(RuntimeError):  # a device in a sticky error state refuses
-            torch.cuda.empty_cache()
 
 
 class Snapshot:
@@ -176,8 +174,7 @@ def memory_cap() -> Iterator[None]:
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    cap = (_kib(platform.proc_path("self", "status"), "VmSize:") * 1024
-           + _kib(platform.proc_path("meminfo"), "MemAvailable:") * 1024)
+    cap = psutil.Process().memory_info().vms + psutil.virtual_memory().available
     if hard != resource.RLIM_INFINITY:
         cap = min(cap, hard)
     if soft != resource.RLIM_INFINITY and soft <= cap:
@@ -188,11 +185,3 @@ def memory_cap() -> Iterator[None]:
         yield
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-
-
-def _kib(path: str, key: str) -> int:
-    with open(path) as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1])
-    raise OSError(f"{key} not in {path}")

@@ -53,10 +53,8 @@ def shutdown() -> None:
 # --------------------------------------------------------------------------------- data shards
 def global_batches(n: int, batch: int, world: int) -> list[tuple[int, int]]:
     """``(start, stop)`` of each global batch (``batch`` samples per rank) in an epoch's order.
-
     A last global batch too small to give every rank a sample joins the one before it, so every
-    rank gets the same number of batches and none is empty (collectives stay in step).
-    """
+    rank gets the same number of batches and none is empty (collectives stay in step)."""
     size = batch * world
     spans = [(s, min(s + size, n)) for s in range(0, n, size)]
     if len(spans) > 1 and spans[-1][1] - spans[-1][0] < world:
@@ -79,8 +77,6 @@ class ShardedBatchSampler(ResumableBatchSampler):
     def __init__(self, n: int, batch_size: int, shuffle: bool, generator: torch.Generator,
                  rank: int, world_size: int) -> None:
         super().__init__(n, batch_size, shuffle, generator)
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank={rank!r} must be in [0, world_size={world_size})")
         if n < world_size:
             raise ValueError(f"{n} samples cannot be shared by {world_size} processes (each needs "
                              "at least one); use more data or fewer processes")
@@ -248,17 +244,10 @@ class DDPStrategy(Strategy):
         return t.tolist()
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """In rank order; sizes may differ (padded for all_gather, then cut)."""
-        t = tensor.detach().to(self._comm).contiguous()
-        size = torch.tensor([t.shape[0]], dtype=torch.int64, device=self._comm)
-        sizes = [torch.zeros_like(size) for _ in range(self.world_size)]
-        dist.all_gather(sizes, size)
-        counts = [int(s.item()) for s in sizes]
-        if t.shape[0] < max(counts):
-            t = torch.cat([t, t.new_zeros((max(counts) - t.shape[0], *t.shape[1:]))])
-        parts = [torch.empty_like(t) for _ in range(self.world_size)]
-        dist.all_gather(parts, t)
-        return torch.cat([p[:c] for p, c in zip(parts, counts, strict=True)]).to(tensor.device)
+        """In rank order; sizes may differ (all_gather_object pads and cuts for us)."""
+        parts = [None] * self.world_size
+        dist.all_gather_object(parts, tensor.detach().cpu())
+        return torch.cat(parts).to(tensor.device)
 
     def barrier(self) -> None:
         if self.backend == "nccl":

@@ -29,7 +29,6 @@ import torch
 import torch.distributed as dist
 
 from hybridnb import failures
-from hybridnb.strategies.batches import batch_len
 from hybridnb.strategies.ddp import DDPStrategy, _Agreed, vote
 
 MISSING = ("strategy='deepspeed' needs the deepspeed package, which is not installed: pip install "
@@ -140,21 +139,13 @@ class DeepSpeedStrategy(DDPStrategy):
                 "checkpoint_dir: resume with a smaller batch_size (or larger grad_accum)") from exc
 
     def settle(self, params, total, window, failed=None):
-        """The global batch's mean loss, buffers averaged; a local failure told to the others."""
-        if failed is not None and isinstance(failed, _Agreed):
-            return None
-        n = 0.0 if failed is not None else float(sum(batch_len(b) for b in window))
-        result = self._vote(failed, float(total) * n if n else 0.0, n)
-        if result is None:
-            return None
-        buffers = [b for b in self._module.buffers() if b.is_floating_point()]
-        if buffers:
-            flat = torch.cat([b.reshape(-1).to(self._comm, torch.float32) for b in buffers])
-            dist.all_reduce(flat)
-            flat.div_(self.world_size)
-            for b, v in zip(buffers, flat.split([b.numel() for b in buffers]), strict=True):
-                b.copy_(v.view_as(b))
-        return total.new_tensor(result)
+        """DDP's agreement on the loss and buffers (the engine holds the gradients); a local
+        failure is told to the others at the vote they hold before each backward."""
+        if failed is None:
+            return super().settle([], total, window)
+        if not isinstance(failed, _Agreed):
+            self._vote(failed, 0.0, 0.0)
+        return None
 
     def _vote(self, failed: BaseException | None, loss_sum: float, n: float) -> float | None:
         """One all-reduce of (OOM ranks, failed ranks, loss x samples, samples): the mean loss,

@@ -245,3 +245,11 @@ def test_sampler_thread_collects_until_closed_and_stays_bounded():
     assert series.times == sorted(series.times)
     assert series.values["rss"] == sorted(series.values["rss"])
     assert series.peak("rss") == series.values["rss"][-1]
+
+
+def test_heap_reader_sees_an_allocation():
+    read, what = memory.heap_reader()
+    before = read()
+    block = b"x" * (64 * 2**20)  # written: the resident set rises too where that is the reader
+    assert read() - before >= 60 * 2**20 and what
+    del block

@@ -448,15 +448,12 @@ def test_the_memory_cap_turns_a_runaway_allocation_into_an_error():
 def test_restore_globals_puts_cudnn_benchmark_back(monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
     applied = speedups.Applied(device="cuda", precision="bf16", mode="auto")
-    decide.use_cudnn_benchmark(applied, fixed_shapes=True)
+    decide.use_cudnn_benchmark(applied)
     assert torch.backends.cudnn.benchmark is True and "cudnn_benchmark" in applied.applied
     applied.restore_globals()
     assert torch.backends.cudnn.benchmark is False and "cudnn_benchmark" not in applied.applied
     applied.restore_globals()  # twice is harmless
     assert torch.backends.cudnn.benchmark is False
-    varying = speedups.Applied(device="cuda", precision="bf16", mode="auto")
-    decide.use_cudnn_benchmark(varying, fixed_shapes=False)
-    assert torch.backends.cudnn.benchmark is False and "cudnn_benchmark" in varying.skipped
 
 
 @pytest.mark.parametrize("error", [
