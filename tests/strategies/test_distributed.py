@@ -7,6 +7,7 @@ every rank (no hang, same update); an unrecoverable error or a Ctrl-C on one ran
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -413,11 +414,18 @@ def torchrun(*args: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                            env={**env, "OMP_NUM_THREADS": "1"})
+                            env={**env, "OMP_NUM_THREADS": "1"}, start_new_session=True)
 
 
 def finished(*procs: subprocess.Popen, timeout: float) -> list[str]:
-    outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    """Each run's output once all ended; on a timeout every run's process group is killed, so
+    no rank outlives its test (a left-over rank failed every later test's no-child check)."""
+    try:
+        outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
     assert [p.returncode for p in procs] == [0] * len(procs), "\n".join(o[-3000:] for o in outs)
     return outs
 
