@@ -9,7 +9,6 @@ after (``Snapshot``).
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +18,7 @@ import torch
 from torch import nn
 
 from hybridnb import platform
+from hybridnb.failures import free_memory
 from hybridnb.measure.timing import synchronize
 from hybridnb.speedups.exact import tensors_of
 from hybridnb.torch_state import set_torch_rng_state as set_rng_state
@@ -87,18 +87,6 @@ def paired(step: Callable[[bool], float], budget: float, run_steps: int | None =
         if len(ratios) == 2 and (min(ratios) >= clear or max(ratios) <= 1 / clear):
             break
     return ratios
-
-
-def free_memory(device: torch.device) -> None:
-    """What a failed step left behind, released (call it outside the ``except``); on the CPU
-    the young generations suffice."""
-    if device.type == "cpu":
-        gc.collect(1)
-        return
-    gc.collect()
-    if device.type == "cuda" and torch.cuda.is_initialized():
-        with contextlib.suppress(RuntimeError):  # a device in a sticky error state refuses
-            torch.cuda.empty_cache()
 
 
 def timed_step(toggle: Callable[[bool], str | None], state: bool, model: nn.Module,

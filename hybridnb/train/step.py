@@ -16,11 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridnb.failures import first_line, is_oom
+from hybridnb.failures import first_line, free_memory, is_oom
 from hybridnb.strategies.base import SingleDevice, Strategy
 from hybridnb.torch_state import evaluating
 from hybridnb.train.precision import Precision
-from hybridnb.train.recovery import free_memory
 
 
 @dataclass
