@@ -20,7 +20,7 @@ from torch import nn
 from hybridnb import platform
 from hybridnb.failures import free_memory
 from hybridnb.measure.timing import synchronize
-from hybridnb.speedups.exact import tensors_of
+from hybridnb.speedups.exact import first_tensor
 from hybridnb.torch_state import set_torch_rng_state as set_rng_state
 from hybridnb.torch_state import torch_rng_state as rng_state
 
@@ -106,11 +106,7 @@ def train_pass(model: nn.Module, inputs: tuple, precision: str, device: torch.de
     output, as the training step runs them; the gradients are dropped."""
     with autocast(precision, device):
         out = model(*inputs)
-    found = tensors_of(out)
-    if not found:
-        raise TypeError(f"the model returned a {type(out).__name__} without a tensor; a "
-                        "backward pass needs one")
-    loss = found[0].float().mean()
+    loss = first_tensor(out).float().mean()
     if loss.requires_grad:
         loss.backward()
     for p in model.parameters():

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from hybridnb.failures import first_line, free_memory, is_oom
+from hybridnb.speedups.exact import first_tensor
 from hybridnb.strategies.base import SingleDevice, Strategy
 from hybridnb.torch_state import evaluating
 from hybridnb.train.precision import Precision
@@ -179,14 +180,3 @@ def _count_on_meta(model: torch.nn.Module, inputs: tuple) -> int | None:
                            lambda *xs: functional_call(model, swapped, xs, tie_weights=True))
     except Exception:  # noqa: BLE001 - any failure on meta means: count on the real tensors
         return None
-
-
-def first_tensor(out) -> torch.Tensor:
-    """The first tensor of a model's output (a tensor, a tuple/list, or a dict)."""
-    if isinstance(out, torch.Tensor):
-        return out
-    for v in (out.values() if isinstance(out, dict) else out):
-        if isinstance(v, torch.Tensor):
-            return v
-    raise TypeError(f"the model returned a {type(out).__name__} without a tensor; a backward "
-                    "pass needs one")
