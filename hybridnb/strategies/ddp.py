@@ -31,11 +31,11 @@ LAUNCH_HELP = ("start one process per device with torchrun (torchrun --nproc_per
                "script.py) or, from a notebook, hn.launch(fn, num_processes=N)")
 
 
-def wants_ddp(strategy, environ: dict[str, str] | None = None) -> bool:
+def wants_ddp(strategy) -> bool:
     """Whether ``strategy`` means DDP here: "ddp", or "auto" inside a job of 2+ ranks."""
     if strategy == "ddp":
         return True
-    job = launch_env(environ)
+    job = launch_env()
     return strategy in ("auto", None) and job is not None and job[2] > 1
 
 
