@@ -104,4 +104,4 @@ def _figures(record: RunRecord, folder: Path) -> None:
     ``live/static.py``)."""
     fig = panel_image.make_figure(record)
     fig.write_html(folder / "figures.html", include_plotlyjs=True)
-    static.write_png(fig, folder / "figures.png")
+    (folder / "figures.png").write_bytes(static.to_png(fig))
