@@ -113,7 +113,7 @@ class Probe:
         else:
             self.bad = self.size
         placement = self.loop.placement
-        placement.resume_micro(None)  # the next size starts whole again
+        placement.recovery.micro.size = None  # the next size starts whole again
         self.loop.state.micro = None
         self.loop.learner.optimizer.zero_grad(set_to_none=True)
         free_memory(placement.device)

@@ -163,10 +163,6 @@ class Placement:
                          setup.cpu_precision(), strategy=SingleDevice("cpu"),
                          params=learner.params, loss_scale=self.precision.scaler.get_scale)
 
-    def resume_micro(self, size: int | None) -> None:
-        """The micro-batch size a restored state ran with (after an OOM split)."""
-        self.recovery.micro.size = size
-
     def continue_on_cpu(self, loaders: list) -> None:
         """The device is lost: it is never used again in this process, and what follows runs
         on the CPU in fp32 (no pinned memory, no compile)."""
