@@ -6,6 +6,7 @@ shared by the strategies, train's recovery and the speedups' trials. The devices
 
 from __future__ import annotations
 
+import contextlib
 import gc
 
 import torch
@@ -82,6 +83,7 @@ def free_memory(device: torch.device) -> None:
     if device.type == "cpu" or is_lost(device):
         return
     if device.type == "cuda" and torch.cuda.is_available():
-        torch.cuda.empty_cache()
+        with contextlib.suppress(RuntimeError):  # a sticky error not yet marked lost refuses
+            torch.cuda.empty_cache()
     elif device.type == "mps":
         torch.mps.empty_cache()
