@@ -305,7 +305,7 @@ def cpu_section(batch: int, repeats: int, steps: int) -> tuple[str, list]:
     import torch.nn.functional as F
 
     from bench.common import interleaved, markdown_table, median, spread
-    from hybridnb.speedups import apply_speedups, rewrite_depthwise
+    from hybridnb.speedups import DEPTHWISE, apply_speedups
 
     x, y = windows(batch)
     nets = {}
@@ -314,7 +314,7 @@ def cpu_section(batch: int, repeats: int, steps: int) -> tuple[str, list]:
         torch.manual_seed(0)
         net = build_model("eegnex").train()
         if rewrite:
-            assert rewrite_depthwise(net, x[:4]), "EEGNeX's spatial conv should be rewritten"
+            assert DEPTHWISE.apply(net, x[:4]), "EEGNeX's spatial conv should be rewritten"
         if cl:
             net = net.to(memory_format=torch.channels_last)
         nets[label] = (net, torch.optim.AdamW(net.parameters(), lr=LR))

@@ -126,19 +126,6 @@ def launched_rank(environ: dict[str, str] | None = None) -> tuple[bool, int | No
     return True, job[1], job[2]
 
 
-# ------------------------------------------------------------------ this process's role and tools
-
-def isolated_worker(environ: dict[str, str] | None = None) -> bool:
-    """True in an isolated training worker (``HYBRIDNB_ISOLATED`` set): it owns CUDA and never
-    isolates again."""
-    return bool(_env(environ).get(ISOLATED_ENV))
-
-
-def visible_gpus(environ: dict[str, str] | None = None) -> str | None:
-    """``$CUDA_VISIBLE_DEVICES`` as set (None when unset), for messages about GPU counts."""
-    return _env(environ).get("CUDA_VISIBLE_DEVICES")
-
-
 # ------------------------------------------------------------------ the cache folder
 
 def cache_dir(environ: dict[str, str] | None = None) -> Path:
@@ -189,8 +176,3 @@ def warm_worker(environ: dict[str, str] | None = None) -> bool:
 def environment() -> dict[str, str]:
     """A copy of this process's environment: what a child process starts from."""
     return dict(os.environ)
-
-
-def omp_threads_set(environ: dict[str, str] | None = None) -> bool:
-    """Whether ``OMP_NUM_THREADS`` is set (then a launched rank keeps torch's thread count)."""
-    return "OMP_NUM_THREADS" in _env(environ)

@@ -1,5 +1,6 @@
-"""Torch's global state, held for a while and put back (eval mode, random generators): one
-definition below the training step, compare() and the speedups' trials."""
+"""Torch's global state, held for a while and put back (eval mode, random generators), and a
+model's meta copy (shapes only): one definition below the training step, its preflight,
+compare() and the speedups' trials."""
 
 from __future__ import annotations
 
@@ -32,3 +33,15 @@ def set_torch_rng_state(state: tuple, device: torch.device) -> None:
     torch.set_rng_state(state[0])
     if state[1] is not None:
         torch.cuda.set_rng_state(state[1], device)
+
+
+def on_meta(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s shape, dtype and requires_grad on the meta device: no memory, no compute."""
+    return torch.empty_like(t, device="meta").requires_grad_(t.requires_grad)
+
+
+def meta_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer of ``model`` on meta, by name (a tied one under each name), for
+    ``torch.func.functional_call``: the model run for its shapes only."""
+    return {name: on_meta(t) for name, t in [*model.named_parameters(remove_duplicate=False),
+                                             *model.named_buffers(remove_duplicate=False)]}

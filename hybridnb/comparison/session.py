@@ -20,14 +20,13 @@ from torch import nn
 
 from hybridnb import speedups
 from hybridnb.comparison.variants import Variant, unavailable
+from hybridnb.failures import first_line, free_memory, is_oom
 from hybridnb.hardware.rules import device_native_bf16
 from hybridnb.measure.memory import MemorySampler, heap_reader, peak_bytes, reset_peak
 from hybridnb.measure.timing import Stopwatch, nvml_busy_reader, synchronize
-from hybridnb.speedups import rewrite_depthwise
 from hybridnb.torch_state import set_torch_rng_state, torch_rng_state
 from hybridnb.train.losses import make_loss
 from hybridnb.train.precision import Precision
-from hybridnb.train.recovery import first_line, free_memory, is_oom
 from hybridnb.train.step import TrainStep
 
 CPU_BF16_NOTE = ("bf16 on the CPU runs with oneDNN off (torch.backends.mkldnn.flags): oneDNN's "
@@ -61,7 +60,7 @@ def apply_changes(variant: Variant, model: nn.Module, x: torch.Tensor, device,
             return f"+speedups changes nothing here: {applied.message}", "", False
         return "", applied.message, "channels_last" in applied.applied
     if variant.rewrite:
-        report = rewrite_depthwise(model, x)
+        report = speedups.DEPTHWISE.apply(model, x)
         if not report:
             return report.note or ("+rewrite changes nothing here: the model has no depthwise "
                                    "convolution whose kernel spans its input's height (the "

@@ -18,7 +18,6 @@ import functools
 import io
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from hybridnb.live.plotly_mpl import DPI, RC  # plotly's sizes in matplotlib's units
@@ -63,12 +62,6 @@ def to_png(fig: Any) -> bytes:
 def to_svg(fig: Any) -> str:
     """The figure (a plotly figure or its dict) as an SVG document, drawn with matplotlib."""
     return save(to_matplotlib(fig), "svg").decode("utf-8")
-
-
-def write_png(fig: Any, path: str | Path) -> Path:
-    path = Path(path)
-    path.write_bytes(to_png(fig))
-    return path
 
 
 def image_bundle(fig: Any) -> dict[str, str]:

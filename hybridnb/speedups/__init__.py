@@ -9,7 +9,7 @@ the one entry point the Trainer's placement uses.
 from hybridnb.speedups.applied import Applied
 from hybridnb.speedups.chain import CHAIN, find_chains
 from hybridnb.speedups.decide import KNOBS, MODES, apply_speedups, cpu_candidate, wanted
-from hybridnb.speedups.depthwise import DEPTHWISE, rewrite_depthwise
+from hybridnb.speedups.depthwise import DEPTHWISE
 from hybridnb.speedups.replace import Replacement
 from hybridnb.speedups.rewrite import Rewrite, RewriteReport, Verdict
 from hybridnb.speedups.rows import ROWS
@@ -25,4 +25,4 @@ def undo_rewrites(model) -> int:
 
 __all__ = ["CHAIN", "DEPTHWISE", "KNOBS", "MODES", "REWRITES", "ROWS", "Applied", "Replacement",
            "Rewrite", "RewriteReport", "SPAN", "Verdict", "apply_speedups", "cpu_candidate",
-           "find_chains", "rewrite_depthwise", "undo_rewrites", "wanted"]
+           "find_chains", "undo_rewrites", "wanted"]

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from hybridnb.speedups.replace import FormReplacement, is_stock_conv2d
-from hybridnb.speedups.rewrite import LayerRewrite, RewriteReport
+from hybridnb.speedups.rewrite import LayerRewrite
 
 
 def spans_height(module: nn.Conv2d, x: torch.Tensor) -> bool:
@@ -64,7 +64,3 @@ class DepthwiseRewrite(LayerRewrite):
 
 DEPTHWISE = DepthwiseRewrite()
 
-
-def rewrite_depthwise(model: nn.Module, *example) -> RewriteReport:
-    """``DEPTHWISE.apply`` (comparison's layout variants call it)."""
-    return DEPTHWISE.apply(model, *example)

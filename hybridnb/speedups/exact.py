@@ -77,6 +77,15 @@ def tensors_of(out) -> list[torch.Tensor]:
     return []
 
 
+def first_tensor(out) -> torch.Tensor:
+    """The first tensor of a model's output: the one a training pass takes the loss of."""
+    found = tensors_of(out)
+    if not found:
+        raise TypeError(f"the model returned a {type(out).__name__} without a tensor; a backward "
+                        "pass needs one")
+    return found[0]
+
+
 def training_diff(stock: nn.Module, fast: nn.Module, inputs: tuple) -> float:
     """Largest relative difference of one training-mode forward + backward of ``stock`` and
     ``fast`` (copies: both are changed) on ``inputs``, same random streams, a fixed random

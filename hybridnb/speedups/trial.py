@@ -9,7 +9,6 @@ after (``Snapshot``).
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -19,8 +18,9 @@ import torch
 from torch import nn
 
 from hybridnb import platform
+from hybridnb.failures import free_memory
 from hybridnb.measure.timing import synchronize
-from hybridnb.speedups.exact import tensors_of
+from hybridnb.speedups.exact import first_tensor
 from hybridnb.torch_state import set_torch_rng_state as set_rng_state
 from hybridnb.torch_state import torch_rng_state as rng_state
 
@@ -89,18 +89,6 @@ def paired(step: Callable[[bool], float], budget: float, run_steps: int | None =
     return ratios
 
 
-def free_memory(device: torch.device) -> None:
-    """What a failed step left behind, released (call it outside the ``except``); on the CPU
-    the young generations suffice."""
-    if device.type == "cpu":
-        gc.collect(1)
-        return
-    gc.collect()
-    if device.type == "cuda" and torch.cuda.is_initialized():
-        with contextlib.suppress(RuntimeError):  # a device in a sticky error state refuses
-            torch.cuda.empty_cache()
-
-
 def timed_step(toggle: Callable[[bool], str | None], state: bool, model: nn.Module,
                inputs: tuple, device: torch.device, prec: str) -> float:
     """Seconds for one step with the knob in ``state`` (synchronised before and after); a toggle
@@ -118,11 +106,7 @@ def train_pass(model: nn.Module, inputs: tuple, precision: str, device: torch.de
     output, as the training step runs them; the gradients are dropped."""
     with autocast(precision, device):
         out = model(*inputs)
-    found = tensors_of(out)
-    if not found:
-        raise TypeError(f"the model returned a {type(out).__name__} without a tensor; a "
-                        "backward pass needs one")
-    loss = found[0].float().mean()
+    loss = first_tensor(out).float().mean()
     if loss.requires_grad:
         loss.backward()
     for p in model.parameters():

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from hybridnb import failures
-from hybridnb.env import launch_env, visible_gpus
+from hybridnb.env import current, launch_env
 from hybridnb.strategies.base import Strategy
 from hybridnb.strategies.batches import ResumableBatchSampler, batch_len
 
@@ -31,11 +31,11 @@ LAUNCH_HELP = ("start one process per device with torchrun (torchrun --nproc_per
                "script.py) or, from a notebook, hn.launch(fn, num_processes=N)")
 
 
-def wants_ddp(strategy, environ: dict[str, str] | None = None) -> bool:
+def wants_ddp(strategy) -> bool:
     """Whether ``strategy`` means DDP here: "ddp", or "auto" inside a job of 2+ ranks."""
     if strategy == "ddp":
         return True
-    job = launch_env(environ)
+    job = launch_env()
     return strategy in ("auto", None) and job is not None and job[2] > 1
 
 
@@ -271,7 +271,7 @@ def _rank_device(device, local_rank: int) -> torch.device:
     index = local_rank if local_rank < count else 0 if count == 1 else None
     if index is None:
         raise RuntimeError(f"LOCAL_RANK={local_rank} but this process sees {count} GPU(s) "
-                           f"(CUDA_VISIBLE_DEVICES={visible_gpus()!r}); "
+                           f"(CUDA_VISIBLE_DEVICES={current().get('CUDA_VISIBLE_DEVICES')!r}); "
                            f"NCCL needs one GPU per process: start at most {count} processes "
                            "per machine")
     if device.index is not None and device.index != index:

@@ -23,8 +23,8 @@ from hybridnb.env import (  # HEADLESS: text view
     HEADLESS_ENV,
     LAUNCHED_ENV,
     NOTEBOOK_FRONTENDS,
+    current,
     launch_env,
-    omp_threads_set,
 )
 from hybridnb.processes.channel import DONE, ERROR, Message
 from hybridnb.processes.child import start_fork, start_spawn
@@ -191,7 +191,7 @@ def _rank_main(channel, index: int, fn, args, draws_cr: bool) -> Any:
     sys.stderr = _PipeText(2, draws_cr)
     import torch
 
-    if not omp_threads_set():
+    if "OMP_NUM_THREADS" not in current():  # set: the user chose the thread count
         world = (launch_env() or (0, 0, 1))[2]
         torch.set_num_threads(max(1, torch.get_num_threads() // world))
     try:

@@ -16,8 +16,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from hybridnb.events import Event
+from hybridnb.failures import free_memory
 from hybridnb.measure.memory import peak_bytes, reset_peak
-from hybridnb.train import opening, recovery
+from hybridnb.train import opening
 from hybridnb.train.bus import StepEnded
 from hybridnb.train.data import as_dataset
 from hybridnb.train.opening import CancelFit
@@ -112,10 +113,10 @@ class Probe:
         else:
             self.bad = self.size
         placement = self.loop.placement
-        placement.resume_micro(None)  # the next size starts whole again
+        placement.recovery.micro.size = None  # the next size starts whole again
         self.loop.state.micro = None
         self.loop.learner.optimizer.zero_grad(set_to_none=True)
-        recovery.free_memory(placement.device)
+        free_memory(placement.device)
         size = self._next()
         if size is None:
             raise CancelFit

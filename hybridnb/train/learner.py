@@ -9,9 +9,9 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from hybridnb.train import recovery, setup
-from hybridnb.train.ema import make_ema
 from hybridnb.train.losses import make_loss
 from hybridnb.train.schedules import make_schedule
 from hybridnb.train.settings import Settings
@@ -151,3 +151,11 @@ def _no_params(model: torch.nn.Module, freeze) -> str:
         return f"freeze={list(freeze)!r} leaves no trainable parameter in {name}"
     return (f"every parameter of {name} has requires_grad=False: unfreeze the layers to train "
             "(p.requires_grad_(True)), or use freeze=[...] to leave some untrained")
+
+
+def make_ema(model: torch.nn.Module, decay: float) -> AveragedModel:
+    """An EMA copy of ``model`` with torch's AveragedModel, buffers (batch-norm statistics)
+    averaged too: after each step ``ema = decay * ema + (1 - decay) * weights``."""
+    if not 0.0 < decay < 1.0:
+        raise ValueError(f"ema={decay!r}: the decay must be between 0 and 1 (e.g. 0.999)")
+    return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)

@@ -21,9 +21,10 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from hybridnb.files import is_write_failure
 from hybridnb.train import checkpoint
 from hybridnb.train.state import HISTORY_COLUMNS
-from hybridnb.train.storage import StorageGuard, is_write_failure
+from hybridnb.train.storage import StorageGuard
 
 HISTORY = "history.csv"
 TB_EVENTS = "events.out.tfevents.*"

@@ -9,7 +9,8 @@ import os
 from collections.abc import Iterator
 
 from hybridnb.env import quick
-from hybridnb.train import recovery, saved, setup
+from hybridnb.failures import free_memory
+from hybridnb.train import saved, setup
 from hybridnb.train.blocks import checkpointed_blocks, say_checkpointed
 from hybridnb.train.bus import Started
 from hybridnb.train.data import QUICK_EPOCHS, QUICK_STEPS, make_loader
@@ -190,4 +191,4 @@ def trial(loop, loader, plan: Plan, listener, schedule) -> Iterator[None]:
         loop.learner.optimizer.zero_grad(set_to_none=True)
         saved.rewind(loop, start)
         setup.build_step(loop)  # the trainer's own guard, EMA and on_gpu_error again
-        recovery.free_memory(placement.device)
+        free_memory(placement.device)

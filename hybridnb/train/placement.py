@@ -15,7 +15,7 @@ import time
 import torch
 from torch.utils.data import default_collate
 
-from hybridnb import speedups
+from hybridnb import failures, speedups
 from hybridnb.strategies.base import SingleDevice
 from hybridnb.train import recovery, setup
 from hybridnb.train.data import IndexedBatches, is_stream, leave_device
@@ -136,7 +136,7 @@ class Placement:
             except Exception as exc:  # compile is lazy; this catches a missing backend
                 compiled = False
                 self.bus.say("compile_fallback", f"torch.compile unavailable "
-                             f"({type(exc).__name__}: {recovery.first_line(exc)}); training eager")
+                             f"({type(exc).__name__}: {failures.first_line(exc)}); training eager")
             else:
                 say_compiling(model, learner.model, self.device, self.bus)
         self.step = self._make_step(model)
@@ -163,14 +163,10 @@ class Placement:
                          setup.cpu_precision(), strategy=SingleDevice("cpu"),
                          params=learner.params, loss_scale=self.precision.scaler.get_scale)
 
-    def resume_micro(self, size: int | None) -> None:
-        """The micro-batch size a restored state ran with (after an OOM split)."""
-        self.recovery.micro.size = size
-
     def continue_on_cpu(self, loaders: list) -> None:
         """The device is lost: it is never used again in this process, and what follows runs
         on the CPU in fp32 (no pinned memory, no compile)."""
-        recovery.mark_lost(self.device)
+        failures.mark_lost(self.device)
         leave_device(loaders)
         self.strategy = self.strategy.on_cpu()
         self.precision = setup.cpu_precision()

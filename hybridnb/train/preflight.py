@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, TensorDataset, default_collate
 
-from hybridnb.torch_state import evaluating
+from hybridnb.torch_state import evaluating, meta_state, on_meta
 
 _ARRAY = (np.ndarray, torch.Tensor)
 FIT_XY = ("fit's second argument is the validation data, not the targets: pass the training "
@@ -93,11 +93,7 @@ def _on_meta(model: torch.nn.Module, x: torch.Tensor):
     from torch.func import functional_call
 
     try:
-        swapped = {name: torch.empty_like(t, device="meta") for name, t in
-                   [*model.named_parameters(remove_duplicate=False),
-                    *model.named_buffers(remove_duplicate=False)]}
         with evaluating(model), torch.no_grad():
-            return functional_call(model, swapped, (torch.empty_like(x, device="meta"),),
-                                   tie_weights=True)
+            return functional_call(model, meta_state(model), (on_meta(x),), tie_weights=True)
     except Exception:  # noqa: BLE001 - any failure on meta: the first step checks instead
         return None

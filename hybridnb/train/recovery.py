@@ -28,40 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridnb.failures import first_line, is_device_lost, is_oom
-from hybridnb.measure.memory import cuda_index
+from hybridnb.failures import first_line, free_memory, is_device_lost, is_oom, mark_lost
 from hybridnb.strategies.batches import batch_len
 from hybridnb.torch_state import set_torch_rng_state, torch_rng_state
-
-_LOST: set[str] = set()
-
-
-def _key(device: torch.device) -> str:
-    """"cuda" and "cuda:N" name the same GPU when N is the current one."""
-    device = torch.device(device)
-    return f"cuda:{cuda_index(device)}" if device.type == "cuda" else str(device)
-
-
-def mark_lost(device: torch.device) -> None:
-    """Remember that ``device`` failed with a sticky error: never use it again in this process."""
-    _LOST.add(_key(device))
-
-
-def is_lost(device: torch.device) -> bool:
-    return _key(device) in _LOST
-
-
-def free_memory(device: torch.device) -> None:
-    """Release what a failed step left behind (outside the ``except`` block). A full
-    collection (tenths of a second) only for accelerators, whose cached blocks go back to the
-    driver; a device marked lost is never called."""
-    gc.collect(1 if device.type == "cpu" else 2)
-    if device.type == "cpu" or is_lost(device):
-        return
-    if device.type == "cuda" and torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    elif device.type == "mps":
-        torch.mps.empty_cache()
 
 
 @dataclass

@@ -1,13 +1,16 @@
 """trainer.report(folder): what a run leaves behind for people who were not watching: history.csv,
 steps.csv, events.csv, the live view's figure (figures.html, plotly; figures.png, matplotlib: no
-browser needed), model.txt (torchinfo's table) and summary.txt (the view's end paragraph, then each
-event), drawn from a ``RunRecord`` refilled with the run's steps, epoch rows and events."""
+browser needed), model.txt (torchinfo's table: ``model_summary``, also behind
+``Trainer.model_summary()``) and summary.txt (the view's end paragraph, then each event), drawn
+from a ``RunRecord`` refilled with the run's steps, epoch rows and events."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
+import torch
 
 from hybridnb.events import EpochRow, StepRow
 from hybridnb.live import panel_image, static
@@ -39,16 +42,34 @@ def write_report(trainer, folder) -> Path:
 def _model(trainer, folder: Path) -> list[str]:
     """model.txt: the model's summary (output shapes when a forward on one zero sample works,
     else parameters only, said); returns the note saying so."""
-    from hybridnb.train.summary import model_summary
-
     try:
-        table, note = model_summary(trainer), []
+        table, note = trainer.model_summary(), []
     except Exception as exc:  # the user's forward: any error, said in the note
         table = model_summary(trainer.model)
         note = [f"model.txt holds parameters only: a forward on one zero sample failed "
                 f"({type(exc).__name__}: {str(exc)[:160]})"]
     (folder / "model.txt").write_text(f"{table}\n")
     return note
+
+
+def model_summary(model: torch.nn.Module, input_shape: Sequence[int] | None = None,
+                  depth: int = 3):
+    """torchinfo's ``ModelStatistics`` (``str()``: the table) for one zero-filled sample of
+    ``input_shape`` (without the batch dimension; None: parameters only), in eval mode and
+    without gradients, so asking for it never changes a run (no random numbers, no statistics)."""
+    import torchinfo  # imported only when a summary is asked for
+
+    weights = next(iter(model.parameters()), None)
+    device = weights.device if weights is not None else torch.device("cpu")
+    data = None
+    if input_shape is not None:
+        dtype = weights.dtype if weights is not None and weights.is_floating_point() else \
+            torch.float32
+        data = [torch.zeros((1, *input_shape), dtype=dtype, device=device)]
+    with torch.no_grad():
+        return torchinfo.summary(model, input_data=data, depth=depth, verbose=0, mode="eval",
+                                 device=device, col_names=("output_size", "num_params")
+                                 if data is not None else ("num_params",))
 
 
 def run_record(trainer, summary: dict) -> RunRecord:
@@ -83,4 +104,4 @@ def _figures(record: RunRecord, folder: Path) -> None:
     ``live/static.py``)."""
     fig = panel_image.make_figure(record)
     fig.write_html(folder / "figures.html", include_plotlyjs=True)
-    static.write_png(fig, folder / "figures.png")
+    (folder / "figures.png").write_bytes(static.to_png(fig))

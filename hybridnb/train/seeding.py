@@ -9,7 +9,7 @@ import random
 import numpy as np
 import torch
 
-from hybridnb.env import isolated_worker
+from hybridnb.env import ISOLATED_ENV, current
 
 
 def seed_everything(seed: int) -> None:
@@ -58,5 +58,5 @@ def set_rng_state(state: dict) -> None:
 def _owns_cuda() -> bool:
     """Whether this process may touch CUDA: it already did, or it is an isolated worker (a
     kernel that hands training to a worker never starts the CUDA driver)."""
-    return torch.cuda.is_initialized() or (isolated_worker()
+    return torch.cuda.is_initialized() or (bool(current().get(ISOLATED_ENV))
                                            and torch.cuda.is_available())

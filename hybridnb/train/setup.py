@@ -9,11 +9,11 @@ import fnmatch
 
 import torch
 
+from hybridnb.failures import is_lost
 from hybridnb.measure.memory import cuda_index
 from hybridnb.strategies.base import SingleDevice, Strategy
 from hybridnb.strategies.ddp import DDPStrategy, wants_ddp
 from hybridnb.strategies.deepspeed import make_strategy as make_deepspeed
-from hybridnb.train import recovery
 from hybridnb.train.precision import Precision
 
 STRATEGIES = ("auto", "single", "ddp", "deepspeed")
@@ -34,7 +34,7 @@ def resolve_device(device, hw, bus=None) -> torch.device:
         if missing:
             raise ValueError(f"device={device!r}: {missing}; use device='auto' (what "
                              "hn.detect() recommends) or device='cpu'")
-    if dev.type != "cpu" and recovery.is_lost(dev):
+    if dev.type != "cpu" and is_lost(dev):
         if bus is not None:
             bus.note("device_lost", f"{dev} failed earlier in this process; using the CPU")
         return torch.device("cpu")

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridnb.failures import first_line, is_oom
+from hybridnb.failures import first_line, free_memory, is_oom
+from hybridnb.speedups.exact import first_tensor
 from hybridnb.strategies.base import SingleDevice, Strategy
-from hybridnb.torch_state import evaluating
+from hybridnb.torch_state import evaluating, meta_state, on_meta
 from hybridnb.train.precision import Precision
-from hybridnb.train.recovery import free_memory
 
 
 @dataclass
@@ -168,26 +168,10 @@ def _count_on_meta(model: torch.nn.Module, inputs: tuple) -> int | None:
     """The count on meta tensors, or None when the model cannot run on meta."""
     from torch.func import functional_call
 
-    def meta(t: torch.Tensor) -> torch.Tensor:
-        return torch.empty_like(t, device="meta").requires_grad_(t.requires_grad)
-
     try:
-        swapped = {name: meta(t) for name, t in
-                   [*model.named_parameters(remove_duplicate=False),
-                    *model.named_buffers(remove_duplicate=False)]}
-        fake = tuple(meta(x) if isinstance(x, torch.Tensor) else x for x in inputs)
+        swapped = meta_state(model)
+        fake = tuple(on_meta(x) if isinstance(x, torch.Tensor) else x for x in inputs)
         return _count_pass(model, fake,
                            lambda *xs: functional_call(model, swapped, xs, tie_weights=True))
     except Exception:  # noqa: BLE001 - any failure on meta means: count on the real tensors
         return None
-
-
-def first_tensor(out) -> torch.Tensor:
-    """The first tensor of a model's output (a tensor, a tuple/list, or a dict)."""
-    if isinstance(out, torch.Tensor):
-        return out
-    for v in (out.values() if isinstance(out, dict) else out):
-        if isinstance(v, torch.Tensor):
-            return v
-    raise TypeError(f"the model returned a {type(out).__name__} without a tensor; a backward "
-                    "pass needs one")

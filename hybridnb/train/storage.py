@@ -12,10 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hybridnb.events import Event
-from hybridnb.files import describe, is_write_failure
+from hybridnb.files import describe
 from hybridnb.train.bus import Bus
-
-__all__ = ["StorageGuard", "describe", "is_write_failure"]
 
 
 class StorageGuard:

@@ -401,8 +401,9 @@ class Trainer:
     def model_summary(self, input_shape: tuple[int, ...] | None = None, depth: int = 3):
         """The model's layers, output shapes and parameters (torchinfo), for one sample of
         ``input_shape`` (default: the shape of the data the last fit saw); ``print()`` it."""
-        from hybridnb.train.summary import model_summary
-        return model_summary(self, input_shape, depth)
+        from hybridnb.train.report import model_summary
+        shape = self.learner.input_shape if input_shape is None else input_shape
+        return model_summary(self.model, shape, depth)
 
     def report(self, folder: str | Path) -> Path:
         """Write history.csv, steps.csv, events.csv, figures (HTML; PNG when possible),

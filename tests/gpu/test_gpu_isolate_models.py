@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch.nn.utils import parametrize
 
-from hybridnb.train import recovery
+from hybridnb import failures
 from hybridnb.train.isolate import run_isolated
 from hybridnb.train.trainer import Trainer
 
@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),
 
 @pytest.fixture(autouse=True)
 def _fresh_lost_devices(monkeypatch):
-    monkeypatch.setattr(recovery, "_LOST", set())
+    monkeypatch.setattr(failures, "_LOST", set())
 
 
 def windows(n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:

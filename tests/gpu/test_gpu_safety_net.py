@@ -27,7 +27,7 @@ import pytest
 import torch
 from torch import nn
 
-from hybridnb.train import recovery
+from hybridnb import failures
 from hybridnb.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +78,7 @@ def children():
 
 @pytest.fixture(autouse=True)
 def _fresh_lost_devices(monkeypatch):
-    monkeypatch.setattr(recovery, "_LOST", set())
+    monkeypatch.setattr(failures, "_LOST", set())
 
 
 @pytest.mark.parametrize("kind", ["assert", "sleep", "abort"])

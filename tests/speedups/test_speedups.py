@@ -17,7 +17,6 @@ from torch.nn.utils import parametrize
 
 from hybridnb import speedups
 from hybridnb.speedups import DEPTHWISE, ROWS, apply_speedups, decide, depthwise, trial
-from hybridnb.speedups.depthwise import rewrite_depthwise
 
 
 def rewritten_modules(model: nn.Module) -> list[str]:
@@ -80,7 +79,7 @@ def test_rewrite_is_exact_over_random_depthwise_shapes(mult, bias, max_norm):
         stock = copy.deepcopy(conv)
         conv = nn.Sequential(conv)  # a replacement takes the place of a submodule
         x = torch.randn(5, groups, height, width, generator=g)
-        report = rewrite_depthwise(conv, x)
+        report = DEPTHWISE.apply(conv, x)
         assert report.rewritten == ["0"]
         assert DEPTHWISE.active(conv) == ["0"]
         xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
@@ -105,14 +104,14 @@ def test_only_height_spanning_depthwise_convs_are_rewritten():
         "strided in time": (nn.Conv2d(4, 8, (6, 1), groups=4, stride=(1, 2)), x),
     }
     for why, (conv, inp) in cases.items():
-        assert not rewrite_depthwise(conv, inp), why
+        assert not DEPTHWISE.apply(conv, inp), why
         assert type(conv) is nn.Conv2d, why
 
 
 def test_other_shapes_take_the_convolution_path_after_rewrite():
     conv = nn.Sequential(nn.Conv2d(3, 6, (4, 1), groups=3))
     stock = copy.deepcopy(conv)
-    assert rewrite_depthwise(conv, torch.randn(2, 3, 4, 7))
+    assert DEPTHWISE.apply(conv, torch.randn(2, 3, 4, 7))
     taller = torch.randn(2, 3, 9, 7)  # kernel no longer spans the height: the conv runs
     torch.testing.assert_close(conv(taller), stock(taller))
     unbatched = torch.randn(3, 4, 7)
@@ -125,7 +124,7 @@ def test_state_dict_round_trip_into_the_stock_model():
     model = _scaled(Spatial(height=7, groups=3, mult=2, bias=True, max_norm=True))
     x = torch.randn(6, 1, 7, 20)
     keys = list(model.state_dict())
-    assert rewrite_depthwise(model, x).rewritten == ["spatial"]
+    assert DEPTHWISE.apply(model, x).rewritten == ["spatial"]
     assert list(model.state_dict()) == keys  # parametrization and names untouched
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for _ in range(3):  # train the rewritten model so its weights move
@@ -148,7 +147,7 @@ def test_state_dict_round_trip_into_the_stock_model():
 def test_whole_model_files_load_as_the_stock_class_and_undo_restores_it():
     model = Spatial(height=5, groups=2, mult=2, bias=False, max_norm=False)
     x = torch.randn(3, 1, 5, 11)
-    rewrite_depthwise(model, x)
+    DEPTHWISE.apply(model, x)
     assert rewritten_modules(model) == ["spatial"]
     buf = io.BytesIO()
     torch.save(model, buf)
@@ -166,7 +165,7 @@ def test_a_rewrite_that_differs_is_not_used_and_says_so(monkeypatch):
                         staticmethod(lambda m, x: real(m, x) + 1.0))
     model = Spatial(height=5, groups=2, mult=1, bias=True, max_norm=False)
     x = torch.randn(3, 1, 5, 11)
-    report = rewrite_depthwise(model, x)
+    report = DEPTHWISE.apply(model, x)
     assert not report and "not used" in report.note
     assert type(model.spatial) is nn.Conv2d
     applied = apply_speedups(model, x, "cpu", mode="all", knobs=["rewrite"])
@@ -177,7 +176,7 @@ def test_a_rewrite_that_differs_is_not_used_and_says_so(monkeypatch):
 def test_rewrite_check_leaves_batchnorm_and_training_flags_alone():
     model = Spatial(height=5, groups=2, mult=2, bias=True, max_norm=True).train()
     before = copy.deepcopy(model.state_dict())
-    rewrite_depthwise(model, torch.randn(4, 1, 5, 9))
+    DEPTHWISE.apply(model, torch.randn(4, 1, 5, 9))
     assert model.training and model.bn.training
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
@@ -189,7 +188,7 @@ def test_eegnex_trains_the_same_after_rewrite():
     stock = models.EEGNeX(n_chans=24, n_outputs=1, n_times=64)
     fast = copy.deepcopy(stock)
     x = torch.randn(4, 24, 64)
-    report = rewrite_depthwise(fast, x)
+    report = DEPTHWISE.apply(fast, x)
     assert len(report.rewritten) == 1, "EEGNeX's spatial filter spans all channels"
     assert "parametrizations" in dict(fast.named_modules())[report.rewritten[0]]._modules
     for model in (stock, fast):
@@ -288,7 +287,7 @@ def test_the_check_runs_without_tf32_and_restores_the_flags(monkeypatch):
 
     monkeypatch.setattr(depthwise.MatmulDepthwise, "compute", staticmethod(spy))
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
-    assert rewrite_depthwise(nn.Sequential(nn.Conv2d(2, 4, (3, 1), groups=2)),
+    assert DEPTHWISE.apply(nn.Sequential(nn.Conv2d(2, 4, (3, 1), groups=2)),
                              torch.randn(2, 2, 3, 5))
     assert set(seen) == {(False, False)}  # layer check and whole-model check: exact fp32
     assert torch.backends.cudnn.allow_tf32 is True

@@ -336,12 +336,17 @@ def test_unshuffled_shards_concatenate_in_dataset_order_and_resume_mid_epoch():
 
 
 # ------------------------------------------------------------------------------- choosing
-def test_strategy_choice_follows_the_launch_environment():
-    job = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "4"}
-    assert distributed.launch_env(job) == (1, 1, 4)
-    assert distributed.wants_ddp("auto", job) and distributed.wants_ddp("ddp", {})
-    assert not distributed.wants_ddp("auto", {"RANK": "0", "WORLD_SIZE": "1"})
-    assert not distributed.wants_ddp("auto", {}) and not distributed.wants_ddp("single", job)
+def test_strategy_choice_follows_the_launch_environment(monkeypatch):
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert not distributed.wants_ddp("auto") and distributed.wants_ddp("ddp")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert not distributed.wants_ddp("auto")
+    for name, value in (("RANK", "1"), ("LOCAL_RANK", "1"), ("WORLD_SIZE", "4")):
+        monkeypatch.setenv(name, value)
+    assert distributed.launch_env() == (1, 1, 4)
+    assert distributed.wants_ddp("auto") and not distributed.wants_ddp("single")
 
 
 def test_asking_for_ddp_or_deepspeed_outside_a_job_says_what_to_do(monkeypatch):

@@ -14,7 +14,8 @@ import torch
 from faults import FAULT_ENV
 from tiny import sine_data, sine_net
 
-from hybridnb.train import checkpoint, recovery
+from hybridnb import failures
+from hybridnb.train import checkpoint
 from hybridnb.train.callbacks import CallbackError
 from hybridnb.train.trainer import Trainer
 
@@ -71,7 +72,7 @@ def trainer(tmp_path, callbacks, **kw):
 
 @pytest.fixture(autouse=True)
 def _fresh_lost_devices(monkeypatch):
-    monkeypatch.setattr(recovery, "_LOST", set())
+    monkeypatch.setattr(failures, "_LOST", set())
 
 
 def check_calls(rec: Record, tr: Trainer) -> None:

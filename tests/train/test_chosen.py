@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
+from hybridnb import failures
 from hybridnb.hardware import detect as hardware_detect
 from hybridnb.live.summary import header
-from hybridnb.train import recovery
 from hybridnb.train.trainer import Trainer
 
 torch.set_num_threads(1)
@@ -27,7 +27,7 @@ def fake_detect(batch_size=16, grad_accum=4):
 
 @pytest.fixture(autouse=True)
 def _advice(monkeypatch):
-    monkeypatch.setattr(recovery, "_LOST", set())
+    monkeypatch.setattr(failures, "_LOST", set())
     monkeypatch.setattr(hardware_detect, "detect", fake_detect)
 
 

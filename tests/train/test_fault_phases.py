@@ -20,8 +20,8 @@ import torch
 from faults import FAULT_ENV, SIMULATE_CUDA_ENV
 from tiny import sine_data, sine_net
 
+from hybridnb import failures
 from hybridnb.env import FIRST_STEP_GRACE_ENV
-from hybridnb.train import recovery
 from hybridnb.train.trainer import Trainer
 
 pytestmark = pytest.mark.slow
@@ -62,7 +62,7 @@ def children():
 
 @pytest.fixture(autouse=True)
 def _fresh_lost_devices(monkeypatch):
-    monkeypatch.setattr(recovery, "_LOST", set())
+    monkeypatch.setattr(failures, "_LOST", set())
 
 
 @pytest.fixture

@@ -23,7 +23,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from hybridnb.train import recovery, step
+from hybridnb import failures
+from hybridnb.train import step
 from hybridnb.train.bus import EpochEnded, StepEnded
 from hybridnb.train.checkpoint import read as read_checkpoint
 from hybridnb.train.placement import FLOP_SLICE, Placement
@@ -57,7 +58,7 @@ def windows(n=128, seed=0):
 
 @pytest.fixture(autouse=True)
 def _fresh_lost_devices(monkeypatch):
-    monkeypatch.setattr(recovery, "_LOST", set())
+    monkeypatch.setattr(failures, "_LOST", set())
 
 
 def test_what_the_worker_applied_and_measured_reaches_the_kernel(tmp_path):

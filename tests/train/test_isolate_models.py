@@ -26,7 +26,7 @@ from torch import nn
 from torch.nn.utils import parametrizations, parametrize
 from torch.nn.utils import weight_norm as hook_weight_norm
 
-from hybridnb.train import recovery
+from hybridnb import failures
 from hybridnb.train.isolate import run_isolated
 from hybridnb.train.trainer import Trainer
 
@@ -46,7 +46,7 @@ TWO_STEPS = {"device": "cpu", "epochs": 1, "batch_size": 2, "grad_accum": 1, "se
 
 @pytest.fixture(autouse=True)
 def _fresh_lost_devices(monkeypatch):
-    monkeypatch.setattr(recovery, "_LOST", set())
+    monkeypatch.setattr(failures, "_LOST", set())
 
 
 def windows(n: int = 4) -> tuple[torch.Tensor, torch.Tensor]:

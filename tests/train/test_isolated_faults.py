@@ -18,8 +18,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from hybridnb import failures
 from hybridnb.processes.channel import Channel
-from hybridnb.train import recovery
 from hybridnb.train.trainer import Trainer
 
 pytestmark = pytest.mark.slow
@@ -96,7 +96,7 @@ def bad_item():
 
 @pytest.fixture(autouse=True)
 def _fresh_lost_devices(monkeypatch):
-    monkeypatch.setattr(recovery, "_LOST", set())
+    monkeypatch.setattr(failures, "_LOST", set())
 
 
 def test_an_error_from_the_users_dataset_keeps_what_an_in_process_run_keeps():

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from hybridnb.train import recovery
+from hybridnb import failures
 from hybridnb.train.trainer import Trainer
 
 torch.set_num_threads(1)
@@ -63,7 +63,7 @@ def same(a, b):
 
 @pytest.fixture(autouse=True)
 def _fresh_lost_devices(monkeypatch):
-    monkeypatch.setattr(recovery, "_LOST", set())
+    monkeypatch.setattr(failures, "_LOST", set())
 
 
 def test_an_isolated_run_equals_an_in_process_run_and_fills_the_kernels_model():

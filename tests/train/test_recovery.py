@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from hybridnb import failures
 from hybridnb.strategies.base import SingleDevice
 from hybridnb.train import recovery
 from hybridnb.train.bus import Bus
@@ -201,7 +202,7 @@ def test_sticky_device_error_moves_the_run_to_cpu_from_the_last_good_state(monke
     """An illegal memory access at step 13 on a (pretend) GPU: the run continues on the CPU from
     the snapshot of step 10 and, replaying the same batches and RNG, ends exactly where a run
     without the fault ends."""
-    monkeypatch.setattr(recovery, "_LOST", set())
+    monkeypatch.setattr(failures, "_LOST", set())
     clean = fit(Faulty(), snapshot_every=5)
     gpu = SingleDevice("cpu")
     gpu.accelerator = True
@@ -256,7 +257,7 @@ class FakeGpu(SingleDevice):
 
 
 def test_after_a_lost_device_nothing_calls_into_it_and_the_run_finishes_on_cpu(monkeypatch):
-    monkeypatch.setattr(recovery, "_LOST", set())
+    monkeypatch.setattr(failures, "_LOST", set())
     gpu = FakeGpu()
     calls = []
     for name in ("empty_cache", "synchronize", "mem_get_info", "memory_allocated",
@@ -280,7 +281,7 @@ def test_after_a_lost_device_nothing_calls_into_it_and_the_run_finishes_on_cpu(m
 
 
 def test_oom_in_the_optimizer_update_on_a_gpu_is_treated_as_lost_device(monkeypatch):
-    monkeypatch.setattr(recovery, "_LOST", set())
+    monkeypatch.setattr(failures, "_LOST", set())
     gpu = SingleDevice("cpu")
     gpu.accelerator = True
     model = Faulty()

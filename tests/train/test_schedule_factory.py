@@ -10,7 +10,8 @@ from faults import FAULT_ENV
 from torch import nn
 from torch.optim import lr_scheduler
 
-from hybridnb.train import checkpoint, recovery
+from hybridnb import failures
+from hybridnb.train import checkpoint
 from hybridnb.train.trainer import Trainer
 
 torch.set_num_threads(1)
@@ -55,7 +56,7 @@ def trainer(model, tmp_path=None, **kw):
 
 @pytest.fixture(autouse=True)
 def _fresh_lost_devices(monkeypatch):
-    monkeypatch.setattr(recovery, "_LOST", set())
+    monkeypatch.setattr(failures, "_LOST", set())
 
 
 def reference_lrs(factory, n):

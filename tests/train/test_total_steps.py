@@ -10,8 +10,8 @@ import torch
 from torch import nn
 from torch.optim import lr_scheduler
 
+from hybridnb import failures
 from hybridnb.env import QUICK_ENV
-from hybridnb.train import recovery
 from hybridnb.train.data import QUICK_STEPS
 from hybridnb.train.trainer import Trainer
 
@@ -40,7 +40,7 @@ class Net(nn.Module):
 
 @pytest.fixture(autouse=True)
 def _plain(monkeypatch):
-    monkeypatch.setattr(recovery, "_LOST", set())
+    monkeypatch.setattr(failures, "_LOST", set())
     monkeypatch.delenv(QUICK_ENV, raising=False)
 
 
