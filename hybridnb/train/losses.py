@@ -34,7 +34,8 @@ def output_structure(out) -> str:
         return (f"the model returned a {type(out).__name__}, not a tensor: the loss needs the "
                 "predictions as one tensor of shape (batch,) or (batch, outputs)")
     keys = list(out) if isinstance(out, dict) else list(range(len(out)))
-    parts = [f"[{k!r}]: {_shape(out[k])}" for k in keys]
+    form = "{!r}: {}" if isinstance(out, dict) else "[{}]: {}"  # as the user would index it
+    parts = [form.format(k, _shape(out[k])) for k in keys]
     pick = f"out[{keys[0]!r}]" if keys else "out[...]"
     return (f"the model returned a {type(out).__name__} ({', '.join(parts[:6])}"
             f"{', ...' if len(parts) > 6 else ''}), not one tensor: the named losses need the "

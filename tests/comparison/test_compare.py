@@ -33,7 +33,9 @@ from hybridnb.comparison.variants import DEFAULT_VARIANTS, parse_variant
 
 cmp = importlib.import_module("hybridnb.comparison.compare")  # the module; hn.compare is the function
 
-FAST = dict(steps=2, warmup=1, repeats=2, device="cpu", progress=False)
+# in this process: a variant process costs seconds to start; the tests of isolation ask for it
+FAST = dict(steps=2, warmup=1, repeats=2, device="cpu", progress=False, isolate=False)
+ISOLATED = {**FAST, "isolate": True}
 
 
 def tiny() -> nn.Module:
@@ -143,7 +145,7 @@ def test_compile_failure_is_a_row_and_the_other_variants_keep_their_numbers(monk
 
     monkeypatch.setattr(importlib.import_module("hybridnb.comparison.session"), "_compile",
                         broken_compile)
-    df = compare(tiny, batch(), ("fp32", "fp32+compile", "bf16"), **FAST, isolate=False)
+    df = compare(tiny, batch(), ("fp32", "fp32+compile", "bf16"), **FAST)
     failed = row(df, "fp32+compile")
     assert failed["status"] == "failed"
     assert "warm-up" in failed["note"] and "inductor" in failed["note"]
@@ -311,7 +313,7 @@ def aborts_under_bf16() -> nn.Module:
 
 
 def test_a_variant_whose_process_aborts_is_a_row_and_the_caller_lives():
-    df = compare(aborts_under_bf16, batch(), ("fp32", "bf16", "fp32"), **FAST)
+    df = compare(aborts_under_bf16, batch(), ("fp32", "bf16", "fp32"), **ISOLATED)
     crashed = row(df, "bf16")
     assert crashed["status"] == "crashed" and math.isnan(crashed["samples_per_s"])
     assert "SIGABRT" in crashed["note"] and "warm-up" in crashed["note"]
@@ -337,7 +339,7 @@ def test_a_variant_that_hangs_is_killed_after_the_timeout_with_nothing_left_behi
         return model
 
     t0 = time.perf_counter()
-    df = compare(hangs_when_timed, batch(), ("fp32", "bf16"), **FAST, timeout=20)
+    df = compare(hangs_when_timed, batch(), ("fp32", "bf16"), **ISOLATED, timeout=20)
     assert time.perf_counter() - t0 < 20 + 40  # start-up of two interpreters + the timeout
     hung = row(df, "bf16")
     assert hung["status"] == "timeout" and "20 s" in hung["note"]
@@ -452,11 +454,11 @@ def test_first_step_diff_calls_exact_changes_exact_and_bf16_not():
 
 
 def test_in_process_runs_give_the_same_table():
-    df = compare(tiny, batch(), ("fp32", "bf16", "fp16"), **FAST, isolate=False)
+    df = compare(tiny, batch(), ("fp32", "bf16", "fp16"), **FAST)
     assert list(df["variant"]) == ["fp32", "bf16", "fp16"] and df.attrs["isolated"] is False
     assert list(df["status"]) == ["ok", "ok", "skipped"]
     assert row(df, "bf16")["final_loss"] == compare(
-        tiny, batch(), ("bf16",), **FAST)["final_loss"].iloc[1]  # same numbers either way
+        tiny, batch(), ("bf16",), **ISOLATED)["final_loss"].iloc[1]  # same numbers either way
 
 
 def test_an_unpicklable_model_function_runs_here_and_says_so(capsys):
@@ -484,7 +486,7 @@ def test_cpu_bf16_runs_with_onednn_off():
                 "cpu") else None)
         return model
 
-    df = compare(records_onednn, batch(), ("fp32", "bf16"), **FAST, isolate=False)
+    df = compare(records_onednn, batch(), ("fp32", "bf16"), **FAST)
     assert seen and not any(seen) and torch.backends.mkldnn.enabled  # scoped, then restored
     assert any("oneDNN off" in n for n in df.attrs["notes"])
 
