@@ -23,8 +23,8 @@ class SentFileChanged(RuntimeError):
     """A file sent by reference vanished or changed before the worker opened it."""
 
 
-# one file mapping of this process, as /proc/self/maps lists it (an array lies within one: it
-# came from one mmap); dev is (major, minor)
+# one file mapping of this process, as /proc/self/maps lists it, with the pieces the kernel split
+# it into merged back (an array lies within one mmap); dev is (major, minor)
 Mapping = collections.namedtuple("Mapping", "start end perms offset dev inode path")
 
 
@@ -59,8 +59,15 @@ def read_mappings() -> list[Mapping]:
             continue
         lo, hi = (int(x, 16) for x in parts[0].split("-"))
         major, minor = (int(x, 16) for x in parts[3].split(":"))
-        out.append(Mapping(lo, hi, parts[1], int(parts[2], 16), (major, minor), int(parts[4]),
-                           parts[5]))
+        m = Mapping(lo, hi, parts[1], int(parts[2], 16), (major, minor), int(parts[4]), parts[5])
+        prev = out[-1] if out else None
+        if (prev is not None and prev.end == m.start
+                and prev.offset + (prev.end - prev.start) == m.offset
+                and (prev.perms, prev.dev, prev.inode, prev.path) == (m.perms, m.dev, m.inode,
+                                                                       m.path)):
+            out[-1] = prev._replace(end=m.end)  # the kernel split one mapping: merge it back
+        else:
+            out.append(m)
     return out
 
 

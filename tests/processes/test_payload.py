@@ -6,6 +6,7 @@ workers rebuilt from its dataset and settings. Memory is measured relative to th
 from __future__ import annotations
 
 import glob
+import mmap
 import os
 import shutil
 import subprocess
@@ -108,6 +109,20 @@ def test_a_spawned_child_reads_the_memmap_the_parent_never_copied(big_file):
     assert out.ok, out.reason
     assert out.result == {"sum": float(ds.x[95:155, :1000].sum()), "mapped": True}
     assert grown < SIZE // 10, f"sending grew this process by {grown >> 20} MiB"
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MADV_DONTFORK"), reason="needs Linux madvise flags")
+def test_a_mapping_the_kernel_split_in_pieces_still_travels_by_reference(big_file):
+    """madvise on part of a mapping (as a library or the kernel may do) lists it as two lines
+    of /proc/self/maps; an array across both is still one file reference."""
+    with open(big_file, "rb") as f:
+        mm = mmap.mmap(f.fileno(), SIZE, prot=mmap.PROT_READ)
+    mm.madvise(mmap.MADV_DONTFORK, 0, mmap.PAGESIZE)  # the first page's flags differ: a split
+    arr = np.frombuffer(mm, np.float32).reshape(ROWS, COLS)
+    data, files = pack({"x": arr})
+    assert len(data) < SIZE // 100 and not files  # a reference, not 200 MiB of bytes
+    assert unpack(data)["x"][7, 5] == 12.0
+    del arr
 
 
 def test_the_window_store_dataset_travels_by_reference(big_file):
