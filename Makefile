@@ -53,7 +53,7 @@ demo: setup
 # assertion. tests/test_docs.py builds the reference with mkdocs --strict.
 test: setup
 	$(VENV)/bin/ruff check hybridnb data_prep hybridnb_tools examples tests bench
-	env -u HYBRIDNB_QUICK $(PY) -m pytest -q -p tests.nbval_record --nbval-lax --nbval-current-env notebooks tests
+	env -u HYBRIDNB_QUICK $(PY) -m pytest -q -p tests.nbval_record --nbval-lax --nbval-current-env notebooks tests --durations=20
 
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks
