@@ -23,6 +23,8 @@ from hybridnb.train.losses import CLASSIFICATION_NAMES, is_classification
 
 COMPILE_MODES = (False, True, "default", "reduce-overhead", "max-autotune")
 ON_GPU_ERROR = ("recover", "raise")
+# DataLoader arguments the Trainer itself sets for every Dataset it batches
+TRAINER_LOADER_KEYS = {"batch_size", "shuffle", "sampler", "batch_sampler", "generator"}
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,11 @@ class Settings:
         if self.step_timeout is not None and not self.step_timeout > 0:
             raise ValueError(f"step_timeout={self.step_timeout!r} must be > 0 seconds, or None "
                              "(automatic)")
+        owned = sorted(set(self.loader_kwargs or ()) & TRAINER_LOADER_KEYS)
+        if owned:
+            raise ValueError(f"loader_kwargs={self.loader_kwargs!r}: {', '.join(owned)} is set by "
+                             "the Trainer (it batches, shuffles and seeds every run the same "
+                             "way): pass batch_size= to the Trainer and leave these out")
         names = self.loggers  # raises on an unknown name
         if self.logger != "auto" and need_folder(names) and self.log_folder is None:
             raise ValueError(f"logger={self.logger!r} needs a folder to write into: pass "

@@ -227,3 +227,10 @@ def test_nothing_to_train_says_why():
     frozen.requires_grad_(False)
     with pytest.raises(ValueError, match="every parameter of Sequential has requires_grad=False"):
         trainer(frozen)
+
+
+@pytest.mark.parametrize("key", ["batch_size", "shuffle", "sampler"])
+def test_loader_kwargs_that_the_trainer_sets_are_refused_by_name(key):
+    """Before: a raw DataLoader error for a Dataset, and a stream silently took the Trainer's."""
+    with pytest.raises(ValueError, match=rf"{key} is set by the Trainer.*batch_size="):
+        Trainer(net(), device="cpu", live=False, loader_kwargs={key: 8})
