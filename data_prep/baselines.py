@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .environment import usable_cores
 from .planted import PLANTED, Planted, oracle_c1, oracle_c2
 from .scoring import nrmse
 
@@ -59,9 +60,9 @@ def band_power(X: np.ndarray, sfreq: float = 100.0, bands: dict = BANDS) -> np.n
 
     X = np.asarray(X, np.float32)
     t = X.shape[-1]
-    # scipy's FFT stays in float32 on every core: 7.6x numpy's (float64, one core) on 1024
+    # scipy's FFT stays in float32 on every usable core: 7.6x numpy's (float64, one core) on 1024
     # windows, the logs equal to 1e-6
-    spec = np.abs(fft.rfft(X * np.hanning(t).astype(np.float32), axis=-1, workers=-1)) ** 2
+    spec = np.abs(fft.rfft(X * np.hanning(t).astype(np.float32), axis=-1, workers=usable_cores())) ** 2
     f = fft.rfftfreq(t, 1 / sfreq)
     cols = []
     for name, (lo, hi) in bands.items():
@@ -92,7 +93,7 @@ def welch_bands(X: np.ndarray, sfreq: float = 100.0, bands: dict = STANDARD_BAND
     step = nperseg - nperseg // 2  # scipy overlaps by nperseg // 2
     segs = np.lib.stride_tricks.sliding_window_view(X, nperseg, axis=-1)[..., ::step, :]
     segs = segs - segs.mean(axis=-1, keepdims=True)
-    psd = (np.abs(fft.rfft(segs * win, axis=-1, workers=-1)) ** 2).mean(axis=-2)
+    psd = (np.abs(fft.rfft(segs * win, axis=-1, workers=usable_cores())) ** 2).mean(axis=-2)
     psd /= sfreq * float((win * win).sum())
     psd[..., 1:None if nperseg % 2 else -1] *= 2  # one-sided: DC and Nyquist appear once
     f = fft.rfftfreq(nperseg, 1 / sfreq)
@@ -125,6 +126,7 @@ def feature_table(windows, kinds=KINDS, crop: int | None = None, seed: int | Non
                   scale: float = 1e6, chunk: int = 512) -> dict[str, np.ndarray]:
     """``{kind: (N, F) features}`` as :func:`features` gives them, every window read once for
     all ``kinds`` (the read is a third of the cost of all three kinds)."""
+    kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
         raise ValueError(f"features: kind must be one of {KINDS}, got {unknown[0]!r}")

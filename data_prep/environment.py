@@ -28,3 +28,11 @@ def for_child(drop_prefix: str = "PYTHON") -> dict[str, str]:
     """A copy of the environment for a fresh child, without variables starting with
     ``drop_prefix`` (so a ``python -I`` check sees no project path)."""
     return {k: v for k, v in os.environ.items() if not k.startswith(drop_prefix)}
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask: a pinned container or ``taskset``
+    sees its share, where ``os.cpu_count()`` counts the whole host)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)

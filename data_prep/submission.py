@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,9 +235,11 @@ def check_submissions(zip_path: str | os.PathLike, data: dict, batch_size: int =
         X = np.asarray(X, dtype=np.float32)
         y = np.asarray(y, dtype=np.float64).reshape(-1)
         if X.ndim != 3 or X.shape[1:] != (N_CHANS, N_TIMES):
-            raise ValueError(f"X must be (N, {N_CHANS}, {N_TIMES}) windows, got shape {X.shape}")
+            raise ValueError(f"challenge {challenge}: X must be (N, {N_CHANS}, {N_TIMES}) "
+                             f"windows, got shape {X.shape}")
         if len(X) != len(y):
-            raise ValueError(f"X has {len(X)} windows but y has {len(y)} targets")
+            raise ValueError(f"challenge {challenge}: X has {len(X)} windows but y has {len(y)} "
+                             "targets")
         inputs[challenge] = X, y
     with zipfile.ZipFile(zip_path) as zf:
         names = zf.namelist()
@@ -251,7 +254,8 @@ def check_submissions(zip_path: str | os.PathLike, data: dict, batch_size: int =
                     folder = Path(tmp) / str(challenge)
                     zf.extractall(folder)
                     started[challenge] = _start_check(folder, X, challenge, batch_size)
-                finished = {c: _finish_check(proc, folder, timeout)
+                deadline = time.monotonic() + timeout  # one clock: the checks run side by side
+                finished = {c: _finish_check(proc, folder, deadline, timeout, zip_path)
                             for c, (proc, folder) in started.items()}
             finally:
                 for proc, _ in started.values():
@@ -295,17 +299,18 @@ def _start_check(folder: Path, X: np.ndarray, challenge: int,
     return proc, folder
 
 
-def _finish_check(proc: subprocess.Popen, folder: Path, timeout: float
-                  ) -> tuple[subprocess.CompletedProcess, np.ndarray | None]:
-    """The finished process and its predictions (None when it wrote none)."""
+def _finish_check(proc: subprocess.Popen, folder: Path, deadline: float, timeout: float,
+                  zip_path: Path) -> tuple[subprocess.CompletedProcess, np.ndarray | None]:
+    """The finished process and its predictions (None when it wrote none); killed at
+    ``deadline`` (``time.monotonic()``), ``timeout`` s after the checks started."""
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        raise SubmissionError(f"challenge {folder.name}'s model did not finish within {timeout:.0f} s "
-                              "in a fresh process; pass a larger timeout= on a slow machine"
-                              ) from None
+        raise SubmissionError(f"{zip_path}: challenge {folder.name}'s model did not finish "
+                              f"within {timeout:.0f} s in a fresh process; pass a larger "
+                              "timeout= on a slow machine") from None
     done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     pred_path = folder / "pred.npy"
     return done, (np.load(pred_path).astype(np.float64) if pred_path.exists() else None)

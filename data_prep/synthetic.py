@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import environment
 from . import synth_events as ev
 from .planted import PLANTED, Planted, ceilings
 from .synth_faults import FAULTS, assign_faults, write_recording
@@ -329,8 +330,8 @@ def _remove_own_files(ds_dir: Path) -> None:
 def _n_jobs(n_jobs: int | None, n_subjects: int) -> int:
     if n_jobs is not None:
         return max(1, n_jobs)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(cores or 1, n_subjects // 4))
+    cores = environment.usable_cores()
+    return max(1, min(cores, n_subjects // 4))
 
 
 def summary(ds_dir: str | os.PathLike) -> dict:

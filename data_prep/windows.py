@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import store
+from . import environment, store
 from .bids import Recording, find_recordings, recordings_from_dataset
 from .problems import Problem, summarize
 
@@ -160,8 +160,8 @@ def default_jobs(n_recordings: int) -> int:
     """Threads for the build. Measured on 2 cores: 2 threads were slower than 1 (C1 ~equal,
     C2 2-4x slower: the writer and the readers fight over memory bandwidth and the GIL), so
     parallel reading starts only from 8 cores."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    if (cores or 1) < 8:
+    cores = environment.usable_cores()
+    if (cores) < 8:
         return 1
     return max(1, min(cores // 2, 8, n_recordings // 8 or 1))
 

@@ -70,7 +70,7 @@ def test_fresh_process_returns_B_by_1_and_scores_each_challenge_with_its_own_wei
     both = S.check_submissions(path, {1: (X, y), 2: (X, y)}, batch_size=32)  # side by side
     r1, r2 = both[1], both[2]
     assert r1["output_shape"] == r2["output_shape"] == (50, 1)
-    assert r1["batch_shapes"] == [(18, 1), (32, 1)]
+    assert r1["batch_shapes"] == r2["batch_shapes"] == [(18, 1), (32, 1)]
     assert r1["leaked"] == r2["leaked"] == []
     assert r1["nrmse"] == pytest.approx(_nrmse(m1, X, y), rel=1e-4)
     assert r2["nrmse"] == pytest.approx(_nrmse(m2, X * 1000.0, y), rel=1e-4)
@@ -299,8 +299,10 @@ def test_a_model_that_never_answers_is_stopped_at_the_timeout_and_named(built, t
     path, *_ = built
     slow = _with_prefix(path, tmp_path / "slow.zip", b"import time\ntime.sleep(120)\n")
     X, y = _data(4)
-    with pytest.raises(S.SubmissionError, match="challenge 2's model did not finish within 2 s"):
+    with pytest.raises(S.SubmissionError, match="challenge 2's model did not finish within 2 s"
+                       ) as err:
         S.check_submissions(slow, {2: (X, y)}, timeout=2)
+    assert str(slow) in str(err.value)  # which zip, as every other SubmissionError says
 
 
 def _with_prefix(path, out, code: bytes):
