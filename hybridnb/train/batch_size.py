@@ -54,8 +54,12 @@ def find_batch_size(loop, dataset, headroom: float = 0.1, max_batch: int | None 
                   f"{max_batch}, {steps} steps each, on {loop.placement.device}")
     trials = 2 * math.ceil(math.log2(max_batch) + 1)  # doubling, then bisection
     with opening.trial(loop, probe, Plan(1, trials * steps, trials * steps, trials * steps),
-                       probe, Constant()):
+                       probe, Constant(), recover_oom=True):
         loop.fit(probe, None)
+    if probe.lost:
+        raise RuntimeError(f"find_batch_size: the device failed at batch {probe.size} and the "
+                           f"run moved to the CPU ({probe.lost}); no batch size was chosen. "
+                           "Check the GPU (hn.detect(refresh=True)) before searching again")
     good, bad, device = probe.good, probe.bad, loop.placement.device
     if good == 0:
         raise MemoryError(f"not even a batch of 1 fits on {device} "
@@ -86,6 +90,7 @@ class Probe:
         self.headroom = headroom
         self.outcome: dict[int, str] = {}
         self.good, self.bad = 0, None  # the largest size that fits, the smallest that does not
+        self.lost: str | None = None  # why the device was lost mid-search
         self._start(size)
 
     def _start(self, size: int) -> None:
@@ -101,8 +106,12 @@ class Probe:
     def __call__(self, event) -> None:
         if isinstance(event, Event) and event.kind in OOM_NOTES:
             self.oom = True
+        if isinstance(event, Event) and event.kind == "device_lost":
+            self.lost = event.message  # recovery moved the run to the CPU: no size to find here
         if not isinstance(event, StepEnded):
             return
+        if self.lost:
+            raise CancelFit
         self.taken += 1
         if not self.oom and self.taken < self.steps:
             return

@@ -162,10 +162,12 @@ def run_info(loop) -> dict:
 
 
 @contextlib.contextmanager
-def trial(loop, loader, plan: Plan, listener, schedule) -> Iterator[None]:
+def trial(loop, loader, plan: Plan, listener, schedule,
+          recover_oom: bool = False) -> Iterator[None]:
     """The Loop set up for a trial fit on ``loader`` (lr_find's sweep, find_batch_size's probe):
-    its own run state, ``schedule``, a guard that only skips non-finite losses, out-of-memory
-    errors recovered (a probe's signal), no EMA, validation or files, ``listener`` on the bus.
+    its own run state, ``schedule``, a guard that only skips non-finite losses, no EMA,
+    validation or files, ``listener`` on the bus. GPU errors follow the user's ``on_gpu_error``,
+    unless ``recover_oom`` (the batch-size probe, for which an out-of-memory error is the signal).
     After it the Loop's settings, run state, weights, optimizer and RNG are back as they were."""
     start = saved.state_dict(loop)
     placement = loop.placement
@@ -174,7 +176,8 @@ def trial(loop, loader, plan: Plan, listener, schedule) -> Iterator[None]:
     loop.settings = loop.settings.replace(
         grad_accum=1, schedule=None, val_every=None, checkpoint_every=None, snapshot_every=None,
         checkpoint_dir=None, early_stopping=None)
-    placement.settings = placement.settings.replace(on_gpu_error="recover")
+    if recover_oom:
+        placement.settings = placement.settings.replace(on_gpu_error="recover")
     loop.state = RunState.fresh(loop.state.events)  # the events said go on in the trainer's
     loop.state.plan = plan
     loop.stop_flag = lambda: False

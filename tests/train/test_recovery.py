@@ -420,3 +420,38 @@ def test_without_the_loss_guard_a_non_finite_loss_is_said_once():
     assert len(said) == 1 and "loss_guard=False" in said[0].message
     assert "y: NaN" in said[0].message  # names the tensor that holds it
     assert tr.global_step == 20  # it did what was asked: trained every step
+
+
+# ------------------------------------------------------------------------------- trial fits
+def pretend_gpu() -> SingleDevice:
+    gpu = SingleDevice("cpu")
+    gpu.accelerator = True  # tensors stay on the CPU; recovery treats it as a GPU
+    return gpu
+
+
+def test_lr_find_leaves_on_gpu_error_raise_as_the_user_set_it(monkeypatch):
+    """Only the batch-size probe recovers out-of-memory on its own; a sweep raises it."""
+    monkeypatch.setattr(failures, "_LOST", set())
+    model = Faulty(fail_on={3}, make_error=lambda: torch.OutOfMemoryError(CUDA_OOM))
+    tr = Trainer(model, device="cpu", strategy=pretend_gpu(), batch_size=32, lr=1e-2, seed=0,
+                 live=False, on_gpu_error="raise")
+    with pytest.raises(torch.OutOfMemoryError):
+        tr.lr_find(data())
+    assert not any(e.kind == "oom_split" for e in tr.events)
+
+
+def test_a_device_lost_during_the_batch_size_search_ends_it_with_no_size(monkeypatch):
+    monkeypatch.setattr(failures, "_LOST", set())
+
+    class FailsOnce(Faulty):
+        def forward(self, x):
+            if self.training and not self.calls:
+                self.calls += 1
+                raise RuntimeError(ILLEGAL)  # sticky: the run moves to the CPU
+            return self.net(x)
+
+    tr = Trainer(FailsOnce(), device="cpu", strategy=pretend_gpu(), batch_size=32, lr=1e-2,
+                 seed=0, live=False)
+    with pytest.raises(RuntimeError, match="device failed at batch 32.*no batch size was chosen"):
+        tr.find_batch_size(torch.utils.data.TensorDataset(*data()), start=32)
+    assert tr.batch_size == 32 and tr.device.type == "cpu"
