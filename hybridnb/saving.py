@@ -151,12 +151,8 @@ def load(path: str | os.PathLike, model: torch.nn.Module | None = None) -> torch
         raise ModelFileError(f"{path} holds weights of a {where}, but the model given is a "
                              f"{mine.__module__}.{mine.__qualname__}: build the saved class "
                              "with the same arguments and load into that")
-    try:  # torch's error lists every missing, unexpected and differently shaped weight
-        model.load_state_dict(data["model"])
-    except RuntimeError as exc:
-        raise ModelFileError(f"{path} does not fit this model ({exc}): build the model with the "
-                             "arguments it was trained with (n_chans, n_outputs, n_times, ...)"
-                             ) from None
+    _check_keys(path, data["model"], model)  # before loading: torch copies what fits, then raises
+    model.load_state_dict(data["model"])
     return model.eval()
 
 
@@ -192,3 +188,23 @@ def _rebuild(path, data: dict) -> torch.nn.Module:
         raise ModelFileError(f"{path}: rebuilding {name} with its saved arguments failed "
                              f"({type(exc).__name__}: {exc}): {advice}") from exc
 
+
+def _check_keys(path, theirs: dict, model: torch.nn.Module) -> None:
+    """One error listing every missing, unexpected and differently shaped weight."""
+    mine = model.state_dict()
+    missing = [k for k in mine if k not in theirs]
+    unexpected = [k for k in theirs if k not in mine]
+    shapes = [f"{k} {tuple(theirs[k].shape)} in the file, {tuple(v.shape)} in the model"
+              for k, v in mine.items() if k in theirs and tuple(theirs[k].shape) != tuple(v.shape)]
+    if not (missing or unexpected or shapes):
+        return
+    parts = []
+    for label, items in (("missing from the file", missing),
+                         ("in the file but not in the model", unexpected),
+                         ("shaped differently", shapes)):
+        if items:
+            parts.append(f"{len(items)} {label}: {', '.join(items[:5])}"
+                         f"{', ...' if len(items) > 5 else ''}")
+    raise ModelFileError(f"{path} does not fit this model ({'; '.join(parts)}): build the "
+                         "model with the arguments it was trained with (n_chans, n_outputs, "
+                         "n_times, ...)")

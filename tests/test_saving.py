@@ -82,12 +82,15 @@ def test_the_wrong_file_class_or_shape_is_named(tmp_path):
     with pytest.raises(saving.ModelFileError, match=r"model\.pt holds weights of a .*\.Conv, "
                                                     r"but the model given is a .*\.Other"):
         hn.load(path, Other())
-    with pytest.raises(saving.ModelFileError, match=r"(?s)model\.pt does not fit this model .*"
-                                                    r"conv\.weight.*\[8, 4, 5\].*n_chans"):
-        hn.load(path, Conv(hidden=6))
+    small = Conv(hidden=6)
+    before = {k: v.clone() for k, v in small.state_dict().items()}
+    with pytest.raises(saving.ModelFileError, match=r"does not fit this model \(3 shaped "
+                                                    r"differently: conv\.weight \(8, 4, 5\)"):
+        hn.load(path, small)
+    assert all(torch.equal(v, before[k]) for k, v in small.state_dict().items())  # untouched
     grown = Conv()
     grown.extra = nn.Linear(1, 1)
-    with pytest.raises(saving.ModelFileError, match=r"(?s)Missing key.*extra\.weight.*"
+    with pytest.raises(saving.ModelFileError, match=r"2 missing from the file: extra\.weight, "
                                                     r"extra\.bias"):
         hn.load(path, grown)
     with pytest.raises(TypeError, match=r"needs a model instance .* Conv\(\.\.\.\)"):
