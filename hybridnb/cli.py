@@ -32,7 +32,7 @@ def detect_arguments(parser: argparse.ArgumentParser) -> None:
                           "recommended device, precision and training settings.")
     parser.add_argument("--json", action="store_true",
                         help="print the report as JSON (and nothing else) on stdout")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
+    parser.add_argument("--timeout", type=_positive, default=DEFAULT_TIMEOUT, metavar="S",
                         help=f"seconds the GPU probe may take (default {DEFAULT_TIMEOUT:g})")
     parser.add_argument("--refresh", action="store_true",
                         help="probe the GPUs again instead of trusting a cached verdict")
@@ -83,3 +83,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
         return INTERRUPTED
 
+
+def _positive(text: str) -> float:
+    """argparse's type for --timeout: its error names the option, not detect()'s keyword."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value

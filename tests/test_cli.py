@@ -66,6 +66,8 @@ def test_usage_errors_go_to_stderr_with_exit_code_2(capsys, argv):
     assert cli.main(argv) == 2
     out, err = capsys.readouterr()
     assert out == "" and "error:" in err
+    if "--timeout" in argv:
+        assert "argument --timeout" in err and "probe_timeout" not in err
 
 
 def test_detect_json_is_pure_json(tmp_path):

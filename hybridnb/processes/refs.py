@@ -50,8 +50,11 @@ def read_mappings() -> list[Mapping]:
     maps = platform.proc_path("self", "maps")
     if maps is None:
         return []
-    with open(maps) as f:
-        lines = f.read().splitlines()
+    try:
+        with open(maps) as f:
+            lines = f.read().splitlines()
+    except OSError:  # /proc mounted but closed to this process (a hardened sandbox): no refs
+        return []
     out: list[Mapping] = []
     for line in lines:
         parts = line.split(None, 5)

@@ -125,6 +125,20 @@ def test_a_mapping_the_kernel_split_in_pieces_still_travels_by_reference(big_fil
     del arr
 
 
+def test_an_unreadable_proc_maps_sends_the_bytes_instead(monkeypatch, tmp_path):
+    """A sandbox may mount /proc but refuse its maps: the array goes by value, the fit starts."""
+    from hybridnb.processes import refs
+
+    monkeypatch.setattr(refs.platform, "proc_path", lambda *_: str(tmp_path))  # open() fails
+    path = tmp_path / "small.f32"
+    np.arange(256, dtype=np.float32).tofile(path)
+    data, files = pack({"x": np.memmap(path, np.float32, "r")})
+    try:
+        assert np.array_equal(unpack(data)["x"], np.arange(256, dtype=np.float32))
+    finally:
+        discard(files)
+
+
 def test_the_window_store_dataset_travels_by_reference(big_file):
     """data_prep's Windows.dataset(scale=...) over its float32 memmap store."""
     import pandas as pd
