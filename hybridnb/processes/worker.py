@@ -47,7 +47,11 @@ def main(argv: list[str] | None = None) -> None:
                 channel.ready()
             from hybridnb.processes.payload import unpack
 
-            fn, args, kwargs = unpack(inbox.get().payload)  # (None: the parent went first)
+            job = inbox.get()
+            if job is None:  # the parent went first: nobody to work for or tell
+                code = 1
+                return
+            fn, args, kwargs = unpack(job.payload)
         except BaseException as exc:  # say it through the channel: the parent shows it
             channel.send_error(exc)
             code = 1
