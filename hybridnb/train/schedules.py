@@ -218,7 +218,13 @@ def _config(state):
 
 def _differences(saved: dict, sched) -> str:
     new, old = _config(sched.state_dict()), _config(saved)
-    return ", ".join(k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k))
+    keys = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+
+    def shown(k):  # a value, unless it is a nested scheduler's whole state
+        a, b = old.get(k), new.get(k)
+        nested = isinstance(a, (dict, list)) or isinstance(b, (dict, list))
+        return k if nested else f"{k}={a!r} saved, {b!r} given"
+    return ", ".join(shown(k) for k in keys[:3]) + (", ..." if len(keys) > 3 else "")
 
 
 def takes_total_steps(factory) -> bool:

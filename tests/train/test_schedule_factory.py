@@ -139,3 +139,18 @@ def test_a_factory_that_is_wrong_is_named():
     with pytest.raises(ValueError, match=r"total_steps=5, but this run takes 12 optimizer steps"):
         short.fit(data())  # before the first step (issue 28), no longer at step 7
     assert short.global_step == 0
+
+
+def test_resuming_with_a_differently_built_scheduler_names_what_differs(tmp_path):
+    x, y = torch.randn(64, 8), torch.randn(64)
+
+    def run(step_size: int, resume: bool) -> Trainer:
+        tr = Trainer(nn.Linear(8, 1), device="cpu", epochs=1 + resume, batch_size=16, live=False,
+                     seed=0, checkpoint_dir=tmp_path, verbose=False,
+                     schedule=lambda opt: lr_scheduler.StepLR(opt, step_size=step_size))
+        tr.fit((x, y), resume=resume)
+        return tr
+
+    run(100, False)
+    [said] = [e.message for e in run(200, True).events if "other settings" in e.message]
+    assert "step_size=100 saved, 200 given" in said
