@@ -284,7 +284,11 @@ def _choose(gpus: list[GpuInfo], forced: torch.device | None, launched: bool,
     if failed or any(not g.usable for g in gpus):
         warns.append("Falling back to the CPU: no GPU both passed its probe and is free of "
                      "known problems.")
-        return torch.device("cpu"), None, "no GPU can be trusted (see the warnings)."
+        names = "; ".join(f"{g.label} " + (
+            g.probe.message if g.probe is not None and not g.probe.ok else
+            "has a known problem (see the warnings)" if not g.usable else "was not probed")
+            for g in gpus)
+        return torch.device("cpu"), None, f"no GPU can be trusted ({names})."
     if gpus:  # only when nothing was probed (e.g. none targeted)
         return torch.device("cpu"), None, "no GPU was probed."
     return torch.device("cpu"), None, f"no GPU found: {none_found}."

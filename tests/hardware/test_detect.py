@@ -220,6 +220,8 @@ def test_wrong_matmul_falls_back_to_cpu_and_says_why(machine):
     assert "relative error" in p.message and "tolerance" in p.message
     assert any("wrong result at step 'matmul vs CPU'" in w for w in hw.warnings)
     assert any(w.startswith("Falling back to the CPU") for w in hw.warnings)
+    # the device line alone says which GPU and why (a report shows it without the warnings)
+    assert "GPU 0 (Tesla T4) wrong result at step 'matmul vs CPU'" in hw.settings.reasons["device"]
 
 
 def test_a_notebook_shows_a_simulated_gpu_whose_matmul_is_wrong(machine):
