@@ -88,9 +88,13 @@ def execute_notebook(path: str | os.PathLike, out_dir: str | os.PathLike, *,
     nb = nbformat.read(path, as_version=4)
     n_code = sum(c.cell_type == "code" for c in nb.cells)
     workdir = Path(cwd) if cwd is not None else path.parent
+    # shutdown "immediate": once the cells ran and the values were read, the kernel is killed
+    # with its process group; a graceful exit spends 2-3 s per notebook tearing down torch, mne
+    # and braindecode (5 notebooks: about 12 s of `make demo` on 2 cores)
     client = nbclient.NotebookClient(nb, timeout=cell_timeout, kernel_name="python3",
                                      store_widget_state=False, allow_errors=False,
                                      force_raise_errors=True,   # a raises-exception tag too
+                                     shutdown_kernel="immediate",
                                      resources={"metadata": {"path": str(workdir.resolve())}})
     started = {}
 
