@@ -30,6 +30,8 @@ from hybridnb.env import HEADLESS_ENV, ISOLATED_ENV, environment, warm_worker
 from hybridnb.processes import lifeline
 from hybridnb.processes.channel import (
     DONE,
+    HEADER,
+    MAGIC,
     Channel,
     FrameReader,
     StopFlag,
@@ -368,9 +370,17 @@ class Requests:
 
     def send(self, kind: str, payload=None) -> None:
         """Write one request (blocks while the pipe is full; OSError once the child is gone)."""
+        self._write(encode(kind, payload)[0])
+
+    def send_packed(self, data: bytes) -> None:
+        """Write ``payload.pack``'s bytes as they are: the child gets them as a ``PACKED``
+        message's payload."""
+        self._write([HEADER.pack(MAGIC, len(data), 0), data])
+
+    def _write(self, parts: list) -> None:
         if self.fd is None:
             raise BrokenPipeError("the request pipe is closed")
-        write_all(self.fd, encode(kind, payload)[0])
+        write_all(self.fd, parts)
 
     def close(self) -> None:
         if self.fd is not None:
@@ -485,7 +495,7 @@ def close_fds(fds: list[int]) -> None:
 def _send_job(job: Requests, data: bytes) -> None:
     """A reader that died ends it quietly."""
     with contextlib.suppress(OSError):
-        job.send("job", data)
+        job.send_packed(data)
     job.close()
 
 
