@@ -53,12 +53,11 @@ class Child:
     None for a command), ``output_fds`` (open stdout/stderr pipes: fd -> 1 or 2) and ``files``
     (its job's shared-memory files, removed at ``close``)."""
 
-    def __init__(self, pid: int, *, popen: subprocess.Popen | None = None,
-                 messages_fd: int | None = None, output_fds: dict[int, int] | None = None,
-                 stop: StopFlag | None = None) -> None:
-        self.pid, self.popen, self.stop = pid, popen, stop
-        self.messages = FrameReader(messages_fd) if messages_fd is not None else None
-        self.output_fds = dict(output_fds or {})
+    def __init__(self, pid: int, output_fds: dict[int, int], popen: subprocess.Popen | None = None
+                 ) -> None:
+        self.pid, self.popen, self.output_fds = pid, popen, output_fds
+        self.messages: FrameReader | None = None  # set by the start that made a channel
+        self.stop: StopFlag | None = None
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.last_words = LastWords()
         self._outputs = {fd: OutputLines(self.tail, self.last_words) for fd in self.output_fds}
@@ -253,7 +252,9 @@ def _fork(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None, death
     with contextlib.suppress(OSError):  # the child does it too; whichever comes first
         os.setpgid(pid, pid)
     close_fds([fd for fd in (msg_w, out_w, err_w) if fd is not None])
-    return Child(pid, messages_fd=msg_r, output_fds=_outputs(out_r, err_r), stop=stop)
+    child = Child(pid, _outputs(out_r, err_r))
+    child.messages, child.stop = FrameReader(msg_r), stop
+    return child
 
 
 def start_spawn(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None = None,
@@ -434,7 +435,7 @@ def start_command(argv: Sequence[str], *, env: dict[str, str] | None = None,
         close_fds(made)
         raise
     close_fds([fd for fd in (out_w, err_w) if fd is not None])
-    return Child(popen.pid, popen=popen, output_fds=_outputs(out_r, err_r))
+    return Child(popen.pid, _outputs(out_r, err_r), popen)
 
 
 # ============================================================================ in the child
