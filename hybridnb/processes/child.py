@@ -284,7 +284,7 @@ class PrestartedWorker:
         files: list[str] = []
 
         def hand_over() -> Child:
-            threading.Thread(target=_send_job, args=(self._job, data), daemon=True,
+            threading.Thread(target=self._job.send_packed, args=(data,), daemon=True,
                              name="hybridnb-payload").start()
             self._job = None  # the thread closes it
             self.child.files.extend(files)
@@ -374,9 +374,11 @@ class Requests:
         self._write(encode(kind, payload)[0])
 
     def send_packed(self, data: bytes) -> None:
-        """Write ``payload.pack``'s bytes as they are: the child gets them as a ``PACKED``
-        message's payload."""
-        self._write([HEADER.pack(MAGIC, len(data), 0), data])
+        """Write ``payload.pack``'s bytes as they are (the child gets them as a ``PACKED``
+        message), then close; a child gone meanwhile ends it quietly."""
+        with contextlib.suppress(OSError):
+            self._write([HEADER.pack(MAGIC, len(data), 0), data])
+        self.close()
 
     def _write(self, parts: list) -> None:
         if self.fd is None:
@@ -491,13 +493,6 @@ def close_fds(fds: list[int]) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
             os.close(fd)
-
-
-def _send_job(job: Requests, data: bytes) -> None:
-    """A reader that died ends it quietly."""
-    with contextlib.suppress(OSError):
-        job.send_packed(data)
-    job.close()
 
 
 def _outputs(out_r: int, err_r: int | None) -> dict[int, int]:

@@ -276,9 +276,7 @@ def test_a_packed_job_crosses_the_request_pipe_as_it_is():
 
     data, _ = pack((print, (b"x" * 5000,), {}))
     r, w = os.pipe()
-    requests = Requests(w)
-    requests.send_packed(data)
-    requests.close()
+    Requests(w).send_packed(data)  # and closes
     inbox = Inbox(r)
     got = inbox.get()
     assert got.kind == PACKED and bytes(got.payload) == data
