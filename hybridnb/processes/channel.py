@@ -318,7 +318,7 @@ class FrameReader:
 
 def _allocate(specs: list) -> tuple[list, list[memoryview]]:
     """Empty tensors for the specs, and the byte views to read their data into."""
-    if not specs:  # no tensor: torch is not imported (a spawned worker reads its job so)
+    if not specs:  # no tensor: torch is not imported (a framed child reads its requests so)
         return [], []
     import torch
 
