@@ -36,6 +36,7 @@ BATCH_BYTES = 64 << 10  # a message larger than this is written at once
 DONE, ERROR, STATE, STEP_DONE, HEARTBEAT = "done", "error", "state", "step_done", "heartbeat"
 READY = "ready"  # a started child is up (imports done): {"at": time.monotonic()}
 ANSWER = "answer"  # a child's answer to its parent's request (processes.framed)
+PACKED = "packed"  # a request whose payload is ``payload.pack``'s bytes, not pickled again
 URGENT = frozenset((DONE, ERROR, STATE, HEARTBEAT, READY, ANSWER))  # written at once, with what came before
 
 
@@ -117,33 +118,9 @@ class _TensorPickler(pickle.Pickler):
         return self._seen[id(obj)]
 
 
-_SCALARS = (str, int, float, bool, type(None), bytes)
-_NO_SPECS = pickle.dumps([], protocol=pickle.HIGHEST_PROTOCOL)
-PLAIN_NODES = 256  # a larger payload takes the general path (which also handles plain data)
-
-
-def _plain(obj: Any, budget: list[int]) -> bool:
-    """Small dicts, lists and tuples of numbers and strings: nothing to look into."""
-    budget[0] -= 1
-    if budget[0] < 0:
-        return False
-    kind = type(obj)
-    if kind in _SCALARS:
-        return True
-    if kind is dict:
-        return all(type(k) in _SCALARS and _plain(v, budget) for k, v in obj.items())
-    if kind is list or kind is tuple:
-        return all(_plain(v, budget) for v in obj)
-    return False
-
-
 def encode(kind: str, payload: Any) -> tuple[list[bytes | memoryview], int]:
     """The frame for one message, as buffers to write in order, and its total size (pickled
     before anything is written: a payload that cannot be pickled leaves the stream intact)."""
-    if _plain(payload, [PLAIN_NODES]):  # the per-step messages: no tensor can be inside
-        body = pickle.dumps((kind, payload), protocol=pickle.HIGHEST_PROTOCOL)
-        head = HEADER.pack(MAGIC, len(body), len(_NO_SPECS))
-        return [head, body, _NO_SPECS], len(head) + len(body) + len(_NO_SPECS)
     buf = io.BytesIO()
     pickler = _TensorPickler(buf)
     pickler.dump((kind, payload))
@@ -308,6 +285,10 @@ class FrameReader:
                 raise RuntimeError(f"unexpected bytes {bytes(head)!r} on the worker's message "
                                    "pipe (something else wrote to it)")
             meta = yield from self._fill(memoryview(bytearray(body_len + spec_len)))
+            if not spec_len:  # a body already pickled (``child.Requests.send_packed``)
+                self._done.append(Message(PACKED, meta))
+                self.partial = False
+                continue
             tensors, raws = _allocate(pickle.loads(meta[body_len:]))
             for raw in raws:  # straight into the tensors
                 yield from self._fill(raw)
@@ -337,7 +318,7 @@ class FrameReader:
 
 def _allocate(specs: list) -> tuple[list, list[memoryview]]:
     """Empty tensors for the specs, and the byte views to read their data into."""
-    if not specs:  # no tensor: torch is not imported (a spawned worker reads its job so)
+    if not specs:  # no tensor: torch is not imported (a framed child reads its requests so)
         return [], []
     import torch
 

@@ -30,6 +30,8 @@ from hybridnb.env import HEADLESS_ENV, ISOLATED_ENV, environment, warm_worker
 from hybridnb.processes import lifeline
 from hybridnb.processes.channel import (
     DONE,
+    HEADER,
+    MAGIC,
     Channel,
     FrameReader,
     StopFlag,
@@ -51,12 +53,11 @@ class Child:
     None for a command), ``output_fds`` (open stdout/stderr pipes: fd -> 1 or 2) and ``files``
     (its job's shared-memory files, removed at ``close``)."""
 
-    def __init__(self, pid: int, *, popen: subprocess.Popen | None = None,
-                 messages_fd: int | None = None, output_fds: dict[int, int] | None = None,
-                 stop: StopFlag | None = None) -> None:
-        self.pid, self.popen, self.stop = pid, popen, stop
-        self.messages = FrameReader(messages_fd) if messages_fd is not None else None
-        self.output_fds = dict(output_fds or {})
+    def __init__(self, pid: int, output_fds: dict[int, int], popen: subprocess.Popen | None = None
+                 ) -> None:
+        self.pid, self.popen, self.output_fds = pid, popen, output_fds
+        self.messages: FrameReader | None = None  # set by the start that made a channel
+        self.stop: StopFlag | None = None
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.last_words = LastWords()
         self._outputs = {fd: OutputLines(self.tail, self.last_words) for fd in self.output_fds}
@@ -251,7 +252,9 @@ def _fork(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None, death
     with contextlib.suppress(OSError):  # the child does it too; whichever comes first
         os.setpgid(pid, pid)
     close_fds([fd for fd in (msg_w, out_w, err_w) if fd is not None])
-    return Child(pid, messages_fd=msg_r, output_fds=_outputs(out_r, err_r), stop=stop)
+    child = Child(pid, _outputs(out_r, err_r))
+    child.messages, child.stop = FrameReader(msg_r), stop
+    return child
 
 
 def start_spawn(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None = None,
@@ -281,7 +284,7 @@ class PrestartedWorker:
         files: list[str] = []
 
         def hand_over() -> Child:
-            threading.Thread(target=_send_job, args=(self._job, data), daemon=True,
+            threading.Thread(target=self._job.send_packed, args=(data,), daemon=True,
                              name="hybridnb-payload").start()
             self._job = None  # the thread closes it
             self.child.files.extend(files)
@@ -368,9 +371,19 @@ class Requests:
 
     def send(self, kind: str, payload=None) -> None:
         """Write one request (blocks while the pipe is full; OSError once the child is gone)."""
+        self._write(encode(kind, payload)[0])
+
+    def send_packed(self, data: bytes) -> None:
+        """Write ``payload.pack``'s bytes as they are (the child gets them as a ``PACKED``
+        message), then close; a child gone meanwhile ends it quietly."""
+        with contextlib.suppress(OSError):
+            self._write([HEADER.pack(MAGIC, len(data), 0), data])
+        self.close()
+
+    def _write(self, parts: list) -> None:
         if self.fd is None:
             raise BrokenPipeError("the request pipe is closed")
-        write_all(self.fd, encode(kind, payload)[0])
+        write_all(self.fd, parts)
 
     def close(self) -> None:
         if self.fd is not None:
@@ -424,7 +437,7 @@ def start_command(argv: Sequence[str], *, env: dict[str, str] | None = None,
         close_fds(made)
         raise
     close_fds([fd for fd in (out_w, err_w) if fd is not None])
-    return Child(popen.pid, popen=popen, output_fds=_outputs(out_r, err_r))
+    return Child(popen.pid, _outputs(out_r, err_r), popen)
 
 
 # ============================================================================ in the child
@@ -480,13 +493,6 @@ def close_fds(fds: list[int]) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
             os.close(fd)
-
-
-def _send_job(job: Requests, data: bytes) -> None:
-    """A reader that died ends it quietly."""
-    with contextlib.suppress(OSError):
-        job.send("job", data)
-    job.close()
 
 
 def _outputs(out_r: int, err_r: int | None) -> dict[int, int]:

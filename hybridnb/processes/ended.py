@@ -53,13 +53,6 @@ class Exit:
         return cls("signal", -rc) if rc < 0 else cls("code", rc)
 
     @property
-    def returncode(self) -> int | None:
-        """As ``Popen.returncode`` says it: the code, or minus the signal number."""
-        if self.how == "signal":
-            return -self.number
-        return self.number if self.how == "code" else None
-
-    @property
     def signal(self) -> str | None:
         return signal_name(self.number) if self.how == "signal" else None
 
@@ -67,16 +60,21 @@ class Exit:
     def code(self) -> int | None:
         return self.number if self.how == "code" else None
 
+    @property
+    def returncode(self) -> int | None:
+        """As ``Popen.returncode`` says it: the code, or minus the signal number."""
+        return -self.number if self.how == "signal" else self.code
+
     def __str__(self) -> str:
-        if self.how == "signal":
-            return f"signal {signal_name(self.number)}"
-        return f"code {self.number}" if self.how == "code" else "unknown"
+        if self.how == "unknown":
+            return "unknown"
+        return f"signal {self.signal}" if self.signal else f"code {self.code}"
 
     def says(self) -> str:
         """"killed by SIGABRT" / "exited with code 3" / "ended (reaped elsewhere)"."""
-        if self.how == "signal":
-            return f"killed by {signal_name(self.number)}"
-        return f"exited with code {self.number}" if self.how == "code" else "ended"
+        if self.how == "unknown":
+            return "ended"
+        return f"killed by {self.signal}" if self.signal else f"exited with code {self.code}"
 
 
 @dataclass

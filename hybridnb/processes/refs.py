@@ -10,13 +10,13 @@ anonymous memory, a file deleted or replaced since, a private mapping with writt
 from __future__ import annotations
 
 import collections
-import contextlib
 import os
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
 from hybridnb import platform
+from hybridnb.processes.channel import as_sent
 
 
 class SentFileChanged(RuntimeError):
@@ -193,8 +193,4 @@ def open_ref(ref: FileRef) -> Any:
     flat = raw.view(dtype)
     size = flat.element_size()
     t = flat.as_strided(ref.shape, [s // size for s in ref.strides], ref.first // size)
-    if ref.kind == "parameter":
-        return torch.nn.Parameter(t, requires_grad=ref.requires_grad)
-    with contextlib.suppress(RuntimeError):
-        t.requires_grad_(ref.requires_grad)
-    return t
+    return as_sent(t, ref.kind == "parameter", ref.requires_grad)
