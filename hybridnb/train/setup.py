@@ -102,12 +102,8 @@ def cap_memory(fraction: float, device: torch.device, bus) -> None:
                  "(CUDA only)")
 
 
-def freeze(model: torch.nn.Module, patterns: list[str] | str | None) -> list[str]:
+def freeze(model: torch.nn.Module, patterns: list[str]) -> list[str]:
     """Set requires_grad=False on parameters whose name matches a pattern; returns their names."""
-    if not patterns:
-        return []
-    if isinstance(patterns, str):
-        patterns = [patterns]
     params = dict(model.named_parameters())
     frozen = set()
     for pattern in patterns:
