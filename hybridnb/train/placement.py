@@ -106,7 +106,7 @@ class Placement:
         if applied is not None:  # its undo closures stay in the worker
             applied = applied.portable()
         return {"precision": self.precision.name, "applied_speedups": applied,
-                "flops_per_sample": self.flops_per_sample, "compile": self.compile}
+                "flops_per_sample": self.flops_per_sample}
 
     def adopt(self, facts: dict) -> bool:
         """Take what the isolated worker decided (``facts()``); True when the precision changed

@@ -219,7 +219,7 @@ class Recovery:
                     total = self.strategy.settle(self.step.params, total, window)
                 self.phase = "update"
                 with self.updating():
-                    result = self.step.update(total)
+                    loss, verdict = self.step.update(total)
                 self.phase = "idle"
                 break
             except Exception as exc:  # classified: what is no step failure is raised again
@@ -236,7 +236,7 @@ class Recovery:
             free_memory(device)
             untrace()
             on_cpu_batch = self._act(failure, detail, window, on_cpu_batch)
-        return self._judge(result.loss, result.verdict, window)
+        return self._judge(loss, verdict, window)
 
     def classify(self, exc: Exception) -> tuple[str, str]:
         """Name a step failure ("compile", "device_lost", "oom"), or re-raise what cannot be

@@ -12,7 +12,6 @@ branches for them (nanoGPT's shape). The Trainer runs it through ``recovery.Reco
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
@@ -21,14 +20,6 @@ from hybridnb.speedups.exact import first_tensor
 from hybridnb.strategies.base import SingleDevice, Strategy
 from hybridnb.torch_state import evaluating, meta_state, on_meta
 from hybridnb.train.precision import Precision
-
-
-@dataclass
-class StepResult:
-    """What an update did: ``verdict`` "ok" (applied), "nonfinite" or "spike" (skipped)."""
-
-    loss: float | None
-    verdict: str = "ok"
 
 
 class TrainStep:
@@ -86,8 +77,9 @@ class TrainStep:
     def _scaled_backward(self, loss: torch.Tensor, last: bool) -> None:
         self.scaler.scale(loss).backward()
 
-    def _optimizer_update(self, total: torch.Tensor, read: bool = True) -> StepResult:
-        """Unscale, clip, judge the loss, step (when judged fine), update the scaler, clear."""
+    def _optimizer_update(self, total: torch.Tensor, read: bool = True) -> tuple:
+        """Unscale, clip, judge the loss, step (when judged fine), update the scaler, clear.
+        Returns ``(loss, verdict)``: "ok" (applied), "nonfinite" or "spike" (skipped)."""
         self.scaler.unscale_(self.optimizer)
         norm = (torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad)
                 if self.clip_grad else None)
@@ -103,9 +95,9 @@ class TrainStep:
                 self.on_applied()
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        return StepResult(loss, verdict)
+        return loss, verdict
 
-    def _engine_update(self, total: torch.Tensor, read: bool = True) -> StepResult:
+    def _engine_update(self, total: torch.Tensor, read: bool = True) -> tuple:
         """The update when the strategy's engine (DeepSpeed) clips and steps: the loss guard
         decides first; a skipped step drops the engine's gradients."""
         loss = float(total)
@@ -119,7 +111,7 @@ class TrainStep:
             self.strategy.discard()
         if self.guard:
             self.guard.record(verdict, loss)
-        return StepResult(loss, verdict)
+        return loss, verdict
 
 
 def count_flops(model: torch.nn.Module, inputs: tuple | torch.Tensor, *, bus=None) -> int | None:
