@@ -1,9 +1,7 @@
-"""The one training step: forward and backward over micro-batches, then unscale, clip, check the
-loss, step the optimizer and update the scaler; and the FLOP count of that pass (MFU).
-
-Precision and the strategy's hooks are captured once when the step is built, so the step has no
-branches for them (nanoGPT's shape). The Trainer runs it through ``recovery.Recovery``;
-``hn.compare()`` calls it directly:
+"""The one training step (forward and backward over micro-batches, then the update) and the
+FLOP count of that pass (MFU). Precision and the strategy's hooks are captured once when the
+step is built, so the step has no branches for them (nanoGPT's shape). The Trainer runs it
+through ``recovery.Recovery``; ``hn.compare()`` calls it directly:
 
 >>> step = TrainStep(model, loss_fn, optimizer, Precision.choose("bf16", "cpu"))
 >>> loss = step(x, y)            # one whole optimizer step; a 0-dim tensor, no host sync
@@ -115,14 +113,11 @@ class TrainStep:
 
 
 def count_flops(model: torch.nn.Module, inputs: tuple | torch.Tensor, *, bus=None) -> int | None:
-    """FLOPs of one forward and the backward of its first output's mean of ``model`` on
-    ``inputs`` by ``FlopCounterMode`` (matmuls, convolutions, attention: element-wise work is not
-    counted, as is usual for MFU). Gradients, BatchNorm statistics and training flags are kept.
-
-    Counted on the meta device first (shapes only: 0.03 s for EEGNeX on 8 samples on a 2-core
-    EPYC against 0.47 s for the real pass), else on the real tensors in fp32. A real count out of
-    memory is skipped: one "flops" note on ``bus`` and None (no MFU); other errors propagate.
-    """
+    """FLOPs of one forward and backward of ``model`` on ``inputs`` (``FlopCounterMode``:
+    element-wise work is not counted, as is usual for MFU); gradients, BatchNorm statistics and
+    training flags are kept. Counted on the meta device first (0.03 s for EEGNeX on 8 samples on
+    a 2-core EPYC against 0.47 s for the real pass), else on the real tensors in fp32; out of
+    memory there gives one "flops" note on ``bus`` and None (no MFU), other errors raise."""
     inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     counted = _count_on_meta(model, inputs)
     if counted is not None:

@@ -1,9 +1,6 @@
-"""Trainer: the public class, a facade over its parts, a Loop and a runner.
-
-The Trainer validates the options once (``settings``: the checked, frozen ``Settings``), holds
-the parts ``build_loop`` makes (parts.py; an isolated worker builds the same) and its ``sinks``
-(loggers, callbacks), and runs the Loop here or in a supervised worker (``run_worker.py``: its
-events emitted again here, its states applied as they arrive).
+"""Trainer: the public class, a facade over the parts ``build_loop`` makes (an isolated worker
+builds the same), its ``sinks`` (loggers, callbacks) and the Loop, run here or in a supervised
+worker (``run_worker.py``: its events emitted again here, its states applied as they arrive).
 
 >>> tr = Trainer(model, loss="mse", lr=1e-3, epochs=10, checkpoint_dir="runs/c1")
 >>> history = tr.fit(train, val)          # Datasets or DataLoaders; batches (x, y[, extras])
