@@ -54,8 +54,7 @@ class Trainer:
     - ``lr``: the peak learning rate; ``epochs``: passes over the training data; ``clip_grad``:
       the largest gradient norm (None: no clipping).
     - ``snapshot_every``: keep the last good state in memory every N optimizer steps (an
-      isolated fit's worker sends it to the kernel then); None: at epoch ends and checkpoints
-      only.
+      isolated worker sends it to the kernel); None: at epoch ends and checkpoints only.
     - ``verbose``: print events to stderr when there is no live view.
     - ``loss``: "mse" | "l1" | "huber" (``huber_delta``; ``reweight_after=E`` down-weights large
       residuals from epoch E on) | "cross_entropy" (classification: logits (batch, classes),
@@ -67,12 +66,11 @@ class Trainer:
     - ``compile``: False | True | "default" | "reduce-overhead" | "max-autotune"; any failure
       while compiling or in a compiled step falls back to eager, once, with a message.
     - ``schedule``: "warmup_cosine" (``warmup``: fraction or steps) | "plateau" | None | an object
-      from hybridnb.train.schedules | a factory ``(optimizer, total_steps) ->
-      torch.optim.lr_scheduler`` object (e.g. ``lambda opt, total_steps: OneCycleLR(opt,
-      max_lr=1e-2, total_steps=total_steps)``; ``optimizer -> ...`` also works), stepped once
-      per optimizer step (``total_steps``: the run's; ReduceLROnPlateau: with the ``monitor``
-      value at each validation). On resume the scheduler given is used (the checkpoint's state
-      when it is the same one).
+      from hybridnb.train.schedules | a factory ``(optimizer, total_steps) -> scheduler`` (e.g.
+      ``lambda opt, total_steps: OneCycleLR(opt, max_lr=1e-2, total_steps=total_steps)``;
+      ``optimizer -> ...`` also works), stepped once per optimizer step (ReduceLROnPlateau: with
+      the ``monitor`` value at each validation); on resume, with the checkpoint's state when the
+      same one is given.
     - ``ema``: None or a decay (e.g. 0.999); validation, best weights and the final model use it.
     - ``early_stopping``: None or a patience in validations; the best weights are restored.
       ``monitor``: the validation metric it watches (checked at the first validation).
@@ -88,8 +86,8 @@ class Trainer:
     - ``precision``: "auto" | "bf16" | "fp16" | "fp32": the forward's autocast dtype (weights
       stay fp32); Lightning's "bf16-mixed", "16-mixed", "32-true" mean the same.
     - ``steps_per_epoch``: cap the optimizer steps per epoch (an IterableDataset without
-      ``__len__`` needs it: each epoch reads that many batches, fewer if the stream ends). ``seed``: python, numpy, torch
-      and loader workers. ``live``: "auto" | "widgets" | "html" | "text" | False.
+      ``__len__`` needs it; fewer if the stream ends). ``seed``: python, numpy, torch and loader
+      workers. ``live``: "auto" | "widgets" | "html" | "text" | False.
     - ``strategy``: "auto" (DDP when started by torchrun / ``hn.launch`` with 2+ processes) |
       "single" | "ddp" | "deepspeed" | a strategy object (hybridnb.strategies; under DDP
       ``batch_size`` is per process).
@@ -106,10 +104,9 @@ class Trainer:
     - ``logger``: "auto" (csv when there is a folder, else nothing) | "csv" (each epoch's row
       appended to ``<log_dir>/history.csv`` as it ends) | "tensorboard" | a logger object | a
       list | None. ``log_dir``: where (default ``checkpoint_dir``). hybridnb.train.loggers.
-    - ``callbacks``: objects with any of ``on_fit_start(trainer)``, ``on_step_end(trainer,
-      row)``, ``on_epoch_end(trainer, row)``, ``on_fit_end(trainer)``, run in this process (also
-      for an isolated fit); a hook stops the fit after the current step with
-      ``trainer.should_stop = True`` (hybridnb.train.callbacks).
+    - ``callbacks``: objects with any of ``on_fit_start``, ``on_step_end``, ``on_epoch_end``,
+      ``on_fit_end``, run in this process (also for an isolated fit); a hook stops the fit after
+      the current step with ``trainer.should_stop = True`` (hybridnb.train.callbacks).
 
     Data: a Dataset (items ``(x, y[, extras])``: braindecode's windows as they come), a
     DataLoader, ``(X, y)`` arrays or tensors as one tuple, or an object with ``to_dataset()``
