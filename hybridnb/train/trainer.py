@@ -45,6 +45,11 @@ def _setting(name: str, writable: bool = False) -> property:
                     doc=f"``{name}=`` as given" + (" (settable)" if writable else ""))
 
 
+def _of(part: str, *names: str) -> tuple[property, ...]:
+    """Read-only views of the Trainer's ``part`` (learner, placement, state): its attributes."""
+    return tuple(property(lambda self, n=n: getattr(getattr(self, part), n)) for n in names)
+
+
 class Trainer:
     """Train a PyTorch model on whatever device works, surviving OOM and device failures.
 
@@ -188,22 +193,13 @@ class Trainer:
     state = property(lambda self: self.loop.state,
                      lambda self, value: setattr(self.loop, "state", value),
                      doc="The run as data (hybridnb.train.state.RunState).")
-    model = property(lambda self: self.learner.model)
-    optimizer = property(lambda self: self.learner.optimizer)
-    loss_fn = property(lambda self: self.learner.loss_fn)
-    schedule = property(lambda self: self.learner.schedule)
-    ema = property(lambda self: self.learner.ema)
-    guard = property(lambda self: self.learner.guard)
-    frozen = property(lambda self: self.learner.frozen)
-    strategy = property(lambda self: self.placement.strategy)
-    device = property(lambda self: self.placement.device)
-    precision = property(lambda self: self.placement.precision)
+    model, optimizer, loss_fn, schedule, ema, guard, frozen = _of(
+        "learner", "model", "optimizer", "loss_fn", "schedule", "ema", "guard", "frozen")
+    strategy, device, precision, applied_speedups = _of(
+        "placement", "strategy", "device", "precision", "applied_speedups")
+    events, epoch, global_step = _of("state", "events", "epoch", "global_step")
     scaler = property(lambda self: self.placement.precision.scaler)
     step = property(lambda self: self.placement.step, doc="The training step: step(x, y).")
-    applied_speedups = property(lambda self: self.placement.applied_speedups)
-    events = property(lambda self: self.state.events)
-    epoch = property(lambda self: self.state.epoch)
-    global_step = property(lambda self: self.state.global_step)
     stopped = property(lambda self: self.state.stopped, doc="Why the last fit stopped early.")
     ema_model = property(lambda self: None if self.ema is None else self.ema.module)
 
