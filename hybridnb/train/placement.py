@@ -117,12 +117,11 @@ class Placement:
     def adopt(self, facts: dict) -> bool:
         """Take what the isolated worker decided (``facts()``); True when the precision changed
         (the step must be rebuilt). Touches no device: the kernel never does."""
-        self.applied_speedups = facts.get("applied_speedups")
-        self.flops_per_sample = facts.get("flops_per_sample")
-        name = facts.get("precision")
-        if name is None or name == self.precision.name:
+        self.applied_speedups = facts["applied_speedups"]
+        self.flops_per_sample = facts["flops_per_sample"]
+        if facts["precision"] == self.precision.name:
             return False
-        self.precision = Precision.choose(name, self.device)
+        self.precision = Precision.choose(facts["precision"], self.device)
         return True
 
     def end_fit(self) -> None:
