@@ -46,7 +46,7 @@ def _setting(name: str, writable: bool = False) -> property:
 
 
 def _of(part: str, *names: str) -> tuple[property, ...]:
-    """Read-only views of the Trainer's ``part`` (learner, placement, state): its attributes."""
+    """Read-only views of ``self.<part>.<name>``: the Trainer's attributes over its parts."""
     return tuple(property(lambda self, n=n: getattr(getattr(self, part), n)) for n in names)
 
 
@@ -148,12 +148,8 @@ class Trainer:
         refuse_lightning_hooks(model)
         with frozen_heap():  # building the optimizer imports torch._dynamo (heap.py)
             loop, callbacks = build_loop(model, settings), check_callbacks(callbacks)
-        # the Loop's parts, the user's loggers and callbacks, and where fit runs
-        self.loop = loop
-        bus = self.bus = loop.bus
-        self.learner, self.placement, self.checkpoints = loop.learner, loop.placement, \
-            loop.checkpoints
-        self.progress, self.stopping = loop.progress, loop.stopping
+        # the Loop (its parts: the views below), the user's loggers and callbacks, where fit runs
+        self.loop, bus = loop, loop.bus
         strategy = self.placement.strategy
         self.sinks = Sinks(lambda storage: loggers.make_loggers(
             settings.loggers, settings.log_folder, storage, strategy.is_main),
@@ -193,6 +189,8 @@ class Trainer:
     state = property(lambda self: self.loop.state,
                      lambda self, value: setattr(self.loop, "state", value),
                      doc="The run as data (hybridnb.train.state.RunState).")
+    bus, learner, placement, checkpoints, progress, stopping = _of(
+        "loop", "bus", "learner", "placement", "checkpoints", "progress", "stopping")
     model, optimizer, loss_fn, schedule, ema, guard, frozen = _of(
         "learner", "model", "optimizer", "loss_fn", "schedule", "ema", "guard", "frozen")
     strategy, device, precision, applied_speedups = _of(
