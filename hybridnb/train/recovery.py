@@ -147,7 +147,7 @@ def nonfinite_inputs(window: list) -> str | None:
     return "; ".join(found) or None
 
 
-class Came(str, enum.Enum):
+class Came(enum.Enum):
     """What one optimizer step came to: applied (``OK``), dropped for a bad loss (``SKIPPED``),
     too many bad steps in a row (``RESTORE``: the loop goes back to the last good state), or a
     sticky device error (``DEVICE_LOST``: the loop moves the run to the CPU)."""
@@ -156,8 +156,6 @@ class Came(str, enum.Enum):
     SKIPPED = "skipped"
     RESTORE = "restore"
     DEVICE_LOST = "device_lost"
-
-    __str__ = str.__str__
 
 
 @dataclass
