@@ -332,6 +332,7 @@ class ChainRewrite(Rewrite):
     trains = True
     label = "conv-BatchNorm-conv chain as one convolution"
     kind = ChainForm
+    check_samples = CHECK_SAMPLES
     rule = (f"conv-BatchNorm-conv with <= {MAX_COST_SHARE:g} of the multiply-adds as one "
             "convolution")
     none_found = ("no conv-BatchNorm-conv chain that one convolution computes with fewer "
@@ -343,10 +344,6 @@ class ChainRewrite(Rewrite):
     def could_apply(self, model: nn.Module) -> bool:
         mods = list(model.modules())  # a plain BatchNorm2d and two temporal convolutions
         return any(map(is_plain_batchnorm, mods)) and sum(map(is_temporal_conv, mods)) >= 2
-
-    def sample(self, example: tuple) -> tuple:
-        return tuple(a[:CHECK_SAMPLES] if isinstance(a, torch.Tensor) and a.dim() else a
-                     for a in example)
 
     def find(self, model: nn.Module, example: tuple) -> Found:
         """The chains ``find_chains`` sees whose composite costs at most ``MAX_COST_SHARE``."""
@@ -363,7 +360,6 @@ class ChainRewrite(Rewrite):
         for name, form in zip(group, forms, strict=True):
             form.link = link
             replace.put(model, name, form)
-
 
 
 CHAIN = ChainRewrite()

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from hybridnb.hardware.host import cpu_flags
+from hybridnb.hardware.host import cpu_flags, usable_cores
 from hybridnb.speedups import exact, replace, trial
 from hybridnb.speedups.applied import Applied
 from hybridnb.speedups.chain import CHAIN
@@ -57,10 +57,8 @@ MIN_TRIAL_CORES = 8  # fewer cores: one first bf16 step alone can take the whole
 
 def wanted(setting: bool | str | None, device: torch.device | str) -> bool:
     """Whether the Trainer's ``speedups`` setting asks for ``apply_speedups`` on ``device``."""
-    if setting is True:
-        return True
-    if setting is False or setting is None:
-        return False
+    if setting is None or isinstance(setting, bool):
+        return bool(setting)
     if setting == "auto":
         return torch.device(device).type in AUTO_DEVICES
     raise ValueError(f"speedups={setting!r} is not understood; use True, False or \"auto\"")
@@ -70,7 +68,7 @@ def cpu_candidate(model: nn.Module) -> bool:
     """Whether any CPU knob could apply to ``model``, without a batch: the Trainer skips drawing
     an example batch from a slow Dataset when nothing could."""
     return has_grouped_conv2d(model) or SPAN.could_apply(model) or CHAIN.could_apply(model) or (
-        cpu_native_bf16() and trial.cores() >= MIN_TRIAL_CORES)  # else no bf16 trial could run
+        cpu_native_bf16() and usable_cores()[0] >= MIN_TRIAL_CORES)  # else no bf16 trial could run
 
 
 def has_grouped_conv2d(model: nn.Module) -> bool:
@@ -130,7 +128,7 @@ def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
     inputs = full = _on_device(example_x, device)
     _check_device(model, device)
     if device.type == "cpu":  # a CPU step costs seconds: check (and time bf16) on a slice
-        inputs = _slice(inputs, CPU_SLICE)
+        inputs = exact.first_samples(inputs, CPU_SLICE)
     if device.type == "cuda" and "cudnn_benchmark" in chosen:
         use_cudnn_benchmark(applied)
     if device.type == "cpu" and mode == "auto":
@@ -153,8 +151,7 @@ def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
             toggle(True)
             applied.applied.append(knob)
     elif toggles or measure_precision:
-        default = MEASURE_BUDGET_S if device.type == "cpu" else BUDGET_S.get(
-            device.type, BUDGET_S["cuda"])
+        default = MEASURE_BUDGET_S if device.type == "cpu" else BUDGET_S["cuda"]
         _measure(model, inputs, device, prec, toggles, measure_precision, applied,
                  default if budget_s is None else budget_s)
     applied.seconds = time.perf_counter() - t0
@@ -190,14 +187,12 @@ def _cpu_channels_last(model, inputs, full, device, prec: str, rows: bool, appli
     if not has_grouped_conv2d(model):
         applied.skipped["channels_last"] = "no grouped (H, 1) 2-D convolution (the CPU's rule)"
         return
-    toggle = _channels_last_toggle(model, applied)
-    if toggle is None:
-        return
     if not _could_gain(model, inputs):
         applied.skipped["channels_last"] = ("no grouped (H, 1) 2-D convolution on the input or "
                                             "spanning the height of a 2-D convolution's output, "
                                             "unconcatenated (the CPU's rule)")
         return
+    toggle = _channels_last_toggle(model, applied)  # not None: a grouped Conv2d is there
     fold = _layer_toggle(ROWS, model, inputs, applied) if rows else None
 
     def candidate(on: bool) -> None:
@@ -277,11 +272,11 @@ def _cpu_bf16(model, inputs, device, prec: str, with_rewrite: bool, applied: App
               deadline: float) -> None:
     """bf16 autocast (plus the rewrite where it applies) raced against fp32 until ``deadline``;
     kept when ``MARGIN["cpu"]`` faster. Never tried without bf16 in the CPU's hardware."""
-    why = None
+    why, cores = None, usable_cores()[0]
     if not cpu_native_bf16():
         why = "no bf16 in this CPU's hardware (AMX / AVX-512 BF16): bf16 not tried"
-    elif trial.cores() < MIN_TRIAL_CORES:
-        why = (f"{trial.cores()} cores: a bf16 trial cannot fit the {BUDGET_S['cpu']:.0f} s "
+    elif cores < MIN_TRIAL_CORES:
+        why = (f"{cores} cores: a bf16 trial cannot fit the {BUDGET_S['cpu']:.0f} s "
                "budget, bf16 not tried")
     elif steps is not None and steps < MIN_TRIAL_STEPS:
         why = f"a short run ({steps} steps): bf16 not tried"
@@ -421,10 +416,6 @@ def _on_device(x, device: torch.device) -> tuple:
         raise TypeError(f"apply_speedups: example_x must be a tensor or a tuple of the model's "
                         f"inputs starting with a tensor, got {type(x).__name__}")
     return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in items)
-
-
-def _slice(inputs: tuple, n: int) -> tuple:
-    return tuple(a[:n] if isinstance(a, torch.Tensor) and a.dim() else a for a in inputs)
 
 
 def _check_device(model: nn.Module, device: torch.device) -> None:

@@ -66,6 +66,11 @@ def rel_diff_any(a, b) -> float:
     return max(map(rel_diff, ta, tb), default=0.0)
 
 
+def first_samples(example: tuple, n: int) -> tuple:
+    """The first ``n`` samples of each batched tensor of a model's positional inputs."""
+    return tuple(a[:n] if isinstance(a, torch.Tensor) and a.dim() else a for a in example)
+
+
 def tensors_of(out) -> list[torch.Tensor]:
     """Every tensor of a model's output (a tensor, or tensors nested in tuples/lists/dicts)."""
     if isinstance(out, torch.Tensor):

@@ -63,6 +63,7 @@ class Rewrite(ABC):
     rule: ClassVar[str] = ""  # what the CPU's rule applies, in a message
     none_found: ClassVar[str]  # why nothing was rewritten, when the rule took no layer
     trains: ClassVar[bool] = False  # the training path differs from eval's: check it too
+    check_samples: ClassVar[int | None] = None  # find and check on this many samples (all)
 
     @abstractmethod
     def applies(self, module: nn.Module) -> bool:
@@ -80,10 +81,6 @@ class Rewrite(ABC):
     def swap_in(self, model: nn.Module, group: tuple[str, ...]) -> None:
         """Put the replacement(s) for one found group in place."""
 
-    def sample(self, example: tuple) -> tuple:
-        """The part of the example batch finding and checking run on (default: all of it)."""
-        return example
-
     def apply(self, model: nn.Module, *example) -> RewriteReport:
         """Rewrite every layer of ``model`` the rule takes on ``example`` (one batch's positional
         inputs, on the model's device), in place, if the rewritten model passes ``check``;
@@ -91,7 +88,8 @@ class Rewrite(ABC):
         report = RewriteReport()
         if not self.could_apply(model):
             return report  # nothing to check: no forward
-        example = self.sample(example)
+        if self.check_samples:
+            example = exact.first_samples(example, self.check_samples)
         found = self.find(model, example)
         if not found.groups:
             return report
@@ -136,10 +134,9 @@ class Rewrite(ABC):
         return (f"it differed from {self.differs_from} by {worst:.2g} (relative) on the first "
                 f"batch, more than {exact.RTOL:g}")
 
-    def undo(self, model: nn.Module, names: list[str] | None = None) -> int:
-        """The original modules back in place of this rewrite's replacements (those at
-        ``names`` only, when given); returns how many."""
-        return replace.restore(model, self.kind, names)
+    def undo(self, model: nn.Module) -> int:
+        """The original modules back in place of this rewrite's replacements; returns how many."""
+        return replace.restore(model, self.kind)
 
     def active(self, model: nn.Module) -> list[str]:
         """Names of the modules of ``model`` that currently run this rewrite's form."""

@@ -9,7 +9,6 @@ after (``Snapshot``).
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Callable, Iterator
 
@@ -133,11 +132,6 @@ class Snapshot:
         for p, g in self.grads:
             p.grad = g
         set_rng_state(self.rng, self.device)
-
-
-def cores() -> int:
-    """The CPU cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def can_cap_memory() -> bool:
