@@ -82,10 +82,8 @@ def _fits(link: _Link, x: torch.Tensor) -> bool:
     """Whether the composite form computes this call: a batched fp32/fp64 input wide enough that
     the two edge corrections do not overlap, no autocast."""
     conv_a, _, conv_b = link.originals()
-    if x.dim() != 4 or x.shape[1] != conv_a.in_channels or x.dtype not in (torch.float32,
-                                                                           torch.float64):
-        return False
-    if torch.is_autocast_enabled(x.device.type):
+    if x.dim() != 4 or x.shape[1] != conv_a.in_channels or torch.is_autocast_enabled(
+            x.device.type) or x.dtype not in (torch.float32, torch.float64):
         return False
     width = x.shape[3]
     g = _geometry(conv_a, conv_b, width)
@@ -287,9 +285,7 @@ def _scan(model: nn.Module, example: tuple) -> tuple[list[tuple[str, str, str]],
 
     def hook(module, args, output):
         ins = [a for a in args if isinstance(a, torch.Tensor)]
-        keep.extend(ins)
-        if isinstance(output, torch.Tensor):
-            keep.append(output)
+        keep.append((args, output))
         calls.append((module, [id(a) for a in ins],
                       id(output) if isinstance(output, torch.Tensor) else -1))
 
@@ -300,13 +296,12 @@ def _scan(model: nn.Module, example: tuple) -> tuple[list[tuple[str, str, str]],
         for h in hooks:
             h.remove()
     count = Counter(module for module, _, _ in calls)
-    by_name = {n: m for m, n in names.items()}
-    ancestors = {m: {by_name[".".join(n.split(".")[:i])] for i in range(n.count(".") + 1)}
-                 if n else set() for m, n in names.items()}
 
     def sole_consumer(tensor_id: int, consumer: nn.Module) -> bool:
-        takers = {m for m, ins, _ in calls if tensor_id in ins}
-        return takers <= ({consumer} | ancestors[consumer])
+        """No module but ``consumer`` and those containing it takes the tensor."""
+        parts = names[consumer].split(".")
+        allowed = {consumer} | {model.get_submodule(".".join(parts[:i])) for i in range(len(parts))}
+        return {m for m, ins, _ in calls if tensor_id in ins} <= allowed
 
     found = []
     by_output = {out: module for module, _, out in calls}

@@ -106,8 +106,7 @@ def training_diff(stock: nn.Module, fast: nn.Module, inputs: tuple) -> float:
             for p in model.parameters():
                 p.grad = None
             with exact_fp32():
-                out = model(*inputs)
-                tensors = tensors_of(out)
+                tensors = tensors_of(model(*inputs))
                 gen = torch.Generator().manual_seed(0)
                 loss = sum((t.float() * torch.randn(t.shape, generator=gen).to(t.device)).sum()
                            for t in tensors if t.is_floating_point() and t.requires_grad)

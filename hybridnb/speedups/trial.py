@@ -90,19 +90,12 @@ def paired(step: Callable[[bool], float], budget: float, run_steps: int | None =
 
 def timed_step(toggle: Callable[[bool], str | None], state: bool, model: nn.Module,
                inputs: tuple, device: torch.device, prec: str) -> float:
-    """Seconds for one step with the knob in ``state`` (synchronised before and after); a toggle
-    that returns a precision name runs the step in it, else in ``prec``."""
+    """Seconds (synchronised) for one forward and a backward of the mean of the first output,
+    as the training step runs them, with the knob in ``state``; the gradients are dropped. A
+    toggle that returns a precision name runs the step in it, else in ``prec``."""
     precision = toggle(state) or prec
     synchronize(device)
     t0 = time.perf_counter()
-    train_pass(model, inputs, precision, device)
-    synchronize(device)
-    return time.perf_counter() - t0
-
-
-def train_pass(model: nn.Module, inputs: tuple, precision: str, device: torch.device) -> None:
-    """One forward under ``precision``'s autocast and a backward of the mean of the first
-    output, as the training step runs them; the gradients are dropped."""
     with autocast(precision, device):
         out = model(*inputs)
     loss = first_tensor(out).float().mean()
@@ -110,6 +103,8 @@ def train_pass(model: nn.Module, inputs: tuple, precision: str, device: torch.de
         loss.backward()
     for p in model.parameters():
         p.grad = None
+    synchronize(device)
+    return time.perf_counter() - t0
 
 
 class Snapshot:
@@ -135,12 +130,8 @@ class Snapshot:
 
 
 def can_cap_memory() -> bool:
-    """Whether ``memory_cap`` can work here (POSIX ``resource`` and Linux's /proc:
-    ``hybridnb.platform.proc()``)."""
-    try:
-        import resource  # noqa: F401 — POSIX only
-    except ImportError:
-        return False
+    """Whether ``memory_cap`` can work here: Linux's /proc (``hybridnb.platform.proc()``), where
+    POSIX ``resource`` is there too."""
     return bool(platform.proc())
 
 
