@@ -289,12 +289,7 @@ def _scan(model: nn.Module, example: tuple) -> tuple[list[tuple[str, str, str]],
         calls.append((module, [id(a) for a in ins],
                       id(output) if isinstance(output, torch.Tensor) else -1))
 
-    hooks = [m.register_forward_hook(hook) for m in names]
-    try:
-        output = eval_output(model, example)
-    finally:
-        for h in hooks:
-            h.remove()
+    output = eval_output(model, example, [m.register_forward_hook(hook) for m in names])
     count = Counter(module for module, _, _ in calls)
 
     def sole_consumer(tensor_id: int, consumer: nn.Module) -> bool:

@@ -200,15 +200,13 @@ def _cpu_channels_last(model, inputs, full, device, prec: str, rows: bool, appli
         if fold is not None:
             fold(on)
 
-    saved = trial.Snapshot(model, device)
-    try:
-        ratios = trial.paired(
-            lambda on: trial.timed_step(candidate, on, model, full, device, prec), CL_TRIAL_S,
-            steps)
-    except Exception as exc:  # noqa: BLE001 — a layout whose step fails is not kept
-        ratios = f"its timed step failed ({type(exc).__name__}: {str(exc)[:80]})"
-    finally:
-        saved.restore()
+    with trial.state_kept(model, device):
+        try:
+            ratios = trial.paired(
+                lambda on: trial.timed_step(candidate, on, model, full, device, prec), CL_TRIAL_S,
+                steps)
+        except Exception as exc:  # noqa: BLE001 — a layout whose step fails is not kept
+            ratios = f"its timed step failed ({type(exc).__name__}: {str(exc)[:80]})"
     gain = ratios if isinstance(ratios, str) else statistics.median(ratios)
     keep = _judged(applied, "channels_last", gain, CL_MARGIN)
     candidate(keep)
@@ -251,11 +249,7 @@ def _could_gain(model, inputs) -> bool:
             conv = isinstance(m, nn.Conv2d) and m.groups == 1  # is no layer
             hooks.append(m.register_forward_hook(
                 lambda module, args, output, conv=conv: ran(conv, output)))
-    try:
-        exact.eval_output(model, inputs)
-    finally:
-        for h in hooks:
-            h.remove()
+    exact.eval_output(model, inputs, hooks)
     return state["keep"]
 
 
@@ -285,7 +279,6 @@ def _cpu_bf16(model, inputs, device, prec: str, with_rewrite: bool, applied: App
     if why:
         applied.skipped["precision"] = why
         return
-    saved = trial.Snapshot(model, device)
     rewrite = None
 
     def use_bf16(on: bool) -> str:
@@ -293,7 +286,7 @@ def _cpu_bf16(model, inputs, device, prec: str, with_rewrite: bool, applied: App
             rewrite(on)
         return "bf16" if on else prec
 
-    try:
+    with trial.state_kept(model, device):
         # one fp32 step first: it primes oneDNN and says whether a race can fit what is left
         first = trial.timed_step(lambda on: None, False, model, inputs, device, prec)
         left = deadline - time.perf_counter()
@@ -305,8 +298,6 @@ def _cpu_bf16(model, inputs, device, prec: str, with_rewrite: bool, applied: App
         with trial.memory_cap():
             gain = trial.race(use_bf16, model, inputs, device, prec,
                               deadline - time.perf_counter(), min_rounds=1)
-    finally:
-        saved.restore()
     keep = _judged(applied, "precision", gain, MARGIN["cpu"], "bf16 ")
     use_bf16(keep)
     if keep:
@@ -320,8 +311,7 @@ def _measure(model, inputs, device, prec: str, toggles, measure_precision: bool,
     """Greedy, interleaved: each knob on top of what was kept; restore the model's state after."""
     margin = MARGIN.get(device.type, MARGIN["cuda"])
     share = budget / max(len(toggles) + int(measure_precision), 1)
-    saved = trial.Snapshot(model, device)
-    try:
+    with trial.state_kept(model, device):
         for knob, toggle in toggles.items():
             gain = trial.race(toggle, model, inputs, device, prec, share)
             toggle(_judged(applied, knob, gain, margin))
@@ -335,8 +325,6 @@ def _measure(model, inputs, device, prec: str, toggles, measure_precision: bool,
                               share)
             if _judged(applied, "precision", gain, margin, "fp32 "):
                 applied.precision = "fp32"
-    finally:
-        saved.restore()
 
 
 def _judged(applied: Applied, knob: str, gain: float | str, margin: float,

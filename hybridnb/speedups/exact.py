@@ -7,10 +7,11 @@ stock one ``b`` as ``|a - b| <= ATOL + RTOL * max|b|`` (fp32, TF32 off).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from hybridnb.torch_state import evaluating
 from hybridnb.torch_state import set_torch_rng_state as set_rng_state
@@ -36,11 +37,16 @@ def exact_fp32() -> Iterator[None]:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = cudnn, matmul
 
 
-def eval_output(model: nn.Module, example: tuple):
+def eval_output(model: nn.Module, example: tuple, hooks: Iterable[RemovableHandle] = ()):
     """``model(*example)`` in eval mode, fp32 without TF32, without gradients: no BatchNorm
-    statistics move and no random numbers are drawn."""
-    with torch.no_grad(), evaluating(model), exact_fp32():
-        return model(*example)
+    statistics move and no random numbers are drawn. ``hooks`` are removed after, whatever
+    happens."""
+    try:
+        with torch.no_grad(), evaluating(model), exact_fp32():
+            return model(*example)
+    finally:
+        for h in hooks:
+            h.remove()
 
 
 def rel_diff(a: torch.Tensor, b: torch.Tensor, floor: float = 0.0) -> float:

@@ -41,11 +41,8 @@ class Replacement(nn.Module):
     def __getattr__(self, name: str):
         try:
             return super().__getattr__(name)
-        except AttributeError:
-            original = self.__dict__.get("original")
-            if original is None:
-                raise
-            return getattr(original, name)
+        except AttributeError:  # (mid-deepcopy, before "original" is copied: None's error)
+            return getattr(self.__dict__.get("original"), name)
 
     def train(self, mode: bool = True) -> Replacement:
         self.original.training = mode

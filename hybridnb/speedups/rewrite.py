@@ -97,11 +97,10 @@ class Rewrite(ABC):
             self.swap_in(model, group)
         verdict = self.check(model, *example, reference=found.reference)
         report.max_rel_diff = max(found.worst, verdict.max_rel_diff)
-        if verdict.ok and found.worst > exact.RTOL:
-            verdict = Verdict(found.worst, self._differed(found.worst))
-        if not verdict.ok:
+        why = verdict.why or (self._differed(found.worst) if found.worst > exact.RTOL else "")
+        if why:
             self.undo(model)
-            report.note = f"{self.label} not used: {verdict.why}; the model runs unchanged"
+            report.note = f"{self.label} not used: {why}; the model runs unchanged"
             return report
         report.rewritten = [">".join(g) for g in found.groups]
         return report
@@ -172,9 +171,5 @@ class LayerRewrite(Rewrite):
         for name, module in model.named_modules():
             if name and self.applies(module):  # the model itself has no parent to swap in
                 hooks.append(module.register_forward_hook(check(name)))
-        try:
-            output = exact.eval_output(model, example)
-        finally:
-            for h in hooks:
-                h.remove()
+        output = exact.eval_output(model, example, hooks)
         return Found([(n,) for n in sorted(worst)], output, max(worst.values(), default=0.0))

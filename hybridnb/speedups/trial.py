@@ -3,7 +3,7 @@
 Each state runs once untimed first (allocation, cuDNN autotuning, layout conversion); then one
 forward + backward (as the training step runs it) per state and round, A B A B, the fastest step
 of each counted. Weights, BatchNorm statistics, gradients and random-number streams are restored
-after (``Snapshot``).
+after (``state_kept``).
 """
 
 from __future__ import annotations
@@ -107,26 +107,25 @@ def timed_step(toggle: Callable[[bool], str | None], state: bool, model: nn.Modu
     return time.perf_counter() - t0
 
 
-class Snapshot:
-    """Weights, buffers, gradients and RNG streams, put back after measuring."""
-
-    def __init__(self, model: nn.Module, device: torch.device) -> None:
-        self.model, self.device = model, device
-        self.state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        self.grads = [(p, None if p.grad is None else p.grad.detach().clone())
-                      for p in model.parameters()]
-        self.rng = rng_state(device)
-        for p in model.parameters():
-            p.grad = None
-
-    def restore(self) -> None:
+@contextlib.contextmanager
+def state_kept(model: nn.Module, device: torch.device) -> Iterator[None]:
+    """Weights, buffers, gradients and RNG streams put back after measuring (gradients are
+    cleared for the trial)."""
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    grads = [(p, None if p.grad is None else p.grad.detach().clone()) for p in model.parameters()]
+    rng = rng_state(device)
+    for p in model.parameters():
+        p.grad = None
+    try:
+        yield
+    finally:
         with torch.no_grad():
-            current = self.model.state_dict()
-            for k, v in self.state.items():
+            current = model.state_dict()
+            for k, v in state.items():
                 current[k].copy_(v)
-        for p, g in self.grads:
+        for p, g in grads:
             p.grad = g
-        set_rng_state(self.rng, self.device)
+        set_rng_state(rng, device)
 
 
 def can_cap_memory() -> bool:
