@@ -50,7 +50,6 @@ CHECK_SAMPLES = 2  # the check runs on this many samples of the example batch
 # ----------------------------------------------------------------------------- rule and shapes
 
 def is_temporal_conv(module: nn.Module) -> bool:
-    """A width convolution (:func:`rows.is_width_conv`) with dilation 1."""
     return is_width_conv(module) and tuple(module.dilation) == (1, 1)
 
 

@@ -124,14 +124,12 @@ def training_diff(stock: nn.Module, fast: nn.Module, inputs: tuple) -> float:
     finally:
         set_rng_state(state, device)
     worst = 0.0
-    for kind, (part_a, part_b) in enumerate(zip(results[0], results[1], strict=True)):
-        if len(part_a) != len(part_b) or any((a is None) != (b is None)
-                                             for a, b in zip(part_a, part_b, strict=True)):
+    for kind, (part_a, part_b) in enumerate(zip(*results, strict=True)):
+        if [a is None for a in part_a] != [b is None for b in part_b]:  # or another count
             return float("inf")
         pairs = [(a, b) for a, b in zip(part_a, part_b, strict=True) if a is not None]
         floor = 0.0
-        if kind == 1 and pairs:  # gradients: rounding noise scales with the largest of them
-            floor = GRAD_FLOOR * max(a.detach().abs().max().item() for a, _ in pairs)
-        for a, b in pairs:
-            worst = max(worst, rel_diff(b, a, floor))
+        if kind == 1:  # gradients: rounding noise scales with the largest of them
+            floor = GRAD_FLOOR * max((a.abs().max().item() for a, _ in pairs), default=0.0)
+        worst = max([worst] + [rel_diff(b, a, floor) for a, b in pairs])
     return worst

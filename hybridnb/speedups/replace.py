@@ -72,8 +72,7 @@ class Replacement(nn.Module):
 
 
 def put(model: nn.Module, name: str, module: nn.Module) -> None:
-    """``module`` in the place of ``model``'s submodule ``name`` (not the model itself: the
-    rewrites never take the model, which has no parent)."""
+    """``module`` in the place of ``model``'s submodule ``name`` (never the model: no parent)."""
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
     parent.register_module(child, module)  # takes the place of the module of that name

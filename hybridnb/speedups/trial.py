@@ -37,11 +37,9 @@ def autocast(name: str, device: torch.device) -> contextlib.AbstractContextManag
 def race(toggle: Callable[[bool], str | None], model: nn.Module, inputs: tuple,
          device: torch.device, prec: str, budget: float, min_rounds: int | None = None
          ) -> float | str:
-    """Time one step with the knob off and on, interleaved, for about ``budget`` s.
-
-    On the CPU a race whose warm-up step shows it cannot fit ``min_rounds`` rounds is not run.
-    Returns the gain (off time / on time, fastest step of each), or why it was not measured.
-    """
+    """Time one step with the knob off and on, interleaved, for about ``budget`` s: the gain
+    (off time / on time, fastest step of each), or why it was not measured (on the CPU: a
+    warm-up step too slow for ``min_rounds`` rounds)."""
     times = {False: [], True: []}
     if min_rounds is None:
         min_rounds = 2 if device.type == "cpu" else 1
