@@ -40,7 +40,7 @@ from torch import nn
 
 from hybridnb.speedups import replace
 from hybridnb.speedups.exact import eval_output
-from hybridnb.speedups.rewrite import Found, Rewrite
+from hybridnb.speedups.rewrite import Rewrite
 from hybridnb.speedups.rows import is_width_conv, time_padding
 
 MAX_COST_SHARE = 0.5  # the composite's multiply-adds must be at most this share of the stock two
@@ -334,13 +334,13 @@ class ChainRewrite(Rewrite):
         mods = list(model.modules())  # a plain BatchNorm2d and two temporal convolutions
         return any(map(is_plain_batchnorm, mods)) and sum(map(is_temporal_conv, mods)) >= 2
 
-    def find(self, model: nn.Module, example: tuple) -> Found:
+    def find(self, model: nn.Module, example: tuple) -> tuple[list, object, float]:
         """The chains ``find_chains`` sees whose composite costs at most ``MAX_COST_SHARE``."""
         width = next((a.shape[-1] for a in example if isinstance(a, torch.Tensor) and a.dim()), 0)
         found, output = _scan(model, example)
-        return Found([c for c in found
-                      if cost_share(model.get_submodule(c[0]), model.get_submodule(c[2]),
-                                    width) <= MAX_COST_SHARE], output)
+        get = model.get_submodule
+        cheap = [c for c in found if cost_share(get(c[0]), get(c[2]), width) <= MAX_COST_SHARE]
+        return cheap, output, 0.0
 
     def swap_in(self, model: nn.Module, group: tuple[str, ...]) -> None:
         forms = [form(model.get_submodule(n))

@@ -43,16 +43,6 @@ class Verdict:
         return not self.why
 
 
-@dataclass
-class Found:
-    """The layers a rule takes on a batch (groups of module names), the stock eval output seen
-    while finding them (the check's reference), and the worst layer-level difference."""
-
-    groups: list[tuple[str, ...]] = field(default_factory=list)
-    reference: Any = None
-    worst: float = 0.0
-
-
 class Rewrite(ABC):
     """A rewrite of stock layers into replacement modules; see the module docstring."""
 
@@ -74,8 +64,9 @@ class Rewrite(ABC):
         return any(self.applies(m) for m in model.modules())
 
     @abstractmethod
-    def find(self, model: nn.Module, example: tuple) -> Found:
-        """The layers the rule takes on ``example`` (one eval-mode forward, no gradients)."""
+    def find(self, model: nn.Module, example: tuple) -> tuple[list, Any, float]:
+        """The layers the rule takes on ``example`` (groups of module names), the stock eval output
+        of that one forward (the check's reference) and the worst layer-level difference."""
 
     @abstractmethod
     def swap_in(self, model: nn.Module, group: tuple[str, ...]) -> None:
@@ -90,19 +81,19 @@ class Rewrite(ABC):
             return report  # nothing to check: no forward
         if self.check_samples:
             example = exact.first_samples(example, self.check_samples)
-        found = self.find(model, example)
-        if not found.groups:
+        groups, reference, worst = self.find(model, example)
+        if not groups:
             return report
-        for group in found.groups:
+        for group in groups:
             self.swap_in(model, group)
-        verdict = self.check(model, *example, reference=found.reference)
-        report.max_rel_diff = max(found.worst, verdict.max_rel_diff)
-        why = verdict.why or (self._differed(found.worst) if found.worst > exact.RTOL else "")
+        verdict = self.check(model, *example, reference=reference)
+        report.max_rel_diff = max(worst, verdict.max_rel_diff)
+        why = verdict.why or (self._differed(worst) if worst > exact.RTOL else "")
         if why:
             self.undo(model)
             report.note = f"{self.label} not used: {why}; the model runs unchanged"
             return report
-        report.rewritten = [">".join(g) for g in found.groups]
+        report.rewritten = [">".join(g) for g in groups]
         return report
 
     def check(self, model: nn.Module, *example, reference: Any = None) -> Verdict:
@@ -154,7 +145,7 @@ class LayerRewrite(Rewrite):
         (name,) = group
         replace.put(model, name, self.kind(model.get_submodule(name)))
 
-    def find(self, model: nn.Module, example: tuple) -> Found:
+    def find(self, model: nn.Module, example: tuple) -> tuple[list, Any, float]:
         """Candidates found with forward hooks on one eval forward; each one's faster form is
         computed on the same input and compared with the layer's output there."""
         worst: dict[str, float] = {}
@@ -172,4 +163,4 @@ class LayerRewrite(Rewrite):
             if name and self.applies(module):  # the model itself has no parent to swap in
                 hooks.append(module.register_forward_hook(check(name)))
         output = exact.eval_output(model, example, hooks)
-        return Found([(n,) for n in sorted(worst)], output, max(worst.values(), default=0.0))
+        return [(n,) for n in sorted(worst)], output, max(worst.values(), default=0.0)
