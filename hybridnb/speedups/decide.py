@@ -125,8 +125,7 @@ def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
     if mode == "off":
         return applied
     t0 = time.perf_counter()
-    inputs = full = _on_device(example_x, device)
-    _check_device(model, device)
+    inputs = full = _on_device(example_x, model, device)
     if device.type == "cpu":  # a CPU step costs seconds: check (and time bf16) on a slice
         inputs = exact.first_samples(inputs, CPU_SLICE)
     if device.type == "cuda" and "cudnn_benchmark" in chosen:
@@ -174,9 +173,8 @@ def _cpu_auto(model, inputs, full, device, prec: str, auto: bool, chosen, applie
     if "precision" in chosen and auto and prec == "fp32":
         _cpu_bf16(model, inputs, device, prec, "rewrite" in chosen, applied, steps,
                   deadline=time.perf_counter() + budget)
-    if "rewrite" in chosen and "rewrite" not in applied.applied \
-            and "rewrite" not in applied.skipped:
-        applied.skipped["rewrite"] = "not used in fp32 on the CPU (EEGNeX measured 0.95x)"
+    if "rewrite" in chosen and "rewrite" not in applied.applied:
+        applied.skipped.setdefault("rewrite", "not used in fp32 on the CPU (EEGNeX measured 0.95x)")
 
 
 def _cpu_channels_last(model, inputs, full, device, prec: str, rows: bool, applied: Applied,
@@ -398,16 +396,14 @@ def use_cudnn_benchmark(applied: Applied) -> None:
     applied.global_restores.append(lambda: setattr(torch.backends.cudnn, "benchmark", before))
 
 
-def _on_device(x, device: torch.device) -> tuple:
+def _on_device(x, model: nn.Module, device: torch.device) -> tuple:
+    """The example's inputs on ``device``, where the model must be already."""
     items = tuple(x) if isinstance(x, (tuple, list)) else (x,)
     if not items or not isinstance(items[0], torch.Tensor):
         raise TypeError(f"apply_speedups: example_x must be a tensor or a tuple of the model's "
                         f"inputs starting with a tensor, got {type(x).__name__}")
-    return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in items)
-
-
-def _check_device(model: nn.Module, device: torch.device) -> None:
     param = next(model.parameters(), None)
     if param is not None and param.device.type != device.type:
         raise ValueError(f"apply_speedups: the model is on {param.device} but device={device}; "
                          f"move it first (model.to(device))")
+    return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in items)

@@ -134,9 +134,8 @@ class Rewrite(ABC):
 
 
 class LayerRewrite(Rewrite):
-    """One layer for one layer, by the ``kind`` of :class:`replace.FormReplacement` it puts in:
-    ``kind.fits(module, x)`` says whether the form computes this input, ``kind.compute``
-    computes it; any other input takes the stock layer's forward."""
+    """One layer for one layer: a :class:`replace.FormReplacement` ``kind`` in each place the
+    rule takes, checked there on one eval forward (``find``) and on the model's output."""
 
     kind: ClassVar[type[replace.FormReplacement]]
     differs_from = "the convolution"
