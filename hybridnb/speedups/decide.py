@@ -319,14 +319,12 @@ def _measure(model, inputs, device, prec: str, toggles, measure_precision: bool,
                 measure_precision = False
                 break
         if measure_precision:
-            gain = trial.race(lambda on: "fp32" if on else prec, model, inputs, device, prec,
-                              share)
+            gain = trial.race(lambda on: "fp32" if on else prec, model, inputs, device, prec, share)
             if _judged(applied, "precision", gain, margin, "fp32 "):
                 applied.precision = "fp32"
 
 
-def _judged(applied: Applied, knob: str, gain: float | str, margin: float,
-            what: str = "") -> bool:
+def _judged(applied: Applied, knob: str, gain: float | str, margin: float, what: str = "") -> bool:
     """A trial's gain (or why there is none) recorded under ``knob``; True, and the knob
     listed as applied, when it won by ``margin``."""
     if isinstance(gain, str):

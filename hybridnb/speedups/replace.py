@@ -41,7 +41,7 @@ class Replacement(nn.Module):
     def __getattr__(self, name: str):
         try:
             return super().__getattr__(name)
-        except AttributeError:  # (mid-deepcopy, before "original" is copied: None's error)
+        except AttributeError:  # no "original" yet (mid-deepcopy): None's AttributeError
             return getattr(self.__dict__.get("original"), name)
 
     def train(self, mode: bool = True) -> Replacement:

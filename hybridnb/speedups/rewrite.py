@@ -148,18 +148,14 @@ class LayerRewrite(Rewrite):
         """Candidates found with forward hooks on one eval forward; each one's faster form is
         computed on the same input and compared with the layer's output there."""
         worst: dict[str, float] = {}
-        hooks = []
+        # the model itself (name "") has no parent to swap in
+        names = {m: n for n, m in model.named_modules() if n and self.applies(m)}
 
-        def check(name):
-            def hook(module, args, output):
-                x = replace.first_tensor(args)
-                if x is not None and self.kind.fits(module, x):
-                    diff = exact.rel_diff(self.kind.compute(module, x), output)
-                    worst[name] = max(worst.get(name, 0.0), diff)
-            return hook
+        def hook(module, args, output):
+            x = replace.first_tensor(args)
+            if x is not None and self.kind.fits(module, x):
+                diff = exact.rel_diff(self.kind.compute(module, x), output)
+                worst[names[module]] = max(worst.get(names[module], 0.0), diff)
 
-        for name, module in model.named_modules():
-            if name and self.applies(module):  # the model itself has no parent to swap in
-                hooks.append(module.register_forward_hook(check(name)))
-        output = exact.eval_output(model, example, hooks)
+        output = exact.eval_output(model, example, [m.register_forward_hook(hook) for m in names])
         return [(n,) for n in sorted(worst)], output, max(worst.values(), default=0.0)

@@ -40,8 +40,7 @@ def is_combined_conv(module: nn.Module) -> bool:
     ``sys.modules``: a model built from it imported braindecode, hybridnb never does for this."""
     cls = getattr(sys.modules.get("braindecode.modules.convolution"), "CombinedConv", None)
     return (cls is not None and isinstance(module, cls) and type(module).forward is cls.forward
-            and isinstance(module.conv_time, nn.Conv2d) and isinstance(module.conv_spat,
-                                                                       nn.Conv2d))
+            and isinstance(module.conv_time, nn.Conv2d) and isinstance(module.conv_spat, nn.Conv2d))
 
 
 def spanned_axes(module: nn.Module) -> tuple[int, ...]:

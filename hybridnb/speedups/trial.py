@@ -1,9 +1,8 @@
 """Timed trials: a knob off and on, interleaved, on the first batch, the model's state put back.
 
-Each state runs once untimed first (allocation, cuDNN autotuning, layout conversion); then one
-forward + backward (as the training step runs it) per state and round, A B A B, the fastest step
-of each counted. Weights, BatchNorm statistics, gradients and random-number streams are restored
-after (``state_kept``).
+Each state runs once untimed first (allocation, cuDNN autotuning, layout conversion), then one
+training step (forward + backward) per state and round, A B A B. ``state_kept`` puts weights,
+BatchNorm statistics, gradients and random-number streams back after.
 """
 
 from __future__ import annotations
