@@ -40,7 +40,7 @@ from torch import nn
 
 from hybridnb.speedups import replace
 from hybridnb.speedups.exact import eval_output
-from hybridnb.speedups.rewrite import Found, Rewrite
+from hybridnb.speedups.rewrite import Rewrite
 from hybridnb.speedups.rows import is_width_conv, time_padding
 
 MAX_COST_SHARE = 0.5  # the composite's multiply-adds must be at most this share of the stock two
@@ -50,7 +50,6 @@ CHECK_SAMPLES = 2  # the check runs on this many samples of the example batch
 # ----------------------------------------------------------------------------- rule and shapes
 
 def is_temporal_conv(module: nn.Module) -> bool:
-    """A width convolution (:func:`rows.is_width_conv`) with dilation 1."""
     return is_width_conv(module) and tuple(module.dilation) == (1, 1)
 
 
@@ -82,10 +81,8 @@ def _fits(link: _Link, x: torch.Tensor) -> bool:
     """Whether the composite form computes this call: a batched fp32/fp64 input wide enough that
     the two edge corrections do not overlap, no autocast."""
     conv_a, _, conv_b = link.originals()
-    if x.dim() != 4 or x.shape[1] != conv_a.in_channels or x.dtype not in (torch.float32,
-                                                                           torch.float64):
-        return False
-    if torch.is_autocast_enabled(x.device.type):
+    if x.dim() != 4 or x.shape[1] != conv_a.in_channels or torch.is_autocast_enabled(
+            x.device.type) or x.dtype not in (torch.float32, torch.float64):
         return False
     width = x.shape[3]
     g = _geometry(conv_a, conv_b, width)
@@ -287,26 +284,18 @@ def _scan(model: nn.Module, example: tuple) -> tuple[list[tuple[str, str, str]],
 
     def hook(module, args, output):
         ins = [a for a in args if isinstance(a, torch.Tensor)]
-        keep.extend(ins)
-        if isinstance(output, torch.Tensor):
-            keep.append(output)
+        keep.append((args, output))
         calls.append((module, [id(a) for a in ins],
                       id(output) if isinstance(output, torch.Tensor) else -1))
 
-    hooks = [m.register_forward_hook(hook) for m in names]
-    try:
-        output = eval_output(model, example)
-    finally:
-        for h in hooks:
-            h.remove()
+    output = eval_output(model, example, [m.register_forward_hook(hook) for m in names])
     count = Counter(module for module, _, _ in calls)
-    by_name = {n: m for m, n in names.items()}
-    ancestors = {m: {by_name[".".join(n.split(".")[:i])] for i in range(n.count(".") + 1)}
-                 if n else set() for m, n in names.items()}
 
     def sole_consumer(tensor_id: int, consumer: nn.Module) -> bool:
-        takers = {m for m, ins, _ in calls if tensor_id in ins}
-        return takers <= ({consumer} | ancestors[consumer])
+        """No module but ``consumer`` and those containing it takes the tensor."""
+        parts = names[consumer].split(".")
+        allowed = {consumer} | {model.get_submodule(".".join(parts[:i])) for i in range(len(parts))}
+        return {m for m, ins, _ in calls if tensor_id in ins} <= allowed
 
     found = []
     by_output = {out: module for module, _, out in calls}
@@ -332,6 +321,7 @@ class ChainRewrite(Rewrite):
     trains = True
     label = "conv-BatchNorm-conv chain as one convolution"
     kind = ChainForm
+    check_samples = CHECK_SAMPLES
     rule = (f"conv-BatchNorm-conv with <= {MAX_COST_SHARE:g} of the multiply-adds as one "
             "convolution")
     none_found = ("no conv-BatchNorm-conv chain that one convolution computes with fewer "
@@ -344,17 +334,13 @@ class ChainRewrite(Rewrite):
         mods = list(model.modules())  # a plain BatchNorm2d and two temporal convolutions
         return any(map(is_plain_batchnorm, mods)) and sum(map(is_temporal_conv, mods)) >= 2
 
-    def sample(self, example: tuple) -> tuple:
-        return tuple(a[:CHECK_SAMPLES] if isinstance(a, torch.Tensor) and a.dim() else a
-                     for a in example)
-
-    def find(self, model: nn.Module, example: tuple) -> Found:
+    def find(self, model: nn.Module, example: tuple) -> tuple[list, object, float]:
         """The chains ``find_chains`` sees whose composite costs at most ``MAX_COST_SHARE``."""
         width = next((a.shape[-1] for a in example if isinstance(a, torch.Tensor) and a.dim()), 0)
         found, output = _scan(model, example)
-        return Found([c for c in found
-                      if cost_share(model.get_submodule(c[0]), model.get_submodule(c[2]),
-                                    width) <= MAX_COST_SHARE], output)
+        get = model.get_submodule
+        cheap = [c for c in found if cost_share(get(c[0]), get(c[2]), width) <= MAX_COST_SHARE]
+        return cheap, output, 0.0
 
     def swap_in(self, model: nn.Module, group: tuple[str, ...]) -> None:
         forms = [form(model.get_submodule(n))
@@ -363,7 +349,6 @@ class ChainRewrite(Rewrite):
         for name, form in zip(group, forms, strict=True):
             form.link = link
             replace.put(model, name, form)
-
 
 
 CHAIN = ChainRewrite()

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from hybridnb.hardware.host import cpu_flags
+from hybridnb.hardware.host import cpu_flags, usable_cores
 from hybridnb.speedups import exact, replace, trial
 from hybridnb.speedups.applied import Applied
 from hybridnb.speedups.chain import CHAIN
@@ -57,10 +57,8 @@ MIN_TRIAL_CORES = 8  # fewer cores: one first bf16 step alone can take the whole
 
 def wanted(setting: bool | str | None, device: torch.device | str) -> bool:
     """Whether the Trainer's ``speedups`` setting asks for ``apply_speedups`` on ``device``."""
-    if setting is True:
-        return True
-    if setting is False or setting is None:
-        return False
+    if setting is None or isinstance(setting, bool):
+        return bool(setting)
     if setting == "auto":
         return torch.device(device).type in AUTO_DEVICES
     raise ValueError(f"speedups={setting!r} is not understood; use True, False or \"auto\"")
@@ -70,7 +68,7 @@ def cpu_candidate(model: nn.Module) -> bool:
     """Whether any CPU knob could apply to ``model``, without a batch: the Trainer skips drawing
     an example batch from a slow Dataset when nothing could."""
     return has_grouped_conv2d(model) or SPAN.could_apply(model) or CHAIN.could_apply(model) or (
-        cpu_native_bf16() and trial.cores() >= MIN_TRIAL_CORES)  # else no bf16 trial could run
+        cpu_native_bf16() and usable_cores()[0] >= MIN_TRIAL_CORES)  # else no bf16 trial could run
 
 
 def has_grouped_conv2d(model: nn.Module) -> bool:
@@ -127,10 +125,9 @@ def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
     if mode == "off":
         return applied
     t0 = time.perf_counter()
-    inputs = full = _on_device(example_x, device)
-    _check_device(model, device)
+    inputs = full = _on_device(example_x, model, device)
     if device.type == "cpu":  # a CPU step costs seconds: check (and time bf16) on a slice
-        inputs = _slice(inputs, CPU_SLICE)
+        inputs = exact.first_samples(inputs, CPU_SLICE)
     if device.type == "cuda" and "cudnn_benchmark" in chosen:
         use_cudnn_benchmark(applied)
     if device.type == "cpu" and mode == "auto":
@@ -153,8 +150,7 @@ def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
             toggle(True)
             applied.applied.append(knob)
     elif toggles or measure_precision:
-        default = MEASURE_BUDGET_S if device.type == "cpu" else BUDGET_S.get(
-            device.type, BUDGET_S["cuda"])
+        default = MEASURE_BUDGET_S if device.type == "cpu" else BUDGET_S["cuda"]
         _measure(model, inputs, device, prec, toggles, measure_precision, applied,
                  default if budget_s is None else budget_s)
     applied.seconds = time.perf_counter() - t0
@@ -177,9 +173,8 @@ def _cpu_auto(model, inputs, full, device, prec: str, auto: bool, chosen, applie
     if "precision" in chosen and auto and prec == "fp32":
         _cpu_bf16(model, inputs, device, prec, "rewrite" in chosen, applied, steps,
                   deadline=time.perf_counter() + budget)
-    if "rewrite" in chosen and "rewrite" not in applied.applied \
-            and "rewrite" not in applied.skipped:
-        applied.skipped["rewrite"] = "not used in fp32 on the CPU (EEGNeX measured 0.95x)"
+    if "rewrite" in chosen and "rewrite" not in applied.applied:
+        applied.skipped.setdefault("rewrite", "not used in fp32 on the CPU (EEGNeX measured 0.95x)")
 
 
 def _cpu_channels_last(model, inputs, full, device, prec: str, rows: bool, applied: Applied,
@@ -190,14 +185,12 @@ def _cpu_channels_last(model, inputs, full, device, prec: str, rows: bool, appli
     if not has_grouped_conv2d(model):
         applied.skipped["channels_last"] = "no grouped (H, 1) 2-D convolution (the CPU's rule)"
         return
-    toggle = _channels_last_toggle(model, applied)
-    if toggle is None:
-        return
     if not _could_gain(model, inputs):
         applied.skipped["channels_last"] = ("no grouped (H, 1) 2-D convolution on the input or "
                                             "spanning the height of a 2-D convolution's output, "
                                             "unconcatenated (the CPU's rule)")
         return
+    toggle = _channels_last_toggle(model, applied)  # not None: a grouped Conv2d is there
     fold = _layer_toggle(ROWS, model, inputs, applied) if rows else None
 
     def candidate(on: bool) -> None:
@@ -205,15 +198,13 @@ def _cpu_channels_last(model, inputs, full, device, prec: str, rows: bool, appli
         if fold is not None:
             fold(on)
 
-    saved = trial.Snapshot(model, device)
-    try:
-        ratios = trial.paired(
-            lambda on: trial.timed_step(candidate, on, model, full, device, prec), CL_TRIAL_S,
-            steps)
-    except Exception as exc:  # noqa: BLE001 — a layout whose step fails is not kept
-        ratios = f"its timed step failed ({type(exc).__name__}: {str(exc)[:80]})"
-    finally:
-        saved.restore()
+    with trial.state_kept(model, device):
+        try:
+            ratios = trial.paired(
+                lambda on: trial.timed_step(candidate, on, model, full, device, prec), CL_TRIAL_S,
+                steps)
+        except Exception as exc:  # noqa: BLE001 — a layout whose step fails is not kept
+            ratios = f"its timed step failed ({type(exc).__name__}: {str(exc)[:80]})"
     gain = ratios if isinstance(ratios, str) else statistics.median(ratios)
     keep = _judged(applied, "channels_last", gain, CL_MARGIN)
     candidate(keep)
@@ -256,11 +247,7 @@ def _could_gain(model, inputs) -> bool:
             conv = isinstance(m, nn.Conv2d) and m.groups == 1  # is no layer
             hooks.append(m.register_forward_hook(
                 lambda module, args, output, conv=conv: ran(conv, output)))
-    try:
-        exact.eval_output(model, inputs)
-    finally:
-        for h in hooks:
-            h.remove()
+    exact.eval_output(model, inputs, hooks)
     return state["keep"]
 
 
@@ -277,11 +264,11 @@ def _cpu_bf16(model, inputs, device, prec: str, with_rewrite: bool, applied: App
               deadline: float) -> None:
     """bf16 autocast (plus the rewrite where it applies) raced against fp32 until ``deadline``;
     kept when ``MARGIN["cpu"]`` faster. Never tried without bf16 in the CPU's hardware."""
-    why = None
+    why, cores = None, usable_cores()[0]
     if not cpu_native_bf16():
         why = "no bf16 in this CPU's hardware (AMX / AVX-512 BF16): bf16 not tried"
-    elif trial.cores() < MIN_TRIAL_CORES:
-        why = (f"{trial.cores()} cores: a bf16 trial cannot fit the {BUDGET_S['cpu']:.0f} s "
+    elif cores < MIN_TRIAL_CORES:
+        why = (f"{cores} cores: a bf16 trial cannot fit the {BUDGET_S['cpu']:.0f} s "
                "budget, bf16 not tried")
     elif steps is not None and steps < MIN_TRIAL_STEPS:
         why = f"a short run ({steps} steps): bf16 not tried"
@@ -290,7 +277,6 @@ def _cpu_bf16(model, inputs, device, prec: str, with_rewrite: bool, applied: App
     if why:
         applied.skipped["precision"] = why
         return
-    saved = trial.Snapshot(model, device)
     rewrite = None
 
     def use_bf16(on: bool) -> str:
@@ -298,7 +284,7 @@ def _cpu_bf16(model, inputs, device, prec: str, with_rewrite: bool, applied: App
             rewrite(on)
         return "bf16" if on else prec
 
-    try:
+    with trial.state_kept(model, device):
         # one fp32 step first: it primes oneDNN and says whether a race can fit what is left
         first = trial.timed_step(lambda on: None, False, model, inputs, device, prec)
         left = deadline - time.perf_counter()
@@ -310,8 +296,6 @@ def _cpu_bf16(model, inputs, device, prec: str, with_rewrite: bool, applied: App
         with trial.memory_cap():
             gain = trial.race(use_bf16, model, inputs, device, prec,
                               deadline - time.perf_counter(), min_rounds=1)
-    finally:
-        saved.restore()
     keep = _judged(applied, "precision", gain, MARGIN["cpu"], "bf16 ")
     use_bf16(keep)
     if keep:
@@ -325,8 +309,7 @@ def _measure(model, inputs, device, prec: str, toggles, measure_precision: bool,
     """Greedy, interleaved: each knob on top of what was kept; restore the model's state after."""
     margin = MARGIN.get(device.type, MARGIN["cuda"])
     share = budget / max(len(toggles) + int(measure_precision), 1)
-    saved = trial.Snapshot(model, device)
-    try:
+    with trial.state_kept(model, device):
         for knob, toggle in toggles.items():
             gain = trial.race(toggle, model, inputs, device, prec, share)
             toggle(_judged(applied, knob, gain, margin))
@@ -336,16 +319,12 @@ def _measure(model, inputs, device, prec: str, toggles, measure_precision: bool,
                 measure_precision = False
                 break
         if measure_precision:
-            gain = trial.race(lambda on: "fp32" if on else prec, model, inputs, device, prec,
-                              share)
+            gain = trial.race(lambda on: "fp32" if on else prec, model, inputs, device, prec, share)
             if _judged(applied, "precision", gain, margin, "fp32 "):
                 applied.precision = "fp32"
-    finally:
-        saved.restore()
 
 
-def _judged(applied: Applied, knob: str, gain: float | str, margin: float,
-            what: str = "") -> bool:
+def _judged(applied: Applied, knob: str, gain: float | str, margin: float, what: str = "") -> bool:
     """A trial's gain (or why there is none) recorded under ``knob``; True, and the knob
     listed as applied, when it won by ``margin``."""
     if isinstance(gain, str):
@@ -415,20 +394,14 @@ def use_cudnn_benchmark(applied: Applied) -> None:
     applied.global_restores.append(lambda: setattr(torch.backends.cudnn, "benchmark", before))
 
 
-def _on_device(x, device: torch.device) -> tuple:
+def _on_device(x, model: nn.Module, device: torch.device) -> tuple:
+    """The example's inputs on ``device``, where the model must be already."""
     items = tuple(x) if isinstance(x, (tuple, list)) else (x,)
     if not items or not isinstance(items[0], torch.Tensor):
         raise TypeError(f"apply_speedups: example_x must be a tensor or a tuple of the model's "
                         f"inputs starting with a tensor, got {type(x).__name__}")
-    return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in items)
-
-
-def _slice(inputs: tuple, n: int) -> tuple:
-    return tuple(a[:n] if isinstance(a, torch.Tensor) and a.dim() else a for a in inputs)
-
-
-def _check_device(model: nn.Module, device: torch.device) -> None:
     param = next(model.parameters(), None)
     if param is not None and param.device.type != device.type:
         raise ValueError(f"apply_speedups: the model is on {param.device} but device={device}; "
                          f"move it first (model.to(device))")
+    return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in items)

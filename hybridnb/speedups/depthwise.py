@@ -54,8 +54,7 @@ class DepthwiseRewrite(LayerRewrite):
     kind = MatmulDepthwise
     none_found = "no depthwise convolution spans its input's height"
 
-    def applies(self, module: nn.Module) -> bool:
-        """A depthwise Conv2d with a (H, 1) kernel the matmul form can replace, whatever H is."""
+    def applies(self, module: nn.Module) -> bool:  # whatever H is: the input's height decides
         return (is_stock_conv2d(module) and module.groups == module.in_channels
                 and module.out_channels % module.in_channels == 0
                 and module.kernel_size[1] == 1 and module.stride[1] == 1

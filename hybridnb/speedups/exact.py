@@ -7,10 +7,11 @@ stock one ``b`` as ``|a - b| <= ATOL + RTOL * max|b|`` (fp32, TF32 off).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from hybridnb.torch_state import evaluating
 from hybridnb.torch_state import set_torch_rng_state as set_rng_state
@@ -36,21 +37,23 @@ def exact_fp32() -> Iterator[None]:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = cudnn, matmul
 
 
-def eval_output(model: nn.Module, example: tuple):
-    """``model(*example)`` in eval mode, fp32 without TF32, without gradients: no BatchNorm
-    statistics move and no random numbers are drawn."""
-    with torch.no_grad(), evaluating(model), exact_fp32():
-        return model(*example)
+def eval_output(model: nn.Module, example: tuple, hooks: Iterable[RemovableHandle] = ()):
+    """``model(*example)`` in eval mode, fp32 without TF32, without gradients (no BatchNorm
+    statistics move, no random numbers drawn); ``hooks`` are removed after, whatever happens."""
+    try:
+        with torch.no_grad(), evaluating(model), exact_fp32():
+            return model(*example)
+    finally:
+        for h in hooks:
+            h.remove()
 
 
 def rel_diff(a: torch.Tensor, b: torch.Tensor, floor: float = 0.0) -> float:
     """max|a - b| / (max(max|b|, floor) + ATOL/RTOL): at most RTOL exactly when |a - b| <= ATOL +
     RTOL max|b| (non-finite values must sit at the same places)."""
     a, b = a.detach().float(), b.detach().float()
-    if a.shape != b.shape:
-        return float("inf")
     finite = b.isfinite()
-    if not torch.equal(a.isfinite(), finite):
+    if not torch.equal(a.isfinite(), finite):  # another shape, too
         return float("inf")
     a, b = a[finite], b[finite]
     if not b.numel():
@@ -64,6 +67,11 @@ def rel_diff_any(a, b) -> float:
     if len(ta) != len(tb):
         return float("inf")
     return max(map(rel_diff, ta, tb), default=0.0)
+
+
+def first_samples(example: tuple, n: int) -> tuple:
+    """The first ``n`` samples of each batched tensor of a model's positional inputs."""
+    return tuple(a[:n] if isinstance(a, torch.Tensor) and a.dim() else a for a in example)
 
 
 def tensors_of(out) -> list[torch.Tensor]:
@@ -101,8 +109,7 @@ def training_diff(stock: nn.Module, fast: nn.Module, inputs: tuple) -> float:
             for p in model.parameters():
                 p.grad = None
             with exact_fp32():
-                out = model(*inputs)
-                tensors = tensors_of(out)
+                tensors = tensors_of(model(*inputs))
                 gen = torch.Generator().manual_seed(0)
                 loss = sum((t.float() * torch.randn(t.shape, generator=gen).to(t.device)).sum()
                            for t in tensors if t.is_floating_point() and t.requires_grad)
@@ -114,14 +121,12 @@ def training_diff(stock: nn.Module, fast: nn.Module, inputs: tuple) -> float:
     finally:
         set_rng_state(state, device)
     worst = 0.0
-    for kind, (part_a, part_b) in enumerate(zip(results[0], results[1], strict=True)):
-        if len(part_a) != len(part_b) or any((a is None) != (b is None)
-                                             for a, b in zip(part_a, part_b, strict=True)):
+    for kind, (part_a, part_b) in enumerate(zip(*results, strict=True)):
+        if [a is None for a in part_a] != [b is None for b in part_b]:  # or another count
             return float("inf")
         pairs = [(a, b) for a, b in zip(part_a, part_b, strict=True) if a is not None]
         floor = 0.0
-        if kind == 1 and pairs:  # gradients: rounding noise scales with the largest of them
-            floor = GRAD_FLOOR * max(a.detach().abs().max().item() for a, _ in pairs)
-        for a, b in pairs:
-            worst = max(worst, rel_diff(b, a, floor))
+        if kind == 1:  # gradients: rounding noise scales with the largest of them
+            floor = GRAD_FLOOR * max((a.abs().max().item() for a, _ in pairs), default=0.0)
+        worst = max([worst] + [rel_diff(b, a, floor) for a, b in pairs])
     return worst

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import operator
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -41,11 +41,8 @@ class Replacement(nn.Module):
     def __getattr__(self, name: str):
         try:
             return super().__getattr__(name)
-        except AttributeError:
-            original = self.__dict__.get("original")
-            if original is None:
-                raise
-            return getattr(original, name)
+        except AttributeError:  # no "original" yet (mid-deepcopy): None's AttributeError
+            return getattr(self.__dict__.get("original"), name)
 
     def train(self, mode: bool = True) -> Replacement:
         self.original.training = mode
@@ -75,33 +72,24 @@ class Replacement(nn.Module):
 
 
 def put(model: nn.Module, name: str, module: nn.Module) -> None:
-    """``module`` in the place of ``model``'s submodule ``name`` (not the model itself)."""
-    if not name:
-        raise ValueError("a replacement needs a parent: the model itself cannot be replaced in "
-                         "place (wrap it, e.g. nn.Sequential(model))")
+    """``module`` in the place of ``model``'s submodule ``name`` (never the model: no parent)."""
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
     parent.register_module(child, module)  # takes the place of the module of that name
 
 
-def replaced(model: nn.Module, kind: type[Replacement] = Replacement
-             ) -> dict[str, Replacement]:
+def replaced(model: nn.Module, kind: type[Replacement]) -> dict[str, Replacement]:
     """The modules of ``model`` that are ``kind`` replacements, by name."""
     return {n: m for n, m in model.named_modules() if isinstance(m, kind)}
 
 
-def restore(model: nn.Module, kind: type[Replacement] = Replacement,
-            names: list[str] | None = None) -> int:
-    """Every ``kind`` replacement of ``model`` (of ``names`` only, when given) back to its
-    original; returns how many."""
+def restore(model: nn.Module, kind: type[Replacement]) -> int:
+    """Every ``kind`` replacement of ``model`` back to its original; returns how many."""
     found = replaced(model, kind)
-    count = 0
     for name, module in found.items():
-        if names is None or name in names:
-            module.original.training = module.training
-            put(model, name, module.original)
-            count += 1
-    return count
+        module.original.training = module.training
+        put(model, name, module.original)
+    return len(found)
 
 
 def originals(model: nn.Module) -> Iterator[nn.Module]:
@@ -129,13 +117,8 @@ class FormReplacement(Replacement):
     other input to the stock forward. Subclasses set both as static methods taking
     ``(original, x)``; the layer rewrite that puts them in checks the same two."""
 
-    @staticmethod
-    def fits(module: nn.Module, x: torch.Tensor) -> bool:
-        raise NotImplementedError
-
-    @staticmethod
-    def compute(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+    fits: Callable[[nn.Module, torch.Tensor], bool]
+    compute: Callable[[nn.Module, torch.Tensor], torch.Tensor]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fits(self.original, x):

@@ -43,16 +43,6 @@ class Verdict:
         return not self.why
 
 
-@dataclass
-class Found:
-    """The layers a rule takes on a batch (groups of module names), the stock eval output seen
-    while finding them (the check's reference), and the worst layer-level difference."""
-
-    groups: list[tuple[str, ...]] = field(default_factory=list)
-    reference: Any = None
-    worst: float = 0.0
-
-
 class Rewrite(ABC):
     """A rewrite of stock layers into replacement modules; see the module docstring."""
 
@@ -63,6 +53,7 @@ class Rewrite(ABC):
     rule: ClassVar[str] = ""  # what the CPU's rule applies, in a message
     none_found: ClassVar[str]  # why nothing was rewritten, when the rule took no layer
     trains: ClassVar[bool] = False  # the training path differs from eval's: check it too
+    check_samples: ClassVar[int | None] = None  # find and check on this many samples (all)
 
     @abstractmethod
     def applies(self, module: nn.Module) -> bool:
@@ -73,16 +64,13 @@ class Rewrite(ABC):
         return any(self.applies(m) for m in model.modules())
 
     @abstractmethod
-    def find(self, model: nn.Module, example: tuple) -> Found:
-        """The layers the rule takes on ``example`` (one eval-mode forward, no gradients)."""
+    def find(self, model: nn.Module, example: tuple) -> tuple[list, Any, float]:
+        """The layers the rule takes on ``example`` (groups of module names), the stock eval output
+        of that one forward (the check's reference) and the worst layer-level difference."""
 
     @abstractmethod
     def swap_in(self, model: nn.Module, group: tuple[str, ...]) -> None:
         """Put the replacement(s) for one found group in place."""
-
-    def sample(self, example: tuple) -> tuple:
-        """The part of the example batch finding and checking run on (default: all of it)."""
-        return example
 
     def apply(self, model: nn.Module, *example) -> RewriteReport:
         """Rewrite every layer of ``model`` the rule takes on ``example`` (one batch's positional
@@ -91,21 +79,21 @@ class Rewrite(ABC):
         report = RewriteReport()
         if not self.could_apply(model):
             return report  # nothing to check: no forward
-        example = self.sample(example)
-        found = self.find(model, example)
-        if not found.groups:
+        if self.check_samples:
+            example = exact.first_samples(example, self.check_samples)
+        groups, reference, worst = self.find(model, example)
+        if not groups:
             return report
-        for group in found.groups:
+        for group in groups:
             self.swap_in(model, group)
-        verdict = self.check(model, *example, reference=found.reference)
-        report.max_rel_diff = max(found.worst, verdict.max_rel_diff)
-        if verdict.ok and found.worst > exact.RTOL:
-            verdict = Verdict(found.worst, self._differed(found.worst))
-        if not verdict.ok:
+        verdict = self.check(model, *example, reference=reference)
+        report.max_rel_diff = max(worst, verdict.max_rel_diff)
+        why = verdict.why or (self._differed(worst) if worst > exact.RTOL else "")
+        if why:
             self.undo(model)
-            report.note = f"{self.label} not used: {verdict.why}; the model runs unchanged"
+            report.note = f"{self.label} not used: {why}; the model runs unchanged"
             return report
-        report.rewritten = [">".join(g) for g in found.groups]
+        report.rewritten = [">".join(g) for g in groups]
         return report
 
     def check(self, model: nn.Module, *example, reference: Any = None) -> Verdict:
@@ -136,10 +124,9 @@ class Rewrite(ABC):
         return (f"it differed from {self.differs_from} by {worst:.2g} (relative) on the first "
                 f"batch, more than {exact.RTOL:g}")
 
-    def undo(self, model: nn.Module, names: list[str] | None = None) -> int:
-        """The original modules back in place of this rewrite's replacements (those at
-        ``names`` only, when given); returns how many."""
-        return replace.restore(model, self.kind, names)
+    def undo(self, model: nn.Module) -> int:
+        """The original modules back in place of this rewrite's replacements; returns how many."""
+        return replace.restore(model, self.kind)
 
     def active(self, model: nn.Module) -> list[str]:
         """Names of the modules of ``model`` that currently run this rewrite's form."""
@@ -147,9 +134,8 @@ class Rewrite(ABC):
 
 
 class LayerRewrite(Rewrite):
-    """One layer for one layer, by the ``kind`` of :class:`replace.FormReplacement` it puts in:
-    ``kind.fits(module, x)`` says whether the form computes this input, ``kind.compute``
-    computes it; any other input takes the stock layer's forward."""
+    """One layer for one layer: a :class:`replace.FormReplacement` ``kind`` in each place the
+    rule takes, checked there on one eval forward (``find``) and on the model's output."""
 
     kind: ClassVar[type[replace.FormReplacement]]
     differs_from = "the convolution"
@@ -158,26 +144,18 @@ class LayerRewrite(Rewrite):
         (name,) = group
         replace.put(model, name, self.kind(model.get_submodule(name)))
 
-    def find(self, model: nn.Module, example: tuple) -> Found:
+    def find(self, model: nn.Module, example: tuple) -> tuple[list, Any, float]:
         """Candidates found with forward hooks on one eval forward; each one's faster form is
         computed on the same input and compared with the layer's output there."""
         worst: dict[str, float] = {}
-        hooks = []
+        # the model itself (name "") has no parent to swap in
+        names = {m: n for n, m in model.named_modules() if n and self.applies(m)}
 
-        def check(name):
-            def hook(module, args, output):
-                x = replace.first_tensor(args)
-                if x is not None and self.kind.fits(module, x):
-                    diff = exact.rel_diff(self.kind.compute(module, x), output)
-                    worst[name] = max(worst.get(name, 0.0), diff)
-            return hook
+        def hook(module, args, output):
+            x = replace.first_tensor(args)
+            if x is not None and self.kind.fits(module, x):
+                diff = exact.rel_diff(self.kind.compute(module, x), output)
+                worst[names[module]] = max(worst.get(names[module], 0.0), diff)
 
-        for name, module in model.named_modules():
-            if name and self.applies(module):  # the model itself has no parent to swap in
-                hooks.append(module.register_forward_hook(check(name)))
-        try:
-            output = exact.eval_output(model, example)
-        finally:
-            for h in hooks:
-                h.remove()
-        return Found([(n,) for n in sorted(worst)], output, max(worst.values(), default=0.0))
+        output = exact.eval_output(model, example, [m.register_forward_hook(hook) for m in names])
+        return [(n,) for n in sorted(worst)], output, max(worst.values(), default=0.0)

@@ -35,19 +35,12 @@ MIN_SPAN = 2  # electrodes: a kernel over one row gains nothing from the 1-D for
 BATCH_CONV_TAPS = 10
 
 
-def _combined_conv_class() -> type | None:
-    """braindecode's ``CombinedConv`` if braindecode is already imported (a model built from it
-    imported it; hybridnb never imports braindecode for this rule)."""
-    module = sys.modules.get("braindecode.modules.convolution")
-    return getattr(module, "CombinedConv", None)
-
-
 def is_combined_conv(module: nn.Module) -> bool:
-    """A braindecode ``CombinedConv`` that runs braindecode's own forward."""
-    cls = _combined_conv_class()
+    """A braindecode ``CombinedConv`` that runs braindecode's own forward. Read from
+    ``sys.modules``: a model built from it imported braindecode, hybridnb never does for this."""
+    cls = getattr(sys.modules.get("braindecode.modules.convolution"), "CombinedConv", None)
     return (cls is not None and isinstance(module, cls) and type(module).forward is cls.forward
-            and isinstance(module.conv_time, nn.Conv2d) and isinstance(module.conv_spat,
-                                                                       nn.Conv2d))
+            and isinstance(module.conv_time, nn.Conv2d) and isinstance(module.conv_spat, nn.Conv2d))
 
 
 def spanned_axes(module: nn.Module) -> tuple[int, ...]:

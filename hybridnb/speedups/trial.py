@@ -1,15 +1,13 @@
 """Timed trials: a knob off and on, interleaved, on the first batch, the model's state put back.
 
-Each state runs once untimed first (allocation, cuDNN autotuning, layout conversion); then one
-forward + backward (as the training step runs it) per state and round, A B A B, the fastest step
-of each counted. Weights, BatchNorm statistics, gradients and random-number streams are restored
-after (``Snapshot``).
+Each state runs once untimed first (allocation, cuDNN autotuning, layout conversion), then one
+training step (forward + backward) per state and round, A B A B. ``state_kept`` puts weights,
+BatchNorm statistics, gradients and random-number streams back after.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Callable, Iterator
 
@@ -38,11 +36,9 @@ def autocast(name: str, device: torch.device) -> contextlib.AbstractContextManag
 def race(toggle: Callable[[bool], str | None], model: nn.Module, inputs: tuple,
          device: torch.device, prec: str, budget: float, min_rounds: int | None = None
          ) -> float | str:
-    """Time one step with the knob off and on, interleaved, for about ``budget`` s.
-
-    On the CPU a race whose warm-up step shows it cannot fit ``min_rounds`` rounds is not run.
-    Returns the gain (off time / on time, fastest step of each), or why it was not measured.
-    """
+    """Time one step with the knob off and on, interleaved, for about ``budget`` s: the gain
+    (off time / on time, fastest step of each), or why it was not measured (on the CPU: a
+    warm-up step too slow for ``min_rounds`` rounds)."""
     times = {False: [], True: []}
     if min_rounds is None:
         min_rounds = 2 if device.type == "cpu" else 1
@@ -91,19 +87,12 @@ def paired(step: Callable[[bool], float], budget: float, run_steps: int | None =
 
 def timed_step(toggle: Callable[[bool], str | None], state: bool, model: nn.Module,
                inputs: tuple, device: torch.device, prec: str) -> float:
-    """Seconds for one step with the knob in ``state`` (synchronised before and after); a toggle
-    that returns a precision name runs the step in it, else in ``prec``."""
+    """Seconds (synchronised) for one forward and a backward of the mean of the first output,
+    as the training step runs them, with the knob in ``state``; the gradients are dropped. A
+    toggle that returns a precision name runs the step in it, else in ``prec``."""
     precision = toggle(state) or prec
     synchronize(device)
     t0 = time.perf_counter()
-    train_pass(model, inputs, precision, device)
-    synchronize(device)
-    return time.perf_counter() - t0
-
-
-def train_pass(model: nn.Module, inputs: tuple, precision: str, device: torch.device) -> None:
-    """One forward under ``precision``'s autocast and a backward of the mean of the first
-    output, as the training step runs them; the gradients are dropped."""
     with autocast(precision, device):
         out = model(*inputs)
     loss = first_tensor(out).float().mean()
@@ -111,42 +100,34 @@ def train_pass(model: nn.Module, inputs: tuple, precision: str, device: torch.de
         loss.backward()
     for p in model.parameters():
         p.grad = None
+    synchronize(device)
+    return time.perf_counter() - t0
 
 
-class Snapshot:
-    """Weights, buffers, gradients and RNG streams, put back after measuring."""
-
-    def __init__(self, model: nn.Module, device: torch.device) -> None:
-        self.model, self.device = model, device
-        self.state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        self.grads = [(p, None if p.grad is None else p.grad.detach().clone())
-                      for p in model.parameters()]
-        self.rng = rng_state(device)
-        for p in model.parameters():
-            p.grad = None
-
-    def restore(self) -> None:
+@contextlib.contextmanager
+def state_kept(model: nn.Module, device: torch.device) -> Iterator[None]:
+    """Weights, buffers, gradients and RNG streams put back after measuring (gradients are
+    cleared for the trial)."""
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    grads = [(p, None if p.grad is None else p.grad.detach().clone()) for p in model.parameters()]
+    rng = rng_state(device)
+    for p in model.parameters():
+        p.grad = None
+    try:
+        yield
+    finally:
         with torch.no_grad():
-            current = self.model.state_dict()
-            for k, v in self.state.items():
+            current = model.state_dict()
+            for k, v in state.items():
                 current[k].copy_(v)
-        for p, g in self.grads:
+        for p, g in grads:
             p.grad = g
-        set_rng_state(self.rng, self.device)
-
-
-def cores() -> int:
-    """The CPU cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        set_rng_state(rng, device)
 
 
 def can_cap_memory() -> bool:
-    """Whether ``memory_cap`` can work here (POSIX ``resource`` and Linux's /proc:
-    ``hybridnb.platform.proc()``)."""
-    try:
-        import resource  # noqa: F401 — POSIX only
-    except ImportError:
-        return False
+    """Whether ``memory_cap`` can work here: Linux's /proc (``hybridnb.platform.proc()``), where
+    POSIX ``resource`` is there too."""
     return bool(platform.proc())
 
 

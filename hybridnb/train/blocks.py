@@ -1,9 +1,6 @@
-"""Activation (gradient) checkpointing of a model's top-level blocks, through a wrapper module.
-
-``Checkpointed(block)`` shares the block's parameter, buffer and submodule registries, so it
-holds the very same tensors under the very same state_dict keys; its forward recomputes the
-block's activations in backward (torch.utils.checkpoint). ``checkpointed_blocks(model)`` puts
-the wrappers in place for the duration of a ``with`` and puts the original blocks back after.
+"""Activation (gradient) checkpointing of a model's top-level blocks (torch.utils.checkpoint),
+through wrappers that hold the very same tensors under the same state_dict keys, put in place
+for the duration of a ``with``.
 """
 
 from __future__ import annotations

@@ -10,15 +10,14 @@ from collections.abc import Iterable
 
 import torch
 
-# keyword -> (what to write instead, whose habit it is)
+# keyword -> (what to write instead, whose habit it is); near spellings are left to difflib
 ALIASES: dict[str, tuple[str, str]] = {
     "max_epochs": ("epochs=", "Lightning"),
-    "n_epochs": ("epochs=", ""), "num_epochs": ("epochs=", ""),
     "num_train_epochs": ("epochs=", "Hugging Face"),
     "accumulate_grad_batches": ("grad_accum=", "Lightning"),
     "gradient_accumulation_steps": ("grad_accum=", "Hugging Face"),
     "gradient_clip_val": ("clip_grad= (a gradient-norm limit)", "Lightning"),
-    "max_grad_norm": ("clip_grad=", "Hugging Face"), "clip_grad_norm": ("clip_grad=", ""),
+    "max_grad_norm": ("clip_grad=", "Hugging Face"),
     "accelerator": ("device= ('auto', 'cpu', 'cuda', 'cuda:N', 'mps')", "Lightning"),
     "devices": ("device= (one device; several: strategy='ddp' with hn.launch)", "Lightning"),
     "gpus": ("device='cuda'", "Lightning"),
@@ -29,7 +28,6 @@ ALIASES: dict[str, tuple[str, str]] = {
     "metrics": ("- not an option; the metrics follow the loss (regression: rmse, nrmse, mae, r2; "
                 "loss='cross_entropy': accuracy, balanced_accuracy) in trainer.history and "
                 "evaluate(), and monitor= picks the one early stopping watches", ""),
-    "scheduler": ("schedule=", ""), "lr_scheduler": ("schedule=", ""),
     "patience": ("early_stopping= (a patience in validations)", ""),
     "early_stopping_patience": ("early_stopping=", "Hugging Face"),
     "default_root_dir": ("checkpoint_dir=", "Lightning"), "dirpath": ("checkpoint_dir=", ""),
@@ -47,7 +45,7 @@ ALIASES: dict[str, tuple[str, str]] = {
     "num_workers": ("loader_kwargs={'num_workers': N}", ""),
     "pin_memory": ("loader_kwargs={'pin_memory': True}", ""),
     "amp": ("precision= ('bf16', 'fp16', 'fp32', 'auto')", ""),
-    "use_amp": ("precision=", ""), "mixed_precision": ("precision=", ""),
+    "use_amp": ("precision=", ""),
     "class_weight": ("class_weights=", "scikit-learn"), "weight": ("class_weights=", ""),
     "random_state": ("seed=", "scikit-learn"), "deterministic": ("seed=", "Lightning"),
     "train_split": ("fit(train, val): the validation data is given to fit", "skorch"),
@@ -73,33 +71,27 @@ def unknown_keywords(unknown: Iterable[str], known: Iterable[str]) -> str:
             + ". Every option is listed in help(hn.Trainer)")
 
 
-# Lightning's names (and torch dtypes) for the precisions hybridnb runs: fp32 weights, the
-# forward under autocast in the named dtype
+# Lightning's names (and torch dtypes, as str() names them without "torch.") for the precisions
+# hybridnb runs: fp32 weights, the forward under autocast in the named dtype
 PRECISION_ALIASES = {
-    "16-mixed": "fp16", "16": "fp16", 16: "fp16", "fp16-mixed": "fp16", "float16": "fp16",
-    "half": "fp16", torch.float16: "fp16",
-    "bf16-mixed": "bf16", "bfloat16": "bf16", torch.bfloat16: "bf16",
-    "32-true": "fp32", "32": "fp32", 32: "fp32", "float32": "fp32", "float": "fp32",
-    torch.float32: "fp32",
+    "16-mixed": "fp16", "16": "fp16", "fp16-mixed": "fp16", "float16": "fp16", "half": "fp16",
+    "bf16-mixed": "bf16", "bfloat16": "bf16",
+    "32-true": "fp32", "32": "fp32", "float32": "fp32", "float": "fp32",
 }
 _PURE = {"16-true": "fp16", "bf16-true": "bf16", "transformer-engine": "bf16",
-         "64-true": None, "64": None, 64: None, "float64": None, "double": None,
-         torch.float64: None}
+         "64-true": None, "64": None, "float64": None, "double": None}
 
 
 def precision_name(precision):
     """``precision=`` as hybridnb names it ("16-mixed" -> "fp16", ...); a precision hybridnb
     does not run (weights in half precision, float64) is a ValueError saying what to use."""
-    if isinstance(precision, str) and precision in ("auto", "bf16", "fp16", "fp32"):
-        return precision
-    try:
-        if precision in PRECISION_ALIASES:
-            return PRECISION_ALIASES[precision]
-        pure = precision in _PURE
-    except TypeError:  # unhashable
-        pure = False
-    if pure:
-        mixed = _PURE[precision]
+    key = str(precision).removeprefix("torch.")  # 16 -> "16", torch.bfloat16 -> "bfloat16"
+    if key in ("auto", "bf16", "fp16", "fp32"):
+        return key
+    if key in PRECISION_ALIASES:
+        return PRECISION_ALIASES[key]
+    if key in _PURE:
+        mixed = _PURE[key]
         raise ValueError(
             f"precision={precision!r} (weights held in that precision) is not supported: "
             "hybridnb keeps fp32 weights and runs the forward under autocast"

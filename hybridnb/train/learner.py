@@ -5,9 +5,6 @@ together (checkpoints and the worker's hand-over).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import torch
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
@@ -113,19 +110,6 @@ class Learner:
                 " (raw weights are in last.pt)" if settings.checkpoint_dir else "")
         return None
 
-    @contextlib.contextmanager
-    def swapped(self, **parts) -> Iterator[None]:
-        """``schedule``, ``guard`` or ``ema`` replaced while the block runs (lr_find's sweep),
-        the learner's own put back after it; the step is built afresh after either."""
-        own = {name: getattr(self, name) for name in parts}
-        for name, part in parts.items():
-            setattr(self, name, part)
-        try:
-            yield
-        finally:
-            for name, part in own.items():
-                setattr(self, name, part)
-
     def to(self, device: torch.device) -> None:
         """Model, EMA and optimizer state on ``device``."""
         self.model.to(device)
@@ -136,9 +120,11 @@ class Learner:
 
     def rebuild_on_cpu(self) -> None:
         """Fresh CPU storage after a lost device (nothing reads the device again)."""
-        recovery.rebuild_on_cpu(self.model)
-        if self.ema is not None:
-            recovery.rebuild_on_cpu(self.ema)
+        for module in (self.model, self.ema):
+            if module is not None:  # every read of the lost device fails: fresh CPU storage
+                module.to_empty(device="cpu")
+                for p in module.parameters():
+                    p.grad = None
 
 
 def _no_params(model: torch.nn.Module, freeze) -> str:

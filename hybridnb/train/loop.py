@@ -1,10 +1,9 @@
 """The Loop: a fit's epochs and steps wherever it runs (the kernel, or an isolated worker). Read
 ``fit`` -> ``_epochs`` -> ``_epoch`` -> ``_between_steps`` top to bottom, as fastai's ``_do_fit``.
 
-It runs over the Trainer's parts and one data-only ``RunState`` (state.py). What a fit opens is
-``opening.py``'s (``fitting``, which calls ``saved.finish`` at its end); the saved state, rewinds
-and the end of a fit ``saved.py``'s; validation ``validation.py``'s. What happens is emitted on the ``Bus``; a listener that raises
-``CancelFit`` ends the fit normally after the current step (lr_find's sweep does).
+It runs over the Trainer's parts and one data-only ``RunState`` (state.py); a fit's set-up and
+end are ``opening.fitting``'s, saved states and rewinds ``saved.py``'s. What happens is emitted
+on the ``Bus``; a listener that raises ``CancelFit`` ends the fit normally after the current step.
 """
 
 from __future__ import annotations

@@ -170,9 +170,9 @@ def trial(loop, loader, plan: Plan, listener, schedule,
     unless ``recover_oom`` (the batch-size probe, for which an out-of-memory error is the signal).
     After it the Loop's settings, run state, weights, optimizer and RNG are back as they were."""
     start = saved.state_dict(loop)
-    placement = loop.placement
+    placement, learner = loop.placement, loop.learner
     own = loop.settings, loop.state, loop.stop_flag, loop.loaders.opened, \
-        loop.loaders.generator, placement.settings
+        loop.loaders.generator, placement.settings, learner.schedule, learner.guard, learner.ema
     loop.settings = loop.settings.replace(
         grad_accum=1, schedule=None, val_every=None, checkpoint_every=None, snapshot_every=None,
         checkpoint_dir=None, early_stopping=None)
@@ -182,16 +182,16 @@ def trial(loop, loader, plan: Plan, listener, schedule,
     loop.state.plan = plan
     loop.stop_flag = lambda: False
     loop.loaders.opened, loop.loaders.generator = [loader], getattr(loader, "generator", None)
-    guard = LossGuard(spike=0.0, lr_cut=1.0, patience=plan.total_steps + 1)
+    learner.schedule, learner.ema = schedule, None
+    learner.guard = LossGuard(spike=0.0, lr_cut=1.0, patience=plan.total_steps + 1)
     loop.bus.subscribe(listener)
     try:
-        with loop.learner.swapped(schedule=schedule, guard=guard, ema=None):
-            yield
+        yield
     finally:
         loop.bus.listeners.remove(listener)
-        loop.settings, loop.state, loop.stop_flag, loop.loaders.opened, \
-            loop.loaders.generator, placement.settings = own
-        loop.learner.optimizer.zero_grad(set_to_none=True)
+        loop.settings, loop.state, loop.stop_flag, loop.loaders.opened, loop.loaders.generator, \
+            placement.settings, learner.schedule, learner.guard, learner.ema = own
+        learner.optimizer.zero_grad(set_to_none=True)
         saved.rewind(loop, start)
         setup.build_step(loop)  # the trainer's own guard, EMA and on_gpu_error again
         free_memory(placement.device)

@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import default_collate
 
 from hybridnb import failures, speedups
+from hybridnb.measure.memory import cuda_index
 from hybridnb.strategies.base import SingleDevice
 from hybridnb.train import recovery, setup
 from hybridnb.train.data import IndexedBatches, is_stream, leave_device
@@ -56,17 +57,22 @@ class Placement:
         return self.strategy.device
 
     def place(self, loaders: list) -> None:
-        """The learner and in-memory data on the device (the learner once per device), and the
-        memory cap."""
+        """The learner and in-memory data on the device (the learner once per device), and this
+        process's share of a CUDA device's memory capped."""
         for loader in loaders:
             if isinstance(loader, IndexedBatches):
                 loader.place(self.device, self.bus)
         if self._placed_on == self.device:
             return
         self.learner.to(self.device)
-        if self.settings.memory_fraction is not None:
-            setup.cap_memory(self.settings.memory_fraction, self.device, self.bus)
-        self._placed_on = self.device
+        self._placed_on, fraction = self.device, self.settings.memory_fraction
+        if fraction is not None and self.device.type == "cuda":
+            index = cuda_index(self.device)  # "cuda": the current device
+            torch.cuda.set_per_process_memory_fraction(fraction, index)
+            self.bus.note("memory_fraction", f"GPU memory capped at {fraction:.0%} of cuda:{index}")
+        elif fraction is not None:
+            self.bus.note("memory_fraction", f"memory_fraction={fraction} has no effect on "
+                          f"{self.device} (CUDA only)")
 
     def speed_up(self, train_loader, batch_size: int, steps: int) -> None:
         """Apply what measures faster on this model and device (once per device, said with the
@@ -106,17 +112,16 @@ class Placement:
         if applied is not None:  # its undo closures stay in the worker
             applied = applied.portable()
         return {"precision": self.precision.name, "applied_speedups": applied,
-                "flops_per_sample": self.flops_per_sample, "compile": self.compile}
+                "flops_per_sample": self.flops_per_sample}
 
     def adopt(self, facts: dict) -> bool:
         """Take what the isolated worker decided (``facts()``); True when the precision changed
         (the step must be rebuilt). Touches no device: the kernel never does."""
-        self.applied_speedups = facts.get("applied_speedups")
-        self.flops_per_sample = facts.get("flops_per_sample")
-        name = facts.get("precision")
-        if name is None or name == self.precision.name:
+        self.applied_speedups = facts["applied_speedups"]
+        self.flops_per_sample = facts["flops_per_sample"]
+        if facts["precision"] == self.precision.name:
             return False
-        self.precision = Precision.choose(name, self.device)
+        self.precision = Precision.choose(facts["precision"], self.device)
         return True
 
     def end_fit(self) -> None:

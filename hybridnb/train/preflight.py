@@ -13,9 +13,6 @@ from torch.utils.data import Dataset, IterableDataset, TensorDataset, default_co
 from hybridnb.torch_state import evaluating, meta_state, on_meta
 
 _ARRAY = (np.ndarray, torch.Tensor)
-FIT_XY = ("fit's second argument is the validation data, not the targets: pass the training "
-          "arrays as one tuple, trainer.fit((X, y)), and validation data as another, "
-          "trainer.fit((X, y), (X_val, y_val))")
 
 
 def check_fit_data(train, val) -> tuple | None:
@@ -23,7 +20,9 @@ def check_fit_data(train, val) -> tuple | None:
     first training item (``(x, y, ...)``) when it was read, else None."""
     if isinstance(val, _ARRAY):
         if isinstance(train, _ARRAY):
-            raise TypeError(f"fit(X, y): {FIT_XY}")
+            raise TypeError("fit(X, y): fit's second argument is the validation data, not the "
+                            "targets: pass the training arrays as one tuple, trainer.fit((X, y)), "
+                            "and validation data as another, trainer.fit((X, y), (X_val, y_val))")
         raise TypeError("val: one array has no targets: pass (X_val, y_val) as one tuple")
     return first_item(train, "train")
 

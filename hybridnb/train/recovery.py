@@ -1,18 +1,10 @@
 """What happens when a step fails: out of memory, a broken device, a loss that explodes.
 
-The predicates (``is_oom``, ``is_device_lost``) decide what an error is; ``Recovery`` runs a step
-and acts on its failures (Composer's ``_train_batch``: try, classify, agree across ranks, shrink,
-retry) and returns an ``Outcome`` the loop reads. Its policies: ``MicroBatches`` (the same batch
-as halves, quarters, ..., each loss weighted by its share, so the update equals the unsplit one),
-``on_cpu`` (one batch on the CPU when not even one sample fits) and ``LossGuard`` (a non-finite
-or spiking loss skips the step and cuts the learning rate; non-finite data skips the batch, and
-``patience`` such batches in a row are an error). A re-run attempt starts from the buffers and
-RNG states of the first (``_trace``). Memory is freed *after* the
-``except`` block: while the exception lives, its traceback pins the failed step's tensors.
-
-It survives out of memory, a failing compiled step (eager), an exploding loss and sticky device
-errors raised as Python exceptions (the run moves to the CPU; the lost device is never called
-again), not a device that aborts the process or a kernel that never returns: that needs
+``Recovery`` runs a step and acts on its failures (Composer's ``_train_batch``: try, classify,
+agree across ranks, shrink, retry) with the policies below, and returns an ``Outcome`` the loop
+reads. Memory is freed *after* the ``except`` block: while the exception lives, its traceback
+pins the failed step's tensors. Sticky device errors raised as Python exceptions move the run to
+the CPU; a device that aborts the process or a kernel that never returns needs
 ``Trainer(isolate=True)``.
 """
 
@@ -80,14 +72,6 @@ def to_cpu(obj):
     if isinstance(obj, (list, tuple)):
         return (list if isinstance(obj, list) else tuple)(to_cpu(v) for v in obj)
     return obj
-
-
-def rebuild_on_cpu(module: torch.nn.Module) -> None:
-    """Fresh, uninitialised CPU storage for ``module`` without reading the lost device (every
-    read fails after a sticky error); the caller loads a saved CPU state into it."""
-    module.to_empty(device="cpu")
-    for p in module.parameters():
-        p.grad = None
 
 
 @dataclass
@@ -163,7 +147,7 @@ def nonfinite_inputs(window: list) -> str | None:
     return "; ".join(found) or None
 
 
-class Came(str, enum.Enum):
+class Came(enum.Enum):
     """What one optimizer step came to: applied (``OK``), dropped for a bad loss (``SKIPPED``),
     too many bad steps in a row (``RESTORE``: the loop goes back to the last good state), or a
     sticky device error (``DEVICE_LOST``: the loop moves the run to the CPU)."""
@@ -172,8 +156,6 @@ class Came(str, enum.Enum):
     SKIPPED = "skipped"
     RESTORE = "restore"
     DEVICE_LOST = "device_lost"
-
-    __str__ = str.__str__
 
 
 @dataclass
@@ -235,7 +217,7 @@ class Recovery:
                     total = self.strategy.settle(self.step.params, total, window)
                 self.phase = "update"
                 with self.updating():
-                    result = self.step.update(total)
+                    loss, verdict = self.step.update(total)
                 self.phase = "idle"
                 break
             except Exception as exc:  # classified: what is no step failure is raised again
@@ -252,7 +234,7 @@ class Recovery:
             free_memory(device)
             untrace()
             on_cpu_batch = self._act(failure, detail, window, on_cpu_batch)
-        return self._judge(result.loss, result.verdict, window)
+        return self._judge(loss, verdict, window)
 
     def classify(self, exc: Exception) -> tuple[str, str]:
         """Name a step failure ("compile", "device_lost", "oom"), or re-raise what cannot be

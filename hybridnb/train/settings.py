@@ -22,7 +22,6 @@ from hybridnb.train.loggers import TB_INSTALL, logger_names, need_folder, tensor
 from hybridnb.train.losses import CLASSIFICATION_NAMES, is_classification
 
 COMPILE_MODES = (False, True, "default", "reduce-overhead", "max-autotune")
-ON_GPU_ERROR = ("recover", "raise")
 # DataLoader arguments the Trainer itself sets for every Dataset it batches
 TRAINER_LOADER_KEYS = {"batch_size", "shuffle", "sampler", "batch_sampler", "generator"}
 
@@ -118,7 +117,7 @@ class Settings:
             raise ValueError(f"clip_grad={self.clip_grad!r} must be None or > 0")
         if self.compile not in COMPILE_MODES:
             raise ValueError(f"compile={self.compile!r} must be one of {COMPILE_MODES}")
-        if self.on_gpu_error not in ON_GPU_ERROR:
+        if self.on_gpu_error not in ("recover", "raise"):
             raise ValueError(f"on_gpu_error={self.on_gpu_error!r} must be 'recover' or 'raise'")
         mf = self.memory_fraction
         if mf is not None and not 0 < mf <= 1:

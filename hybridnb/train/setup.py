@@ -10,13 +10,10 @@ import fnmatch
 import torch
 
 from hybridnb.failures import is_lost
-from hybridnb.measure.memory import cuda_index
 from hybridnb.strategies.base import SingleDevice, Strategy
 from hybridnb.strategies.ddp import DDPStrategy, wants_ddp
 from hybridnb.strategies.deepspeed import make_strategy as make_deepspeed
 from hybridnb.train.precision import Precision
-
-STRATEGIES = ("auto", "single", "ddp", "deepspeed")
 
 
 def resolve_device(device, hw, bus=None) -> torch.device:
@@ -65,7 +62,8 @@ def make_strategy(strategy, device: torch.device) -> Strategy:
         return DDPStrategy(device)
     if strategy in ("auto", "single", None):
         return SingleDevice(device)
-    raise ValueError(f"strategy={strategy!r} is not one of {STRATEGIES} or a strategy object")
+    raise ValueError(f"strategy={strategy!r} is not one of ('auto', 'single', 'ddp', 'deepspeed') "
+                     "or a strategy object")
 
 
 def choose_precision(asked: str, strategy: Strategy, recommended: str | None,
@@ -91,23 +89,8 @@ def cpu_precision() -> Precision:
     return Precision.choose("fp32", "cpu")
 
 
-def cap_memory(fraction: float, device: torch.device, bus) -> None:
-    """Cap this process's share of a CUDA device's memory ("cuda" means the current device)."""
-    if device.type == "cuda":
-        index = cuda_index(device)
-        torch.cuda.set_per_process_memory_fraction(fraction, index)
-        bus.note("memory_fraction", f"GPU memory capped at {fraction:.0%} of cuda:{index}")
-    else:
-        bus.note("memory_fraction", f"memory_fraction={fraction} has no effect on {device} "
-                 "(CUDA only)")
-
-
-def freeze(model: torch.nn.Module, patterns: list[str] | str | None) -> list[str]:
+def freeze(model: torch.nn.Module, patterns: list[str]) -> list[str]:
     """Set requires_grad=False on parameters whose name matches a pattern; returns their names."""
-    if not patterns:
-        return []
-    if isinstance(patterns, str):
-        patterns = [patterns]
     params = dict(model.named_parameters())
     frozen = set()
     for pattern in patterns:

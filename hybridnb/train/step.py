@@ -1,9 +1,7 @@
-"""The one training step: forward and backward over micro-batches, then unscale, clip, check the
-loss, step the optimizer and update the scaler; and the FLOP count of that pass (MFU).
-
-Precision and the strategy's hooks are captured once when the step is built, so the step has no
-branches for them (nanoGPT's shape). The Trainer runs it through ``recovery.Recovery``;
-``hn.compare()`` calls it directly:
+"""The one training step (forward and backward over micro-batches, then the update) and the
+FLOP count of that pass (MFU). Precision and the strategy's hooks are captured once when the
+step is built, so the step has no branches for them (nanoGPT's shape). The Trainer runs it
+through ``recovery.Recovery``; ``hn.compare()`` calls it directly:
 
 >>> step = TrainStep(model, loss_fn, optimizer, Precision.choose("bf16", "cpu"))
 >>> loss = step(x, y)            # one whole optimizer step; a 0-dim tensor, no host sync
@@ -12,7 +10,6 @@ branches for them (nanoGPT's shape). The Trainer runs it through ``recovery.Reco
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
@@ -21,14 +18,6 @@ from hybridnb.speedups.exact import first_tensor
 from hybridnb.strategies.base import SingleDevice, Strategy
 from hybridnb.torch_state import evaluating, meta_state, on_meta
 from hybridnb.train.precision import Precision
-
-
-@dataclass
-class StepResult:
-    """What an update did: ``verdict`` "ok" (applied), "nonfinite" or "spike" (skipped)."""
-
-    loss: float | None
-    verdict: str = "ok"
 
 
 class TrainStep:
@@ -86,8 +75,9 @@ class TrainStep:
     def _scaled_backward(self, loss: torch.Tensor, last: bool) -> None:
         self.scaler.scale(loss).backward()
 
-    def _optimizer_update(self, total: torch.Tensor, read: bool = True) -> StepResult:
-        """Unscale, clip, judge the loss, step (when judged fine), update the scaler, clear."""
+    def _optimizer_update(self, total: torch.Tensor, read: bool = True) -> tuple:
+        """Unscale, clip, judge the loss, step (when judged fine), update the scaler, clear.
+        Returns ``(loss, verdict)``: "ok" (applied), "nonfinite" or "spike" (skipped)."""
         self.scaler.unscale_(self.optimizer)
         norm = (torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad)
                 if self.clip_grad else None)
@@ -103,9 +93,9 @@ class TrainStep:
                 self.on_applied()
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        return StepResult(loss, verdict)
+        return loss, verdict
 
-    def _engine_update(self, total: torch.Tensor, read: bool = True) -> StepResult:
+    def _engine_update(self, total: torch.Tensor, read: bool = True) -> tuple:
         """The update when the strategy's engine (DeepSpeed) clips and steps: the loss guard
         decides first; a skipped step drops the engine's gradients."""
         loss = float(total)
@@ -119,18 +109,15 @@ class TrainStep:
             self.strategy.discard()
         if self.guard:
             self.guard.record(verdict, loss)
-        return StepResult(loss, verdict)
+        return loss, verdict
 
 
 def count_flops(model: torch.nn.Module, inputs: tuple | torch.Tensor, *, bus=None) -> int | None:
-    """FLOPs of one forward and the backward of its first output's mean of ``model`` on
-    ``inputs`` by ``FlopCounterMode`` (matmuls, convolutions, attention: element-wise work is not
-    counted, as is usual for MFU). Gradients, BatchNorm statistics and training flags are kept.
-
-    Counted on the meta device first (shapes only: 0.03 s for EEGNeX on 8 samples on a 2-core
-    EPYC against 0.47 s for the real pass), else on the real tensors in fp32. A real count out of
-    memory is skipped: one "flops" note on ``bus`` and None (no MFU); other errors propagate.
-    """
+    """FLOPs of one forward and backward of ``model`` on ``inputs`` (``FlopCounterMode``:
+    element-wise work is not counted, as is usual for MFU); gradients, BatchNorm statistics and
+    training flags are kept. Counted on the meta device first (0.03 s for EEGNeX on 8 samples on
+    a 2-core EPYC against 0.47 s for the real pass), else on the real tensors in fp32; out of
+    memory there gives one "flops" note on ``bus`` and None (no MFU), other errors raise."""
     inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     counted = _count_on_meta(model, inputs)
     if counted is not None:

@@ -1,9 +1,6 @@
-"""Trainer: the public class, a facade over its parts, a Loop and a runner.
-
-The Trainer validates the options once (``settings``: the checked, frozen ``Settings``), holds
-the parts ``build_loop`` makes (parts.py; an isolated worker builds the same) and its ``sinks``
-(loggers, callbacks), and runs the Loop here or in a supervised worker (``run_worker.py``: its
-events emitted again here, its states applied as they arrive).
+"""Trainer: the public class, a facade over the parts ``build_loop`` makes (an isolated worker
+builds the same), its ``sinks`` (loggers, callbacks) and the Loop, run here or in a supervised
+worker (``run_worker.py``: its events emitted again here, its states applied as they arrive).
 
 >>> tr = Trainer(model, loss="mse", lr=1e-3, epochs=10, checkpoint_dir="runs/c1")
 >>> history = tr.fit(train, val)          # Datasets or DataLoaders; batches (x, y[, extras])
@@ -48,6 +45,11 @@ def _setting(name: str, writable: bool = False) -> property:
                     doc=f"``{name}=`` as given" + (" (settable)" if writable else ""))
 
 
+def _of(part: str, *names: str) -> tuple[property, ...]:
+    """Read-only views of ``self.<part>.<name>``: the Trainer's attributes over its parts."""
+    return tuple(property(lambda self, n=n: getattr(getattr(self, part), n)) for n in names)
+
+
 class Trainer:
     """Train a PyTorch model on whatever device works, surviving OOM and device failures.
 
@@ -57,8 +59,7 @@ class Trainer:
     - ``lr``: the peak learning rate; ``epochs``: passes over the training data; ``clip_grad``:
       the largest gradient norm (None: no clipping).
     - ``snapshot_every``: keep the last good state in memory every N optimizer steps (an
-      isolated fit's worker sends it to the kernel then); None: at epoch ends and checkpoints
-      only.
+      isolated worker sends it to the kernel); None: at epoch ends and checkpoints only.
     - ``verbose``: print events to stderr when there is no live view.
     - ``loss``: "mse" | "l1" | "huber" (``huber_delta``; ``reweight_after=E`` down-weights large
       residuals from epoch E on) | "cross_entropy" (classification: logits (batch, classes),
@@ -70,12 +71,11 @@ class Trainer:
     - ``compile``: False | True | "default" | "reduce-overhead" | "max-autotune"; any failure
       while compiling or in a compiled step falls back to eager, once, with a message.
     - ``schedule``: "warmup_cosine" (``warmup``: fraction or steps) | "plateau" | None | an object
-      from hybridnb.train.schedules | a factory ``(optimizer, total_steps) ->
-      torch.optim.lr_scheduler`` object (e.g. ``lambda opt, total_steps: OneCycleLR(opt,
-      max_lr=1e-2, total_steps=total_steps)``; ``optimizer -> ...`` also works), stepped once
-      per optimizer step (``total_steps``: the run's; ReduceLROnPlateau: with the ``monitor``
-      value at each validation). On resume the scheduler given is used (the checkpoint's state
-      when it is the same one).
+      from hybridnb.train.schedules | a factory ``(optimizer, total_steps) -> scheduler`` (e.g.
+      ``lambda opt, total_steps: OneCycleLR(opt, max_lr=1e-2, total_steps=total_steps)``;
+      ``optimizer -> ...`` also works), stepped once per optimizer step (ReduceLROnPlateau: with
+      the ``monitor`` value at each validation); on resume, with the checkpoint's state when the
+      same one is given.
     - ``ema``: None or a decay (e.g. 0.999); validation, best weights and the final model use it.
     - ``early_stopping``: None or a patience in validations; the best weights are restored.
       ``monitor``: the validation metric it watches (checked at the first validation).
@@ -91,8 +91,8 @@ class Trainer:
     - ``precision``: "auto" | "bf16" | "fp16" | "fp32": the forward's autocast dtype (weights
       stay fp32); Lightning's "bf16-mixed", "16-mixed", "32-true" mean the same.
     - ``steps_per_epoch``: cap the optimizer steps per epoch (an IterableDataset without
-      ``__len__`` needs it: each epoch reads that many batches, fewer if the stream ends). ``seed``: python, numpy, torch
-      and loader workers. ``live``: "auto" | "widgets" | "html" | "text" | False.
+      ``__len__`` needs it; fewer if the stream ends). ``seed``: python, numpy, torch and loader
+      workers. ``live``: "auto" | "widgets" | "html" | "text" | False.
     - ``strategy``: "auto" (DDP when started by torchrun / ``hn.launch`` with 2+ processes) |
       "single" | "ddp" | "deepspeed" | a strategy object (hybridnb.strategies; under DDP
       ``batch_size`` is per process).
@@ -109,10 +109,9 @@ class Trainer:
     - ``logger``: "auto" (csv when there is a folder, else nothing) | "csv" (each epoch's row
       appended to ``<log_dir>/history.csv`` as it ends) | "tensorboard" | a logger object | a
       list | None. ``log_dir``: where (default ``checkpoint_dir``). hybridnb.train.loggers.
-    - ``callbacks``: objects with any of ``on_fit_start(trainer)``, ``on_step_end(trainer,
-      row)``, ``on_epoch_end(trainer, row)``, ``on_fit_end(trainer)``, run in this process (also
-      for an isolated fit); a hook stops the fit after the current step with
-      ``trainer.should_stop = True`` (hybridnb.train.callbacks).
+    - ``callbacks``: objects with any of ``on_fit_start``, ``on_step_end``, ``on_epoch_end``,
+      ``on_fit_end``, run in this process (also for an isolated fit); a hook stops the fit after
+      the current step with ``trainer.should_stop = True`` (hybridnb.train.callbacks).
 
     Data: a Dataset (items ``(x, y[, extras])``: braindecode's windows as they come), a
     DataLoader, ``(X, y)`` arrays or tensors as one tuple, or an object with ``to_dataset()``
@@ -149,12 +148,8 @@ class Trainer:
         refuse_lightning_hooks(model)
         with frozen_heap():  # building the optimizer imports torch._dynamo (heap.py)
             loop, callbacks = build_loop(model, settings), check_callbacks(callbacks)
-        # the Loop's parts, the user's loggers and callbacks, and where fit runs
-        self.loop = loop
-        bus = self.bus = loop.bus
-        self.learner, self.placement, self.checkpoints = loop.learner, loop.placement, \
-            loop.checkpoints
-        self.progress, self.stopping = loop.progress, loop.stopping
+        # the Loop (its parts: the views below), the user's loggers and callbacks, where fit runs
+        self.loop, bus = loop, loop.bus
         strategy = self.placement.strategy
         self.sinks = Sinks(lambda storage: loggers.make_loggers(
             settings.loggers, settings.log_folder, storage, strategy.is_main),
@@ -194,22 +189,15 @@ class Trainer:
     state = property(lambda self: self.loop.state,
                      lambda self, value: setattr(self.loop, "state", value),
                      doc="The run as data (hybridnb.train.state.RunState).")
-    model = property(lambda self: self.learner.model)
-    optimizer = property(lambda self: self.learner.optimizer)
-    loss_fn = property(lambda self: self.learner.loss_fn)
-    schedule = property(lambda self: self.learner.schedule)
-    ema = property(lambda self: self.learner.ema)
-    guard = property(lambda self: self.learner.guard)
-    frozen = property(lambda self: self.learner.frozen)
-    strategy = property(lambda self: self.placement.strategy)
-    device = property(lambda self: self.placement.device)
-    precision = property(lambda self: self.placement.precision)
+    bus, learner, placement, checkpoints, progress, stopping = _of(
+        "loop", "bus", "learner", "placement", "checkpoints", "progress", "stopping")
+    model, optimizer, loss_fn, schedule, ema, guard, frozen = _of(
+        "learner", "model", "optimizer", "loss_fn", "schedule", "ema", "guard", "frozen")
+    strategy, device, precision, applied_speedups = _of(
+        "placement", "strategy", "device", "precision", "applied_speedups")
+    events, epoch, global_step = _of("state", "events", "epoch", "global_step")
     scaler = property(lambda self: self.placement.precision.scaler)
     step = property(lambda self: self.placement.step, doc="The training step: step(x, y).")
-    applied_speedups = property(lambda self: self.placement.applied_speedups)
-    events = property(lambda self: self.state.events)
-    epoch = property(lambda self: self.state.epoch)
-    global_step = property(lambda self: self.state.global_step)
     stopped = property(lambda self: self.state.stopped, doc="Why the last fit stopped early.")
     ema_model = property(lambda self: None if self.ema is None else self.ema.module)
 

@@ -394,7 +394,7 @@ def test_cpu_auto_leaves_an_mlp_alone():
 
 def test_no_bf16_on_a_cpu_without_bf16_in_hardware(monkeypatch):
     monkeypatch.setattr(decide, "cpu_flags", lambda: {"avx2", "avx512f", "fma"})
-    monkeypatch.setattr(trial, "cores", lambda: 64)  # enough cores for a trial otherwise
+    monkeypatch.setattr(decide, "usable_cores", lambda: (64, ""))  # enough cores for a trial otherwise
     tried = []
     monkeypatch.setattr(trial, "race", lambda *a, **k: tried.append(a) or 2.0)
     monkeypatch.setattr(trial, "timed_step", lambda *a, **k: tried.append(a) or 0.0)
@@ -420,7 +420,7 @@ def test_no_bf16_on_a_cpu_without_bf16_in_hardware(monkeypatch):
 
 def test_cpu_bf16_is_kept_only_when_the_trial_says_faster(monkeypatch):
     monkeypatch.setattr(decide, "cpu_flags", lambda: {"amx_bf16", "amx_tile"})
-    monkeypatch.setattr(trial, "cores", lambda: 64)
+    monkeypatch.setattr(decide, "usable_cores", lambda: (64, ""))
     monkeypatch.setattr(trial, "timed_step", lambda *a, **k: 0.0)
     for gain, kept in ((1.5, True), (1.02, False), ("its timed step failed (x)", False)):
         monkeypatch.setattr(trial, "race", lambda *a, g=gain, **k: g)
