@@ -121,11 +121,6 @@ class Bus:
             self.say(kind, message)
         self.open = True
 
-    def forget(self) -> None:
-        """The queued notes were said elsewhere (an isolated fit's kernel and worker have the
-        same set-up: one of them says its notes)."""
-        self.pending.clear()
-
 
 def _log(event: Event | Started) -> None:
     """A note (or a run's header line) as a record of the ``"hybridnb"`` logger."""

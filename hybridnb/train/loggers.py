@@ -127,11 +127,8 @@ class _FileLogger:
 
     def bind(self, folder: Path | None, storage: StorageGuard) -> None:
         """The Trainer's ``log_dir`` (used when no folder was given) and its storage events."""
-        if self.needs_folder:
+        if self.needs_folder:  # settings refuse a logger with no folder when there is no log_dir
             self.folder = folder
-        if self.folder is None:
-            raise ValueError(f"{type(self).__name__}() needs a folder: pass one, "
-                             f"{type(self).__name__}('runs/logs'), or give the Trainer log_dir=")
         self.storage = storage
 
     def log_hparams(self, params: dict[str, Any]) -> None:
@@ -254,10 +251,9 @@ class TensorBoardLogger(_FileLogger):
         self._guarded(lambda: None)
 
     def _guarded(self, write, step: int | None = None) -> None:
-        """Run ``write`` on the writer (made first when there is none); a write failure is said
-        once and drops the writer, whose thread keeps the error: the next write makes a new
-        one (TensorBoard reads every event file in the folder). An event file that disappeared
-        is said first."""
+        """Run ``write`` on the writer; a failed write is said once and drops the writer, whose
+        thread keeps the error: the next write makes a new one (TensorBoard reads every event
+        file in the folder)."""
         try:
             if self.writer is not None and self._file is not None and not self._file.exists():
                 self._drop()
@@ -281,7 +277,6 @@ class TensorBoardLogger(_FileLogger):
         self.storage.worked(self.folder / "events.out.tfevents")
 
     def _drop(self) -> None:
-        """The writer closed and forgotten (the next write makes a new one)."""
         with contextlib.suppress(Exception):  # dropping it anyway (None: nothing to close)
             self.writer.close()
         self.writer = None

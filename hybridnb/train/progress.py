@@ -34,7 +34,7 @@ class Progress:
     def __init__(self, view=None) -> None:
         self.view = view if view is not None else View()  # silent until a fit starts
         self.started = 0.0
-        self._monitor: ThroughputMonitor | None = None
+        self._monitor: ThroughputMonitor | None = None  # each epoch's (new_epoch)
 
     @staticmethod
     def make_view(live, *, channel=None, is_main: bool = True):
@@ -53,8 +53,6 @@ class Progress:
 
     def speeds(self) -> dict:
         """The epoch's speeds at the monitor's last measuring point (no device sync)."""
-        if self._monitor is None:
-            return {**dict.fromkeys(SPEEDS, math.nan), "data_bound": False}
         s = self._monitor.summary(measure=False)
         return {**{k: math.nan if s[k] is None else s[k] for k in SPEEDS},
                 "data_bound": s["data_bound"]}

@@ -30,7 +30,9 @@ def write_report(trainer, folder) -> Path:
                           columns=["kind", "message", "step", "epoch", "time"])
     events.to_csv(folder / "events.csv", index=False)
     record = run_record(trainer, summary)
-    _figures(record, folder)
+    fig = panel_image.make_figure(record)  # figures.png: the same figure drawn by matplotlib
+    fig.write_html(folder / "figures.html", include_plotlyjs=True)
+    (folder / "figures.png").write_bytes(static.to_png(fig))
     notes = _model(trainer, folder)
     # the live view's end paragraph, then each event and what the report left out
     lines = [live_summary.paragraph(summary, record), "",
@@ -97,11 +99,3 @@ def run_record(trainer, summary: dict) -> RunRecord:
     for ev in events:
         record.add_event(ev)
     return record
-
-
-def _figures(record: RunRecord, folder: Path) -> None:
-    """figures.html (plotly) and figures.png (the same figure drawn with matplotlib, see
-    ``live/static.py``)."""
-    fig = panel_image.make_figure(record)
-    fig.write_html(folder / "figures.html", include_plotlyjs=True)
-    (folder / "figures.png").write_bytes(static.to_png(fig))

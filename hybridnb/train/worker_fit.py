@@ -68,7 +68,7 @@ class FitJob:
         watch = outside_state.Fingerprint(self.model)  # the model as the kernel sent it
         loop = worker_loop(self.settings, self.model, channel)
         heartbeat = loop.heartbeat
-        loop.bus.forget()  # the kernel's notes instead: its set-up is the same
+        loop.bus.pending.clear()  # the kernel's notes instead: its set-up is the same
         for kind, message in self.notes:
             loop.bus.note(kind, message)
         began = worker_startup()
@@ -108,7 +108,7 @@ class LoopJob:
         loop = worker_loop(self.settings, self.model, channel)
         channel.heartbeat(phase="evaluate", grace=loop.heartbeat.grace(
             "the first batch", compiling=False, device_type=loop.placement.device.type))
-        loop.bus.forget()
+        loop.bus.pending.clear()  # said by the kernel already
         return self.fn(loop, *self.args, **self.kwargs)
 
 
