@@ -66,8 +66,6 @@ class Heartbeat:
     def stop_asked(self) -> Stop | None:
         """The kernel's stop request and its reason (Ctrl-C, a callback or the Stop button)."""
         reason = self.channel.stop_reason() if self.channel is not None else None
-        return None if reason is None else STOPS.get(reason, Stop.STOP_BUTTON)
-
-
-# the reasons the kernel's stop request carries (``processes.channel.StopFlag``), as the Loop's
-STOPS = {"interrupt": Stop.INTERRUPT, "callback": Stop.CALLBACK, "stop": Stop.STOP_BUTTON}
+        if reason is None:
+            return None
+        return Stop(reason) if reason in (Stop.INTERRUPT, Stop.CALLBACK) else Stop.STOP_BUTTON
