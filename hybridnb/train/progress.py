@@ -75,11 +75,10 @@ class Progress:
         ``HISTORY_COLUMNS`` too), and the event with the row the view draws."""
         peak = peak_bytes(device)
         seconds = self._monitor.summary()["seconds"]
-        speeds = self.speeds()
         kinds = sorted({e.kind for e in state.events[state.epoch_first_event:]})
         row = {"epoch": state.epoch, "step": state.global_step, "train_loss": state.acc.mean(),
                **{c: float(metrics.get(c, math.nan)) for c in METRICS},
-               "lr": lr, **{k: speeds[k] for k in SPEEDS},
+               "lr": lr, **{k: v for k, v in self.speeds().items() if k in SPEEDS},
                "peak_memory_mb": peak / 2**20 if peak is not None else math.nan,
                "time_s": seconds, "events": ",".join(kinds)}
         row.update({k: float(v) for k, v in metrics.items()

@@ -78,9 +78,8 @@ def run_record(trainer, summary: dict) -> RunRecord:
     """The live view's record of ``trainer``'s run, refilled from its steps, epoch rows and
     events (what a view that watched the whole run would hold, without memory samples)."""
     steps, hist = trainer.steps, trainer.history
-    per_epoch = steps.groupby("epoch").size() if len(steps) else pd.Series(dtype=int)
-    run = {"epochs": trainer.epochs, "steps_per_epoch": int(per_epoch.max()) if len(per_epoch)
-           else None, "device": summary["device"], "precision": summary["precision"],
+    run = {"epochs": trainer.epochs, "steps_per_epoch": int(steps.groupby("epoch").size().max())
+           if len(steps) else None, "device": summary["device"], "precision": summary["precision"],
            "model": type(trainer.model).__name__, "monitor": trainer.monitor,
            "n_params": sum(p.numel() for p in trainer.model.parameters())}
     events = list(trainer.events)
