@@ -182,18 +182,15 @@ class CsvLogger(_FileLogger):
 
     def _write(self) -> None:
         """The pending rows appended (after the header in a new file); a file that disappeared
-        mid-run (its folder removed) is written again whole, atomically."""
+        mid-run (its folder removed) is written again whole."""
         if not self.pending:
             return
         lines = [[_cell(row.get(c)) for c in HISTORY_COLUMNS] for row in self.pending]
         new = not self.path.exists() or self.path.stat().st_size == 0
         whole = new and bool(self.rows)
         try:
-            if whole:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                _replace(self.path, [HISTORY_COLUMNS] + self.rows + lines)
-            else:
-                self._append([HISTORY_COLUMNS] + lines if new else lines)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._append([HISTORY_COLUMNS, *self.rows, *lines] if new else lines)
         except OSError as exc:
             self.storage.failed(self.path, exc, f"the rows from epoch "
                                 f"{self.pending[0]['epoch']} on are in trainer.history and "
