@@ -6,6 +6,7 @@ A longer silence (grace) is asked for only where something needs it (compiling, 
 
 from __future__ import annotations
 
+from hybridnb.env import FIRST_STEP_GRACE_ENV, seconds_from_env
 from hybridnb.train import isolate, recovery
 from hybridnb.train.bus import Ended, Started, StateKept, StepEnded
 from hybridnb.train.state import Stop
@@ -59,7 +60,7 @@ class Heartbeat:
             ["the CUDA context starts"] if device_type == "cuda" else [])
         if not why:
             return None
-        seconds = isolate.first_step_grace_s()
+        seconds = seconds_from_env(FIRST_STEP_GRACE_ENV, isolate.FIRST_STEP_GRACE_S)
         self.bus.note("grace", f"allowing {seconds:.0f} s of silence for {what}: {' and '.join(why)}")
         return seconds
 
