@@ -23,9 +23,8 @@ def write_report(trainer, folder) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     summary = trainer.summary()
-    hist, steps = trainer.history, trainer.steps
-    hist.to_csv(folder / "history.csv", index=False)
-    steps.to_csv(folder / "steps.csv", index=False)
+    trainer.history.to_csv(folder / "history.csv", index=False)
+    trainer.steps.to_csv(folder / "steps.csv", index=False)
     events = pd.DataFrame([e.to_dict() for e in trainer.events],
                           columns=["kind", "message", "step", "epoch", "time"])
     events.to_csv(folder / "events.csv", index=False)
