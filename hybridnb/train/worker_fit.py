@@ -68,9 +68,7 @@ class FitJob:
         watch = outside_state.Fingerprint(self.model)  # the model as the kernel sent it
         loop = worker_loop(self.settings, self.model, channel)
         heartbeat = loop.heartbeat
-        loop.bus.pending.clear()  # the kernel's notes instead: its set-up is the same
-        for kind, message in self.notes:
-            loop.bus.note(kind, message)
+        loop.bus.pending = list(self.notes)  # the kernel's notes: its set-up is the same
         began = worker_startup()
         if {"spawned_at", "ready_at"} <= set(began):
             loop.bus.note("worker_start", isolate.startup_note(
