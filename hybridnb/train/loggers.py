@@ -308,12 +308,8 @@ def _require(module: str, package: str, what: str):
 
 class MLflowLogger:
     """One MLflow run per fit (``pip install 'hybridnb[loggers]'``): params, each epoch's
-    numbers as metrics (``per_step``: also every optimizer step's loss and lr).
-
-    ``tracking_uri`` None: MLflow's default (``MLFLOW_TRACKING_URI``, or ``sqlite:///mlflow.db``
-    in MLflow 3, which needs the full ``mlflow`` package); else e.g. ``"file:./mlruns"`` (with
-    ``MLFLOW_ALLOW_FILE_STORE=true`` in MLflow 3) or ``"http://host:5000"``. After the fit:
-    ``MlflowClient(tracking_uri).get_metric_history(logger.run_id, "val_loss")``."""
+    numbers as metrics (``per_step``: also every optimizer step's loss and lr); ``run_id`` names
+    it after the fit. Which ``tracking_uri`` needs what: docs/runs-and-logs.md."""
 
     def __init__(self, tracking_uri: str | None = None, experiment: str = "hybridnb",
                  run_name: str | None = None, tags: dict | None = None,
