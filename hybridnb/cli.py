@@ -11,20 +11,12 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
-from collections.abc import Callable
-from typing import NamedTuple
 
 from hybridnb.comparison import compare_cli  # light modules: no torch
 from hybridnb.hardware.probe import DEFAULT_TIMEOUT
 
 PROG = "python -m hybridnb"
 INTERRUPTED = 130  # the shell's code for a command ended by SIGINT
-
-
-class Command(NamedTuple):
-    help: str
-    add_arguments: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
 
 
 def detect_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,21 +42,19 @@ def run_detect(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {
-    "detect": Command("probe the hardware and print the recommended settings",
-                      detect_arguments, run_detect),
-    "compare": Command("compare precision / layout / compile variants of a model's training "
-                       "step", compare_cli.add_arguments, compare_cli.run),
-}
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="hybridnb: what this machine's hardware can be trusted with, "
         "and how a model's training step runs on it.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, command in COMMANDS.items():
-        command.add_arguments(sub.add_parser(name, help=command.help, description=command.help))
+    for name, about, add_arguments, run in (
+            ("detect", "probe the hardware and print the recommended settings",
+             detect_arguments, run_detect),
+            ("compare", "compare precision / layout / compile variants of a model's training "
+             "step", compare_cli.add_arguments, compare_cli.run)):
+        command = sub.add_parser(name, help=about, description=about)
+        add_arguments(command)
+        command.set_defaults(run=run)
     return parser
 
 
@@ -75,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help (0) or a usage error (2, already printed to stderr)
         return int(exc.code or 0)
     try:
-        return int(COMMANDS[args.command].run(args) or 0)
+        return int(args.run(args) or 0)
     except ValueError as exc:  # a bad argument or environment variable: named in the message
         print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -49,18 +49,10 @@ def describe(exc: BaseException, path: str | os.PathLike | None = None) -> str:
         return f"{code}: {text}" if code else f"{type(exc).__name__}: {text}"
     match = _TORCH_WRITE.search(str(exc))
     words = match.group(0) if match else (str(exc).strip().splitlines() or [""])[0][:160]
-    free = _free(path)
-    return (f"torch's writer stopped: {words}; the disk is full or failing"
-            + (f", {free} free there" if free else ""))
-
-
-def _free(path: str | os.PathLike | None) -> str:
-    if path is None:
-        return ""
-    try:
-        return f"{shutil.disk_usage(Path(path).parent).free / 2**20:,.1f} MB"
-    except OSError:
-        return ""
+    free = ""
+    with contextlib.suppress(OSError, TypeError):  # TypeError: no path
+        free = f", {shutil.disk_usage(Path(path).parent).free / 2**20:,.1f} MB free there"
+    return f"torch's writer stopped: {words}; the disk is full or failing{free}"
 
 
 def atomic_save(obj: dict, path: str | os.PathLike, keep_previous: bool = False) -> Path:
@@ -89,11 +81,9 @@ def keep_copy(src: Path, dst: Path) -> None:
     """Make ``dst`` a copy of ``src`` (a hard link, else a copy); a failure leaves ``dst`` be."""
     tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
     try:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
         try:
             os.link(src, tmp)
-        except OSError:
+        except OSError:  # no hard links there, or a stale tmp: copy2 overwrites it
             shutil.copy2(src, tmp)
         os.replace(tmp, dst)
     finally:

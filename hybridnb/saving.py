@@ -198,13 +198,10 @@ def _check_keys(path, theirs: dict, model: torch.nn.Module) -> None:
               for k, v in mine.items() if k in theirs and tuple(theirs[k].shape) != tuple(v.shape)]
     if not (missing or unexpected or shapes):
         return
-    parts = []
-    for label, items in (("missing from the file", missing),
-                         ("in the file but not in the model", unexpected),
-                         ("shaped differently", shapes)):
-        if items:
-            parts.append(f"{len(items)} {label}: {', '.join(items[:5])}"
-                         f"{', ...' if len(items) > 5 else ''}")
+    parts = [f"{len(items)} {label}: {', '.join(items[:5])}{', ...' if len(items) > 5 else ''}"
+             for label, items in (("missing from the file", missing),
+                                  ("in the file but not in the model", unexpected),
+                                  ("shaped differently", shapes)) if items]
     raise ModelFileError(f"{path} does not fit this model ({'; '.join(parts)}): build the "
                          "model with the arguments it was trained with (n_chans, n_outputs, "
                          "n_times, ...)")

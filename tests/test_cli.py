@@ -89,8 +89,8 @@ def test_a_value_error_from_a_subcommand_is_a_message_not_a_traceback(monkeypatc
     def bad(args):
         raise ValueError("variants: 'fp64' is not a precision (use fp32, bf16, fp16)")
 
-    monkeypatch.setitem(cli.COMMANDS, "compare", cli.Command("x", lambda p: None, bad))
-    assert cli.main(["compare"]) == 2
+    monkeypatch.setattr(cli.compare_cli, "run", bad)
+    assert cli.main(["compare", "--model", "eegnex"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("python -m hybridnb compare: error: variants: 'fp64'")
 

@@ -5,12 +5,8 @@ in order (the run's record of events, ``Progress.hear`` for the view, ``Heartbea
 worker, ``Sinks.hear`` for loggers and callbacks). A worker's events are emitted again on the
 kernel's bus (``run_worker.Relay``), so the kernel's listeners hear what they hear in process. A
 note said before a fit's view starts is queued (``pending``) and said when the next fit opens.
-
-Each note and each run's header line is also a record of the ``"hybridnb"`` logger (WARNING for
-what went wrong and was worked around, INFO for the rest; the record carries ``kind``, ``step``
-and ``epoch``), emitted in the user's process. It has a ``NullHandler`` only, so nothing is
-printed twice: attach a handler to get them in a log, or, with ``verbose=False``, print them
-your way.
+Each note and run header is also a record of the ``"hybridnb"`` logger, in the user's process
+(levels and fields: docs/runs-and-logs.md, "Messages through logging").
 """
 
 from __future__ import annotations
@@ -120,11 +116,6 @@ class Bus:
         for kind, message in pending:
             self.say(kind, message)
         self.open = True
-
-    def forget(self) -> None:
-        """The queued notes were said elsewhere (an isolated fit's kernel and worker have the
-        same set-up: one of them says its notes)."""
-        self.pending.clear()
 
 
 def _log(event: Event | Started) -> None:

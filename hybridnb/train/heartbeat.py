@@ -6,6 +6,7 @@ A longer silence (grace) is asked for only where something needs it (compiling, 
 
 from __future__ import annotations
 
+from hybridnb.env import FIRST_STEP_GRACE_ENV, seconds_from_env
 from hybridnb.train import isolate, recovery
 from hybridnb.train.bus import Ended, Started, StateKept, StepEnded
 from hybridnb.train.state import Stop
@@ -59,15 +60,13 @@ class Heartbeat:
             ["the CUDA context starts"] if device_type == "cuda" else [])
         if not why:
             return None
-        seconds = isolate.first_step_grace_s()
+        seconds = seconds_from_env(FIRST_STEP_GRACE_ENV, isolate.FIRST_STEP_GRACE_S)
         self.bus.note("grace", f"allowing {seconds:.0f} s of silence for {what}: {' and '.join(why)}")
         return seconds
 
     def stop_asked(self) -> Stop | None:
         """The kernel's stop request and its reason (Ctrl-C, a callback or the Stop button)."""
         reason = self.channel.stop_reason() if self.channel is not None else None
-        return None if reason is None else STOPS.get(reason, Stop.STOP_BUTTON)
-
-
-# the reasons the kernel's stop request carries (``processes.channel.StopFlag``), as the Loop's
-STOPS = {"interrupt": Stop.INTERRUPT, "callback": Stop.CALLBACK, "stop": Stop.STOP_BUTTON}
+        if reason is None:
+            return None
+        return Stop(reason) if reason in (Stop.INTERRUPT, Stop.CALLBACK) else Stop.STOP_BUTTON

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hybridnb import platform
-from hybridnb.env import FIRST_STEP_GRACE_ENV, ISOLATED_ENV, LAUNCHED_ENV, current, seconds_from_env
+from hybridnb.env import ISOLATED_ENV, LAUNCHED_ENV, current
 from hybridnb.processes import child as _child
 from hybridnb.processes.channel import Channel, Message
 from hybridnb.processes.ended import ChildOutcome
@@ -24,7 +24,7 @@ from hybridnb.processes.supervise import ChildProgress, supervise
 STEP_TIMEOUT_FLOOR_S = 120.0         # the automatic step timeout is never shorter than this
 STEP_TIMEOUT_FACTOR = 20.0           # ... and at least this many median steps
 FIRST_STEP_GRACE_S = 600.0           # the grace a worker asks for when compiling or starting
-#                                      CUDA ($HYBRIDNB_FIRST_STEP_GRACE: first_step_grace_s())
+#                                      CUDA (unless $HYBRIDNB_FIRST_STEP_GRACE says: heartbeat.py)
 START_GRACE_S = 120.0                # a worker's start-up, before it says "ready" (import torch)
 # what a prestarted worker imports while it waits: torch, the Trainer, and what building an
 # optimizer imports (torch._dynamo), so nothing slow runs between the job arriving and its first step
@@ -56,12 +56,6 @@ def isolate_decision(isolate: bool | str, device: Any, *, in_distributed: bool
                        "in this process")
     return True, ("training in a supervised worker process: a crash or hang of the GPU costs "
                   "the steps since the last good state, not the kernel")
-
-
-def first_step_grace_s() -> float:
-    """Seconds of silence a worker asks for while compiling or starting CUDA before its first
-    step: ``$HYBRIDNB_FIRST_STEP_GRACE``, else ``FIRST_STEP_GRACE_S``."""
-    return seconds_from_env(FIRST_STEP_GRACE_ENV, FIRST_STEP_GRACE_S)
 
 
 def auto_step_timeout(step_seconds: list[float]) -> float:

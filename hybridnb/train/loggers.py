@@ -127,11 +127,8 @@ class _FileLogger:
 
     def bind(self, folder: Path | None, storage: StorageGuard) -> None:
         """The Trainer's ``log_dir`` (used when no folder was given) and its storage events."""
-        if self.needs_folder:
+        if self.needs_folder:  # settings refuse a logger with no folder when there is no log_dir
             self.folder = folder
-        if self.folder is None:
-            raise ValueError(f"{type(self).__name__}() needs a folder: pass one, "
-                             f"{type(self).__name__}('runs/logs'), or give the Trainer log_dir=")
         self.storage = storage
 
     def log_hparams(self, params: dict[str, Any]) -> None:
@@ -185,18 +182,15 @@ class CsvLogger(_FileLogger):
 
     def _write(self) -> None:
         """The pending rows appended (after the header in a new file); a file that disappeared
-        mid-run (its folder removed) is written again whole, atomically."""
+        mid-run (its folder removed) is written again whole."""
         if not self.pending:
             return
         lines = [[_cell(row.get(c)) for c in HISTORY_COLUMNS] for row in self.pending]
         new = not self.path.exists() or self.path.stat().st_size == 0
         whole = new and bool(self.rows)
         try:
-            if whole:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                _replace(self.path, [HISTORY_COLUMNS] + self.rows + lines)
-            else:
-                self._append([HISTORY_COLUMNS] + lines if new else lines)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._append([HISTORY_COLUMNS, *self.rows, *lines] if new else lines)
         except OSError as exc:
             self.storage.failed(self.path, exc, f"the rows from epoch "
                                 f"{self.pending[0]['epoch']} on are in trainer.history and "
@@ -254,10 +248,9 @@ class TensorBoardLogger(_FileLogger):
         self._guarded(lambda: None)
 
     def _guarded(self, write, step: int | None = None) -> None:
-        """Run ``write`` on the writer (made first when there is none); a write failure is said
-        once and drops the writer, whose thread keeps the error: the next write makes a new
-        one (TensorBoard reads every event file in the folder). An event file that disappeared
-        is said first."""
+        """Run ``write`` on the writer; a failed write is said once and drops the writer, whose
+        thread keeps the error: the next write makes a new one (TensorBoard reads every event
+        file in the folder)."""
         try:
             if self.writer is not None and self._file is not None and not self._file.exists():
                 self._drop()
@@ -281,7 +274,6 @@ class TensorBoardLogger(_FileLogger):
         self.storage.worked(self.folder / "events.out.tfevents")
 
     def _drop(self) -> None:
-        """The writer closed and forgotten (the next write makes a new one)."""
         with contextlib.suppress(Exception):  # dropping it anyway (None: nothing to close)
             self.writer.close()
         self.writer = None
@@ -316,12 +308,8 @@ def _require(module: str, package: str, what: str):
 
 class MLflowLogger:
     """One MLflow run per fit (``pip install 'hybridnb[loggers]'``): params, each epoch's
-    numbers as metrics (``per_step``: also every optimizer step's loss and lr).
-
-    ``tracking_uri`` None: MLflow's default (``MLFLOW_TRACKING_URI``, or ``sqlite:///mlflow.db``
-    in MLflow 3, which needs the full ``mlflow`` package); else e.g. ``"file:./mlruns"`` (with
-    ``MLFLOW_ALLOW_FILE_STORE=true`` in MLflow 3) or ``"http://host:5000"``. After the fit:
-    ``MlflowClient(tracking_uri).get_metric_history(logger.run_id, "val_loss")``."""
+    numbers as metrics (``per_step``: also every optimizer step's loss and lr); ``run_id`` names
+    it after the fit. Which ``tracking_uri`` needs what: docs/runs-and-logs.md."""
 
     def __init__(self, tracking_uri: str | None = None, experiment: str = "hybridnb",
                  run_name: str | None = None, tags: dict | None = None,

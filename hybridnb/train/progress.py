@@ -34,7 +34,7 @@ class Progress:
     def __init__(self, view=None) -> None:
         self.view = view if view is not None else View()  # silent until a fit starts
         self.started = 0.0
-        self._monitor: ThroughputMonitor | None = None
+        self._monitor: ThroughputMonitor | None = None  # each epoch's (new_epoch)
 
     @staticmethod
     def make_view(live, *, channel=None, is_main: bool = True):
@@ -53,8 +53,6 @@ class Progress:
 
     def speeds(self) -> dict:
         """The epoch's speeds at the monitor's last measuring point (no device sync)."""
-        if self._monitor is None:
-            return {**dict.fromkeys(SPEEDS, math.nan), "data_bound": False}
         s = self._monitor.summary(measure=False)
         return {**{k: math.nan if s[k] is None else s[k] for k in SPEEDS},
                 "data_bound": s["data_bound"]}
@@ -77,11 +75,10 @@ class Progress:
         ``HISTORY_COLUMNS`` too), and the event with the row the view draws."""
         peak = peak_bytes(device)
         seconds = self._monitor.summary()["seconds"]
-        speeds = self.speeds()
         kinds = sorted({e.kind for e in state.events[state.epoch_first_event:]})
         row = {"epoch": state.epoch, "step": state.global_step, "train_loss": state.acc.mean(),
                **{c: float(metrics.get(c, math.nan)) for c in METRICS},
-               "lr": lr, **{k: speeds[k] for k in SPEEDS},
+               "lr": lr, **{k: v for k, v in self.speeds().items() if k in SPEEDS},
                "peak_memory_mb": peak / 2**20 if peak is not None else math.nan,
                "time_s": seconds, "events": ",".join(kinds)}
         row.update({k: float(v) for k, v in metrics.items()

@@ -23,14 +23,15 @@ def write_report(trainer, folder) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     summary = trainer.summary()
-    hist, steps = trainer.history, trainer.steps
-    hist.to_csv(folder / "history.csv", index=False)
-    steps.to_csv(folder / "steps.csv", index=False)
+    trainer.history.to_csv(folder / "history.csv", index=False)
+    trainer.steps.to_csv(folder / "steps.csv", index=False)
     events = pd.DataFrame([e.to_dict() for e in trainer.events],
                           columns=["kind", "message", "step", "epoch", "time"])
     events.to_csv(folder / "events.csv", index=False)
     record = run_record(trainer, summary)
-    _figures(record, folder)
+    fig = panel_image.make_figure(record)  # figures.png: the same figure drawn by matplotlib
+    fig.write_html(folder / "figures.html", include_plotlyjs=True)
+    (folder / "figures.png").write_bytes(static.to_png(fig))
     notes = _model(trainer, folder)
     # the live view's end paragraph, then each event and what the report left out
     lines = [live_summary.paragraph(summary, record), "",
@@ -76,9 +77,8 @@ def run_record(trainer, summary: dict) -> RunRecord:
     """The live view's record of ``trainer``'s run, refilled from its steps, epoch rows and
     events (what a view that watched the whole run would hold, without memory samples)."""
     steps, hist = trainer.steps, trainer.history
-    per_epoch = steps.groupby("epoch").size() if len(steps) else pd.Series(dtype=int)
-    run = {"epochs": trainer.epochs, "steps_per_epoch": int(per_epoch.max()) if len(per_epoch)
-           else None, "device": summary["device"], "precision": summary["precision"],
+    run = {"epochs": trainer.epochs, "steps_per_epoch": int(steps.groupby("epoch").size().max())
+           if len(steps) else None, "device": summary["device"], "precision": summary["precision"],
            "model": type(trainer.model).__name__, "monitor": trainer.monitor,
            "n_params": sum(p.numel() for p in trainer.model.parameters())}
     events = list(trainer.events)
@@ -97,11 +97,3 @@ def run_record(trainer, summary: dict) -> RunRecord:
     for ev in events:
         record.add_event(ev)
     return record
-
-
-def _figures(record: RunRecord, folder: Path) -> None:
-    """figures.html (plotly) and figures.png (the same figure drawn with matplotlib, see
-    ``live/static.py``)."""
-    fig = panel_image.make_figure(record)
-    fig.write_html(folder / "figures.html", include_plotlyjs=True)
-    (folder / "figures.png").write_bytes(static.to_png(fig))

@@ -74,12 +74,11 @@ class Sinks:
         """A listener on the fit's bus (the user's process): step rows to the loggers that
         want them and ``on_step_end``, each epoch's row to loggers and ``on_epoch_end``."""
         if isinstance(event, StepEnded) and self.open:
-            row, loss = event.row, event.row.get("loss")
-            for logger in self.step_loggers:
-                logger.log_metrics({"train/loss": float("nan") if loss is None else float(loss),
-                                    "train/lr": float(row["lr"])}, row["global_step"])
+            for logger in self.step_loggers:  # the Loop's loss is NaN where none was measured
+                logger.log_metrics({"train/loss": float(event.loss), "train/lr": float(event.lr)},
+                                   event.step)
             if self.step_hooks:
-                cbs.call(self.callbacks, "on_step_end", self.trainer, dict(row))
+                cbs.call(self.callbacks, "on_step_end", self.trainer, dict(event.row))
         elif isinstance(event, EpochEnded):
             self.epoch_rows(event.history)
 

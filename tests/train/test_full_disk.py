@@ -152,3 +152,11 @@ def test_only_write_errors_count_as_storage_failures():
     # a bug is not a full disk: raised, never turned into a storage event
     assert not files.is_write_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
     assert not files.is_write_failure(ValueError("No space left on device"))
+
+
+def test_torchs_write_error_names_the_free_space_where_the_file_was_going(tmp_path):
+    error = RuntimeError("[enforce fail at inline_container.cc] unexpected pos 64 vs 32")
+    said = files.describe(error, tmp_path / "last.pt")
+    assert said.startswith("torch's writer stopped: unexpected pos 64 vs 32; the disk is full")
+    assert said.endswith(" MB free there")
+    assert "free there" not in files.describe(error)  # no path: nothing to measure
