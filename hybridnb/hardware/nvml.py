@@ -82,10 +82,6 @@ def handle_by_index(physical: int) -> Any | None:
     return _get("nvmlDeviceGetHandleByIndex", physical)
 
 
-def handle(device: Any) -> Any | None:
-    return locate(device)[0]
-
-
 def locate(device: Any, torch_uuid: str | None = None,
            environ: Mapping[str, str] | None = None) -> tuple[Any | None, str]:
     """``(NVML handle, how)`` for torch's CUDA ordinal of ``device``, or ``(None, why not)``.
@@ -182,7 +178,4 @@ def capability(h: Any) -> tuple[int, int] | None:
 
 def norm_uuid(value: Any) -> str:
     """A UUID lower case, without the "GPU-" prefix ("" for None)."""
-    if value is None:
-        return ""
-    t = str(value).strip().lower()
-    return t[4:] if t.startswith("gpu-") else t
+    return str(value or "").strip().lower().removeprefix("gpu-")

@@ -57,9 +57,6 @@ def nvml_busy_reader(device: torch.device | str) -> Callable[[], float | None] |
     """A function returning NVML's 'GPU busy' % for ``device`` (see ``nvml.utilisation``), or
     None without NVML."""
     device = torch.device(device)
-    if device.type != "cuda" or torch.version.hip:
-        return None
-    handle = nvml.handle(cuda_index(device))
-    if handle is None:
-        return None
-    return lambda: nvml.utilisation(handle)
+    handle = (nvml.locate(cuda_index(device))[0]
+              if device.type == "cuda" and not torch.version.hip else None)
+    return None if handle is None else lambda: nvml.utilisation(handle)
