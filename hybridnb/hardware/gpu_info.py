@@ -71,11 +71,9 @@ class GpuInfo:
         return f"GPU {self.index} ({self.name})" if self.backend != "mps" else self.name
 
     def to_dict(self) -> dict:
-        d = asdict(replace(self, probe=None))
-        d["capability"] = list(self.capability) if self.capability else None
-        d["device"] = self.torch_device
-        d["probe"] = self.probe.to_dict() if self.probe is not None else None
-        return d
+        return {**asdict(replace(self, probe=None)), "device": self.torch_device,
+                "capability": list(self.capability) if self.capability else None,
+                "probe": self.probe.to_dict() if self.probe is not None else None}
 
 
 def nvml_inventory() -> tuple[list[GpuInfo], str]:
