@@ -9,17 +9,9 @@ import functools
 import re
 import sys
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from hybridnb.env import current
-
-
-class Memory(NamedTuple):
-    """Device memory in bytes, as NVML counts it (every process on the GPU)."""
-
-    total: int
-    free: int
-    used: int
 
 
 def status() -> str:
@@ -153,9 +145,9 @@ def initialised_properties(device: Any) -> Any | None:
         return None
 
 
-def memory(h: Any) -> Memory | None:
-    return _get("nvmlDeviceGetMemoryInfo", h,
-                convert=lambda m: Memory(int(m.total), int(m.free), int(m.used)))
+def memory(h: Any) -> Any | None:
+    """NVML's ``.total``, ``.free``, ``.used`` bytes (every process on the GPU counts)."""
+    return _get("nvmlDeviceGetMemoryInfo", h)
 
 
 def utilisation(h: Any) -> float | None:

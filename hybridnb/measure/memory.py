@@ -69,11 +69,9 @@ def torch_cuda_probe(index: int) -> Probe:
     def probe() -> dict[str, float]:
         if not torch.cuda.is_initialized():
             return {}
-        return {
-            "gpu_allocated": float(torch.cuda.memory_allocated(index)),
-            "gpu_reserved": float(torch.cuda.memory_reserved(index)),
-            "gpu_peak": float(torch.cuda.max_memory_allocated(index)),
-        }
+        return {"gpu_allocated": float(torch.cuda.memory_allocated(index)),
+                "gpu_reserved": float(torch.cuda.memory_reserved(index)),
+                "gpu_peak": float(torch.cuda.max_memory_allocated(index))}
 
     return probe
 
@@ -84,11 +82,8 @@ def host_probe(pid: int | None = None) -> Probe:
 
     def probe() -> dict[str, float]:
         vm = psutil.virtual_memory()
-        return {
-            "rss": float(proc.memory_info().rss),
-            "ram_used": float(vm.total - vm.available),
-            "ram_total": float(vm.total),
-        }
+        return {"rss": float(proc.memory_info().rss), "ram_used": float(vm.total - vm.available),
+                "ram_total": float(vm.total)}
 
     return probe
 

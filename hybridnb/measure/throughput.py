@@ -60,7 +60,6 @@ class ThroughputMonitor:
         self.device = torch.device(device)
         self.warmup_steps, self.every = warmup_steps, every
         self.flops_per_sample = flops_per_sample
-        self.precision = precision
         self.peak = (peak_tflops(torch.cuda.get_device_name(self.device), peak_key(precision))
                      if self.device.type == "cuda" else None)  # dense TFLOP/s
         self._steps = 0  # all steps, warm-up included
@@ -134,19 +133,11 @@ class ThroughputMonitor:
         busy = wall - wait
         tflops = (rate * self.flops_per_sample / 1e12
                   if rate is not None and self.flops_per_sample else None)
-        return {
-            "samples_per_s": rate,
-            "data_wait_pct": wait_pct,
-            "compute_samples_per_s": samples / busy if busy > 0 else None,
-            "tflops": tflops,
-            "mfu": tflops / self.peak if tflops is not None and self.peak else None,
-            "peak_tflops": self.peak,
-            "precision": self.precision,
-            "data_bound": bool(wait_pct is not None and wait_pct > DATA_BOUND_PCT),
-            "steps": steps,
-            "samples": samples,
-            "seconds": wall,
-        }
+        return {"samples_per_s": rate, "data_wait_pct": wait_pct,
+                "compute_samples_per_s": samples / busy if busy > 0 else None, "tflops": tflops,
+                "mfu": tflops / self.peak if tflops is not None and self.peak else None,
+                "data_bound": bool(wait_pct is not None and wait_pct > DATA_BOUND_PCT),
+                "steps": steps, "samples": samples, "seconds": wall}
 
     def _measure(self) -> None:
         synchronize(self.device)

@@ -319,7 +319,8 @@ def test_nvml_opens_once_and_reads_a_device(fake_nvml, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     h = nvml.locate("cuda")[0]
     assert h == ("h", 0) and nvml.locate("cuda:1")[0] == ("h", 1)
-    assert nvml.memory(h) == nvml.Memory(80 * GiB, 79 * GiB, GiB)
+    mem = nvml.memory(h)
+    assert (mem.total, mem.free, mem.used) == (80 * GiB, 79 * GiB, GiB)
     assert nvml.utilisation(h) == 97.0 and nvml.utilisation(("h", 1)) is None
     assert nvml.uuid(h) == "GPU-aaaa-1111" and nvml.uuid(nvml.handle_by_index(1)) == "GPU-bbbb-2222"
     assert nvml.driver() == "580.159.04" and nvml.cuda_driver() == "13.0"
