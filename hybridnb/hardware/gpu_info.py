@@ -18,10 +18,8 @@ KFD_TOPOLOGY = Path("/sys/class/kfd/kfd/topology/nodes")
 _RDNA1 = ("gfx1010", "gfx1011", "gfx1012")
 # Consumer RDNA2/RDNA3 chips that ROCm does not list but that run as their officially supported
 # sibling when HSA_OVERRIDE_GFX_VERSION names it.
-_AMD_OVERRIDE = {
-    **{f"gfx103{c}": "10.3.0" for c in "123456"},
-    **{f"gfx110{c}": "11.0.0" for c in "123"},
-}
+_AMD_OVERRIDE = {**{f"gfx103{c}": "10.3.0" for c in "123456"},
+                 **{f"gfx110{c}": "11.0.0" for c in "123"}}
 
 
 @dataclass
