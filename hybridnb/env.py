@@ -20,6 +20,7 @@ FIRST_STEP_GRACE_ENV = "HYBRIDNB_FIRST_STEP_GRACE"  # seconds of silence an isol
 #                                                   for while compiling or starting CUDA (600)
 CACHE_DIR_ENV = "HYBRIDNB_CACHE_DIR"    # where hybridnb keeps its cache (the probe's verdicts)
 PROBE_CACHE_TTL_ENV = "HYBRIDNB_PROBE_CACHE_TTL"  # seconds a passed probe is trusted; 0 = never
+WARM_WORKER_ENV = "HYBRIDNB_WARM_WORKER"  # "0": no spare worker kept ready between isolated fits
 
 DEFAULT_PROBE_CACHE_TTL = 24 * 3600.0
 
@@ -160,9 +161,6 @@ def probe_cache_ttl(environ: dict[str, str] | None = None) -> float:
     0 turns the cache off). ValueError naming the variable when the value is not a number >= 0."""
     return seconds_from_env(PROBE_CACHE_TTL_ENV, DEFAULT_PROBE_CACHE_TTL, environ,
                             zero="turns the probe cache off")
-
-
-WARM_WORKER_ENV = "HYBRIDNB_WARM_WORKER"  # "0": no spare worker kept ready between isolated fits
 
 
 def warm_worker(environ: dict[str, str] | None = None) -> bool:

@@ -45,8 +45,7 @@ def _has(name: str, ok: bool, why: str) -> Facility:
 def memfd() -> Facility:
     """Anonymous memory files (Linux): a spawned child's stop flag lives in one."""
     return _has("memfd", hasattr(os, "memfd_create"),
-                "os.memfd_create is Linux-only: the stop flag uses an "
-                "unlinked temporary file instead")
+                "os.memfd_create is Linux-only: the stop flag uses an unlinked temporary file instead")
 
 
 @functools.cache

@@ -96,12 +96,10 @@ def detect(refresh: bool = False, probe_timeout: float = probe.DEFAULT_TIMEOUT) 
         raise ValueError(f"probe_timeout={probe_timeout!r} must be a positive number of seconds")
     key = tuple(current().get(v) for v in _CACHE_VARS)
     with _LOCK:
-        hw = None if refresh else _CACHE.get(key)
-        if hw is not None:
-            return hw
-        hw = _detect(float(probe_timeout), dict(current()), refresh)
+        if not refresh and key in _CACHE:
+            return _CACHE[key]
         _CACHE.clear()
-        _CACHE[key] = hw
+        hw = _CACHE[key] = _detect(float(probe_timeout), dict(current()), refresh)
     for message in hw.warnings:
         warnings.warn(message, HardwareWarning, stacklevel=2)
     return hw
@@ -289,7 +287,6 @@ def _choose(gpus: list[GpuInfo], forced: torch.device | None, launched: bool,
             "has a known problem (see the warnings)" if not g.usable else "was not probed")
             for g in gpus)
         return torch.device("cpu"), None, f"no GPU can be trusted ({names})."
-    if gpus:  # only when nothing was probed (e.g. none targeted)
-        return torch.device("cpu"), None, "no GPU was probed."
-    return torch.device("cpu"), None, f"no GPU found: {none_found}."
+    # "not probed": only when none was targeted
+    return torch.device("cpu"), None, "no GPU was probed." if gpus else f"no GPU found: {none_found}."
 

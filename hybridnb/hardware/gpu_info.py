@@ -18,10 +18,8 @@ KFD_TOPOLOGY = Path("/sys/class/kfd/kfd/topology/nodes")
 _RDNA1 = ("gfx1010", "gfx1011", "gfx1012")
 # Consumer RDNA2/RDNA3 chips that ROCm does not list but that run as their officially supported
 # sibling when HSA_OVERRIDE_GFX_VERSION names it.
-_AMD_OVERRIDE = {
-    **{f"gfx103{c}": "10.3.0" for c in "123456"},
-    **{f"gfx110{c}": "11.0.0" for c in "123"},
-}
+_AMD_OVERRIDE = {**{f"gfx103{c}": "10.3.0" for c in "123456"},
+                 **{f"gfx110{c}": "11.0.0" for c in "123"}}
 
 
 @dataclass
@@ -71,11 +69,9 @@ class GpuInfo:
         return f"GPU {self.index} ({self.name})" if self.backend != "mps" else self.name
 
     def to_dict(self) -> dict:
-        d = asdict(replace(self, probe=None))
-        d["capability"] = list(self.capability) if self.capability else None
-        d["device"] = self.torch_device
-        d["probe"] = self.probe.to_dict() if self.probe is not None else None
-        return d
+        return {**asdict(replace(self, probe=None)), "device": self.torch_device,
+                "capability": list(self.capability) if self.capability else None,
+                "probe": self.probe.to_dict() if self.probe is not None else None}
 
 
 def nvml_inventory() -> tuple[list[GpuInfo], str]:

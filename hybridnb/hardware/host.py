@@ -34,7 +34,8 @@ def host_info() -> HostInfo:
     return HostInfo(cores_usable=usable, cores_logical=logical, ram_total=int(vm.total),
                     ram_available=int(vm.available),
                     system=f"{platform.system()} {platform.release()} {platform.machine()}",
-                    python=platform.python_version(), cpu=_cpu_model(), cores_note=note)
+                    python=platform.python_version(),
+                    cpu=_cpuinfo("model name") or platform.processor() or "?", cores_note=note)
 
 
 def usable_cores() -> tuple[int, str]:
@@ -73,10 +74,6 @@ def _cpuinfo(key: str) -> str:
             return next((line.split(":", 1)[1].strip() for line in f if line.startswith(key)), "")
     except OSError:
         return ""
-
-
-def _cpu_model() -> str:
-    return _cpuinfo("model name") or platform.processor() or "?"
 
 
 def cpu_flags() -> set[str]:

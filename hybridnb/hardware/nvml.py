@@ -9,17 +9,9 @@ import functools
 import re
 import sys
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from hybridnb.env import current
-
-
-class Memory(NamedTuple):
-    """Device memory in bytes, as NVML counts it (every process on the GPU)."""
-
-    total: int
-    free: int
-    used: int
 
 
 def status() -> str:
@@ -80,10 +72,6 @@ def cuda_driver() -> str | None:
 def handle_by_index(physical: int) -> Any | None:
     """``physical``: PCI order, before CUDA_VISIBLE_DEVICES."""
     return _get("nvmlDeviceGetHandleByIndex", physical)
-
-
-def handle(device: Any) -> Any | None:
-    return locate(device)[0]
 
 
 def locate(device: Any, torch_uuid: str | None = None,
@@ -157,9 +145,9 @@ def initialised_properties(device: Any) -> Any | None:
         return None
 
 
-def memory(h: Any) -> Memory | None:
-    return _get("nvmlDeviceGetMemoryInfo", h,
-                convert=lambda m: Memory(int(m.total), int(m.free), int(m.used)))
+def memory(h: Any) -> Any | None:
+    """NVML's ``.total``, ``.free``, ``.used`` bytes (every process on the GPU counts)."""
+    return _get("nvmlDeviceGetMemoryInfo", h)
 
 
 def utilisation(h: Any) -> float | None:
@@ -182,7 +170,4 @@ def capability(h: Any) -> tuple[int, int] | None:
 
 def norm_uuid(value: Any) -> str:
     """A UUID lower case, without the "GPU-" prefix ("" for None)."""
-    if value is None:
-        return ""
-    t = str(value).strip().lower()
-    return t[4:] if t.startswith("gpu-") else t
+    return str(value or "").strip().lower().removeprefix("gpu-")

@@ -52,9 +52,7 @@ class Recommended:
         return self.batch_size * self.grad_accum * self.devices
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["effective_batch"] = self.effective_batch
-        return d
+        return {**asdict(self), "effective_batch": self.effective_batch}
 
 
 def native_bf16(gpu: GpuInfo) -> bool | None:

@@ -39,22 +39,18 @@ def peak_bytes(device: torch.device | str) -> int | None:
         return int(torch.cuda.max_memory_allocated(device))
     if device.type == "mps":
         return int(torch.mps.driver_allocated_memory())
-    return _host_peak_rss()
-
-
-def reset_peak(device: torch.device | str) -> None:
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def _host_peak_rss() -> int | None:
     try:
         import resource  # not on Windows
     except ImportError:
         return None
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss if sys.platform == "darwin" else rss * 1024)  # KiB on Linux, bytes on macOS
+
+
+def reset_peak(device: torch.device | str) -> None:
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
 
 
 def cuda_index(device: torch.device | str) -> int:
@@ -73,11 +69,9 @@ def torch_cuda_probe(index: int) -> Probe:
     def probe() -> dict[str, float]:
         if not torch.cuda.is_initialized():
             return {}
-        return {
-            "gpu_allocated": float(torch.cuda.memory_allocated(index)),
-            "gpu_reserved": float(torch.cuda.memory_reserved(index)),
-            "gpu_peak": float(torch.cuda.max_memory_allocated(index)),
-        }
+        return {"gpu_allocated": float(torch.cuda.memory_allocated(index)),
+                "gpu_reserved": float(torch.cuda.memory_reserved(index)),
+                "gpu_peak": float(torch.cuda.max_memory_allocated(index))}
 
     return probe
 
@@ -88,11 +82,8 @@ def host_probe(pid: int | None = None) -> Probe:
 
     def probe() -> dict[str, float]:
         vm = psutil.virtual_memory()
-        return {
-            "rss": float(proc.memory_info().rss),
-            "ram_used": float(vm.total - vm.available),
-            "ram_total": float(vm.total),
-        }
+        return {"rss": float(proc.memory_info().rss), "ram_used": float(vm.total - vm.available),
+                "ram_total": float(vm.total)}
 
     return probe
 
@@ -171,8 +162,6 @@ class MemorySeries:
         self.values = {k: v[::2] for k, v in self.values.items()}
 
     def latest(self) -> dict[str, float]:
-        if not self.times:
-            return {}
         return {k: v[-1] for k, v in self.values.items() if v[-1] == v[-1]}
 
     def peak(self, name: str) -> float | None:

@@ -57,13 +57,9 @@ class ThroughputMonitor:
     def __init__(self, device: torch.device | str = "cpu", *, warmup_steps: int = 2,
                  every: int = 20, flops_per_sample: float | None = None,
                  precision: str = "fp32") -> None:
-        if warmup_steps < 0 or every < 1:
-            raise ValueError(f"ThroughputMonitor: warmup_steps={warmup_steps} must be >= 0 and "
-                             f"every={every} >= 1")
         self.device = torch.device(device)
         self.warmup_steps, self.every = warmup_steps, every
         self.flops_per_sample = flops_per_sample
-        self.precision = precision
         self.peak = (peak_tflops(torch.cuda.get_device_name(self.device), peak_key(precision))
                      if self.device.type == "cuda" else None)  # dense TFLOP/s
         self._steps = 0  # all steps, warm-up included
@@ -137,19 +133,11 @@ class ThroughputMonitor:
         busy = wall - wait
         tflops = (rate * self.flops_per_sample / 1e12
                   if rate is not None and self.flops_per_sample else None)
-        return {
-            "samples_per_s": rate,
-            "data_wait_pct": wait_pct,
-            "compute_samples_per_s": samples / busy if busy > 0 else None,
-            "tflops": tflops,
-            "mfu": tflops / self.peak if tflops is not None and self.peak else None,
-            "peak_tflops": self.peak,
-            "precision": self.precision,
-            "data_bound": bool(wait_pct is not None and wait_pct > DATA_BOUND_PCT),
-            "steps": steps,
-            "samples": samples,
-            "seconds": wall,
-        }
+        return {"samples_per_s": rate, "data_wait_pct": wait_pct,
+                "compute_samples_per_s": samples / busy if busy > 0 else None, "tflops": tflops,
+                "mfu": tflops / self.peak if tflops is not None and self.peak else None,
+                "data_bound": bool(wait_pct is not None and wait_pct > DATA_BOUND_PCT),
+                "steps": steps, "samples": samples, "seconds": wall}
 
     def _measure(self) -> None:
         synchronize(self.device)

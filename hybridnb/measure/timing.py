@@ -28,22 +28,19 @@ class Stopwatch:
 
     def __init__(self, device: torch.device | str) -> None:
         self.device = torch.device(device)
-        self._cuda = self.device.type == "cuda"
         self._t0 = 0.0
         self._events: tuple | None = None
 
     def start(self) -> None:
         synchronize(self.device)
-        if self._cuda:
-            begin = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            begin.record()
-            self._events = (begin, end)
+        if self.device.type == "cuda":
+            self._events = tuple(torch.cuda.Event(enable_timing=True) for _ in range(2))
+            self._events[0].record()
         else:
             self._t0 = time.perf_counter()
 
     def stop(self) -> float:
-        if self._cuda and self._events is not None:
+        if self._events is not None:
             begin, end = self._events
             end.record()
             end.synchronize()
@@ -57,9 +54,6 @@ def nvml_busy_reader(device: torch.device | str) -> Callable[[], float | None] |
     """A function returning NVML's 'GPU busy' % for ``device`` (see ``nvml.utilisation``), or
     None without NVML."""
     device = torch.device(device)
-    if device.type != "cuda" or torch.version.hip:
-        return None
-    handle = nvml.handle(cuda_index(device))
-    if handle is None:
-        return None
-    return lambda: nvml.utilisation(handle)
+    handle = (nvml.locate(cuda_index(device))[0]
+              if device.type == "cuda" and not torch.version.hip else None)
+    return None if handle is None else lambda: nvml.utilisation(handle)

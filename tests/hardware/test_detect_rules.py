@@ -317,15 +317,16 @@ def test_nvml_opens_once_and_reads_a_device(fake_nvml, monkeypatch):
     fake = FakeNVML()
     nvml = fake_nvml(fake)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    h = nvml.handle("cuda")
-    assert h == ("h", 0) and nvml.handle("cuda:1") == ("h", 1)
-    assert nvml.memory(h) == nvml.Memory(80 * GiB, 79 * GiB, GiB)
+    h = nvml.locate("cuda")[0]
+    assert h == ("h", 0) and nvml.locate("cuda:1")[0] == ("h", 1)
+    mem = nvml.memory(h)
+    assert (mem.total, mem.free, mem.used) == (80 * GiB, 79 * GiB, GiB)
     assert nvml.utilisation(h) == 97.0 and nvml.utilisation(("h", 1)) is None
     assert nvml.uuid(h) == "GPU-aaaa-1111" and nvml.uuid(nvml.handle_by_index(1)) == "GPU-bbbb-2222"
     assert nvml.driver() == "580.159.04" and nvml.cuda_driver() == "13.0"
     assert nvml.capability(h) == (9, 0) and nvml.name(h) == "Fake H100 #0"
     assert fake.inits == 1
-    assert nvml.handle("cpu") is None and nvml.handle("mps") is None
+    assert nvml.locate("cpu")[0] is None and nvml.locate("mps")[0] is None
 
 
 @pytest.mark.parametrize("visible, torch_uuid, physical", [
@@ -348,7 +349,7 @@ def test_nvml_absent_means_none_everywhere(fake_nvml):
 
     nvml = fake_nvml(NoDriver())
     assert "Driver Not Loaded" in nvml.status()
-    assert (nvml.count(), nvml.driver(), nvml.handle(0), nvml.memory(None),
+    assert (nvml.count(), nvml.driver(), nvml.locate(0)[0], nvml.memory(None),
             nvml.utilisation(None), nvml.handle_by_index(0)) == (None,) * 6
     gpus, status = gpu_info.nvml_inventory()
     assert gpus == [] and "no NVIDIA driver found" in status

@@ -160,11 +160,6 @@ def test_mfu_uses_the_peak_for_the_precision():
     assert ThroughputMonitor("cpu").summary()["mfu"] is None  # no peak on a CPU
 
 
-def test_bad_arguments_are_named():
-    with pytest.raises(ValueError, match="every=0"):
-        ThroughputMonitor("cpu", every=0)
-
-
 def test_pausing_between_steps_does_not_synchronise_and_leaves_the_pause_out(monkeypatch):
     import hybridnb.measure.throughput as throughput
 

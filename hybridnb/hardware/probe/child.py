@@ -99,21 +99,15 @@ def _step_available(ctx: dict) -> str:
 
 def _step_memory(ctx: dict) -> str:
     torch = ctx["torch"]
-    if ctx["device"].type == "mps":
-        free, total = _mps_memory(torch)
+    if ctx["device"].type == "mps":  # Metal's recommended memory less what the driver holds
+        used = max(int(torch.mps.current_allocated_memory()),
+                   int(torch.mps.driver_allocated_memory()))
+        total = int(torch.mps.recommended_max_memory())
+        free = max(0, total - used)
     else:
         free, total = (int(v) for v in torch.cuda.mem_get_info(ctx["device"]))
     ctx["emit"](e="info", info={"free_memory": free, "total_memory": total})
     return f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free"
-
-
-def _mps_memory(torch) -> tuple[int, int]:
-    """(free, total) bytes of the Apple GPU: the memory Metal recommends for this process less
-    what the driver holds."""
-    mps = torch.mps
-    used = max(int(mps.current_allocated_memory()), int(mps.driver_allocated_memory()))
-    total = int(mps.recommended_max_memory())
-    return max(0, total - used), total
 
 
 def _step_tensor(ctx: dict) -> str:

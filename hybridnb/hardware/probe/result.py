@@ -40,9 +40,7 @@ class ProbeResult:
         return self.verdict == "passed"
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["ok"] = self.ok
-        return d
+        return {**asdict(self), "ok": self.ok}
 
     @classmethod
     def from_dict(cls, data: dict) -> ProbeResult:

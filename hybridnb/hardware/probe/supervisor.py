@@ -94,7 +94,7 @@ def verdict(backend: str, index: int, events: list[dict], seconds: float, timed_
     if ended and (timed_out or rc != 0):  # every step passed; only the exit went wrong
         res.message = ("every step passed, but the probe process " + (
             "did not exit in time and was killed" if timed_out else
-            f"ended with {_exit_reason(rc).replace(' before finishing', '')}")
+            f"ended: {_exit_reason(rc)}")
             + " while shutting down (a driver teardown problem; training may still work)")
     elif timed_out:
         res.verdict, res.failed_step = "hung", where
@@ -120,8 +120,4 @@ def verdict(backend: str, index: int, events: list[dict], seconds: float, timed_
 
 
 def _exit_reason(rc: int | None) -> str:
-    if rc is None:
-        return "did not exit"
-    if rc < 0:
-        return Exit.from_returncode(rc).says()
-    return f"exit code {rc} before finishing"
+    return "did not exit" if rc is None else Exit.from_returncode(rc).says()
