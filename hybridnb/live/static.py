@@ -3,9 +3,10 @@
 A notebook output holding only ``application/vnd.plotly.v1+json`` is dropped by ``nbconvert --to
 html`` and by a code host's preview, so an SVG (drawn with matplotlib: no browser, no pyplot
 state) travels in the same output: ``static_figures()`` adds the ``"hybridnb_image"`` renderer
-to plotly's default (importing hybridnb changes no plotly setting); ``static_figure(fig, draw)``
-makes a figure that carries the image whatever the settings (``draw`` returns its matplotlib
-Figure, as for hybridnb's own figures; else it is translated by ``live/plotly_mpl.py``).
+to plotly's default (importing hybridnb changes no plotly setting); ``static_figure(fig)`` makes a
+figure that carries the image whatever the settings. Figures are translated by
+``live/plotly_mpl.py``, except hybridnb's own panels (``panel_image.make_figure``), which carry
+their matplotlib drawing.
 
 SVG, not PNG: JupyterLab's plotly renderer shows an ``image/png`` instead of drawing the plot;
 it ignores ``image/svg+xml``. kaleido would draw user figures pixel for pixel but needs a
@@ -17,7 +18,6 @@ from __future__ import annotations
 import functools
 import io
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 from hybridnb.live.plotly_mpl import DPI, RC  # plotly's sizes in matplotlib's units
@@ -45,7 +45,8 @@ def save(figure: Any, fmt: str) -> bytes:
 
 
 def to_matplotlib(fig: Any):
-    """The figure (a plotly figure or its dict) as a ``matplotlib.figure.Figure``."""
+    """The figure (a plotly figure or its dict) as a ``matplotlib.figure.Figure``; one that
+    carries its own drawing (``_hybridnb_draw``) is drawn by it, not translated."""
     draw = getattr(fig, "_hybridnb_draw", None)
     if draw is not None:
         return draw()
@@ -93,7 +94,8 @@ def with_image(renderer: str | None) -> str | None:
     import plotly.io as pio
     from plotly.io.base_renderers import MimetypeRenderer
 
-    _image_renderer()
+    if IMAGE_RENDERER not in pio.renderers:
+        pio.renderers[IMAGE_RENDERER] = _classes()[0]()
     renderer = pio.renderers.default if renderer is None else renderer
     names = [n for n in (renderer or "").split("+") if n]
     makes_output = any(n in pio.renderers and isinstance(pio.renderers[n], MimetypeRenderer)
@@ -103,21 +105,11 @@ def with_image(renderer: str | None) -> str | None:
     return "+".join([*names, IMAGE_RENDERER])
 
 
-def _image_renderer():
-    import plotly.io as pio
-
-    if IMAGE_RENDERER not in pio.renderers:
-        pio.renderers[IMAGE_RENDERER] = _classes()[0]()
-    return pio.renderers[IMAGE_RENDERER]
-
-
-def static_figure(fig: Any, draw: Callable[[], Any] | None = None):
+def static_figure(fig: Any):
     """``fig`` as a ``StaticFigure``: a plotly ``go.Figure`` that carries the image in every
     notebook output it makes (shown at a cell's end, ``.show()``, ``display()``), whether or not
-    ``static_figures()`` was called; ``draw`` returns its matplotlib Figure (else translated)."""
-    out = _classes()[1](fig)
-    out._hybridnb_draw = draw
-    return out
+    ``static_figures()`` was called."""
+    return _classes()[1](fig)
 
 
 @functools.cache
@@ -128,26 +120,12 @@ def _classes():
     from plotly.io.base_renderers import MimetypeRenderer
 
     class StaticImageRenderer(MimetypeRenderer):
-        figure = None  # set while a StaticFigure shows itself
-
         def to_mimebundle(self, fig_dict):
-            return image_bundle(fig_dict if self.figure is None else self.figure)
+            return image_bundle(fig_dict)
 
     class StaticFigure(go.Figure):
-        _hybridnb_draw = None
-
-        def _own_image(self, show, *args, **kwargs):
-            """``show(...)`` with the image renderer drawing this figure, not its dict."""
-            image = _image_renderer()
-            image.figure = self
-            try:
-                return show(*args, **kwargs)
-            finally:
-                image.figure = None
-
         def _repr_mimebundle_(self, include=None, exclude=None, validate=True, **kwargs):
-            bundle = self._own_image(super()._repr_mimebundle_, include, exclude, validate,
-                                     **kwargs)
+            bundle = super()._repr_mimebundle_(include, exclude, validate, **kwargs)
             if bundle and not any(k.startswith("image/") for k in bundle):
                 bundle.update(image_bundle(self))
             return bundle
@@ -159,8 +137,7 @@ def _classes():
                 print(repr(self))
 
         def show(self, renderer=None, validate=True, **kwargs):
-            self._own_image(pio.show, self, renderer=with_image(renderer), validate=validate,
-                            **kwargs)
+            pio.show(self, renderer=with_image(renderer), validate=validate, **kwargs)
 
     StaticFigure.__module__ = StaticImageRenderer.__module__ = __name__
     return StaticImageRenderer, StaticFigure
