@@ -39,8 +39,7 @@ class Throttle:
         self.last = -float("inf")
         self._recent: list[float] = []
 
-    def due(self, now: float | None = None) -> bool:
-        now = self.clock() if now is None else now
+    def due(self, now: float) -> bool:
         return now - self.last >= self.interval
 
     def done(self, started: float) -> None:
@@ -68,9 +67,7 @@ class View:
 
     name = "none"
     note = ""
-
-    def __init__(self) -> None:
-        self.stop_requested = False
+    stop_requested = False  # set (on the instance) when the person asks to stop
 
     def start(self, run: dict) -> None:
         """A run begins; ``run`` holds epochs, steps_per_epoch, batch_size, device, precision,
@@ -103,7 +100,6 @@ class LiveView(View):
     def __init__(self, note: str = "",
                  sampler_factory: Callable[[str, int | None], Any] | None = _default_sampler,
                  clock: Callable[[], float] = time.perf_counter):
-        super().__init__()
         self.note = note
         self.clock = clock
         self._sampler_factory = sampler_factory
@@ -115,17 +111,15 @@ class LiveView(View):
 
     # ------------------------------------------------------------------ interface
     def start(self, run: dict) -> None:
-        sampler = None
-        notes = []
+        sampler, notes = None, []
         if self._sampler_factory is not None:
             try:
                 # the training process: this one, or an isolated worker (its pid in the run)
                 sampler = self._sampler_factory(str(run.get("device", "cpu")), run.get("pid"))
                 sampler.start()
-                notes = list(getattr(sampler, "notes", []))
+                notes = list(sampler.notes)
             except Exception as exc:  # broad: memory plots are optional; said in the header
-                notes = [f"memory sampling off ({type(exc).__name__}: {exc})"]
-                sampler = None
+                sampler, notes = None, [f"memory sampling off ({type(exc).__name__}: {exc})"]
         self.record = RunRecord(run, sampler)
         self.note = "; ".join([n for n in [self.note, *notes] if n])
         self._thread = threading.get_ident()

@@ -42,16 +42,13 @@ class SubshellRoute(ClickRoute):
 
     def __init__(self, kernel: Any, widget: Any, timeout: float = 5.0):
         super().__init__()
+        if not hasattr(widget.comm, "_reply_subshell_for"):
+            raise RuntimeError("this ipykernel's comms cannot be routed to a subshell")
         self._manager = kernel.shell_channel_thread.manager
         self._loop = self._manager._shell_channel_io_loop
         self._timeout = timeout
-        self.subshell_id = self._on_channel_thread(self._manager._create_subshell)
-        comm = widget.comm
-        if not hasattr(comm, "_reply_subshell_for"):
-            self.close()
-            raise RuntimeError("this ipykernel's comms cannot be routed to a subshell")
-        sid = self.subshell_id
-        comm._reply_subshell_for = lambda data, default: sid  # the click goes to our subshell
+        sid = self.subshell_id = self._on_channel_thread(self._manager._create_subshell)
+        widget.comm._reply_subshell_for = lambda data, default: sid  # clicks go to our subshell
 
     def _on_channel_thread(self, fn, *args):
         """Run ``fn`` on the kernel's shell-channel thread (where subshells are managed)."""

@@ -140,6 +140,7 @@ def _classes():
             pio.show(self, renderer=with_image(renderer), validate=validate, **kwargs)
 
     StaticFigure.__module__ = StaticImageRenderer.__module__ = __name__
+    StaticFigure.__qualname__ = "StaticFigure"  # pickle finds it through __getattr__ below
     return StaticImageRenderer, StaticFigure
 
 

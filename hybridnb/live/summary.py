@@ -14,14 +14,12 @@ from typing import Any
 
 from hybridnb.live import fmt
 
+_KEPT = "; checkpoint and history kept."
 STOP_REASONS = {
     "early_stopping": "Stopped early by early stopping after step {step}.",
-    "interrupt": "Interrupted (kernel interrupt / Ctrl-C) after step {step}; checkpoint and "
-                 "history kept.",
-    "stop_button": "Stopped with the Stop button after step {step}; checkpoint and history "
-                   "kept.",
-    "callback": "Stopped by a callback (trainer.should_stop) after step {step}; checkpoint and "
-                "history kept.",
+    "interrupt": "Interrupted (kernel interrupt / Ctrl-C) after step {step}" + _KEPT,
+    "stop_button": "Stopped with the Stop button after step {step}" + _KEPT,
+    "callback": "Stopped by a callback (trainer.should_stop) after step {step}" + _KEPT,
 }
 
 

@@ -20,8 +20,6 @@ from hybridnb.live.base import Throttle
 from hybridnb.live.clicks import ClickRoute, route_clicks
 from hybridnb.live.html import HtmlView, progress_html
 
-STOP_TOOLTIP = "Stop after the current step (checkpoint and history are kept)"
-
 
 class WidgetView(HtmlView):
     name = "widgets"
@@ -38,8 +36,9 @@ class WidgetView(HtmlView):
         import ipywidgets as W
 
         self.progress = W.HTML(progress_html(self.record, self.note))
-        self.stop_button = W.Button(description="Stop", icon="stop", button_style="danger",
-                                    tooltip=STOP_TOOLTIP, layout=W.Layout(width="110px"))
+        self.stop_button = W.Button(
+            description="Stop", icon="stop", button_style="danger", layout=W.Layout(width="110px"),
+            tooltip="Stop after the current step (checkpoint and history are kept)")
         self.stop_button.add_class("hybridnb-stop")
         self.box = W.VBox([self.progress, self.stop_button])
         self.fig = panel_image.make_figure(self.record, widget=True, max_points=figures.LIVE_POINTS)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -148,6 +149,7 @@ def test_lr_find_plot_carries_an_image_without_the_setup_line(kernel_renderer):
     fig = found.plot()
     assert isinstance(fig, go.Figure)  # every plotly method still works
     assert type(fig.update_layout(title="again")) is type(fig)
+    assert type(pickle.loads(pickle.dumps(fig))) is type(fig)  # saved with joblib, pickle
     bundle = fig._repr_mimebundle_()
     assert set(bundle) == {PLOTLY_MIME, SVG}
     assert svg_size(bundle[SVG])[0] > 300
