@@ -37,29 +37,24 @@ class RunRecord:
     def add(self, state: Mapping[str, Any]) -> None:
         """One row: a step's, a validation's between steps (``val_every``) or an epoch's end."""
         kind = row_kind(state)
-        if kind == "epoch":
-            self._end_epoch(state)
-            return
         if kind == "validation":
             self.val_rows.append(dict(state))
-            return
-        self.state = state  # the Trainer passes a fresh dict per step: no copy needed
-        self.at_epoch_end = False
-        self.steps.append(state.get("global_step") or len(self.steps) + 1)
-        for values, key in ((self.losses, "loss"), (self.lrs, "lr")):
-            values.append(float("nan") if state.get(key) is None else float(state[key]))
-        if self._pace_from is None and self.steps_per_epoch:  # this fit's first step is done
-            self._pace_from = (self.fraction(), self.elapsed())
-
-    def _end_epoch(self, state: Mapping[str, Any]) -> None:
-        row = {**self.state, **state}  # an EpochRow carries its epoch and global_step
-        self.epoch_ends.append(row)
-        if any(k.startswith("val_") for k in state):
-            self.val_rows.append(row)
-        if self.steps_per_epoch is None and row.get("step"):
-            self.steps_per_epoch = int(row["step"])  # learnt from the first epoch
-        self.state = row
-        self.at_epoch_end = True
+        elif kind == "epoch":
+            row = {**self.state, **state}  # an EpochRow carries its epoch and global_step
+            self.epoch_ends.append(row)
+            if any(k.startswith("val_") for k in state):
+                self.val_rows.append(row)
+            if self.steps_per_epoch is None and row.get("step"):
+                self.steps_per_epoch = int(row["step"])  # learnt from the first epoch
+            self.state, self.at_epoch_end = row, True
+        else:
+            self.state = state  # the Trainer passes a fresh dict per step: no copy needed
+            self.at_epoch_end = False
+            self.steps.append(state.get("global_step") or len(self.steps) + 1)
+            for values, key in ((self.losses, "loss"), (self.lrs, "lr")):
+                values.append(float("nan") if state.get(key) is None else float(state[key]))
+            if self._pace_from is None and self.steps_per_epoch:  # this fit's first step done
+                self._pace_from = (self.fraction(), self.elapsed())
 
     def add_event(self, ev: Event) -> None:
         self.events.append(ev)
