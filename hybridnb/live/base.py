@@ -92,11 +92,6 @@ def _default_sampler(device: str, pid: int | None = None):
 class LiveView(View):
     """Record every step in O(1); draw bars every ~0.2 s and plots every ~1 s (adaptive)."""
 
-    bar_interval = 0.2
-    plot_interval = 1.0
-    bar_budget = 0.0015
-    plot_budget = 0.002
-
     def __init__(self, note: str = "",
                  sampler_factory: Callable[[str, int | None], Any] | None = _default_sampler,
                  clock: Callable[[], float] = time.perf_counter):
@@ -104,8 +99,8 @@ class LiveView(View):
         self.clock = clock
         self._sampler_factory = sampler_factory
         self.record: RunRecord | None = None
-        self.bars = Throttle(self.bar_interval, self.bar_budget, clock=clock)
-        self.plots = Throttle(self.plot_interval, self.plot_budget, clock=clock)
+        self.bars = Throttle(0.2, budget=0.0015, clock=clock)
+        self.plots = Throttle(1.0, budget=0.002, clock=clock)
         self.failed: str | None = None
         self._thread = None
 

@@ -23,14 +23,12 @@ from hybridnb.live.html import HtmlView, progress_html
 
 class WidgetView(HtmlView):
     name = "widgets"
-    poll_interval = 0.25
 
     def __init__(self, note: str = "", **kwargs: Any):
         super().__init__(note, **kwargs)
         self.clicks: ClickRoute = ClickRoute()
-        self.poller = Throttle(self.poll_interval, budget=0.003, clock=self.clock)
+        self.poller = Throttle(0.25, budget=0.003, clock=self.clock)
         self._widgets: list[Any] = []
-        self._stop_shown = False
 
     def _open(self, run: dict) -> None:
         import ipywidgets as W
@@ -59,8 +57,7 @@ class WidgetView(HtmlView):
 
     def _draw_progress(self) -> None:
         self.progress.value = progress_html(self.record, self.note)
-        if self.stop_requested and not self._stop_shown:
-            self._stop_shown = True
+        if self.stop_requested and self.stop_button.description != "Stopping…":
             self.stop_button.description = "Stopping…"
             self.stop_button.disabled = True
 

@@ -244,7 +244,7 @@ def test_throttle_adapts_to_render_cost():
     # 10 s of training: at 1 s per plot that would be 10 renders; at a 0.3 % budget
     # a 20 ms render may happen every 6.7 s at most.
     assert view.plotted <= 2
-    assert view.plots.interval == pytest.approx(0.02 / view.plot_budget)
+    assert view.plots.interval == pytest.approx(0.02 / view.plots.budget)
     assert Throttle(0.2).interval == 0.2
 
 
