@@ -15,10 +15,13 @@ Chrome, which Colab and many offline machines lack.
 
 from __future__ import annotations
 
-import functools
 import io
 import warnings
 from typing import Any
+
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.io.base_renderers import MimetypeRenderer
 
 from hybridnb.live.plotly_mpl import DPI, RC  # plotly's sizes in matplotlib's units
 
@@ -81,8 +84,6 @@ def static_figures(enable: bool = True) -> str:
     static image in the same output (``enable=False`` undoes it); returns plotly's new default
     renderer (e.g. ``"plotly_mimetype+hybridnb_image"``). Where plotly's default shows figures
     outside the notebook (``"browser"`` in a plain script) it is left as it was."""
-    import plotly.io as pio
-
     names = [n for n in (pio.renderers.default or "").split("+") if n != IMAGE_RENDERER]
     pio.renderers.default = with_image("+".join(names)) if enable else "+".join(names)
     return pio.renderers.default
@@ -91,11 +92,8 @@ def static_figures(enable: bool = True) -> str:
 def with_image(renderer: str | None) -> str | None:
     """``renderer`` (plotly's renderer string; None: the default) with the image renderer added
     when it makes a notebook output; unchanged when it only opens a browser or is empty."""
-    import plotly.io as pio
-    from plotly.io.base_renderers import MimetypeRenderer
-
     if IMAGE_RENDERER not in pio.renderers:
-        pio.renderers[IMAGE_RENDERER] = _classes()[0]()
+        pio.renderers[IMAGE_RENDERER] = StaticImageRenderer()
     renderer = pio.renderers.default if renderer is None else renderer
     names = [n for n in (renderer or "").split("+") if n]
     makes_output = any(n in pio.renderers and isinstance(pio.renderers[n], MimetypeRenderer)
@@ -105,46 +103,34 @@ def with_image(renderer: str | None) -> str | None:
     return "+".join([*names, IMAGE_RENDERER])
 
 
-def static_figure(fig: Any):
-    """``fig`` as a ``StaticFigure``: a plotly ``go.Figure`` that carries the image in every
-    notebook output it makes (shown at a cell's end, ``.show()``, ``display()``), whether or not
-    ``static_figures()`` was called."""
-    return _classes()[1](fig)
+class StaticImageRenderer(MimetypeRenderer):
+    """plotly's ``"hybridnb_image"`` renderer (registered on first use, not at import)."""
+
+    def to_mimebundle(self, fig_dict):
+        return image_bundle(fig_dict)
 
 
-@functools.cache
-def _classes():
-    """(the image renderer class, StaticFigure), made on first use: plotly is imported late."""
-    import plotly.graph_objects as go
-    import plotly.io as pio
-    from plotly.io.base_renderers import MimetypeRenderer
+class StaticFigure(go.Figure):
+    """A plotly ``go.Figure`` that carries the image in every notebook output it makes (shown
+    at a cell's end, ``.show()``, ``display()``), whether or not ``static_figures()`` was
+    called."""
 
-    class StaticImageRenderer(MimetypeRenderer):
-        def to_mimebundle(self, fig_dict):
-            return image_bundle(fig_dict)
+    def _repr_mimebundle_(self, include=None, exclude=None, validate=True, **kwargs):
+        bundle = super()._repr_mimebundle_(include, exclude, validate, **kwargs)
+        if bundle and not any(k.startswith("image/") for k in bundle):
+            bundle.update(image_bundle(self))
+        return bundle
 
-    class StaticFigure(go.Figure):
-        def _repr_mimebundle_(self, include=None, exclude=None, validate=True, **kwargs):
-            bundle = super()._repr_mimebundle_(include, exclude, validate, **kwargs)
-            if bundle and not any(k.startswith("image/") for k in bundle):
-                bundle.update(image_bundle(self))
-            return bundle
+    def _ipython_display_(self):
+        if pio.renderers.render_on_display and pio.renderers.default:
+            self.show()
+        else:
+            print(repr(self))
 
-        def _ipython_display_(self):
-            if pio.renderers.render_on_display and pio.renderers.default:
-                self.show()
-            else:
-                print(repr(self))
-
-        def show(self, renderer=None, validate=True, **kwargs):
-            pio.show(self, renderer=with_image(renderer), validate=validate, **kwargs)
-
-    StaticFigure.__module__ = StaticImageRenderer.__module__ = __name__
-    StaticFigure.__qualname__ = "StaticFigure"  # pickle finds it through __getattr__ below
-    return StaticImageRenderer, StaticFigure
+    def show(self, renderer=None, validate=True, **kwargs):
+        pio.show(self, renderer=with_image(renderer), validate=validate, **kwargs)
 
 
-def __getattr__(name: str):
-    if name == "StaticFigure":  # pickling and isinstance checks find the class by this name
-        return _classes()[1]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def static_figure(fig: Any) -> StaticFigure:
+    """``fig`` as a ``StaticFigure``."""
+    return StaticFigure(fig)
