@@ -26,12 +26,11 @@ def progress_html(record, note: str = "") -> str:
     """The progress panel (the HTML and widget views): the header, the epoch and step bars, the
     status line and the latest events."""
     rec, spe = record, record.steps_per_epoch
-    memory = rec.sampler.latest() if rec.sampler is not None else {}
     rows = [f"<div><b>hybridnb</b> · {escape(text.header(rec.run, note))}</div>",
             # epochs done (a count); the status line's "epoch 1/2" is an index, from 0
             _bar("epochs", rec.epochs_done, rec.epochs, " done"),
             _bar("step", spe if rec.at_epoch_end and spe else rec.step, spe),
-            f'<div style="margin-top:2px">{escape(text.status(rec, memory))}</div>',
+            f'<div style="margin-top:2px">{escape(text.status(rec, memory=True))}</div>',
             _events(rec.events[-10:], ' style="color:#b00;margin:2px 0"')]
     return ('<div class="hybridnb-live" style="font-family:sans-serif;font-size:13px;'
             'line-height:1.4">' + "".join(rows) + "</div>")

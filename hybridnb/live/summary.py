@@ -85,8 +85,9 @@ def speed(st: Mapping[str, Any]) -> list[str]:
     return parts
 
 
-def status(record, memory: Mapping[str, float] | None = None) -> str:
-    """``epoch 1/2 · step 12/20 · train_loss 0.41 · val_loss 0.39 · lr 1.00e-03 · ...``"""
+def status(record, memory: bool = False) -> str:
+    """``epoch 1/2 · step 12/20 · train_loss 0.41 · val_loss 0.39 · lr 1.00e-03 · ...``, with
+    the newest memory numbers when ``memory``."""
     st = record.state
     spe = record.steps_per_epoch
     parts = [f"epoch {record.epoch}/{record.epochs - 1}",
@@ -112,7 +113,8 @@ def status(record, memory: Mapping[str, float] | None = None) -> str:
     remaining = record.remaining_s()
     if remaining is not None:
         parts.append(f"~{fmt.duration(remaining)} left")
-    parts.append(memory_line(memory or {}))
+    if memory and record.sampler is not None:
+        parts.append(memory_line(record.sampler.latest()))
     return " · ".join(p for p in parts if p)
 
 
