@@ -164,20 +164,16 @@ def update_figure(fig, record, max_points: int = LIVE_POINTS) -> None:
     arrays: sent as binary buffers, ~5x cheaper than lists of Python floats."""
     import numpy as np
 
-    series = panels(record, max_points)
     by_key = {t.meta: t for t in fig.data}  # FigureWidget rewrites uids; meta is ours
     with fig.batch_update():
-        for s in series:
+        for s in panels(record, max_points):
             t = by_key.get(s.key)
-            if t is None:
+            if t is None:  # a source that appeared late (e.g. CUDA initialised after start)
+                fig.add_trace(_trace(s))
                 continue
             old = t.x if t.x is not None else ()
             if len(old) != len(s.x) or (s.x and old[-1] != s.x[-1]) or s.key == "events":
                 t.x = np.asarray(s.x, dtype=float)
                 t.y = np.asarray(s.y, dtype=float)  # None -> NaN
                 if s.text:
-                    t.text = s.text
-                    t.hovertext = s.text
-    for s in series:  # a source that appeared late (e.g. CUDA initialised after start)
-        if s.key not in by_key:
-            fig.add_trace(_trace(s))
+                    t.text = t.hovertext = s.text
