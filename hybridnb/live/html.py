@@ -82,8 +82,6 @@ class HtmlView(LiveView):
                  **kwargs: Any):
         super().__init__(note, **kwargs)
         self._display = display or show
-        self.panel = None
-        self.figure = None
 
     def _panel_bundle(self) -> dict[str, str]:
         html = progress_html(self.record, self.note)
