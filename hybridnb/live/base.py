@@ -104,7 +104,6 @@ class LiveView(View):
         self.failed: str | None = None
         self._thread = None
 
-    # ------------------------------------------------------------------ interface
     def start(self, run: dict) -> None:
         sampler, notes = None, []
         if self._sampler_factory is not None:
@@ -163,7 +162,7 @@ class LiveView(View):
         finally:
             self._release()
 
-    # ------------------------------------------------------------------ renderer hooks
+    # the renderer's hooks: how to draw (the methods above decide when)
     def _open(self, run: dict) -> None: ...
 
     def _draw_progress(self) -> None: ...

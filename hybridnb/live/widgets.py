@@ -1,10 +1,9 @@
-"""Widget live view for JupyterLab / Notebook 7 / Colab (ipywidgets 7 or 8): the progress panel,
-a Stop button and a plotly FigureWidget.
+"""Widget live view for JupyterLab / Notebook 7 / Colab (ipywidgets 7 or 8): the HTML view's
+progress panel (``html.progress_html``) with a Stop button below it, then one plotly
+FigureWidget with the loss, learning rate and memory panels.
 
-The progress panel is the HTML view's (``html.progress_html``) with a Stop button below it;
-then one FigureWidget with loss, learning rate and memory panels. Only the main thread (the
-training loop, through ``update``) changes widgets; the Stop button's handler, which may run on a
-kernel subshell thread, only sets ``stop_requested``.
+Only the main thread (the training loop, through ``update``) changes widgets; the Stop button's
+handler, which may run on a kernel subshell thread, only sets ``stop_requested``.
 
 At the end the two outputs are *replaced* (through their display handles) by the static snapshot
 and every widget is closed, so the saved notebook holds no widget views and no widget state.
