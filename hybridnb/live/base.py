@@ -155,7 +155,7 @@ class LiveView(View):
                 rec.sampler.close()
             if self.failed is None:
                 self._safe(self._close, dict(summary))
-            else:
+            if self.failed is not None:  # also when the end snapshot itself failed
                 from hybridnb.live.summary import paragraph
 
                 print(paragraph(summary, rec))

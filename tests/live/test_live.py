@@ -394,6 +394,22 @@ def test_a_broken_display_never_stops_training(capsys):
     assert "Trained TinyNet" in capsys.readouterr().out  # the summary still reaches the person
 
 
+def test_a_failed_end_snapshot_still_prints_the_summary(capsys):
+    disp = FakeDisplay()
+    view = HtmlView(display=disp, sampler_factory=None)
+    view.start(RUN)
+    view.update(dict(epoch=0, step=1, global_step=1, loss=1.0, lr=1e-3))
+
+    def gone(obj, **kwargs):
+        raise RuntimeError("comm closed")
+
+    for handle in disp.handles:
+        handle.update = gone
+    with pytest.warns(LiveViewWarning, match="comm closed"):
+        view.end(dict(elapsed_s=1.0, events=[], device="cpu", precision="fp32"))
+    assert "Trained TinyNet" in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------ widget renderer (no kernel)
 
 
