@@ -34,8 +34,7 @@ def _widgets_missing() -> str:
 
 def _ipywidgets_versions() -> tuple[str | None, str | None]:
     """(the ipywidgets this process has imported or None, the one installed on disk or None)."""
-    module = sys.modules.get("ipywidgets")
-    loaded = getattr(module, "__version__", None) if module is not None else None
+    loaded = getattr(sys.modules.get("ipywidgets"), "__version__", None)
     try:
         installed = importlib.metadata.version("ipywidgets")
     except importlib.metadata.PackageNotFoundError:
