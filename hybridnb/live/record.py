@@ -99,16 +99,6 @@ class RunRecord:
         start_frac, start_s = self._pace_from
         return max(self.elapsed() - start_s, 0.0) * (1 - frac) / (frac - start_frac)
 
-    def epoch_points(self, key: str = "train_loss", rows: list | None = None
-                     ) -> tuple[list[int], list[float]]:
-        """``key`` at each epoch end (or in ``rows``), as the Trainer sent it; x: global step."""
-        rows = [r for r in (self.epoch_ends if rows is None else rows) if r.get(key) is not None]
-        return [int(r.get("global_step") or 0) for r in rows], [float(r[key]) for r in rows]
-
-    def val_points(self, key: str = "val_loss") -> tuple[list[int], list[float]]:
-        """``key`` at every validation (epoch ends and ``val_every``)."""
-        return self.epoch_points(key, self.val_rows)
-
     def memory(self):
         """The memory series collected so far (empty without a sampler)."""
         from hybridnb.measure.memory import MemorySeries
