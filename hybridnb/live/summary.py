@@ -134,21 +134,6 @@ def memory_line(latest: Mapping[str, float]) -> str:
     return " · ".join(parts)
 
 
-def speed(st: Mapping[str, Any]) -> list[str]:
-    """Wall-clock samples/s, MFU when known, and whether waiting for data dominates."""
-    sps = st.get("samples_per_s")
-    if sps is None or sps != sps:
-        return []
-    parts = [f"{rate(sps)} samples/s"]
-    mfu = st.get("mfu")
-    if mfu is not None and mfu == mfu:
-        parts.append(f"MFU {100 * mfu:.1f}%")
-    if st.get("data_bound"):
-        parts.append(f"data-bound: {st.get('data_wait_pct', 0):.0f}% of the time waiting for "
-                     "the next batch")
-    return parts
-
-
 def status(record, memory: bool = False) -> str:
     """``epoch 1/2 · step 12/20 · train_loss 0.41 · val_loss 0.39 · lr 1.00e-03 · ...``, with
     the newest memory numbers when ``memory``."""
@@ -172,7 +157,14 @@ def status(record, memory: bool = False) -> str:
                 parts.append(f"{key} {number(last[key])}")
     if st.get("lr") is not None:
         parts.append(f"lr {float(st['lr']):.2e}")
-    parts.extend(speed(st))
+    sps, mfu = st.get("samples_per_s"), st.get("mfu")
+    if sps is not None and sps == sps:  # wall-clock speed, MFU when known, a data-bound loop
+        parts.append(f"{rate(sps)} samples/s")
+        if mfu is not None and mfu == mfu:
+            parts.append(f"MFU {100 * mfu:.1f}%")
+        if st.get("data_bound"):
+            parts.append(f"data-bound: {st.get('data_wait_pct', 0):.0f}% of the time waiting "
+                         "for the next batch")
     parts.append(f"{duration(record.elapsed())} elapsed")
     remaining = record.remaining_s()
     if remaining is not None:
