@@ -451,7 +451,7 @@ def test_widget_renderer_bars_plots_stop_and_cleanup():
 def test_click_route_is_chosen_by_what_the_kernel_supports():
     from types import SimpleNamespace
 
-    from hybridnb.live.clicks import route_clicks
+    from hybridnb.live.widgets import route_clicks
 
     button = SimpleNamespace(comm=SimpleNamespace())
     old = SimpleNamespace(shell_channel_thread=None, do_one_iteration=lambda: None)  # ipykernel 6
@@ -466,8 +466,7 @@ def test_click_route_is_chosen_by_what_the_kernel_supports():
 
 def test_ui_polling_is_throttled_between_steps():
     pytest.importorskip("anywidget")
-    from hybridnb.live.clicks import ClickRoute
-    from hybridnb.live.widgets import WidgetView
+    from hybridnb.live.widgets import ClickRoute, WidgetView
 
     class CountingRoute(ClickRoute):
         mode = "ui_poll"
