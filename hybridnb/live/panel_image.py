@@ -12,8 +12,6 @@ import math
 from hybridnb.live.figures import PANELS, SNAPSHOT_POINTS, XTITLES, figure_dict, panels
 from hybridnb.live.static import RC, save
 
-TITLE = "hybridnb: loss, learning rate, memory"
-
 
 def draw(record, max_points: int = SNAPSHOT_POINTS):
     """A ``matplotlib.figure.Figure`` of the record's loss, learning-rate and memory panels."""
@@ -22,7 +20,7 @@ def draw(record, max_points: int = SNAPSHOT_POINTS):
 
     with matplotlib.rc_context(RC):
         fig = Figure(figsize=(9.6, 3.6), dpi=100, layout="constrained")
-        fig.set_label(TITLE)
+        fig.set_label("hybridnb: loss, learning rate, memory")  # the SVG's title
         axes = fig.subplots(1, 3)
         util = None
         for s in panels(record, max_points):
