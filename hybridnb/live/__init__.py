@@ -12,6 +12,7 @@ once, in the view's header line.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import importlib.util
 import sys
@@ -33,8 +34,7 @@ def _widgets_missing() -> str:
 
 def _ipywidgets_versions() -> tuple[str | None, str | None]:
     """(the ipywidgets this process has imported or None, the one installed on disk or None)."""
-    module = sys.modules.get("ipywidgets")
-    loaded = getattr(module, "__version__", None) if module is not None else None
+    loaded = getattr(sys.modules.get("ipywidgets"), "__version__", None)
     try:
         installed = importlib.metadata.version("ipywidgets")
     except importlib.metadata.PackageNotFoundError:
@@ -112,14 +112,6 @@ def make_view(live: object = "auto", **kwargs) -> View:
     name, note = choose_renderer(live)
     if name == "none":
         return View()
-    if name == "widgets":
-        from hybridnb.live.widgets import WidgetView
-
-        return WidgetView(note, **kwargs)
-    if name == "html":
-        from hybridnb.live.html import HtmlView
-
-        return HtmlView(note, **kwargs)
-    from hybridnb.live.console import ConsoleView
-
-    return ConsoleView(note, **kwargs)
+    module, cls = {"widgets": ("widgets", "WidgetView"), "html": ("html", "HtmlView"),
+                   "text": ("console", "ConsoleView")}[name]  # imported only when chosen
+    return getattr(importlib.import_module(f"hybridnb.live.{module}"), cls)(note, **kwargs)

@@ -39,8 +39,7 @@ class Throttle:
         self.last = -float("inf")
         self._recent: list[float] = []
 
-    def due(self, now: float | None = None) -> bool:
-        now = self.clock() if now is None else now
+    def due(self, now: float) -> bool:
         return now - self.last >= self.interval
 
     def done(self, started: float) -> None:
@@ -68,9 +67,7 @@ class View:
 
     name = "none"
     note = ""
-
-    def __init__(self) -> None:
-        self.stop_requested = False
+    stop_requested = False  # set (on the instance) when the person asks to stop
 
     def start(self, run: dict) -> None:
         """A run begins; ``run`` holds epochs, steps_per_epoch, batch_size, device, precision,
@@ -95,37 +92,28 @@ def _default_sampler(device: str, pid: int | None = None):
 class LiveView(View):
     """Record every step in O(1); draw bars every ~0.2 s and plots every ~1 s (adaptive)."""
 
-    bar_interval = 0.2
-    plot_interval = 1.0
-    bar_budget = 0.0015
-    plot_budget = 0.002
-
     def __init__(self, note: str = "",
                  sampler_factory: Callable[[str, int | None], Any] | None = _default_sampler,
                  clock: Callable[[], float] = time.perf_counter):
-        super().__init__()
         self.note = note
         self.clock = clock
         self._sampler_factory = sampler_factory
         self.record: RunRecord | None = None
-        self.bars = Throttle(self.bar_interval, self.bar_budget, clock=clock)
-        self.plots = Throttle(self.plot_interval, self.plot_budget, clock=clock)
+        self.bars = Throttle(0.2, budget=0.0015, clock=clock)
+        self.plots = Throttle(1.0, budget=0.002, clock=clock)
         self.failed: str | None = None
         self._thread = None
 
-    # ------------------------------------------------------------------ interface
     def start(self, run: dict) -> None:
-        sampler = None
-        notes = []
+        sampler, notes = None, []
         if self._sampler_factory is not None:
             try:
                 # the training process: this one, or an isolated worker (its pid in the run)
                 sampler = self._sampler_factory(str(run.get("device", "cpu")), run.get("pid"))
                 sampler.start()
-                notes = list(getattr(sampler, "notes", []))
+                notes = list(sampler.notes)
             except Exception as exc:  # broad: memory plots are optional; said in the header
-                notes = [f"memory sampling off ({type(exc).__name__}: {exc})"]
-                sampler = None
+                sampler, notes = None, [f"memory sampling off ({type(exc).__name__}: {exc})"]
         self.record = RunRecord(run, sampler)
         self.note = "; ".join([n for n in [self.note, *notes] if n])
         self._thread = threading.get_ident()
@@ -167,14 +155,14 @@ class LiveView(View):
                 rec.sampler.close()
             if self.failed is None:
                 self._safe(self._close, dict(summary))
-            else:
+            if self.failed is not None:  # also when the end snapshot itself failed
                 from hybridnb.live.summary import paragraph
 
                 print(paragraph(summary, rec))
         finally:
             self._release()
 
-    # ------------------------------------------------------------------ renderer hooks
+    # the renderer's hooks: how to draw (the methods above decide when)
     def _open(self, run: dict) -> None: ...
 
     def _draw_progress(self) -> None: ...

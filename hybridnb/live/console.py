@@ -42,10 +42,6 @@ class ConsoleView(LiveView):
         out.flush()
         self._last_line = time.monotonic()
 
-    def _memory(self) -> dict[str, float]:
-        sampler = self.record.sampler
-        return sampler.latest() if sampler is not None else {}
-
     def _open(self, run: dict) -> None:
         if self.tty is None:
             isatty = getattr(self.out, "isatty", None)
@@ -66,10 +62,10 @@ class ConsoleView(LiveView):
             self.out.flush()
             self._partial = len(line)
         elif time.monotonic() - self._last_line >= self.heartbeat_s:
-            self._line("  " + text.status(rec, self._memory()))
+            self._line("  " + text.status(rec, memory=True))
 
     def _draw_epoch_end(self) -> None:
-        self._line(text.status(self.record, self._memory()))
+        self._line(text.status(self.record, memory=True))
 
     def _draw_event(self, ev: Event) -> None:
         self._line(f"! {ev}")

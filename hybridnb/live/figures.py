@@ -81,17 +81,21 @@ def downsample(xs: Sequence[float], ys: Sequence[float], max_points: int,
     return x[edges].tolist(), _clean(means.tolist())
 
 
+def _points(rows: list[dict], key: str) -> tuple[list[int], list[float | None]]:
+    """``key`` in each row that has it, as the Trainer sent it; x: the row's global step."""
+    rows = [r for r in rows if r.get(key) is not None]
+    return [int(r.get("global_step") or 0) for r in rows], _clean([float(r[key]) for r in rows])
+
+
 def panels(record, max_points: int = SNAPSHOT_POINTS) -> list[Series]:
     """Every series to draw for ``record`` (a RunRecord)."""
     out: list[Series] = []
     x, y = downsample(record.steps, record.losses, max_points)
     out.append(Series("step_loss", "step loss", x, y, 0, "#aec7e8"))
-    px, py = record.epoch_points("train_loss")  # the Trainer's number: history's train_loss
-    out.append(Series("train_loss", "train loss (epoch)", px, _clean(py), 0, "#1f77b4",
-                      mode="lines+markers"))
-    vx, vy = record.val_points("val_loss")
-    out.append(Series("val_loss", "val loss", vx, _clean(vy), 0, "#ff7f0e",
-                      mode="lines+markers"))
+    x, y = _points(record.epoch_ends, "train_loss")  # the Trainer's: history's train_loss
+    out.append(Series("train_loss", "train loss (epoch)", x, y, 0, "#1f77b4", "lines+markers"))
+    x, y = _points(record.val_rows, "val_loss")  # every validation: epoch ends and val_every
+    out.append(Series("val_loss", "val loss", x, y, 0, "#ff7f0e", "lines+markers"))
     x, y = downsample(record.steps, record.lrs, max_points)
     out.append(Series("lr", "learning rate", x, y, 1, "#e377c2"))
 
@@ -164,20 +168,16 @@ def update_figure(fig, record, max_points: int = LIVE_POINTS) -> None:
     arrays: sent as binary buffers, ~5x cheaper than lists of Python floats."""
     import numpy as np
 
-    series = panels(record, max_points)
     by_key = {t.meta: t for t in fig.data}  # FigureWidget rewrites uids; meta is ours
     with fig.batch_update():
-        for s in series:
+        for s in panels(record, max_points):
             t = by_key.get(s.key)
-            if t is None:
+            if t is None:  # a source that appeared late (e.g. CUDA initialised after start)
+                fig.add_trace(_trace(s))
                 continue
             old = t.x if t.x is not None else ()
             if len(old) != len(s.x) or (s.x and old[-1] != s.x[-1]) or s.key == "events":
                 t.x = np.asarray(s.x, dtype=float)
                 t.y = np.asarray(s.y, dtype=float)  # None -> NaN
                 if s.text:
-                    t.text = s.text
-                    t.hovertext = s.text
-    for s in series:  # a source that appeared late (e.g. CUDA initialised after start)
-        if s.key not in by_key:
-            fig.add_trace(_trace(s))
+                    t.text = t.hovertext = s.text

@@ -26,12 +26,11 @@ def progress_html(record, note: str = "") -> str:
     """The progress panel (the HTML and widget views): the header, the epoch and step bars, the
     status line and the latest events."""
     rec, spe = record, record.steps_per_epoch
-    memory = rec.sampler.latest() if rec.sampler is not None else {}
     rows = [f"<div><b>hybridnb</b> · {escape(text.header(rec.run, note))}</div>",
             # epochs done (a count); the status line's "epoch 1/2" is an index, from 0
             _bar("epochs", rec.epochs_done, rec.epochs, " done"),
             _bar("step", spe if rec.at_epoch_end and spe else rec.step, spe),
-            f'<div style="margin-top:2px">{escape(text.status(rec, memory))}</div>',
+            f'<div style="margin-top:2px">{escape(text.status(rec, memory=True))}</div>',
             _events(rec.events[-10:], ' style="color:#b00;margin:2px 0"')]
     return ('<div class="hybridnb-live" style="font-family:sans-serif;font-size:13px;'
             'line-height:1.4">' + "".join(rows) + "</div>")
@@ -69,25 +68,6 @@ def plots_bundle(record) -> dict[str, Any]:
     return {PLOTLY_MIME: fig, "text/html": html, "text/plain": "hybridnb plots"}
 
 
-def summary_bundle(record, summary: dict[str, Any], note: str = "") -> dict[str, str]:
-    """Header, final status and the summary paragraph (text/html + text/plain)."""
-    para = text.paragraph(summary, record)
-    head = text.header(record.run, note)
-    events = summary.get("events")
-    html = ('<div class="hybridnb-summary" style="font-family:sans-serif;font-size:13px">'
-            f"<div><b>hybridnb</b> · {escape(head)}</div><p>{escape(para)}</p>"
-            + _events(record.events if events is None else events) + "</div>")
-    return {"text/html": html, "text/plain": f"hybridnb · {head}\n{para}"}
-
-
-def figure_bundle(record) -> dict[str, Any]:
-    """Final figures: plotly JSON where a plotly renderer exists, its SVG image everywhere."""
-    from hybridnb.live import panel_image
-
-    return {PLOTLY_MIME: figure_dict(record), "image/svg+xml": panel_image.to_svg(record),
-            "text/plain": "hybridnb figure: loss, learning rate and memory"}
-
-
 def show(obj: Any) -> Any:
     """Show ``obj`` (a raw mimebundle or a widget) and return its DisplayHandle."""
     from IPython.display import display
@@ -102,8 +82,6 @@ class HtmlView(LiveView):
                  **kwargs: Any):
         super().__init__(note, **kwargs)
         self._display = display or show
-        self.panel = None
-        self.figure = None
 
     def _panel_bundle(self) -> dict[str, str]:
         html = progress_html(self.record, self.note)
@@ -120,5 +98,16 @@ class HtmlView(LiveView):
         self.figure.update(plots_bundle(self.record), raw=True)
 
     def _close(self, summary: dict) -> None:
-        self.panel.update(summary_bundle(self.record, summary, self.note), raw=True)
-        self.figure.update(figure_bundle(self.record), raw=True)
+        """The static snapshot: the header and the summary paragraph; the figure as plotly JSON
+        where a plotly renderer exists and as its SVG image everywhere."""
+        from hybridnb.live import panel_image
+
+        rec, head = self.record, text.header(self.record.run, self.note)
+        para, events = text.paragraph(summary, rec), summary.get("events")
+        html = ('<div class="hybridnb-summary" style="font-family:sans-serif;font-size:13px">'
+                f"<div><b>hybridnb</b> · {escape(head)}</div><p>{escape(para)}</p>"
+                + _events(rec.events if events is None else events) + "</div>")
+        self.panel.update({"text/html": html, "text/plain": f"hybridnb · {head}\n{para}"}, raw=True)
+        self.figure.update({PLOTLY_MIME: figure_dict(rec), "image/svg+xml": panel_image.to_svg(rec),
+                            "text/plain": "hybridnb figure: loss, learning rate and memory"},
+                           raw=True)

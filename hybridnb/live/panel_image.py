@@ -10,9 +10,7 @@ from __future__ import annotations
 import math
 
 from hybridnb.live.figures import PANELS, SNAPSHOT_POINTS, XTITLES, figure_dict, panels
-from hybridnb.live.static import RC, save, static_figure
-
-TITLE = "hybridnb: loss, learning rate, memory"
+from hybridnb.live.static import RC, save
 
 
 def draw(record, max_points: int = SNAPSHOT_POINTS):
@@ -22,7 +20,7 @@ def draw(record, max_points: int = SNAPSHOT_POINTS):
 
     with matplotlib.rc_context(RC):
         fig = Figure(figsize=(9.6, 3.6), dpi=100, layout="constrained")
-        fig.set_label(TITLE)
+        fig.set_label("hybridnb: loss, learning rate, memory")  # the SVG's title
         axes = fig.subplots(1, 3)
         util = None
         for s in panels(record, max_points):
@@ -67,8 +65,8 @@ def to_svg(record, max_points: int = SNAPSHOT_POINTS) -> str:
 
 
 def make_figure(record, widget: bool = False, max_points: int = SNAPSHOT_POINTS):
-    """A plotly Figure of the three panels carrying its image from ``draw`` (``widget=True``: a
-    FigureWidget for live updates)."""
+    """A plotly Figure of the three panels that ``static.to_png`` draws with ``draw``, not
+    translated (``widget=True``: a FigureWidget for live updates)."""
     import plotly.graph_objects as go
 
     fig = figure_dict(record, max_points)
@@ -76,4 +74,6 @@ def make_figure(record, widget: bool = False, max_points: int = SNAPSHOT_POINTS)
     if widget:  # a widget sizes itself once, often before its output area is laid out
         fig["layout"]["width"] = 960
         return go.FigureWidget(fig)
-    return static_figure(go.Figure(fig), draw=lambda: draw(record, max_points))
+    out = go.Figure(fig)
+    out._hybridnb_draw = lambda: draw(record, max_points)
+    return out

@@ -223,8 +223,7 @@ def _bar(ax, t: dict, color: str, layout: dict, slot) -> None:
     kw = {"color": c, "label": _label(t), "alpha": t.get("opacity")}
     if plus is not None and not horizontal:
         kw["yerr"] = np.vstack([minus if minus is not None else plus, plus]).astype(float)
-    draw = ax.barh if horizontal else ax.bar
-    bars = draw(pos, vals, width, bottom, **kw)
+    bars = (ax.barh if horizontal else ax.bar)(pos, vals, width, bottom, **kw)
     text, where = t.get("text"), t.get("textposition") or "auto"
     if text is not None and where != "none":
         labels = [_text(v) for v in text] if not isinstance(text, str) else [text] * len(pos)
@@ -316,11 +315,10 @@ def _annotations(fig, axes: dict, layout: dict, paper) -> None:
 
 
 def _legend(fig, axes: dict, traces: list[dict], layout: dict, box) -> None:
-    entries: dict[str, Any] = {}
+    entries: dict[str, Any] = {}  # matplotlib leaves out the unlabelled ("_child0") already
     for ax in axes.values():
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
-            if label and not label.startswith("_"):
-                entries.setdefault(label, handle)
+            entries.setdefault(label, handle)
     shown = layout.get("showlegend")
     if not entries or shown is False or (shown is None and sum(
             t.get("showlegend") is not False for t in traces) < 2):

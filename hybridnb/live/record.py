@@ -37,29 +37,24 @@ class RunRecord:
     def add(self, state: Mapping[str, Any]) -> None:
         """One row: a step's, a validation's between steps (``val_every``) or an epoch's end."""
         kind = row_kind(state)
-        if kind == "epoch":
-            self._end_epoch(state)
-            return
         if kind == "validation":
             self.val_rows.append(dict(state))
-            return
-        self.state = state  # the Trainer passes a fresh dict per step: no copy needed
-        self.at_epoch_end = False
-        self.steps.append(state.get("global_step") or len(self.steps) + 1)
-        for values, key in ((self.losses, "loss"), (self.lrs, "lr")):
-            values.append(float("nan") if state.get(key) is None else float(state[key]))
-        if self._pace_from is None and self.steps_per_epoch:  # this fit's first step is done
-            self._pace_from = (self.fraction(), self.elapsed())
-
-    def _end_epoch(self, state: Mapping[str, Any]) -> None:
-        row = {**self.state, **state}  # an EpochRow carries its epoch and global_step
-        self.epoch_ends.append(row)
-        if any(k.startswith("val_") for k in state):
-            self.val_rows.append(row)
-        if self.steps_per_epoch is None and row.get("step"):
-            self.steps_per_epoch = int(row["step"])  # learnt from the first epoch
-        self.state = row
-        self.at_epoch_end = True
+        elif kind == "epoch":
+            row = {**self.state, **state}  # an EpochRow carries its epoch and global_step
+            self.epoch_ends.append(row)
+            if any(k.startswith("val_") for k in state):
+                self.val_rows.append(row)
+            if self.steps_per_epoch is None and row.get("step"):
+                self.steps_per_epoch = int(row["step"])  # learnt from the first epoch
+            self.state, self.at_epoch_end = row, True
+        else:
+            self.state = state  # the Trainer passes a fresh dict per step: no copy needed
+            self.at_epoch_end = False
+            self.steps.append(state.get("global_step") or len(self.steps) + 1)
+            for values, key in ((self.losses, "loss"), (self.lrs, "lr")):
+                values.append(float("nan") if state.get(key) is None else float(state[key]))
+            if self._pace_from is None and self.steps_per_epoch:  # this fit's first step done
+                self._pace_from = (self.fraction(), self.elapsed())
 
     def add_event(self, ev: Event) -> None:
         self.events.append(ev)
@@ -103,16 +98,6 @@ class RunRecord:
             return None
         start_frac, start_s = self._pace_from
         return max(self.elapsed() - start_s, 0.0) * (1 - frac) / (frac - start_frac)
-
-    def epoch_points(self, key: str = "train_loss", rows: list | None = None
-                     ) -> tuple[list[int], list[float]]:
-        """``key`` at each epoch end (or in ``rows``), as the Trainer sent it; x: global step."""
-        rows = [r for r in (self.epoch_ends if rows is None else rows) if r.get(key) is not None]
-        return [int(r.get("global_step") or 0) for r in rows], [float(r[key]) for r in rows]
-
-    def val_points(self, key: str = "val_loss") -> tuple[list[int], list[float]]:
-        """``key`` at every validation (epoch ends and ``val_every``)."""
-        return self.epoch_points(key, self.val_rows)
 
     def memory(self):
         """The memory series collected so far (empty without a sampler)."""

@@ -3,9 +3,10 @@
 A notebook output holding only ``application/vnd.plotly.v1+json`` is dropped by ``nbconvert --to
 html`` and by a code host's preview, so an SVG (drawn with matplotlib: no browser, no pyplot
 state) travels in the same output: ``static_figures()`` adds the ``"hybridnb_image"`` renderer
-to plotly's default (importing hybridnb changes no plotly setting); ``static_figure(fig, draw)``
-makes a figure that carries the image whatever the settings (``draw`` returns its matplotlib
-Figure, as for hybridnb's own figures; else it is translated by ``live/plotly_mpl.py``).
+to plotly's default (importing hybridnb changes no plotly setting); ``static_figure(fig)`` makes a
+figure that carries the image whatever the settings. Figures are translated by
+``live/plotly_mpl.py``, except hybridnb's own panels (``panel_image.make_figure``), which carry
+their matplotlib drawing.
 
 SVG, not PNG: JupyterLab's plotly renderer shows an ``image/png`` instead of drawing the plot;
 it ignores ``image/svg+xml``. kaleido would draw user figures pixel for pixel but needs a
@@ -14,11 +15,13 @@ Chrome, which Colab and many offline machines lack.
 
 from __future__ import annotations
 
-import functools
 import io
 import warnings
-from collections.abc import Callable
 from typing import Any
+
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.io.base_renderers import MimetypeRenderer
 
 from hybridnb.live.plotly_mpl import DPI, RC  # plotly's sizes in matplotlib's units
 
@@ -45,7 +48,8 @@ def save(figure: Any, fmt: str) -> bytes:
 
 
 def to_matplotlib(fig: Any):
-    """The figure (a plotly figure or its dict) as a ``matplotlib.figure.Figure``."""
+    """The figure (a plotly figure or its dict) as a ``matplotlib.figure.Figure``; one that
+    carries its own drawing (``_hybridnb_draw``) is drawn by it, not translated."""
     draw = getattr(fig, "_hybridnb_draw", None)
     if draw is not None:
         return draw()
@@ -80,8 +84,6 @@ def static_figures(enable: bool = True) -> str:
     static image in the same output (``enable=False`` undoes it); returns plotly's new default
     renderer (e.g. ``"plotly_mimetype+hybridnb_image"``). Where plotly's default shows figures
     outside the notebook (``"browser"`` in a plain script) it is left as it was."""
-    import plotly.io as pio
-
     names = [n for n in (pio.renderers.default or "").split("+") if n != IMAGE_RENDERER]
     pio.renderers.default = with_image("+".join(names)) if enable else "+".join(names)
     return pio.renderers.default
@@ -90,10 +92,8 @@ def static_figures(enable: bool = True) -> str:
 def with_image(renderer: str | None) -> str | None:
     """``renderer`` (plotly's renderer string; None: the default) with the image renderer added
     when it makes a notebook output; unchanged when it only opens a browser or is empty."""
-    import plotly.io as pio
-    from plotly.io.base_renderers import MimetypeRenderer
-
-    _image_renderer()
+    if IMAGE_RENDERER not in pio.renderers:
+        pio.renderers[IMAGE_RENDERER] = StaticImageRenderer()
     renderer = pio.renderers.default if renderer is None else renderer
     names = [n for n in (renderer or "").split("+") if n]
     makes_output = any(n in pio.renderers and isinstance(pio.renderers[n], MimetypeRenderer)
@@ -103,70 +103,34 @@ def with_image(renderer: str | None) -> str | None:
     return "+".join([*names, IMAGE_RENDERER])
 
 
-def _image_renderer():
-    import plotly.io as pio
+class StaticImageRenderer(MimetypeRenderer):
+    """plotly's ``"hybridnb_image"`` renderer (registered on first use, not at import)."""
 
-    if IMAGE_RENDERER not in pio.renderers:
-        pio.renderers[IMAGE_RENDERER] = _classes()[0]()
-    return pio.renderers[IMAGE_RENDERER]
-
-
-def static_figure(fig: Any, draw: Callable[[], Any] | None = None):
-    """``fig`` as a ``StaticFigure``: a plotly ``go.Figure`` that carries the image in every
-    notebook output it makes (shown at a cell's end, ``.show()``, ``display()``), whether or not
-    ``static_figures()`` was called; ``draw`` returns its matplotlib Figure (else translated)."""
-    out = _classes()[1](fig)
-    out._hybridnb_draw = draw
-    return out
+    def to_mimebundle(self, fig_dict):
+        return image_bundle(fig_dict)
 
 
-@functools.cache
-def _classes():
-    """(the image renderer class, StaticFigure), made on first use: plotly is imported late."""
-    import plotly.graph_objects as go
-    import plotly.io as pio
-    from plotly.io.base_renderers import MimetypeRenderer
+class StaticFigure(go.Figure):
+    """A plotly ``go.Figure`` that carries the image in every notebook output it makes (shown
+    at a cell's end, ``.show()``, ``display()``), whether or not ``static_figures()`` was
+    called."""
 
-    class StaticImageRenderer(MimetypeRenderer):
-        figure = None  # set while a StaticFigure shows itself
+    def _repr_mimebundle_(self, include=None, exclude=None, validate=True, **kwargs):
+        bundle = super()._repr_mimebundle_(include, exclude, validate, **kwargs)
+        if bundle and not any(k.startswith("image/") for k in bundle):
+            bundle.update(image_bundle(self))
+        return bundle
 
-        def to_mimebundle(self, fig_dict):
-            return image_bundle(fig_dict if self.figure is None else self.figure)
+    def _ipython_display_(self):
+        if pio.renderers.render_on_display and pio.renderers.default:
+            self.show()
+        else:
+            print(repr(self))
 
-    class StaticFigure(go.Figure):
-        _hybridnb_draw = None
-
-        def _own_image(self, show, *args, **kwargs):
-            """``show(...)`` with the image renderer drawing this figure, not its dict."""
-            image = _image_renderer()
-            image.figure = self
-            try:
-                return show(*args, **kwargs)
-            finally:
-                image.figure = None
-
-        def _repr_mimebundle_(self, include=None, exclude=None, validate=True, **kwargs):
-            bundle = self._own_image(super()._repr_mimebundle_, include, exclude, validate,
-                                     **kwargs)
-            if bundle and not any(k.startswith("image/") for k in bundle):
-                bundle.update(image_bundle(self))
-            return bundle
-
-        def _ipython_display_(self):
-            if pio.renderers.render_on_display and pio.renderers.default:
-                self.show()
-            else:
-                print(repr(self))
-
-        def show(self, renderer=None, validate=True, **kwargs):
-            self._own_image(pio.show, self, renderer=with_image(renderer), validate=validate,
-                            **kwargs)
-
-    StaticFigure.__module__ = StaticImageRenderer.__module__ = __name__
-    return StaticImageRenderer, StaticFigure
+    def show(self, renderer=None, validate=True, **kwargs):
+        pio.show(self, renderer=with_image(renderer), validate=validate, **kwargs)
 
 
-def __getattr__(name: str):
-    if name == "StaticFigure":  # pickling and isinstance checks find the class by this name
-        return _classes()[1]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def static_figure(fig: Any) -> StaticFigure:
+    """``fig`` as a ``StaticFigure``."""
+    return StaticFigure(fig)

@@ -1,4 +1,5 @@
-"""Sentences every renderer shares: the run header, the status line and the end paragraph.
+"""Sentences every renderer shares: the run header, the status line and the end paragraph,
+with one spelling of numbers, durations and sizes.
 
 Epochs count from 0 everywhere, as in ``trainer.history["epoch"]``: ``epoch 2/9`` is epoch 2 of
 epochs 0–9 (the progress bars count epochs done, "3/10 done"). The train loss shown is the one
@@ -12,16 +13,77 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from hybridnb.live import fmt
 
+# numbers, durations and sizes: one spelling in every renderer
+def duration(seconds: float | None) -> str:
+    """``75.2`` -> ``"1:15"``, ``3725`` -> ``"1:02:05"``; None/NaN -> ``"?"``."""
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    s = int(round(seconds))
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def duration_words(seconds: float | None) -> str:
+    """``75.2`` -> ``"1 min 15 s"`` for sentences."""
+    if seconds is None or not math.isfinite(seconds):
+        return "an unknown time"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    s = int(round(seconds))
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    if h:
+        return f"{h} h {m} min"
+    return f"{m} min {s} s" if m else f"{s} s"
+
+
+def gib(n_bytes: float | None) -> str:
+    """Bytes -> ``"1.23 GiB"`` / ``"456 MiB"``; None -> ``"?"``."""
+    if n_bytes is None or not math.isfinite(n_bytes):
+        return "?"
+    if n_bytes >= 1024**3:
+        return f"{n_bytes / 1024**3:.2f} GiB"
+    return f"{n_bytes / 1024**2:.0f} MiB"
+
+
+def number(x: float | None, digits: int = 4) -> str:
+    """Loss-like numbers: 4 significant digits, scientific when tiny or huge."""
+    if x is None:
+        return "?"
+    x = float(x)
+    if not math.isfinite(x):
+        return str(x)
+    if x != 0 and (abs(x) < 1e-3 or abs(x) >= 1e5):
+        return f"{x:.{digits - 1}e}"
+    return f"{x:.{digits}g}"
+
+
+def rate(x: float | None) -> str:
+    """Samples per second with a thousands separator."""
+    if x is None or not math.isfinite(x):
+        return "?"
+    return f"{x:,.0f}" if x >= 10 else f"{x:.2f}"
+
+
+def count(n: int | None) -> str:
+    """Parameter counts: ``62345`` -> ``"62.3 k"``, ``1.2e6`` -> ``"1.20 M"``."""
+    if n is None:
+        return "?"
+    if n >= 1e6:
+        return f"{n / 1e6:.2f} M"
+    if n >= 1e3:
+        return f"{n / 1e3:.1f} k"
+    return str(n)
+
+
+_KEPT = "; checkpoint and history kept."
 STOP_REASONS = {
     "early_stopping": "Stopped early by early stopping after step {step}.",
-    "interrupt": "Interrupted (kernel interrupt / Ctrl-C) after step {step}; checkpoint and "
-                 "history kept.",
-    "stop_button": "Stopped with the Stop button after step {step}; checkpoint and history "
-                   "kept.",
-    "callback": "Stopped by a callback (trainer.should_stop) after step {step}; checkpoint and "
-                "history kept.",
+    "interrupt": "Interrupted (kernel interrupt / Ctrl-C) after step {step}" + _KEPT,
+    "stop_button": "Stopped with the Stop button after step {step}" + _KEPT,
+    "callback": "Stopped by a callback (trainer.should_stop) after step {step}" + _KEPT,
 }
 
 
@@ -30,7 +92,7 @@ def header(run: Mapping[str, Any], note: str = "") -> str:
     Trainer: ...``: what the run is, and every setting the Trainer chose for the user, once."""
     parts = [str(run.get("model") or "model")]
     if run.get("n_params") is not None:
-        parts.append(f"{fmt.count(run['n_params'])} params")
+        parts.append(f"{count(run['n_params'])} params")
     parts += [str(run.get("device", "?")), str(run.get("precision", "?"))]
     if run.get("batch_size"):
         accum = run.get("grad_accum") or 1
@@ -54,67 +116,61 @@ def memory_line(latest: Mapping[str, float]) -> str:
     parts = []
     if "gpu_used" in latest:
         total = latest.get("gpu_total")
-        used = fmt.gib(latest["gpu_used"])
-        parts.append(f"GPU {used} of {fmt.gib(total)} (NVML)" if total else f"GPU {used}")
+        used = gib(latest["gpu_used"])
+        parts.append(f"GPU {used} of {gib(total)} (NVML)" if total else f"GPU {used}")
         if "gpu_util" in latest:
             parts.append(f"util {latest['gpu_util']:.0f}%")
     if "gpu_allocated" in latest:
-        parts.append(f"allocated {fmt.gib(latest['gpu_allocated'])}, "
-                     f"reserved {fmt.gib(latest.get('gpu_reserved'))}, "
-                     f"peak {fmt.gib(latest.get('gpu_peak'))}")
+        parts.append(f"allocated {gib(latest['gpu_allocated'])}, "
+                     f"reserved {gib(latest.get('gpu_reserved'))}, "
+                     f"peak {gib(latest.get('gpu_peak'))}")
     if "mps_current" in latest:
-        parts.append(f"MPS {fmt.gib(latest['mps_current'])} "
-                     f"(driver {fmt.gib(latest.get('mps_driver'))})")
+        parts.append(f"MPS {gib(latest['mps_current'])} "
+                     f"(driver {gib(latest.get('mps_driver'))})")
     if "rss" in latest:
-        parts.append(f"RSS {fmt.gib(latest['rss'])}")
+        parts.append(f"RSS {gib(latest['rss'])}")
     if "ram_used" in latest and "ram_total" in latest:
-        parts.append(f"RAM {fmt.gib(latest['ram_used'])} of {fmt.gib(latest['ram_total'])}")
+        parts.append(f"RAM {gib(latest['ram_used'])} of {gib(latest['ram_total'])}")
     return " · ".join(parts)
 
 
-def speed(st: Mapping[str, Any]) -> list[str]:
-    """Wall-clock samples/s, MFU when known, and whether waiting for data dominates."""
-    rate = st.get("samples_per_s")
-    if rate is None or rate != rate:
-        return []
-    parts = [f"{fmt.rate(rate)} samples/s"]
-    mfu = st.get("mfu")
-    if mfu is not None and mfu == mfu:
-        parts.append(f"MFU {100 * mfu:.1f}%")
-    if st.get("data_bound"):
-        parts.append(f"data-bound: {st.get('data_wait_pct', 0):.0f}% of the time waiting for "
-                     "the next batch")
-    return parts
-
-
-def status(record, memory: Mapping[str, float] | None = None) -> str:
-    """``epoch 1/2 · step 12/20 · train_loss 0.41 · val_loss 0.39 · lr 1.00e-03 · ...``"""
+def status(record, memory: bool = False) -> str:
+    """``epoch 1/2 · step 12/20 · train_loss 0.41 · val_loss 0.39 · lr 1.00e-03 · ...``, with
+    the newest memory numbers when ``memory``."""
     st = record.state
     spe = record.steps_per_epoch
     parts = [f"epoch {record.epoch}/{record.epochs - 1}",
              f"step {record.step}/{spe}" if spe else f"step {record.step}"]
     if st.get("train_loss") is not None:  # the Trainer's number, as history will show it
-        parts.append(f"train_loss {fmt.number(st['train_loss'])}")
+        parts.append(f"train_loss {number(st['train_loss'])}")
     elif st.get("loss") is not None:  # a caller that sends only the step's loss
-        parts.append(f"loss {fmt.number(st['loss'])}")
+        parts.append(f"loss {number(st['loss'])}")
     if record.val_rows:
         last = record.val_rows[-1]
         for key, value in last.items():
             if key.startswith("val_") and value is not None:
-                parts.append(f"{key} {fmt.number(value)}")
+                parts.append(f"{key} {number(value)}")
                 if key == "val_loss":
                     break
         for key in dict.fromkeys((record.run.get("metric"), record.run.get("monitor"))):
             if key and key != "val_loss" and last.get(key) is not None:
-                parts.append(f"{key} {fmt.number(last[key])}")
+                parts.append(f"{key} {number(last[key])}")
     if st.get("lr") is not None:
         parts.append(f"lr {float(st['lr']):.2e}")
-    parts.extend(speed(st))
-    parts.append(f"{fmt.duration(record.elapsed())} elapsed")
+    sps, mfu = st.get("samples_per_s"), st.get("mfu")
+    if sps is not None and sps == sps:  # wall-clock speed, MFU when known, a data-bound loop
+        parts.append(f"{rate(sps)} samples/s")
+        if mfu is not None and mfu == mfu:
+            parts.append(f"MFU {100 * mfu:.1f}%")
+        if st.get("data_bound"):
+            parts.append(f"data-bound: {st.get('data_wait_pct', 0):.0f}% of the time waiting "
+                         "for the next batch")
+    parts.append(f"{duration(record.elapsed())} elapsed")
     remaining = record.remaining_s()
     if remaining is not None:
-        parts.append(f"~{fmt.duration(remaining)} left")
-    parts.append(memory_line(memory or {}))
+        parts.append(f"~{duration(remaining)} left")
+    if memory and record.sampler is not None:
+        parts.append(memory_line(record.sampler.latest()))
     return " · ".join(p for p in parts if p)
 
 
@@ -126,16 +182,16 @@ def paragraph(summary: Mapping[str, Any], record) -> str:
     elapsed = summary.get("elapsed_s", record.elapsed())
     device = summary.get("device") or run.get("device", "?")
     precision = summary.get("precision") or run.get("precision", "?")
-    params = f" ({fmt.count(run['n_params'])} parameters)" if run.get("n_params") else ""
+    params = f" ({count(run['n_params'])} parameters)" if run.get("n_params") else ""
     if summary.get("failed") and not done and not record.global_step:
         return (f"{run.get('model') or 'The model'}{params} was not trained: the fit stopped "
                 f"at an error before its first step, on {device} (the error follows).")
     text = [f"Trained {run.get('model') or 'the model'}{params} for {done} of "
             f"{record.epochs} epochs ({record.global_step} steps) in "
-            f"{fmt.duration_words(elapsed)} on {device} with {precision}"]
+            f"{duration_words(elapsed)} on {device} with {precision}"]
     sps = summary.get("samples_per_s")
     if sps is not None and math.isfinite(sps):
-        text[0] += f", {fmt.rate(sps)} samples/s"
+        text[0] += f", {rate(sps)} samples/s"
     text[0] += "."
     monitor = run.get("monitor") or "val_loss"
     best = summary.get("best") or {}  # as the Trainer decided it: the view ranks nothing
@@ -143,7 +199,7 @@ def paragraph(summary: Mapping[str, Any], record) -> str:
     if value is not None and math.isfinite(float(value)):
         at = "" if epoch is None else f" at epoch {epoch}" + (
             f", step {step}" if step is not None else "") + " (epochs count from 0, as in history)"
-        text.append(f"Best {monitor} {fmt.number(value)}{at}.")
+        text.append(f"Best {monitor} {number(value)}{at}.")
     else:
         text.append(f"No {monitor} was recorded (no validation data).")
     peak = summary.get("peak_memory_bytes")
@@ -151,10 +207,10 @@ def paragraph(summary: Mapping[str, Any], record) -> str:
     nvml_peak = mem.peak("gpu_used")
     if peak is not None:
         where = "host RSS" if str(device).startswith("cpu") else str(device)
-        text.append(f"Peak memory {fmt.gib(peak)} ({where})"
-                    + (f", {fmt.gib(nvml_peak)} used on the GPU per NVML." if nvml_peak else "."))
+        text.append(f"Peak memory {gib(peak)} ({where})"
+                    + (f", {gib(nvml_peak)} used on the GPU per NVML." if nvml_peak else "."))
     elif nvml_peak:
-        text.append(f"Peak GPU memory {fmt.gib(nvml_peak)} per NVML.")
+        text.append(f"Peak GPU memory {gib(nvml_peak)} per NVML.")
     stopped = summary.get("stopped")
     if stopped:
         reason = STOP_REASONS.get(stopped, f"Stopped ({stopped}) after step {{step}}.")

@@ -244,7 +244,7 @@ def test_throttle_adapts_to_render_cost():
     # 10 s of training: at 1 s per plot that would be 10 renders; at a 0.3 % budget
     # a 20 ms render may happen every 6.7 s at most.
     assert view.plotted <= 2
-    assert view.plots.interval == pytest.approx(0.02 / view.plot_budget)
+    assert view.plots.interval == pytest.approx(0.02 / view.plots.budget)
     assert Throttle(0.2).interval == 0.2
 
 
@@ -394,6 +394,22 @@ def test_a_broken_display_never_stops_training(capsys):
     assert "Trained TinyNet" in capsys.readouterr().out  # the summary still reaches the person
 
 
+def test_a_failed_end_snapshot_still_prints_the_summary(capsys):
+    disp = FakeDisplay()
+    view = HtmlView(display=disp, sampler_factory=None)
+    view.start(RUN)
+    view.update(dict(epoch=0, step=1, global_step=1, loss=1.0, lr=1e-3))
+
+    def gone(obj, **kwargs):
+        raise RuntimeError("comm closed")
+
+    for handle in disp.handles:
+        handle.update = gone
+    with pytest.warns(LiveViewWarning, match="comm closed"):
+        view.end(dict(elapsed_s=1.0, events=[], device="cpu", precision="fp32"))
+    assert "Trained TinyNet" in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------ widget renderer (no kernel)
 
 
@@ -435,7 +451,7 @@ def test_widget_renderer_bars_plots_stop_and_cleanup():
 def test_click_route_is_chosen_by_what_the_kernel_supports():
     from types import SimpleNamespace
 
-    from hybridnb.live.clicks import route_clicks
+    from hybridnb.live.widgets import route_clicks
 
     button = SimpleNamespace(comm=SimpleNamespace())
     old = SimpleNamespace(shell_channel_thread=None, do_one_iteration=lambda: None)  # ipykernel 6
@@ -450,8 +466,7 @@ def test_click_route_is_chosen_by_what_the_kernel_supports():
 
 def test_ui_polling_is_throttled_between_steps():
     pytest.importorskip("anywidget")
-    from hybridnb.live.clicks import ClickRoute
-    from hybridnb.live.widgets import WidgetView
+    from hybridnb.live.widgets import ClickRoute, WidgetView
 
     class CountingRoute(ClickRoute):
         mode = "ui_poll"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -148,6 +149,7 @@ def test_lr_find_plot_carries_an_image_without_the_setup_line(kernel_renderer):
     fig = found.plot()
     assert isinstance(fig, go.Figure)  # every plotly method still works
     assert type(fig.update_layout(title="again")) is type(fig)
+    assert type(pickle.loads(pickle.dumps(fig))) is type(fig)  # saved with joblib, pickle
     bundle = fig._repr_mimebundle_()
     assert set(bundle) == {PLOTLY_MIME, SVG}
     assert svg_size(bundle[SVG])[0] > 300
@@ -166,7 +168,7 @@ def test_report_png_is_the_live_figure(tmp_path):
     assert "skipped" not in (folder / "summary.txt").read_text()
 
 
-def test_the_live_figure_carries_its_own_matplotlib_drawing(kernel_renderer):
+def test_the_live_figure_carries_its_own_matplotlib_drawing():
     """hybridnb's panels are drawn twice, never translated: plotly live, matplotlib static."""
     from hybridnb.events import StepRow
     from hybridnb.live import panel_image
@@ -179,8 +181,7 @@ def test_the_live_figure_carries_its_own_matplotlib_drawing(kernel_renderer):
     drawn = static.to_matplotlib(fig)  # what trainer.report()'s figures.png is
     assert [ax.get_title() for ax in drawn.axes] == ["loss", "learning rate", "memory (GiB)"]
     assert list(drawn.axes[0].lines[0].get_ydata()) == [1.0, 0.5, 1 / 3]
-    bundle = fig._repr_mimebundle_()  # shown in a notebook: the same image beside the JSON
-    assert "<dc:title>hybridnb: loss, learning rate, memory" in bundle[SVG]
+    assert "<dc:title>hybridnb: loss, learning rate, memory" in static.to_svg(fig)
 
 
 # ------------------------------------------------------------------ the translation

@@ -724,7 +724,7 @@ LIVE_CASES = [
                          ids=[c[0] for c in LIVE_CASES])
 def test_live_view_shows_the_history_numbers(monkeypatch, capsys, case, renderer, kwargs,
                                              expected):
-    from hybridnb.live import fmt
+    from hybridnb.live.summary import number
 
     view = renderer(monkeypatch)
     shown = view.pop("_shown", None)
@@ -735,11 +735,11 @@ def test_live_view_shows_the_history_numbers(monkeypatch, capsys, case, renderer
     tr.fit(_xy(), val)
     out = capsys.readouterr().out
     hist = tr.history
-    sample_mean = [fmt.number(v) for v in hist["train_loss"]]
+    sample_mean = [number(v) for v in hist["train_loss"]]
     if expected.get("epoch_lines"):
         assert _epoch_lines(out) == list(zip(hist["epoch"].tolist(), sample_mean, strict=True))
     best = hist.loc[hist["val_loss"].idxmin()]
-    said = (f"Best val_loss {fmt.number(best['val_loss'])} at epoch {int(best['epoch'])}, "
+    said = (f"Best val_loss {number(best['val_loss'])} at epoch {int(best['epoch'])}, "
             f"step {int(best['step'])} (epochs count from 0")
     if expected.get("figure"):
         summary, figure = shown[0].last, shown[1].last

@@ -51,5 +51,5 @@ def test_the_record_reads_a_rows_type_not_its_keys():
     record.add(ValidationRow(global_step=1, epoch=0, val_loss=0.5))  # few keys: still typed
     record.add(StepRow(global_step=2, epoch=0, loss=0.8, lr=0.1))
     record.add(EpochRow(global_step=2, epoch=0, train_loss=0.9, epoch_end=True))
-    assert record.steps == [1, 2] and record.val_points() == ([1], [0.5])
+    assert record.steps == [1, 2] and [(r["global_step"], r["val_loss"]) for r in record.val_rows] == [(1, 0.5)]
     assert len(record.epoch_ends) == 1 and record.at_epoch_end
