@@ -140,7 +140,7 @@ def compare(model_fn: Callable[[], nn.Module] | nn.Module, data: Any,
                     run.windows.append(answer["seconds"])
                     run.busy.extend(answer["busy"])
                     order.append((run.variant.label, run.batch_size, rnd))
-            done = [f"{r.variant.label}@{r.batch_size} {statistics.median(_rates(r, steps)):.1f}/s"
+            done = [f"{r.variant.label}@{r.batch_size} {_median(_rates(r, steps)):.1f}/s"
                     for r in runs if r.status == "ok"]
             say(f"round {rnd + 1}/{repeats}: " + ", ".join(done))
     df = CompareResult(_rows(runs, steps, loss_tol, warmup, repeats), columns=COLUMNS)
@@ -336,7 +336,13 @@ def _batches(data, sizes: list[int]) -> dict[int, tuple]:
 
 
 def _rates(run: _Run, steps: int) -> list[float]:
-    return [steps * run.batch_size / s for s in run.windows]
+    """Samples/s per window; a window timed at zero or less (a clock that did not advance) has
+    no rate, not an infinite one."""
+    return [steps * run.batch_size / s for s in run.windows if s > 0]
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else math.nan
 
 
 def _rows(runs: list[_Run], steps: int, loss_tol: float, warmup: int, repeats: int) -> list[dict]:
@@ -353,8 +359,8 @@ def _rows(runs: list[_Run], steps: int, loss_tol: float, warmup: int, repeats: i
             continue
         rates, median_s = _rates(run, steps), statistics.median(run.windows)
         final = run.last_loss if run.last_loss is not None else math.nan
-        row.update(samples_per_s=statistics.median(rates), samples_per_s_min=min(rates),
-                   samples_per_s_max=max(rates), step_ms=1000 * median_s / steps, loss_ok=False,
+        row.update(samples_per_s=_median(rates), samples_per_s_min=min(rates, default=math.nan),
+                   samples_per_s_max=max(rates, default=math.nan), step_ms=1000 * median_s / steps, loss_ok=False,
                    peak_mem_mb=run.mem_bytes / 2**20, final_loss=final)
         if run.variant.compile:
             row["compile_s"] = max(run.first_step_s - median_s / steps, 0.0)
@@ -363,8 +369,8 @@ def _rows(runs: list[_Run], steps: int, loss_tol: float, warmup: int, repeats: i
         ref = base.get(run.batch_size)
         compared = ref is not None and ref.status == "ok"
         if compared:
-            row["speedup"] = statistics.median(
-                [a / b for a, b in zip(ref.windows, run.windows, strict=True)])
+            row["speedup"] = _median([a / b for a, b in zip(ref.windows, run.windows, strict=True)
+                                      if a > 0 and b > 0])
             diff = abs(final - ref.last_loss) / max(abs(ref.last_loss), 1e-12)
             row.update(loss_rel_diff=diff, loss_ok=bool(math.isfinite(diff) and diff <= loss_tol))
         if not math.isfinite(final):
