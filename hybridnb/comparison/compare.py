@@ -17,7 +17,6 @@ import copy
 import math
 import statistics
 import time
-import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -28,6 +27,7 @@ import torch
 from torch import nn
 
 from hybridnb import platform
+from hybridnb.comparison import session
 from hybridnb.comparison.compare_view import (
     COLUMNS,
     CompareResult,
@@ -35,7 +35,6 @@ from hybridnb.comparison.compare_view import (
     compare_table,
 )
 from hybridnb.comparison.isolation import ChildVariant
-from hybridnb.comparison.session import CPU_BF16_NOTE, Job, VariantSession, apply_changes
 from hybridnb.comparison.variants import DEFAULT_VARIANTS, Variant, parse_variant, unavailable
 from hybridnb.hardware.detect import detect
 from hybridnb.measure.memory import heap_reader
@@ -114,8 +113,8 @@ def compare(model_fn: Callable[[], nn.Module] | nn.Module, data: Any,
                              device, loss, loss_tol, timeout)
     say = (lambda text: print(f"compare: {text}", flush=True)) if progress else (lambda _: None)
     batches = _batches(data, sorted({r.batch_size for r in runs}))
-    jobs = {id(r): Job(r.variant, _factory(model_fn), *batches[r.batch_size], str(dev), loss,
-                       lr, seed, warmup) for r in runs if r.status == "ok"}
+    jobs = {id(r): session.Job(r.variant, _factory(model_fn), *batches[r.batch_size], str(dev),
+                               loss, lr, seed, warmup) for r in runs if r.status == "ok"}
     blobs, why_not = _pickled(isolate, jobs)
     if why_not:
         say(why_not)
@@ -149,7 +148,7 @@ def compare(model_fn: Callable[[], nn.Module] | nn.Module, data: Any,
                     isolated=blobs is not None)
     if dev.type == "cpu" and any(r.variant.precision == "bf16" and r.status == "ok"
                                  for r in runs):
-        df.attrs["notes"].append(CPU_BF16_NOTE + ".")
+        df.attrs["notes"].append(session.CPU_BF16_NOTE + ".")
     return df
 
 
@@ -229,7 +228,7 @@ def _start(runs: list[_Run], jobs: dict, blobs: dict | None, watch: Watch | None
     live = [r for r in runs if r.status == "ok"]
     for i, run in enumerate(live):
         run.where = (ChildVariant(blobs[id(run)], watch, f"variant-{i}", timeout)
-                     if blobs is not None else VariantSession(jobs[id(run)]))
+                     if blobs is not None else session.VariantSession(jobs[id(run)]))
     for run in live:
         run.take(run.where.call("ready", stage="start-up"))
     if blobs is not None and live:
@@ -439,19 +438,14 @@ def _first_step(build, seed: int, x, y, loss_fn, v: Variant):
     nothing to act on."""
     torch.manual_seed(seed)
     model = build().train()
-    skip, said, _ = apply_changes(v, model, x, "cpu", v.precision)
+    skip, said, _ = session.apply_changes(v, model, x, "cpu", v.precision)
     for m in model.modules():
         if isinstance(m, nn.modules.dropout._DropoutNd):
             m.eval()
     torch.manual_seed(seed + 1)
-    # each precision's own autocast; bf16 with oneDNN off, as compare()'s variants run it (its
-    # bf16 grouped convolution asks some CPUs for hundreds of GB)
-    with warnings.catch_warnings():
-        # torch's flags() also sets oneDNN's TF32 switch, which warns on every CPU
-        warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
-        with torch.backends.mkldnn.flags(enabled=v.precision != "bf16"), \
-                autocast(v.precision, torch.device("cpu")):
-            out = model(x)
+    cpu = torch.device("cpu")
+    with session.variant_settings(v, cpu), autocast(v.precision, cpu):
+        out = model(x)  # as compare()'s variants run it
     loss_fn(out.float(), y).backward()
     return out.detach().float(), [p.grad for p in model.parameters()], skip or said, not skip
 

@@ -108,7 +108,7 @@ class VariantSession:
     def _answer(self, stage: str, fn: Callable, *args) -> dict:
         """``fn``'s answer under the variant's settings; a failure (OOM included) is one too."""
         try:
-            with self._context():
+            with variant_settings(self.variant, self.device):
                 answer = fn(*args)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an answer
             answer = _failure(exc, stage, self.job.x.shape[0])
@@ -201,18 +201,6 @@ class VariantSession:
         return max(peak - series[0], 0.0) if series and peak is not None else math.nan
 
     @contextlib.contextmanager
-    def _context(self) -> Iterator[None]:
-        """Settings this variant's steps run under, scoped to its own calls."""
-        with contextlib.ExitStack() as stack:
-            if self.device.type == "cpu" and self.variant.precision == "bf16":
-                stack.enter_context(warnings.catch_warnings())
-                warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
-                stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
-            if self.variant.compile:
-                stack.enter_context(_compile_settings(self.device))
-            yield
-
-    @contextlib.contextmanager
     def _own_rng(self) -> Iterator[None]:
         """The variant's own random stream while it has its turn: in one process its dropout
         masks would otherwise depend on the others' steps (the loss comparison would measure
@@ -224,6 +212,21 @@ class VariantSession:
         finally:
             self._rng = torch_rng_state(self.device)
             set_torch_rng_state(outside, self.device)
+
+
+@contextlib.contextmanager
+def variant_settings(variant: Variant, device: torch.device) -> Iterator[None]:
+    """Settings a variant's steps run under, scoped to its own calls: bf16 on the CPU with oneDNN
+    off (``CPU_BF16_NOTE``), and compile's settings."""
+    with contextlib.ExitStack() as stack:
+        if device.type == "cpu" and variant.precision == "bf16":
+            stack.enter_context(warnings.catch_warnings())
+            # torch's flags() also sets oneDNN's TF32 switch, which warns on every CPU
+            warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
+            stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
+        if variant.compile:
+            stack.enter_context(_compile_settings(device))
+        yield
 
 
 @contextlib.contextmanager
