@@ -71,10 +71,6 @@ class _Run:
     other_masks: bool = False  # dropout under channels_last: its loss is not comparable
     where: Any = None  # VariantSession | ChildVariant while it lives
 
-    @property
-    def name(self) -> str:
-        return f"{self.variant.label} · batch {self.batch_size}"
-
     def take(self, answer: dict) -> bool:
         """Record an answer; False when the run has ended (skipped, oom, failed, crashed...)."""
         if answer["status"] != "ok":
@@ -125,8 +121,7 @@ def compare(model_fn: Callable[[], nn.Module] | nn.Module, data: Any,
     # policy ends them all, whatever moment an interrupt comes
     with contextlib.ExitStack() as stack:
         watch = stack.enter_context(Watch()) if blobs is not None else None
-        stack.callback(_close_all, runs)  # first, then the watch closes what is left
-        _start(runs, jobs, blobs, watch, timeout, say)
+        _start(runs, jobs, blobs, watch, timeout, say, stack)
         for run in runs:
             if run.status == "ok":
                 _prepare(run, say)
@@ -143,8 +138,7 @@ def compare(model_fn: Callable[[], nn.Module] | nn.Module, data: Any,
                     for r in runs if r.status == "ok"]
             say(f"round {rnd + 1}/{repeats}: " + ", ".join(done))
     df = CompareResult(_rows(runs, steps, loss_tol, warmup, repeats), columns=COLUMNS)
-    df.attrs.update(attrs)
-    df.attrs.update(order=order, elapsed_s=round(time.perf_counter() - t_start, 2),
+    df.attrs.update(attrs, order=order, elapsed_s=round(time.perf_counter() - t_start, 2),
                     isolated=blobs is not None)
     if dev.type == "cpu" and any(r.variant.precision == "bf16" and r.status == "ok"
                                  for r in runs):
@@ -212,23 +206,17 @@ def _pickled(isolate: bool, jobs: dict) -> tuple[dict | None, str]:
     return None, f"{why}, so the variants run in this process: a crash in one would end it"
 
 
-def _close_all(runs: list[_Run]) -> None:
-    """Close every variant (its process, or its session here), whatever happened."""
-    for run in runs:
-        if run.where is not None:
-            where, run.where = run.where, None
-            where.close()
-
-
 def _start(runs: list[_Run], jobs: dict, blobs: dict | None, watch: Watch | None, timeout,
-           say) -> None:
+           say, stack: contextlib.ExitStack) -> None:
     """Start every variant's process at once (their imports overlap), then wait until each is
-    ready, so no warm-up shares the CPU with another process's start."""
+    ready, so no warm-up shares the CPU with another process's start. Each is closed on
+    ``stack``'s exit, whatever happened, before the watch closes what is left."""
     t0 = time.perf_counter()
     live = [r for r in runs if r.status == "ok"]
     for i, run in enumerate(live):
         run.where = (ChildVariant(blobs[id(run)], watch, f"variant-{i}", timeout)
                      if blobs is not None else session.VariantSession(jobs[id(run)]))
+        stack.callback(run.where.close)
     for run in live:
         run.take(run.where.call("ready", stage="start-up"))
     if blobs is not None and live:
@@ -237,20 +225,20 @@ def _start(runs: list[_Run], jobs: dict, blobs: dict | None, watch: Watch | None
 
 def _prepare(run: _Run, say) -> None:
     """Warm up (compiling when asked) and measure memory; the baseline must work."""
-    t0 = time.perf_counter()
+    t0, name = time.perf_counter(), f"{run.variant.label} · batch {run.batch_size}"
     answer = run.where.call("prepare", stage="warm-up")
     if run.take(answer):
         run.first_step_s, run.mem_bytes = answer["first_step_s"], answer["mem_bytes"]
         run.other_masks = bool(answer.get("other_masks"))
         compiled = (f", first step {run.first_step_s:.1f} s (compiles)"
                     if run.variant.compile else "")
-        say(f"{run.name}: warmed up in {time.perf_counter() - t0:.1f} s{compiled}")
+        say(f"{name}: warmed up in {time.perf_counter() - t0:.1f} s{compiled}")
     elif run.baseline and run.status == "failed":
         raise RuntimeError(
             f"compare(): the fp32 eager baseline failed at batch {run.batch_size}, so the "
             f"model or data does not train as given: {run.note}")
     else:
-        say(f"{run.name}: {run.status}: {run.note}")
+        say(f"{name}: {run.status}: {run.note}")
 
 
 def random_windows(n: int, n_chans: int, n_times: int, seed: int = 0

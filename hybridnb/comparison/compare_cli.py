@@ -49,13 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Build random inputs of the model's shape, run compare(), print the table."""
-    from hybridnb.comparison.compare import (
-        DEFAULT_VARIANTS,
-        compare,
-        compare_table,
-        random_windows,
-        resolve_device,
-    )
+    from hybridnb.comparison import compare as cmp
 
     factory = load_factory(args.model)
     shape = args.input_shape or getattr(factory, "input_shape", None)
@@ -64,30 +58,27 @@ def run(args: argparse.Namespace) -> int:
                          f"sample's shape as C,T (e.g. --input-shape 129,200)")
     from hybridnb.env import quick
 
-    dev = resolve_device(args.device)
+    dev = cmp.resolve_device(args.device)
     gpu = dev.type != "cpu"
     small = quick() and not gpu
     batch = args.batch or [4 if small else 256 if gpu else 32]
     steps = args.steps or (1 if small else 20 if gpu else 3)
     repeats = args.repeats or (1 if small else 3 if gpu else 2)
     warmup = args.warmup if args.warmup is not None else (1 if small else 3)
-    default = ["fp32"] if small else [",".join(DEFAULT_VARIANTS)]
+    default = ["fp32"] if small else [",".join(cmp.DEFAULT_VARIANTS)]
     variants = [v for item in (args.variants or default) for v in item.replace(",", " ").split()]
     print(f"compare: {args.model} on {dev}, batch {batch}, {warmup} warm-up + {repeats} × "
           f"{steps} timed steps per variant: {', '.join(variants)}", flush=True)
-    x, y = random_windows(max(batch), *shape, seed=args.seed)
-    df = compare(factory, (x, y), variants, steps=steps, warmup=warmup, repeats=repeats,
-                 batch_sizes=batch, device=dev, lr=args.lr, seed=args.seed,
-                 timeout=args.timeout)
+    x, y = cmp.random_windows(max(batch), *shape, seed=args.seed)
+    df = cmp.compare(factory, (x, y), variants, steps=steps, warmup=warmup, repeats=repeats,
+                     batch_sizes=batch, device=dev, lr=args.lr, seed=args.seed,
+                     timeout=args.timeout)
     df.attrs["model"] = getattr(factory, "model_name", args.model)
-    print(compare_table(df))
+    print(cmp.compare_table(df))
     if args.csv:
         df.to_csv(args.csv, index=False)
         print(f"compare: table written to {args.csv}")
     return 0
-
-
-ENTRY_POINTS = "hybridnb.models"   # packages register model factories here by short name
 
 
 def registered_models() -> dict[str, str]:
@@ -95,7 +86,7 @@ def registered_models() -> dict[str, str]:
     each with its import spec."""
     from importlib.metadata import entry_points
 
-    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINTS)}
+    return {ep.name: ep.value for ep in entry_points(group="hybridnb.models")}
 
 
 def load_factory(spec: str):

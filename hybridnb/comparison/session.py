@@ -84,9 +84,6 @@ class VariantSession:
         self._rng: tuple | None = None
         self._busy = None  # NVML's GPU-busy reader, None without NVML (set in _build)
         self._loss: torch.Tensor | None = None
-        self._held: tuple = ()
-        self._said = ""  # what +speedups applied, for the row's note
-        self._nhwc = False  # the variant runs channels_last (dropout then draws other masks)
 
     def prepare(self) -> dict:
         """Build, change, warm up (compiling when asked) and measure memory:
@@ -94,7 +91,7 @@ class VariantSession:
         reason = unavailable(self.variant, self.device, live=True)
         if reason:
             return {"status": "skipped", "note": reason}
-        return self._answer("warm-up", lambda: self._build() or self._warm_up())
+        return self._answer("warm-up", self._build)
 
     def call(self, request: str, *args, stage: str = "") -> dict:
         """``request`` answered in this process, as ``isolation.ChildVariant.call`` answers it
@@ -132,13 +129,14 @@ class VariantSession:
 
     def release(self) -> None:
         """Drop the model, optimizer and batch so their memory comes back."""
-        self._run, self._held, self._loss = None, (), None
+        self._run, self._loss = None, None
         free_memory(self.device)
 
     close = release
 
-    def _build(self) -> dict | None:
-        """The model with the variant's changes and its step; an answer when it cannot run."""
+    def _build(self) -> dict:
+        """The model with the variant's changes and its step, warmed up; "skipped" when a
+        change has nothing to act on."""
         job, dev = self.job, self.device
         torch.manual_seed(job.seed)
         model = job.model_fn().to(dev)  # compare._factory checked it returns a Module
@@ -146,7 +144,7 @@ class VariantSession:
         x, y = job.x.to(dev), job.y.to(dev)
         native = device_native_bf16(dev) if dev.type == "cuda" else None
         prec = Precision.choose(self.variant.precision, dev, native_bf16=native)
-        skip, self._said, self._nhwc = apply_changes(self.variant, model, x, dev, prec)
+        skip, said, nhwc = apply_changes(self.variant, model, x, dev, prec)
         if skip:
             return {"status": "skipped", "note": skip}
         if self.variant.channels_last and x.dim() == 4:
@@ -162,13 +160,15 @@ class VariantSession:
                 mark()
             return step(x, y)
 
-        self._run, self._held = run, (model, opt, x, y)
+        self._run = run
         self._busy = nvml_busy_reader(dev)
         self._rng = torch_rng_state(dev)  # right after the seeded init: the same for every variant
-        return None
+        return self._warm_up(model, opt, x, y, said, nhwc)
 
-    def _warm_up(self) -> dict:
-        model, opt, x, y = self._held
+    def _warm_up(self, model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
+                 y: torch.Tensor, said: str, nhwc: bool) -> dict:
+        """First step (timed: it compiles), the rest of the warm-up, then the memory step.
+        ``said``: what +speedups applied; ``nhwc``: the model runs channels_last."""
         with self._own_rng():
             watch = Stopwatch(self.device)
             watch.start()
@@ -177,8 +177,8 @@ class VariantSession:
             for _ in range(self.job.warmup - 1):
                 self._loss = self._run()
             mem = _state_bytes(model, opt) + _bytes(x, y) + self._step_rise()
-        return {"status": "ok", "note": self._said, "first_step_s": first, "mem_bytes": mem,
-                "loss": float(self._loss), "other_masks": self._nhwc and _has_dropout(model)}
+        return {"status": "ok", "note": said, "first_step_s": first, "mem_bytes": mem,
+                "loss": float(self._loss), "other_masks": nhwc and _has_dropout(model)}
 
     def _step_rise(self) -> float:
         """The peak working memory of one (untimed) step above what was allocated before it:
