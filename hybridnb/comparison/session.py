@@ -108,7 +108,10 @@ class VariantSession:
             with variant_settings(self.variant, self.device):
                 answer = fn(*args)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an answer
-            answer = _failure(exc, stage, self.job.x.shape[0])
+            why = first_line(exc, 240)
+            answer = ({"status": "oom", "note": f"out of memory during {stage} at batch "
+                                                f"{self.job.x.shape[0]}: {why}"} if is_oom(exc)
+                      else {"status": "failed", "note": f"{stage}: {type(exc).__name__}: {why}"})
         if answer["status"] != "ok":
             self.release()  # outside the except block: its traceback pins the tensors
         return answer
@@ -150,7 +153,7 @@ class VariantSession:
         if self.variant.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         opt = torch.optim.AdamW(model.parameters(), lr=job.lr)
-        net = _compile(model, self.variant.compile) if self.variant.compile else model
+        net = torch.compile(model, mode=self.variant.compile) if self.variant.compile else model
         step = TrainStep(net, make_loss(job.loss), opt, prec)
         mark = (torch.compiler.cudagraph_mark_step_begin
                 if self.variant.compile == "reduce-overhead" and dev.type == "cuda" else None)
@@ -245,17 +248,6 @@ def _compile_settings(device: torch.device) -> Iterator[None]:
         settings["layout_optimization"] = False
     with dyn.patch(**{key: max(getattr(dyn, key), 64)}), inductor_config.patch(**settings):
         yield
-
-
-def _compile(model: nn.Module, mode: str | None):
-    return torch.compile(model, mode=None if mode in (None, "default") else mode)
-
-
-def _failure(exc: BaseException, stage: str, batch_size: int) -> dict:
-    if is_oom(exc):
-        return {"status": "oom", "note": f"out of memory during {stage} at batch {batch_size}: "
-                                         f"{first_line(exc, 240)}"}
-    return {"status": "failed", "note": f"{stage}: {type(exc).__name__}: {first_line(exc, 240)}"}
 
 
 def _bytes(*tensors: torch.Tensor) -> int:

@@ -143,8 +143,7 @@ def test_compile_failure_is_a_row_and_the_other_variants_keep_their_numbers(monk
                                "'['g++', 'kernel.cpp']' returned non-zero exit status 1.")
         return run
 
-    monkeypatch.setattr(importlib.import_module("hybridnb.comparison.session"), "_compile",
-                        broken_compile)
+    monkeypatch.setattr(torch, "compile", broken_compile)
     df = compare(tiny, batch(), ("fp32", "fp32+compile", "bf16"), **FAST)
     failed = row(df, "fp32+compile")
     assert failed["status"] == "failed"
