@@ -13,9 +13,6 @@ import argparse
 import importlib
 from pathlib import Path
 
-VARIANTS_HELP = ("e.g. fp32 bf16 fp16 fp32+compile fp32+speedups bf16+channels_last "
-                 "bf16+channels_last+rewrite+compile:max-autotune (comma or space separated)")
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """compare's options, for ``hybridnb.cli``."""
@@ -37,7 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="untimed steps per variant first (default 3; 1 in quick mode)")
     parser.add_argument("--repeats", type=int, default=None,
                         help="interleaved windows per variant (default 3 on a GPU, 2 on the CPU)")
-    parser.add_argument("--variants", nargs="+", default=None, help=VARIANTS_HELP)
+    parser.add_argument("--variants", nargs="+", default=None,
+                        help="e.g. fp32 bf16 fp16 fp32+compile fp32+speedups bf16+channels_last "
+                             "bf16+channels_last+rewrite+compile:max-autotune (comma or space "
+                             "separated)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
@@ -50,14 +50,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Build random inputs of the model's shape, run compare(), print the table."""
     from hybridnb.comparison import compare as cmp
+    from hybridnb.env import quick
 
     factory = load_factory(args.model)
     shape = args.input_shape or getattr(factory, "input_shape", None)
     if shape is None or len(shape) != 2:
         raise ValueError(f"--input-shape: {args.model} has no input_shape attribute; give one "
                          f"sample's shape as C,T (e.g. --input-shape 129,200)")
-    from hybridnb.env import quick
-
     dev = cmp.resolve_device(args.device)
     gpu = dev.type != "cpu"
     small = quick() and not gpu
@@ -81,19 +80,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def registered_models() -> dict[str, str]:
-    """Short model names the installed packages register (``hybridnb.models`` entry points),
-    each with its import spec."""
-    from importlib.metadata import entry_points
-
-    return {ep.name: ep.value for ep in entry_points(group="hybridnb.models")}
-
-
 def load_factory(spec: str):
-    """A registered short name or ``"package.module:factory"`` -> the factory; a ValueError
-    says what is wrong."""
+    """A short name the installed packages register (``hybridnb.models`` entry points) or
+    ``"package.module:factory"`` -> the factory; a ValueError says what is wrong."""
     if ":" not in spec:
-        known = registered_models()
+        from importlib.metadata import entry_points
+
+        known = {ep.name: ep.value for ep in entry_points(group="hybridnb.models")}
         if spec not in known:
             names = ", ".join(sorted(known)) or "none registered"
             raise ValueError(f"--model {spec!r}: not a registered model name ({names}); give "
