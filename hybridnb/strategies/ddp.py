@@ -27,9 +27,6 @@ from hybridnb.env import current, launch_env
 from hybridnb.strategies.base import Strategy
 from hybridnb.strategies.batches import ResumableBatchSampler, batch_len
 
-LAUNCH_HELP = ("start one process per device with torchrun (torchrun --nproc_per_node=N "
-               "script.py) or, from a notebook, hn.launch(fn, num_processes=N)")
-
 
 def wants_ddp(strategy) -> bool:
     """Whether ``strategy`` means DDP here: "ddp", or "auto" inside a job of 2+ ranks."""
@@ -115,7 +112,9 @@ class DDPStrategy(Strategy):
         job = launch_env()
         if job is None and not dist.is_initialized():
             raise RuntimeError(f"strategy={self.name!r} needs this process to be one rank of a "
-                               f"multi-process job: {LAUNCH_HELP}. RANK and WORLD_SIZE are not "
+                               "multi-process job: start one process per device with torchrun "
+                               "(torchrun --nproc_per_node=N script.py) or, from a notebook, "
+                               "hn.launch(fn, num_processes=N). RANK and WORLD_SIZE are not "
                                "set here; use strategy='single' for one process")
         rank, local_rank, world = job if job is not None else (
             dist.get_rank(), dist.get_rank(), dist.get_world_size())
@@ -197,12 +196,8 @@ class DDPStrategy(Strategy):
         grads.div_(count)
         for p, g, have in zip(params, grads.split([p.numel() for p in params]),
                               present.tolist(), strict=True):
-            if not have:  # no rank computed a gradient for it (an unused parameter)
-                p.grad = None
-                continue
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            p.grad.copy_(g.view_as(p))
+            # None: no rank computed a gradient for it (an unused parameter)
+            p.grad = g.view_as(p).to(p.dtype) if have else None
         for b, v in zip(buffers, buf_part.split([b.numel() for b in buffers]), strict=True):
             b.copy_(v.view_as(b))
         self._agreed = False
