@@ -264,8 +264,7 @@ def resolve_device(device) -> torch.device:
 
 def _factory(model_fn):
     if isinstance(model_fn, nn.Module):
-        template = model_fn
-        return lambda: copy.deepcopy(template)
+        return lambda: copy.deepcopy(model_fn)
 
     def build() -> nn.Module:
         model = model_fn()
@@ -311,8 +310,7 @@ def _batches(data, sizes: list[int]) -> dict[int, tuple]:
         if n == 0:
             raise ValueError("data: the Dataset is empty")
         items = [data[i % n] for i in range(max(sizes))]
-        collated = torch.utils.data.default_collate([(it[0], it[1]) for it in items])
-        batch = (torch.as_tensor(collated[0]), torch.as_tensor(collated[1]))
+        batch = tuple(torch.utils.data.default_collate([(it[0], it[1]) for it in items]))
     x, y = (t.float() if t.is_floating_point() else t for t in batch)
     return {bs: (x[torch.arange(bs) % len(x)].contiguous(),
                  y[torch.arange(bs) % len(y)].contiguous()) for bs in sizes}
@@ -347,12 +345,11 @@ def _rows(runs: list[_Run], steps: int, loss_tol: float, warmup: int, repeats: i
         rates, median_s = _rates(run, steps), statistics.median(run.windows)
         final = run.last_loss if run.last_loss is not None else math.nan
         row.update(samples_per_s=_median(rates), samples_per_s_min=min(rates, default=math.nan),
-                   samples_per_s_max=max(rates, default=math.nan), step_ms=1000 * median_s / steps, loss_ok=False,
-                   peak_mem_mb=run.mem_bytes / 2**20, final_loss=final)
+                   samples_per_s_max=max(rates, default=math.nan), step_ms=1000 * median_s / steps,
+                   loss_ok=False, peak_mem_mb=run.mem_bytes / 2**20, final_loss=final,
+                   gpu_busy_pct=_median(run.busy))
         if run.variant.compile:
             row["compile_s"] = max(run.first_step_s - median_s / steps, 0.0)
-        if run.busy:
-            row["gpu_busy_pct"] = statistics.median(run.busy)
         ref = base.get(run.batch_size)
         compared = ref is not None and ref.status == "ok"
         if compared:
@@ -415,8 +412,7 @@ def first_step_diff(model_fn, data, variants: Sequence[str], seed: int = 0,
         row["grad_rel_diff"] = max((_rel(g, h, scale=gscale)
                                     for g, h in zip(grads, stock_grads, strict=True)
                                     if g is not None and h is not None), default=0.0)
-        row["exact"] = bool(row["out_rel_diff"] <= RTOL
-                            and row["grad_rel_diff"] <= RTOL)
+        row["exact"] = bool(row["out_rel_diff"] <= RTOL and row["grad_rel_diff"] <= RTOL)
     return pd.DataFrame(rows)
 
 
