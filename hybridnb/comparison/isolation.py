@@ -93,4 +93,3 @@ class ChildVariant:
         self._job.join(timeout=CLOSE_S)
         if self.requests is not None and not self._job.is_alive():
             self.requests.close()
-        self.ended = self.ended or {"status": "closed"}

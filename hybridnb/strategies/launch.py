@@ -84,8 +84,7 @@ def _count(num_processes: int | None) -> int:
     if num_processes is None:
         from hybridnb.hardware.detect import detect
 
-        hw = detect()
-        return max(1, sum(1 for g in hw.gpus if g.trusted and g.backend in ("cuda", "rocm")))
+        return max(1, sum(1 for g in detect().gpus if g.trusted and g.backend in ("cuda", "rocm")))
     if not (isinstance(num_processes, int) and num_processes >= 1):
         raise ValueError(f"num_processes={num_processes!r} must be an integer >= 1")
     return num_processes
