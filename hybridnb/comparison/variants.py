@@ -80,9 +80,8 @@ def unavailable(variant: Variant, device: torch.device, *, live: bool = False) -
         return (f"{variant.precision} is not run on {device.type}: hybridnb trains a "
                 f"{variant.precision} request there as {chosen.name} (that row measures it). "
                 f"Why: {chosen.note}")
-    if variant.compile:
-        capability = None
-        if live and device.type == "cuda" and not torch.version.hip:
-            capability = torch.cuda.get_device_capability(device)
-        return compile_unavailable(device, variant.compile, capability=capability) or ""
-    return ""
+    if not variant.compile:
+        return ""
+    capability = (torch.cuda.get_device_capability(device)
+                  if live and device.type == "cuda" and not torch.version.hip else None)
+    return compile_unavailable(device, variant.compile, capability=capability) or ""
