@@ -98,8 +98,6 @@ def test_a_value_error_from_a_subcommand_is_a_message_not_a_traceback(monkeypatc
 def test_compare_knows_the_registered_model_names():
     from hybridnb.comparison import compare_cli
 
-    names = compare_cli.registered_models()
-    assert names["eegnex"] == "hybridnb_tools.models:eegnex"
     assert compare_cli.load_factory("eegnex").model_name == "EEGNeX"
     assert compare_cli.load_factory("shallow").input_shape == (129, 200)
 

@@ -17,7 +17,6 @@ import copy
 import math
 import statistics
 import time
-import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -28,6 +27,7 @@ import torch
 from torch import nn
 
 from hybridnb import platform
+from hybridnb.comparison import session
 from hybridnb.comparison.compare_view import (
     COLUMNS,
     CompareResult,
@@ -35,7 +35,6 @@ from hybridnb.comparison.compare_view import (
     compare_table,
 )
 from hybridnb.comparison.isolation import ChildVariant
-from hybridnb.comparison.session import CPU_BF16_NOTE, Job, VariantSession, apply_changes
 from hybridnb.comparison.variants import DEFAULT_VARIANTS, Variant, parse_variant, unavailable
 from hybridnb.hardware.detect import detect
 from hybridnb.measure.memory import heap_reader
@@ -71,10 +70,6 @@ class _Run:
     last_loss: float | None = None
     other_masks: bool = False  # dropout under channels_last: its loss is not comparable
     where: Any = None  # VariantSession | ChildVariant while it lives
-
-    @property
-    def name(self) -> str:
-        return f"{self.variant.label} · batch {self.batch_size}"
 
     def take(self, answer: dict) -> bool:
         """Record an answer; False when the run has ended (skipped, oom, failed, crashed...)."""
@@ -114,8 +109,8 @@ def compare(model_fn: Callable[[], nn.Module] | nn.Module, data: Any,
                              device, loss, loss_tol, timeout)
     say = (lambda text: print(f"compare: {text}", flush=True)) if progress else (lambda _: None)
     batches = _batches(data, sorted({r.batch_size for r in runs}))
-    jobs = {id(r): Job(r.variant, _factory(model_fn), *batches[r.batch_size], str(dev), loss,
-                       lr, seed, warmup) for r in runs if r.status == "ok"}
+    jobs = {id(r): session.Job(r.variant, _factory(model_fn), *batches[r.batch_size], str(dev),
+                               loss, lr, seed, warmup) for r in runs if r.status == "ok"}
     blobs, why_not = _pickled(isolate, jobs)
     if why_not:
         say(why_not)
@@ -126,8 +121,7 @@ def compare(model_fn: Callable[[], nn.Module] | nn.Module, data: Any,
     # policy ends them all, whatever moment an interrupt comes
     with contextlib.ExitStack() as stack:
         watch = stack.enter_context(Watch()) if blobs is not None else None
-        stack.callback(_close_all, runs)  # first, then the watch closes what is left
-        _start(runs, jobs, blobs, watch, timeout, say)
+        _start(runs, jobs, blobs, watch, timeout, say, stack)
         for run in runs:
             if run.status == "ok":
                 _prepare(run, say)
@@ -140,16 +134,15 @@ def compare(model_fn: Callable[[], nn.Module] | nn.Module, data: Any,
                     run.windows.append(answer["seconds"])
                     run.busy.extend(answer["busy"])
                     order.append((run.variant.label, run.batch_size, rnd))
-            done = [f"{r.variant.label}@{r.batch_size} {statistics.median(_rates(r, steps)):.1f}/s"
+            done = [f"{r.variant.label}@{r.batch_size} {_median(_rates(r, steps)):.1f}/s"
                     for r in runs if r.status == "ok"]
             say(f"round {rnd + 1}/{repeats}: " + ", ".join(done))
     df = CompareResult(_rows(runs, steps, loss_tol, warmup, repeats), columns=COLUMNS)
-    df.attrs.update(attrs)
-    df.attrs.update(order=order, elapsed_s=round(time.perf_counter() - t_start, 2),
+    df.attrs.update(attrs, order=order, elapsed_s=round(time.perf_counter() - t_start, 2),
                     isolated=blobs is not None)
     if dev.type == "cpu" and any(r.variant.precision == "bf16" and r.status == "ok"
                                  for r in runs):
-        df.attrs["notes"].append(CPU_BF16_NOTE + ".")
+        df.attrs["notes"].append(session.CPU_BF16_NOTE + ".")
     return df
 
 
@@ -213,23 +206,17 @@ def _pickled(isolate: bool, jobs: dict) -> tuple[dict | None, str]:
     return None, f"{why}, so the variants run in this process: a crash in one would end it"
 
 
-def _close_all(runs: list[_Run]) -> None:
-    """Close every variant (its process, or its session here), whatever happened."""
-    for run in runs:
-        if run.where is not None:
-            where, run.where = run.where, None
-            where.close()
-
-
 def _start(runs: list[_Run], jobs: dict, blobs: dict | None, watch: Watch | None, timeout,
-           say) -> None:
+           say, stack: contextlib.ExitStack) -> None:
     """Start every variant's process at once (their imports overlap), then wait until each is
-    ready, so no warm-up shares the CPU with another process's start."""
+    ready, so no warm-up shares the CPU with another process's start. Each is closed on
+    ``stack``'s exit, whatever happened, before the watch closes what is left."""
     t0 = time.perf_counter()
     live = [r for r in runs if r.status == "ok"]
     for i, run in enumerate(live):
         run.where = (ChildVariant(blobs[id(run)], watch, f"variant-{i}", timeout)
-                     if blobs is not None else VariantSession(jobs[id(run)]))
+                     if blobs is not None else session.VariantSession(jobs[id(run)]))
+        stack.callback(run.where.close)
     for run in live:
         run.take(run.where.call("ready", stage="start-up"))
     if blobs is not None and live:
@@ -238,20 +225,20 @@ def _start(runs: list[_Run], jobs: dict, blobs: dict | None, watch: Watch | None
 
 def _prepare(run: _Run, say) -> None:
     """Warm up (compiling when asked) and measure memory; the baseline must work."""
-    t0 = time.perf_counter()
+    t0, name = time.perf_counter(), f"{run.variant.label} · batch {run.batch_size}"
     answer = run.where.call("prepare", stage="warm-up")
     if run.take(answer):
         run.first_step_s, run.mem_bytes = answer["first_step_s"], answer["mem_bytes"]
         run.other_masks = bool(answer.get("other_masks"))
         compiled = (f", first step {run.first_step_s:.1f} s (compiles)"
                     if run.variant.compile else "")
-        say(f"{run.name}: warmed up in {time.perf_counter() - t0:.1f} s{compiled}")
+        say(f"{name}: warmed up in {time.perf_counter() - t0:.1f} s{compiled}")
     elif run.baseline and run.status == "failed":
         raise RuntimeError(
             f"compare(): the fp32 eager baseline failed at batch {run.batch_size}, so the "
             f"model or data does not train as given: {run.note}")
     else:
-        say(f"{run.name}: {run.status}: {run.note}")
+        say(f"{name}: {run.status}: {run.note}")
 
 
 def random_windows(n: int, n_chans: int, n_times: int, seed: int = 0
@@ -277,8 +264,7 @@ def resolve_device(device) -> torch.device:
 
 def _factory(model_fn):
     if isinstance(model_fn, nn.Module):
-        template = model_fn
-        return lambda: copy.deepcopy(template)
+        return lambda: copy.deepcopy(model_fn)
 
     def build() -> nn.Module:
         model = model_fn()
@@ -324,8 +310,7 @@ def _batches(data, sizes: list[int]) -> dict[int, tuple]:
         if n == 0:
             raise ValueError("data: the Dataset is empty")
         items = [data[i % n] for i in range(max(sizes))]
-        collated = torch.utils.data.default_collate([(it[0], it[1]) for it in items])
-        batch = (torch.as_tensor(collated[0]), torch.as_tensor(collated[1]))
+        batch = tuple(torch.utils.data.default_collate([(it[0], it[1]) for it in items]))
     x, y = (t.float() if t.is_floating_point() else t for t in batch)
     return {bs: (x[torch.arange(bs) % len(x)].contiguous(),
                  y[torch.arange(bs) % len(y)].contiguous()) for bs in sizes}
@@ -336,7 +321,13 @@ def _batches(data, sizes: list[int]) -> dict[int, tuple]:
 
 
 def _rates(run: _Run, steps: int) -> list[float]:
-    return [steps * run.batch_size / s for s in run.windows]
+    """Samples/s per window; a window timed at zero or less (a clock that did not advance) has
+    no rate, not an infinite one."""
+    return [steps * run.batch_size / s for s in run.windows if s > 0]
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else math.nan
 
 
 def _rows(runs: list[_Run], steps: int, loss_tol: float, warmup: int, repeats: int) -> list[dict]:
@@ -353,18 +344,17 @@ def _rows(runs: list[_Run], steps: int, loss_tol: float, warmup: int, repeats: i
             continue
         rates, median_s = _rates(run, steps), statistics.median(run.windows)
         final = run.last_loss if run.last_loss is not None else math.nan
-        row.update(samples_per_s=statistics.median(rates), samples_per_s_min=min(rates),
-                   samples_per_s_max=max(rates), step_ms=1000 * median_s / steps, loss_ok=False,
-                   peak_mem_mb=run.mem_bytes / 2**20, final_loss=final)
+        row.update(samples_per_s=_median(rates), samples_per_s_min=min(rates, default=math.nan),
+                   samples_per_s_max=max(rates, default=math.nan), step_ms=1000 * median_s / steps,
+                   loss_ok=False, peak_mem_mb=run.mem_bytes / 2**20, final_loss=final,
+                   gpu_busy_pct=_median(run.busy))
         if run.variant.compile:
             row["compile_s"] = max(run.first_step_s - median_s / steps, 0.0)
-        if run.busy:
-            row["gpu_busy_pct"] = statistics.median(run.busy)
         ref = base.get(run.batch_size)
         compared = ref is not None and ref.status == "ok"
         if compared:
-            row["speedup"] = statistics.median(
-                [a / b for a, b in zip(ref.windows, run.windows, strict=True)])
+            row["speedup"] = _median([a / b for a, b in zip(ref.windows, run.windows, strict=True)
+                                      if a > 0 and b > 0])
             diff = abs(final - ref.last_loss) / max(abs(ref.last_loss), 1e-12)
             row.update(loss_rel_diff=diff, loss_ok=bool(math.isfinite(diff) and diff <= loss_tol))
         if not math.isfinite(final):
@@ -422,8 +412,7 @@ def first_step_diff(model_fn, data, variants: Sequence[str], seed: int = 0,
         row["grad_rel_diff"] = max((_rel(g, h, scale=gscale)
                                     for g, h in zip(grads, stock_grads, strict=True)
                                     if g is not None and h is not None), default=0.0)
-        row["exact"] = bool(row["out_rel_diff"] <= RTOL
-                            and row["grad_rel_diff"] <= RTOL)
+        row["exact"] = bool(row["out_rel_diff"] <= RTOL and row["grad_rel_diff"] <= RTOL)
     return pd.DataFrame(rows)
 
 
@@ -433,19 +422,14 @@ def _first_step(build, seed: int, x, y, loss_fn, v: Variant):
     nothing to act on."""
     torch.manual_seed(seed)
     model = build().train()
-    skip, said, _ = apply_changes(v, model, x, "cpu", v.precision)
+    skip, said, _ = session.apply_changes(v, model, x, "cpu", v.precision)
     for m in model.modules():
         if isinstance(m, nn.modules.dropout._DropoutNd):
             m.eval()
     torch.manual_seed(seed + 1)
-    # each precision's own autocast; bf16 with oneDNN off, as compare()'s variants run it (its
-    # bf16 grouped convolution asks some CPUs for hundreds of GB)
-    with warnings.catch_warnings():
-        # torch's flags() also sets oneDNN's TF32 switch, which warns on every CPU
-        warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
-        with torch.backends.mkldnn.flags(enabled=v.precision != "bf16"), \
-                autocast(v.precision, torch.device("cpu")):
-            out = model(x)
+    cpu = torch.device("cpu")
+    with session.variant_settings(v, cpu), autocast(v.precision, cpu):
+        out = model(x)  # as compare()'s variants run it
     loss_fn(out.float(), y).backward()
     return out.detach().float(), [p.grad for p in model.parameters()], skip or said, not skip
 

@@ -13,9 +13,6 @@ import argparse
 import importlib
 from pathlib import Path
 
-VARIANTS_HELP = ("e.g. fp32 bf16 fp16 fp32+compile fp32+speedups bf16+channels_last "
-                 "bf16+channels_last+rewrite+compile:max-autotune (comma or space separated)")
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """compare's options, for ``hybridnb.cli``."""
@@ -37,7 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="untimed steps per variant first (default 3; 1 in quick mode)")
     parser.add_argument("--repeats", type=int, default=None,
                         help="interleaved windows per variant (default 3 on a GPU, 2 on the CPU)")
-    parser.add_argument("--variants", nargs="+", default=None, help=VARIANTS_HELP)
+    parser.add_argument("--variants", nargs="+", default=None,
+                        help="e.g. fp32 bf16 fp16 fp32+compile fp32+speedups bf16+channels_last "
+                             "bf16+channels_last+rewrite+compile:max-autotune (comma or space "
+                             "separated)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
@@ -49,60 +49,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Build random inputs of the model's shape, run compare(), print the table."""
-    from hybridnb.comparison.compare import (
-        DEFAULT_VARIANTS,
-        compare,
-        compare_table,
-        random_windows,
-        resolve_device,
-    )
+    from hybridnb.comparison import compare as cmp
+    from hybridnb.env import quick
 
     factory = load_factory(args.model)
     shape = args.input_shape or getattr(factory, "input_shape", None)
     if shape is None or len(shape) != 2:
         raise ValueError(f"--input-shape: {args.model} has no input_shape attribute; give one "
                          f"sample's shape as C,T (e.g. --input-shape 129,200)")
-    from hybridnb.env import quick
-
-    dev = resolve_device(args.device)
+    dev = cmp.resolve_device(args.device)
     gpu = dev.type != "cpu"
     small = quick() and not gpu
     batch = args.batch or [4 if small else 256 if gpu else 32]
     steps = args.steps or (1 if small else 20 if gpu else 3)
     repeats = args.repeats or (1 if small else 3 if gpu else 2)
     warmup = args.warmup if args.warmup is not None else (1 if small else 3)
-    default = ["fp32"] if small else [",".join(DEFAULT_VARIANTS)]
+    default = ["fp32"] if small else [",".join(cmp.DEFAULT_VARIANTS)]
     variants = [v for item in (args.variants or default) for v in item.replace(",", " ").split()]
     print(f"compare: {args.model} on {dev}, batch {batch}, {warmup} warm-up + {repeats} × "
           f"{steps} timed steps per variant: {', '.join(variants)}", flush=True)
-    x, y = random_windows(max(batch), *shape, seed=args.seed)
-    df = compare(factory, (x, y), variants, steps=steps, warmup=warmup, repeats=repeats,
-                 batch_sizes=batch, device=dev, lr=args.lr, seed=args.seed,
-                 timeout=args.timeout)
+    x, y = cmp.random_windows(max(batch), *shape, seed=args.seed)
+    df = cmp.compare(factory, (x, y), variants, steps=steps, warmup=warmup, repeats=repeats,
+                     batch_sizes=batch, device=dev, lr=args.lr, seed=args.seed,
+                     timeout=args.timeout)
     df.attrs["model"] = getattr(factory, "model_name", args.model)
-    print(compare_table(df))
+    print(cmp.compare_table(df))
     if args.csv:
         df.to_csv(args.csv, index=False)
         print(f"compare: table written to {args.csv}")
     return 0
 
 
-ENTRY_POINTS = "hybridnb.models"   # packages register model factories here by short name
-
-
-def registered_models() -> dict[str, str]:
-    """Short model names the installed packages register (``hybridnb.models`` entry points),
-    each with its import spec."""
-    from importlib.metadata import entry_points
-
-    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINTS)}
-
-
 def load_factory(spec: str):
-    """A registered short name or ``"package.module:factory"`` -> the factory; a ValueError
-    says what is wrong."""
+    """A short name the installed packages register (``hybridnb.models`` entry points) or
+    ``"package.module:factory"`` -> the factory; a ValueError says what is wrong."""
     if ":" not in spec:
-        known = registered_models()
+        from importlib.metadata import entry_points
+
+        known = {ep.name: ep.value for ep in entry_points(group="hybridnb.models")}
         if spec not in known:
             names = ", ".join(sorted(known)) or "none registered"
             raise ValueError(f"--model {spec!r}: not a registered model name ({names}); give "

@@ -6,8 +6,6 @@ draws itself (table, chart in a notebook, notes as numbered footnotes).
 
 from __future__ import annotations
 
-import math
-
 import pandas as pd
 
 from hybridnb.env import NOTEBOOK_FRONTENDS, frontend
@@ -37,9 +35,7 @@ class CompareResult(pd.DataFrame):
 
 
 def _cell(value, fmt: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    return fmt.format(value)
+    return "–" if pd.isna(value) else fmt.format(value)
 
 
 def _display_frame(df: pd.DataFrame) -> pd.DataFrame:

@@ -75,7 +75,10 @@ class ChildVariant:
                 f"no answer within {self.timeout:g} s during {stage}; its process group was "
                 f"killed (raise compare's timeout= if it is only slow)")}
         else:
-            self.ended = {"status": "crashed", "note": self._death(stage)}
+            exit_, last = self.watched.child.exit, self.watched.child.last_words.best()
+            self.ended = {"status": "crashed", "note": (
+                f"the variant's process was {exit_.says() if exit_ is not None else 'lost'} "
+                f"during {stage}" + (f"; its last words: {last}" if last else ""))}
         return self.ended
 
     def close(self) -> None:
@@ -90,11 +93,3 @@ class ChildVariant:
         self._job.join(timeout=CLOSE_S)
         if self.requests is not None and not self._job.is_alive():
             self.requests.close()
-        self.ended = self.ended or {"status": "closed"}
-
-    def _death(self, stage: str) -> str:
-        exit_ = self.watched.child.exit
-        how = exit_.says() if exit_ is not None else "lost"
-        last = self.watched.child.last_words.best()
-        tail = f"; its last words: {last}" if last else ""
-        return f"the variant's process was {how} during {stage}{tail}"

@@ -84,9 +84,6 @@ class VariantSession:
         self._rng: tuple | None = None
         self._busy = None  # NVML's GPU-busy reader, None without NVML (set in _build)
         self._loss: torch.Tensor | None = None
-        self._held: tuple = ()
-        self._said = ""  # what +speedups applied, for the row's note
-        self._nhwc = False  # the variant runs channels_last (dropout then draws other masks)
 
     def prepare(self) -> dict:
         """Build, change, warm up (compiling when asked) and measure memory:
@@ -94,7 +91,7 @@ class VariantSession:
         reason = unavailable(self.variant, self.device, live=True)
         if reason:
             return {"status": "skipped", "note": reason}
-        return self._answer("warm-up", lambda: self._build() or self._warm_up())
+        return self._answer("warm-up", self._build)
 
     def call(self, request: str, *args, stage: str = "") -> dict:
         """``request`` answered in this process, as ``isolation.ChildVariant.call`` answers it
@@ -108,10 +105,13 @@ class VariantSession:
     def _answer(self, stage: str, fn: Callable, *args) -> dict:
         """``fn``'s answer under the variant's settings; a failure (OOM included) is one too."""
         try:
-            with self._context():
+            with variant_settings(self.variant, self.device):
                 answer = fn(*args)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an answer
-            answer = _failure(exc, stage, self.job.x.shape[0])
+            why = first_line(exc, 240)
+            answer = ({"status": "oom", "note": f"out of memory during {stage} at batch "
+                                                f"{self.job.x.shape[0]}: {why}"} if is_oom(exc)
+                      else {"status": "failed", "note": f"{stage}: {type(exc).__name__}: {why}"})
         if answer["status"] != "ok":
             self.release()  # outside the except block: its traceback pins the tensors
         return answer
@@ -132,13 +132,14 @@ class VariantSession:
 
     def release(self) -> None:
         """Drop the model, optimizer and batch so their memory comes back."""
-        self._run, self._held, self._loss = None, (), None
+        self._run, self._loss = None, None
         free_memory(self.device)
 
     close = release
 
-    def _build(self) -> dict | None:
-        """The model with the variant's changes and its step; an answer when it cannot run."""
+    def _build(self) -> dict:
+        """The model with the variant's changes and its step, warmed up; "skipped" when a
+        change has nothing to act on."""
         job, dev = self.job, self.device
         torch.manual_seed(job.seed)
         model = job.model_fn().to(dev)  # compare._factory checked it returns a Module
@@ -146,13 +147,13 @@ class VariantSession:
         x, y = job.x.to(dev), job.y.to(dev)
         native = device_native_bf16(dev) if dev.type == "cuda" else None
         prec = Precision.choose(self.variant.precision, dev, native_bf16=native)
-        skip, self._said, self._nhwc = apply_changes(self.variant, model, x, dev, prec)
+        skip, said, nhwc = apply_changes(self.variant, model, x, dev, prec)
         if skip:
             return {"status": "skipped", "note": skip}
         if self.variant.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         opt = torch.optim.AdamW(model.parameters(), lr=job.lr)
-        net = _compile(model, self.variant.compile) if self.variant.compile else model
+        net = torch.compile(model, mode=self.variant.compile) if self.variant.compile else model
         step = TrainStep(net, make_loss(job.loss), opt, prec)
         mark = (torch.compiler.cudagraph_mark_step_begin
                 if self.variant.compile == "reduce-overhead" and dev.type == "cuda" else None)
@@ -162,13 +163,15 @@ class VariantSession:
                 mark()
             return step(x, y)
 
-        self._run, self._held = run, (model, opt, x, y)
+        self._run = run
         self._busy = nvml_busy_reader(dev)
         self._rng = torch_rng_state(dev)  # right after the seeded init: the same for every variant
-        return None
+        return self._warm_up(model, opt, x, y, said, nhwc)
 
-    def _warm_up(self) -> dict:
-        model, opt, x, y = self._held
+    def _warm_up(self, model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
+                 y: torch.Tensor, said: str, nhwc: bool) -> dict:
+        """First step (timed: it compiles), the rest of the warm-up, then the memory step.
+        ``said``: what +speedups applied; ``nhwc``: the model runs channels_last."""
         with self._own_rng():
             watch = Stopwatch(self.device)
             watch.start()
@@ -177,8 +180,8 @@ class VariantSession:
             for _ in range(self.job.warmup - 1):
                 self._loss = self._run()
             mem = _state_bytes(model, opt) + _bytes(x, y) + self._step_rise()
-        return {"status": "ok", "note": self._said, "first_step_s": first, "mem_bytes": mem,
-                "loss": float(self._loss), "other_masks": self._nhwc and _has_dropout(model)}
+        return {"status": "ok", "note": said, "first_step_s": first, "mem_bytes": mem,
+                "loss": float(self._loss), "other_masks": nhwc and _has_dropout(model)}
 
     def _step_rise(self) -> float:
         """The peak working memory of one (untimed) step above what was allocated before it:
@@ -201,18 +204,6 @@ class VariantSession:
         return max(peak - series[0], 0.0) if series and peak is not None else math.nan
 
     @contextlib.contextmanager
-    def _context(self) -> Iterator[None]:
-        """Settings this variant's steps run under, scoped to its own calls."""
-        with contextlib.ExitStack() as stack:
-            if self.device.type == "cpu" and self.variant.precision == "bf16":
-                stack.enter_context(warnings.catch_warnings())
-                warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
-                stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
-            if self.variant.compile:
-                stack.enter_context(_compile_settings(self.device))
-            yield
-
-    @contextlib.contextmanager
     def _own_rng(self) -> Iterator[None]:
         """The variant's own random stream while it has its turn: in one process its dropout
         masks would otherwise depend on the others' steps (the loss comparison would measure
@@ -224,6 +215,21 @@ class VariantSession:
         finally:
             self._rng = torch_rng_state(self.device)
             set_torch_rng_state(outside, self.device)
+
+
+@contextlib.contextmanager
+def variant_settings(variant: Variant, device: torch.device) -> Iterator[None]:
+    """Settings a variant's steps run under, scoped to its own calls: bf16 on the CPU with oneDNN
+    off (``CPU_BF16_NOTE``), and compile's settings."""
+    with contextlib.ExitStack() as stack:
+        if device.type == "cpu" and variant.precision == "bf16":
+            stack.enter_context(warnings.catch_warnings())
+            # torch's flags() also sets oneDNN's TF32 switch, which warns on every CPU
+            warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
+            stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
+        if variant.compile:
+            stack.enter_context(_compile_settings(device))
+        yield
 
 
 @contextlib.contextmanager
@@ -242,17 +248,6 @@ def _compile_settings(device: torch.device) -> Iterator[None]:
         settings["layout_optimization"] = False
     with dyn.patch(**{key: max(getattr(dyn, key), 64)}), inductor_config.patch(**settings):
         yield
-
-
-def _compile(model: nn.Module, mode: str | None):
-    return torch.compile(model, mode=None if mode in (None, "default") else mode)
-
-
-def _failure(exc: BaseException, stage: str, batch_size: int) -> dict:
-    if is_oom(exc):
-        return {"status": "oom", "note": f"out of memory during {stage} at batch {batch_size}: "
-                                         f"{first_line(exc, 240)}"}
-    return {"status": "failed", "note": f"{stage}: {type(exc).__name__}: {first_line(exc, 240)}"}
 
 
 def _bytes(*tensors: torch.Tensor) -> int:

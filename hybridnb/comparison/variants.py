@@ -57,20 +57,14 @@ def parse_variant(text: str) -> Variant:
                              f"'compile' or 'compile:<mode>' is understood, not {change!r}")
         if kind in found:
             raise ValueError(f"variants: {text!r} names {kind!r} twice")
-        if kind == "compile":
-            mode = mode or "default"
-            if mode not in COMPILE_MODES:
-                raise ValueError(f"variants: {text!r} has compile mode {mode!r}; "
-                                 f"use one of {COMPILE_MODES}")
-            found[kind] = mode
-        else:
-            found[kind] = True
+        if kind == "compile" and (mode or "default") not in COMPILE_MODES:
+            raise ValueError(f"variants: {text!r} has compile mode {mode!r}; "
+                             f"use one of {COMPILE_MODES}")
+        found[kind] = (mode or "default") if kind == "compile" else True
     if "speedups" in found and ("channels_last" in found or "rewrite" in found):
         raise ValueError(f"variants: {text!r} — 'speedups' decides the layout and the rewrites "
                          f"itself; write it without 'channels_last' and 'rewrite'")
-    return Variant(label=spec, precision=prec, compile=found.get("compile"),
-                   channels_last=bool(found.get("channels_last")),
-                   rewrite=bool(found.get("rewrite")), speedups=bool(found.get("speedups")))
+    return Variant(label=spec, precision=prec, **found)  # CHANGES are Variant's field names
 
 
 def unavailable(variant: Variant, device: torch.device, *, live: bool = False) -> str:
@@ -86,9 +80,8 @@ def unavailable(variant: Variant, device: torch.device, *, live: bool = False) -
         return (f"{variant.precision} is not run on {device.type}: hybridnb trains a "
                 f"{variant.precision} request there as {chosen.name} (that row measures it). "
                 f"Why: {chosen.note}")
-    if variant.compile:
-        capability = None
-        if live and device.type == "cuda" and not torch.version.hip:
-            capability = torch.cuda.get_device_capability(device)
-        return compile_unavailable(device, variant.compile, capability=capability) or ""
-    return ""
+    if not variant.compile:
+        return ""
+    capability = (torch.cuda.get_device_capability(device)
+                  if live and device.type == "cuda" and not torch.version.hip else None)
+    return compile_unavailable(device, variant.compile, capability=capability) or ""

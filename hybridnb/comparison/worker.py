@@ -1,12 +1,10 @@
 """A compare() variant's own process: ``python -m hybridnb.comparison.worker WIRING NAME``
-(a framed command: ``processes.framed``).
+(``processes.framed``), so whatever happens in it (an abort, a segfault, an allocation the OS
+refuses, a GPU that never returns) ends this process, not the caller's: the caller makes it a row.
 
-Its first request is its job (a cloudpickled ``session.Job``); it answers it ({"status": "ok"}
-once loaded), then answers the caller's requests — ``prepare``, ``window`` (steps) — with the
-session's plain-dict answers, in the channel's frames, until ``close`` or until the caller goes
-away (then it dies with it). Whatever happens in here (an abort, a segfault, an allocation the
-OS refuses, a GPU that never returns) ends this process, not the caller's: the caller turns it
-into a row.
+Its first request is its job (a cloudpickled ``session.Job``), answered {"status": "ok"} once
+loaded; then it answers ``prepare`` and ``window`` (steps) with the session's plain dicts until
+``close``, or until the caller goes away (then it dies with it).
 """
 
 from __future__ import annotations

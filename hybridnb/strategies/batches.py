@@ -23,23 +23,22 @@ class ResumableBatchSampler(Sampler[list[int]]):
         self.n, self.batch_size, self.shuffle = int(n), int(batch_size), shuffle
         self.generator = generator
         self._skip = 0
+        # (start, stop) of each batch this process takes from an epoch's order
+        self.spans = [(s, min(s + self.batch_size, self.n))
+                      for s in range(0, self.n, self.batch_size)]
 
     def skip(self, batches: int) -> None:
         self._skip = int(batches)
-
-    def _spans(self) -> list[tuple[int, int]]:
-        """``(start, stop)`` of each batch this process takes from an epoch's order."""
-        return [(s, min(s + self.batch_size, self.n)) for s in range(0, self.n, self.batch_size)]
 
     def __iter__(self) -> Iterator[list[int]]:
         order = (torch.randperm(self.n, generator=self.generator).tolist() if self.shuffle
                  else list(range(self.n)))
         start, self._skip = self._skip, 0
-        for lo, hi in self._spans()[start:]:
+        for lo, hi in self.spans[start:]:
             yield order[lo:hi]
 
     def __len__(self) -> int:
-        return len(self._spans())
+        return len(self.spans)
 
 
 def batch_len(batch) -> int:

@@ -27,9 +27,6 @@ from hybridnb.env import current, launch_env
 from hybridnb.strategies.base import Strategy
 from hybridnb.strategies.batches import ResumableBatchSampler, batch_len
 
-LAUNCH_HELP = ("start one process per device with torchrun (torchrun --nproc_per_node=N "
-               "script.py) or, from a notebook, hn.launch(fn, num_processes=N)")
-
 
 def wants_ddp(strategy) -> bool:
     """Whether ``strategy`` means DDP here: "ddp", or "auto" inside a job of 2+ ranks."""
@@ -81,15 +78,12 @@ class ShardedBatchSampler(ResumableBatchSampler):
             raise ValueError(f"{n} samples cannot be shared by {world_size} processes (each needs "
                              "at least one); use more data or fewer processes")
         self.rank, self.world_size = rank, world_size
-        self._global = [shard(lo, hi, rank, world_size)
-                        for lo, hi in global_batches(self.n, self.batch_size, world_size)]
-
-    def _spans(self) -> list[tuple[int, int]]:
-        return self._global
+        self.spans = [shard(lo, hi, rank, world_size)
+                      for lo, hi in global_batches(self.n, self.batch_size, world_size)]
 
 
 # --------------------------------------------------------------------------------- agreement
-def vote(failed: BaseException | None, loss_sum: float, n: float) -> torch.Tensor:
+def vote(failed: BaseException | None, loss_sum: float = 0.0, n: float = 0.0) -> torch.Tensor:
     """What a rank tells the others about an attempt: (OOM, other failure, loss x samples,
     samples)."""
     code = 0 if failed is None else (1 if failures.is_oom(failed) else 2)
@@ -118,12 +112,13 @@ class DDPStrategy(Strategy):
         job = launch_env()
         if job is None and not dist.is_initialized():
             raise RuntimeError(f"strategy={self.name!r} needs this process to be one rank of a "
-                               f"multi-process job: {LAUNCH_HELP}. RANK and WORLD_SIZE are not "
+                               "multi-process job: start one process per device with torchrun "
+                               "(torchrun --nproc_per_node=N script.py) or, from a notebook, "
+                               "hn.launch(fn, num_processes=N). RANK and WORLD_SIZE are not "
                                "set here; use strategy='single' for one process")
         rank, local_rank, world = job if job is not None else (
             dist.get_rank(), dist.get_rank(), dist.get_world_size())
-        self.local_rank = local_rank
-        self.device = _rank_device(device, local_rank)
+        super().__init__(_rank_device(device, local_rank))
         self.backend = "nccl" if self.device.type == "cuda" else "gloo"
         if not dist.is_initialized():
             if self.device.type == "cuda":
@@ -132,7 +127,6 @@ class DDPStrategy(Strategy):
                                     world_size=world,
                                     device_id=self.device if self.backend == "nccl" else None)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.accelerator = self.device.type != "cpu"
         self._comm = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
         self._module: torch.nn.Module | None = None
         self._agreed = False  # settle() ran its all-reduce for the attempt that is failing
@@ -177,10 +171,9 @@ class DDPStrategy(Strategy):
         if failed is not None and (isinstance(failed, _Agreed) or self._agreed):
             self._agreed = False  # this failure came after the all-reduce: already agreed on
             return None
-        buffers = ([b for b in self._module.buffers() if b.is_floating_point()]
-                   if self._module is not None else [])
+        buffers = [b for b in self._module.buffers() if b.is_floating_point()]  # set by wrap()
         n = float(sum(batch_len(b) for b in window))
-        head = vote(failed, 0.0, 0.0) if failed else vote(None, float(total) * n, n)
+        head = vote(failed) if failed else vote(None, float(total) * n, n)
         sizes = [4, len(params), sum(p.numel() for p in params), sum(b.numel() for b in buffers)]
         if failed is None:
             flat = torch.cat([t.to(self._comm, torch.float32) for t in [
@@ -203,12 +196,8 @@ class DDPStrategy(Strategy):
         grads.div_(count)
         for p, g, have in zip(params, grads.split([p.numel() for p in params]),
                               present.tolist(), strict=True):
-            if not have:  # no rank computed a gradient for it (an unused parameter)
-                p.grad = None
-                continue
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            p.grad.copy_(g.view_as(p))
+            # None: no rank computed a gradient for it (an unused parameter)
+            p.grad = g.view_as(p).to(p.dtype) if have else None
         for b, v in zip(buffers, buf_part.split([b.numel() for b in buffers]), strict=True):
             b.copy_(v.view_as(b))
         self._agreed = False
@@ -218,19 +207,15 @@ class DDPStrategy(Strategy):
         """True on a rank that failed itself; raises on one that did not; False if none did."""
         if not (ooms or others):
             return False
-        notes = self._failures(failed)
+        mine = None if failed is None else f"{type(failed).__name__}: {failures.first_line(failed)}"
+        notes: list[str | None] = [None] * self.world_size
+        dist.all_gather_object(notes, mine)  # every rank: 'rank 1 failed (CUDA out of memory...)'
+        said = "; ".join(f"rank {r} failed ({note})" for r, note in enumerate(notes) if note)
         if failed is not None:
             return True
         if others:
-            raise PeerFailure(f"{notes}; rank {self.rank} stops too")
-        raise PeerOutOfMemory(f"{notes}; every rank re-runs the step split the same way")
-
-    def _failures(self, failed: BaseException | None) -> str:
-        """'rank 1 failed (CUDA out of memory...)' for every rank that failed."""
-        mine = None if failed is None else f"{type(failed).__name__}: {failures.first_line(failed)}"
-        notes: list[str | None] = [None] * self.world_size
-        dist.all_gather_object(notes, mine)
-        return "; ".join(f"rank {r} failed ({note})" for r, note in enumerate(notes) if note)
+            raise PeerFailure(f"{said}; rank {self.rank} stops too")
+        raise PeerOutOfMemory(f"{said}; every rank re-runs the step split the same way")
 
     # ---------------------------------------------------------------------------- reductions
     def agree(self, flag: bool) -> bool:

@@ -126,7 +126,7 @@ class DeepSpeedStrategy(DDPStrategy):
 
     def _backward(self, loss: torch.Tensor, last: bool) -> None:
         """Agree that every rank's forward succeeded, then ``engine.backward``."""
-        self._vote(None, 0.0, 0.0)
+        self._vote(None)
         self.engine.set_gradient_accumulation_boundary(last)
         self._dirty = True
         try:
@@ -144,18 +144,16 @@ class DeepSpeedStrategy(DDPStrategy):
         if failed is None:
             return super().settle([], total, window)
         if not isinstance(failed, _Agreed):
-            self._vote(failed, 0.0, 0.0)
+            self._vote(failed)
         return None
 
-    def _vote(self, failed: BaseException | None, loss_sum: float, n: float) -> float | None:
-        """One all-reduce of (OOM ranks, failed ranks, loss x samples, samples): the mean loss,
-        None on a failing rank, ``PeerOutOfMemory``/``PeerFailure`` on the others."""
-        head = vote(failed, loss_sum, n).to(self._comm)
+    def _vote(self, failed: BaseException | None) -> None:
+        """One all-reduce of who failed: ``PeerOutOfMemory``/``PeerFailure`` on the ranks that
+        did not when one did."""
+        head = vote(failed).to(self._comm)
         dist.all_reduce(head)
-        ooms, others, total, count = head.tolist()
-        if self._peer_verdict(ooms, others, failed):
-            return None
-        return total / count if count else 0.0
+        ooms, others, _, _ = head.tolist()
+        self._peer_verdict(ooms, others, failed)
 
     def step(self) -> bool:
         """False when DeepSpeed skipped the update (non-finite gradients)."""

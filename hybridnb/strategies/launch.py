@@ -24,6 +24,7 @@ from hybridnb.env import (  # HEADLESS: text view
     LAUNCHED_ENV,
     NOTEBOOK_FRONTENDS,
     current,
+    frontend,
     launch_env,
 )
 from hybridnb.processes.channel import DONE, ERROR, Message
@@ -32,7 +33,6 @@ from hybridnb.processes.ended import Ending
 from hybridnb.processes.supervise import Watch, Watched
 
 GRACE_S = 10.0  # after one rank fails, the others' time to stop (rank 0 saves a checkpoint)
-START_METHODS = ("fork", "spawn")
 
 
 class LaunchError(RuntimeError):
@@ -48,7 +48,7 @@ def launch(fn: Callable[..., Any], *args: Any, num_processes: int | None = None,
     ``fn`` is just called). ``start_method``: "fork" (default) or "spawn" (fresh interpreters;
     ``fn`` and ``args`` must pickle with cloudpickle)."""
     n = _count(num_processes)
-    if start_method is not None and start_method not in START_METHODS:
+    if start_method not in (None, "fork", "spawn"):
         raise ValueError(f"start_method={start_method!r}: use 'spawn'"
                          + (" or 'fork'" if platform.fork() else ""))
     if n > 1 and not platform.child_pipes():
@@ -84,8 +84,7 @@ def _count(num_processes: int | None) -> int:
     if num_processes is None:
         from hybridnb.hardware.detect import detect
 
-        hw = detect()
-        return max(1, sum(1 for g in hw.gpus if g.trusted and g.backend in ("cuda", "rocm")))
+        return max(1, sum(1 for g in detect().gpus if g.trusted and g.backend in ("cuda", "rocm")))
     if not (isinstance(num_processes, int) and num_processes >= 1):
         raise ValueError(f"num_processes={num_processes!r} must be an integer >= 1")
     return num_processes
@@ -93,8 +92,6 @@ def _count(num_processes: int | None) -> int:
 
 def _frontend_draws_cr() -> bool:
     """Whether the parent's output understands a redrawn ``\\r`` progress line."""
-    from hybridnb.env import frontend
-
     if frontend() in NOTEBOOK_FRONTENDS:
         return True
     try:
@@ -123,14 +120,10 @@ class _Rank:
         """Why this rank failed (its traceback, or how its process ended), or None."""
         if self.error is not None:
             return str(self.error.get("traceback") or self.error.get("message"))
-        if not self.watched.ended:
-            return None
         ended = self.watched.child.exit
-        if ended is None:
-            return f"process {self.index} {self.watched.outcome.reason}"
-        if ended.code == 0:
+        if not self.watched.ended or (ended is not None and ended.code == 0):
             return None
-        return f"process {self.index} {ended.says()}"
+        return f"process {self.index} {ended.says() if ended else self.watched.outcome.reason}"
 
     def output(self) -> str:
         return self.watched.child.output_text()

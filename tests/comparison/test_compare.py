@@ -143,8 +143,7 @@ def test_compile_failure_is_a_row_and_the_other_variants_keep_their_numbers(monk
                                "'['g++', 'kernel.cpp']' returned non-zero exit status 1.")
         return run
 
-    monkeypatch.setattr(importlib.import_module("hybridnb.comparison.session"), "_compile",
-                        broken_compile)
+    monkeypatch.setattr(torch, "compile", broken_compile)
     df = compare(tiny, batch(), ("fp32", "fp32+compile", "bf16"), **FAST)
     failed = row(df, "fp32+compile")
     assert failed["status"] == "failed"
@@ -507,3 +506,20 @@ def test_the_command_line_module_is_light_and_names_bad_model_specs():
         with pytest.raises(ValueError, match=words):
             load_factory(spec)
     assert load_factory("hybridnb_tools.models:eegnex").input_shape == (129, 200)
+
+
+def test_a_window_timed_at_zero_has_no_rate_not_an_infinite_one(monkeypatch):
+    session = importlib.import_module("hybridnb.comparison.session")
+
+    class StoppedClock(session.Stopwatch):  # a coarse clock that did not advance
+        def stop(self) -> float:
+            super().stop()
+            return 0.0
+
+    monkeypatch.setattr(session, "Stopwatch", StoppedClock)
+    df = compare(tiny, batch(), ("fp32", "fp32"), **FAST)
+    for name in ("fp32", "fp32 #2"):
+        r = row(df, name)
+        assert r["status"] == "ok" and not any(
+            math.isinf(r[c]) for c in ("samples_per_s", "samples_per_s_max", "speedup"))
+        assert math.isnan(r["samples_per_s"]) and math.isnan(r["speedup"])
