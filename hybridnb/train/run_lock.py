@@ -11,7 +11,6 @@ on release): deleting it would let a third process lock a fresh file while a sec
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -56,24 +55,10 @@ def _unlock(fd: int) -> None:
         msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
 
 
-def _read(fd: int) -> dict:
-    """The holder the file names ({} when empty or unreadable)."""
+def _read(fd: int) -> str:
+    """The holder the file names ('' when empty), as ``_me`` wrote it."""
     os.lseek(fd, 0, os.SEEK_SET)
-    text = os.read(fd, 4096).decode("utf-8", "replace").strip()
-    if not text:
-        return {}
-    try:
-        holder = json.loads(text)
-    except ValueError:
-        return {"text": text[:200]}
-    return holder if isinstance(holder, dict) else {"text": text[:200]}
-
-
-def describe(holder: dict) -> str:
-    """'pid 123 on host h, started 2026-11-26 14:02:11 UTC' (as ``_me`` wrote it)."""
-    if "pid" not in holder:
-        return "another process"
-    return f"pid {holder['pid']} on host {holder.get('host')}, started {holder.get('started')}"
+    return os.read(fd, 4096).decode("utf-8", "replace").strip()[:200]
 
 
 class RunLock:
@@ -100,23 +85,22 @@ class RunLock:
                                ) from None
         try:
             if not _try_lock(fd):
-                holder = _read(fd)
                 raise RunLockError(
                     f"{self.what}={str(self.folder)!r} is in use by a live run "
-                    f"({describe(holder)}; lock file {self.path}): two runs in one folder "
+                    f"({_read(fd) or 'another process'}; lock file {self.path}): two runs in one folder "
                     "would overwrite each other's checkpoints and logs. Pass another "
                     f"{self.what}=, or wait for that run to end (or stop it) and fit again")
             holder = _read(fd)
             os.ftruncate(fd, 0)
             os.lseek(fd, 0, os.SEEK_SET)
-            os.write(fd, json.dumps(_me()).encode())
+            os.write(fd, _me().encode())
             os.fsync(fd)
         except BaseException:  # cleanup, then re-raised
             os.close(fd)
             raise
         self.fd = fd
         if holder:
-            return (f"{self.folder} was locked by a run that is gone ({describe(holder)}; "
+            return (f"{self.folder} was locked by a run that is gone ({holder}; "
                     "its process ended without releasing it): a stale lock, taken over by "
                     "this run")
         return None
@@ -135,6 +119,6 @@ class RunLock:
             os.close(fd)
 
 
-def _me() -> dict:
-    return {"pid": os.getpid(), "host": socket.gethostname(),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+def _me() -> str:
+    return (f"pid {os.getpid()} on host {socket.gethostname()}, started "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}")
