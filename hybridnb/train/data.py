@@ -16,9 +16,8 @@ from hybridnb.train.seeding import set_rng_state, worker_init_fn
 
 
 def as_dataset(data, bus, what: str = "data") -> Dataset | DataLoader:
-    """A Dataset or DataLoader as given; ``(X, y)`` arrays/tensors become a TensorDataset; an
-    object with ``to_dataset()`` what it returns (``made_dataset``). Anything else is a
-    TypeError naming ``what`` and the call to make."""
+    """``data`` as a Dataset (or the DataLoader given); what cannot be one is a TypeError naming
+    ``what`` and the call to make."""
     if isinstance(data, (Dataset, DataLoader)):
         return data
     if isinstance(data, (tuple, list)) and len(data) >= 1 and all(
@@ -95,9 +94,9 @@ class IndexedBatches:
     def place(self, device: torch.device, bus) -> None:
         """The tensors on ``device`` when it is CUDA and they fit in half of its free memory
         (moved once, said once with the memory taken); else they stay where they are."""
-        size = sum(t.numel() * t.element_size() for t in self.source)
         if device.type != "cuda" or self.device == device:
             return
+        size = sum(t.numel() * t.element_size() for t in self.source)
         free, _ = torch.cuda.mem_get_info(device)
         if size > 0.5 * free:
             bus.note("data_streamed", f"the data ({size / 2**20:.0f} MiB) does not fit in half "
@@ -196,8 +195,7 @@ def make_loader(data, *, batch_size: int, shuffle: bool, what: str, seed: int | 
 
 def epoch_batches(loader, state, bus) -> Iterator:
     """The epoch's batches from ``state.batches_done`` on, with the RNG states a straight run
-    would have at that point (a resumed run continues bit for bit). Each batch's sample shape is
-    checked against the epoch's first (``same_sample_shape``)."""
+    would have at that point (a resumed run continues bit for bit), shapes checked."""
     return same_sample_shape(_epoch_iter(loader, state, bus), state.batches_done,
                              state.epoch, "training")
 
@@ -217,15 +215,15 @@ def _epoch_iter(loader, state, bus) -> Iterator:
     if gen is not None and state.epoch_start["loader"] is not None:
         gen.set_state(state.epoch_start["loader"])
     sampler = getattr(loader, "batch_sampler", None)
-    if isinstance(sampler, ResumableBatchSampler):
+    skips = isinstance(sampler, ResumableBatchSampler)
+    if skips:
         sampler.skip(state.batches_done)
-        it = iter(loader)
     else:
         bus.say("resume_skip", f"reading and skipping {state.batches_done} batches of this "
                 "epoch to reach the saved position (pass a Dataset to skip without reading)")
-        it = iter(loader)
-        for _ in range(state.batches_done):
-            next(it)
+    it = iter(loader)
+    for _ in range(0 if skips else state.batches_done):
+        next(it)
     if state.pending_rng is not None:
         set_rng_state(state.pending_rng)
         state.pending_rng = None
