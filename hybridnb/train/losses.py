@@ -119,43 +119,6 @@ def is_classification(loss) -> bool:
     return isinstance(loss, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss))
 
 
-class CrossEntropy:
-    """Cross-entropy over logits (B, C) and class indices (B,) or (B, 1): int64 targets, or
-    floats holding whole numbers (cast); or class probabilities (B, C). ``weights``: one per
-    class. The loss is the mean over samples of ``weight[y] * nll`` (not torch's division by
-    the batch's summed weights), so a batch split into micro-batches gives the same loss."""
-
-    __name__ = "cross_entropy"
-
-    def __init__(self, weights: tuple[float, ...] | None = None) -> None:
-        self.weights = None if weights is None else torch.tensor(weights, dtype=torch.float32)
-        self._seen = False  # targets on a device: their range is checked on the first batch
-
-    def __call__(self, pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        pred, y = class_targets(pred, y, check_range=y.device.type == "cpu" or not self._seen)
-        self._seen = True
-        per_sample = F.cross_entropy(pred, y, reduction="none")
-        if self.weights is None:
-            return per_sample.mean()
-        if len(self.weights) != pred.shape[1]:
-            raise ValueError(f"class_weights has {len(self.weights)} weights but the model gives "
-                             f"{pred.shape[1]} outputs (one per class): give one weight per class")
-        if self.weights.device != pred.device:  # moved when the run's device changes, not per step
-            self.weights = self.weights.to(pred.device)
-        return (per_sample * (self.weights[y] if y.dim() == 1 else y @ self.weights)).mean()
-
-    def check(self, pred: torch.Tensor, y: torch.Tensor) -> None:
-        """The outputs' and targets' shapes and the classes' range (preflight.py)."""
-        class_targets(pred, y)
-
-    def __getstate__(self) -> dict:
-        return {"weights": None if self.weights is None else self.weights.cpu(), "_seen": False}
-
-    def __repr__(self) -> str:
-        w = None if self.weights is None else self.weights.tolist()
-        return f"CrossEntropy(class_weights={w})"
-
-
 def class_targets(pred: torch.Tensor, y: torch.Tensor, check_range: bool = True
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits in float32 and targets as class indices (B,) int64 (or probabilities (B, C)),
@@ -194,6 +157,41 @@ def class_targets(pred: torch.Tensor, y: torch.Tensor, check_range: bool = True
                              "np.unique(y, return_inverse=True)[1]) and give the model one "
                              "output per class")
     return pred.float(), y
+
+
+class CrossEntropy:
+    """Cross-entropy over logits (B, C) and class indices (B,) or (B, 1): int64 targets, or
+    floats holding whole numbers (cast); or class probabilities (B, C). ``weights``: one per
+    class. The loss is the mean over samples of ``weight[y] * nll`` (not torch's division by
+    the batch's summed weights), so a batch split into micro-batches gives the same loss."""
+
+    __name__ = "cross_entropy"
+
+    def __init__(self, weights: tuple[float, ...] | None = None) -> None:
+        self.weights = None if weights is None else torch.tensor(weights, dtype=torch.float32)
+        self._seen = False  # targets on a device: their range is checked on the first batch
+
+    def __call__(self, pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        pred, y = class_targets(pred, y, check_range=y.device.type == "cpu" or not self._seen)
+        self._seen = True
+        per_sample = F.cross_entropy(pred, y, reduction="none")
+        if self.weights is None:
+            return per_sample.mean()
+        if len(self.weights) != pred.shape[1]:
+            raise ValueError(f"class_weights has {len(self.weights)} weights but the model gives "
+                             f"{pred.shape[1]} outputs (one per class): give one weight per class")
+        if self.weights.device != pred.device:  # moved when the run's device changes, not per step
+            self.weights = self.weights.to(pred.device)
+        return (per_sample * (self.weights[y] if y.dim() == 1 else y @ self.weights)).mean()
+
+    check = staticmethod(class_targets)  # the shapes and the classes' range (preflight.py)
+
+    def __getstate__(self) -> dict:
+        return {"weights": None if self.weights is None else self.weights.cpu(), "_seen": False}
+
+    def __repr__(self) -> str:
+        w = None if self.weights is None else self.weights.tolist()
+        return f"CrossEntropy(class_weights={w})"
 
 
 def make_loss(loss, huber_delta: float = 1.0, reweight_after: int | None = None,

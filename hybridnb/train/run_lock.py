@@ -11,6 +11,7 @@ on release): deleting it would let a third process lock a fresh file while a sec
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -73,8 +74,6 @@ class RunLock:
     def acquire(self) -> str | None:
         """Take the folder for this run. Raises ``RunLockError`` while another live run holds
         it; returns a sentence when a dead process's lock was taken over (else None)."""
-        if self.fd is not None:
-            return None
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o644)
@@ -106,17 +105,12 @@ class RunLock:
         return None
 
     def release(self) -> None:
-        """The run is over: the file is emptied and the OS lock dropped."""
-        fd, self.fd = self.fd, None
-        if fd is None:
-            return
-        try:
-            os.ftruncate(fd, 0)  # "free and empty": the run ended cleanly
-            _unlock(fd)
-        except OSError:
-            pass  # the folder was removed or is failing: closing drops the lock anyway
-        finally:
-            os.close(fd)
+        """The run is over: the file is emptied ("free and empty": the run ended cleanly) and
+        the OS lock dropped (by closing, too, when the folder was removed or is failing)."""
+        with contextlib.suppress(OSError):
+            os.ftruncate(self.fd, 0)
+            _unlock(self.fd)
+        os.close(self.fd)
 
 
 def _me() -> str:
