@@ -100,14 +100,12 @@ def check_fits(state: dict, path: Path, model) -> None:
                               "it was trained with (or start afresh without resume)")
     mine, theirs = model.state_dict(), state.get("model", {})
     for key in list(mine) + [k for k in theirs if k not in mine]:
-        if key not in theirs or key not in mine:
-            where = "is missing from the checkpoint" if key not in theirs else \
-                "is in the checkpoint but not in the model"
-            raise CheckpointError(f"checkpoint {path} does not fit this model: {key!r} {where}")
-        if tuple(theirs[key].shape) != tuple(mine[key].shape):
-            raise CheckpointError(f"checkpoint {path} does not fit this model: {key!r} has shape "
-                                  f"{tuple(theirs[key].shape)} there and "
-                                  f"{tuple(mine[key].shape)} here")
+        there, here = (tuple(d[key].shape) if key in d else None for d in (theirs, mine))
+        why = ("is missing from the checkpoint" if there is None else
+               "is in the checkpoint but not in the model" if here is None else
+               f"has shape {there} there and {here} here" if there != here else None)
+        if why:
+            raise CheckpointError(f"checkpoint {path} does not fit this model: {key!r} {why}")
 
 
 def check_dir(folder: str | os.PathLike | None, name: str = "checkpoint_dir") -> Path | None:
