@@ -20,15 +20,13 @@ def as_dataset(data, bus, what: str = "data") -> Dataset | DataLoader:
     ``what`` and the call to make."""
     if isinstance(data, (Dataset, DataLoader)):
         return data
-    if isinstance(data, (tuple, list)) and len(data) >= 1 and all(
-            isinstance(a, (np.ndarray, torch.Tensor)) for a in data):
-        sizes = [len(a) if a.ndim else 0 for a in data]
+    arrays = data if isinstance(data, (tuple, list)) else (data,)
+    if arrays and all(isinstance(a, (np.ndarray, torch.Tensor)) for a in arrays):
+        sizes = [len(a) if a.ndim else 0 for a in arrays]
         if len(set(sizes)) > 1:
             raise ValueError(f"{what}: the arrays have {' vs '.join(map(str, sizes))} samples "
                              "(first dimension): X and y must have one row per sample each")
-        return TensorDataset(*(torch.as_tensor(a) for a in data))
-    if isinstance(data, (np.ndarray, torch.Tensor)):
-        return TensorDataset(torch.as_tensor(data))
+        return TensorDataset(*(torch.as_tensor(a) for a in arrays))
     made = made_dataset(data, bus, what)
     if made is not data:
         return made
@@ -49,8 +47,7 @@ def made_dataset(data, bus, what: str = "data"):
     """``data.to_dataset()`` for an object that is not a Dataset but makes its own (a data
     library's windows), said once on ``bus``; anything else as it is. The Trainer
     resolves it before data travels to an isolated worker, so the worker gets the Dataset."""
-    if isinstance(data, (Dataset, DataLoader)) or not callable(getattr(data, "to_dataset",
-                                                                      None)):
+    if isinstance(data, (Dataset, DataLoader)) or not callable(getattr(data, "to_dataset", None)):
         return data
     kind = type(data).__name__
     made = data.to_dataset()
@@ -78,11 +75,10 @@ QUICK_EPOCHS, QUICK_STEPS = 2, 5  # quick mode (HYBRIDNB_QUICK): a fit capped to
 class IndexedBatches:
     """Batches of in-memory tensors by indexing: no loader workers, no per-item collate.
 
-    For a TensorDataset (and ``(X, y)`` arrays): each batch is ``t[idx]`` for every tensor,
-    in the order of a ``ResumableBatchSampler``, exactly the values a DataLoader would collate.
-    The tensors sit where ``to_device`` put them once (the GPU when they fit), so a step never
-    waits for the host. On the H100 host the collation of 256 (129, 200) items was the
-    bottleneck of ShallowFBCSPNet (14-18k samples/s against ~53k for the GPU).
+    For a TensorDataset (and ``(X, y)`` arrays): ``t[idx]`` for every tensor in a
+    ``ResumableBatchSampler``'s order, the values a DataLoader would collate, where ``place``
+    put them once. On the H100 host the collation of 256 (129, 200) items was the bottleneck of
+    ShallowFBCSPNet (14-18k samples/s against ~53k for the GPU).
     """
 
     def __init__(self, tensors: tuple[torch.Tensor, ...], batch_sampler: ResumableBatchSampler,
