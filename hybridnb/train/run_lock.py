@@ -19,10 +19,12 @@ from pathlib import Path
 
 try:  # POSIX
     import fcntl
+
+    _HELD = BlockingIOError  # what locking a file another process holds raises
 except ImportError:  # Windows
     import msvcrt
 
-    fcntl = None
+    fcntl, _HELD = None, OSError
 
 LOCK_NAME = ".hybridnb-run.lock"
 _WINDOWS_BYTE = 1 << 20  # msvcrt locks a byte range: one far past the text, which stays readable
@@ -34,16 +36,13 @@ class RunLockError(RuntimeError):
 
 def _try_lock(fd: int) -> bool:
     """The OS's exclusive lock on ``fd`` without waiting: True when taken."""
-    if fcntl is None:
-        os.lseek(fd, _WINDOWS_BYTE, os.SEEK_SET)
-        try:
-            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
-        except OSError:
-            return False
-        return True
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        if fcntl is None:
+            os.lseek(fd, _WINDOWS_BYTE, os.SEEK_SET)
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        else:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except _HELD:
         return False
     return True
 
