@@ -140,13 +140,12 @@ def class_targets(pred: torch.Tensor, y: torch.Tensor, check_range: bool = True
         raise ValueError(f"loss='cross_entropy' needs targets of shape (batch,) holding class "
                          f"indices (or (batch, classes) probabilities); they have shape "
                          f"{tuple(y.shape)} against outputs {tuple(pred.shape)}")
-    if y.is_floating_point():  # checked where the range is (a device batch's check syncs)
-        if check_range and not (torch.isfinite(y).all() and torch.equal(y, y.round())):
-            raise ValueError("loss='cross_entropy' needs class indices 0..C-1 as targets; "
-                             "these are floats that are not whole numbers (regression "
-                             "targets? use loss='mse' or 'huber')")
-        y = y.long()
-    elif y.dtype == torch.bool:
+    if check_range and y.is_floating_point() and not (  # (a device batch's check syncs)
+            torch.isfinite(y).all() and torch.equal(y, y.round())):
+        raise ValueError("loss='cross_entropy' needs class indices 0..C-1 as targets; these are "
+                         "floats that are not whole numbers (regression targets? use "
+                         "loss='mse' or 'huber')")
+    if y.is_floating_point() or y.dtype == torch.bool:
         y = y.long()
     if check_range:
         low, high = (int(v) for v in torch.stack([y.min(), y.max()]).tolist())
