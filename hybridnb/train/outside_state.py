@@ -80,15 +80,12 @@ def _refers_to_modules(value: Any) -> bool:
 
 def _own(module: nn.Module) -> dict[tuple[str, str], Any]:
     """{(name, kind): value} for a module's own attributes and non-persistent buffers."""
-    out: dict[tuple[str, str], Any] = {}
-    for name, value in vars(module).items():
-        if name not in _INTERNAL and not _refers_to_modules(value):
-            out[(name, "attr")] = value
     buffers = module.__dict__.get("_buffers", {})
-    for name in module.__dict__.get("_non_persistent_buffers_set", ()):
-        if buffers.get(name) is not None:
-            out[(name, "buffer")] = buffers[name]
-    return out
+    return {**{(name, "attr"): value for name, value in vars(module).items()
+               if name not in _INTERNAL and not _refers_to_modules(value)},
+            **{(name, "buffer"): buffers[name]
+               for name in module.__dict__.get("_non_persistent_buffers_set", ())
+               if buffers.get(name) is not None}}
 
 
 class Fingerprint:
