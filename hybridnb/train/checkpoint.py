@@ -68,8 +68,7 @@ def _advice(folder: Path) -> str:
 
 def read(path: str | os.PathLike, model=None) -> tuple[dict, Path, list[str]]:
     """A 'last' checkpoint to resume from: a file (its ``.prev`` copy when it is damaged) or a
-    folder's ``last.pt`` (else ``last.prev.pt``), checked against ``model``: the same class and
-    the same parameter names and shapes, else an error naming the file and the first mismatch.
+    folder's ``last.pt`` (else ``last.prev.pt``), checked to fit ``model`` (``check_fits``).
     Returns (state, the file used, why each file before it was skipped)."""
     path = Path(path)
     first = path / LAST if path.is_dir() else path
@@ -101,14 +100,12 @@ def check_fits(state: dict, path: Path, model) -> None:
                               "it was trained with (or start afresh without resume)")
     mine, theirs = model.state_dict(), state.get("model", {})
     for key in list(mine) + [k for k in theirs if k not in mine]:
-        if key not in theirs or key not in mine:
-            where = "is missing from the checkpoint" if key not in theirs else \
-                "is in the checkpoint but not in the model"
-            raise CheckpointError(f"checkpoint {path} does not fit this model: {key!r} {where}")
-        if tuple(theirs[key].shape) != tuple(mine[key].shape):
-            raise CheckpointError(f"checkpoint {path} does not fit this model: {key!r} has shape "
-                                  f"{tuple(theirs[key].shape)} there and "
-                                  f"{tuple(mine[key].shape)} here")
+        there, here = (tuple(d[key].shape) if key in d else None for d in (theirs, mine))
+        why = ("is missing from the checkpoint" if there is None else
+               "is in the checkpoint but not in the model" if here is None else
+               f"has shape {there} there and {here} here" if there != here else None)
+        if why:
+            raise CheckpointError(f"checkpoint {path} does not fit this model: {key!r} {why}")
 
 
 def check_dir(folder: str | os.PathLike | None, name: str = "checkpoint_dir") -> Path | None:
@@ -236,8 +233,7 @@ class Checkpoints:
             lock.release()
 
     def set_aside(self) -> Path | None:
-        """A fresh run: an earlier run's files move into ``earlier-<time>/`` (see
-        ``set_aside``); returns where, or None."""
+        """A fresh run: an earlier run's files move aside (``set_aside``)."""
         return set_aside(self.folder, self.log_patterns) if self.is_main else None
 
     def has_last(self) -> bool:
@@ -247,8 +243,8 @@ class Checkpoints:
     def save_crash(self, file_ready: Callable[[dict], bool]) -> None:
         """An unexpected error: keep the last good state on disk so the run can resume, and say
         where it is ("failed": a failing save is said too, and never hides the error)."""
-        snapshot, last = self.snapshot, self.folder / LAST if self.folder is not None else None
-        if last is None or snapshot is None or not self.is_main:
+        snapshot, last = self.snapshot, self.folder / LAST  # a fit with a checkpoint_dir
+        if snapshot is None or not self.is_main:
             return
         if not file_ready(snapshot):  # DeepSpeed: partitions not gathered
             self.bus.note("failed", "training failed; the last checkpoint written (in "

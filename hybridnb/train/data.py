@@ -16,20 +16,17 @@ from hybridnb.train.seeding import set_rng_state, worker_init_fn
 
 
 def as_dataset(data, bus, what: str = "data") -> Dataset | DataLoader:
-    """A Dataset or DataLoader as given; ``(X, y)`` arrays/tensors become a TensorDataset; an
-    object with ``to_dataset()`` what it returns (``made_dataset``). Anything else is a
-    TypeError naming ``what`` and the call to make."""
+    """``data`` as a Dataset (or the DataLoader given); what cannot be one is a TypeError naming
+    ``what`` and the call to make."""
     if isinstance(data, (Dataset, DataLoader)):
         return data
-    if isinstance(data, (tuple, list)) and len(data) >= 1 and all(
-            isinstance(a, (np.ndarray, torch.Tensor)) for a in data):
-        sizes = [len(a) if a.ndim else 0 for a in data]
+    arrays = data if isinstance(data, (tuple, list)) else (data,)
+    if arrays and all(isinstance(a, (np.ndarray, torch.Tensor)) for a in arrays):
+        sizes = [len(a) if a.ndim else 0 for a in arrays]
         if len(set(sizes)) > 1:
             raise ValueError(f"{what}: the arrays have {' vs '.join(map(str, sizes))} samples "
                              "(first dimension): X and y must have one row per sample each")
-        return TensorDataset(*(torch.as_tensor(a) for a in data))
-    if isinstance(data, (np.ndarray, torch.Tensor)):
-        return TensorDataset(torch.as_tensor(data))
+        return TensorDataset(*(torch.as_tensor(a) for a in arrays))
     made = made_dataset(data, bus, what)
     if made is not data:
         return made
@@ -50,8 +47,7 @@ def made_dataset(data, bus, what: str = "data"):
     """``data.to_dataset()`` for an object that is not a Dataset but makes its own (a data
     library's windows), said once on ``bus``; anything else as it is. The Trainer
     resolves it before data travels to an isolated worker, so the worker gets the Dataset."""
-    if isinstance(data, (Dataset, DataLoader)) or not callable(getattr(data, "to_dataset",
-                                                                      None)):
+    if isinstance(data, (Dataset, DataLoader)) or not callable(getattr(data, "to_dataset", None)):
         return data
     kind = type(data).__name__
     made = data.to_dataset()
@@ -79,11 +75,10 @@ QUICK_EPOCHS, QUICK_STEPS = 2, 5  # quick mode (HYBRIDNB_QUICK): a fit capped to
 class IndexedBatches:
     """Batches of in-memory tensors by indexing: no loader workers, no per-item collate.
 
-    For a TensorDataset (and ``(X, y)`` arrays): each batch is ``t[idx]`` for every tensor,
-    in the order of a ``ResumableBatchSampler``, exactly the values a DataLoader would collate.
-    The tensors sit where ``to_device`` put them once (the GPU when they fit), so a step never
-    waits for the host. On the H100 host the collation of 256 (129, 200) items was the
-    bottleneck of ShallowFBCSPNet (14-18k samples/s against ~53k for the GPU).
+    For a TensorDataset (and ``(X, y)`` arrays): ``t[idx]`` for every tensor in a
+    ``ResumableBatchSampler``'s order, the values a DataLoader would collate, where ``place``
+    put them once. On the H100 host the collation of 256 (129, 200) items was the bottleneck of
+    ShallowFBCSPNet (14-18k samples/s against ~53k for the GPU).
     """
 
     def __init__(self, tensors: tuple[torch.Tensor, ...], batch_sampler: ResumableBatchSampler,
@@ -95,9 +90,9 @@ class IndexedBatches:
     def place(self, device: torch.device, bus) -> None:
         """The tensors on ``device`` when it is CUDA and they fit in half of its free memory
         (moved once, said once with the memory taken); else they stay where they are."""
-        size = sum(t.numel() * t.element_size() for t in self.source)
         if device.type != "cuda" or self.device == device:
             return
+        size = sum(t.numel() * t.element_size() for t in self.source)
         free, _ = torch.cuda.mem_get_info(device)
         if size > 0.5 * free:
             bus.note("data_streamed", f"the data ({size / 2**20:.0f} MiB) does not fit in half "
@@ -196,8 +191,7 @@ def make_loader(data, *, batch_size: int, shuffle: bool, what: str, seed: int | 
 
 def epoch_batches(loader, state, bus) -> Iterator:
     """The epoch's batches from ``state.batches_done`` on, with the RNG states a straight run
-    would have at that point (a resumed run continues bit for bit). Each batch's sample shape is
-    checked against the epoch's first (``same_sample_shape``)."""
+    would have at that point (a resumed run continues bit for bit), shapes checked."""
     return same_sample_shape(_epoch_iter(loader, state, bus), state.batches_done,
                              state.epoch, "training")
 
@@ -217,15 +211,15 @@ def _epoch_iter(loader, state, bus) -> Iterator:
     if gen is not None and state.epoch_start["loader"] is not None:
         gen.set_state(state.epoch_start["loader"])
     sampler = getattr(loader, "batch_sampler", None)
-    if isinstance(sampler, ResumableBatchSampler):
+    skips = isinstance(sampler, ResumableBatchSampler)
+    if skips:
         sampler.skip(state.batches_done)
-        it = iter(loader)
     else:
         bus.say("resume_skip", f"reading and skipping {state.batches_done} batches of this "
                 "epoch to reach the saved position (pass a Dataset to skip without reading)")
-        it = iter(loader)
-        for _ in range(state.batches_done):
-            next(it)
+    it = iter(loader)
+    for _ in range(0 if skips else state.batches_done):
+        next(it)
     if state.pending_rng is not None:
         set_rng_state(state.pending_rng)
         state.pending_rng = None

@@ -49,8 +49,7 @@ def predict_here(loop, loader, with_targets: bool, phase: str = "evaluate") -> t
             x = loop.batch_check.cast(batch[0] if isinstance(batch, (tuple, list)) else batch)
             with precision.autocast():
                 out = model(strategy.to_device(x))
-            has_y = isinstance(batch, (tuple, list)) and len(batch) > 1
-            if with_targets and has_y:
+            if with_targets and isinstance(batch, (tuple, list)) and len(batch) > 1:
                 y = strategy.to_device(batch[1])
                 keep = _finite_rows(y)
                 kept = int(keep.sum())

@@ -26,10 +26,8 @@ class GracefulInterrupt:
 
     def __enter__(self) -> GracefulInterrupt:
         if threading.current_thread() is threading.main_thread():
-            try:
+            with contextlib.suppress(ValueError):  # e.g. an embedded interpreter refusing handlers
                 self._previous = signal.signal(signal.SIGINT, self._handle)
-            except ValueError:  # e.g. an embedded interpreter refusing handlers
-                self._previous = None
         return self
 
     def __exit__(self, *exc) -> None:

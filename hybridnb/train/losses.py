@@ -119,6 +119,45 @@ def is_classification(loss) -> bool:
     return isinstance(loss, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss))
 
 
+def class_targets(pred: torch.Tensor, y: torch.Tensor, check_range: bool = True
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits in float32 and targets as class indices (B,) int64 (or probabilities (B, C)),
+    checked: one output per class and, with ``check_range``, indices within them (an index out
+    of range is a device-side assert on CUDA that the process does not survive; the check costs
+    a device sync, so ``CrossEntropy`` asks it for every CPU batch and a device's first)."""
+    if not isinstance(pred, torch.Tensor):
+        raise TypeError(output_structure(pred))
+    if pred.dim() != 2 or pred.shape[1] < 2:
+        raise ValueError(f"loss='cross_entropy' needs the model's output as (batch, classes) "
+                         f"logits with one output per class (2 or more); it gives shape "
+                         f"{tuple(pred.shape)}. Build the model with n_outputs = the number "
+                         "of classes (two classes: n_outputs=2)")
+    if y.is_floating_point() and y.shape == pred.shape:
+        return pred.float(), y.float()  # class probabilities
+    if y.dim() == 2 and y.shape[1] == 1 or y.dim() == 0:
+        y = y.reshape(-1)
+    if y.dim() != 1 or len(y) != len(pred):
+        raise ValueError(f"loss='cross_entropy' needs targets of shape (batch,) holding class "
+                         f"indices (or (batch, classes) probabilities); they have shape "
+                         f"{tuple(y.shape)} against outputs {tuple(pred.shape)}")
+    if check_range and y.is_floating_point() and not (  # (a device batch's check syncs)
+            torch.isfinite(y).all() and torch.equal(y, y.round())):
+        raise ValueError("loss='cross_entropy' needs class indices 0..C-1 as targets; these are "
+                         "floats that are not whole numbers (regression targets? use "
+                         "loss='mse' or 'huber')")
+    if y.is_floating_point() or y.dtype == torch.bool:
+        y = y.long()
+    if check_range:
+        low, high = (int(v) for v in torch.stack([y.min(), y.max()]).tolist())
+        if low < 0 or high >= pred.shape[1]:
+            raise ValueError(f"the targets hold class indices {low}..{high}, but the model "
+                             f"gives {pred.shape[1]} outputs (classes 0..{pred.shape[1] - 1}): "
+                             "number the classes from 0 (e.g. y - y.min(), or "
+                             "np.unique(y, return_inverse=True)[1]) and give the model one "
+                             "output per class")
+    return pred.float(), y
+
+
 class CrossEntropy:
     """Cross-entropy over logits (B, C) and class indices (B,) or (B, 1): int64 targets, or
     floats holding whole numbers (cast); or class probabilities (B, C). ``weights``: one per
@@ -144,9 +183,7 @@ class CrossEntropy:
             self.weights = self.weights.to(pred.device)
         return (per_sample * (self.weights[y] if y.dim() == 1 else y @ self.weights)).mean()
 
-    def check(self, pred: torch.Tensor, y: torch.Tensor) -> None:
-        """The outputs' and targets' shapes and the classes' range (preflight.py)."""
-        class_targets(pred, y)
+    check = staticmethod(class_targets)  # the shapes and the classes' range (preflight.py)
 
     def __getstate__(self) -> dict:
         return {"weights": None if self.weights is None else self.weights.cpu(), "_seen": False}
@@ -154,46 +191,6 @@ class CrossEntropy:
     def __repr__(self) -> str:
         w = None if self.weights is None else self.weights.tolist()
         return f"CrossEntropy(class_weights={w})"
-
-
-def class_targets(pred: torch.Tensor, y: torch.Tensor, check_range: bool = True
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits in float32 and targets as class indices (B,) int64 (or probabilities (B, C)),
-    checked: one output per class and, with ``check_range``, indices within them (an index out
-    of range is a device-side assert on CUDA that the process does not survive; the check costs
-    a device sync, so ``CrossEntropy`` asks it for every CPU batch and a device's first)."""
-    if not isinstance(pred, torch.Tensor):
-        raise TypeError(output_structure(pred))
-    if pred.dim() != 2 or pred.shape[1] < 2:
-        raise ValueError(f"loss='cross_entropy' needs the model's output as (batch, classes) "
-                         f"logits with one output per class (2 or more); it gives shape "
-                         f"{tuple(pred.shape)}. Build the model with n_outputs = the number "
-                         "of classes (two classes: n_outputs=2)")
-    if y.is_floating_point() and y.shape == pred.shape:
-        return pred.float(), y.float()  # class probabilities
-    if y.dim() == 2 and y.shape[1] == 1 or y.dim() == 0:
-        y = y.reshape(-1)
-    if y.dim() != 1 or len(y) != len(pred):
-        raise ValueError(f"loss='cross_entropy' needs targets of shape (batch,) holding class "
-                         f"indices (or (batch, classes) probabilities); they have shape "
-                         f"{tuple(y.shape)} against outputs {tuple(pred.shape)}")
-    if y.is_floating_point():  # checked where the range is (a device batch's check syncs)
-        if check_range and not (torch.isfinite(y).all() and torch.equal(y, y.round())):
-            raise ValueError("loss='cross_entropy' needs class indices 0..C-1 as targets; "
-                             "these are floats that are not whole numbers (regression "
-                             "targets? use loss='mse' or 'huber')")
-        y = y.long()
-    elif y.dtype == torch.bool:
-        y = y.long()
-    if check_range:
-        low, high = (int(v) for v in torch.stack([y.min(), y.max()]).tolist())
-        if low < 0 or high >= pred.shape[1]:
-            raise ValueError(f"the targets hold class indices {low}..{high}, but the model "
-                             f"gives {pred.shape[1]} outputs (classes 0..{pred.shape[1] - 1}): "
-                             "number the classes from 0 (e.g. y - y.min(), or "
-                             "np.unique(y, return_inverse=True)[1]) and give the model one "
-                             "output per class")
-    return pred.float(), y
 
 
 def make_loss(loss, huber_delta: float = 1.0, reweight_after: int | None = None,

@@ -198,13 +198,10 @@ def suggestion(lrs: np.ndarray, losses: np.ndarray, method: str = "valley"
 
 def _longest_valley(losses: np.ndarray) -> tuple[int, int]:
     """fastai's valley: the longest decreasing subsequence of the losses, as (start, end)."""
-    n = len(losses)
-    lds = [1] * n
+    lds = [1] * len(losses)  # the longest decreasing subsequence ending at each loss
     best_end = 0
-    for i in range(1, n):
-        for j in range(i):
-            if losses[i] < losses[j] and lds[i] < lds[j] + 1:
-                lds[i] = lds[j] + 1
+    for i in range(1, len(losses)):
+        lds[i] = max((lds[j] + 1 for j in range(i) if losses[j] > losses[i]), default=1)
         if lds[i] > lds[best_end]:
             best_end = i
     return best_end - lds[best_end] + 1, best_end

@@ -51,22 +51,21 @@ class _Sendable(pickle.Pickler):
         return "tensor" if isinstance(obj, torch.Tensor) else None
 
 
-def _fingerprint(value: Any) -> str | BaseException:
-    """A digest of ``value`` (its tensors by their bytes), or the error pickling it raised."""
+def _pickled(pickler: type[pickle.Pickler], value: Any) -> bytes | BaseException:
+    """``value`` pickled, or the error pickling it raised (it cannot be compared or sent)."""
     sink = io.BytesIO()
     try:
-        _TensorBytes(sink, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
-    except Exception as exc:  # noqa: BLE001 - any failure: the value cannot be compared
+        pickler(sink, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    except Exception as exc:  # noqa: BLE001 - any failure: said as the reason
         return exc
-    return hashlib.blake2b(sink.getvalue(), digest_size=16).hexdigest()
+    return sink.getvalue()
 
 
-def _sendable(value: Any) -> BaseException | None:
-    try:
-        _Sendable(io.BytesIO(), protocol=pickle.HIGHEST_PROTOCOL).dump(value)
-    except Exception as exc:  # noqa: BLE001 - any failure: it cannot travel back
-        return exc
-    return None
+def _fingerprint(value: Any) -> str | BaseException:
+    """A digest of ``value`` (its tensors by their bytes), or the error pickling it raised."""
+    done = _pickled(_TensorBytes, value)
+    return done if isinstance(done, BaseException) else \
+        hashlib.blake2b(done, digest_size=16).hexdigest()
 
 
 def _refers_to_modules(value: Any) -> bool:
@@ -81,15 +80,12 @@ def _refers_to_modules(value: Any) -> bool:
 
 def _own(module: nn.Module) -> dict[tuple[str, str], Any]:
     """{(name, kind): value} for a module's own attributes and non-persistent buffers."""
-    out: dict[tuple[str, str], Any] = {}
-    for name, value in vars(module).items():
-        if name not in _INTERNAL and not _refers_to_modules(value):
-            out[(name, "attr")] = value
     buffers = module.__dict__.get("_buffers", {})
-    for name in module.__dict__.get("_non_persistent_buffers_set", ()):
-        if buffers.get(name) is not None:
-            out[(name, "buffer")] = buffers[name]
-    return out
+    return {**{(name, "attr"): value for name, value in vars(module).items()
+               if name not in _INTERNAL and not _refers_to_modules(value)},
+            **{(name, "buffer"): buffers[name]
+               for name in module.__dict__.get("_non_persistent_buffers_set", ())
+               if buffers.get(name) is not None}}
 
 
 class Fingerprint:
@@ -123,8 +119,8 @@ class Fingerprint:
                 continue
             if isinstance(now, BaseException) and isinstance(was, BaseException):
                 continue  # could not be compared before either: it came as it is
-            why = _sendable(value) if isinstance(now, str) else now
-            if why is not None:
+            why = _pickled(_Sendable, value) if isinstance(now, str) else now
+            if isinstance(why, BaseException):
                 unsendable[_path(key[0], key[1])] = f"{type(value).__name__}: {why}"
                 continue
             values.append((*key, _to_cpu(value)))

@@ -11,7 +11,7 @@ on release): deleting it would let a third process lock a fresh file while a sec
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import socket
 import time
@@ -19,10 +19,12 @@ from pathlib import Path
 
 try:  # POSIX
     import fcntl
+
+    _HELD = BlockingIOError  # what locking a file another process holds raises
 except ImportError:  # Windows
     import msvcrt
 
-    fcntl = None
+    fcntl, _HELD = None, OSError
 
 LOCK_NAME = ".hybridnb-run.lock"
 _WINDOWS_BYTE = 1 << 20  # msvcrt locks a byte range: one far past the text, which stays readable
@@ -34,16 +36,13 @@ class RunLockError(RuntimeError):
 
 def _try_lock(fd: int) -> bool:
     """The OS's exclusive lock on ``fd`` without waiting: True when taken."""
-    if fcntl is None:
-        os.lseek(fd, _WINDOWS_BYTE, os.SEEK_SET)
-        try:
-            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
-        except OSError:
-            return False
-        return True
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        if fcntl is None:
+            os.lseek(fd, _WINDOWS_BYTE, os.SEEK_SET)
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        else:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except _HELD:
         return False
     return True
 
@@ -56,24 +55,10 @@ def _unlock(fd: int) -> None:
         msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
 
 
-def _read(fd: int) -> dict:
-    """The holder the file names ({} when empty or unreadable)."""
+def _read(fd: int) -> str:
+    """The holder the file names ('' when empty), as ``_me`` wrote it."""
     os.lseek(fd, 0, os.SEEK_SET)
-    text = os.read(fd, 4096).decode("utf-8", "replace").strip()
-    if not text:
-        return {}
-    try:
-        holder = json.loads(text)
-    except ValueError:
-        return {"text": text[:200]}
-    return holder if isinstance(holder, dict) else {"text": text[:200]}
-
-
-def describe(holder: dict) -> str:
-    """'pid 123 on host h, started 2026-11-26 14:02:11 UTC' (as ``_me`` wrote it)."""
-    if "pid" not in holder:
-        return "another process"
-    return f"pid {holder['pid']} on host {holder.get('host')}, started {holder.get('started')}"
+    return os.read(fd, 4096).decode("utf-8", "replace").strip()[:200]
 
 
 class RunLock:
@@ -88,8 +73,6 @@ class RunLock:
     def acquire(self) -> str | None:
         """Take the folder for this run. Raises ``RunLockError`` while another live run holds
         it; returns a sentence when a dead process's lock was taken over (else None)."""
-        if self.fd is not None:
-            return None
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o644)
@@ -100,41 +83,35 @@ class RunLock:
                                ) from None
         try:
             if not _try_lock(fd):
-                holder = _read(fd)
                 raise RunLockError(
                     f"{self.what}={str(self.folder)!r} is in use by a live run "
-                    f"({describe(holder)}; lock file {self.path}): two runs in one folder "
+                    f"({_read(fd) or 'another process'}; lock file {self.path}): two runs in one folder "
                     "would overwrite each other's checkpoints and logs. Pass another "
                     f"{self.what}=, or wait for that run to end (or stop it) and fit again")
             holder = _read(fd)
             os.ftruncate(fd, 0)
             os.lseek(fd, 0, os.SEEK_SET)
-            os.write(fd, json.dumps(_me()).encode())
+            os.write(fd, _me().encode())
             os.fsync(fd)
         except BaseException:  # cleanup, then re-raised
             os.close(fd)
             raise
         self.fd = fd
         if holder:
-            return (f"{self.folder} was locked by a run that is gone ({describe(holder)}; "
+            return (f"{self.folder} was locked by a run that is gone ({holder}; "
                     "its process ended without releasing it): a stale lock, taken over by "
                     "this run")
         return None
 
     def release(self) -> None:
-        """The run is over: the file is emptied and the OS lock dropped."""
-        fd, self.fd = self.fd, None
-        if fd is None:
-            return
-        try:
-            os.ftruncate(fd, 0)  # "free and empty": the run ended cleanly
-            _unlock(fd)
-        except OSError:
-            pass  # the folder was removed or is failing: closing drops the lock anyway
-        finally:
-            os.close(fd)
+        """The run is over: the file is emptied ("free and empty": the run ended cleanly) and
+        the OS lock dropped (by closing, too, when the folder was removed or is failing)."""
+        with contextlib.suppress(OSError):
+            os.ftruncate(self.fd, 0)
+            _unlock(self.fd)
+        os.close(self.fd)
 
 
-def _me() -> dict:
-    return {"pid": os.getpid(), "host": socket.gethostname(),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+def _me() -> str:
+    return (f"pid {os.getpid()} on host {socket.gethostname()}, started "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}")

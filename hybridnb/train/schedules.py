@@ -96,14 +96,14 @@ class Plateau(Constant):
 
 
 class TorchSchedule(Constant):
-    """A ``torch.optim.lr_scheduler`` made by ``factory(optimizer, total_steps)`` (or
-    ``factory(optimizer)``), as a factor of the base LR.
+    """A ``torch.optim.lr_scheduler`` made by ``factory(optimizer[, total_steps])`` (the run's
+    optimizer steps after gradient accumulation), read as a factor of the base LR.
 
-    ``total_steps``: the run's optimizer steps after gradient accumulation. Built afresh at every
-    ``bind``; a resume loads the saved state when the factory builds the same scheduler, else
-    advances the new one to the run's step (``replaced`` says why). ``ReduceLROnPlateau`` steps
-    at each validation with the monitored metric. The loop multiplies in the loss guard's cut,
-    so a chained scheduler never compounds it; the first group's factor applies to every group.
+    Built afresh at every ``bind``; a resume loads the saved state when the factory builds the
+    same scheduler, else advances the new one to the run's step (``replaced`` says why).
+    ``ReduceLROnPlateau`` steps at each validation with the monitored metric. The loop multiplies
+    in the loss guard's cut, so a chained scheduler never compounds it; the first group's factor
+    applies to every group.
     """
 
     wants_value = True  # on_validation receives the monitored metric
@@ -123,8 +123,7 @@ class TorchSchedule(Constant):
             warnings.simplefilter("ignore", UserWarning)  # "step() before optimizer.step()"
             sched = self.factory(self.optimizer, self.total_steps) if takes_total_steps(
                 self.factory) else self.factory(self.optimizer)
-        if not isinstance(sched, (torch.optim.lr_scheduler.LRScheduler,
-                                  torch.optim.lr_scheduler.ReduceLROnPlateau)):
+        if not isinstance(sched, torch.optim.lr_scheduler.LRScheduler):  # ReduceLROnPlateau too
             raise TypeError(f"schedule={_name(self.factory)} returned a {type(sched).__name__}; "
                             "a schedule factory must return a torch.optim.lr_scheduler object "
                             "built on the optimizer it is given")
@@ -252,9 +251,7 @@ def make_schedule(schedule, warmup: float, optimizer: torch.optim.Optimizer) -> 
         return Plateau()
     if all(hasattr(schedule, m) for m in ("bind", "factor", "on_validation", "state_dict")):
         return schedule
-    if isinstance(schedule, type) and issubclass(
-            schedule, (torch.optim.lr_scheduler.LRScheduler,
-                       torch.optim.lr_scheduler.ReduceLROnPlateau)):
+    if isinstance(schedule, type) and issubclass(schedule, torch.optim.lr_scheduler.LRScheduler):
         raise ValueError(f"schedule={schedule.__name__} is a scheduler class: pass a factory "
                          f"that builds it on the optimizer, e.g. schedule=lambda opt: "
                          f"torch.optim.lr_scheduler.{schedule.__name__}(opt, ...)")

@@ -34,10 +34,9 @@ class TargetScale:
             if said:
                 self.bus.note("target_kind", said)
                 self.enabled = False  # the scale of such targets says nothing more
-        if not self.enabled or self._hook is not None or not isinstance(y, torch.Tensor) \
-                or y.numel() < 2:
+        if not self.enabled or not isinstance(y, torch.Tensor) or y.numel() < 2:
             return
-        self.enabled = False  # once per Trainer
+        self.enabled = False  # once per Trainer (so never while the hook waits)
         self.y = y.detach()
         self._hook = self.model.register_forward_hook(self._judge_output)
 
