@@ -64,10 +64,10 @@ def _measure(strategy, kind: str) -> dict:
     x, y = torch.randn(*shape, generator=g), torch.randn(BATCH, 1, generator=g)
     plain_model, agreed_model = make_model(kind), make_model(kind)
     plain = DistributedDataParallel(plain_model)
-    agreed = strategy.wrap(agreed_model)
     params = [p for p in agreed_model.parameters() if p.requires_grad]
     opt_plain = torch.optim.AdamW(plain_model.parameters(), lr=1e-3)
     opt_agreed = torch.optim.AdamW(params, lr=1e-3)
+    agreed = strategy.wrap(agreed_model, opt_agreed)
     loss_fn = nn.MSELoss()
 
     def plain_step():

@@ -81,9 +81,13 @@ def keep_copy(src: Path, dst: Path) -> None:
     """Make ``dst`` a copy of ``src`` (a hard link, else a copy); a failure leaves ``dst`` be."""
     tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
     try:
+        # a stale tmp (a kill between link and replace; a restarted container reuses the pid)
+        # may be a hard link to src itself, onto which copy2 fails with SameFileError
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
         try:
             os.link(src, tmp)
-        except OSError:  # no hard links there, or a stale tmp: copy2 overwrites it
+        except OSError:  # no hard links there
             shutil.copy2(src, tmp)
         os.replace(tmp, dst)
     finally:

@@ -98,8 +98,9 @@ def detect(refresh: bool = False, probe_timeout: float = probe.DEFAULT_TIMEOUT) 
     with _LOCK:
         if not refresh and key in _CACHE:
             return _CACHE[key]
-        _CACHE.clear()
-        hw = _CACHE[key] = _detect(float(probe_timeout), dict(current()), refresh)
+        hw = _detect(float(probe_timeout), dict(current()), refresh)
+        _CACHE.clear()  # after: a detection that raises (Ctrl-C) keeps the last answer
+        _CACHE[key] = hw
     for message in hw.warnings:
         warnings.warn(message, HardwareWarning, stacklevel=2)
     return hw

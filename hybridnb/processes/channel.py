@@ -3,7 +3,8 @@
 A frame is header | pickled ``(kind, payload)`` with each plain tensor replaced by a reference |
 the tensors' specs | their raw bytes. The parent reads the pipe (non-blocking: it keeps watching
 the child meanwhile) straight into tensors it allocated, so a state of tens of MB costs one copy
-on each side; tensors arrive on the CPU, contiguous; a frame cut short is never delivered. The
+on each side; tensors arrive on the CPU, contiguous; a frame cut short is never delivered. A
+frame with no specs section is a request already packed (``Requests.send_packed``). The
 stop request goes the other way through one shared byte (``StopFlag``), read every step.
 """
 

@@ -264,12 +264,12 @@ def _cpu_bf16(model, inputs, device, prec: str, with_rewrite: bool, applied: App
               deadline: float) -> None:
     """bf16 autocast (plus the rewrite where it applies) raced against fp32 until ``deadline``;
     kept when ``MARGIN["cpu"]`` faster. Never tried without bf16 in the CPU's hardware."""
-    why, cores = None, usable_cores()[0]
+    why, (cores, fewer) = None, usable_cores()
     if not cpu_native_bf16():
         why = "no bf16 in this CPU's hardware (AMX / AVX-512 BF16): bf16 not tried"
     elif cores < MIN_TRIAL_CORES:
-        why = (f"{cores} cores: a bf16 trial cannot fit the {BUDGET_S['cpu']:.0f} s "
-               "budget, bf16 not tried")
+        why = (f"{cores} cores" + (f" ({fewer})" if fewer else "") + ": a bf16 trial cannot "
+               f"fit the {BUDGET_S['cpu']:.0f} s budget, bf16 not tried")
     elif steps is not None and steps < MIN_TRIAL_STEPS:
         why = f"a short run ({steps} steps): bf16 not tried"
     elif not trial.can_cap_memory():

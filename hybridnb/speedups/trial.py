@@ -37,8 +37,8 @@ def race(toggle: Callable[[bool], str | None], model: nn.Module, inputs: tuple,
          device: torch.device, prec: str, budget: float, min_rounds: int | None = None
          ) -> float | str:
     """Time one step with the knob off and on, interleaved, for about ``budget`` s: the gain
-    (off time / on time, fastest step of each), or why it was not measured (on the CPU: a
-    warm-up step too slow for ``min_rounds`` rounds)."""
+    (off time / on time, fastest step of each), or why it was not measured (a step that
+    failed with the knob, or on the CPU a warm-up step too slow for ``min_rounds`` rounds)."""
     times = {False: [], True: []}
     if min_rounds is None:
         min_rounds = 2 if device.type == "cpu" else 1

@@ -65,7 +65,7 @@ class Placement:
         if self._placed_on == self.device:
             return
         self.learner.to(self.device)
-        self._placed_on, fraction = self.device, self.settings.memory_fraction
+        fraction = self.settings.memory_fraction
         if fraction is not None and self.device.type == "cuda":
             index = cuda_index(self.device)  # "cuda": the current device
             torch.cuda.set_per_process_memory_fraction(fraction, index)
@@ -73,6 +73,7 @@ class Placement:
         elif fraction is not None:
             self.bus.note("memory_fraction", f"memory_fraction={fraction} has no effect on "
                           f"{self.device} (CUDA only)")
+        self._placed_on = self.device  # after the cap: a cap that raised is tried again
 
     def speed_up(self, train_loader, batch_size: int, steps: int) -> None:
         """Apply what measures faster on this model and device (once per device, said with the

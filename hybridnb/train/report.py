@@ -13,7 +13,6 @@ import pandas as pd
 import torch
 
 from hybridnb.events import EpochRow, StepRow
-from hybridnb.live import panel_image, static
 from hybridnb.live import summary as live_summary
 from hybridnb.live.record import RunRecord
 
@@ -28,6 +27,8 @@ def write_report(trainer, folder) -> Path:
     events = pd.DataFrame([e.to_dict() for e in trainer.events],
                           columns=["kind", "message", "step", "epoch", "time"])
     events.to_csv(folder / "events.csv", index=False)
+    from hybridnb.live import panel_image, static  # plotly: only where a figure is drawn
+
     record = run_record(trainer, summary)
     fig = panel_image.make_figure(record)  # figures.png: the same figure drawn by matplotlib
     fig.write_html(folder / "figures.html", include_plotlyjs=True)

@@ -499,3 +499,18 @@ def test_an_unwritable_cache_folder_is_a_note_not_a_failure(machine, monkeypatch
     hw = D.detect(probe_timeout=30)
     assert hw.device == torch.device("cuda:0")
     assert any("could not be cached" in n and "HYBRIDNB_CACHE_DIR" in n for n in hw.notes)
+
+
+def test_an_interrupted_refresh_keeps_the_last_answer(machine, monkeypatch):
+    """A refresh that raises (Ctrl-C, a bad $HYBRIDNB_PROBE_CACHE_TTL) must not throw away the
+    cached detection."""
+    machine()
+    first = hybridnb.detect()
+
+    def interrupted(*args, **kwargs):
+        raise ValueError("refresh failed")
+
+    monkeypatch.setattr(D, "_detect", interrupted)
+    with pytest.raises(ValueError):
+        hybridnb.detect(refresh=True)
+    assert hybridnb.detect() is first

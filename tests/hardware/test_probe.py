@@ -172,3 +172,13 @@ def test_cache_never_stores_a_failure(tmp_path):
     bad.verdict = "hung"
     assert cache.store({"uuid": "GPU-1"}, bad, env) == ""
     assert not cache.folder(env).exists()
+
+
+def test_a_probe_that_exits_cleanly_mid_step_is_called_crashed_before_finishing():
+    """Exit code 0 without the end event reads like success: the verdict says the probe stopped
+    before finishing, and at which step."""
+    first = supervisor.STEPS[0]
+    res = supervisor.verdict("cuda", 0, [{"e": "start", "step": first, "t": 0.0}], 1.0,
+                             timed_out=False, rc=0, timeout=15.0)
+    assert res.verdict == "crashed" and res.failed_step == first
+    assert "exited with code 0 before finishing" in res.message

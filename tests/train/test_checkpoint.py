@@ -95,6 +95,19 @@ def test_save_is_atomic_and_keeps_the_previous_file(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.prev.pt", "last.pt"]  # no tmp
 
 
+def test_a_stale_link_from_a_killed_save_does_not_stop_the_next_one(tmp_path):
+    """A kill between keeping last.pt's copy (a hard link) and the rename leaves that link
+    behind; a process that later gets the same pid (a restarted container) must still save."""
+    import os
+
+    path = tmp_path / "last.pt"
+    checkpoint.save({"v": torch.tensor([1.0])}, path)
+    os.link(path, tmp_path / f".last.prev.pt.tmp-{os.getpid()}")  # the killed save's leftover
+    checkpoint.save({"v": torch.tensor([2.0])}, path, keep_previous=True)
+    assert checkpoint.load(path)["v"].item() == 2.0
+    assert checkpoint.load(tmp_path / "last.prev.pt")["v"].item() == 1.0
+
+
 def test_truncated_file_gives_an_error_naming_it(tmp_path):
     path = tmp_path / "last.pt"
     checkpoint.save({"w": torch.randn(1000)}, path)

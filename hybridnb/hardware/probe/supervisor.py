@@ -112,7 +112,8 @@ def verdict(backend: str, index: int, events: list[dict], seconds: float, timed_
         res.message = f"{res.verdict} at step '{TITLES[failed.name]}': {first}"
     elif not ended or rc != 0:
         res.verdict, res.failed_step = "crashed", where
-        why = _exit_reason(rc)
+        # rc 0 without the end event reads like success: say the probe stopped early
+        why = _exit_reason(rc) + (" before finishing" if rc is not None and rc >= 0 else "")
         steps[where].status, steps[where].detail = "crashed", why
         at = f"at step '{TITLES[where]}'" if events else "before its first step"
         res.message = f"crashed {at} ({why})" + (f": {tail}" if tail else "")
