@@ -13,7 +13,7 @@ from hybridnb import platform
 from hybridnb.hardware.probe import child as probe_child
 from hybridnb.hardware.probe.result import EVENT, STEPS, TITLES, ProbeResult, ProbeStep
 from hybridnb.processes.channel import Message
-from hybridnb.processes.child import child_environment, start_framed
+from hybridnb.processes.child import start_framed
 from hybridnb.processes.ended import Ending, Exit
 from hybridnb.processes.supervise import Watch, Watched
 
@@ -51,7 +51,7 @@ def _start(watch: Watch, backend: str, index: int, events: list[dict], seconds: 
 
     argv = ("--backend", backend, "--index", str(index))
     return watch.start(
-        lambda: start_framed(CHILD_MODULE, *argv, environ=child_environment())[0],
+        lambda: start_framed(CHILD_MODULE, *argv)[0],
         name=f"the probe of {backend}:{index}", on_message=take, deadline=seconds,
         stop_grace=0.0, forward_output=False, reap_s=REAP_S)
 
