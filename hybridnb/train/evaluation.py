@@ -42,7 +42,7 @@ def predict_here(loop, loader, with_targets: bool, phase: str = "evaluate") -> t
     try:
         for batch in loader:
             loop.heartbeat.beat(phase)
-            asked = (in_fit or loop.heartbeat.in_worker) and \
+            asked = (in_fit or loop.heartbeat.channel is not None) and \
                 stop_asked(loop) not in (None, Stop.CALLBACK)
             if strategy.agree(asked):
                 raise KeyboardInterrupt  # on every rank, before the same batch

@@ -22,10 +22,6 @@ class Heartbeat:
         self.bus, self.channel = bus, channel
         self.phase: str | None = None
 
-    @property
-    def in_worker(self) -> bool:
-        return self.channel is not None
-
     def beat(self, phase: str, grace: float | None = None) -> None:
         """Alive, in ``phase`` (``grace``: seconds of silence allowed until the next step)."""
         if self.channel is not None:

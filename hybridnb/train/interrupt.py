@@ -57,7 +57,7 @@ def stop_asked(loop) -> Stop | None:
         return Stop.INTERRUPT
     if loop.stop_flag():
         return Stop.CALLBACK
-    if loop.heartbeat.in_worker:
+    if loop.heartbeat.channel is not None:
         return loop.heartbeat.stop_asked()
     return Stop.STOP_BUTTON if loop.progress.view.stop_requested else None
 
