@@ -91,12 +91,6 @@ def run_isolated(work: Callable[[Channel], Any], *,
     return out
 
 
-def prestart() -> _child.PrestartedWorker:
-    """A spawned worker started now, importing ``PRELOAD`` while the caller prepares its job
-    (pass it to ``run_isolated(prestarted=...)``; ``close()`` it if the job never comes)."""
-    return _child.prestart_spawn(preload=PRELOAD)
-
-
 def startup_note(spawned_at: float, ready_at: float, sent_at: float) -> str:
     """One sentence on the worker's start-up: how long it took, how long before the job came it
     was started (a warm spare: long before), and how long the fit waited for it

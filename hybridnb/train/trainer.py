@@ -18,7 +18,8 @@ import torch
 
 from hybridnb.events import Event
 from hybridnb.live.summary import header
-from hybridnb.train import isolate, loggers, opening, run_worker, saved, setup, worker_fit
+from hybridnb.processes.child import prestart_spawn
+from hybridnb.train import loggers, opening, run_worker, saved, setup, worker_fit
 from hybridnb.train.batch_size import find_batch_size
 from hybridnb.train.bus import Bus, Started
 from hybridnb.train.callbacks import check_callbacks
@@ -27,7 +28,7 @@ from hybridnb.train.data import made_dataset
 from hybridnb.train.evaluation import as_output, metrics
 from hybridnb.train.habits import refuse_lightning_hooks
 from hybridnb.train.heap import frozen_heap
-from hybridnb.train.isolate import isolate_decision
+from hybridnb.train.isolate import PRELOAD, isolate_decision
 from hybridnb.train.parts import build_loop
 from hybridnb.train.preflight import check_fit_data, check_outputs
 from hybridnb.train.settings import Settings
@@ -254,7 +255,7 @@ class Trainer:
 
     def _fit(self, train, val, resume) -> pd.DataFrame:
         # an isolated fit's worker starts first: it imports torch while this process sets up
-        early = isolate.prestart() if self.isolated else None
+        early = prestart_spawn(preload=PRELOAD) if self.isolated else None
         try:
             train_loader, val_loader = opening.open_loaders(self.loop, train, val)
             self.should_stop = False
