@@ -30,7 +30,6 @@ HISTORY = "history.csv"
 TB_EVENTS = "events.out.tfevents.*"
 LOGGERS = ("csv", "tensorboard")
 METHODS = ("log_hparams", "log_metrics", "close")
-TB_INSTALL = "pip install 'hybridnb[tensorboard]' (or pip install tensorboard)"
 INSTALL = "pip install 'hybridnb[loggers]' (or pip install {package})"
 
 
@@ -79,10 +78,6 @@ def need_folder(loggers: tuple) -> bool:
     """Whether some of ``loggers`` write into ``log_dir`` (a name, or an object given no
     folder of its own)."""
     return any(isinstance(lg, str) or getattr(lg, "needs_folder", False) for lg in loggers)
-
-
-def tensorboard_available() -> bool:
-    return importlib.util.find_spec("tensorboard") is not None
 
 
 def hparams(settings, model) -> dict[str, Any]:
@@ -236,11 +231,8 @@ class TensorBoardLogger(_FileLogger):
         self._file: Path | None = None  # the writer's event file (watched: a folder removed)
 
     def open(self, start_epoch: int, global_step: int) -> None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as exc:
-            raise ImportError(f"logger='tensorboard' needs the tensorboard package: "
-                              f"{TB_INSTALL}") from exc
+        from torch.utils.tensorboard import SummaryWriter  # Settings checked it is installed
+
         if start_epoch == 0:
             checkpoint.set_aside(self.folder, self.patterns, checkpoints=False)
         self._purge = global_step + 1 if start_epoch else None  # a resumed run's later steps

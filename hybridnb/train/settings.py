@@ -10,6 +10,7 @@ options), so a worker never has to detect again.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import torch
 
 from hybridnb.train import checkpoint
 from hybridnb.train.habits import precision_name, unknown_keywords
-from hybridnb.train.loggers import TB_INSTALL, logger_names, need_folder, tensorboard_available
+from hybridnb.train.loggers import TensorBoardLogger, logger_names, need_folder
 from hybridnb.train.losses import CLASSIFICATION_NAMES, is_classification
 
 COMPILE_MODES = (False, True, "default", "reduce-overhead", "max-autotune")
@@ -139,8 +140,10 @@ class Settings:
         if self.logger != "auto" and need_folder(names) and self.log_folder is None:
             raise ValueError(f"logger={self.logger!r} needs a folder to write into: pass "
                              "log_dir= (or checkpoint_dir=, which log_dir defaults to)")
-        if "tensorboard" in names and not tensorboard_available():
-            raise ImportError(f"logger='tensorboard' needs the tensorboard package: {TB_INSTALL}")
+        tensorboard = any(isinstance(lg, TensorBoardLogger) or lg == "tensorboard" for lg in names)
+        if tensorboard and importlib.util.find_spec("tensorboard") is None:  # before training
+            raise ImportError("logger='tensorboard' needs the tensorboard package: pip install "
+                              "'hybridnb[tensorboard]' (or pip install tensorboard)")
 
     @property
     def loggers(self) -> tuple[str, ...]:

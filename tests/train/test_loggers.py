@@ -79,12 +79,14 @@ def test_where_loggers_write_and_the_errors_when_they_cannot(tmp_path):
 
 
 def test_tensorboard_without_the_package_says_how_to_install(monkeypatch, tmp_path):
-    monkeypatch.setattr(loggers, "tensorboard_available", lambda: False)
-    from hybridnb.train import settings
+    import importlib.util
 
-    monkeypatch.setattr(settings, "tensorboard_available", lambda: False)
-    with pytest.raises(ImportError, match=r"pip install 'hybridnb\[tensorboard\]'"):
-        trainer(logger="tensorboard", log_dir=tmp_path)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    for logger in ("tensorboard", loggers.TensorBoardLogger()):  # said at construction
+        with pytest.raises(ImportError, match=r"pip install 'hybridnb\[tensorboard\]'"):
+            trainer(logger=logger, log_dir=tmp_path)
 
 
 def test_tensorboard_scalars_per_step_and_per_epoch(tmp_path):
