@@ -154,18 +154,18 @@ def warm_up(kind: str) -> None:
 def trainer_run(x, y, kind: str, stamps: list[float], spent: dict[str, float], model: str,
                 epochs: int, isolate: bool = False) -> None:
     """The Trainer; ``isolate``: its steps in a supervised worker process, drawn by this one."""
-    import hybridnb.train.progress as progress_mod
+    import hybridnb.train.opening as opening_mod
     import hybridnb.train.trainer as trainer_mod
 
-    real = progress_mod.make_view  # the kernel's view, also for an isolated (spawned) worker
-    progress_mod.make_view = lambda live: TimedView(renderer(kind), stamps, spent)
+    real = opening_mod.make_view  # the kernel's view, also for an isolated (spawned) worker
+    opening_mod.make_view = lambda live: TimedView(renderer(kind), stamps, spent)
     try:
         tr = trainer_mod.Trainer(make_model(model), device="cpu", precision="fp32",
                                  batch_size=BATCH, epochs=epochs, lr=LR, live=kind, seed=0,
                                  schedule="warmup_cosine", clip_grad=1.0, isolate=isolate)
         tr.fit((x, y))
     finally:
-        progress_mod.make_view = real
+        opening_mod.make_view = real
 
 
 def measure(model: str, epochs: int, steps: int, rounds: int) -> tuple[list[dict], dict]:
@@ -235,19 +235,19 @@ def first_steps(pauses: tuple[float, ...] = (0.0, 8.0, 0.0)) -> list[dict]:
     reference, then isolated fits in a row, the first with a cold worker, the later ones on the
     warm spare worker, each after ``pauses[i]`` seconds (a person running the next cell). The
     isolated worker's rows arrive in batches (at most 0.1 s apart), so these are upper bounds."""
-    import hybridnb.train.progress as progress_mod
+    import hybridnb.train.opening as opening_mod
     import hybridnb.train.trainer as trainer_mod
     from hybridnb.processes import spare
 
     spare.close_all()  # the parts before left a spare: fit 1 starts a worker of its own
     x, y = make_data(4)
     rows = []
-    real = progress_mod.make_view
+    real = opening_mod.make_view
     try:
         for i, pause in enumerate((0.0, *pauses)):
             time.sleep(pause)
             stamps: list[float] = []
-            progress_mod.make_view = lambda live, st=stamps: TimedView(renderer("text"), st, {})
+            opening_mod.make_view = lambda live, st=stamps: TimedView(renderer("text"), st, {})
             tr = trainer_mod.Trainer(make_model("linear"), device="cpu", precision="fp32",
                                      batch_size=BATCH, epochs=1, lr=LR, live="text", seed=0,
                                      isolate=i > 0)
@@ -260,7 +260,7 @@ def first_steps(pauses: tuple[float, ...] = (0.0, 8.0, 0.0)) -> list[dict]:
                          "fit() to first step s": stamps[1] - t0 if len(stamps) > 1 else None,
                          "whole fit s": time.perf_counter() - t0})
     finally:
-        progress_mod.make_view = real
+        opening_mod.make_view = real
     return rows
 
 

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 from hybridnb.env import quick
 from hybridnb.failures import free_memory
+from hybridnb.live import make_view
 from hybridnb.train import saved, setup
 from hybridnb.train.blocks import checkpointed_blocks, say_checkpointed
 from hybridnb.train.bus import Started
@@ -47,8 +48,9 @@ def fitting(loop, train_loader, view_started: bool) -> Iterator[None]:
         loop.checkpoints.keep(saved.state_dict(loop))
         loop.first_step = loop.state.global_step
         if not view_started:
-            loop.progress.view = loop.progress.make_view(
-                s.live, channel=loop.heartbeat.channel, is_main=placement.strategy.is_main)
+            # an isolated worker's events are drawn by the kernel; ranks other than 0 draw nothing
+            drawn = placement.strategy.is_main and loop.heartbeat.channel is None
+            loop.progress.view = make_view(s.live if drawn else False)
             loop.bus.emit(Started(run_info(loop)))
         loop.bus.flush()
         say_checkpointed(blocks, s.grad_checkpointing, loop.bus)

@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 
 from hybridnb.events import EpochRow, Event, StepRow
-from hybridnb.live import View, make_view
+from hybridnb.live import View
 from hybridnb.measure.memory import peak_bytes
 from hybridnb.measure.throughput import ThroughputMonitor
 from hybridnb.train.bus import Ended, EpochEnded, Started, StepEnded, Validated
@@ -35,12 +35,6 @@ class Progress:
         self.view = view if view is not None else View()  # silent until a fit starts
         self.started = 0.0
         self._monitor: ThroughputMonitor | None = None  # each epoch's (new_epoch)
-
-    @staticmethod
-    def make_view(live, *, channel=None, is_main: bool = True):
-        """The renderer for ``live``; an isolated worker (``channel``: its events are drawn by
-        the kernel) and ranks other than 0 draw nothing."""
-        return make_view(live) if is_main and channel is None else make_view(False)
 
     def new_epoch(self, device: torch.device, warmup: bool, flops_per_sample: float | None,
                   precision: str) -> ThroughputMonitor:

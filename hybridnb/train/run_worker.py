@@ -79,7 +79,7 @@ def fit(trainer, train, val, train_loader, val_loader, early=None) -> pd.DataFra
     device, start, loop = trainer.device, trainer.state_dict(), trainer.loop
     job = FitJob(trainer.settings.for_worker(), trainer.model, train, val, start,
                  list(trainer.bus.pending), random.getstate(), time.monotonic())
-    trainer.progress.view = trainer.progress.make_view(trainer.live)  # drawn here
+    trainer.progress.view = opening.make_view(trainer.live)  # drawn here
     relay = Relay(loop)
     try:
         with platform.notices_to(relay.notice):
@@ -123,7 +123,7 @@ def job(trainer, what: str, fn, *args, **kwargs) -> tuple[bool, object]:
     def hear(message) -> None:  # the job's events (a trial fit's view, steps, notes) as in process
         if message.kind == EVENT:
             if isinstance(message.payload, Started):
-                trainer.progress.view = trainer.progress.make_view(trainer.live)  # drawn here
+                trainer.progress.view = opening.make_view(trainer.live)  # drawn here
             trainer.bus.emit(message.payload)
 
     out = run_job(trainer, worker_fit.LoopJob(trainer.settings.for_worker(), trainer.model, fn,

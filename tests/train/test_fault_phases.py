@@ -67,10 +67,10 @@ def _fresh_lost_devices(monkeypatch):
 
 @pytest.fixture
 def view(monkeypatch):
-    from hybridnb.train import progress
+    from hybridnb.train import opening
 
     rec = Recorder()
-    monkeypatch.setattr(progress, "make_view", lambda live: rec)
+    monkeypatch.setattr(opening, "make_view", lambda live: rec)
     return rec
 
 

@@ -8,7 +8,7 @@ from tiny import sine_data, sine_net
 
 from hybridnb.events import EpochRow, StepRow, ValidationRow, row_kind
 from hybridnb.live.record import RunRecord
-from hybridnb.train import progress
+from hybridnb.train import opening
 from hybridnb.train.trainer import Trainer
 
 
@@ -34,7 +34,7 @@ class Rows:
 @pytest.mark.parametrize("isolate", [False, True])
 def test_a_fits_rows_are_typed_by_kind(monkeypatch, isolate):
     view = Rows()
-    monkeypatch.setattr(progress, "make_view", lambda live, **k: view)
+    monkeypatch.setattr(opening, "make_view", lambda live, **k: view)
     tr = Trainer(sine_net(), device="cpu", batch_size=32, epochs=2, val_every=2, live="text",
                  verbose=False, isolate=isolate)
     tr.fit(sine_data(128), val=sine_data(64, seed=1))  # 4 steps an epoch

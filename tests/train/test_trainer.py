@@ -13,7 +13,6 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-import hybridnb.train.progress as progress_mod
 import hybridnb.train.trainer as trainer_mod
 from hybridnb.live import View
 from hybridnb.train import checkpoint, opening
@@ -372,7 +371,7 @@ def test_live_view_contract_and_stop_button(tmp_path, monkeypatch):
         views.append(FakeView(stop_after=None if live == "text" else 13))
         return views[-1]
 
-    monkeypatch.setattr(progress_mod, "make_view", make_view)
+    monkeypatch.setattr(opening, "make_view", make_view)
     tr = run(val=data(64, seed=1), epochs=2, live="text", precision="fp16")
     view = views[0]
     assert view.run == {"epochs": 2, "steps_per_epoch": 8, "batch_size": 32, "device": "cpu",
