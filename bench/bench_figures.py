@@ -67,10 +67,10 @@ def warm_costs() -> list[dict]:
     from hybridnb.live import figures, panel_image, static
 
     rec = long_run_record()
-    end = panel_image.make_figure(rec)
     cases = {"user px.scatter (3 traces, 150 points)": lambda f=user_figure(): static.to_png(f),
              "LRFindResult.plot() (100 steps)": lambda f=lr_figure(): static.to_png(f),
-             "end-of-run figure, PNG (matplotlib)": lambda: static.to_png(end),
+             "end-of-run figure, PNG (matplotlib)":
+                 lambda: static.save(panel_image.draw(rec), "png"),
              "end-of-run figure, SVG (matplotlib, the snapshot's image)":
                  lambda: panel_image.to_svg(rec).encode(),
              "live plots, plotly JSON (the HTML view, every ~1 s)":

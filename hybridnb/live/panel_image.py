@@ -64,16 +64,13 @@ def to_svg(record, max_points: int = SNAPSHOT_POINTS) -> str:
     return save(draw(record, max_points), "svg").decode("utf-8")
 
 
-def make_figure(record, widget: bool = False, max_points: int = SNAPSHOT_POINTS):
-    """A plotly Figure of the three panels that ``static.to_png`` draws with ``draw``, not
-    translated (``widget=True``: a FigureWidget for live updates)."""
+def make_figure(record, max_points: int = SNAPSHOT_POINTS):
+    """A plotly FigureWidget of the three panels, for live updates (``draw``: the same panels
+    in matplotlib)."""
     import plotly.graph_objects as go
 
     fig = figure_dict(record, max_points)
     fig["layout"]["template"] = "plotly_white"
-    if widget:  # a widget sizes itself once, often before its output area is laid out
-        fig["layout"]["width"] = 960
-        return go.FigureWidget(fig)
-    out = go.Figure(fig)
-    out._hybridnb_draw = lambda: draw(record, max_points)
-    return out
+    # a widget sizes itself once, often before its output area is laid out
+    fig["layout"]["width"] = 960
+    return go.FigureWidget(fig)

@@ -5,8 +5,7 @@ html`` and by a code host's preview, so an SVG (drawn with matplotlib: no browse
 state) travels in the same output: ``static_figures()`` adds the ``"hybridnb_image"`` renderer
 to plotly's default (importing hybridnb changes no plotly setting); ``static_figure(fig)`` makes a
 figure that carries the image whatever the settings. Figures are translated by
-``live/plotly_mpl.py``, except hybridnb's own panels (``panel_image.make_figure``), which carry
-their matplotlib drawing.
+``live/plotly_mpl.py`` (hybridnb's own panels are drawn by ``panel_image.draw``, not translated).
 
 SVG, not PNG: JupyterLab's plotly renderer shows an ``image/png`` instead of drawing the plot;
 it ignores ``image/svg+xml``. kaleido would draw user figures pixel for pixel but needs a
@@ -48,11 +47,7 @@ def save(figure: Any, fmt: str) -> bytes:
 
 
 def to_matplotlib(fig: Any):
-    """The figure (a plotly figure or its dict) as a ``matplotlib.figure.Figure``; one that
-    carries its own drawing (``_hybridnb_draw``) is drawn by it, not translated."""
-    draw = getattr(fig, "_hybridnb_draw", None)
-    if draw is not None:
-        return draw()
+    """The figure (a plotly figure or its dict) as a ``matplotlib.figure.Figure``."""
     from hybridnb.live.plotly_mpl import draw as translate
 
     return translate(fig if isinstance(fig, dict) else fig.to_dict())

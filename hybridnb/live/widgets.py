@@ -52,7 +52,7 @@ class WidgetView(HtmlView):
             tooltip="Stop after the current step (checkpoint and history are kept)")
         self.stop_button.add_class("hybridnb-stop")
         self.box = W.VBox([self.progress, self.stop_button])
-        self.fig = panel_image.make_figure(self.record, widget=True, max_points=figures.LIVE_POINTS)
+        self.fig = panel_image.make_figure(self.record, max_points=figures.LIVE_POINTS)
         self.plots_box = W.VBox([self.fig], layout=W.Layout(width="100%"))
         self.plots_box.add_class("hybridnb-live-plots")
         self._widgets = [self.progress, self.stop_button, self.box, self.fig, self.plots_box]

@@ -27,12 +27,15 @@ def write_report(trainer, folder) -> Path:
     events = pd.DataFrame([e.to_dict() for e in trainer.events],
                           columns=["kind", "message", "step", "epoch", "time"])
     events.to_csv(folder / "events.csv", index=False)
-    from hybridnb.live import panel_image, static  # plotly: only where a figure is drawn
+    import plotly.graph_objects as go  # only where a figure is drawn
+
+    from hybridnb.live import figures, panel_image, static
 
     record = run_record(trainer, summary)
-    fig = panel_image.make_figure(record)  # figures.png: the same figure drawn by matplotlib
+    fig = go.Figure(figures.figure_dict(record)).update_layout(template="plotly_white")
     fig.write_html(folder / "figures.html", include_plotlyjs=True)
-    (folder / "figures.png").write_bytes(static.to_png(fig))
+    # the same panels drawn by matplotlib, not translated from plotly
+    (folder / "figures.png").write_bytes(static.save(panel_image.draw(record), "png"))
     notes = _model(trainer, folder)
     # the live view's end paragraph, then each event and what the report left out
     lines = [live_summary.paragraph(summary, record), "",

@@ -168,7 +168,7 @@ def test_report_png_is_the_live_figure(tmp_path):
     assert "skipped" not in (folder / "summary.txt").read_text()
 
 
-def test_the_live_figure_carries_its_own_matplotlib_drawing():
+def test_the_panels_have_their_own_matplotlib_drawing():
     """hybridnb's panels are drawn twice, never translated: plotly live, matplotlib static."""
     from hybridnb.events import StepRow
     from hybridnb.live import panel_image
@@ -177,11 +177,10 @@ def test_the_live_figure_carries_its_own_matplotlib_drawing():
     record = RunRecord({"epochs": 1, "steps_per_epoch": 3})
     for g in (1, 2, 3):
         record.add(StepRow(global_step=g, epoch=0, step=g, loss=1.0 / g, lr=1e-3))
-    fig = panel_image.make_figure(record)
-    drawn = static.to_matplotlib(fig)  # what trainer.report()'s figures.png is
+    drawn = panel_image.draw(record)  # what trainer.report()'s figures.png is
     assert [ax.get_title() for ax in drawn.axes] == ["loss", "learning rate", "memory (GiB)"]
     assert list(drawn.axes[0].lines[0].get_ydata()) == [1.0, 0.5, 1 / 3]
-    assert "<dc:title>hybridnb: loss, learning rate, memory" in static.to_svg(fig)
+    assert "<dc:title>hybridnb: loss, learning rate, memory" in panel_image.to_svg(record)
 
 
 # ------------------------------------------------------------------ the translation
