@@ -63,7 +63,7 @@ class Loop:
                     return
                 metrics, stop = self.validation.at_epoch_end(val_loader)
             except KeyboardInterrupt:  # in a step, loading data or validating
-                self.rewind.after_interrupt()
+                saved.after_interrupt(self)
                 self._stop(Stop.STOP_BUTTON if stop_asked(self) is Stop.STOP_BUTTON else
                            Stop.INTERRUPT, "the current step or validation was dropped")
                 return
@@ -103,10 +103,10 @@ class Loop:
             self.heartbeat.before_step(first=state.global_step == self.first_step)
             outcome = placement.recovery.run(window)
             if outcome.kind is Came.DEVICE_LOST:
-                self.rewind.to_cpu(outcome.detail)
+                saved.to_cpu(self, outcome.detail)
                 return Epoch.REWOUND
             if outcome.kind is Came.RESTORE:
-                self.rewind.after_bad_steps()
+                saved.after_bad_steps(self)
                 return Epoch.REWOUND
             n = sum(batch_len(b) for b in window)
             if outcome.kind is Came.OK:

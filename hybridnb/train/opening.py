@@ -38,7 +38,8 @@ def fitting(loop, train_loader, view_started: bool) -> Iterator[None]:
     placement.place(loop.loaders.opened)
     placement.speed_up(train_loader, s.batch_size, loop.state.plan.total_steps)
     # this fit's bookkeeping: its last validation, its restores to each step
-    loop.validation, loop.rewind = Validation(loop), saved.Rewind(loop)
+    loop.validation = Validation(loop)
+    loop.restores = {}  # global step restored to -> how many times (saved.after_bad_steps)
     failed = True
     with GracefulInterrupt() as loop.interrupt, \
             checkpointed_blocks(loop.learner.model, s.grad_checkpointing) as blocks, \

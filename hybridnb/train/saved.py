@@ -2,9 +2,10 @@
 
 A full state is the learner's states (weights, optimizer, schedule, EMA, guard), the scaler, the
 run state's ``SAVED`` fields (state.py), every RNG (the train loader's generator included) and the
-config it ran with: plain CPU data that loads with ``torch.load(weights_only=True)``. ``Rewind``
-is what a fit does when it must go back to its last good state: after ``patience`` bad steps,
-a lost device, or a Ctrl-C during the optimizer update.
+config it ran with: plain CPU data that loads with ``torch.load(weights_only=True)``.
+``after_bad_steps``, ``to_cpu`` and ``after_interrupt`` are what a fit does when it must go back
+to its last good state: after ``patience`` bad steps, a lost device, or a Ctrl-C during the
+optimizer update.
 """
 
 from __future__ import annotations
@@ -87,56 +88,51 @@ def finish(loop, failed: bool) -> None:
     loop.bus.emit(Ended({**summary, "failed": failed}))
 
 
-class Rewind:
-    """Going back to the last good state (``checkpoints.snapshot``) during one fit; counts the
-    restores to each step (a bounded number, then a clear error)."""
+# Going back to the last good state (``checkpoints.snapshot``) during one fit; ``loop.restores``
+# counts the restores to each step (a bounded number, then a clear error).
 
-    def __init__(self, loop) -> None:
-        self.loop = loop
-        self.restores: dict[int, int] = {}  # global step restored to -> how many times
 
-    def to_cpu(self, detail: str) -> None:
-        """Sticky device error: the whole run continues on the CPU from the last good state
-        (a CPU-side snapshot; nothing reads the lost device again)."""
-        loop = self.loop
-        lost, snapshot = loop.placement.device, loop.checkpoints.snapshot
-        loop.bus.say("device_lost", f"{detail} — {lost} cannot be trusted again in this "
-                     "process. Moving the run (model, optimizer state, scaler, EMA) to the CPU "
-                     f"and continuing from the last good state (step "
-                     f"{snapshot['position']['global_step']}) in fp32; steps will be slower")
-        loop.loaders.on_cpu(loop.placement)
-        loop.learner.rebuild_on_cpu()
-        restore(loop, snapshot)
-        loop.state.micro = None  # the GPU's micro-batch size means nothing here
-        build_step(loop)
+def to_cpu(loop, detail: str) -> None:
+    """Sticky device error: the whole run continues on the CPU from the last good state
+    (a CPU-side snapshot; nothing reads the lost device again)."""
+    lost, snapshot = loop.placement.device, loop.checkpoints.snapshot
+    loop.bus.say("device_lost", f"{detail} — {lost} cannot be trusted again in this "
+                 "process. Moving the run (model, optimizer state, scaler, EMA) to the CPU "
+                 f"and continuing from the last good state (step "
+                 f"{snapshot['position']['global_step']}) in fp32; steps will be slower")
+    loop.loaders.on_cpu(loop.placement)
+    loop.learner.rebuild_on_cpu()
+    restore(loop, snapshot)
+    loop.state.micro = None  # the GPU's micro-batch size means nothing here
+    build_step(loop)
 
-    def after_bad_steps(self) -> None:
-        """``patience`` bad steps in a row: back to the last good state, the lower LR kept."""
-        loop = self.loop
-        state, snapshot = loop.state, loop.checkpoints.snapshot
-        at = snapshot["position"]["global_step"]
-        self.restores[at] = self.restores.get(at, 0) + 1
-        if self.restores[at] > 3:
-            raise FloatingPointError(
-                f"the loss stays non-finite or spiking after 3 restores to step {at} (epoch "
-                f"{snapshot['position']['epoch']}), with the learning rate cut to "
-                f"{state.lr_scale:.3g} of the schedule. Likely causes: non-finite values in a "
-                "custom loss or model output, or a learning rate far too high; check "
-                "trainer.steps and trainer.events")
-        lr_scale = state.lr_scale
-        loop.bus.say("restore", f"{loop.learner.guard.patience} bad steps in a row: restoring "
-                     f"the last good state (step {at}) and keeping the lower learning rate "
-                     f"({lr_scale:.3g} of the schedule)")
-        restore(loop, snapshot)
-        state.lr_scale = lr_scale
-        loop.learner.guard.streak = 0
 
-    def after_interrupt(self) -> None:
-        """A KeyboardInterrupt inside a step or a validation: the step is dropped; one that came
-        during the optimizer update goes back to the last good weights."""
-        loop = self.loop
-        loop.learner.optimizer.zero_grad(set_to_none=True)
-        if loop.placement.recovery.phase == "update":  # the update may be half done
-            restore(loop, loop.checkpoints.snapshot)
-            loop.bus.say("restore", "interrupted during the optimizer update: restored the last "
-                         f"good state (step {loop.state.global_step})")
+def after_bad_steps(loop) -> None:
+    """``patience`` bad steps in a row: back to the last good state, the lower LR kept."""
+    state, snapshot = loop.state, loop.checkpoints.snapshot
+    at = snapshot["position"]["global_step"]
+    loop.restores[at] = loop.restores.get(at, 0) + 1
+    if loop.restores[at] > 3:
+        raise FloatingPointError(
+            f"the loss stays non-finite or spiking after 3 restores to step {at} (epoch "
+            f"{snapshot['position']['epoch']}), with the learning rate cut to "
+            f"{state.lr_scale:.3g} of the schedule. Likely causes: non-finite values in a "
+            "custom loss or model output, or a learning rate far too high; check "
+            "trainer.steps and trainer.events")
+    lr_scale = state.lr_scale
+    loop.bus.say("restore", f"{loop.learner.guard.patience} bad steps in a row: restoring "
+                 f"the last good state (step {at}) and keeping the lower learning rate "
+                 f"({lr_scale:.3g} of the schedule)")
+    restore(loop, snapshot)
+    state.lr_scale = lr_scale
+    loop.learner.guard.streak = 0
+
+
+def after_interrupt(loop) -> None:
+    """A KeyboardInterrupt inside a step or a validation: the step is dropped; one that came
+    during the optimizer update goes back to the last good weights."""
+    loop.learner.optimizer.zero_grad(set_to_none=True)
+    if loop.placement.recovery.phase == "update":  # the update may be half done
+        restore(loop, loop.checkpoints.snapshot)
+        loop.bus.say("restore", "interrupted during the optimizer update: restored the last "
+                     f"good state (step {loop.state.global_step})")
