@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hybridnb.hardware import rules  # the one bf16 rule
+
 NAMES = ("auto", "bf16", "fp16", "fp32")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -48,7 +50,7 @@ class Precision:
             if recommended in _DTYPES:
                 return cls(recommended, device)
             if device.type == "cuda":
-                bf16 = native_bf16 if native_bf16 is not None else _native_bf16(device)
+                bf16 = native_bf16 if native_bf16 is not None else rules.device_native_bf16(device)
                 return cls("bf16" if bf16 else "fp16", device)
             return cls("fp32", device)
         if name == "fp16" and device.type == "cpu":
@@ -58,10 +60,3 @@ class Precision:
             return cls("fp16", device, note="bf16 was asked but this GPU only emulates it; "
                        "using fp16 with a GradScaler instead.")
         return cls(name, device)
-
-
-def _native_bf16(device: torch.device) -> bool:
-    """bf16 in hardware (the one rule: ``hybridnb.hardware.rules.native_bf16``)."""
-    from hybridnb.hardware.rules import device_native_bf16
-
-    return device_native_bf16(device)

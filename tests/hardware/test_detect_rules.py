@@ -231,12 +231,13 @@ def test_cpu_ranks_of_a_launched_job_share_the_cores_instead_of_oversubscribing(
 
 # ------------------------------------------------------------------ one rule each: bf16, compile
 
-def test_device_native_bf16_is_false_off_cuda():
+def test_device_native_bf16_is_false_off_cuda_and_precision_asks_it(monkeypatch):
     """precision.py asks this one rule (no second bf16 check there)."""
-    from hybridnb.train import precision
+    from hybridnb.train.precision import Precision
 
     assert recommend.device_native_bf16("cpu") is False
-    assert precision._native_bf16(__import__("torch").device("cpu")) is False
+    monkeypatch.setattr(recommend, "device_native_bf16", lambda device: True)
+    assert Precision.choose("auto", "cuda").name == "bf16"
 
 
 @pytest.mark.parametrize("device, mode, needle", [
