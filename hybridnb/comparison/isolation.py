@@ -44,8 +44,8 @@ class ChildVariant:
         self.watched: Watched = watch.start(start, name=f"the variant's process ({name})",
                                             on_message=self._take, stop_grace=0.0,
                                             forward_output=False)
-        self._job = threading.Thread(target=self._send_quietly, args=("job", job_bytes),
-                                     daemon=True, name=f"hybridnb-{name}-job")
+        self._job = threading.Thread(target=self.requests.send_packed, args=(job_bytes, False),
+                                     daemon=True, name=f"hybridnb-{name}-job")  # not pickled again
         self._job.start()
 
     def _take(self, message: Message) -> None:

@@ -2,8 +2,8 @@
 (``processes.framed``), so whatever happens in it (an abort, a segfault, an allocation the OS
 refuses, a GPU that never returns) ends this process, not the caller's: the caller makes it a row.
 
-Its first request is its job (a cloudpickled ``session.Job``), answered {"status": "ok"} once
-loaded; then it answers ``prepare`` and ``window`` (steps) with the session's plain dicts until
+Its first request is its job (a cloudpickled ``session.Job``, its bytes sent as they are: a
+``PACKED`` request), answered {"status": "ok"} once loaded; then it answers ``prepare`` and ``window`` (steps) with the session's plain dicts until
 ``close``, or until the caller goes away (then it dies with it).
 """
 

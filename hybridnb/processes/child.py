@@ -373,12 +373,13 @@ class Requests:
         """Write one request (blocks while the pipe is full; OSError once the child is gone)."""
         self._write(encode(kind, payload)[0])
 
-    def send_packed(self, data: bytes) -> None:
-        """Write ``payload.pack``'s bytes as they are (the child gets them as a ``PACKED``
-        message), then close; a child gone meanwhile ends it quietly."""
+    def send_packed(self, data: bytes, close: bool = True) -> None:
+        """Write pickled bytes as they are (the child gets them as a ``PACKED`` message), then
+        close unless ``close=False``; a child gone meanwhile ends it quietly."""
         with contextlib.suppress(OSError):
             self._write([HEADER.pack(MAGIC, len(data), 0), data])
-        self.close()
+        if close:
+            self.close()
 
     def _write(self, parts: list) -> None:
         if self.fd is None:
