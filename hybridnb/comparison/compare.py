@@ -69,7 +69,7 @@ class _Run:
     busy: list[float] = field(default_factory=list)
     last_loss: float | None = None
     other_masks: bool = False  # dropout under channels_last: its loss is not comparable
-    where: Any = None  # VariantSession | ChildVariant while it lives
+    where: Any = None  # its VariantSession | ChildVariant (closed by compare's ExitStack)
 
     def take(self, answer: dict) -> bool:
         """Record an answer; False when the run has ended (skipped, oom, failed, crashed...)."""

@@ -100,7 +100,8 @@ def check_fits(state: dict, path: Path, model) -> None:
                               "it was trained with (or start afresh without resume)")
     mine, theirs = model.state_dict(), state.get("model", {})
     for key in list(mine) + [k for k in theirs if k not in mine]:
-        there, here = (tuple(d[key].shape) if key in d else None for d in (theirs, mine))
+        there, here = (tuple(getattr(d[key], "shape", ())) if key in d else None  # extra_state
+                       for d in (theirs, mine))
         why = ("is missing from the checkpoint" if there is None else
                "is in the checkpoint but not in the model" if here is None else
                f"has shape {there} there and {here} here" if there != here else None)

@@ -106,10 +106,13 @@ class RunLock:
     def release(self) -> None:
         """The run is over: the file is emptied ("free and empty": the run ended cleanly) and
         the OS lock dropped (by closing, too, when the folder was removed or is failing)."""
+        fd, self.fd = self.fd, None  # a second release must not close a reused descriptor
+        if fd is None:
+            return
         with contextlib.suppress(OSError):
-            os.ftruncate(self.fd, 0)
-            _unlock(self.fd)
-        os.close(self.fd)
+            os.ftruncate(fd, 0)
+            _unlock(fd)
+        os.close(fd)
 
 
 def _me() -> str:

@@ -108,6 +108,23 @@ def test_a_stale_link_from_a_killed_save_does_not_stop_the_next_one(tmp_path):
     assert checkpoint.load(tmp_path / "last.prev.pt")["v"].item() == 1.0
 
 
+def test_a_checkpoint_with_extra_state_the_model_lacks_is_named(tmp_path):
+    """A non-tensor entry (a module's ``get_extra_state``) on one side only is named like any
+    missing key, with the file."""
+
+    class WithExtra(nn.Linear):
+        def get_extra_state(self):
+            return {"note": 1}
+
+        def set_extra_state(self, state):
+            pass
+
+    saved = {"model": nn.Sequential(WithExtra(2, 1)).state_dict()}
+    path = tmp_path / "last.pt"
+    with pytest.raises(checkpoint.CheckpointError, match=r"last\.pt.*'0\._extra_state' is in "):
+        checkpoint.check_fits(saved, path, nn.Sequential(nn.Linear(2, 1)))
+
+
 def test_truncated_file_gives_an_error_naming_it(tmp_path):
     path = tmp_path / "last.pt"
     checkpoint.save({"w": torch.randn(1000)}, path)
