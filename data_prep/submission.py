@@ -304,7 +304,10 @@ def _finish_check(proc: subprocess.Popen, folder: Path, deadline: float, timeout
     """The finished process and its predictions (None when it wrote none); killed at
     ``deadline`` (``time.monotonic()``), ``timeout`` s after the checks started."""
     try:
-        out, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+        # one that already ended is read whatever the clock says (communicate(timeout=0)
+        # raises TimeoutExpired even then)
+        left = None if proc.poll() is not None else max(0.0, deadline - time.monotonic())
+        out, err = proc.communicate(timeout=left)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()

@@ -152,7 +152,11 @@ def load(path: str | os.PathLike, model: torch.nn.Module | None = None) -> torch
                              f"{mine.__module__}.{mine.__qualname__}: build the saved class "
                              "with the same arguments and load into that")
     _check_keys(path, data["model"], model)  # before loading: torch copies what fits, then raises
-    model.load_state_dict(data["model"])
+    try:  # what the check cannot see (a model's own load_state_dict rules)
+        model.load_state_dict(data["model"])
+    except RuntimeError as exc:
+        raise ModelFileError(f"{path} does not fit this model ({exc}): build the model with the "
+                             "arguments it was trained with") from None
     return model.eval()
 
 
@@ -190,12 +194,22 @@ def _rebuild(path, data: dict) -> torch.nn.Module:
 
 
 def _check_keys(path, theirs: dict, model: torch.nn.Module) -> None:
-    """One error listing every missing, unexpected and differently shaped weight."""
+    """One error listing every missing, unexpected and differently shaped weight. Old names are
+    read as braindecode's ``load_state_dict`` renames them (``model.mapping``); a lazy layer's
+    unset weights and non-tensor entries (extra state) have no shape to compare."""
+    renamed = getattr(model, "mapping", None) or {}
+    theirs = {renamed.get(k, k): v for k, v in theirs.items()}
     mine = model.state_dict()
     missing = [k for k in mine if k not in theirs]
     unexpected = [k for k in theirs if k not in mine]
-    shapes = [f"{k} {tuple(theirs[k].shape)} in the file, {tuple(v.shape)} in the model"
-              for k, v in mine.items() if k in theirs and tuple(theirs[k].shape) != tuple(v.shape)]
+
+    def shape(t) -> tuple | None:
+        lazy = isinstance(t, torch.nn.parameter.UninitializedTensorMixin)
+        return None if lazy or not hasattr(t, "shape") else tuple(t.shape)
+
+    shapes = [f"{k} {shape(theirs[k])} in the file, {shape(v)} in the model"
+              for k, v in mine.items() if k in theirs and None not in (shape(theirs[k]), shape(v))
+              and shape(theirs[k]) != shape(v)]
     if not (missing or unexpected or shapes):
         return
     parts = [f"{len(items)} {label}: {', '.join(items[:5])}{', ...' if len(items) > 5 else ''}"

@@ -180,3 +180,38 @@ def test_load_without_a_model_says_to_pass_it_when_it_cannot_rebuild(tmp_path):
     with pytest.raises(saving.ModelFileError, match=r"no_such_package\.models\.Gone, which "
                        r"cannot be imported here \(ModuleNotFoundError.*pass the model"):
         hn.load(tmp_path / "gone.pt")
+
+
+def test_a_lazy_layer_loads_the_shapes_the_file_holds(tmp_path):
+    """An unset lazy layer (braindecode's CBraMod has a LazyLinear head) takes its shape from
+    the file, as torch's own load does; the key check must not read the unset shape."""
+    torch.manual_seed(0)
+    trained = nn.Sequential(nn.Linear(5, 3))
+    path = saving.save_model(trained, tmp_path / "m.pt")
+    fresh = hn.load(path, nn.Sequential(nn.LazyLinear(3)))
+    assert torch.equal(fresh[0].weight, trained[0].weight)
+
+
+def test_old_weight_names_are_read_through_the_models_mapping(tmp_path):
+    """braindecode renames old checkpoint keys in its load_state_dict (``model.mapping``)."""
+
+    class Renamed(nn.Module):
+        mapping = {"old.weight": "new.weight", "old.bias": "new.bias"}
+
+        def __init__(self):
+            super().__init__()
+            self.new = nn.Linear(2, 1)
+
+        def load_state_dict(self, state, *args, **kwargs):
+            state = {self.mapping.get(k, k): v for k, v in state.items()}
+            return super().load_state_dict(state, *args, **kwargs)
+
+    class Old(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.old = nn.Linear(2, 1)
+
+    Old.__qualname__ = Renamed.__qualname__  # the same class, saved by an older version
+    old = Old()
+    path = saving.save_model(old, tmp_path / "old.pt")
+    assert torch.equal(hn.load(path, Renamed()).new.weight, old.old.weight)

@@ -3,8 +3,9 @@
 refuses, a GPU that never returns) ends this process, not the caller's: the caller makes it a row.
 
 Its first request is its job (a cloudpickled ``session.Job``, its bytes sent as they are: a
-``PACKED`` request), answered {"status": "ok"} once loaded; then it answers ``prepare`` and ``window`` (steps) with the session's plain dicts until
-``close``, or until the caller goes away (then it dies with it).
+``PACKED`` request), answered {"status": "ok"} once loaded; then it answers ``prepare`` and
+``window`` (steps) with the session's plain dicts until ``close``, or until the caller goes away
+(then it dies with it).
 """
 
 from __future__ import annotations

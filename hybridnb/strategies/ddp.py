@@ -196,10 +196,15 @@ class DDPStrategy(Strategy):
         grads.div_(count)
         for p, g, have in zip(params, grads.split([p.numel() for p in params]),
                               present.tolist(), strict=True):
-            # None: no rank computed a gradient for it (an unused parameter); a copy, not a
-            # view of the buffer, keeps the parameter's device (the buffer may be on the CPU
-            # under gloo), dtype and layout (channels_last weights: the optimizer's fast path)
-            p.grad = torch.empty_like(p).copy_(g.view_as(p)) if have else None
+            # None: no rank computed a gradient for it (an unused parameter); copied into the
+            # parameter's own gradient, not a view of the buffer: that keeps its device (the
+            # buffer may be on the CPU under gloo), dtype and layout (channels_last weights)
+            if not have:
+                p.grad = None
+            elif p.grad is None:  # this rank did not use it, another did
+                p.grad = torch.empty_like(p).copy_(g.view_as(p))
+            else:
+                p.grad.copy_(g.view_as(p))
         for b, v in zip(buffers, buf_part.split([b.numel() for b in buffers]), strict=True):
             b.copy_(v.view_as(b))
         self._agreed = False

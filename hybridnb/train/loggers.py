@@ -231,7 +231,12 @@ class TensorBoardLogger(_FileLogger):
         self._file: Path | None = None  # the writer's event file (watched: a folder removed)
 
     def open(self, start_epoch: int, global_step: int) -> None:
-        from torch.utils.tensorboard import SummaryWriter  # Settings checked it is installed
+        try:  # Settings checked the package is there; torch may still refuse its version
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:
+            raise ImportError("logger='tensorboard' could not load torch.utils.tensorboard: pip "
+                              "install -U 'hybridnb[tensorboard]' (or pip install -U tensorboard)"
+                              ) from exc
 
         if start_epoch == 0:
             checkpoint.set_aside(self.folder, self.patterns, checkpoints=False)

@@ -170,7 +170,9 @@ def trial(loop, loader, plan: Plan, listener, schedule,
     """The Loop set up for a trial fit on ``loader`` (lr_find's sweep, find_batch_size's probe):
     its own run state, ``schedule``, a guard that only skips non-finite losses, no EMA,
     validation or files, ``listener`` on the bus. GPU errors follow the user's ``on_gpu_error``,
-    unless ``recover_oom`` (the batch-size probe, for which an out-of-memory error is the signal).
+    unless ``recover_oom`` (the batch-size probe, for which an out-of-memory error is the signal):
+    then ``on_gpu_error="recover"``, so a lost device also moves the probe to the CPU, which
+    the probe reads as the end of its search.
     After it the Loop's settings, run state, weights, optimizer and RNG are back as they were."""
     start = saved.state_dict(loop)
     placement, learner = loop.placement, loop.learner

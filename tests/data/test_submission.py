@@ -312,3 +312,18 @@ def _with_prefix(path, out, code: bytes):
             data = src.read(name)
             dst.writestr(name, code + data if name == "submission.py" else data)
     return out
+
+
+def test_a_check_that_ended_by_the_shared_deadline_is_read_not_timed_out(tmp_path):
+    """Side-by-side checks share one deadline: challenge 2's check, finished while challenge 1's
+    was read, is read even when no time is left (communicate(timeout=0) would raise)."""
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", "print('done')"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.wait()
+    done, pred = S._finish_check(proc, tmp_path, time.monotonic() - 1.0, 600.0,
+                                 tmp_path / "submission.zip")
+    assert done.returncode == 0 and "done" in done.stdout and pred is None

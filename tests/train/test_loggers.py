@@ -79,11 +79,9 @@ def test_where_loggers_write_and_the_errors_when_they_cannot(tmp_path):
 
 
 def test_tensorboard_without_the_package_says_how_to_install(monkeypatch, tmp_path):
-    import importlib.util
+    import sys
 
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if not installed
     for logger in ("tensorboard", loggers.TensorBoardLogger()):  # said at construction
         with pytest.raises(ImportError, match=r"pip install 'hybridnb\[tensorboard\]'"):
             trainer(logger=logger, log_dir=tmp_path)
