@@ -13,7 +13,8 @@ too: its combined weight and bias are computed as its own forward computes them,
 parameters, ``state_dict`` and gradients are its own.
 
 Why: a one-channel ``Conv2d`` with a 25 x 129 kernel is oneDNN's slow case on the CPU; as a 1-D
-convolution (``_Conv1d``) the C1 and C2 recipes' whole training step runs 3.1-4x stock
+convolution, in the FFT form on the CPU (``spectra.py``, fp32, at least ``FFT_TAPS`` taps),
+else ``_Conv1d``, the C1 and C2 recipes' whole training step runs about 6x stock on two threads
 (``bench/results/zoo-speed-cpu-latest.md``). By rule on the CPU, timed on CUDA. Any input whose
 spanned axis the kernel does not cover exactly takes the stock forward.
 """
@@ -26,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybridnb.speedups import spectra
 from hybridnb.speedups.replace import FormReplacement, is_stock_conv2d
 from hybridnb.speedups.rewrite import LayerRewrite
 
@@ -105,12 +107,16 @@ def span_as_conv1d(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
         # would make oneDNN answer in channels-last order, and dropout after it draw other masks
     else:  # (B, 1, C, T), kernel (C, K)
         signal, kernel = x[:, 0], weight[:, 0].contiguous()
-    out = _Conv1d.apply(signal, kernel, bias, stride, padding, dilation)
+    if spectra.fits(signal, kernel, stride, dilation):
+        out = spectra.conv1d(signal, kernel, bias, (padding, padding))
+    else:
+        out = _Conv1d.apply(signal, kernel, bias, stride, padding, dilation)
     return out.unsqueeze(-1) if axis == 1 else out.unsqueeze(2)
 
 
 class _Conv1d(torch.autograd.Function):
-    """``F.conv1d`` whose kernel gradient is itself a 1-D convolution, the batch as its channels:
+    """Where the FFT form does not fit (CUDA, autocast, short or strided kernels):
+    ``F.conv1d`` whose kernel gradient is itself a 1-D convolution, the batch as its channels:
     ``grad_w[f, c, k] = sum_b sum_t g[b, f, t] x[b, c, s t + d k]`` is ``conv1d(x^T, g^T)`` with
     stride ``d`` and dilation ``s``, for kernels of at least ``BATCH_CONV_TAPS`` taps. oneDNN's
     own backward for a 129-channel, 25-tap kernel ran 2.4x slower on one and two cores (C1: 50

@@ -42,6 +42,7 @@ def assert_same_step(stock: nn.Module, fast: nn.Module, x: torch.Tensor) -> None
     ("time_by_chans", dict(kernel_size=(9, 12), bias=True)),  # oneDNN's kernel gradient
     ("time_by_chans", dict(kernel_size=(11, 12), stride=(2, 1), padding=(4, 0), bias=False)),
     ("chans_by_time", dict(kernel_size=(12, 10), dilation=(1, 2), padding=(0, 3), bias=True)),
+    ("time_by_chans", dict(kernel_size=(16, 12), padding=(3, 0), bias=True)),  # the FFT form
 ])
 def test_a_plain_spanning_conv2d_trains_the_same_keeps_its_keys_and_undoes(layout, conv):
     torch.manual_seed(0)
@@ -66,11 +67,12 @@ def test_the_input_gradient_is_the_stock_one_too():
     """Behind another layer the spanning convolution's input needs a gradient (its own backward
     computes the kernel's gradient as a convolution over the batch, the input's as stock)."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(1, 1, 1), nn.Conv2d(1, 6, (10, 12), dilation=(2, 1)))
-    x = torch.randn(5, 1, 40, 12)
-    stock = copy.deepcopy(model)
-    assert SPAN.apply(model, x).rewritten == ["1"]
-    assert_same_step(stock, model, x)
+    for dilation in (2, 1):  # _Conv1d, then the FFT form
+        model = nn.Sequential(nn.Conv2d(1, 1, 1), nn.Conv2d(1, 6, (10, 12), dilation=(dilation, 1)))
+        x = torch.randn(5, 1, 40, 12)
+        stock = copy.deepcopy(model)
+        assert SPAN.apply(model, x).rewritten == ["1"]
+        assert_same_step(stock, model, x)
 
 
 def test_a_spanning_conv_trains_under_bf16_autocast():
