@@ -122,6 +122,7 @@ def test_intermediates_stay_real_and_other_inputs_take_the_stock_path():
     x = batches(1)[0]
     head, ref_head = fast[:3], stock[:3]  # convA + BN alone: the BatchNorm's own output
     close(head(x), ref_head(x))
+    assert fast[:4](x).is_contiguous()  # the next BatchNorm's fast path
     short = torch.randn(4, ROWS, 6)  # too short for the edge corrections: a convolution
     close(fast(short), stock(short))
     assert fast[1].link.pending is None  # nothing held after a call
@@ -215,3 +216,13 @@ def test_trainer_applies_it_by_rule_and_trains_the_same_weights():
     assert fast.keys() == stock.keys()
     for name in stock:
         close(fast[name].float(), stock[name].float(), name)
+
+
+def test_the_input_gradient_matches_when_the_input_needs_one():
+    """A chain after other layers: the gradient reaches the chain's input as stock."""
+    stock = eegnex_like()
+    fast = copy.deepcopy(stock)
+    assert CHAIN.apply(fast, batches(1)[0])
+    x = batches(1)[0].requires_grad_()
+    fast_grad, stock_grad = (torch.autograd.grad(m(x).square().sum(), x)[0] for m in (fast, stock))
+    close(fast_grad, stock_grad)
