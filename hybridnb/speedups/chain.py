@@ -187,7 +187,6 @@ class _CompositeConv(torch.autograd.Function):
         return F.conv2d(padded, kernel.unsqueeze(2), bias)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
         padded, kernel = ctx.saved_tensors
         grad_x = grad_kernel = None

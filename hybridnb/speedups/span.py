@@ -14,8 +14,8 @@ parameters, ``state_dict`` and gradients are its own.
 
 Why: a one-channel ``Conv2d`` with a 25 x 129 kernel is oneDNN's slow case on the CPU; as a 1-D
 convolution, in the FFT form on the CPU (``spectra.py``, fp32, at least ``FFT_TAPS`` taps),
-else ``_Conv1d``, the C1 and C2 recipes' whole training step runs about 6x stock on two threads
-(``bench/results/zoo-speed-cpu-latest.md``). By rule on the CPU, timed on CUDA. Any input whose
+else ``_Conv1d``, the C1 and C2 recipes' whole training step runs 8.3x and 8.4x stock on one
+thread (``bench/results/zoo-speed-cpu-models-1thread-latest.md``). By rule on the CPU, timed on CUDA. Any input whose
 spanned axis the kernel does not cover exactly takes the stock forward.
 """
 
@@ -33,7 +33,9 @@ from hybridnb.speedups.rewrite import LayerRewrite
 
 MIN_SPAN = 2  # electrodes: a kernel over one row gains nothing from the 1-D form
 # taps from which the kernel's gradient as a convolution over the batch beats oneDNN's own
-# (one thread, 129 x 200 windows: 25 taps 3.0x, 10 taps 1.25x, 3 taps 0.4x, 1 tap 0.5-0.9x)
+# (one thread, 129 x 200 windows: 25 taps 3.0x, 10 taps 1.25x, 3 taps 0.4x, 1 tap 0.5-0.9x;
+# measured in fp32 before the FFT form took fp32 on the CPU: this path now serves CUDA, where the
+# span rewrite is timed, and autocast)
 BATCH_CONV_TAPS = 10
 
 

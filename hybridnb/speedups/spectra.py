@@ -11,7 +11,9 @@ about one plus the transforms. C1's first layer (64 windows of 129 x 200, 40 fil
 taps), two threads: forward 7-11 against 22 ms, kernel gradient 6 against 25-32 ms; at 10 taps
 the forward about even and the gradient 5 against 13 ms; at 5 taps the direct form wins. The
 sums differ from oneDNN's by float rounding (about 5e-7 of the largest output, 4e-6 of the
-largest gradient, fp32): the rewrites' first-batch check still applies.
+largest gradient, fp32): the rewrites' first-batch check still applies. Memory: the backward
+keeps the signal's spectrum (about one more copy of the input) where the kernel needs a
+gradient, the kernel's where the input does.
 
 Only fp32 on the CPU outside autocast (``fits``): on CUDA cuDNN's own algorithms are timed
 instead, and under autocast the low precision is the point.
@@ -73,7 +75,10 @@ class FFTConv1d(torch.autograd.Function):
                       width - taps + 1)
         if bias is not None:
             out += bias[:, None]
-        ctx.save_for_backward(signal_f, kernel_f)
+        # each gradient reads the other factor's spectrum: keep only what a gradient will need
+        # (a first layer's input needs none: the kernel's spectrum is not kept)
+        ctx.save_for_backward(signal_f if ctx.needs_input_grad[1] else None,
+                              kernel_f if ctx.needs_input_grad[0] else None)
         ctx.shape = (left, right, width, taps, length, bias is not None)
         return out
 

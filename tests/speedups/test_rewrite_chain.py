@@ -226,3 +226,16 @@ def test_the_input_gradient_matches_when_the_input_needs_one():
     x = batches(1)[0].requires_grad_()
     fast_grad, stock_grad = (torch.autograd.grad(m(x).square().sum(), x)[0] for m in (fast, stock))
     close(fast_grad, stock_grad)
+
+
+def test_a_gradient_penalty_differentiates_through_the_chain_as_stock():
+    """Double backward (a gradient penalty, ``create_graph=True``) works as on the stock model."""
+    stock = eegnex_like()
+    fast = copy.deepcopy(stock)
+    x = batches(1)[0]
+    assert CHAIN.apply(fast, x)
+    for m in (stock, fast):
+        grads = torch.autograd.grad(m(x).square().sum(), list(m.parameters()), create_graph=True)
+        sum(g.square().sum() for g in grads).backward()
+    for name, p in stock.named_parameters():
+        close(dict(fast.named_parameters())[name].grad, p.grad, name)

@@ -18,7 +18,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.parametrize(("shape", "padding", "bias"), [
     ((6, 5, 40, 3, 11), (0, 0), True),
-    ((6, 5, 41, 3, 16), (7, 8), False),  # "same" with an even kernel; 64 samples: 2^6
+    ((6, 5, 49, 3, 16), (7, 8), False),  # "same" with an even kernel; 64 samples: 2^6
     ((4, 1, 53, 8, 12), (2, 2), True),  # 57 samples: the FFT runs at 60
 ])
 def test_the_fft_form_computes_conv1d_and_its_gradients(shape, padding, bias):
