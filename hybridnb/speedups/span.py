@@ -13,10 +13,11 @@ too: its combined weight and bias are computed as its own forward computes them,
 parameters, ``state_dict`` and gradients are its own.
 
 Why: a one-channel ``Conv2d`` with a 25 x 129 kernel is oneDNN's slow case on the CPU; as a 1-D
-convolution, in the FFT form on the CPU (``spectra.py``, fp32, at least ``FFT_TAPS`` taps),
-else ``_Conv1d``, the C1 and C2 recipes' whole training step runs 8.3x and 8.4x stock on one
-thread (``bench/results/zoo-speed-cpu-models-1thread-latest.md``). By rule on the CPU, timed on CUDA. Any input whose
-spanned axis the kernel does not cover exactly takes the stock forward.
+convolution (in the FFT form where ``spectra.fits``: fp32 on the CPU, at least ``FFT_TAPS``
+taps; else ``F.conv1d``) the C1 and C2 recipes' whole training step runs 8.3x and 8.4x stock on
+one thread (``bench/results/zoo-speed-cpu-models-1thread-latest.md``). By rule on the CPU,
+timed on CUDA. Any input whose spanned axis the kernel does not cover exactly takes the stock
+forward.
 """
 
 from __future__ import annotations
@@ -32,11 +33,6 @@ from hybridnb.speedups.replace import FormReplacement, is_stock_conv2d
 from hybridnb.speedups.rewrite import LayerRewrite
 
 MIN_SPAN = 2  # electrodes: a kernel over one row gains nothing from the 1-D form
-# taps from which the kernel's gradient as a convolution over the batch beats oneDNN's own
-# (one thread, 129 x 200 windows: 25 taps 3.0x, 10 taps 1.25x, 3 taps 0.4x, 1 tap 0.5-0.9x;
-# measured in fp32 before the FFT form took fp32 on the CPU: this path now serves CUDA, where the
-# span rewrite is timed, and autocast)
-BATCH_CONV_TAPS = 10
 
 
 def is_combined_conv(module: nn.Module) -> bool:
@@ -112,43 +108,8 @@ def span_as_conv1d(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if spectra.fits(signal, kernel, stride, dilation):
         out = spectra.conv1d(signal, kernel, bias, (padding, padding))
     else:
-        out = _Conv1d.apply(signal, kernel, bias, stride, padding, dilation)
+        out = F.conv1d(signal, kernel, bias, stride=stride, padding=padding, dilation=dilation)
     return out.unsqueeze(-1) if axis == 1 else out.unsqueeze(2)
-
-
-class _Conv1d(torch.autograd.Function):
-    """Where the FFT form does not fit (CUDA, autocast, short or strided kernels):
-    ``F.conv1d`` whose kernel gradient is itself a 1-D convolution, the batch as its channels:
-    ``grad_w[f, c, k] = sum_b sum_t g[b, f, t] x[b, c, s t + d k]`` is ``conv1d(x^T, g^T)`` with
-    stride ``d`` and dilation ``s``, for kernels of at least ``BATCH_CONV_TAPS`` taps. oneDNN's
-    own backward for a 129-channel, 25-tap kernel ran 2.4x slower on one and two cores (C1: 50
-    against 20.5 ms on one thread, issue 34); the sums are the same, in another order."""
-
-    @staticmethod
-    def forward(ctx, signal, kernel, bias, stride, padding, dilation):
-        ctx.save_for_backward(signal, kernel)
-        ctx.conv = (stride, padding, dilation, bias is not None)
-        return F.conv1d(signal, kernel, bias, stride=stride, padding=padding, dilation=dilation)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad):
-        # under autocast the forward ran in the low precision: the backward runs in the grad's
-        signal, kernel = (t.to(grad.dtype) for t in ctx.saved_tensors)
-        stride, padding, dilation, has_bias = ctx.conv
-        grad_signal = grad_kernel = grad_bias = None
-        by_batch = ctx.needs_input_grad[1] and kernel.shape[-1] >= BATCH_CONV_TAPS
-        if ctx.needs_input_grad[0] or (ctx.needs_input_grad[1] and not by_batch):
-            grad_signal, grad_kernel, _ = torch.ops.aten.convolution_backward(
-                grad, signal, kernel, None, [stride], [padding], [dilation], False, [0], 1,
-                [ctx.needs_input_grad[0], ctx.needs_input_grad[1] and not by_batch, False])
-        if by_batch:
-            padded = F.pad(signal, (padding, padding)) if padding else signal
-            grad_kernel = F.conv1d(padded.transpose(0, 1), grad.transpose(0, 1), stride=dilation,
-                                   dilation=stride)[..., :kernel.shape[-1]].transpose(0, 1)
-        if has_bias and ctx.needs_input_grad[2]:
-            grad_bias = grad.sum((0, 2))
-        return grad_signal, grad_kernel, grad_bias, None, None, None
 
 
 class SpanAsConv1d(FormReplacement):

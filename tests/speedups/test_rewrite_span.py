@@ -64,10 +64,10 @@ def test_a_plain_spanning_conv2d_trains_the_same_keeps_its_keys_and_undoes(layou
 
 
 def test_the_input_gradient_is_the_stock_one_too():
-    """Behind another layer the spanning convolution's input needs a gradient (its own backward
-    computes the kernel's gradient as a convolution over the batch, the input's as stock)."""
+    """Behind another layer the spanning convolution's input needs a gradient: through
+    ``F.conv1d`` (a dilated kernel) and through the FFT form."""
     torch.manual_seed(0)
-    for dilation in (2, 1):  # _Conv1d, then the FFT form
+    for dilation in (2, 1):  # F.conv1d, then the FFT form
         model = nn.Sequential(nn.Conv2d(1, 1, 1), nn.Conv2d(1, 6, (10, 12), dilation=(dilation, 1)))
         x = torch.randn(5, 1, 40, 12)
         stock = copy.deepcopy(model)
