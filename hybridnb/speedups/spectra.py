@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from scipy.fft import next_fast_len
 
 # taps from which the FFT form is used (see the module docstring for the measurements)
 FFT_TAPS = 10
@@ -34,19 +35,6 @@ def fits(signal: torch.Tensor, kernel: torch.Tensor, stride: int = 1, dilation: 
     return (stride == dilation == 1 and kernel.shape[-1] >= FFT_TAPS
             and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (signal, kernel))
             and not torch.is_autocast_enabled("cpu"))
-
-
-def fast_length(n: int) -> int:
-    """The smallest ``2^a 3^b 5^c >= n``: pocketfft's fast lengths (a prime length is slow)."""
-    best = n
-    while True:
-        m = best
-        for p in (2, 3, 5):
-            while m % p == 0:
-                m //= p
-        if m == 1:
-            return best
-        best += 1
 
 
 def _spectrum(x: torch.Tensor, length: int) -> torch.Tensor:
@@ -69,7 +57,7 @@ class FFTConv1d(torch.autograd.Function):
         left, right = padding
         padded = F.pad(signal, (left, right)) if left or right else signal
         width, taps = padded.shape[-1], kernel.shape[-1]
-        length = fast_length(width)
+        length = next_fast_len(width, real=True)  # a prime length is slow
         signal_f, kernel_f = _spectrum(padded, length), _spectrum(kernel, length)
         out = _signal(torch.bmm(signal_f, kernel_f.transpose(1, 2).conj()), length,
                       width - taps + 1)

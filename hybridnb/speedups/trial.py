@@ -68,13 +68,17 @@ def paired(step: Callable[[bool], float], budget: float, run_steps: int | None =
     after an untimed one of each (oneDNN's primitives, the layout's copies), or why none. Two to
     ``rounds`` rounds (two past ``clear`` either way end it), within ``budget`` s and
     ``RUN_SHARE`` of ``run_steps`` stock steps: a short run is not worth a trial."""
+    least = 6  # the warm-ups and two rounds: a run too short for them is not timed at all
+    if run_steps is not None and RUN_SHARE * run_steps < least:
+        return (f"not measured: a run of {run_steps} steps is too short for a trial (it takes "
+                f"{least} steps, at most {RUN_SHARE:.0%} of the run)")
     warm = step(False) + step(True)
     stock = warm / 2
     if run_steps is not None:
         budget = min(budget, RUN_SHARE * run_steps * stock)
     if 3 * warm > budget:  # the warm-ups and two rounds of the same cost
         return (f"not measured: a step takes {stock:.2g} s here, the trial's budget is "
-                f"{budget:.2g} s" + ("" if run_steps is None else f" ({run_steps} steps)"))
+                f"{budget:.2g} s")
     spent, ratios, last = warm, [], warm
     while len(ratios) < rounds and (len(ratios) < 2 or spent + last <= budget):
         off, on = step(False), step(True)

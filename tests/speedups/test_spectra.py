@@ -47,6 +47,3 @@ def test_it_is_used_only_where_it_was_measured():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not spectra.fits(x, w)
 
-
-def test_fast_lengths():
-    assert [spectra.fast_length(n) for n in (200, 263, 127, 7, 1)] == [200, 270, 128, 8, 1]
