@@ -3,7 +3,8 @@ decision, and EEGNeX through hn.Trainer against the stock hand-written loop.
 
 Part 1: each model of ``hybridnb_tools.models`` trains (fp32, batch 32, AdamW + MSE, random
 129 x 200 windows) in two copies, stock and after ``apply_speedups(model, x, "cpu")`` (the CPU's
-cheap decision: channels_last by rule, bf16 only where the CPU has it and a 1 s trial wins), in
+decision: its rules, channels_last where a paired trial on the batch measures it 5 % faster
+(up to ``decide.CL_TRIAL_S``; no run length is given here), bf16 only where the CPU has it), in
 interleaved rounds (stock, sped up, stock, ...); samples/s per round, the ratio paired per round,
 medians. Goal: no zoo model slower (ratio >= 0.97, given this host's noise).
 
@@ -110,8 +111,7 @@ def part1(steps: int, rounds: int) -> tuple[list[dict], list[tuple[str, bool]]]:
                      "applied": ", ".join(fast.applied.applied) or "none",
                      "precision": fast.applied.precision, "decision s": decide_s})
         goals.append((f"{name}: not slower with the CPU speedups (ratio {ratio:.2f}x >= "
-                      f"{NOT_SLOWER}; decision {decide_s:.2f} s <= 1 s)",
-                      ratio >= NOT_SLOWER and decide_s <= 1.0))
+                      f"{NOT_SLOWER}; the decision took {decide_s:.2f} s)", ratio >= NOT_SLOWER))
     return rows, goals
 
 

@@ -16,7 +16,8 @@ keeps the signal's spectrum (about one more copy of the input) where the kernel 
 gradient, the kernel's where the input does.
 
 Only fp32 on the CPU outside autocast (``fits``): on CUDA cuDNN's own algorithms are timed
-instead, and under autocast the low precision is the point.
+instead, and under autocast the low precision is the point. First derivatives only: the saved
+spectra are outside the graph, so a double backward (a gradient penalty) raises.
 """
 
 from __future__ import annotations

@@ -76,8 +76,8 @@ def test_the_input_gradient_is_the_stock_one_too():
 
 
 def test_a_spanning_conv_trains_under_bf16_autocast():
-    """The backward runs in the autocast forward's precision (a bf16 gradient and fp32 saved
-    inputs would not convolve)."""
+    """Under autocast the 1-D form is ``F.conv1d`` in bf16 (the FFT form is fp32 only), and its
+    gradients are stock's within bf16 rounding."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(1, 6, (9, 12)), nn.Flatten(), nn.LazyLinear(1))
     x = torch.randn(5, 1, 40, 12)

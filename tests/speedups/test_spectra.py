@@ -47,3 +47,14 @@ def test_it_is_used_only_where_it_was_measured():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not spectra.fits(x, w)
 
+
+
+def test_a_frozen_kernel_still_gives_the_input_its_gradient():
+    """Only the kernel's spectrum is kept then (the signal's would serve the kernel's gradient)."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, 30, requires_grad=True)
+    w = torch.randn(5, 4, 12)
+    stock = F.conv1d(F.pad(x, (2, 3)), w)
+    fast = spectra.conv1d(x, w, None, (2, 3))
+    grad = torch.randn_like(stock)
+    assert rel(torch.autograd.grad(fast, x, grad)[0], torch.autograd.grad(stock, x, grad)[0]) < 1e-5
