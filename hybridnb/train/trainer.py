@@ -105,8 +105,9 @@ class Trainer:
       ``step_timeout``: seconds without a finished step before the worker counts as hung
       (None: max(120 s, 20x the median step)).
     - ``speedups``: "auto" (on CUDA: channels_last, the depthwise-convolution rewrite, cuDNN
-      autotuning and precision, each kept only where it measures faster) | True (any device) |
-      False.
+      autotuning and precision, each kept only where it measures faster; on the CPU: the exact
+      span and chain rewrites by rule, channels_last with rows beside it where a paired trial
+      wins; docs/speed.md) | True (any device) | False.
     - ``logger``: "auto" (csv when there is a folder, else nothing) | "csv" (each epoch's row
       appended to ``<log_dir>/history.csv`` as it ends) | "tensorboard" | a logger object | a
       list | None. ``log_dir``: where (default ``checkpoint_dir``). hybridnb.train.loggers.
