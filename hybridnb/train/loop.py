@@ -8,7 +8,6 @@ on the ``Bus``; a listener that raises ``CancelFit`` ends the fit normally after
 
 from __future__ import annotations
 
-import enum
 import math
 
 from hybridnb.measure.memory import reset_peak
@@ -21,14 +20,6 @@ from hybridnb.train.opening import Loaders
 from hybridnb.train.recovery import Came
 from hybridnb.train.settings import Settings
 from hybridnb.train.state import RunState, Stop
-
-
-class Epoch(enum.Enum):
-    """How a pass over the epoch's batches ended."""
-
-    COMPLETE = "complete"
-    REWOUND = "rewound"    # back to the last good state (lost device, bad steps): go again
-    STOPPED = "stopped"    # Stop, Ctrl-C or early stopping: ``state.stopped`` says why
 
 
 class Loop:
@@ -56,10 +47,9 @@ class Loop:
         """Epochs until done or stopped (``state.stopped`` says why it stopped early)."""
         while self.state.epoch < self.state.plan.epochs:
             try:
-                end = self._epoch(train_loader, val_loader)
-                if end is Epoch.REWOUND:
+                if self._epoch(train_loader, val_loader):
                     continue
-                if end is Epoch.STOPPED:
+                if self.state.stopped is not None:  # Stop, Ctrl-C or early stopping
                     return
                 metrics, stop = self.validation.at_epoch_end(val_loader)
             except KeyboardInterrupt:  # in a step, loading data or validating
@@ -82,8 +72,9 @@ class Loop:
                 self.state.stopped = Stop.CALLBACK  # the epoch's checkpoint is written
                 return
 
-    def _epoch(self, loader, val_loader) -> Epoch:
-        """One epoch from the current position."""
+    def _epoch(self, loader, val_loader) -> bool:
+        """One epoch from the current position; True when it went back to the last good state
+        (a lost device, bad steps), to run again."""
         state, learner, placement, plan = self.state, self.learner, self.placement, \
             self.state.plan
         learner.start_epoch(state.epoch)
@@ -104,10 +95,10 @@ class Loop:
             outcome = placement.recovery.run(window)
             if outcome.kind is Came.DEVICE_LOST:
                 saved.to_cpu(self, outcome.detail)
-                return Epoch.REWOUND
+                return True
             if outcome.kind is Came.RESTORE:
                 saved.after_bad_steps(self)
-                return Epoch.REWOUND
+                return True
             n = sum(batch_len(b) for b in window)
             if outcome.kind is Came.OK:
                 state.acc.add(outcome.loss, n)
@@ -120,8 +111,8 @@ class Loop:
             self.bus.emit(self.progress.step_ended(state, self.settings.grad_accum, lr, loss))
             with monitor.paused():
                 if self._between_steps(val_loader):
-                    return Epoch.STOPPED
-        return Epoch.COMPLETE
+                    return False  # stopped: ``state.stopped`` says why
+        return False
 
     def _between_steps(self, val_loader) -> bool:
         """Stop requests, validation, checkpoints and snapshots; True when the fit stops here."""

@@ -150,7 +150,6 @@ class Trainer:
         refuse_lightning_hooks(model)
         with frozen_heap():  # building the optimizer imports torch._dynamo (heap.py)
             loop, callbacks = build_loop(model, settings), check_callbacks(callbacks)
-        # the Loop (its parts: the views below), the user's loggers and callbacks, where fit runs
         self.loop, bus = loop, loop.bus
         strategy = self.placement.strategy
         self.sinks = Sinks(lambda storage: loggers.make_loggers(
@@ -180,7 +179,6 @@ class Trainer:
         elif isinstance(event, Started):
             print(f"hybridnb: {header(event.run)}", file=sys.stderr)
 
-    # ----------------------------------------------------------------------------- properties
     epochs, lr, seed, live, verbose = (_setting(n) for n in
                                        ("epochs", "lr", "seed", "live", "verbose"))
     monitor, early_stopping, checkpoint_dir = (_setting(n) for n in
@@ -215,7 +213,6 @@ class Trainer:
         """One row per optimizer step: global_step, epoch, loss, lr."""
         return pd.DataFrame(self.state.steps, columns=STEP_COLUMNS)
 
-    # ----------------------------------------------------------------------------- plan
     def plan(self, train) -> Plan:
         """The coming fit's epochs, batches and optimizer steps on ``train`` (a Dataset or
         DataLoader, as ``fit`` takes it), without training; ``total_steps`` reads it after.
@@ -242,7 +239,6 @@ class Trainer:
                                "lambda opt, total_steps: ..., which receives it at fit)")
         return planned.total_steps
 
-    # ----------------------------------------------------------------------------- fit
     def fit(self, train, val=None, resume: bool | str | Path = False) -> pd.DataFrame:
         """Train for ``epochs`` epochs; returns the history. ``resume=True`` continues from
         ``checkpoint_dir``'s last good checkpoint, ``resume=path`` from that file."""
@@ -300,7 +296,6 @@ class Trainer:
                 return result
         return fn(self.loop, *args, **kwargs)
 
-    # ----------------------------------------------------------------------------- evaluate
     @torch.no_grad()
     def evaluate(self, data) -> dict:
         """Loss and metrics on ``data``: regression (rmse, nrmse = rmse / std(y), mae, r2) or,
@@ -344,7 +339,6 @@ class Trainer:
         self.batch_size, self.grad_accum = result.batch_size, result.grad_accum
         return result.found
 
-    # ----------------------------------------------------------------------------- state
     def state_dict(self) -> dict:
         """Everything needed to continue exactly: weights, optimizer, schedule, scaler, EMA,
         the run's state and RNG states (CPU copies; loads with weights_only=True)."""
