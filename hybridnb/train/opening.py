@@ -28,16 +28,14 @@ class CancelFit(Exception):
 
 @contextlib.contextmanager
 def fitting(loop, train_loader, view_started: bool) -> Iterator[None]:
-    """Around a fit's epochs: the model placed and sped up, Ctrl-C held for the step's end, the
-    step built, the start state kept, the view started (unless ``view_started``) and the queued
-    notes said; at the end, however it ends, ``saved.finish``."""
+    """Around a fit's epochs: its set-up (the view started unless ``view_started``) and, however
+    it ends, ``saved.finish``."""
     s, placement = loop.settings, loop.placement
     grace = loop.heartbeat.grace("set-up and the first step", compiling=bool(placement.compile),
                                  device_type=placement.device.type)
     loop.heartbeat.beat("setup", grace=grace)
     placement.place(loop.loaders.opened)
     placement.speed_up(train_loader, s.batch_size, loop.state.plan.total_steps)
-    # this fit's bookkeeping: its last validation, its restores to each step
     loop.validation = Validation(loop)
     loop.restores = {}  # global step restored to -> how many times (saved.after_bad_steps)
     failed = True
@@ -169,11 +167,9 @@ def trial(loop, loader, plan: Plan, listener, schedule,
           recover_oom: bool = False) -> Iterator[None]:
     """The Loop set up for a trial fit on ``loader`` (lr_find's sweep, find_batch_size's probe):
     its own run state, ``schedule``, a guard that only skips non-finite losses, no EMA,
-    validation or files, ``listener`` on the bus. GPU errors follow the user's ``on_gpu_error``,
-    unless ``recover_oom`` (the batch-size probe, for which an out-of-memory error is the signal):
-    then ``on_gpu_error="recover"``, so a lost device also moves the probe to the CPU, which
-    the probe reads as the end of its search.
-    After it the Loop's settings, run state, weights, optimizer and RNG are back as they were."""
+    validation or files, ``listener`` on the bus; then everything back as it was.
+    ``recover_oom`` (the batch-size probe, whose signal is an out-of-memory error): GPU errors
+    are recovered whatever ``on_gpu_error`` says, so a lost device ends the probe's search."""
     start = saved.state_dict(loop)
     placement, learner = loop.placement, loop.learner
     own = loop.settings, loop.state, loop.stop_flag, loop.loaders.opened, \

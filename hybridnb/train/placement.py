@@ -17,7 +17,6 @@ from torch.utils.data import default_collate
 
 from hybridnb import failures, speedups
 from hybridnb.measure.memory import cuda_index
-from hybridnb.strategies.base import SingleDevice
 from hybridnb.train import recovery, setup
 from hybridnb.train.data import IndexedBatches, is_stream, leave_device
 from hybridnb.train.learner import Learner
@@ -165,8 +164,7 @@ class Placement:
         """The per-batch fallback: forward/backward on the CPU (the model moved there for the
         batch), gradients scaled as the device's GradScaler expects."""
         learner = self.learner
-        return TrainStep(learner.model, learner.loss_fn, learner.optimizer,
-                         setup.cpu_precision(), strategy=SingleDevice("cpu"),
+        return TrainStep(learner.model, learner.loss_fn, learner.optimizer, setup.cpu_precision(),
                          params=learner.params, loss_scale=self.precision.scaler.get_scale)
 
     def continue_on_cpu(self, loaders: list) -> None:

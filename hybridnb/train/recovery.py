@@ -210,7 +210,6 @@ class Recovery:
             try:
                 self.phase = "forward"
                 pieces = list(self.micro.split(window))
-                # on_cpu: the model visits the CPU; its parameters keep their identity
                 with on_cpu(step.model, device) if on_cpu_batch else contextlib.nullcontext():
                     total = step.accumulate(pieces, samples).to(device)
                 if self.strategy.world_size > 1:  # all ranks agree, then gradients are averaged
