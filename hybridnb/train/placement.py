@@ -46,7 +46,6 @@ class Placement:
         self.strategy.configure(settings.batch_size, settings.clip_grad)
         self.applied_speedups: speedups.Applied | None = None
         self.flops_per_sample: float | None = None
-        self.step: TrainStep | None = None
         self.recovery: recovery.Recovery | None = None
         self._placed_on: torch.device | None = None
         self._sped_up_on: torch.device | None = None
@@ -144,9 +143,8 @@ class Placement:
                              f"({type(exc).__name__}: {failures.first_line(exc)}); training eager")
             else:
                 say_compiling(model, learner.model, self.device, self.bus)
-        self.step = self._make_step(model)
         self.recovery = recovery.Recovery(
-            self.step, model=learner.model, on_gpu_error=self.settings.on_gpu_error,
+            self._make_step(model), model=learner.model, on_gpu_error=self.settings.on_gpu_error,
             guard=learner.guard, state=state, bus=self.bus, compiled=compiled,
             updating=updating, eager=lambda: self._make_step(learner.model),
             cpu_batch_step=self._cpu_batch_step)

@@ -197,7 +197,8 @@ class Trainer:
         "placement", "strategy", "device", "precision", "applied_speedups")
     events, epoch, global_step = _of("state", "events", "epoch", "global_step")
     scaler = property(lambda self: self.placement.precision.scaler)
-    step = property(lambda self: self.placement.step, doc="The training step: step(x, y).")
+    step = property(lambda self: self.placement.recovery.step,
+                    doc="The training step: step(x, y) (eager again after a compile fallback).")
     stopped = property(lambda self: self.state.stopped, doc="Why the last fit stopped early.")
     ema_model = property(lambda self: None if self.ema is None else self.ema.module)
 
@@ -222,22 +223,19 @@ class Trainer:
         # fit says the loader's notes (and quick mode's cap) when it opens the same data
         loader = opening.loader(self.loop, train, shuffle=True, what="train",
                                 bus=Bus(self.bus.where))
-        self._planned = opening.plan(loader, self.settings)
-        return self._planned
+        self.state.plan = opening.plan(loader, self.settings)  # fit opens its own
+        return self.state.plan
 
     @property
     def total_steps(self) -> int:
         """Optimizer steps of the whole run (after ``grad_accum``, ``steps_per_epoch`` and
         quick mode's caps): what a schedule should span, and what a schedule factory's second
         argument receives. Known after ``plan(train)``; a resumed fit continues the count."""
-        if self.loop.state.plan.total_steps:
-            return self.loop.state.plan.total_steps
-        planned = getattr(self, "_planned", None)
-        if planned is None:
+        if not self.state.plan.total_steps:
             raise RuntimeError("trainer.total_steps depends on the training data: call "
                                "trainer.plan(train) first (or give schedule= a factory "
                                "lambda opt, total_steps: ..., which receives it at fit)")
-        return planned.total_steps
+        return self.state.plan.total_steps
 
     def fit(self, train, val=None, resume: bool | str | Path = False) -> pd.DataFrame:
         """Train for ``epochs`` epochs; returns the history. ``resume=True`` continues from
