@@ -173,12 +173,11 @@ def trial(loop, loader, plan: Plan, listener, schedule,
     start = saved.state_dict(loop)
     placement, learner = loop.placement, loop.learner
     own = loop.settings, loop.state, loop.stop_flag, loop.loaders.opened, \
-        loop.loaders.generator, placement.settings, learner.schedule, learner.guard, learner.ema
+        loop.loaders.generator, learner.schedule, learner.guard, learner.ema
     loop.settings = loop.settings.replace(
         grad_accum=1, schedule=None, val_every=None, checkpoint_every=None, snapshot_every=None,
-        checkpoint_dir=None, early_stopping=None)
-    if recover_oom:
-        placement.settings = placement.settings.replace(on_gpu_error="recover")
+        checkpoint_dir=None, early_stopping=None,
+        on_gpu_error="recover" if recover_oom else loop.settings.on_gpu_error)
     loop.state = RunState.fresh(loop.state.events)  # the events said go on in the trainer's
     loop.state.plan = plan
     loop.stop_flag = lambda: False
@@ -191,7 +190,7 @@ def trial(loop, loader, plan: Plan, listener, schedule,
     finally:
         loop.bus.listeners.remove(listener)
         loop.settings, loop.state, loop.stop_flag, loop.loaders.opened, loop.loaders.generator, \
-            placement.settings, learner.schedule, learner.guard, learner.ema = own
+            learner.schedule, learner.guard, learner.ema = own
         learner.optimizer.zero_grad(set_to_none=True)
         saved.rewind(loop, start)
         setup.build_step(loop)  # the trainer's own guard, EMA and on_gpu_error again

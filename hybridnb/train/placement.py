@@ -128,7 +128,7 @@ class Placement:
         if self.applied_speedups is not None:
             self.applied_speedups.restore_globals()
 
-    def build_step(self, compiled: bool, updating, state) -> None:
+    def build_step(self, compiled: bool, updating, state, on_gpu_error: str) -> None:
         """The step (compiled when asked) and the recovery object that runs it."""
         learner, model = self.learner, self.learner.model
         if compiled:
@@ -144,7 +144,7 @@ class Placement:
             else:
                 say_compiling(model, learner.model, self.device, self.bus)
         self.recovery = recovery.Recovery(
-            self._make_step(model), model=learner.model, on_gpu_error=self.settings.on_gpu_error,
+            self._make_step(model), model=learner.model, on_gpu_error=on_gpu_error,
             guard=learner.guard, state=state, bus=self.bus, compiled=compiled,
             updating=updating, eager=lambda: self._make_step(learner.model),
             cpu_batch_step=self._cpu_batch_step)

@@ -137,4 +137,5 @@ def compile_settings(compiled: bool, device: torch.device, precision: Precision)
 def build_step(loop, compiled: bool = False) -> None:
     """``loop``'s step (re)built: a Ctrl-C waits out the optimizer update while a fit runs."""
     updating = loop.interrupt.updating if loop.interrupt else contextlib.nullcontext
-    loop.placement.build_step(compiled, updating=updating, state=loop.state)
+    loop.placement.build_step(compiled, updating=updating, state=loop.state,
+                              on_gpu_error=loop.settings.on_gpu_error)
