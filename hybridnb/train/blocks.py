@@ -41,24 +41,21 @@ def eligible(model: torch.nn.Module) -> list[str]:
 
 
 @contextlib.contextmanager
-def checkpointed_blocks(model: torch.nn.Module, enabled: bool) -> Iterator[list[str]]:
-    """Wrap the eligible blocks while the ``with`` runs; yields their names."""
+def checkpointed_blocks(model: torch.nn.Module, enabled: bool, bus) -> Iterator[None]:
+    """Wrap the eligible blocks while the ``with`` runs; which ones is noted on ``bus`` (said
+    as the fit's view opens)."""
     names = eligible(model) if enabled else []
+    if enabled:
+        bus.note("grad_checkpointing", (
+            f"recomputing activations of {len(names)} blocks ({', '.join(names[:6])}"
+            f"{'...' if len(names) > 6 else ''}) in backward") if names else (
+            "no top-level block with parameters and without batch norm to checkpoint; "
+            "running without"))
     originals = {name: model.get_submodule(name) for name in names}
     for name, block in originals.items():
         setattr(model, name, Checkpointed(block))
     try:
-        yield names
+        yield
     finally:
         for name, block in originals.items():
             setattr(model, name, block)
-
-
-def say_checkpointed(blocks: list[str], asked: bool, bus) -> None:
-    """Which blocks recompute their activations (said on ``bus``), when asked for."""
-    if asked:
-        bus.say("grad_checkpointing", (
-            f"recomputing activations of {len(blocks)} blocks ({', '.join(blocks[:6])}"
-            f"{'...' if len(blocks) > 6 else ''}) in backward") if blocks else (
-            "no top-level block with parameters and without batch norm to checkpoint; "
-            "running without"))

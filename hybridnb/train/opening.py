@@ -12,7 +12,7 @@ from hybridnb.env import quick
 from hybridnb.failures import free_memory
 from hybridnb.live import make_view
 from hybridnb.train import saved, setup
-from hybridnb.train.blocks import checkpointed_blocks, say_checkpointed
+from hybridnb.train.blocks import checkpointed_blocks
 from hybridnb.train.bus import Started
 from hybridnb.train.data import QUICK_EPOCHS, QUICK_STEPS, make_loader
 from hybridnb.train.interrupt import GracefulInterrupt
@@ -40,7 +40,7 @@ def fitting(loop, train_loader, view_started: bool) -> Iterator[None]:
     loop.restores = {}  # global step restored to -> how many times (saved.after_bad_steps)
     failed = True
     with GracefulInterrupt() as loop.interrupt, \
-            checkpointed_blocks(loop.learner.model, s.grad_checkpointing) as blocks, \
+            checkpointed_blocks(loop.learner.model, s.grad_checkpointing, loop.bus), \
             setup.compile_settings(bool(placement.compile), placement.device,
                                    placement.precision):
         setup.build_step(loop, compiled=bool(placement.compile))
@@ -52,7 +52,6 @@ def fitting(loop, train_loader, view_started: bool) -> Iterator[None]:
             loop.progress.view = make_view(s.live if drawn else False)
             loop.bus.emit(Started(run_info(loop)))
         loop.bus.flush()
-        say_checkpointed(blocks, s.grad_checkpointing, loop.bus)
         loop.heartbeat.beat("first step", grace=grace)
         try:
             yield

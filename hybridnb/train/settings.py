@@ -191,7 +191,7 @@ class Settings:
         return dataclasses.replace(
             self, device=str(device), batch_size=int(batch_size), grad_accum=int(grad_accum),
             loader_kwargs=loader, resolved_=True, from_detect=self.from_detect or taken,
-            recommended_precision=hw.precision if hw is not None else None,
+            recommended_precision=hw.precision if hw is not None else self.recommended_precision,
             torch_threads=self.torch_threads or (int(hw.settings.torch_threads) if from_hw
                                                  and hw.settings.torch_threads else None))
 
