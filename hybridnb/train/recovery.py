@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridnb.failures import first_line, free_memory, is_device_lost, is_oom, mark_lost
+from hybridnb.failures import first_line, free_memory, is_device_lost, is_oom
 from hybridnb.strategies.batches import batch_len
 from hybridnb.torch_state import set_torch_rng_state, torch_rng_state
 
@@ -226,8 +226,7 @@ class Recovery:
             # outside the except block: the failed step's tensors are no longer pinned
             self.step.optimizer.zero_grad(set_to_none=True)
             self.strategy.discard()
-            if failure == "device_lost":
-                mark_lost(device)
+            if failure == "device_lost":  # marked lost as the loop moves the run to the CPU
                 gc.collect()
                 return Outcome(Came.DEVICE_LOST, detail=detail)
             free_memory(device)
