@@ -190,7 +190,6 @@ def trial(loop, loader, plan: Plan, listener, schedule,
         loop.bus.listeners.remove(listener)
         loop.settings, loop.state, loop.stop_flag, loop.loaders.opened, loop.loaders.generator, \
             learner.schedule, learner.guard, learner.ema = own
-        learner.optimizer.zero_grad(set_to_none=True)
-        saved.rewind(loop, start)
+        saved.rewind(loop, start)  # gradients cleared too (Learner.load_state_dict)
         setup.build_step(loop)  # the trainer's own guard, EMA and on_gpu_error again
         free_memory(placement.device)

@@ -246,28 +246,25 @@ class Trainer:
         if item is not None:
             check_outputs(self.model, self.loss_fn, item, self.learner.dtype, self.batch_size)
         with self.checkpoints.claimed():  # one live run per checkpoint_dir
-            return self._fit(train, val, resume)
-
-    def _fit(self, train, val, resume) -> pd.DataFrame:
-        # an isolated fit's worker starts first: it imports torch while this process sets up
-        early = prestart_spawn(preload=PRELOAD) if self.isolated else None
-        try:
-            train_loader, val_loader = opening.open_loaders(self.loop, train, val)
-            self.should_stop = False
-            self._begin(resume)
-            self.sinks.begin(self)  # loggers and callbacks: here, also for an isolated fit
-            if self.isolated:  # fit (and evaluate, predict, ... after it) in a worker
-                run_worker.fit(self, train, val, train_loader, val_loader, early)
-            else:
-                self.loop.fit(train_loader, val_loader)
-        except BaseException:  # any end, Ctrl-C included: the files closed, then re-raised
-            self.sinks.close()  # the rows logged so far stay in the files
-            raise
-        finally:
-            if early is not None:
-                early.close()  # it never got its job (after run_isolated: nothing to do)
-        self.sinks.end(self)
-        return self.history
+            # an isolated fit's worker starts first: it imports torch while this process sets up
+            early = prestart_spawn(preload=PRELOAD) if self.isolated else None
+            try:
+                train_loader, val_loader = opening.open_loaders(self.loop, train, val)
+                self.should_stop = False
+                self._begin(resume)
+                self.sinks.begin(self)  # loggers and callbacks: here, also for an isolated fit
+                if self.isolated:  # fit (and evaluate, predict, ... after it) in a worker
+                    run_worker.fit(self, train, val, train_loader, val_loader, early)
+                else:
+                    self.loop.fit(train_loader, val_loader)
+            except BaseException:  # any end, Ctrl-C included: the files closed, then re-raised
+                self.sinks.close()  # the rows logged so far stay in the files
+                raise
+            finally:
+                if early is not None:
+                    early.close()  # it never got its job (after run_isolated: nothing to do)
+            self.sinks.end(self)
+            return self.history
 
     def _begin(self, resume) -> None:
         """A fresh run state: resumed, or started (earlier files set aside, seeded)."""
