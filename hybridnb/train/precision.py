@@ -27,15 +27,11 @@ class Precision:
     def __post_init__(self) -> None:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.name == "fp16")
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return _DTYPES[self.name]
-
     def autocast(self) -> contextlib.AbstractContextManager:
         """The context for the forward pass (a no-op for fp32)."""
         if self.name == "fp32":
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.dtype)
+        return torch.autocast(self.device.type, dtype=_DTYPES[self.name])
 
     @classmethod
     def choose(cls, name: str, device: torch.device | str, native_bf16: bool | None = None,
