@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from hybridnb.files import is_write_failure
+from hybridnb.files import atomic_write, is_write_failure
 from hybridnb.train import checkpoint
 from hybridnb.train.state import HISTORY_COLUMNS
 from hybridnb.train.storage import StorageGuard
@@ -138,15 +138,15 @@ class CsvLogger(_FileLogger):
 
     def __init__(self, folder: str | os.PathLike | None = None) -> None:
         super().__init__(folder)
-        self.pending: list[dict] = []
-        self.rows: list[list] = []  # the rows on disk (this fit's and those kept on resume)
+        self.rows: list[list] = []  # the file's rows: those kept on resume, then this fit's
+        self.written = 0  # how many of them are on disk
 
     @property
     def path(self) -> Path:
         return self.folder / HISTORY
 
     def open(self, start_epoch: int, global_step: int) -> None:
-        self.pending, self.rows = [], []
+        self.rows, self.written = [], 0
         self.folder.mkdir(parents=True, exist_ok=True)
         if start_epoch == 0:
             checkpoint.set_aside(self.folder, self.patterns, checkpoints=False)
@@ -162,41 +162,38 @@ class CsvLogger(_FileLogger):
             return
         kept = [rows[0]] + [r for r in rows[1:] if r and _epoch(r[0]) < epoch]
         self.rows = kept[1:]
+        self.written = len(self.rows)
         if len(kept) == len(rows):
             return
         try:
-            _replace(self.path, kept)
+            atomic_write(self.path, lambda f: csv.writer(f).writerows(kept), text=True)
         except OSError as exc:
             self.storage.failed(self.path, exc, f"the file still holds the resumed run's rows "
                                 f"from epoch {epoch} on (each new row follows them)")
 
     def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
         if "epoch" in metrics:  # an epoch's row (per-step rows are not this file's)
-            self.pending.append(metrics)
+            self.rows.append([_cell(metrics.get(c)) for c in HISTORY_COLUMNS])
             self._write()
 
     def _write(self) -> None:
-        """The pending rows appended (after the header in a new file); a file that disappeared
-        mid-run (its folder removed) is written again whole."""
-        if not self.pending:
+        """The rows not on disk yet appended (after the header in a new file); a file that
+        disappeared mid-run (its folder removed) is written again whole."""
+        if self.written == len(self.rows):
             return
-        lines = [[_cell(row.get(c)) for c in HISTORY_COLUMNS] for row in self.pending]
         new = not self.path.exists() or self.path.stat().st_size == 0
-        whole = new and bool(self.rows)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._append([HISTORY_COLUMNS, *self.rows, *lines] if new else lines)
+            self._append([HISTORY_COLUMNS, *self.rows] if new else self.rows[self.written:])
         except OSError as exc:
-            self.storage.failed(self.path, exc, f"the rows from epoch "
-                                f"{self.pending[0]['epoch']} on are in trainer.history and "
-                                "written with the next row")
+            self.storage.failed(self.path, exc, f"the rows from epoch {self.rows[self.written][0]}"
+                                " on are in trainer.history and written with the next row")
             return
-        if whole:
+        if new and self.written:
             self.storage.say(f"{self.path} disappeared mid-run (was its folder removed?): "
-                             f"written again whole, the header and the "
-                             f"{len(self.rows) + len(lines)} rows of epochs {self.rows[0][0]} "
-                             f"to {lines[-1][0]}")
-        self.pending, self.rows = [], self.rows + lines
+                             f"written again whole, the header and the {len(self.rows)} rows "
+                             f"of epochs {self.rows[0][0]} to {self.rows[-1][0]}")
+        self.written = len(self.rows)
         self.storage.worked(self.path)
 
     def _append(self, lines: list[list]) -> None:
@@ -419,20 +416,6 @@ def make_loggers(loggers: tuple, folder: Path | None, storage: StorageGuard,
                                  "given no folder does): keep one, or give one its own folder")
         made.append(lg)
     return made
-
-
-def _replace(path: Path, rows: list[list]) -> None:
-    """``rows`` as ``path``'s whole content, atomically (a temporary file renamed over it)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", newline="") as f:
-            csv.writer(f).writerows(rows)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
 
 
 def _cell(value) -> object:
