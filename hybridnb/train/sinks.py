@@ -27,7 +27,6 @@ class Sinks:
         self.storage = StorageGuard()  # on the Trainer's bus once a fit begins
         self.loggers, self.callbacks = make_loggers(self.storage), callbacks
         self.step_loggers = [lg for lg in self.loggers if getattr(lg, "per_step", False)]
-        self.step_hooks = any(callable(getattr(cb, "on_step_end", None)) for cb in callbacks)
         self.next_epoch = 0
         self.open = False
         self.trainer = None
@@ -77,8 +76,7 @@ class Sinks:
             for logger in self.step_loggers:  # the Loop's loss is NaN where none was measured
                 logger.log_metrics({"train/loss": float(event.loss), "train/lr": float(event.lr)},
                                    event.step)
-            if self.step_hooks:
-                cbs.call(self.callbacks, "on_step_end", self.trainer, dict(event.row))
+            cbs.call(self.callbacks, "on_step_end", self.trainer, dict(event.row))
         elif isinstance(event, EpochEnded):
             self.epoch_rows(event.history)
 

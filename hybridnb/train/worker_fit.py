@@ -68,7 +68,7 @@ class FitJob:
         watch = outside_state.Fingerprint(self.model)  # the model as the kernel sent it
         loop = worker_loop(self.settings, self.model, channel)
         heartbeat = loop.heartbeat
-        loop.bus.requeue(self.notes)  # the kernel's notes: its set-up is the same
+        loop.bus.pending = list(self.notes)  # the kernel's notes: its set-up is the same
         began = worker_startup()
         if {"spawned_at", "ready_at"} <= set(began):
             loop.bus.note("worker_start", isolate.startup_note(
@@ -106,7 +106,7 @@ class LoopJob:
         loop = worker_loop(self.settings, self.model, channel)
         channel.heartbeat(phase="evaluate", grace=loop.heartbeat.grace(
             "the first batch", compiling=False, device_type=loop.placement.device.type))
-        loop.bus.requeue()  # said by the kernel already
+        loop.bus.pending.clear()  # said by the kernel already
         return self.fn(loop, *self.args, **self.kwargs)
 
 
