@@ -30,7 +30,6 @@ HISTORY = "history.csv"
 TB_EVENTS = "events.out.tfevents.*"
 LOGGERS = ("csv", "tensorboard")
 METHODS = ("log_hparams", "log_metrics", "close")
-INSTALL = "pip install 'hybridnb[loggers]' (or pip install {package})"
 
 
 class Logger(Protocol):
@@ -296,8 +295,8 @@ def _require(module: str, package: str, what: str):
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise ImportError(f"{what} needs the {package} package: "
-                          f"{INSTALL.format(package=package)}") from exc
+        raise ImportError(f"{what} needs the {package} package: pip install "
+                          f"'hybridnb[loggers]' (or pip install {package})") from exc
 
 
 class MLflowLogger:
@@ -320,25 +319,21 @@ class MLflowLogger:
                 f"({type(exc).__name__}: {str(exc)[:160]}). A sqlite store needs pip install "
                 "mlflow; with mlflow-skinny pass tracking_uri='file:./mlruns' (and set "
                 "MLFLOW_ALLOW_FILE_STORE=true) or a server ('http://host:5000')") from exc
-        self.tracking_uri, self.experiment = tracking_uri, experiment
-        self.run_name, self.tags, self.per_step = run_name, dict(tags or {}), per_step
+        self.experiment, self.run_name, self.tags = experiment, run_name, dict(tags or {})
+        self.per_step = per_step
         self.run_id: str | None = None
         self._open = False
 
-    def _run(self) -> str:
-        """This fit's run (created at its first log call)."""
-        if not self._open:
-            found = self.client.get_experiment_by_name(self.experiment)
-            experiment_id = found.experiment_id if found is not None else \
-                self.client.create_experiment(self.experiment)
-            run = self.client.create_run(experiment_id, run_name=self.run_name, tags=self.tags)
-            self.run_id, self._open = run.info.run_id, True
-        return self.run_id
-
     def log_hparams(self, params: dict[str, Any]) -> None:
+        """A fit starts (``Logger``: before anything else is logged): its run, params first."""
         from mlflow.entities import Param
 
-        self.client.log_batch(self._run(), params=[Param(k, str(v)[:6000])
+        found = self.client.get_experiment_by_name(self.experiment)
+        experiment_id = found.experiment_id if found is not None else \
+            self.client.create_experiment(self.experiment)
+        run = self.client.create_run(experiment_id, run_name=self.run_name, tags=self.tags)
+        self.run_id, self._open = run.info.run_id, True
+        self.client.log_batch(self.run_id, params=[Param(k, str(v)[:6000])
                                                    for k, v in params.items()])
 
     def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
@@ -347,7 +342,7 @@ class MLflowLogger:
         now = int(time.time() * 1000)
         values = [Metric(k, v, now, int(step)) for k, v in numbers(metrics).items()]
         if values:
-            self.client.log_batch(self._run(), metrics=values)
+            self.client.log_batch(self.run_id, metrics=values)
 
     def close(self) -> None:
         if self._open:
@@ -372,23 +367,19 @@ class WandbLogger:
         self.run = None
         self.run_dir: Path | None = None
 
-    def _start(self, config: dict | None = None):
-        if self.run is None:
-            if self.dir is not None:
-                Path(self.dir).mkdir(parents=True, exist_ok=True)
-            self.run = self.wandb.init(project=self.project, mode=self.mode, name=self.name,
-                                       dir=None if self.dir is None else str(self.dir),
-                                       config=config, **self.init_kwargs)
-            self.run_dir = Path(self.run.dir).parent if getattr(self.run, "dir", None) else None
-        return self.run
-
     def log_hparams(self, params: dict[str, Any]) -> None:
-        self._start(dict(params))
+        """A fit starts (``Logger``: before anything else is logged): its run, params as config."""
+        if self.dir is not None:
+            Path(self.dir).mkdir(parents=True, exist_ok=True)
+        self.run = self.wandb.init(project=self.project, mode=self.mode, name=self.name,
+                                   dir=None if self.dir is None else str(self.dir),
+                                   config=dict(params), **self.init_kwargs)
+        self.run_dir = Path(self.run.dir).parent if getattr(self.run, "dir", None) else None
 
     def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
         values = numbers(metrics)
         if values:
-            self._start().log(values, step=int(step))
+            self.run.log(values, step=int(step))
 
     def close(self) -> None:
         if self.run is not None:
