@@ -23,7 +23,7 @@ from hybridnb.train.evaluation import predict_here
 from hybridnb.train.heap import frozen_heap
 from hybridnb.train.parts import build_loop
 from hybridnb.train.settings import Settings
-from hybridnb.train.state import RunState, Stop
+from hybridnb.train.state import Stop
 
 
 def work(job, channel) -> object:
@@ -77,9 +77,7 @@ class FitJob:
         loop.stop_flag = lambda: heartbeat.stop_asked() is Stop.CALLBACK
         random.setstate(self.py_random)
         train_loader, val_loader = opening.open_loaders(loop, self.train, self.val)
-        loop.state = RunState.fresh([], carry=loop.state)
-        saved.load(loop, self.start)
-        opening.bind_schedule(loop.learner.schedule, loop.state.plan, loop.bus)
+        opening.begin(loop, self.start)  # as the kernel's fit began: its state, resumed here
         try:
             loop.fit(train_loader, val_loader)
         except BaseException:  # whatever ended it: the state held now first, then the error
