@@ -70,8 +70,7 @@ class Sinks:
         cbs.call(self.callbacks, "on_fit_end", trainer)
 
     def hear(self, event) -> None:
-        """A listener on the fit's bus (the user's process): step rows to the loggers that
-        want them and ``on_step_end``, each epoch's row to loggers and ``on_epoch_end``."""
+        """A listener on the fit's bus (what goes where: the module's docstring)."""
         if isinstance(event, StepEnded) and self.open:
             for logger in self.step_loggers:  # the Loop's loss is NaN where none was measured
                 logger.log_metrics({"train/loss": float(event.loss), "train/lr": float(event.lr)},
