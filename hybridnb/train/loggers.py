@@ -28,7 +28,6 @@ from hybridnb.train.storage import StorageGuard
 
 HISTORY = "history.csv"
 TB_EVENTS = "events.out.tfevents.*"
-LOGGERS = ("csv", "tensorboard")
 METHODS = ("log_hparams", "log_metrics", "close")
 
 
@@ -56,9 +55,9 @@ def logger_names(logger) -> tuple:
     kept: list = []
     for item in items:
         if isinstance(item, str):
-            if item not in LOGGERS:
+            if item not in KINDS:
                 raise ValueError(f"logger={logger!r}: unknown logger {item!r}; use one of "
-                                 f"{LOGGERS}, a logger object (hybridnb.train.loggers), a list "
+                                 f"{tuple(KINDS)}, a logger object (hybridnb.train.loggers), a list "
                                  "of them, or None")
         elif isinstance(item, type):
             raise ValueError(f"logger={logger!r} passes the class {item.__name__}: pass an "
@@ -288,7 +287,7 @@ class TensorBoardLogger(_FileLogger):
             self.writer = None
 
 
-KINDS = {"csv": CsvLogger, "tensorboard": TensorBoardLogger}
+KINDS = {"csv": CsvLogger, "tensorboard": TensorBoardLogger}  # the names logger= takes
 
 
 def _require(module: str, package: str, what: str):
