@@ -46,6 +46,4 @@ class EpochRow(StepRow):
 def row_kind(row: dict) -> str:
     """"step", "validation" or "epoch": a typed row's own; a plain dict is an epoch's row when it
     says ``epoch_end``, else a step's (no kind is guessed from the other keys)."""
-    if isinstance(row, StepRow):
-        return row.kind
-    return "epoch" if row.get("epoch_end") else "step"
+    return getattr(row, "kind", "epoch" if row.get("epoch_end") else "step")

@@ -11,7 +11,9 @@ import errno
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 import torch
 
@@ -56,15 +58,20 @@ def describe(exc: BaseException, path: str | os.PathLike | None = None) -> str:
 
 
 def atomic_save(obj: dict, path: str | os.PathLike, keep_previous: bool = False) -> Path:
-    """``torch.save(obj)`` to a temporary file, fsynced, renamed over ``path``: a crash leaves
-    the old file or the new one, whole. ``keep_previous``: the old one is kept as
-    ``<stem>.prev<suffix>``."""
+    """``torch.save(obj)`` to ``path`` through ``atomic_write``."""
+    return atomic_write(path, lambda f: torch.save(obj, f), keep_previous=keep_previous)
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[IO], None], *, text: bool = False,
+                 keep_previous: bool = False) -> Path:
+    """``write(f)`` to a temporary file, fsynced, renamed over ``path``: a crash leaves the old
+    file or the new one, whole. ``keep_previous``: the old one is kept as ``<stem>.prev<suffix>``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
+        with open(tmp, "w" if text else "wb", newline="" if text else None) as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         if keep_previous and path.exists():

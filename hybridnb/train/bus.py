@@ -12,7 +12,7 @@ Each note and run header is also a record of the ``"hybridnb"`` logger, in the u
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hybridnb.events import Event
@@ -109,11 +109,6 @@ class Bus:
             return self.say(kind, message)
         self.pending.append((kind, message))
         return None
-
-    def requeue(self, notes: Iterable[tuple[str, str]] = ()) -> None:
-        """The queued notes become ``notes`` (none: dropped): an isolated fit's notes are said
-        once, by the worker, whichever process queued them."""
-        self.pending = list(notes)
 
     def flush(self) -> None:
         """Open: the queued notes are said now, in order; later notes are said as they come."""

@@ -21,16 +21,14 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from hybridnb.files import is_write_failure
+from hybridnb.files import atomic_write, is_write_failure
 from hybridnb.train import checkpoint
 from hybridnb.train.state import HISTORY_COLUMNS
 from hybridnb.train.storage import StorageGuard
 
 HISTORY = "history.csv"
 TB_EVENTS = "events.out.tfevents.*"
-LOGGERS = ("csv", "tensorboard")
 METHODS = ("log_hparams", "log_metrics", "close")
-INSTALL = "pip install 'hybridnb[loggers]' (or pip install {package})"
 
 
 class Logger(Protocol):
@@ -57,9 +55,9 @@ def logger_names(logger) -> tuple:
     kept: list = []
     for item in items:
         if isinstance(item, str):
-            if item not in LOGGERS:
+            if item not in KINDS:
                 raise ValueError(f"logger={logger!r}: unknown logger {item!r}; use one of "
-                                 f"{LOGGERS}, a logger object (hybridnb.train.loggers), a list "
+                                 f"{tuple(KINDS)}, a logger object (hybridnb.train.loggers), a list "
                                  "of them, or None")
         elif isinstance(item, type):
             raise ValueError(f"logger={logger!r} passes the class {item.__name__}: pass an "
@@ -138,15 +136,15 @@ class CsvLogger(_FileLogger):
 
     def __init__(self, folder: str | os.PathLike | None = None) -> None:
         super().__init__(folder)
-        self.pending: list[dict] = []
-        self.rows: list[list] = []  # the rows on disk (this fit's and those kept on resume)
+        self.rows: list[list] = []  # the file's rows: those kept on resume, then this fit's
+        self.written = 0  # how many of them are on disk
 
     @property
     def path(self) -> Path:
         return self.folder / HISTORY
 
     def open(self, start_epoch: int, global_step: int) -> None:
-        self.pending, self.rows = [], []
+        self.rows, self.written = [], 0
         self.folder.mkdir(parents=True, exist_ok=True)
         if start_epoch == 0:
             checkpoint.set_aside(self.folder, self.patterns, checkpoints=False)
@@ -162,41 +160,38 @@ class CsvLogger(_FileLogger):
             return
         kept = [rows[0]] + [r for r in rows[1:] if r and _epoch(r[0]) < epoch]
         self.rows = kept[1:]
+        self.written = len(self.rows)
         if len(kept) == len(rows):
             return
         try:
-            _replace(self.path, kept)
+            atomic_write(self.path, lambda f: csv.writer(f).writerows(kept), text=True)
         except OSError as exc:
             self.storage.failed(self.path, exc, f"the file still holds the resumed run's rows "
                                 f"from epoch {epoch} on (each new row follows them)")
 
     def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
         if "epoch" in metrics:  # an epoch's row (per-step rows are not this file's)
-            self.pending.append(metrics)
+            self.rows.append([_cell(metrics.get(c)) for c in HISTORY_COLUMNS])
             self._write()
 
     def _write(self) -> None:
-        """The pending rows appended (after the header in a new file); a file that disappeared
-        mid-run (its folder removed) is written again whole."""
-        if not self.pending:
+        """The rows not on disk yet appended (after the header in a new file); a file that
+        disappeared mid-run (its folder removed) is written again whole."""
+        if self.written == len(self.rows):
             return
-        lines = [[_cell(row.get(c)) for c in HISTORY_COLUMNS] for row in self.pending]
         new = not self.path.exists() or self.path.stat().st_size == 0
-        whole = new and bool(self.rows)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._append([HISTORY_COLUMNS, *self.rows, *lines] if new else lines)
+            self._append([HISTORY_COLUMNS, *self.rows] if new else self.rows[self.written:])
         except OSError as exc:
-            self.storage.failed(self.path, exc, f"the rows from epoch "
-                                f"{self.pending[0]['epoch']} on are in trainer.history and "
-                                "written with the next row")
+            self.storage.failed(self.path, exc, f"the rows from epoch {self.rows[self.written][0]}"
+                                " on are in trainer.history and written with the next row")
             return
-        if whole:
+        if new and self.written:
             self.storage.say(f"{self.path} disappeared mid-run (was its folder removed?): "
-                             f"written again whole, the header and the "
-                             f"{len(self.rows) + len(lines)} rows of epochs {self.rows[0][0]} "
-                             f"to {lines[-1][0]}")
-        self.pending, self.rows = [], self.rows + lines
+                             f"written again whole, the header and the {len(self.rows)} rows "
+                             f"of epochs {self.rows[0][0]} to {self.rows[-1][0]}")
+        self.written = len(self.rows)
         self.storage.worked(self.path)
 
     def _append(self, lines: list[list]) -> None:
@@ -292,15 +287,15 @@ class TensorBoardLogger(_FileLogger):
             self.writer = None
 
 
-KINDS = {"csv": CsvLogger, "tensorboard": TensorBoardLogger}
+KINDS = {"csv": CsvLogger, "tensorboard": TensorBoardLogger}  # the names logger= takes
 
 
 def _require(module: str, package: str, what: str):
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise ImportError(f"{what} needs the {package} package: "
-                          f"{INSTALL.format(package=package)}") from exc
+        raise ImportError(f"{what} needs the {package} package: pip install "
+                          f"'hybridnb[loggers]' (or pip install {package})") from exc
 
 
 class MLflowLogger:
@@ -323,25 +318,21 @@ class MLflowLogger:
                 f"({type(exc).__name__}: {str(exc)[:160]}). A sqlite store needs pip install "
                 "mlflow; with mlflow-skinny pass tracking_uri='file:./mlruns' (and set "
                 "MLFLOW_ALLOW_FILE_STORE=true) or a server ('http://host:5000')") from exc
-        self.tracking_uri, self.experiment = tracking_uri, experiment
-        self.run_name, self.tags, self.per_step = run_name, dict(tags or {}), per_step
+        self.experiment, self.run_name, self.tags = experiment, run_name, dict(tags or {})
+        self.per_step = per_step
         self.run_id: str | None = None
         self._open = False
 
-    def _run(self) -> str:
-        """This fit's run (created at its first log call)."""
-        if not self._open:
-            found = self.client.get_experiment_by_name(self.experiment)
-            experiment_id = found.experiment_id if found is not None else \
-                self.client.create_experiment(self.experiment)
-            run = self.client.create_run(experiment_id, run_name=self.run_name, tags=self.tags)
-            self.run_id, self._open = run.info.run_id, True
-        return self.run_id
-
     def log_hparams(self, params: dict[str, Any]) -> None:
+        """A fit starts (``Logger``: before anything else is logged): its run, params first."""
         from mlflow.entities import Param
 
-        self.client.log_batch(self._run(), params=[Param(k, str(v)[:6000])
+        found = self.client.get_experiment_by_name(self.experiment)
+        experiment_id = found.experiment_id if found is not None else \
+            self.client.create_experiment(self.experiment)
+        run = self.client.create_run(experiment_id, run_name=self.run_name, tags=self.tags)
+        self.run_id, self._open = run.info.run_id, True
+        self.client.log_batch(self.run_id, params=[Param(k, str(v)[:6000])
                                                    for k, v in params.items()])
 
     def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
@@ -350,7 +341,7 @@ class MLflowLogger:
         now = int(time.time() * 1000)
         values = [Metric(k, v, now, int(step)) for k, v in numbers(metrics).items()]
         if values:
-            self.client.log_batch(self._run(), metrics=values)
+            self.client.log_batch(self.run_id, metrics=values)
 
     def close(self) -> None:
         if self._open:
@@ -375,23 +366,19 @@ class WandbLogger:
         self.run = None
         self.run_dir: Path | None = None
 
-    def _start(self, config: dict | None = None):
-        if self.run is None:
-            if self.dir is not None:
-                Path(self.dir).mkdir(parents=True, exist_ok=True)
-            self.run = self.wandb.init(project=self.project, mode=self.mode, name=self.name,
-                                       dir=None if self.dir is None else str(self.dir),
-                                       config=config, **self.init_kwargs)
-            self.run_dir = Path(self.run.dir).parent if getattr(self.run, "dir", None) else None
-        return self.run
-
     def log_hparams(self, params: dict[str, Any]) -> None:
-        self._start(dict(params))
+        """A fit starts (``Logger``: before anything else is logged): its run, params as config."""
+        if self.dir is not None:
+            Path(self.dir).mkdir(parents=True, exist_ok=True)
+        self.run = self.wandb.init(project=self.project, mode=self.mode, name=self.name,
+                                   dir=None if self.dir is None else str(self.dir),
+                                   config=dict(params), **self.init_kwargs)
+        self.run_dir = Path(self.run.dir).parent if getattr(self.run, "dir", None) else None
 
     def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
         values = numbers(metrics)
         if values:
-            self._start().log(values, step=int(step))
+            self.run.log(values, step=int(step))
 
     def close(self) -> None:
         if self.run is not None:
@@ -419,20 +406,6 @@ def make_loggers(loggers: tuple, folder: Path | None, storage: StorageGuard,
                                  "given no folder does): keep one, or give one its own folder")
         made.append(lg)
     return made
-
-
-def _replace(path: Path, rows: list[list]) -> None:
-    """``rows`` as ``path``'s whole content, atomically (a temporary file renamed over it)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", newline="") as f:
-            csv.writer(f).writerows(rows)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
 
 
 def _cell(value) -> object:

@@ -60,7 +60,7 @@ class Relay:
                 return
             if isinstance(event, Started):  # the worker says the notes the job carried
                 self.started = True
-                self.loop.bus.requeue()
+                self.loop.bus.pending.clear()
             self.loop.bus.emit(event)
             if isinstance(event, Started):
                 for sentence in self.notices:

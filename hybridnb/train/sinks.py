@@ -27,7 +27,6 @@ class Sinks:
         self.storage = StorageGuard()  # on the Trainer's bus once a fit begins
         self.loggers, self.callbacks = make_loggers(self.storage), callbacks
         self.step_loggers = [lg for lg in self.loggers if getattr(lg, "per_step", False)]
-        self.step_hooks = any(callable(getattr(cb, "on_step_end", None)) for cb in callbacks)
         self.next_epoch = 0
         self.open = False
         self.trainer = None
@@ -71,14 +70,12 @@ class Sinks:
         cbs.call(self.callbacks, "on_fit_end", trainer)
 
     def hear(self, event) -> None:
-        """A listener on the fit's bus (the user's process): step rows to the loggers that
-        want them and ``on_step_end``, each epoch's row to loggers and ``on_epoch_end``."""
+        """A listener on the fit's bus (what goes where: the module's docstring)."""
         if isinstance(event, StepEnded) and self.open:
             for logger in self.step_loggers:  # the Loop's loss is NaN where none was measured
                 logger.log_metrics({"train/loss": float(event.loss), "train/lr": float(event.lr)},
                                    event.step)
-            if self.step_hooks:
-                cbs.call(self.callbacks, "on_step_end", self.trainer, dict(event.row))
+            cbs.call(self.callbacks, "on_step_end", self.trainer, dict(event.row))
         elif isinstance(event, EpochEnded):
             self.epoch_rows(event.history)
 

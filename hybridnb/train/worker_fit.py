@@ -23,7 +23,7 @@ from hybridnb.train.evaluation import predict_here
 from hybridnb.train.heap import frozen_heap
 from hybridnb.train.parts import build_loop
 from hybridnb.train.settings import Settings
-from hybridnb.train.state import RunState, Stop
+from hybridnb.train.state import Stop
 
 
 def work(job, channel) -> object:
@@ -68,7 +68,7 @@ class FitJob:
         watch = outside_state.Fingerprint(self.model)  # the model as the kernel sent it
         loop = worker_loop(self.settings, self.model, channel)
         heartbeat = loop.heartbeat
-        loop.bus.requeue(self.notes)  # the kernel's notes: its set-up is the same
+        loop.bus.pending = list(self.notes)  # the kernel's notes: its set-up is the same
         began = worker_startup()
         if {"spawned_at", "ready_at"} <= set(began):
             loop.bus.note("worker_start", isolate.startup_note(
@@ -77,9 +77,7 @@ class FitJob:
         loop.stop_flag = lambda: heartbeat.stop_asked() is Stop.CALLBACK
         random.setstate(self.py_random)
         train_loader, val_loader = opening.open_loaders(loop, self.train, self.val)
-        loop.state = RunState.fresh([], carry=loop.state)
-        saved.load(loop, self.start)
-        opening.bind_schedule(loop.learner.schedule, loop.state.plan, loop.bus)
+        opening.begin(loop, self.start)  # as the kernel's fit began: its state, resumed here
         try:
             loop.fit(train_loader, val_loader)
         except BaseException:  # whatever ended it: the state held now first, then the error
@@ -106,7 +104,7 @@ class LoopJob:
         loop = worker_loop(self.settings, self.model, channel)
         channel.heartbeat(phase="evaluate", grace=loop.heartbeat.grace(
             "the first batch", compiling=False, device_type=loop.placement.device.type))
-        loop.bus.requeue()  # said by the kernel already
+        loop.bus.pending.clear()  # said by the kernel already
         return self.fn(loop, *self.args, **self.kwargs)
 
 
