@@ -18,6 +18,7 @@ RNGs are put back afterwards.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -61,25 +62,45 @@ class LRFindResult:
 
         from hybridnb.live.static import static_figure
 
-        fig = static_figure(go.Figure())
+        at = top = mark = None  # the smoothed loss at the suggestion; the y axis's top (None: auto)
+        if self.suggestion is not None:
+            at = self.losses[int(np.argmin(np.abs(np.log(self.lrs) - math.log(self.suggestion))))]
+            mark = f"suggestion ({self.method}): {self.suggestion:.2g}"
+        finite = self.losses[np.isfinite(self.losses)]
+        if finite.size and finite.min() > 0:  # a diverged tail must not flatten the curve
+            top = 1.05 * float(min(finite.max(), 4 * finite.min()))
+        fig = static_figure(go.Figure(), functools.partial(self._image, title, at, mark, top))
         fig.add_scatter(x=self.lrs, y=self.raw_losses, mode="lines", name="loss per step",
                         line=dict(color="lightgrey"))
         fig.add_scatter(x=self.lrs, y=self.losses, mode="lines", name="smoothed loss",
                         line=dict(color="royalblue"))
-        if self.suggestion is not None:
-            k = int(np.argmin(np.abs(np.log(self.lrs) - math.log(self.suggestion))))
-            fig.add_scatter(x=[self.suggestion], y=[self.losses[k]], mode="markers",
-                            marker=dict(size=12, color="crimson", symbol="circle"),
-                            name=f"suggestion ({self.method}): {self.suggestion:.2g}")
+        if at is not None:
+            fig.add_scatter(x=[self.suggestion], y=[at], mode="markers", name=mark,
+                            marker=dict(size=12, color="crimson", symbol="circle"))
             fig.add_vline(x=self.suggestion, line_dash="dot", line_color="crimson")
-        finite = self.losses[np.isfinite(self.losses)]
-        top = float(min(finite.max(), 4 * finite.min())) if finite.size and finite.min() > 0 \
-            else None
         fig.update_layout(template="plotly_white", height=360, title=title,
                           xaxis=dict(type="log", title="learning rate"),
-                          yaxis=dict(title="training loss",
-                                     range=None if top is None else [0, top * 1.05]))
+                          yaxis=dict(title="training loss", range=None if top is None else [0, top]))
         return fig
+
+    def _image(self, title: str, at: float | None, mark: str | None, top: float | None):
+        """``plot()``'s static image, drawn from the sweep with matplotlib (no pyplot)."""
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import FuncFormatter
+
+        ax = Figure(figsize=(7, 3.6)).add_subplot(title=title, xscale="log", xlabel="learning rate",
+                                                  ylabel="training loss")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))  # not mathtext: cheap
+        ax.plot(self.lrs, self.raw_losses, color="lightgrey", label="loss per step")
+        ax.plot(self.lrs, self.losses, color="royalblue", label="smoothed loss")
+        if at is not None:
+            ax.axvline(self.suggestion, color="crimson", linestyle=":")
+            ax.plot([self.suggestion], [at], "o", color="crimson", label=mark)
+        if top is not None:
+            ax.set_ylim(0, top)
+        ax.grid(color="#e5e5e5")
+        ax.legend(loc="upper left", bbox_to_anchor=(1, 1), frameon=False, fontsize=8)
+        return ax.figure
 
 
 def lr_find(loop, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_steps: int = 100,

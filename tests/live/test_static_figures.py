@@ -143,20 +143,31 @@ def test_a_figure_that_cannot_be_drawn_is_still_shown_and_said(kernel_renderer, 
 # ------------------------------------------------------------------ library figures
 
 
-def test_lr_find_plot_carries_an_image_without_the_setup_line(kernel_renderer):
+def test_lr_find_plot_carries_an_image_without_the_setup_line(kernel_renderer, monkeypatch):
     tr, data = tiny_trainer(epochs=1)
     found = tr.lr_find(data, num_steps=20)
     fig = found.plot()
     assert isinstance(fig, go.Figure)  # every plotly method still works
     assert type(fig.update_layout(title="again")) is type(fig)
-    assert type(pickle.loads(pickle.dumps(fig))) is type(fig)  # saved with joblib, pickle
+    copy = pickle.loads(pickle.dumps(fig))  # saved with joblib, pickle
+    assert type(copy) is type(fig)
     bundle = fig._repr_mimebundle_()
     assert set(bundle) == {PLOTLY_MIME, SVG}
     assert svg_size(bundle[SVG])[0] > 300
-    drawn = static.to_matplotlib(fig)
+    assert copy._repr_mimebundle_()[SVG] == bundle[SVG]  # its drawing went along
+    drawn = fig._draw()  # drawn from the sweep, not translated from the plotly figure
     ax = drawn.axes[0]
     assert ax.get_xscale() == "log" and ax.get_xlabel() == "learning rate"
-    assert {"loss per step", "smoothed loss"} <= {t.get_text() for t in drawn.legends[0].texts}
+    assert {"loss per step", "smoothed loss"} <= {t.get_text() for t in ax.get_legend().texts}
+    shown = []  # .show() and static_figures() hand plotly's image renderer the same drawing
+    monkeypatch.setattr("IPython.display.display", lambda obj, raw=False: shown.append(obj))
+    fig.show()
+    with_setup = static.static_figures()
+    try:
+        assert shown[0][SVG] == bundle[SVG] == fig._repr_mimebundle_()[SVG]
+    finally:
+        static.static_figures(False)
+    assert with_setup == "plotly_mimetype+hybridnb_image"
 
 
 def test_report_png_is_the_live_figure(tmp_path):
