@@ -97,11 +97,6 @@ def _bars(df: pd.DataFrame):
                (part["samples_per_s_max"] - y).where(ok, 0.0).fillna(0.0))
 
 
-def _title(df: pd.DataFrame) -> str:
-    where = f"{df.attrs.get('model', 'model')} on {df.attrs.get('device', '?')}"
-    return f"Training throughput by variant — {where}"
-
-
 def compare_figure(df: pd.DataFrame):
     """A plotly bar chart: median samples/s per variant (whiskers: min–max over windows),
     labelled with the speed-up; skipped / failed / OOM variants appear with their status."""
@@ -109,24 +104,26 @@ def compare_figure(df: pd.DataFrame):
 
     from hybridnb.live.static import static_figure
 
-    fig = static_figure(go.Figure(), functools.partial(_image, df))
+    where = f"{df.attrs.get('model', 'model')} on {df.attrs.get('device', '?')}"
+    title = f"Training throughput by variant — {where}"
+    fig = static_figure(go.Figure(), functools.partial(_image, df, title))
     for bs, part, y, text, below, above in _bars(df):
         fig.add_bar(
             x=part["variant"], y=y, name=f"batch {bs}", text=text, textposition="outside",
             hovertext=part["note"].where(part["note"] != "", part["status"]),
             error_y=dict(type="data", symmetric=False, array=above, arrayminus=below))
     fig.update_layout(
-        title=_title(df), barmode="group", yaxis_title=YTITLE, xaxis_title="variant",
+        title=title, barmode="group", yaxis_title=YTITLE, xaxis_title="variant",
         showlegend=df["batch_size"].nunique() > 1, template="plotly_white", height=420)
     return fig
 
 
-def _image(df: pd.DataFrame):
+def _image(df: pd.DataFrame, title: str):
     """``compare_figure``'s static image, drawn from the table with matplotlib (no pyplot)."""
     from matplotlib.figure import Figure
 
     groups, variants = list(_bars(df)), list(dict.fromkeys(df["variant"]))
-    ax = Figure(figsize=(7, 4.2)).add_subplot(title=_title(df), xlabel="variant", ylabel=YTITLE)
+    ax = Figure(figsize=(7, 4.2)).add_subplot(title=title, xlabel="variant", ylabel=YTITLE)
     width = 0.8 / len(groups)  # grouped side by side, as plotly's barmode="group"
     for k, (bs, part, y, text, below, above) in enumerate(groups):
         x = [variants.index(v) - 0.4 + (k + 0.5) * width for v in part["variant"]]
