@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from hybridnb.live.figures import PANELS, SNAPSHOT_POINTS, XTITLES, panels
-from hybridnb.live.static import RC, save
+from hybridnb.live.static import RC
 
 
 def draw(record, max_points: int = SNAPSHOT_POINTS):
@@ -57,9 +57,4 @@ def draw(record, max_points: int = SNAPSHOT_POINTS):
             util.set_ylim(0, 100)
             util.set_ylabel("util %")
     return fig
-
-
-def to_svg(record, max_points: int = SNAPSHOT_POINTS) -> str:
-    """The panels as an SVG document (titled, the same bytes for the same record)."""
-    return save(draw(record, max_points), "svg").decode("utf-8")
 

@@ -77,11 +77,12 @@ def _pair(t: dict) -> tuple[str, str]:
     return _axis_name(t.get("xaxis", "x"), "x"), _axis_name(t.get("yaxis", "y"), "y")
 
 
-def draw(fd: dict):
-    """A ``matplotlib.figure.Figure`` (no pyplot) drawn from a plotly figure dict."""
+def draw(fd: Any):
+    """A ``matplotlib.figure.Figure`` (no pyplot) drawn from a plotly figure or its dict."""
     import matplotlib
     from matplotlib.figure import Figure
 
+    fd = fd if isinstance(fd, dict) else fd.to_dict()
     layout = fd.get("layout") or {}
     colorway = layout.get("colorway") or ((layout.get("template") or {}).get("layout") or
                                           {}).get("colorway") or PLOTLY_COLORWAY

@@ -25,6 +25,7 @@ import plotly.io as pio
 from plotly.io.base_renderers import MimetypeRenderer
 
 from hybridnb.live.plotly_mpl import DPI, RC  # plotly's sizes in matplotlib's units
+from hybridnb.live.plotly_mpl import draw as translate
 
 # every static image of hybridnb (its own panels and translated user figures)
 IMAGE_RENDERER = "hybridnb_image"
@@ -48,21 +49,14 @@ def save(figure: Any, fmt: str) -> bytes:
     return buf.getvalue()
 
 
-def to_matplotlib(fig: Any):
-    """The figure (a plotly figure or its dict) as a ``matplotlib.figure.Figure``."""
-    from hybridnb.live.plotly_mpl import draw as translate
-
-    return translate(fig if isinstance(fig, dict) else fig.to_dict())
-
-
 def to_png(fig: Any) -> bytes:
     """The figure (a plotly figure or its dict) as PNG bytes, drawn with matplotlib."""
-    return save(to_matplotlib(fig), "png")
+    return save(translate(fig), "png")
 
 
 def to_svg(fig: Any) -> str:
     """The figure (a plotly figure or its dict) as an SVG document, drawn with matplotlib."""
-    return save(to_matplotlib(fig), "svg").decode("utf-8")
+    return save(translate(fig), "svg").decode("utf-8")
 
 
 def image_bundle(fig: Any, draw: Callable[[], Any] | None = None) -> dict[str, str]:
