@@ -86,11 +86,13 @@ class LRFindResult:
     def _image(self, title: str, at: float | None, mark: str | None, top: float | None):
         """``plot()``'s static image, drawn from the sweep with matplotlib (no pyplot)."""
         from matplotlib.figure import Figure
-        from matplotlib.ticker import FuncFormatter
+        from matplotlib.ticker import FuncFormatter, NullLocator
 
         ax = Figure(figsize=(7, 3.6)).add_subplot(title=title, xscale="log", xlabel="learning rate",
                                                   ylabel="training loss")
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))  # not mathtext: cheap
+        # plain "1e-05" labels, no minor ticks: mathtext labels would treble the drawing's time
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        ax.xaxis.set_minor_locator(NullLocator())
         ax.plot(self.lrs, self.raw_losses, color="lightgrey", label="loss per step")
         ax.plot(self.lrs, self.losses, color="royalblue", label="smoothed loss")
         if at is not None:
@@ -139,7 +141,7 @@ def lr_find(loop, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_step
     with opening.trial(loop, loader, Plan(epochs, batches, batches, epochs * batches), curve,
                        Sweep(lrs / loop.settings.lr)):
         loop.fit(loader, None)
-    result = LRFindResult(np.array(curve.lrs), np.array(curve.smooth), np.array(curve.raw),
+    result = LRFindResult(lrs[:len(curve.raw)], np.array(curve.smooth), np.array(curve.raw),
                           None, suggest, curve.diverged, speedups=used)
     result.suggestion, why = suggestion(result.lrs, result.losses, suggest)
     result.note = "; ".join(n for n in (capped, why) if n)
@@ -156,8 +158,7 @@ class Curve:
 
     def __init__(self, lrs: np.ndarray, beta: float, diverge: float) -> None:
         self.sweep, self.beta, self.diverge = lrs, beta, diverge
-        self.lrs: list[float] = []
-        self.raw: list[float] = []
+        self.raw: list[float] = []  # the step k's loss at k - 1: its lr is sweep[k - 1]
         self.smooth: list[float] = []
         self.diverged = False
 
@@ -165,18 +166,14 @@ class Curve:
         if not isinstance(event, StepEnded):
             return
         k = event.step  # from 1; a rewind to the last good state (a lost device) goes back
-        del self.lrs[k - 1:], self.raw[k - 1:], self.smooth[k - 1:]
-        self.lrs.append(float(self.sweep[k - 1]))
+        del self.raw[k - 1:], self.smooth[k - 1:]
         self.raw.append(event.loss)
-        if not math.isfinite(event.loss):
-            self.smooth.append(math.inf)
-            self.diverged = True
-            raise CancelFit
         avg = 0.0
         for loss in self.raw:  # bias-corrected exponential moving average
             avg = self.beta * avg + (1 - self.beta) * loss
-        self.smooth.append(avg / (1 - self.beta ** len(self.raw)))
-        if k > 1 and self.smooth[-1] > self.diverge * min(self.smooth):
+        smooth = avg / (1 - self.beta ** len(self.raw)) if math.isfinite(event.loss) else math.inf
+        self.smooth.append(smooth)
+        if not math.isfinite(smooth) or (k > 1 and smooth > self.diverge * min(self.smooth)):
             self.diverged = True
             raise CancelFit
         if k >= len(self.sweep):
