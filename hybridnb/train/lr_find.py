@@ -207,22 +207,18 @@ def suggestion(lrs: np.ndarray, losses: np.ndarray, method: str = "valley"
             return None, "the loss never falls: no steepest descent to suggest"
         k = lo + int(np.argmin(slope))
         return float(np.exp((log_lr[k] + log_lr[k + w]) / 2)), ""
-    start, end = _longest_valley(losses)
+    # fastai's valley: the longest decreasing subsequence of the losses, from start to end
+    lds = [1] * len(losses)  # the longest one ending at each loss
+    end = 0
+    for i in range(1, len(losses)):
+        lds[i] = max((lds[j] + 1 for j in range(i) if losses[j] > losses[i]), default=1)
+        if lds[i] > lds[end]:
+            end = i
+    start = end - lds[end] + 1
     if end - start < 2:
         return None, "the loss never falls for long: no valley to suggest"
     third = (end - start) / 3
     return float(lrs[start + int(third) + int(third / 2)]), ""
-
-
-def _longest_valley(losses: np.ndarray) -> tuple[int, int]:
-    """fastai's valley: the longest decreasing subsequence of the losses, as (start, end)."""
-    lds = [1] * len(losses)  # the longest decreasing subsequence ending at each loss
-    best_end = 0
-    for i in range(1, len(losses)):
-        lds[i] = max((lds[j] + 1 for j in range(i) if losses[j] > losses[i]), default=1)
-        if lds[i] > lds[best_end]:
-            best_end = i
-    return best_end - lds[best_end] + 1, best_end
 
 
 def apply_lr(trainer, lr: float) -> None:
