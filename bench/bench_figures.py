@@ -68,11 +68,11 @@ def warm_costs() -> list[dict]:
 
     rec = long_run_record()
     cases = {"user px.scatter (3 traces, 150 points)": lambda f=user_figure(): static.to_png(f),
-             "LRFindResult.plot() (100 steps)": lambda f=lr_figure(): static.to_png(f),
+             "LRFindResult.plot() (100 steps)": lambda f=lr_figure(): static.save(f._draw(), "png"),
              "end-of-run figure, PNG (matplotlib)":
                  lambda: static.save(panel_image.draw(rec), "png"),
              "end-of-run figure, SVG (matplotlib, the snapshot's image)":
-                 lambda: panel_image.to_svg(rec).encode(),
+                 lambda: static.save(panel_image.draw(rec), "svg"),
              "live plots, plotly JSON (the HTML view, every ~1 s)":
                  lambda: json.dumps(figures.figure_dict(rec, figures.LIVE_POINTS)).encode()}
     rows = []

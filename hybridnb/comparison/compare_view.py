@@ -6,6 +6,8 @@ draws itself (table, chart in a notebook, notes as numbered footnotes).
 
 from __future__ import annotations
 
+import functools
+
 import pandas as pd
 
 from hybridnb.env import NOTEBOOK_FRONTENDS, frontend
@@ -15,6 +17,7 @@ COLUMNS = [
     "samples_per_s", "samples_per_s_min", "samples_per_s_max", "speedup", "step_ms",
     "peak_mem_mb", "compile_s", "final_loss", "loss_rel_diff", "loss_ok", "gpu_busy_pct", "note",
 ]
+YTITLE = "samples/s (median; whiskers min–max)"
 
 
 class CompareResult(pd.DataFrame):
@@ -82,27 +85,51 @@ def compare_table(df: pd.DataFrame) -> str:
     return "\n".join([_display_frame(df).to_string(index=False), *_footer(df)])
 
 
-def compare_figure(df: pd.DataFrame):
-    """A plotly bar chart: median samples/s per variant (whiskers: min–max over windows),
-    labelled with the speed-up; skipped / failed / OOM variants appear with their status."""
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
-    multi = df["batch_size"].nunique() > 1
+def _bars(df: pd.DataFrame):
+    """Per batch size: its rows, bar heights (median samples/s; 0 unless ok), labels (speed-up or
+    status), whiskers below and above (to the windows' min and max): for both drawings."""
     for bs, part in df.groupby("batch_size", sort=False):
         ok = part["status"] == "ok"
         y = part["samples_per_s"].where(ok, 0.0).fillna(0.0)
         text = [f"{s:.2f}×" if good and pd.notna(s) else status
                 for s, good, status in zip(part["speedup"], ok, part["status"], strict=True)]
+        yield (bs, part, y, text, (y - part["samples_per_s_min"]).where(ok, 0.0).fillna(0.0),
+               (part["samples_per_s_max"] - y).where(ok, 0.0).fillna(0.0))
+
+
+def compare_figure(df: pd.DataFrame):
+    """A plotly bar chart: median samples/s per variant (whiskers: min–max over windows),
+    labelled with the speed-up; skipped / failed / OOM variants appear with their status."""
+    import plotly.graph_objects as go
+
+    from hybridnb.live.static import static_figure
+
+    where = f"{df.attrs.get('model', 'model')} on {df.attrs.get('device', '?')}"
+    title = f"Training throughput by variant — {where}"
+    fig = static_figure(go.Figure(), functools.partial(_image, df, title))
+    for bs, part, y, text, below, above in _bars(df):
         fig.add_bar(
             x=part["variant"], y=y, name=f"batch {bs}", text=text, textposition="outside",
             hovertext=part["note"].where(part["note"] != "", part["status"]),
-            error_y=dict(type="data", symmetric=False,
-                         array=(part["samples_per_s_max"] - y).where(ok, 0.0).fillna(0.0),
-                         arrayminus=(y - part["samples_per_s_min"]).where(ok, 0.0).fillna(0.0)))
-    where = f"{df.attrs.get('model', 'model')} on {df.attrs.get('device', '?')}"
+            error_y=dict(type="data", symmetric=False, array=above, arrayminus=below))
     fig.update_layout(
-        title=f"Training throughput by variant — {where}", barmode="group",
-        yaxis_title="samples/s (median; whiskers min–max)", xaxis_title="variant",
-        showlegend=multi, template="plotly_white", height=420)
+        title=title, barmode="group", yaxis_title=YTITLE, xaxis_title="variant",
+        showlegend=df["batch_size"].nunique() > 1, template="plotly_white", height=420)
     return fig
+
+
+def _image(df: pd.DataFrame, title: str):
+    """``compare_figure``'s static image, drawn from the table with matplotlib (no pyplot)."""
+    from matplotlib.figure import Figure
+
+    groups, variants = list(_bars(df)), list(dict.fromkeys(df["variant"]))
+    ax = Figure(figsize=(7, 4.2)).add_subplot(title=title, xlabel="variant", ylabel=YTITLE)
+    width = 0.8 / len(groups)  # grouped side by side, as plotly's barmode="group"
+    for k, (bs, part, y, text, below, above) in enumerate(groups):
+        x = [variants.index(v) - 0.4 + (k + 0.5) * width for v in part["variant"]]
+        ax.bar_label(ax.bar(x, y, width, yerr=[below, above], label=f"batch {bs}"), text,
+                     fontsize=7)
+    ax.set_xticks(range(len(variants)), variants)
+    if len(groups) > 1:
+        ax.legend(frameon=False, fontsize=8)
+    return ax.figure

@@ -109,7 +109,8 @@ def panels(record, max_points: int = SNAPSHOT_POINTS) -> list[Series]:
         ux, uy = downsample(tx, mem.values["gpu_util"], max_points)
         out.append(Series("gpu_util", "GPU util %", ux, uy, 2, "#7f7f7f", dash="dot",
                           secondary=True))
-    ex = record.event_times()
+    t0 = record.sampler.start_time if record.sampler is not None else record.start_time
+    ex = [ev.time - t0 for ev in record.events]  # seconds, as the memory panel's x
     top = max((v for s in out if s.panel == 2 and not s.hidden and not s.secondary
                for v in s.y if v is not None), default=0.0)  # events mark the memory panel's top
     out.append(Series("events", "events", ex, [top] * len(ex), 2, "#d62728", mode="markers+text",
@@ -141,7 +142,8 @@ def _trace(s: Series) -> dict[str, Any]:
     return t
 
 
-def _layout() -> dict[str, Any]:
+def figure_dict(record, max_points: int = SNAPSHOT_POINTS) -> dict[str, Any]:
+    """The three panels as plotly JSON, built without plotly (cheap to resend every second)."""
     layout: dict[str, Any] = {
         "height": 320, "margin": {"l": 50, "r": 30, "t": 40, "b": 40},
         "legend": {"orientation": "h", "y": -0.18}, "uirevision": "hybridnb",
@@ -155,12 +157,7 @@ def _layout() -> dict[str, Any]:
     for (x, y), title, domain in zip(_AXES, XTITLES, _DOMAINS, strict=True):
         layout["xaxis" + x[1:]] = {"domain": domain, "anchor": y, "title": {"text": title}}
         layout.setdefault("yaxis" + y[1:], {}).update(anchor=x)
-    return layout
-
-
-def figure_dict(record, max_points: int = SNAPSHOT_POINTS) -> dict[str, Any]:
-    """The three panels as plotly JSON, built without plotly (cheap to resend every second)."""
-    return {"data": [_trace(s) for s in panels(record, max_points)], "layout": _layout()}
+    return {"data": [_trace(s) for s in panels(record, max_points)], "layout": layout}
 
 
 def update_figure(fig, record, max_points: int = LIVE_POINTS) -> None:

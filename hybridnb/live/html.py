@@ -101,6 +101,7 @@ class HtmlView(LiveView):
         """The static snapshot: the header and the summary paragraph; the figure as plotly JSON
         where a plotly renderer exists and as its SVG image everywhere."""
         from hybridnb.live import panel_image
+        from hybridnb.live.static import save
 
         rec, head = self.record, text.header(self.record.run, self.note)
         para, events = text.paragraph(summary, rec), summary.get("events")
@@ -108,6 +109,7 @@ class HtmlView(LiveView):
                 f"<div><b>hybridnb</b> · {escape(head)}</div><p>{escape(para)}</p>"
                 + _events(rec.events if events is None else events) + "</div>")
         self.panel.update({"text/html": html, "text/plain": f"hybridnb · {head}\n{para}"}, raw=True)
-        self.figure.update({PLOTLY_MIME: figure_dict(rec), "image/svg+xml": panel_image.to_svg(rec),
+        svg = save(panel_image.draw(rec), "svg").decode("utf-8")  # titled; same record, same bytes
+        self.figure.update({PLOTLY_MIME: figure_dict(rec), "image/svg+xml": svg,
                             "text/plain": "hybridnb figure: loss, learning rate and memory"},
                            raw=True)

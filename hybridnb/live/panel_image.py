@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 
-from hybridnb.live.figures import PANELS, SNAPSHOT_POINTS, XTITLES, figure_dict, panels
-from hybridnb.live.static import RC, save
+from hybridnb.live.figures import PANELS, SNAPSHOT_POINTS, XTITLES, panels
+from hybridnb.live.static import RC
 
 
 def draw(record, max_points: int = SNAPSHOT_POINTS):
@@ -58,19 +58,3 @@ def draw(record, max_points: int = SNAPSHOT_POINTS):
             util.set_ylabel("util %")
     return fig
 
-
-def to_svg(record, max_points: int = SNAPSHOT_POINTS) -> str:
-    """The panels as an SVG document (titled, the same bytes for the same record)."""
-    return save(draw(record, max_points), "svg").decode("utf-8")
-
-
-def make_figure(record, max_points: int = SNAPSHOT_POINTS):
-    """A plotly FigureWidget of the three panels, for live updates (``draw``: the same panels
-    in matplotlib)."""
-    import plotly.graph_objects as go
-
-    fig = figure_dict(record, max_points)
-    fig["layout"]["template"] = "plotly_white"
-    # a widget sizes itself once, often before its output area is laid out
-    fig["layout"]["width"] = 960
-    return go.FigureWidget(fig)

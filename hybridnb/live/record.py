@@ -104,8 +104,3 @@ class RunRecord:
         from hybridnb.measure.memory import MemorySeries
 
         return self.sampler.series() if self.sampler is not None else MemorySeries()
-
-    def event_times(self) -> list[float]:
-        """Events' times in seconds since the memory sampler (or the run) started."""
-        t0 = self.sampler.start_time if self.sampler is not None else self.start_time
-        return [ev.time - t0 for ev in self.events]

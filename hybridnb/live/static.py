@@ -4,8 +4,9 @@ A notebook output holding only ``application/vnd.plotly.v1+json`` is dropped by 
 html`` and by a code host's preview, so an SVG (drawn with matplotlib: no browser, no pyplot
 state) travels in the same output: ``static_figures()`` adds the ``"hybridnb_image"`` renderer
 to plotly's default (importing hybridnb changes no plotly setting); ``static_figure(fig)`` makes a
-figure that carries the image whatever the settings. Figures are translated by
-``live/plotly_mpl.py`` (hybridnb's own panels are drawn by ``panel_image.draw``, not translated).
+figure that carries the image whatever the settings. User figures are translated by
+``live/plotly_mpl.py``; hybridnb's own (the panels, ``LRFindResult.plot()``, compare()'s chart)
+are drawn from their data with matplotlib, not translated.
 
 SVG, not PNG: JupyterLab's plotly renderer shows an ``image/png`` instead of drawing the plot;
 it ignores ``image/svg+xml``. kaleido would draw user figures pixel for pixel but needs a
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import io
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import plotly.graph_objects as go
@@ -23,6 +25,7 @@ import plotly.io as pio
 from plotly.io.base_renderers import MimetypeRenderer
 
 from hybridnb.live.plotly_mpl import DPI, RC  # plotly's sizes in matplotlib's units
+from hybridnb.live.plotly_mpl import draw as translate
 
 # every static image of hybridnb (its own panels and translated user figures)
 IMAGE_RENDERER = "hybridnb_image"
@@ -46,27 +49,21 @@ def save(figure: Any, fmt: str) -> bytes:
     return buf.getvalue()
 
 
-def to_matplotlib(fig: Any):
-    """The figure (a plotly figure or its dict) as a ``matplotlib.figure.Figure``."""
-    from hybridnb.live.plotly_mpl import draw as translate
-
-    return translate(fig if isinstance(fig, dict) else fig.to_dict())
-
-
 def to_png(fig: Any) -> bytes:
     """The figure (a plotly figure or its dict) as PNG bytes, drawn with matplotlib."""
-    return save(to_matplotlib(fig), "png")
+    return save(translate(fig), "png")
 
 
 def to_svg(fig: Any) -> str:
     """The figure (a plotly figure or its dict) as an SVG document, drawn with matplotlib."""
-    return save(to_matplotlib(fig), "svg").decode("utf-8")
+    return save(translate(fig), "svg").decode("utf-8")
 
 
-def image_bundle(fig: Any) -> dict[str, str]:
-    """``{"image/svg+xml": svg}``, or ``{}`` with a warning: the interactive output still shows."""
+def image_bundle(fig: Any, draw: Callable[[], Any] | None = None) -> dict[str, str]:
+    """``{"image/svg+xml": svg}`` (drawn by ``draw``, else translated from ``fig``), or ``{}``
+    with a warning: the interactive output still shows."""
     try:
-        return {IMAGE_MIME: to_svg(fig)}
+        return {IMAGE_MIME: save(draw(), "svg").decode("utf-8") if draw else to_svg(fig)}
     except Exception as exc:  # broad: any drawing failure must leave the interactive output
         warnings.warn(f"hybridnb could not draw a static image of this plotly figure "
                       f"({type(exc).__name__}: {exc}); it is shown interactively only, so an "
@@ -101,19 +98,26 @@ def with_image(renderer: str | None) -> str | None:
 class StaticImageRenderer(MimetypeRenderer):
     """plotly's ``"hybridnb_image"`` renderer (registered on first use, not at import)."""
 
+    draw = None  # a StaticFigure's drawing: plotly sets it on a copy of the renderer per figure
+
     def to_mimebundle(self, fig_dict):
-        return image_bundle(fig_dict)
+        return image_bundle(fig_dict, self.draw)
 
 
 class StaticFigure(go.Figure):
-    """A plotly ``go.Figure`` that carries the image in every notebook output it makes (shown
-    at a cell's end, ``.show()``, ``display()``), whether or not ``static_figures()`` was
-    called."""
+    """A plotly ``go.Figure`` (hybridnb's own) that carries its image, drawn from its data by
+    ``_draw``, in every notebook output it makes (shown at a cell's end, ``.show()``,
+    ``display()``), whether or not ``static_figures()`` was called."""
+
+    _draw: Callable[[], Any] | None = None
+
+    def __reduce__(self):  # pickled or copied, it keeps its drawing
+        return (*super().__reduce__(), {"_draw": self._draw})
 
     def _repr_mimebundle_(self, include=None, exclude=None, validate=True, **kwargs):
-        bundle = super()._repr_mimebundle_(include, exclude, validate, **kwargs)
+        bundle = super()._repr_mimebundle_(include, exclude, validate, draw=self._draw, **kwargs)
         if bundle and not any(k.startswith("image/") for k in bundle):
-            bundle.update(image_bundle(self))
+            bundle.update(image_bundle(self, self._draw))
         return bundle
 
     def _ipython_display_(self):
@@ -123,9 +127,11 @@ class StaticFigure(go.Figure):
             print(repr(self))
 
     def show(self, renderer=None, validate=True, **kwargs):
-        pio.show(self, renderer=with_image(renderer), validate=validate, **kwargs)
+        pio.show(self, renderer=with_image(renderer), validate=validate, draw=self._draw, **kwargs)
 
 
-def static_figure(fig: Any) -> StaticFigure:
-    """``fig`` as a ``StaticFigure``."""
-    return StaticFigure(fig)
+def static_figure(fig: Any, draw: Callable[[], Any]) -> StaticFigure:
+    """``fig`` as a ``StaticFigure`` whose image ``draw`` makes (a matplotlib Figure)."""
+    out = StaticFigure(fig)
+    out._draw = draw
+    return out

@@ -48,10 +48,8 @@ def gib(n_bytes: float | None) -> str:
     return f"{n_bytes / 1024**2:.0f} MiB"
 
 
-def number(x: float | None, digits: int = 4) -> str:
+def number(x: float, digits: int = 4) -> str:
     """Loss-like numbers: 4 significant digits, scientific when tiny or huge."""
-    if x is None:
-        return "?"
     x = float(x)
     if not math.isfinite(x):
         return str(x)
@@ -67,10 +65,8 @@ def rate(x: float | None) -> str:
     return f"{x:,.0f}" if x >= 10 else f"{x:.2f}"
 
 
-def count(n: int | None) -> str:
+def count(n: int) -> str:
     """Parameter counts: ``62345`` -> ``"62.3 k"``, ``1.2e6`` -> ``"1.20 M"``."""
-    if n is None:
-        return "?"
     if n >= 1e6:
         return f"{n / 1e6:.2f} M"
     if n >= 1e3:

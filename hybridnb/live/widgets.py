@@ -29,7 +29,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from hybridnb.live import figures, panel_image
+from hybridnb.live import figures
 from hybridnb.live.base import Throttle
 from hybridnb.live.html import HtmlView, progress_html
 
@@ -45,6 +45,7 @@ class WidgetView(HtmlView):
 
     def _open(self, run: dict) -> None:
         import ipywidgets as W
+        import plotly.graph_objects as go
 
         self.progress = W.HTML(progress_html(self.record, self.note))
         self.stop_button = W.Button(
@@ -52,7 +53,10 @@ class WidgetView(HtmlView):
             tooltip="Stop after the current step (checkpoint and history are kept)")
         self.stop_button.add_class("hybridnb-stop")
         self.box = W.VBox([self.progress, self.stop_button])
-        self.fig = panel_image.make_figure(self.record, max_points=figures.LIVE_POINTS)
+        fig = figures.figure_dict(self.record, figures.LIVE_POINTS)
+        # a widget sizes itself once, often before its output area is laid out: a fixed width
+        fig["layout"].update(template="plotly_white", width=960)
+        self.fig = go.FigureWidget(fig)
         self.plots_box = W.VBox([self.fig], layout=W.Layout(width="100%"))
         self.plots_box.add_class("hybridnb-live-plots")
         self._widgets = [self.progress, self.stop_button, self.box, self.fig, self.plots_box]
@@ -83,10 +87,6 @@ class WidgetView(HtmlView):
             self._safe(self.clicks.poll)
             self.poller.done(started)
 
-    def _close(self, summary: dict) -> None:
-        self._draw_epoch_end()
-        super()._close(summary)
-
     def _release(self) -> None:
         for w in self._widgets:
             with contextlib.suppress(Exception):  # broad: a comm already gone; the run is over
@@ -101,23 +101,23 @@ class WidgetView(HtmlView):
 class ClickRoute:
     """How clicks reach Python; ``mode`` is ``"subshell"``, ``"ui_poll"`` or ``"none"``."""
 
-    mode = "none"
-
-    def __init__(self, note: str = ""):
-        self.note = note
+    def __init__(self, mode: str = "none", note: str = ""):
+        self.mode, self.note = mode, note
 
     def poll(self) -> None:
-        """Deliver pending clicks now (only the ui_poll route needs this)."""
+        """Deliver pending clicks now (the ui_poll route; the view calls it between steps)."""
+        from jupyter_ui_poll import ui_events
+
+        with ui_events() as ui_poll:
+            ui_poll(20)
 
     def close(self) -> None:
         """Release the subshell; safe to call twice."""
 
 
 class SubshellRoute(ClickRoute):
-    mode = "subshell"
-
     def __init__(self, kernel: Any, widget: Any, timeout: float = 5.0):
-        super().__init__()
+        super().__init__("subshell")
         if not hasattr(widget.comm, "_reply_subshell_for"):
             raise RuntimeError("this ipykernel's comms cannot be routed to a subshell")
         self._manager = kernel.shell_channel_thread.manager
@@ -150,16 +150,6 @@ class SubshellRoute(ClickRoute):
                 self._on_channel_thread(self._manager._delete_subshell, sid)
 
 
-class UiPollRoute(ClickRoute):
-    mode = "ui_poll"
-
-    def poll(self) -> None:
-        from jupyter_ui_poll import ui_events
-
-        with ui_events() as ui_poll:
-            ui_poll(20)
-
-
 def route_clicks(widget: Any, kernel: Any | None = None) -> ClickRoute:
     """Choose how ``widget``'s clicks reach Python during a busy cell (see module doc)."""
     if kernel is None:
@@ -167,7 +157,7 @@ def route_clicks(widget: Any, kernel: Any | None = None) -> ClickRoute:
 
         kernel = getattr(get_ipython(), "kernel", None)
     if kernel is None:
-        return ClickRoute("no running kernel delivers clicks: interrupt (Ctrl-C / ■) to stop; "
+        return ClickRoute("none", "no running kernel delivers clicks: interrupt (Ctrl-C / ■) to stop; "
                           "the checkpoint and history are kept")
     reason = ""
     if getattr(kernel, "shell_channel_thread", None) is not None:
@@ -176,6 +166,6 @@ def route_clicks(widget: Any, kernel: Any | None = None) -> ClickRoute:
         except Exception as exc:  # broad: ipykernel internals; the fallback says why
             reason = f"kernel subshell unavailable ({type(exc).__name__}: {exc}); "
     if hasattr(kernel, "do_one_iteration"):  # jupyter-ui-poll: a dependency of hybridnb
-        return UiPollRoute(reason.rstrip("; "))
-    return ClickRoute(reason + "this kernel cannot deliver clicks while it trains: interrupt "
+        return ClickRoute("ui_poll", reason.rstrip("; "))
+    return ClickRoute("none", reason + "this kernel cannot deliver clicks while it trains: interrupt "
                       "the kernel (■) to stop; the checkpoint and history are kept")

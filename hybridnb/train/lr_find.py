@@ -18,6 +18,7 @@ RNGs are put back afterwards.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -61,25 +62,47 @@ class LRFindResult:
 
         from hybridnb.live.static import static_figure
 
-        fig = static_figure(go.Figure())
+        at = top = mark = None  # the smoothed loss at the suggestion; the y axis's top (None: auto)
+        if self.suggestion is not None:
+            at = self.losses[int(np.argmin(np.abs(np.log(self.lrs) - math.log(self.suggestion))))]
+            mark = f"suggestion ({self.method}): {self.suggestion:.2g}"
+        finite = self.losses[np.isfinite(self.losses)]
+        if finite.size and finite.min() > 0:  # a diverged tail must not flatten the curve
+            top = 1.05 * float(min(finite.max(), 4 * finite.min()))
+        fig = static_figure(go.Figure(), functools.partial(self._image, title, at, mark, top))
         fig.add_scatter(x=self.lrs, y=self.raw_losses, mode="lines", name="loss per step",
                         line=dict(color="lightgrey"))
         fig.add_scatter(x=self.lrs, y=self.losses, mode="lines", name="smoothed loss",
                         line=dict(color="royalblue"))
-        if self.suggestion is not None:
-            k = int(np.argmin(np.abs(np.log(self.lrs) - math.log(self.suggestion))))
-            fig.add_scatter(x=[self.suggestion], y=[self.losses[k]], mode="markers",
-                            marker=dict(size=12, color="crimson", symbol="circle"),
-                            name=f"suggestion ({self.method}): {self.suggestion:.2g}")
+        if at is not None:
+            fig.add_scatter(x=[self.suggestion], y=[at], mode="markers", name=mark,
+                            marker=dict(size=12, color="crimson", symbol="circle"))
             fig.add_vline(x=self.suggestion, line_dash="dot", line_color="crimson")
-        finite = self.losses[np.isfinite(self.losses)]
-        top = float(min(finite.max(), 4 * finite.min())) if finite.size and finite.min() > 0 \
-            else None
         fig.update_layout(template="plotly_white", height=360, title=title,
                           xaxis=dict(type="log", title="learning rate"),
-                          yaxis=dict(title="training loss",
-                                     range=None if top is None else [0, top * 1.05]))
+                          yaxis=dict(title="training loss", range=None if top is None else [0, top]))
         return fig
+
+    def _image(self, title: str, at: float | None, mark: str | None, top: float | None):
+        """``plot()``'s static image, drawn from the sweep with matplotlib (no pyplot)."""
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import FuncFormatter, NullLocator
+
+        ax = Figure(figsize=(7, 3.6)).add_subplot(title=title, xscale="log", xlabel="learning rate",
+                                                  ylabel="training loss")
+        # plain "1e-05" labels, no minor ticks: mathtext labels would treble the drawing's time
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.plot(self.lrs, self.raw_losses, color="lightgrey", label="loss per step")
+        ax.plot(self.lrs, self.losses, color="royalblue", label="smoothed loss")
+        if at is not None:
+            ax.axvline(self.suggestion, color="crimson", linestyle=":")
+            ax.plot([self.suggestion], [at], "o", color="crimson", label=mark)
+        if top is not None:
+            ax.set_ylim(0, top)
+        ax.grid(color="#e5e5e5")
+        ax.legend(loc="upper left", bbox_to_anchor=(1, 1), frameon=False, fontsize=8)
+        return ax.figure
 
 
 def lr_find(loop, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_steps: int = 100,
@@ -118,7 +141,7 @@ def lr_find(loop, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_step
     with opening.trial(loop, loader, Plan(epochs, batches, batches, epochs * batches), curve,
                        Sweep(lrs / loop.settings.lr)):
         loop.fit(loader, None)
-    result = LRFindResult(np.array(curve.lrs), np.array(curve.smooth), np.array(curve.raw),
+    result = LRFindResult(lrs[:len(curve.raw)], np.array(curve.smooth), np.array(curve.raw),
                           None, suggest, curve.diverged, speedups=used)
     result.suggestion, why = suggestion(result.lrs, result.losses, suggest)
     result.note = "; ".join(n for n in (capped, why) if n)
@@ -135,8 +158,7 @@ class Curve:
 
     def __init__(self, lrs: np.ndarray, beta: float, diverge: float) -> None:
         self.sweep, self.beta, self.diverge = lrs, beta, diverge
-        self.lrs: list[float] = []
-        self.raw: list[float] = []
+        self.raw: list[float] = []  # the step k's loss at k - 1: its lr is sweep[k - 1]
         self.smooth: list[float] = []
         self.diverged = False
 
@@ -144,18 +166,14 @@ class Curve:
         if not isinstance(event, StepEnded):
             return
         k = event.step  # from 1; a rewind to the last good state (a lost device) goes back
-        del self.lrs[k - 1:], self.raw[k - 1:], self.smooth[k - 1:]
-        self.lrs.append(float(self.sweep[k - 1]))
+        del self.raw[k - 1:], self.smooth[k - 1:]
         self.raw.append(event.loss)
-        if not math.isfinite(event.loss):
-            self.smooth.append(math.inf)
-            self.diverged = True
-            raise CancelFit
         avg = 0.0
         for loss in self.raw:  # bias-corrected exponential moving average
             avg = self.beta * avg + (1 - self.beta) * loss
-        self.smooth.append(avg / (1 - self.beta ** len(self.raw)))
-        if k > 1 and self.smooth[-1] > self.diverge * min(self.smooth):
+        smooth = avg / (1 - self.beta ** len(self.raw)) if math.isfinite(event.loss) else math.inf
+        self.smooth.append(smooth)
+        if not math.isfinite(smooth) or (k > 1 and smooth > self.diverge * min(self.smooth)):
             self.diverged = True
             raise CancelFit
         if k >= len(self.sweep):
@@ -189,22 +207,18 @@ def suggestion(lrs: np.ndarray, losses: np.ndarray, method: str = "valley"
             return None, "the loss never falls: no steepest descent to suggest"
         k = lo + int(np.argmin(slope))
         return float(np.exp((log_lr[k] + log_lr[k + w]) / 2)), ""
-    start, end = _longest_valley(losses)
+    # fastai's valley: the longest decreasing subsequence of the losses, from start to end
+    lds = [1] * len(losses)  # the longest one ending at each loss
+    end = 0
+    for i in range(1, len(losses)):
+        lds[i] = max((lds[j] + 1 for j in range(i) if losses[j] > losses[i]), default=1)
+        if lds[i] > lds[end]:
+            end = i
+    start = end - lds[end] + 1
     if end - start < 2:
         return None, "the loss never falls for long: no valley to suggest"
     third = (end - start) / 3
     return float(lrs[start + int(third) + int(third / 2)]), ""
-
-
-def _longest_valley(losses: np.ndarray) -> tuple[int, int]:
-    """fastai's valley: the longest decreasing subsequence of the losses, as (start, end)."""
-    lds = [1] * len(losses)  # the longest decreasing subsequence ending at each loss
-    best_end = 0
-    for i in range(1, len(losses)):
-        lds[i] = max((lds[j] + 1 for j in range(i) if losses[j] > losses[i]), default=1)
-        if lds[i] > lds[best_end]:
-            best_end = i
-    return best_end - lds[best_end] + 1, best_end
 
 
 def apply_lr(trainer, lr: float) -> None:

@@ -260,6 +260,9 @@ def test_notebook_display_shows_table_and_chart(monkeypatch):
     assert list(table["variant"]) == ["fp32", "bf16", "fp16"]
     assert list(fig.data[0].x) == ["fp32", "bf16", "fp16"]
     assert fig.data[0].text[0] == "1.00×" and fig.data[0].text[2] == "skipped"
+    image = fig._draw().axes[0]  # its saved-notebook image, drawn from the table
+    assert [t.get_text() for t in image.get_xticklabels()] == ["fp32", "bf16", "fp16"]
+    assert [t.get_text() for t in image.texts][2] == "skipped"
 
     shown.clear()
     monkeypatch.setattr(compare_view, "frontend", lambda: "ci")

@@ -469,7 +469,6 @@ def test_ui_polling_is_throttled_between_steps():
     from hybridnb.live.widgets import ClickRoute, WidgetView
 
     class CountingRoute(ClickRoute):
-        mode = "ui_poll"
         polls = 0
 
         def poll(self):
@@ -478,7 +477,7 @@ def test_ui_polling_is_throttled_between_steps():
     clock = FakeClock()
     view = WidgetView(display=FakeDisplay(), sampler_factory=None, clock=clock)
     view.start(RUN)
-    view.clicks = CountingRoute()
+    view.clicks = CountingRoute("ui_poll")
     for g in range(1, 1001):
         clock.now += 0.001
         view.update(dict(epoch=0, step=g % 20 + 1, global_step=g, loss=1.0))

@@ -27,7 +27,7 @@ pio = pytest.importorskip("plotly.io")
 px = pytest.importorskip("plotly.express")
 go = pytest.importorskip("plotly.graph_objects")
 
-from hybridnb.live import static  # noqa: E402
+from hybridnb.live import plotly_mpl, static  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
@@ -132,7 +132,7 @@ def test_a_figure_that_cannot_be_drawn_is_still_shown_and_said(kernel_renderer, 
         def broken(fig):
             raise RuntimeError("no fonts")
 
-        monkeypatch.setattr(static, "to_matplotlib", broken)
+        monkeypatch.setattr(static, "translate", broken)
         with pytest.warns(UserWarning, match="no fonts"):
             bundle = px.line(y=[1, 2])._repr_mimebundle_()
         assert set(bundle) == {PLOTLY_MIME}  # the interactive output, unharmed
@@ -143,20 +143,31 @@ def test_a_figure_that_cannot_be_drawn_is_still_shown_and_said(kernel_renderer, 
 # ------------------------------------------------------------------ library figures
 
 
-def test_lr_find_plot_carries_an_image_without_the_setup_line(kernel_renderer):
+def test_lr_find_plot_carries_an_image_without_the_setup_line(kernel_renderer, monkeypatch):
     tr, data = tiny_trainer(epochs=1)
     found = tr.lr_find(data, num_steps=20)
     fig = found.plot()
     assert isinstance(fig, go.Figure)  # every plotly method still works
     assert type(fig.update_layout(title="again")) is type(fig)
-    assert type(pickle.loads(pickle.dumps(fig))) is type(fig)  # saved with joblib, pickle
+    copy = pickle.loads(pickle.dumps(fig))  # saved with joblib, pickle
+    assert type(copy) is type(fig)
     bundle = fig._repr_mimebundle_()
     assert set(bundle) == {PLOTLY_MIME, SVG}
     assert svg_size(bundle[SVG])[0] > 300
-    drawn = static.to_matplotlib(fig)
+    assert copy._repr_mimebundle_()[SVG] == bundle[SVG]  # its drawing went along
+    drawn = fig._draw()  # drawn from the sweep, not translated from the plotly figure
     ax = drawn.axes[0]
     assert ax.get_xscale() == "log" and ax.get_xlabel() == "learning rate"
-    assert {"loss per step", "smoothed loss"} <= {t.get_text() for t in drawn.legends[0].texts}
+    assert {"loss per step", "smoothed loss"} <= {t.get_text() for t in ax.get_legend().texts}
+    shown = []  # .show() and static_figures() hand plotly's image renderer the same drawing
+    monkeypatch.setattr("IPython.display.display", lambda obj, raw=False: shown.append(obj))
+    fig.show()
+    with_setup = static.static_figures()
+    try:
+        assert shown[0][SVG] == bundle[SVG] == fig._repr_mimebundle_()[SVG]
+    finally:
+        static.static_figures(False)
+    assert with_setup == "plotly_mimetype+hybridnb_image"
 
 
 def test_report_png_is_the_live_figure(tmp_path):
@@ -180,7 +191,7 @@ def test_the_panels_have_their_own_matplotlib_drawing():
     drawn = panel_image.draw(record)  # what trainer.report()'s figures.png is
     assert [ax.get_title() for ax in drawn.axes] == ["loss", "learning rate", "memory (GiB)"]
     assert list(drawn.axes[0].lines[0].get_ydata()) == [1.0, 0.5, 1 / 3]
-    assert "<dc:title>hybridnb: loss, learning rate, memory" in panel_image.to_svg(record)
+    assert "<dc:title>hybridnb: loss, learning rate, memory" in static.save(drawn, "svg").decode()
 
 
 # ------------------------------------------------------------------ the translation
@@ -197,7 +208,7 @@ def test_translation_draws_subplots_log_axes_shapes_titles_and_legend():
     fig.add_hline(y=5, line_color="crimson", row=1, col=1)
     fig.update_yaxes(type="log", row=1, col=1)
     fig.update_layout(title="two panels")
-    drawn = static.to_matplotlib(fig)
+    drawn = plotly_mpl.draw(fig)
     left, right = drawn.axes
     assert left.get_yscale() == "log" and right.get_yscale() == "linear"
     assert right.get_position().x0 > left.get_position().x1  # side by side, as plotly's domains
@@ -214,29 +225,29 @@ def test_shapes_widen_the_axes_as_in_plotly_and_stray_labels_stay_inside():
     fig = px.line(y=[2.0, 3.0], height=300, width=500)
     fig.add_hline(y=1.0)  # below the data: plotly's autorange takes it in
     fig.add_annotation(x=0, y=100.0, text="far away", showarrow=False)
-    ax = static.to_matplotlib(fig).axes[0]
+    ax = plotly_mpl.draw(fig).axes[0]
     assert ax.get_ylim()[0] <= 1.0 <= ax.get_ylim()[1] < 100
     assert png_size(static.to_png(fig))[1] <= 300  # the stray label does not stretch the image
 
 
 def test_translation_draws_histogram_bar_and_says_what_it_skips():
     rng = np.random.default_rng(0)
-    hist = static.to_matplotlib(px.histogram(x=rng.normal(size=500), nbins=20))
+    hist = plotly_mpl.draw(px.histogram(x=rng.normal(size=500), nbins=20))
     assert len(hist.axes[0].patches) == 20
-    bars = static.to_matplotlib(px.bar(x=["a", "b", "c"], y=[1, 3, 2]))
+    bars = plotly_mpl.draw(px.bar(x=["a", "b", "c"], y=[1, 3, 2]))
     assert [p.get_height() for p in bars.axes[0].patches] == [1, 3, 2]
     assert [t.get_text() for t in bars.axes[0].get_xticklabels()] == ["a", "b", "c"]
-    stacked = static.to_matplotlib(px.bar(x=[1, 2, 3, 4], y=["a", "a", "b", "b"],
+    stacked = plotly_mpl.draw(px.bar(x=[1, 2, 3, 4], y=["a", "a", "b", "b"],
                                           orientation="h"))  # px: one bar per row, stacked
     assert sorted(p.get_x() + p.get_width() for p in stacked.axes[0].patches) == [1, 3, 3, 7]
-    grouped = static.to_matplotlib(go.Figure([go.Bar(x=["a", "b"], y=[1, 2], name="one"),
+    grouped = plotly_mpl.draw(go.Figure([go.Bar(x=["a", "b"], y=[1, 2], name="one"),
                                               go.Bar(x=["a", "b"], y=[3, 4], name="two")]))
     left_one, _, left_two, _ = sorted(grouped.axes[0].patches, key=lambda p: p.get_height())
     assert left_one.get_x() < left_two.get_x()  # side by side, not on top of each other
     for fig, kind in ((px.box(y=np.arange(10.0)), "box"), (px.imshow(np.eye(3)), "heatmap"),
                       (go.Figure(go.Pie(values=[1, 2])), "pie"),
                       (px.line(y=[1, 2]).add_vrect(x0=0, x1=0.5), "rect shapes")):
-        drawn = static.to_matplotlib(fig)  # a trace the translation does not cover:
+        drawn = plotly_mpl.draw(fig)  # a trace the translation does not cover:
         assert any(kind in t.get_text() for t in drawn.texts)  # said, not silently blank
 
 
