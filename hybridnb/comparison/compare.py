@@ -3,7 +3,7 @@
 "bf16 is 2x faster" is folklore until it is measured on *your* model and *your* hardware. Every
 variant starts from the same seeded weights and times ``train.step.TrainStep`` (forward,
 backward, AdamW) with device-synchronised timers, taking turns (A B A B ...) so drift on a busy
-machine favours none; each runs in its own process (``comparison.isolation``), so a crash or a
+machine favours none; each runs in its own process (``comparison.worker``), so a crash or a
 hang is a row with its reason. The batch stays on the device: the model step is measured, not
 the data path.
 
@@ -34,8 +34,8 @@ from hybridnb.comparison.compare_view import (
     compare_figure,
     compare_table,
 )
-from hybridnb.comparison.isolation import ChildVariant
 from hybridnb.comparison.variants import DEFAULT_VARIANTS, Variant, parse_variant, unavailable
+from hybridnb.comparison.worker import ChildVariant
 from hybridnb.hardware.detect import detect
 from hybridnb.measure.memory import heap_reader
 from hybridnb.processes.supervise import Watch

@@ -88,7 +88,7 @@ class VariantSession:
         self._loss: torch.Tensor | None = None
 
     def call(self, request: str, *args, stage: str = "") -> dict:
-        """``request`` answered in this process, as ``isolation.ChildVariant.call`` answers it
+        """``request`` answered in this process, as ``worker.ChildVariant.call`` answers it
         from the variant's own; a failure (OOM included) is an answer too."""
         if request == "ready":
             return {"status": "ok"}
