@@ -212,7 +212,10 @@ class VariantSession:
 @contextlib.contextmanager
 def variant_settings(variant: Variant, device: torch.device) -> Iterator[None]:
     """Settings a variant's steps run under, scoped to its own calls: bf16 on the CPU with oneDNN
-    off (``CPU_BF16_NOTE``), and compile's settings."""
+    off (``CPU_BF16_NOTE``). Under compile: a raised recompile limit (each variant compiles a
+    fresh model; the limit would fall back to eager silently), ``fallback_random`` (the same
+    dropout masks as eager, so the loss compares), and on the CPU no inductor layout optimisation
+    (it crashes oneDNN on EEGNeX under bf16 autocast)."""
     with contextlib.ExitStack() as stack:
         if device.type == "cpu" and variant.precision == "bf16":
             stack.enter_context(warnings.catch_warnings())
@@ -220,23 +223,13 @@ def variant_settings(variant: Variant, device: torch.device) -> Iterator[None]:
             warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
             stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
         if variant.compile:
-            stack.enter_context(_compile_settings(device))
-        yield
+            from torch._dynamo import config as dyn
+            from torch._inductor import config as inductor_config
 
-
-@contextlib.contextmanager
-def _compile_settings(device: torch.device) -> Iterator[None]:
-    """Compiler settings for the comparison only: a raised recompile limit (each variant compiles
-    a fresh model; the limit would fall back to eager silently), ``fallback_random`` (the same
-    dropout masks as eager, so the loss compares), and on the CPU no inductor layout optimisation
-    (it crashes oneDNN on EEGNeX under bf16 autocast)."""
-    import torch._dynamo
-    import torch._inductor.config as inductor_config
-
-    dyn = torch._dynamo.config
-    key = "recompile_limit" if hasattr(dyn, "recompile_limit") else "cache_size_limit"
-    settings = {"fallback_random": True}
-    if device.type == "cpu":
-        settings["layout_optimization"] = False
-    with dyn.patch(**{key: max(getattr(dyn, key), 64)}), inductor_config.patch(**settings):
+            key = "recompile_limit" if hasattr(dyn, "recompile_limit") else "cache_size_limit"
+            stack.enter_context(dyn.patch(**{key: max(getattr(dyn, key), 64)}))
+            settings = {"fallback_random": True}
+            if device.type == "cpu":
+                settings["layout_optimization"] = False
+            stack.enter_context(inductor_config.patch(**settings))
         yield
