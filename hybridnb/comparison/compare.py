@@ -215,9 +215,9 @@ def _start(runs: list[_Run], jobs: dict, blobs: dict | None, watch: Watch | None
         run.where = (ChildVariant(blobs[id(run)], watch, f"variant-{i}", timeout)
                      if blobs is not None else session.VariantSession(jobs[id(run)]))
         stack.callback(run.where.close)
-    for run in live:
-        run.take(run.where.call("ready", stage="start-up"))
-    if blobs is not None and live:
+    if blobs is not None and live:  # a process's first answer: its job is loaded
+        for run in live:
+            run.take(run.where.call("ready", stage="start-up"))
         say(f"{len(live)} variant processes started in {time.perf_counter() - t0:.1f} s")
     for run in (r for r in live if r.status == "ok"):
         t0, name = time.perf_counter(), f"{run.variant.label} · batch {run.batch_size}"

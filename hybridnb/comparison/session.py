@@ -89,9 +89,7 @@ class VariantSession:
 
     def call(self, request: str, *args, stage: str = "") -> dict:
         """``request`` answered in this process, as ``worker.ChildVariant.call`` answers it
-        from the variant's own; a failure (OOM included) is an answer too."""
-        if request == "ready":
-            return {"status": "ok"}
+        from the variant's own ("prepare" or "window"); a failure (OOM included) is an answer."""
         try:
             with variant_settings(self.variant, self.device):
                 answer = self._prepare() if request == "prepare" else self._window(*args)
