@@ -116,8 +116,7 @@ class VariantSession:
         if reason:
             return {"status": "skipped", "note": reason}
         torch.manual_seed(job.seed)
-        model = job.model_fn().to(dev)  # compare._factory checked it returns a Module
-        model.train()
+        model = job.model_fn().to(dev).train()  # compare._factory checked it returns a Module
         x, y = job.x.to(dev), job.y.to(dev)
         native = device_native_bf16(dev) if dev.type == "cuda" else None
         prec = Precision.choose(self.variant.precision, dev, native_bf16=native)
@@ -129,12 +128,11 @@ class VariantSession:
         opt = torch.optim.AdamW(model.parameters(), lr=job.lr)
         net = torch.compile(model, mode=self.variant.compile) if self.variant.compile else model
         step = TrainStep(net, make_loss(job.loss), opt, prec)
-        mark = (torch.compiler.cudagraph_mark_step_begin
-                if self.variant.compile == "reduce-overhead" and dev.type == "cuda" else None)
+        graphs = self.variant.compile == "reduce-overhead" and dev.type == "cuda"
 
         def run() -> torch.Tensor:
-            if mark is not None:
-                mark()
+            if graphs:
+                torch.compiler.cudagraph_mark_step_begin()
             return step(x, y)
 
         self._run = run
