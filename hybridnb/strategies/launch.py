@@ -25,7 +25,6 @@ from hybridnb.env import (  # HEADLESS: text view
     NOTEBOOK_FRONTENDS,
     current,
     frontend,
-    launch_env,
 )
 from hybridnb.processes.channel import DONE, ERROR, Message
 from hybridnb.processes.child import start_fork, start_spawn
@@ -176,7 +175,7 @@ def _rank_main(channel, index: int, fn, args, draws_cr: bool) -> Any:
     import torch
 
     if "OMP_NUM_THREADS" not in current():  # set: the user chose the thread count
-        world = (launch_env() or (0, 0, 1))[2]
+        world = int(current()["WORLD_SIZE"])  # _run sets it for every rank
         torch.set_num_threads(max(1, torch.get_num_threads() // world))
     try:
         result = fn(*args)
