@@ -26,7 +26,7 @@ import threading
 from typing import NoReturn
 
 from hybridnb.processes.channel import ANSWER, Channel, Inbox, Message
-from hybridnb.processes.child import Requests, leave, start_framed
+from hybridnb.processes.child import leave, start_framed
 from hybridnb.processes.ended import Ending
 from hybridnb.processes.framed import connect
 from hybridnb.processes.supervise import Watch, Watched
@@ -44,9 +44,8 @@ class ChildVariant:
         self.timeout, self.watch = timeout, watch
         self.ended: dict | None = None  # the final answer once the process is gone
         self.answers: list[dict] = []
-        self.requests: Requests | None = None
 
-        def start():
+        def start():  # also sets self.requests, the pipe to the process
             child, self.requests = start_framed(WORKER_MODULE, name, requests=True,
                                                 merge_output=True)
             return child
@@ -97,7 +96,7 @@ class ChildVariant:
         # the job's writer gets EPIPE now that the process is gone; its descriptor is closed
         # only once it has returned (a closed number could be reused under a late write)
         self._job.join(timeout=CLOSE_S)
-        if self.requests is not None and not self._job.is_alive():
+        if not self._job.is_alive():
             self.requests.close()
 
 
