@@ -73,6 +73,7 @@ class ShardedBatchSampler(ResumableBatchSampler):
         if n < world_size:
             raise ValueError(f"{n} samples cannot be shared by {world_size} processes (each needs "
                              "at least one); use more data or fewer processes")
+        self.world_size = world_size  # data.make_loader takes a DataLoader sharded this way
         self.spans = [shard(lo, hi, rank, world_size)
                       for lo, hi in global_batches(self.n, self.batch_size, world_size)]
 
