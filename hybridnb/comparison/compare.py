@@ -3,7 +3,7 @@
 "bf16 is 2x faster" is folklore until it is measured on *your* model and *your* hardware. Every
 variant starts from the same seeded weights and times ``train.step.TrainStep`` (forward,
 backward, AdamW) with device-synchronised timers, taking turns (A B A B ...) so drift on a busy
-machine favours none; each runs in its own process (``comparison.isolation``), so a crash or a
+machine favours none; each runs in its own process (``comparison.worker``), so a crash or a
 hang is a row with its reason. The batch stays on the device: the model step is measured, not
 the data path.
 
@@ -34,8 +34,8 @@ from hybridnb.comparison.compare_view import (
     compare_figure,
     compare_table,
 )
-from hybridnb.comparison.isolation import ChildVariant
 from hybridnb.comparison.variants import DEFAULT_VARIANTS, Variant, parse_variant, unavailable
+from hybridnb.comparison.worker import ChildVariant
 from hybridnb.hardware.detect import detect
 from hybridnb.measure.memory import heap_reader
 from hybridnb.processes.supervise import Watch
@@ -105,10 +105,9 @@ def compare(model_fn: Callable[[], nn.Module] | nn.Module, data: Any,
     ``loss_tol`` of fp32 after the same steps (None under channels_last with dropout, which draws
     other masks). ``status``: ok | skipped | oom | failed | crashed | timeout, ``note`` says why.
     """
-    runs, dev, attrs = _plan(model_fn, data, variants, steps, warmup, repeats, batch_sizes,
-                             device, loss, loss_tol, timeout)
+    runs, batches, dev, attrs = _plan(model_fn, data, variants, steps, warmup, repeats,
+                                      batch_sizes, device, loss, loss_tol, timeout)
     say = (lambda text: print(f"compare: {text}", flush=True)) if progress else (lambda _: None)
-    batches = _batches(data, sorted({r.batch_size for r in runs}))
     jobs = {id(r): session.Job(r.variant, _factory(model_fn), *batches[r.batch_size], str(dev),
                                loss, lr, seed, warmup) for r in runs if r.status == "ok"}
     blobs, why_not = _pickled(isolate, jobs)
@@ -122,9 +121,6 @@ def compare(model_fn: Callable[[], nn.Module] | nn.Module, data: Any,
     with contextlib.ExitStack() as stack:
         watch = stack.enter_context(Watch()) if blobs is not None else None
         _start(runs, jobs, blobs, watch, timeout, say, stack)
-        for run in runs:
-            if run.status == "ok":
-                _prepare(run, say)
         for rnd in range(repeats):
             for run in runs:
                 if run.status != "ok":
@@ -171,13 +167,14 @@ def _plan(model_fn, data, variants, steps, warmup, repeats, batch_sizes, device,
         seen[v.label] += 1
         labelled.append(replace(v, label=f"{v.label} #{seen[v.label]}") if seen[v.label] > 1
                         else v)
-    batch_sizes = [_natural_batch_size(data)] if batch_sizes is None else list(batch_sizes)
-    if not batch_sizes or any(not isinstance(b, int) or b < 1 for b in batch_sizes):
+    if batch_sizes is not None and (not batch_sizes or any(
+            not isinstance(b, int) or b < 1 for b in batch_sizes)):
         raise ValueError(f"batch_sizes={batch_sizes!r}: need positive integers")
+    batches = _batches(data, batch_sizes)
     dev = resolve_device(device)
     runs = []
     baseline = next(v for v in labelled if v.is_baseline)
-    for bs in batch_sizes:
+    for bs in batches:
         for v in labelled:
             reason = unavailable(v, dev)  # what is known without touching the device
             runs.append(_Run(v, bs, baseline=v is baseline, status="skipped" if reason else "ok",
@@ -187,7 +184,7 @@ def _plan(model_fn, data, variants, steps, warmup, repeats, batch_sizes, device,
     attrs = dict(device=str(dev), steps=steps, warmup=warmup, repeats=repeats,
                  model=_model_name(model_fn), torch=torch.__version__, memory_method=method,
                  notes=[])
-    return runs, dev, attrs
+    return runs, batches, dev, attrs
 
 
 def _pickled(isolate: bool, jobs: dict) -> tuple[dict | None, str]:
@@ -208,8 +205,9 @@ def _pickled(isolate: bool, jobs: dict) -> tuple[dict | None, str]:
 
 def _start(runs: list[_Run], jobs: dict, blobs: dict | None, watch: Watch | None, timeout,
            say, stack: contextlib.ExitStack) -> None:
-    """Start every variant's process at once (their imports overlap), then wait until each is
-    ready, so no warm-up shares the CPU with another process's start. Each is closed on
+    """Start every variant's process at once (their imports overlap), wait until each is ready
+    (so no warm-up shares the CPU with another process's start), then warm each up in turn
+    (compiling when asked) and measure its memory; the baseline must work. Each is closed on
     ``stack``'s exit, whatever happened, before the watch closes what is left."""
     t0 = time.perf_counter()
     live = [r for r in runs if r.status == "ok"]
@@ -217,28 +215,25 @@ def _start(runs: list[_Run], jobs: dict, blobs: dict | None, watch: Watch | None
         run.where = (ChildVariant(blobs[id(run)], watch, f"variant-{i}", timeout)
                      if blobs is not None else session.VariantSession(jobs[id(run)]))
         stack.callback(run.where.close)
-    for run in live:
-        run.take(run.where.call("ready", stage="start-up"))
-    if blobs is not None and live:
+    if blobs is not None and live:  # a process's first answer: its job is loaded
+        for run in live:
+            run.take(run.where.call("ready", stage="start-up"))
         say(f"{len(live)} variant processes started in {time.perf_counter() - t0:.1f} s")
-
-
-def _prepare(run: _Run, say) -> None:
-    """Warm up (compiling when asked) and measure memory; the baseline must work."""
-    t0, name = time.perf_counter(), f"{run.variant.label} · batch {run.batch_size}"
-    answer = run.where.call("prepare", stage="warm-up")
-    if run.take(answer):
-        run.first_step_s, run.mem_bytes = answer["first_step_s"], answer["mem_bytes"]
-        run.other_masks = bool(answer.get("other_masks"))
-        compiled = (f", first step {run.first_step_s:.1f} s (compiles)"
-                    if run.variant.compile else "")
-        say(f"{name}: warmed up in {time.perf_counter() - t0:.1f} s{compiled}")
-    elif run.baseline and run.status == "failed":
-        raise RuntimeError(
-            f"compare(): the fp32 eager baseline failed at batch {run.batch_size}, so the "
-            f"model or data does not train as given: {run.note}")
-    else:
-        say(f"{name}: {run.status}: {run.note}")
+    for run in (r for r in live if r.status == "ok"):
+        t0, name = time.perf_counter(), f"{run.variant.label} · batch {run.batch_size}"
+        answer = run.where.call("prepare", stage="warm-up")
+        if run.take(answer):
+            run.first_step_s, run.mem_bytes = answer["first_step_s"], answer["mem_bytes"]
+            run.other_masks = bool(answer.get("other_masks"))
+            compiled = (f", first step {run.first_step_s:.1f} s (compiles)"
+                        if run.variant.compile else "")
+            say(f"{name}: warmed up in {time.perf_counter() - t0:.1f} s{compiled}")
+        elif run.baseline and run.status == "failed":
+            raise RuntimeError(
+                f"compare(): the fp32 eager baseline failed at batch {run.batch_size}, so the "
+                f"model or data does not train as given: {run.note}")
+        else:
+            say(f"{name}: {run.status}: {run.note}")
 
 
 def random_windows(n: int, n_chans: int, n_times: int, seed: int = 0
@@ -280,40 +275,27 @@ def _model_name(model_fn) -> str:
     return getattr(model_fn, "__name__", type(model_fn).__name__)  # a module: its class's
 
 
-def _sample_batch(data) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The batch (x, y) that ``data`` is or whose first batch it yields; None for a Dataset."""
+def _batches(data, sizes: Sequence[int] | None) -> dict[int, tuple]:
+    """One (x, y) per batch size (None: the batch's own size, 64 for a Dataset), on the CPU
+    (each variant moves its own to the device); samples repeat when the size needs more."""
     if isinstance(data, torch.utils.data.DataLoader):
-        data = next(iter(data))
+        data = next(iter(data))  # its first batch
     if isinstance(data, torch.utils.data.Dataset) and hasattr(data, "__len__"):
-        return None
-    if not isinstance(data, (tuple, list)) or len(data) < 2:
+        if len(data) == 0:
+            raise ValueError("data: the Dataset is empty")
+        sizes = sizes or [DEFAULT_DATASET_BATCH]
+        items = [data[i % len(data)] for i in range(max(sizes))]
+        data = torch.utils.data.default_collate([(it[0], it[1]) for it in items])
+    elif not isinstance(data, (tuple, list)) or len(data) < 2:
         raise TypeError(f"data must be a batch (x, y), a Dataset or a DataLoader; "
                         f"got {type(data).__name__}")
-    x, y = torch.as_tensor(data[0]), torch.as_tensor(data[1])
+    x, y = (torch.as_tensor(t) for t in data[:2])
     if len(x) != len(y) or len(x) == 0:
         raise ValueError(f"data: the sample batch has {len(x)} inputs and {len(y)} targets "
                          "(need the same number, at least one)")
-    return x, y
-
-
-def _natural_batch_size(data) -> int:
-    batch = _sample_batch(data)
-    return DEFAULT_DATASET_BATCH if batch is None else len(batch[0])
-
-
-def _batches(data, sizes: list[int]) -> dict[int, tuple]:
-    """One (x, y) per batch size, on the CPU (each variant moves its own to the device);
-    samples repeat when the size needs more."""
-    batch = _sample_batch(data)
-    if batch is None:
-        n = len(data)
-        if n == 0:
-            raise ValueError("data: the Dataset is empty")
-        items = [data[i % n] for i in range(max(sizes))]
-        batch = tuple(torch.utils.data.default_collate([(it[0], it[1]) for it in items]))
-    x, y = (t.float() if t.is_floating_point() else t for t in batch)
+    x, y = (t.float() if t.is_floating_point() else t for t in (x, y))
     return {bs: (x[torch.arange(bs) % len(x)].contiguous(),
-                 y[torch.arange(bs) % len(y)].contiguous()) for bs in sizes}
+                 y[torch.arange(bs) % len(y)].contiguous()) for bs in sizes or [len(x)]}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -390,8 +372,7 @@ def first_step_diff(model_fn, data, variants: Sequence[str], seed: int = 0,
     """
     import pandas as pd
 
-    size = _natural_batch_size(data)
-    x, y = _batches(data, [size])[size]
+    x, y = next(iter(_batches(data, None).values()))
     loss_fn = make_loss(loss)
     build = _factory(model_fn)
     stock_out, stock_grads, *_ = _first_step(build, seed, x, y, loss_fn, Variant("fp32", "fp32"))

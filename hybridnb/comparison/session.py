@@ -75,48 +75,89 @@ def apply_changes(variant: Variant, model: nn.Module, x: torch.Tensor, device,
 
 
 class VariantSession:
-    """Runs one variant; see the module docstring. ``prepare()`` once, then ``window(steps)``."""
+    """Runs one variant; see the module docstring. "prepare" once, then "window" (steps)."""
+
+    STAGES = {"prepare": "warm-up", "window": "timed window"}  # as a failure's note names them
 
     def __init__(self, job: Job) -> None:
         self.job, self.variant = job, job.variant
         self.device = torch.device(job.device)
         self._run: Callable[[], torch.Tensor] | None = None
         self._rng: tuple | None = None
-        self._busy = None  # NVML's GPU-busy reader, None without NVML (set in _build)
+        self._busy = None  # NVML's GPU-busy reader, None without NVML (set in _prepare)
         self._loss: torch.Tensor | None = None
 
-    def prepare(self) -> dict:
-        """Build, change, warm up (compiling when asked) and measure memory:
-        ``{status, note, first_step_s, mem_bytes, loss}``."""
-        reason = unavailable(self.variant, self.device, live=True)
-        if reason:
-            return {"status": "skipped", "note": reason}
-        return self._answer("warm-up", self._build)
-
     def call(self, request: str, *args, stage: str = "") -> dict:
-        """``request`` answered in this process, as ``isolation.ChildVariant.call`` answers it
-        from the variant's own."""
-        return {"status": "ok"} if request == "ready" else getattr(self, request)(*args)
-
-    def window(self, steps: int) -> dict:
-        """Time ``steps`` training steps: ``{status, note, seconds, busy, loss}``."""
-        return self._answer("timed window", self._timed, steps)
-
-    def _answer(self, stage: str, fn: Callable, *args) -> dict:
-        """``fn``'s answer under the variant's settings; a failure (OOM included) is one too."""
+        """``request`` answered in this process, as ``worker.ChildVariant.call`` answers it
+        from the variant's own ("prepare" or "window"); a failure (OOM included) is an answer."""
         try:
             with variant_settings(self.variant, self.device):
-                answer = fn(*args)
+                answer = self._prepare() if request == "prepare" else self._window(*args)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an answer
-            why = first_line(exc, 240)
+            why, stage = first_line(exc, 240), self.STAGES[request]
             answer = ({"status": "oom", "note": f"out of memory during {stage} at batch "
                                                 f"{self.job.x.shape[0]}: {why}"} if is_oom(exc)
                       else {"status": "failed", "note": f"{stage}: {type(exc).__name__}: {why}"})
         if answer["status"] != "ok":
-            self.release()  # outside the except block: its traceback pins the tensors
+            self.close()  # outside the except block: its traceback pins the tensors
         return answer
 
-    def _timed(self, steps: int) -> dict:
+    def close(self) -> None:
+        """Drop the model, optimizer and batch so their memory comes back."""
+        self._run, self._loss = None, None
+        free_memory(self.device)
+
+    def _prepare(self) -> dict:
+        """Build the model with the variant's changes and its step ("skipped" when the device or
+        a change cannot run it), warm up (the first step timed: it compiles), then measure one
+        step's memory: ``{status, note, first_step_s, mem_bytes, loss, other_masks}``."""
+        job, dev = self.job, self.device
+        reason = unavailable(self.variant, dev, live=True)
+        if reason:
+            return {"status": "skipped", "note": reason}
+        torch.manual_seed(job.seed)
+        model = job.model_fn().to(dev).train()  # compare._factory checked it returns a Module
+        x, y = job.x.to(dev), job.y.to(dev)
+        native = device_native_bf16(dev) if dev.type == "cuda" else None
+        prec = Precision.choose(self.variant.precision, dev, native_bf16=native)
+        skip, said, nhwc = apply_changes(self.variant, model, x, dev, prec)
+        if skip:
+            return {"status": "skipped", "note": skip}
+        if self.variant.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        opt = torch.optim.AdamW(model.parameters(), lr=job.lr)
+        net = torch.compile(model, mode=self.variant.compile) if self.variant.compile else model
+        step = TrainStep(net, make_loss(job.loss), opt, prec)
+        graphs = self.variant.compile == "reduce-overhead" and dev.type == "cuda"
+
+        def run() -> torch.Tensor:
+            if graphs:
+                torch.compiler.cudagraph_mark_step_begin()
+            return step(x, y)
+
+        self._run = run
+        self._busy = nvml_busy_reader(dev)
+        self._rng = torch_rng_state(dev)  # right after the seeded init: the same for every variant
+        with self._own_rng():
+            watch = Stopwatch(dev)
+            watch.start()
+            self._loss = self._run()
+            first = watch.stop()
+            for _ in range(job.warmup - 1):
+                self._loss = self._run()
+            state = [v for s in opt.state.values() for v in s.values()
+                     if isinstance(v, torch.Tensor)]
+            held = (*model.parameters(), *model.buffers(), *state, x, y)
+            mem = sum(t.numel() * t.element_size() for t in held) + self._step_rise()
+        # dropout draws its masks in memory order: under channels_last other masks than NCHW's,
+        # so its loss cannot be compared step for step
+        dropout = any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0
+                      for m in model.modules())
+        return {"status": "ok", "note": said, "first_step_s": first, "mem_bytes": mem,
+                "loss": float(self._loss), "other_masks": nhwc and dropout}
+
+    def _window(self, steps: int) -> dict:
+        """Time ``steps`` training steps: ``{status, note, seconds, busy, loss}``."""
         watch, read = Stopwatch(self.device), self._busy
         busy = (MemorySampler(self.device, interval=0.05,
                               probes=[("nvml busy", lambda: {"gpu_util": read()})])
@@ -129,59 +170,6 @@ class VariantSession:
         util = busy.series().values.get("gpu_util", []) if read else []
         return {"status": "ok", "note": "", "seconds": seconds,
                 "busy": [v for v in util if v == v], "loss": float(self._loss)}
-
-    def release(self) -> None:
-        """Drop the model, optimizer and batch so their memory comes back."""
-        self._run, self._loss = None, None
-        free_memory(self.device)
-
-    close = release
-
-    def _build(self) -> dict:
-        """The model with the variant's changes and its step, warmed up; "skipped" when a
-        change has nothing to act on."""
-        job, dev = self.job, self.device
-        torch.manual_seed(job.seed)
-        model = job.model_fn().to(dev)  # compare._factory checked it returns a Module
-        model.train()
-        x, y = job.x.to(dev), job.y.to(dev)
-        native = device_native_bf16(dev) if dev.type == "cuda" else None
-        prec = Precision.choose(self.variant.precision, dev, native_bf16=native)
-        skip, said, nhwc = apply_changes(self.variant, model, x, dev, prec)
-        if skip:
-            return {"status": "skipped", "note": skip}
-        if self.variant.channels_last and x.dim() == 4:
-            x = x.contiguous(memory_format=torch.channels_last)
-        opt = torch.optim.AdamW(model.parameters(), lr=job.lr)
-        net = torch.compile(model, mode=self.variant.compile) if self.variant.compile else model
-        step = TrainStep(net, make_loss(job.loss), opt, prec)
-        mark = (torch.compiler.cudagraph_mark_step_begin
-                if self.variant.compile == "reduce-overhead" and dev.type == "cuda" else None)
-
-        def run() -> torch.Tensor:
-            if mark is not None:
-                mark()
-            return step(x, y)
-
-        self._run = run
-        self._busy = nvml_busy_reader(dev)
-        self._rng = torch_rng_state(dev)  # right after the seeded init: the same for every variant
-        return self._warm_up(model, opt, x, y, said, nhwc)
-
-    def _warm_up(self, model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
-                 y: torch.Tensor, said: str, nhwc: bool) -> dict:
-        """First step (timed: it compiles), the rest of the warm-up, then the memory step.
-        ``said``: what +speedups applied; ``nhwc``: the model runs channels_last."""
-        with self._own_rng():
-            watch = Stopwatch(self.device)
-            watch.start()
-            self._loss = self._run()
-            first = watch.stop()
-            for _ in range(self.job.warmup - 1):
-                self._loss = self._run()
-            mem = _state_bytes(model, opt) + _bytes(x, y) + self._step_rise()
-        return {"status": "ok", "note": said, "first_step_s": first, "mem_bytes": mem,
-                "loss": float(self._loss), "other_masks": nhwc and _has_dropout(model)}
 
     def _step_rise(self) -> float:
         """The peak working memory of one (untimed) step above what was allocated before it:
@@ -220,7 +208,10 @@ class VariantSession:
 @contextlib.contextmanager
 def variant_settings(variant: Variant, device: torch.device) -> Iterator[None]:
     """Settings a variant's steps run under, scoped to its own calls: bf16 on the CPU with oneDNN
-    off (``CPU_BF16_NOTE``), and compile's settings."""
+    off (``CPU_BF16_NOTE``). Under compile: a raised recompile limit (each variant compiles a
+    fresh model; the limit would fall back to eager silently), ``fallback_random`` (the same
+    dropout masks as eager, so the loss compares), and on the CPU no inductor layout optimisation
+    (it crashes oneDNN on EEGNeX under bf16 autocast)."""
     with contextlib.ExitStack() as stack:
         if device.type == "cpu" and variant.precision == "bf16":
             stack.enter_context(warnings.catch_warnings())
@@ -228,38 +219,13 @@ def variant_settings(variant: Variant, device: torch.device) -> Iterator[None]:
             warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
             stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
         if variant.compile:
-            stack.enter_context(_compile_settings(device))
+            from torch._dynamo import config as dyn
+            from torch._inductor import config as inductor_config
+
+            key = "recompile_limit" if hasattr(dyn, "recompile_limit") else "cache_size_limit"
+            stack.enter_context(dyn.patch(**{key: max(getattr(dyn, key), 64)}))
+            settings = {"fallback_random": True}
+            if device.type == "cpu":
+                settings["layout_optimization"] = False
+            stack.enter_context(inductor_config.patch(**settings))
         yield
-
-
-@contextlib.contextmanager
-def _compile_settings(device: torch.device) -> Iterator[None]:
-    """Compiler settings for the comparison only: a raised recompile limit (each variant compiles
-    a fresh model; the limit would fall back to eager silently), ``fallback_random`` (the same
-    dropout masks as eager, so the loss compares), and on the CPU no inductor layout optimisation
-    (it crashes oneDNN on EEGNeX under bf16 autocast)."""
-    import torch._dynamo
-    import torch._inductor.config as inductor_config
-
-    dyn = torch._dynamo.config
-    key = "recompile_limit" if hasattr(dyn, "recompile_limit") else "cache_size_limit"
-    settings = {"fallback_random": True}
-    if device.type == "cpu":
-        settings["layout_optimization"] = False
-    with dyn.patch(**{key: max(getattr(dyn, key), 64)}), inductor_config.patch(**settings):
-        yield
-
-
-def _bytes(*tensors: torch.Tensor) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def _state_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> int:
-    state = [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-    return _bytes(*model.parameters(), *model.buffers(), *state)
-
-
-def _has_dropout(model: nn.Module) -> bool:
-    """Whether ``model`` drops anything in training: under channels_last dropout draws other
-    masks (memory order), so its loss cannot be compared step for step with NCHW."""
-    return any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules())

@@ -6,12 +6,8 @@ process group (NCCL on CUDA, gloo on the CPU) and gives each rank its shard of e
 Recovery needs the ranks to agree. In plain DDP the gradient all-reduce runs inside ``backward``;
 if one rank runs out of memory half-way, the others wait inside that all-reduce for ever. Here
 every micro-batch's forward/backward runs under DDP's ``no_sync()`` (no communication while
-memory can still run out), then ``settle`` runs one all-reduce that carries which ranks failed,
-the step's loss and the gradients (weighted by each rank's sample count, so 2 ranks x batch B
-equal 1 process x batch 2B). If any rank failed, every rank re-runs the same step the same way
-(the OOM split); otherwise every rank holds the same mean gradient and loss, so the loss guard,
-clipping and the optimizer decide the same everywhere. The cost: the gradient all-reduce is not
-overlapped with backward (bench/bench_ddp.py measures it).
+memory can still run out), then ``settle`` agrees on the whole step in one all-reduce. The cost:
+the gradient all-reduce is not overlapped with backward (bench/bench_ddp.py measures it).
 """
 
 from __future__ import annotations
@@ -77,7 +73,7 @@ class ShardedBatchSampler(ResumableBatchSampler):
         if n < world_size:
             raise ValueError(f"{n} samples cannot be shared by {world_size} processes (each needs "
                              "at least one); use more data or fewer processes")
-        self.rank, self.world_size = rank, world_size
+        self.world_size = world_size  # data.make_loader takes a DataLoader sharded this way
         self.spans = [shard(lo, hi, rank, world_size)
                       for lo, hi in global_batches(self.n, self.batch_size, world_size)]
 
@@ -165,9 +161,11 @@ class DDPStrategy(Strategy):
     def settle(self, params: list[torch.Tensor], total: torch.Tensor | None, window: list,
                failed: BaseException | None = None) -> torch.Tensor | None:
         """One all-reduce per attempt on every rank: who failed, the loss, every gradient (x
-        this rank's samples) and every floating-point buffer (averaged). A rank that did not
-        fail raises ``PeerOutOfMemory``/``PeerFailure`` when another did (the same recovery
-        branch everywhere), else gets the global batch's mean gradient and loss."""
+        this rank's samples, so 2 ranks x batch B equal 1 process x batch 2B) and every
+        floating-point buffer (averaged). When a rank failed, one that did not raises
+        ``PeerOutOfMemory``/``PeerFailure``: every rank takes the same recovery branch (the OOM
+        split re-runs the step the same way). Otherwise every rank gets the global batch's mean
+        gradient and loss, so the loss guard, clipping and the optimizer decide the same."""
         if failed is not None and (isinstance(failed, _Agreed) or self._agreed):
             self._agreed = False  # this failure came after the all-reduce: already agreed on
             return None

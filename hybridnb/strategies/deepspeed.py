@@ -1,22 +1,14 @@
 """``strategy="deepspeed"``: ZeRO-2 through DeepSpeed's own engine, driven by the Trainer.
 
 ZeRO-2 splits the optimizer state and the gradients over the ranks (4 GPUs hold a quarter of the
-Adam moments each); everything else works as under DDP. What changes, and why:
-
-- The engine owns backward, clipping and the optimizer step; the Trainer sets the learning rate.
-- ZeRO-2 reduces gradients *inside* backward, so the ranks agree before each micro-batch's
-  backward (one 4-number all-reduce): an out-of-memory error in any rank's forward is still
-  split on every rank. One raised inside backward cannot be agreed (the others wait in the
-  reduction): that rank stops the job with a message; the last checkpoint stays on disk.
-- A skipped step (loss guard, or a failed attempt whose earlier micro-batches already reduced)
-  goes through DeepSpeed's overflow path: one backward of a NaN loss makes ``engine.step()``
-  discard the gradients without touching the weights or the optimizer state.
-- bf16 is the Trainer's autocast over fp32 master weights; fp16 needs DeepSpeed's loss scaler,
-  which is not driven here (asked-for fp16 is refused, automatic fp16 falls back to fp32).
-- Every rank's optimizer partition is gathered into rank 0's ``last.pt``; resuming needs the
-  same number of ranks.
-
-For EEG-sized models DDP is as fast; ZeRO-2 pays off when the optimizer state does not fit.
+Adam moments each); everything else works as under DDP. The engine owns backward, clipping and
+the optimizer step (the Trainer sets the learning rate). It reduces gradients *inside* backward,
+so the ranks agree before each micro-batch's backward (``_backward``): an out-of-memory error in
+a forward is still split on every rank, one inside backward stops the job (the others wait in
+the reduction; the last checkpoint stays on disk). A skipped step goes through DeepSpeed's
+overflow path (``discard``); rank 0's ``last.pt`` holds every rank's optimizer partition
+(``for_file``), so resuming needs the same number of ranks. For EEG-sized models DDP is as fast;
+ZeRO-2 pays off when the optimizer state does not fit.
 """
 
 from __future__ import annotations
@@ -67,8 +59,8 @@ class DeepSpeedStrategy(DDPStrategy):
 
     name = "deepspeed"
     owns_update = True
-    # fp16 would need DeepSpeed's own loss scaler, which hybridnb does not drive; the engine
-    # wraps the eager model, so compile is not supported
+    # bf16 is the Trainer's autocast over fp32 master weights; fp16 would need DeepSpeed's own
+    # loss scaler, which hybridnb does not drive; the engine wraps the eager model: no compile
     supported_precisions = ("fp32", "bf16")
     supports_compile = False
 
@@ -88,10 +80,9 @@ class DeepSpeedStrategy(DDPStrategy):
             "train_micro_batch_size_per_gpu": int(batch_size),
             "gradient_accumulation_steps": 1,  # the Trainer marks each window's last micro-batch
             "gradient_clipping": float(clip_grad or 0.0),
-            "zero_optimization": {"stage": 2, "contiguous_gradients": True},
+            "zero_optimization": {"stage": 2},
             "zero_allow_untested_optimizer": True,
             "steps_per_print": 2**31 - 1,
-            "wall_clock_breakdown": False,
         }, self.user_config)
         stage = self.config["zero_optimization"].get("stage")
         if stage not in (1, 2):

@@ -25,7 +25,6 @@ from hybridnb.env import (  # HEADLESS: text view
     NOTEBOOK_FRONTENDS,
     current,
     frontend,
-    launch_env,
 )
 from hybridnb.processes.channel import DONE, ERROR, Message
 from hybridnb.processes.child import start_fork, start_spawn
@@ -90,16 +89,6 @@ def _count(num_processes: int | None) -> int:
     return num_processes
 
 
-def _frontend_draws_cr() -> bool:
-    """Whether the parent's output understands a redrawn ``\\r`` progress line."""
-    if frontend() in NOTEBOOK_FRONTENDS:
-        return True
-    try:
-        return bool(sys.stdout.isatty())
-    except (AttributeError, ValueError):
-        return False
-
-
 class _Rank:
     """One rank's process under the watch, and its result (rank 0) or its error."""
 
@@ -129,17 +118,16 @@ class _Rank:
         return self.watched.child.output_text()
 
 
-INTERRUPT_NOTE = ("interrupt sent to every rank: they stop after the current step and "
-                  "save a checkpoint (interrupt again to kill them)")
-
-
 def _run(fn, args, n: int, port: int, method: str) -> Any:
     """Start the ranks under one watch, stream rank 0's output, collect its result; a failing
     rank gives the others ``GRACE_S`` to stop, then every rank is killed."""
     begin = start_fork if method == "fork" else start_spawn
     base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(n),
             "LOCAL_WORLD_SIZE": str(n), LAUNCHED_ENV: "1", HEADLESS_ENV: "1", "GROUP_RANK": "0"}
-    draws_cr = _frontend_draws_cr()
+    try:  # whether this process's output understands a redrawn \r progress line
+        draws_cr = frontend() in NOTEBOOK_FRONTENDS or bool(sys.stdout.isatty())
+    except (AttributeError, ValueError):  # no stdout, or a closed one
+        draws_cr = False
     ranks = [_Rank(i) for i in range(n)]
     failure: list = []  # (rank, why, when)
 
@@ -150,7 +138,9 @@ def _run(fn, args, n: int, port: int, method: str) -> Any:
                 failure.append((*why, time.monotonic()))
         return bool(failure) and time.monotonic() > failure[0][2] + GRACE_S
 
-    with Watch(keep_interrupt=True, interrupt_note=INTERRUPT_NOTE) as watch:
+    with Watch(keep_interrupt=True, interrupt_note=(
+            "interrupt sent to every rank: they stop after the current step and save a "
+            "checkpoint (interrupt again to kill them)")) as watch:
         for rank in ranks:
             env = {**base, "RANK": str(rank.index), "LOCAL_RANK": str(rank.index)}
             # SIGINT when this process dies: the ranks stop after an agreed step and save
@@ -185,7 +175,7 @@ def _rank_main(channel, index: int, fn, args, draws_cr: bool) -> Any:
     import torch
 
     if "OMP_NUM_THREADS" not in current():  # set: the user chose the thread count
-        world = (launch_env() or (0, 0, 1))[2]
+        world = int(current()["WORLD_SIZE"])  # _run sets it for every rank
         torch.set_num_threads(max(1, torch.get_num_threads() // world))
     try:
         result = fn(*args)

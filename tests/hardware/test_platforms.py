@@ -124,7 +124,7 @@ def test_the_process_machinery_imports_and_detect_runs_without_what_windows_lack
             "    delattr(os, name)\n"
             "del signal.SIGKILL, signal.SIGHUP\n"
             "import hybridnb as hn, hybridnb.processes, hybridnb.processes.supervise\n"
-            "import hybridnb.strategies.launch, hybridnb.comparison.isolation\n"
+            "import hybridnb.strategies.launch, hybridnb.comparison.worker\n"
             "import hybridnb.train.isolate, hybridnb.processes.worker\n"
             "from hybridnb import platform\n"
             "assert platform.HANGUP is None and platform.KILL == signal.SIGTERM\n"
