@@ -19,7 +19,6 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -215,8 +214,8 @@ def _fork(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None, death
         widen_pipe(msg_w)
         out_r, out_w = new_pipe(made)
         err_r, err_w = (None, None) if merge_output else new_pipe(made)
-        stop = StopFlag()
         wiring = lifeline.wiring()
+        stop = StopFlag()  # last: nothing after it can fail
     except BaseException:  # cleanup, then re-raised
         close_fds(made)
         raise
@@ -242,7 +241,6 @@ def _fork(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None, death
             close_fds([out_w, err_w])
             sys.stdout, sys.stderr = (open(fd, "w", buffering=1, encoding="utf-8",
                                            errors="replace", closefd=False) for fd in (1, 2))
-            sys.stdin = open(os.devnull)
             prepare()
             channel = Channel(msg_w, stop)
             channel.ready()
@@ -403,7 +401,7 @@ def start_framed(module: str, *args: str, environ: dict[str, str] | None = None,
         msg_r, msg_w = new_pipe(made)
         widen_pipe(msg_w)
         req_r, req_w = new_pipe(made) if requests else (None, None)
-        stop = StopFlag(shareable=True)
+        stop = StopFlag()
         fds = ",".join(str(x) for x in (msg_w, stop.fd, NONE if req_r is None else req_r,
                                         lifeline.wiring()))
         child = start_command([sys.executable, "-m", module, fds, *args],
@@ -444,32 +442,28 @@ def start_command(argv: Sequence[str], *, env: dict[str, str] | None = None,
 # ============================================================================ in the child
 
 def prepare() -> None:
-    """In a child: signals as a plain Python process has them, faulthandler on stderr."""
+    """In a child: signals as a plain Python process has them, faulthandler on stderr, no stdin."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if platform.HANGUP is not None:  # a forked child inherits the parent's Watch handler
         signal.signal(platform.HANGUP, signal.SIG_DFL)
     faulthandler.enable(file=sys.stderr)  # a segfault or abort prints the Python stack
+    sys.stdin = open(os.devnull)
 
 
 def run(fn: Callable[..., Any], args: tuple, kwargs: dict, channel: Channel) -> int:
     """In a child: run ``fn(channel, *args, **kwargs)``, send its result or error; exit code."""
     try:
         result = fn(channel, *args, **kwargs)
-        if not channel.finished:
-            try:
-                channel.send(DONE, result)
-            except Exception as exc:  # noqa: BLE001 - any pickling failure: named
-                raise TypeError(f"the result ({type(result).__name__}) cannot be sent to the "
-                                f"parent ({type(exc).__name__}: {exc}); return plain values "
-                                "(numbers, dicts, CPU tensors)") from exc
+        try:
+            channel.send(DONE, result)
+        except Exception as exc:  # noqa: BLE001 - any pickling failure: named
+            raise TypeError(f"the result ({type(result).__name__}) cannot be sent to the "
+                            f"parent ({type(exc).__name__}: {exc}); return plain values "
+                            "(numbers, dicts, CPU tensors)") from exc
         return 0
     except BaseException as exc:  # reported to the parent, whatever it was
-        if not channel.finished:
-            channel.send_error(exc)
-        else:
-            with contextlib.suppress(BaseException):  # the pipe is gone: print what we can
-                traceback.print_exc()
+        channel.send_error(exc)
         return 1
 
 

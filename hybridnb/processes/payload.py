@@ -26,7 +26,7 @@ import uuid
 from typing import Any
 
 from hybridnb import platform
-from hybridnb.processes import loaders, refs
+from hybridnb.processes import refs
 from hybridnb.processes.channel import as_sent, tensor_bytes
 from hybridnb.processes.unsendable import JobPickler, not_sendable
 
@@ -45,7 +45,6 @@ class _Pickler(JobPickler):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.folder: str | None = folder
         self.paths, self._seen = paths, {}
-        self.live_loaders: list[str] = []
         self._locator = refs.Locator()
 
     def persistent_id(self, obj: Any):
@@ -73,11 +72,6 @@ class _Pickler(JobPickler):
         if pid is not None:
             self._seen[key] = (obj, pid)  # obj kept alive: its id stays its own
         return pid
-
-    def reducer_override(self, obj: Any):
-        if loaders.is_loader(obj) and loaders.has_live_workers(obj):
-            self.live_loaders.append(type(obj).__name__)
-        return super().reducer_override(obj)
 
     def _leave_shm(self, why: str) -> None:
         self.folder = tempfile.gettempdir()

@@ -39,8 +39,11 @@ class JobPickler(cloudpickle.Pickler):
     """cloudpickle with the reductions a job needs: a DataLoader (``loaders``) and a
     parametrized module (``parametrized``); ``payload``'s pickler and the probe here."""
 
+    live_loaders = False  # a DataLoader with live worker processes was sent as its settings
+
     def reducer_override(self, obj: Any):
         if loaders.is_loader(obj):
+            self.live_loaders = self.live_loaders or loaders.has_live_workers(obj)
             return loaders.reduce_loader(obj)
         if parametrized.is_parametrized(obj):
             return parametrized.reduce(obj)

@@ -9,7 +9,6 @@ torch loaded costs about a second). Threads stay as torch sets them (no inherite
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 import time
 
@@ -38,7 +37,6 @@ def main(argv: list[str] | None = None) -> None:
         times["spawned_at"] = float(rest[1])
         preload = [m for m in rest[2].split(",") if m]
         prepare()
-        sys.stdin = open(os.devnull)
         try:
             for module in preload:  # while the parent prepares the job
                 importlib.import_module(module)

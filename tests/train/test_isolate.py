@@ -288,7 +288,7 @@ def test_a_heartbeat_with_grace_keeps_a_long_pause_alive():
 
 def _until_stopped(channel):
     steps = 0
-    while not channel.stop_requested():
+    while channel.stop_reason() is None:
         time.sleep(0.01)
         steps += 1
         channel.step_done()
