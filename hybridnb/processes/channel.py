@@ -254,7 +254,6 @@ class FrameReader:
         os.set_blocking(fd, False)
         self.fd = fd
         self.eof = self.closed = self.partial = False
-        self.bytes_read = 0
         self._done: list[Message] = []
         self._frames = self._parse()
 
@@ -304,7 +303,6 @@ class FrameReader:
                 while True:
                     yield
             pos += n
-            self.bytes_read += n
             self.partial = True
         return view
 

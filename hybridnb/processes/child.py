@@ -325,8 +325,7 @@ def prestart_spawn(*, preload: Sequence[str] = ("torch",)) -> PrestartedWorker:
     from hybridnb.processes import spare
 
     preload = tuple(preload)
-    with _held_signals():  # handed over whole, or kept
-        early = spare.take(spare.key_of(preload)) if warm_worker() else None
+    early = _atomically(lambda: spare.take(spare.key_of(preload))) if warm_worker() else None
     early = early or _spawn(preload)
     early.preload = preload
     return early
@@ -497,13 +496,13 @@ def _outputs(out_r: int, err_r: int | None) -> dict[int, int]:
 # ============================================================================ atomic starts
 
 @contextlib.contextmanager
-def _held_signals() -> Iterator[list[int]]:
-    """SIGINT and SIGTERM wait while the block runs, noted in the list yielded (Python runs
+def _held_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM wait while the block runs and are delivered after it (Python runs
     handlers in the main thread only: elsewhere nothing can interrupt the block)."""
-    pending: list[int] = []
     if threading.current_thread() is not threading.main_thread():
-        yield pending
+        yield
         return
+    pending: list[int] = []
     old: dict[int, Any] = {}
     try:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -511,31 +510,27 @@ def _held_signals() -> Iterator[list[int]]:
             if handler is None or handler == signal.SIG_IGN:
                 continue  # set outside Python, or ignored: nothing to hold
             old[sig] = signal.signal(sig, lambda number, frame: pending.append(number))
-        yield pending
+        yield
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
+        for sig in dict.fromkeys(pending):
+            signal.raise_signal(sig)
 
 
 T = TypeVar("T", Child, "PrestartedWorker")
 
 
 def _atomically(start: Callable[[], T]) -> T:
-    """``start()`` with SIGINT and SIGTERM held; a signal that came meanwhile is delivered
-    afterwards (a start that failed cleaned up after itself), and when its handler raises
-    (KeyboardInterrupt) the child is closed first."""
-    pending: list[int] = []
+    """``start()`` with SIGINT and SIGTERM held (a start that failed cleaned up after itself);
+    when a signal that came meanwhile raises (KeyboardInterrupt), what started is closed first."""
     started: T | None = None
     try:
-        with _held_signals() as pending:
+        with _held_signals():
             started = start()
-    finally:
-        try:
-            for sig in dict.fromkeys(pending):
-                signal.raise_signal(sig)
-        except BaseException:  # a signal's handler raised: kill first
-            if started is not None:
-                with _held_signals():
-                    started.close()
-            raise
+    except BaseException:
+        if started is not None:
+            with _held_signals():
+                started.close()
+        raise
     return started

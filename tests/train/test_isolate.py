@@ -403,11 +403,9 @@ def test_a_large_state_arrives_intact_and_fast():
     assert got["empty"].shape == (0, 5)
     assert got["history"] == state["history"]
     assert got["again"] is got["model"]["layer0.weight"]
-    assert out.bytes_received > nbytes
     seconds = arrived[1] - arrived[0]
-    print(f"\n{out.bytes_received / 1e6:.1f} MB state: {seconds * 1e3:.0f} ms from send to "
-          f"delivery ({out.bytes_received / 1e6 / seconds:.0f} MB/s); worker blocked "
-          f"{out.result * 1e3:.0f} ms")
+    print(f"\n{nbytes / 1e6:.1f} MB of weights: {seconds * 1e3:.0f} ms from send to delivery "
+          f"({nbytes / 1e6 / seconds:.0f} MB/s); worker blocked {out.result * 1e3:.0f} ms")
 
 
 # ------------------------------------------------------------------ the decision
