@@ -334,15 +334,9 @@ def prestart_spawn(*, preload: Sequence[str] = ("torch",)) -> PrestartedWorker:
 def _spawn(preload: Sequence[str], env: dict[str, str] | None = None,
            death_signal: int = platform.KILL, merge_output: bool = False) -> PrestartedWorker:
     """A worker started atomically (``_atomically``) that imports ``preload``."""
-    def start() -> PrestartedWorker:
-        environ = child_environment()
-        environ.update(WORKER_ENV if env is None else env)
-        child, job = start_framed(WORKER_MODULE, str(int(death_signal)), repr(time.monotonic()),
-                                  ",".join(preload), environ=environ, requests=True,
-                                  merge_output=merge_output)
-        return PrestartedWorker(child, job)
-
-    return _atomically(start)
+    return _atomically(lambda: PrestartedWorker(*start_framed(
+        WORKER_MODULE, str(int(death_signal)), repr(time.monotonic()), ",".join(preload),
+        env=WORKER_ENV if env is None else env, requests=True, merge_output=merge_output)))
 
 
 NONE = "-"  # no request pipe, in WIRING
@@ -389,11 +383,11 @@ class Requests:
             self.fd = None
 
 
-def start_framed(module: str, *args: str, environ: dict[str, str] | None = None,
+def start_framed(module: str, *args: str, env: dict[str, str] | None = None,
                  requests: bool = False, merge_output: bool = False
                  ) -> tuple[Child, Requests | None]:
     """Start ``python -m module WIRING *args`` (``processes.framed``), with ``messages`` and
-    ``stop`` as a spawned child. ``environ``: its whole environment."""
+    ``stop`` as a spawned child, and this process's environment (``env`` on top)."""
     made: list[int] = []
     stop: StopFlag | None = None
     try:
@@ -404,7 +398,7 @@ def start_framed(module: str, *args: str, environ: dict[str, str] | None = None,
         fds = ",".join(str(x) for x in (msg_w, stop.fd, NONE if req_r is None else req_r,
                                         lifeline.wiring()))
         child = start_command([sys.executable, "-m", module, fds, *args],
-                              env=child_environment() if environ is None else environ,
+                              env={**child_environment(), **(env or {})},
                               merge_output=merge_output,
                               pass_fds=[fd for fd in (msg_w, stop.fd, req_r, lifeline.read_end())
                                         if fd is not None])

@@ -73,13 +73,9 @@ def _fails(obj: Any) -> BaseException | None:
 
 def _parts(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
     """(path, part) for each part pickle would send of ``obj``."""
-    if isinstance(obj, dict):
-        for k, v in obj.items():
+    if isinstance(obj, (dict, list, tuple, set, frozenset)):
+        for k, v in obj.items() if isinstance(obj, dict) else enumerate(obj):
             yield f"{path}[{k!r}]", v
-        return
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        for i, v in enumerate(obj):
-            yield f"{path}[{i}]", v
         return
     if isinstance(obj, functools.partial):
         yield f"{path}.func", obj.func
