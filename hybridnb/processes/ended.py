@@ -107,7 +107,3 @@ class ChildOutcome:
     def ok(self) -> bool:
         return self.status == Ending.DONE
 
-    @property
-    def traceback(self) -> str:
-        return (self.error or {}).get("traceback", "")
-

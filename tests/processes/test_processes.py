@@ -177,7 +177,7 @@ def test_an_exception_comes_back_with_its_type_and_traceback():
 
     out = supervise(lambda: start_spawn(failing_in_the_child), silence=60)
     assert out.status == Ending.ERROR and out.error["type"] == "ValueError"
-    assert "failing_in_the_child" in out.traceback and "'age'" in out.error["message"]
+    assert "failing_in_the_child" in out.error["traceback"] and "'age'" in out.error["message"]
     assert out.phase == "setup" and out.exit_code == 1
 
 

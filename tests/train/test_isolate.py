@@ -92,8 +92,8 @@ def test_an_exception_in_the_worker_comes_back_with_its_traceback():
     assert out.status == "error" and not out.ok
     assert "RuntimeError" in out.reason and "device-side assert" in out.reason
     assert out.steps == 2
-    assert "Traceback (most recent call last)" in out.traceback
-    assert "failing_step" in out.traceback
+    assert "Traceback (most recent call last)" in out.error["traceback"]
+    assert "failing_step" in out.error["traceback"]
     assert out.error["type"] == "RuntimeError"
 
 
