@@ -97,8 +97,7 @@ class _Pickler(JobPickler):
             except OSError as exc:
                 if exc.errno not in _FULL:
                     raise
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
+                discard([path])
                 self.paths.remove(path)
                 if self.folder == SHM_DIR:
                     self._leave_shm(f"is full ({exc.strerror})")
