@@ -58,34 +58,32 @@ def widen_pipe(fd: int) -> None:
 # why a stop was asked: a should_stop callback (the Stop button), the caller's own callbacks,
 # a signal; a reason is never lowered
 STOP, CALLBACK, INTERRUPT = "stop", "callback", "interrupt"
-_REASONS = {1: STOP, 2: CALLBACK, 3: INTERRUPT}
-_CODES = {reason: code for code, reason in _REASONS.items()}
+_REASONS = (None, STOP, CALLBACK, INTERRUPT)  # by the code in the shared byte
 
 
 class StopFlag:
-    """One byte shared with the child saying why it should stop (0: it should not): anonymous
-    memory (kept across a fork), or with ``shareable=True`` a file no path reaches, whose ``fd`` a
-    spawned child inherits and opens with ``StopFlag(fd=fd)``."""
+    """One byte shared with the child saying why it should stop (0: it should not), in a file no
+    path reaches (a memfd where there is one): a forked child keeps it, a spawned one inherits
+    ``fd`` and opens it with ``StopFlag(fd=fd)``."""
 
-    def __init__(self, shareable: bool = False, fd: int | None = None) -> None:
+    def __init__(self, fd: int | None = None) -> None:
         self.fd: int | None = fd
-        if fd is None and shareable:
+        if fd is None:
             if platform.memfd():
                 self.fd = os.memfd_create("hybridnb-stop", os.MFD_CLOEXEC)
             else:  # a file no path reaches, as a memfd
                 self.fd, path = tempfile.mkstemp(prefix="hybridnb-stop-")
                 os.unlink(path)
             os.ftruncate(self.fd, 1)
-        self._map = mmap.mmap(-1, 1) if self.fd is None else mmap.mmap(self.fd, 1)
+        self._map = mmap.mmap(self.fd, 1)
 
     def set(self, reason: str = STOP) -> None:
-        code = _CODES.get(reason)
-        if code is None:
-            raise ValueError(f"reason={reason!r}: use one of {tuple(_REASONS.values())}")
-        self._map[0] = max(self._map[0], code)
+        if reason not in _REASONS[1:]:
+            raise ValueError(f"reason={reason!r}: use one of {_REASONS[1:]}")
+        self._map[0] = max(self._map[0], _REASONS.index(reason))
 
     def reason(self) -> str | None:
-        return _REASONS.get(self._map[0])
+        return _REASONS[self._map[0]]
 
     def close(self) -> None:
         self._map.close()
@@ -175,7 +173,6 @@ class Channel:
         self._pending = bytearray()
         self._last_write = time.monotonic()
         self._flusher: threading.Thread | None = None
-        self.finished = False  # a "done" or "error" went out
 
     def send(self, kind: str, payload: Any = None) -> None:
         parts, n = encode(kind, payload)
@@ -194,8 +191,6 @@ class Channel:
             else:
                 self._flush(now)
                 write_all(self._fd, parts)
-        if kind in (DONE, ERROR):
-            self.finished = True
 
     def flush(self) -> None:
         with self._lock:
@@ -241,9 +236,6 @@ class Channel:
         """Why the parent asked the run to stop (whatever it is: finish the step and return)."""
         return self._stop.reason()
 
-    def stop_requested(self) -> bool:
-        return self.stop_reason() is not None
-
     def send_error(self, exc: BaseException) -> None:
         """Report ``exc`` with its formatted traceback."""
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -262,7 +254,6 @@ class FrameReader:
         os.set_blocking(fd, False)
         self.fd = fd
         self.eof = self.closed = self.partial = False
-        self.bytes_read = 0
         self._done: list[Message] = []
         self._frames = self._parse()
 
@@ -312,7 +303,6 @@ class FrameReader:
                 while True:
                     yield
             pos += n
-            self.bytes_read += n
             self.partial = True
         return view
 

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -215,8 +214,8 @@ def _fork(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None, death
         widen_pipe(msg_w)
         out_r, out_w = new_pipe(made)
         err_r, err_w = (None, None) if merge_output else new_pipe(made)
-        stop = StopFlag()
         wiring = lifeline.wiring()
+        stop = StopFlag()  # last: nothing after it can fail
     except BaseException:  # cleanup, then re-raised
         close_fds(made)
         raise
@@ -242,7 +241,6 @@ def _fork(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None, death
             close_fds([out_w, err_w])
             sys.stdout, sys.stderr = (open(fd, "w", buffering=1, encoding="utf-8",
                                            errors="replace", closefd=False) for fd in (1, 2))
-            sys.stdin = open(os.devnull)
             prepare()
             channel = Channel(msg_w, stop)
             channel.ready()
@@ -327,8 +325,7 @@ def prestart_spawn(*, preload: Sequence[str] = ("torch",)) -> PrestartedWorker:
     from hybridnb.processes import spare
 
     preload = tuple(preload)
-    with _held_signals():  # handed over whole, or kept
-        early = spare.take(spare.key_of(preload)) if warm_worker() else None
+    early = _atomically(lambda: spare.take(spare.key_of(preload))) if warm_worker() else None
     early = early or _spawn(preload)
     early.preload = preload
     return early
@@ -337,15 +334,9 @@ def prestart_spawn(*, preload: Sequence[str] = ("torch",)) -> PrestartedWorker:
 def _spawn(preload: Sequence[str], env: dict[str, str] | None = None,
            death_signal: int = platform.KILL, merge_output: bool = False) -> PrestartedWorker:
     """A worker started atomically (``_atomically``) that imports ``preload``."""
-    def start() -> PrestartedWorker:
-        environ = child_environment()
-        environ.update(WORKER_ENV if env is None else env)
-        child, job = start_framed(WORKER_MODULE, str(int(death_signal)), repr(time.monotonic()),
-                                  ",".join(preload), environ=environ, requests=True,
-                                  merge_output=merge_output)
-        return PrestartedWorker(child, job)
-
-    return _atomically(start)
+    return _atomically(lambda: PrestartedWorker(*start_framed(
+        WORKER_MODULE, str(int(death_signal)), repr(time.monotonic()), ",".join(preload),
+        env=WORKER_ENV if env is None else env, requests=True, merge_output=merge_output)))
 
 
 NONE = "-"  # no request pipe, in WIRING
@@ -392,22 +383,22 @@ class Requests:
             self.fd = None
 
 
-def start_framed(module: str, *args: str, environ: dict[str, str] | None = None,
+def start_framed(module: str, *args: str, env: dict[str, str] | None = None,
                  requests: bool = False, merge_output: bool = False
                  ) -> tuple[Child, Requests | None]:
     """Start ``python -m module WIRING *args`` (``processes.framed``), with ``messages`` and
-    ``stop`` as a spawned child. ``environ``: its whole environment."""
+    ``stop`` as a spawned child, and this process's environment (``env`` on top)."""
     made: list[int] = []
     stop: StopFlag | None = None
     try:
         msg_r, msg_w = new_pipe(made)
         widen_pipe(msg_w)
         req_r, req_w = new_pipe(made) if requests else (None, None)
-        stop = StopFlag(shareable=True)
+        stop = StopFlag()
         fds = ",".join(str(x) for x in (msg_w, stop.fd, NONE if req_r is None else req_r,
                                         lifeline.wiring()))
         child = start_command([sys.executable, "-m", module, fds, *args],
-                              env=child_environment() if environ is None else environ,
+                              env={**child_environment(), **(env or {})},
                               merge_output=merge_output,
                               pass_fds=[fd for fd in (msg_w, stop.fd, req_r, lifeline.read_end())
                                         if fd is not None])
@@ -444,32 +435,28 @@ def start_command(argv: Sequence[str], *, env: dict[str, str] | None = None,
 # ============================================================================ in the child
 
 def prepare() -> None:
-    """In a child: signals as a plain Python process has them, faulthandler on stderr."""
+    """In a child: signals as a plain Python process has them, faulthandler on stderr, no stdin."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if platform.HANGUP is not None:  # a forked child inherits the parent's Watch handler
         signal.signal(platform.HANGUP, signal.SIG_DFL)
     faulthandler.enable(file=sys.stderr)  # a segfault or abort prints the Python stack
+    sys.stdin = open(os.devnull)
 
 
 def run(fn: Callable[..., Any], args: tuple, kwargs: dict, channel: Channel) -> int:
     """In a child: run ``fn(channel, *args, **kwargs)``, send its result or error; exit code."""
     try:
         result = fn(channel, *args, **kwargs)
-        if not channel.finished:
-            try:
-                channel.send(DONE, result)
-            except Exception as exc:  # noqa: BLE001 - any pickling failure: named
-                raise TypeError(f"the result ({type(result).__name__}) cannot be sent to the "
-                                f"parent ({type(exc).__name__}: {exc}); return plain values "
-                                "(numbers, dicts, CPU tensors)") from exc
+        try:
+            channel.send(DONE, result)
+        except Exception as exc:  # noqa: BLE001 - any pickling failure: named
+            raise TypeError(f"the result ({type(result).__name__}) cannot be sent to the "
+                            f"parent ({type(exc).__name__}: {exc}); return plain values "
+                            "(numbers, dicts, CPU tensors)") from exc
         return 0
     except BaseException as exc:  # reported to the parent, whatever it was
-        if not channel.finished:
-            channel.send_error(exc)
-        else:
-            with contextlib.suppress(BaseException):  # the pipe is gone: print what we can
-                traceback.print_exc()
+        channel.send_error(exc)
         return 1
 
 
@@ -503,13 +490,13 @@ def _outputs(out_r: int, err_r: int | None) -> dict[int, int]:
 # ============================================================================ atomic starts
 
 @contextlib.contextmanager
-def _held_signals() -> Iterator[list[int]]:
-    """SIGINT and SIGTERM wait while the block runs, noted in the list yielded (Python runs
+def _held_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM wait while the block runs and are delivered after it (Python runs
     handlers in the main thread only: elsewhere nothing can interrupt the block)."""
-    pending: list[int] = []
     if threading.current_thread() is not threading.main_thread():
-        yield pending
+        yield
         return
+    pending: list[int] = []
     old: dict[int, Any] = {}
     try:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -517,31 +504,27 @@ def _held_signals() -> Iterator[list[int]]:
             if handler is None or handler == signal.SIG_IGN:
                 continue  # set outside Python, or ignored: nothing to hold
             old[sig] = signal.signal(sig, lambda number, frame: pending.append(number))
-        yield pending
+        yield
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
+        for sig in dict.fromkeys(pending):
+            signal.raise_signal(sig)
 
 
 T = TypeVar("T", Child, "PrestartedWorker")
 
 
 def _atomically(start: Callable[[], T]) -> T:
-    """``start()`` with SIGINT and SIGTERM held; a signal that came meanwhile is delivered
-    afterwards (a start that failed cleaned up after itself), and when its handler raises
-    (KeyboardInterrupt) the child is closed first."""
-    pending: list[int] = []
+    """``start()`` with SIGINT and SIGTERM held (a start that failed cleaned up after itself);
+    when a signal that came meanwhile raises (KeyboardInterrupt), what started is closed first."""
     started: T | None = None
     try:
-        with _held_signals() as pending:
+        with _held_signals():
             started = start()
-    finally:
-        try:
-            for sig in dict.fromkeys(pending):
-                signal.raise_signal(sig)
-        except BaseException:  # a signal's handler raised: kill first
-            if started is not None:
-                with _held_signals():
-                    started.close()
-            raise
+    except BaseException:
+        if started is not None:
+            with _held_signals():
+                started.close()
+        raise
     return started

@@ -99,7 +99,6 @@ class ChildOutcome:
     exit_code: int | None = None
     interrupted: bool = False      # SIGINT or SIGTERM reached the parent while supervising
     stop_sent: bool = False        # the child was asked to stop (an interrupt or should_stop)
-    bytes_received: int = 0
     output_tail: str = ""          # its last lines of stdout/stderr
     last_words: str = ""           # the one line that best says why it died
     pid: int | None = None         # also its process group id
@@ -107,8 +106,4 @@ class ChildOutcome:
     @property
     def ok(self) -> bool:
         return self.status == Ending.DONE
-
-    @property
-    def traceback(self) -> str:
-        return (self.error or {}).get("traceback", "")
 

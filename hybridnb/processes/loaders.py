@@ -23,14 +23,18 @@ def is_loader(obj: Any) -> bool:
 
 def has_live_workers(loader: Any) -> bool:
     """Whether the loader holds an iterator with worker processes (persistent workers)."""
-    it = loader.__dict__.get("_iterator")
-    return it is not None and type(it).__name__ == "_MultiProcessingDataLoaderIter"
+    return type(loader.__dict__.get("_iterator")).__name__ == "_MultiProcessingDataLoaderIter"
 
 
-def loader_settings(loader: Any) -> dict[str, Any]:
-    """The constructor arguments that build ``loader`` again (no live iterator)."""
+def reduce_loader(loader: Any) -> tuple:
+    """The pickle reduction of a DataLoader (see the module docstring): a plain one as the
+    constructor arguments that build it again, without its live iterator."""
     from torch.utils.data import DataLoader, IterableDataset
 
+    if type(loader) is not DataLoader:
+        state = dict(loader.__dict__)
+        state["_iterator"] = None
+        return copyreg.__newobj__, (type(loader),), state  # set as it is (no __setattr__ checks)
     accepted = inspect.signature(DataLoader.__init__).parameters
     kw: dict[str, Any] = {k: getattr(loader, k) for k in SETTINGS
                           if k in accepted and hasattr(loader, k)}
@@ -44,15 +48,4 @@ def loader_settings(loader: Any) -> dict[str, Any]:
         kw["drop_last"] = loader.drop_last
         if not isinstance(loader.dataset, IterableDataset):
             kw["sampler"] = loader.sampler                # RandomSampler: shuffled
-    return kw
-
-
-def reduce_loader(loader: Any) -> tuple:
-    """The pickle reduction of a DataLoader (see the module docstring)."""
-    from torch.utils.data import DataLoader
-
-    if type(loader) is DataLoader:
-        return functools.partial(DataLoader, **loader_settings(loader)), (loader.dataset,)
-    state = dict(loader.__dict__)
-    state["_iterator"] = None
-    return copyreg.__newobj__, (type(loader),), state  # set as it is (no __setattr__ checks)
+    return functools.partial(DataLoader, **kw), (loader.dataset,)

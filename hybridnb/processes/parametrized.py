@@ -35,8 +35,7 @@ def reduce(obj: Any) -> tuple:
     from torch.nn.utils import parametrize
 
     base = parametrize.type_before_parametrizations(obj)
-    getstate = getattr(base, "__getstate__", None)  # the class's own, not the one that refuses
-    state = getstate(obj) if getstate is not None else obj.__dict__.copy()
+    state = base.__getstate__(obj)  # the class's own (nn.Module has one), not the one that refuses
     if state is obj.__dict__:
         state = state.copy()
     return _new, (base,), state, None, None, rebuild

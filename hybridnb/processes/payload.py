@@ -26,8 +26,8 @@ import uuid
 from typing import Any
 
 from hybridnb import platform
-from hybridnb.processes import loaders, refs
-from hybridnb.processes.channel import as_sent, tensor_bytes
+from hybridnb.processes import refs
+from hybridnb.processes.channel import tensor_bytes
 from hybridnb.processes.unsendable import JobPickler, not_sendable
 
 SHM_MIN_BYTES = 1 << 20
@@ -45,7 +45,6 @@ class _Pickler(JobPickler):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.folder: str | None = folder
         self.paths, self._seen = paths, {}
-        self.live_loaders: list[str] = []
         self._locator = refs.Locator()
 
     def persistent_id(self, obj: Any):
@@ -57,27 +56,21 @@ class _Pickler(JobPickler):
             return self._seen[key][1]
         torch = sys.modules.get("torch")  # no tensor can exist before torch is imported
         np = sys.modules.get("numpy")
-        pid = None
+        ref = None
         if (torch is not None and cls in (torch.Tensor, torch.nn.Parameter)
                 and obj.device.type == "cpu" and obj.layout == torch.strided
                 and not obj.is_quantized):
             # pickled by value, a view would take its whole storage along
             if max(obj.nbytes, obj.untyped_storage().nbytes()) >= SHM_MIN_BYTES:
-                ref = refs.tensor_ref(obj, self._locator)
-                pid = ("ref", ref) if ref is not None else self._to_file(obj, torch)
+                ref = refs.tensor_ref(obj, self._locator) or self._to_file(obj, torch)
         elif np is not None and cls in (np.ndarray, np.memmap) and not obj.dtype.hasobject:
-            ref = (refs.ndarray_ref(obj, self._locator)
-                   if cls is np.memmap or obj.nbytes >= SHM_MIN_BYTES else None)
-            pid = ("ref", ref) if ref is not None else (
-                self._to_file(obj, torch) if obj.nbytes >= SHM_MIN_BYTES else None)
-        if pid is not None:
-            self._seen[key] = (obj, pid)  # obj kept alive: its id stays its own
-        return pid
-
-    def reducer_override(self, obj: Any):
-        if loaders.is_loader(obj) and loaders.has_live_workers(obj):
-            self.live_loaders.append(type(obj).__name__)
-        return super().reducer_override(obj)
+            big = obj.nbytes >= SHM_MIN_BYTES
+            if cls is np.memmap or big:
+                ref = refs.ndarray_ref(obj, self._locator) or (self._to_file(obj, torch)
+                                                               if big else None)
+        if ref is not None:
+            self._seen[key] = (obj, ref)  # obj kept alive: its id stays its own
+        return ref
 
     def _leave_shm(self, why: str) -> None:
         self.folder = tempfile.gettempdir()
@@ -104,8 +97,7 @@ class _Pickler(JobPickler):
             except OSError as exc:
                 if exc.errno not in _FULL:
                     raise
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
+                discard([path])
                 self.paths.remove(path)
                 if self.folder == SHM_DIR:
                     self._leave_shm(f"is full ({exc.strerror})")
@@ -116,18 +108,25 @@ class _Pickler(JobPickler):
                     self.folder = None
         return None
 
-    def _to_file(self, obj: Any, torch: Any) -> tuple | None:
-        """A tensor's or array's bytes in a file of its own; None: they go in the pickle."""
+    def _to_file(self, obj: Any, torch: Any) -> refs.FileRef | None:
+        """A tensor's or array's bytes in a file of its own, sent as a reference to it (in C
+        order; the worker removes the file once mapped); None: they go in the pickle."""
         if torch is not None and isinstance(obj, torch.Tensor):
-            spec, raw = tensor_bytes(obj)
-            path = self._write(raw)
-            return None if path is None else ("shm", path, *spec)
-        import numpy as np
+            (dtype, shape, _, is_param, grad), raw = tensor_bytes(obj)
+            dtype, mode = str(dtype).removeprefix("torch."), "r+"
+            kind = "parameter" if is_param else "tensor"
+        else:
+            import numpy as np
 
-        flat = np.ascontiguousarray(obj)
-        path = self._write(memoryview(flat.reshape(-1).view(np.uint8)))
-        return None if path is None else (
-            "shm-array", path, flat.dtype, flat.shape, bool(obj.flags.writeable))
+            flat = np.ascontiguousarray(obj)
+            raw, dtype, shape = memoryview(flat.reshape(-1).view(np.uint8)), flat.dtype, flat.shape
+            kind, grad, mode = "ndarray", False, "r+" if obj.flags.writeable else "r"
+        path = self._write(raw)
+        if path is None:
+            return None
+        st = os.stat(path)
+        return refs.FileRef(path, 0, raw.nbytes, 0, tuple(shape), None, dtype, kind, mode,
+                            (st.st_dev, st.st_ino, st.st_size, None), grad, written=True)
 
 
 def pack(obj: Any, files: list[str] | None = None) -> tuple[bytes, list[str]]:
@@ -154,33 +153,11 @@ def pack(obj: Any, files: list[str] | None = None) -> tuple[bytes, list[str]]:
     return buf.getvalue(), pickler.paths
 
 
-class _Unpickler(pickle.Unpickler):
-    def persistent_load(self, pid):
-        if pid[0] == "ref":
-            return refs.open_ref(pid[1])
-        path = pid[1]
-        try:  # mapped, the file goes at once: its pages live as long as the tensor or array
-            if pid[0] == "shm-array":
-                import numpy as np
-
-                _, _, dtype, shape, writeable = pid
-                arr = np.ndarray(shape, np.dtype(dtype), buffer=np.memmap(path, np.uint8, "r+"))
-                arr.flags.writeable = writeable
-                return arr
-            import torch
-
-            _, _, dtype, shape, nbytes, is_param, requires_grad = pid
-            raw = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
-            t = raw.view(dtype).view(shape) if nbytes else torch.empty(shape, dtype=dtype)
-            return as_sent(t, is_param, requires_grad)
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-
-
 def unpack(data: bytes | memoryview) -> Any:
     """The child's side of ``pack`` (``refs.SentFileChanged``: a referenced file changed)."""
-    return _Unpickler(io.BytesIO(data)).load()
+    unpickler = pickle.Unpickler(io.BytesIO(data))
+    unpickler.persistent_load = refs.open_ref
+    return unpickler.load()
 
 
 def discard(paths: list[str]) -> None:

@@ -10,6 +10,7 @@ anonymous memory, a file deleted or replaced since, a private mapping with writt
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import warnings
 from dataclasses import dataclass
@@ -37,12 +38,13 @@ class FileRef:
     nbytes: int
     first: int                 # the byte of element 0 within that range
     shape: tuple[int, ...]
-    strides: tuple[int, ...]   # in bytes
+    strides: tuple[int, ...] | None  # in bytes (None: C order)
     dtype: Any                 # a numpy dtype or a torch dtype name
     kind: str                  # "ndarray", "memmap", "tensor" or "parameter"
     mode: str                  # the np.memmap mode to open it with
     stamp: tuple               # (device, inode, size, mtime_ns or None)
     requires_grad: bool = False
+    written: bool = False      # a file written for the worker (payload): removed once mapped
 
 
 def read_mappings() -> list[Mapping]:
@@ -179,7 +181,11 @@ def open_ref(ref: FileRef) -> Any:
     import numpy as np
 
     _check(ref)
-    mm = np.memmap(ref.path, np.uint8, ref.mode, offset=ref.offset, shape=(ref.nbytes,))
+    mm = (np.memmap(ref.path, np.uint8, ref.mode, offset=ref.offset, shape=(ref.nbytes,))
+          if ref.nbytes else np.empty(1, np.uint8)[:0])  # empty, a memmap's strides
+    if ref.written:  # mapped, it goes at once: its pages live as long as the array
+        with contextlib.suppress(OSError):
+            os.unlink(ref.path)
     if ref.kind in ("ndarray", "memmap"):
         cls = np.memmap if ref.kind == "memmap" else np.ndarray
         return np.ndarray.__new__(cls, ref.shape, np.dtype(ref.dtype), buffer=mm,
@@ -192,5 +198,6 @@ def open_ref(ref: FileRef) -> Any:
         raw = torch.from_numpy(mm)
     flat = raw.view(dtype)
     size = flat.element_size()
-    t = flat.as_strided(ref.shape, [s // size for s in ref.strides], ref.first // size)
+    t = flat.view(ref.shape) if ref.strides is None else flat.as_strided(
+        ref.shape, [s // size for s in ref.strides], ref.first // size)
     return as_sent(t, ref.kind == "parameter", ref.requires_grad)

@@ -46,14 +46,10 @@ def take(key: Key) -> Spare | None:
 
 def replenish(key: Key, start: Callable[[], Spare]) -> None:
     """Start the spare for ``key`` unless a running one is there (spares on)."""
-    if not warm_worker():
-        return
-    spare = take(key) or start()  # a running one is kept, a stale one closed
-    with _lock:
-        old = _spares.pop(key[0], None)
-        _spares[key[0]] = (key, spare)
-    if old is not None:
-        old[1].close()
+    if warm_worker():
+        spare = take(key) or start()  # a running one is kept, a stale one closed
+        with _lock:
+            _spares[key[0]] = (key, spare)
 
 
 def waiting() -> list[Spare]:

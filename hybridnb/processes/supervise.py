@@ -179,10 +179,8 @@ class Watched:
                            median_step_s=p.median_step_s, seconds=now - self.t0, phase=p.phase,
                            exit=exit_text, signal=ex.signal if ex else None,
                            exit_code=ex.code if ex else None, interrupted=self.signal is not None,
-                           stop_sent=self.stop_reason is not None,
-                           bytes_received=reader.bytes_read if reader else 0,
-                           output_tail=child.output_text(), last_words=child.last_words.best(),
-                           pid=child.pid)
+                           stop_sent=self.stop_reason is not None, pid=child.pid,
+                           output_tail=child.output_text(), last_words=child.last_words.best())
         steps = f"after {p.steps} step{'s' if p.steps != 1 else ''}"
         in_phase = f" in phase '{p.phase}'" if p.phase else ""
         if self.got_done:

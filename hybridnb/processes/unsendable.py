@@ -39,8 +39,11 @@ class JobPickler(cloudpickle.Pickler):
     """cloudpickle with the reductions a job needs: a DataLoader (``loaders``) and a
     parametrized module (``parametrized``); ``payload``'s pickler and the probe here."""
 
+    live_loaders = False  # a DataLoader with live worker processes was sent as its settings
+
     def reducer_override(self, obj: Any):
         if loaders.is_loader(obj):
+            self.live_loaders = self.live_loaders or loaders.has_live_workers(obj)
             return loaders.reduce_loader(obj)
         if parametrized.is_parametrized(obj):
             return parametrized.reduce(obj)
@@ -70,13 +73,9 @@ def _fails(obj: Any) -> BaseException | None:
 
 def _parts(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
     """(path, part) for each part pickle would send of ``obj``."""
-    if isinstance(obj, dict):
-        for k, v in obj.items():
+    if isinstance(obj, (dict, list, tuple, set, frozenset)):
+        for k, v in obj.items() if isinstance(obj, dict) else enumerate(obj):
             yield f"{path}[{k!r}]", v
-        return
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        for i, v in enumerate(obj):
-            yield f"{path}[{i}]", v
         return
     if isinstance(obj, functools.partial):
         yield f"{path}.func", obj.func

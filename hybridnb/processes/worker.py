@@ -9,7 +9,6 @@ torch loaded costs about a second). Threads stay as torch sets them (no inherite
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 import time
 
@@ -26,11 +25,11 @@ def startup() -> dict[str, float]:
     return dict(_STARTUP)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main() -> None:
     """The spawned child's life; never returns."""
     code = 70
     try:
-        argv = list(argv or sys.argv[1:])
+        argv = sys.argv[1:]
         death = int(argv[1]) if len(argv) > 1 else platform.KILL
         channel, inbox, rest = connect(argv, death)
         # run as __main__: the times go where ``startup()``'s importers look
@@ -38,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
         times["spawned_at"] = float(rest[1])
         preload = [m for m in rest[2].split(",") if m]
         prepare()
-        sys.stdin = open(os.devnull)
+        code = 1  # until its job has run
         try:
             for module in preload:  # while the parent prepares the job
                 importlib.import_module(module)
@@ -49,12 +48,10 @@ def main(argv: list[str] | None = None) -> None:
 
             job = inbox.get()
             if job is None:  # the parent went first: nobody to work for or tell
-                code = 1
                 return
             fn, args, kwargs = unpack(job.payload)
         except BaseException as exc:  # say it through the channel: the parent shows it
             channel.send_error(exc)
-            code = 1
             return
         times["job_at"] = time.monotonic()
         if not preload:

@@ -154,7 +154,7 @@ def test_every_missing_facility_says_what_hybridnb_does_instead(monkeypatch):
         assert not platform.memfd() and "temporary file" in platform.memfd().why
         from hybridnb.processes.channel import StopFlag
 
-        flag = StopFlag(shareable=True)  # the stop flag still works, through a file
+        flag = StopFlag()  # the stop flag still works, through a file
         other = StopFlag(fd=os.dup(flag.fd))
         flag.set("interrupt")
         assert other.reason() == "interrupt"

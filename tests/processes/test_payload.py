@@ -173,11 +173,12 @@ def test_a_file_that_changed_before_the_worker_opened_it_is_named(big_file, chan
 
 def test_anonymous_tensors_and_arrays_still_go_through_shared_memory():
     arr, t = np.arange(1 << 18, dtype=np.float64), torch.ones(1 << 19)
-    data, files = pack((arr, t))
-    assert len(files) == 2 and len(data) < 10_000
-    a2, t2 = unpack(data)
+    data, files = pack((arr, t, t[:0]))  # the empty view goes without its storage
+    assert len(files) == 3 and len(data) < 10_000
+    a2, t2, empty = unpack(data)
     discard(files)
     assert np.array_equal(a2, arr) and torch.equal(t2, t) and a2.flags.writeable
+    assert empty.shape == (0,) and empty.dtype == t.dtype
     assert not [p for p in files if os.path.exists(p)]
 
 

@@ -92,8 +92,8 @@ def test_an_exception_in_the_worker_comes_back_with_its_traceback():
     assert out.status == "error" and not out.ok
     assert "RuntimeError" in out.reason and "device-side assert" in out.reason
     assert out.steps == 2
-    assert "Traceback (most recent call last)" in out.traceback
-    assert "failing_step" in out.traceback
+    assert "Traceback (most recent call last)" in out.error["traceback"]
+    assert "failing_step" in out.error["traceback"]
     assert out.error["type"] == "RuntimeError"
 
 
@@ -288,7 +288,7 @@ def test_a_heartbeat_with_grace_keeps_a_long_pause_alive():
 
 def _until_stopped(channel):
     steps = 0
-    while not channel.stop_requested():
+    while channel.stop_reason() is None:
         time.sleep(0.01)
         steps += 1
         channel.step_done()
@@ -403,11 +403,9 @@ def test_a_large_state_arrives_intact_and_fast():
     assert got["empty"].shape == (0, 5)
     assert got["history"] == state["history"]
     assert got["again"] is got["model"]["layer0.weight"]
-    assert out.bytes_received > nbytes
     seconds = arrived[1] - arrived[0]
-    print(f"\n{out.bytes_received / 1e6:.1f} MB state: {seconds * 1e3:.0f} ms from send to "
-          f"delivery ({out.bytes_received / 1e6 / seconds:.0f} MB/s); worker blocked "
-          f"{out.result * 1e3:.0f} ms")
+    print(f"\n{nbytes / 1e6:.1f} MB of weights: {seconds * 1e3:.0f} ms from send to delivery "
+          f"({nbytes / 1e6 / seconds:.0f} MB/s); worker blocked {out.result * 1e3:.0f} ms")
 
 
 # ------------------------------------------------------------------ the decision
