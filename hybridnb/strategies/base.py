@@ -7,7 +7,6 @@ the Trainer asks once and never gets patched. DDP and DeepSpeed override parts o
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 
 import torch
 
@@ -21,7 +20,7 @@ class Strategy:
     name = "single"
     rank = 0
     world_size = 1
-    owns_update = False  # True: the strategy's engine runs backward and the optimizer step
+    owns_update = False  # True: its engine runs backward (`backward(loss, last)`) and the step
     supported_precisions: tuple[str, ...] = ("fp32", "bf16", "fp16")
     supports_compile = True
 
@@ -57,11 +56,6 @@ class Strategy:
         """How many micro-batches this step runs, and the factor on this process's loss for
         backward (DeepSpeed: the same count on every rank, weighed by its share)."""
         return pieces, 1.0
-
-    def engine_backprop(self) -> Callable[[torch.Tensor, bool], None] | None:
-        """The engine's backward ``(loss, last)`` when it owns backward, else None (the step
-        runs the GradScaler's backward itself)."""
-        return None
 
     def settle(self, params: list[torch.Tensor], total: torch.Tensor | None, window: list,
                failed: BaseException | None = None) -> torch.Tensor | None:

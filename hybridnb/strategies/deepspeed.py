@@ -3,7 +3,7 @@
 ZeRO-2 splits the optimizer state and the gradients over the ranks (4 GPUs hold a quarter of the
 Adam moments each); everything else works as under DDP. The engine owns backward, clipping and
 the optimizer step (the Trainer sets the learning rate). It reduces gradients *inside* backward,
-so the ranks agree before each micro-batch's backward (``_backward``): an out-of-memory error in
+so the ranks agree before each micro-batch's backward (``backward``): an out-of-memory error in
 a forward is still split on every rank, one inside backward stops the job (the others wait in
 the reduction; the last checkpoint stays on disk). A skipped step goes through DeepSpeed's
 overflow path (``discard``); rank 0's ``last.pt`` holds every rank's optimizer partition
@@ -112,11 +112,9 @@ class DeepSpeedStrategy(DDPStrategy):
         total = int(counts[:, 1].sum())
         return int(counts[:, 0].max()), (self.world_size * samples / total if total else 1.0)
 
-    def engine_backprop(self):
-        return self._backward
-
-    def _backward(self, loss: torch.Tensor, last: bool) -> None:
-        """Agree that every rank's forward succeeded, then ``engine.backward``."""
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        """Agree that every rank's forward succeeded, then ``engine.backward`` (the step calls
+        this, not the loss's backward, because the engine ``owns_update``)."""
         self._vote(None)
         self.engine.set_gradient_accumulation_boundary(last)
         self._dirty = True

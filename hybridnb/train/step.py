@@ -44,7 +44,8 @@ class TrainStep:
         if loss_scale is not None:
             self._backward = lambda loss, last: (loss * loss_scale()).backward()
         else:
-            self._backward = self.strategy.engine_backprop() or self._scaled_backward
+            self._backward = (self.strategy.backward if self.strategy.owns_update
+                              else self._scaled_backward)
         self.update = self._engine_update if self.strategy.owns_update else self._optimizer_update
         self._read_norm = not self.scaler.is_enabled()  # a GradScaler skips inf steps itself
 
