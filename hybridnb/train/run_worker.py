@@ -180,6 +180,9 @@ def reraise(error: dict) -> BaseException:
     message = error.get("message", "")
     if not (isinstance(cls, type) and issubclass(cls, (Exception, KeyboardInterrupt))):
         cls, message = RuntimeError, f"{error.get('type')}: {message}"
-    exc = cls(f"{message} (raised in the isolated training worker)")
+    try:
+        exc = cls(f"{message} (raised in the isolated training worker)")
+    except TypeError:  # a builtin that takes more arguments (UnicodeDecodeError)
+        exc = RuntimeError(f"{error.get('type')}: {message} (raised in the isolated training worker)")
     exc.__cause__ = WorkerError(error.get("traceback", ""))
     return exc

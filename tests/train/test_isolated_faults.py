@@ -118,6 +118,19 @@ def test_an_error_from_the_users_dataset_keeps_what_an_in_process_run_keeps():
     assert not children()
 
 
+def undecodable_item():
+    raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte in sub-07's labels")
+
+
+def test_a_builtin_error_that_needs_more_arguments_still_names_itself_in_the_kernel():
+    """UnicodeDecodeError cannot be rebuilt from its message: the kernel raises a RuntimeError
+    that names it and says what it said, not a TypeError from rebuilding it."""
+    with pytest.raises(RuntimeError, match="UnicodeDecodeError: .*sub-07's labels") as info:
+        trainer(Net(), True, epochs=1).fit(Items(at=3, fault=undecodable_item))
+    assert "UnicodeDecodeError" in str(info.value.__cause__)  # the worker's traceback
+    assert not children()
+
+
 @pytest.mark.parametrize("how", ["kill-in-forward", "abort-in-dataset"])
 def test_a_worker_that_dies_leaves_its_last_state_and_the_run_goes_on(how):
     """SIGKILL at the 11th forward, or abort() at the 170th item fetched (both in epoch 1):
