@@ -21,6 +21,7 @@ from hybridnb.train import checkpoint
 from hybridnb.train.habits import precision_name, unknown_keywords
 from hybridnb.train.loggers import TensorBoardLogger, logger_names, need_folder
 from hybridnb.train.losses import CLASSIFICATION_NAMES, is_classification
+from hybridnb.train.recovery import LossGuard
 
 COMPILE_MODES = (False, True, "default", "reduce-overhead", "max-autotune")
 # DataLoader arguments the Trainer itself sets for every Dataset it batches
@@ -126,6 +127,9 @@ class Settings:
         if not isinstance(self.monitor, str):
             raise ValueError(f"monitor={self.monitor!r} must be a metric name such as "
                              "'val_loss'")
+        if not isinstance(self.loss_guard, (bool, LossGuard)):  # else the guard would be off, unsaid
+            raise ValueError(f"loss_guard={self.loss_guard!r}: use True, False or a "
+                             "hybridnb.train.recovery.LossGuard(...)")
         if self.isolate not in ("auto", True, False):
             raise ValueError(f"isolate={self.isolate!r}: use 'auto', True or False")
         if self.step_timeout is not None and not self.step_timeout > 0:

@@ -116,6 +116,8 @@ def test_bad_arguments_name_the_argument_and_value():
         Trainer(mlp(), freeze=["backbone.*"], device="cpu", batch_size=8)
     with pytest.raises(ValueError, match="loss='cosine'"):
         Trainer(mlp(), loss="cosine", device="cpu", batch_size=8)
+    with pytest.raises(ValueError, match="loss_guard='auto'"):
+        Trainer(mlp(), loss_guard="auto", device="cpu", batch_size=8)
 
 
 def test_device_auto_uses_detect():
