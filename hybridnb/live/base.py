@@ -141,7 +141,7 @@ class LiveView(View):
         self._poll(now)
 
     def event(self, ev: Event) -> None:
-        self.record.add_event(ev)
+        self.record.events.append(ev)
         if ev.kind == "device_lost" and self.record.sampler is not None:
             self.record.sampler.drop_device(ev.message)  # host memory only from now on
         self.plots.force()

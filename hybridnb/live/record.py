@@ -56,9 +56,6 @@ class RunRecord:
             if self._pace_from is None and self.steps_per_epoch:  # this fit's first step done
                 self._pace_from = (self.fraction(), self.elapsed())
 
-    def add_event(self, ev: Event) -> None:
-        self.events.append(ev)
-
     @property
     def epochs_done(self) -> int:
         """Completed epochs (counts epochs of a resumed run done before this fit too)."""

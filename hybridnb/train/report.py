@@ -99,5 +99,5 @@ def run_record(trainer, summary: dict) -> RunRecord:
             row = rows.pop(0)
             record.add(EpochRow(row, global_step=int(row["step"]), epoch_end=True))
     for ev in events:
-        record.add_event(ev)
+        record.events.append(ev)
     return record
