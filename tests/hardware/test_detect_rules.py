@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from types import SimpleNamespace
 
 import pytest
 
@@ -318,8 +319,8 @@ def test_nvml_opens_once_and_reads_a_device(fake_nvml, monkeypatch):
     fake = FakeNVML()
     nvml = fake_nvml(fake)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    h = nvml.locate("cuda")[0]
-    assert h == ("h", 0) and nvml.locate("cuda:1")[0] == ("h", 1)
+    h = nvml.locate(0)[0]
+    assert h == ("h", 0) and nvml.locate(1)[0] == ("h", 1)
     mem = nvml.memory(h)
     assert (mem.total, mem.free, mem.used) == (80 * GiB, 79 * GiB, GiB)
     assert nvml.utilisation(h) == 97.0 and nvml.utilisation(("h", 1)) is None
@@ -327,7 +328,6 @@ def test_nvml_opens_once_and_reads_a_device(fake_nvml, monkeypatch):
     assert nvml.driver() == "580.159.04" and nvml.cuda_driver() == "13.0"
     assert nvml.capability(h) == (9, 0) and nvml.name(h) == "Fake H100 #0"
     assert fake.inits == 1
-    assert nvml.locate("cpu")[0] is None and nvml.locate("mps")[0] is None
 
 
 @pytest.mark.parametrize("visible, torch_uuid, physical", [
@@ -335,11 +335,15 @@ def test_nvml_opens_once_and_reads_a_device(fake_nvml, monkeypatch):
     ("0", "GPU-bbbb-2222", 1),   # torch's UUID wins over the list
     ("5", None, None), ("MIG-xyz", None, None),
 ])
-def test_nvml_maps_torch_ordinals_through_cuda_visible_devices(fake_nvml, visible, torch_uuid,
-                                                              physical):
+def test_nvml_maps_torch_ordinals_through_cuda_visible_devices(fake_nvml, monkeypatch, visible,
+                                                              torch_uuid, physical):
     nvml = fake_nvml(FakeNVML())
-    env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
-    h, how = nvml.locate(0, torch_uuid=torch_uuid, environ=env)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    if visible is not None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.setattr(nvml, "initialised_properties",
+                        lambda index: torch_uuid and SimpleNamespace(uuid=torch_uuid))
+    h, how = nvml.locate(0)
     assert (h[1] if h else None) == physical, how
 
 
