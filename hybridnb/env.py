@@ -117,12 +117,8 @@ def launched_rank(environ: dict[str, str] | None = None) -> tuple[bool, int | No
     processes, or any process ``hn.launch`` started (``HYBRIDNB_LAUNCHED=1``, even a job of one).
     Not launched: ``(False, None, 1)``."""
     env = _env(environ)
-    job = launch_env(env)
-    by_us = env.get(LAUNCHED_ENV, "") == "1"
-    if job is None and by_us:  # RANK missing: the local rank still says which GPU is ours
-        local, world = env.get("LOCAL_RANK", "").strip(), env.get("WORLD_SIZE", "").strip()
-        job = (0, int(local) if local.isdigit() else 0, int(world) if world.isdigit() else 1)
-    if job is None or not (by_us or job[2] > 1):
+    job = launch_env(env)  # hn.launch sets RANK and WORLD_SIZE as torchrun does
+    if job is None or not (env.get(LAUNCHED_ENV) == "1" or job[2] > 1):
         return False, None, 1
     return True, job[1], job[2]
 

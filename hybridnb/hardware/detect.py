@@ -123,14 +123,13 @@ def _detect(probe_timeout: float, env: dict[str, str], refresh: bool = False) ->
             notes.append(f"{DEVICE_ENV}=cpu: the GPU probe was skipped.")
     else:
         # One GPU when the request names it (cuda:N, or this rank's GPU), else all of them.
-        index = forced.index if forced is not None else (local_rank if launched else None)
+        index = forced.index if forced is not None else local_rank
         targets = [g for g in gpus if g.backend != "mps" and g.index == index] or list(gpus)
     _probe(targets, build, env, probe_timeout, ttl, refresh, notes)
     for g in gpus:  # known-bad judgement, with what the probe added
         if g.native_bf16 is None:
             g.native_bf16 = native_bf16(g)
-        if g.backend != "mps":
-            gpu_info.judge(g, build, env)
+        gpu_info.judge(g, build, env)  # nothing to judge for MPS
         warns.extend(w for w in g.warnings if w not in warns)
     device, chosen, reason = _choose(gpus, forced, launched, local_rank, warns, env,
                                      none_found)
@@ -275,7 +274,7 @@ def _choose(gpus: list[GpuInfo], forced: torch.device | None, launched: bool,
         warns.append(f"{asked} asks for {forced}, but this machine has {have}; choosing "
                      "automatically instead.")
     good = [g for g in gpus if g.trusted]
-    if launched and local_rank is not None:
+    if launched:
         good = [g for g in good if g.index == local_rank] or good
     best = next((g for g in good if g.backend != "mps"), None) or (good[0] if good else None)
     if best is not None:

@@ -192,11 +192,9 @@ def recommend(device_type: str, gpu: GpuInfo | None, host: HostInfo, frontend: s
                          if on_gpu else "no CUDA/ROCm device to copy to.")
     why["persistent_workers"] = ("keeps the workers between epochs (no restart cost)."
                                  if workers else "no worker processes.")
-    threads = (max(1, share - workers) if on_gpu else max(1, cores // world_size) if ranks
-               else cores)
     why["torch_threads"] = (
-        "this process's share of the cores, minus its loader workers if any (the GPU does the "
-        "math)." if on_gpu else
+        "this process's share of the cores (the GPU does the math; it has no loader workers)."
+        if on_gpu else
         f"this rank's share of the cores ({cores} over {world_size} ranks), so the ranks don't "
         "oversubscribe them." if ranks else
         "all usable cores for the model; loader worker processes run 1 thread each (DataLoader "
@@ -214,4 +212,4 @@ def recommend(device_type: str, gpu: GpuInfo | None, host: HostInfo, frontend: s
         f"{cxx_compiler()}, is present): Trainer(compile=True) still compiles.")
     return Recommended(batch_size=batch, grad_accum=accum, num_workers=workers, pin_memory=on_gpu,
                        persistent_workers=workers > 0, strategy=strategy, compile=False,
-                       torch_threads=threads, devices=procs, reasons=why)
+                       torch_threads=share, devices=procs, reasons=why)

@@ -267,7 +267,8 @@ def test_two_good_gpus_ddp_in_a_script_one_gpu_in_a_notebook(machine):
 def test_a_launched_rank_probes_and_uses_its_own_gpu(machine, monkeypatch):
     """Under hn.launch (HYBRIDNB_LAUNCHED=1) rank 1 of 2 takes GPU 1 and DDP, even in a notebook."""
     machine(nvidia=[a100(0), a100(1)], simulate={}, frontend="jupyter")
-    for var, value in ((D.LAUNCHED_ENV, "1"), ("LOCAL_RANK", "1"), ("WORLD_SIZE", "2")):
+    for var, value in ((D.LAUNCHED_ENV, "1"), ("RANK", "1"), ("LOCAL_RANK", "1"),
+                       ("WORLD_SIZE", "2")):
         monkeypatch.setenv(var, value)
     hw = D.detect(probe_timeout=30)
     assert hw.device == torch.device("cuda:1") and hw.settings.strategy == "ddp"

@@ -380,8 +380,8 @@ def test_launch_environment_parsed_once():
     assert env.launched_rank({}) == (False, None, 1)
     assert env.launched_rank({"RANK": "0", "WORLD_SIZE": "1"}) == (False, None, 1)
     assert env.launched_rank({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4"}) == (True, 1, 4)
-    assert env.launched_rank({env.LAUNCHED_ENV: "1", "LOCAL_RANK": "1",
-                              "WORLD_SIZE": "2"}) == (True, 1, 2)
+    assert env.launched_rank({env.LAUNCHED_ENV: "1", "RANK": "0", "LOCAL_RANK": "0",
+                              "WORLD_SIZE": "1"}) == (True, 0, 1)  # hn.launch, a job of one
 
 
 def test_cache_folder_and_ttl(tmp_path):
