@@ -118,24 +118,14 @@ def visible_indices(value: str, uuids: list[str | None]) -> list[int]:
     return out
 
 
-def ordinal(device: Any) -> int | None:
-    """torch's CUDA ordinal of ``device`` (0 for plain "cuda"); None when it is no CUDA device."""
-    if isinstance(device, int):
-        return device
-    kind, _, index = str(device).partition(":")
-    if kind != "cuda":
-        return None
-    return int(index) if index.isdigit() else (0 if not index else None)
-
-
 def initialised_properties(device: Any) -> Any | None:
-    """torch's properties of a CUDA ``device``, only where this process initialised CUDA
-    already (reading them would initialise it); None otherwise."""
-    torch, index = sys.modules.get("torch"), ordinal(device)
+    """torch's properties of a CUDA ``device`` (an ordinal, "cuda", "cuda:N"), only where this
+    process initialised CUDA already (reading them would initialise it); None otherwise."""
+    torch = sys.modules.get("torch")
     try:
-        if torch is None or index is None or not torch.cuda.is_initialized():
+        if torch is None or not torch.cuda.is_initialized() or torch.device(device).type != "cuda":
             return None
-        return torch.cuda.get_device_properties(index)
+        return torch.cuda.get_device_properties(device)
     except Exception:  # noqa: BLE001 - broad: torch's error for a bad ordinal varies by version
         return None
 

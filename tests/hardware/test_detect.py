@@ -466,13 +466,11 @@ def test_a_failed_probe_is_never_cached(machine, monkeypatch):
 
 
 def test_an_old_verdict_expires_and_ttl_zero_turns_the_cache_off(machine, monkeypatch):
-    from hybridnb.hardware.probe import cache
-
     machine(nvidia=[a100()], simulate={})
     calls = _count_probes(monkeypatch)
     D.detect(probe_timeout=30)
     _fresh_process()
-    for path in cache.folder().glob("*.json"):  # the stored verdict is two days old
+    for path in (env.cache_dir() / "probe").glob("*.json"):  # the stored verdict is two days old
         data = json.loads(path.read_text())
         data["result"]["proven_at"] -= 2 * env.DEFAULT_PROBE_CACHE_TTL
         path.write_text(json.dumps(data))

@@ -33,13 +33,9 @@ def key_for(gpu: GpuInfo, build: BuildInfo) -> dict | None:
             "version": VERSION}
 
 
-def folder(environ: dict[str, str] | None = None) -> Path:
-    return env.cache_dir(environ) / "probe"
-
-
 def _path(key: dict, environ: dict[str, str] | None) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-    return folder(environ) / f"{digest}.json"
+    return env.cache_dir(environ) / "probe" / f"{digest}.json"
 
 
 def load(key: dict, ttl: float, environ: dict[str, str] | None = None) -> ProbeResult | None:
