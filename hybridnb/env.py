@@ -59,20 +59,14 @@ def frontend(environ: dict[str, str] | None = None) -> str:
     if env.get("CI", "").lower() in ("1", "true", "yes") or env.get("NBVAL") \
             or env.get("PYTEST_CURRENT_TEST"):  # headless runners (nbval under pytest) mark it
         return "ci"
-    if kernel:
-        return "ci" if _headless_kernel(env) else "jupyter"
+    if kernel:  # jupyter-server sets JPY_SESSION_NAME for its kernels; a runner is their parent
+        cmd = "" if env.get("JPY_SESSION_NAME") else _parent_command(env)
+        return "ci" if any(runner in cmd for runner in HEADLESS_RUNNERS) else "jupyter"
     return "ipython" if _ipython_shell() is not None else "terminal"
 
 
 HEADLESS_RUNNERS = ("nbclient", "nbconvert", "papermill", "nbval", "pytest", "jupyter-execute",
                     "nbmake", "testbook")
-
-
-def _headless_kernel(env) -> bool:
-    """A kernel started by a notebook runner: jupyter-server sets ``JPY_SESSION_NAME`` for the
-    kernels of its sessions; runners start the kernel themselves, so they are its parent."""
-    cmd = "" if env.get("JPY_SESSION_NAME") else _parent_command(env)
-    return any(runner in cmd for runner in HEADLESS_RUNNERS)
 
 
 def _parent_command(env) -> str:

@@ -167,7 +167,7 @@ def _torch_build() -> BuildInfo:
     except Exception:  # noqa: BLE001 - broad: a private torch call (absent or failing): unknown
         arch = ""
     return BuildInfo(torch=torch.__version__, cuda=torch.version.cuda, hip=torch.version.hip,
-                     arch_list=arch.split(), mps_built=torch.backends.mps.is_built())
+                     arch_list=arch.split())
 
 
 def _find_gpus(build: BuildInfo, env: dict[str, str]) -> tuple[list[GpuInfo], list[str],
@@ -206,7 +206,7 @@ def _find_gpus(build: BuildInfo, env: dict[str, str]) -> tuple[list[GpuInfo], li
         g.runtime_version = build.hip if g.backend == "rocm" else build.cuda
     if not raw:
         notes.append(status + ".")
-    if build.mps_built and torch.backends.mps.is_available():
+    if torch.backends.mps.is_available():  # False where torch was built without MPS
         gpus.append(GpuInfo(index=0, backend="mps", name="Apple GPU (MPS)", native_bf16=False))
     return gpus, notes, warns
 
