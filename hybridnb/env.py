@@ -22,8 +22,6 @@ CACHE_DIR_ENV = "HYBRIDNB_CACHE_DIR"    # where hybridnb keeps its cache (the pr
 PROBE_CACHE_TTL_ENV = "HYBRIDNB_PROBE_CACHE_TTL"  # seconds a passed probe is trusted; 0 = never
 WARM_WORKER_ENV = "HYBRIDNB_WARM_WORKER"  # "0": no spare worker kept ready between isolated fits
 
-DEFAULT_PROBE_CACHE_TTL = 24 * 3600.0
-
 # Frontends that show a notebook (rich output, a redrawn progress line); the interactive ones
 # add a terminal IPython: a person at a prompt, where a script's advice (torchrun) does not fit.
 NOTEBOOK_FRONTENDS = ("jupyter", "colab", "vscode")
@@ -106,17 +104,6 @@ def launch_env(environ: dict[str, str] | None = None) -> tuple[int, int, int] | 
     return rank, int(local) if local.strip().isdigit() else rank, world
 
 
-def launched_rank(environ: dict[str, str] | None = None) -> tuple[bool, int | None, int]:
-    """``(launched?, local rank, world size)`` as detect() needs it: one rank of a job of 2+
-    processes, or any process ``hn.launch`` started (``HYBRIDNB_LAUNCHED=1``, even a job of one).
-    Not launched: ``(False, None, 1)``."""
-    env = _env(environ)
-    job = launch_env(env)  # hn.launch sets RANK and WORLD_SIZE as torchrun does
-    if job is None or not (env.get(LAUNCHED_ENV) == "1" or job[2] > 1):
-        return False, None, 1
-    return True, job[1], job[2]
-
-
 # ------------------------------------------------------------------ the cache folder
 
 def cache_dir(environ: dict[str, str] | None = None) -> Path:
@@ -144,13 +131,6 @@ def seconds_from_env(name: str, default: float, environ: dict[str, str] | None =
         raise ValueError(f"{name}={raw!r} must be a number of seconds {'>=' if zero else '>'} 0 "
                          f"({f'0 {zero}; ' if zero else ''}unset means {default:g} s)")
     return value
-
-
-def probe_cache_ttl(environ: dict[str, str] | None = None) -> float:
-    """Seconds a passed GPU probe is trusted (``$HYBRIDNB_PROBE_CACHE_TTL``, default one day;
-    0 turns the cache off). ValueError naming the variable when the value is not a number >= 0."""
-    return seconds_from_env(PROBE_CACHE_TTL_ENV, DEFAULT_PROBE_CACHE_TTL, environ,
-                            zero="turns the probe cache off")
 
 
 def warm_worker(environ: dict[str, str] | None = None) -> bool:

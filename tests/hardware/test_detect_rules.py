@@ -377,11 +377,7 @@ def test_launch_environment_parsed_once():
 
     assert env.launch_env({"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "4"}) == (1, 1, 4)
     assert env.launch_env({"WORLD_SIZE": "4"}) is None
-    assert env.launched_rank({}) == (False, None, 1)
-    assert env.launched_rank({"RANK": "0", "WORLD_SIZE": "1"}) == (False, None, 1)
-    assert env.launched_rank({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4"}) == (True, 1, 4)
-    assert env.launched_rank({env.LAUNCHED_ENV: "1", "RANK": "0", "LOCAL_RANK": "0",
-                              "WORLD_SIZE": "1"}) == (True, 0, 1)  # hn.launch, a job of one
+    assert env.launch_env({"RANK": "3", "WORLD_SIZE": "4"}) == (3, 3, 4)  # no LOCAL_RANK
 
 
 def test_cache_folder_and_ttl(tmp_path):
@@ -392,8 +388,11 @@ def test_cache_folder_and_ttl(tmp_path):
     assert env.cache_dir({env.CACHE_DIR_ENV: str(tmp_path)}) == tmp_path
     assert env.cache_dir({"XDG_CACHE_HOME": "/x"}) == Path("/x/hybridnb")
     assert env.cache_dir({}) == Path("~/.cache/hybridnb").expanduser()
-    assert env.probe_cache_ttl({}) == 24 * 3600
-    assert env.probe_cache_ttl({env.PROBE_CACHE_TTL_ENV: "60"}) == 60
+    assert env.seconds_from_env("T", 5.0, {}) == 5.0
+    assert env.seconds_from_env("T", 5.0, {"T": "60"}) == 60
+    assert env.seconds_from_env("T", 5.0, {"T": "0"}, zero="turns it off") == 0
+    with pytest.raises(ValueError, match="T='0' must be a number of seconds > 0"):
+        env.seconds_from_env("T", 5.0, {"T": "0"})
 
 
 def test_every_hybridnb_variable_is_named_in_env():

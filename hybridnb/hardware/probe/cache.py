@@ -21,6 +21,7 @@ from hybridnb.hardware.gpu_info import BuildInfo, GpuInfo
 from hybridnb.hardware.probe.result import ProbeResult
 
 VERSION = 1   # bump when the probe's steps change, so older verdicts no longer count
+TTL = 24 * 3600.0  # seconds a pass is trusted unless $HYBRIDNB_PROBE_CACHE_TTL says otherwise
 
 
 def key_for(gpu: GpuInfo, build: BuildInfo) -> dict | None:
