@@ -58,11 +58,9 @@ class ThroughputMonitor:
         self.peak = (peak_tflops(torch.cuda.get_device_name(self.device), precision)
                      if self.device.type == "cuda" else None)  # dense TFLOP/s
         self._steps = 0  # all steps, warm-up included
-        self._start: float | None = None  # the window's first measuring point
+        self._start: float | None = None  # the window's first measuring point (set by reset)
         # last measuring point: (time, samples, steps, seconds waiting, seconds paused)
         self._point = (0.0, 0, 0, 0.0, 0.0)
-        self._samples = self._counted = 0
-        self._wait = self._paused = 0.0
         if warmup_steps == 0:
             self.reset()
 

@@ -1,5 +1,5 @@
-"""The probe child: validate one device step by step (``result.STEPS``), sending a "start"
-event before each step and an "ok"/"fail" event after it, so a hang is placed at its step.
+"""The probe child: validate one device step by step (``STEPS``), sending a "start" event
+before each step and an "ok"/"fail" event after it, so a hang is placed at its step.
 """
 
 from __future__ import annotations
@@ -12,9 +12,12 @@ import time
 import warnings
 from collections.abc import Iterator
 
-from hybridnb.hardware.probe.result import EVENT, STEPS
 from hybridnb.processes.channel import Channel
 
+EVENT = "probe"   # the kind of the child's messages: {"e": start|ok|fail|info|end, ...}
+TITLES = {"import": "import torch", "available": "device available", "memory": "memory query",
+          "tensor": "small tensor", "matmul": "matmul vs CPU", "copy_back": "copy back"}
+STEPS = tuple(TITLES)  # in the order they run
 MATMUL_TOLERANCE = 1e-3   # max |gpu - cpu| / max |cpu| for a 256x256 fp32 product (TF32 off)
 
 
