@@ -139,8 +139,7 @@ def _detect(probe_timeout: float, env: dict[str, str], refresh: bool = False) ->
     same_kind_ok = [g for g in gpus if g.backend == (chosen.backend if chosen else None)
                     and g.trusted]
     settings = recommend(device.type, chosen, host, frontend,
-                         gpus_ok=len(same_kind_ok) if forced is None else 1,
-                         launched=launched, world_size=world,
+                         gpus_ok=len(same_kind_ok) if forced is None else 1, world_size=world,
                          deepspeed=importlib.util.find_spec("deepspeed") is not None)
     settings.reasons = {"device": reason, "precision": precision_reason, **settings.reasons}
     advice = [a for g in gpus for a in g.advice]

@@ -132,13 +132,12 @@ def choose_precision(device_type: str, gpu: GpuInfo | None) -> tuple[str, str]:
 
 
 def recommend(device_type: str, gpu: GpuInfo | None, host: HostInfo, frontend: str,
-              gpus_ok: int = 0, launched: bool = False, world_size: int = 1,
-              deepspeed: bool = False) -> Recommended:
+              gpus_ok: int = 0, world_size: int = 1, deepspeed: bool = False) -> Recommended:
     """Settings for training on ``device_type``: ``gpus_ok`` GPUs passed the probe (DDP
-    candidates); ``launched``: one of ``world_size`` ranks; ``deepspeed``: it is importable."""
+    candidates); ``world_size``: this launched job's ranks; ``deepspeed``: it is importable."""
     why: dict[str, str] = {}
     cores = max(1, host.cores_usable)
-    on_gpu, ranks = device_type == "cuda", launched and world_size > 1
+    on_gpu, ranks = device_type == "cuda", world_size > 1
     strategy, procs = "single", 1
     if ranks:
         strategy, procs = "ddp", world_size

@@ -178,8 +178,7 @@ def test_ddp_in_scripts_single_gpu_in_notebooks_and_under_launch():
         nb = recommend.recommend("cuda", g, host(16), frontend, gpus_ok=4)
         assert nb.strategy == "single" and "hn.launch(fn, num_processes=4)" in \
             nb.reasons["strategy"]
-    launched = recommend.recommend("cuda", g, host(16), "jupyter", gpus_ok=4, launched=True,
-                                   world_size=4)
+    launched = recommend.recommend("cuda", g, host(16), "jupyter", gpus_ok=4, world_size=4)
     assert launched.strategy == "ddp"
     # with deepspeed importable, scripts on 2+ GPUs are told ZeRO-2; notebooks are not
     ds = recommend.recommend("cuda", g, host(16), "terminal", gpus_ok=4, deepspeed=True)
@@ -223,10 +222,10 @@ def test_compile_is_recommended_nowhere_unmeasured_and_says_why(monkeypatch):
 
 def test_cpu_ranks_of_a_launched_job_share_the_cores_instead_of_oversubscribing():
     alone = recommend.recommend("cpu", None, host(8), "terminal")
-    rank = recommend.recommend("cpu", None, host(8), "terminal", launched=True, world_size=4)
+    rank = recommend.recommend("cpu", None, host(8), "terminal", world_size=4)
     assert alone.torch_threads == 8
     assert rank.torch_threads == 2 and "4 ranks" in rank.reasons["torch_threads"]
-    assert recommend.recommend("cpu", None, host(2), "terminal", launched=True,
+    assert recommend.recommend("cpu", None, host(2), "terminal",
                                world_size=4).torch_threads == 1
 
 
