@@ -86,7 +86,6 @@ def compile_unavailable(device: Any, mode: str = "default",
     """Why ``torch.compile`` (in ``mode``) cannot work on ``device`` here, or None when it can.
     ``capability`` unknown: read from torch only where CUDA is initialised already."""
     kind = str(device).split(":")[0]
-    mode = mode or "default"
     if kind == "cpu":
         if mode.startswith("max-autotune"):
             return ("max-autotune tunes GPU (Triton) kernels; on the CPU it only adds compile "
