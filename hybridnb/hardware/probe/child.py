@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import sys
 import time
 import warnings
 from collections.abc import Iterator
+from typing import NoReturn
 
-from hybridnb.processes.channel import Channel
+from hybridnb.processes.child import leave
+from hybridnb.processes.framed import connect
 
 EVENT = "probe"   # the kind of the child's messages: {"e": start|ok|fail|info|end, ...}
 TITLES = {"import": "import torch", "available": "device available", "memory": "memory query",
@@ -25,23 +26,20 @@ class _WrongResult(Exception):
     """The device computed, but not what the CPU computed."""
 
 
-def main(argv: list[str] | None = None, channel: Channel | None = None) -> None:
+def main(argv: list[str] | None = None) -> NoReturn:
+    channel, _, rest = connect(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m hybridnb.hardware.probe")
     parser.add_argument("--backend", choices=("cuda", "rocm", "mps"), required=True)
     parser.add_argument("--index", type=int, default=0)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(rest)
 
     def emit(**event) -> None:
         """Out at once: a hang in the next step must not keep this event back."""
         channel.send(EVENT, event)
         channel.flush()
 
-    passed = run_steps(args.backend, args.index, emit)
-    # leave without the interpreter's teardown (about 1 s with torch loaded): the OS frees the
-    # device once the messages and output are out
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0 if passed else 1)
+    # no interpreter teardown (about 1 s with torch loaded): the OS frees the device
+    leave(0 if run_steps(args.backend, args.index, emit) else 1)
 
 
 def run_steps(backend: str, index: int, emit) -> bool:
