@@ -22,8 +22,6 @@ CACHE_DIR_ENV = "HYBRIDNB_CACHE_DIR"    # where hybridnb keeps its cache (the pr
 PROBE_CACHE_TTL_ENV = "HYBRIDNB_PROBE_CACHE_TTL"  # seconds a passed probe is trusted; 0 = never
 WARM_WORKER_ENV = "HYBRIDNB_WARM_WORKER"  # "0": no spare worker kept ready between isolated fits
 
-DEFAULT_PROBE_CACHE_TTL = 24 * 3600.0
-
 # Frontends that show a notebook (rich output, a redrawn progress line); the interactive ones
 # add a terminal IPython: a person at a prompt, where a script's advice (torchrun) does not fit.
 NOTEBOOK_FRONTENDS = ("jupyter", "colab", "vscode")
@@ -59,20 +57,14 @@ def frontend(environ: dict[str, str] | None = None) -> str:
     if env.get("CI", "").lower() in ("1", "true", "yes") or env.get("NBVAL") \
             or env.get("PYTEST_CURRENT_TEST"):  # headless runners (nbval under pytest) mark it
         return "ci"
-    if kernel:
-        return "ci" if _headless_kernel(env) else "jupyter"
+    if kernel:  # jupyter-server sets JPY_SESSION_NAME for its kernels; a runner is their parent
+        cmd = "" if env.get("JPY_SESSION_NAME") else _parent_command(env)
+        return "ci" if any(runner in cmd for runner in HEADLESS_RUNNERS) else "jupyter"
     return "ipython" if _ipython_shell() is not None else "terminal"
 
 
 HEADLESS_RUNNERS = ("nbclient", "nbconvert", "papermill", "nbval", "pytest", "jupyter-execute",
                     "nbmake", "testbook")
-
-
-def _headless_kernel(env) -> bool:
-    """A kernel started by a notebook runner: jupyter-server sets ``JPY_SESSION_NAME`` for the
-    kernels of its sessions; runners start the kernel themselves, so they are its parent."""
-    cmd = "" if env.get("JPY_SESSION_NAME") else _parent_command(env)
-    return any(runner in cmd for runner in HEADLESS_RUNNERS)
 
 
 def _parent_command(env) -> str:
@@ -112,21 +104,6 @@ def launch_env(environ: dict[str, str] | None = None) -> tuple[int, int, int] | 
     return rank, int(local) if local.strip().isdigit() else rank, world
 
 
-def launched_rank(environ: dict[str, str] | None = None) -> tuple[bool, int | None, int]:
-    """``(launched?, local rank, world size)`` as detect() needs it: one rank of a job of 2+
-    processes, or any process ``hn.launch`` started (``HYBRIDNB_LAUNCHED=1``, even a job of one).
-    Not launched: ``(False, None, 1)``."""
-    env = _env(environ)
-    job = launch_env(env)
-    by_us = env.get(LAUNCHED_ENV, "") == "1"
-    if job is None and by_us:  # RANK missing: the local rank still says which GPU is ours
-        local, world = env.get("LOCAL_RANK", "").strip(), env.get("WORLD_SIZE", "").strip()
-        job = (0, int(local) if local.isdigit() else 0, int(world) if world.isdigit() else 1)
-    if job is None or not (by_us or job[2] > 1):
-        return False, None, 1
-    return True, job[1], job[2]
-
-
 # ------------------------------------------------------------------ the cache folder
 
 def cache_dir(environ: dict[str, str] | None = None) -> Path:
@@ -156,19 +133,11 @@ def seconds_from_env(name: str, default: float, environ: dict[str, str] | None =
     return value
 
 
-def probe_cache_ttl(environ: dict[str, str] | None = None) -> float:
-    """Seconds a passed GPU probe is trusted (``$HYBRIDNB_PROBE_CACHE_TTL``, default one day;
-    0 turns the cache off). ValueError naming the variable when the value is not a number >= 0."""
-    return seconds_from_env(PROBE_CACHE_TTL_ENV, DEFAULT_PROBE_CACHE_TTL, environ,
-                            zero="turns the probe cache off")
-
-
-def warm_worker(environ: dict[str, str] | None = None) -> bool:
+def warm_worker() -> bool:
     """Whether a spare worker (torch imported) is kept ready for the next isolated fit:
     ``$HYBRIDNB_WARM_WORKER``, on unless it says 0/false/no/off. It costs the memory of one
     idle interpreter with torch loaded."""
-    return _env(environ).get(WARM_WORKER_ENV, "").strip().lower() not in ("0", "false", "no",
-                                                                           "off")
+    return current().get(WARM_WORKER_ENV, "").strip().lower() not in ("0", "false", "no", "off")
 
 
 def environment() -> dict[str, str]:

@@ -121,24 +121,23 @@ def proc_path(*parts: str) -> str | None:
 
 @dataclass(frozen=True)
 class SharedMemory:
-    """The shared-memory folder (Linux's /dev/shm): its size and free bytes, or why none."""
+    """The shared-memory folder (Linux's /dev/shm) and its size and free bytes; ``path`` None
+    where there is none (macOS, Windows) or it cannot be read."""
 
     path: str | None
     total: int | None = None
     free: int | None = None
-    why: str = ""
 
 
 def shared_memory(path: str = "/dev/shm") -> SharedMemory:
     """The size and free space of ``path`` now (not cached: it fills and empties). Docker's
     default is 64 MB (``docker run --shm-size``)."""
     if not os.path.isdir(path):  # (Windows, which has no statvfs, has no /dev/shm either)
-        return SharedMemory(None, why=f"there is no {path} here: large tensors travel through "
-                                      "a temporary folder instead")
+        return SharedMemory(None)
     try:
         st = os.statvfs(path)
-    except OSError as exc:
-        return SharedMemory(None, why=f"{path} cannot be read ({exc.strerror})")
+    except OSError:
+        return SharedMemory(None)
     return SharedMemory(path, st.f_frsize * st.f_blocks, st.f_frsize * st.f_bavail)
 
 

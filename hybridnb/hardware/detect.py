@@ -3,7 +3,7 @@
 GPUs are listed without initialising CUDA here (``gpu_info``), then each is validated in a child
 process under a timeout (``probe``; a pass is cached on disk, ``probe.cache``).
 ``HYBRIDNB_DEVICE=cpu|cuda|cuda:N|mps`` forces the device (obeyed even when the probe failed,
-with a warning); ``HYBRIDNB_LAUNCHED=1`` or torchrun's ``LOCAL_RANK`` mark one rank of a job.
+with a warning); torchrun's ``RANK``/``WORLD_SIZE`` (2+) or ``HYBRIDNB_LAUNCHED=1`` mark a rank.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 
 from hybridnb import env as runtime
 from hybridnb import platform
-from hybridnb.env import DEVICE_ENV, LAUNCHED_ENV, current
+from hybridnb.env import DEVICE_ENV, LAUNCHED_ENV, PROBE_CACHE_TTL_ENV, current
 from hybridnb.hardware import gpu_info, probe, views
 from hybridnb.hardware.gpu_info import BuildInfo, GpuInfo
 from hybridnb.hardware.host import HostInfo, host_info
@@ -109,8 +109,11 @@ def detect(refresh: bool = False, probe_timeout: float = probe.DEFAULT_TIMEOUT) 
 def _detect(probe_timeout: float, env: dict[str, str], refresh: bool = False) -> Hardware:
     t0 = time.perf_counter()
     forced = parse_device(env.get(DEVICE_ENV))
-    ttl = runtime.probe_cache_ttl(env)
-    launched, local_rank, world = runtime.launched_rank(env)
+    ttl = runtime.seconds_from_env(PROBE_CACHE_TTL_ENV, probe_cache.TTL, env,
+                                   zero="turns the probe cache off")
+    job = runtime.launch_env(env)  # launched: a rank of 2+, or any process hn.launch started
+    launched = job is not None and (env.get(LAUNCHED_ENV) == "1" or job[2] > 1)
+    local_rank, world = (job[1], job[2]) if launched else (None, 1)
     build = _torch_build()
     host = host_info()
     frontend = runtime.frontend()
@@ -123,23 +126,20 @@ def _detect(probe_timeout: float, env: dict[str, str], refresh: bool = False) ->
             notes.append(f"{DEVICE_ENV}=cpu: the GPU probe was skipped.")
     else:
         # One GPU when the request names it (cuda:N, or this rank's GPU), else all of them.
-        index = forced.index if forced is not None else (local_rank if launched else None)
+        index = forced.index if forced is not None else local_rank
         targets = [g for g in gpus if g.backend != "mps" and g.index == index] or list(gpus)
     _probe(targets, build, env, probe_timeout, ttl, refresh, notes)
     for g in gpus:  # known-bad judgement, with what the probe added
         if g.native_bf16 is None:
             g.native_bf16 = native_bf16(g)
-        if g.backend != "mps":
-            gpu_info.judge(g, build, env)
+        gpu_info.judge(g, build, env)  # nothing to judge for MPS
         warns.extend(w for w in g.warnings if w not in warns)
-    device, chosen, reason = _choose(gpus, forced, launched, local_rank, warns, env,
-                                     none_found)
+    device, chosen, reason = _choose(gpus, forced, local_rank, warns, env, none_found)
     precision, precision_reason = choose_precision(device.type, chosen)
     same_kind_ok = [g for g in gpus if g.backend == (chosen.backend if chosen else None)
                     and g.trusted]
     settings = recommend(device.type, chosen, host, frontend,
-                         gpus_ok=len(same_kind_ok) if forced is None else 1,
-                         launched=launched, world_size=world,
+                         gpus_ok=len(same_kind_ok) if forced is None else 1, world_size=world,
                          deepspeed=importlib.util.find_spec("deepspeed") is not None)
     settings.reasons = {"device": reason, "precision": precision_reason, **settings.reasons}
     advice = [a for g in gpus for a in g.advice]
@@ -168,7 +168,7 @@ def _torch_build() -> BuildInfo:
     except Exception:  # noqa: BLE001 - broad: a private torch call (absent or failing): unknown
         arch = ""
     return BuildInfo(torch=torch.__version__, cuda=torch.version.cuda, hip=torch.version.hip,
-                     arch_list=arch.split(), mps_built=torch.backends.mps.is_built())
+                     arch_list=arch.split())
 
 
 def _find_gpus(build: BuildInfo, env: dict[str, str]) -> tuple[list[GpuInfo], list[str],
@@ -207,7 +207,7 @@ def _find_gpus(build: BuildInfo, env: dict[str, str]) -> tuple[list[GpuInfo], li
         g.runtime_version = build.hip if g.backend == "rocm" else build.cuda
     if not raw:
         notes.append(status + ".")
-    if build.mps_built and torch.backends.mps.is_available():
+    if torch.backends.mps.is_available():  # False where torch was built without MPS
         gpus.append(GpuInfo(index=0, backend="mps", name="Apple GPU (MPS)", native_bf16=False))
     return gpus, notes, warns
 
@@ -250,10 +250,11 @@ def _merge_probe(g: GpuInfo, res: ProbeResult) -> None:
         g.capability = tuple(info["capability"])
 
 
-def _choose(gpus: list[GpuInfo], forced: torch.device | None, launched: bool,
-            local_rank: int | None, warns: list[str], env: dict[str, str],
-            none_found: str = "") -> tuple[torch.device, GpuInfo | None, str]:
-    """(device, its GpuInfo or None, the reason in one sentence)."""
+def _choose(gpus: list[GpuInfo], forced: torch.device | None, local_rank: int | None,
+            warns: list[str], env: dict[str, str], none_found: str
+            ) -> tuple[torch.device, GpuInfo | None, str]:
+    """(device, its GpuInfo or None, the reason in one sentence); ``local_rank``: a launched
+    rank's."""
     failed = [g for g in gpus if g.probe is not None and not g.probe.ok]
     warns.extend(f"{g.label} {g.probe.message}." for g in failed)
     asked = f"{DEVICE_ENV}={env.get(DEVICE_ENV)}"
@@ -275,7 +276,7 @@ def _choose(gpus: list[GpuInfo], forced: torch.device | None, launched: bool,
         warns.append(f"{asked} asks for {forced}, but this machine has {have}; choosing "
                      "automatically instead.")
     good = [g for g in gpus if g.trusted]
-    if launched and local_rank is not None:
+    if local_rank is not None:
         good = [g for g in good if g.index == local_rank] or good
     best = next((g for g in good if g.backend != "mps"), None) or (good[0] if good else None)
     if best is not None:

@@ -30,7 +30,6 @@ class BuildInfo:
     cuda: str | None          # torch.version.cuda, e.g. "12.4"
     hip: str | None           # torch.version.hip, e.g. "6.2.41133"
     arch_list: list[str]      # kernel targets compiled in: sm_XY / compute_XY / gfxNNN
-    mps_built: bool = False
 
 
 @dataclass

@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import re
 import sys
-from collections.abc import Mapping
 from typing import Any
 
 from hybridnb.env import current
@@ -74,28 +73,24 @@ def handle_by_index(physical: int) -> Any | None:
     return _get("nvmlDeviceGetHandleByIndex", physical)
 
 
-def locate(device: Any, torch_uuid: str | None = None,
-           environ: Mapping[str, str] | None = None) -> tuple[Any | None, str]:
-    """``(NVML handle, how)`` for torch's CUDA ordinal of ``device``, or ``(None, why not)``.
+def locate(index: int) -> tuple[Any | None, str]:
+    """``(NVML handle, how)`` for torch's CUDA ordinal ``index``, or ``(None, why not)``.
 
     NVML numbers devices in PCI order, CUDA renumbers the visible ones: the stable key is the UUID
-    torch reports (``torch_uuid``, or read where CUDA is initialised already), else the ordinal
-    goes through ``CUDA_VISIBLE_DEVICES`` as CUDA reads it.
+    torch reports where CUDA is initialised already, else the ordinal goes through
+    ``CUDA_VISIBLE_DEVICES`` as CUDA reads it.
     """
-    index = ordinal(device)
-    if index is None:
-        return None, f"{device!r} is not a CUDA device"
     n = count()
     if n is None:
         return None, f"NVML not available ({status() or 'no answer'})"
     handles = [handle_by_index(i) for i in range(n)]
     uuids = [uuid(h) for h in handles]
-    want = torch_uuid or getattr(initialised_properties(index), "uuid", None)
+    want = getattr(initialised_properties(index), "uuid", None)
     if want:
         found = [h for h, u in zip(handles, uuids, strict=True) if norm_uuid(u) == norm_uuid(want)]
         return (found[0], f"matched by UUID {want}") if found else (
             None, f"no NVML device has the UUID {want} that torch reports for cuda:{index}")
-    visible = (current() if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
+    visible = current().get("CUDA_VISIBLE_DEVICES")
     order = list(range(n)) if visible is None else visible_indices(visible, uuids)
     where = "" if visible is None else f" (CUDA_VISIBLE_DEVICES={visible!r})"
     if index >= len(order):
@@ -123,24 +118,14 @@ def visible_indices(value: str, uuids: list[str | None]) -> list[int]:
     return out
 
 
-def ordinal(device: Any) -> int | None:
-    """torch's CUDA ordinal of ``device`` (0 for plain "cuda"); None when it is no CUDA device."""
-    if isinstance(device, int):
-        return device
-    kind, _, index = str(device).partition(":")
-    if kind != "cuda":
-        return None
-    return int(index) if index.isdigit() else (0 if not index else None)
-
-
 def initialised_properties(device: Any) -> Any | None:
-    """torch's properties of a CUDA ``device``, only where this process initialised CUDA
-    already (reading them would initialise it); None otherwise."""
-    torch, index = sys.modules.get("torch"), ordinal(device)
+    """torch's properties of a CUDA ``device`` (an ordinal, "cuda", "cuda:N"), only where this
+    process initialised CUDA already (reading them would initialise it); None otherwise."""
+    torch = sys.modules.get("torch")
     try:
-        if torch is None or index is None or not torch.cuda.is_initialized():
+        if torch is None or not torch.cuda.is_initialized() or torch.device(device).type != "cuda":
             return None
-        return torch.cuda.get_device_properties(index)
+        return torch.cuda.get_device_properties(device)
     except Exception:  # noqa: BLE001 - broad: torch's error for a bad ordinal varies by version
         return None
 

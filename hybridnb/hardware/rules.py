@@ -86,7 +86,6 @@ def compile_unavailable(device: Any, mode: str = "default",
     """Why ``torch.compile`` (in ``mode``) cannot work on ``device`` here, or None when it can.
     ``capability`` unknown: read from torch only where CUDA is initialised already."""
     kind = str(device).split(":")[0]
-    mode = mode or "default"
     if kind == "cpu":
         if mode.startswith("max-autotune"):
             return ("max-autotune tunes GPU (Triton) kernels; on the CPU it only adds compile "
@@ -132,13 +131,12 @@ def choose_precision(device_type: str, gpu: GpuInfo | None) -> tuple[str, str]:
 
 
 def recommend(device_type: str, gpu: GpuInfo | None, host: HostInfo, frontend: str,
-              gpus_ok: int = 0, launched: bool = False, world_size: int = 1,
-              deepspeed: bool = False) -> Recommended:
+              gpus_ok: int = 0, world_size: int = 1, deepspeed: bool = False) -> Recommended:
     """Settings for training on ``device_type``: ``gpus_ok`` GPUs passed the probe (DDP
-    candidates); ``launched``: one of ``world_size`` ranks; ``deepspeed``: it is importable."""
+    candidates); ``world_size``: this launched job's ranks; ``deepspeed``: it is importable."""
     why: dict[str, str] = {}
     cores = max(1, host.cores_usable)
-    on_gpu, ranks = device_type == "cuda", launched and world_size > 1
+    on_gpu, ranks = device_type == "cuda", world_size > 1
     strategy, procs = "single", 1
     if ranks:
         strategy, procs = "ddp", world_size
@@ -192,11 +190,9 @@ def recommend(device_type: str, gpu: GpuInfo | None, host: HostInfo, frontend: s
                          if on_gpu else "no CUDA/ROCm device to copy to.")
     why["persistent_workers"] = ("keeps the workers between epochs (no restart cost)."
                                  if workers else "no worker processes.")
-    threads = (max(1, share - workers) if on_gpu else max(1, cores // world_size) if ranks
-               else cores)
     why["torch_threads"] = (
-        "this process's share of the cores, minus its loader workers if any (the GPU does the "
-        "math)." if on_gpu else
+        "this process's share of the cores (the GPU does the math; it has no loader workers)."
+        if on_gpu else
         f"this rank's share of the cores ({cores} over {world_size} ranks), so the ranks don't "
         "oversubscribe them." if ranks else
         "all usable cores for the model; loader worker processes run 1 thread each (DataLoader "
@@ -214,4 +210,4 @@ def recommend(device_type: str, gpu: GpuInfo | None, host: HostInfo, frontend: s
         f"{cxx_compiler()}, is present): Trainer(compile=True) still compiles.")
     return Recommended(batch_size=batch, grad_accum=accum, num_workers=workers, pin_memory=on_gpu,
                        persistent_workers=workers > 0, strategy=strategy, compile=False,
-                       torch_threads=threads, devices=procs, reasons=why)
+                       torch_threads=share, devices=procs, reasons=why)

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from hybridnb.hardware.gpu_info import GpuInfo, gib
-from hybridnb.hardware.probe.result import TITLES, ProbeResult
+from hybridnb.hardware.probe import TITLES, ProbeResult
 
 SETTING_ROWS = ("batch_size", "grad_accum", "num_workers", "pin_memory", "persistent_workers",
                 "strategy", "compile", "torch_threads")

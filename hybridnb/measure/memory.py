@@ -62,68 +62,54 @@ def cuda_index(device: torch.device | str) -> int:
     return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
 
 
-def torch_cuda_probe(index: int) -> Probe:
-    """Allocator numbers for CUDA/ROCm device ``index``; nothing until the training has
-    initialised CUDA (the sampler must never create a CUDA context)."""
-
-    def probe() -> dict[str, float]:
-        if not torch.cuda.is_initialized():
-            return {}
-        return {"gpu_allocated": float(torch.cuda.memory_allocated(index)),
-                "gpu_reserved": float(torch.cuda.memory_reserved(index)),
-                "gpu_peak": float(torch.cuda.max_memory_allocated(index))}
-
-    return probe
-
-
-def host_probe(pid: int | None = None) -> Probe:
-    """The resident set of this process (or of ``pid``, a worker) and the machine's RAM in use."""
-    proc = psutil.Process(pid)
-
-    def probe() -> dict[str, float]:
-        vm = psutil.virtual_memory()
-        return {"rss": float(proc.memory_info().rss), "ram_used": float(vm.total - vm.available),
-                "ram_total": float(vm.total)}
-
-    return probe
-
-
-def nvml_probe(handle) -> Probe:
-    """NVML's memory used (every process), total and utilisation; raises when the device stops
-    answering (the sampler then drops this probe, saying why)."""
-
-    def probe() -> dict[str, float]:
-        mem, why = nvml.attempt("nvmlDeviceGetMemoryInfo", handle)
-        if mem is None:
-            raise RuntimeError(why)
-        out = {"gpu_used": float(mem.used), "gpu_total": float(mem.total)}
-        util = nvml.utilisation(handle)  # some vGPU/MIG setups do not report utilisation
-        if util is not None:
-            out["gpu_util"] = util
-        return out
-
-    return probe
-
-
 def probes_for(device: torch.device | str, pid: int | None = None
                ) -> tuple[list[tuple[str, Probe]], list[str]]:
-    """``(named probes, notes saying why a source is missing)`` for ``device``."""
+    """``(named probes, notes saying why a source is missing)`` for ``device``; the host's
+    probe reads the resident set of this process (or of ``pid``, a worker)."""
     device = torch.device(device)
     probes: list[tuple[str, Probe]] = []
     notes: list[str] = []
     if device.type == "cuda":
         index = cuda_index(device)
-        probes.append(("torch.cuda", torch_cuda_probe(index)))
+
+        def allocator() -> dict[str, float]:  # nothing until the training initialised CUDA:
+            if not torch.cuda.is_initialized():  # the sampler must never create a context
+                return {}
+            return {"gpu_allocated": float(torch.cuda.memory_allocated(index)),
+                    "gpu_reserved": float(torch.cuda.memory_reserved(index)),
+                    "gpu_peak": float(torch.cuda.max_memory_allocated(index))}
+
+        probes.append(("torch.cuda", allocator))
         handle, how = (None, "a ROCm device") if torch.version.hip else nvml.locate(index)
         if handle is None:
             notes.append(f"NVML numbers not shown ({how}); showing torch's allocator")
         else:
-            probes.append(("nvml", nvml_probe(handle)))
+            probes.append(("nvml", lambda: _nvml_sample(handle)))
     elif device.type == "mps":
         probes.append(("mps", lambda: {"mps_current": float(torch.mps.current_allocated_memory()),
                                        "mps_driver": float(torch.mps.driver_allocated_memory())}))
-    probes.append(("host", host_probe(pid)))
+    proc = psutil.Process(pid)
+
+    def host() -> dict[str, float]:
+        vm = psutil.virtual_memory()
+        return {"rss": float(proc.memory_info().rss), "ram_used": float(vm.total - vm.available),
+                "ram_total": float(vm.total)}
+
+    probes.append(("host", host))
     return probes, notes
+
+
+def _nvml_sample(handle) -> dict[str, float]:
+    """NVML's memory used (every process), total and utilisation; raises when the device stops
+    answering (the sampler then drops this probe, saying why)."""
+    mem, why = nvml.attempt("nvmlDeviceGetMemoryInfo", handle)
+    if mem is None:
+        raise RuntimeError(why)
+    out = {"gpu_used": float(mem.used), "gpu_total": float(mem.total)}
+    util = nvml.utilisation(handle)  # some vGPU/MIG setups do not report utilisation
+    if util is not None:
+        out["gpu_util"] = util
+    return out
 
 
 def heap_reader() -> tuple[Callable[[], float], str]:
@@ -160,9 +146,6 @@ class MemorySeries:
     def halve(self) -> None:
         self.times = self.times[::2]
         self.values = {k: v[::2] for k, v in self.values.items()}
-
-    def latest(self) -> dict[str, float]:
-        return {k: v[-1] for k, v in self.values.items() if v[-1] == v[-1]}
 
     def peak(self, name: str) -> float | None:
         """The exact peak of ``name`` (kept through halving), or None if never sampled."""
@@ -240,8 +223,9 @@ class MemorySampler:
                                 dict(self._series.peaks))
 
     def latest(self) -> dict[str, float]:
+        """The last sample's values (a source that had nothing left out)."""
         with self._lock:
-            return self._series.latest()
+            return {k: v[-1] for k, v in self._series.values.items() if v[-1] == v[-1]}
 
     def close(self) -> None:
         """Stop the thread and take one last sample (NVML stays open: the process shares it)."""

@@ -41,14 +41,6 @@ def peak_tflops(device_name: str, precision: str) -> float | None:
     return None
 
 
-def peak_key(precision: str) -> str:
-    """The peak-table column for a training precision: fp32 counts as tf32 where torch allows it."""
-    if precision == "fp32" and (torch.backends.cuda.matmul.allow_tf32
-                                or torch.backends.cudnn.allow_tf32):
-        return "tf32"
-    return precision
-
-
 class ThroughputMonitor:
     """Samples/s by the wall clock, data-wait share, FLOP/s and MFU for a training loop: iterate
     through ``batches(loader)`` and call ``step_done(n_samples)`` after each step; the first
@@ -60,14 +52,15 @@ class ThroughputMonitor:
         self.device = torch.device(device)
         self.warmup_steps, self.every = warmup_steps, every
         self.flops_per_sample = flops_per_sample
-        self.peak = (peak_tflops(torch.cuda.get_device_name(self.device), peak_key(precision))
+        if precision == "fp32" and (torch.backends.cuda.matmul.allow_tf32
+                                    or torch.backends.cudnn.allow_tf32):
+            precision = "tf32"  # the peak-table column of fp32 matmuls where torch allows TF32
+        self.peak = (peak_tflops(torch.cuda.get_device_name(self.device), precision)
                      if self.device.type == "cuda" else None)  # dense TFLOP/s
         self._steps = 0  # all steps, warm-up included
-        self._start: float | None = None  # the window's first measuring point
+        self._start: float | None = None  # the window's first measuring point (set by reset)
         # last measuring point: (time, samples, steps, seconds waiting, seconds paused)
         self._point = (0.0, 0, 0, 0.0, 0.0)
-        self._samples = self._counted = 0
-        self._wait = self._paused = 0.0
         if warmup_steps == 0:
             self.reset()
 

@@ -267,7 +267,8 @@ def test_two_good_gpus_ddp_in_a_script_one_gpu_in_a_notebook(machine):
 def test_a_launched_rank_probes_and_uses_its_own_gpu(machine, monkeypatch):
     """Under hn.launch (HYBRIDNB_LAUNCHED=1) rank 1 of 2 takes GPU 1 and DDP, even in a notebook."""
     machine(nvidia=[a100(0), a100(1)], simulate={}, frontend="jupyter")
-    for var, value in ((D.LAUNCHED_ENV, "1"), ("LOCAL_RANK", "1"), ("WORLD_SIZE", "2")):
+    for var, value in ((D.LAUNCHED_ENV, "1"), ("RANK", "1"), ("LOCAL_RANK", "1"),
+                       ("WORLD_SIZE", "2")):
         monkeypatch.setenv(var, value)
     hw = D.detect(probe_timeout=30)
     assert hw.device == torch.device("cuda:1") and hw.settings.strategy == "ddp"
@@ -465,15 +466,13 @@ def test_a_failed_probe_is_never_cached(machine, monkeypatch):
 
 
 def test_an_old_verdict_expires_and_ttl_zero_turns_the_cache_off(machine, monkeypatch):
-    from hybridnb.hardware.probe import cache
-
     machine(nvidia=[a100()], simulate={})
     calls = _count_probes(monkeypatch)
     D.detect(probe_timeout=30)
     _fresh_process()
-    for path in cache.folder().glob("*.json"):  # the stored verdict is two days old
+    for path in (env.cache_dir() / "probe").glob("*.json"):  # the stored verdict is two days old
         data = json.loads(path.read_text())
-        data["result"]["proven_at"] -= 2 * env.DEFAULT_PROBE_CACHE_TTL
+        data["result"]["proven_at"] -= 2 * 24 * 3600  # the default trusts a pass for a day
         path.write_text(json.dumps(data))
     D.detect(probe_timeout=30)
     assert len(calls) == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from types import SimpleNamespace
 
 import pytest
 
@@ -177,8 +178,7 @@ def test_ddp_in_scripts_single_gpu_in_notebooks_and_under_launch():
         nb = recommend.recommend("cuda", g, host(16), frontend, gpus_ok=4)
         assert nb.strategy == "single" and "hn.launch(fn, num_processes=4)" in \
             nb.reasons["strategy"]
-    launched = recommend.recommend("cuda", g, host(16), "jupyter", gpus_ok=4, launched=True,
-                                   world_size=4)
+    launched = recommend.recommend("cuda", g, host(16), "jupyter", gpus_ok=4, world_size=4)
     assert launched.strategy == "ddp"
     # with deepspeed importable, scripts on 2+ GPUs are told ZeRO-2; notebooks are not
     ds = recommend.recommend("cuda", g, host(16), "terminal", gpus_ok=4, deepspeed=True)
@@ -222,10 +222,10 @@ def test_compile_is_recommended_nowhere_unmeasured_and_says_why(monkeypatch):
 
 def test_cpu_ranks_of_a_launched_job_share_the_cores_instead_of_oversubscribing():
     alone = recommend.recommend("cpu", None, host(8), "terminal")
-    rank = recommend.recommend("cpu", None, host(8), "terminal", launched=True, world_size=4)
+    rank = recommend.recommend("cpu", None, host(8), "terminal", world_size=4)
     assert alone.torch_threads == 8
     assert rank.torch_threads == 2 and "4 ranks" in rank.reasons["torch_threads"]
-    assert recommend.recommend("cpu", None, host(2), "terminal", launched=True,
+    assert recommend.recommend("cpu", None, host(2), "terminal",
                                world_size=4).torch_threads == 1
 
 
@@ -318,8 +318,8 @@ def test_nvml_opens_once_and_reads_a_device(fake_nvml, monkeypatch):
     fake = FakeNVML()
     nvml = fake_nvml(fake)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    h = nvml.locate("cuda")[0]
-    assert h == ("h", 0) and nvml.locate("cuda:1")[0] == ("h", 1)
+    h = nvml.locate(0)[0]
+    assert h == ("h", 0) and nvml.locate(1)[0] == ("h", 1)
     mem = nvml.memory(h)
     assert (mem.total, mem.free, mem.used) == (80 * GiB, 79 * GiB, GiB)
     assert nvml.utilisation(h) == 97.0 and nvml.utilisation(("h", 1)) is None
@@ -327,7 +327,6 @@ def test_nvml_opens_once_and_reads_a_device(fake_nvml, monkeypatch):
     assert nvml.driver() == "580.159.04" and nvml.cuda_driver() == "13.0"
     assert nvml.capability(h) == (9, 0) and nvml.name(h) == "Fake H100 #0"
     assert fake.inits == 1
-    assert nvml.locate("cpu")[0] is None and nvml.locate("mps")[0] is None
 
 
 @pytest.mark.parametrize("visible, torch_uuid, physical", [
@@ -335,11 +334,15 @@ def test_nvml_opens_once_and_reads_a_device(fake_nvml, monkeypatch):
     ("0", "GPU-bbbb-2222", 1),   # torch's UUID wins over the list
     ("5", None, None), ("MIG-xyz", None, None),
 ])
-def test_nvml_maps_torch_ordinals_through_cuda_visible_devices(fake_nvml, visible, torch_uuid,
-                                                              physical):
+def test_nvml_maps_torch_ordinals_through_cuda_visible_devices(fake_nvml, monkeypatch, visible,
+                                                              torch_uuid, physical):
     nvml = fake_nvml(FakeNVML())
-    env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
-    h, how = nvml.locate(0, torch_uuid=torch_uuid, environ=env)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    if visible is not None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.setattr(nvml, "initialised_properties",
+                        lambda index: torch_uuid and SimpleNamespace(uuid=torch_uuid))
+    h, how = nvml.locate(0)
     assert (h[1] if h else None) == physical, how
 
 
@@ -373,11 +376,7 @@ def test_launch_environment_parsed_once():
 
     assert env.launch_env({"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "4"}) == (1, 1, 4)
     assert env.launch_env({"WORLD_SIZE": "4"}) is None
-    assert env.launched_rank({}) == (False, None, 1)
-    assert env.launched_rank({"RANK": "0", "WORLD_SIZE": "1"}) == (False, None, 1)
-    assert env.launched_rank({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4"}) == (True, 1, 4)
-    assert env.launched_rank({env.LAUNCHED_ENV: "1", "LOCAL_RANK": "1",
-                              "WORLD_SIZE": "2"}) == (True, 1, 2)
+    assert env.launch_env({"RANK": "3", "WORLD_SIZE": "4"}) == (3, 3, 4)  # no LOCAL_RANK
 
 
 def test_cache_folder_and_ttl(tmp_path):
@@ -388,8 +387,11 @@ def test_cache_folder_and_ttl(tmp_path):
     assert env.cache_dir({env.CACHE_DIR_ENV: str(tmp_path)}) == tmp_path
     assert env.cache_dir({"XDG_CACHE_HOME": "/x"}) == Path("/x/hybridnb")
     assert env.cache_dir({}) == Path("~/.cache/hybridnb").expanduser()
-    assert env.probe_cache_ttl({}) == 24 * 3600
-    assert env.probe_cache_ttl({env.PROBE_CACHE_TTL_ENV: "60"}) == 60
+    assert env.seconds_from_env("T", 5.0, {}) == 5.0
+    assert env.seconds_from_env("T", 5.0, {"T": "60"}) == 60
+    assert env.seconds_from_env("T", 5.0, {"T": "0"}, zero="turns it off") == 0
+    with pytest.raises(ValueError, match="T='0' must be a number of seconds > 0"):
+        env.seconds_from_env("T", 5.0, {"T": "0"})
 
 
 def test_every_hybridnb_variable_is_named_in_env():

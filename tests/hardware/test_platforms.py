@@ -61,7 +61,7 @@ def test_detect_on_a_mac_whose_mps_fails_its_probe_chooses_the_cpu_and_says_why(
     monkeypatch.setenv(env.CACHE_DIR_ENV, str(tmp_path))
     monkeypatch.setattr(D, "_CACHE", {})
     monkeypatch.setattr(D, "_torch_build", lambda: BuildInfo(
-        torch=torch.__version__, cuda=None, hip=None, arch_list=[], mps_built=True))
+        torch=torch.__version__, cuda=None, hip=None, arch_list=[]))
     monkeypatch.setattr(gpu_info, "nvml_inventory", lambda: ([], "NVML: no GPU (faked)"))
     monkeypatch.setattr(gpu_info, "rocm_inventory", lambda *a, **k: ([], "KFD: none"))
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)

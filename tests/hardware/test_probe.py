@@ -158,10 +158,10 @@ def test_cache_round_trip_expiry_and_foreign_files(tmp_path):
     assert cache.store(key, _passed(now), env) == ""
     assert cache.load(key, 0, env) is None                              # cache off
     assert cache.load({**key, "driver": "590"}, 3600, env) is None      # another driver
-    [path] = cache.folder(env).glob("*.json")
+    [path] = (tmp_path / "probe").glob("*.json")
     path.write_text("{broken")
     assert cache.load(key, 3600, env) is None                           # unreadable: a miss
-    assert list(cache.folder(env).glob(".probe-*")) == []               # no temp file left
+    assert list((tmp_path / "probe").glob(".probe-*")) == []               # no temp file left
 
 
 def test_cache_never_stores_a_failure(tmp_path):
@@ -171,7 +171,7 @@ def test_cache_never_stores_a_failure(tmp_path):
     bad = _passed(time.time())
     bad.verdict = "hung"
     assert cache.store({"uuid": "GPU-1"}, bad, env) == ""
-    assert not cache.folder(env).exists()
+    assert not (tmp_path / "probe").exists()
 
 
 def test_a_probe_that_exits_cleanly_mid_step_is_called_crashed_before_finishing():

@@ -66,33 +66,48 @@ def fake_cuda(monkeypatch):
     return alloc
 
 
-def test_uuid_from_torch_picks_the_right_nvml_device_even_when_ordinals_differ(fake_nvml):
+def test_uuid_from_torch_picks_the_right_nvml_device_even_when_ordinals_differ(fake_nvml,
+                                                                                 monkeypatch):
     fake_nvml(FakeNVML())
-    locate = nvml_module.locate
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    def torch_says(uuid):
+        monkeypatch.setattr(nvml_module, "initialised_properties",
+                            lambda index: SimpleNamespace(uuid=uuid))
+
     # torch's cuda:0 is the third card in PCI order (CUDA_DEVICE_ORDER=FASTEST_FIRST, say).
-    handle, how = locate(0, torch_uuid="cccc-2222", environ={})
+    torch_says("cccc-2222")
+    handle, how = nvml_module.locate(0)
     assert handle == ("handle", 2) and "UUID" in how
-    handle, _ = locate(0, torch_uuid="GPU-BBBB-1111", environ={})
-    assert handle == ("handle", 1)
-    handle, how = locate(0, torch_uuid="dddd", environ={})
+    torch_says("GPU-BBBB-1111")
+    assert nvml_module.locate(0)[0] == ("handle", 1)
+    torch_says("dddd")
+    handle, how = nvml_module.locate(0)
     assert handle is None and "dddd" in how
 
 
-def test_cuda_visible_devices_indices_and_uuid_prefixes_are_respected(fake_nvml):
+def test_cuda_visible_devices_indices_and_uuid_prefixes_are_respected(fake_nvml, monkeypatch):
     fake_nvml(FakeNVML())
     locate = nvml_module.locate
-    env = {"CUDA_VISIBLE_DEVICES": "2,0"}
-    assert locate(0, environ=env)[0] == ("handle", 2)
-    assert locate(1, environ=env)[0] == ("handle", 0)
-    handle, how = locate(2, environ=env)
+
+    def visible(value):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+
+    visible("2,0")
+    assert locate(0)[0] == ("handle", 2)
+    assert locate(1)[0] == ("handle", 0)
+    handle, how = locate(2)
     assert handle is None and "past" in how
-    env = {"CUDA_VISIBLE_DEVICES": "GPU-bbbb"}  # CUDA accepts unique UUID prefixes
-    assert locate(0, environ=env)[0] == ("handle", 1)
-    handle, how = locate(0, environ={"CUDA_VISIBLE_DEVICES": "MIG-x"})
+    visible("GPU-bbbb")  # CUDA accepts unique UUID prefixes
+    assert locate(0)[0] == ("handle", 1)
+    visible("MIG-x")
+    handle, how = locate(0)
     assert handle is None and "MIG" in how
-    assert locate(1, environ={})[0] == ("handle", 1)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert locate(1)[0] == ("handle", 1)
     fake_nvml(FakeNVML(uuids=("GPU-ab1", "GPU-ab2")))
-    handle, how = locate(0, environ={"CUDA_VISIBLE_DEVICES": "GPU-ab"})
+    visible("GPU-ab")
+    handle, how = locate(0)
     assert handle is None and "GPU-ab" in how  # ambiguous: CUDA shows no GPU
 
 
@@ -165,7 +180,8 @@ def test_torch_probe_never_initialises_cuda(monkeypatch):
         raise AssertionError("would initialise CUDA")
 
     monkeypatch.setattr(torch.cuda, "memory_allocated", boom)
-    assert memory.torch_cuda_probe(0)() == {}
+    probes, _ = memory.probes_for("cuda:0")
+    assert dict(probes)["torch.cuda"]() == {}
 
 
 class CountingNVML(FakeNVML):

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from hybridnb.measure.throughput import ThroughputMonitor, peak_key, peak_tflops
+from hybridnb.measure.throughput import ThroughputMonitor, peak_tflops
 from hybridnb.train.step import _count_pass as _REAL_COUNT_PASS
 from hybridnb.train.step import count_flops
 
@@ -147,7 +147,6 @@ def test_mfu_uses_the_peak_for_the_precision():
     assert peak_tflops("NVIDIA A10", "bf16") == 125.0
     assert peak_tflops("Tesla T4", "bf16") is None  # no bf16 hardware
     assert peak_tflops("Some Future GPU", "bf16") is None
-    assert peak_key("bf16") == "bf16"
     mon = ThroughputMonitor("cpu", warmup_steps=0, every=2, flops_per_sample=1e9,
                             precision="bf16")
     mon.peak = 10.0  # a device whose dense peak is 10 TFLOP/s

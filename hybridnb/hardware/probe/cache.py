@@ -18,9 +18,10 @@ from pathlib import Path
 
 from hybridnb import env
 from hybridnb.hardware.gpu_info import BuildInfo, GpuInfo
-from hybridnb.hardware.probe.result import ProbeResult
+from hybridnb.hardware.probe.supervisor import ProbeResult
 
 VERSION = 1   # bump when the probe's steps change, so older verdicts no longer count
+TTL = 24 * 3600.0  # seconds a pass is trusted unless $HYBRIDNB_PROBE_CACHE_TTL says otherwise
 
 
 def key_for(gpu: GpuInfo, build: BuildInfo) -> dict | None:
@@ -33,13 +34,9 @@ def key_for(gpu: GpuInfo, build: BuildInfo) -> dict | None:
             "version": VERSION}
 
 
-def folder(environ: dict[str, str] | None = None) -> Path:
-    return env.cache_dir(environ) / "probe"
-
-
 def _path(key: dict, environ: dict[str, str] | None) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-    return folder(environ) / f"{digest}.json"
+    return env.cache_dir(environ) / "probe" / f"{digest}.json"
 
 
 def load(key: dict, ttl: float, environ: dict[str, str] | None = None) -> ProbeResult | None:

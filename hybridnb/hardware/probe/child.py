@@ -1,18 +1,24 @@
-"""The probe child: validate one device step by step (``result.STEPS``), sending a "start"
-event before each step and an "ok"/"fail" event after it, so a hang is placed at its step.
+"""The probe child: validate one device step by step (``STEPS``), sending a "start" event
+before each step and an "ok"/"fail" event after it, so a hang is placed at its step.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import functools
 import sys
 import time
 import warnings
+from collections.abc import Iterator
+from typing import NoReturn
 
-from hybridnb.hardware.probe.result import EVENT, STEPS
-from hybridnb.processes.channel import Channel
+from hybridnb.processes.child import leave
+from hybridnb.processes.framed import connect
 
+EVENT = "probe"   # the kind of the child's messages: {"e": start|ok|fail|info|end, ...}
+TITLES = {"import": "import torch", "available": "device available", "memory": "memory query",
+          "tensor": "small tensor", "matmul": "matmul vs CPU", "copy_back": "copy back"}
+STEPS = tuple(TITLES)  # in the order they run
 MATMUL_TOLERANCE = 1e-3   # max |gpu - cpu| / max |cpu| for a 256x256 fp32 product (TF32 off)
 
 
@@ -20,34 +26,31 @@ class _WrongResult(Exception):
     """The device computed, but not what the CPU computed."""
 
 
-def main(argv: list[str] | None = None, channel: Channel | None = None) -> None:
+def main(argv: list[str] | None = None) -> NoReturn:
+    channel, _, rest = connect(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m hybridnb.hardware.probe")
     parser.add_argument("--backend", choices=("cuda", "rocm", "mps"), required=True)
     parser.add_argument("--index", type=int, default=0)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(rest)
 
     def emit(**event) -> None:
         """Out at once: a hang in the next step must not keep this event back."""
         channel.send(EVENT, event)
         channel.flush()
 
-    passed = run_steps(args.backend, args.index, emit)
-    # leave without the interpreter's teardown (about 1 s with torch loaded): the OS frees the
-    # device once the messages and output are out
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0 if passed else 1)
+    # no interpreter teardown (about 1 s with torch loaded): the OS frees the device
+    leave(0 if run_steps(args.backend, args.index, emit) else 1)
 
 
 def run_steps(backend: str, index: int, emit) -> bool:
     """Run the steps, ``emit(**event)`` for each start, end and fact, up to the first failure;
     True when every step passed."""
-    ctx: dict = {"backend": backend, "index": index, "emit": emit}
+    steps = _steps(backend, index, emit)
     for name in STEPS:
         emit(e="start", step=name, t=time.time())
         t0 = time.perf_counter()
         try:
-            detail = _STEP_FUNCS[name](ctx) or ""
+            detail = next(steps)
         except Exception as exc:  # noqa: BLE001 - broad: any failure is this step's verdict
             wrong = isinstance(exc, _WrongResult)
             emit(e="fail", step=name, s=round(time.perf_counter() - t0, 4), wrong=wrong,
@@ -58,95 +61,77 @@ def run_steps(backend: str, index: int, emit) -> bool:
     return True
 
 
-def _step_import(ctx: dict) -> str:
+def _steps(backend: str, index: int, emit) -> Iterator[str]:
+    """The steps in ``STEPS``' order, sharing what they made: each yields its detail when it is
+    done, so what raises before a yield is that step's failure."""
     import torch
 
-    ctx["torch"] = torch
-    return f"torch {torch.__version__}"
+    yield f"torch {torch.__version__}"  # step "import"
 
-
-def _step_available(ctx: dict) -> str:
-    torch, backend, index = ctx["torch"], ctx["backend"], ctx["index"]
-    if backend == "mps":
+    if backend == "mps":  # step "available"
         if not torch.backends.mps.is_available():
             raise RuntimeError("torch.backends.mps.is_available() is False")
-        ctx["device"], ctx["sync"] = torch.device("mps"), torch.mps.synchronize
-        ctx["emit"](e="info", info={"name": "Apple GPU (MPS)", "runtime": "mps"})
-        return "MPS available"
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        available = torch.cuda.is_available()
-        count = torch.cuda.device_count() if available else 0
-    if not available:
-        why = " ".join(str(w.message) for w in caught).strip()
-        raise RuntimeError("torch.cuda.is_available() is False" + (f": {why}" if why else ""))
-    if index >= count:
-        raise RuntimeError(f"torch sees {count} device(s); index {index} does not exist")
-    props = torch.cuda.get_device_properties(index)
-    info = {"name": props.name, "total_memory": int(props.total_memory),
-            "capability": [props.major, props.minor], "count": count,
-            "arch_list": torch.cuda.get_arch_list(),
-            "runtime": torch.version.hip or torch.version.cuda}
-    arch = getattr(props, "gcnArchName", None)
-    if torch.version.hip and arch:
-        info["arch"] = arch.split(":")[0]
-    ctx["device"] = torch.device("cuda", index)
-    ctx["sync"] = lambda: torch.cuda.synchronize(ctx["device"])
-    torch.backends.cuda.matmul.allow_tf32 = False  # compare true fp32 against the CPU
-    ctx["emit"](e="info", info=info)
-    return f"{props.name}, {count} device(s) visible"
+        device, sync = torch.device("mps"), torch.mps.synchronize
+        emit(e="info", info={"name": "Apple GPU (MPS)", "runtime": "mps"})
+        yield "MPS available"
+    else:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            available = torch.cuda.is_available()
+            count = torch.cuda.device_count() if available else 0
+        if not available:
+            why = " ".join(str(w.message) for w in caught).strip()
+            raise RuntimeError("torch.cuda.is_available() is False" + (f": {why}" if why else ""))
+        if index >= count:
+            raise RuntimeError(f"torch sees {count} device(s); index {index} does not exist")
+        props = torch.cuda.get_device_properties(index)
+        info = {"name": props.name, "total_memory": int(props.total_memory),
+                "capability": [props.major, props.minor], "count": count,
+                "arch_list": torch.cuda.get_arch_list(),
+                "runtime": torch.version.hip or torch.version.cuda}
+        arch = getattr(props, "gcnArchName", None)
+        if torch.version.hip and arch:
+            info["arch"] = arch.split(":")[0]
+        device = torch.device("cuda", index)
+        sync = functools.partial(torch.cuda.synchronize, device)
+        torch.backends.cuda.matmul.allow_tf32 = False  # compare true fp32 against the CPU
+        emit(e="info", info=info)
+        yield f"{props.name}, {count} device(s) visible"
 
-
-def _step_memory(ctx: dict) -> str:
-    torch = ctx["torch"]
-    if ctx["device"].type == "mps":  # Metal's recommended memory less what the driver holds
+    if backend == "mps":  # step "memory": Metal's recommended memory less the driver's
         used = max(int(torch.mps.current_allocated_memory()),
                    int(torch.mps.driver_allocated_memory()))
         total = int(torch.mps.recommended_max_memory())
         free = max(0, total - used)
     else:
-        free, total = (int(v) for v in torch.cuda.mem_get_info(ctx["device"]))
-    ctx["emit"](e="info", info={"free_memory": free, "total_memory": total})
-    return f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free"
+        free, total = (int(v) for v in torch.cuda.mem_get_info(device))
+    emit(e="info", info={"free_memory": free, "total_memory": total})
+    yield f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free"
 
-
-def _step_tensor(ctx: dict) -> str:
-    torch = ctx["torch"]
-    x = torch.arange(4096, dtype=torch.float32, device=ctx["device"])
+    x = torch.arange(4096, dtype=torch.float32, device=device)  # step "tensor"
     got = float((x * 2).sum().item())
-    ctx["sync"]()
-    expected = 4095 * 4096.0
-    if got != expected:
-        raise _WrongResult(f"sum of 2*arange(4096) gave {got}, expected {expected}")
-    return "4096 floats allocated and summed"
+    sync()
+    if got != 4095 * 4096.0:
+        raise _WrongResult(f"sum of 2*arange(4096) gave {got}, expected {4095 * 4096.0}")
+    yield "4096 floats allocated and summed"
 
-
-def _step_matmul(ctx: dict) -> str:
-    torch = ctx["torch"]
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(0)  # step "matmul"
     a = torch.randn(256, 256, generator=gen)
     b = torch.randn(256, 256, generator=gen)
     ref = a @ b
-    out = a.to(ctx["device"]) @ b.to(ctx["device"])
-    ctx["sync"]()
+    out = a.to(device) @ b.to(device)
+    sync()
     err = float((out - ref.to(out.device)).abs().max().item()) / float(ref.abs().max())
     if not err <= MATMUL_TOLERANCE:  # also catches NaN
         raise _WrongResult(f"256x256 fp32 product differs from the CPU result: max relative "
                            f"error {err:.2e} (tolerance {MATMUL_TOLERANCE:g})")
-    return f"max relative error {err:.1e} vs CPU"
+    yield f"max relative error {err:.1e} vs CPU"
 
-
-def _step_copy_back(ctx: dict) -> str:
-    torch = ctx["torch"]
-    host = torch.randint(-2**31, 2**31 - 1, (1 << 20,), dtype=torch.int32,
+    host = torch.randint(-2**31, 2**31 - 1, (1 << 20,), dtype=torch.int32,  # step "copy_back"
                          generator=torch.Generator().manual_seed(1))
-    back = host.to(ctx["device"]).cpu()
-    ctx["sync"]()
+    back = host.to(device).cpu()
+    sync()
     bad = int((back != host).sum())
     if bad:
         raise _WrongResult(f"4 MiB round trip host -> device -> host changed {bad} values")
-    return "4 MiB round trip identical"
-
-
-_STEP_FUNCS = {"import": _step_import, "available": _step_available, "memory": _step_memory,
-               "tensor": _step_tensor, "matmul": _step_matmul, "copy_back": _step_copy_back}
+    yield "4 MiB round trip identical"

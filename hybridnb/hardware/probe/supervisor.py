@@ -2,16 +2,17 @@
 
 A flaky card can hang or crash the process that touches it, so the parent never does. Where the
 OS cannot supervise a child (``platform.child_pipes()``) the steps run here without the
-deadline, and each result says so.
+deadline, and each result says so. ``ProbeResult``: what one child did, from its events.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import asdict, dataclass, field
 
 from hybridnb import platform
 from hybridnb.hardware.probe import child as probe_child
-from hybridnb.hardware.probe.result import EVENT, STEPS, TITLES, ProbeResult, ProbeStep
+from hybridnb.hardware.probe.child import EVENT, STEPS, TITLES
 from hybridnb.processes.channel import Message
 from hybridnb.processes.child import start_framed
 from hybridnb.processes.ended import Ending, Exit
@@ -20,6 +21,46 @@ from hybridnb.processes.supervise import Watch, Watched
 DEFAULT_TIMEOUT = 15.0    # seconds all probes together may take (detect()'s probe_timeout)
 REAP_S = 0.5              # after the deadline: time to collect killed children
 CHILD_MODULE = "hybridnb.hardware.probe"
+
+
+@dataclass
+class ProbeStep:
+    name: str
+    status: str              # "ok" | "failed" | "wrong" | "hung" | "crashed" | "not run"
+    seconds: float | None = None
+    detail: str = ""
+
+
+@dataclass
+class ProbeResult:
+    """What one probe child did. ``verdict``: passed | failed | wrong result | hung | crashed.
+    ``proven_at``: seconds since the epoch; ``cached``: read from ``probe.cache``."""
+
+    backend: str
+    index: int
+    verdict: str
+    steps: list[ProbeStep]
+    seconds: float
+    message: str = ""                 # one sentence for the report ("" when passed)
+    failed_step: str | None = None
+    info: dict = field(default_factory=dict)   # properties the child read from the device
+    returncode: int | None = None
+    proven_at: float | None = None
+    cached: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict == "passed"
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "ok": self.ok}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ProbeResult:
+        """The inverse of ``to_dict`` (unknown keys ignored)."""
+        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        fields["steps"] = [ProbeStep(**s) for s in data.get("steps", [])]
+        return cls(**fields)
 
 
 def run_probes(targets: list[tuple[str, int]], timeout: float) -> list[ProbeResult]:
