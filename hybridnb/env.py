@@ -138,8 +138,3 @@ def warm_worker() -> bool:
     ``$HYBRIDNB_WARM_WORKER``, on unless it says 0/false/no/off. It costs the memory of one
     idle interpreter with torch loaded."""
     return current().get(WARM_WORKER_ENV, "").strip().lower() not in ("0", "false", "no", "off")
-
-
-def environment() -> dict[str, str]:
-    """A copy of this process's environment: what a child process starts from."""
-    return dict(os.environ)

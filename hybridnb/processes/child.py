@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 from hybridnb import platform
-from hybridnb.env import HEADLESS_ENV, ISOLATED_ENV, environment, warm_worker
+from hybridnb.env import HEADLESS_ENV, ISOLATED_ENV, current, warm_worker
 from hybridnb.processes import lifeline
 from hybridnb.processes.channel import (
     DONE,
@@ -345,7 +345,7 @@ NONE = "-"  # no request pipe, in WIRING
 def child_environment() -> dict[str, str]:
     """This process's environment, with hybridnb's folder and ``sys.path`` on ``PYTHONPATH`` (a
     notebook may have added them to sys.path only), and unbuffered output."""
-    environ = environment()
+    environ = dict(current())
     package_root = str(Path(__file__).resolve().parents[2])
     environ["PYTHONPATH"] = os.pathsep.join(
         [package_root] + [p for p in sys.path if p] + [environ.get("PYTHONPATH", "")]

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from hybridnb.env import environment, warm_worker
+from hybridnb.env import current, warm_worker
 
 Key = tuple
 Spare = Any  # a ``child.PrestartedWorker`` (not imported: child imports this module)
@@ -27,7 +27,7 @@ _spares: dict[tuple[str, ...], tuple[Key, Spare]] = {}
 
 def key_of(preload: tuple[str, ...]) -> Key:
     """What a spare must have been started with to serve this request."""
-    return (preload, tuple(sorted(environment().items())), tuple(sys.path), os.getcwd(),
+    return (preload, tuple(sorted(current().items())), tuple(sys.path), os.getcwd(),
             sys.executable)
 
 
