@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import psutil
 import torch
 from torch.utils.data import DataLoader
 
@@ -154,7 +155,5 @@ def _capacity(device: torch.device) -> float | None:
         fraction = float(get_fraction(device)) if get_fraction is not None else 1.0
         return float(total) * fraction
     if device.type == "cpu":
-        import psutil  # a dependency (pyproject)
-
         return float(psutil.virtual_memory().available + psutil.Process().memory_info().rss)
     return None

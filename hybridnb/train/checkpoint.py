@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
+
 from hybridnb.failures import first_line
 from hybridnb.files import CHECKPOINT_FORMAT as FORMAT
 from hybridnb.files import atomic_save, describe, is_write_failure, read_safely
@@ -130,16 +132,11 @@ def check_dir(folder: str | os.PathLike | None, name: str = "checkpoint_dir") ->
                          "can write into") from None
     for tmp in folder.iterdir():
         ours = _OUR_TEMP.fullmatch(tmp.name)
-        if ours and tmp.is_file() and not _alive(int(ours.group("pid"))):
+        pid = int(ours.group("pid")) if ours else os.getpid()
+        if pid != os.getpid() and tmp.is_file() and not psutil.pid_exists(pid):
             with contextlib.suppress(OSError):
                 tmp.unlink()
     return folder
-
-
-def _alive(pid: int) -> bool:
-    import psutil
-
-    return pid == os.getpid() or psutil.pid_exists(pid)
 
 
 def set_aside(folder: Path | None, patterns: tuple[str, ...] = (),
@@ -247,23 +244,22 @@ class Checkpoints:
         snapshot, last = self.snapshot, self.folder / LAST  # a fit with a checkpoint_dir
         if snapshot is None or not self.is_main:
             return
+        resume = "fit(..., resume=True) continues from there"
         if not file_ready(snapshot):  # DeepSpeed: partitions not gathered
-            self.bus.note("failed", "training failed; the last checkpoint written (in "
-                          f"{self.folder}) is kept: fit(..., resume=True) continues from there")
-            return
-        try:
-            save(snapshot, last, keep_previous=True)
-        except Exception as exc:  # noqa: BLE001 - said; the original error follows
-            cause = describe(exc, last) if is_write_failure(exc) else \
-                f"{type(exc).__name__}: {first_line(exc)}"
-            kept = (f"the {LAST} on disk (step {_step_of(last)}) is intact" if last.exists()
-                    else "no checkpoint is on disk")
-            self.bus.note("failed", "training failed, and saving the last good state into "
-                          f"{last} failed too ({cause}); {kept}; the original error follows")
-            return
-        self.bus.note("failed", f"training failed; the last good state (step "
-                      f"{snapshot['position']['global_step']}) is in {last}; "
-                      "fit(..., resume=True) continues from there")
+            said = f"; the last checkpoint written (in {self.folder}) is kept: {resume}"
+        else:
+            try:
+                save(snapshot, last, keep_previous=True)
+                said = (f"; the last good state (step {snapshot['position']['global_step']}) "
+                        f"is in {last}; {resume}")
+            except Exception as exc:  # noqa: BLE001 - said; the original error follows
+                cause = describe(exc, last) if is_write_failure(exc) else \
+                    f"{type(exc).__name__}: {first_line(exc)}"
+                kept = (f"the {LAST} on disk (step {_step_of(last)}) is intact"
+                        if last.exists() else "no checkpoint is on disk")
+                said = (f", and saving the last good state into {last} failed too ({cause}); "
+                        f"{kept}; the original error follows")
+        self.bus.note("failed", "training failed" + said)
 
 
 def _step_of(path: Path) -> str:
