@@ -36,8 +36,7 @@ class CheckpointError(RuntimeError):
 
 
 def save(state: dict, path: str | os.PathLike, keep_previous: bool = False) -> Path:
-    """Write ``state`` to ``path`` atomically; with ``keep_previous`` the old file becomes
-    ``<stem>.prev.pt`` first (``last.pt`` -> ``last.prev.pt``)."""
+    """``files.atomic_save`` with the format tag ``load`` checks (``last.pt`` -> ``last.prev.pt``)."""
     return atomic_save({"format": FORMAT, **state}, path, keep_previous)
 
 
@@ -68,7 +67,7 @@ def _advice(folder: Path) -> str:
     return "start afresh without resume (or move the folder away)"
 
 
-def read(path: str | os.PathLike, model=None) -> tuple[dict, Path, list[str]]:
+def read(path: str | os.PathLike, model) -> tuple[dict, Path, list[str]]:
     """A 'last' checkpoint to resume from: a file (its ``.prev`` copy when it is damaged) or a
     folder's ``last.pt`` (else ``last.prev.pt``), checked to fit ``model`` (``check_fits``).
     Returns (state, the file used, why each file before it was skipped)."""
@@ -86,8 +85,7 @@ def read(path: str | os.PathLike, model=None) -> tuple[dict, Path, list[str]]:
             except CheckpointError as exc:
                 problems.append(str(exc))
                 continue
-            if model is not None:
-                check_fits(state, candidate, model)
+            check_fits(state, candidate, model)
             return state, candidate, problems
     raise CheckpointError("; ".join(problems) + f". To go on: {_advice(first.parent)}")
 
@@ -151,11 +149,10 @@ def set_aside(folder: Path | None, patterns: tuple[str, ...] = (),
     found += sorted({p for pattern in patterns for p in folder.glob(pattern) if p.is_file()})
     if not found:
         return None
-    target = folder / time.strftime("earlier-%Y%m%d-%H%M%S")
-    k = 1
+    stamp = time.strftime("earlier-%Y%m%d-%H%M%S")
+    target, k = folder / stamp, 1
     while target.exists():
-        target = folder / f"{target.name.split('.')[0]}.{k}"
-        k += 1
+        target, k = folder / f"{stamp}.{k}", k + 1
     try:
         target.mkdir()
         for path in found:
@@ -190,19 +187,19 @@ class Checkpoints:
         """Keep ``state`` and write it as ``last.pt`` (the old one becomes ``last.prev.pt``)."""
         self.keep(state)
         if self.folder is not None and self.is_main:
-            self._write(state, LAST, keep_previous=True)
+            self._write(state, LAST)
 
     def save_best(self, record: dict) -> None:
         if self.folder is not None and self.is_main:
             self._write({"kind": "best", **record}, BEST)
 
-    def _write(self, state: dict, name: str, keep_previous: bool = False) -> None:
+    def _write(self, state: dict, name: str) -> None:
         """Write a file; a write failure (full disk, read-only folder: an ``OSError`` or
         torch's writer error) is said once and the run goes on from memory
         (``storage.StorageGuard``), the file on disk left as it was."""
         path = self.folder / name
         try:
-            save(state, path, keep_previous=keep_previous)
+            save(state, path, keep_previous=name == LAST)
         except Exception as exc:  # narrowed by is_write_failure (torch's writer error too)
             if not is_write_failure(exc):
                 raise

@@ -17,15 +17,6 @@ from hybridnb.train.losses import ReweightedHuber
 from hybridnb.train.metrics import classification_metrics, regression_metrics
 from hybridnb.train.state import Stop
 
-OUTPUTS = (None, "raw", "labels", "probs")
-
-
-def eval_loss(loss_fn, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The loss without training-only reweighting."""
-    if isinstance(loss_fn, ReweightedHuber) and loss_fn.reweighting:
-        return ReweightedHuber(loss_fn.delta)(out, y)
-    return loss_fn(out, y)
-
 
 @torch.no_grad()
 def predict_here(loop, loader, with_targets: bool, phase: str = "evaluate") -> tuple:
@@ -35,6 +26,8 @@ def predict_here(loop, loader, with_targets: bool, phase: str = "evaluate") -> t
     placement, in_fit = loop.placement, loop.fitting
     placement.place([loader])
     strategy, precision, loss_fn = placement.strategy, placement.precision, loop.learner.loss_fn
+    if isinstance(loss_fn, ReweightedHuber) and loss_fn.reweighting:
+        loss_fn = ReweightedHuber(loss_fn.delta)  # without training-only reweighting
     model = loop.learner.eval_model(in_fit)
     was_training = model.training
     model.eval()
@@ -54,7 +47,7 @@ def predict_here(loop, loader, with_targets: bool, phase: str = "evaluate") -> t
                 keep = _finite_rows(y)
                 kept = int(keep.sum())
                 if kept:
-                    loss_sum += float(eval_loss(loss_fn, out[keep], y[keep])) * kept
+                    loss_sum += float(loss_fn(out[keep], y[keep])) * kept
                     n += kept
                 targets.append(strategy.gather(y.float().reshape(len(x), -1)).cpu())
             preds.append(strategy.gather(out.float().reshape(len(x), -1)).cpu())
@@ -104,7 +97,7 @@ def as_output(pred: np.ndarray, task: str, output: str | None) -> np.ndarray:
     """``predict``'s answer: ``"raw"`` the model's outputs; ``"labels"`` the class of each
     sample (argmax, int64); ``"probs"`` the softmax over classes. ``None``: labels for a
     classification loss, raw outputs for regression."""
-    if output not in OUTPUTS:
+    if output not in (None, "raw", "labels", "probs"):
         raise ValueError(f"output={output!r}: use 'labels', 'probs', 'raw' (or None: labels "
                          "when classifying, raw outputs otherwise)")
     if output is None:

@@ -78,16 +78,6 @@ def _refers_to_modules(value: Any) -> bool:
     return any(isinstance(v, nn.Module) for v in items)
 
 
-def _own(module: nn.Module) -> dict[tuple[str, str], Any]:
-    """{(name, kind): value} for a module's own attributes and non-persistent buffers."""
-    buffers = module.__dict__.get("_buffers", {})
-    return {**{(name, "attr"): value for name, value in vars(module).items()
-               if name not in _INTERNAL and not _refers_to_modules(value)},
-            **{(name, "buffer"): buffers[name]
-               for name in module.__dict__.get("_non_persistent_buffers_set", ())
-               if buffers.get(name) is not None}}
-
-
 class Fingerprint:
     """The fingerprint of ``model``'s state outside the state dict, taken now (in the worker,
     as the job arrives); ``changes()`` compares against it later."""
@@ -99,11 +89,17 @@ class Fingerprint:
 
     def _watched(self):
         """((module path, name, kind), value, whether it names one of the model's parameters or
-        buffers: an alias, not state of its own) for each module's own values."""
+        buffers: an alias, not state of its own) for each module's own attributes and
+        non-persistent buffers."""
         held = {id(t) for t in self.model.parameters()} | {id(t) for t in self.model.buffers()}
         for path, module in self.modules:
-            for (name, kind), value in _own(module).items():
-                yield (path, name, kind), value, kind == "attr" and id(value) in held
+            for name, value in vars(module).items():
+                if name not in _INTERNAL and not _refers_to_modules(value):
+                    yield (path, name, "attr"), value, id(value) in held
+            buffers = module.__dict__.get("_buffers", {})
+            for name in module.__dict__.get("_non_persistent_buffers_set", ()):
+                if buffers.get(name) is not None:
+                    yield (path, name, "buffer"), buffers[name], False
 
     def changes(self) -> dict:
         """What differs from the fingerprint, as plain data for the channel: ``values``
