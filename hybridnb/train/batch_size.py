@@ -64,8 +64,8 @@ def find_batch_size(loop, dataset, headroom: float = 0.1, max_batch: int | None 
     good, bad, device = probe.good, probe.bad, loop.placement.device
     if good == 0:
         raise MemoryError(f"not even a batch of 1 fits on {device} "
-                          f"({probe.outcome.get(1, 'out of memory')})")
-    oom = bad is not None and probe.outcome[bad] == "oom"
+                          f"({probe.bad_why})")
+    oom = bad is not None and probe.bad_why == "oom"
     found = max(1, math.floor(good * (1 - headroom))) if oom and headroom else good
     s = loop.settings
     effective = s.batch_size * s.grad_accum
@@ -89,8 +89,8 @@ class Probe:
                  headroom: float) -> None:
         self.loop, self.dataset, self.steps, self.max_batch = loop, dataset, steps, max_batch
         self.headroom = headroom
-        self.outcome: dict[int, str] = {}
         self.good, self.bad = 0, None  # the largest size that fits, the smallest that does not
+        self.bad_why = "out of memory"  # the smallest failing size's verdict ("oom", "peak")
         self.lost: str | None = None  # why the device was lost mid-search
         self._start(size)
 
@@ -117,11 +117,10 @@ class Probe:
         if not self.oom and self.taken < self.steps:
             return
         verdict = self._verdict()
-        self.outcome[self.size] = verdict
         if verdict == "ok":
             self.good = self.size
         else:
-            self.bad = self.size
+            self.bad, self.bad_why = self.size, verdict
         placement = self.loop.placement
         placement.recovery.micro.size = None  # the next size starts whole again
         self.loop.state.micro = None

@@ -178,15 +178,12 @@ class Checkpoints:
         self.storage = StorageGuard(bus)
         self.log_patterns = log_patterns  # the logs in this folder, set aside with a fresh run
 
-    def keep(self, state: dict) -> None:
-        """``state`` (a ``Trainer.state_dict()``) is the last good state from now on."""
+    def keep(self, state: dict, write: bool = False) -> None:
+        """``state`` (a ``Trainer.state_dict()``) is the last good state from now on; ``write``:
+        written as ``last.pt`` too (the old one becomes ``last.prev.pt``)."""
         self.snapshot = state
         self.bus.emit(StateKept(state["position"]["global_step"], state))
-
-    def save_last(self, state: dict) -> None:
-        """Keep ``state`` and write it as ``last.pt`` (the old one becomes ``last.prev.pt``)."""
-        self.keep(state)
-        if self.folder is not None and self.is_main:
+        if write and self.folder is not None and self.is_main:
             self._write(state, LAST)
 
     def save_best(self, record: dict) -> None:

@@ -12,6 +12,7 @@ import math
 import numpy as np
 import torch
 
+from hybridnb.torch_state import evaluating
 from hybridnb.train.interrupt import stop_asked
 from hybridnb.train.losses import ReweightedHuber
 from hybridnb.train.metrics import classification_metrics, regression_metrics
@@ -29,10 +30,8 @@ def predict_here(loop, loader, with_targets: bool, phase: str = "evaluate") -> t
     if isinstance(loss_fn, ReweightedHuber) and loss_fn.reweighting:
         loss_fn = ReweightedHuber(loss_fn.delta)  # without training-only reweighting
     model = loop.learner.eval_model(in_fit)
-    was_training = model.training
-    model.eval()
     preds, targets, loss_sum, n = [], [], 0.0, 0
-    try:
+    with evaluating(model):  # each module's own training flag back after
         for batch in loader:
             loop.heartbeat.beat(phase)
             asked = (in_fit or loop.heartbeat.channel is not None) and \
@@ -51,8 +50,6 @@ def predict_here(loop, loader, with_targets: bool, phase: str = "evaluate") -> t
                     n += kept
                 targets.append(strategy.gather(y.float().reshape(len(x), -1)).cpu())
             preds.append(strategy.gather(out.float().reshape(len(x), -1)).cpu())
-    finally:
-        model.train(was_training)
     if not preds:
         raise ValueError("no batches to predict on (empty data)")
     pred = _squeeze(torch.cat(preds).numpy())
