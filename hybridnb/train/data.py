@@ -139,8 +139,6 @@ def make_loader(data, *, batch_size: int, shuffle: bool, what: str, seed: int | 
     """Batches for ``data`` in the resumable order (this rank's shard) of a seeded generator:
     in-memory tensors as ``IndexedBatches``, other Datasets through a DataLoader; a DataLoader
     given as it is; a stream in its own order, by one loader worker (more would each read all)."""
-    if isinstance(data, IndexedBatches):
-        return data
     data = as_dataset(data, bus, what)
     if isinstance(data, DataLoader):
         shards = getattr(data.batch_sampler, "world_size", 1)  # 1: every rank sees all of it

@@ -30,7 +30,7 @@ def predict_here(loop, loader, with_targets: bool, phase: str = "evaluate") -> t
     if isinstance(loss_fn, ReweightedHuber) and loss_fn.reweighting:
         loss_fn = ReweightedHuber(loss_fn.delta)  # without training-only reweighting
     model = loop.learner.eval_model(in_fit)
-    preds, targets, loss_sum, n = [], [], 0.0, 0
+    preds, targets, loss_sum, n, bad = [], [], 0.0, 0, 0
     with evaluating(model):  # each module's own training flag back after
         for batch in loader:
             loop.heartbeat.beat(phase)
@@ -45,6 +45,7 @@ def predict_here(loop, loader, with_targets: bool, phase: str = "evaluate") -> t
                 y = strategy.to_device(batch[1])
                 keep = _finite_rows(y)
                 kept = int(keep.sum())
+                bad += len(y) - kept
                 if kept:
                     loss_sum += float(loss_fn(out[keep], y[keep])) * kept
                     n += kept
@@ -54,10 +55,8 @@ def predict_here(loop, loader, with_targets: bool, phase: str = "evaluate") -> t
         raise ValueError("no batches to predict on (empty data)")
     pred = _squeeze(torch.cat(preds).numpy())
     target = _squeeze(torch.cat(targets).numpy()) if targets else None
-    loss = strategy.sum([loss_sum, float(n)])
-    bad = 0 if target is None else int((~np.isfinite(target.reshape(len(target), -1))
-                                        .all(axis=1)).sum())
-    return pred, target, (loss[0] / loss[1] if loss[1] else math.nan), bad
+    loss_sum, n, bad = strategy.sum([loss_sum, float(n), float(bad)])  # over every rank
+    return pred, target, loss_sum / n if n else math.nan, int(bad)
 
 
 def _finite_rows(y: torch.Tensor) -> torch.Tensor:

@@ -147,7 +147,7 @@ def apply(model: nn.Module, payload: dict | None) -> dict[str, str]:
     lost = dict(payload.get("unsendable") or {})
     for path, name, kind, value in payload.get("values") or ():
         try:
-            module = _unwrap(model.get_submodule(path)) if path else _unwrap(model)
+            module = _unwrap(model.get_submodule(path))  # "": the model itself
         except AttributeError as exc:
             lost[_path(path, name)] = f"the kernel's model has no module {path!r} ({exc})"
             continue
