@@ -191,9 +191,8 @@ class Checkpoints:
             self._write({"kind": "best", **record}, BEST)
 
     def _write(self, state: dict, name: str) -> None:
-        """Write a file; a write failure (full disk, read-only folder: an ``OSError`` or
-        torch's writer error) is said once and the run goes on from memory
-        (``storage.StorageGuard``), the file on disk left as it was."""
+        """A failed write (full disk, read-only folder) is said once and the run goes on from
+        memory, the file on disk left as it was (``storage.StorageGuard``)."""
         path = self.folder / name
         try:
             save(state, path, keep_previous=name == LAST)
@@ -210,8 +209,7 @@ class Checkpoints:
     @contextlib.contextmanager
     def claimed(self) -> Iterator[None]:
         """A fit holds ``folder`` for its whole length (rank 0): another live run there is
-        refused before its first step (``run_lock.RunLockError``); a dead process's lock is
-        taken over and said (``run_lock``)."""
+        refused before its first step, a dead process's lock taken over and said (run_lock.py)."""
         if self.folder is None or not self.is_main:
             yield
             return

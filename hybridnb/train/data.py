@@ -195,7 +195,7 @@ def epoch_batches(loader, state, bus) -> Iterator:
             state.pending_rng = None
         state.epoch_start = {"torch": torch.get_rng_state(),
                              "loader": gen.get_state() if gen is not None else None}
-        return same_sample_shape(iter(loader), 0, state.epoch, "training")
+        return same_sample_shape(iter(loader), 0, state.epoch)
     torch.set_rng_state(state.epoch_start["torch"])
     if gen is not None and state.epoch_start["loader"] is not None:
         gen.set_state(state.epoch_start["loader"])
@@ -212,16 +212,16 @@ def epoch_batches(loader, state, bus) -> Iterator:
     if state.pending_rng is not None:
         set_rng_state(state.pending_rng)
         state.pending_rng = None
-    return same_sample_shape(it, start, state.epoch, "training")
+    return same_sample_shape(it, start, state.epoch)
 
 
 _COLLATE_SIZES = "stack expects each tensor to be equal size"
 
 
-def same_sample_shape(batches: Iterator, start: int, epoch: int, source: str) -> Iterator:
+def same_sample_shape(batches: Iterator, start: int, epoch: int) -> Iterator:
     """``batches`` (numbered from ``start``) checked to hold samples of the first batch's shape:
     another shape, or different shapes inside one batch (collate's error), is a ValueError naming
-    the batch, ``epoch``, ``source`` and the shapes, where torch would say only ``mat1 and mat2
+    the batch, ``epoch`` and the shapes, where torch would say only ``mat1 and mat2
     shapes cannot be multiplied`` later."""
     first, index = None, start
     try:  # around the loader's next(): its collate fails on samples of different shapes
@@ -232,7 +232,7 @@ def same_sample_shape(batches: Iterator, start: int, epoch: int, source: str) ->
                 if first is None:
                     first = (index, shape)
                 elif shape != first[1]:
-                    raise ValueError(f"{source} batch {index} of epoch {epoch} holds samples of "
+                    raise ValueError(f"training batch {index} of epoch {epoch} holds samples of "
                                      f"shape {shape}, but batch {first[0]}'s are {first[1]}: "
                                      "every sample must have the same shape (look at that "
                                      "batch's items in the Dataset; crop or pad them)")
@@ -241,7 +241,7 @@ def same_sample_shape(batches: Iterator, start: int, epoch: int, source: str) ->
     except RuntimeError as exc:
         if _COLLATE_SIZES not in str(exc):
             raise
-        raise ValueError(f"{source} batch {index} of epoch {epoch}: its samples have "
+        raise ValueError(f"training batch {index} of epoch {epoch}: its samples have "
                          f"different shapes ({str(exc).strip().splitlines()[0]}): every "
                          "sample must have the same shape (crop or pad them in the "
                          "Dataset)") from None
