@@ -48,7 +48,6 @@ _PICKLED_ADVICE = ("a hybridnb checkpoint holds only tensors and plain data, so 
 
 def load(path: str | os.PathLike) -> dict:
     """Read a checkpoint with ``weights_only=True``; a bad file raises ``CheckpointError`` naming it."""
-    path = Path(path)
     state = read_safely(path, "checkpoint", "is unreadable (truncated or corrupt)",
                         CheckpointError, CheckpointError, _PICKLED_ADVICE)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
