@@ -56,16 +56,6 @@ def load(path: str | os.PathLike) -> dict:
     return state
 
 
-def _advice(folder: Path) -> str:
-    """What to do when no 'last' checkpoint can be read: best.pt when it loads, else afresh."""
-    best = folder / BEST
-    with contextlib.suppress(CheckpointError):  # missing or unreadable: no best.pt to offer
-        load(best)
-        return (f"{best} holds the best weights (trainer.model.load_state_dict(torch.load("
-                f"'{best}', weights_only=True)['model'])), or start afresh without resume")
-    return "start afresh without resume (or move the folder away)"
-
-
 def read(path: str | os.PathLike, model) -> tuple[dict, Path, list[str]]:
     """A 'last' checkpoint to resume from: a file (its ``.prev`` copy when it is damaged) or a
     folder's ``last.pt`` (else ``last.prev.pt``), checked to fit ``model`` (``check_fits``).
@@ -86,7 +76,12 @@ def read(path: str | os.PathLike, model) -> tuple[dict, Path, list[str]]:
                 continue
             check_fits(state, candidate, model)
             return state, candidate, problems
-    raise CheckpointError("; ".join(problems) + f". To go on: {_advice(first.parent)}")
+    best, advice = first.parent / BEST, "start afresh without resume (or move the folder away)"
+    with contextlib.suppress(CheckpointError):  # missing or unreadable: no best.pt to offer
+        load(best)
+        advice = (f"{best} holds the best weights (trainer.model.load_state_dict(torch.load("
+                  f"'{best}', weights_only=True)['model'])), or start afresh without resume")
+    raise CheckpointError("; ".join(problems) + f". To go on: {advice}")
 
 
 def check_fits(state: dict, path: Path, model) -> None:

@@ -43,7 +43,7 @@ def predict_here(loop, loader, with_targets: bool, phase: str = "evaluate") -> t
                 out = model(strategy.to_device(x))
             if with_targets and isinstance(batch, (tuple, list)) and len(batch) > 1:
                 y = strategy.to_device(batch[1])
-                keep = _finite_rows(y)
+                keep = torch.isfinite(y.reshape(len(y), -1)).all(dim=1)  # any dtype
                 kept = int(keep.sum())
                 bad += len(y) - kept
                 if kept:
@@ -57,12 +57,6 @@ def predict_here(loop, loader, with_targets: bool, phase: str = "evaluate") -> t
     target = _squeeze(torch.cat(targets).numpy()) if targets else None
     loss_sum, n, bad = strategy.sum([loss_sum, float(n), float(bad)])  # over every rank
     return pred, target, loss_sum / n if n else math.nan, int(bad)
-
-
-def _finite_rows(y: torch.Tensor) -> torch.Tensor:
-    if not y.is_floating_point():
-        return torch.ones(len(y), dtype=torch.bool, device=y.device)
-    return torch.isfinite(y.reshape(len(y), -1)).all(dim=1)
 
 
 def _squeeze(a: np.ndarray) -> np.ndarray:

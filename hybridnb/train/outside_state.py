@@ -119,15 +119,11 @@ class Fingerprint:
             if isinstance(why, BaseException):
                 unsendable[_path(key[0], key[1])] = f"{type(value).__name__}: {why}"
                 continue
-            values.append((*key, _to_cpu(value)))
+            if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+                value = value.detach().cpu().requires_grad_(value.requires_grad and value.is_leaf)
+            values.append((*key, value))
         values += [(path, name, "deleted", None) for path, name, _ in self.before.keys() - seen]
         return {"values": values, "unsendable": unsendable}
-
-
-def _to_cpu(value: Any) -> Any:
-    if isinstance(value, torch.Tensor) and value.device.type != "cpu":
-        return value.detach().cpu().requires_grad_(value.requires_grad and value.is_leaf)
-    return value
 
 
 def _unwrap(module: nn.Module) -> nn.Module:
