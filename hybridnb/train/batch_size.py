@@ -115,34 +115,25 @@ class Probe:
         self.taken += 1
         if not self.oom and self.taken < STEPS:
             return
-        verdict = self._verdict()
+        placement = self.loop.placement
+        limit, peak = _capacity(placement.device), peak_bytes(placement.device)
+        over = limit is not None and peak is not None and peak > (1 - self.headroom) * limit
+        verdict = "oom" if self.oom else "peak" if over else "ok"
         if verdict == "ok":
             self.good = self.size
         else:
             self.bad, self.bad_why = self.size, verdict
-        placement = self.loop.placement
         placement.recovery.micro.size = None  # the next size starts whole again
         self.loop.state.micro = None
         self.loop.learner.optimizer.zero_grad(set_to_none=True)
         free_memory(placement.device)
-        size = self._next()
+        if self.bad is None:  # doubling until a size fails, then bisection
+            size = None if self.good >= self.max_batch else min(2 * self.good, self.max_batch)
+        else:
+            size = None if self.bad - self.good <= 1 else (self.good + self.bad) // 2
         if size is None:
             raise CancelFit
         self._start(size)
-
-    def _verdict(self) -> str:
-        if self.oom:
-            return "oom"
-        device = self.loop.placement.device
-        limit, peak = _capacity(device), peak_bytes(device)
-        over = limit is not None and peak is not None and peak > (1 - self.headroom) * limit
-        return "peak" if over else "ok"
-
-    def _next(self) -> int | None:
-        """Doubling until a size fails, then bisection; None when the search is over."""
-        if self.bad is None:
-            return None if self.good >= self.max_batch else min(2 * self.good, self.max_batch)
-        return None if self.bad - self.good <= 1 else (self.good + self.bad) // 2
 
 
 def _capacity(device: torch.device) -> float | None:

@@ -71,10 +71,8 @@ def _fingerprint(value: Any) -> str | BaseException:
 def _refers_to_modules(value: Any) -> bool:
     """A module, or a plain list/tuple/dict of them: a reference into the model (or another
     model), not state of its own."""
-    if isinstance(value, nn.Module):
-        return True
     items = value.values() if isinstance(value, dict) else value \
-        if isinstance(value, (list, tuple)) else ()
+        if isinstance(value, (list, tuple)) else (value,)
     return any(isinstance(v, nn.Module) for v in items)
 
 
