@@ -76,7 +76,8 @@ def read(path: str | os.PathLike, model) -> tuple[dict, Path, list[str]]:
                 continue
             check_fits(state, candidate, model)
             return state, candidate, problems
-    best, advice = first.parent / BEST, "start afresh without resume (or move the folder away)"
+    best = first.parent / BEST
+    advice = "start afresh without resume (or move the folder away)"
     with contextlib.suppress(CheckpointError):  # missing or unreadable: no best.pt to offer
         load(best)
         advice = (f"{best} holds the best weights (trainer.model.load_state_dict(torch.load("
@@ -104,9 +105,9 @@ def check_fits(state: dict, path: Path, model) -> None:
 
 
 def check_dir(folder: str | os.PathLike | None, name: str = "checkpoint_dir") -> Path | None:
-    """Check ``checkpoint_dir`` (or ``log_dir``, ``name``) before any training: a folder (created if missing) this process
-    can write into. Temporary files that a killed write left (``.last.pt.tmp-<pid>`` of a
-    process that is gone) are removed; nothing else in the folder is touched."""
+    """Check ``checkpoint_dir`` (or ``log_dir``, ``name``) before any training: a folder (created
+    if missing) this process can write into. Temporary files a killed write left
+    (``.last.pt.tmp-<pid>`` of a process that is gone) are removed; nothing else is touched."""
     if folder is None:
         return None
     folder = Path(folder)

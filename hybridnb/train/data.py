@@ -219,10 +219,9 @@ _COLLATE_SIZES = "stack expects each tensor to be equal size"
 
 
 def same_sample_shape(batches: Iterator, start: int, epoch: int) -> Iterator:
-    """``batches`` (numbered from ``start``) checked to hold samples of the first batch's shape:
-    another shape, or different shapes inside one batch (collate's error), is a ValueError naming
-    the batch, ``epoch`` and the shapes, where torch would say only ``mat1 and mat2
-    shapes cannot be multiplied`` later."""
+    """``batches`` (numbered from ``start``) checked to hold samples of one shape: another shape,
+    or mixed shapes in one batch (collate's error), is a ValueError naming the batch, ``epoch``
+    and the shapes (torch would say only ``mat1 and mat2 shapes cannot be multiplied``, later)."""
     first, index = None, start
     try:  # around the loader's next(): its collate fails on samples of different shapes
         for batch in batches:
