@@ -70,16 +70,15 @@ def metrics(pred, target, loss, bad, task: str = "regression") -> dict:
     out = {"loss": loss}
     if bad:
         out["nonfinite_targets"] = bad
-    if task == "classification":
-        if target is not None and pred.ndim == 2:
-            keep = np.isfinite(target.reshape(len(target), -1)).all(axis=1)
-            if keep.any():
-                out.update(classification_metrics(target[keep], pred[keep]))
+    if target is None:
         return out
-    if target is not None and target.dtype.kind == "f" and pred.size == target.size:
-        keep = np.isfinite(target)
-        if keep.any():
-            out.update(regression_metrics(target[keep], pred.reshape(target.shape)[keep]))
+    keep = np.isfinite(target)  # classification: whole rows (a sample's class probabilities)
+    if task == "classification":
+        keep = keep.reshape(len(target), -1).all(axis=1)
+        if pred.ndim == 2 and keep.any():
+            out.update(classification_metrics(target[keep], pred[keep]))
+    elif target.dtype.kind == "f" and pred.size == target.size and keep.any():
+        out.update(regression_metrics(target[keep], pred.reshape(target.shape)[keep]))
     return out
 
 
