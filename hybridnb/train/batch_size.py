@@ -1,6 +1,6 @@
 """find_batch_size: the largest batch that fits on the device, found by real training steps.
 
-Doubling from ``start`` until a size fails, then bisection. A size fits when ``steps`` optimizer
+Doubling from ``start`` until a size fails, then bisection. A size fits when ``STEPS`` optimizer
 steps run without running out of memory and the peak stays under ``(1 - headroom)`` of the
 device's memory; a bound set by an out-of-memory error (no peak to compare) scales the answer by
 ``1 - headroom`` instead. The search is one trial fit on the Loop (``opening.trial``, as lr_find's
@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import psutil
 import torch
 from torch.utils.data import DataLoader
 
@@ -26,6 +27,7 @@ from hybridnb.train.schedules import Constant
 from hybridnb.train.state import Plan
 
 OOM_NOTES = ("oom_split", "cpu_batch")  # recovery's notes: the step ran out of memory
+STEPS = 2  # optimizer steps each size is tried with
 
 
 @dataclass
@@ -39,7 +41,7 @@ class BatchFound:
 
 
 def find_batch_size(loop, dataset, headroom: float = 0.1, max_batch: int | None = None,
-                    start: int = 1, steps: int = 2) -> BatchFound:
+                    start: int = 1) -> BatchFound:
     """Search on ``loop``'s model and device; the settings are the caller's to change."""
     if not 0 <= headroom < 1:
         raise ValueError(f"headroom={headroom!r} must be in [0, 1)")
@@ -49,11 +51,11 @@ def find_batch_size(loop, dataset, headroom: float = 0.1, max_batch: int | None 
     if n == 0:
         raise ValueError("find_batch_size needs a non-empty dataset")
     max_batch = min(max_batch or n, n)
-    probe = Probe(loop, data, steps, max_batch, max(1, min(start, max_batch)), headroom)
+    probe = Probe(loop, data, max_batch, max(1, min(start, max_batch)), headroom)
     loop.bus.note("batch_size", f"searching the largest batch from {probe.size} up to "
-                  f"{max_batch}, {steps} steps each, on {loop.placement.device}")
+                  f"{max_batch}, {STEPS} steps each, on {loop.placement.device}")
     trials = 2 * math.ceil(math.log2(max_batch) + 1)  # doubling, then bisection
-    with opening.trial(loop, probe, Plan(1, trials * steps, trials * steps, trials * steps),
+    with opening.trial(loop, probe, Plan(1, trials * STEPS, trials * STEPS, trials * STEPS),
                        probe, Constant(), recover_oom=True):
         loop.fit(probe, None)
     if probe.lost:
@@ -63,8 +65,8 @@ def find_batch_size(loop, dataset, headroom: float = 0.1, max_batch: int | None 
     good, bad, device = probe.good, probe.bad, loop.placement.device
     if good == 0:
         raise MemoryError(f"not even a batch of 1 fits on {device} "
-                          f"({probe.outcome.get(1, 'out of memory')})")
-    oom = bad is not None and probe.outcome[bad] == "oom"
+                          f"({probe.bad_why})")
+    oom = bad is not None and probe.bad_why == "oom"
     found = max(1, math.floor(good * (1 - headroom))) if oom and headroom else good
     s = loop.settings
     effective = s.batch_size * s.grad_accum
@@ -80,16 +82,14 @@ def find_batch_size(loop, dataset, headroom: float = 0.1, max_batch: int | None 
 
 class Probe:
     """The search as a trial fit's batches (the data's first ``size`` samples, again and again)
-    and a listener on its bus: after ``steps`` steps of a size, or the first that ran out of
+    and a listener on its bus: after ``STEPS`` steps of a size, or the first that ran out of
     memory, the size is judged ("ok", "oom" or "peak": over the memory limit) and the next one
     chosen; the fit ends (``CancelFit``) when the search is over."""
 
-    def __init__(self, loop, dataset, steps: int, max_batch: int, size: int,
-                 headroom: float) -> None:
-        self.loop, self.dataset, self.steps, self.max_batch = loop, dataset, steps, max_batch
-        self.headroom = headroom
-        self.outcome: dict[int, str] = {}
+    def __init__(self, loop, dataset, max_batch: int, size: int, headroom: float) -> None:
+        self.loop, self.dataset, self.max_batch, self.headroom = loop, dataset, max_batch, headroom
         self.good, self.bad = 0, None  # the largest size that fits, the smallest that does not
+        self.bad_why = "out of memory"  # the smallest failing size's verdict ("oom", "peak")
         self.lost: str | None = None  # why the device was lost mid-search
         self._start(size)
 
@@ -113,37 +113,27 @@ class Probe:
         if self.lost:
             raise CancelFit
         self.taken += 1
-        if not self.oom and self.taken < self.steps:
+        if not self.oom and self.taken < STEPS:
             return
-        verdict = self._verdict()
-        self.outcome[self.size] = verdict
+        placement = self.loop.placement
+        limit, peak = _capacity(placement.device), peak_bytes(placement.device)
+        over = limit is not None and peak is not None and peak > (1 - self.headroom) * limit
+        verdict = "oom" if self.oom else "peak" if over else "ok"
         if verdict == "ok":
             self.good = self.size
         else:
-            self.bad = self.size
-        placement = self.loop.placement
+            self.bad, self.bad_why = self.size, verdict
         placement.recovery.micro.size = None  # the next size starts whole again
         self.loop.state.micro = None
         self.loop.learner.optimizer.zero_grad(set_to_none=True)
         free_memory(placement.device)
-        size = self._next()
+        if self.bad is None:  # doubling until a size fails, then bisection
+            size = None if self.good >= self.max_batch else min(2 * self.good, self.max_batch)
+        else:
+            size = None if self.bad - self.good <= 1 else (self.good + self.bad) // 2
         if size is None:
             raise CancelFit
         self._start(size)
-
-    def _verdict(self) -> str:
-        if self.oom:
-            return "oom"
-        device = self.loop.placement.device
-        limit, peak = _capacity(device), peak_bytes(device)
-        over = limit is not None and peak is not None and peak > (1 - self.headroom) * limit
-        return "peak" if over else "ok"
-
-    def _next(self) -> int | None:
-        """Doubling until a size fails, then bisection; None when the search is over."""
-        if self.bad is None:
-            return None if self.good >= self.max_batch else min(2 * self.good, self.max_batch)
-        return None if self.bad - self.good <= 1 else (self.good + self.bad) // 2
 
 
 def _capacity(device: torch.device) -> float | None:
@@ -154,7 +144,5 @@ def _capacity(device: torch.device) -> float | None:
         fraction = float(get_fraction(device)) if get_fraction is not None else 1.0
         return float(total) * fraction
     if device.type == "cpu":
-        import psutil  # a dependency (pyproject)
-
         return float(psutil.virtual_memory().available + psutil.Process().memory_info().rss)
     return None

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
+
 from hybridnb.failures import first_line
 from hybridnb.files import CHECKPOINT_FORMAT as FORMAT
 from hybridnb.files import atomic_save, describe, is_write_failure, read_safely
@@ -34,8 +36,7 @@ class CheckpointError(RuntimeError):
 
 
 def save(state: dict, path: str | os.PathLike, keep_previous: bool = False) -> Path:
-    """Write ``state`` to ``path`` atomically; with ``keep_previous`` the old file becomes
-    ``<stem>.prev.pt`` first (``last.pt`` -> ``last.prev.pt``)."""
+    """``files.atomic_save`` with the format tag ``load`` checks (``last.pt`` -> ``last.prev.pt``)."""
     return atomic_save({"format": FORMAT, **state}, path, keep_previous)
 
 
@@ -47,7 +48,6 @@ _PICKLED_ADVICE = ("a hybridnb checkpoint holds only tensors and plain data, so 
 
 def load(path: str | os.PathLike) -> dict:
     """Read a checkpoint with ``weights_only=True``; a bad file raises ``CheckpointError`` naming it."""
-    path = Path(path)
     state = read_safely(path, "checkpoint", "is unreadable (truncated or corrupt)",
                         CheckpointError, CheckpointError, _PICKLED_ADVICE)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
@@ -56,17 +56,7 @@ def load(path: str | os.PathLike) -> dict:
     return state
 
 
-def _advice(folder: Path) -> str:
-    """What to do when no 'last' checkpoint can be read: best.pt when it loads, else afresh."""
-    best = folder / BEST
-    with contextlib.suppress(CheckpointError):  # missing or unreadable: no best.pt to offer
-        load(best)
-        return (f"{best} holds the best weights (trainer.model.load_state_dict(torch.load("
-                f"'{best}', weights_only=True)['model'])), or start afresh without resume")
-    return "start afresh without resume (or move the folder away)"
-
-
-def read(path: str | os.PathLike, model=None) -> tuple[dict, Path, list[str]]:
+def read(path: str | os.PathLike, model) -> tuple[dict, Path, list[str]]:
     """A 'last' checkpoint to resume from: a file (its ``.prev`` copy when it is damaged) or a
     folder's ``last.pt`` (else ``last.prev.pt``), checked to fit ``model`` (``check_fits``).
     Returns (state, the file used, why each file before it was skipped)."""
@@ -84,10 +74,15 @@ def read(path: str | os.PathLike, model=None) -> tuple[dict, Path, list[str]]:
             except CheckpointError as exc:
                 problems.append(str(exc))
                 continue
-            if model is not None:
-                check_fits(state, candidate, model)
+            check_fits(state, candidate, model)
             return state, candidate, problems
-    raise CheckpointError("; ".join(problems) + f". To go on: {_advice(first.parent)}")
+    best = first.parent / BEST
+    advice = "start afresh without resume (or move the folder away)"
+    with contextlib.suppress(CheckpointError):  # missing or unreadable: no best.pt to offer
+        load(best)
+        advice = (f"{best} holds the best weights (trainer.model.load_state_dict(torch.load("
+                  f"'{best}', weights_only=True)['model'])), or start afresh without resume")
+    raise CheckpointError("; ".join(problems) + f". To go on: {advice}")
 
 
 def check_fits(state: dict, path: Path, model) -> None:
@@ -110,9 +105,9 @@ def check_fits(state: dict, path: Path, model) -> None:
 
 
 def check_dir(folder: str | os.PathLike | None, name: str = "checkpoint_dir") -> Path | None:
-    """Check ``checkpoint_dir`` (or ``log_dir``, ``name``) before any training: a folder (created if missing) this process
-    can write into. Temporary files that a killed write left (``.last.pt.tmp-<pid>`` of a
-    process that is gone) are removed; nothing else in the folder is touched."""
+    """Check ``checkpoint_dir`` (or ``log_dir``, ``name``) before any training: a folder (created
+    if missing) this process can write into. Temporary files a killed write left
+    (``.last.pt.tmp-<pid>`` of a process that is gone) are removed; nothing else is touched."""
     if folder is None:
         return None
     folder = Path(folder)
@@ -130,16 +125,11 @@ def check_dir(folder: str | os.PathLike | None, name: str = "checkpoint_dir") ->
                          "can write into") from None
     for tmp in folder.iterdir():
         ours = _OUR_TEMP.fullmatch(tmp.name)
-        if ours and tmp.is_file() and not _alive(int(ours.group("pid"))):
+        pid = int(ours.group("pid")) if ours else os.getpid()
+        if pid != os.getpid() and tmp.is_file() and not psutil.pid_exists(pid):
             with contextlib.suppress(OSError):
                 tmp.unlink()
     return folder
-
-
-def _alive(pid: int) -> bool:
-    import psutil
-
-    return pid == os.getpid() or psutil.pid_exists(pid)
 
 
 def set_aside(folder: Path | None, patterns: tuple[str, ...] = (),
@@ -154,11 +144,10 @@ def set_aside(folder: Path | None, patterns: tuple[str, ...] = (),
     found += sorted({p for pattern in patterns for p in folder.glob(pattern) if p.is_file()})
     if not found:
         return None
-    target = folder / time.strftime("earlier-%Y%m%d-%H%M%S")
-    k = 1
+    stamp = time.strftime("earlier-%Y%m%d-%H%M%S")
+    target, k = folder / stamp, 1
     while target.exists():
-        target = folder / f"{target.name.split('.')[0]}.{k}"
-        k += 1
+        target, k = folder / f"{stamp}.{k}", k + 1
     try:
         target.mkdir()
         for path in found:
@@ -184,28 +173,24 @@ class Checkpoints:
         self.storage = StorageGuard(bus)
         self.log_patterns = log_patterns  # the logs in this folder, set aside with a fresh run
 
-    def keep(self, state: dict) -> None:
-        """``state`` (a ``Trainer.state_dict()``) is the last good state from now on."""
+    def keep(self, state: dict, write: bool = False) -> None:
+        """``state`` (a ``Trainer.state_dict()``) is the last good state from now on; ``write``:
+        written as ``last.pt`` too (the old one becomes ``last.prev.pt``)."""
         self.snapshot = state
         self.bus.emit(StateKept(state["position"]["global_step"], state))
-
-    def save_last(self, state: dict) -> None:
-        """Keep ``state`` and write it as ``last.pt`` (the old one becomes ``last.prev.pt``)."""
-        self.keep(state)
-        if self.folder is not None and self.is_main:
-            self._write(state, LAST, keep_previous=True)
+        if write and self.folder is not None and self.is_main:
+            self._write(state, LAST)
 
     def save_best(self, record: dict) -> None:
         if self.folder is not None and self.is_main:
             self._write({"kind": "best", **record}, BEST)
 
-    def _write(self, state: dict, name: str, keep_previous: bool = False) -> None:
-        """Write a file; a write failure (full disk, read-only folder: an ``OSError`` or
-        torch's writer error) is said once and the run goes on from memory
-        (``storage.StorageGuard``), the file on disk left as it was."""
+    def _write(self, state: dict, name: str) -> None:
+        """A failed write (full disk, read-only folder) is said once and the run goes on from
+        memory, the file on disk left as it was (``storage.StorageGuard``)."""
         path = self.folder / name
         try:
-            save(state, path, keep_previous=keep_previous)
+            save(state, path, keep_previous=name == LAST)
         except Exception as exc:  # narrowed by is_write_failure (torch's writer error too)
             if not is_write_failure(exc):
                 raise
@@ -219,8 +204,7 @@ class Checkpoints:
     @contextlib.contextmanager
     def claimed(self) -> Iterator[None]:
         """A fit holds ``folder`` for its whole length (rank 0): another live run there is
-        refused before its first step (``run_lock.RunLockError``); a dead process's lock is
-        taken over and said (``run_lock``)."""
+        refused before its first step, a dead process's lock taken over and said (run_lock.py)."""
         if self.folder is None or not self.is_main:
             yield
             return
@@ -247,23 +231,22 @@ class Checkpoints:
         snapshot, last = self.snapshot, self.folder / LAST  # a fit with a checkpoint_dir
         if snapshot is None or not self.is_main:
             return
+        resume = "fit(..., resume=True) continues from there"
         if not file_ready(snapshot):  # DeepSpeed: partitions not gathered
-            self.bus.note("failed", "training failed; the last checkpoint written (in "
-                          f"{self.folder}) is kept: fit(..., resume=True) continues from there")
-            return
-        try:
-            save(snapshot, last, keep_previous=True)
-        except Exception as exc:  # noqa: BLE001 - said; the original error follows
-            cause = describe(exc, last) if is_write_failure(exc) else \
-                f"{type(exc).__name__}: {first_line(exc)}"
-            kept = (f"the {LAST} on disk (step {_step_of(last)}) is intact" if last.exists()
-                    else "no checkpoint is on disk")
-            self.bus.note("failed", "training failed, and saving the last good state into "
-                          f"{last} failed too ({cause}); {kept}; the original error follows")
-            return
-        self.bus.note("failed", f"training failed; the last good state (step "
-                      f"{snapshot['position']['global_step']}) is in {last}; "
-                      "fit(..., resume=True) continues from there")
+            said = f"; the last checkpoint written (in {self.folder}) is kept: {resume}"
+        else:
+            try:
+                save(snapshot, last, keep_previous=True)
+                said = (f"; the last good state (step {snapshot['position']['global_step']}) "
+                        f"is in {last}; {resume}")
+            except Exception as exc:  # noqa: BLE001 - said; the original error follows
+                cause = describe(exc, last) if is_write_failure(exc) else \
+                    f"{type(exc).__name__}: {first_line(exc)}"
+                kept = (f"the {LAST} on disk (step {_step_of(last)}) is intact"
+                        if last.exists() else "no checkpoint is on disk")
+                said = (f", and saving the last good state into {last} failed too ({cause}); "
+                        f"{kept}; the original error follows")
+        self.bus.note("failed", "training failed" + said)
 
 
 def _step_of(path: Path) -> str:

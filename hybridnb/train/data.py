@@ -27,9 +27,8 @@ def as_dataset(data, bus, what: str = "data") -> Dataset | DataLoader:
             raise ValueError(f"{what}: the arrays have {' vs '.join(map(str, sizes))} samples "
                              "(first dimension): X and y must have one row per sample each")
         return TensorDataset(*(torch.as_tensor(a) for a in arrays))
-    made = made_dataset(data, bus, what)
-    if made is not data:
-        return made
+    if callable(getattr(data, "to_dataset", None)):
+        return made_dataset(data, bus, what)
     kind = type(data).__name__
     if callable(getattr(data, "dataset", None)):
         raise TypeError(f"{what}: a {kind} is not a torch Dataset; it makes one with "
@@ -44,9 +43,8 @@ def as_dataset(data, bus, what: str = "data") -> Dataset | DataLoader:
 
 
 def made_dataset(data, bus, what: str = "data"):
-    """``data.to_dataset()`` for an object that is not a Dataset but makes its own (a data
-    library's windows), said once on ``bus``; anything else as it is. The Trainer
-    resolves it before data travels to an isolated worker, so the worker gets the Dataset."""
+    """``data.to_dataset()`` for an object that makes its own Dataset (a data library's windows),
+    said once; anything else as it is (resolved before data travels to an isolated worker)."""
     if isinstance(data, (Dataset, DataLoader)) or not callable(getattr(data, "to_dataset", None)):
         return data
     kind = type(data).__name__
@@ -138,13 +136,9 @@ def yields_device_tensors(data) -> bool:
 
 def make_loader(data, *, batch_size: int, shuffle: bool, what: str, seed: int | None, strategy,
                 loader_kwargs: dict, bus):
-    """Batches for ``data``: a given DataLoader is used as it is; in-memory tensors become
-    ``IndexedBatches`` (on the device when they fit); other Datasets get a DataLoader. Both
-    follow the resumable batch order (this rank's shard under DDP) of a seeded generator. A
-    stream (IterableDataset) is read in its own order, by one process and one loader worker
-    (more would each read all of it)."""
-    if isinstance(data, IndexedBatches):
-        return data
+    """Batches for ``data`` in the resumable order (this rank's shard) of a seeded generator:
+    in-memory tensors as ``IndexedBatches``, other Datasets through a DataLoader; a DataLoader
+    given as it is; a stream in its own order, by one loader worker (more would each read all)."""
     data = as_dataset(data, bus, what)
     if isinstance(data, DataLoader):
         shards = getattr(data.batch_sampler, "world_size", 1)  # 1: every rank sees all of it
@@ -192,13 +186,8 @@ def make_loader(data, *, batch_size: int, shuffle: bool, what: str, seed: int | 
 def epoch_batches(loader, state, bus) -> Iterator:
     """The epoch's batches from ``state.batches_done`` on, with the RNG states a straight run
     would have at that point (a resumed run continues bit for bit), shapes checked."""
-    return same_sample_shape(_epoch_iter(loader, state, bus), state.batches_done,
-                             state.epoch, "training")
-
-
-def _epoch_iter(loader, state, bus) -> Iterator:
-    gen = getattr(loader, "generator", None)
-    if state.batches_done == 0:
+    gen, start = getattr(loader, "generator", None), state.batches_done
+    if start == 0:
         if state.pending_rng is not None:
             set_rng_state(state.pending_rng)
             if gen is not None and state.pending_rng.get("loader") is not None:
@@ -206,34 +195,33 @@ def _epoch_iter(loader, state, bus) -> Iterator:
             state.pending_rng = None
         state.epoch_start = {"torch": torch.get_rng_state(),
                              "loader": gen.get_state() if gen is not None else None}
-        return iter(loader)
+        return same_sample_shape(iter(loader), 0, state.epoch)
     torch.set_rng_state(state.epoch_start["torch"])
     if gen is not None and state.epoch_start["loader"] is not None:
         gen.set_state(state.epoch_start["loader"])
     sampler = getattr(loader, "batch_sampler", None)
     skips = isinstance(sampler, ResumableBatchSampler)
     if skips:
-        sampler.skip(state.batches_done)
+        sampler.skip(start)
     else:
-        bus.say("resume_skip", f"reading and skipping {state.batches_done} batches of this "
-                "epoch to reach the saved position (pass a Dataset to skip without reading)")
+        bus.say("resume_skip", f"reading and skipping {start} batches of this epoch to reach "
+                "the saved position (pass a Dataset to skip without reading)")
     it = iter(loader)
-    for _ in range(0 if skips else state.batches_done):
+    for _ in range(0 if skips else start):
         next(it)
     if state.pending_rng is not None:
         set_rng_state(state.pending_rng)
         state.pending_rng = None
-    return it
+    return same_sample_shape(it, start, state.epoch)
 
 
 _COLLATE_SIZES = "stack expects each tensor to be equal size"
 
 
-def same_sample_shape(batches: Iterator, start: int, epoch: int, source: str) -> Iterator:
-    """``batches`` (numbered from ``start``) checked to hold samples of the first batch's shape:
-    another shape, or different shapes inside one batch (collate's error), is a ValueError naming
-    the batch, ``epoch``, ``source`` and the shapes, where torch would say only ``mat1 and mat2
-    shapes cannot be multiplied`` later."""
+def same_sample_shape(batches: Iterator, start: int, epoch: int) -> Iterator:
+    """``batches`` (numbered from ``start``) checked to hold samples of one shape: another shape,
+    or mixed shapes in one batch (collate's error), is a ValueError naming the batch, ``epoch``
+    and the shapes (torch would say only ``mat1 and mat2 shapes cannot be multiplied``, later)."""
     first, index = None, start
     try:  # around the loader's next(): its collate fails on samples of different shapes
         for batch in batches:
@@ -243,7 +231,7 @@ def same_sample_shape(batches: Iterator, start: int, epoch: int, source: str) ->
                 if first is None:
                     first = (index, shape)
                 elif shape != first[1]:
-                    raise ValueError(f"{source} batch {index} of epoch {epoch} holds samples of "
+                    raise ValueError(f"training batch {index} of epoch {epoch} holds samples of "
                                      f"shape {shape}, but batch {first[0]}'s are {first[1]}: "
                                      "every sample must have the same shape (look at that "
                                      "batch's items in the Dataset; crop or pad them)")
@@ -252,7 +240,7 @@ def same_sample_shape(batches: Iterator, start: int, epoch: int, source: str) ->
     except RuntimeError as exc:
         if _COLLATE_SIZES not in str(exc):
             raise
-        raise ValueError(f"{source} batch {index} of epoch {epoch}: its samples have "
+        raise ValueError(f"training batch {index} of epoch {epoch}: its samples have "
                          f"different shapes ({str(exc).strip().splitlines()[0]}): every "
                          "sample must have the same shape (crop or pad them in the "
                          "Dataset)") from None

@@ -12,19 +12,11 @@ import math
 import numpy as np
 import torch
 
+from hybridnb.torch_state import evaluating
 from hybridnb.train.interrupt import stop_asked
 from hybridnb.train.losses import ReweightedHuber
 from hybridnb.train.metrics import classification_metrics, regression_metrics
 from hybridnb.train.state import Stop
-
-OUTPUTS = (None, "raw", "labels", "probs")
-
-
-def eval_loss(loss_fn, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The loss without training-only reweighting."""
-    if isinstance(loss_fn, ReweightedHuber) and loss_fn.reweighting:
-        return ReweightedHuber(loss_fn.delta)(out, y)
-    return loss_fn(out, y)
 
 
 @torch.no_grad()
@@ -35,11 +27,11 @@ def predict_here(loop, loader, with_targets: bool, phase: str = "evaluate") -> t
     placement, in_fit = loop.placement, loop.fitting
     placement.place([loader])
     strategy, precision, loss_fn = placement.strategy, placement.precision, loop.learner.loss_fn
+    if isinstance(loss_fn, ReweightedHuber) and loss_fn.reweighting:
+        loss_fn = ReweightedHuber(loss_fn.delta)  # without training-only reweighting
     model = loop.learner.eval_model(in_fit)
-    was_training = model.training
-    model.eval()
-    preds, targets, loss_sum, n = [], [], 0.0, 0
-    try:
+    preds, targets, loss_sum, n, bad = [], [], 0.0, 0, 0
+    with evaluating(model):  # each module's own training flag back after
         for batch in loader:
             loop.heartbeat.beat(phase)
             asked = (in_fit or loop.heartbeat.channel is not None) and \
@@ -51,29 +43,20 @@ def predict_here(loop, loader, with_targets: bool, phase: str = "evaluate") -> t
                 out = model(strategy.to_device(x))
             if with_targets and isinstance(batch, (tuple, list)) and len(batch) > 1:
                 y = strategy.to_device(batch[1])
-                keep = _finite_rows(y)
+                keep = torch.isfinite(y.reshape(len(y), -1)).all(dim=1)  # any dtype
                 kept = int(keep.sum())
+                bad += len(y) - kept
                 if kept:
-                    loss_sum += float(eval_loss(loss_fn, out[keep], y[keep])) * kept
+                    loss_sum += float(loss_fn(out[keep], y[keep])) * kept
                     n += kept
                 targets.append(strategy.gather(y.float().reshape(len(x), -1)).cpu())
             preds.append(strategy.gather(out.float().reshape(len(x), -1)).cpu())
-    finally:
-        model.train(was_training)
     if not preds:
         raise ValueError("no batches to predict on (empty data)")
     pred = _squeeze(torch.cat(preds).numpy())
     target = _squeeze(torch.cat(targets).numpy()) if targets else None
-    loss = strategy.sum([loss_sum, float(n)])
-    bad = 0 if target is None else int((~np.isfinite(target.reshape(len(target), -1))
-                                        .all(axis=1)).sum())
-    return pred, target, (loss[0] / loss[1] if loss[1] else math.nan), bad
-
-
-def _finite_rows(y: torch.Tensor) -> torch.Tensor:
-    if not y.is_floating_point():
-        return torch.ones(len(y), dtype=torch.bool, device=y.device)
-    return torch.isfinite(y.reshape(len(y), -1)).all(dim=1)
+    loss_sum, n, bad = strategy.sum([loss_sum, float(n), float(bad)])  # over every rank
+    return pred, target, loss_sum / n if n else math.nan, int(bad)
 
 
 def _squeeze(a: np.ndarray) -> np.ndarray:
@@ -87,16 +70,15 @@ def metrics(pred, target, loss, bad, task: str = "regression") -> dict:
     out = {"loss": loss}
     if bad:
         out["nonfinite_targets"] = bad
-    if task == "classification":
-        if target is not None and pred.ndim == 2:
-            keep = np.isfinite(target.reshape(len(target), -1)).all(axis=1)
-            if keep.any():
-                out.update(classification_metrics(target[keep], pred[keep]))
+    if target is None:
         return out
-    if target is not None and target.dtype.kind == "f" and pred.size == target.size:
-        keep = np.isfinite(target)
-        if keep.any():
-            out.update(regression_metrics(target[keep], pred.reshape(target.shape)[keep]))
+    keep = np.isfinite(target)  # classification: whole rows (a sample's class probabilities)
+    if task == "classification":
+        keep = keep.reshape(len(target), -1).all(axis=1)
+        if pred.ndim == 2 and keep.any():
+            out.update(classification_metrics(target[keep], pred[keep]))
+    elif target.dtype.kind == "f" and pred.size == target.size and keep.any():
+        out.update(regression_metrics(target[keep], pred.reshape(target.shape)[keep]))
     return out
 
 
@@ -104,7 +86,7 @@ def as_output(pred: np.ndarray, task: str, output: str | None) -> np.ndarray:
     """``predict``'s answer: ``"raw"`` the model's outputs; ``"labels"`` the class of each
     sample (argmax, int64); ``"probs"`` the softmax over classes. ``None``: labels for a
     classification loss, raw outputs for regression."""
-    if output not in OUTPUTS:
+    if output not in (None, "raw", "labels", "probs"):
         raise ValueError(f"output={output!r}: use 'labels', 'probs', 'raw' (or None: labels "
                          "when classifying, raw outputs otherwise)")
     if output is None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import threading
 
 from hybridnb.train.state import Stop
 
@@ -25,9 +24,8 @@ class GracefulInterrupt:
         self._previous = None
 
     def __enter__(self) -> GracefulInterrupt:
-        if threading.current_thread() is threading.main_thread():
-            with contextlib.suppress(ValueError):  # e.g. an embedded interpreter refusing handlers
-                self._previous = signal.signal(signal.SIGINT, self._handle)
+        with contextlib.suppress(ValueError):  # not the main thread (or an embedded interpreter)
+            self._previous = signal.signal(signal.SIGINT, self._handle)
         return self
 
     def __exit__(self, *exc) -> None:

@@ -35,16 +35,13 @@ def output_structure(out) -> str:
                 "predictions as one tensor of shape (batch,) or (batch, outputs)")
     keys = list(out) if isinstance(out, dict) else list(range(len(out)))
     form = "{!r}: {}" if isinstance(out, dict) else "[{}]: {}"  # as the user would index it
-    parts = [form.format(k, _shape(out[k])) for k in keys]
+    parts = [form.format(k, f"tensor {tuple(out[k].shape)}" if isinstance(out[k], torch.Tensor)
+                         else type(out[k]).__name__) for k in keys]
     pick = f"out[{keys[0]!r}]" if keys else "out[...]"
     return (f"the model returned a {type(out).__name__} ({', '.join(parts[:6])}"
             f"{', ...' if len(parts) > 6 else ''}), not one tensor: the named losses need the "
             "predictions alone. Return them alone from forward(), or pass a loss that picks "
             f"them, e.g. loss=lambda out, y: torch.nn.functional.mse_loss({pick}.squeeze(-1), y)")
-
-
-def _shape(v) -> str:
-    return f"tensor {tuple(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__
 
 
 # torch's regression losses broadcast (batch, 1) against (batch,) into (batch, batch) with only a

@@ -71,21 +71,9 @@ def _fingerprint(value: Any) -> str | BaseException:
 def _refers_to_modules(value: Any) -> bool:
     """A module, or a plain list/tuple/dict of them: a reference into the model (or another
     model), not state of its own."""
-    if isinstance(value, nn.Module):
-        return True
     items = value.values() if isinstance(value, dict) else value \
-        if isinstance(value, (list, tuple)) else ()
+        if isinstance(value, (list, tuple)) else (value,)
     return any(isinstance(v, nn.Module) for v in items)
-
-
-def _own(module: nn.Module) -> dict[tuple[str, str], Any]:
-    """{(name, kind): value} for a module's own attributes and non-persistent buffers."""
-    buffers = module.__dict__.get("_buffers", {})
-    return {**{(name, "attr"): value for name, value in vars(module).items()
-               if name not in _INTERNAL and not _refers_to_modules(value)},
-            **{(name, "buffer"): buffers[name]
-               for name in module.__dict__.get("_non_persistent_buffers_set", ())
-               if buffers.get(name) is not None}}
 
 
 class Fingerprint:
@@ -99,11 +87,17 @@ class Fingerprint:
 
     def _watched(self):
         """((module path, name, kind), value, whether it names one of the model's parameters or
-        buffers: an alias, not state of its own) for each module's own values."""
+        buffers: an alias, not state of its own) for each module's own attributes and
+        non-persistent buffers."""
         held = {id(t) for t in self.model.parameters()} | {id(t) for t in self.model.buffers()}
         for path, module in self.modules:
-            for (name, kind), value in _own(module).items():
-                yield (path, name, kind), value, kind == "attr" and id(value) in held
+            for name, value in vars(module).items():
+                if name not in _INTERNAL and not _refers_to_modules(value):
+                    yield (path, name, "attr"), value, id(value) in held
+            buffers = module.__dict__.get("_buffers", {})
+            for name in module.__dict__.get("_non_persistent_buffers_set", ()):
+                if buffers.get(name) is not None:
+                    yield (path, name, "buffer"), buffers[name], False
 
     def changes(self) -> dict:
         """What differs from the fingerprint, as plain data for the channel: ``values``
@@ -123,15 +117,11 @@ class Fingerprint:
             if isinstance(why, BaseException):
                 unsendable[_path(key[0], key[1])] = f"{type(value).__name__}: {why}"
                 continue
-            values.append((*key, _to_cpu(value)))
+            if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+                value = value.detach().cpu().requires_grad_(value.requires_grad and value.is_leaf)
+            values.append((*key, value))
         values += [(path, name, "deleted", None) for path, name, _ in self.before.keys() - seen]
         return {"values": values, "unsendable": unsendable}
-
-
-def _to_cpu(value: Any) -> Any:
-    if isinstance(value, torch.Tensor) and value.device.type != "cpu":
-        return value.detach().cpu().requires_grad_(value.requires_grad and value.is_leaf)
-    return value
 
 
 def _unwrap(module: nn.Module) -> nn.Module:
@@ -151,7 +141,7 @@ def apply(model: nn.Module, payload: dict | None) -> dict[str, str]:
     lost = dict(payload.get("unsendable") or {})
     for path, name, kind, value in payload.get("values") or ():
         try:
-            module = _unwrap(model.get_submodule(path)) if path else _unwrap(model)
+            module = _unwrap(model.get_submodule(path))  # "": the model itself
         except AttributeError as exc:
             lost[_path(path, name)] = f"the kernel's model has no module {path!r} ({exc})"
             continue

@@ -56,7 +56,7 @@ def _unlock(fd: int) -> None:
 
 
 def _read(fd: int) -> str:
-    """The holder the file names ('' when empty), as ``_me`` wrote it."""
+    """The holder the file names ('' when empty), as ``RunLock.acquire`` wrote it."""
     os.lseek(fd, 0, os.SEEK_SET)
     return os.read(fd, 4096).decode("utf-8", "replace").strip()[:200]
 
@@ -91,7 +91,8 @@ class RunLock:
             holder = _read(fd)
             os.ftruncate(fd, 0)
             os.lseek(fd, 0, os.SEEK_SET)
-            os.write(fd, _me().encode())
+            os.write(fd, (f"pid {os.getpid()} on host {socket.gethostname()}, started "
+                          f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}").encode())
             os.fsync(fd)
         except BaseException:  # cleanup, then re-raised
             os.close(fd)
@@ -113,8 +114,3 @@ class RunLock:
             os.ftruncate(fd, 0)
             _unlock(fd)
         os.close(fd)
-
-
-def _me() -> str:
-    return (f"pid {os.getpid()} on host {socket.gethostname()}, started "
-            f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}")

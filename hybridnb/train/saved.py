@@ -69,7 +69,7 @@ def save_last(loop) -> None:
     if loop.settings.checkpoint_dir is None:
         return loop.checkpoints.keep(state_dict(loop))
     loop.heartbeat.beat("checkpoint")
-    loop.checkpoints.save_last(loop.placement.strategy.for_file(state_dict(loop)))
+    loop.checkpoints.keep(loop.placement.strategy.for_file(state_dict(loop)), write=True)
     loop.heartbeat.beat("step")
 
 

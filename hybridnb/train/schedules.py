@@ -101,12 +101,11 @@ class TorchSchedule(Constant):
 
     Built afresh at every ``bind``; a resume loads the saved state when the factory builds the
     same scheduler, else advances the new one to the run's step (``replaced`` says why).
-    ``ReduceLROnPlateau`` steps at each validation with the monitored metric. The loop multiplies
+    ``ReduceLROnPlateau`` steps at each validation with the monitored metric (``on_validation``'s
+    second argument; a user's schedule object keeps its one-argument method). The loop multiplies
     in the loss guard's cut, so a chained scheduler never compounds it; the first group's factor
     applies to every group.
     """
-
-    wants_value = True  # on_validation receives the monitored metric
 
     def __init__(self, factory: Callable, optimizer: torch.optim.Optimizer) -> None:
         self.factory, self.optimizer = factory, optimizer
@@ -141,8 +140,7 @@ class TorchSchedule(Constant):
                              "OneCycleLR(opt, max_lr=..., total_steps=total_steps)")
         self.sched = sched
         self.plateau = isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau)
-        self.base = [g["initial_lr"] if "initial_lr" in g else g["lr"]
-                     for g in self.optimizer.param_groups]
+        self.base = [g.get("initial_lr", g["lr"]) for g in self.optimizer.param_groups]
         self.current = 1.0
         self.replaced: str | None = None  # why a resumed fit did not load the saved state
         if self._pending:
@@ -260,11 +258,3 @@ def make_schedule(schedule, warmup: float, optimizer: torch.optim.Optimizer) -> 
     raise ValueError(f"schedule={schedule!r}: use 'warmup_cosine', 'plateau', 'constant', None, "
                      "an object with bind/factor/on_validation/state_dict, or a factory "
                      "optimizer -> torch.optim.lr_scheduler.LRScheduler")
-
-
-def tell_validation(schedule, improved: bool, value: float | None) -> str | None:
-    """``schedule.on_validation``, with the monitored metric for schedules that want it
-    (``wants_value``; a user's schedule object keeps its one-argument method)."""
-    if getattr(schedule, "wants_value", False):
-        return schedule.on_validation(improved, value)
-    return schedule.on_validation(improved)

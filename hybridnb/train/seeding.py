@@ -51,12 +51,8 @@ def set_rng_state(state: dict) -> None:
                          "state": {"key": npy["key"].numpy().astype(np.uint32), "pos": npy["pos"]},
                          "has_gauss": npy["has_gauss"], "gauss": npy["gauss"]})
     torch.set_rng_state(state["torch"])
-    if state.get("cuda") is not None and _owns_cuda():
+    # only a process that already touched CUDA, or an isolated worker, sets CUDA's states (a
+    # kernel that hands training to a worker never starts the CUDA driver)
+    if state.get("cuda") is not None and (torch.cuda.is_initialized() or (
+            bool(current().get(ISOLATED_ENV)) and torch.cuda.is_available())):
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _owns_cuda() -> bool:
-    """Whether this process may touch CUDA: it already did, or it is an isolated worker (a
-    kernel that hands training to a worker never starts the CUDA driver)."""
-    return torch.cuda.is_initialized() or (bool(current().get(ISOLATED_ENV))
-                                           and torch.cuda.is_available())

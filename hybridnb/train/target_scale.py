@@ -24,8 +24,6 @@ class TargetScale:
         self.model, self.bus, self.enabled = model, bus, enabled and task == "regression"
         self.loss = f"loss={loss!r}" if isinstance(loss, str) else "a regression loss"
         self.kind_checked = task != "regression"
-        self.y: torch.Tensor | None = None
-        self._hook = None
 
     def targets(self, y) -> None:
         if not self.kind_checked and isinstance(y, torch.Tensor) and y.numel() >= 1:
@@ -37,25 +35,25 @@ class TargetScale:
         if not self.enabled or not isinstance(y, torch.Tensor) or y.numel() < 2:
             return
         self.enabled = False  # once per Trainer (so never while the hook waits)
-        self.y = y.detach()
-        self._hook = self.model.register_forward_hook(self._judge_output)
+        y = y.detach()
 
-    def _judge_output(self, module, args, out) -> None:
-        self._hook.remove()
-        y, self.y = self.y, None
-        if not isinstance(out, torch.Tensor) or out.numel() != y.numel():
-            return  # the loss says what is wrong with the output's structure
-        with torch.no_grad():
-            yf = y.reshape(-1).float().to(out.device)
-            keep = torch.isfinite(yf)
-            if int(keep.sum()) < 2:
-                return
-            yf, of = yf[keep], out.detach().reshape(-1)[keep].float()
-            y_mean, y_std, o_mean, o_std = torch.stack(
-                [yf.mean(), yf.std(), of.mean(), of.std()]).tolist()
-        message = judge(y_mean, y_std, o_mean, o_std)
-        if message:
-            self.bus.note("target_scale", message)
+        def judge_output(module, args, out) -> None:
+            hook.remove()
+            if not isinstance(out, torch.Tensor) or out.numel() != y.numel():
+                return  # the loss says what is wrong with the output's structure
+            with torch.no_grad():
+                yf = y.reshape(-1).float().to(out.device)
+                keep = torch.isfinite(yf)
+                if int(keep.sum()) < 2:
+                    return
+                yf, of = yf[keep], out.detach().reshape(-1)[keep].float()
+                y_mean, y_std, o_mean, o_std = torch.stack(
+                    [yf.mean(), yf.std(), of.mean(), of.std()]).tolist()
+            message = judge(y_mean, y_std, o_mean, o_std)
+            if message:
+                self.bus.note("target_scale", message)
+
+        hook = self.model.register_forward_hook(judge_output)
 
 
 CONSTANT_AT = 8  # targets in the first batch all equal: said from this many on

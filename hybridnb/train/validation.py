@@ -11,7 +11,7 @@ from hybridnb.train.evaluation import metrics as metrics_of
 from hybridnb.train.evaluation import predict_here
 from hybridnb.train.metrics import higher_is_better
 from hybridnb.train.recovery import to_cpu
-from hybridnb.train.schedules import tell_validation
+from hybridnb.train.schedules import TorchSchedule
 from hybridnb.train.state import Best
 
 
@@ -91,7 +91,9 @@ class Validation:
                                         "global_step": best.step, "ema": learner.ema is not None})
         else:
             best.bad += 1
-        note = tell_validation(learner.schedule, improved, value)
+        schedule = learner.schedule
+        note = schedule.on_validation(improved, value) if isinstance(schedule, TorchSchedule) \
+            else schedule.on_validation(improved)
         if note:
             loop.bus.say("lr_plateau", note)
         if loop.placement.strategy.agree(bool(stopping.patience and best.bad >= stopping.patience)):
