@@ -120,16 +120,18 @@ class SlowValidation(Dataset):
 
 def test_validation_never_counts_in_samples_per_s():
     # 7 steps an epoch: not a multiple of the throughput window's period (20 steps)
-    val = SlowValidation(4, seconds=0.3)  # 1.2 s of validation per epoch
+    val = SlowValidation(4, seconds=0.4)  # 1.6 s of validation per epoch
     tr = Trainer(Spanning(), device="cpu", isolate=False, speedups=False, batch_size=16,
                  epochs=2, lr=1e-2, seed=0, live=False, verbose=False, schedule=None)
     tr.fit(windows(112), val=val)
     hist = tr.history
     assert hist["epoch"].tolist() == [0, 1]
     for _, row in hist.iterrows():
-        assert row["time_s"] < 0.6, hist[["epoch", "time_s", "samples_per_s"]]
+        # counted, validation alone would make it >= 1.6 s; 7 small steps take ~0.1 s (0.76 s
+        # seen on a 2-core machine at load 8), so the bound holds on a busy CI too
+        assert row["time_s"] < 1.6, hist[["epoch", "time_s", "samples_per_s"]]
         # the rate is the counted samples over training's time alone
-        assert row["samples_per_s"] > 112 / 1.2
+        assert row["samples_per_s"] > 112 / 1.6
         assert math.isfinite(row["samples_per_s"])
 
 
