@@ -3,7 +3,7 @@
 Translates what plotly's JSON says rather than rendering plotly.js (kaleido would, but needs a
 Chrome). Only what the notebooks and the common plotly express calls make: scatter/scattergl
 (lines, markers; ``px.line``, ``px.scatter``), bar (grouped, overlaid, stacked, horizontal,
-``base=``, text, symmetric error bars; ``px.bar``) and histogram (overlaid ones share their
+``base=``, text, a colour per bar, error bars; ``px.bar``) and histogram (overlaid ones share their
 bins; ``px.histogram``); subplots (``make_subplots``), log axes, ranges and titles,
 ``add_hline``/``add_vline``, annotations (subplot titles), the title and the legend. Another
 trace type is not drawn and the image says so in its corner. hybridnb's own figures (the
@@ -216,11 +216,14 @@ def _bar(ax, t: dict, color: str, layout: dict, slot) -> None:
         for i, (p, v) in enumerate(zip(pos, vals, strict=True)):
             bottom[i] = stacks.get(p, 0.0)  # px puts one bar per row: rows stack too
             stacks[p] = bottom[i] + v
-    kw = {"color": _color((t.get("marker") or {}).get("color"), color), "label": _label(t),
-          "alpha": t.get("opacity")}
-    err = _values((t.get("error_y") or {}).get("array"))  # symmetric ones: go.Bar(error_y=...)
-    if err is not None and not horizontal:
-        kw["yerr"] = err.astype(float)
+    mc = (t.get("marker") or {}).get("color")  # one colour, or one a bar
+    c = [_color(v, color) for v in mc] if isinstance(mc, (list, tuple, np.ndarray)) \
+        and len(mc) == len(pos) else _color(mc, color)
+    kw = {"color": c, "label": _label(t), "alpha": t.get("opacity")}
+    err = t.get("error_y") or {}
+    plus, minus = _values(err.get("array")), _values(err.get("arrayminus"))
+    if plus is not None and not horizontal:
+        kw["yerr"] = np.vstack([minus if minus is not None else plus, plus]).astype(float)
     bars = (ax.barh if horizontal else ax.bar)(pos, vals, width, bottom, **kw)
     text, where = t.get("text"), t.get("textposition") or "auto"
     if text is not None and where != "none":

@@ -244,6 +244,12 @@ def test_translation_draws_histogram_bar_and_says_what_it_skips():
                                               go.Bar(x=["a", "b"], y=[3, 4], name="two")]))
     left_one, _, left_two, _ = sorted(grouped.axes[0].patches, key=lambda p: p.get_height())
     assert left_one.get_x() < left_two.get_x()  # side by side, not on top of each other
+    coloured = plotly_mpl.draw(go.Figure(go.Bar(
+        y=[5, 5], marker_color=["red", "blue"],
+        error_y={"symmetric": False, "array": [1, 1], "arrayminus": [4, 4]})))
+    assert [p.get_facecolor()[:3] for p in coloured.axes[0].patches] == [(1, 0, 0), (0, 0, 1)]
+    whisker = coloured.axes[0].collections[0].get_segments()[0][:, 1]  # one bar's error bar
+    assert sorted(whisker.tolist()) == [1, 6]  # 4 below, 1 above
     for fig, kind in ((px.box(y=np.arange(10.0)), "box"), (px.imshow(np.eye(3)), "heatmap"),
                       (go.Figure(go.Pie(values=[1, 2])), "pie"),
                       (px.line(y=[1, 2]).add_vrect(x0=0, x1=0.5), "rect shapes")):
