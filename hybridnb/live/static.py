@@ -105,19 +105,25 @@ class StaticImageRenderer(MimetypeRenderer):
 
 
 class StaticFigure(go.Figure):
-    """A plotly ``go.Figure`` (hybridnb's own) that carries its image, drawn from its data by
-    ``_draw``, in every notebook output it makes (shown at a cell's end, ``.show()``,
-    ``display()``), whether or not ``static_figures()`` was called."""
+    """A plotly ``go.Figure`` (hybridnb's own) that carries its image in every notebook output it
+    makes (shown at a cell's end, ``.show()``, ``display()``), whether or not
+    ``static_figures()`` was called. The image is ``_draw``'s drawing of the results the figure
+    was made from; once the figure is edited (a title, a trace), it is translated instead."""
 
     _draw: Callable[[], Any] | None = None
+    _made = ""  # the figure's JSON when made: what ``_draw`` draws
 
     def __reduce__(self):  # pickled or copied, it keeps its drawing
-        return (*super().__reduce__(), {"_draw": self._draw})
+        return (*super().__reduce__(), {"_draw": self._draw, "_made": self._made})
+
+    def _drawing(self) -> Callable[[], Any] | None:
+        return self._draw if self._draw is not None and self.to_json() == self._made else None
 
     def _repr_mimebundle_(self, include=None, exclude=None, validate=True, **kwargs):
-        bundle = super()._repr_mimebundle_(include, exclude, validate, draw=self._draw, **kwargs)
+        draw = self._drawing()
+        bundle = super()._repr_mimebundle_(include, exclude, validate, draw=draw, **kwargs)
         if bundle and not any(k.startswith("image/") for k in bundle):
-            bundle.update(image_bundle(self, self._draw))
+            bundle.update(image_bundle(self, draw))
         return bundle
 
     def _ipython_display_(self):
@@ -127,11 +133,12 @@ class StaticFigure(go.Figure):
             print(repr(self))
 
     def show(self, renderer=None, validate=True, **kwargs):
-        pio.show(self, renderer=with_image(renderer), validate=validate, draw=self._draw, **kwargs)
+        pio.show(self, renderer=with_image(renderer), validate=validate, draw=self._drawing(),
+                 **kwargs)
 
 
 def static_figure(fig: Any, draw: Callable[[], Any]) -> StaticFigure:
     """``fig`` as a ``StaticFigure`` whose image ``draw`` makes (a matplotlib Figure)."""
     out = StaticFigure(fig)
-    out._draw = draw
+    out._draw, out._made = draw, out.to_json()
     return out

@@ -148,7 +148,6 @@ def test_lr_find_plot_carries_an_image_without_the_setup_line(kernel_renderer, m
     found = tr.lr_find(data, num_steps=20)
     fig = found.plot()
     assert isinstance(fig, go.Figure)  # every plotly method still works
-    assert type(fig.update_layout(title="again")) is type(fig)
     copy = pickle.loads(pickle.dumps(fig))  # saved with joblib, pickle
     assert type(copy) is type(fig)
     bundle = fig._repr_mimebundle_()
@@ -168,6 +167,9 @@ def test_lr_find_plot_carries_an_image_without_the_setup_line(kernel_renderer, m
     finally:
         static.static_figures(False)
     assert with_setup == "plotly_mimetype+hybridnb_image"
+    edited = copy.update_layout(title="again")  # an edit shows in the saved image: translated
+    assert type(edited) is type(fig)
+    assert edited._repr_mimebundle_()[SVG] == static.image_bundle(edited)[SVG] != bundle[SVG]
 
 
 def test_report_png_is_the_live_figure(tmp_path):
