@@ -156,7 +156,14 @@ def pack(obj: Any, files: list[str] | None = None) -> tuple[bytes, list[str]]:
 def unpack(data: bytes | memoryview) -> Any:
     """The child's side of ``pack`` (``refs.SentFileChanged``: a referenced file changed)."""
     unpickler = pickle.Unpickler(io.BytesIO(data))
-    unpickler.persistent_load = refs.open_ref
+    opened: dict[int, tuple] = {}  # a tensor sent twice (train and val) is one ref, opened once
+
+    def load(ref):
+        if id(ref) not in opened:  # the ref kept beside its object: its id stays its own
+            opened[id(ref)] = (ref, refs.open_ref(ref))
+        return opened[id(ref)][1]
+
+    unpickler.persistent_load = load
     return unpickler.load()
 
 

@@ -10,6 +10,7 @@ this process (lifeline, atexit). ``HYBRIDNB_WARM_WORKER=0`` turns spares off.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import threading
@@ -49,7 +50,10 @@ def replenish(key: Key, start: Callable[[], Spare]) -> None:
     if warm_worker():
         spare = take(key) or start()  # a running one is kept, a stale one closed
         with _lock:
+            old = _spares.get(key[0])
             _spares[key[0]] = (key, spare)
+        if old is not None and old[1] is not spare:  # another thread's, meanwhile
+            old[1].close()
 
 
 def waiting() -> list[Spare]:
@@ -63,7 +67,8 @@ def close_all() -> None:
         entries = list(_spares.values())
         _spares.clear()
     for _, spare in entries:
-        spare.close()
+        with contextlib.suppress(KeyboardInterrupt):  # a Ctrl-C held in one close: close them all
+            spare.close()
 
 
 atexit.register(close_all)

@@ -182,6 +182,17 @@ def test_anonymous_tensors_and_arrays_still_go_through_shared_memory():
     assert not [p for p in files if os.path.exists(p)]
 
 
+def test_one_big_tensor_or_array_sent_twice_arrives_twice_and_stays_one():
+    """The same X as train and val, or tied weights: one file, opened once, one object."""
+    arr, t = np.arange(1 << 18, dtype=np.float64), torch.ones(1 << 19)
+    data, files = pack({"train": (arr, t), "val": (arr, t)})
+    out = unpack(data)
+    discard(files)
+    assert len(files) == 2
+    assert out["train"][0] is out["val"][0] and out["train"][1] is out["val"][1]
+    assert np.array_equal(out["val"][0], arr) and torch.equal(out["val"][1], t)
+
+
 # ------------------------------------------------------------------ a small or full /dev/shm
 
 # Run under ``unshare -Urm`` (a user and mount namespace: no root needed) with a 4 MB tmpfs on

@@ -98,12 +98,15 @@ def test_big_tensors_travel_through_shared_memory_and_nothing_is_left_in_dev_shm
     param = torch.nn.Parameter(torch.ones(512, 1024))  # 2 MiB
     small = torch.arange(10)
     before = _shm_files()
+    sent = f"/hybridnb-{os.getpid()}-"  # the files this process writes
 
     def work(channel, tensors):
         b, p, s = tensors["big"], tensors["param"], tensors["small"]
         b.add_(1)  # the child's copy: the parent's tensor must not change
-        with open("/proc/self/maps") as maps:  # the /dev/shm file, removed once mapped
-            mapped = "/hybridnb-" in maps.read()
+        mapped = None  # no /proc (macOS): not checked
+        if os.path.exists("/proc/self/maps"):
+            with open("/proc/self/maps") as maps:  # the /dev/shm file, removed once mapped
+                mapped = sent in maps.read()
         return {"sum": float(b.sum()), "mapped": mapped,
                 "param": isinstance(p, torch.nn.Parameter) and p.requires_grad,
                 "small": s.tolist(), "threads": torch.get_num_threads()}
@@ -113,7 +116,8 @@ def test_big_tensors_travel_through_shared_memory_and_nothing_is_left_in_dev_shm
     assert out.ok, out.reason
     n = big.numel()
     assert out.result["sum"] == float(n * (n - 1) / 2 + n)
-    assert out.result["mapped"] is True and out.result["param"] is True
+    assert out.result["mapped"] is (True if os.path.exists("/proc/self/maps") else None)
+    assert out.result["param"] is True
     assert out.result["small"] == list(range(10))
     fresh = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
                            capture_output=True, text=True, check=True)
