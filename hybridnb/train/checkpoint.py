@@ -36,7 +36,8 @@ class CheckpointError(RuntimeError):
 
 
 def save(state: dict, path: str | os.PathLike, keep_previous: bool = False) -> Path:
-    """``files.atomic_save`` with the format tag ``load`` checks (``last.pt`` -> ``last.prev.pt``)."""
+    """``files.atomic_save`` with the format tag ``load`` checks (``keep_previous``: the old
+    ``last.pt`` first becomes ``last.prev.pt``)."""
     return atomic_save({"format": FORMAT, **state}, path, keep_previous)
 
 

@@ -166,7 +166,8 @@ def trial(loop, loader, plan: Plan, listener, schedule,
           recover_oom: bool = False) -> Iterator[None]:
     """The Loop set up for a trial fit on ``loader`` (lr_find's sweep, find_batch_size's probe):
     its own run state, ``schedule``, a guard that only skips non-finite losses, no EMA,
-    validation or files, ``listener`` on the bus; then everything back as it was.
+    validation or files, ``listener`` on the bus; then its settings, run state, weights,
+    optimizer and random streams back as they were (a device lost meanwhile stays lost).
     ``recover_oom`` (the batch-size probe, whose signal is an out-of-memory error): GPU errors
     are recovered whatever ``on_gpu_error`` says, so a lost device ends the probe's search."""
     start = saved.state_dict(loop)

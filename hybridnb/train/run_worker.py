@@ -178,11 +178,12 @@ def reraise(error: dict) -> BaseException:
     a RuntimeError), with its message and the worker's traceback as the cause."""
     cls = getattr(builtins, error.get("type", ""), None)
     message = error.get("message", "")
+    where = " (raised in the isolated training worker)"
     if not (isinstance(cls, type) and issubclass(cls, (Exception, KeyboardInterrupt))):
         cls, message = RuntimeError, f"{error.get('type')}: {message}"
     try:
-        exc = cls(f"{message} (raised in the isolated training worker)")
+        exc = cls(message + where)
     except TypeError:  # a builtin that takes more arguments (UnicodeDecodeError)
-        exc = RuntimeError(f"{error.get('type')}: {message} (raised in the isolated training worker)")
+        exc = RuntimeError(f"{error.get('type')}: {message}{where}")
     exc.__cause__ = WorkerError(error.get("traceback", ""))
     return exc

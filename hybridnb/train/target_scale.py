@@ -35,7 +35,7 @@ class TargetScale:
         if not self.enabled or not isinstance(y, torch.Tensor) or y.numel() < 2:
             return
         self.enabled = False  # once per Trainer (so never while the hook waits)
-        y = y.detach()
+        y = y.detach().cpu()  # held until the hook fires: maybe after the GPU is lost
 
         def judge_output(module, args, out) -> None:
             hook.remove()

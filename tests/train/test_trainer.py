@@ -53,6 +53,16 @@ def close(a, b, rtol=1e-5, atol=1e-6):
 
 
 # ------------------------------------------------------------------------------- basics
+def test_evaluate_and_predict_give_each_layer_back_its_own_mode():
+    """A layer the user froze in eval mode (a BatchNorm kept on its statistics) stays so."""
+    model = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.Tanh(), nn.Linear(32, 1))
+    model[1].eval()
+    tr = Trainer(model, device="cpu", batch_size=32, live=False)
+    tr.evaluate(data(64))
+    tr.predict(data(64)[0])
+    assert model.training and not model[1].training and model[0].training
+
+
 def test_fit_learns_and_fills_history_evaluate_predict():
     val = data(64, seed=1)
     before = Trainer(mlp(), device="cpu", batch_size=32, live=False).evaluate(val)["rmse"]
