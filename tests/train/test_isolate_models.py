@@ -145,8 +145,10 @@ def test_every_kind_of_parametrization_and_the_state_outside_the_state_dict_come
     assert "isolate=False" in said[0]
 
 
-def _train_each(channel, models: dict, data, settings: dict) -> dict:
-    """In the worker: each model trained by a Trainer there; their state dicts."""
+def _train_each(channel, models: dict, data, settings: dict, threads: int) -> dict:
+    """In the worker: each model trained by a Trainer there (with the kernel's torch threads, as
+    an isolated fit has them: a sum split over other threads rounds otherwise); state dicts."""
+    torch.set_num_threads(threads)
     out = {}
     for name, model in models.items():
         channel.heartbeat(phase=name)
@@ -169,7 +171,8 @@ def test_the_zoo_trains_in_a_worker_to_the_same_bits_as_here():
     sent = {name: e.build() for name, e in built.items()}  # seeded: twice the same weights
     data = windows()
     out = run_isolated(functools.partial(_train_each, models=sent, data=data,
-                                         settings=settings), start="spawn")
+                                         settings=settings, threads=torch.get_num_threads()),
+                       start="spawn")
     models = {name: e.build() for name, e in built.items()}
     assert out.status == "done", out.reason
     differ = []
