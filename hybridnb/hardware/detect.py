@@ -3,7 +3,7 @@
 GPUs are listed without initialising CUDA here (``gpu_info``), then each is validated in a child
 process under a timeout (``probe``; a pass is cached on disk, ``probe.cache``).
 ``HYBRIDNB_DEVICE=cpu|cuda|cuda:N|mps`` forces the device (obeyed even when the probe failed,
-with a warning); torchrun's ``RANK``/``WORLD_SIZE`` (2+) or ``HYBRIDNB_LAUNCHED=1`` mark a rank.
+with a warning); ``RANK``/``WORLD_SIZE`` (2+), as torchrun and ``hn.launch`` set them, mark a rank.
 """
 
 from __future__ import annotations

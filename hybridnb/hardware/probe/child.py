@@ -94,7 +94,6 @@ def _steps(backend: str, index: int, emit) -> Iterator[str]:
             info["arch"] = arch.split(":")[0]
         device = torch.device("cuda", index)
         sync = functools.partial(torch.cuda.synchronize, device)
-        torch.backends.cuda.matmul.allow_tf32 = False  # compare true fp32 against the CPU
         emit(e="info", info=info)
         yield f"{props.name}, {count} device(s) visible"
 
@@ -119,8 +118,13 @@ def _steps(backend: str, index: int, emit) -> Iterator[str]:
     a = torch.randn(256, 256, generator=gen)
     b = torch.randn(256, 256, generator=gen)
     ref = a @ b
-    out = a.to(device) @ b.to(device)
-    sync()
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # compare true fp32 against the CPU
+    try:
+        out = a.to(device) @ b.to(device)
+        sync()
+    finally:  # put back: on Windows these steps run in the user's own process
+        torch.backends.cuda.matmul.allow_tf32 = tf32
     err = float((out - ref.to(out.device)).abs().max().item()) / float(ref.abs().max())
     if not err <= MATMUL_TOLERANCE:  # also catches NaN
         raise _WrongResult(f"256x256 fp32 product differs from the CPU result: max relative "
