@@ -39,7 +39,6 @@ def restore(loop, state: dict, events: bool = False) -> None:
     if placement.precision.scaler.is_enabled() and state["scaler"]:
         placement.precision.scaler.load_state_dict(state["scaler"])
     run.load_state_dict(state, events=events)
-    placement.recovery.micro.size = run.micro  # the split a restored state ran with
 
 
 def rewind(loop, state: dict) -> None:
