@@ -94,7 +94,7 @@ class Loop:
             self.heartbeat.before_step(first=state.global_step == self.first_step)
             outcome = placement.recovery.run(window)
             if outcome.kind is Came.DEVICE_LOST:
-                saved.to_cpu(self, outcome.detail)
+                saved.continue_on_cpu(self, outcome.detail)
                 return True
             if outcome.kind is Came.RESTORE:
                 saved.after_bad_steps(self)

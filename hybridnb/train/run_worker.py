@@ -137,7 +137,7 @@ def job(trainer, what: str, fn, *args, **kwargs) -> tuple[bool, object]:
 
 def lose_device(trainer) -> None:
     """The device is lost: never used again in this process; the rest runs on the CPU here."""
-    trainer.loop.loaders.on_cpu(trainer.placement)
+    trainer.placement.continue_on_cpu(trainer.loop.loaders)
     trainer.isolated = False
 
 

@@ -3,7 +3,7 @@
 A full state is the learner's states (weights, optimizer, schedule, EMA, guard), the scaler, the
 run state's ``SAVED`` fields (state.py), every RNG (the train loader's generator included) and the
 config it ran with: plain CPU data that loads with ``torch.load(weights_only=True)``.
-``after_bad_steps``, ``to_cpu`` and ``after_interrupt`` are what a fit does when it must go back
+``after_bad_steps``, ``continue_on_cpu`` and ``after_interrupt`` are what a fit does when it must go back
 to its last good state: after ``patience`` bad steps, a lost device, or a Ctrl-C during the
 optimizer update.
 """
@@ -91,7 +91,7 @@ def finish(loop, failed: bool) -> None:
 # counts the restores to each step (a bounded number, then a clear error).
 
 
-def to_cpu(loop, detail: str) -> None:
+def continue_on_cpu(loop, detail: str) -> None:
     """Sticky device error: the whole run continues on the CPU from the last good state
     (a CPU-side snapshot; nothing reads the lost device again)."""
     lost, snapshot = loop.placement.device, loop.checkpoints.snapshot
@@ -99,7 +99,7 @@ def to_cpu(loop, detail: str) -> None:
                  "process. Moving the run (model, optimizer state, scaler, EMA) to the CPU "
                  f"and continuing from the last good state (step "
                  f"{snapshot['position']['global_step']}) in fp32; steps will be slower")
-    loop.loaders.on_cpu(loop.placement)
+    loop.placement.continue_on_cpu(loop.loaders)
     loop.learner.rebuild_on_cpu()
     restore(loop, snapshot)
     loop.state.micro = None  # the GPU's micro-batch size means nothing here
