@@ -26,10 +26,10 @@ class Loop:
     """Runs a fit over the parts; ``state`` is the run, ``settings`` the options in force."""
 
     def __init__(self, settings: Settings, *, learner, placement, checkpoints, progress,
-                 stopping, heartbeat, batch_check, bus: Bus) -> None:
+                 heartbeat, batch_check, bus: Bus) -> None:
         self.settings, self.state = settings, RunState()
         self.learner, self.placement, self.checkpoints = learner, placement, checkpoints
-        self.progress, self.stopping, self.heartbeat = progress, stopping, heartbeat
+        self.progress, self.heartbeat = progress, heartbeat
         self.batch_check, self.bus = batch_check, bus
         self.loaders = Loaders(settings.loader_kwargs)
         self.interrupt = None  # the GracefulInterrupt while a fit runs
