@@ -90,10 +90,8 @@ class Sinks:
             if folder == held:
                 continue
             lock = RunLock(folder, what=what)
-            stale = lock.acquire()
-            self.locks.append(lock)
-            if stale:
-                bus.note("run_lock", stale)
+            self.locks.append(lock)  # released by close() even if what follows raises
+            lock.acquire(bus)
 
     def close(self) -> None:
         """Every logger closed (one that raises does not keep the others open), folders released."""
