@@ -123,8 +123,7 @@ class Probe:
             self.good = self.size
         else:
             self.bad, self.bad_why = self.size, verdict
-        placement.recovery.micro.size = None  # the next size starts whole again
-        self.loop.state.micro = None
+        self.loop.state.micro = None  # the next size starts whole again
         self.loop.learner.optimizer.zero_grad(set_to_none=True)
         free_memory(placement.device)
         if self.bad is None:  # doubling until a size fails, then bisection

@@ -210,9 +210,7 @@ class Checkpoints:
             yield
             return
         lock = RunLock(self.folder)
-        stale = lock.acquire()
-        if stale:
-            self.bus.note("run_lock", stale)
+        lock.acquire(self.bus)
         try:
             yield
         finally:

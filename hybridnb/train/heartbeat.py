@@ -7,7 +7,7 @@ A longer silence (grace) is asked for only where something needs it (compiling, 
 from __future__ import annotations
 
 from hybridnb.env import FIRST_STEP_GRACE_ENV, seconds_from_env
-from hybridnb.train import isolate, recovery
+from hybridnb.train import isolate
 from hybridnb.train.bus import Ended, Started, StateKept, StepEnded
 from hybridnb.train.state import Stop
 
@@ -40,7 +40,7 @@ class Heartbeat:
         if self.channel is None:
             return
         if isinstance(event, StateKept):
-            self.channel.state(recovery.to_cpu(event.state))
+            self.channel.state(event.state)  # saved.state_dict: CPU copies already
             return
         if isinstance(event, StepEnded):
             self.channel.step_done()

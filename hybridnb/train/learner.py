@@ -76,12 +76,12 @@ class Learner:
             self.ema.load_state_dict(averaged)
 
     def state_dict(self, strategy) -> dict:
-        """Weights, optimizer, EMA (CPU copies), schedule and guard."""
+        """Weights, optimizer, EMA, schedule (CPU copies) and guard."""
         return {**recovery.to_cpu({
             "model": self.model.state_dict(),
             "optimizer": strategy.optimizer_state(self.optimizer),
-            "ema": None if self.ema is None else self.ema.state_dict()}),
-            "schedule": self.schedule.state_dict(),
+            "ema": None if self.ema is None else self.ema.state_dict(),
+            "schedule": self.schedule.state_dict()}),
             "guard": None if self.guard is None else self.guard.state_dict(),
             "input_shape": None if self.input_shape is None else list(self.input_shape)}
 

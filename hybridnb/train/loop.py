@@ -26,10 +26,10 @@ class Loop:
     """Runs a fit over the parts; ``state`` is the run, ``settings`` the options in force."""
 
     def __init__(self, settings: Settings, *, learner, placement, checkpoints, progress,
-                 stopping, heartbeat, batch_check, bus: Bus) -> None:
+                 heartbeat, batch_check, bus: Bus) -> None:
         self.settings, self.state = settings, RunState()
         self.learner, self.placement, self.checkpoints = learner, placement, checkpoints
-        self.progress, self.stopping, self.heartbeat = progress, stopping, heartbeat
+        self.progress, self.heartbeat = progress, heartbeat
         self.batch_check, self.bus = batch_check, bus
         self.loaders = Loaders(settings.loader_kwargs)
         self.interrupt = None  # the GracefulInterrupt while a fit runs
@@ -94,7 +94,7 @@ class Loop:
             self.heartbeat.before_step(first=state.global_step == self.first_step)
             outcome = placement.recovery.run(window)
             if outcome.kind is Came.DEVICE_LOST:
-                saved.to_cpu(self, outcome.detail)
+                saved.continue_on_cpu(self, outcome.detail)
                 return True
             if outcome.kind is Came.RESTORE:
                 saved.after_bad_steps(self)

@@ -73,11 +73,6 @@ class Loaders:
         self.opened: list = []
         self.generator = None
 
-    def on_cpu(self, placement) -> None:
-        """The device is lost: the run goes on the CPU, new loaders pin no memory."""
-        placement.continue_on_cpu(self.opened)
-        self.kwargs["pin_memory"] = False
-
 
 def loader(loop, data, *, shuffle: bool, what: str, bus=None):
     """Batches of ``data`` for ``loop`` (the loader's notes said on ``bus``, else the loop's)."""

@@ -17,7 +17,6 @@ from hybridnb.train.placement import Placement
 from hybridnb.train.progress import Progress
 from hybridnb.train.settings import Settings
 from hybridnb.train.target_scale import TargetScale
-from hybridnb.train.validation import EarlyStopping
 
 
 def build_loop(model: torch.nn.Module, settings: Settings, channel=None) -> Loop:
@@ -45,9 +44,7 @@ def build_loop(model: torch.nn.Module, settings: Settings, channel=None) -> Loop
         learner.see_input(x), target_scale.targets(y)))
     heartbeat = Heartbeat(bus, channel)
     loop = Loop(settings, learner=learner, placement=placement, checkpoints=checkpoints,
-                progress=Progress(), stopping=EarlyStopping(settings.monitor,
-                                                            settings.early_stopping),
-                heartbeat=heartbeat, batch_check=batch_check, bus=bus)
+                progress=Progress(), heartbeat=heartbeat, batch_check=batch_check, bus=bus)
     bus.subscribe(lambda event: loop.state.events.append(event)
                   if isinstance(event, Event) else None)
     bus.subscribe(loop.progress.hear)

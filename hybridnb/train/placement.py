@@ -165,11 +165,12 @@ class Placement:
         return TrainStep(learner.model, learner.loss_fn, learner.optimizer, setup.cpu_precision(),
                          params=learner.params, loss_scale=self.precision.scaler.get_scale)
 
-    def continue_on_cpu(self, loaders: list) -> None:
+    def continue_on_cpu(self, loaders) -> None:
         """The device is lost: it is never used again in this process, and what follows runs
-        on the CPU in fp32 (no pinned memory, no compile)."""
+        on the CPU in fp32 (no pinned memory, no compile); ``loaders``: the Loop's."""
         failures.mark_lost(self.device)
-        leave_device(loaders)
+        leave_device(loaders.opened)
+        loaders.kwargs["pin_memory"] = False
         self.strategy = self.strategy.on_cpu()
         self.precision = setup.cpu_precision()
         self.compile = False

@@ -25,31 +25,25 @@ from hybridnb.strategies.batches import batch_len
 from hybridnb.torch_state import set_torch_rng_state, torch_rng_state
 
 
-@dataclass
-class MicroBatches:
-    """The micro-batch size that fits (None: whole batches), halved on OOM and remembered.
-    ``split`` yields ``(x, y, weight)``, ``weight`` the piece's share of the window's samples,
-    so the weighted sum of mean losses is the whole window's loss (and its gradient)."""
+def micro_batches(window: list, size: int | None) -> Iterator[tuple]:
+    """``window`` as ``(x, y, weight)`` pieces of at most ``size`` samples (None: whole batches),
+    ``weight`` the piece's share of the window's samples, so the weighted sum of mean losses is
+    the whole window's loss (and its gradient)."""
+    total = sum(batch_len(b) for b in window)
+    for batch in window:
+        x, y = batch[0], batch[1]
+        n = int(x.shape[0])
+        step = n if size is None else size
+        for start in range(0, n, step):
+            stop = min(start + step, n)
+            yield x[start:stop], y[start:stop], (stop - start) / total
 
-    size: int | None = None
 
-    def split(self, window: list) -> Iterator[tuple[torch.Tensor, torch.Tensor, float]]:
-        total = sum(batch_len(b) for b in window)
-        for batch in window:
-            x, y = batch[0], batch[1]
-            n = int(x.shape[0])
-            step = n if self.size is None else self.size
-            for start in range(0, n, step):
-                stop = min(start + step, n)
-                yield x[start:stop], y[start:stop], (stop - start) / total
-
-    def shrink(self, window: list) -> int | None:
-        """Halve the size after an OOM; None when even one sample per micro-batch failed."""
-        current = self.size or max(batch_len(b) for b in window)
-        if current <= 1:
-            return None
-        self.size = math.ceil(current / 2)
-        return self.size
+def halved(window: list, size: int | None) -> int | None:
+    """The micro-batch size after an OOM at ``size`` (None: whole batches); None when even one
+    sample per micro-batch failed."""
+    current = size or max(batch_len(b) for b in window)
+    return None if current <= 1 else math.ceil(current / 2)
 
 
 @contextlib.contextmanager
@@ -196,7 +190,6 @@ class Recovery:
         self.on_gpu_error, self.updating, self.compiled = on_gpu_error, updating, compiled
         self._eager = eager
         self._cpu = cpu_batch_step and functools.cache(cpu_batch_step)  # built once, if needed
-        self.micro = MicroBatches(state.micro)
         self.phase = "idle"
         self._bad_data, self._said_unguarded = 0, False
 
@@ -209,7 +202,7 @@ class Recovery:
             step = self._cpu() if on_cpu_batch else self.step
             try:
                 self.phase = "forward"
-                pieces = list(self.micro.split(window))
+                pieces = list(micro_batches(window, self.state.micro))
                 with on_cpu(step.model, device) if on_cpu_batch else contextlib.nullcontext():
                     total = step.accumulate(pieces, samples).to(device)
                 if self.strategy.world_size > 1:  # all ranks agree, then gradients are averaged
@@ -263,10 +256,10 @@ class Recovery:
                          "(uncompiled) for the rest of the run")
             return on_cpu_batch
         device = self.strategy.device
-        size_before = self.micro.size or max(batch_len(b) for b in window)
-        new = self.micro.shrink(window)
-        self.state.micro = self.micro.size
+        size_before = self.state.micro or max(batch_len(b) for b in window)
+        new = halved(window, self.state.micro)
         if new is not None:
+            self.state.micro = new
             self.bus.say("oom_split", f"out of memory at micro-batch {size_before} on {device} "
                          f"({detail}); re-running the same batch, batch-norm statistics and RNG "
                          f"restored, as micro-batches of {new} (later steps keep it): the same "

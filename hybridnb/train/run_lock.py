@@ -70,9 +70,9 @@ class RunLock:
         self.path = self.folder / LOCK_NAME
         self.fd: int | None = None
 
-    def acquire(self) -> str | None:
+    def acquire(self, bus) -> None:
         """Take the folder for this run. Raises ``RunLockError`` while another live run holds
-        it; returns a sentence when a dead process's lock was taken over (else None)."""
+        it; a dead process's lock taken over is noted on ``bus`` ("run_lock")."""
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o644)
@@ -99,10 +99,9 @@ class RunLock:
             raise
         self.fd = fd
         if holder:
-            return (f"{self.folder} was locked by a run that is gone ({holder}; "
-                    "its process ended without releasing it): a stale lock, taken over by "
-                    "this run")
-        return None
+            bus.note("run_lock", f"{self.folder} was locked by a run that is gone ({holder}; "
+                     "its process ended without releasing it): a stale lock, taken over by "
+                     "this run")
 
     def release(self) -> None:
         """The run is over: the file is emptied ("free and empty": the run ended cleanly) and

@@ -18,7 +18,7 @@ import pandas as pd
 
 from hybridnb import platform
 from hybridnb.train import isolate, opening, outside_state, saved, setup, worker_fit
-from hybridnb.train.bus import Ended, Started, StateKept
+from hybridnb.train.bus import Ended, EpochEnded, Started, StateKept
 from hybridnb.train.heartbeat import EVENT
 from hybridnb.train.state import Stop
 from hybridnb.train.worker_fit import FitJob, FitResult
@@ -34,24 +34,18 @@ class Relay:
     def __init__(self, loop) -> None:
         self.loop, self.started, self.ended = loop, False, None
         self.notices: list[str] = []  # said once the view started
-        self.said: list = []  # kept in the run's events, which the worker's states replace
 
     def notice(self, sentence: str) -> None:
         """A notice around the job (``platform.say``): a note on the kernel's bus."""
         if self.started:
-            self.said.append(self.loop.bus.say(NOTICE, sentence))
+            self.loop.bus.say(NOTICE, sentence)
         else:
             self.notices.append(sentence)
 
-    def keep(self) -> None:
-        """The notices said here stay in the run's events after the worker's state."""
-        events = self.loop.state.events
-        events.extend(e for e in self.said if e not in events)
-
     def hear(self, message) -> None:
         if message.kind == "state":  # applied as it arrives: a lost worker loses nothing
-            state = message.payload
-            saved.restore(self.loop, state, events=True)
+            state = message.payload  # its events came one by one: the run's already hold them
+            saved.restore(self.loop, state)
             self.loop.bus.emit(StateKept(state["position"]["global_step"], state))
         elif message.kind == EVENT:
             event = message.payload
@@ -61,6 +55,8 @@ class Relay:
             if isinstance(event, Started):  # the worker says the notes the job carried
                 self.started = True
                 self.loop.bus.pending.clear()
+            if isinstance(event, EpochEnded):  # as the worker's end_epoch: the next row's events
+                self.loop.state.epoch_first_event = len(self.loop.state.events)
             self.loop.bus.emit(event)
             if isinstance(event, Started):
                 for sentence in self.notices:
@@ -76,8 +72,8 @@ class Relay:
 def fit(trainer, train, val, train_loader, val_loader, early=None) -> pd.DataFrame:
     """The fit in a supervised worker (``early``: the worker ``fit`` started first); if it
     dies or hangs, on the CPU here from the last state it sent."""
-    device, start, loop = trainer.device, trainer.state_dict(), trainer.loop
-    job = FitJob(trainer.settings.for_worker(), trainer.model, train, val, start,
+    device, loop = trainer.device, trainer.loop
+    job = FitJob(trainer.settings.for_worker(), trainer.model, train, val, trainer.state_dict(),
                  list(trainer.bus.pending), random.getstate(), time.monotonic())
     trainer.progress.view = opening.make_view(trainer.live)  # drawn here
     relay = Relay(loop)
@@ -94,11 +90,7 @@ def fit(trainer, train, val, train_loader, val_loader, early=None) -> pd.DataFra
     if out.status == "done":
         relay.finish()
         adopt(trainer, out.result)
-        relay.keep()
         return trainer.history
-    if out.state is None:  # nothing arrived: the start state (each state that came is
-        saved.restore(loop, start, events=True)  # applied already, as it arrived)
-    relay.keep()
     if not relay.started:  # lost before it drew anything: the kernel's view starts here
         trainer.bus.emit(Started(opening.run_info(loop)))
     if out.status == "interrupted":
@@ -137,7 +129,7 @@ def job(trainer, what: str, fn, *args, **kwargs) -> tuple[bool, object]:
 
 def lose_device(trainer) -> None:
     """The device is lost: never used again in this process; the rest runs on the CPU here."""
-    trainer.loop.loaders.on_cpu(trainer.placement)
+    trainer.placement.continue_on_cpu(trainer.loop.loaders)
     trainer.isolated = False
 
 
@@ -152,7 +144,7 @@ def adopt(trainer, result: FitResult) -> None:
         setup.build_step(loop)
     trainer.batch_size = state["config"]["batch_size"]
     trainer.grad_accum = state["config"]["grad_accum"]
-    saved.restore(loop, state, events=True)
+    saved.restore(loop, state)  # its events came one by one: the run's already hold them
     lost = outside_state.apply(trainer.model, result.outside_state)
     if lost:
         trainer.event("outside_state", outside_state.describe(lost))

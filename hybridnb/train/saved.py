@@ -3,9 +3,9 @@
 A full state is the learner's states (weights, optimizer, schedule, EMA, guard), the scaler, the
 run state's ``SAVED`` fields (state.py), every RNG (the train loader's generator included) and the
 config it ran with: plain CPU data that loads with ``torch.load(weights_only=True)``.
-``after_bad_steps``, ``to_cpu`` and ``after_interrupt`` are what a fit does when it must go back
-to its last good state: after ``patience`` bad steps, a lost device, or a Ctrl-C during the
-optimizer update.
+``after_bad_steps``, ``continue_on_cpu`` and ``after_interrupt`` are what a fit does when it must
+go back to its last good state: after ``patience`` bad steps, a lost device, or a Ctrl-C during
+the optimizer update.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ def restore(loop, state: dict, events: bool = False) -> None:
     if placement.precision.scaler.is_enabled() and state["scaler"]:
         placement.precision.scaler.load_state_dict(state["scaler"])
     run.load_state_dict(state, events=events)
-    placement.recovery.micro.size = run.micro  # the split a restored state ran with
 
 
 def rewind(loop, state: dict) -> None:
@@ -92,7 +91,7 @@ def finish(loop, failed: bool) -> None:
 # counts the restores to each step (a bounded number, then a clear error).
 
 
-def to_cpu(loop, detail: str) -> None:
+def continue_on_cpu(loop, detail: str) -> None:
     """Sticky device error: the whole run continues on the CPU from the last good state
     (a CPU-side snapshot; nothing reads the lost device again)."""
     lost, snapshot = loop.placement.device, loop.checkpoints.snapshot
@@ -100,7 +99,7 @@ def to_cpu(loop, detail: str) -> None:
                  "process. Moving the run (model, optimizer state, scaler, EMA) to the CPU "
                  f"and continuing from the last good state (step "
                  f"{snapshot['position']['global_step']}) in fp32; steps will be slower")
-    loop.loaders.on_cpu(loop.placement)
+    loop.placement.continue_on_cpu(loop.loaders)
     loop.learner.rebuild_on_cpu()
     restore(loop, snapshot)
     loop.state.micro = None  # the GPU's micro-batch size means nothing here

@@ -36,7 +36,7 @@ class Sinks:
         """A fit starts at ``trainer.state`` (fresh or resumed): open the loggers (``open``
         when they have it, then ``log_hparams``), call ``on_fit_start``."""
         self.trainer = trainer
-        self.storage.bus, self.storage.said = trainer.bus, []
+        self.storage.bus = trainer.bus
         state = trainer.state
         self.next_epoch = len(state.history)
         params = hparams(trainer.settings, trainer.model) if self.loggers else {}
@@ -63,10 +63,6 @@ class Sinks:
             self.epoch_rows(trainer.state.history)
         finally:
             self.close()
-        # the loggers' storage events are kept: an isolated fit's hand-over replaces the
-        # kernel's events with the worker's
-        said = self.storage.said
-        trainer.state.events.extend(e for e in said if e not in trainer.state.events)
         cbs.call(self.callbacks, "on_fit_end", trainer)
 
     def hear(self, event) -> None:
@@ -90,10 +86,8 @@ class Sinks:
             if folder == held:
                 continue
             lock = RunLock(folder, what=what)
-            stale = lock.acquire()
-            self.locks.append(lock)
-            if stale:
-                bus.note("run_lock", stale)
+            self.locks.append(lock)  # released by close() even if what follows raises
+            lock.acquire(bus)
 
     def close(self) -> None:
         """Every logger closed (one that raises does not keep the others open), folders released."""

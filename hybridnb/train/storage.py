@@ -11,25 +11,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from hybridnb.events import Event
 from hybridnb.files import describe
 from hybridnb.train.bus import Bus
 
 
 class StorageGuard:
     """Says a failing write once per file, and its recovery once, as ``storage`` notes on
-    ``bus`` (set later by an owner that gets its bus later); ``said``: the events said."""
+    ``bus`` (set later by an owner that gets its bus later)."""
 
     def __init__(self, bus: Bus | None = None) -> None:
         self.bus = bus
-        self.said: list[Event] = []
         self.failing: dict[Path, int] = {}  # file -> writes missed so far
 
     def say(self, message: str) -> None:
         if self.bus is not None:
-            event = self.bus.note("storage", message)
-            if event is not None:
-                self.said.append(event)
+            self.bus.note("storage", message)
 
     def failed(self, path: Path, exc: BaseException, kept: str | Callable[[], str]) -> None:
         """A write of ``path`` raised ``exc``; ``kept``: what stays (the file on disk, memory), or

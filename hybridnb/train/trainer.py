@@ -189,8 +189,8 @@ class Trainer:
     state = property(lambda self: self.loop.state,
                      lambda self, value: setattr(self.loop, "state", value),
                      doc="The run as data (hybridnb.train.state.RunState).")
-    bus, learner, placement, checkpoints, progress, stopping = _of(
-        "loop", "bus", "learner", "placement", "checkpoints", "progress", "stopping")
+    bus, learner, placement, checkpoints, progress = _of(
+        "loop", "bus", "learner", "placement", "checkpoints", "progress")
     model, optimizer, loss_fn, schedule, ema, guard, frozen = _of(
         "learner", "model", "optimizer", "loss_fn", "schedule", "ema", "guard", "frozen")
     strategy, device, precision, applied_speedups = _of(

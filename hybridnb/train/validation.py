@@ -15,19 +15,13 @@ from hybridnb.train.schedules import TorchSchedule
 from hybridnb.train.state import Best
 
 
-class EarlyStopping:
-    """The monitored metric, its direction (``sign``: 1 when higher is better) and the patience
-    in validations without improvement (None: never stops)."""
-
-    def __init__(self, monitor: str, patience: int | None) -> None:
-        self.monitor, self.patience = monitor, patience
-        self.sign = 1 if higher_is_better(monitor) else -1
-
-    def improved(self, best: Best, value: float) -> bool | None:
-        """Whether ``value`` beats ``best`` (None: not finite; it neither improves nor counts)."""
-        if not math.isfinite(value):
-            return None
-        return best.value is None or self.sign * (value - best.value) > 0
+def improved(monitor: str, best: Best, value: float) -> bool | None:
+    """Whether ``value`` of ``monitor`` beats ``best`` (in the metric's direction); None: not
+    finite, so it neither improves nor counts."""
+    if not math.isfinite(value):
+        return None
+    sign = 1 if higher_is_better(monitor) else -1
+    return best.value is None or sign * (value - best.value) > 0
 
 
 class Validation:
@@ -67,10 +61,11 @@ class Validation:
 
     def verdict(self, metrics: dict) -> bool:
         """Track the best weights (kept, and written as best.pt) and tell the schedule; True
-        when early stopping says stop (on every rank). ``monitor`` must be a metric."""
+        when early stopping (``early_stopping`` validations without improvement) says stop, on
+        every rank. ``monitor`` must be a metric."""
         loop = self.loop
-        state, stopping, learner = loop.state, loop.stopping, loop.learner
-        monitor, best = stopping.monitor, state.best
+        state, learner, best = loop.state, loop.learner, loop.state.best
+        monitor, patience = loop.settings.monitor, loop.settings.early_stopping
         if monitor not in metrics:
             raise ValueError(f"monitor={monitor!r} is not a validation metric; the validation "
                              f"gives {sorted(metrics)}")
@@ -79,10 +74,10 @@ class Validation:
             loop.bus.say("nonfinite_targets", f"{int(bad)} validation samples have non-finite "
                          "targets: they are left out of val_loss and the metrics")
         value = metrics[monitor]
-        improved = stopping.improved(best, value)
-        if improved is None:
+        better = improved(monitor, best, value)
+        if better is None:
             return False
-        if improved:
+        if better:
             best.value, best.step, best.epoch, best.bad = float(value), state.global_step, \
                 state.epoch, 0
             best.model = to_cpu(learner.eval_model(True).state_dict())
@@ -92,12 +87,12 @@ class Validation:
         else:
             best.bad += 1
         schedule = learner.schedule
-        note = schedule.on_validation(improved, value) if isinstance(schedule, TorchSchedule) \
-            else schedule.on_validation(improved)
+        note = schedule.on_validation(better, value) if isinstance(schedule, TorchSchedule) \
+            else schedule.on_validation(better)
         if note:
             loop.bus.say("lr_plateau", note)
-        if loop.placement.strategy.agree(bool(stopping.patience and best.bad >= stopping.patience)):
-            loop.bus.say("early_stop", f"{monitor} did not improve for {stopping.patience} "
+        if loop.placement.strategy.agree(bool(patience and best.bad >= patience)):
+            loop.bus.say("early_stop", f"{monitor} did not improve for {patience} "
                          f"validations (best {best.value:.4g} at epoch {best.epoch}, step "
                          f"{best.step})")
             return True

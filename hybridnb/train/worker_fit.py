@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from hybridnb.processes.worker import startup as worker_startup
-from hybridnb.train import isolate, opening, outside_state, recovery, saved, setup
+from hybridnb.train import isolate, opening, outside_state, saved, setup
 from hybridnb.train.evaluation import predict_here
 from hybridnb.train.heap import frozen_heap
 from hybridnb.train.parts import build_loop
@@ -82,10 +82,10 @@ class FitJob:
             loop.fit(train_loader, val_loader)
         except BaseException:  # whatever ended it: the state held now first, then the error
             with contextlib.suppress(Exception):  # best effort: the pipe may be gone
-                channel.state(recovery.to_cpu(saved.state_dict(loop)))
+                channel.state(saved.state_dict(loop))
             raise
         heartbeat.beat("hand-over")
-        return FitResult(recovery.to_cpu(saved.state_dict(loop)), loop.state.stopped,
+        return FitResult(saved.state_dict(loop), loop.state.stopped,
                          loop.placement.facts(), watch.changes())
 
 

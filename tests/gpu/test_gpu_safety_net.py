@@ -179,7 +179,6 @@ def test_an_oom_under_memory_fraction_splits_the_batch_and_the_kernel_learns_it(
     assert "memory_fraction" in kinds
     assert tr.device.type == "cuda" and tr.isolated
     assert tr.state.micro is not None and tr.state.micro < 4096
-    assert tr.placement.recovery.micro.size == tr.state.micro  # the worker's, here
     assert len(tr.history) == 1 and math.isfinite(tr.history["train_loss"].iloc[0])
     assert not torch.cuda.is_initialized()
 

@@ -109,15 +109,13 @@ def test_ordinary_errors_are_neither():
 
 def test_micro_batches_weights_sum_to_one_and_cover_every_sample():
     window = [(torch.arange(10.0), torch.arange(10.0)), (torch.arange(7.0), torch.arange(7.0))]
-    mb = recovery.MicroBatches()
-    assert mb.shrink(window) == 5 and mb.shrink(window) == 3
-    parts = list(mb.split(window))
+    assert recovery.halved(window, None) == 5 and recovery.halved(window, 5) == 3
+    parts = list(recovery.micro_batches(window, 3))
     assert len(parts) == 4 + 3
     assert math.isclose(sum(w for _, _, w in parts), 1.0)
     assert torch.equal(torch.cat([x for x, _, _ in parts]),
                        torch.cat([torch.arange(10.0), torch.arange(7.0)]))
-    mb.size = 1
-    assert mb.shrink(window) is None
+    assert recovery.halved(window, 1) is None
 
 
 # ------------------------------------------------------------------------------- OOM splitting

@@ -17,6 +17,7 @@ import pytest
 import torch
 from tiny import sine_data, sine_net
 
+from hybridnb.train.bus import Bus
 from hybridnb.train.run_lock import LOCK_NAME, RunLock, RunLockError
 from hybridnb.train.trainer import Trainer
 
@@ -96,8 +97,9 @@ def test_a_second_live_run_in_the_folder_is_refused_and_the_first_goes_on(tmp_pa
 DEAD = r"""
 import os, sys
 sys.path.insert(0, sys.argv[2])
+from hybridnb.train.bus import Bus
 from hybridnb.train.run_lock import RunLock
-RunLock(sys.argv[1]).acquire()
+RunLock(sys.argv[1]).acquire(Bus(lambda: (0, 0)))
 print(os.getpid(), flush=True)
 os._exit(0)  # gone without releasing: the OS drops the lock, the file still names the holder
 """
@@ -122,13 +124,15 @@ def test_a_dead_processs_lock_is_taken_over_and_said(tmp_path):
 
 
 def test_the_lock_within_one_process_and_its_release(tmp_path):
+    bus = Bus(lambda: (0, 0))
     first = RunLock(tmp_path)
-    assert first.acquire() is None
+    first.acquire(bus)
     with pytest.raises(RunLockError, match=r"checkpoint_dir=.*in use by a live run \(pid "):
-        RunLock(tmp_path).acquire()
+        RunLock(tmp_path).acquire(bus)
     first.release()
     second = RunLock(tmp_path)
-    assert second.acquire() is None  # released cleanly: not a stale lock
+    second.acquire(bus)
+    assert bus.pending == []  # released cleanly: no stale lock said
     second.release()
 
 
