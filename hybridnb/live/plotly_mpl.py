@@ -222,8 +222,11 @@ def _bar(ax, t: dict, color: str, layout: dict, slot) -> None:
     kw = {"color": c, "label": _label(t), "alpha": t.get("opacity")}
     err = t.get("error_y") or {}
     plus, minus = _values(err.get("array")), _values(err.get("arrayminus"))
-    if plus is not None and not horizontal:
-        kw["yerr"] = np.vstack([minus if minus is not None else plus, plus]).astype(float)
+    if (plus is not None or minus is not None) and err.get("visible", True) and not horizontal:
+        none = np.zeros(len(pos))  # plotly: symmetric unless an arrayminus is given
+        up = plus if plus is not None else none
+        down = up if err.get("symmetric", minus is None) else (minus if minus is not None else none)
+        kw["yerr"] = np.vstack([down, up]).astype(float)
     bars = (ax.barh if horizontal else ax.bar)(pos, vals, width, bottom, **kw)
     text, where = t.get("text"), t.get("textposition") or "auto"
     if text is not None and where != "none":

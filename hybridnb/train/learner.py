@@ -87,7 +87,9 @@ class Learner:
 
     def load_state_dict(self, state: dict, strategy) -> None:
         self.model.load_state_dict(state["model"])
-        strategy.load_optimizer_state(self.optimizer, state["optimizer"])
+        # a copy: torch's load keeps CPU tensors as given, and training on would change the
+        # snapshot a later restore goes back to
+        strategy.load_optimizer_state(self.optimizer, recovery.to_cpu(state["optimizer"]))
         self.schedule.load_state_dict(state["schedule"])
         if self.ema is not None and state["ema"] is not None:
             self.ema.load_state_dict(state["ema"])

@@ -11,6 +11,7 @@ the CPU; a device that aborts the process or a kernel that never returns needs
 from __future__ import annotations
 
 import contextlib
+import copy
 import enum
 import functools
 import gc
@@ -61,8 +62,11 @@ def to_cpu(obj):
     """A detached CPU copy of a nested state (dicts, lists, tuples, tensors)."""
     if isinstance(obj, torch.Tensor):
         return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return type(obj)((k, to_cpu(v)) for k, v in obj.items())
+    if isinstance(obj, dict):  # a copy of its own type: Counter (MultiStepLR), OrderedDict
+        out = copy.copy(obj)
+        for k, v in obj.items():
+            out[k] = to_cpu(v)
+        return out
     if isinstance(obj, (list, tuple)):
         return (list if isinstance(obj, list) else tuple)(to_cpu(v) for v in obj)
     return obj

@@ -252,6 +252,8 @@ def test_translation_draws_histogram_bar_and_says_what_it_skips():
     assert [p.get_facecolor()[:3] for p in coloured.axes[0].patches] == [(1, 0, 0), (0, 0, 1)]
     whisker = coloured.axes[0].collections[0].get_segments()[0][:, 1]  # one bar's error bar
     assert sorted(whisker.tolist()) == [1, 6]  # 4 below, 1 above
+    upper = plotly_mpl.draw(go.Figure(go.Bar(y=[5], error_y={"symmetric": False, "array": [1]})))
+    assert sorted(upper.axes[0].collections[0].get_segments()[0][:, 1].tolist()) == [5, 6]
     for fig, kind in ((px.box(y=np.arange(10.0)), "box"), (px.imshow(np.eye(3)), "heatmap"),
                       (go.Figure(go.Pie(values=[1, 2])), "pie"),
                       (px.line(y=[1, 2]).add_vrect(x0=0, x1=0.5), "rect shapes")):

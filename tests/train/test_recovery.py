@@ -71,6 +71,41 @@ def assert_close(a, b, rtol=1e-5, atol=1e-6):
 
 
 # ------------------------------------------------------------------------------- predicates
+def test_a_kept_state_is_a_cpu_copy_that_keeps_each_dicts_type():
+    """MultiStepLR keeps its milestones in a Counter: a restored run must still decay there."""
+    opt = torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[2, 4], gamma=0.1)
+    kept = recovery.to_cpu(sched.state_dict())
+    assert kept["milestones"] == sched.state_dict()["milestones"]
+    restored = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[9])
+    restored.load_state_dict(kept)
+    lrs = []
+    for _ in range(5):
+        opt.step()
+        restored.step()
+        lrs.append(opt.param_groups[0]["lr"])
+    assert lrs == pytest.approx([1.0, 0.1, 0.1, 0.01, 0.01])
+    t = torch.ones(2)
+    copied = recovery.to_cpu({"w": t})["w"]
+    assert torch.equal(copied, t) and copied.data_ptr() != t.data_ptr()
+
+
+def test_training_after_a_restore_leaves_the_snapshot_as_it_was():
+    from hybridnb.train import saved
+
+    tr = Trainer(nn.Linear(8, 1), device="cpu", batch_size=16, epochs=1, live=False,
+                 isolate=False, seed=0)
+    data = (torch.randn(64, 8), torch.randn(64, 1))
+    tr.fit(data)
+    snapshot = saved.state_dict(tr.loop)
+    before = {k: v.clone() for k, v in snapshot["optimizer"]["state"][0].items()}
+    saved.restore(tr.loop, snapshot)
+    tr.model(data[0]).pow(2).mean().backward()  # a step from the restored state
+    tr.optimizer.step()
+    after = snapshot["optimizer"]["state"][0]
+    assert all(torch.equal(before[k], after[k]) for k in before), "the snapshot changed"
+
+
 @pytest.mark.parametrize("exc", [
     torch.OutOfMemoryError(CUDA_OOM),
     RuntimeError(CUDA_OOM),

@@ -118,13 +118,18 @@ def _steps(backend: str, index: int, emit) -> Iterator[str]:
     a = torch.randn(256, 256, generator=gen)
     b = torch.randn(256, 256, generator=gen)
     ref = a @ b
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False  # compare true fp32 against the CPU
+    # true fp32 against the CPU; torch >= 2.9 has fp32_precision (reading allow_tf32 there
+    # raises once a user set the new one)
+    matmul = torch.backends.cuda.matmul
+    flag, off = (("fp32_precision", "ieee") if hasattr(matmul, "fp32_precision")
+                 else ("allow_tf32", False))
+    before = getattr(matmul, flag)
+    setattr(matmul, flag, off)
     try:
         out = a.to(device) @ b.to(device)
         sync()
     finally:  # put back: on Windows these steps run in the user's own process
-        torch.backends.cuda.matmul.allow_tf32 = tf32
+        setattr(matmul, flag, before)
     err = float((out - ref.to(out.device)).abs().max().item()) / float(ref.abs().max())
     if not err <= MATMUL_TOLERANCE:  # also catches NaN
         raise _WrongResult(f"256x256 fp32 product differs from the CPU result: max relative "
