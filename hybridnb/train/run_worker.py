@@ -55,6 +55,7 @@ class Relay:
             if isinstance(event, Started):  # the worker says the notes the job carried
                 self.started = True
                 self.loop.bus.pending.clear()
+                self.loop.bus.open = True  # this process's own notes (loggers'): said now
             if isinstance(event, EpochEnded):  # as the worker's end_epoch: the next row's events
                 self.loop.state.epoch_first_event = len(self.loop.state.events)
             self.loop.bus.emit(event)

@@ -261,6 +261,7 @@ class Trainer:
                 self.sinks.close()  # the rows logged so far stay in the files
                 raise
             finally:
+                self.bus.open = False  # notes from now on wait for the next fit
                 if early is not None:
                     early.close()  # it never got its job (after run_isolated: nothing to do)
             self.sinks.end(self)
