@@ -52,7 +52,8 @@ def make_targets() -> set[str]:
 
 COMMANDS = bash_commands(README)
 MAKE = [c for c in COMMANDS if split(c)[1][:1] == ["make"]]
-PYTHON = [c for c in COMMANDS if split(c)[1][:3] in (["python", "-m", "hybridnb"],)]
+PYTHON = list(dict.fromkeys(  # a command the README gives twice runs once
+    c for c in COMMANDS if split(c)[1][:3] in (["python", "-m", "hybridnb"],)))
 PIP = [c for c in COMMANDS if split(c)[1][:2] in (["pip", "install"], [".venv/bin/pip", "install"])]
 VENV = [c for c in COMMANDS if split(c)[1][:3] == ["python", "-m", "venv"]]
 GPU = [c for c in COMMANDS if split(c)[1] == ["nvidia-smi"]]
@@ -227,16 +228,17 @@ def python_blocks(text: str) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_every_python_block_runs_as_written_in_order(tmp_path):
+def test_every_python_block_runs_as_written_in_order(tmp_path, tour_cache):
     """What a reader does: paste each ``python`` block, top to bottom, into one session (quick
-    mode: the Trainer caps epochs and steps; on the CPU, in a fresh folder and cache)."""
+    mode: the Trainer caps epochs and steps; on the CPU, in a fresh folder; the cache is the
+    one tests/test_tour.py uses, so the tour's release is written once)."""
     blocks = python_blocks(README)
     assert len(blocks) >= 3
     script = tmp_path / "readme.py"
     script.write_text("\n\n".join(f"# README block {i}\n{b}" for i, b in enumerate(blocks)))
     environ = {k: v for k, v in os.environ.items() if not k.startswith("HYBRIDNB_")}
     environ.update(HYBRIDNB_QUICK="1", HYBRIDNB_DEVICE="cpu", HYBRIDNB_WARM_WORKER="0",
-                   HYBRIDNB_CACHE_DIR=str(tmp_path / "cache"),
+                   HYBRIDNB_CACHE_DIR=str(tour_cache),
                    PYTHONPATH=os.pathsep.join([str(ROOT), environ.get("PYTHONPATH", "")]))
     run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=environ,
                          capture_output=True, text=True, timeout=540)
