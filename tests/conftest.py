@@ -22,6 +22,14 @@ def fake_nvml(monkeypatch):
     nvml.reset()
 
 
+@pytest.fixture(scope="session")
+def tour_cache(tmp_path_factory):
+    """The cache of the tour's synthetic release, shared by tests/test_readme.py and
+    tests/test_tour.py: the first to run writes the release and its windows (seconds), the
+    other reads them, as a user's second run does."""
+    return tmp_path_factory.mktemp("tour-cache")
+
+
 @pytest.fixture(autouse=True)
 def _no_warm_worker(monkeypatch):
     """No spare worker kept between a test's isolated fits (tests of the spare turn it on):

@@ -5,7 +5,9 @@ PR_SET_PDEATHSIG, no fork, no SIGHUP, no waitid/pidfd, no /proc for hybridnb), a
 It runs inside ``make test`` (one pytest process starting another); on a machine that is not
 Linux the real platform runs the whole suite instead, so the lane is skipped there. Tests that
 time a fork-only path (a start measured in milliseconds, a forked DataLoader's children) are
-left out: spawn starts a fresh interpreter.
+left out: spawn starts a fresh interpreter; so are those whose code takes no path that differs
+there (the probe's verdicts and cache, a scan of the source) and a repeat that differs only in
+a signal the process code handles alike.
 """
 
 from __future__ import annotations
@@ -30,12 +32,16 @@ LANE = [
     P + "test_processes.py::test_an_exception_in_the_parent_kills_the_child_and_its_helpers",
     P + "test_processes.py::test_ctrl_c_at_any_moment_of_a_start_leaves_no_child_and_no_shared_file",
     P + "test_processes.py::test_a_prestarted_worker_whose_job_never_comes_is_killed",
-    P + "test_processes.py::test_only_the_child_module_sends_signals",
     P + "test_supervise.py",
     P + "test_spare.py::test_a_spare_is_gone_when_its_parent_process_ends",
     S + "test_sigterm_asks_a_supervised_worker_to_stop_then_ends_the_parent",
-    # the probe and detect(): the framed child, its stop flag, MPS reported
-    H + "test_probe.py",
+    # the probe and detect(): the framed child, its stop flag, MPS reported (not the probe's
+    # verdicts and cache, the same on every platform)
+    H + "test_probe.py::test_child_reports_each_step_as_framed_messages",
+    H + "test_probe.py::test_segfault_names_the_signal_and_the_step",
+    H + "test_probe.py::test_child_that_dies_before_any_step_is_a_crash_with_its_stderr",
+    H + "test_probe.py::test_children_run_in_parallel_under_one_deadline",
+    H + "test_probe.py::test_an_interrupted_probe_leaves_no_process",
     H + "test_detect.py::test_passing_probe_chooses_the_gpu_without_initialising_cuda",
     H + "test_detect.py::test_crashing_gpu_is_skipped_and_the_next_good_gpu_chosen",
     H + "test_platforms.py::test_detect_on_a_mac_whose_mps_fails_its_probe_chooses_the_cpu_and_says_why",
@@ -46,7 +52,8 @@ LANE = [
     "tests/train/test_isolate.py::test_should_stop_sends_stop_and_the_worker_finishes_with_its_state",
     "tests/train/test_isolate.py::test_ctrl_c_asks_the_worker_to_stop_and_it_returns_its_checkpoint",
     "tests/train/test_isolated_training.py::test_an_isolated_run_equals_an_in_process_run_and_fills_the_kernels_model",
-    "tests/train/test_isolated_training.py::test_a_worker_killed_mid_step_ends_on_the_cpu_from_its_last_state",
+    # one signal: how the kernel learns of the death is the same for SIGKILL and SIGABRT
+    "tests/train/test_isolated_training.py::test_a_worker_killed_mid_step_ends_on_the_cpu_from_its_last_state[9]",
     # compare() in its own processes, launch() spawning its ranks
     "tests/comparison/test_compare.py::test_a_variant_whose_process_aborts_is_a_row_and_the_caller_lives",
     "tests/strategies/test_distributed.py::test_launch_streams_rank0_output_and_returns_its_result",

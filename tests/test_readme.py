@@ -52,7 +52,8 @@ def make_targets() -> set[str]:
 
 COMMANDS = bash_commands(README)
 MAKE = [c for c in COMMANDS if split(c)[1][:1] == ["make"]]
-PYTHON = [c for c in COMMANDS if split(c)[1][:3] in (["python", "-m", "hybridnb"],)]
+PYTHON = list(dict.fromkeys(  # a command the README gives twice runs once
+    c for c in COMMANDS if split(c)[1][:3] in (["python", "-m", "hybridnb"],)))
 PIP = [c for c in COMMANDS if split(c)[1][:2] in (["pip", "install"], [".venv/bin/pip", "install"])]
 VENV = [c for c in COMMANDS if split(c)[1][:3] == ["python", "-m", "venv"]]
 GPU = [c for c in COMMANDS if split(c)[1] == ["nvidia-smi"]]
@@ -130,24 +131,43 @@ def test_make_commands_name_real_targets(command):
         assert var.startswith("HYBRIDNB_"), command
 
 
+@pytest.fixture(scope="module")
+def started(request, tmp_path_factory):
+    """The selected README ``python -m hybridnb`` commands, started together: each is one
+    interpreter for most of its life, so on 2 cores they overlap; each test waits for its own.
+    On the CPU in quick mode (compare: one fp32 step), each with a cache of its own."""
+    chosen = [item.callspec.params["command"] for item in request.session.items
+              if getattr(item, "originalname", None) == "test_hybridnb_commands_run_as_written"]
+    procs = {}
+    for command in chosen:
+        env, argv = split(command)
+        environ = dict(os.environ)
+        environ.update(env, HYBRIDNB_DEVICE="cpu", HYBRIDNB_QUICK="1",
+                       HYBRIDNB_CACHE_DIR=str(tmp_path_factory.mktemp("cache")))
+        procs[command] = subprocess.Popen([sys.executable, *argv[1:]], cwd=ROOT, env=environ,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True)
+    yield procs
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 @pytest.mark.parametrize("command", PYTHON)
-def test_hybridnb_commands_run_as_written(command, tmp_path):
-    """Run on the CPU in quick mode (compare: one fp32 step), the cache the test's own."""
-    env, argv = split(command)
-    environ = dict(os.environ)
-    environ.update(env, HYBRIDNB_DEVICE="cpu", HYBRIDNB_QUICK="1",
-                   HYBRIDNB_CACHE_DIR=str(tmp_path))
-    run = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, env=environ,
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, (command, run.stdout[-2000:], run.stderr[-2000:])
+def test_hybridnb_commands_run_as_written(command, started):
+    proc = started[command]
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, (command, stdout[-2000:], stderr[-2000:])
+    argv = split(command)[1]
     if "compare" in argv:
-        assert re.search(r"^\s*fp32\s+ok\b", run.stdout, flags=re.M), run.stdout
+        assert re.search(r"^\s*fp32\s+ok\b", stdout, flags=re.M), stdout
     elif "detect" in argv and "--json" in argv:
-        assert '"device": "cpu"' in run.stdout
+        assert '"device": "cpu"' in stdout
     elif "detect" in argv:
-        assert re.search(r"\bcpu\b", run.stdout), run.stdout
+        assert re.search(r"\bcpu\b", stdout), stdout
     else:
-        assert "detect" in run.stdout and "compare" in run.stdout
+        assert "detect" in stdout and "compare" in stdout
 
 
 # ------------------------------------------------------------------ the schedule example
@@ -227,16 +247,17 @@ def python_blocks(text: str) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_every_python_block_runs_as_written_in_order(tmp_path):
+def test_every_python_block_runs_as_written_in_order(tmp_path, tour_cache):
     """What a reader does: paste each ``python`` block, top to bottom, into one session (quick
-    mode: the Trainer caps epochs and steps; on the CPU, in a fresh folder and cache)."""
+    mode: the Trainer caps epochs and steps; on the CPU, in a fresh folder; the cache is the
+    one tests/test_tour.py uses, so the tour's release is written once)."""
     blocks = python_blocks(README)
     assert len(blocks) >= 3
     script = tmp_path / "readme.py"
     script.write_text("\n\n".join(f"# README block {i}\n{b}" for i, b in enumerate(blocks)))
     environ = {k: v for k, v in os.environ.items() if not k.startswith("HYBRIDNB_")}
     environ.update(HYBRIDNB_QUICK="1", HYBRIDNB_DEVICE="cpu", HYBRIDNB_WARM_WORKER="0",
-                   HYBRIDNB_CACHE_DIR=str(tmp_path / "cache"),
+                   HYBRIDNB_CACHE_DIR=str(tour_cache),
                    PYTHONPATH=os.pathsep.join([str(ROOT), environ.get("PYTHONPATH", "")]))
     run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=environ,
                          capture_output=True, text=True, timeout=540)

@@ -31,14 +31,14 @@ def test_the_readme_quotes_the_tour_script():
 
 
 @pytest.mark.slow
-def test_the_tour_learns_and_leaves_earlier_runs_alone(tmp_path):
+def test_the_tour_learns_and_leaves_earlier_runs_alone(tmp_path, tour_cache):
     earlier = {tmp_path / "runs" / "c1" / "last.pt": b"an earlier run",
                tmp_path / "runs" / "tour-20250101-000000-000000" / "best.pt": b"another one"}
     for path, data in earlier.items():
         path.parent.mkdir(parents=True)
         path.write_bytes(data)
     proc = subprocess.run([sys.executable, str(TOUR), "--seed", "0", "--cache",
-                           str(tmp_path / "cache"), "--runs", str(tmp_path / "runs")],
+                           str(tour_cache), "--runs", str(tmp_path / "runs")],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     found = re.search(r"test nRMSE (\d+\.\d+) on (\d+) windows", proc.stdout)

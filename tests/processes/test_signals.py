@@ -19,15 +19,26 @@ from pathlib import Path
 
 import psutil
 import pytest
+from torch import nn
 
 from hybridnb_tools.gpu_sim import fake_gpu
 
-ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 MARK = "HYBRIDNB_SIGNAL_TEST"
 EXIT_S = 60.0      # after the signal: the command must be gone by then (2 shared cores)
-COMPARE = [sys.executable, "-m", "hybridnb", "compare", "--model",
-           "hybridnb_tools.models:shallow", "--batch", "4", "--warmup", "1", "--repeats", "1",
-           "--variants", "fp32", "--device", "cpu"]
+COMPARE = [sys.executable, "-m", "hybridnb", "compare", "--model", "test_signals:small_model",
+           "--batch", "4", "--warmup", "1", "--repeats", "1", "--variants", "fp32", "--device",
+           "cpu"]
+
+
+def small_model() -> nn.Module:
+    """compare's model here (imported by the command and its variant's process from this file):
+    torch alone, where a braindecode model would add seconds of imports to every process."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(8, 1))
+
+
+small_model.input_shape = (1, 8)
 
 
 def _marked(token: str) -> list[psutil.Process]:
@@ -60,11 +71,12 @@ def _signal_when(argv: list[str], sig: int, ready: Callable[[list[str]], bool], 
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = {**os.environ, MARK: token, "TMPDIR": str(tmp), "HYBRIDNB_CACHE_DIR": str(tmp_path / "cache"),
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")])}
     env.pop("HYBRIDNB_QUICK", None)
     env.update(extra_env or {})
-    proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    with open(tmp_path / "stdout", "wb") as stdout:  # read by ``_printed`` while it runs
+        proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=stdout,
+                                stderr=subprocess.PIPE, start_new_session=True)
     parent = psutil.Process(proc.pid)
     seen: list[str] = []
     try:
@@ -81,7 +93,7 @@ def _signal_when(argv: list[str], sig: int, ready: Callable[[list[str]], bool], 
             time.sleep(0.01)
         os.kill(proc.pid, sig)
         t0 = time.monotonic()
-        out, err = proc.communicate(timeout=EXIT_S)
+        _, err = proc.communicate(timeout=EXIT_S)
         took = time.monotonic() - t0
     finally:
         if proc.poll() is None:
@@ -100,6 +112,12 @@ def _signal_when(argv: list[str], sig: int, ready: Callable[[list[str]], bool], 
 
 def _has(part: str) -> Callable[[list[str]], bool]:
     return lambda cmds: any(part in c for c in cmds)
+
+
+def _printed(tmp_path: Path, text: str) -> Callable[[list[str]], bool]:
+    """Once the command has printed ``text`` (its stdout goes to ``tmp_path / "stdout"``)."""
+    out = tmp_path / "stdout"
+    return lambda cmds: out.exists() and text in out.read_text(errors="replace")
 
 
 def _after(seconds: float, ready: Callable[[list[str]], bool]) -> Callable[[list[str]], bool]:
@@ -130,7 +148,7 @@ def _clean(got: dict) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_compare_while_a_variant_runs_leaves_no_process_and_no_file(tmp_path, sig):
     """The variant is timing a long window when the command is told to stop."""
-    working = _after(8, _has("hybridnb.comparison.worker"))  # in its timed window by then
+    working = _after(1, _printed(tmp_path, "warmed up"))  # its timed window comes next
     got = _signal_when(COMPARE + ["--steps", "100000"], sig, working, tmp_path)
     _clean(got)
     if sig == signal.SIGTERM:
@@ -217,7 +235,7 @@ def test_sigterm_to_a_script_in_launch_stops_every_rank(tmp_path):
 def test_compare_closed_with_its_terminal_or_killed_outright_leaves_no_process(tmp_path, sig):
     """SIGHUP (the terminal closed) is handled as SIGTERM; SIGKILL reaches no handler, and the
     variant's process dies with its parent."""
-    working = _after(8, _has("hybridnb.comparison.worker"))
+    working = _after(1, _printed(tmp_path, "warmed up"))
     got = _signal_when(COMPARE + ["--steps", "100000"], sig, working, tmp_path)
     _clean(got)
     assert got["code"] == -sig

@@ -36,11 +36,6 @@ ds_rank = functools.partial(train_rank, strategy="deepspeed")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
-@pytest.fixture(scope="module")
-def single():
-    return train_single()
-
-
 def same_on_both(r0, r1):
     for a, b in zip(r0["weights"], r1["weights"], strict=True):
         assert torch.equal(a, b) and torch.isfinite(a).all()

@@ -103,11 +103,6 @@ def train_rank(ckpt_dir, fail_on=(), effect=None, resume=False, epochs=EPOCHS, m
     return everyone
 
 
-@pytest.fixture(scope="module")
-def single():
-    return train_single()
-
-
 def train_single(n=TRAIN_N):
     """The same training in one process with twice the per-rank batch."""
     tr = Trainer(Faulty(), device="cpu", batch_size=2 * BATCH, grad_accum=ACCUM, epochs=EPOCHS,

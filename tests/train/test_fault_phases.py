@@ -94,8 +94,7 @@ FIT_CASES = [
     ("validation:hang", "validation"),
     ("checkpoint:kill", "checkpoint"),
     ("checkpoint:hang:2", "checkpoint"),
-    ("hand-over:kill", "hand-over"),
-    ("hand-over:abort", "hand-over"),
+    ("hand-over:kill", "hand-over"),  # SIGABRT is lost as SIGKILL is; its name is checked above
     ("hand-over:hang", "hand-over"),
 ]
 HANG_S = 5.0  # step_timeout and first_step_grace of the hang cases (a loaded 2-core host
@@ -138,8 +137,8 @@ def test_a_fault_in_any_phase_of_fit_continues_on_the_cpu(tmp_path, monkeypatch,
     assert not children()
 
 
-EVAL_CASES = [("evaluate", "evaluate:kill"), ("evaluate", "evaluate:abort"),
-              ("predict", "evaluate:abort"), ("predict", "evaluate:hang:2")]
+EVAL_CASES = [("evaluate", "evaluate:kill"), ("predict", "evaluate:abort"),
+              ("predict", "evaluate:hang:2")]
 
 
 @pytest.mark.parametrize("call,fault", EVAL_CASES, ids=[f"{c}-{f}" for c, f in EVAL_CASES])
