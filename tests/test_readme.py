@@ -131,43 +131,24 @@ def test_make_commands_name_real_targets(command):
         assert var.startswith("HYBRIDNB_"), command
 
 
-@pytest.fixture(scope="module")
-def started(request, tmp_path_factory):
-    """The selected README ``python -m hybridnb`` commands, started together: each is one
-    interpreter for most of its life, so on 2 cores they overlap; each test waits for its own.
-    On the CPU in quick mode (compare: one fp32 step), each with a cache of its own."""
-    chosen = [item.callspec.params["command"] for item in request.session.items
-              if getattr(item, "originalname", None) == "test_hybridnb_commands_run_as_written"]
-    procs = {}
-    for command in chosen:
-        env, argv = split(command)
-        environ = dict(os.environ)
-        environ.update(env, HYBRIDNB_DEVICE="cpu", HYBRIDNB_QUICK="1",
-                       HYBRIDNB_CACHE_DIR=str(tmp_path_factory.mktemp("cache")))
-        procs[command] = subprocess.Popen([sys.executable, *argv[1:]], cwd=ROOT, env=environ,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          text=True)
-    yield procs
-    for proc in procs.values():
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-
-
 @pytest.mark.parametrize("command", PYTHON)
-def test_hybridnb_commands_run_as_written(command, started):
-    proc = started[command]
-    stdout, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 0, (command, stdout[-2000:], stderr[-2000:])
-    argv = split(command)[1]
+def test_hybridnb_commands_run_as_written(command, tmp_path):
+    """Run on the CPU in quick mode (compare: one fp32 step), the cache the test's own."""
+    env, argv = split(command)
+    environ = dict(os.environ)
+    environ.update(env, HYBRIDNB_DEVICE="cpu", HYBRIDNB_QUICK="1",
+                   HYBRIDNB_CACHE_DIR=str(tmp_path))
+    run = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, env=environ,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, (command, run.stdout[-2000:], run.stderr[-2000:])
     if "compare" in argv:
-        assert re.search(r"^\s*fp32\s+ok\b", stdout, flags=re.M), stdout
+        assert re.search(r"^\s*fp32\s+ok\b", run.stdout, flags=re.M), run.stdout
     elif "detect" in argv and "--json" in argv:
-        assert '"device": "cpu"' in stdout
+        assert '"device": "cpu"' in run.stdout
     elif "detect" in argv:
-        assert re.search(r"\bcpu\b", stdout), stdout
+        assert re.search(r"\bcpu\b", run.stdout), run.stdout
     else:
-        assert "detect" in stdout and "compare" in stdout
+        assert "detect" in run.stdout and "compare" in run.stdout
 
 
 # ------------------------------------------------------------------ the schedule example
