@@ -29,6 +29,9 @@ MISSING = ("strategy='deepspeed' needs the deepspeed package, which is not insta
            "these models do not need.")
 
 
+_SHM_OP = "deepspeed_shm_comm"  # DeepSpeed's name for that op (ShareMemCommBuilder)
+
+
 def available() -> bool:
     """Whether ``import deepspeed`` would find the package (without importing it)."""
     return importlib.util.find_spec("deepspeed") is not None
@@ -96,8 +99,20 @@ class DeepSpeedStrategy(DDPStrategy):
             import deepspeed
 
             self._module = model
-            self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer,
-                                                   config=self.config, dist_init_required=False)
+            # its shared-memory all-reduce serves tensor-parallel inference only: building it
+            # compiles C++ for 25-37 s on a first CPU run (and needs a compiler), never used here
+            ops = deepspeed.ops.__compatible_ops__
+            was = ops.get(_SHM_OP)
+            ops[_SHM_OP] = False
+            try:
+                self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer,
+                                                       config=self.config,
+                                                       dist_init_required=False)
+            finally:
+                if was is None:
+                    ops.pop(_SHM_OP, None)
+                else:
+                    ops[_SHM_OP] = was
         return self.engine
 
     # ---------------------------------------------------------------------------- the step

@@ -96,7 +96,9 @@ def train_rank(ckpt_dir, fail_on=(), effect=None, resume=False, epochs=EPOCHS, m
     mine = {"rank": tr.strategy.rank, "strategy": tr.strategy.name, "weights": weights(tr.model),
             "saves": saves, "events": [(e.kind, e.message, e.step) for e in tr.events],
             "micro": tr.state.micro, "global_step": tr.global_step, "history": tr.history,
-            "stopped": tr.stopped,
+            "stopped": tr.stopped,  # below: DeepSpeed built its inference-only shm op
+            "shm_op": getattr(getattr(sys.modules.get("deepspeed.comm.comm"), "cdb", None),
+                              "shm_comm_op", None) is not None,
             "pred": tr.predict(data(VAL_N, seed=1)[0]), "val": tr.evaluate(data(VAL_N, seed=1))}
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
