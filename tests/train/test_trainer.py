@@ -526,9 +526,10 @@ def test_samples_per_s_is_wall_clock_and_names_the_data_wait():
     wall = time.perf_counter() - t0
     row = tr.history.iloc[0]
     # wall clock, not compute: at most the rate the loading sleeps alone allow (1.28 s for 64
-    # samples), at least the whole fit's rate (the epoch is inside it); no bound on the speed
+    # samples), about the whole fit's rate or more (the epoch is inside it; its warm-up step is
+    # not counted, so a busy machine's slower later steps may put it a little below)
     slow = SlowData()
-    assert len(slow) / wall <= row["samples_per_s"] <= 1 / slow.delay
+    assert 0.8 * len(slow) / wall <= row["samples_per_s"] <= 1 / slow.delay
     assert row["data_wait_pct"] > 50
     assert row["compute_samples_per_s"] > 3 * row["samples_per_s"]  # the step alone, labelled
 
