@@ -72,12 +72,6 @@ def logger_names(logger) -> tuple:
     return tuple(kept)
 
 
-def need_folder(loggers: tuple) -> bool:
-    """Whether some of ``loggers`` write into ``log_dir`` (a name, or an object given no
-    folder of its own)."""
-    return any(isinstance(lg, str) or getattr(lg, "needs_folder", False) for lg in loggers)
-
-
 def hparams(settings, model) -> dict[str, Any]:
     """The run's settings as plain values for ``log_hparams`` (a callable or an object by its
     name), with the model's class and parameter count."""
@@ -139,12 +133,9 @@ class CsvLogger(_FileLogger):
         self.rows: list[list] = []  # the file's rows: those kept on resume, then this fit's
         self.written = 0  # how many of them are on disk
 
-    @property
-    def path(self) -> Path:
-        return self.folder / HISTORY
-
     def open(self, start_epoch: int, global_step: int) -> None:
         self.rows, self.written = [], 0
+        self.path = self.folder / HISTORY
         self.folder.mkdir(parents=True, exist_ok=True)
         if start_epoch == 0:
             checkpoint.set_aside(self.folder, self.patterns, checkpoints=False)
@@ -175,38 +166,32 @@ class CsvLogger(_FileLogger):
             self._write()
 
     def _write(self) -> None:
-        """The rows not on disk yet appended (after the header in a new file); a file that
-        disappeared mid-run (its folder removed) is written again whole."""
+        """The rows not on disk yet appended and fsynced (after the header in a new file); a
+        file that disappeared mid-run (its folder removed) is written again whole."""
         if self.written == len(self.rows):
             return
-        new = not self.path.exists() or self.path.stat().st_size == 0
+        size = self.path.stat().st_size if self.path.exists() else 0
+        buf = io.StringIO()
+        csv.writer(buf).writerows([HISTORY_COLUMNS, *self.rows] if size == 0
+                                  else self.rows[self.written:])
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._append([HISTORY_COLUMNS, *self.rows] if new else self.rows[self.written:])
+            with open(self.path, "a", newline="") as f:
+                f.write(buf.getvalue())
+                f.flush()
+                os.fsync(f.fileno())
         except OSError as exc:
+            with contextlib.suppress(OSError):  # cut a half-written row: retries append whole
+                os.truncate(self.path, size)
             self.storage.failed(self.path, exc, f"the rows from epoch {self.rows[self.written][0]}"
                                 " on are in trainer.history and written with the next row")
             return
-        if new and self.written:
+        if size == 0 and self.written:
             self.storage.say(f"{self.path} disappeared mid-run (was its folder removed?): "
                              f"written again whole, the header and the {len(self.rows)} rows "
                              f"of epochs {self.rows[0][0]} to {self.rows[-1][0]}")
         self.written = len(self.rows)
         self.storage.worked(self.path)
-
-    def _append(self, lines: list[list]) -> None:
-        buf = io.StringIO()
-        csv.writer(buf).writerows(lines)
-        size = self.path.stat().st_size if self.path.exists() else 0
-        try:
-            with open(self.path, "a", newline="") as f:
-                f.write(buf.getvalue())
-                f.flush()
-                os.fsync(f.fileno())
-        except OSError:
-            with contextlib.suppress(OSError):  # cut a half-written row: retries append whole
-                os.truncate(self.path, size)
-            raise
 
     def close(self) -> None:
         self._write()
@@ -290,9 +275,9 @@ class TensorBoardLogger(_FileLogger):
 KINDS = {"csv": CsvLogger, "tensorboard": TensorBoardLogger}  # the names logger= takes
 
 
-def _require(module: str, package: str, what: str):
+def _require(package: str, what: str):
     try:
-        return importlib.import_module(module)
+        return importlib.import_module(package)
     except ImportError as exc:
         raise ImportError(f"{what} needs the {package} package: pip install "
                           f"'hybridnb[loggers]' (or pip install {package})") from exc
@@ -306,7 +291,7 @@ class MLflowLogger:
     def __init__(self, tracking_uri: str | None = None, experiment: str = "hybridnb",
                  run_name: str | None = None, tags: dict | None = None,
                  per_step: bool = True) -> None:
-        _require("mlflow", "mlflow", "MLflowLogger")
+        _require("mlflow", "MLflowLogger")
         from mlflow.tracking import MlflowClient
 
         try:
@@ -360,7 +345,7 @@ class WandbLogger:
     def __init__(self, project: str = "hybridnb", dir: str | os.PathLike | None = None,
                  mode: str = "offline", name: str | None = None, per_step: bool = True,
                  **init_kwargs: Any) -> None:
-        self.wandb = _require("wandb", "wandb", "WandbLogger")
+        self.wandb = _require("wandb", "WandbLogger")
         self.project, self.dir, self.mode, self.name = project, dir, mode, name
         self.per_step, self.init_kwargs = per_step, init_kwargs
         self.run = None
@@ -425,8 +410,8 @@ def _epoch(text: str) -> float:
 
 
 def patterns(loggers: tuple) -> tuple[str, ...]:
-    """The files the loggers write into ``log_dir`` (set aside with a fresh run's checkpoints
-    when ``log_dir`` is ``checkpoint_dir``)."""
+    """The files the loggers write into ``log_dir`` (names, and objects given no folder of their
+    own; set aside with a fresh run's checkpoints when ``log_dir`` is ``checkpoint_dir``)."""
     return tuple(p for lg in loggers
                  for p in (KINDS[lg].patterns if isinstance(lg, str) else
                            getattr(lg, "patterns", ()) if getattr(lg, "needs_folder", False)

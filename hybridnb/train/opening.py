@@ -121,7 +121,7 @@ def plan(train_loader, settings, bus=None) -> Plan:
 
 def begin(loop, pending: dict | None) -> None:
     """A fresh run state on ``loop``: ``pending`` (a checkpoint to continue from) or a seeded
-    start; the schedule bound to its plan."""
+    start; the schedule bound to its plan (a factory's error comes before the first step)."""
     loop.state = RunState.fresh(loop.state.events, carry=loop.state)
     if loop.learner.guard is not None:
         loop.learner.guard.reset()  # a resumed run loads the checkpoint's guard below
@@ -129,15 +129,10 @@ def begin(loop, pending: dict | None) -> None:
         saved.load(loop, pending)
     elif loop.settings.seed is not None:
         seed_everything(loop.settings.seed)
-    bind_schedule(loop.learner.schedule, loop.state.plan, loop.bus)
-
-
-def bind_schedule(schedule, plan: Plan, bus) -> None:
-    """The schedule told the run's optimizer steps (a factory builds its scheduler now: an
-    error before the first step); a resumed fit's replaced scheduler is said once."""
-    schedule.bind(plan.total_steps)
-    if getattr(schedule, "replaced", None):
-        bus.note("schedule", schedule.replaced)
+    schedule = loop.learner.schedule
+    schedule.bind(loop.state.plan.total_steps)  # a factory builds its scheduler now
+    if getattr(schedule, "replaced", None):  # a resumed fit's replaced scheduler, said once
+        loop.bus.note("schedule", schedule.replaced)
 
 
 def run_info(loop) -> dict:

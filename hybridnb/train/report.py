@@ -36,25 +36,18 @@ def write_report(trainer, folder) -> Path:
     fig.write_html(folder / "figures.html", include_plotlyjs=True)
     # the same panels drawn by matplotlib, not translated from plotly
     (folder / "figures.png").write_bytes(static.save(panel_image.draw(record), "png"))
-    notes = _model(trainer, folder)
+    try:  # model.txt: output shapes when a forward on one zero sample works
+        table, notes = trainer.model_summary(), []
+    except Exception as exc:  # the user's forward: any error, said in the summary
+        table = model_summary(trainer.model)
+        notes = [f"model.txt holds parameters only: a forward on one zero sample failed "
+                 f"({type(exc).__name__}: {str(exc)[:160]})"]
+    (folder / "model.txt").write_text(f"{table}\n")
     # the live view's end paragraph, then each event and what the report left out
     lines = [live_summary.paragraph(summary, record), "",
              *[f"  {ev}" for ev in summary["events"]], *notes]
     (folder / "summary.txt").write_text("\n".join(lines) + "\n")
     return folder
-
-
-def _model(trainer, folder: Path) -> list[str]:
-    """model.txt: the model's summary (output shapes when a forward on one zero sample works,
-    else parameters only, said); returns the note saying so."""
-    try:
-        table, note = trainer.model_summary(), []
-    except Exception as exc:  # the user's forward: any error, said in the note
-        table = model_summary(trainer.model)
-        note = [f"model.txt holds parameters only: a forward on one zero sample failed "
-                f"({type(exc).__name__}: {str(exc)[:160]})"]
-    (folder / "model.txt").write_text(f"{table}\n")
-    return note
 
 
 def model_summary(model: torch.nn.Module, input_shape: Sequence[int] | None = None,
@@ -98,6 +91,5 @@ def run_record(trainer, summary: dict) -> RunRecord:
         while rows and rows[0]["step"] == global_step:  # the epoch ended at this step
             row = rows.pop(0)
             record.add(EpochRow(row, global_step=int(row["step"]), epoch_end=True))
-    for ev in events:
-        record.events.append(ev)
+    record.events.extend(events)
     return record

@@ -19,7 +19,7 @@ import torch
 
 from hybridnb.train import checkpoint
 from hybridnb.train.habits import precision_name, unknown_keywords
-from hybridnb.train.loggers import TensorBoardLogger, logger_names, need_folder
+from hybridnb.train.loggers import TensorBoardLogger, logger_names, patterns
 from hybridnb.train.losses import CLASSIFICATION_NAMES, is_classification
 from hybridnb.train.recovery import LossGuard
 
@@ -141,7 +141,7 @@ class Settings:
                              "the Trainer (it batches, shuffles and seeds every run the same "
                              "way): pass batch_size= to the Trainer and leave these out")
         names = self.loggers  # raises on an unknown name
-        if self.logger != "auto" and need_folder(names) and self.log_folder is None:
+        if self.logger != "auto" and patterns(names) and self.log_folder is None:
             raise ValueError(f"logger={self.logger!r} needs a folder to write into: pass "
                              "log_dir= (or checkpoint_dir=, which log_dir defaults to)")
         tensorboard = any(isinstance(lg, TensorBoardLogger) or lg == "tensorboard" for lg in names)

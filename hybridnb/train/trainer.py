@@ -299,9 +299,7 @@ class Trainer:
         targets are left out and counted (``nonfinite_targets``)."""
         return metrics(*self._predict(data, with_targets=True), task=self.settings.task)
 
-    def test(self, data) -> dict:
-        """``evaluate(data)`` under Lightning's name."""
-        return self.evaluate(data)
+    test = evaluate  # Lightning's name
 
     @torch.no_grad()
     def predict(self, data, output: str | None = None) -> np.ndarray:
