@@ -1,18 +1,7 @@
-"""Callbacks: user code the Trainer calls at a fit's start, after each optimizer step, after
-each epoch, and at its end (README: "Logs, callbacks, schedules, saved models")::
-
-    class MyCallback:  # every method optional
-        def on_fit_start(self, trainer): ...
-        def on_step_end(self, trainer, row): ...    # row: global_step, epoch, step, loss, lr, ...
-        def on_epoch_end(self, trainer, row): ...   # row: the epoch's history row, a dict
-        def on_fit_end(self, trainer): ...
-
-A hook sets ``trainer.should_stop = True`` to end the fit cleanly after the current step (or the
-epoch); ``trainer.stopped == "callback"``. They run once, in the user's process, also when the
-fit trains in an isolated worker (the worker's rows are heard in the kernel; ``trainer.model``
-there is updated when the fit ends). An exception inside a callback ends the fit as a
-``CallbackError`` naming the callback and method; the last checkpoint is kept.
-"""
+"""Callbacks: the user's objects with any of ``on_fit_start(trainer)``, ``on_step_end(trainer,
+row)``, ``on_epoch_end(trainer, row)``, ``on_fit_end(trainer)`` (rows as dicts), run in the user's
+process, also for an isolated fit. What a hook may do (``trainer.should_stop = True``) and what
+an error in one does: README, "Logs, callbacks, schedules, saved models"."""
 
 from __future__ import annotations
 

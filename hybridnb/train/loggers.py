@@ -1,12 +1,8 @@
-"""Loggers: the run's rows written as they happen, for tools outside the notebook.
-
-``Trainer(logger=...)`` takes the names ``"csv"`` and ``"tensorboard"`` (writing into
-``log_dir``, default ``checkpoint_dir``), logger objects (anything with the methods of
-``Logger``; here ``CsvLogger``, ``TensorBoardLogger``, ``MLflowLogger``, ``WandbLogger``), or a
-list mixing them (docs/runs-and-logs.md). Loggers run in the user's process only (an isolated
-worker's events are heard in the kernel), on rank 0. A failed write is said once and retried
-with the next row (``storage.StorageGuard``); rows are never lost from ``trainer.history``.
-"""
+"""Loggers: the run's rows written as they happen, for tools outside the notebook
+(``Trainer(logger=...)``; docs/runs-and-logs.md). They run in the user's process only (an
+isolated worker's events are heard in the kernel), on rank 0. A failed write is said once and
+retried with the next row (``storage.StorageGuard``); rows are never lost from
+``trainer.history``."""
 
 from __future__ import annotations
 

@@ -154,12 +154,9 @@ def run_info(loop) -> dict:
 @contextlib.contextmanager
 def trial(loop, loader, plan: Plan, listener, schedule,
           recover_oom: bool = False) -> Iterator[None]:
-    """The Loop set up for a trial fit on ``loader`` (lr_find's sweep, find_batch_size's probe):
-    its own run state, ``schedule``, a guard that only skips non-finite losses, no EMA,
-    validation or files, ``listener`` on the bus; then its settings, run state, weights,
-    optimizer and random streams back as they were (a device lost meanwhile stays lost).
-    ``recover_oom`` (the batch-size probe, whose signal is an out-of-memory error): GPU errors
-    are recovered whatever ``on_gpu_error`` says, so a lost device ends the probe's search."""
+    """The Loop set up for a trial fit on ``loader`` (lr_find's sweep, find_batch_size's probe),
+    then back as it was (a device lost meanwhile stays lost). ``recover_oom`` (the probe, whose
+    signal is an out-of-memory error): a lost device ends its search whatever ``on_gpu_error``."""
     start = saved.state_dict(loop)
     placement, learner = loop.placement, loop.learner
     own = loop.settings, loop.state, loop.stop_flag, loop.loaders.opened, \
@@ -173,7 +170,7 @@ def trial(loop, loader, plan: Plan, listener, schedule,
     loop.stop_flag = lambda: False
     loop.loaders.opened, loop.loaders.generator = [loader], getattr(loader, "generator", None)
     learner.schedule, learner.ema = schedule, None
-    learner.guard = LossGuard(spike=0.0, lr_cut=1.0, patience=plan.total_steps + 1)
+    learner.guard = LossGuard(spike=0.0, lr_cut=1.0, patience=plan.total_steps + 1)  # skips NaN/inf
     loop.bus.subscribe(listener)
     try:
         yield

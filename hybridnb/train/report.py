@@ -1,8 +1,5 @@
-"""trainer.report(folder): what a run leaves behind for people who were not watching: history.csv,
-steps.csv, events.csv, the live view's figure (figures.html, plotly; figures.png, matplotlib: no
-browser needed), model.txt (torchinfo's table: ``model_summary``, also behind
-``Trainer.model_summary()``) and summary.txt (the view's end paragraph, then each event), drawn
-from a ``RunRecord`` refilled with the run's steps, epoch rows and events."""
+"""``trainer.report(folder)``: what a run leaves behind for people who were not watching (the
+files: ``Trainer.report``), drawn from a ``RunRecord`` refilled with the run's rows and events."""
 
 from __future__ import annotations
 

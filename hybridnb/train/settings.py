@@ -1,11 +1,7 @@
-"""The run's settings: ``Trainer(...)``'s keyword arguments, checked once and frozen.
-
-One validated, picklable dataclass, so the kernel and an isolated worker build the same run from
-the same object. ``Settings.build(**kwargs)`` checks every argument before any work (messages name
-the argument, the value and the fix, as braindecode's windowers do); ``resolved(hw)`` fills in
-what ``"auto"``/``None`` leave to ``hn.detect()`` (device, batch size, accumulation, loader
-options), so a worker never has to detect again.
-"""
+"""The run's settings: ``Trainer(...)``'s keyword arguments, checked once before any work (each
+message names the argument, the value and the fix) and frozen in one picklable dataclass, so the
+kernel and an isolated worker build the same run from the same object; ``resolved`` fills in
+``detect()``'s advice once, so a worker never has to detect again."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""What the Trainer builds before training: argument checks, device, strategy, precision,
-optimizer, frozen parameters, loader settings. Each check runs before any work and its message
-names the argument, the value and the fix (braindecode's windowers.py style)."""
+"""What the Trainer builds before training: device, strategy, precision, optimizer, frozen
+parameters; each error names the argument, the value and the fix."""
 
 from __future__ import annotations
 
