@@ -1,7 +1,5 @@
-"""Other libraries' names met with hybridnb's: an unknown ``Trainer`` keyword names the option
-that does the same (Lightning, fastai, skorch, Hugging Face habits; else the nearest spelling),
-Lightning's precision names map to ours, and a model whose Lightning hooks would be ignored is
-refused before any work."""
+"""Other libraries' names and habits met with hybridnb's (Lightning, fastai, skorch, Hugging
+Face): keywords, precision names, Lightning hooks."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""What learns (fastai's Learner): the model, its trainable parameters, the optimizer, loss, LR
-schedule, EMA copy and loss guard, built once from the settings, with their states in and out
-together (checkpoints and the worker's hand-over).
-"""
+"""What learns (fastai's Learner), built once from the settings, with its parts' states in and out
+together (checkpoints and the worker's hand-over)."""
 
 from __future__ import annotations
 
@@ -38,8 +36,7 @@ class Learner:
                       guard if isinstance(guard, recovery.LossGuard) else None)
 
     def see_input(self, x) -> None:
-        """Remember one sample's input shape (the first batch's ``x.shape[1:]``) for
-        ``Trainer.save``."""
+        """One sample's input shape, from the first batch, for ``Trainer.save``."""
         if self.input_shape is None and isinstance(x, torch.Tensor) and x.dim() >= 1:
             self.input_shape = tuple(int(n) for n in x.shape[1:])
 

@@ -1,8 +1,5 @@
-"""Loggers: the run's rows written as they happen, for tools outside the notebook
-(``Trainer(logger=...)``; docs/runs-and-logs.md). They run in the user's process only (an
-isolated worker's events are heard in the kernel), on rank 0. A failed write is said once and
-retried with the next row (``storage.StorageGuard``); rows are never lost from
-``trainer.history``."""
+"""Loggers: the run's rows written as they happen, for tools outside the notebook (what each
+writes, where, and what a failed write does: docs/runs-and-logs.md)."""
 
 from __future__ import annotations
 
@@ -28,12 +25,10 @@ METHODS = ("log_hparams", "log_metrics", "close")
 
 
 class Logger(Protocol):
-    """What ``Trainer(logger=...)`` calls: ``log_hparams`` once per fit before its first step
-    (the settings as plain values, the model's class and parameter count), ``log_metrics`` with
-    each epoch's history row (NaN where nothing was measured) at its last global step, ``close``
-    when the fit ends (also when it failed). Optional: ``per_step = True`` (also every optimizer
-    step's ``{"train/loss", "train/lr"}``) and ``open(start_epoch, global_step)`` (a fit
-    starts)."""
+    """What ``Trainer(logger=...)`` calls (when: docs/runs-and-logs.md, "Your own logger");
+    ``log_metrics`` gets each epoch's row (NaN where nothing was measured) at its last global
+    step. Optional: ``per_step = True`` (also every optimizer step's ``{"train/loss",
+    "train/lr"}``) and ``open(start_epoch, global_step)`` (a fit starts)."""
 
     def log_hparams(self, params: dict[str, Any]) -> None: ...
 
@@ -43,8 +38,7 @@ class Logger(Protocol):
 
 
 def logger_names(logger) -> tuple:
-    """``"csv"`` | ``"tensorboard"`` | a logger object | a list of them | None/False -> them,
-    checked (names known, objects with ``log_hparams``, ``log_metrics`` and ``close``)."""
+    """``logger=`` as a tuple of its names and objects, each checked (None/False: none)."""
     if logger is None or logger is False:
         return ()
     items = logger if isinstance(logger, (list, tuple)) else (logger,)
@@ -143,9 +137,7 @@ class CsvLogger(_FileLogger):
         after its checkpoint) are dropped, so every epoch appears once."""
         with open(self.path, newline="") as f:
             rows = list(csv.reader(f))
-        if not rows:
-            return
-        kept = [rows[0]] + [r for r in rows[1:] if r and _epoch(r[0]) < epoch]
+        kept = rows[:1] + [r for r in rows[1:] if r and _epoch(r[0]) < epoch]  # the header too
         self.rows = kept[1:]
         self.written = len(self.rows)
         if len(kept) == len(rows):
@@ -331,12 +323,9 @@ class MLflowLogger:
 
 
 class WandbLogger:
-    """One Weights & Biases run per fit: params as its config, each epoch's numbers (and
-    ``per_step``: every optimizer step's loss and lr) as its history.
-
-    ``mode="offline"`` (the default) writes under ``<dir>/wandb/`` with no network (``wandb
-    sync <dir>/wandb/offline-run-*`` uploads later); ``mode="online"`` syncs live. Other keyword
-    arguments go to ``wandb.init``; ``run_dir`` after a fit: where its files are."""
+    """One Weights & Biases run per fit, offline by default (docs/runs-and-logs.md): params as
+    its config, each epoch's numbers (``per_step``: every optimizer step's loss and lr too) as
+    its history. Other keyword arguments go to ``wandb.init``; ``run_dir`` after a fit."""
 
     def __init__(self, project: str = "hybridnb", dir: str | os.PathLike | None = None,
                  mode: str = "offline", name: str | None = None, per_step: bool = True,
@@ -369,8 +358,8 @@ class WandbLogger:
 
 def make_loggers(loggers: tuple, folder: Path | None, storage: StorageGuard,
                  is_main: bool) -> list:
-    """The logger objects for ``loggers`` (names made into objects writing into ``folder``,
-    objects as given), bound to ``folder`` and ``storage``; none off rank 0."""
+    """This fit's logger objects (none off rank 0): names made into file loggers; file loggers
+    bound to ``folder`` (``log_dir``, used when they have none of their own) and ``storage``."""
     if not is_main:
         return []
     made = []

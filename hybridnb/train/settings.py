@@ -179,8 +179,7 @@ class Settings:
             hw.settings.grad_accum if self.batch_size is None else 1)
         from_hw = self.device == "auto" and hw is not None
         taken = tuple(name for name, left in (
-            ("device", from_hw), ("precision", self.precision == "auto" and hw is not None),
-            ("batch_size", self.batch_size is None),
+            ("device", from_hw), ("batch_size", self.batch_size is None),
             ("grad_accum", self.grad_accum is None and self.batch_size is None)) if left)
         if self.loader_kwargs is not None:
             loader = dict(self.loader_kwargs)
@@ -196,9 +195,8 @@ class Settings:
                                                  and hw.settings.torch_threads else None))
 
     def chosen(self, precision: str | None = None, speedups: tuple = ()) -> list[str]:
-        """What the Trainer chose on the user's behalf, in words for the run's header: what
-        detect() advised, the defaults that change training, and what the placement decided
-        for ``"auto"`` (``precision``, ``speedups``)."""
+        """What the Trainer chose on the user's behalf, in words for the run's header
+        (``precision``, ``speedups``: what the placement decided for ``"auto"``)."""
         said = []
         if "batch_size" in self.from_detect:
             said.append(f"batch {self.batch_size}" + (

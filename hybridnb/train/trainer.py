@@ -1,11 +1,7 @@
-"""Trainer: the public class, a facade over the parts ``build_loop`` makes (an isolated worker
-builds the same), its ``sinks`` (loggers, callbacks) and the Loop, run here or in a supervised
-worker (``run_worker.py``: its events emitted again here, its states applied as they arrive).
-
->>> tr = Trainer(model, loss="mse", lr=1e-3, epochs=10, checkpoint_dir="runs/c1")
->>> history = tr.fit(train, val)          # Datasets or DataLoaders; batches (x, y[, extras])
->>> tr.evaluate(test), tr.predict(test), tr.report("runs/c1/report")
-"""
+"""Trainer: the public class (its use: README), a facade over the parts ``build_loop`` makes (an
+isolated worker builds the same), its ``sinks`` (loggers, callbacks) and the Loop, run here or in
+a supervised worker (``run_worker.py``: its events emitted again here, its states applied as they
+arrive)."""
 
 from __future__ import annotations
 
@@ -283,14 +279,16 @@ class Trainer:
         pending, self._resume_from = self._resume_from, None
         opening.begin(self.loop, pending)
 
-    def _where_fit_ran(self, what: str, fn, *args, **kwargs):
-        """``fn(loop, *args, **kwargs)`` where fit ran: in a worker after an isolated fit (if it
-        is lost, here on the CPU, said once), else in this process."""
+    def _where_fit_ran(self, what: str, fn, data, name: str, *args, **kwargs):
+        """``fn(loop, data, *args, **kwargs)`` (``made_dataset``'s ``data``, called ``name`` in
+        its notes) where fit ran: in a worker after an isolated fit (if it is lost, here on the
+        CPU, said once), else in this process."""
+        data = made_dataset(data, self.bus, name)
         if self.isolated and not self.loop.fitting:
-            done, result = run_worker.job(self, what, fn, *args, **kwargs)
+            done, result = run_worker.job(self, what, fn, data, *args, **kwargs)
             if done:
                 return result
-        return fn(self.loop, *args, **kwargs)
+        return fn(self.loop, data, *args, **kwargs)
 
     @torch.no_grad()
     def evaluate(self, data) -> dict:
@@ -310,8 +308,7 @@ class Trainer:
         return as_output(self._predict(data, with_targets=False)[0], self.settings.task, output)
 
     def _predict(self, data, with_targets: bool) -> tuple:
-        data = made_dataset(data, self.bus, "data")
-        return self._where_fit_ran("predicting", worker_fit.predict, data, with_targets)
+        return self._where_fit_ran("predicting", worker_fit.predict, data, "data", with_targets)
 
     def event(self, kind: str, message: str) -> Event:
         """Record an event (kept in ``events``, shown by the live view)."""
@@ -327,8 +324,7 @@ class Trainer:
         """The largest batch that fits with ``headroom`` to spare (doubling + bisection over
         real steps); sets ``batch_size`` and raises ``grad_accum`` to keep the effective batch.
         The model and optimizer are restored afterwards. See hybridnb.train.batch_size."""
-        dataset = made_dataset(dataset, self.bus, "dataset")
-        result = self._where_fit_ran("finding the batch size", find_batch_size, dataset,
+        result = self._where_fit_ran("finding the batch size", find_batch_size, dataset, "dataset",
                                      headroom=headroom, max_batch=max_batch, start=start)
         self.batch_size, self.grad_accum = result.batch_size, result.grad_accum
         return result.found
@@ -395,8 +391,7 @@ class Trainer:
         ``.suggestion`` and ``.plot()``; the model, optimizer, schedule and RNG are restored.
         ``apply=True`` sets ``lr`` to the suggestion. See hybridnb.train.lr_find."""
         from hybridnb.train import lr_find as finder
-        data = made_dataset(data, self.bus, "data")
-        result = self._where_fit_ran("running lr_find", finder.lr_find, data, **kwargs)
+        result = self._where_fit_ran("running lr_find", finder.lr_find, data, "data", **kwargs)
         if apply and result.suggestion is not None:
             old = self.lr
             finder.apply_lr(self, result.suggestion)
