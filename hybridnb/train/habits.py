@@ -84,10 +84,8 @@ def precision_name(precision):
     """``precision=`` as hybridnb names it ("16-mixed" -> "fp16", ...); a precision hybridnb
     does not run (weights in half precision, float64) is a ValueError saying what to use."""
     key = str(precision).removeprefix("torch.")  # 16 -> "16", torch.bfloat16 -> "bfloat16"
-    if key in ("auto", "bf16", "fp16", "fp32"):
-        return key
-    if key in PRECISION_ALIASES:
-        return PRECISION_ALIASES[key]
+    if key in ("auto", "bf16", "fp16", "fp32") or key in PRECISION_ALIASES:
+        return PRECISION_ALIASES.get(key, key)
     if key in _PURE:
         mixed = _PURE[key]
         raise ValueError(

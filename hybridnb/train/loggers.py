@@ -356,12 +356,9 @@ class WandbLogger:
             run.finish()
 
 
-def make_loggers(loggers: tuple, folder: Path | None, storage: StorageGuard,
-                 is_main: bool) -> list:
-    """This fit's logger objects (none off rank 0): names made into file loggers; file loggers
-    bound to ``folder`` (``log_dir``, used when they have none of their own) and ``storage``."""
-    if not is_main:
-        return []
+def make_loggers(loggers: tuple, folder: Path | None, storage: StorageGuard) -> list:
+    """This fit's logger objects: names made into file loggers; file loggers bound to
+    ``folder`` (``log_dir``, used when they have none of their own) and ``storage``."""
     made = []
     for lg in loggers:
         if isinstance(lg, str):

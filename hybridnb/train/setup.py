@@ -51,8 +51,7 @@ def _missing(dev: torch.device) -> str | None:
 
 
 def make_strategy(strategy, device: torch.device) -> Strategy:
-    """The strategy object: "auto" is DDP in a job of 2+ ranks (torchrun, ``hn.launch``),
-    else one device; "ddp" / "deepspeed" (ZeRO-2) / "single"; or a strategy object as given."""
+    """``strategy=`` as a strategy object (what each name means: ``Trainer``'s docstring)."""
     if strategy is not None and not isinstance(strategy, str):
         return strategy
     if strategy == "deepspeed":

@@ -1,7 +1,6 @@
 """Trainer: the public class (its use: README), a facade over the parts ``build_loop`` makes (an
 isolated worker builds the same), its ``sinks`` (loggers, callbacks) and the Loop, run here or in
-a supervised worker (``run_worker.py``: its events emitted again here, its states applied as they
-arrive)."""
+a supervised worker (``run_worker.py``: its events heard here, its states applied)."""
 
 from __future__ import annotations
 
@@ -148,8 +147,8 @@ class Trainer:
             loop, callbacks = build_loop(model, settings), check_callbacks(callbacks)
         self.loop, bus = loop, loop.bus
         strategy = self.placement.strategy
-        self.sinks = Sinks(lambda storage: loggers.make_loggers(
-            settings.loggers, settings.log_folder, storage, strategy.is_main),
+        self.sinks = Sinks(lambda storage: loggers.make_loggers(  # loggers on rank 0 only
+            settings.loggers if strategy.is_main else (), settings.log_folder, storage),
             callbacks)  # objects of the user's process: never in settings, never sent to a worker
         self.should_stop = False  # a callback sets it: the fit stops after the current step
         self._resume_from: dict | None = None  # a checkpoint resume() read
