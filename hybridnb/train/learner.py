@@ -31,9 +31,8 @@ class Learner:
         self.schedule = make_schedule(settings.schedule, warmup=settings.warmup,
                                       optimizer=self.optimizer)
         self.input_shape: tuple[int, ...] | None = None  # one sample's x, from the first batch
-        guard = settings.loss_guard
-        self.guard = (recovery.LossGuard() if guard is True else
-                      guard if isinstance(guard, recovery.LossGuard) else None)
+        guard = settings.loss_guard  # True, False or a LossGuard: Settings.check refuses others
+        self.guard = recovery.LossGuard() if guard is True else guard or None
 
     def see_input(self, x) -> None:
         """One sample's input shape, from the first batch, for ``Trainer.save``."""
