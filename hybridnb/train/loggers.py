@@ -47,8 +47,8 @@ def logger_names(logger) -> tuple:
         if isinstance(item, str):
             if item not in KINDS:
                 raise ValueError(f"logger={logger!r}: unknown logger {item!r}; use one of "
-                                 f"{tuple(KINDS)}, a logger object (hybridnb.train.loggers), a list "
-                                 "of them, or None")
+                                 f"{tuple(KINDS)}, a logger object (hybridnb.train.loggers), "
+                                 "a list of them, or None")
         elif isinstance(item, type):
             raise ValueError(f"logger={logger!r} passes the class {item.__name__}: pass an "
                              f"instance, {item.__name__}(...)")

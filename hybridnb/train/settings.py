@@ -123,7 +123,7 @@ class Settings:
         if not isinstance(self.monitor, str):
             raise ValueError(f"monitor={self.monitor!r} must be a metric name such as "
                              "'val_loss'")
-        if not isinstance(self.loss_guard, (bool, LossGuard)):  # else the guard would be off, unsaid
+        if not isinstance(self.loss_guard, (bool, LossGuard)):  # else the guard is off, unsaid
             raise ValueError(f"loss_guard={self.loss_guard!r}: use True, False or a "
                              "hybridnb.train.recovery.LossGuard(...)")
         if self.isolate not in ("auto", True, False):
