@@ -10,7 +10,7 @@ sweep), so an out-of-memory step is recovered as in any fit and the Loop's state
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections import namedtuple
 
 import psutil
 import torch
@@ -30,14 +30,8 @@ OOM_NOTES = ("oom_split", "cpu_batch")  # recovery's notes: the step ran out of 
 STEPS = 2  # optimizer steps each size is tried with
 
 
-@dataclass
-class BatchFound:
-    """The largest batch that fits, and the ``batch_size`` x ``grad_accum`` that keeps the
-    effective batch with it."""
-
-    found: int
-    batch_size: int
-    grad_accum: int
+# the largest batch that fits, and the batch_size x grad_accum that keeps the effective batch
+BatchFound = namedtuple("BatchFound", "found batch_size grad_accum")
 
 
 def find_batch_size(loop, dataset, headroom: float = 0.1, max_batch: int | None = None,
