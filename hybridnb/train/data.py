@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 from hybridnb.strategies.batches import ResumableBatchSampler
-from hybridnb.train.seeding import set_rng_state, worker_init_fn
+from hybridnb.train.seeding import set_rng_state
 
 
 def as_dataset(data, bus, what: str = "data") -> Dataset | DataLoader:
@@ -123,17 +123,6 @@ class IndexedBatches:
             yield tuple(t.index_select(0, index) for t in self.tensors)
 
 
-def yields_device_tensors(data) -> bool:
-    """Whether the dataset's items are already on an accelerator (then no loader workers and
-    no pinned memory: a forked worker cannot touch CUDA tensors)."""
-    try:
-        item = data[0]
-    except Exception:  # noqa: BLE001 - any dataset's error: the loader meets it and says it
-        return False
-    items = item if isinstance(item, (tuple, list)) else (item,)
-    return any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in items)
-
-
 def make_loader(data, *, batch_size: int, shuffle: bool, what: str, seed: int | None, strategy,
                 loader_kwargs: dict, bus):
     """Batches for ``data`` in the resumable order (this rank's shard) of a seeded generator:
@@ -171,16 +160,22 @@ def make_loader(data, *, batch_size: int, shuffle: bool, what: str, seed: int | 
         sampler = strategy.batch_sampler(len(data), batch_size, shuffle, gen)
         if type(data) is TensorDataset:
             return IndexedBatches(tuple(data.tensors), sampler, gen)
-        if (kwargs.get("num_workers") or kwargs.get("pin_memory")) and \
-                yields_device_tensors(data):
-            bus.note("loader", f"the {what} dataset yields tensors already on the device: no "
-                     "loader workers and no pinned memory for it")
-            kwargs.update(num_workers=0, pin_memory=False)
+        if kwargs.get("num_workers") or kwargs.get("pin_memory"):
+            try:  # items on an accelerator: a forked worker cannot touch CUDA tensors
+                item = data[0]
+            except Exception:  # noqa: BLE001 - any dataset's error: the loader meets it, says it
+                item = None
+            items = item if isinstance(item, (tuple, list)) else (item,)
+            if any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in items):
+                bus.note("loader", f"the {what} dataset yields tensors already on the device: "
+                         "no loader workers and no pinned memory for it")
+                kwargs.update(num_workers=0, pin_memory=False)
         kwargs["batch_sampler"] = sampler
     if kwargs.get("num_workers", 0) == 0:  # options that need worker processes
         kwargs.pop("persistent_workers", None)
         kwargs.pop("prefetch_factor", None)
-    return DataLoader(data, generator=gen, worker_init_fn=worker_init_fn, **kwargs)
+    # torch seeds each worker's random, numpy and torch from gen: reproducible when it is seeded
+    return DataLoader(data, generator=gen, **kwargs)
 
 
 def epoch_batches(loader, state, bus) -> Iterator:
