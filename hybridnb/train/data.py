@@ -71,13 +71,10 @@ QUICK_EPOCHS, QUICK_STEPS = 2, 5  # quick mode (HYBRIDNB_QUICK): a fit capped to
 
 
 class IndexedBatches:
-    """Batches of in-memory tensors by indexing: no loader workers, no per-item collate.
-
-    For a TensorDataset (and ``(X, y)`` arrays): ``t[idx]`` for every tensor in a
-    ``ResumableBatchSampler``'s order, the values a DataLoader would collate, where ``place``
-    put them once. On the H100 host the collation of 256 (129, 200) items was the bottleneck of
-    ShallowFBCSPNet (14-18k samples/s against ~53k for the GPU).
-    """
+    """A TensorDataset's (and ``(X, y)`` arrays') batches by indexing, in a
+    ``ResumableBatchSampler``'s order: what a DataLoader would collate, without loader workers
+    or per-item collate (on the H100 host, collating 256 (129, 200) items held ShallowFBCSPNet
+    to 14-18k samples/s against ~53k for the GPU)."""
 
     def __init__(self, tensors: tuple[torch.Tensor, ...], batch_sampler: ResumableBatchSampler,
                  generator: torch.Generator) -> None:

@@ -51,8 +51,7 @@ _REGRESSION_MODULES = (torch.nn.MSELoss, torch.nn.L1Loss, torch.nn.HuberLoss,
 
 
 class ShapeChecked:
-    """A regression loss (torch's module or function) with its inputs matched by
-    ``match_target``."""
+    """A regression loss (torch's module or function), its inputs matched by ``match_target``."""
 
     def __init__(self, module: Callable) -> None:
         self.module = module

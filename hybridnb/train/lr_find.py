@@ -152,9 +152,8 @@ def lr_find(loop, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_step
 
 
 class Curve:
-    """The sweep's record, a listener on the fit's bus (fastai's ``LRFinder`` callback): each
-    step's learning rate and loss, smoothed; it ends the fit (``CancelFit``) after the last
-    learning rate or once the smoothed loss passes ``diverge`` times its best."""
+    """Each step's loss, smoothed; ends the fit (``CancelFit``) after the last learning rate or
+    once the smoothed loss passes ``diverge`` times its best."""
 
     def __init__(self, lrs: np.ndarray, beta: float, diverge: float) -> None:
         self.sweep, self.beta, self.diverge = lrs, beta, diverge
@@ -198,8 +197,7 @@ def suggestion(lrs: np.ndarray, losses: np.ndarray, method: str = "valley"
     if len(losses) < 5:
         return None, f"only {len(losses)} finite losses: too few to suggest a learning rate"
     if method == "steepest":
-        # Lightning's rule (skip the first 10 steps, whose average holds few losses), with the
-        # slope measured over a tenth of the sweep: step-to-step slopes are mostly batch noise
+        # Lightning's rule, skipping the first 10 steps (their average holds few losses)
         lo, w = min(10, len(losses) // 5), max(2, len(losses) // 10)
         log_lr = np.log(lrs)
         slope = (losses[lo + w:] - losses[lo:-w]) / (log_lr[lo + w:] - log_lr[lo:-w])

@@ -19,12 +19,12 @@ def regression_metrics(y_true, y_pred) -> dict[str, float]:
     err = p - y
     rmse = math.sqrt(float(np.mean(err ** 2)))
     std = float(np.std(y))
-    ss_tot = float(np.sum((y - y.mean()) ** 2))
+    nrmse = rmse / std if std > 0 else math.nan
     return {
         "rmse": rmse,
-        "nrmse": rmse / std if std > 0 else math.nan,
+        "nrmse": nrmse,
         "mae": float(np.mean(np.abs(err))),
-        "r2": 1.0 - float(np.sum(err ** 2)) / ss_tot if ss_tot > 0 else math.nan,
+        "r2": 1.0 - nrmse ** 2,  # 1 - SS_res / SS_tot: MSE / the targets' variance
     }
 
 
