@@ -75,10 +75,9 @@ def find_batch_size(loop, dataset, headroom: float = 0.1, max_batch: int | None 
 
 
 class Probe:
-    """The search as a trial fit's batches (the data's first ``size`` samples, again and again)
-    and a listener on its bus: after ``STEPS`` steps of a size, or the first that ran out of
-    memory, the size is judged ("ok", "oom" or "peak": over the memory limit) and the next one
-    chosen; the fit ends (``CancelFit``) when the search is over."""
+    """The trial fit's batches (the data's first ``size`` samples, again and again) and a
+    listener on its bus that judges each size ("ok", "oom", or "peak": over the memory limit)
+    and picks the next, ending the fit (``CancelFit``) when the search is over."""
 
     def __init__(self, loop, dataset, max_batch: int, size: int, headroom: float) -> None:
         self.loop, self.dataset, self.max_batch, self.headroom = loop, dataset, max_batch, headroom

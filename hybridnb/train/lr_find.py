@@ -6,10 +6,9 @@ times its best. The suggestion is fastai's ``"valley"`` (a point a little past t
 the longest falling stretch) or Lightning's ``"steepest"`` (the steepest descent, its slope
 measured over a tenth of the sweep: step to step it is mostly batch noise).
 
-The sweep is a trial fit on the Trainer's Loop (``opening.trial``), with a listener (``Curve``)
-recording each step, as fastai's ``LRFinder`` is a callback on its fit: recovery, the view,
-events and speedups are a fit's, and the weights, optimizer, schedule, EMA, guard, run state and
-RNGs are put back afterwards.
+The sweep is a trial fit on the Trainer's Loop (``opening.trial``: the Loop's state is put back
+afterwards), with a listener (``Curve``) recording each step, as fastai's ``LRFinder`` is a
+callback on its fit: recovery, the view, events and speedups are a fit's.
 
 >>> result = trainer.lr_find(train)        # result.lrs, result.losses, result.suggestion
 >>> result.plot()                          # plotly figure, the suggestion marked

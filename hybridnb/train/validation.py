@@ -7,9 +7,8 @@ import math
 
 from hybridnb.events import ValidationRow
 from hybridnb.train.bus import Validated
+from hybridnb.train.evaluation import higher_is_better, predict_here
 from hybridnb.train.evaluation import metrics as metrics_of
-from hybridnb.train.evaluation import predict_here
-from hybridnb.train.metrics import higher_is_better
 from hybridnb.train.recovery import to_cpu
 from hybridnb.train.schedules import TorchSchedule
 
