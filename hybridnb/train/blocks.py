@@ -1,7 +1,5 @@
-"""Activation (gradient) checkpointing of a model's top-level blocks (torch.utils.checkpoint),
-through wrappers that hold the very same tensors under the same state_dict keys, put in place
-for the duration of a ``with``.
-"""
+"""Activation (gradient) checkpointing of a model's top-level blocks (torch.utils.checkpoint)
+for the duration of a ``with``."""
 
 from __future__ import annotations
 

@@ -56,14 +56,10 @@ def predict_here(loop, loader, with_targets: bool, phase: str = "evaluate") -> t
             preds.append(strategy.gather(out.float().reshape(len(x), -1)).cpu())
     if not preds:
         raise ValueError("no batches to predict on (empty data)")
-    pred = _squeeze(torch.cat(preds).numpy())
-    target = _squeeze(torch.cat(targets).numpy()) if targets else None
+    pred = torch.cat(preds).squeeze(1).numpy()  # (N, 1) -> (N,); (N, k) as it is
+    target = torch.cat(targets).squeeze(1).numpy() if targets else None
     loss_sum, n, bad = strategy.sum([loss_sum, float(n), float(bad)])  # over every rank
     return pred, target, loss_sum / n if n else math.nan, int(bad)
-
-
-def _squeeze(a: np.ndarray) -> np.ndarray:
-    return a[:, 0] if a.shape[1] == 1 else a
 
 
 def metrics(pred, target, loss, bad, task: str = "regression") -> dict:
@@ -98,8 +94,7 @@ def as_output(pred: np.ndarray, task: str, output: str | None) -> np.ndarray:
                          "value per sample (a regression): use output='raw'")
     if output == "labels":
         return pred.argmax(axis=1)
-    shifted = np.exp(pred - pred.max(axis=1, keepdims=True))
-    return (shifted / shifted.sum(axis=1, keepdims=True)).astype(pred.dtype)
+    return torch.softmax(torch.tensor(pred), dim=1).numpy()
 
 
 def regression_metrics(y_true, y_pred) -> dict[str, float]:
