@@ -26,7 +26,6 @@ from hybridnb.train.opening import CancelFit
 from hybridnb.train.schedules import Constant
 from hybridnb.train.state import Plan
 
-OOM_NOTES = ("oom_split", "cpu_batch")  # recovery's notes: the step ran out of memory
 STEPS = 2  # optimizer steps each size is tried with
 
 
@@ -97,8 +96,8 @@ class Probe:
             yield self.batch
 
     def __call__(self, event) -> None:
-        if isinstance(event, Event) and event.kind in OOM_NOTES:
-            self.oom = True
+        if isinstance(event, Event) and event.kind in ("oom_split", "cpu_batch"):
+            self.oom = True  # recovery's notes: the step ran out of memory
         if isinstance(event, Event) and event.kind == "device_lost":
             self.lost = event.message  # recovery moved the run to the CPU: no size to find here
         if not isinstance(event, StepEnded):

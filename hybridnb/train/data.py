@@ -207,13 +207,9 @@ def epoch_batches(loader, state, bus) -> Iterator:
     return same_sample_shape(it, start, state.epoch)
 
 
-_COLLATE_SIZES = "stack expects each tensor to be equal size"
-
-
 def same_sample_shape(batches: Iterator, start: int, epoch: int) -> Iterator:
-    """``batches`` (numbered from ``start``) checked to hold samples of one shape: another shape,
-    or mixed shapes in one batch (collate's error), is a ValueError naming the batch, ``epoch``
-    and the shapes (torch would say only ``mat1 and mat2 shapes cannot be multiplied``, later)."""
+    """``batches`` (numbered from ``start``) checked to hold samples of one shape, also within a
+    batch (torch would say only ``mat1 and mat2 shapes cannot be multiplied``, later)."""
     first, index = None, start
     try:  # around the loader's next(): its collate fails on samples of different shapes
         for batch in batches:
@@ -230,7 +226,7 @@ def same_sample_shape(batches: Iterator, start: int, epoch: int) -> Iterator:
             yield batch
             index += 1
     except RuntimeError as exc:
-        if _COLLATE_SIZES not in str(exc):
+        if "stack expects each tensor to be equal size" not in str(exc):
             raise
         raise ValueError(f"training batch {index} of epoch {epoch}: its samples have "
                          f"different shapes ({str(exc).strip().splitlines()[0]}): every "
@@ -261,7 +257,6 @@ class BatchCheck:
         return x, y
 
     def cast(self, x):
-        """Inputs in the model's dtype (float64 cast, with one note)."""
         if isinstance(x, torch.Tensor) and x.dtype == torch.float64 != self.dtype:
             x = x.to(self.dtype)
             if not self._noted:

@@ -19,8 +19,6 @@ from hybridnb.train.interrupt import stop_asked
 from hybridnb.train.losses import ReweightedHuber
 from hybridnb.train.state import Stop
 
-HIGHER_IS_BETTER = ("r2", "accuracy", "acc", "balanced_accuracy")
-
 
 @torch.no_grad()
 def predict_here(loop, loader, with_targets: bool, phase: str = "evaluate") -> tuple:
@@ -129,4 +127,4 @@ def classification_metrics(y_true, logits) -> dict[str, float]:
 
 def higher_is_better(metric: str) -> bool:
     """Whether a larger value of ``metric`` (e.g. ``"val_r2"``) is an improvement."""
-    return metric.removeprefix("val_") in HIGHER_IS_BETTER
+    return metric.removeprefix("val_") in ("r2", "accuracy", "acc", "balanced_accuracy")

@@ -1,8 +1,7 @@
 """What ``fit`` can tell before anything starts: the skorch habit ``fit(X, y)``, inputs without
 targets, items that are not ``(x, y[, extras])``, and outputs a named loss cannot pair with the
 targets, found by running the model on the meta device (shapes only: nothing computed or
-changed). Reads at most the first training item; DataLoaders and streams are checked at their
-first batch instead."""
+changed). Reads at most the first training item."""
 
 from __future__ import annotations
 
