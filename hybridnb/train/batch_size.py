@@ -10,7 +10,7 @@ sweep), so an out-of-memory step is recovered as in any fit and the Loop's state
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections import namedtuple
 
 import psutil
 import torch
@@ -26,18 +26,11 @@ from hybridnb.train.opening import CancelFit
 from hybridnb.train.schedules import Constant
 from hybridnb.train.state import Plan
 
-OOM_NOTES = ("oom_split", "cpu_batch")  # recovery's notes: the step ran out of memory
 STEPS = 2  # optimizer steps each size is tried with
 
 
-@dataclass
-class BatchFound:
-    """The largest batch that fits, and the ``batch_size`` x ``grad_accum`` that keeps the
-    effective batch with it."""
-
-    found: int
-    batch_size: int
-    grad_accum: int
+# the largest batch that fits, and the batch_size x grad_accum that keeps the effective batch
+BatchFound = namedtuple("BatchFound", "found batch_size grad_accum")
 
 
 def find_batch_size(loop, dataset, headroom: float = 0.1, max_batch: int | None = None,
@@ -81,10 +74,9 @@ def find_batch_size(loop, dataset, headroom: float = 0.1, max_batch: int | None 
 
 
 class Probe:
-    """The search as a trial fit's batches (the data's first ``size`` samples, again and again)
-    and a listener on its bus: after ``STEPS`` steps of a size, or the first that ran out of
-    memory, the size is judged ("ok", "oom" or "peak": over the memory limit) and the next one
-    chosen; the fit ends (``CancelFit``) when the search is over."""
+    """The trial fit's batches (the data's first ``size`` samples, again and again) and a
+    listener on its bus that judges each size ("ok", "oom", or "peak": over the memory limit)
+    and picks the next, ending the fit (``CancelFit``) when the search is over."""
 
     def __init__(self, loop, dataset, max_batch: int, size: int, headroom: float) -> None:
         self.loop, self.dataset, self.max_batch, self.headroom = loop, dataset, max_batch, headroom
@@ -104,8 +96,8 @@ class Probe:
             yield self.batch
 
     def __call__(self, event) -> None:
-        if isinstance(event, Event) and event.kind in OOM_NOTES:
-            self.oom = True
+        if isinstance(event, Event) and event.kind in ("oom_split", "cpu_batch"):
+            self.oom = True  # recovery's notes: the step ran out of memory
         if isinstance(event, Event) and event.kind == "device_lost":
             self.lost = event.message  # recovery moved the run to the CPU: no size to find here
         if not isinstance(event, StepEnded):

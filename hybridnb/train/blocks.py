@@ -1,7 +1,5 @@
-"""Activation (gradient) checkpointing of a model's top-level blocks (torch.utils.checkpoint),
-through wrappers that hold the very same tensors under the same state_dict keys, put in place
-for the duration of a ``with``.
-"""
+"""Activation (gradient) checkpointing of a model's top-level blocks (torch.utils.checkpoint)
+for the duration of a ``with``."""
 
 from __future__ import annotations
 
@@ -31,20 +29,16 @@ class Checkpointed(torch.nn.Module):
         return self.block(*args, **kwargs)
 
 
-def eligible(model: torch.nn.Module) -> list[str]:
-    """Top-level children with parameters and without batch norm (whose running statistics the
-    recomputation would update twice)."""
-    batch_norm = torch.nn.modules.batchnorm._BatchNorm
-    return [name for name, child in model.named_children()
-            if any(True for _ in child.parameters())
-            and not any(isinstance(m, batch_norm) for m in child.modules())]
-
-
 @contextlib.contextmanager
 def checkpointed_blocks(model: torch.nn.Module, enabled: bool, bus) -> Iterator[None]:
     """Wrap the eligible blocks while the ``with`` runs; which ones is noted on ``bus`` (said
     as the fit's view opens)."""
-    names = eligible(model) if enabled else []
+    # top-level children with parameters and without batch norm (whose running statistics the
+    # recomputation would update twice)
+    batch_norm = torch.nn.modules.batchnorm._BatchNorm
+    names = [name for name, child in model.named_children() if enabled
+             and any(True for _ in child.parameters())
+             and not any(isinstance(m, batch_norm) for m in child.modules())]
     if enabled:
         bus.note("grad_checkpointing", (
             f"recomputing activations of {len(names)} blocks ({', '.join(names[:6])}"

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 from hybridnb.strategies.batches import ResumableBatchSampler
-from hybridnb.train.seeding import set_rng_state, worker_init_fn
+from hybridnb.train.seeding import set_rng_state
 
 
 def as_dataset(data, bus, what: str = "data") -> Dataset | DataLoader:
@@ -71,13 +71,10 @@ QUICK_EPOCHS, QUICK_STEPS = 2, 5  # quick mode (HYBRIDNB_QUICK): a fit capped to
 
 
 class IndexedBatches:
-    """Batches of in-memory tensors by indexing: no loader workers, no per-item collate.
-
-    For a TensorDataset (and ``(X, y)`` arrays): ``t[idx]`` for every tensor in a
-    ``ResumableBatchSampler``'s order, the values a DataLoader would collate, where ``place``
-    put them once. On the H100 host the collation of 256 (129, 200) items was the bottleneck of
-    ShallowFBCSPNet (14-18k samples/s against ~53k for the GPU).
-    """
+    """A TensorDataset's (and ``(X, y)`` arrays') batches by indexing, in a
+    ``ResumableBatchSampler``'s order: what a DataLoader would collate, without loader workers
+    or per-item collate (on the H100 host, collating 256 (129, 200) items held ShallowFBCSPNet
+    to 14-18k samples/s against ~53k for the GPU)."""
 
     def __init__(self, tensors: tuple[torch.Tensor, ...], batch_sampler: ResumableBatchSampler,
                  generator: torch.Generator) -> None:
@@ -123,17 +120,6 @@ class IndexedBatches:
             yield tuple(t.index_select(0, index) for t in self.tensors)
 
 
-def yields_device_tensors(data) -> bool:
-    """Whether the dataset's items are already on an accelerator (then no loader workers and
-    no pinned memory: a forked worker cannot touch CUDA tensors)."""
-    try:
-        item = data[0]
-    except Exception:  # noqa: BLE001 - any dataset's error: the loader meets it and says it
-        return False
-    items = item if isinstance(item, (tuple, list)) else (item,)
-    return any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in items)
-
-
 def make_loader(data, *, batch_size: int, shuffle: bool, what: str, seed: int | None, strategy,
                 loader_kwargs: dict, bus):
     """Batches for ``data`` in the resumable order (this rank's shard) of a seeded generator:
@@ -171,16 +157,22 @@ def make_loader(data, *, batch_size: int, shuffle: bool, what: str, seed: int | 
         sampler = strategy.batch_sampler(len(data), batch_size, shuffle, gen)
         if type(data) is TensorDataset:
             return IndexedBatches(tuple(data.tensors), sampler, gen)
-        if (kwargs.get("num_workers") or kwargs.get("pin_memory")) and \
-                yields_device_tensors(data):
-            bus.note("loader", f"the {what} dataset yields tensors already on the device: no "
-                     "loader workers and no pinned memory for it")
-            kwargs.update(num_workers=0, pin_memory=False)
+        if kwargs.get("num_workers") or kwargs.get("pin_memory"):
+            try:  # items on an accelerator: a forked worker cannot touch CUDA tensors
+                item = data[0]
+            except Exception:  # noqa: BLE001 - any dataset's error: the loader meets it, says it
+                item = None
+            items = item if isinstance(item, (tuple, list)) else (item,)
+            if any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in items):
+                bus.note("loader", f"the {what} dataset yields tensors already on the device: "
+                         "no loader workers and no pinned memory for it")
+                kwargs.update(num_workers=0, pin_memory=False)
         kwargs["batch_sampler"] = sampler
     if kwargs.get("num_workers", 0) == 0:  # options that need worker processes
         kwargs.pop("persistent_workers", None)
         kwargs.pop("prefetch_factor", None)
-    return DataLoader(data, generator=gen, worker_init_fn=worker_init_fn, **kwargs)
+    # torch seeds each worker's random, numpy and torch from gen: reproducible when it is seeded
+    return DataLoader(data, generator=gen, **kwargs)
 
 
 def epoch_batches(loader, state, bus) -> Iterator:
@@ -215,13 +207,9 @@ def epoch_batches(loader, state, bus) -> Iterator:
     return same_sample_shape(it, start, state.epoch)
 
 
-_COLLATE_SIZES = "stack expects each tensor to be equal size"
-
-
 def same_sample_shape(batches: Iterator, start: int, epoch: int) -> Iterator:
-    """``batches`` (numbered from ``start``) checked to hold samples of one shape: another shape,
-    or mixed shapes in one batch (collate's error), is a ValueError naming the batch, ``epoch``
-    and the shapes (torch would say only ``mat1 and mat2 shapes cannot be multiplied``, later)."""
+    """``batches`` (numbered from ``start``) checked to hold samples of one shape, also within a
+    batch (torch would say only ``mat1 and mat2 shapes cannot be multiplied``, later)."""
     first, index = None, start
     try:  # around the loader's next(): its collate fails on samples of different shapes
         for batch in batches:
@@ -238,7 +226,7 @@ def same_sample_shape(batches: Iterator, start: int, epoch: int) -> Iterator:
             yield batch
             index += 1
     except RuntimeError as exc:
-        if _COLLATE_SIZES not in str(exc):
+        if "stack expects each tensor to be equal size" not in str(exc):
             raise
         raise ValueError(f"training batch {index} of epoch {epoch}: its samples have "
                          f"different shapes ({str(exc).strip().splitlines()[0]}): every "
@@ -269,7 +257,6 @@ class BatchCheck:
         return x, y
 
     def cast(self, x):
-        """Inputs in the model's dtype (float64 cast, with one note)."""
         if isinstance(x, torch.Tensor) and x.dtype == torch.float64 != self.dtype:
             x = x.to(self.dtype)
             if not self._noted:

@@ -1,8 +1,10 @@
-"""Evaluation and prediction: the model in eval mode over a loader, gathered across ranks.
+"""Evaluation and prediction: the model in eval mode over a loader, gathered across ranks, and
+the metrics: regression (RMSE, nRMSE = RMSE / population std of the targets, a generic normalised
+score, MAE, R²) and classification (accuracy, balanced accuracy = the mean of the per-class
+recalls over the classes present in the targets, as scikit-learn computes it).
 
 Validation scores with the loss without training-only reweighting, so validation losses stay
-comparable between epochs; non-finite targets are counted and reported, not averaged into NaN;
-float64 inputs (numpy's default) are cast to the model's dtype, as in training, with one note.
+comparable between epochs; non-finite targets are counted and reported, not averaged into NaN.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import torch
 from hybridnb.torch_state import evaluating
 from hybridnb.train.interrupt import stop_asked
 from hybridnb.train.losses import ReweightedHuber
-from hybridnb.train.metrics import classification_metrics, regression_metrics
 from hybridnb.train.state import Stop
 
 
@@ -53,20 +54,15 @@ def predict_here(loop, loader, with_targets: bool, phase: str = "evaluate") -> t
             preds.append(strategy.gather(out.float().reshape(len(x), -1)).cpu())
     if not preds:
         raise ValueError("no batches to predict on (empty data)")
-    pred = _squeeze(torch.cat(preds).numpy())
-    target = _squeeze(torch.cat(targets).numpy()) if targets else None
+    pred = torch.cat(preds).squeeze(1).numpy()  # (N, 1) -> (N,); (N, k) as it is
+    target = torch.cat(targets).squeeze(1).numpy() if targets else None
     loss_sum, n, bad = strategy.sum([loss_sum, float(n), float(bad)])  # over every rank
     return pred, target, loss_sum / n if n else math.nan, int(bad)
 
 
-def _squeeze(a: np.ndarray) -> np.ndarray:
-    return a[:, 0] if a.shape[1] == 1 else a
-
-
 def metrics(pred, target, loss, bad, task: str = "regression") -> dict:
-    """Loss and the task's metrics from ``predict_here``'s output (regression: rmse, nrmse,
-    mae, r2; classification: accuracy, balanced_accuracy); targets that are not finite are
-    left out and counted (``nonfinite_targets``)."""
+    """Loss and the task's metrics (below) from ``predict_here``'s output, with the
+    count of non-finite targets (``nonfinite_targets``) when there are any."""
     out = {"loss": loss}
     if bad:
         out["nonfinite_targets"] = bad
@@ -83,9 +79,7 @@ def metrics(pred, target, loss, bad, task: str = "regression") -> dict:
 
 
 def as_output(pred: np.ndarray, task: str, output: str | None) -> np.ndarray:
-    """``predict``'s answer: ``"raw"`` the model's outputs; ``"labels"`` the class of each
-    sample (argmax, int64); ``"probs"`` the softmax over classes. ``None``: labels for a
-    classification loss, raw outputs for regression."""
+    """``Trainer.predict``'s answer in the form ``output`` names (see its docstring)."""
     if output not in (None, "raw", "labels", "probs"):
         raise ValueError(f"output={output!r}: use 'labels', 'probs', 'raw' (or None: labels "
                          "when classifying, raw outputs otherwise)")
@@ -98,5 +92,39 @@ def as_output(pred: np.ndarray, task: str, output: str | None) -> np.ndarray:
                          "value per sample (a regression): use output='raw'")
     if output == "labels":
         return pred.argmax(axis=1)
-    shifted = np.exp(pred - pred.max(axis=1, keepdims=True))
-    return (shifted / shifted.sum(axis=1, keepdims=True)).astype(pred.dtype)
+    return torch.softmax(torch.tensor(pred), dim=1).numpy()
+
+
+def regression_metrics(y_true, y_pred) -> dict[str, float]:
+    """Metrics over flattened arrays of as many values (at least one; ``metrics`` pairs
+    them); nRMSE and R² are NaN when the targets are constant."""
+    y = np.asarray(y_true, dtype=np.float64).reshape(-1)
+    p = np.asarray(y_pred, dtype=np.float64).reshape(-1)
+    err = p - y
+    rmse = math.sqrt(float(np.mean(err ** 2)))
+    std = float(np.std(y))
+    nrmse = rmse / std if std > 0 else math.nan
+    return {
+        "rmse": rmse,
+        "nrmse": nrmse,
+        "mae": float(np.mean(np.abs(err))),
+        "r2": 1.0 - nrmse ** 2,  # 1 - SS_res / SS_tot: MSE / the targets' variance
+    }
+
+
+def classification_metrics(y_true, logits) -> dict[str, float]:
+    """Accuracy and balanced accuracy of ``logits`` (N, C) (the predicted class is the argmax)
+    against class indices ``y_true`` (N,), or class probabilities (N, C) (their argmax)."""
+    scores = np.asarray(logits, dtype=np.float64)
+    y = np.asarray(y_true)
+    if y.ndim == 2 and y.shape == scores.shape:
+        y = y.argmax(axis=1)
+    y = y.reshape(-1).astype(np.int64)
+    hit = scores.argmax(axis=1) == y
+    recalls = [float(hit[y == c].mean()) for c in np.unique(y)]
+    return {"accuracy": float(hit.mean()), "balanced_accuracy": float(np.mean(recalls))}
+
+
+def higher_is_better(metric: str) -> bool:
+    """Whether a larger value of ``metric`` (e.g. ``"val_r2"``) is an improvement."""
+    return metric.removeprefix("val_") in ("r2", "accuracy", "acc", "balanced_accuracy")

@@ -51,8 +51,7 @@ _REGRESSION_MODULES = (torch.nn.MSELoss, torch.nn.L1Loss, torch.nn.HuberLoss,
 
 
 class ShapeChecked:
-    """A regression loss (torch's module or function) with its inputs matched by
-    ``match_target``."""
+    """A regression loss (torch's module or function), its inputs matched by ``match_target``."""
 
     def __init__(self, module: Callable) -> None:
         self.module = module
@@ -71,10 +70,9 @@ class ReweightedHuber:
     """Huber loss; from epoch ``after_epoch`` on, samples with large residuals count less.
 
     Weight of a sample with residual r: 1 while ``|r| <= c * delta``, else ``c * delta / |r|``
-    (weights are constants for the gradient). The response-time targets of challenge 1 have a long
-    tail of slow or missed responses; down-weighting them once the model has learned the bulk
-    keeps them from dominating the fit. The weight depends only on the sample's own residual, so
-    micro-batch splitting leaves the loss unchanged.
+    (weights are constants for the gradient; one sample's own, so micro-batches split exactly).
+    The response-time targets of challenge 1 have a long tail of slow or missed responses;
+    down-weighting them once the model has learned the bulk keeps them from dominating the fit.
     """
 
     def __init__(self, delta: float = 1.0, after_epoch: int | None = None, c: float = 2.0) -> None:

@@ -6,10 +6,9 @@ times its best. The suggestion is fastai's ``"valley"`` (a point a little past t
 the longest falling stretch) or Lightning's ``"steepest"`` (the steepest descent, its slope
 measured over a tenth of the sweep: step to step it is mostly batch noise).
 
-The sweep is a trial fit on the Trainer's Loop (``opening.trial``), with a listener (``Curve``)
-recording each step, as fastai's ``LRFinder`` is a callback on its fit: recovery, the view,
-events and speedups are a fit's, and the weights, optimizer, schedule, EMA, guard, run state and
-RNGs are put back afterwards.
+The sweep is a trial fit on the Trainer's Loop (``opening.trial``: the Loop's state is put back
+afterwards), with a listener (``Curve``) recording each step, as fastai's ``LRFinder`` is a
+callback on its fit: recovery, the view, events and speedups are a fit's.
 
 >>> result = trainer.lr_find(train)        # result.lrs, result.losses, result.suggestion
 >>> result.plot()                          # plotly figure, the suggestion marked
@@ -152,9 +151,8 @@ def lr_find(loop, data, *, start_lr: float = 1e-7, end_lr: float = 1.0, num_step
 
 
 class Curve:
-    """The sweep's record, a listener on the fit's bus (fastai's ``LRFinder`` callback): each
-    step's learning rate and loss, smoothed; it ends the fit (``CancelFit``) after the last
-    learning rate or once the smoothed loss passes ``diverge`` times its best."""
+    """Each step's loss, smoothed; ends the fit (``CancelFit``) after the last learning rate or
+    once the smoothed loss passes ``diverge`` times its best."""
 
     def __init__(self, lrs: np.ndarray, beta: float, diverge: float) -> None:
         self.sweep, self.beta, self.diverge = lrs, beta, diverge
@@ -198,8 +196,7 @@ def suggestion(lrs: np.ndarray, losses: np.ndarray, method: str = "valley"
     if len(losses) < 5:
         return None, f"only {len(losses)} finite losses: too few to suggest a learning rate"
     if method == "steepest":
-        # Lightning's rule (skip the first 10 steps, whose average holds few losses), with the
-        # slope measured over a tenth of the sweep: step-to-step slopes are mostly batch noise
+        # Lightning's rule, skipping the first 10 steps (their average holds few losses)
         lo, w = min(10, len(losses) // 5), max(2, len(losses) // 10)
         log_lr = np.log(lrs)
         slope = (losses[lo + w:] - losses[lo:-w]) / (log_lr[lo + w:] - log_lr[lo:-w])

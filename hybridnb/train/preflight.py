@@ -1,13 +1,13 @@
 """What ``fit`` can tell before anything starts: the skorch habit ``fit(X, y)``, inputs without
 targets, items that are not ``(x, y[, extras])``, and outputs a named loss cannot pair with the
 targets, found by running the model on the meta device (shapes only: nothing computed or
-changed). Reads at most the first training item; DataLoaders and streams are checked at their
-first batch instead."""
+changed). Reads at most the first training item."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+from torch.func import functional_call
 from torch.utils.data import Dataset, IterableDataset, TensorDataset, default_collate
 
 from hybridnb.torch_state import evaluating, meta_state, on_meta
@@ -16,44 +16,39 @@ _ARRAY = (np.ndarray, torch.Tensor)
 
 
 def check_fit_data(train, val) -> tuple | None:
-    """``fit(X, y)``, a lone array as val, and the training items' structure; returns the
-    first training item (``(x, y, ...)``) when it was read, else None."""
+    """``fit(X, y)``, a lone array as val, and the training items' structure: the first
+    training item, checked to be (x, y[, extras]) (else a ValueError saying the fix); None when
+    not read here (a loader, a stream, an empty or failing Dataset)."""
     if isinstance(val, _ARRAY):
         if isinstance(train, _ARRAY):
             raise TypeError("fit(X, y): fit's second argument is the validation data, not the "
                             "targets: pass the training arrays as one tuple, trainer.fit((X, y)), "
                             "and validation data as another, trainer.fit((X, y), (X_val, y_val))")
         raise TypeError("val: one array has no targets: pass (X_val, y_val) as one tuple")
-    return first_item(train, "train")
-
-
-def first_item(data, what: str) -> tuple | None:
-    """``data``'s first item, checked to be (x, y[, extras]) (else a ValueError naming ``what``
-    and the fix); None when not read here (a loader, a stream, an empty or failing Dataset)."""
-    if isinstance(data, _ARRAY) or (isinstance(data, (tuple, list)) and len(data) == 1
-                                    and isinstance(data[0], _ARRAY)):
-        raise ValueError(f"{what}: inputs without targets: pass (X, y) as one tuple, e.g. "
+    if isinstance(train, _ARRAY) or (isinstance(train, (tuple, list)) and len(train) == 1
+                                     and isinstance(train[0], _ARRAY)):
+        raise ValueError("train: inputs without targets: pass (X, y) as one tuple, e.g. "
                          "trainer.fit((X, y))")
-    if isinstance(data, (tuple, list)) and data and all(isinstance(a, _ARRAY) for a in data):
-        if not all(a.ndim and len(a) for a in data):
+    if isinstance(train, (tuple, list)) and train and all(isinstance(a, _ARRAY) for a in train):
+        if not all(a.ndim and len(a) for a in train):
             return None  # empty or scalar: as_dataset and the loader say what is wrong
-        return tuple(torch.as_tensor(a[0]) for a in data)
-    if isinstance(data, TensorDataset):
-        if len(data.tensors) < 2:
-            raise ValueError(f"{what}: a TensorDataset of {len(data.tensors)} tensor has no "
+        return tuple(torch.as_tensor(a[0]) for a in train)
+    if isinstance(train, TensorDataset):
+        if len(train.tensors) < 2:
+            raise ValueError(f"train: a TensorDataset of {len(train.tensors)} tensor has no "
                              "targets: TensorDataset(X, y)")
-        return data[0] if len(data) else None
-    if not isinstance(data, Dataset) or isinstance(data, IterableDataset):
+        return train[0] if len(train) else None
+    if not isinstance(train, Dataset) or isinstance(train, IterableDataset):
         return None
     try:
-        if len(data) == 0:
+        if len(train) == 0:
             return None
-        item = data[0]
+        item = train[0]
     except Exception:  # noqa: BLE001 - the loader meets the same error, with torch's words
         return None
     if isinstance(item, (tuple, list)) and len(item) >= 2:
         return tuple(item)
-    kind = type(data).__name__
+    kind = type(train).__name__
     if isinstance(item, dict):
         got = f"a dict with keys {sorted(map(str, item))[:6]}"
     elif isinstance(item, (tuple, list)):
@@ -61,7 +56,7 @@ def first_item(data, what: str) -> tuple | None:
     else:
         got = f"a {type(item).__name__}" + (f" of shape {tuple(item.shape)}"
                                             if isinstance(item, _ARRAY) else "")
-    raise ValueError(f"{what}: {kind}[0] is {got}; the Trainer needs items (x, y) or "
+    raise ValueError(f"train: {kind}[0] is {got}; the Trainer needs items (x, y) or "
                      "(x, y, *extras): return them from __getitem__ (or pass a DataLoader whose "
                      "collate_fn makes (x, y) batches)")
 
@@ -81,18 +76,11 @@ def check_outputs(model: torch.nn.Module, loss_fn, item: tuple, dtype: torch.dty
     if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
         return
     x = x.to(dtype) if x.is_floating_point() else x
-    out = _on_meta(model, x.expand(batch_size, *x.shape[1:]))
+    x = on_meta(x.expand(batch_size, *x.shape[1:]))
+    try:  # the parameters and buffers as meta tensors too, in eval mode
+        with evaluating(model), torch.no_grad():
+            out = functional_call(model, meta_state(model), (x,), tie_weights=True)
+    except Exception:  # noqa: BLE001 - any failure on meta: the first step checks instead
+        return
     if isinstance(out, torch.Tensor):
         check(out, y.expand(batch_size, *y.shape[1:]))
-
-
-def _on_meta(model: torch.nn.Module, x: torch.Tensor):
-    """``model(x)`` with its parameters, buffers and ``x`` as meta tensors (eval mode, no
-    gradients), or None when the model cannot run there."""
-    from torch.func import functional_call
-
-    try:
-        with evaluating(model), torch.no_grad():
-            return functional_call(model, meta_state(model), (on_meta(x),), tie_weights=True)
-    except Exception:  # noqa: BLE001 - any failure on meta: the first step checks instead
-        return None

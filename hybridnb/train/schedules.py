@@ -159,8 +159,7 @@ class TorchSchedule(Constant):
         if self.plateau:
             return self.current
         while self.sched.last_epoch < step:
-            # the scheduler's own LRs back first: a chained scheduler multiplies the group's LR,
-            # which the loop set with the loss guard's cut in it
+            # the scheduler's own LRs back first: the loop's have the guard's cut (docstring)
             for group, lr in zip(self.optimizer.param_groups, self.sched.get_last_lr(),
                                  strict=True):
                 group["lr"] = lr

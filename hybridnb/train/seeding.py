@@ -19,14 +19,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds CUDA devices lazily, without initialising CUDA
 
 
-def worker_init_fn(worker_id: int) -> None:
-    """Seed python and numpy inside a DataLoader worker from torch's per-worker seed (from the
-    loader's generator: reproducible when it is seeded)."""
-    seed = torch.initial_seed() % 2**32
-    random.seed(seed)
-    np.random.seed(seed)
-
-
 def rng_state() -> dict:
     """Every global generator's state as tensors / plain values."""
     version, mt, gauss = random.getstate()

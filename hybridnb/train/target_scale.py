@@ -1,8 +1,7 @@
 """Targets on another scale than the model's outputs: said once, never rescaled.
 
 Targets in milliseconds, or whose mean lies many stds from where a fresh model predicts, make a
-regression spend its first epochs finding the mean (and with MSE dwarf the learning rate). A
-forward hook reads the first batch's outputs once, then is removed; the targets are the user's.
+regression spend its first epochs finding the mean (and with MSE dwarf the learning rate).
 """
 
 from __future__ import annotations

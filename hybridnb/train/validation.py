@@ -7,21 +7,10 @@ import math
 
 from hybridnb.events import ValidationRow
 from hybridnb.train.bus import Validated
+from hybridnb.train.evaluation import higher_is_better, predict_here
 from hybridnb.train.evaluation import metrics as metrics_of
-from hybridnb.train.evaluation import predict_here
-from hybridnb.train.metrics import higher_is_better
 from hybridnb.train.recovery import to_cpu
 from hybridnb.train.schedules import TorchSchedule
-from hybridnb.train.state import Best
-
-
-def improved(monitor: str, best: Best, value: float) -> bool | None:
-    """Whether ``value`` of ``monitor`` beats ``best`` (in the metric's direction); None: not
-    finite, so it neither improves nor counts."""
-    if not math.isfinite(value):
-        return None
-    sign = 1 if higher_is_better(monitor) else -1
-    return best.value is None or sign * (value - best.value) > 0
 
 
 class Validation:
@@ -74,9 +63,10 @@ class Validation:
             loop.bus.say("nonfinite_targets", f"{int(bad)} validation samples have non-finite "
                          "targets: they are left out of val_loss and the metrics")
         value = metrics[monitor]
-        better = improved(monitor, best, value)
-        if better is None:
+        if not math.isfinite(value):  # neither improves nor counts
             return False
+        sign = 1 if higher_is_better(monitor) else -1
+        better = best.value is None or sign * (value - best.value) > 0
         if better:
             best.value, best.step, best.epoch, best.bad = float(value), state.global_step, \
                 state.epoch, 0

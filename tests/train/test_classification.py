@@ -15,8 +15,8 @@ from torch.nn import functional as F
 
 from hybridnb.live.record import RunRecord
 from hybridnb.live.summary import status
+from hybridnb.train.evaluation import classification_metrics
 from hybridnb.train.losses import CrossEntropy
-from hybridnb.train.metrics import classification_metrics
 from hybridnb.train.trainer import Trainer
 
 torch.set_num_threads(1)
