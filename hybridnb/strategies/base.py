@@ -46,7 +46,8 @@ class Strategy:
     def batch_sampler(self, n: int, batch_size: int, shuffle: bool,
                       generator: torch.Generator) -> ResumableBatchSampler:
         """Batches of indices for this process (DDP: this rank's shard)."""
-        return ResumableBatchSampler(n, batch_size, shuffle=shuffle, generator=generator)
+        return ResumableBatchSampler(n, batch_size, shuffle, generator, self.rank,
+                                     self.world_size)
 
     def no_sync(self, model: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager:
         """Context for a micro-step's forward+backward (DDP: no gradient all-reduce)."""
