@@ -7,8 +7,7 @@ so the ranks agree before each micro-batch's backward (``backward``): an out-of-
 a forward is still split on every rank, one inside backward stops the job (the others wait in
 the reduction; the last checkpoint stays on disk). A skipped step goes through DeepSpeed's
 overflow path (``discard``); rank 0's ``last.pt`` holds every rank's optimizer partition
-(``for_file``), so resuming needs the same number of ranks. For EEG-sized models DDP is as fast;
-ZeRO-2 pays off when the optimizer state does not fit.
+(``for_file``), so resuming needs the same number of ranks.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -27,9 +27,7 @@ MISSING = ("strategy='deepspeed' needs the deepspeed package, which is not insta
            "deepspeed (Linux with a compiler; see deepspeed.ai). For EEG-sized models "
            "strategy='ddp' trains just as fast: ZeRO-2 saves optimizer and gradient memory that "
            "these models do not need.")
-
-
-_SHM_OP = "deepspeed_shm_comm"  # DeepSpeed's name for that op (ShareMemCommBuilder)
+_SHM_OP = "deepspeed_shm_comm"  # its shared-memory all-reduce (ShareMemCommBuilder)
 
 
 def available() -> bool:
@@ -76,7 +74,6 @@ class DeepSpeedStrategy(DDPStrategy):
         self.engine = None
         self._dirty = False  # gradients of this attempt were already reduced into ZeRO's buffers
 
-    # ---------------------------------------------------------------------------- set-up
     def configure(self, batch_size: int, clip_grad: float | None) -> None:
         """DeepSpeed's config from the Trainer's batch size and clipping, under the user's."""
         self.config = _merge({
@@ -101,21 +98,12 @@ class DeepSpeedStrategy(DDPStrategy):
             self._module = model
             # its shared-memory all-reduce serves tensor-parallel inference only: building it
             # compiles C++ for 25-37 s on a first CPU run (and needs a compiler), never used here
-            ops = deepspeed.ops.__compatible_ops__
-            was = ops.get(_SHM_OP)
-            ops[_SHM_OP] = False
-            try:
+            with mock.patch.dict(deepspeed.ops.__compatible_ops__, {_SHM_OP: False}):
                 self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer,
                                                        config=self.config,
                                                        dist_init_required=False)
-            finally:
-                if was is None:
-                    ops.pop(_SHM_OP, None)
-                else:
-                    ops[_SHM_OP] = was
         return self.engine
 
-    # ---------------------------------------------------------------------------- the step
     def micro_plan(self, pieces: int, samples: int) -> tuple[int, float]:
         """As many micro-batches as the rank with the most (ZeRO reduces in each backward), the
         loss weighed by this rank's share of the global batch: the engine's equal-weight mean
@@ -181,7 +169,6 @@ class DeepSpeedStrategy(DDPStrategy):
                                "no longer trustworthy (is zero_optimization.compute_grad_norm "
                                "off?)")
 
-    # ---------------------------------------------------------------------------- state
     def optimizer_state(self, optimizer) -> dict:
         """This rank's partition (the master weights follow from the model's on restore)."""
         return {"zero_rank": self.rank, "base": self.engine.optimizer.optimizer.state_dict()}
