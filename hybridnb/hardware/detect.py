@@ -1,7 +1,5 @@
 """``detect()``: which device to train on, and with what settings, on this machine.
 
-GPUs are listed without initialising CUDA here (``gpu_info``), then each is validated in a child
-process under a timeout (``probe``; a pass is cached on disk, ``probe.cache``).
 ``HYBRIDNB_DEVICE=cpu|cuda|cuda:N|mps`` forces the device (obeyed even when the probe failed,
 with a warning); ``RANK``/``WORLD_SIZE`` (2+), as torchrun and ``hn.launch`` set them, mark a rank.
 """
@@ -73,11 +71,8 @@ class Hardware:
                 "notes": list(self.notes), "probe_timeout": self.probe_timeout,
                 "seconds": round(self.seconds, 4)}
 
-    def __str__(self) -> str:
-        return views.text(self)
-
-    def _repr_html_(self) -> str:
-        return views.html(self)
+    __str__ = views.text
+    _repr_html_ = views.html
 
 
 _CACHE: dict[tuple, Hardware] = {}
@@ -251,8 +246,7 @@ def _merge_probe(g: GpuInfo, res: ProbeResult) -> None:
 def _choose(gpus: list[GpuInfo], forced: torch.device | None, local_rank: int | None,
             warns: list[str], env: dict[str, str], none_found: str
             ) -> tuple[torch.device, GpuInfo | None, str]:
-    """(device, its GpuInfo or None, the reason in one sentence); ``local_rank``: a launched
-    rank's."""
+    """(device, its GpuInfo or None, the reason in one sentence)."""
     failed = [g for g in gpus if g.probe is not None and not g.probe.ok]
     warns.extend(f"{g.label} {g.probe.message}." for g in failed)
     asked = f"{DEVICE_ENV}={env.get(DEVICE_ENV)}"

@@ -40,7 +40,6 @@ def _gpu_facts(g: GpuInfo) -> str:
 
 
 def _probe_lines(g: GpuInfo) -> list[str]:
-    """The probe's verdict, its steps, and its message: one line each."""
     p = g.probe
     if p is None:
         return ["not probed"]
@@ -77,7 +76,6 @@ def _sections(hw: Any) -> list[tuple[str, list[tuple[str, str, list[str]]]]]:
 
 
 def text(hw: Any) -> str:
-    """The readable terminal report."""
     lines = [f"hybridnb.detect()  ({hw.seconds:.2f} s, frontend: {hw.frontend})"]
     for title, rows in _sections(hw):
         lines += ["", title]

@@ -1,7 +1,7 @@
 """The whole interface of a strategy: everything that changes between one device and many.
 
 A strategy also says what it supports (precisions, compile, whether its engine owns the update);
-the Trainer asks once and never gets patched. DDP and DeepSpeed override parts of ``Strategy``.
+the Trainer asks once and never gets patched.
 """
 
 from __future__ import annotations

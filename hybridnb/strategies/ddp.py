@@ -1,7 +1,5 @@
-"""Several processes, one model: PyTorch's DistributedDataParallel behind the Trainer's strategy.
-
-Under ``torchrun`` (or ``hn.launch``) every process is one rank; ``DDPStrategy`` joins the
-process group (NCCL on CUDA, gloo on the CPU) and gives each rank its shard of every batch.
+"""Several processes, one model: PyTorch's DistributedDataParallel behind the Trainer's strategy,
+one rank per process (``torchrun`` or ``hn.launch``).
 
 Recovery needs the ranks to agree. In plain DDP the gradient all-reduce runs inside ``backward``;
 if one rank runs out of memory half-way, the others wait inside that all-reduce for ever. Here
@@ -64,11 +62,11 @@ class PeerFailure(RuntimeError, _Agreed):
 
 class DDPStrategy(Strategy):
     """One rank of a DDP job. ``batch_size`` is per rank: N ranks with batch B train like one
-    process with batch N x B. ``device``: "auto"/"cuda" take ``cuda:LOCAL_RANK``, "cpu" gloo."""
+    process with batch N x B. ``device``: "cuda" takes ``cuda:LOCAL_RANK``, "cpu" gloo."""
 
     name = "ddp"
 
-    def __init__(self, device: torch.device | str = "auto") -> None:
+    def __init__(self, device: torch.device | str) -> None:
         job = launch_env()
         if job is None and not dist.is_initialized():
             raise RuntimeError(f"strategy={self.name!r} needs this process to be one rank of a "
@@ -205,8 +203,6 @@ class DDPStrategy(Strategy):
 def _rank_device(device, local_rank: int) -> torch.device:
     """This rank's device. One process per GPU: rank with LOCAL_RANK k uses cuda:k (or cuda:0
     when each process sees a single GPU through CUDA_VISIBLE_DEVICES)."""
-    if device in ("auto", None):
-        device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
     if device.type == "cpu":
         return device

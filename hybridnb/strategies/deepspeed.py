@@ -35,13 +35,6 @@ def available() -> bool:
     return importlib.util.find_spec("deepspeed") is not None
 
 
-def make_strategy(device: torch.device | str):
-    """A ``DeepSpeedStrategy`` for this rank, or the message that says what is missing."""
-    if not available():
-        raise ImportError(MISSING)
-    return DeepSpeedStrategy(device)
-
-
 class BackwardFailure(Exception, _Agreed):
     """A rank failed inside ZeRO-2's backward, where the ranks cannot agree on a retry."""
 
@@ -65,7 +58,9 @@ class DeepSpeedStrategy(DDPStrategy):
     supported_precisions = ("fp32", "bf16")
     supports_compile = False
 
-    def __init__(self, device: torch.device | str = "auto", config: dict | None = None) -> None:
+    def __init__(self, device: torch.device | str, config: dict | None = None) -> None:
+        if not available():
+            raise ImportError(MISSING)
         super().__init__(device)
         if self.device.type == "cpu":
             os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported
@@ -197,3 +192,6 @@ class DeepSpeedStrategy(DDPStrategy):
 
     def file_ready(self, state: dict) -> bool:
         return "ranks" in state["optimizer"]
+
+
+make_strategy = DeepSpeedStrategy  # train.setup's name for it
