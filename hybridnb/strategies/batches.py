@@ -1,5 +1,4 @@
-"""Batches as every strategy sees them: the resumable batch order (each rank's shard of it under
-DDP) and a batch's number of samples.
+"""Batches as every strategy sees them, and a batch's number of samples.
 
 ``ResumableBatchSampler`` draws each epoch's order from the loader's own generator, and can start
 an epoch at batch k without reading the k batches before it, so a run resumed mid-epoch sees

@@ -5,9 +5,8 @@ Adam moments each); everything else works as under DDP. The engine owns backward
 the optimizer step (the Trainer sets the learning rate). It reduces gradients *inside* backward,
 so the ranks agree before each micro-batch's backward (``backward``): an out-of-memory error in
 a forward is still split on every rank, one inside backward stops the job (the others wait in
-the reduction; the last checkpoint stays on disk). A skipped step goes through DeepSpeed's
-overflow path (``discard``); rank 0's ``last.pt`` holds every rank's optimizer partition
-(``for_file``), so resuming needs the same number of ranks.
+the reduction; the last checkpoint stays on disk). Resuming needs the same number of ranks:
+rank 0's ``last.pt`` holds every rank's optimizer partition (``for_file``).
 """
 
 from __future__ import annotations
