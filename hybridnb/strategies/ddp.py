@@ -31,10 +31,9 @@ def wants_ddp(strategy) -> bool:
 
 
 def shutdown() -> None:
-    """Leave the process group (call once at the end of a torchrun script). Every rank first
-    waits for the others at a barrier: a rank that tore gloo down while a peer was still
-    sending its last messages could abort at exit ("terminate called without an active
-    exception")."""
+    """Leave the process group (call once at the end of a torchrun script), after a barrier: a
+    rank that tore gloo down while a peer was still sending its last messages could abort at
+    exit ("terminate called without an active exception")."""
     if dist.is_available() and dist.is_initialized():
         with contextlib.suppress(RuntimeError):  # a peer already gone: leave anyway
             dist.barrier()
@@ -42,8 +41,7 @@ def shutdown() -> None:
 
 
 def vote(failed: BaseException | None, loss_sum: float = 0.0, n: float = 0.0) -> torch.Tensor:
-    """What a rank tells the others about an attempt: (OOM, other failure, loss x samples,
-    samples)."""
+    """A rank's word on an attempt: (OOM, other failure, loss x samples, samples)."""
     code = 0 if failed is None else (1 if failures.is_oom(failed) else 2)
     return torch.tensor([code == 1, code == 2, loss_sum, n], dtype=torch.float64)
 
