@@ -1,7 +1,5 @@
 """``detect()``: which device to train on, and with what settings, on this machine.
 
-GPUs are listed without initialising CUDA here (``gpu_info``), then each is validated in a child
-process under a timeout (``probe``; a pass is cached on disk, ``probe.cache``).
 ``HYBRIDNB_DEVICE=cpu|cuda|cuda:N|mps`` forces the device (obeyed even when the probe failed,
 with a warning); ``RANK``/``WORLD_SIZE`` (2+), as torchrun and ``hn.launch`` set them, mark a rank.
 """
@@ -73,11 +71,8 @@ class Hardware:
                 "notes": list(self.notes), "probe_timeout": self.probe_timeout,
                 "seconds": round(self.seconds, 4)}
 
-    def __str__(self) -> str:
-        return views.text(self)
-
-    def _repr_html_(self) -> str:
-        return views.html(self)
+    __str__ = views.text
+    _repr_html_ = views.html
 
 
 _CACHE: dict[tuple, Hardware] = {}
@@ -130,8 +125,7 @@ def _detect(probe_timeout: float, env: dict[str, str], refresh: bool = False) ->
         targets = [g for g in gpus if g.backend != "mps" and g.index == index] or list(gpus)
     _probe(targets, build, env, probe_timeout, ttl, refresh, notes)
     for g in gpus:  # known-bad judgement, with what the probe added
-        if g.native_bf16 is None:
-            g.native_bf16 = native_bf16(g)
+        g.native_bf16 = native_bf16(g)
         gpu_info.judge(g, build, env)  # nothing to judge for MPS
         warns.extend(w for w in g.warnings if w not in warns)
     device, chosen, reason = _choose(gpus, forced, local_rank, warns, env, none_found)
@@ -162,7 +156,6 @@ def parse_device(value: str | None) -> torch.device | None:
 
 
 def _torch_build() -> BuildInfo:
-    """What torch was built for, read without touching a device."""
     try:  # get_arch_list() would init CUDA
         arch = torch._C._cuda_getArchFlags() or ""
     except Exception:  # noqa: BLE001 - broad: a private torch call (absent or failing): unknown
@@ -208,7 +201,7 @@ def _find_gpus(build: BuildInfo, env: dict[str, str]) -> tuple[list[GpuInfo], li
     if not raw:
         notes.append(status + ".")
     if torch.backends.mps.is_available():  # False where torch was built without MPS
-        gpus.append(GpuInfo(index=0, backend="mps", name="Apple GPU (MPS)", native_bf16=False))
+        gpus.append(GpuInfo(index=0, backend="mps", name="Apple GPU (MPS)"))
     return gpus, notes, warns
 
 
@@ -253,8 +246,7 @@ def _merge_probe(g: GpuInfo, res: ProbeResult) -> None:
 def _choose(gpus: list[GpuInfo], forced: torch.device | None, local_rank: int | None,
             warns: list[str], env: dict[str, str], none_found: str
             ) -> tuple[torch.device, GpuInfo | None, str]:
-    """(device, its GpuInfo or None, the reason in one sentence); ``local_rank``: a launched
-    rank's."""
+    """(device, its GpuInfo or None, the reason in one sentence)."""
     failed = [g for g in gpus if g.probe is not None and not g.probe.ok]
     warns.extend(f"{g.label} {g.probe.message}." for g in failed)
     asked = f"{DEVICE_ENV}={env.get(DEVICE_ENV)}"
@@ -267,8 +259,7 @@ def _choose(gpus: list[GpuInfo], forced: torch.device | None, local_rank: int | 
         if pool:
             g = next((g for g in pool if g.trusted), pool[0])
             if not g.trusted:
-                why = g.probe.message if g.probe is not None and not g.probe.ok else \
-                    "it is known-bad (see the warnings)"
+                why = g.probe.message if g in failed else "it is known-bad (see the warnings)"
                 warns.append(f"{asked} forces {g.label} although {why}; training may hang, "
                              "crash or compute wrong numbers.")
             return torch.device(g.torch_device), g, f"forced by {asked} ({g.name})."
@@ -280,12 +271,14 @@ def _choose(gpus: list[GpuInfo], forced: torch.device | None, local_rank: int | 
         good = [g for g in good if g.index == local_rank] or good
     best = next((g for g in good if g.backend != "mps"), None) or (good[0] if good else None)
     if best is not None:
-        return torch.device(best.torch_device), best, f"{best.name} {views.proven(best.probe)}."
+        return torch.device(best.torch_device), best, (
+            f"{best.name} passed every probe step in {best.probe.seconds:.1f} s"
+            f"{views.cached(best.probe)}.")
     if failed or any(not g.usable for g in gpus):
         warns.append("Falling back to the CPU: no GPU both passed its probe and is free of "
                      "known problems.")
         names = "; ".join(f"{g.label} " + (
-            g.probe.message if g.probe is not None and not g.probe.ok else
+            g.probe.message if g in failed else
             "has a known problem (see the warnings)" if not g.usable else "was not probed")
             for g in gpus)
         return torch.device("cpu"), None, f"no GPU can be trusted ({names})."

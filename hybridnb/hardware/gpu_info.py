@@ -184,7 +184,35 @@ def judge(gpu: GpuInfo, build: BuildInfo, environ: dict[str, str]) -> None:
         gpu.warnings.append(f"{gpu.label}: {message}")
 
     if gpu.backend == "rocm":
-        _judge_amd(gpu, build, environ, bad)
+        hip_major = _major(build.hip)
+        override = environ.get("HSA_OVERRIDE_GFX_VERSION")
+        rdna1 = gpu.arch in _RDNA1 or re.search(r"RX ?5[5-7]00", gpu.name)
+        if rdna1 and (hip_major is None or hip_major >= 6):
+            bad(f"AMD RDNA1 ({gpu.arch or 'RX 5000 series'}) is not supported by ROCm "
+                f"{build.hip or '>= 6'}; kernels on these cards are known to hang the GPU or "
+                "return wrong results, so it is not chosen. Train on the CPU (or a supported "
+                "GPU); to try it anyway at your own risk set HYBRIDNB_DEVICE=cuda (with a ROCm "
+                "5.x torch and HSA_OVERRIDE_GFX_VERSION=10.3.0 it sometimes works, sometimes "
+                "hangs).")
+        target = _AMD_OVERRIDE.get(gpu.arch or "")
+        if target and not override:
+            gpu.advice.append(
+                f"{gpu.label}: {gpu.arch} is a consumer card ROCm does not list. Advice: start "
+                f"Python with HSA_OVERRIDE_GFX_VERSION={target} (set before torch starts, e.g. in "
+                "the shell) so ROCm runs it as its supported sibling, then run detect() again. "
+                "Risk: unsupported by AMD; a kernel can crash or hang the GPU, which the probe "
+                "here is meant to catch. hybridnb never sets it for you.")
+        elif override:
+            gpu.advice.append(
+                f"{gpu.label}: HSA_OVERRIDE_GFX_VERSION={override} is set; ROCm runs this card as "
+                f"{override_arch(environ) or '?'}. This is unsupported by AMD; trust it only while "
+                "the probe passes.")
+        if not environ.get("PYTORCH_HIP_ALLOC_CONF"):
+            gpu.advice.append(
+                f"{gpu.label}: if training stops with out-of-memory errors while free memory is "
+                "reported, try PYTORCH_HIP_ALLOC_CONF=expandable_segments:True (set before torch "
+                "starts) to reduce fragmentation. Risk: less tested on ROCm than on CUDA; older "
+                "ROCm releases ignore it or can crash with it. Not set by hybridnb.")
     drv, need = _major(gpu.driver_cuda), _major(build.cuda)
     if gpu.backend == "cuda" and drv is not None and need is not None and drv < need:
         bad(f"the NVIDIA driver supports CUDA {gpu.driver_cuda} but this torch wheel is built for "
@@ -202,37 +230,6 @@ def judge(gpu: GpuInfo, build: BuildInfo, environ: dict[str, str]) -> None:
         bad(f"{override_arch(environ) or gpu.arch} is not among this ROCm torch build's targets "
             f"({' '.join(build.arch_list)}); HIP would fail with 'invalid device function' or "
             "'no kernel image'.")
-
-
-def _judge_amd(gpu: GpuInfo, build: BuildInfo, environ: dict[str, str], bad) -> None:
-    hip_major = _major(build.hip)
-    override = environ.get("HSA_OVERRIDE_GFX_VERSION")
-    rdna1 = gpu.arch in _RDNA1 or re.search(r"RX ?5[5-7]00", gpu.name)
-    if rdna1 and (hip_major is None or hip_major >= 6):
-        bad(f"AMD RDNA1 ({gpu.arch or 'RX 5000 series'}) is not supported by ROCm "
-            f"{build.hip or '>= 6'}; kernels on these cards are known to hang the GPU or return "
-            "wrong results, so it is not chosen. Train on the CPU (or a supported GPU); to try "
-            "it anyway at your own risk set HYBRIDNB_DEVICE=cuda (with a ROCm 5.x torch and "
-            "HSA_OVERRIDE_GFX_VERSION=10.3.0 it sometimes works, sometimes hangs).")
-    target = _AMD_OVERRIDE.get(gpu.arch or "")
-    if target and not override:
-        gpu.advice.append(
-            f"{gpu.label}: {gpu.arch} is a consumer card ROCm does not list. Advice: start "
-            f"Python with HSA_OVERRIDE_GFX_VERSION={target} (set before torch starts, e.g. in "
-            "the shell) so ROCm runs it as its supported sibling, then run detect() again. "
-            "Risk: unsupported by AMD; a kernel can crash or hang the GPU, which the probe "
-            "here is meant to catch. hybridnb never sets it for you.")
-    elif override:
-        gpu.advice.append(
-            f"{gpu.label}: HSA_OVERRIDE_GFX_VERSION={override} is set; ROCm runs this card as "
-            f"{override_arch(environ) or '?'}. This is unsupported by AMD; trust it only while "
-            "the probe passes.")
-    if not environ.get("PYTORCH_HIP_ALLOC_CONF"):
-        gpu.advice.append(
-            f"{gpu.label}: if training stops with out-of-memory errors while free memory is "
-            "reported, try PYTORCH_HIP_ALLOC_CONF=expandable_segments:True (set before torch "
-            "starts) to reduce fragmentation. Risk: less tested on ROCm than on CUDA; older "
-            "ROCm releases ignore it or can crash with it. Not set by hybridnb.")
 
 
 def _major(version: str | None) -> int | None:

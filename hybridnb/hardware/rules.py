@@ -118,7 +118,7 @@ def choose_precision(device_type: str, gpu: GpuInfo | None) -> tuple[str, str]:
                         "on CPUs with AMX / AVX-512 BF16." + extra)
     if device_type == "mps":
         return "fp32", "on Apple MPS: autocast support there depends on the macOS version."
-    native = gpu and (gpu.native_bf16 if gpu.native_bf16 is not None else native_bf16(gpu))
+    native = gpu and native_bf16(gpu)
     if native is None:
         return "fp16", ("with a GradScaler: this GPU's bf16 support could not be read, and fp16 "
                         "autocast works on every CUDA/ROCm GPU.")

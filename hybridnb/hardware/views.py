@@ -16,13 +16,8 @@ SETTING_ROWS = ("batch_size", "grad_accum", "num_workers", "pin_memory", "persis
 _MARK = {"ok": "ok", "not run": "-"}  # else the status in capitals: FAILED, HUNG, ...
 
 
-def proven(p: ProbeResult) -> str:
-    """When and how the GPU was last proven, in a phrase: "passed every probe step in 4.2 s"
-    (+ "(cached: proven 3.1 h ago, at 2026-11-21 09:12; detect(refresh=True) probes again)")."""
-    return f"passed every probe step in {p.seconds:.1f} s{_cached(p)}"
-
-
-def _cached(p: ProbeResult) -> str:
+def cached(p: ProbeResult) -> str:
+    """' (cached: proven 3.1 h ago, at 2026-11-21 09:12; ...)' for a verdict from disk, or ""."""
     if not p.cached or p.proven_at is None:
         return ""
     age = max(0.0, time.time() - p.proven_at)
@@ -45,11 +40,10 @@ def _gpu_facts(g: GpuInfo) -> str:
 
 
 def _probe_lines(g: GpuInfo) -> list[str]:
-    """The probe's verdict, its steps, and its message: one line each."""
     p = g.probe
     if p is None:
         return ["not probed"]
-    head = f"probe {p.verdict.upper()} in {p.seconds:.1f} s{_cached(p)}"
+    head = f"probe {p.verdict.upper()} in {p.seconds:.1f} s{cached(p)}"
     steps = " > ".join(f"{TITLES[s.name]} {_MARK.get(s.status, s.status.upper())}"
                        + (f" {s.seconds:.2f}s" if s.seconds is not None else "")
                        for s in p.steps)
@@ -82,7 +76,6 @@ def _sections(hw: Any) -> list[tuple[str, list[tuple[str, str, list[str]]]]]:
 
 
 def text(hw: Any) -> str:
-    """The readable terminal report."""
     lines = [f"hybridnb.detect()  ({hw.seconds:.2f} s, frontend: {hw.frontend})"]
     for title, rows in _sections(hw):
         lines += ["", title]

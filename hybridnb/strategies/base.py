@@ -1,7 +1,7 @@
 """The whole interface of a strategy: everything that changes between one device and many.
 
 A strategy also says what it supports (precisions, compile, whether its engine owns the update);
-the Trainer asks once and never gets patched. DDP and DeepSpeed override parts of ``Strategy``.
+the Trainer asks once and never gets patched.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ class Strategy:
     def batch_sampler(self, n: int, batch_size: int, shuffle: bool,
                       generator: torch.Generator) -> ResumableBatchSampler:
         """Batches of indices for this process (DDP: this rank's shard)."""
-        return ResumableBatchSampler(n, batch_size, shuffle=shuffle, generator=generator)
+        return ResumableBatchSampler(n, batch_size, shuffle, generator, self.rank,
+                                     self.world_size)
 
     def no_sync(self, model: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager:
         """Context for a micro-step's forward+backward (DDP: no gradient all-reduce)."""

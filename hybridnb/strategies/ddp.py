@@ -1,7 +1,5 @@
-"""Several processes, one model: PyTorch's DistributedDataParallel behind the Trainer's strategy.
-
-Under ``torchrun`` (or ``hn.launch``) every process is one rank; ``DDPStrategy`` joins the
-process group (NCCL on CUDA, gloo on the CPU) and gives each rank its shard of every batch.
+"""Several processes, one model: PyTorch's DistributedDataParallel behind the Trainer's strategy,
+one rank per process (``torchrun`` or ``hn.launch``).
 
 Recovery needs the ranks to agree. In plain DDP the gradient all-reduce runs inside ``backward``;
 if one rank runs out of memory half-way, the others wait inside that all-reduce for ever. Here
@@ -33,55 +31,17 @@ def wants_ddp(strategy) -> bool:
 
 
 def shutdown() -> None:
-    """Leave the process group (call once at the end of a torchrun script). Every rank first
-    waits for the others at a barrier: a rank that tore gloo down while a peer was still
-    sending its last messages was seen to abort at exit ("terminate called without an active
-    exception", seen twice in a day of runs on 2 busy cores)."""
+    """Leave the process group (call once at the end of a torchrun script), after a barrier: a
+    rank that tore gloo down while a peer was still sending its last messages could abort at
+    exit ("terminate called without an active exception")."""
     if dist.is_available() and dist.is_initialized():
         with contextlib.suppress(RuntimeError):  # a peer already gone: leave anyway
             dist.barrier()
         dist.destroy_process_group()
 
 
-# --------------------------------------------------------------------------------- data shards
-def global_batches(n: int, batch: int, world: int) -> list[tuple[int, int]]:
-    """``(start, stop)`` of each global batch (``batch`` samples per rank) in an epoch's order.
-    A last global batch too small to give every rank a sample joins the one before it, so every
-    rank gets the same number of batches and none is empty (collectives stay in step)."""
-    size = batch * world
-    spans = [(s, min(s + size, n)) for s in range(0, n, size)]
-    if len(spans) > 1 and spans[-1][1] - spans[-1][0] < world:
-        spans[-2:] = [(spans[-2][0], spans[-1][1])]
-    return spans
-
-
-def shard(start: int, stop: int, rank: int, world: int) -> tuple[int, int]:
-    """Rank ``rank``'s contiguous part of ``[start, stop)``: sizes differ by at most one, in rank
-    order, so concatenating the ranks' parts gives back the global batch in order."""
-    base, extra = divmod(stop - start, world)
-    lo = start + rank * base + min(rank, extra)
-    return lo, lo + base + (rank < extra)
-
-
-class ShardedBatchSampler(ResumableBatchSampler):
-    """This rank's slice of every global batch (``batch_size x world_size``, cut as one process
-    with that batch size would): every rank draws the same order from rank 0's generator state."""
-
-    def __init__(self, n: int, batch_size: int, shuffle: bool, generator: torch.Generator,
-                 rank: int, world_size: int) -> None:
-        super().__init__(n, batch_size, shuffle, generator)
-        if n < world_size:
-            raise ValueError(f"{n} samples cannot be shared by {world_size} processes (each needs "
-                             "at least one); use more data or fewer processes")
-        self.world_size = world_size  # data.make_loader takes a DataLoader sharded this way
-        self.spans = [shard(lo, hi, rank, world_size)
-                      for lo, hi in global_batches(self.n, self.batch_size, world_size)]
-
-
-# --------------------------------------------------------------------------------- agreement
 def vote(failed: BaseException | None, loss_sum: float = 0.0, n: float = 0.0) -> torch.Tensor:
-    """What a rank tells the others about an attempt: (OOM, other failure, loss x samples,
-    samples)."""
+    """A rank's word on an attempt: (OOM, other failure, loss x samples, samples)."""
     code = 0 if failed is None else (1 if failures.is_oom(failed) else 2)
     return torch.tensor([code == 1, code == 2, loss_sum, n], dtype=torch.float64)
 
@@ -100,11 +60,11 @@ class PeerFailure(RuntimeError, _Agreed):
 
 class DDPStrategy(Strategy):
     """One rank of a DDP job. ``batch_size`` is per rank: N ranks with batch B train like one
-    process with batch N x B. ``device``: "auto"/"cuda" take ``cuda:LOCAL_RANK``, "cpu" gloo."""
+    process with batch N x B. ``device``: "cuda" takes ``cuda:LOCAL_RANK``, "cpu" gloo."""
 
     name = "ddp"
 
-    def __init__(self, device: torch.device | str = "auto") -> None:
+    def __init__(self, device: torch.device | str) -> None:
         job = launch_env()
         if job is None and not dist.is_initialized():
             raise RuntimeError(f"strategy={self.name!r} needs this process to be one rank of a "
@@ -127,7 +87,6 @@ class DDPStrategy(Strategy):
         self._module: torch.nn.Module | None = None
         self._agreed = False  # settle() ran its all-reduce for the attempt that is failing
 
-    # ---------------------------------------------------------------------------- placement
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
         """DDP copies rank 0's parameters to all ranks; buffers are not broadcast before every
         forward (DDP's default): ``settle`` averages them after every step."""
@@ -136,13 +95,13 @@ class DDPStrategy(Strategy):
         return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
 
     def batch_sampler(self, n: int, batch_size: int, shuffle: bool,
-                      generator: torch.Generator) -> ShardedBatchSampler:
+                      generator: torch.Generator) -> ResumableBatchSampler:
         """Rank 0's generator state is broadcast first: all ranks draw the same order."""
         if shuffle:
             state = generator.get_state().to(self._comm)
             dist.broadcast(state, src=0)
             generator.set_state(state.cpu())
-        return ShardedBatchSampler(n, batch_size, shuffle, generator, self.rank, self.world_size)
+        return super().batch_sampler(n, batch_size, shuffle, generator)
 
     def no_sync(self, model: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager:
         """The last micro-step too: gradients are averaged in ``settle``, once all ranks know
@@ -157,7 +116,6 @@ class DDPStrategy(Strategy):
             "restart the job (torchrun --max-restarts=N restarts it for you) with "
             "fit(..., resume=True), without the failed GPU (CUDA_VISIBLE_DEVICES)")
 
-    # ---------------------------------------------------------------------------- the step
     def settle(self, params: list[torch.Tensor], total: torch.Tensor | None, window: list,
                failed: BaseException | None = None) -> torch.Tensor | None:
         """One all-reduce per attempt on every rank: who failed, the loss, every gradient (x
@@ -222,11 +180,8 @@ class DDPStrategy(Strategy):
             raise PeerFailure(f"{said}; rank {self.rank} stops too")
         raise PeerOutOfMemory(f"{said}; every rank re-runs the step split the same way")
 
-    # ---------------------------------------------------------------------------- reductions
     def agree(self, flag: bool) -> bool:
-        t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self._comm)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item())
+        return self.sum([float(flag)])[0] > 0
 
     def sum(self, values: list[float]) -> list[float]:
         t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self._comm)
@@ -240,17 +195,12 @@ class DDPStrategy(Strategy):
         return torch.cat(parts).to(tensor.device)
 
     def barrier(self) -> None:
-        if self.backend == "nccl":
-            dist.barrier(device_ids=[self.device.index])
-        else:
-            dist.barrier()
+        dist.barrier(device_ids=[self.device.index] if self.backend == "nccl" else None)
 
 
 def _rank_device(device, local_rank: int) -> torch.device:
     """This rank's device. One process per GPU: rank with LOCAL_RANK k uses cuda:k (or cuda:0
     when each process sees a single GPU through CUDA_VISIBLE_DEVICES)."""
-    if device in ("auto", None):
-        device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
     if device.type == "cpu":
         return device

@@ -5,10 +5,8 @@ Adam moments each); everything else works as under DDP. The engine owns backward
 the optimizer step (the Trainer sets the learning rate). It reduces gradients *inside* backward,
 so the ranks agree before each micro-batch's backward (``backward``): an out-of-memory error in
 a forward is still split on every rank, one inside backward stops the job (the others wait in
-the reduction; the last checkpoint stays on disk). A skipped step goes through DeepSpeed's
-overflow path (``discard``); rank 0's ``last.pt`` holds every rank's optimizer partition
-(``for_file``), so resuming needs the same number of ranks. For EEG-sized models DDP is as fast;
-ZeRO-2 pays off when the optimizer state does not fit.
+the reduction; the last checkpoint stays on disk). Resuming needs the same number of ranks:
+rank 0's ``last.pt`` holds every rank's optimizer partition (``for_file``).
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -27,9 +26,7 @@ MISSING = ("strategy='deepspeed' needs the deepspeed package, which is not insta
            "deepspeed (Linux with a compiler; see deepspeed.ai). For EEG-sized models "
            "strategy='ddp' trains just as fast: ZeRO-2 saves optimizer and gradient memory that "
            "these models do not need.")
-
-
-_SHM_OP = "deepspeed_shm_comm"  # DeepSpeed's name for that op (ShareMemCommBuilder)
+_SHM_OP = "deepspeed_shm_comm"  # its shared-memory all-reduce (ShareMemCommBuilder)
 
 
 def available() -> bool:
@@ -37,28 +34,12 @@ def available() -> bool:
     return importlib.util.find_spec("deepspeed") is not None
 
 
-def make_strategy(device: torch.device | str):
-    """A ``DeepSpeedStrategy`` for this rank, or the message that says what is missing."""
-    if not available():
-        raise ImportError(MISSING)
-    return DeepSpeedStrategy(device)
-
-
 class BackwardFailure(Exception, _Agreed):
     """A rank failed inside ZeRO-2's backward, where the ranks cannot agree on a retry."""
 
 
-def _merge(base: dict, extra: dict) -> dict:
-    out = dict(base)
-    for key, value in extra.items():
-        out[key] = (_merge(out[key], value) if isinstance(value, dict)
-                    and isinstance(out.get(key), dict) else value)
-    return out
-
-
 class DeepSpeedStrategy(DDPStrategy):
-    """One rank of a DeepSpeed ZeRO-2 job. ``config`` is merged over the config the Trainer
-    builds, e.g. ``{"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}``."""
+    """One rank of a DeepSpeed ZeRO-2 job."""
 
     name = "deepspeed"
     owns_update = True
@@ -67,31 +48,26 @@ class DeepSpeedStrategy(DDPStrategy):
     supported_precisions = ("fp32", "bf16")
     supports_compile = False
 
-    def __init__(self, device: torch.device | str = "auto", config: dict | None = None) -> None:
+    def __init__(self, device: torch.device | str) -> None:
+        if not available():
+            raise ImportError(MISSING)
         super().__init__(device)
         if self.device.type == "cpu":
             os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported
-        self.user_config = dict(config or {})
         self.config: dict | None = None
         self.engine = None
         self._dirty = False  # gradients of this attempt were already reduced into ZeRO's buffers
 
-    # ---------------------------------------------------------------------------- set-up
     def configure(self, batch_size: int, clip_grad: float | None) -> None:
-        """DeepSpeed's config from the Trainer's batch size and clipping, under the user's."""
-        self.config = _merge({
+        """DeepSpeed's config from the Trainer's batch size and clipping."""
+        self.config = {
             "train_micro_batch_size_per_gpu": int(batch_size),
             "gradient_accumulation_steps": 1,  # the Trainer marks each window's last micro-batch
             "gradient_clipping": float(clip_grad or 0.0),
             "zero_optimization": {"stage": 2},
             "zero_allow_untested_optimizer": True,
             "steps_per_print": 2**31 - 1,
-        }, self.user_config)
-        stage = self.config["zero_optimization"].get("stage")
-        if stage not in (1, 2):
-            raise ValueError(f"DeepSpeed config zero_optimization.stage={stage!r}: hybridnb drives "
-                             "ZeRO stages 1 and 2 (stage 3 shards the weights themselves, which "
-                             "EEG-sized models never need)")
+        }
 
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
         """DeepSpeed's engine around ``model`` and the Trainer's optimizer (built once)."""
@@ -101,21 +77,12 @@ class DeepSpeedStrategy(DDPStrategy):
             self._module = model
             # its shared-memory all-reduce serves tensor-parallel inference only: building it
             # compiles C++ for 25-37 s on a first CPU run (and needs a compiler), never used here
-            ops = deepspeed.ops.__compatible_ops__
-            was = ops.get(_SHM_OP)
-            ops[_SHM_OP] = False
-            try:
+            with mock.patch.dict(deepspeed.ops.__compatible_ops__, {_SHM_OP: False}):
                 self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer,
                                                        config=self.config,
                                                        dist_init_required=False)
-            finally:
-                if was is None:
-                    ops.pop(_SHM_OP, None)
-                else:
-                    ops[_SHM_OP] = was
         return self.engine
 
-    # ---------------------------------------------------------------------------- the step
     def micro_plan(self, pieces: int, samples: int) -> tuple[int, float]:
         """As many micro-batches as the rank with the most (ZeRO reduces in each backward), the
         loss weighed by this rank's share of the global batch: the engine's equal-weight mean
@@ -181,7 +148,6 @@ class DeepSpeedStrategy(DDPStrategy):
                                "no longer trustworthy (is zero_optimization.compute_grad_norm "
                                "off?)")
 
-    # ---------------------------------------------------------------------------- state
     def optimizer_state(self, optimizer) -> dict:
         """This rank's partition (the master weights follow from the model's on restore)."""
         return {"zero_rank": self.rank, "base": self.engine.optimizer.optimizer.state_dict()}
@@ -210,3 +176,6 @@ class DeepSpeedStrategy(DDPStrategy):
 
     def file_ready(self, state: dict) -> bool:
         return "ranks" in state["optimizer"]
+
+
+make_strategy = DeepSpeedStrategy  # train.setup's name for it

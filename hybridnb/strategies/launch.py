@@ -46,7 +46,13 @@ def launch(fn: Callable[..., Any], *args: Any, num_processes: int | None = None,
     ``num_processes=None``: every GPU that passed ``hn.detect()``'s probe (on a CPU-only machine
     ``fn`` is just called). ``start_method``: "fork" (default) or "spawn" (fresh interpreters;
     ``fn`` and ``args`` must pickle with cloudpickle)."""
-    n = _count(num_processes)
+    n = num_processes
+    if n is None:
+        from hybridnb.hardware.detect import detect
+
+        n = max(1, sum(1 for g in detect().gpus if g.trusted and g.backend in ("cuda", "rocm")))
+    elif not (isinstance(n, int) and n >= 1):
+        raise ValueError(f"num_processes={n!r} must be an integer >= 1")
     if start_method not in (None, "fork", "spawn"):
         raise ValueError(f"start_method={start_method!r}: use 'spawn'"
                          + (" or 'fork'" if platform.fork() else ""))
@@ -77,16 +83,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _count(num_processes: int | None) -> int:
-    if num_processes is None:
-        from hybridnb.hardware.detect import detect
-
-        return max(1, sum(1 for g in detect().gpus if g.trusted and g.backend in ("cuda", "rocm")))
-    if not (isinstance(num_processes, int) and num_processes >= 1):
-        raise ValueError(f"num_processes={num_processes!r} must be an integer >= 1")
-    return num_processes
 
 
 class _Rank:

@@ -10,7 +10,6 @@ import psutil
 import pytest
 
 from hybridnb.hardware import probe
-from hybridnb.hardware.probe import supervisor
 from hybridnb_tools.gpu_sim import fake_gpu
 
 CUDA_ERROR = ("CUDA error: no kernel image is available for execution on the device\n"
@@ -32,7 +31,7 @@ def test_child_reports_each_step_as_framed_messages(monkeypatch):
 
     fake_gpu.use(monkeypatch, {"gpu": {"name": "Fake A100"}, "error_at": "tensor"})
     got = []
-    out = supervise(lambda: start_framed(supervisor.CHILD_MODULE, "--backend", "cuda")[0],
+    out = supervise(lambda: start_framed(probe.CHILD_MODULE, "--backend", "cuda")[0],
                     on_message=got.append, deadline=60)
     assert out.exit_code == 1, out.output_tail
     assert {m.kind for m in got} == {"probe"}
@@ -177,8 +176,8 @@ def test_cache_never_stores_a_failure(tmp_path):
 def test_a_probe_that_exits_cleanly_mid_step_is_called_crashed_before_finishing():
     """Exit code 0 without the end event reads like success: the verdict says the probe stopped
     before finishing, and at which step."""
-    first = supervisor.STEPS[0]
-    res = supervisor.verdict("cuda", 0, [{"e": "start", "step": first, "t": 0.0}], 1.0,
+    first = probe.STEPS[0]
+    res = probe.verdict("cuda", 0, [{"e": "start", "step": first, "t": 0.0}], 1.0,
                              timed_out=False, rc=0, timeout=15.0)
     assert res.verdict == "crashed" and res.failed_step == first
     assert "exited with code 0 before finishing" in res.message

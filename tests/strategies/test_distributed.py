@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hybridnb.strategies import ddp as distributed
-from hybridnb.strategies.ddp import ShardedBatchSampler, global_batches, shard
+from hybridnb.strategies.batches import global_batches, shard
 from hybridnb.strategies.launch import LaunchError, launch
 from hybridnb.train import checkpoint
 from hybridnb.train.data import ResumableBatchSampler
@@ -310,7 +310,7 @@ def test_launch_streams_rank0_output_and_returns_its_result(capfd):
 def test_shards_of_each_step_are_the_single_process_batch(n, batch, world):
     """Every rank has the same number of non-empty batches; the ranks' parts of step k are
     batch k of one process with batch x world (the tail below `world` joins the last batch)."""
-    ranks = [list(ShardedBatchSampler(n, batch, True, torch.Generator().manual_seed(3), r, world))
+    ranks = [list(ResumableBatchSampler(n, batch, True, torch.Generator().manual_seed(3), r, world))
              for r in range(world)]
     assert len({len(r) for r in ranks}) == 1 and all(b for r in ranks for b in r)
     one = list(ResumableBatchSampler(n, batch * world, True, torch.Generator().manual_seed(3)))
@@ -325,11 +325,11 @@ def test_unshuffled_shards_concatenate_in_dataset_order_and_resume_mid_epoch():
     spans = global_batches(37, 8, 2)
     assert spans == [(0, 16), (16, 32), (32, 37)]
     assert [shard(32, 37, r, 2) for r in range(2)] == [(32, 35), (35, 37)]
-    s = ShardedBatchSampler(37, 8, False, torch.Generator(), 1, 2)
+    s = ResumableBatchSampler(37, 8, False, torch.Generator(), 1, 2)
     s.skip(2)
     assert list(s) == [[35, 36]] and len(list(s)) == 3
     with pytest.raises(ValueError, match="3 samples cannot be shared by 4 processes"):
-        ShardedBatchSampler(3, 8, False, torch.Generator(), 0, 4)
+        ResumableBatchSampler(3, 8, False, torch.Generator(), 0, 4)
 
 
 # ------------------------------------------------------------------------------- choosing

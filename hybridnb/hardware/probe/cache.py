@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hybridnb import env
 from hybridnb.hardware.gpu_info import BuildInfo, GpuInfo
-from hybridnb.hardware.probe.supervisor import ProbeResult
+from hybridnb.hardware.probe import ProbeResult
 
 VERSION = 1   # bump when the probe's steps change, so older verdicts no longer count
 TTL = 24 * 3600.0  # seconds a pass is trusted unless $HYBRIDNB_PROBE_CACHE_TTL says otherwise
