@@ -38,8 +38,17 @@ class BackwardFailure(Exception, _Agreed):
     """A rank failed inside ZeRO-2's backward, where the ranks cannot agree on a retry."""
 
 
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = (_merge(out[key], value) if isinstance(value, dict)
+                    and isinstance(out.get(key), dict) else value)
+    return out
+
+
 class DeepSpeedStrategy(DDPStrategy):
-    """One rank of a DeepSpeed ZeRO-2 job."""
+    """One rank of a DeepSpeed ZeRO-2 job. ``config`` is merged over the config the Trainer
+    builds, e.g. ``{"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}``."""
 
     name = "deepspeed"
     owns_update = True
@@ -48,26 +57,32 @@ class DeepSpeedStrategy(DDPStrategy):
     supported_precisions = ("fp32", "bf16")
     supports_compile = False
 
-    def __init__(self, device: torch.device | str) -> None:
+    def __init__(self, device: torch.device | str, config: dict | None = None) -> None:
         if not available():
             raise ImportError(MISSING)
         super().__init__(device)
         if self.device.type == "cpu":
             os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported
+        self.user_config = dict(config or {})
         self.config: dict | None = None
         self.engine = None
         self._dirty = False  # gradients of this attempt were already reduced into ZeRO's buffers
 
     def configure(self, batch_size: int, clip_grad: float | None) -> None:
-        """DeepSpeed's config from the Trainer's batch size and clipping."""
-        self.config = {
+        """DeepSpeed's config from the Trainer's batch size and clipping, under the user's."""
+        self.config = _merge({
             "train_micro_batch_size_per_gpu": int(batch_size),
             "gradient_accumulation_steps": 1,  # the Trainer marks each window's last micro-batch
             "gradient_clipping": float(clip_grad or 0.0),
             "zero_optimization": {"stage": 2},
             "zero_allow_untested_optimizer": True,
             "steps_per_print": 2**31 - 1,
-        }
+        }, self.user_config)
+        stage = self.config["zero_optimization"].get("stage")
+        if stage not in (1, 2):
+            raise ValueError(f"DeepSpeed config zero_optimization.stage={stage!r}: hybridnb drives "
+                             "ZeRO stages 1 and 2 (stage 3 shards the weights themselves, which "
+                             "EEG-sized models never need)")
 
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
         """DeepSpeed's engine around ``model`` and the Trainer's optimizer (built once)."""
