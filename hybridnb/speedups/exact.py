@@ -17,7 +17,6 @@ from hybridnb.torch_state import evaluating
 from hybridnb.torch_state import set_torch_rng_state as set_rng_state
 from hybridnb.torch_state import torch_rng_state as rng_state
 
-# fp32 agreement demanded on the example batch: |a - b| <= ATOL + RTOL * max|b|
 RTOL, ATOL = 1e-4, 1e-5
 # a gradient is compared relative to its own size, but at least this share of the largest one: a
 # parameter whose gradient is zero in exact arithmetic (a bias right before a BatchNorm) holds
@@ -61,14 +60,6 @@ def rel_diff(a: torch.Tensor, b: torch.Tensor, floor: float = 0.0) -> float:
     return (a - b).abs().max().item() / (max(b.abs().max().item(), floor) + ATOL / RTOL)
 
 
-def rel_diff_any(a, b) -> float:
-    """``rel_diff`` over the tensors of two model outputs of any shape (``tensors_of``)."""
-    ta, tb = tensors_of(a), tensors_of(b)
-    if len(ta) != len(tb):
-        return float("inf")
-    return max(map(rel_diff, ta, tb), default=0.0)
-
-
 def first_samples(example: tuple, n: int) -> tuple:
     """The first ``n`` samples of each batched tensor of a model's positional inputs."""
     return tuple(a[:n] if isinstance(a, torch.Tensor) and a.dim() else a for a in example)
@@ -106,8 +97,7 @@ def training_diff(stock: nn.Module, fast: nn.Module, inputs: tuple) -> float:
         for model in (stock, fast):
             set_rng_state(state, device)
             model.train()
-            for p in model.parameters():
-                p.grad = None
+            model.zero_grad()
             with exact_fp32():
                 tensors = tensors_of(model(*inputs))
                 gen = torch.Generator().manual_seed(0)
