@@ -26,8 +26,7 @@ import torch
 import torch.nn.functional as F
 from scipy.fft import next_fast_len
 
-# taps from which the FFT form is used (see the module docstring for the measurements)
-FFT_TAPS = 10
+FFT_TAPS = 10  # taps from which the FFT form is used (the module docstring's measurements)
 
 
 def fits(signal: torch.Tensor, kernel: torch.Tensor, stride: int = 1, dilation: int = 1) -> bool:
@@ -39,8 +38,8 @@ def fits(signal: torch.Tensor, kernel: torch.Tensor, stride: int = 1, dilation: 
 
 
 def _spectrum(x: torch.Tensor, length: int) -> torch.Tensor:
-    """``x`` (A, B, T) as its real FFT of ``length`` over time, frequencies first: (length // 2
-    + 1, A, B), contiguous, so that a batched matrix product sums over B at every frequency."""
+    """``x`` (A, B, T) as its real FFT, frequencies first (F, A, B), contiguous: a batched
+    matrix product sums over B at every frequency."""
     return torch.fft.rfft(x, n=length).permute(2, 0, 1).contiguous()
 
 
@@ -88,7 +87,4 @@ class FFTConv1d(torch.autograd.Function):
         return grad_signal, grad_kernel, grad_bias, None
 
 
-def conv1d(signal: torch.Tensor, kernel: torch.Tensor, bias: torch.Tensor | None,
-           padding: tuple[int, int]) -> torch.Tensor:
-    """``F.conv1d`` with (left, right) zero padding in the FFT form (check ``fits`` first)."""
-    return FFTConv1d.apply(signal, kernel, bias, padding)
+conv1d = FFTConv1d.apply  # (signal, kernel, bias, (left, right) padding): check ``fits`` first

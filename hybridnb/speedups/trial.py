@@ -1,8 +1,5 @@
-"""Timed trials: a knob off and on, interleaved, on the first batch, the model's state put back.
-
-Each state runs once untimed first (allocation, cuDNN autotuning, layout conversion), then one
-training step (forward + backward) per state and round, A B A B. ``state_kept`` puts weights,
-BatchNorm statistics, gradients and random-number streams back after.
+"""Timed trials: a knob off and on, interleaved (A B A B) after one untimed step of each
+(allocation, cuDNN autotuning, layout conversion), on the first batch, the model's state put back.
 """
 
 from __future__ import annotations
@@ -26,19 +23,12 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 RUN_SHARE = 0.1  # a CPU trial costs at most this share of the run's stock steps
 
 
-def autocast(name: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """The forward's context for precision ``name`` (a no-op for fp32)."""
-    if name not in DTYPES:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=DTYPES[name])
-
-
 def race(toggle: Callable[[bool], str | None], model: nn.Module, inputs: tuple,
          device: torch.device, prec: str, budget: float, min_rounds: int | None = None
          ) -> float | str:
-    """Time one step with the knob off and on, interleaved, for about ``budget`` s: the gain
-    (off time / on time, fastest step of each), or why it was not measured (a step that
-    failed with the knob, or on the CPU a warm-up step too slow for ``min_rounds`` rounds)."""
+    """The knob's gain (off time / on time, fastest step of each) within about ``budget`` s, or
+    why it was not measured (a step failed, or on the CPU a warm-up step too slow for
+    ``min_rounds`` rounds)."""
     times = {False: [], True: []}
     if min_rounds is None:
         min_rounds = 2 if device.type == "cpu" else 1
@@ -91,32 +81,29 @@ def paired(step: Callable[[bool], float], budget: float, run_steps: int | None =
 
 def timed_step(toggle: Callable[[bool], str | None], state: bool, model: nn.Module,
                inputs: tuple, device: torch.device, prec: str) -> float:
-    """Seconds (synchronised) for one forward and a backward of the mean of the first output,
-    as the training step runs them, with the knob in ``state``; the gradients are dropped. A
-    toggle that returns a precision name runs the step in it, else in ``prec``."""
-    precision = toggle(state) or prec
+    """Seconds (synchronised) for a forward and a backward of the mean of the first output, as
+    the training step runs them, with the knob in ``state`` (in the precision the toggle returns,
+    else ``prec``); the gradients are dropped."""
+    dtype = DTYPES.get(toggle(state) or prec)
     synchronize(device)
     t0 = time.perf_counter()
-    with autocast(precision, device):
+    with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
         out = model(*inputs)
     loss = first_tensor(out).float().mean()
     if loss.requires_grad:
         loss.backward()
-    for p in model.parameters():
-        p.grad = None
+    model.zero_grad()
     synchronize(device)
     return time.perf_counter() - t0
 
 
 @contextlib.contextmanager
 def state_kept(model: nn.Module, device: torch.device) -> Iterator[None]:
-    """Weights, buffers, gradients and RNG streams put back after measuring (gradients are
-    cleared for the trial)."""
+    """Weights, buffers, gradients and RNG streams put back after (gradients cleared during)."""
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     grads = [(p, None if p.grad is None else p.grad.detach().clone()) for p in model.parameters()]
     rng = rng_state(device)
-    for p in model.parameters():
-        p.grad = None
+    model.zero_grad()
     try:
         yield
     finally:
@@ -130,8 +117,7 @@ def state_kept(model: nn.Module, device: torch.device) -> Iterator[None]:
 
 
 def can_cap_memory() -> bool:
-    """Whether ``memory_cap`` can work here: Linux's /proc (``hybridnb.platform.proc()``), where
-    POSIX ``resource`` is there too."""
+    """Whether ``memory_cap`` can work here: Linux (its /proc), where POSIX ``resource`` is."""
     return bool(platform.proc())
 
 
