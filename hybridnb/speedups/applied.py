@@ -1,5 +1,4 @@
-"""``Applied``: what ``apply_speedups`` applied and measured, its one-sentence message, and how
-to take it back."""
+"""``Applied``: what ``apply_speedups`` applied and measured, its message, and its undo."""
 
 from __future__ import annotations
 

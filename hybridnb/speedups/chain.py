@@ -44,7 +44,6 @@ from hybridnb.speedups.rewrite import Rewrite
 from hybridnb.speedups.rows import is_width_conv, time_padding
 
 MAX_COST_SHARE = 0.5  # the composite's multiply-adds must be at most this share of the stock two
-CHECK_SAMPLES = 2  # the check runs on this many samples of the example batch
 
 
 # ----------------------------------------------------------------------------- rule and shapes
@@ -93,8 +92,8 @@ def _fits(link: _Link, x: torch.Tensor) -> bool:
 # ----------------------------------------------------------------------------- the arithmetic
 
 def batchnorm_affine(bn: nn.BatchNorm2d, c1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The per-channel ``(a, mean)`` with which ``bn`` normalises ``c1``: ``bn(c1) = (c1 - mean)
-    * a + beta``, with the statistics BatchNorm2d used (call it after ``bn``'s own forward)."""
+    """The per-channel ``(a, b)`` of ``bn(c1) = a * c1 + b``, with the statistics BatchNorm2d
+    used (call it after ``bn``'s own forward)."""
     if bn.training or (bn.running_mean is None and bn.running_var is None):
         var, mean = torch.var_mean(c1, dim=(0, 2, 3), unbiased=False)
     else:
@@ -102,7 +101,7 @@ def batchnorm_affine(bn: nn.BatchNorm2d, c1: torch.Tensor) -> tuple[torch.Tensor
     a = torch.rsqrt(var + bn.eps)
     if bn.weight is not None:
         a = a * bn.weight
-    return a, mean
+    return a, -mean * a if bn.bias is None else bn.bias - mean * a
 
 
 def chain_output(conv_a: nn.Conv2d, conv_b: nn.Conv2d, x: torch.Tensor, a: torch.Tensor,
@@ -162,8 +161,8 @@ def _edge(x, wa, scaled, table, g, left: bool) -> torch.Tensor | None:
 
 
 def _shift_table(wb, shift, g) -> torch.Tensor:
-    """(C2, T2): ``sum_c shift_c`` times the sum of convB's taps that land inside z's extent
-    [0, T1) (its padding holds zeros, not the shift), by prefix sums over the taps."""
+    """The (C2, T2) table ``sum_c shift_c S[o, c, t]`` of the module docstring, by prefix sums
+    over the taps."""
     k2, lb, t1, t2 = g["k2"], g["lb"], g["t1"], g["t2"]
     prefix = F.pad(wb.cumsum(-1), (1, 0))  # (C2, C1, k2 + 1): sums of the first n taps
     t = torch.arange(t2, device=wb.device)
@@ -179,7 +178,7 @@ class _CompositeConv(torch.autograd.Function):
     k] = sum_{b,h,t} g[b, o, h, t] x[b, i, h, t + k]``: oneDNN's own backward for one input
     channel and 127 taps is its slow case (EEGNeX, 64 x 129 x 200, one thread: 0.63 s against
     0.45 s, the gradient's copy included). The output stays contiguous: a BatchNorm after a
-    transposed view takes a slow path (the folded form's output was one)."""
+    transposed view takes a slow path."""
 
     @staticmethod
     def forward(ctx, padded, kernel, bias):
@@ -239,12 +238,10 @@ class _Link:
         return {"modules": self.modules, "pending": None}
 
     def originals(self) -> tuple[nn.Module, nn.Module, nn.Module]:
-        """The stock convA, BatchNorm and convB (their arithmetic and attributes)."""
         return tuple(m.original for m in self.modules)
 
     def take(self, step: str, tensor: torch.Tensor) -> tuple | None:
-        """The call in flight if its ``step`` produced exactly ``tensor``, else None; either way
-        the link is cleared (a chain is computed once per call)."""
+        """The call in flight if its ``step`` produced exactly ``tensor``, else None; clears it."""
         pending, self.pending = self.pending, None
         if pending is None or pending[0] != step or pending[2]() is not tensor:
             return None
@@ -257,47 +254,35 @@ class ChainForm(replace.Replacement):
 
 
 class ChainHead(ChainForm):
-    """convA: its own output; remembers its input for convB."""
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        link = self.link
-        link.pending = None
+        self.link.pending = None
         out = self.stock(x)
-        if _fits(link, x):
-            link.pending = ("head", x, weakref.ref(out))
+        if _fits(self.link, x):
+            self.link.pending = ("head", x, weakref.ref(out))
         return out
 
 
 class ChainNorm(ChainForm):
-    """The BatchNorm: its own output by BatchNorm2d's arithmetic; hands ``a`` and the shift on."""
-
     def forward(self, c1: torch.Tensor) -> torch.Tensor:
-        link = self.link
-        pending = link.take("head", c1)
+        pending = self.link.take("head", c1)
         out = self.stock(c1)  # the stock output and statistics update
         if pending is None:
             return out
-        conv_a, bn, _ = link.originals()
-        a, mean = batchnorm_affine(bn, c1)
-        shift = -mean * a
-        if bn.bias is not None:
-            shift = shift + bn.bias
+        conv_a, bn, _ = self.link.originals()
+        a, shift = batchnorm_affine(bn, c1)
         if conv_a.bias is not None:
             shift = shift + a * conv_a.bias  # the composite runs convA without its bias
-        link.pending = ("norm", pending[1], weakref.ref(out), a, shift)
+        self.link.pending = ("norm", pending[1], weakref.ref(out), a, shift)
         return out
 
 
 class ChainTail(ChainForm):
-    """convB: the composite when its input is the chain's BatchNorm output, else a convolution."""
-
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        link = self.link
-        pending = link.take("norm", z)
+        pending = self.link.take("norm", z)
         if pending is None:
             return self.stock(z)
         _, x, _, a, shift = pending
-        conv_a, _, conv_b = link.originals()
+        conv_a, _, conv_b = self.link.originals()
         return chain_output(conv_a, conv_b, x, a, shift)
 
 
@@ -342,13 +327,11 @@ def _scan(model: nn.Module, example: tuple) -> tuple[list[tuple[str, str, str]],
 
 
 class ChainRewrite(Rewrite):
-    """The ``chain`` knob; checked on the first ``CHECK_SAMPLES`` samples."""
-
     name = "chain"
     trains = True
     label = "conv-BatchNorm-conv chain as one convolution"
     kind = ChainForm
-    check_samples = CHECK_SAMPLES
+    check_samples = 2
     rule = (f"conv-BatchNorm-conv with <= {MAX_COST_SHARE:g} of the multiply-adds as one "
             "convolution")
     none_found = ("no conv-BatchNorm-conv chain that one convolution computes with fewer "

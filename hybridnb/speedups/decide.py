@@ -262,8 +262,7 @@ def _by_rule(rewrite: Rewrite, model, inputs, applied: Applied) -> None:
 
 def _cpu_bf16(model, inputs, device, prec: str, with_rewrite: bool, applied: Applied, steps,
               deadline: float) -> None:
-    """bf16 autocast (plus the rewrite where it applies) raced against fp32 until ``deadline``;
-    kept when ``MARGIN["cpu"]`` faster. Never tried without bf16 in the CPU's hardware."""
+    """bf16 autocast (plus the rewrite where it applies) raced against fp32 until ``deadline``."""
     why, (cores, fewer) = None, usable_cores()
     if not cpu_native_bf16():
         why = "no bf16 in this CPU's hardware (AMX / AVX-512 BF16): bf16 not tried"
@@ -339,9 +338,8 @@ def _judged(applied: Applied, knob: str, gain: float | str, margin: float, what:
 
 
 def _layer_toggle(rewrite: Rewrite, model, inputs, applied: Applied):
-    """``rewrite`` applied (checked), then switched off; the returned toggle puts its
-    replacements in (True) or the originals back (False); None (and why, under the knob) when
-    nothing is rewritten (a note that must be shown when found but not exact)."""
+    """``rewrite`` applied (checked), then switched off: a toggle between its replacements
+    (True) and the originals, or None, the reason recorded, when nothing is rewritten."""
     report = rewrite.apply(model, *inputs)
     if report.note:
         applied.notes.append(report.note)
@@ -380,14 +378,12 @@ def _channels_last_toggle(model: nn.Module, applied: Applied):
 
 
 def _inputs_channels_last(module: nn.Module, args: tuple):
-    """Forward pre-hook: 4-D tensor inputs in channels_last (others untouched)."""
     return tuple(a.contiguous(memory_format=torch.channels_last)
                  if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args)
 
 
 def use_cudnn_benchmark(applied: Applied) -> None:
-    """The ``cudnn_benchmark`` knob (a run's shapes are fixed), recorded in ``applied`` and put
-    back by ``applied.restore_globals()``."""
+    """The ``cudnn_benchmark`` knob, put back by ``applied.restore_globals()``."""
     before = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = True
     applied.applied.append("cudnn_benchmark")
@@ -395,7 +391,6 @@ def use_cudnn_benchmark(applied: Applied) -> None:
 
 
 def _on_device(x, model: nn.Module, device: torch.device) -> tuple:
-    """The example's inputs on ``device``, where the model must be already."""
     items = tuple(x) if isinstance(x, (tuple, list)) else (x,)
     if not items or not isinstance(items[0], torch.Tensor):
         raise TypeError(f"apply_speedups: example_x must be a tensor or a tuple of the model's "

@@ -108,7 +108,6 @@ def is_stock_conv2d(module: nn.Module) -> bool:
 
 
 def first_tensor(args: tuple) -> torch.Tensor | None:
-    """A forward call's first positional input when it is a tensor."""
     return args[0] if args and isinstance(args[0], torch.Tensor) else None
 
 

@@ -3,8 +3,7 @@
 A ``Conv2d`` with a ``(1, K)`` kernel over several rows (EEG channels) is computed as a 1-D
 convolution with the rows folded into the batch: ``(B, C, H, T)`` -> ``(B*H, C, T)``. Same sums,
 same padding. Why: with the rest of the model in channels_last, oneDNN runs the folded 1-D form
-faster on the CPU (``bench/results/cpu-speedups-latest.md``). The CPU's rules run the chain
-rewrite first (``chain.py``), and this form takes the ``(1, K)`` convolutions left.
+faster on the CPU (``bench/results/cpu-speedups-latest.md``).
 """
 
 from __future__ import annotations

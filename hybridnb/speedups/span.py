@@ -44,10 +44,9 @@ def is_combined_conv(module: nn.Module) -> bool:
 
 
 def spanned_axes(module: nn.Module) -> tuple[int, ...]:
-    """The kernel axes (0: height, 1: width) a one-channel ``Conv2d`` may span: those with zero
-    padding, stride 1, dilation 1 and at least ``MIN_SPAN`` taps, the other axis at least two
-    (none for any other module). A one-tap spatial filter is a matrix product oneDNN already
-    runs well: SignalJEPA_PreLocal's (129, 1) one ran 0.85x as 1-D (issue 34)."""
+    """The kernel axes (0: height, 1: width) a one-channel ``Conv2d`` may span. The other axis
+    needs two taps: a one-tap spatial filter is a matrix product oneDNN already runs well
+    (SignalJEPA_PreLocal's (129, 1) one ran 0.85x as 1-D, issue 34)."""
     if not (is_stock_conv2d(module) and module.in_channels == 1 and module.groups == 1
             and module.padding_mode == "zeros" and module.padding != "same"):
         return ()
@@ -88,8 +87,7 @@ def input_axis(module: nn.Module, x: torch.Tensor) -> int | None:
 
 
 def span_as_conv1d(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)`` computed as a 1-D convolution with the spanned axis as channels (``x`` must
-    have an ``input_axis``)."""
+    """``module(x)`` as a 1-D convolution with the spanned axis (``input_axis``) as channels."""
     axis = input_axis(module, x)
     if is_combined_conv(module):
         weight, bias = combined_weight_bias(module)
