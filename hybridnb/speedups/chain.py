@@ -66,9 +66,8 @@ def _geometry(conv_a: nn.Conv2d, conv_b: nn.Conv2d, width: int) -> dict:
 
 
 def cost_share(conv_a: nn.Conv2d, conv_b: nn.Conv2d, width: int) -> float:
-    """The composite's multiply-adds per (row, sample) over the stock chain's: the composite
-    kernel, convA (still run for the statistics) and the two edge matmuls, against convA +
-    convB."""
+    """The composite's multiply-adds per (row, sample) over the stock chain's (the composite
+    still runs convA, for the statistics)."""
     g = _geometry(conv_a, conv_b, width)
     ci, c1, c2 = conv_a.in_channels, conv_a.out_channels, conv_b.out_channels
     edges = ci * c2 * (g["nl"] * g["lb"] + g["nr"] * g["rb"]) / max(width, 1)
@@ -79,7 +78,7 @@ def cost_share(conv_a: nn.Conv2d, conv_b: nn.Conv2d, width: int) -> float:
 def _fits(link: _Link, x: torch.Tensor) -> bool:
     """Whether the composite form computes this call: a batched fp32/fp64 input wide enough that
     the two edge corrections do not overlap, no autocast."""
-    conv_a, _, conv_b = link.originals()
+    conv_a, _, conv_b = link.originals
     if x.dim() != 4 or x.shape[1] != conv_a.in_channels or torch.is_autocast_enabled(
             x.device.type) or x.dtype not in (torch.float32, torch.float64):
         return False
@@ -106,9 +105,8 @@ def batchnorm_affine(bn: nn.BatchNorm2d, c1: torch.Tensor) -> tuple[torch.Tensor
 
 def chain_output(conv_a: nn.Conv2d, conv_b: nn.Conv2d, x: torch.Tensor, a: torch.Tensor,
                  shift: torch.Tensor) -> torch.Tensor:
-    """``conv_b(a * conv_a(x) + shift)`` (per-channel ``a``, ``shift``; ``conv_a`` without its
-    bias, which ``shift`` holds) computed as one convolution of ``x`` plus a table and edge
-    corrections; see the module docstring."""
+    """``conv_b(a * conv_a(x) + shift)`` (``conv_a``'s bias in ``shift``) as one convolution of
+    ``x`` plus a table and edge corrections (the module docstring)."""
     batch, ci, rows, width = x.shape
     g = _geometry(conv_a, conv_b, width)
     k2, lb, rb, t2 = g["k2"], g["lb"], g["rb"], g["t2"]
@@ -228,17 +226,14 @@ class _AddEdges(torch.autograd.Function):
 # ----------------------------------------------------------------------------- the forms
 
 class _Link:
-    """The three replacements of one rewritten chain and the call in flight (never pickled)."""
+    """One rewritten chain's stock convA, BatchNorm and convB; the call in flight (not copied)."""
 
-    def __init__(self, head: nn.Module, norm: nn.Module, tail: nn.Module) -> None:
-        self.modules = (head, norm, tail)
+    def __init__(self, originals: tuple[nn.Module, nn.Module, nn.Module]) -> None:
+        self.originals = originals
         self.pending = None
 
     def __getstate__(self):
-        return {"modules": self.modules, "pending": None}
-
-    def originals(self) -> tuple[nn.Module, nn.Module, nn.Module]:
-        return tuple(m.original for m in self.modules)
+        return {"originals": self.originals, "pending": None}
 
     def take(self, step: str, tensor: torch.Tensor) -> tuple | None:
         """The call in flight if its ``step`` produced exactly ``tensor``, else None; clears it."""
@@ -268,7 +263,7 @@ class ChainNorm(ChainForm):
         out = self.stock(c1)  # the stock output and statistics update
         if pending is None:
             return out
-        conv_a, bn, _ = self.link.originals()
+        conv_a, bn, _ = self.link.originals
         a, shift = batchnorm_affine(bn, c1)
         if conv_a.bias is not None:
             shift = shift + a * conv_a.bias  # the composite runs convA without its bias
@@ -282,7 +277,7 @@ class ChainTail(ChainForm):
         if pending is None:
             return self.stock(z)
         _, x, _, a, shift = pending
-        conv_a, _, conv_b = self.link.originals()
+        conv_a, _, conv_b = self.link.originals
         return chain_output(conv_a, conv_b, x, a, shift)
 
 
@@ -355,7 +350,7 @@ class ChainRewrite(Rewrite):
     def swap_in(self, model: nn.Module, group: tuple[str, ...]) -> None:
         forms = [form(model.get_submodule(n))
                  for form, n in zip((ChainHead, ChainNorm, ChainTail), group, strict=True)]
-        link = _Link(*forms)
+        link = _Link(tuple(form.original for form in forms))
         for name, form in zip(group, forms, strict=True):
             form.link = link
             replace.put(model, name, form)

@@ -89,9 +89,8 @@ def cpu_native_bf16() -> bool:
 
 
 def precision_name(precision, device: torch.device) -> str:
-    """The precision a run uses for ``precision`` (a name, or the Trainer's decided
-    ``Precision``): "auto" is bf16 or fp16 on CUDA by hardware, fp32 elsewhere; fp16 on a CPU
-    is bf16."""
+    """The precision a run uses for ``precision`` (a name or a decided ``Precision``): "auto" is
+    bf16 or fp16 on CUDA by hardware, fp32 elsewhere; fp16 on a CPU is bf16."""
     name = getattr(precision, "name", precision)
     if name not in PRECISIONS:
         raise ValueError(f"apply_speedups: precision={name!r} is not one of {PRECISIONS}")
@@ -143,8 +142,7 @@ def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
     if "rewrite" in chosen:
         toggles["rewrite"] = _layer_toggle(DEPTHWISE, model, inputs, applied)
     toggles = {k: t for k, t in toggles.items() if t is not None}
-    measure_precision = ("precision" in chosen and device.type == "cuda" and mode != "all"
-                         and auto and prec != "fp32")
+    measure_precision = "precision" in chosen and device.type == "cuda" and auto and prec != "fp32"
     if mode == "all":
         for knob, toggle in sorted(toggles.items(), key=lambda kv: KNOBS.index(kv[0])):
             toggle(True)
@@ -324,8 +322,7 @@ def _measure(model, inputs, device, prec: str, toggles, measure_precision: bool,
 
 
 def _judged(applied: Applied, knob: str, gain: float | str, margin: float, what: str = "") -> bool:
-    """A trial's gain (or why there is none) recorded under ``knob``; True, and the knob
-    listed as applied, when it won by ``margin``."""
+    """A trial's gain (or why none) recorded; True, the knob applied, when it won by ``margin``."""
     if isinstance(gain, str):
         applied.skipped[knob] = what + gain
         return False

@@ -86,10 +86,9 @@ def first_tensor(out) -> torch.Tensor:
 
 
 def training_diff(stock: nn.Module, fast: nn.Module, inputs: tuple) -> float:
-    """Largest relative difference of one training-mode forward + backward of ``stock`` and
-    ``fast`` (copies: both are changed) on ``inputs``, same random streams, a fixed random
-    projection of the output as the loss: the output, every gradient (``GRAD_FLOOR``) and every
-    buffer."""
+    """Largest relative difference of one training forward + backward of ``stock`` and ``fast``
+    (copies: both change), same random streams, a fixed random projection of the output as the
+    loss: outputs, gradients (``GRAD_FLOOR``) and buffers."""
     device = next((a.device for a in inputs if isinstance(a, torch.Tensor)), torch.device("cpu"))
     state = rng_state(device)
     results = []

@@ -112,9 +112,8 @@ def first_tensor(args: tuple) -> torch.Tensor | None:
 
 
 class FormReplacement(Replacement):
-    """A replacement that computes the inputs its form ``fits`` with ``compute`` and hands any
-    other input to the stock forward. Subclasses set both as static methods taking
-    ``(original, x)``; the layer rewrite that puts them in checks the same two."""
+    """Computes the inputs its form ``fits`` with ``compute`` (static methods taking
+    ``(original, x)``, which the layer rewrite checks too), any other with the stock forward."""
 
     fits: Callable[[nn.Module, torch.Tensor], bool]
     compute: Callable[[nn.Module, torch.Tensor], torch.Tensor]

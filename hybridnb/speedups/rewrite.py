@@ -17,9 +17,8 @@ from hybridnb.speedups import exact, replace
 
 @dataclass
 class RewriteReport:
-    """What ``Rewrite.apply`` did: the modules rewritten (names; a chain's as "a>bn>b"), the
-    worst relative difference seen on the batch, and one sentence when something was found but
-    not rewritten."""
+    """What ``Rewrite.apply`` did: the modules rewritten (a chain's as "a>bn>b"), the worst
+    relative difference, and why not when something found was not rewritten."""
 
     rewritten: list[str] = field(default_factory=list)
     max_rel_diff: float = 0.0
@@ -116,8 +115,7 @@ class Rewrite(ABC):
 
 
 class LayerRewrite(Rewrite):
-    """One layer for one layer: a ``replace.FormReplacement`` ``kind`` in each place the rule
-    takes."""
+    """One layer for one layer: a ``replace.FormReplacement`` ``kind`` where the rule takes one."""
 
     kind: ClassVar[type[replace.FormReplacement]]
     differs_from = "the convolution"
@@ -127,8 +125,7 @@ class LayerRewrite(Rewrite):
         replace.put(model, name, self.kind(model.get_submodule(name)))
 
     def find(self, model: nn.Module, example: tuple) -> tuple[list, Any, float]:
-        """Each candidate's form computed on its input in one eval forward (hooks) and compared
-        with the layer's output there."""
+        """Each candidate's form compared with the layer's output in one eval forward (hooks)."""
         worst: dict[str, float] = {}
         # the model itself (name "") has no parent to swap in
         names = {m: n for n, m in model.named_modules() if n and self.applies(m)}

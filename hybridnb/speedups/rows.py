@@ -21,8 +21,7 @@ MIN_WIDTH = 16
 
 
 def is_width_conv(module: nn.Module) -> bool:
-    """A stock ``Conv2d`` with a ``(1, k)`` kernel, stride 1, no groups, zero padding along the
-    width only: the layer both this rewrite and the chain rewrite start from."""
+    """The stock ``(1, k)`` convolution both this rewrite and the chain rewrite start from."""
     return (is_stock_conv2d(module) and module.groups == 1 and module.kernel_size[0] == 1
             and tuple(module.stride) == (1, 1) and module.padding_mode == "zeros"
             and (module.padding in ("same", "valid") or module.padding[0] == 0))

@@ -7,17 +7,14 @@ exactly what a 1-D convolution with the electrodes as channels sums:
 
     conv2d(x, w)[b, f, t, 0] == conv1d(x[:, 0].transpose(1, 2), w[:, 0].transpose(1, 2))[b, f, t]
 
-(input ``(B, C, T)``, weight ``(F, C, K)``), and likewise for the transposed layout ``(B, 1, C,
-T)``. braindecode's ``CombinedConv`` (ShallowFBCSPNet's and Deep4Net's first layer) is taken
-too: its combined weight and bias are computed as its own forward computes them, so its
-parameters, ``state_dict`` and gradients are its own.
+and likewise for the transposed layout ``(B, 1, C, T)``. braindecode's ``CombinedConv``
+(ShallowFBCSPNet's and Deep4Net's first layer) is taken too: its combined weight and bias are
+computed as its own forward computes them, so its parameters and gradients are its own.
 
 Why: a one-channel ``Conv2d`` with a 25 x 129 kernel is oneDNN's slow case on the CPU; as a 1-D
-convolution (in the FFT form where ``spectra.fits``: fp32 on the CPU, at least ``FFT_TAPS``
-taps; else ``F.conv1d``) the C1 and C2 recipes' whole training step runs 8.3x and 8.4x stock on
-one thread (``bench/results/zoo-speed-cpu-models-1thread-latest.md``). By rule on the CPU,
-timed on CUDA. Any input whose spanned axis the kernel does not cover exactly takes the stock
-forward.
+convolution (in the FFT form where ``spectra.fits``) the C1 and C2 recipes' whole training step
+runs 8.3x and 8.4x stock on one thread (``bench/results/zoo-speed-cpu-models-1thread-latest.md``).
+By rule on the CPU, timed on CUDA.
 """
 
 from __future__ import annotations

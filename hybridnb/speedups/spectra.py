@@ -30,8 +30,7 @@ FFT_TAPS = 10  # taps from which the FFT form is used (the module docstring's me
 
 
 def fits(signal: torch.Tensor, kernel: torch.Tensor, stride: int = 1, dilation: int = 1) -> bool:
-    """Whether ``FFTConv1d`` computes this convolution, and faster: fp32 on the CPU outside
-    autocast, stride and dilation 1, at least ``FFT_TAPS`` taps."""
+    """Whether ``FFTConv1d`` computes this convolution, and faster (the module docstring)."""
     return (stride == dilation == 1 and kernel.shape[-1] >= FFT_TAPS
             and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (signal, kernel))
             and not torch.is_autocast_enabled("cpu"))
@@ -63,8 +62,6 @@ class FFTConv1d(torch.autograd.Function):
                       width - taps + 1)
         if bias is not None:
             out += bias[:, None]
-        # each gradient reads the other factor's spectrum: keep only what a gradient will need
-        # (a first layer's input needs none: the kernel's spectrum is not kept)
         ctx.save_for_backward(signal_f if ctx.needs_input_grad[1] else None,
                               kernel_f if ctx.needs_input_grad[0] else None)
         ctx.shape = (left, right, width, taps, length, bias is not None)
