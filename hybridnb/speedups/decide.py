@@ -230,10 +230,10 @@ def _could_gain(model, inputs) -> bool:
             state["channels"] = output.shape[1]
 
     def grouped_in(module, args):
-        x = replace.first_tensor(args)
-        state["keep"] |= x is not None and x.dim() == 4 and (x.data_ptr() in given or (
-            state["conv"] and x.shape[2] == module.kernel_size[0]
-            and x.shape[1] == state["channels"]))
+        x = args[0] if args else None
+        state["keep"] |= isinstance(x, torch.Tensor) and x.dim() == 4 and (
+            x.data_ptr() in given or (state["conv"] and x.shape[2] == module.kernel_size[0]
+                                      and x.shape[1] == state["channels"]))
 
     hooks = []
     for name, m in model.named_modules():  # a replacement shares its original's hooks

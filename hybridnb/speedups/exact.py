@@ -1,7 +1,5 @@
-"""Exactness on a sample: how far a rewritten model may differ from the stock one, measured.
-
-A rewrite is kept only when, on the first batch, every compared tensor ``a`` agrees with the
-stock one ``b`` as ``|a - b| <= ATOL + RTOL * max|b|`` (fp32, TF32 off).
+"""Exactness on a sample: a rewrite is kept only when, on the first batch, every compared tensor
+``a`` agrees with the stock one ``b`` as ``|a - b| <= ATOL + RTOL * max|b|`` (fp32, TF32 off).
 """
 
 from __future__ import annotations

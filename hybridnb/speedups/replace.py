@@ -107,10 +107,6 @@ def is_stock_conv2d(module: nn.Module) -> bool:
             and cls._conv_forward is nn.Conv2d._conv_forward)
 
 
-def first_tensor(args: tuple) -> torch.Tensor | None:
-    return args[0] if args and isinstance(args[0], torch.Tensor) else None
-
-
 class FormReplacement(Replacement):
     """Computes the inputs its form ``fits`` with ``compute`` (static methods taking
     ``(original, x)``, which the layer rewrite checks too), any other with the stock forward."""

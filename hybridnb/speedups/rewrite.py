@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from torch import nn
+from torch import Tensor, nn
 
 from hybridnb.speedups import exact, replace
 
@@ -131,8 +131,8 @@ class LayerRewrite(Rewrite):
         names = {m: n for n, m in model.named_modules() if n and self.applies(m)}
 
         def hook(module, args, output):
-            x = replace.first_tensor(args)
-            if x is not None and self.kind.fits(module, x):
+            x = args[0] if args else None
+            if isinstance(x, Tensor) and self.kind.fits(module, x):
                 diff = exact.rel_diff(self.kind.compute(module, x), output)
                 worst[names[module]] = max(worst.get(names[module], 0.0), diff)
 

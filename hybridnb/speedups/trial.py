@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from collections.abc import Callable, Iterator
 
@@ -21,6 +22,13 @@ from hybridnb.torch_state import torch_rng_state as rng_state
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 RUN_SHARE = 0.1  # a CPU trial costs at most this share of the run's stock steps
+
+
+def autocast(name: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """The forward's context for precision ``name`` (a no-op for fp32)."""
+    if name not in DTYPES:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=DTYPES[name])
 
 
 def race(toggle: Callable[[bool], str | None], model: nn.Module, inputs: tuple,
@@ -84,10 +92,10 @@ def timed_step(toggle: Callable[[bool], str | None], state: bool, model: nn.Modu
     """Seconds (synchronised) for a forward and a backward of the mean of the first output, as
     the training step runs them, with the knob in ``state`` (in the precision the toggle returns,
     else ``prec``); the gradients are dropped."""
-    dtype = DTYPES.get(toggle(state) or prec)
+    precision = toggle(state) or prec
     synchronize(device)
     t0 = time.perf_counter()
-    with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+    with autocast(precision, device):
         out = model(*inputs)
     loss = first_tensor(out).float().mean()
     if loss.requires_grad:
@@ -100,17 +108,14 @@ def timed_step(toggle: Callable[[bool], str | None], state: bool, model: nn.Modu
 @contextlib.contextmanager
 def state_kept(model: nn.Module, device: torch.device) -> Iterator[None]:
     """Weights, buffers, gradients and RNG streams put back after (gradients cleared during)."""
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    state = copy.deepcopy(model.state_dict())  # its metadata too: BatchNorm's version
     grads = [(p, None if p.grad is None else p.grad.detach().clone()) for p in model.parameters()]
     rng = rng_state(device)
     model.zero_grad()
     try:
         yield
     finally:
-        with torch.no_grad():
-            current = model.state_dict()
-            for k, v in state.items():
-                current[k].copy_(v)
+        model.load_state_dict(state)  # in place: the Parameters an optimizer holds stay
         for p, g in grads:
             p.grad = g
         set_rng_state(rng, device)
