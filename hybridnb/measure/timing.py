@@ -51,8 +51,7 @@ class Stopwatch:
 
 
 def nvml_busy_reader(device: torch.device | str) -> Callable[[], float | None] | None:
-    """A function returning NVML's 'GPU busy' % for ``device`` (see ``nvml.utilisation``), or
-    None without NVML."""
+    """A reader of NVML's 'GPU busy' % for ``device`` (``nvml.utilisation``); None without NVML."""
     device = torch.device(device)
     handle = (nvml.locate(cuda_index(device))[0]
               if device.type == "cuda" and not torch.version.hip else None)

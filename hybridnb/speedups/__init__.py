@@ -1,9 +1,5 @@
-"""Speedups: exact rewrites of a model's layers and the decision of which knobs a run gets.
-
-The four rewrites (``DEPTHWISE``, ``SPAN``, ``ROWS``, ``CHAIN``) share one interface
-(``rewrite.Rewrite``) and swap in replacement modules that share the originals' parameters and
-buffers (``replace.Replacement``), so ``state_dict()`` is unchanged; ``decide.apply_speedups`` is
-the one entry point the Trainer's placement uses.
+"""Speedups: exact rewrites of a model's layers (``rewrite.Rewrite``; their modules share the
+originals' state, ``replace.Replacement``) and which knobs a run gets (``decide.apply_speedups``).
 """
 
 from hybridnb.speedups.applied import Applied
@@ -11,7 +7,7 @@ from hybridnb.speedups.chain import CHAIN, find_chains
 from hybridnb.speedups.decide import KNOBS, MODES, apply_speedups, cpu_candidate, wanted
 from hybridnb.speedups.depthwise import DEPTHWISE
 from hybridnb.speedups.replace import Replacement
-from hybridnb.speedups.rewrite import Rewrite, RewriteReport, Verdict
+from hybridnb.speedups.rewrite import Rewrite, RewriteReport
 from hybridnb.speedups.rows import ROWS
 from hybridnb.speedups.span import SPAN
 
@@ -24,5 +20,5 @@ def undo_rewrites(model) -> int:
 
 
 __all__ = ["CHAIN", "DEPTHWISE", "KNOBS", "MODES", "REWRITES", "ROWS", "Applied", "Replacement",
-           "Rewrite", "RewriteReport", "SPAN", "Verdict", "apply_speedups", "cpu_candidate",
+           "Rewrite", "RewriteReport", "SPAN", "apply_speedups", "cpu_candidate",
            "find_chains", "undo_rewrites", "wanted"]

@@ -1,5 +1,4 @@
-"""``Applied``: what ``apply_speedups`` applied and measured, its one-sentence message, and how
-to take it back."""
+"""``Applied``: what ``apply_speedups`` applied and measured, its message, and its undo."""
 
 from __future__ import annotations
 
@@ -64,8 +63,8 @@ class Applied:
         return dataclasses.replace(self, undoers=[], global_restores=[])
 
     def restore_globals(self) -> None:
-        """Put every process-wide flag these speedups changed back as it was (the cuDNN
-        autotuner); the model keeps its knobs. Safe to call twice."""
+        """Process-wide flags (the cuDNN autotuner) back as they were; the model keeps its knobs.
+        Safe to call twice."""
         while self.global_restores:
             self.global_restores.pop()()
         if "cudnn_benchmark" in self.applied:

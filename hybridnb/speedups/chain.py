@@ -44,7 +44,6 @@ from hybridnb.speedups.rewrite import Rewrite
 from hybridnb.speedups.rows import is_width_conv, time_padding
 
 MAX_COST_SHARE = 0.5  # the composite's multiply-adds must be at most this share of the stock two
-CHECK_SAMPLES = 2  # the check runs on this many samples of the example batch
 
 
 # ----------------------------------------------------------------------------- rule and shapes
@@ -67,9 +66,8 @@ def _geometry(conv_a: nn.Conv2d, conv_b: nn.Conv2d, width: int) -> dict:
 
 
 def cost_share(conv_a: nn.Conv2d, conv_b: nn.Conv2d, width: int) -> float:
-    """The composite's multiply-adds per (row, sample) over the stock chain's: the composite
-    kernel, convA (still run for the statistics) and the two edge matmuls, against convA +
-    convB."""
+    """The composite's multiply-adds per (row, sample) over the stock chain's (the composite
+    still runs convA, for the statistics)."""
     g = _geometry(conv_a, conv_b, width)
     ci, c1, c2 = conv_a.in_channels, conv_a.out_channels, conv_b.out_channels
     edges = ci * c2 * (g["nl"] * g["lb"] + g["nr"] * g["rb"]) / max(width, 1)
@@ -80,7 +78,7 @@ def cost_share(conv_a: nn.Conv2d, conv_b: nn.Conv2d, width: int) -> float:
 def _fits(link: _Link, x: torch.Tensor) -> bool:
     """Whether the composite form computes this call: a batched fp32/fp64 input wide enough that
     the two edge corrections do not overlap, no autocast."""
-    conv_a, _, conv_b = link.originals()
+    conv_a, _, conv_b = link.originals
     if x.dim() != 4 or x.shape[1] != conv_a.in_channels or torch.is_autocast_enabled(
             x.device.type) or x.dtype not in (torch.float32, torch.float64):
         return False
@@ -93,8 +91,8 @@ def _fits(link: _Link, x: torch.Tensor) -> bool:
 # ----------------------------------------------------------------------------- the arithmetic
 
 def batchnorm_affine(bn: nn.BatchNorm2d, c1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The per-channel ``(a, mean)`` with which ``bn`` normalises ``c1``: ``bn(c1) = (c1 - mean)
-    * a + beta``, with the statistics BatchNorm2d used (call it after ``bn``'s own forward)."""
+    """The per-channel ``(a, b)`` of ``bn(c1) = a * c1 + b``, with the statistics BatchNorm2d
+    used (call it after ``bn``'s own forward)."""
     if bn.training or (bn.running_mean is None and bn.running_var is None):
         var, mean = torch.var_mean(c1, dim=(0, 2, 3), unbiased=False)
     else:
@@ -102,14 +100,13 @@ def batchnorm_affine(bn: nn.BatchNorm2d, c1: torch.Tensor) -> tuple[torch.Tensor
     a = torch.rsqrt(var + bn.eps)
     if bn.weight is not None:
         a = a * bn.weight
-    return a, mean
+    return a, -mean * a if bn.bias is None else bn.bias - mean * a
 
 
 def chain_output(conv_a: nn.Conv2d, conv_b: nn.Conv2d, x: torch.Tensor, a: torch.Tensor,
                  shift: torch.Tensor) -> torch.Tensor:
-    """``conv_b(a * conv_a(x) + shift)`` (per-channel ``a``, ``shift``; ``conv_a`` without its
-    bias, which ``shift`` holds) computed as one convolution of ``x`` plus a table and edge
-    corrections; see the module docstring."""
+    """``conv_b(a * conv_a(x) + shift)`` (``conv_a``'s bias in ``shift``) as one convolution of
+    ``x`` plus a table and edge corrections (the module docstring)."""
     batch, ci, rows, width = x.shape
     g = _geometry(conv_a, conv_b, width)
     k2, lb, rb, t2 = g["k2"], g["lb"], g["rb"], g["t2"]
@@ -162,8 +159,8 @@ def _edge(x, wa, scaled, table, g, left: bool) -> torch.Tensor | None:
 
 
 def _shift_table(wb, shift, g) -> torch.Tensor:
-    """(C2, T2): ``sum_c shift_c`` times the sum of convB's taps that land inside z's extent
-    [0, T1) (its padding holds zeros, not the shift), by prefix sums over the taps."""
+    """The (C2, T2) table ``sum_c shift_c S[o, c, t]`` of the module docstring, by prefix sums
+    over the taps."""
     k2, lb, t1, t2 = g["k2"], g["lb"], g["t1"], g["t2"]
     prefix = F.pad(wb.cumsum(-1), (1, 0))  # (C2, C1, k2 + 1): sums of the first n taps
     t = torch.arange(t2, device=wb.device)
@@ -179,7 +176,7 @@ class _CompositeConv(torch.autograd.Function):
     k] = sum_{b,h,t} g[b, o, h, t] x[b, i, h, t + k]``: oneDNN's own backward for one input
     channel and 127 taps is its slow case (EEGNeX, 64 x 129 x 200, one thread: 0.63 s against
     0.45 s, the gradient's copy included). The output stays contiguous: a BatchNorm after a
-    transposed view takes a slow path (the folded form's output was one)."""
+    transposed view takes a slow path."""
 
     @staticmethod
     def forward(ctx, padded, kernel, bias):
@@ -229,22 +226,17 @@ class _AddEdges(torch.autograd.Function):
 # ----------------------------------------------------------------------------- the forms
 
 class _Link:
-    """The three replacements of one rewritten chain and the call in flight (never pickled)."""
+    """One rewritten chain's stock convA, BatchNorm and convB; the call in flight (not copied)."""
 
-    def __init__(self, head: nn.Module, norm: nn.Module, tail: nn.Module) -> None:
-        self.modules = (head, norm, tail)
+    def __init__(self, originals: tuple[nn.Module, nn.Module, nn.Module]) -> None:
+        self.originals = originals
         self.pending = None
 
     def __getstate__(self):
-        return {"modules": self.modules, "pending": None}
-
-    def originals(self) -> tuple[nn.Module, nn.Module, nn.Module]:
-        """The stock convA, BatchNorm and convB (their arithmetic and attributes)."""
-        return tuple(m.original for m in self.modules)
+        return {"originals": self.originals, "pending": None}
 
     def take(self, step: str, tensor: torch.Tensor) -> tuple | None:
-        """The call in flight if its ``step`` produced exactly ``tensor``, else None; either way
-        the link is cleared (a chain is computed once per call)."""
+        """The call in flight if its ``step`` produced exactly ``tensor``, else None; clears it."""
         pending, self.pending = self.pending, None
         if pending is None or pending[0] != step or pending[2]() is not tensor:
             return None
@@ -257,47 +249,35 @@ class ChainForm(replace.Replacement):
 
 
 class ChainHead(ChainForm):
-    """convA: its own output; remembers its input for convB."""
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        link = self.link
-        link.pending = None
+        self.link.pending = None
         out = self.stock(x)
-        if _fits(link, x):
-            link.pending = ("head", x, weakref.ref(out))
+        if _fits(self.link, x):
+            self.link.pending = ("head", x, weakref.ref(out))
         return out
 
 
 class ChainNorm(ChainForm):
-    """The BatchNorm: its own output by BatchNorm2d's arithmetic; hands ``a`` and the shift on."""
-
     def forward(self, c1: torch.Tensor) -> torch.Tensor:
-        link = self.link
-        pending = link.take("head", c1)
+        pending = self.link.take("head", c1)
         out = self.stock(c1)  # the stock output and statistics update
         if pending is None:
             return out
-        conv_a, bn, _ = link.originals()
-        a, mean = batchnorm_affine(bn, c1)
-        shift = -mean * a
-        if bn.bias is not None:
-            shift = shift + bn.bias
+        conv_a, bn, _ = self.link.originals
+        a, shift = batchnorm_affine(bn, c1)
         if conv_a.bias is not None:
             shift = shift + a * conv_a.bias  # the composite runs convA without its bias
-        link.pending = ("norm", pending[1], weakref.ref(out), a, shift)
+        self.link.pending = ("norm", pending[1], weakref.ref(out), a, shift)
         return out
 
 
 class ChainTail(ChainForm):
-    """convB: the composite when its input is the chain's BatchNorm output, else a convolution."""
-
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        link = self.link
-        pending = link.take("norm", z)
+        pending = self.link.take("norm", z)
         if pending is None:
             return self.stock(z)
         _, x, _, a, shift = pending
-        conv_a, _, conv_b = link.originals()
+        conv_a, _, conv_b = self.link.originals
         return chain_output(conv_a, conv_b, x, a, shift)
 
 
@@ -342,13 +322,11 @@ def _scan(model: nn.Module, example: tuple) -> tuple[list[tuple[str, str, str]],
 
 
 class ChainRewrite(Rewrite):
-    """The ``chain`` knob; checked on the first ``CHECK_SAMPLES`` samples."""
-
     name = "chain"
     trains = True
     label = "conv-BatchNorm-conv chain as one convolution"
     kind = ChainForm
-    check_samples = CHECK_SAMPLES
+    check_samples = 2
     rule = (f"conv-BatchNorm-conv with <= {MAX_COST_SHARE:g} of the multiply-adds as one "
             "convolution")
     none_found = ("no conv-BatchNorm-conv chain that one convolution computes with fewer "
@@ -372,7 +350,7 @@ class ChainRewrite(Rewrite):
     def swap_in(self, model: nn.Module, group: tuple[str, ...]) -> None:
         forms = [form(model.get_submodule(n))
                  for form, n in zip((ChainHead, ChainNorm, ChainTail), group, strict=True)]
-        link = _Link(*forms)
+        link = _Link(tuple(form.original for form in forms))
         for name, form in zip(group, forms, strict=True):
             form.link = link
             replace.put(model, name, form)

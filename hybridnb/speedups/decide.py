@@ -89,9 +89,8 @@ def cpu_native_bf16() -> bool:
 
 
 def precision_name(precision, device: torch.device) -> str:
-    """The precision a run uses for ``precision`` (a name, or the Trainer's decided
-    ``Precision``): "auto" is bf16 or fp16 on CUDA by hardware, fp32 elsewhere; fp16 on a CPU
-    is bf16."""
+    """The precision a run uses for ``precision`` (a name or a decided ``Precision``): "auto" is
+    bf16 or fp16 on CUDA by hardware, fp32 elsewhere; fp16 on a CPU is bf16."""
     name = getattr(precision, "name", precision)
     if name not in PRECISIONS:
         raise ValueError(f"apply_speedups: precision={name!r} is not one of {PRECISIONS}")
@@ -143,8 +142,7 @@ def apply_speedups(model: nn.Module, example_x, device: torch.device | str,
     if "rewrite" in chosen:
         toggles["rewrite"] = _layer_toggle(DEPTHWISE, model, inputs, applied)
     toggles = {k: t for k, t in toggles.items() if t is not None}
-    measure_precision = ("precision" in chosen and device.type == "cuda" and mode != "all"
-                         and auto and prec != "fp32")
+    measure_precision = "precision" in chosen and device.type == "cuda" and auto and prec != "fp32"
     if mode == "all":
         for knob, toggle in sorted(toggles.items(), key=lambda kv: KNOBS.index(kv[0])):
             toggle(True)
@@ -232,10 +230,10 @@ def _could_gain(model, inputs) -> bool:
             state["channels"] = output.shape[1]
 
     def grouped_in(module, args):
-        x = replace.first_tensor(args)
-        state["keep"] |= x is not None and x.dim() == 4 and (x.data_ptr() in given or (
-            state["conv"] and x.shape[2] == module.kernel_size[0]
-            and x.shape[1] == state["channels"]))
+        x = args[0] if args else None
+        state["keep"] |= isinstance(x, torch.Tensor) and x.dim() == 4 and (
+            x.data_ptr() in given or (state["conv"] and x.shape[2] == module.kernel_size[0]
+                                      and x.shape[1] == state["channels"]))
 
     hooks = []
     for name, m in model.named_modules():  # a replacement shares its original's hooks
@@ -262,8 +260,7 @@ def _by_rule(rewrite: Rewrite, model, inputs, applied: Applied) -> None:
 
 def _cpu_bf16(model, inputs, device, prec: str, with_rewrite: bool, applied: Applied, steps,
               deadline: float) -> None:
-    """bf16 autocast (plus the rewrite where it applies) raced against fp32 until ``deadline``;
-    kept when ``MARGIN["cpu"]`` faster. Never tried without bf16 in the CPU's hardware."""
+    """bf16 autocast (plus the rewrite where it applies) raced against fp32 until ``deadline``."""
     why, (cores, fewer) = None, usable_cores()
     if not cpu_native_bf16():
         why = "no bf16 in this CPU's hardware (AMX / AVX-512 BF16): bf16 not tried"
@@ -325,8 +322,7 @@ def _measure(model, inputs, device, prec: str, toggles, measure_precision: bool,
 
 
 def _judged(applied: Applied, knob: str, gain: float | str, margin: float, what: str = "") -> bool:
-    """A trial's gain (or why there is none) recorded under ``knob``; True, and the knob
-    listed as applied, when it won by ``margin``."""
+    """A trial's gain (or why none) recorded; True, the knob applied, when it won by ``margin``."""
     if isinstance(gain, str):
         applied.skipped[knob] = what + gain
         return False
@@ -339,9 +335,8 @@ def _judged(applied: Applied, knob: str, gain: float | str, margin: float, what:
 
 
 def _layer_toggle(rewrite: Rewrite, model, inputs, applied: Applied):
-    """``rewrite`` applied (checked), then switched off; the returned toggle puts its
-    replacements in (True) or the originals back (False); None (and why, under the knob) when
-    nothing is rewritten (a note that must be shown when found but not exact)."""
+    """``rewrite`` applied (checked), then switched off: a toggle between its replacements
+    (True) and the originals, or None, the reason recorded, when nothing is rewritten."""
     report = rewrite.apply(model, *inputs)
     if report.note:
         applied.notes.append(report.note)
@@ -380,14 +375,12 @@ def _channels_last_toggle(model: nn.Module, applied: Applied):
 
 
 def _inputs_channels_last(module: nn.Module, args: tuple):
-    """Forward pre-hook: 4-D tensor inputs in channels_last (others untouched)."""
     return tuple(a.contiguous(memory_format=torch.channels_last)
                  if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args)
 
 
 def use_cudnn_benchmark(applied: Applied) -> None:
-    """The ``cudnn_benchmark`` knob (a run's shapes are fixed), recorded in ``applied`` and put
-    back by ``applied.restore_globals()``."""
+    """The ``cudnn_benchmark`` knob, put back by ``applied.restore_globals()``."""
     before = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = True
     applied.applied.append("cudnn_benchmark")
@@ -395,7 +388,6 @@ def use_cudnn_benchmark(applied: Applied) -> None:
 
 
 def _on_device(x, model: nn.Module, device: torch.device) -> tuple:
-    """The example's inputs on ``device``, where the model must be already."""
     items = tuple(x) if isinstance(x, (tuple, list)) else (x,)
     if not items or not isinstance(items[0], torch.Tensor):
         raise TypeError(f"apply_speedups: example_x must be a tensor or a tuple of the model's "

@@ -1,7 +1,5 @@
-"""Exactness on a sample: how far a rewritten model may differ from the stock one, measured.
-
-A rewrite is kept only when, on the first batch, every compared tensor ``a`` agrees with the
-stock one ``b`` as ``|a - b| <= ATOL + RTOL * max|b|`` (fp32, TF32 off).
+"""Exactness on a sample: a rewrite is kept only when, on the first batch, every compared tensor
+``a`` agrees with the stock one ``b`` as ``|a - b| <= ATOL + RTOL * max|b|`` (fp32, TF32 off).
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ from hybridnb.torch_state import evaluating
 from hybridnb.torch_state import set_torch_rng_state as set_rng_state
 from hybridnb.torch_state import torch_rng_state as rng_state
 
-# fp32 agreement demanded on the example batch: |a - b| <= ATOL + RTOL * max|b|
 RTOL, ATOL = 1e-4, 1e-5
 # a gradient is compared relative to its own size, but at least this share of the largest one: a
 # parameter whose gradient is zero in exact arithmetic (a bias right before a BatchNorm) holds
@@ -61,14 +58,6 @@ def rel_diff(a: torch.Tensor, b: torch.Tensor, floor: float = 0.0) -> float:
     return (a - b).abs().max().item() / (max(b.abs().max().item(), floor) + ATOL / RTOL)
 
 
-def rel_diff_any(a, b) -> float:
-    """``rel_diff`` over the tensors of two model outputs of any shape (``tensors_of``)."""
-    ta, tb = tensors_of(a), tensors_of(b)
-    if len(ta) != len(tb):
-        return float("inf")
-    return max(map(rel_diff, ta, tb), default=0.0)
-
-
 def first_samples(example: tuple, n: int) -> tuple:
     """The first ``n`` samples of each batched tensor of a model's positional inputs."""
     return tuple(a[:n] if isinstance(a, torch.Tensor) and a.dim() else a for a in example)
@@ -95,10 +84,9 @@ def first_tensor(out) -> torch.Tensor:
 
 
 def training_diff(stock: nn.Module, fast: nn.Module, inputs: tuple) -> float:
-    """Largest relative difference of one training-mode forward + backward of ``stock`` and
-    ``fast`` (copies: both are changed) on ``inputs``, same random streams, a fixed random
-    projection of the output as the loss: the output, every gradient (``GRAD_FLOOR``) and every
-    buffer."""
+    """Largest relative difference of one training forward + backward of ``stock`` and ``fast``
+    (copies: both change), same random streams, a fixed random projection of the output as the
+    loss: outputs, gradients (``GRAD_FLOOR``) and buffers."""
     device = next((a.device for a in inputs if isinstance(a, torch.Tensor)), torch.device("cpu"))
     state = rng_state(device)
     results = []
@@ -106,8 +94,7 @@ def training_diff(stock: nn.Module, fast: nn.Module, inputs: tuple) -> float:
         for model in (stock, fast):
             set_rng_state(state, device)
             model.train()
-            for p in model.parameters():
-                p.grad = None
+            model.zero_grad()
             with exact_fp32():
                 tensors = tensors_of(model(*inputs))
                 gen = torch.Generator().manual_seed(0)

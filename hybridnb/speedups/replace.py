@@ -107,15 +107,9 @@ def is_stock_conv2d(module: nn.Module) -> bool:
             and cls._conv_forward is nn.Conv2d._conv_forward)
 
 
-def first_tensor(args: tuple) -> torch.Tensor | None:
-    """A forward call's first positional input when it is a tensor."""
-    return args[0] if args and isinstance(args[0], torch.Tensor) else None
-
-
 class FormReplacement(Replacement):
-    """A replacement that computes the inputs its form ``fits`` with ``compute`` and hands any
-    other input to the stock forward. Subclasses set both as static methods taking
-    ``(original, x)``; the layer rewrite that puts them in checks the same two."""
+    """Computes the inputs its form ``fits`` with ``compute`` (static methods taking
+    ``(original, x)``, which the layer rewrite checks too), any other with the stock forward."""
 
     fits: Callable[[nn.Module, torch.Tensor], bool]
     compute: Callable[[nn.Module, torch.Tensor], torch.Tensor]

@@ -1,8 +1,6 @@
-"""The one interface of a rewrite (``Rewrite``): ``applies(module)`` (the rule), ``apply(model,
-*example)`` (find, replace, check: a ``RewriteReport``), ``check`` (exactness on a sample: a
-``Verdict``), ``undo``, ``active``. ``LayerRewrite``: one layer for one layer, checked layer by
-layer (forward hooks) and on the model's output. ``apply`` keeps nothing when the check fails
-(its report's ``note`` says why).
+"""The one interface of a rewrite, ``Rewrite``: the rule (``applies``), ``apply`` (find, replace,
+check on the first batch; nothing kept when the check fails), ``undo``, ``active``; and
+``LayerRewrite``, one layer for one layer, checked layer by layer and on the model's output.
 """
 
 from __future__ import annotations
@@ -12,16 +10,15 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from torch import nn
+from torch import Tensor, nn
 
 from hybridnb.speedups import exact, replace
 
 
 @dataclass
 class RewriteReport:
-    """What ``Rewrite.apply`` did: the modules rewritten (names; a chain's as "a>bn>b"), the
-    worst relative difference seen on the batch, and one sentence when something was found but
-    not rewritten."""
+    """What ``Rewrite.apply`` did: the modules rewritten (a chain's as "a>bn>b"), the worst
+    relative difference, and why not when something found was not rewritten."""
 
     rewritten: list[str] = field(default_factory=list)
     max_rel_diff: float = 0.0
@@ -29,18 +26,6 @@ class RewriteReport:
 
     def __bool__(self) -> bool:
         return bool(self.rewritten)
-
-
-@dataclass
-class Verdict:
-    """A check's answer: ``ok`` when the rewritten model computed what the stock one does."""
-
-    max_rel_diff: float = 0.0
-    why: str = ""  # empty when ok: what differed, or how the check failed
-
-    @property
-    def ok(self) -> bool:
-        return not self.why
 
 
 class Rewrite(ABC):
@@ -73,9 +58,8 @@ class Rewrite(ABC):
         """Put the replacement(s) for one found group in place."""
 
     def apply(self, model: nn.Module, *example) -> RewriteReport:
-        """Rewrite every layer of ``model`` the rule takes on ``example`` (one batch's positional
-        inputs, on the model's device), in place, if the rewritten model passes ``check``;
-        else nothing is rewritten and ``note`` says why."""
+        """Rewrite, in place, every layer of ``model`` the rule takes on ``example`` (one batch's
+        positional inputs, on the model's device) if the result passes ``check``; else none."""
         report = RewriteReport()
         if not self.could_apply(model):
             return report  # nothing to check: no forward
@@ -86,9 +70,9 @@ class Rewrite(ABC):
             return report
         for group in groups:
             self.swap_in(model, group)
-        verdict = self.check(model, *example, reference=reference)
-        report.max_rel_diff = max(worst, verdict.max_rel_diff)
-        why = verdict.why or (self._differed(worst) if worst > exact.RTOL else "")
+        checked, why = self.check(model, *example, reference=reference)
+        report.max_rel_diff = max(worst, checked)
+        why = why or (self._differed(worst) if worst > exact.RTOL else "")
         if why:
             self.undo(model)
             report.note = f"{self.label} not used: {why}; the model runs unchanged"
@@ -96,29 +80,26 @@ class Rewrite(ABC):
         report.rewritten = [">".join(g) for g in groups]
         return report
 
-    def check(self, model: nn.Module, *example, reference: Any = None) -> Verdict:
-        """Exactness on ``example``: ``model`` as it is against a copy of it with this rewrite
-        undone, eval-mode outputs (``reference``: the stock output, when already known). Never
-        raises: a check that fails says how."""
+    def check(self, model: nn.Module, *example, reference: Any = None) -> tuple[float, str]:
+        """Exactness on ``example`` of ``model`` against a copy with this rewrite undone: eval
+        outputs (``reference``: the stock one, when known) and where ``trains`` one training
+        forward and backward. Never raises: returns the largest relative difference and what
+        differed or how the check failed ("" when exact)."""
         try:
-            worst = self._compare(model, example, reference)
+            stock = copy.deepcopy(model) if reference is None or self.trains else None
+            if stock is not None:
+                self.undo(stock)
+            if reference is None:
+                reference = exact.eval_output(stock, example)
+            ours, theirs = map(exact.tensors_of, (exact.eval_output(model, example), reference))
+            worst = max(map(exact.rel_diff, ours, theirs), default=0.0) \
+                if len(ours) == len(theirs) else float("inf")
+            if self.trains:
+                worst = max(worst, exact.training_diff(stock, copy.deepcopy(model), example))
         except Exception as exc:  # noqa: BLE001 — a form that fails its check is not used
-            return Verdict(float("inf"), f"its check failed on the first batch "
-                           f"({type(exc).__name__}: {str(exc)[:100]})")
-        return Verdict(worst, self._differed(worst) if worst > exact.RTOL else "")
-
-    def _compare(self, model: nn.Module, example: tuple, reference: Any) -> float:
-        """The largest relative difference of the eval outputs, and where ``trains`` of one
-        training forward and backward (outputs, gradients, buffers), against stock."""
-        stock = copy.deepcopy(model) if reference is None or self.trains else None
-        if stock is not None:
-            self.undo(stock)
-        if reference is None:
-            reference = exact.eval_output(stock, example)
-        worst = exact.rel_diff_any(exact.eval_output(model, example), reference)
-        if self.trains:
-            worst = max(worst, exact.training_diff(stock, copy.deepcopy(model), example))
-        return worst
+            return float("inf"), (f"its check failed on the first batch "
+                                  f"({type(exc).__name__}: {str(exc)[:100]})")
+        return worst, self._differed(worst) if worst > exact.RTOL else ""
 
     def _differed(self, worst: float) -> str:
         return (f"it differed from {self.differs_from} by {worst:.2g} (relative) on the first "
@@ -134,8 +115,7 @@ class Rewrite(ABC):
 
 
 class LayerRewrite(Rewrite):
-    """One layer for one layer: a :class:`replace.FormReplacement` ``kind`` in each place the
-    rule takes, checked there on one eval forward (``find``) and on the model's output."""
+    """One layer for one layer: a ``replace.FormReplacement`` ``kind`` where the rule takes one."""
 
     kind: ClassVar[type[replace.FormReplacement]]
     differs_from = "the convolution"
@@ -145,15 +125,14 @@ class LayerRewrite(Rewrite):
         replace.put(model, name, self.kind(model.get_submodule(name)))
 
     def find(self, model: nn.Module, example: tuple) -> tuple[list, Any, float]:
-        """Candidates found with forward hooks on one eval forward; each one's faster form is
-        computed on the same input and compared with the layer's output there."""
+        """Each candidate's form compared with the layer's output in one eval forward (hooks)."""
         worst: dict[str, float] = {}
         # the model itself (name "") has no parent to swap in
         names = {m: n for n, m in model.named_modules() if n and self.applies(m)}
 
         def hook(module, args, output):
-            x = replace.first_tensor(args)
-            if x is not None and self.kind.fits(module, x):
+            x = args[0] if args else None
+            if isinstance(x, Tensor) and self.kind.fits(module, x):
                 diff = exact.rel_diff(self.kind.compute(module, x), output)
                 worst[names[module]] = max(worst.get(names[module], 0.0), diff)
 

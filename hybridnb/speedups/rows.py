@@ -3,8 +3,7 @@
 A ``Conv2d`` with a ``(1, K)`` kernel over several rows (EEG channels) is computed as a 1-D
 convolution with the rows folded into the batch: ``(B, C, H, T)`` -> ``(B*H, C, T)``. Same sums,
 same padding. Why: with the rest of the model in channels_last, oneDNN runs the folded 1-D form
-faster on the CPU (``bench/results/cpu-speedups-latest.md``). The CPU's rules run the chain
-rewrite first (``chain.py``), and this form takes the ``(1, K)`` convolutions left.
+faster on the CPU (``bench/results/cpu-speedups-latest.md``).
 """
 
 from __future__ import annotations
@@ -22,8 +21,7 @@ MIN_WIDTH = 16
 
 
 def is_width_conv(module: nn.Module) -> bool:
-    """A stock ``Conv2d`` with a ``(1, k)`` kernel, stride 1, no groups, zero padding along the
-    width only: the layer both this rewrite and the chain rewrite start from."""
+    """The stock ``(1, k)`` convolution both this rewrite and the chain rewrite start from."""
     return (is_stock_conv2d(module) and module.groups == 1 and module.kernel_size[0] == 1
             and tuple(module.stride) == (1, 1) and module.padding_mode == "zeros"
             and (module.padding in ("same", "valid") or module.padding[0] == 0))

@@ -7,17 +7,14 @@ exactly what a 1-D convolution with the electrodes as channels sums:
 
     conv2d(x, w)[b, f, t, 0] == conv1d(x[:, 0].transpose(1, 2), w[:, 0].transpose(1, 2))[b, f, t]
 
-(input ``(B, C, T)``, weight ``(F, C, K)``), and likewise for the transposed layout ``(B, 1, C,
-T)``. braindecode's ``CombinedConv`` (ShallowFBCSPNet's and Deep4Net's first layer) is taken
-too: its combined weight and bias are computed as its own forward computes them, so its
-parameters, ``state_dict`` and gradients are its own.
+and likewise for the transposed layout ``(B, 1, C, T)``. braindecode's ``CombinedConv``
+(ShallowFBCSPNet's and Deep4Net's first layer) is taken too: its combined weight and bias are
+computed as its own forward computes them, so its parameters and gradients are its own.
 
 Why: a one-channel ``Conv2d`` with a 25 x 129 kernel is oneDNN's slow case on the CPU; as a 1-D
-convolution (in the FFT form where ``spectra.fits``: fp32 on the CPU, at least ``FFT_TAPS``
-taps; else ``F.conv1d``) the C1 and C2 recipes' whole training step runs 8.3x and 8.4x stock on
-one thread (``bench/results/zoo-speed-cpu-models-1thread-latest.md``). By rule on the CPU,
-timed on CUDA. Any input whose spanned axis the kernel does not cover exactly takes the stock
-forward.
+convolution (in the FFT form where ``spectra.fits``) the C1 and C2 recipes' whole training step
+runs 8.3x and 8.4x stock on one thread (``bench/results/zoo-speed-cpu-models-1thread-latest.md``).
+By rule on the CPU, timed on CUDA.
 """
 
 from __future__ import annotations
@@ -44,10 +41,9 @@ def is_combined_conv(module: nn.Module) -> bool:
 
 
 def spanned_axes(module: nn.Module) -> tuple[int, ...]:
-    """The kernel axes (0: height, 1: width) a one-channel ``Conv2d`` may span: those with zero
-    padding, stride 1, dilation 1 and at least ``MIN_SPAN`` taps, the other axis at least two
-    (none for any other module). A one-tap spatial filter is a matrix product oneDNN already
-    runs well: SignalJEPA_PreLocal's (129, 1) one ran 0.85x as 1-D (issue 34)."""
+    """The kernel axes (0: height, 1: width) a one-channel ``Conv2d`` may span. The other axis
+    needs two taps: a one-tap spatial filter is a matrix product oneDNN already runs well
+    (SignalJEPA_PreLocal's (129, 1) one ran 0.85x as 1-D, issue 34)."""
     if not (is_stock_conv2d(module) and module.in_channels == 1 and module.groups == 1
             and module.padding_mode == "zeros" and module.padding != "same"):
         return ()
@@ -88,8 +84,7 @@ def input_axis(module: nn.Module, x: torch.Tensor) -> int | None:
 
 
 def span_as_conv1d(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)`` computed as a 1-D convolution with the spanned axis as channels (``x`` must
-    have an ``input_axis``)."""
+    """``module(x)`` as a 1-D convolution with the spanned axis (``input_axis``) as channels."""
     axis = input_axis(module, x)
     if is_combined_conv(module):
         weight, bias = combined_weight_bias(module)

@@ -26,21 +26,19 @@ import torch
 import torch.nn.functional as F
 from scipy.fft import next_fast_len
 
-# taps from which the FFT form is used (see the module docstring for the measurements)
-FFT_TAPS = 10
+FFT_TAPS = 10  # taps from which the FFT form is used (the module docstring's measurements)
 
 
 def fits(signal: torch.Tensor, kernel: torch.Tensor, stride: int = 1, dilation: int = 1) -> bool:
-    """Whether ``FFTConv1d`` computes this convolution, and faster: fp32 on the CPU outside
-    autocast, stride and dilation 1, at least ``FFT_TAPS`` taps."""
+    """Whether ``FFTConv1d`` computes this convolution, and faster (the module docstring)."""
     return (stride == dilation == 1 and kernel.shape[-1] >= FFT_TAPS
             and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (signal, kernel))
             and not torch.is_autocast_enabled("cpu"))
 
 
 def _spectrum(x: torch.Tensor, length: int) -> torch.Tensor:
-    """``x`` (A, B, T) as its real FFT of ``length`` over time, frequencies first: (length // 2
-    + 1, A, B), contiguous, so that a batched matrix product sums over B at every frequency."""
+    """``x`` (A, B, T) as its real FFT, frequencies first (F, A, B), contiguous: a batched
+    matrix product sums over B at every frequency."""
     return torch.fft.rfft(x, n=length).permute(2, 0, 1).contiguous()
 
 
@@ -64,8 +62,6 @@ class FFTConv1d(torch.autograd.Function):
                       width - taps + 1)
         if bias is not None:
             out += bias[:, None]
-        # each gradient reads the other factor's spectrum: keep only what a gradient will need
-        # (a first layer's input needs none: the kernel's spectrum is not kept)
         ctx.save_for_backward(signal_f if ctx.needs_input_grad[1] else None,
                               kernel_f if ctx.needs_input_grad[0] else None)
         ctx.shape = (left, right, width, taps, length, bias is not None)
@@ -88,7 +84,4 @@ class FFTConv1d(torch.autograd.Function):
         return grad_signal, grad_kernel, grad_bias, None
 
 
-def conv1d(signal: torch.Tensor, kernel: torch.Tensor, bias: torch.Tensor | None,
-           padding: tuple[int, int]) -> torch.Tensor:
-    """``F.conv1d`` with (left, right) zero padding in the FFT form (check ``fits`` first)."""
-    return FFTConv1d.apply(signal, kernel, bias, padding)
+conv1d = FFTConv1d.apply  # (signal, kernel, bias, (left, right) padding): check ``fits`` first

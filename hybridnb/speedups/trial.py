@@ -1,13 +1,11 @@
-"""Timed trials: a knob off and on, interleaved, on the first batch, the model's state put back.
-
-Each state runs once untimed first (allocation, cuDNN autotuning, layout conversion), then one
-training step (forward + backward) per state and round, A B A B. ``state_kept`` puts weights,
-BatchNorm statistics, gradients and random-number streams back after.
+"""Timed trials: a knob off and on, interleaved (A B A B) after one untimed step of each
+(allocation, cuDNN autotuning, layout conversion), on the first batch, the model's state put back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from collections.abc import Callable, Iterator
 
@@ -36,9 +34,9 @@ def autocast(name: str, device: torch.device) -> contextlib.AbstractContextManag
 def race(toggle: Callable[[bool], str | None], model: nn.Module, inputs: tuple,
          device: torch.device, prec: str, budget: float, min_rounds: int | None = None
          ) -> float | str:
-    """Time one step with the knob off and on, interleaved, for about ``budget`` s: the gain
-    (off time / on time, fastest step of each), or why it was not measured (a step that
-    failed with the knob, or on the CPU a warm-up step too slow for ``min_rounds`` rounds)."""
+    """The knob's gain (off time / on time, fastest step of each) within about ``budget`` s, or
+    why it was not measured (a step failed, or on the CPU a warm-up step too slow for
+    ``min_rounds`` rounds)."""
     times = {False: [], True: []}
     if min_rounds is None:
         min_rounds = 2 if device.type == "cpu" else 1
@@ -91,9 +89,9 @@ def paired(step: Callable[[bool], float], budget: float, run_steps: int | None =
 
 def timed_step(toggle: Callable[[bool], str | None], state: bool, model: nn.Module,
                inputs: tuple, device: torch.device, prec: str) -> float:
-    """Seconds (synchronised) for one forward and a backward of the mean of the first output,
-    as the training step runs them, with the knob in ``state``; the gradients are dropped. A
-    toggle that returns a precision name runs the step in it, else in ``prec``."""
+    """Seconds (synchronised) for a forward and a backward of the mean of the first output, as
+    the training step runs them, with the knob in ``state`` (in the precision the toggle returns,
+    else ``prec``); the gradients are dropped."""
     precision = toggle(state) or prec
     synchronize(device)
     t0 = time.perf_counter()
@@ -102,36 +100,29 @@ def timed_step(toggle: Callable[[bool], str | None], state: bool, model: nn.Modu
     loss = first_tensor(out).float().mean()
     if loss.requires_grad:
         loss.backward()
-    for p in model.parameters():
-        p.grad = None
+    model.zero_grad()
     synchronize(device)
     return time.perf_counter() - t0
 
 
 @contextlib.contextmanager
 def state_kept(model: nn.Module, device: torch.device) -> Iterator[None]:
-    """Weights, buffers, gradients and RNG streams put back after measuring (gradients are
-    cleared for the trial)."""
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    """Weights, buffers, gradients and RNG streams put back after (gradients cleared during)."""
+    state = copy.deepcopy(model.state_dict())  # its metadata too: BatchNorm's version
     grads = [(p, None if p.grad is None else p.grad.detach().clone()) for p in model.parameters()]
     rng = rng_state(device)
-    for p in model.parameters():
-        p.grad = None
+    model.zero_grad()
     try:
         yield
     finally:
-        with torch.no_grad():
-            current = model.state_dict()
-            for k, v in state.items():
-                current[k].copy_(v)
+        model.load_state_dict(state)  # in place: the Parameters an optimizer holds stay
         for p, g in grads:
             p.grad = g
         set_rng_state(rng, device)
 
 
 def can_cap_memory() -> bool:
-    """Whether ``memory_cap`` can work here: Linux's /proc (``hybridnb.platform.proc()``), where
-    POSIX ``resource`` is there too."""
+    """Whether ``memory_cap`` can work here: Linux (its /proc), where POSIX ``resource`` is."""
     return bool(platform.proc())
 
 

@@ -103,7 +103,7 @@ def test_keys_pickle_deepcopy_and_undo():
     assert not any(hasattr(m, "link") for m in again.modules())
     twin = copy.deepcopy(model)  # stays fast, linked to its own modules
     assert chained_modules(twin) == ["1", "2", "3"]
-    assert twin[1].link.modules == (twin[1], twin[2], twin[3])
+    assert twin[1].link.originals == tuple(twin[i].original for i in (1, 2, 3))
     assert twin[1].weight is not model[1].weight and twin[1].weight is twin[1].original.weight
     before = model[2].running_mean.clone()
     twin.train()(x)
