@@ -1,11 +1,9 @@
-"""Checkpoint files: atomic writes, safe loads, and the fallback to the previous good file.
+"""Checkpoint files: atomic writes (``files.atomic_write``), safe loads, and the fallback to the
+previous good file.
 
 A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts, so it loads with
-``torch.load(weights_only=True)`` (no pickled code runs on load). Writes go to a temporary file
-in the same folder, are flushed and fsynced, then renamed over the old file: a crash or SIGKILL at
-any moment leaves either the old or the new file, never half of one. Before ``last.pt`` is
-replaced the old one is kept as ``last.prev.pt``, which ``read`` uses when ``last.pt`` is
-damaged.
+``torch.load(weights_only=True)`` (no pickled code runs on load). Before ``last.pt`` is replaced
+the old one is kept as ``last.prev.pt``, which ``read`` uses when ``last.pt`` is damaged.
 """
 
 from __future__ import annotations

@@ -92,21 +92,21 @@ class Loop:
                 continue
             learner.set_lr(learner.schedule.factor(state.global_step) * state.lr_scale)
             self.heartbeat.before_step(first=state.global_step == self.first_step)
-            outcome = placement.recovery.run(window)
-            if outcome.kind is Came.DEVICE_LOST:
-                saved.continue_on_cpu(self, outcome.detail)
+            came, loss, detail = placement.recovery.run(window)
+            if came is Came.DEVICE_LOST:
+                saved.continue_on_cpu(self, detail)
                 return True
-            if outcome.kind is Came.RESTORE:
+            if came is Came.RESTORE:
                 saved.after_bad_steps(self)
                 return True
             n = sum(batch_len(b) for b in window)
-            if outcome.kind is Came.OK:
-                state.acc.add(outcome.loss, n)
+            if came is Came.OK:
+                state.acc.add(loss, n)
             state.batches_done += len(window)
             state.global_step += 1
             window = []
             monitor.step_done(n)
-            loss, lr = math.nan if outcome.loss is None else outcome.loss, learner.lr()
+            loss, lr = math.nan if loss is None else loss, learner.lr()
             state.steps.append((state.global_step, state.epoch, loss, lr))
             self.bus.emit(self.progress.step_ended(state, self.settings.grad_accum, lr, loss))
             with monitor.paused():

@@ -3,8 +3,7 @@ learner and in-memory data placed on the device, measured speedups, and the trai
 the recovery object built for that device.
 
 The first device calls of a run happen here, in the process that trains (the isolated worker
-when there is one). After a lost device, ``continue_on_cpu`` moves everything to the CPU in fp32
-and nothing reads the device again.
+when there is one).
 """
 
 from __future__ import annotations
@@ -34,7 +33,6 @@ class Placement:
     """Device, precision, placement, speedups, and the step with its recovery."""
 
     def __init__(self, settings: Settings, learner: Learner, bus) -> None:
-        """``bus``: the run's (what it decided in place of the settings is said there)."""
         self.settings, self.learner, self.bus = settings, learner, bus
         self.strategy = setup.make_strategy(settings.strategy, torch.device(settings.device))
         self.compile = settings.compile if self.strategy.supports_compile else False

@@ -1,9 +1,8 @@
 """What happens when a step fails: out of memory, a broken device, a loss that explodes.
 
 ``Recovery`` runs a step and acts on its failures (Composer's ``_train_batch``: try, classify,
-agree across ranks, shrink, retry) with the policies below, and returns an ``Outcome`` the loop
-reads. Memory is freed *after* the ``except`` block: while the exception lives, its traceback
-pins the failed step's tensors. Sticky device errors raised as Python exceptions move the run to
+agree across ranks, shrink, retry). Memory is freed *after* the ``except`` block: while the
+exception lives, its traceback pins the failed step's tensors. Sticky device errors raised as Python exceptions move the run to
 the CPU; a device that aborts the process or a kernel that never returns needs
 ``Trainer(isolate=True)``.
 """
@@ -156,19 +155,9 @@ class Came(enum.Enum):
     DEVICE_LOST = "device_lost"
 
 
-@dataclass
-class Outcome:
-    """A step's ``Came``, its loss when applied, and ``detail`` naming the failure."""
-
-    kind: Came
-    loss: float | None = None
-    detail: str = ""
-
-
 def _trace(model: torch.nn.Module, device: torch.device):
     """A function putting back the buffers (BatchNorm running statistics) and RNG states of
-    now, before a step's first attempt, so a failed attempt that is re-run split leaves no
-    trace."""
+    now, so a failed attempt that is re-run split leaves no trace."""
     buffers, rng = [(b, b.detach().clone()) for b in model.buffers()], torch_rng_state(device)
 
     @torch.no_grad()
@@ -197,8 +186,9 @@ class Recovery:
         self.phase = "idle"
         self._bad_data, self._said_unguarded = 0, False
 
-    def run(self, window: list) -> Outcome:
-        """One optimizer step over ``window`` (the batches of one accumulation window)."""
+    def run(self, window: list) -> tuple[Came, float | None, str]:
+        """One optimizer step over ``window`` (the batches of one accumulation window): what it
+        came to, its loss when applied, and the device error when ``DEVICE_LOST``."""
         samples, device = sum(batch_len(b) for b in window), self.strategy.device
         untrace = _trace(self.model, device)
         on_cpu_batch = False
@@ -225,7 +215,7 @@ class Recovery:
             self.strategy.discard()
             if failure == "device_lost":  # marked lost as the loop moves the run to the CPU
                 gc.collect()
-                return Outcome(Came.DEVICE_LOST, detail=detail)
+                return Came.DEVICE_LOST, None, detail
             free_memory(device)
             untrace()
             on_cpu_batch = self._act(failure, detail, window, on_cpu_batch)
@@ -277,7 +267,7 @@ class Recovery:
                      "runs on the CPU, the next goes back to the GPU")
         return True
 
-    def _judge(self, loss: float | None, verdict: str, window: list) -> Outcome:
+    def _judge(self, loss: float | None, verdict: str, window: list) -> tuple:
         """A skipped step: name bad data, or cut the LR; after ``patience`` bad steps in a row
         the loop restores the last good state."""
         where = f"epoch {self.state.epoch}, step {self.state.global_step}"
@@ -291,7 +281,7 @@ class Recovery:
                              f"{f' ({bad})' if bad else ''} and loss_guard=False: the update was "
                              "applied, so the weights may now hold NaN. Pass loss_guard=True to "
                              "skip such steps (said once)")
-            return Outcome(Came.OK, loss)
+            return Came.OK, loss, ""
         bad = nonfinite_inputs(window) if verdict == "nonfinite" else None
         if self.strategy.agree(bad is not None):
             self.guard.streak = max(0, self.guard.streak - 1)  # the data, not the model
@@ -304,7 +294,7 @@ class Recovery:
                     "(e.g. keep = np.isfinite(y) & np.isfinite(X).reshape(len(X), -1).all(1))")
             self.bus.say("nonfinite_batch", f"non-finite loss at {where} from the batch itself "
                          f"({bad or 'on another rank'}): batch skipped, learning rate kept")
-            return Outcome(Came.SKIPPED, detail=bad or "")
+            return Came.SKIPPED, None, ""
         self._bad_data = 0
         self.state.lr_scale *= self.guard.lr_cut
         what = "non-finite loss or gradient" if verdict == "nonfinite" else \
@@ -312,4 +302,4 @@ class Recovery:
         self.bus.say("nonfinite_loss" if verdict == "nonfinite" else "loss_spike",
                      f"{what}: step skipped, learning rate x{self.guard.lr_cut} (now "
                      f"{self.state.lr_scale:.3g} of the schedule)")
-        return Outcome(Came.RESTORE if self.guard.exhausted else Came.SKIPPED, detail=what)
+        return Came.RESTORE if self.guard.exhausted else Came.SKIPPED, None, ""

@@ -47,14 +47,6 @@ def _try_lock(fd: int) -> bool:
     return True
 
 
-def _unlock(fd: int) -> None:
-    if fcntl is not None:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    else:
-        os.lseek(fd, _WINDOWS_BYTE, os.SEEK_SET)
-        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
-
-
 def _read(fd: int) -> str:
     """The holder the file names ('' when empty), as ``RunLock.acquire`` wrote it."""
     os.lseek(fd, 0, os.SEEK_SET)
@@ -111,5 +103,9 @@ class RunLock:
             return
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)
-            _unlock(fd)
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            else:
+                os.lseek(fd, _WINDOWS_BYTE, os.SEEK_SET)
+                msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
         os.close(fd)

@@ -3,9 +3,6 @@
 A full state is the learner's states (weights, optimizer, schedule, EMA, guard), the scaler, the
 run state's ``SAVED`` fields (state.py), every RNG (the train loader's generator included) and the
 config it ran with: plain CPU data that loads with ``torch.load(weights_only=True)``.
-``after_bad_steps``, ``continue_on_cpu`` and ``after_interrupt`` are what a fit does when it must
-go back to its last good state: after ``patience`` bad steps, a lost device, or a Ctrl-C during
-the optimizer update.
 """
 
 from __future__ import annotations

@@ -106,7 +106,6 @@ class RunState:
                    plan=carry.plan if carry is not None else Plan(0, 0, 0, 0))
 
     def end_epoch(self) -> None:
-        """Move to the next epoch: position and accumulators reset."""
         self.epoch += 1
         self.batches_done = 0
         self.acc = EpochTotals()

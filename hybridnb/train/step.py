@@ -43,9 +43,10 @@ class TrainStep:
         # decided once: who runs backward, who runs the update, whether the norm is read
         if loss_scale is not None:
             self._backward = lambda loss, last: (loss * loss_scale()).backward()
+        elif self.strategy.owns_update:
+            self._backward = self.strategy.backward
         else:
-            self._backward = (self.strategy.backward if self.strategy.owns_update
-                              else self._scaled_backward)
+            self._backward = lambda loss, last: self.scaler.scale(loss).backward()
         self.update = self._engine_update if self.strategy.owns_update else self._optimizer_update
         self._read_norm = not self.scaler.is_enabled()  # a GradScaler skips inf steps itself
 
@@ -72,9 +73,6 @@ class TrainStep:
                 self._backward(loss * share if share != 1.0 else loss, last)
             total = total + loss.detach()
         return total
-
-    def _scaled_backward(self, loss: torch.Tensor, last: bool) -> None:
-        self.scaler.scale(loss).backward()
 
     def _optimizer_update(self, total: torch.Tensor, read: bool = True) -> tuple:
         """Unscale, clip, judge the loss, step (when judged fine), update the scaler, clear.

@@ -428,7 +428,7 @@ def test_a_failed_attempt_leaves_no_trace_in_batch_norm_statistics_or_the_rng():
         rec = recovery.Recovery(step, model=model, on_gpu_error="recover", guard=None,
                                 state=RunState(micro=micro), bus=bus)
         x, y = data(32)
-        assert rec.run([(x, y)]).kind is recovery.Came.OK
+        assert rec.run([(x, y)])[0] is recovery.Came.OK
         return events, torch.rand(3)  # the RNG's position after the step
 
     failed = BnNet(fail_first=True)
