@@ -72,8 +72,7 @@ def _refers_to_modules(value: Any) -> bool:
 
 
 class Fingerprint:
-    """The fingerprint of ``model``'s state outside the state dict, taken now (in the worker,
-    as the job arrives); ``changes()`` compares against it later."""
+    """``model``'s state outside the state dict as it is now; ``changes()`` compares with it."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model, self.modules = model, list(model.named_modules(remove_duplicate=True))

@@ -30,8 +30,6 @@ COMPILE_S = {"cpu": (10.0, 1.5), "cuda": (5.0, 0.7)}
 
 
 class Placement:
-    """Device, precision, placement, speedups, and the step with its recovery."""
-
     def __init__(self, settings: Settings, learner: Learner, bus) -> None:
         self.settings, self.learner, self.bus = settings, learner, bus
         self.strategy = setup.make_strategy(settings.strategy, torch.device(settings.device))
@@ -82,7 +80,14 @@ class Placement:
         if self.device.type == "cpu" and self.settings.speedups == "auto" and \
                 not speedups.cpu_candidate(model):
             return
-        x = example_batch(train_loader, batch_size)[0]  # on the device, cast as BatchCheck does
+        # the first samples, on the device and cast as BatchCheck does (no draw from a generator)
+        if isinstance(train_loader, IndexedBatches):
+            x = train_loader.tensors[0][:batch_size]
+        elif is_stream(train_loader.dataset):  # no indexing: a fresh pass's first batch
+            x = next(iter(train_loader))[0]
+        else:
+            data = train_loader.dataset
+            x = default_collate([data[i] for i in range(min(batch_size, len(data)))])[0]
         x = x.to(self.device, self.learner.dtype if x.is_floating_point() else x.dtype)
         asked = "auto" if self.settings.precision == "auto" else self.precision
         applied = speedups.apply_speedups(model, x, self.device, precision=asked, steps=steps)
@@ -175,19 +180,8 @@ class Placement:
         self._placed_on = None
 
 
-def example_batch(loader, n: int) -> tuple:
-    """The first ``n`` samples of a loader's data, without drawing from its generator."""
-    if isinstance(loader, IndexedBatches):
-        return tuple(t[:n] for t in loader.tensors)
-    data = loader.dataset
-    if is_stream(data):  # no indexing: the first batch of a fresh pass over the stream
-        return tuple(next(iter(loader)))
-    return tuple(default_collate([data[i] for i in range(min(n, len(data)))]))
-
-
 def compile_estimate_s(model: torch.nn.Module, device: torch.device | str) -> float:
-    """A rough scale for compiling ``model``'s first step on ``device`` (``COMPILE_S``: a base
-    plus a cost per layer)."""
+    """A rough scale for compiling ``model``'s first step on ``device`` (``COMPILE_S``)."""
     base, per_layer = COMPILE_S.get(torch.device(device).type, COMPILE_S["cuda"])
     layers = sum(1 for m in model.modules() if not any(True for _ in m.children()))
     return base + per_layer * layers

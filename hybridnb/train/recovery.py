@@ -2,16 +2,15 @@
 
 ``Recovery`` runs a step and acts on its failures (Composer's ``_train_batch``: try, classify,
 agree across ranks, shrink, retry). Memory is freed *after* the ``except`` block: while the
-exception lives, its traceback pins the failed step's tensors. Sticky device errors raised as Python exceptions move the run to
-the CPU; a device that aborts the process or a kernel that never returns needs
-``Trainer(isolate=True)``.
+exception lives, its traceback pins the failed step's tensors. Sticky device errors raised as
+Python exceptions move the run to the CPU; a device that aborts the process or a kernel that
+never returns needs ``Trainer(isolate=True)``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import enum
 import functools
 import gc
 import math
@@ -39,11 +38,9 @@ def micro_batches(window: list, size: int | None) -> Iterator[tuple]:
             yield x[start:stop], y[start:stop], (stop - start) / total
 
 
-def halved(window: list, size: int | None) -> int | None:
-    """The micro-batch size after an OOM at ``size`` (None: whole batches); None when even one
-    sample per micro-batch failed."""
-    current = size or max(batch_len(b) for b in window)
-    return None if current <= 1 else math.ceil(current / 2)
+def halved(size: int) -> int | None:
+    """The micro-batch size after an OOM at ``size``; None when even one sample failed."""
+    return None if size <= 1 else math.ceil(size / 2)
 
 
 @contextlib.contextmanager
@@ -144,17 +141,6 @@ def nonfinite_inputs(window: list) -> str | None:
     return "; ".join(found) or None
 
 
-class Came(enum.Enum):
-    """What one optimizer step came to: applied (``OK``), dropped for a bad loss (``SKIPPED``),
-    too many bad steps in a row (``RESTORE``: the loop goes back to the last good state), or a
-    sticky device error (``DEVICE_LOST``: the loop moves the run to the CPU)."""
-
-    OK = "ok"
-    SKIPPED = "skipped"
-    RESTORE = "restore"
-    DEVICE_LOST = "device_lost"
-
-
 def _trace(model: torch.nn.Module, device: torch.device):
     """A function putting back the buffers (BatchNorm running statistics) and RNG states of
     now, so a failed attempt that is re-run split leaves no trace."""
@@ -169,9 +155,8 @@ def _trace(model: torch.nn.Module, device: torch.device):
 
 
 class Recovery:
-    """Runs one optimizer step over a window of batches and recovers from its failures (the
-    module's docstring says how). ``eager`` and ``cpu_batch_step`` build the fallback steps
-    (once); ``updating`` holds Ctrl-C back during the optimizer update."""
+    """``eager`` and ``cpu_batch_step`` build the fallback steps (once); ``updating`` holds Ctrl-C
+    back during the optimizer update."""
 
     def __init__(self, step, *, model: torch.nn.Module, on_gpu_error: str,
                  guard: LossGuard | None, state, bus,
@@ -186,9 +171,11 @@ class Recovery:
         self.phase = "idle"
         self._bad_data, self._said_unguarded = 0, False
 
-    def run(self, window: list) -> tuple[Came, float | None, str]:
+    def run(self, window: list) -> tuple[str, float | None, str]:
         """One optimizer step over ``window`` (the batches of one accumulation window): what it
-        came to, its loss when applied, and the device error when ``DEVICE_LOST``."""
+        came to, its loss when applied, and the device error. It came to "ok" (applied),
+        "skipped" (a bad loss), "restore" (too many bad steps in a row: the loop goes back to
+        the last good state) or "device_lost" (sticky: the loop moves the run to the CPU)."""
         samples, device = sum(batch_len(b) for b in window), self.strategy.device
         untrace = _trace(self.model, device)
         on_cpu_batch = False
@@ -215,7 +202,7 @@ class Recovery:
             self.strategy.discard()
             if failure == "device_lost":  # marked lost as the loop moves the run to the CPU
                 gc.collect()
-                return Came.DEVICE_LOST, None, detail
+                return "device_lost", None, detail
             free_memory(device)
             untrace()
             on_cpu_batch = self._act(failure, detail, window, on_cpu_batch)
@@ -251,7 +238,7 @@ class Recovery:
             return on_cpu_batch
         device = self.strategy.device
         size_before = self.state.micro or max(batch_len(b) for b in window)
-        new = halved(window, self.state.micro)
+        new = halved(size_before)
         if new is not None:
             self.state.micro = new
             self.bus.say("oom_split", f"out of memory at micro-batch {size_before} on {device} "
@@ -273,15 +260,14 @@ class Recovery:
         where = f"epoch {self.state.epoch}, step {self.state.global_step}"
         if verdict == "ok":
             self._bad_data = 0
-            if self.guard is None and loss is not None and not math.isfinite(loss) \
-                    and not self._said_unguarded:
+            if self.guard is None and not math.isfinite(loss) and not self._said_unguarded:
                 self._said_unguarded = True
                 bad = nonfinite_inputs(window)
                 self.bus.say("nonfinite_loss", f"non-finite loss at {where}"
                              f"{f' ({bad})' if bad else ''} and loss_guard=False: the update was "
                              "applied, so the weights may now hold NaN. Pass loss_guard=True to "
                              "skip such steps (said once)")
-            return Came.OK, loss, ""
+            return "ok", loss, ""
         bad = nonfinite_inputs(window) if verdict == "nonfinite" else None
         if self.strategy.agree(bad is not None):
             self.guard.streak = max(0, self.guard.streak - 1)  # the data, not the model
@@ -294,7 +280,7 @@ class Recovery:
                     "(e.g. keep = np.isfinite(y) & np.isfinite(X).reshape(len(X), -1).all(1))")
             self.bus.say("nonfinite_batch", f"non-finite loss at {where} from the batch itself "
                          f"({bad or 'on another rank'}): batch skipped, learning rate kept")
-            return Came.SKIPPED, None, ""
+            return "skipped", None, ""
         self._bad_data = 0
         self.state.lr_scale *= self.guard.lr_cut
         what = "non-finite loss or gradient" if verdict == "nonfinite" else \
@@ -302,4 +288,4 @@ class Recovery:
         self.bus.say("nonfinite_loss" if verdict == "nonfinite" else "loss_spike",
                      f"{what}: step skipped, learning rate x{self.guard.lr_cut} (now "
                      f"{self.state.lr_scale:.3g} of the schedule)")
-        return Came.RESTORE if self.guard.exhausted else Came.SKIPPED, None, ""
+        return "restore" if self.guard.exhausted else "skipped", None, ""

@@ -29,8 +29,7 @@ def state_dict(loop) -> dict:
 
 
 def restore(loop, state: dict, events: bool = False) -> None:
-    """Weights, optimizer, schedule, scaler, EMA, guard and the run state (its events only
-    with ``events``)."""
+    """``state`` loaded into every part of the run (its events only with ``events``)."""
     run, learner, placement = loop.state, loop.learner, loop.placement
     learner.load_state_dict(state, placement.strategy)
     if placement.precision.scaler.is_enabled() and state["scaler"]:
