@@ -169,8 +169,7 @@ class Placement:
                          params=learner.params, loss_scale=self.precision.scaler.get_scale)
 
     def continue_on_cpu(self, loaders) -> None:
-        """The device is lost: it is never used again in this process, and what follows runs
-        on the CPU in fp32 (no pinned memory, no compile); ``loaders``: the Loop's."""
+        """The device is lost for good: the rest runs on the CPU in fp32 (``loaders``: Loop's)."""
         failures.mark_lost(self.device)
         leave_device(loaders.opened)
         loaders.kwargs["pin_memory"] = False
@@ -209,17 +208,14 @@ def say_compiling(compiled: torch.nn.Module, model: torch.nn.Module, device: tor
     post = compiled.register_forward_hook(after)
 
 
+def _no_cuda_home_line(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("No CUDA runtime is found")
+
+
 def quiet_cuda_home_warning() -> None:
     """Import ``torch.utils.cpp_extension`` (TorchInductor's CPU builder imports it when it first
     compiles) without its one-time "No CUDA runtime is found, using CUDA_HOME=...": noise for a
-    CPU compile on a machine with a CUDA toolkit but no GPU. Other messages of that logger pass."""
-    logger = logging.getLogger("torch.utils.cpp_extension")
-
-    def drop(record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("No CUDA runtime is found")
-
-    logger.addFilter(drop)
-    try:
-        import torch.utils.cpp_extension  # noqa: F401 — the warning is said at import
-    finally:
-        logger.removeFilter(drop)
+    CPU compile on a machine with a CUDA toolkit but no GPU. Other messages of that logger pass
+    (the filter stays: one function, added once)."""
+    logging.getLogger("torch.utils.cpp_extension").addFilter(_no_cuda_home_line)
+    import torch.utils.cpp_extension  # noqa: F401 — the warning is said at import

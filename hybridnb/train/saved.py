@@ -83,8 +83,7 @@ def finish(loop, failed: bool) -> None:
     loop.bus.emit(Ended({**summary, "failed": failed}))
 
 
-# Going back to the last good state (``checkpoints.snapshot``) during one fit; ``loop.restores``
-# counts the restores to each step (a bounded number, then a clear error).
+# Going back to the last good state (``checkpoints.snapshot``) during one fit.
 
 
 def continue_on_cpu(loop, detail: str) -> None:
