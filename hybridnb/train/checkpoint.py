@@ -243,8 +243,7 @@ class Checkpoints:
 
 def _step_of(path: Path) -> str:
     """The global step a checkpoint on disk holds ('?' when it cannot be read)."""
-    try:
+    with contextlib.suppress(CheckpointError):
         state = load(path)
         return str(state.get("global_step", state.get("position", {}).get("global_step", "?")))
-    except CheckpointError:
-        return "?"
+    return "?"

@@ -110,11 +110,9 @@ class Placement:
     def facts(self) -> dict:
         """What this process decided and measured (an isolated worker sends it with its final
         state, so the kernel's Trainer reports what the run really used)."""
-        applied = self.applied_speedups
-        if applied is not None:  # its undo closures stay in the worker
-            applied = applied.portable()
-        return {"precision": self.precision.name, "applied_speedups": applied,
-                "flops_per_sample": self.flops_per_sample}
+        applied = self.applied_speedups  # portable: its undo closures stay in the worker
+        return {"precision": self.precision.name, "flops_per_sample": self.flops_per_sample,
+                "applied_speedups": None if applied is None else applied.portable()}
 
     def adopt(self, facts: dict) -> bool:
         """Take what the isolated worker decided (``facts()``); True when the precision changed

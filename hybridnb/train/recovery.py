@@ -115,10 +115,6 @@ class LossGuard:
         """A new run: no running mean, no streak."""
         self.mean, self.good, self.streak = 0.0, 0, 0
 
-    @property
-    def exhausted(self) -> bool:
-        return self.streak >= self.patience
-
     def state_dict(self) -> dict:
         return {"mean": float(self.mean), "good": int(self.good), "streak": int(self.streak)}
 
@@ -139,19 +135,6 @@ def nonfinite_inputs(window: list) -> str | None:
                 what = " and ".join(f"{k} {v}" for k, v in (("NaN", nan), ("Inf", inf)) if v)
                 found.append(f"{name}: {what} of {t.numel()} values")
     return "; ".join(found) or None
-
-
-def _trace(model: torch.nn.Module, device: torch.device):
-    """A function putting back the buffers (BatchNorm running statistics) and RNG states of
-    now, so a failed attempt that is re-run split leaves no trace."""
-    buffers, rng = [(b, b.detach().clone()) for b in model.buffers()], torch_rng_state(device)
-
-    @torch.no_grad()
-    def restore() -> None:
-        for live, saved in buffers:
-            live.copy_(saved)
-        set_torch_rng_state(rng, device)
-    return restore
 
 
 class Recovery:
@@ -177,7 +160,10 @@ class Recovery:
         "skipped" (a bad loss), "restore" (too many bad steps in a row: the loop goes back to
         the last good state) or "device_lost" (sticky: the loop moves the run to the CPU)."""
         samples, device = sum(batch_len(b) for b in window), self.strategy.device
-        untrace = _trace(self.model, device)
+        # the buffers (BatchNorm statistics) and RNG states of now: put back after a failed
+        # attempt, so one re-run split leaves no trace
+        buffers = [(b, b.detach().clone()) for b in self.model.buffers()]
+        rng = torch_rng_state(device)
         on_cpu_batch = False
         while True:
             step = self._cpu() if on_cpu_batch else self.step
@@ -204,7 +190,10 @@ class Recovery:
                 gc.collect()
                 return "device_lost", None, detail
             free_memory(device)
-            untrace()
+            with torch.no_grad():
+                for live, before in buffers:
+                    live.copy_(before)
+            set_torch_rng_state(rng, device)
             on_cpu_batch = self._act(failure, detail, window, on_cpu_batch)
         return self._judge(loss, verdict, window)
 
@@ -288,4 +277,4 @@ class Recovery:
         self.bus.say("nonfinite_loss" if verdict == "nonfinite" else "loss_spike",
                      f"{what}: step skipped, learning rate x{self.guard.lr_cut} (now "
                      f"{self.state.lr_scale:.3g} of the schedule)")
-        return "restore" if self.guard.exhausted else "skipped", None, ""
+        return "restore" if self.guard.streak >= self.guard.patience else "skipped", None, ""
