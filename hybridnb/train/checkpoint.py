@@ -1,11 +1,9 @@
-"""Checkpoint files: atomic writes, safe loads, and the fallback to the previous good file.
+"""Checkpoint files: atomic writes (``files.atomic_write``), safe loads, and the fallback to the
+previous good file.
 
 A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts, so it loads with
-``torch.load(weights_only=True)`` (no pickled code runs on load). Writes go to a temporary file
-in the same folder, are flushed and fsynced, then renamed over the old file: a crash or SIGKILL at
-any moment leaves either the old or the new file, never half of one. Before ``last.pt`` is
-replaced the old one is kept as ``last.prev.pt``, which ``read`` uses when ``last.pt`` is
-damaged.
+``torch.load(weights_only=True)`` (no pickled code runs on load). Before ``last.pt`` is replaced
+the old one is kept as ``last.prev.pt``, which ``read`` uses when ``last.pt`` is damaged.
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ import contextlib
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -187,8 +185,7 @@ class Checkpoints:
             self._write({"kind": "best", **record}, BEST)
 
     def _write(self, state: dict, name: str) -> None:
-        """A failed write (full disk, read-only folder) is said once and the run goes on from
-        memory, the file on disk left as it was (``storage.StorageGuard``)."""
+        """A failed write does not end the run (``storage.StorageGuard``)."""
         path = self.folder / name
         try:
             save(state, path, keep_previous=name == LAST)
@@ -202,19 +199,15 @@ class Checkpoints:
             return
         self.storage.worked(path)
 
-    @contextlib.contextmanager
-    def claimed(self) -> Iterator[None]:
+    def claimed(self) -> contextlib.ExitStack:
         """A fit holds ``folder`` for its whole length (rank 0): another live run there is
         refused before its first step, a dead process's lock taken over and said (run_lock.py)."""
-        if self.folder is None or not self.is_main:
-            yield
-            return
-        lock = RunLock(self.folder)
-        lock.acquire(self.bus)
-        try:
-            yield
-        finally:
-            lock.release()
+        held = contextlib.ExitStack()
+        if self.folder is not None and self.is_main:
+            lock = RunLock(self.folder)
+            lock.acquire(self.bus)
+            held.callback(lock.release)
+        return held
 
     def set_aside(self) -> Path | None:
         """A fresh run: an earlier run's files move aside (``set_aside``)."""
@@ -250,8 +243,7 @@ class Checkpoints:
 
 def _step_of(path: Path) -> str:
     """The global step a checkpoint on disk holds ('?' when it cannot be read)."""
-    try:
+    with contextlib.suppress(CheckpointError):
         state = load(path)
         return str(state.get("global_step", state.get("position", {}).get("global_step", "?")))
-    except CheckpointError:
-        return "?"
+    return "?"

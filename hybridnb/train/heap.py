@@ -4,9 +4,7 @@ Building the optimizer imports ``torch._dynamo`` the first time (about 100k new 
 makes CPython's collector run full passes over every object of the process (about 430k with
 torch, braindecode and mne). Measured on a 2-core AMD EPYC (``bench/bench_peers.py``'s work):
 two passes, 0.39 s; with the heap frozen the Trainer's fit went from 1.88 s to 1.50 s (a hand
-loop: 1.53 s). ``frozen_heap()`` freezes what existed before (``gc.freeze``) for the block and
-unfreezes it after, however it ends; a process that froze its heap itself or turned the
-collector off is left as it was.
+loop: 1.53 s).
 """
 
 from __future__ import annotations
@@ -18,7 +16,8 @@ from collections.abc import Iterator
 
 @contextlib.contextmanager
 def frozen_heap() -> Iterator[bool]:
-    """Freeze the current heap for the block (yields whether it did); unfreeze after it."""
+    """Freeze the current heap (``gc.freeze``) for the block, however it ends; yields whether it
+    did (not in a process that froze its heap itself or turned the collector off)."""
     mine = gc.isenabled() and gc.get_freeze_count() == 0
     if mine:
         gc.freeze()

@@ -17,7 +17,6 @@ from hybridnb.train.bus import Bus
 from hybridnb.train.data import epoch_batches
 from hybridnb.train.interrupt import STOP_WORDS, agreed_stop, stop_asked
 from hybridnb.train.opening import Loaders
-from hybridnb.train.recovery import Came
 from hybridnb.train.settings import Settings
 from hybridnb.train.state import RunState, Stop
 
@@ -75,8 +74,7 @@ class Loop:
     def _epoch(self, loader, val_loader) -> bool:
         """One epoch from the current position; True when it went back to the last good state
         (a lost device, bad steps), to run again."""
-        state, learner, placement, plan = self.state, self.learner, self.placement, \
-            self.state.plan
+        state, learner, placement = self.state, self.learner, self.placement
         learner.start_epoch(state.epoch)
         if state.batches_done == 0:
             reset_peak(placement.device)
@@ -85,28 +83,28 @@ class Loop:
         window = []
         batches = monitor.batches(epoch_batches(loader, state, self.bus))
         for i, batch in enumerate(batches, start=state.batches_done):
-            if i >= plan.batches_per_epoch:
+            if i >= state.plan.batches_per_epoch:
                 break
             window.append(self.batch_check(batch))
-            if len(window) < self.settings.grad_accum and i + 1 < plan.batches_per_epoch:
+            if len(window) < self.settings.grad_accum and i + 1 < state.plan.batches_per_epoch:
                 continue
             learner.set_lr(learner.schedule.factor(state.global_step) * state.lr_scale)
             self.heartbeat.before_step(first=state.global_step == self.first_step)
-            outcome = placement.recovery.run(window)
-            if outcome.kind is Came.DEVICE_LOST:
-                saved.continue_on_cpu(self, outcome.detail)
+            came, loss, detail = placement.recovery.run(window)
+            if came == "device_lost":
+                saved.continue_on_cpu(self, detail)
                 return True
-            if outcome.kind is Came.RESTORE:
+            if came == "restore":
                 saved.after_bad_steps(self)
                 return True
             n = sum(batch_len(b) for b in window)
-            if outcome.kind is Came.OK:
-                state.acc.add(outcome.loss, n)
+            if came == "ok":
+                state.acc.add(loss, n)
             state.batches_done += len(window)
             state.global_step += 1
             window = []
             monitor.step_done(n)
-            loss, lr = math.nan if outcome.loss is None else outcome.loss, learner.lr()
+            loss, lr = math.nan if loss is None else loss, learner.lr()
             state.steps.append((state.global_step, state.epoch, loss, lr))
             self.bus.emit(self.progress.step_ended(state, self.settings.grad_accum, lr, loss))
             with monitor.paused():

@@ -20,6 +20,8 @@ import cloudpickle
 import torch
 from torch import nn
 
+from hybridnb.processes.channel import _TensorPickler
+
 # nn.Module's own bookkeeping in every module's __dict__ (hooks, parameter/buffer/module dicts)
 _INTERNAL = frozenset(k for k in nn.Module().__dict__ if k != "training") | {
     "_compiled_call_impl", "_version"}
@@ -44,18 +46,11 @@ class _TensorBytes(cloudpickle.Pickler):
         return None
 
 
-class _Sendable(pickle.Pickler):
-    """Plain pickle, the way the channel sends a result (tensors travel beside it)."""
-
-    def persistent_id(self, obj: Any):
-        return "tensor" if isinstance(obj, torch.Tensor) else None
-
-
 def _pickled(pickler: type[pickle.Pickler], value: Any) -> bytes | BaseException:
     """``value`` pickled, or the error pickling it raised (it cannot be compared or sent)."""
     sink = io.BytesIO()
     try:
-        pickler(sink, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+        pickler(sink).dump(value)
     except Exception as exc:  # noqa: BLE001 - any failure: said as the reason
         return exc
     return sink.getvalue()
@@ -77,8 +72,7 @@ def _refers_to_modules(value: Any) -> bool:
 
 
 class Fingerprint:
-    """The fingerprint of ``model``'s state outside the state dict, taken now (in the worker,
-    as the job arrives); ``changes()`` compares against it later."""
+    """``model``'s state outside the state dict as it is now; ``changes()`` compares with it."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model, self.modules = model, list(model.named_modules(remove_duplicate=True))
@@ -113,7 +107,7 @@ class Fingerprint:
                 continue
             if isinstance(now, BaseException) and isinstance(was, BaseException):
                 continue  # could not be compared before either: it came as it is
-            why = _pickled(_Sendable, value) if isinstance(now, str) else now
+            why = _pickled(_TensorPickler, value) if isinstance(now, str) else now  # as sent
             if isinstance(why, BaseException):
                 unsendable[_path(key[0], key[1])] = f"{type(value).__name__}: {why}"
                 continue

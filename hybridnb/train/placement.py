@@ -3,8 +3,7 @@ learner and in-memory data placed on the device, measured speedups, and the trai
 the recovery object built for that device.
 
 The first device calls of a run happen here, in the process that trains (the isolated worker
-when there is one). After a lost device, ``continue_on_cpu`` moves everything to the CPU in fp32
-and nothing reads the device again.
+when there is one).
 """
 
 from __future__ import annotations
@@ -31,10 +30,7 @@ COMPILE_S = {"cpu": (10.0, 1.5), "cuda": (5.0, 0.7)}
 
 
 class Placement:
-    """Device, precision, placement, speedups, and the step with its recovery."""
-
     def __init__(self, settings: Settings, learner: Learner, bus) -> None:
-        """``bus``: the run's (what it decided in place of the settings is said there)."""
         self.settings, self.learner, self.bus = settings, learner, bus
         self.strategy = setup.make_strategy(settings.strategy, torch.device(settings.device))
         self.compile = settings.compile if self.strategy.supports_compile else False
@@ -84,7 +80,14 @@ class Placement:
         if self.device.type == "cpu" and self.settings.speedups == "auto" and \
                 not speedups.cpu_candidate(model):
             return
-        x = example_batch(train_loader, batch_size)[0]  # on the device, cast as BatchCheck does
+        # the first samples, on the device and cast as BatchCheck does (no draw from a generator)
+        if isinstance(train_loader, IndexedBatches):
+            x = train_loader.tensors[0][:batch_size]
+        elif is_stream(train_loader.dataset):  # no indexing: a fresh pass's first batch
+            x = next(iter(train_loader))[0]
+        else:
+            data = train_loader.dataset
+            x = default_collate([data[i] for i in range(min(batch_size, len(data)))])[0]
         x = x.to(self.device, self.learner.dtype if x.is_floating_point() else x.dtype)
         asked = "auto" if self.settings.precision == "auto" else self.precision
         applied = speedups.apply_speedups(model, x, self.device, precision=asked, steps=steps)
@@ -107,11 +110,9 @@ class Placement:
     def facts(self) -> dict:
         """What this process decided and measured (an isolated worker sends it with its final
         state, so the kernel's Trainer reports what the run really used)."""
-        applied = self.applied_speedups
-        if applied is not None:  # its undo closures stay in the worker
-            applied = applied.portable()
-        return {"precision": self.precision.name, "applied_speedups": applied,
-                "flops_per_sample": self.flops_per_sample}
+        applied = self.applied_speedups  # portable: its undo closures stay in the worker
+        return {"precision": self.precision.name, "flops_per_sample": self.flops_per_sample,
+                "applied_speedups": None if applied is None else applied.portable()}
 
     def adopt(self, facts: dict) -> bool:
         """Take what the isolated worker decided (``facts()``); True when the precision changed
@@ -166,8 +167,7 @@ class Placement:
                          params=learner.params, loss_scale=self.precision.scaler.get_scale)
 
     def continue_on_cpu(self, loaders) -> None:
-        """The device is lost: it is never used again in this process, and what follows runs
-        on the CPU in fp32 (no pinned memory, no compile); ``loaders``: the Loop's."""
+        """The device is lost for good: the rest runs on the CPU in fp32 (``loaders``: Loop's)."""
         failures.mark_lost(self.device)
         leave_device(loaders.opened)
         loaders.kwargs["pin_memory"] = False
@@ -177,19 +177,8 @@ class Placement:
         self._placed_on = None
 
 
-def example_batch(loader, n: int) -> tuple:
-    """The first ``n`` samples of a loader's data, without drawing from its generator."""
-    if isinstance(loader, IndexedBatches):
-        return tuple(t[:n] for t in loader.tensors)
-    data = loader.dataset
-    if is_stream(data):  # no indexing: the first batch of a fresh pass over the stream
-        return tuple(next(iter(loader)))
-    return tuple(default_collate([data[i] for i in range(min(n, len(data)))]))
-
-
 def compile_estimate_s(model: torch.nn.Module, device: torch.device | str) -> float:
-    """A rough scale for compiling ``model``'s first step on ``device`` (``COMPILE_S``: a base
-    plus a cost per layer)."""
+    """A rough scale for compiling ``model``'s first step on ``device`` (``COMPILE_S``)."""
     base, per_layer = COMPILE_S.get(torch.device(device).type, COMPILE_S["cuda"])
     layers = sum(1 for m in model.modules() if not any(True for _ in m.children()))
     return base + per_layer * layers
@@ -217,17 +206,14 @@ def say_compiling(compiled: torch.nn.Module, model: torch.nn.Module, device: tor
     post = compiled.register_forward_hook(after)
 
 
+def _no_cuda_home_line(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("No CUDA runtime is found")
+
+
 def quiet_cuda_home_warning() -> None:
     """Import ``torch.utils.cpp_extension`` (TorchInductor's CPU builder imports it when it first
     compiles) without its one-time "No CUDA runtime is found, using CUDA_HOME=...": noise for a
-    CPU compile on a machine with a CUDA toolkit but no GPU. Other messages of that logger pass."""
-    logger = logging.getLogger("torch.utils.cpp_extension")
-
-    def drop(record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("No CUDA runtime is found")
-
-    logger.addFilter(drop)
-    try:
-        import torch.utils.cpp_extension  # noqa: F401 — the warning is said at import
-    finally:
-        logger.removeFilter(drop)
+    CPU compile on a machine with a CUDA toolkit but no GPU. Other messages of that logger pass
+    (the filter stays: one function, added once)."""
+    logging.getLogger("torch.utils.cpp_extension").addFilter(_no_cuda_home_line)
+    import torch.utils.cpp_extension  # noqa: F401 — the warning is said at import

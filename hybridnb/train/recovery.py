@@ -1,18 +1,16 @@
 """What happens when a step fails: out of memory, a broken device, a loss that explodes.
 
 ``Recovery`` runs a step and acts on its failures (Composer's ``_train_batch``: try, classify,
-agree across ranks, shrink, retry) with the policies below, and returns an ``Outcome`` the loop
-reads. Memory is freed *after* the ``except`` block: while the exception lives, its traceback
-pins the failed step's tensors. Sticky device errors raised as Python exceptions move the run to
-the CPU; a device that aborts the process or a kernel that never returns needs
-``Trainer(isolate=True)``.
+agree across ranks, shrink, retry). Memory is freed *after* the ``except`` block: while the
+exception lives, its traceback pins the failed step's tensors. Sticky device errors raised as
+Python exceptions move the run to the CPU; a device that aborts the process or a kernel that
+never returns needs ``Trainer(isolate=True)``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import enum
 import functools
 import gc
 import math
@@ -40,11 +38,9 @@ def micro_batches(window: list, size: int | None) -> Iterator[tuple]:
             yield x[start:stop], y[start:stop], (stop - start) / total
 
 
-def halved(window: list, size: int | None) -> int | None:
-    """The micro-batch size after an OOM at ``size`` (None: whole batches); None when even one
-    sample per micro-batch failed."""
-    current = size or max(batch_len(b) for b in window)
-    return None if current <= 1 else math.ceil(current / 2)
+def halved(size: int) -> int | None:
+    """The micro-batch size after an OOM at ``size``; None when even one sample failed."""
+    return None if size <= 1 else math.ceil(size / 2)
 
 
 @contextlib.contextmanager
@@ -119,10 +115,6 @@ class LossGuard:
         """A new run: no running mean, no streak."""
         self.mean, self.good, self.streak = 0.0, 0, 0
 
-    @property
-    def exhausted(self) -> bool:
-        return self.streak >= self.patience
-
     def state_dict(self) -> dict:
         return {"mean": float(self.mean), "good": int(self.good), "streak": int(self.streak)}
 
@@ -145,44 +137,9 @@ def nonfinite_inputs(window: list) -> str | None:
     return "; ".join(found) or None
 
 
-class Came(enum.Enum):
-    """What one optimizer step came to: applied (``OK``), dropped for a bad loss (``SKIPPED``),
-    too many bad steps in a row (``RESTORE``: the loop goes back to the last good state), or a
-    sticky device error (``DEVICE_LOST``: the loop moves the run to the CPU)."""
-
-    OK = "ok"
-    SKIPPED = "skipped"
-    RESTORE = "restore"
-    DEVICE_LOST = "device_lost"
-
-
-@dataclass
-class Outcome:
-    """A step's ``Came``, its loss when applied, and ``detail`` naming the failure."""
-
-    kind: Came
-    loss: float | None = None
-    detail: str = ""
-
-
-def _trace(model: torch.nn.Module, device: torch.device):
-    """A function putting back the buffers (BatchNorm running statistics) and RNG states of
-    now, before a step's first attempt, so a failed attempt that is re-run split leaves no
-    trace."""
-    buffers, rng = [(b, b.detach().clone()) for b in model.buffers()], torch_rng_state(device)
-
-    @torch.no_grad()
-    def restore() -> None:
-        for live, saved in buffers:
-            live.copy_(saved)
-        set_torch_rng_state(rng, device)
-    return restore
-
-
 class Recovery:
-    """Runs one optimizer step over a window of batches and recovers from its failures (the
-    module's docstring says how). ``eager`` and ``cpu_batch_step`` build the fallback steps
-    (once); ``updating`` holds Ctrl-C back during the optimizer update."""
+    """``eager`` and ``cpu_batch_step`` build the fallback steps (once); ``updating`` holds Ctrl-C
+    back during the optimizer update."""
 
     def __init__(self, step, *, model: torch.nn.Module, on_gpu_error: str,
                  guard: LossGuard | None, state, bus,
@@ -197,10 +154,16 @@ class Recovery:
         self.phase = "idle"
         self._bad_data, self._said_unguarded = 0, False
 
-    def run(self, window: list) -> Outcome:
-        """One optimizer step over ``window`` (the batches of one accumulation window)."""
+    def run(self, window: list) -> tuple[str, float | None, str]:
+        """One optimizer step over ``window`` (the batches of one accumulation window): what it
+        came to, its loss when applied, and the device error. It came to "ok" (applied),
+        "skipped" (a bad loss), "restore" (too many bad steps in a row: the loop goes back to
+        the last good state) or "device_lost" (sticky: the loop moves the run to the CPU)."""
         samples, device = sum(batch_len(b) for b in window), self.strategy.device
-        untrace = _trace(self.model, device)
+        # the buffers (BatchNorm statistics) and RNG states of now: put back after a failed
+        # attempt, so one re-run split leaves no trace
+        buffers = [(b, b.detach().clone()) for b in self.model.buffers()]
+        rng = torch_rng_state(device)
         on_cpu_batch = False
         while True:
             step = self._cpu() if on_cpu_batch else self.step
@@ -225,9 +188,12 @@ class Recovery:
             self.strategy.discard()
             if failure == "device_lost":  # marked lost as the loop moves the run to the CPU
                 gc.collect()
-                return Outcome(Came.DEVICE_LOST, detail=detail)
+                return "device_lost", None, detail
             free_memory(device)
-            untrace()
+            with torch.no_grad():
+                for live, before in buffers:
+                    live.copy_(before)
+            set_torch_rng_state(rng, device)
             on_cpu_batch = self._act(failure, detail, window, on_cpu_batch)
         return self._judge(loss, verdict, window)
 
@@ -261,7 +227,7 @@ class Recovery:
             return on_cpu_batch
         device = self.strategy.device
         size_before = self.state.micro or max(batch_len(b) for b in window)
-        new = halved(window, self.state.micro)
+        new = halved(size_before)
         if new is not None:
             self.state.micro = new
             self.bus.say("oom_split", f"out of memory at micro-batch {size_before} on {device} "
@@ -277,21 +243,20 @@ class Recovery:
                      "runs on the CPU, the next goes back to the GPU")
         return True
 
-    def _judge(self, loss: float | None, verdict: str, window: list) -> Outcome:
+    def _judge(self, loss: float | None, verdict: str, window: list) -> tuple:
         """A skipped step: name bad data, or cut the LR; after ``patience`` bad steps in a row
         the loop restores the last good state."""
         where = f"epoch {self.state.epoch}, step {self.state.global_step}"
         if verdict == "ok":
             self._bad_data = 0
-            if self.guard is None and loss is not None and not math.isfinite(loss) \
-                    and not self._said_unguarded:
+            if self.guard is None and not math.isfinite(loss) and not self._said_unguarded:
                 self._said_unguarded = True
                 bad = nonfinite_inputs(window)
                 self.bus.say("nonfinite_loss", f"non-finite loss at {where}"
                              f"{f' ({bad})' if bad else ''} and loss_guard=False: the update was "
                              "applied, so the weights may now hold NaN. Pass loss_guard=True to "
                              "skip such steps (said once)")
-            return Outcome(Came.OK, loss)
+            return "ok", loss, ""
         bad = nonfinite_inputs(window) if verdict == "nonfinite" else None
         if self.strategy.agree(bad is not None):
             self.guard.streak = max(0, self.guard.streak - 1)  # the data, not the model
@@ -304,7 +269,7 @@ class Recovery:
                     "(e.g. keep = np.isfinite(y) & np.isfinite(X).reshape(len(X), -1).all(1))")
             self.bus.say("nonfinite_batch", f"non-finite loss at {where} from the batch itself "
                          f"({bad or 'on another rank'}): batch skipped, learning rate kept")
-            return Outcome(Came.SKIPPED, detail=bad or "")
+            return "skipped", None, ""
         self._bad_data = 0
         self.state.lr_scale *= self.guard.lr_cut
         what = "non-finite loss or gradient" if verdict == "nonfinite" else \
@@ -312,4 +277,4 @@ class Recovery:
         self.bus.say("nonfinite_loss" if verdict == "nonfinite" else "loss_spike",
                      f"{what}: step skipped, learning rate x{self.guard.lr_cut} (now "
                      f"{self.state.lr_scale:.3g} of the schedule)")
-        return Outcome(Came.RESTORE if self.guard.exhausted else Came.SKIPPED, detail=what)
+        return "restore" if self.guard.streak >= self.guard.patience else "skipped", None, ""

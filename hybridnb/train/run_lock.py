@@ -34,27 +34,6 @@ class RunLockError(RuntimeError):
     """Another live run holds this checkpoint folder."""
 
 
-def _try_lock(fd: int) -> bool:
-    """The OS's exclusive lock on ``fd`` without waiting: True when taken."""
-    try:
-        if fcntl is None:
-            os.lseek(fd, _WINDOWS_BYTE, os.SEEK_SET)
-            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
-        else:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except _HELD:
-        return False
-    return True
-
-
-def _unlock(fd: int) -> None:
-    if fcntl is not None:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    else:
-        os.lseek(fd, _WINDOWS_BYTE, os.SEEK_SET)
-        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
-
-
 def _read(fd: int) -> str:
     """The holder the file names ('' when empty), as ``RunLock.acquire`` wrote it."""
     os.lseek(fd, 0, os.SEEK_SET)
@@ -82,12 +61,19 @@ class RunLock:
                                f"{exc.strerror or exc}): pass a folder you can write into"
                                ) from None
         try:
-            if not _try_lock(fd):
+            try:  # the OS's exclusive lock, without waiting
+                if fcntl is None:
+                    os.lseek(fd, _WINDOWS_BYTE, os.SEEK_SET)
+                    msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+                else:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except _HELD:
                 raise RunLockError(
                     f"{self.what}={str(self.folder)!r} is in use by a live run "
-                    f"({_read(fd) or 'another process'}; lock file {self.path}): two runs in one folder "
-                    "would overwrite each other's checkpoints and logs. Pass another "
-                    f"{self.what}=, or wait for that run to end (or stop it) and fit again")
+                    f"({_read(fd) or 'another process'}; lock file {self.path}): two runs in "
+                    "one folder would overwrite each other's checkpoints and logs. Pass another "
+                    f"{self.what}=, or wait for that run to end (or stop it) and fit again"
+                ) from None
             holder = _read(fd)
             os.ftruncate(fd, 0)
             os.lseek(fd, 0, os.SEEK_SET)
@@ -111,5 +97,9 @@ class RunLock:
             return
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)
-            _unlock(fd)
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            else:
+                os.lseek(fd, _WINDOWS_BYTE, os.SEEK_SET)
+                msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
         os.close(fd)

@@ -3,9 +3,6 @@
 A full state is the learner's states (weights, optimizer, schedule, EMA, guard), the scaler, the
 run state's ``SAVED`` fields (state.py), every RNG (the train loader's generator included) and the
 config it ran with: plain CPU data that loads with ``torch.load(weights_only=True)``.
-``after_bad_steps``, ``continue_on_cpu`` and ``after_interrupt`` are what a fit does when it must
-go back to its last good state: after ``patience`` bad steps, a lost device, or a Ctrl-C during
-the optimizer update.
 """
 
 from __future__ import annotations
@@ -32,8 +29,7 @@ def state_dict(loop) -> dict:
 
 
 def restore(loop, state: dict, events: bool = False) -> None:
-    """Weights, optimizer, schedule, scaler, EMA, guard and the run state (its events only
-    with ``events``)."""
+    """``state`` loaded into every part of the run (its events only with ``events``)."""
     run, learner, placement = loop.state, loop.learner, loop.placement
     learner.load_state_dict(state, placement.strategy)
     if placement.precision.scaler.is_enabled() and state["scaler"]:
@@ -87,8 +83,7 @@ def finish(loop, failed: bool) -> None:
     loop.bus.emit(Ended({**summary, "failed": failed}))
 
 
-# Going back to the last good state (``checkpoints.snapshot``) during one fit; ``loop.restores``
-# counts the restores to each step (a bounded number, then a clear error).
+# Going back to the last good state (``checkpoints.snapshot``) during one fit.
 
 
 def continue_on_cpu(loop, detail: str) -> None:

@@ -2,8 +2,7 @@
 
 Everything the loop changes between steps lives in one ``RunState`` of plain data, which a
 checkpoint, the report and an isolated worker's hand-over read and write through
-``state_dict()`` / ``load_state_dict()``; ``SAVED`` lists what a checkpoint holds of it
-(``saved.py`` adds the learner's, scaler's and RNG states).
+``state_dict()`` / ``load_state_dict()`` (``SAVED``; ``saved.py`` adds the rest).
 """
 
 from __future__ import annotations
@@ -106,7 +105,6 @@ class RunState:
                    plan=carry.plan if carry is not None else Plan(0, 0, 0, 0))
 
     def end_epoch(self) -> None:
-        """Move to the next epoch: position and accumulators reset."""
         self.epoch += 1
         self.batches_done = 0
         self.acc = EpochTotals()

@@ -21,13 +21,10 @@ from hybridnb.train.precision import Precision
 
 
 class TrainStep:
-    """Forward, loss, backward (gradient accumulation over micro-batches) and the update.
-
-    ``guard``: a ``recovery.LossGuard`` judging each loss before the optimizer steps;
-    ``on_applied``: called after every applied update (the EMA); ``loss_scale``: the factor
-    the loss is multiplied by before backward when the forward runs on another device than the
-    optimizer's (the per-batch CPU fallback), so gradients match the device's GradScaler.
-    """
+    """``guard``: a ``recovery.LossGuard`` judging each loss before the optimizer steps;
+    ``on_applied``: called after every applied update (the EMA); ``loss_scale``: the factor the
+    loss is multiplied by before backward when the forward runs on another device than the
+    optimizer's (the per-batch CPU fallback), so gradients match the device's GradScaler."""
 
     def __init__(self, model: torch.nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer,
                  precision: Precision, *, clip_grad: float | None = None,
@@ -43,9 +40,10 @@ class TrainStep:
         # decided once: who runs backward, who runs the update, whether the norm is read
         if loss_scale is not None:
             self._backward = lambda loss, last: (loss * loss_scale()).backward()
+        elif self.strategy.owns_update:
+            self._backward = self.strategy.backward
         else:
-            self._backward = (self.strategy.backward if self.strategy.owns_update
-                              else self._scaled_backward)
+            self._backward = lambda loss, last: self.scaler.scale(loss).backward()
         self.update = self._engine_update if self.strategy.owns_update else self._optimizer_update
         self._read_norm = not self.scaler.is_enabled()  # a GradScaler skips inf steps itself
 
@@ -73,12 +71,8 @@ class TrainStep:
             total = total + loss.detach()
         return total
 
-    def _scaled_backward(self, loss: torch.Tensor, last: bool) -> None:
-        self.scaler.scale(loss).backward()
-
     def _optimizer_update(self, total: torch.Tensor, read: bool = True) -> tuple:
-        """Unscale, clip, judge the loss, step (when judged fine), update the scaler, clear.
-        Returns ``(loss, verdict)``: "ok" (applied), "nonfinite" or "spike" (skipped)."""
+        """Returns ``(loss, verdict)``: "ok" (applied), "nonfinite" or "spike" (skipped)."""
         self.scaler.unscale_(self.optimizer)
         norm = (torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad)
                 if self.clip_grad else None)

@@ -30,7 +30,6 @@ class StorageGuard:
     def failed(self, path: Path, exc: BaseException, kept: str | Callable[[], str]) -> None:
         """A write of ``path`` raised ``exc``; ``kept``: what stays (the file on disk, memory), or
         a function saying it (called only when the failure is said)."""
-        path = Path(path)
         missed = self.failing.get(path, 0)
         self.failing[path] = missed + 1
         if missed == 0:
@@ -40,7 +39,7 @@ class StorageGuard:
                      "again)")
 
     def worked(self, path: Path) -> None:
-        missed = self.failing.pop(Path(path), 0)
+        missed = self.failing.pop(path, 0)
         if missed:
             self.say(f"writing {path} works again ({missed} write"
                      f"{'s' if missed > 1 else ''} missed before)")

@@ -144,13 +144,13 @@ def test_ordinary_errors_are_neither():
 
 def test_micro_batches_weights_sum_to_one_and_cover_every_sample():
     window = [(torch.arange(10.0), torch.arange(10.0)), (torch.arange(7.0), torch.arange(7.0))]
-    assert recovery.halved(window, None) == 5 and recovery.halved(window, 5) == 3
+    assert recovery.halved(10) == 5 and recovery.halved(5) == 3
     parts = list(recovery.micro_batches(window, 3))
     assert len(parts) == 4 + 3
     assert math.isclose(sum(w for _, _, w in parts), 1.0)
     assert torch.equal(torch.cat([x for x, _, _ in parts]),
                        torch.cat([torch.arange(10.0), torch.arange(7.0)]))
-    assert recovery.halved(window, 1) is None
+    assert recovery.halved(1) is None
 
 
 # ------------------------------------------------------------------------------- OOM splitting
@@ -390,7 +390,8 @@ def test_loss_spike_is_detected_against_the_running_mean():
 def test_loss_guard_unit():
     g = recovery.LossGuard(spike=5, warmup=3, patience=2)
     assert [g.check(v) for v in (1.0, 1.1, 0.9, 1.0)] == ["ok"] * 4
-    assert g.check(100.0) == "spike" and g.check(float("inf")) == "nonfinite" and g.exhausted
+    assert g.check(100.0) == "spike" and g.check(float("inf")) == "nonfinite"
+    assert g.streak >= g.patience  # the loop goes back to the last good state
     assert g.check(1.0) == "ok" and g.streak == 0
     assert g.check(1.0, grad_norm=float("nan")) == "nonfinite"
 
@@ -428,7 +429,7 @@ def test_a_failed_attempt_leaves_no_trace_in_batch_norm_statistics_or_the_rng():
         rec = recovery.Recovery(step, model=model, on_gpu_error="recover", guard=None,
                                 state=RunState(micro=micro), bus=bus)
         x, y = data(32)
-        assert rec.run([(x, y)]).kind is recovery.Came.OK
+        assert rec.run([(x, y)])[0] == "ok"
         return events, torch.rand(3)  # the RNG's position after the step
 
     failed = BnNet(fail_first=True)
