@@ -1,8 +1,8 @@
 """A compare() variant in its own process (the default): ``ChildVariant`` answers
 ``call(request, *args, stage=...)`` in the caller as a ``session.VariantSession`` does in process;
 ``python -m hybridnb.comparison.worker WIRING NAME`` (``processes.framed``) runs the session. Its
-first request is the job (a cloudpickled ``session.Job``: a notebook's functions travel), answered
-{"status": "ok"} once loaded; then ``prepare`` and ``window`` (steps) until ``close``.
+first request is the job (a cloudpickled ``session.VariantSession``: a notebook's functions
+travel), answered {"status": "ok"} once loaded; then ``prepare`` and ``window`` (steps) until ``close``.
 
 A variant's death (a signal, an abort, a refused allocation) is status "crashed" naming the
 signal and its last line; no answer within ``timeout`` seconds kills its process group (status
@@ -95,13 +95,11 @@ class ChildVariant:
 
 def serve(channel: Channel, inbox: Inbox) -> None:
     """Load the job, then answer requests until ``close`` or until the caller closes its end."""
-    from hybridnb.comparison.session import VariantSession
-
     first = inbox.get()
     if first is None:
         return
     try:
-        session = VariantSession(pickle.loads(first.payload))
+        session = pickle.loads(first.payload)  # a session.VariantSession
     except Exception as exc:  # noqa: BLE001 - a job this process cannot load becomes an answer
         note = f"the variant's process could not load its job: {type(exc).__name__}: {exc}"
         channel.send(ANSWER, {"status": "failed", "note": note})
