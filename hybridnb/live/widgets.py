@@ -89,9 +89,6 @@ class WidgetView(HtmlView):
         self.clicks.close()
 
 
-# ------------------------------------------------------------------ the Stop click
-
-
 class ClickRoute:
     """How clicks reach Python; ``mode`` is ``"subshell"``, ``"ui_poll"`` or ``"none"``."""
 
