@@ -207,9 +207,8 @@ def _pickled(isolate: bool, jobs: dict) -> tuple[dict | None, str]:
 def _start(runs: list[_Run], jobs: dict, blobs: dict | None, watch: Watch | None, timeout,
            say, stack: contextlib.ExitStack) -> None:
     """Start every variant's process at once (their imports overlap), wait until each is ready
-    (so no warm-up shares the CPU with another process's start), then warm each up in turn
-    (compiling when asked) and measure its memory; the baseline must work. Each is closed on
-    ``stack``'s exit, whatever happened, before the watch closes what is left."""
+    (so no warm-up shares the CPU with another process's start), then warm each up in turn. Each
+    is closed on ``stack``'s exit, whatever happened, before the watch closes what is left."""
     t0 = time.perf_counter()
     live = [r for r in runs if r.status == "ok"]
     for i, run in enumerate(live):

@@ -34,9 +34,8 @@ CLOSE_S = 5.0  # after "close": time for the variant's process to exit by itself
 
 
 class ChildVariant:
-    """The variant in its own process (``processes.framed``), watched by the caller's ``Watch``.
-    Its job is its first request, written by a thread so every variant starts at once; "ready"
-    waits for the answer to it."""
+    """The variant's own process, watched by the caller's ``Watch``. Its job is its first
+    request, written by a thread so every variant starts at once; "ready" waits for its answer."""
 
     def __init__(self, job_bytes: bytes, watch: Watch, name: str, timeout: float | None) -> None:
         self.timeout, self.watch = timeout, watch

@@ -16,6 +16,7 @@ from typing import Any
 
 from hybridnb.events import Event
 from hybridnb.live.record import RunRecord
+from hybridnb.live.summary import paragraph
 
 MAX_INTERVAL = 30.0  # seconds: a slow renderer still shows progress twice a minute
 
@@ -154,8 +155,6 @@ class LiveView(View):
             if self.failed is None:
                 self._safe(self._close, dict(summary))
             if self.failed is not None:  # also when the end snapshot itself failed
-                from hybridnb.live.summary import paragraph
-
                 print(paragraph(summary, rec))
         finally:
             self._release()
