@@ -39,7 +39,7 @@ from hybridnb.comparison.worker import ChildVariant
 from hybridnb.hardware.detect import detect
 from hybridnb.measure.memory import heap_reader
 from hybridnb.processes.supervise import Watch
-from hybridnb.speedups.exact import RTOL
+from hybridnb.speedups.exact import RTOL, rel_diff
 from hybridnb.speedups.trial import autocast
 from hybridnb.train import setup
 from hybridnb.train.losses import make_loss
@@ -108,8 +108,9 @@ def compare(model_fn: Callable[[], nn.Module] | nn.Module, data: Any,
     runs, batches, dev, attrs = _plan(model_fn, data, variants, steps, warmup, repeats,
                                       batch_sizes, device, loss, loss_tol, timeout)
     say = (lambda text: print(f"compare: {text}", flush=True)) if progress else (lambda _: None)
-    jobs = {id(r): session.Job(r.variant, _factory(model_fn), *batches[r.batch_size], str(dev),
-                               loss, lr, seed, warmup) for r in runs if r.status == "ok"}
+    jobs = {id(r): session.VariantSession(r.variant, _factory(model_fn), *batches[r.batch_size],
+                                          str(dev), loss, lr, seed, warmup)
+            for r in runs if r.status == "ok"}
     blobs, why_not = _pickled(isolate, jobs)
     if why_not:
         say(why_not)
@@ -148,16 +149,16 @@ def _plan(model_fn, data, variants, steps, warmup, repeats, batch_sizes, device,
     if not (callable(model_fn) or isinstance(model_fn, nn.Module)):
         raise TypeError(f"model_fn must build an nn.Module (a function or a class), "
                         f"got {type(model_fn).__name__}")
-    for name, value, low in (("steps", steps, 1), ("warmup", warmup, 1), ("repeats", repeats, 1)):
-        if not isinstance(value, int) or value < low:
-            raise ValueError(f"{name}={value!r}: must be an integer >= {low}")
+    for name, value in (("steps", steps), ("warmup", warmup), ("repeats", repeats)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r}: must be an integer >= 1")
     if not loss_tol > 0:
         raise ValueError(f"loss_tol={loss_tol!r}: must be > 0")
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout={timeout!r}: seconds must be > 0 (None: no limit)")
     make_loss(loss)  # raises ValueError naming a loss it does not know
     if isinstance(variants, str):
-        variants = [v for v in variants.replace(",", " ").split() if v]
+        variants = variants.replace(",", " ").split()
     parsed = [parse_variant(v) for v in variants]
     if not any(v.is_baseline for v in parsed):
         parsed.insert(0, Variant("fp32", "fp32"))
@@ -206,16 +207,15 @@ def _pickled(isolate: bool, jobs: dict) -> tuple[dict | None, str]:
 def _start(runs: list[_Run], jobs: dict, blobs: dict | None, watch: Watch | None, timeout,
            say, stack: contextlib.ExitStack) -> None:
     """Start every variant's process at once (their imports overlap), wait until each is ready
-    (so no warm-up shares the CPU with another process's start), then warm each up in turn
-    (compiling when asked) and measure its memory; the baseline must work. Each is closed on
-    ``stack``'s exit, whatever happened, before the watch closes what is left."""
+    (so no warm-up shares the CPU with another process's start), then warm each up in turn. Each
+    is closed on ``stack``'s exit, whatever happened, before the watch closes what is left."""
     t0 = time.perf_counter()
     live = [r for r in runs if r.status == "ok"]
     for i, run in enumerate(live):
         run.where = (ChildVariant(blobs[id(run)], watch, f"variant-{i}", timeout)
-                     if blobs is not None else session.VariantSession(jobs[id(run)]))
+                     if blobs is not None else jobs[id(run)])
         stack.callback(run.where.close)
-    if blobs is not None and live:  # a process's first answer: its job is loaded
+    if blobs is not None:  # a process's first answer: its job is loaded (``jobs``: not empty)
         for run in live:
             run.take(run.where.call("ready", stage="start-up"))
         say(f"{len(live)} variant processes started in {time.perf_counter() - t0:.1f} s")
@@ -245,10 +245,6 @@ def random_windows(n: int, n_chans: int, n_times: int, seed: int = 0
     w = torch.randn(n_chans, generator=g) / math.sqrt(n_chans)
     y = x.mean(-1) @ w * math.sqrt(n_times) + 0.1 * torch.randn(n, generator=g)
     return x, y
-
-
-# ----------------------------------------------------------------------------------------------
-# inputs
 
 
 def resolve_device(device) -> torch.device:
@@ -296,10 +292,6 @@ def _batches(data, sizes: Sequence[int] | None) -> dict[int, tuple]:
     x, y = (t.float() if t.is_floating_point() else t for t in (x, y))
     return {bs: (x[torch.arange(bs) % len(x)].contiguous(),
                  y[torch.arange(bs) % len(y)].contiguous()) for bs in sizes or [len(x)]}
-
-
-# ----------------------------------------------------------------------------------------------
-# the table
 
 
 def _rates(run: _Run, steps: int) -> list[float]:
@@ -355,15 +347,12 @@ def _rows(runs: list[_Run], steps: int, loss_tol: float, warmup: int, repeats: i
     return rows
 
 
-# ----------------------------------------------------------------------------------------------
-# exactness of the first step
-
-
 def first_step_diff(model_fn, data, variants: Sequence[str], seed: int = 0,
                     loss: str | Callable = "mse") -> pd.DataFrame:
     """Each variant's first training step against stock fp32 eager, on the CPU in this
     process: the largest difference of the outputs and of every gradient over the stock maximum
-    (``exact``: both within ``speedups.exact.RTOL``, float rounding).
+    (``speedups.exact.rel_diff``, gradients over the largest stock gradient; ``exact``: both
+    within ``speedups.exact.RTOL``, float rounding).
 
     One step from the same weights compares the arithmetic; a loss after several steps also
     carries how training amplifies rounding. Dropout is off for the step (under channels_last
@@ -389,8 +378,8 @@ def first_step_diff(model_fn, data, variants: Sequence[str], seed: int = 0,
         out, grads, row["note"], changed = _first_step(build, seed, x, y, loss_fn, v)
         if not changed:  # nothing to act on: no difference to measure
             continue
-        row["out_rel_diff"] = _rel(out, stock_out)
-        row["grad_rel_diff"] = max((_rel(g, h, scale=gscale)
+        row["out_rel_diff"] = rel_diff(out, stock_out)
+        row["grad_rel_diff"] = max((rel_diff(g, h, floor=gscale)
                                     for g, h in zip(grads, stock_grads, strict=True)
                                     if g is not None and h is not None), default=0.0)
         row["exact"] = bool(row["out_rel_diff"] <= RTOL and row["grad_rel_diff"] <= RTOL)
@@ -413,11 +402,3 @@ def _first_step(build, seed: int, x, y, loss_fn, v: Variant):
         out = model(x)  # as compare()'s variants run it
     loss_fn(out.float(), y).backward()
     return out.detach().float(), [p.grad for p in model.parameters()], skip or said, not skip
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor, scale: float | None = None) -> float:
-    """max|a - b| over ``scale`` (default max|b|)."""
-    if a.shape != b.shape:
-        return math.inf
-    ref = b.abs().max().item() if scale is None else scale
-    return (a.float() - b.float()).abs().max().item() / max(ref, 1e-12)

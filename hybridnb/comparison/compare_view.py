@@ -1,8 +1,4 @@
-"""How a compare() table is shown: a notebook table with a bar chart, or plain text.
-
-``COLUMNS`` is the table's schema; ``CompareResult`` is the DataFrame compare() returns, which
-draws itself (table, chart in a notebook, notes as numbered footnotes).
-"""
+"""How a compare() table is shown: a notebook table with a bar chart, or plain text."""
 
 from __future__ import annotations
 

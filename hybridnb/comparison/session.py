@@ -12,7 +12,6 @@ import contextlib
 import math
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,21 +30,6 @@ from hybridnb.train.step import TrainStep
 
 CPU_BF16_NOTE = ("bf16 on the CPU runs with oneDNN off (torch.backends.mkldnn.flags): oneDNN's "
                  "bf16 grouped convolutions asked for 110-880 GB on Xeon CPUs with AMX")
-
-
-@dataclass
-class Job:
-    """Everything a variant needs, picklable (with cloudpickle) for its own process."""
-
-    variant: Variant
-    model_fn: Callable[[], nn.Module]
-    x: torch.Tensor  # the batch, on the CPU; the session moves it to ``device``
-    y: torch.Tensor
-    device: str
-    loss: Any = "mse"
-    lr: float = 1e-3
-    seed: int = 0
-    warmup: int = 3
 
 
 def apply_changes(variant: Variant, model: nn.Module, x: torch.Tensor, device,
@@ -75,13 +59,18 @@ def apply_changes(variant: Variant, model: nn.Module, x: torch.Tensor, device,
 
 
 class VariantSession:
-    """Runs one variant; see the module docstring. "prepare" once, then "window" (steps)."""
+    """Runs one variant; see the module docstring. "prepare" once, then "window" (steps). Made
+    in the caller, it is picklable (with cloudpickle) for the variant's own process until then;
+    ``x``, ``y``: the batch on the CPU, moved to ``device`` by "prepare"."""
 
     STAGES = {"prepare": "warm-up", "window": "timed window"}  # as a failure's note names them
 
-    def __init__(self, job: Job) -> None:
-        self.job, self.variant = job, job.variant
-        self.device = torch.device(job.device)
+    def __init__(self, variant: Variant, model_fn: Callable[[], nn.Module], x: torch.Tensor,
+                 y: torch.Tensor, device: str, loss: Any, lr: float, seed: int,
+                 warmup: int) -> None:
+        self.variant, self.model_fn, self.x, self.y = variant, model_fn, x, y
+        self.device = torch.device(device)
+        self.loss, self.lr, self.seed, self.warmup = loss, lr, seed, warmup
         self._run: Callable[[], torch.Tensor] | None = None
         self._rng: tuple | None = None
         self._busy = None  # NVML's GPU-busy reader, None without NVML (set in _prepare)
@@ -96,7 +85,7 @@ class VariantSession:
         except Exception as exc:  # noqa: BLE001 - every failure becomes an answer
             why, stage = first_line(exc, 240), self.STAGES[request]
             answer = ({"status": "oom", "note": f"out of memory during {stage} at batch "
-                                                f"{self.job.x.shape[0]}: {why}"} if is_oom(exc)
+                                                f"{self.x.shape[0]}: {why}"} if is_oom(exc)
                       else {"status": "failed", "note": f"{stage}: {type(exc).__name__}: {why}"})
         if answer["status"] != "ok":
             self.close()  # outside the except block: its traceback pins the tensors
@@ -108,16 +97,15 @@ class VariantSession:
         free_memory(self.device)
 
     def _prepare(self) -> dict:
-        """Build the model with the variant's changes and its step ("skipped" when the device or
-        a change cannot run it), warm up (the first step timed: it compiles), then measure one
-        step's memory: ``{status, note, first_step_s, mem_bytes, loss, other_masks}``."""
-        job, dev = self.job, self.device
+        """Build, warm up (the first step timed: it compiles), then measure one step's memory:
+        ``{status, note, first_step_s, mem_bytes, loss, other_masks}``."""
+        dev = self.device
         reason = unavailable(self.variant, dev, live=True)
         if reason:
             return {"status": "skipped", "note": reason}
-        torch.manual_seed(job.seed)
-        model = job.model_fn().to(dev).train()  # compare._factory checked it returns a Module
-        x, y = job.x.to(dev), job.y.to(dev)
+        torch.manual_seed(self.seed)
+        model = self.model_fn().to(dev).train()  # compare._factory checked it returns a Module
+        x, y = self.x.to(dev), self.y.to(dev)
         native = device_native_bf16(dev) if dev.type == "cuda" else None
         prec = Precision.choose(self.variant.precision, dev, native_bf16=native)
         skip, said, nhwc = apply_changes(self.variant, model, x, dev, prec)
@@ -125,9 +113,9 @@ class VariantSession:
             return {"status": "skipped", "note": skip}
         if self.variant.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
-        opt = torch.optim.AdamW(model.parameters(), lr=job.lr)
+        opt = torch.optim.AdamW(model.parameters(), lr=self.lr)
         net = torch.compile(model, mode=self.variant.compile) if self.variant.compile else model
-        step = TrainStep(net, make_loss(job.loss), opt, prec)
+        step = TrainStep(net, make_loss(self.loss), opt, prec)
         graphs = self.variant.compile == "reduce-overhead" and dev.type == "cuda"
 
         def run() -> torch.Tensor:
@@ -143,7 +131,7 @@ class VariantSession:
             watch.start()
             self._loss = self._run()
             first = watch.stop()
-            for _ in range(job.warmup - 1):
+            for _ in range(self.warmup - 1):
                 self._loss = self._run()
             state = [v for s in opt.state.values() for v in s.values()
                      if isinstance(v, torch.Tensor)]

@@ -1,20 +1,18 @@
 """A compare() variant in its own process (the default): ``ChildVariant`` answers
 ``call(request, *args, stage=...)`` in the caller as a ``session.VariantSession`` does in process;
 ``python -m hybridnb.comparison.worker WIRING NAME`` (``processes.framed``) runs the session. Its
-first request is the job (a cloudpickled ``session.Job``, sent as packed bytes), answered
-{"status": "ok"} once loaded; then ``prepare`` and ``window`` (steps) until ``close``.
+first request is the job (a cloudpickled ``session.VariantSession``: a notebook's functions
+travel), answered {"status": "ok"} once loaded; then ``prepare`` and ``window`` (steps) until ``close``.
 
-A variant's own process cannot take the caller down: its death (a signal, an abort, a refused
-allocation) is status "crashed" naming the signal and its last line; no answer within ``timeout``
-seconds kills its process group (status "timeout"). The caller's one ``Watch``
-(``hybridnb.processes``) watches them all: an interrupt kills every variant's process group, and
+A variant's death (a signal, an abort, a refused allocation) is status "crashed" naming the
+signal and its last line; no answer within ``timeout`` seconds kills its process group (status
+"timeout"). The caller's one ``Watch`` kills every variant's process group on an interrupt, and
 each dies with the caller.
 
 Why a fresh interpreter and not ``fork``: a forked child of a process that has run a
 multi-threaded OpenMP region hangs in its own first parallel region (libgomp is not fork-safe;
 measured: a Conv1d backward never returns), and one thread would measure the wrong CPU speed. It
-costs one ``import torch`` per variant (~3-5 s), paid in parallel. The job travels by cloudpickle,
-so functions and classes defined in a notebook work.
+costs one ``import torch`` per variant (~3-5 s), paid in parallel.
 """
 
 from __future__ import annotations
@@ -36,13 +34,11 @@ CLOSE_S = 5.0  # after "close": time for the variant's process to exit by itself
 
 
 class ChildVariant:
-    """The variant in its own process (``processes.framed``), watched by the caller's ``Watch``.
-    Its job is its first request, written by a thread so every variant starts at once; "ready"
-    waits for the answer to it."""
+    """The variant's own process, watched by the caller's ``Watch``. Its job is its first
+    request, written by a thread so every variant starts at once; "ready" waits for its answer."""
 
     def __init__(self, job_bytes: bytes, watch: Watch, name: str, timeout: float | None) -> None:
         self.timeout, self.watch = timeout, watch
-        self.ended: dict | None = None  # the final answer once the process is gone
         self.answers: list[dict] = []
 
         def start():  # also sets self.requests, the pipe to the process
@@ -63,8 +59,6 @@ class ChildVariant:
 
     def call(self, request: str, *args, stage: str = "") -> dict:
         """Send one request and wait for its answer (at most ``timeout`` seconds)."""
-        if self.ended is not None:
-            return self.ended
         if request != "ready":  # "ready" is the answer to the job, already on its way
             with contextlib.suppress(OSError):  # the process is gone; the watch says how
                 self.requests.send(request, args)
@@ -75,15 +69,13 @@ class ChildVariant:
             return self.answers.pop(0)
         out = self.watch.end(self.watched)
         if out.status == Ending.TIMEOUT:
-            self.ended = {"status": Ending.TIMEOUT.value, "note": (
+            return {"status": Ending.TIMEOUT.value, "note": (
                 f"no answer within {self.timeout:g} s during {stage}; its process group was "
                 f"killed (raise compare's timeout= if it is only slow)")}
-        else:
-            exit_, last = self.watched.child.exit, self.watched.child.last_words.best()
-            self.ended = {"status": "crashed", "note": (
-                f"the variant's process was {exit_.says() if exit_ is not None else 'lost'} "
-                f"during {stage}" + (f"; its last words: {last}" if last else ""))}
-        return self.ended
+        exit_, last = self.watched.child.exit, self.watched.child.last_words.best()
+        return {"status": "crashed", "note": (
+            f"the variant's process was {exit_.says() if exit_ is not None else 'lost'} "
+            f"during {stage}" + (f"; its last words: {last}" if last else ""))}
 
     def close(self) -> None:
         """Ask the process to finish, then make sure nothing of its process group is left."""
@@ -102,13 +94,11 @@ class ChildVariant:
 
 def serve(channel: Channel, inbox: Inbox) -> None:
     """Load the job, then answer requests until ``close`` or until the caller closes its end."""
-    from hybridnb.comparison.session import VariantSession
-
     first = inbox.get()
     if first is None:
         return
     try:
-        session = VariantSession(pickle.loads(first.payload))
+        session = pickle.loads(first.payload)  # a session.VariantSession
     except Exception as exc:  # noqa: BLE001 - a job this process cannot load becomes an answer
         note = f"the variant's process could not load its job: {type(exc).__name__}: {exc}"
         channel.send(ANSWER, {"status": "failed", "note": note})

@@ -1,13 +1,10 @@
-"""The live view: the only part of hybridnb/live/ that the Trainer calls.
-
-``make_view(live)`` (``"auto"`` | False | None | ``"widgets"`` | ``"html"`` | ``"text"``) gives a
-``View`` with ``start(run)``, ``update(state)``, ``event(ev)``, ``end(summary)`` and
-``stop_requested``. For ``"auto"`` the renderer is chosen once, from ``hybridnb.env.frontend()``:
-widgets (ipywidgets bars + plotly FigureWidget, needs anywidget) in a JupyterLab / Notebook 7
-session, and on Colab with the ipywidgets 7 it ships once its custom widget manager is on; html
-(display handles) in VS Code, unknown frontends, or where widgets would not draw; text in
-terminals, CI and headless notebook runs (nbclient, nbval, papermill). Every fallback is said
-once, in the view's header line.
+"""The live view: ``make_view(live)`` (``"auto"`` | False | None | ``"widgets"`` | ``"html"`` |
+``"text"``) gives the ``base.View`` the Trainer draws through. For ``"auto"`` the renderer is
+chosen once, from ``hybridnb.env.frontend()``: widgets (ipywidgets bars + plotly FigureWidget,
+needs anywidget) in a JupyterLab / Notebook 7 session, and on Colab with the ipywidgets 7 it
+ships once its custom widget manager is on; html (display handles) in VS Code, unknown
+frontends, or where widgets would not draw; text in terminals, CI and headless notebook runs
+(nbclient, nbval, papermill). Every fallback is said once, in the view's header line.
 """
 
 from __future__ import annotations

@@ -2,10 +2,8 @@
 
 ``View`` is the interface (and the no-op view for ``live=False``). ``LiveView`` keeps the
 RunRecord and the memory sampler, decides *when* to draw (two time throttles: bars and plots)
-and leaves *how* to the renderer's ``_draw_*`` methods. ``Throttle`` costs one clock read per
-step and stretches its interval so that drawing stays under a share of wall time (the
-fastprogress idea). A drawing error never stops training: the view warns once
-(``LiveViewWarning``) and goes quiet.
+and leaves *how* to the renderer's ``_draw_*`` methods. A drawing error never stops training:
+the view warns once (``LiveViewWarning``) and goes quiet.
 """
 
 from __future__ import annotations
@@ -18,17 +16,18 @@ from typing import Any
 
 from hybridnb.events import Event
 from hybridnb.live.record import RunRecord
+from hybridnb.live.summary import paragraph
 
 MAX_INTERVAL = 30.0  # seconds: a slow renderer still shows progress twice a minute
 
 
 class Throttle:
-    """Answer "is it time to render?" at most every ``interval`` seconds.
-
-    When renders cost ``c`` seconds the period becomes ``max(interval, c / budget)``: a 20 ms
-    plot update with ``budget=0.005`` renders every 4 s instead of every second. ``c`` is the
-    smallest of the last three costs, so one slow render (a garbage collection, a first render
-    paying for imports) does not freeze the display, while one that stays slow stretches it.
+    """Answer "is it time to render?" at most every ``interval`` seconds, at one clock read per
+    step. When renders cost ``c`` seconds the period becomes ``max(interval, c / budget)`` (the
+    fastprogress idea): a 20 ms plot update with ``budget=0.005`` renders every 4 s instead of
+    every second. ``c`` is the smallest of the last three costs, so one slow render (a garbage
+    collection, a first render paying for imports) does not freeze the display, while one that
+    stays slow stretches it.
     """
 
     def __init__(self, interval: float, budget: float = 0.005,
@@ -156,8 +155,6 @@ class LiveView(View):
             if self.failed is None:
                 self._safe(self._close, dict(summary))
             if self.failed is not None:  # also when the end snapshot itself failed
-                from hybridnb.live.summary import paragraph
-
                 print(paragraph(summary, rec))
         finally:
             self._release()

@@ -1,9 +1,8 @@
 """The live plots: their data as plain series (``panels``), drawn live with plotly.
 
-Three panels: loss (each step's, and the train loss the Trainer sent at each epoch end: the
-numbers of ``history["train_loss"]``), learning rate, memory. ``panel_image`` draws the same
-series with matplotlib for static output. Long runs are averaged down to ``max_points`` per
-series, so a render costs the same after 100 steps as after 100 000.
+Three panels: loss (each step's, and history's ``train_loss`` the Trainer sent at each epoch
+end), learning rate, memory; ``panel_image`` draws them for static output. Long runs are
+averaged down to ``max_points`` per series: a render costs the same after 100 steps as 100 000.
 """
 
 from __future__ import annotations
@@ -117,8 +116,6 @@ def panels(record, max_points: int = SNAPSHOT_POINTS) -> list[Series]:
                       text=[ev.kind for ev in record.events]))
     return out
 
-
-# ------------------------------------------------------------------ plotly
 
 #: one x axis per panel; the memory panel's GPU utilisation on a right-hand axis (y4)
 _AXES = (("x", "y"), ("x2", "y2"), ("x3", "y3"))

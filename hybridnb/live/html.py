@@ -1,11 +1,9 @@
 """HTML live view through display handles: VS Code, unknown frontends, no anywidget.
 
-Two outputs are created once (``display(..., display_id=True)``) and then updated in place: the
-progress panel (every ~0.2 s, plain HTML) and the plots as plotly JSON (every ~1 s, adaptive;
-drawn by the frontend's plotly renderer, no widget support needed). At the end both are replaced
-by the static snapshot, as the widget view's are: the plotly JSON for JupyterLab and VS Code, and
-the same panels as SVG (``panel_image``) for GitHub, nbviewer and ``nbconvert --to html``, so a
-saved notebook reads the same without a kernel (no widget state, no JavaScript).
+Two outputs, created once and updated in place: the progress panel (plain HTML) and the plots
+as plotly JSON (no widget support needed). At the end both are replaced by the static snapshot:
+the plotly JSON, and the same panels as SVG (``panel_image``) for GitHub, nbviewer and
+``nbconvert --to html``, so a saved notebook reads the same without a kernel or JavaScript.
 """
 
 from __future__ import annotations
@@ -98,8 +96,6 @@ class HtmlView(LiveView):
         self.figure.update(plots_bundle(self.record), raw=True)
 
     def _close(self, summary: dict) -> None:
-        """The static snapshot: the header and the summary paragraph; the figure as plotly JSON
-        where a plotly renderer exists and as its SVG image everywhere."""
         from hybridnb.live import panel_image
         from hybridnb.live.static import save
 

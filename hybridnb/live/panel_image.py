@@ -1,9 +1,5 @@
-"""The live plots' three panels drawn with matplotlib (never pyplot): their static image.
-
-The same series as the live plotly drawing (``figures.panels``), drawn directly, not translated:
-the image beside the end snapshot's plotly JSON (what GitHub, nbviewer and ``nbconvert --to
-html`` show) and ``trainer.report()``'s ``figures.png``.
-"""
+"""The live plots' three panels (``figures.panels``) drawn with matplotlib (never pyplot), not
+translated from plotly: the end snapshot's image and ``trainer.report()``'s ``figures.png``."""
 
 from __future__ import annotations
 

@@ -4,13 +4,9 @@ A notebook output holding only ``application/vnd.plotly.v1+json`` is dropped by 
 html`` and by a code host's preview, so an SVG (drawn with matplotlib: no browser, no pyplot
 state) travels in the same output: ``static_figures()`` adds the ``"hybridnb_image"`` renderer
 to plotly's default (importing hybridnb changes no plotly setting); ``static_figure(fig)`` makes a
-figure that carries the image whatever the settings. User figures are translated by
-``live/plotly_mpl.py``; hybridnb's own (the panels, ``LRFindResult.plot()``, compare()'s chart)
-are drawn from their data with matplotlib, not translated.
-
+figure that carries the image whatever the settings (user figures: ``live/plotly_mpl.py``).
 SVG, not PNG: JupyterLab's plotly renderer shows an ``image/png`` instead of drawing the plot;
-it ignores ``image/svg+xml``. kaleido would draw user figures pixel for pixel but needs a
-Chrome, which Colab and many offline machines lack.
+it ignores ``image/svg+xml``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,16 @@
 """Widget live view for JupyterLab / Notebook 7 / Colab (ipywidgets 7 or 8): the HTML view's
-progress panel (``html.progress_html``) with a Stop button below it, then one plotly
-FigureWidget with the loss, learning rate and memory panels.
-
-Only the main thread (the training loop, through ``update``) changes widgets; the Stop button's
-handler, which may run on a kernel subshell thread, only sets ``stop_requested``.
-
-At the end the two outputs are *replaced* (through their display handles) by the static snapshot
-and every widget is closed, so the saved notebook holds no widget views and no widget state.
+progress panel with a Stop button, then one plotly FigureWidget. At the end both outputs are
+replaced by the static snapshot and every widget is closed: the saved notebook holds no widget
+state. Only the training thread changes widgets; the Stop handler only sets ``stop_requested``.
 
 A kernel executing a cell does not read its shell channel, so a click on Stop would wait until
-the training cell ends: too late. Two ways around it, tried in this order:
+the training cell ends. Two ways around it, tried in this order:
 
 1. **Kernel subshells** (ipykernel >= 7): the button's comm routes its messages to a private
-   subshell thread, which runs the click handler (it only sets a flag) while the main thread
-   trains.
-2. **jupyter-ui-poll** (kernels with ``do_one_iteration``, i.e. ipykernel 6): the training loop
-   pumps pending messages between steps (throttled by the view). jupyter-ui-poll 1.1 silently
-   does nothing on ipykernel 7.4, which is why subshells come first.
+   subshell thread, which runs the click handler while the main thread trains.
+2. **jupyter-ui-poll** (ipykernel 6, ``do_one_iteration``): the training loop pumps pending
+   messages between steps (throttled). jupyter-ui-poll 1.1 silently does nothing on ipykernel
+   7.4, which is why subshells come first.
 
 Where neither exists the button is disabled and says to interrupt the kernel instead (the
 Trainer treats an interrupt exactly like Stop).
@@ -93,9 +87,6 @@ class WidgetView(HtmlView):
                 w.close()
         self._widgets = []
         self.clicks.close()
-
-
-# ------------------------------------------------------------------ the Stop click
 
 
 class ClickRoute:
