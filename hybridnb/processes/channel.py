@@ -22,8 +22,7 @@ import threading
 import time
 import traceback
 from collections.abc import Generator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from hybridnb import platform
 
@@ -41,8 +40,7 @@ PACKED = "packed"  # a request whose payload is ``payload.pack``'s bytes, not pi
 URGENT = frozenset((DONE, ERROR, STATE, HEARTBEAT, READY, ANSWER))  # written at once, with what came before
 
 
-@dataclass
-class Message:
+class Message(NamedTuple):
     kind: str
     payload: Any
 

@@ -49,12 +49,13 @@ WORKER_ENV = {HEADLESS_ENV: "1", ISOLATED_ENV: "1"}  # a worker draws nothing, n
 
 class Child:
     """A started child: ``pid`` (also its process group), ``messages`` (its channel's reader;
-    None for a command), ``output_fds`` (open stdout/stderr pipes: fd -> 1 or 2) and ``files``
-    (its job's shared-memory files, removed at ``close``)."""
+    None for a command), ``output_fds`` (open stdout/stderr pipes: fd -> 1 or 2; ``err_r`` None:
+    merged) and ``files`` (its job's shared-memory files, removed at ``close``)."""
 
-    def __init__(self, pid: int, output_fds: dict[int, int], popen: subprocess.Popen | None = None
-                 ) -> None:
-        self.pid, self.popen, self.output_fds = pid, popen, output_fds
+    def __init__(self, pid: int, out_r: int, err_r: int | None,
+                 popen: subprocess.Popen | None = None) -> None:
+        self.pid, self.popen = pid, popen
+        self.output_fds = {out_r: 1} if err_r is None else {out_r: 1, err_r: 2}
         self.messages: FrameReader | None = None  # set by the start that made a channel
         self.stop: StopFlag | None = None
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
@@ -79,7 +80,7 @@ class Child:
         while True:
             try:
                 data = os.read(fd, 65536)
-            except (BlockingIOError, InterruptedError):
+            except BlockingIOError:  # (EINTR is retried by Python itself)
                 break
             except OSError:
                 data = b""
@@ -250,7 +251,7 @@ def _fork(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None, death
     with contextlib.suppress(OSError):  # the child does it too; whichever comes first
         os.setpgid(pid, pid)
     close_fds([fd for fd in (msg_w, out_w, err_w) if fd is not None])
-    child = Child(pid, _outputs(out_r, err_r))
+    child = Child(pid, out_r, err_r)
     child.messages, child.stop = FrameReader(msg_r), stop
     return child
 
@@ -342,18 +343,6 @@ def _spawn(preload: Sequence[str], env: dict[str, str] | None = None,
 NONE = "-"  # no request pipe, in WIRING
 
 
-def child_environment() -> dict[str, str]:
-    """This process's environment, with hybridnb's folder and ``sys.path`` on ``PYTHONPATH`` (a
-    notebook may have added them to sys.path only), and unbuffered output."""
-    environ = dict(current())
-    package_root = str(Path(__file__).resolve().parents[2])
-    environ["PYTHONPATH"] = os.pathsep.join(
-        [package_root] + [p for p in sys.path if p] + [environ.get("PYTHONPATH", "")]
-    ).rstrip(os.pathsep)
-    environ["PYTHONUNBUFFERED"] = "1"
-    return environ
-
-
 class Requests:
     """The parent's end of a child's request pipe."""
 
@@ -387,7 +376,13 @@ def start_framed(module: str, *args: str, env: dict[str, str] | None = None,
                  requests: bool = False, merge_output: bool = False
                  ) -> tuple[Child, Requests | None]:
     """Start ``python -m module WIRING *args`` (``processes.framed``), with ``messages`` and
-    ``stop`` as a spawned child, and this process's environment (``env`` on top)."""
+    ``stop`` as a spawned child, and this process's environment (``env`` on top), unbuffered,
+    with hybridnb's folder and ``sys.path`` on ``PYTHONPATH`` (a notebook may have added them to
+    sys.path only)."""
+    package_root = str(Path(__file__).resolve().parents[2])
+    pythonpath = os.pathsep.join([package_root] + [p for p in sys.path if p]
+                                 + [current().get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env = {**current(), "PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1", **(env or {})}
     made: list[int] = []
     stop: StopFlag | None = None
     try:
@@ -398,8 +393,7 @@ def start_framed(module: str, *args: str, env: dict[str, str] | None = None,
         fds = ",".join(str(x) for x in (msg_w, stop.fd, NONE if req_r is None else req_r,
                                         lifeline.wiring()))
         child = start_command([sys.executable, "-m", module, fds, *args],
-                              env={**child_environment(), **(env or {})},
-                              merge_output=merge_output,
+                              env=env, merge_output=merge_output,
                               pass_fds=[fd for fd in (msg_w, stop.fd, req_r, lifeline.read_end())
                                         if fd is not None])
     except BaseException:  # cleanup, then re-raised
@@ -429,7 +423,7 @@ def start_command(argv: Sequence[str], *, env: dict[str, str] | None = None,
         close_fds(made)
         raise
     close_fds([fd for fd in (out_w, err_w) if fd is not None])
-    return Child(popen.pid, _outputs(out_r, err_r), popen)
+    return Child(popen.pid, out_r, err_r, popen)
 
 
 # ============================================================================ in the child
@@ -481,10 +475,6 @@ def close_fds(fds: list[int]) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
             os.close(fd)
-
-
-def _outputs(out_r: int, err_r: int | None) -> dict[int, int]:
-    return {out_r: 1} if err_r is None else {out_r: 1, err_r: 2}
 
 
 # ============================================================================ atomic starts

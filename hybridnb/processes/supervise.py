@@ -1,19 +1,12 @@
-"""The one watch loop for every child of hybridnb, under one interrupt policy.
+"""The one watch loop for every child of hybridnb (``Watch``; ``supervise``: one child), under
+one interrupt policy; nothing is left running when a ``Watch`` closes, whatever raised.
 
-``Watch`` watches several children in one ``select`` loop; ``supervise`` is the shorthand for one
-child. Nothing is left running when a ``Watch`` closes, whatever raised.
-
-Per child, the silence limit bounds *silence*, not a phase: every "step_done" or "heartbeat"
-restarts the clock (a heartbeat's ``grace`` lengthens it until the next message), and a child
-silent longer is killed (``Ending.HUNG``). ``deadline`` bounds the run, or one request
-(``Watched.arm``), instead (``Ending.TIMEOUT``).
-
-Interrupts: the handlers for SIGINT, SIGTERM and SIGHUP are in place before any child starts.
-The first asks every child to stop (its stop flag says "interrupt"; a ``stop_signal`` is sent
-too): it finishes its step and sends its state and result, or is killed after its
-``stop_grace`` (0: at once). A second kills every child. Once they are gone, SIGTERM (or SIGHUP)
-is delivered again as handled before the watch; SIGINT too, unless ``keep_interrupt=True``.
-``should_stop`` (a Stop button) sets the flag with the reason "stop" (or the word it returns).
+A silence limit bounds *silence*, not a phase: every "step_done" or "heartbeat" restarts the
+clock. Interrupts: the handlers for SIGINT, SIGTERM and SIGHUP are in place before any child
+starts. The first asks every child to stop (its stop flag says "interrupt"): it finishes its step
+and sends its state and result, or is killed after its ``stop_grace``. A second kills every
+child. Once they are gone, SIGTERM (or SIGHUP) is delivered again as handled before the watch;
+SIGINT too, unless ``keep_interrupt=True``.
 """
 
 from __future__ import annotations
@@ -96,7 +89,7 @@ class Watched:
         self.forward_output, self.stop_signal, self.reap_s = forward_output, stop_signal, reap_s
         self.progress = ChildProgress()
         self.queue: collections.deque[Message] = collections.deque()
-        self.state = self.state_steps = self.result = self.error = None
+        self.state = self.result = self.error = None
         self.got_done = False
         self.stop_reason: str | None = None
         self.finished_at: float | None = None
@@ -138,7 +131,7 @@ class Watched:
             if info.get("phase"):
                 p.phase = str(info["phase"])
         elif m.kind == channel.STATE:
-            self.state, self.state_steps = m.payload, p.steps
+            self.state = m.payload
         elif m.kind == channel.DONE:
             self.result, self.got_done, self.finished_at = m.payload, True, now
         elif m.kind == channel.ERROR:
@@ -173,12 +166,9 @@ class Watched:
     def make_outcome(self, now: float) -> ChildOutcome:
         child, p, cause, who = self.child, self.progress, self.cause, self.name
         ex, reader = child.exit, child.messages
-        exit_text = child.not_reaped or (str(ex) if ex is not None else "unknown")
         out = ChildOutcome(status=Ending.DIED, reason="", result=self.result, error=self.error,
-                           state=self.state, state_steps=self.state_steps, steps=p.steps,
-                           median_step_s=p.median_step_s, seconds=now - self.t0, phase=p.phase,
-                           exit=exit_text, signal=ex.signal if ex else None,
-                           exit_code=ex.code if ex else None, interrupted=self.signal is not None,
+                           state=self.state, steps=p.steps, median_step_s=p.median_step_s,
+                           seconds=now - self.t0, phase=p.phase, interrupted=self.signal is not None,
                            stop_sent=self.stop_reason is not None, pid=child.pid,
                            output_tail=child.output_text(), last_words=child.last_words.best())
         steps = f"after {p.steps} step{'s' if p.steps != 1 else ''}"
@@ -211,25 +201,27 @@ class Watched:
         elif cause == "closed":
             out.status = Ending.INTERRUPTED if self.signal is not None else Ending.DIED
             out.reason = f"{who} was still running when its watch closed; killed {steps}"
-        else:  # it exited without "done" or "error"
-            if ex is not None and ex.how == "signal":
+        else:  # it exited (``poll``: ``ex`` is known) without "done" or "error"
+            if ex.how == "signal":
                 hint = SIGNAL_HINTS.get(ex.signal or "")
                 out.reason = (f"{who} was killed by {ex.signal} {steps}{in_phase}"
                               + (f" ({hint})" if hint else ""))
             else:
-                out.reason = (f"{who} exited with {exit_text} {steps}{in_phase} without sending "
-                              "a result")
+                out.reason = f"{who} {ex.says()} {steps}{in_phase} without sending a result"
             if out.last_words:
                 out.reason += f"; its last output: {out.last_words[:200]}"
         if reader is not None and reader.partial and out.status != Ending.DONE:
             out.reason += "; a message it was sending was cut off"
+        if child.not_reaped:
+            out.reason += f"; {child.not_reaped}"
         return out
 
 
 class Watch:
     """Children watched by one loop under the module's interrupt policy, from ``__enter__`` to
-    ``__exit__`` (which ends every child still there). ``poll``: how often ``should_stop`` is
-    asked when nothing arrives. ``interrupt_note``: said at the first interrupt."""
+    ``__exit__`` (which ends every child still there). ``should_stop`` (a Stop button), asked
+    every ``poll`` seconds: true sets the stop flags' reason to "stop" (or the word it returns).
+    ``interrupt_note``: said at the first interrupt."""
 
     def __init__(self, *, poll: float = 0.1, should_stop: Callable[[], bool] | None = None,
                  keep_interrupt: bool = False, interrupt_note: str | None = None) -> None:
@@ -359,9 +351,8 @@ class Watch:
         try:
             w.child.kill_group(w.reap_s)
         finally:
-            ended_at = time.monotonic()
             w.child.close()  # (its reader keeps what it counted)
-            w.outcome = w.make_outcome(ended_at)
+            w.outcome = w.make_outcome(time.monotonic())
 
     def _ask_stop(self) -> None:
         reason = channel.INTERRUPT if self.signals else None

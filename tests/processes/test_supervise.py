@@ -90,7 +90,7 @@ def test_one_watch_holds_children_with_their_own_limits_and_endings():
     assert time.monotonic() - t0 < 25
     assert ok.outcome.status == Ending.DONE and ok.outcome.result == "fine"
     assert hung.outcome.status == Ending.HUNG and hung.outcome.phase == "validation"
-    assert died.outcome.status == Ending.DIED and died.outcome.signal == "SIGABRT"
+    assert died.outcome.status == Ending.DIED and died.child.exit.signal == "SIGABRT"
     assert psutil.Process().children(recursive=True) == []
 
 
