@@ -1,15 +1,15 @@
-"""Start a child process, read it, signal it, reap it.
-
-The one module of hybridnb that sends signals (tests check it). Every child leads its own
-process group, so ``Child.kill_group()`` reaches the helpers it started too (DataLoader workers,
-a driver's helper), and reaps it: no orphan, no zombie. Starts hold Ctrl-C and SIGTERM until the
-child is made, so a start returns a child the caller owns or leaves nothing (no process, no
-shared file). Children die with the parent (``processes.lifeline``). POSIX only
-(``platform.child_pipes()``): elsewhere callers run in process.
+"""Start a child process, read it, signal it, reap it: the one module of hybridnb that sends
+signals (tests check it). Every child leads its own process group, so ``Child.kill_group()``
+reaches the helpers it started too (DataLoader workers, a driver's helper), and reaps it: no
+orphan, no zombie. Starts hold Ctrl-C and SIGTERM until the child is made, so a start returns a
+child the caller owns or leaves nothing (no process, no shared file). Children die with the
+parent (``processes.lifeline``). POSIX only (``platform.child_pipes()``): elsewhere callers run
+in process.
 """
 
 from __future__ import annotations
 
+import codecs
 import collections
 import contextlib
 import faulthandler
@@ -31,6 +31,7 @@ from hybridnb.processes.channel import (
     DONE,
     HEADER,
     MAGIC,
+    READY,
     Channel,
     FrameReader,
     StopFlag,
@@ -39,10 +40,11 @@ from hybridnb.processes.channel import (
     write_all,
 )
 from hybridnb.processes.ended import Exit
-from hybridnb.processes.output import LastWords, OutputLines
+from hybridnb.processes.output import LastWords
 
 REAP_S = 10.0        # after SIGKILL: time to reap (a process stuck in a driver call cannot die)
 TAIL_LINES = 120     # the child's last output lines kept
+PARTIAL_CAP = 2000   # characters of an unfinished line kept (a progress bar without newlines)
 WORKER_MODULE = "hybridnb.processes.worker"
 WORKER_ENV = {HEADLESS_ENV: "1", ISOLATED_ENV: "1"}  # a worker draws nothing, never isolates again
 
@@ -60,7 +62,9 @@ class Child:
         self.stop: StopFlag | None = None
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.last_words = LastWords()
-        self._outputs = {fd: OutputLines(self.tail, self.last_words) for fd in self.output_fds}
+        self._partial = dict.fromkeys(self.output_fds, "")  # per pipe, its unfinished line
+        self._decoders = {fd: codecs.getincrementaldecoder("utf-8")("replace")
+                          for fd in self.output_fds}  # a character may be split across reads
         for fd in self.output_fds:
             os.set_blocking(fd, False)
         self.files: list[str] = []
@@ -73,9 +77,10 @@ class Child:
             with contextlib.suppress(OSError):
                 self.pidfd = os.pidfd_open(pid)
 
-    # ---------------------------------------------------------------- reading
     def read_output(self, fd: int) -> tuple[int, str] | None:
-        """What is there on one output pipe: (1 or 2, the text); None once it is closed."""
+        """What is there on one output pipe: (1 or 2, the text); None once it is closed. Its
+        completed lines go to ``tail`` and ``last_words`` (a line redrawn with carriage returns
+        counts by its last state)."""
         chunks: list[str] = []
         while True:
             try:
@@ -88,13 +93,17 @@ class Child:
                 stream = self.output_fds.pop(fd)
                 os.close(fd)
                 return (stream, "".join(chunks)) if chunks else None
-            chunks.append(self._outputs[fd].feed(data))
+            chunks.append(self._decoders[fd].decode(data))
+            lines = (self._partial[fd] + chunks[-1]).split("\n")
+            self._partial[fd] = lines.pop()[-PARTIAL_CAP:]
+            for line in lines:
+                self.tail.append(line.rsplit("\r", 1)[-1])
+                self.last_words.feed(self.tail[-1])
         return self.output_fds[fd], "".join(chunks)
 
     def output_text(self) -> str:
         """The kept lines and any unfinished ones."""
-        partial = [o.partial for o in self._outputs.values() if o.partial]
-        return "\n".join([*self.tail, *partial])
+        return "\n".join([*self.tail, *(p for p in self._partial.values() if p)])
 
     def wait_fds(self) -> list[int]:
         """The descriptors that become readable when something happens to it."""
@@ -105,7 +114,6 @@ class Child:
             fds.append(self.pidfd)
         return fds
 
-    # ---------------------------------------------------------------- its end
     def poll(self) -> Exit | None:
         """How it ended, once it has; left unreaped where ``os.waitid`` allows (so ``kill_group``
         cannot hit a stranger), else reaped (a group's id is not reused while a member lives)."""
@@ -191,15 +199,12 @@ class Child:
             self.close()
 
 
-# ============================================================================ starting
-
 def start_fork(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None = None,
                death_signal: int = platform.KILL, merge_output: bool = False) -> Child:
-    """Fork a child that runs ``fn(channel, *args)`` and sends its return value back.
-
-    ``env``: variables set in the child (default ``WORKER_ENV``). ``death_signal``: what it gets
-    when this process dies (``hn.launch``'s ranks get SIGINT, to stop at an agreed step).
-    ``merge_output``: one pipe for stdout and stderr. Where this OS cannot fork: spawned."""
+    """Fork a child that runs ``fn(channel, *args)`` and sends its return value back. ``env``:
+    variables set in the child (default ``WORKER_ENV``). ``death_signal``: what it gets when this
+    process dies (``hn.launch``'s ranks get SIGINT, to stop at an agreed step). ``merge_output``:
+    one pipe for stdout and stderr. Where this OS cannot fork: spawned."""
     if not platform.fork():
         platform.say_once(f"{platform.fork().why}: start_fork starts a spawned child")
         return start_spawn(fn, *args, env=env, death_signal=death_signal,
@@ -244,7 +249,7 @@ def _fork(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None, death
                                            errors="replace", closefd=False) for fd in (1, 2))
             prepare()
             channel = Channel(msg_w, stop)
-            channel.ready()
+            channel.send(READY)
             code = run(fn, args, {}, channel)
         finally:
             leave(code)
@@ -311,8 +316,7 @@ class PrestartedWorker:
                              "it will start its own")
 
     def close(self) -> None:
-        """Kill the worker if its job never came (after ``send``: nothing to do; a send that
-        failed after the hand-over closed the child itself)."""
+        """Kill the worker if its job never came (after ``send``: nothing to do)."""
         with _held_signals():
             if self._job is not None:
                 self._job.close()
@@ -376,9 +380,8 @@ def start_framed(module: str, *args: str, env: dict[str, str] | None = None,
                  requests: bool = False, merge_output: bool = False
                  ) -> tuple[Child, Requests | None]:
     """Start ``python -m module WIRING *args`` (``processes.framed``), with ``messages`` and
-    ``stop`` as a spawned child, and this process's environment (``env`` on top), unbuffered,
-    with hybridnb's folder and ``sys.path`` on ``PYTHONPATH`` (a notebook may have added them to
-    sys.path only)."""
+    ``stop``, unbuffered, in this process's environment (``env`` on top) with hybridnb's folder
+    and ``sys.path`` on ``PYTHONPATH`` (a notebook may have added them to sys.path only)."""
     package_root = str(Path(__file__).resolve().parents[2])
     pythonpath = os.pathsep.join([package_root] + [p for p in sys.path if p]
                                  + [current().get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -426,8 +429,6 @@ def start_command(argv: Sequence[str], *, env: dict[str, str] | None = None,
     return Child(popen.pid, out_r, err_r, popen)
 
 
-# ============================================================================ in the child
-
 def prepare() -> None:
     """In a child: signals as a plain Python process has them, faulthandler on stderr, no stdin."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -455,14 +456,12 @@ def run(fn: Callable[..., Any], args: tuple, kwargs: dict, channel: Channel) -> 
 
 
 def leave(code: int) -> NoReturn:
-    """Flush and exit at once: no atexit handlers, no teardown of the interpreter or threads."""
+    """In a child: flush and exit at once (no atexit handlers, no interpreter teardown)."""
     with contextlib.suppress(BaseException):  # exiting anyway
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(code)
 
-
-# ============================================================================ small helpers
 
 def new_pipe(made: list[int]) -> tuple[int, int]:
     """A pipe, its descriptors also added to ``made`` (closed together on failure)."""
@@ -476,8 +475,6 @@ def close_fds(fds: list[int]) -> None:
         with contextlib.suppress(OSError):
             os.close(fd)
 
-
-# ============================================================================ atomic starts
 
 @contextlib.contextmanager
 def _held_signals() -> Iterator[None]:

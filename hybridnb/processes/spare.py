@@ -1,10 +1,9 @@
-"""A warm worker: one spare prestarted worker per preload tuple, kept for the next request.
-
-``child.prestart_spawn`` takes the spare instead of starting an interpreter (the second isolated
-fit finds torch imported), and the next spare starts once a job is over (no start-up takes CPU
-from a job). A spare is handed out only while it runs and only for the same request (preload,
-environment, ``sys.path``, working directory, interpreter); else it is closed. It never outlives
-this process (lifeline, atexit). ``HYBRIDNB_WARM_WORKER=0`` turns spares off.
+"""A warm worker: one spare prestarted worker per preload tuple, kept for the next request
+(``child.prestart_spawn`` takes it: the second isolated fit finds torch imported); the next
+spare starts once a job is over (no start-up takes CPU from a job). A spare is handed out only
+while it runs and only for the same request (preload, environment, ``sys.path``, working
+directory, interpreter); else it is closed. It never outlives this process (lifeline, atexit).
+``HYBRIDNB_WARM_WORKER=0`` turns spares off.
 """
 
 from __future__ import annotations

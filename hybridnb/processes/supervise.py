@@ -60,7 +60,6 @@ def supervise(start: Callable[[], Child], *, poll: float = 0.1,
               should_stop: Callable[[], bool] | None = None, **limits: Any) -> ChildOutcome:
     """Start one child with ``start()`` and watch it until it ends, an interrupt answered by
     the outcome (``keep_interrupt``). ``limits``: ``Watched``'s keywords."""
-    limits.setdefault("name", "the worker")
     with Watch(poll=poll, should_stop=should_stop, keep_interrupt=True) as watch:
         watched = watch.start(start, **limits)
         watch.run()
@@ -71,7 +70,7 @@ class Watched:
     """One child under a ``Watch``: what it said, its limits, and (once ``ended``) its
     ``outcome``. ``child`` stays readable after it ended (``exit``, ``tail``)."""
 
-    def __init__(self, child: Child, *, name: str = "the child",
+    def __init__(self, child: Child, *, name: str = "the worker",
                  on_message: Callable[[Message], None] | None = None,
                  silence: SilenceLimit | float | None = None, deadline: float | None = None,
                  stop_grace: float = STOP_GRACE_S, forward_output: bool = True,
@@ -106,12 +105,10 @@ class Watched:
         return self.cause is not None
 
     def arm(self, seconds: float | None) -> None:
-        """Bound the time from now until it ends (None: no bound); a request-and-answer
-        caller arms it before each request."""
+        """Bound the time from now until it ends (None: no bound), e.g. before each request."""
         self.deadline_s = seconds
         self.deadline_at = None if seconds is None else time.monotonic() + seconds
 
-    # ---------------------------------------------------------------- what it said
     def note(self, m: Message) -> None:
         now = time.monotonic()
         p = self.progress
@@ -119,11 +116,9 @@ class Watched:
         info = m.payload if isinstance(m.payload, dict) else {}
         if m.kind == channel.STEP_DONE:
             p.steps += 1
-            seconds, at = info.get("seconds"), info.get("at", now)  # one clock for both
-            if seconds is None and p.steps > 1:  # the first one includes start-up
-                seconds = at - p.last_step
-            if seconds is not None:
-                p.step_seconds.append(float(seconds))
+            at = info.get("at", now)  # one clock for both
+            if p.steps > 1:  # the first one includes start-up
+                p.step_seconds.append(at - p.last_step)
             p.last_step, p.last_message, p.grace = at, now, None
         elif m.kind == channel.HEARTBEAT:
             p.last_message = now
@@ -162,7 +157,6 @@ class Watched:
                   (self.progress.last_message + self.limit()[0], "silent")]
         return [(at, cause) for at, cause in limits if at is not None]
 
-    # ---------------------------------------------------------------- the outcome
     def make_outcome(self, now: float) -> ChildOutcome:
         child, p, cause, who = self.child, self.progress, self.cause, self.name
         ex, reader = child.exit, child.messages
@@ -232,7 +226,6 @@ class Watch:
         self._previous: dict[int, Any] = {}
         self._announced = self._stop_asked = self._delivered = False
 
-    # ---------------------------------------------------------------- signals
     def __enter__(self) -> Watch:
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
@@ -241,8 +234,6 @@ class Watch:
         return self
 
     def __exit__(self, kind, value, tb) -> None:
-        """Every child ended; then the handlers as before the watch, and SIGTERM or SIGHUP
-        (SIGINT too unless kept) delivered again to this process."""
         try:
             self.close(deliver=kind is None)  # after an error: no more calls into the caller
         finally:
@@ -260,7 +251,6 @@ class Watch:
     def _on_signal(self, signum, frame) -> None:
         self.signals.append(signum)
 
-    # ---------------------------------------------------------------- children
     def start(self, start: Callable[[], Child], **limits: Any) -> Watched:
         """Start a child with ``start()`` and watch it under ``limits`` (``Watched``'s)."""
         child = start()
@@ -327,7 +317,6 @@ class Watch:
         if failed is not None:
             raise failed
 
-    # ---------------------------------------------------------------- the loop's parts
     def _read(self, w: Watched, ready, deliver: bool = True) -> None:
         child = w.child
         reader = child.messages

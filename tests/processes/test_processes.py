@@ -127,7 +127,7 @@ def test_big_tensors_travel_through_shared_memory_and_nothing_is_left_in_dev_shm
 
 def test_silence_in_a_named_phase_is_killed_and_names_the_phase_and_the_silence():
     def work(channel):
-        channel.step_done(0.01)
+        channel.step_done()
         channel.state({"step": 1})
         channel.heartbeat(phase="validation")
         time.sleep(600)
@@ -322,7 +322,7 @@ def test_the_start_grace_covers_a_slow_start_and_ends_at_ready():
 def test_run_isolated_spawn_start_keeps_its_outcome_fields():
     def steps(channel):
         for _ in range(3):
-            channel.step_done(0.001)
+            channel.step_done()
         channel.state({"step": 3})
         channel.heartbeat(phase="checkpoint")
         time.sleep(600)

@@ -21,7 +21,7 @@ def _until_stopped(channel):
     n = 0
     while channel.stop_reason() is None:
         n += 1
-        channel.step_done(0.001)
+        channel.step_done()
         time.sleep(0.01)
     return {"reason": channel.stop_reason(), "steps": n}
 
@@ -73,7 +73,7 @@ def test_one_watch_holds_children_with_their_own_limits_and_endings():
     """Three children at once: one finishes, one hangs past its silence limit, one dies; each
     outcome is its own, and the hung one does not hold the others back."""
     def finishes(channel):
-        channel.step_done(0.01)
+        channel.step_done()
         return "fine"
 
     def hangs(channel):

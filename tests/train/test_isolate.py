@@ -42,7 +42,7 @@ def _steps_then(n, then, state_at=None):
         channel.send("pid", os.getpid())
         for i in range(1, n + 1):
             channel.send("view", {"step": i})
-            channel.step_done(0.001)
+            channel.step_done()
             if i == state_at:
                 channel.state({"step": i, "w": torch.full((4,), float(i))})
         return then(channel)
@@ -153,7 +153,7 @@ def test_sigkill_mid_work_names_the_death_and_keeps_the_last_state():
         channel.send("pid", os.getpid())
         for i in range(1, 7):
             channel.state({"step": i, "w": torch.full((1000,), float(i))})
-            channel.step_done(0.001)
+            channel.step_done()
         slow_forever(channel)
 
     out = run_isolated(work, on_message=on)
@@ -254,7 +254,7 @@ def test_the_automatic_timeout_follows_the_measured_steps(monkeypatch):
     t0 = time.monotonic()
     out = run_isolated(_steps_then(6, lambda ch: time.sleep(600)), step_timeout=None)
     assert out.status == "hung" and (out.limit_name, out.limit_s) == ("step_timeout", 1.0)
-    assert out.median_step_s == pytest.approx(0.001)
+    assert out.median_step_s < 0.05  # steps of well under a millisecond, then the hang
     assert time.monotonic() - t0 < 6
 
 
