@@ -89,7 +89,6 @@ class ChildOutcome:
     limit_s: float | None = None   # the silence limit then, and the rule that set it
     limit_name: str = ""
     interrupted: bool = False      # SIGINT or SIGTERM reached the parent while supervising
-    stop_sent: bool = False        # the child was asked to stop (an interrupt or should_stop)
     output_tail: str = ""          # its last lines of stdout/stderr
     last_words: str = ""           # the one line that best says why it died
     pid: int | None = None         # also its process group id

@@ -163,8 +163,8 @@ class Watched:
         out = ChildOutcome(status=Ending.DIED, reason="", result=self.result, error=self.error,
                            state=self.state, steps=p.steps, median_step_s=p.median_step_s,
                            seconds=now - self.t0, phase=p.phase, interrupted=self.signal is not None,
-                           stop_sent=self.stop_reason is not None, pid=child.pid,
-                           output_tail=child.output_text(), last_words=child.last_words.best())
+                           pid=child.pid, output_tail=child.output_text(),
+                           last_words=child.last_words.best())
         steps = f"after {p.steps} step{'s' if p.steps != 1 else ''}"
         in_phase = f" in phase '{p.phase}'" if p.phase else ""
         if self.got_done:
@@ -195,13 +195,14 @@ class Watched:
         elif cause == "closed":
             out.status = Ending.INTERRUPTED if self.signal is not None else Ending.DIED
             out.reason = f"{who} was still running when its watch closed; killed {steps}"
-        else:  # it exited (``poll``: ``ex`` is known) without "done" or "error"
-            if ex.how == "signal":
+        else:  # it exited without "done" or "error"
+            if ex is not None and ex.how == "signal":
                 hint = SIGNAL_HINTS.get(ex.signal or "")
                 out.reason = (f"{who} was killed by {ex.signal} {steps}{in_phase}"
                               + (f" ({hint})" if hint else ""))
             else:
-                out.reason = f"{who} {ex.says()} {steps}{in_phase} without sending a result"
+                how = ex.says() if ex is not None else "ended"
+                out.reason = f"{who} {how} {steps}{in_phase} without sending a result"
             if out.last_words:
                 out.reason += f"; its last output: {out.last_words[:200]}"
         if reader is not None and reader.partial and out.status != Ending.DONE:

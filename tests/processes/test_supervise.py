@@ -46,7 +46,7 @@ def test_a_stop_callback_reaches_the_child_as_stop():
                     should_stop=lambda: len(steps) >= 3)
     assert out.ok, out.reason
     assert out.result["reason"] == "stop"
-    assert out.result["steps"] >= 3 and out.stop_sent and not out.interrupted
+    assert out.result["steps"] >= 3 and out.result["reason"] == "stop" and not out.interrupted
 
 
 def test_sigint_in_the_parent_reaches_the_child_as_interrupt(capsys):
