@@ -1,11 +1,10 @@
-"""The message pipe between a supervised child and its parent.
-
-A frame is header | pickled ``(kind, payload)`` with each plain tensor replaced by a reference |
-the tensors' specs | their raw bytes. The parent reads the pipe (non-blocking: it keeps watching
-the child meanwhile) straight into tensors it allocated, so a state of tens of MB costs one copy
-on each side; tensors arrive on the CPU, contiguous; a frame cut short is never delivered. A
-frame with no specs section is a request already packed (``Requests.send_packed``). The
-stop request goes the other way through one shared byte (``StopFlag``), read every step.
+"""The message pipe between a supervised child and its parent. A frame is header | pickled
+``(kind, payload)`` with each plain tensor replaced by a reference | the tensors' specs | their
+raw bytes. The parent reads the pipe (non-blocking: it keeps watching the child meanwhile)
+straight into tensors it allocated, so a state of tens of MB costs one copy on each side;
+tensors arrive on the CPU, contiguous; a frame cut short is never delivered. A frame with no
+specs section is a request already packed (``Requests.send_packed``). The stop request goes the
+other way through one shared byte (``StopFlag``), read every step.
 """
 
 from __future__ import annotations
@@ -22,8 +21,7 @@ import threading
 import time
 import traceback
 from collections.abc import Generator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from hybridnb import platform
 
@@ -35,14 +33,13 @@ BATCH_BYTES = 64 << 10  # a message larger than this is written at once
 
 # kinds the supervisor itself reads (every message also goes to the caller's on_message)
 DONE, ERROR, STATE, STEP_DONE, HEARTBEAT = "done", "error", "state", "step_done", "heartbeat"
-READY = "ready"  # a started child is up (imports done): {"at": time.monotonic()}
+READY = "ready"  # a started child is up (imports done): its start-up allowance ends
 ANSWER = "answer"  # a child's answer to its parent's request (processes.framed)
 PACKED = "packed"  # a request whose payload is ``payload.pack``'s bytes, not pickled again
 URGENT = frozenset((DONE, ERROR, STATE, HEARTBEAT, READY, ANSWER))  # written at once, with what came before
 
 
-@dataclass
-class Message:
+class Message(NamedTuple):
     kind: str
     payload: Any
 
@@ -92,8 +89,6 @@ class StopFlag:
                 os.close(self.fd)
             self.fd = None
 
-
-# ============================================================================ worker side
 
 class _TensorPickler(pickle.Pickler):
     """Plain strided tensors are left out (``tensors``), to follow as raw bytes."""
@@ -164,8 +159,7 @@ class Channel:
     """The child's side: ``send(kind, payload)``, any picklable payload; every kind also goes
     to the parent's ``on_message``. Small messages are batched, at most ``FLUSH_INTERVAL_S``
     late (each write wakes the parent, whose kernel can take the worker's core for milliseconds);
-    ``URGENT`` kinds go at once with everything before them; order is always kept.
-    """
+    ``URGENT`` kinds go at once with everything before them; order is always kept."""
 
     def __init__(self, fd: int, stop: StopFlag) -> None:
         self._fd, self._stop = fd, stop
@@ -214,20 +208,14 @@ class Channel:
             self._pending = bytearray()
         self._last_write = now
 
-    def step_done(self, seconds: float | None = None) -> None:
-        """A step finished (``seconds``: its duration; by default the time since the previous
-        one, timed here: batching would blur it on the parent's side)."""
-        self.send(STEP_DONE, {"seconds": None if seconds is None else float(seconds),
-                              "at": time.monotonic()})
+    def step_done(self) -> None:
+        """A step finished, timed here (batching would blur its time on the parent's side)."""
+        self.send(STEP_DONE, {"at": time.monotonic()})
 
     def heartbeat(self, phase: str | None = None, grace: float | None = None) -> None:
         """Alive: restarts the parent's silence clock. ``phase`` holds until another is named;
         ``grace``: silence allowed until the next message, when longer than the limit."""
         self.send(HEARTBEAT, {"phase": phase, "grace": grace})
-
-    def ready(self) -> None:
-        """Up (imports done): the parent's start-up allowance ends."""
-        self.send(READY, {"at": time.monotonic()})
 
     def state(self, state: Any) -> None:
         self.send(STATE, state)
@@ -244,11 +232,9 @@ class Channel:
                               "traceback": text})
 
 
-# ============================================================================ kernel side
-
 class FrameReader:
-    """``read()``: the messages completed so far, never blocking. ``partial``: a frame has begun
-    but not finished."""
+    """The parent's side: ``read()``, the messages completed so far, never blocking.
+    ``partial``: a frame has begun but not finished."""
 
     def __init__(self, fd: int) -> None:
         os.set_blocking(fd, False)
@@ -321,8 +307,6 @@ def _allocate(specs: list) -> tuple[list, list[memoryview]]:
         tensors.append(as_sent(t, is_param, requires_grad))
     return tensors, raws
 
-
-# ============================================================================ requests
 
 class Inbox(FrameReader):
     """A child's side of its request pipe (``child.Requests``)."""

@@ -1,15 +1,15 @@
-"""Start a child process, read it, signal it, reap it.
-
-The one module of hybridnb that sends signals (tests check it). Every child leads its own
-process group, so ``Child.kill_group()`` reaches the helpers it started too (DataLoader workers,
-a driver's helper), and reaps it: no orphan, no zombie. Starts hold Ctrl-C and SIGTERM until the
-child is made, so a start returns a child the caller owns or leaves nothing (no process, no
-shared file). Children die with the parent (``processes.lifeline``). POSIX only
-(``platform.child_pipes()``): elsewhere callers run in process.
+"""Start a child process, read it, signal it, reap it: the one module of hybridnb that sends
+signals (tests check it). Every child leads its own process group, so ``Child.kill_group()``
+reaches the helpers it started too (DataLoader workers, a driver's helper), and reaps it: no
+orphan, no zombie. Starts hold Ctrl-C and SIGTERM until the child is made, so a start returns a
+child the caller owns or leaves nothing (no process, no shared file). Children die with the
+parent (``processes.lifeline``). POSIX only (``platform.child_pipes()``): elsewhere callers run
+in process.
 """
 
 from __future__ import annotations
 
+import codecs
 import collections
 import contextlib
 import faulthandler
@@ -31,6 +31,7 @@ from hybridnb.processes.channel import (
     DONE,
     HEADER,
     MAGIC,
+    READY,
     Channel,
     FrameReader,
     StopFlag,
@@ -39,27 +40,31 @@ from hybridnb.processes.channel import (
     write_all,
 )
 from hybridnb.processes.ended import Exit
-from hybridnb.processes.output import LastWords, OutputLines
+from hybridnb.processes.output import LastWords
 
 REAP_S = 10.0        # after SIGKILL: time to reap (a process stuck in a driver call cannot die)
 TAIL_LINES = 120     # the child's last output lines kept
+PARTIAL_CAP = 2000   # characters of an unfinished line kept (a progress bar without newlines)
 WORKER_MODULE = "hybridnb.processes.worker"
 WORKER_ENV = {HEADLESS_ENV: "1", ISOLATED_ENV: "1"}  # a worker draws nothing, never isolates again
 
 
 class Child:
     """A started child: ``pid`` (also its process group), ``messages`` (its channel's reader;
-    None for a command), ``output_fds`` (open stdout/stderr pipes: fd -> 1 or 2) and ``files``
-    (its job's shared-memory files, removed at ``close``)."""
+    None for a command), ``output_fds`` (open stdout/stderr pipes: fd -> 1 or 2; ``err_r`` None:
+    merged) and ``files`` (its job's shared-memory files, removed at ``close``)."""
 
-    def __init__(self, pid: int, output_fds: dict[int, int], popen: subprocess.Popen | None = None
-                 ) -> None:
-        self.pid, self.popen, self.output_fds = pid, popen, output_fds
+    def __init__(self, pid: int, out_r: int, err_r: int | None,
+                 popen: subprocess.Popen | None = None) -> None:
+        self.pid, self.popen = pid, popen
+        self.output_fds = {out_r: 1} if err_r is None else {out_r: 1, err_r: 2}
         self.messages: FrameReader | None = None  # set by the start that made a channel
         self.stop: StopFlag | None = None
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.last_words = LastWords()
-        self._outputs = {fd: OutputLines(self.tail, self.last_words) for fd in self.output_fds}
+        self._partial = dict.fromkeys(self.output_fds, "")  # per pipe, its unfinished line
+        self._decoders = {fd: codecs.getincrementaldecoder("utf-8")("replace")
+                          for fd in self.output_fds}  # a character may be split across reads
         for fd in self.output_fds:
             os.set_blocking(fd, False)
         self.files: list[str] = []
@@ -72,14 +77,15 @@ class Child:
             with contextlib.suppress(OSError):
                 self.pidfd = os.pidfd_open(pid)
 
-    # ---------------------------------------------------------------- reading
     def read_output(self, fd: int) -> tuple[int, str] | None:
-        """What is there on one output pipe: (1 or 2, the text); None once it is closed."""
+        """What is there on one output pipe: (1 or 2, the text); None once it is closed. Its
+        completed lines go to ``tail`` and ``last_words`` (a line redrawn with carriage returns
+        counts by its last state)."""
         chunks: list[str] = []
         while True:
             try:
                 data = os.read(fd, 65536)
-            except (BlockingIOError, InterruptedError):
+            except BlockingIOError:  # (EINTR is retried by Python itself)
                 break
             except OSError:
                 data = b""
@@ -87,13 +93,17 @@ class Child:
                 stream = self.output_fds.pop(fd)
                 os.close(fd)
                 return (stream, "".join(chunks)) if chunks else None
-            chunks.append(self._outputs[fd].feed(data))
+            chunks.append(self._decoders[fd].decode(data))
+            lines = (self._partial[fd] + chunks[-1]).split("\n")
+            self._partial[fd] = lines.pop()[-PARTIAL_CAP:]
+            for line in lines:
+                self.tail.append(line.rsplit("\r", 1)[-1])
+                self.last_words.feed(self.tail[-1])
         return self.output_fds[fd], "".join(chunks)
 
     def output_text(self) -> str:
         """The kept lines and any unfinished ones."""
-        partial = [o.partial for o in self._outputs.values() if o.partial]
-        return "\n".join([*self.tail, *partial])
+        return "\n".join([*self.tail, *(p for p in self._partial.values() if p)])
 
     def wait_fds(self) -> list[int]:
         """The descriptors that become readable when something happens to it."""
@@ -104,7 +114,6 @@ class Child:
             fds.append(self.pidfd)
         return fds
 
-    # ---------------------------------------------------------------- its end
     def poll(self) -> Exit | None:
         """How it ended, once it has; left unreaped where ``os.waitid`` allows (so ``kill_group``
         cannot hit a stranger), else reaped (a group's id is not reused while a member lives)."""
@@ -190,15 +199,12 @@ class Child:
             self.close()
 
 
-# ============================================================================ starting
-
 def start_fork(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None = None,
                death_signal: int = platform.KILL, merge_output: bool = False) -> Child:
-    """Fork a child that runs ``fn(channel, *args)`` and sends its return value back.
-
-    ``env``: variables set in the child (default ``WORKER_ENV``). ``death_signal``: what it gets
-    when this process dies (``hn.launch``'s ranks get SIGINT, to stop at an agreed step).
-    ``merge_output``: one pipe for stdout and stderr. Where this OS cannot fork: spawned."""
+    """Fork a child that runs ``fn(channel, *args)`` and sends its return value back. ``env``:
+    variables set in the child (default ``WORKER_ENV``). ``death_signal``: what it gets when this
+    process dies (``hn.launch``'s ranks get SIGINT, to stop at an agreed step). ``merge_output``:
+    one pipe for stdout and stderr. Where this OS cannot fork: spawned."""
     if not platform.fork():
         platform.say_once(f"{platform.fork().why}: start_fork starts a spawned child")
         return start_spawn(fn, *args, env=env, death_signal=death_signal,
@@ -243,14 +249,14 @@ def _fork(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None, death
                                            errors="replace", closefd=False) for fd in (1, 2))
             prepare()
             channel = Channel(msg_w, stop)
-            channel.ready()
+            channel.send(READY)
             code = run(fn, args, {}, channel)
         finally:
             leave(code)
     with contextlib.suppress(OSError):  # the child does it too; whichever comes first
         os.setpgid(pid, pid)
     close_fds([fd for fd in (msg_w, out_w, err_w) if fd is not None])
-    child = Child(pid, _outputs(out_r, err_r))
+    child = Child(pid, out_r, err_r)
     child.messages, child.stop = FrameReader(msg_r), stop
     return child
 
@@ -310,8 +316,7 @@ class PrestartedWorker:
                              "it will start its own")
 
     def close(self) -> None:
-        """Kill the worker if its job never came (after ``send``: nothing to do; a send that
-        failed after the hand-over closed the child itself)."""
+        """Kill the worker if its job never came (after ``send``: nothing to do)."""
         with _held_signals():
             if self._job is not None:
                 self._job.close()
@@ -340,18 +345,6 @@ def _spawn(preload: Sequence[str], env: dict[str, str] | None = None,
 
 
 NONE = "-"  # no request pipe, in WIRING
-
-
-def child_environment() -> dict[str, str]:
-    """This process's environment, with hybridnb's folder and ``sys.path`` on ``PYTHONPATH`` (a
-    notebook may have added them to sys.path only), and unbuffered output."""
-    environ = dict(current())
-    package_root = str(Path(__file__).resolve().parents[2])
-    environ["PYTHONPATH"] = os.pathsep.join(
-        [package_root] + [p for p in sys.path if p] + [environ.get("PYTHONPATH", "")]
-    ).rstrip(os.pathsep)
-    environ["PYTHONUNBUFFERED"] = "1"
-    return environ
 
 
 class Requests:
@@ -387,7 +380,12 @@ def start_framed(module: str, *args: str, env: dict[str, str] | None = None,
                  requests: bool = False, merge_output: bool = False
                  ) -> tuple[Child, Requests | None]:
     """Start ``python -m module WIRING *args`` (``processes.framed``), with ``messages`` and
-    ``stop`` as a spawned child, and this process's environment (``env`` on top)."""
+    ``stop``, unbuffered, in this process's environment (``env`` on top) with hybridnb's folder
+    and ``sys.path`` on ``PYTHONPATH`` (a notebook may have added them to sys.path only)."""
+    package_root = str(Path(__file__).resolve().parents[2])
+    pythonpath = os.pathsep.join([package_root] + [p for p in sys.path if p]
+                                 + [current().get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env = {**current(), "PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1", **(env or {})}
     made: list[int] = []
     stop: StopFlag | None = None
     try:
@@ -398,8 +396,7 @@ def start_framed(module: str, *args: str, env: dict[str, str] | None = None,
         fds = ",".join(str(x) for x in (msg_w, stop.fd, NONE if req_r is None else req_r,
                                         lifeline.wiring()))
         child = start_command([sys.executable, "-m", module, fds, *args],
-                              env={**child_environment(), **(env or {})},
-                              merge_output=merge_output,
+                              env=env, merge_output=merge_output,
                               pass_fds=[fd for fd in (msg_w, stop.fd, req_r, lifeline.read_end())
                                         if fd is not None])
     except BaseException:  # cleanup, then re-raised
@@ -429,10 +426,8 @@ def start_command(argv: Sequence[str], *, env: dict[str, str] | None = None,
         close_fds(made)
         raise
     close_fds([fd for fd in (out_w, err_w) if fd is not None])
-    return Child(popen.pid, _outputs(out_r, err_r), popen)
+    return Child(popen.pid, out_r, err_r, popen)
 
-
-# ============================================================================ in the child
 
 def prepare() -> None:
     """In a child: signals as a plain Python process has them, faulthandler on stderr, no stdin."""
@@ -461,14 +456,12 @@ def run(fn: Callable[..., Any], args: tuple, kwargs: dict, channel: Channel) -> 
 
 
 def leave(code: int) -> NoReturn:
-    """Flush and exit at once: no atexit handlers, no teardown of the interpreter or threads."""
+    """In a child: flush and exit at once (no atexit handlers, no interpreter teardown)."""
     with contextlib.suppress(BaseException):  # exiting anyway
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(code)
 
-
-# ============================================================================ small helpers
 
 def new_pipe(made: list[int]) -> tuple[int, int]:
     """A pipe, its descriptors also added to ``made`` (closed together on failure)."""
@@ -482,12 +475,6 @@ def close_fds(fds: list[int]) -> None:
         with contextlib.suppress(OSError):
             os.close(fd)
 
-
-def _outputs(out_r: int, err_r: int | None) -> dict[int, int]:
-    return {out_r: 1} if err_r is None else {out_r: 1, err_r: 2}
-
-
-# ============================================================================ atomic starts
 
 @contextlib.contextmanager
 def _held_signals() -> Iterator[None]:

@@ -65,11 +65,6 @@ class Exit:
         """As ``Popen.returncode`` says it: the code, or minus the signal number."""
         return -self.number if self.how == "signal" else self.code
 
-    def __str__(self) -> str:
-        if self.how == "unknown":
-            return "unknown"
-        return f"signal {self.signal}" if self.signal else f"code {self.code}"
-
     def says(self) -> str:
         """"killed by SIGABRT" / "exited with code 3" / "ended (reaped elsewhere)"."""
         if self.how == "unknown":
@@ -86,7 +81,6 @@ class ChildOutcome:
     result: Any = None             # what its function returned (DONE)
     error: dict | None = None      # type, message and traceback of what it raised (ERROR)
     state: Any = None              # the last complete "state" message
-    state_steps: int | None = None  # the steps completed when it was sent
     steps: int = 0
     median_step_s: float | None = None
     seconds: float = 0.0
@@ -94,11 +88,7 @@ class ChildOutcome:
     silent_s: float | None = None  # silent that long when killed for silence or at its deadline
     limit_s: float | None = None   # the silence limit then, and the rule that set it
     limit_name: str = ""
-    exit: str = ""                 # "code 0", "signal SIGABRT", "not reaped ..." (in a driver)
-    signal: str | None = None
-    exit_code: int | None = None
     interrupted: bool = False      # SIGINT or SIGTERM reached the parent while supervising
-    stop_sent: bool = False        # the child was asked to stop (an interrupt or should_stop)
     output_tail: str = ""          # its last lines of stdout/stderr
     last_words: str = ""           # the one line that best says why it died
     pid: int | None = None         # also its process group id

@@ -1,7 +1,7 @@
-"""The child's side of a framed command (``python -m MODULE WIRING ...``, started by
-``child.start_framed``): the GPU probe, a compare() variant and the spawned worker. One WIRING
-argument names its message pipe, stop flag, request pipe and lifeline, so every child speaks one
-framing, dies with its parent and is watched by the one loop.
+"""The child's side of a framed command (``python -m MODULE WIRING ...``, ``start_framed``):
+the GPU probe, a compare() variant, the spawned worker. WIRING names its message pipe, stop
+flag, request pipe and lifeline: every child speaks one framing, dies with its parent and is
+watched by the one loop.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from hybridnb.processes.child import NONE
 def connect(argv: Sequence[str], death_signal: int = platform.KILL
             ) -> tuple[Channel, Inbox | None, list[str]]:
     """In the child: the channel, the inbox of its requests (None without) and the arguments
-    after WIRING. It gets ``death_signal`` when its parent dies, and exits at once if the parent
-    is already gone."""
+    after WIRING; ``death_signal`` when its parent dies (``lifeline.hold``)."""
     if not argv or argv[0].count(",") != 3:
         raise SystemExit("this module is started by hybridnb (processes.child.start_framed), "
                          "not by hand")

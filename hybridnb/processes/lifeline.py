@@ -1,9 +1,7 @@
-"""A child dies with its parent: ``PR_SET_PDEATHSIG`` on Linux, a lifeline pipe elsewhere.
-
-Elsewhere a process that starts children holds a pipe whose write end it never writes; each
-child inherits the read end, and when the OS closes the write end (the parent died, however)
-the child's watcher thread delivers the death signal to its own process. A forked child must
-``after_fork()``, or it would keep its own lifeline open.
+"""A child dies with its parent: ``PR_SET_PDEATHSIG`` on Linux, elsewhere a lifeline pipe whose
+write end the parent never writes: each child inherits the read end, and when the OS closes the
+write end (the parent died, however) the child's watcher thread delivers the death signal to its
+own process. A forked child must ``after_fork()``, or it would keep its own lifeline open.
 """
 
 from __future__ import annotations

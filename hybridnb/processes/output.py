@@ -1,34 +1,7 @@
-"""What a child process prints (a training rank, an isolated worker, a compare() variant):
-decoded as it arrives, UTF-8 characters split across reads included, its last lines kept for an
-error message, and the one line that best says why it died (``LastWords``)."""
+"""The one line of what a child process printed (a training rank, an isolated worker, a compare()
+variant) that best says why it died."""
 
 from __future__ import annotations
-
-import codecs
-import collections
-
-PARTIAL_CAP = 2000  # characters of an unfinished line kept (a progress bar without newlines)
-
-
-class OutputLines:
-    """The text of one stream, its completed lines kept in ``lines`` (a bounded deque the
-    streams of one child share) and fed to ``last_words``."""
-
-    def __init__(self, lines: collections.deque, last_words: LastWords) -> None:
-        self._decode = codecs.getincrementaldecoder("utf-8")("replace").decode
-        self.lines, self.last_words = lines, last_words
-        self.partial = ""
-
-    def feed(self, data: bytes) -> str:
-        """Decode ``data`` (a line redrawn with carriage returns counts by its last state)."""
-        text = self._decode(data)
-        parts = (self.partial + text).split("\n")
-        self.partial = parts.pop()[-PARTIAL_CAP:]
-        for line in parts:
-            line = line.rsplit("\r", 1)[-1]
-            self.lines.append(line)
-            self.last_words.feed(line)
-        return text
 
 
 class LastWords:

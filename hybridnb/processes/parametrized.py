@@ -1,11 +1,9 @@
 """Parametrized modules (``torch.nn.utils.parametrize``: weight norm, spectral norm,
-braindecode's max-norm layers) travel to a worker as they are.
-
-``register_parametrization`` swaps the module's class for one whose ``__getstate__`` refuses
-pickling, and registering again would run ``right_inverse`` (other weights). So ``reduce`` sends
-the module as its class before parametrization with its whole state, and ``rebuild`` makes the
-class and its properties again as ``register_parametrization`` does: every tensor arrives bit
-for bit, with the kernel's ``state_dict`` keys.
+braindecode's max-norm layers) travel to a worker as they are. ``register_parametrization``
+swaps the module's class for one that refuses pickling, and registering again would run
+``right_inverse`` (other weights): ``reduce`` sends the module as its class before
+parametrization with its whole state, and ``rebuild`` makes the class and its properties again:
+every tensor arrives bit for bit, with the kernel's ``state_dict`` keys.
 """
 
 from __future__ import annotations
@@ -29,9 +27,8 @@ def is_parametrized(obj: Any) -> bool:
 
 
 def reduce(obj: Any) -> tuple:
-    """A pickle reduce value for a parametrized module (see the module docstring): its state is
-    pickled after the module itself is memoised, so a reference back to it inside its state
-    (a parent held by a child) is the same object in the worker."""
+    """A pickle reduce value: its state is pickled after the module itself is memoised, so a
+    reference back to it inside its state (a parent held by a child) is the same object there."""
     from torch.nn.utils import parametrize
 
     base = parametrize.type_before_parametrizations(obj)

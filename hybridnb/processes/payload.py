@@ -1,16 +1,11 @@
 """What a spawned child is given: a callable and its arguments, pickled with cloudpickle (a
-notebook's functions travel by value), the big data kept out of the pickle stream:
-
-- an array or CPU tensor whose bytes lie in a file mapping (``np.memmap``, ``torch.from_file``)
-  travels as a reference to that file (``refs``): nothing is copied;
-- any other CPU tensor or array of ``SHM_MIN_BYTES`` or more is written once into its own file
-  under ``/dev/shm``, which the child maps and unlinks at once (a snapshot: not torch's
-  ``share_memory_()``, which would let the child change its parent's start state);
-- a ``DataLoader`` (``loaders``) and a parametrized module (``parametrized``) have their own
-  reductions; a part that cannot be pickled raises ``NotSendable``.
-
-Where ``/dev/shm`` has too little room (Docker's 64 MB) or fills up, the files go to the
-temporary folder, and if that is full too into the pickle; each fallback is said once.
+notebook's functions travel by value), the big data kept out of the pickle stream: an array or
+tensor in a file mapping travels as a reference (``refs``); any other CPU tensor or array of
+``SHM_MIN_BYTES`` or more is written once into its own file under ``/dev/shm``, which the child
+maps and unlinks at once (a snapshot: not ``share_memory_()``, which would let the child change
+its parent's start state). Where ``/dev/shm`` has too little room (Docker's 64 MB) or fills up,
+the files go to the temporary folder, and if that is full too into the pickle; each fallback is
+said once. A part that cannot be pickled raises ``NotSendable``.
 """
 
 from __future__ import annotations

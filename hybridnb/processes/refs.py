@@ -1,8 +1,7 @@
-"""Arrays and tensors whose memory lies in a file mapping travel as a reference, not a copy.
-
-An ``np.memmap``, a view of one, ``torch.from_numpy(memmap)`` or ``torch.from_file(...)``: the
-file is found from the pointer in ``/proc/self/maps`` and ``open_ref`` maps the same bytes in the
-worker, shared, read-only or copy-on-write as here. No reference (None: the bytes are sent) for
+"""Arrays and tensors whose memory lies in a file mapping (an ``np.memmap``, a view of one,
+``torch.from_numpy(memmap)``, ``torch.from_file(...)``) travel as a reference, not a copy: the
+file is found from the pointer in ``/proc/self/maps`` and ``open_ref`` maps the same bytes in
+the worker, shared, read-only or copy-on-write as here. No reference (the bytes are sent) for
 anonymous memory, a file deleted or replaced since, a private mapping with written pages, or no
 /proc.
 """
@@ -94,18 +93,6 @@ def _written_private_pages(start: int, end: int) -> int:
     return total if found else -1
 
 
-def _span(ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int
-          ) -> tuple[int, int]:
-    """The lowest and one-past-the-highest byte address an array touches."""
-    lo = hi = ptr
-    for n, s in zip(shape, strides, strict=True):
-        if s < 0:
-            lo += (n - 1) * s
-        else:
-            hi += (n - 1) * s
-    return lo, hi + itemsize
-
-
 class Locator:
     """Finds the file mapping an address range lies in (reads /proc/self/maps once)."""
 
@@ -117,7 +104,12 @@ class Locator:
         """A ``FileRef`` for the array at ``ptr`` if a file still holds its bytes, else None."""
         if any(n == 0 for n in shape):
             return None
-        lo, hi = _span(ptr, shape, strides, itemsize)
+        lo, hi = ptr, ptr + itemsize  # the lowest and one-past-the-highest byte it touches
+        for n, s in zip(shape, strides, strict=True):
+            if s < 0:
+                lo += (n - 1) * s
+            else:
+                hi += (n - 1) * s
         if self._maps is None:
             self._maps = read_mappings()
         m = next((m for m in self._maps if m.start <= lo and hi <= m.end), None)

@@ -1,10 +1,9 @@
-"""A warm worker: one spare prestarted worker per preload tuple, kept for the next request.
-
-``child.prestart_spawn`` takes the spare instead of starting an interpreter (the second isolated
-fit finds torch imported), and the next spare starts once a job is over (no start-up takes CPU
-from a job). A spare is handed out only while it runs and only for the same request (preload,
-environment, ``sys.path``, working directory, interpreter); else it is closed. It never outlives
-this process (lifeline, atexit). ``HYBRIDNB_WARM_WORKER=0`` turns spares off.
+"""A warm worker: one spare prestarted worker per preload tuple, kept for the next request
+(``child.prestart_spawn`` takes it: the second isolated fit finds torch imported); the next
+spare starts once a job is over (no start-up takes CPU from a job). A spare is handed out only
+while it runs and only for the same request (preload, environment, ``sys.path``, working
+directory, interpreter); else it is closed. It never outlives this process (lifeline, atexit).
+``HYBRIDNB_WARM_WORKER=0`` turns spares off.
 """
 
 from __future__ import annotations
@@ -19,20 +18,19 @@ from typing import Any
 
 from hybridnb.env import current, warm_worker
 
-Key = tuple
 Spare = Any  # a ``child.PrestartedWorker`` (not imported: child imports this module)
 
 _lock = threading.Lock()
-_spares: dict[tuple[str, ...], tuple[Key, Spare]] = {}
+_spares: dict[tuple[str, ...], tuple[tuple, Spare]] = {}
 
 
-def key_of(preload: tuple[str, ...]) -> Key:
+def key_of(preload: tuple[str, ...]) -> tuple:
     """What a spare must have been started with to serve this request."""
     return (preload, tuple(sorted(current().items())), tuple(sys.path), os.getcwd(),
             sys.executable)
 
 
-def take(key: Key) -> Spare | None:
+def take(key: tuple) -> Spare | None:
     """The running spare started for ``key``, now the caller's (a dead or stale one: closed)."""
     with _lock:
         entry = _spares.pop(key[0], None)
@@ -45,7 +43,7 @@ def take(key: Key) -> Spare | None:
     return spare
 
 
-def replenish(key: Key, start: Callable[[], Spare]) -> None:
+def replenish(key: tuple, start: Callable[[], Spare]) -> None:
     """Start the spare for ``key`` unless a running one is there (spares on)."""
     if warm_worker():
         spare = take(key) or start()  # a running one is kept, a stale one closed

@@ -1,19 +1,12 @@
-"""The one watch loop for every child of hybridnb, under one interrupt policy.
+"""The one watch loop for every child of hybridnb (``Watch``; ``supervise``: one child), under
+one interrupt policy; nothing is left running when a ``Watch`` closes, whatever raised.
 
-``Watch`` watches several children in one ``select`` loop; ``supervise`` is the shorthand for one
-child. Nothing is left running when a ``Watch`` closes, whatever raised.
-
-Per child, the silence limit bounds *silence*, not a phase: every "step_done" or "heartbeat"
-restarts the clock (a heartbeat's ``grace`` lengthens it until the next message), and a child
-silent longer is killed (``Ending.HUNG``). ``deadline`` bounds the run, or one request
-(``Watched.arm``), instead (``Ending.TIMEOUT``).
-
-Interrupts: the handlers for SIGINT, SIGTERM and SIGHUP are in place before any child starts.
-The first asks every child to stop (its stop flag says "interrupt"; a ``stop_signal`` is sent
-too): it finishes its step and sends its state and result, or is killed after its
-``stop_grace`` (0: at once). A second kills every child. Once they are gone, SIGTERM (or SIGHUP)
-is delivered again as handled before the watch; SIGINT too, unless ``keep_interrupt=True``.
-``should_stop`` (a Stop button) sets the flag with the reason "stop" (or the word it returns).
+A silence limit bounds *silence*, not a phase: every "step_done" or "heartbeat" restarts the
+clock. Interrupts: the handlers for SIGINT, SIGTERM and SIGHUP are in place before any child
+starts. The first asks every child to stop (its stop flag says "interrupt"): it finishes its step
+and sends its state and result, or is killed after its ``stop_grace``. A second kills every
+child. Once they are gone, SIGTERM (or SIGHUP) is delivered again as handled before the watch;
+SIGINT too, unless ``keep_interrupt=True``.
 """
 
 from __future__ import annotations
@@ -67,7 +60,6 @@ def supervise(start: Callable[[], Child], *, poll: float = 0.1,
               should_stop: Callable[[], bool] | None = None, **limits: Any) -> ChildOutcome:
     """Start one child with ``start()`` and watch it until it ends, an interrupt answered by
     the outcome (``keep_interrupt``). ``limits``: ``Watched``'s keywords."""
-    limits.setdefault("name", "the worker")
     with Watch(poll=poll, should_stop=should_stop, keep_interrupt=True) as watch:
         watched = watch.start(start, **limits)
         watch.run()
@@ -78,7 +70,7 @@ class Watched:
     """One child under a ``Watch``: what it said, its limits, and (once ``ended``) its
     ``outcome``. ``child`` stays readable after it ended (``exit``, ``tail``)."""
 
-    def __init__(self, child: Child, *, name: str = "the child",
+    def __init__(self, child: Child, *, name: str = "the worker",
                  on_message: Callable[[Message], None] | None = None,
                  silence: SilenceLimit | float | None = None, deadline: float | None = None,
                  stop_grace: float = STOP_GRACE_S, forward_output: bool = True,
@@ -96,7 +88,7 @@ class Watched:
         self.forward_output, self.stop_signal, self.reap_s = forward_output, stop_signal, reap_s
         self.progress = ChildProgress()
         self.queue: collections.deque[Message] = collections.deque()
-        self.state = self.state_steps = self.result = self.error = None
+        self.state = self.result = self.error = None
         self.got_done = False
         self.stop_reason: str | None = None
         self.finished_at: float | None = None
@@ -113,12 +105,10 @@ class Watched:
         return self.cause is not None
 
     def arm(self, seconds: float | None) -> None:
-        """Bound the time from now until it ends (None: no bound); a request-and-answer
-        caller arms it before each request."""
+        """Bound the time from now until it ends (None: no bound), e.g. before each request."""
         self.deadline_s = seconds
         self.deadline_at = None if seconds is None else time.monotonic() + seconds
 
-    # ---------------------------------------------------------------- what it said
     def note(self, m: Message) -> None:
         now = time.monotonic()
         p = self.progress
@@ -126,11 +116,9 @@ class Watched:
         info = m.payload if isinstance(m.payload, dict) else {}
         if m.kind == channel.STEP_DONE:
             p.steps += 1
-            seconds, at = info.get("seconds"), info.get("at", now)  # one clock for both
-            if seconds is None and p.steps > 1:  # the first one includes start-up
-                seconds = at - p.last_step
-            if seconds is not None:
-                p.step_seconds.append(float(seconds))
+            at = info.get("at", now)  # one clock for both
+            if p.steps > 1:  # the first one includes start-up
+                p.step_seconds.append(at - p.last_step)
             p.last_step, p.last_message, p.grace = at, now, None
         elif m.kind == channel.HEARTBEAT:
             p.last_message = now
@@ -138,7 +126,7 @@ class Watched:
             if info.get("phase"):
                 p.phase = str(info["phase"])
         elif m.kind == channel.STATE:
-            self.state, self.state_steps = m.payload, p.steps
+            self.state = m.payload
         elif m.kind == channel.DONE:
             self.result, self.got_done, self.finished_at = m.payload, True, now
         elif m.kind == channel.ERROR:
@@ -169,18 +157,14 @@ class Watched:
                   (self.progress.last_message + self.limit()[0], "silent")]
         return [(at, cause) for at, cause in limits if at is not None]
 
-    # ---------------------------------------------------------------- the outcome
     def make_outcome(self, now: float) -> ChildOutcome:
         child, p, cause, who = self.child, self.progress, self.cause, self.name
         ex, reader = child.exit, child.messages
-        exit_text = child.not_reaped or (str(ex) if ex is not None else "unknown")
         out = ChildOutcome(status=Ending.DIED, reason="", result=self.result, error=self.error,
-                           state=self.state, state_steps=self.state_steps, steps=p.steps,
-                           median_step_s=p.median_step_s, seconds=now - self.t0, phase=p.phase,
-                           exit=exit_text, signal=ex.signal if ex else None,
-                           exit_code=ex.code if ex else None, interrupted=self.signal is not None,
-                           stop_sent=self.stop_reason is not None, pid=child.pid,
-                           output_tail=child.output_text(), last_words=child.last_words.best())
+                           state=self.state, steps=p.steps, median_step_s=p.median_step_s,
+                           seconds=now - self.t0, phase=p.phase, interrupted=self.signal is not None,
+                           pid=child.pid, output_tail=child.output_text(),
+                           last_words=child.last_words.best())
         steps = f"after {p.steps} step{'s' if p.steps != 1 else ''}"
         in_phase = f" in phase '{p.phase}'" if p.phase else ""
         if self.got_done:
@@ -217,19 +201,22 @@ class Watched:
                 out.reason = (f"{who} was killed by {ex.signal} {steps}{in_phase}"
                               + (f" ({hint})" if hint else ""))
             else:
-                out.reason = (f"{who} exited with {exit_text} {steps}{in_phase} without sending "
-                              "a result")
+                how = ex.says() if ex is not None else "ended"
+                out.reason = f"{who} {how} {steps}{in_phase} without sending a result"
             if out.last_words:
                 out.reason += f"; its last output: {out.last_words[:200]}"
         if reader is not None and reader.partial and out.status != Ending.DONE:
             out.reason += "; a message it was sending was cut off"
+        if child.not_reaped:
+            out.reason += f"; {child.not_reaped}"
         return out
 
 
 class Watch:
     """Children watched by one loop under the module's interrupt policy, from ``__enter__`` to
-    ``__exit__`` (which ends every child still there). ``poll``: how often ``should_stop`` is
-    asked when nothing arrives. ``interrupt_note``: said at the first interrupt."""
+    ``__exit__`` (which ends every child still there). ``should_stop`` (a Stop button), asked
+    every ``poll`` seconds: true sets the stop flags' reason to "stop" (or the word it returns).
+    ``interrupt_note``: said at the first interrupt."""
 
     def __init__(self, *, poll: float = 0.1, should_stop: Callable[[], bool] | None = None,
                  keep_interrupt: bool = False, interrupt_note: str | None = None) -> None:
@@ -240,7 +227,6 @@ class Watch:
         self._previous: dict[int, Any] = {}
         self._announced = self._stop_asked = self._delivered = False
 
-    # ---------------------------------------------------------------- signals
     def __enter__(self) -> Watch:
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
@@ -249,8 +235,6 @@ class Watch:
         return self
 
     def __exit__(self, kind, value, tb) -> None:
-        """Every child ended; then the handlers as before the watch, and SIGTERM or SIGHUP
-        (SIGINT too unless kept) delivered again to this process."""
         try:
             self.close(deliver=kind is None)  # after an error: no more calls into the caller
         finally:
@@ -268,7 +252,6 @@ class Watch:
     def _on_signal(self, signum, frame) -> None:
         self.signals.append(signum)
 
-    # ---------------------------------------------------------------- children
     def start(self, start: Callable[[], Child], **limits: Any) -> Watched:
         """Start a child with ``start()`` and watch it under ``limits`` (``Watched``'s)."""
         child = start()
@@ -335,7 +318,6 @@ class Watch:
         if failed is not None:
             raise failed
 
-    # ---------------------------------------------------------------- the loop's parts
     def _read(self, w: Watched, ready, deliver: bool = True) -> None:
         child = w.child
         reader = child.messages
@@ -359,9 +341,8 @@ class Watch:
         try:
             w.child.kill_group(w.reap_s)
         finally:
-            ended_at = time.monotonic()
             w.child.close()  # (its reader keeps what it counted)
-            w.outcome = w.make_outcome(ended_at)
+            w.outcome = w.make_outcome(time.monotonic())
 
     def _ask_stop(self) -> None:
         reason = channel.INTERRUPT if self.signals else None

@@ -1,7 +1,6 @@
-"""Which part of a job cannot be sent to a worker: the attribute path from the root.
-
-Run only once pickling the job has failed: ``not_sendable`` walks it as pickle does down to the
-innermost part that fails, e.g. ``job.model.encoder._lock``, leaving tensors and arrays out.
+"""Which part of a job cannot be sent to a worker, by its attribute path from the root: once
+pickling the job has failed, ``not_sendable`` walks it as pickle does down to the innermost part
+that fails (``job.model.encoder._lock``), leaving tensors and arrays out.
 """
 
 from __future__ import annotations

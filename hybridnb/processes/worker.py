@@ -1,9 +1,8 @@
-"""A spawned child: ``python -m hybridnb.processes.worker WIRING DEATH_SIGNAL SPAWNED_AT PRELOAD``
-(started by ``child.start_spawn``/``prestart_spawn``; not a command for people).
-
-It imports PRELOAD while the parent prepares the job, says "ready", reads the ``payload`` from
-its request pipe, runs it as a forked child does and leaves with ``os._exit`` (a teardown with
-torch loaded costs about a second). Threads stay as torch sets them (no inherited OpenMP pool).
+"""A spawned child: ``python -m hybridnb.processes.worker WIRING DEATH_SIGNAL SPAWNED_AT
+PRELOAD`` (``child.start_spawn``/``prestart_spawn``). It imports PRELOAD while the parent
+prepares the job, says "ready", reads the ``payload`` from its request pipe, runs it as a forked
+child does and leaves with ``os._exit`` (a teardown with torch loaded costs about a second).
+Threads stay as torch sets them (no inherited OpenMP pool).
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ import sys
 import time
 
 from hybridnb import platform
+from hybridnb.processes.channel import READY
 from hybridnb.processes.child import leave, prepare, run
 from hybridnb.processes.framed import connect
 
@@ -43,7 +43,7 @@ def main() -> None:
                 importlib.import_module(module)
             if preload:
                 times["ready_at"] = time.monotonic()
-                channel.ready()
+                channel.send(READY)
             from hybridnb.processes.payload import unpack
 
             job = inbox.get()
@@ -56,7 +56,7 @@ def main() -> None:
         times["job_at"] = time.monotonic()
         if not preload:
             times["ready_at"] = times["job_at"]
-            channel.ready()
+            channel.send(READY)
         code = run(fn, args, kwargs, channel)
     finally:
         leave(code)

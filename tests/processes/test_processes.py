@@ -84,7 +84,6 @@ def test_a_spawned_child_runs_a_notebook_closure_in_a_fresh_headless_interpreter
     assert out.status == Ending.DONE and out.status == "done" and out.ok, out.reason
     assert out.result == {"value": 42, "isolated": "1", "headless": "1", "own_group": True,
                           "fresh": True, "faulthandler": True}
-    assert out.exit == "code 0" and out.exit_code == 0 and out.signal is None
     assert "printed by the child" in capfd.readouterr().out
     assert "printed by the child" in out.output_tail
     assert _group_gone(out.pid)
@@ -128,7 +127,7 @@ def test_big_tensors_travel_through_shared_memory_and_nothing_is_left_in_dev_shm
 
 def test_silence_in_a_named_phase_is_killed_and_names_the_phase_and_the_silence():
     def work(channel):
-        channel.step_done(0.01)
+        channel.step_done()
         channel.state({"step": 1})
         channel.heartbeat(phase="validation")
         time.sleep(600)
@@ -139,7 +138,6 @@ def test_silence_in_a_named_phase_is_killed_and_names_the_phase_and_the_silence(
     assert out.phase == "validation" and out.limit_s == 1.0
     assert 1.0 <= out.silent_s < 5 and time.monotonic() - t0 < 10
     assert out.state == {"step": 1} and out.steps == 1
-    assert out.signal == "SIGKILL"
     assert "validation" in out.reason
     assert _group_gone(out.pid)
 
@@ -170,7 +168,7 @@ def test_a_child_killed_by_a_signal_names_it_and_keeps_the_last_state(sig):
 
     out = supervise(lambda: start_spawn(work, int(sig)), silence=60)
     assert out.status == Ending.DIED
-    assert out.signal == sig.name and out.exit == f"signal {sig.name}"
+    assert f"killed by {sig.name}" in out.reason
     assert out.state == {"epoch": 3} and out.phase == "train"
     assert "illegal memory access" in out.last_words
     assert _group_gone(out.pid)
@@ -184,7 +182,7 @@ def test_an_exception_comes_back_with_its_type_and_traceback():
     out = supervise(lambda: start_spawn(failing_in_the_child), silence=60)
     assert out.status == Ending.ERROR and out.error["type"] == "ValueError"
     assert "failing_in_the_child" in out.error["traceback"] and "'age'" in out.error["message"]
-    assert out.phase == "setup" and out.exit_code == 1
+    assert out.phase == "setup"
 
 
 def test_a_deadline_bounds_the_whole_run():
@@ -324,7 +322,7 @@ def test_the_start_grace_covers_a_slow_start_and_ends_at_ready():
 def test_run_isolated_spawn_start_keeps_its_outcome_fields():
     def steps(channel):
         for _ in range(3):
-            channel.step_done(0.001)
+            channel.step_done()
         channel.state({"step": 3})
         channel.heartbeat(phase="checkpoint")
         time.sleep(600)
@@ -338,11 +336,11 @@ def test_run_isolated_spawn_start_keeps_its_outcome_fields():
 
 def test_a_forked_child_and_a_command_end_the_same_way():
     out = supervise(lambda: start_fork(lambda channel: os._exit(4)), silence=30)
-    assert out.status == Ending.DIED and out.exit_code == 4
+    assert out.status == Ending.DIED and "exited with code 4" in out.reason
     cmd = supervise(lambda: start_command([sys.executable, "-c",
                                            "import sys; print('bye'); sys.exit(3)"]),
                     name="the command", silence=30)
-    assert cmd.status == Ending.DIED and cmd.exit_code == 3 and "code 3" in cmd.reason
+    assert cmd.status == Ending.DIED and "exited with code 3" in cmd.reason
     assert "bye" in cmd.output_tail
 
 

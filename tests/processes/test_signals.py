@@ -249,7 +249,7 @@ from hybridnb.processes import start_spawn, supervise
 
 def work(channel, path):
     while channel.stop_reason() is None:
-        channel.step_done(0.01)
+        channel.step_done()
         time.sleep(0.01)
     with open(path, "w") as f:
         f.write(channel.stop_reason())

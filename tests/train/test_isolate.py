@@ -42,7 +42,7 @@ def _steps_then(n, then, state_at=None):
         channel.send("pid", os.getpid())
         for i in range(1, n + 1):
             channel.send("view", {"step": i})
-            channel.step_done(0.001)
+            channel.step_done()
             if i == state_at:
                 channel.state({"step": i, "w": torch.full((4,), float(i))})
         return then(channel)
@@ -81,7 +81,6 @@ def test_messages_arrive_in_order_and_the_result_comes_back():
     assert all(int(m.payload["x"]) == m.payload["seq"] for m in got if m.kind == "view")
     assert got[-1].kind == "done"
     assert out.result["answer"] == 42 and torch.equal(out.result["weights"], torch.arange(3.0))
-    assert out.exit == "code 0"
 
 
 def test_an_exception_in_the_worker_comes_back_with_its_traceback():
@@ -110,8 +109,8 @@ def test_exit_without_a_result_is_a_death_that_names_the_code():
 
     out = run_isolated(_steps_then(3, busy_then_exit, state_at=2))
     assert out.status == "died"
-    assert out.exit_code == 3 and out.signal is None and out.steps == 3
-    assert out.state["step"] == 2 and out.state_steps == 2
+    assert "exited with code 3" in out.reason and out.steps == 3
+    assert out.state["step"] == 2
 
 
 def test_the_worker_is_headless_and_marked_isolated(capfd):
@@ -154,15 +153,13 @@ def test_sigkill_mid_work_names_the_death_and_keeps_the_last_state():
         channel.send("pid", os.getpid())
         for i in range(1, 7):
             channel.state({"step": i, "w": torch.full((1000,), float(i))})
-            channel.step_done(0.001)
+            channel.step_done()
         slow_forever(channel)
 
     out = run_isolated(work, on_message=on)
     assert out.status == "died"
-    assert out.signal == "SIGKILL" and out.steps == 6 and "SIGKILL" in out.reason
-    assert out.exit == "signal SIGKILL"
+    assert out.steps == 6 and "killed by SIGKILL" in out.reason
     assert out.state["step"] == 6 and torch.equal(out.state["w"], torch.full((1000,), 6.0))
-    assert out.state_steps == 5  # sent before the 6th step_done
     assert _gone(pid[0])
 
 
@@ -178,7 +175,7 @@ def test_abort_and_segfault_name_the_signal_and_keep_the_last_state(sig):
 
     out = run_isolated(_steps_then(4, crash, state_at=3), forward_output=False)
     assert out.status == "died"
-    assert out.signal == sig.name and out.steps == 4, out.reason
+    assert f"killed by {sig.name}" in out.reason and out.steps == 4, out.reason
     assert "illegal memory access" in out.last_words  # the C++ message, not faulthandler's dump
     assert "illegal memory access" in out.reason
     assert out.state["step"] == 3 and torch.equal(out.state["w"], torch.full((4,), 3.0))
@@ -210,7 +207,6 @@ def test_a_step_that_hangs_past_step_timeout_is_caught_and_nothing_is_left():
     assert out.silent_s >= 1.5
     assert took < step_timeout + 5
     assert out.state["step"] == 4
-    assert out.exit == "signal SIGKILL"
     assert helper and _gone(helper[0])
 
 
@@ -258,7 +254,7 @@ def test_the_automatic_timeout_follows_the_measured_steps(monkeypatch):
     t0 = time.monotonic()
     out = run_isolated(_steps_then(6, lambda ch: time.sleep(600)), step_timeout=None)
     assert out.status == "hung" and (out.limit_name, out.limit_s) == ("step_timeout", 1.0)
-    assert out.median_step_s == pytest.approx(0.001)
+    assert out.median_step_s < 0.05  # steps of well under a millisecond, then the hang
     assert time.monotonic() - t0 < 6
 
 
@@ -300,7 +296,7 @@ def test_should_stop_sends_stop_and_the_worker_finishes_with_its_state():
     got, on = _collect()
     out = run_isolated(_until_stopped, on_message=on, poll=0.02,
                        should_stop=lambda: sum(m.kind == "step_done" for m in got) >= 5)
-    assert out.ok and out.stop_sent and not out.interrupted
+    assert out.ok and not out.interrupted  # ok: it returned, so it was asked to stop
     assert out.result["stopped_at"] >= 5 and out.state == out.result
 
 
@@ -313,7 +309,7 @@ def test_ctrl_c_asks_the_worker_to_stop_and_it_returns_its_checkpoint(capsys):
     sent: list[int] = []
     before = signal.getsignal(signal.SIGINT)
     out = run_isolated(_until_stopped, on_message=on)
-    assert out.ok and out.interrupted and out.stop_sent
+    assert out.ok and out.interrupted  # ok: it returned, so it was asked to stop
     assert out.state["stopped_at"] >= 1
     assert signal.getsignal(signal.SIGINT) is before  # the handler is put back
     assert "interrupt again to kill it" in capsys.readouterr().err
