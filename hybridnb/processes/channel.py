@@ -90,7 +90,7 @@ class StopFlag:
             self.fd = None
 
 
-class _TensorPickler(pickle.Pickler):
+class TensorPickler(pickle.Pickler):
     """Plain strided tensors are left out (``tensors``), to follow as raw bytes."""
 
     def __init__(self, file) -> None:
@@ -116,7 +116,7 @@ def encode(kind: str, payload: Any) -> tuple[list[bytes | memoryview], int]:
     """The frame for one message, as buffers to write in order, and its total size (pickled
     before anything is written: a payload that cannot be pickled leaves the stream intact)."""
     buf = io.BytesIO()
-    pickler = _TensorPickler(buf)
+    pickler = TensorPickler(buf)
     pickler.dump((kind, payload))
     body = buf.getbuffer()
     sent = [tensor_bytes(t) for t in pickler.tensors]

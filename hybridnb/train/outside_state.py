@@ -20,7 +20,7 @@ import cloudpickle
 import torch
 from torch import nn
 
-from hybridnb.processes.channel import _TensorPickler
+from hybridnb.processes.channel import TensorPickler
 
 # nn.Module's own bookkeeping in every module's __dict__ (hooks, parameter/buffer/module dicts)
 _INTERNAL = frozenset(k for k in nn.Module().__dict__ if k != "training") | {
@@ -107,7 +107,7 @@ class Fingerprint:
                 continue
             if isinstance(now, BaseException) and isinstance(was, BaseException):
                 continue  # could not be compared before either: it came as it is
-            why = _pickled(_TensorPickler, value) if isinstance(now, str) else now  # as sent
+            why = _pickled(TensorPickler, value) if isinstance(now, str) else now  # as sent
             if isinstance(why, BaseException):
                 unsendable[_path(key[0], key[1])] = f"{type(value).__name__}: {why}"
                 continue
