@@ -16,7 +16,6 @@ from hybridnb.comparison import compare_cli  # light modules: no torch
 from hybridnb.hardware.probe import DEFAULT_TIMEOUT
 
 PROG = "python -m hybridnb"
-INTERRUPTED = 130  # the shell's code for a command ended by SIGINT
 
 
 def detect_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:  # its children are already gone (processes.supervise.Watch)
         print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
-        return INTERRUPTED
+        return 130  # the shell's code for a command ended by SIGINT
 
 
 def _positive(text: str) -> float:
