@@ -27,20 +27,12 @@ NOTICE = "worker_notice"  # a notice said around the job (payload, the next spar
 
 
 class Relay:
-    """The worker's messages emitted again on ``loop``'s bus, each state applied as it comes.
-    Its ``Ended`` is held until the final state is here (``finish``): a worker lost during the
-    hand-over leaves the view open for the run to continue here."""
+    """The worker's messages on ``loop``'s bus; its ``Ended`` held until the final state is here
+    (``finish``): a worker lost during the hand-over leaves the view open for the run here."""
 
-    def __init__(self, loop) -> None:
-        self.loop, self.started, self.ended = loop, False, None
-        self.notices: list[str] = []  # said once the view started
-
-    def notice(self, sentence: str) -> None:
-        """A notice around the job (``platform.say``): a note on the kernel's bus."""
-        if self.started:
-            self.loop.bus.say(NOTICE, sentence)
-        else:
-            self.notices.append(sentence)
+    def __init__(self, loop, carried: int) -> None:
+        """``carried``: the bus's pending notes the job took along (the worker says them)."""
+        self.loop, self.carried, self.started, self.ended = loop, carried, False, None
 
     def hear(self, message) -> None:
         if message.kind == "state":  # applied as it arrives: a lost worker loses nothing
@@ -54,15 +46,12 @@ class Relay:
                 return
             if isinstance(event, Started):  # the worker says the notes the job carried
                 self.started = True
-                self.loop.bus.pending.clear()
-                self.loop.bus.open = True  # this process's own notes (loggers'): said now
+                del self.loop.bus.pending[:self.carried]
             if isinstance(event, EpochEnded):  # as the worker's end_epoch: the next row's events
                 self.loop.state.epoch_first_event = len(self.loop.state.events)
             self.loop.bus.emit(event)
             if isinstance(event, Started):
-                for sentence in self.notices:
-                    self.notice(sentence)
-                self.notices.clear()
+                self.loop.bus.flush()  # this process's own notes (notices, loggers'): said now
 
     def finish(self) -> None:
         """The worker's fit arrived whole: its end is emitted here."""
@@ -77,17 +66,15 @@ def fit(trainer, train, val, train_loader, val_loader, early=None) -> pd.DataFra
     job = FitJob(trainer.settings.for_worker(), trainer.model, train, val, trainer.state_dict(),
                  list(trainer.bus.pending), random.getstate(), time.monotonic())
     trainer.progress.view = opening.make_view(trainer.live)  # drawn here
-    relay = Relay(loop)
-    try:
-        with platform.notices_to(relay.notice):
+    relay = Relay(loop, len(job.notes))
+    try:  # a notice around the job (platform.say): said once the view started, or the next fit
+        with platform.notices_to(lambda sentence: trainer.bus.note(NOTICE, sentence)):
             out = run_job(trainer, job, prestarted=early, on_message=relay.hear,
                           should_stop=lambda: "callback" if trainer.should_stop
                           else trainer.progress.view.stop_requested)
     except BaseException:  # the worker's own error: its last state is applied already
         relay.finish()
         raise
-    for sentence in relay.notices:  # lost before its view started: said by the next one
-        trainer.bus.note(NOTICE, sentence)
     if out.status == "done":
         relay.finish()
         adopt(trainer, out.result)
