@@ -31,15 +31,14 @@ class Progress:
     """The view (silent in an isolated worker), the epoch's throughput window, the step and
     epoch events with their rows, and ``hear``: the view's listener on the bus."""
 
-    def __init__(self, view=None) -> None:
-        self.view = view if view is not None else View()  # silent until a fit starts
+    def __init__(self) -> None:
+        self.view = View()  # silent until a fit starts
         self.started = 0.0
         self._monitor: ThroughputMonitor | None = None  # each epoch's (new_epoch)
 
     def new_epoch(self, device: torch.device, warmup: bool, flops_per_sample: float | None,
                   precision: str) -> ThroughputMonitor:
-        """The epoch's throughput window (a fit's first two steps are warm-up): the Loop times
-        its batches and steps with it and pauses it for validation and checkpoint writes."""
+        """The epoch's throughput window (a fit's first two steps are warm-up)."""
         self._monitor = ThroughputMonitor(device, warmup_steps=2 if warmup else 0,
                                           flops_per_sample=flops_per_sample,
                                           precision=precision)
