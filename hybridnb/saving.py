@@ -117,12 +117,11 @@ def _read(path: str | os.PathLike) -> dict:
                 "model_class": {"module": None, "qualname": name} if name else None,
                 "input_shape": data.get("input_shape"), "weights": data.get("kind", "last"),
                 "versions": {}, "extra": {}}
+    held = "" if isinstance(data, dict) else f" (it holds a {type(data).__name__})"
     raise ModelFileError(f"{path} is not a model saved by hybridnb (trainer.save / "
-                         f"hybridnb.saving.save_model): its format is "
-                         f"{fmt!r}" + ("" if isinstance(data, dict) else
-                                       f" (it holds a {type(data).__name__})") +
-                         ". A plain state dict loads with model.load_state_dict(torch.load("
-                         "path, weights_only=True))")
+                         f"hybridnb.saving.save_model): its format is {fmt!r}{held}. A plain "
+                         "state dict loads with model.load_state_dict(torch.load(path, "
+                         "weights_only=True))")
 
 
 def read_metadata(path: str | os.PathLike) -> dict:
