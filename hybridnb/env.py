@@ -129,7 +129,6 @@ def seconds_from_env(name: str, default: float, environ: dict[str, str] | None =
 
 
 def warm_worker() -> bool:
-    """Whether a spare worker (torch imported) is kept ready for the next isolated fit:
-    ``$HYBRIDNB_WARM_WORKER``, on unless it says 0/false/no/off. It costs the memory of one
-    idle interpreter with torch loaded."""
+    """Whether a spare worker (an idle interpreter with torch loaded: its memory) is kept ready
+    for the next isolated fit: ``$HYBRIDNB_WARM_WORKER``, on unless it says 0/false/no/off."""
     return current().get(WARM_WORKER_ENV, "").strip().lower() not in ("0", "false", "no", "off")

@@ -1,11 +1,10 @@
 """What this operating system can do for hybridnb's child processes: asked here, nowhere else.
 
-Linux, macOS and Windows differ in the facilities a supervised child needs: ``memfd()``,
-``parent_death_signal()``, ``fork()``, ``wait_without_reaping()``, ``pidfd()``, ``proc()`` and
-``child_pipes()`` (Windows has none: the probe, isolation and compare() run in process). A
-missing one is a ``Facility`` whose ``why`` says what hybridnb does instead, never an exception.
-The facts are read from the running interpreter, so a test takes a facility away
-(``tests/platform_sim``) without a flag in hybridnb. ``say``/``say_once``: the fallbacks' notices.
+Linux, macOS and Windows differ in the facilities a supervised child needs (``FACILITIES``;
+Windows has none of them: the probe, isolation and compare() run in process). A missing one is
+a ``Facility`` whose ``why`` says what hybridnb does instead, never an exception. The facts are
+read from the running interpreter, so a test takes a facility away (``tests/platform_sim``)
+without a flag in hybridnb. ``say``/``say_once``: the fallbacks' notices.
 """
 
 from __future__ import annotations
@@ -92,8 +91,7 @@ def fork() -> Facility:
 
 @functools.cache
 def proc() -> Facility:
-    """Linux's /proc: this process's mapped memory and the machine's available memory, the
-    CPU's flags."""
+    """Linux's /proc: this process's mapped memory, the machine's available memory, CPU flags."""
     return _has("/proc", os.path.exists("/proc/self/status") and os.path.exists("/proc/meminfo"),
                 "there is no /proc here: the memory cap of a speed-up trial is off and the "
                 "CPU's name comes from the platform module")
