@@ -34,8 +34,7 @@ class Heartbeat:
             self.beat(phase)
 
     def hear(self, event) -> None:
-        """A listener on the fit's bus (in a worker): every event to the kernel unchanged, a
-        state kept as a "state", which the kernel applies."""
+        """In a worker: every event to the kernel as it is, a kept state as a "state" message."""
         if self.channel is None:
             return
         if isinstance(event, StateKept):
@@ -49,11 +48,9 @@ class Heartbeat:
 
     def grace(self, what: str, *, compiling: bool, device_type: str) -> float | None:
         """The longer silence ``what`` needs, said once; None where nothing needs one."""
-        if self.channel is None:
-            return None
         why = (["compiling"] if compiling else []) + (
             ["the CUDA context starts"] if device_type == "cuda" else [])
-        if not why:
+        if self.channel is None or not why:
             return None
         seconds = seconds_from_env(FIRST_STEP_GRACE_ENV, FIRST_STEP_GRACE_S)
         self.bus.note("grace", f"allowing {seconds:.0f} s of silence for {what}: {' and '.join(why)}")

@@ -57,9 +57,8 @@ def isolate_decision(isolate: bool | str, device: Any, *, in_distributed: bool
 
 def auto_step_timeout(step_seconds: list[float]) -> float:
     """max(floor, factor x the median step): generous, so only a real hang trips it."""
-    if not step_seconds:
-        return STEP_TIMEOUT_FLOOR_S
-    return max(STEP_TIMEOUT_FLOOR_S, STEP_TIMEOUT_FACTOR * statistics.median(step_seconds))
+    median = statistics.median(step_seconds) if step_seconds else 0.0
+    return max(STEP_TIMEOUT_FLOOR_S, STEP_TIMEOUT_FACTOR * median)
 
 
 def run_isolated(work: Callable[[Channel], Any], *,

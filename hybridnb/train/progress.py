@@ -58,7 +58,6 @@ class Progress:
 
     def step_ended(self, state: RunState, grad_accum: int, lr: float,
                    loss: float) -> StepEnded:
-        """The event of the step just taken, with the row the view draws."""
         row = StepRow(self.row(state, grad_accum, lr, loss=loss))
         return StepEnded(state.global_step, state.epoch, loss, lr, row)
 
@@ -82,7 +81,6 @@ class Progress:
         return EpochEnded(state.epoch, state.global_step, state.history, view_row)
 
     def hear(self, event) -> None:
-        """A listener on the fit's bus: the view starts, draws each row and note, and ends."""
         if isinstance(event, (StepEnded, Validated, EpochEnded)):
             self.view.update(event.row)
         elif isinstance(event, Event):
