@@ -32,8 +32,7 @@ class Sinks:
 
     def begin(self, trainer) -> None:
         """A fit starts at ``trainer.state`` (fresh or resumed): the loggers' folders claimed
-        (another live run writing there is refused), the loggers opened (``open`` when they
-        have it, then ``log_hparams``), ``on_fit_start`` called."""
+        (another live run writing there is refused), the loggers opened, ``on_fit_start``."""
         self.trainer = trainer
         self.storage.bus = trainer.bus
         state = trainer.state
@@ -74,7 +73,6 @@ class Sinks:
         cbs.call(self.callbacks, "on_fit_end", trainer)
 
     def hear(self, event) -> None:
-        """A listener on the fit's bus (what goes where: the module's docstring)."""
         if isinstance(event, StepEnded) and self.open:
             for logger in self.step_loggers:  # the Loop's loss is NaN where none was measured
                 logger.log_metrics({"train/loss": float(event.loss), "train/lr": float(event.lr)},
