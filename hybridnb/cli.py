@@ -1,9 +1,8 @@
 """Command line: ``python -m hybridnb detect|compare`` (also the ``hybridnb`` script).
 
-Each subcommand is an argparse subparser with a real ``--help``; their arguments are built
-without torch (compare's in its own module), so ``--help`` is instant. Errors go
-to stderr with exit code 2; ``detect --json`` prints only JSON on stdout. An interrupt ends a
-command with code 130 once its child processes are gone (``processes.supervise``).
+The subcommands' arguments are built without torch (compare's in its own module), so ``--help``
+is instant. Errors go to stderr with exit code 2; ``detect --json`` prints only JSON on stdout.
+An interrupt ends a command with code 130 once its children are gone (``processes.supervise``).
 """
 
 from __future__ import annotations
