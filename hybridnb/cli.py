@@ -1,9 +1,8 @@
 """Command line: ``python -m hybridnb detect|compare`` (also the ``hybridnb`` script).
 
-Each subcommand is an argparse subparser with a real ``--help``; their arguments are built
-without torch (compare's in its own module), so ``--help`` is instant. Errors go
-to stderr with exit code 2; ``detect --json`` prints only JSON on stdout. An interrupt ends a
-command with code 130 once its child processes are gone (``processes.supervise``).
+The subcommands' arguments are built without torch (compare's in its own module), so ``--help``
+is instant. Errors go to stderr with exit code 2; ``detect --json`` prints only JSON on stdout.
+An interrupt ends a command with code 130 once its children are gone (``processes.supervise``).
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from hybridnb.comparison import compare_cli  # light modules: no torch
 from hybridnb.hardware.probe import DEFAULT_TIMEOUT
 
 PROG = "python -m hybridnb"
-INTERRUPTED = 130  # the shell's code for a command ended by SIGINT
 
 
 def detect_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:  # its children are already gone (processes.supervise.Watch)
         print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
-        return INTERRUPTED
+        return 130  # the shell's code for a command ended by SIGINT
 
 
 def _positive(text: str) -> float:

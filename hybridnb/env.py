@@ -14,10 +14,9 @@ QUICK_ENV = "HYBRIDNB_QUICK"            # quick mode for CI and notebook tests
 HEADLESS_ENV = "HYBRIDNB_HEADLESS"      # set by hn.launch in its workers: no frontend of their own
 DEVICE_ENV = "HYBRIDNB_DEVICE"          # cpu | cuda | cuda:N | mps: forces detect()'s device
 LAUNCHED_ENV = "HYBRIDNB_LAUNCHED"      # "1" in the ranks hn.launch starts
-ISOLATED_ENV = "HYBRIDNB_ISOLATED"      # "1" in an isolated training worker: it never isolates again
+ISOLATED_ENV = "HYBRIDNB_ISOLATED"      # "1" in an isolated training worker: never isolates again
 DATA_ENV = "HYBRIDNB_DATA"              # the notebooks' DATA: synthetic | a folder | R5-mini ...
-FIRST_STEP_GRACE_ENV = "HYBRIDNB_FIRST_STEP_GRACE"  # seconds of silence an isolated worker asks
-#                                                   for while compiling or starting CUDA (600)
+FIRST_STEP_GRACE_ENV = "HYBRIDNB_FIRST_STEP_GRACE"  # silence to compile or start CUDA (600 s)
 CACHE_DIR_ENV = "HYBRIDNB_CACHE_DIR"    # where hybridnb keeps its cache (the probe's verdicts)
 PROBE_CACHE_TTL_ENV = "HYBRIDNB_PROBE_CACHE_TTL"  # seconds a passed probe is trusted; 0 = never
 WARM_WORKER_ENV = "HYBRIDNB_WARM_WORKER"  # "0": no spare worker kept ready between isolated fits
@@ -90,8 +89,6 @@ def _in_kernel() -> bool:
             and type(_ipython_shell()).__name__ == "ZMQInteractiveShell")
 
 
-# ------------------------------------------------------------------ the launch environment
-
 def launch_env(environ: dict[str, str] | None = None) -> tuple[int, int, int] | None:
     """``(rank, local_rank, world_size)`` when this process is one rank of a launched job
     (torchrun or ``hn.launch`` set ``RANK`` and ``WORLD_SIZE``), else None."""
@@ -103,8 +100,6 @@ def launch_env(environ: dict[str, str] | None = None) -> tuple[int, int, int] | 
     local = env.get("LOCAL_RANK", "")
     return rank, int(local) if local.strip().isdigit() else rank, world
 
-
-# ------------------------------------------------------------------ the cache folder
 
 def cache_dir(environ: dict[str, str] | None = None) -> Path:
     """hybridnb's cache folder: ``$HYBRIDNB_CACHE_DIR``, else ``$XDG_CACHE_HOME/hybridnb``, else
@@ -134,7 +129,6 @@ def seconds_from_env(name: str, default: float, environ: dict[str, str] | None =
 
 
 def warm_worker() -> bool:
-    """Whether a spare worker (torch imported) is kept ready for the next isolated fit:
-    ``$HYBRIDNB_WARM_WORKER``, on unless it says 0/false/no/off. It costs the memory of one
-    idle interpreter with torch loaded."""
+    """Whether a spare worker (an idle interpreter with torch loaded: its memory) is kept ready
+    for the next isolated fit: ``$HYBRIDNB_WARM_WORKER``, on unless it says 0/false/no/off."""
     return current().get(WARM_WORKER_ENV, "").strip().lower() not in ("0", "false", "no", "off")

@@ -1,7 +1,6 @@
 """What an error from torch means: the batch did not fit (``is_oom``), or the device cannot be
-trusted again in this process (``is_device_lost``): predicates over the exception's type and text,
-shared by the strategies, train's recovery and the speedups' trials. The devices already lost
-(``mark_lost``) are remembered here, so ``free_memory`` never calls one again.
+trusted again in this process (``is_device_lost``). The devices already lost (``mark_lost``) are
+remembered here, so ``free_memory`` never calls one again.
 """
 
 from __future__ import annotations

@@ -58,14 +58,13 @@ def describe(exc: BaseException, path: str | os.PathLike | None = None) -> str:
 
 
 def atomic_save(obj: dict, path: str | os.PathLike, keep_previous: bool = False) -> Path:
-    """``torch.save(obj)`` to ``path`` through ``atomic_write``."""
     return atomic_write(path, lambda f: torch.save(obj, f), keep_previous=keep_previous)
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[IO], None], *, text: bool = False,
                  keep_previous: bool = False) -> Path:
     """``write(f)`` to a temporary file, fsynced, renamed over ``path``: a crash leaves the old
-    file or the new one, whole. ``keep_previous``: the old one is kept as ``<stem>.prev<suffix>``."""
+    file or the new one, whole. ``keep_previous``: the old one kept as ``<stem>.prev<suffix>``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -77,10 +76,14 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO], None], *, text: 
         if keep_previous and path.exists():
             keep_copy(path, path.with_name(f"{path.stem}.prev{path.suffix}"))
         os.replace(tmp, path)
-        fsync_dir(path.parent)
+        with contextlib.suppress(OSError):  # the rename made durable (some file systems refuse)
+            fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
     return path
 
 
@@ -90,26 +93,14 @@ def keep_copy(src: Path, dst: Path) -> None:
     try:
         # a stale tmp (a kill between link and replace; a restarted container reuses the pid)
         # may be a hard link to src itself, onto which copy2 fails with SameFileError
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
         try:
             os.link(src, tmp)
         except OSError:  # no hard links there
             shutil.copy2(src, tmp)
         os.replace(tmp, dst)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-
-
-def fsync_dir(folder: Path) -> None:
-    """Make a rename in ``folder`` durable (best effort: some file systems refuse)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        tmp.unlink(missing_ok=True)
 
 
 def read_safely(path: str | os.PathLike, what: str, unreadable: str,
@@ -122,8 +113,7 @@ def read_safely(path: str | os.PathLike, what: str, unreadable: str,
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # zip reader, unpickler and EOF errors
-        refused = _REFUSED_GLOBAL.search(str(exc))
-        if refused:
+        if refused := _REFUSED_GLOBAL.search(str(exc)):
             raise bad(f"{what} {path} holds pickled objects ({refused.group(1).rstrip('.,')}), "
                       "which weights_only loading refuses because loading them would run "
                       f"their code: {pickled_advice}") from None

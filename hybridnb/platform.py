@@ -1,11 +1,10 @@
 """What this operating system can do for hybridnb's child processes: asked here, nowhere else.
 
-Linux, macOS and Windows differ in the facilities a supervised child needs: ``memfd()``,
-``parent_death_signal()``, ``fork()``, ``wait_without_reaping()``, ``pidfd()``, ``proc()`` and
-``child_pipes()`` (Windows has none: the probe, isolation and compare() run in process). A
-missing one is a ``Facility`` whose ``why`` says what hybridnb does instead, never an exception.
-The facts are read from the running interpreter, so a test takes a facility away
-(``tests/platform_sim``) without a flag in hybridnb. ``say``/``say_once``: the fallbacks' notices.
+Linux, macOS and Windows differ in the facilities a supervised child needs (``FACILITIES``;
+Windows has none of them: the probe, isolation and compare() run in process). A missing one is
+a ``Facility`` whose ``why`` says what hybridnb does instead, never an exception. The facts are
+read from the running interpreter, so a test takes a facility away (``tests/platform_sim``)
+without a flag in hybridnb. ``say``/``say_once``: the fallbacks' notices.
 """
 
 from __future__ import annotations
@@ -41,11 +40,21 @@ def _has(name: str, ok: bool, why: str) -> Facility:
     return Facility(name, bool(ok), "" if ok else why)
 
 
-@functools.cache
-def memfd() -> Facility:
-    """Anonymous memory files (Linux): a spawned child's stop flag lives in one."""
-    return _has("memfd", hasattr(os, "memfd_create"),
-                "os.memfd_create is Linux-only: the stop flag uses an unlinked temporary file instead")
+def _os_has(name: str, why: str, *attrs: str):
+    """The facility that is there when ``os`` has every one of ``attrs`` (asked once)."""
+    return functools.cache(lambda: _has(name, all(hasattr(os, a) for a in attrs), why))
+
+
+# anonymous memory files (Linux): a spawned child's stop flag lives in one
+memfd = _os_has("memfd", "os.memfd_create is Linux-only: the stop flag uses an unlinked "
+                "temporary file instead", "memfd_create")
+# os.waitid(WNOWAIT): see that a child ended without reaping it (Linux; macOS from Python 3.13),
+# so its process group cannot be reused before it is killed
+wait_without_reaping = _os_has("waitid", "os.waitid is missing: an ended child is reaped as "
+                               "soon as it is seen", "waitid", "WNOWAIT")
+# os.pidfd_open (Linux 5.3): a descriptor that wakes select() when a child exits
+pidfd = _os_has("pidfd", "os.pidfd_open is Linux-only: a child's exit is seen within 50 ms by "
+                "polling", "pidfd_open")
 
 
 @functools.cache
@@ -68,8 +77,7 @@ def set_parent_death_signal(death_signal: int) -> None:
     if parent_death_signal():
         import ctypes
 
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, int(death_signal))
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(death_signal))  # found by the test above
 
 
 @functools.cache
@@ -82,24 +90,8 @@ def fork() -> Facility:
 
 
 @functools.cache
-def wait_without_reaping() -> Facility:
-    """``os.waitid(WNOWAIT)``: see that a child ended without reaping it (Linux; macOS from
-    Python 3.13), so its process group cannot be reused before it is killed."""
-    return _has("waitid", hasattr(os, "waitid") and hasattr(os, "WNOWAIT"),
-                "os.waitid is missing: an ended child is reaped as soon as it is seen")
-
-
-@functools.cache
-def pidfd() -> Facility:
-    """``os.pidfd_open`` (Linux 5.3): a descriptor that wakes ``select`` when a child exits."""
-    return _has("pidfd", hasattr(os, "pidfd_open"),
-                "os.pidfd_open is Linux-only: a child's exit is seen within 50 ms by polling")
-
-
-@functools.cache
 def proc() -> Facility:
-    """Linux's /proc: this process's mapped memory and the machine's available memory, the
-    CPU's flags."""
+    """Linux's /proc: this process's mapped memory, the machine's available memory, CPU flags."""
     return _has("/proc", os.path.exists("/proc/self/status") and os.path.exists("/proc/meminfo"),
                 "there is no /proc here: the memory cap of a speed-up trial is off and the "
                 "CPU's name comes from the platform module")
@@ -132,11 +124,9 @@ class SharedMemory:
 def shared_memory(path: str = "/dev/shm") -> SharedMemory:
     """The size and free space of ``path`` now (not cached: it fills and empties). Docker's
     default is 64 MB (``docker run --shm-size``)."""
-    if not os.path.isdir(path):  # (Windows, which has no statvfs, has no /dev/shm either)
-        return SharedMemory(None)
     try:
         st = os.statvfs(path)
-    except OSError:
+    except (OSError, AttributeError):  # no such folder (macOS); no os.statvfs (Windows)
         return SharedMemory(None)
     return SharedMemory(path, st.f_frsize * st.f_blocks, st.f_frsize * st.f_bavail)
 

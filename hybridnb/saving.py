@@ -3,9 +3,8 @@
 ``save_model`` (``trainer.save``) writes the weights atomically with the model's class, the
 arguments it was built with when known (``get_config()``/``from_config()`` as braindecode's
 models have, ``init_args=``, or an ``__init__`` that takes none), one sample's input shape and
-the versions. ``hn.load(path, model)`` loads them with ``weights_only=True`` (no pickled code
-runs) after checking the file and the class; ``hn.load(path)`` imports the saved class by name
-and rebuilds it. A hybridnb checkpoint (``last.pt``, ``best.pt``) loads too.
+the versions. ``hn.load`` reads them with ``weights_only=True`` (no pickled code runs), and a
+hybridnb checkpoint (``last.pt``, ``best.pt``) too.
 
 >>> model = hn.load("runs/c1/model.pt", ShallowFBCSPNet(n_chans=129, n_outputs=1, n_times=200))
 """
@@ -106,7 +105,6 @@ _PICKLED_ADVICE = ("save the weights with trainer.save(path) or torch.save(model
 
 
 def _read(path: str | os.PathLike) -> dict:
-    path = Path(path)
     data = files.read_safely(path, "model file", "is not a readable model file (truncated, "
                              "corrupt, or not written by torch.save)", FileNotFoundError,
                              ModelFileError, _PICKLED_ADVICE)
@@ -119,12 +117,11 @@ def _read(path: str | os.PathLike) -> dict:
                 "model_class": {"module": None, "qualname": name} if name else None,
                 "input_shape": data.get("input_shape"), "weights": data.get("kind", "last"),
                 "versions": {}, "extra": {}}
+    held = "" if isinstance(data, dict) else f" (it holds a {type(data).__name__})"
     raise ModelFileError(f"{path} is not a model saved by hybridnb (trainer.save / "
-                         f"hybridnb.saving.save_model): its format is "
-                         f"{fmt!r}" + ("" if isinstance(data, dict) else
-                                       f" (it holds a {type(data).__name__})") +
-                         ". A plain state dict loads with model.load_state_dict(torch.load("
-                         "path, weights_only=True))")
+                         f"hybridnb.saving.save_model): its format is {fmt!r}{held}. A plain "
+                         "state dict loads with model.load_state_dict(torch.load(path, "
+                         "weights_only=True))")
 
 
 def read_metadata(path: str | os.PathLike) -> dict:
@@ -145,7 +142,7 @@ def load(path: str | os.PathLike, model: torch.nn.Module | None = None) -> torch
     saved = data.get("model_class") or {}
     mine = type(model)
     if model is None:
-        model = _rebuild(path, data)
+        model = _rebuild(path, saved)
     elif saved.get("qualname") and saved["qualname"] != mine.__qualname__:
         where = ".".join(filter(None, (saved.get("module"), saved["qualname"])))
         raise ModelFileError(f"{path} holds weights of a {where}, but the model given is a "
@@ -160,8 +157,7 @@ def load(path: str | os.PathLike, model: torch.nn.Module | None = None) -> torch
     return model.eval()
 
 
-def _rebuild(path, data: dict) -> torch.nn.Module:
-    saved = data.get("model_class") or {}
+def _rebuild(path, saved: dict) -> torch.nn.Module:
     module, qualname, init = saved.get("module"), saved.get("qualname"), saved.get("init")
     name = ".".join(filter(None, (module, qualname))) or "model"
     advice = f"pass the model: hn.load({str(path)!r}, {qualname or 'Model'}(...))"

@@ -1,6 +1,5 @@
 """Torch's global state, held for a while and put back (eval mode, random generators), and a
-model's meta copy (shapes only): one definition below the training step, its preflight,
-compare() and the speedups' trials."""
+model's meta copy (shapes only): for the training step, its preflight, compare(), speedup trials."""
 
 from __future__ import annotations
 
@@ -29,7 +28,6 @@ def torch_rng_state(device: torch.device) -> tuple:
 
 
 def set_torch_rng_state(state: tuple, device: torch.device) -> None:
-    """Put back what ``torch_rng_state(device)`` returned."""
     torch.set_rng_state(state[0])
     if state[1] is not None:
         torch.cuda.set_rng_state(state[1], device)

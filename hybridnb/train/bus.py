@@ -3,9 +3,8 @@
 The Loop never calls the view, the loggers or the callbacks: whoever subscribed hears each event
 in order (the run's record of events, ``Progress.hear`` for the view, ``Heartbeat.hear`` in a
 worker, ``Sinks.hear`` for loggers and callbacks). A worker's events are emitted again on the
-kernel's bus (``run_worker.Relay``), so the kernel's listeners hear what they hear in process. A
-note said before a fit's view starts is queued (``pending``) and said when the next fit opens.
-Each note and run header is also a record of the ``"hybridnb"`` logger, in the user's process
+kernel's bus (``run_worker.Relay``), so the kernel's listeners hear what they hear in process.
+Notes and run headers are records of the ``"hybridnb"`` logger too, in the user's process
 (levels and fields: docs/runs-and-logs.md, "Messages through logging").
 """
 
@@ -92,8 +91,15 @@ class Bus:
         self.listeners.append(listener)
 
     def emit(self, event):
-        if isinstance(event, (Event, Started)):
-            _log(event)
+        """To every listener; a note or a run's header also to the ``"hybridnb"`` logger."""
+        if isinstance(event, Event):
+            level = logging.WARNING if event.kind in WARNING_KINDS else logging.INFO
+            log.log(level, "%s", event, extra={"kind": event.kind, "step": event.step,
+                                                "epoch": event.epoch})
+        elif isinstance(event, Started) and log.isEnabledFor(logging.INFO):
+            from hybridnb.live.summary import header
+
+            log.info("%s", header(event.run), extra={"kind": "start", "step": 0, "epoch": 0})
         for listener in list(self.listeners):
             listener(event)
         return event
@@ -117,15 +123,3 @@ class Bus:
             self.say(kind, message)
         self.open = True
 
-
-def _log(event: Event | Started) -> None:
-    """A note (or a run's header line) as a record of the ``"hybridnb"`` logger."""
-    if isinstance(event, Started):
-        if log.isEnabledFor(logging.INFO):
-            from hybridnb.live.summary import header
-
-            log.info("%s", header(event.run), extra={"kind": "start", "step": 0, "epoch": 0})
-        return
-    level = logging.WARNING if event.kind in WARNING_KINDS else logging.INFO
-    log.log(level, "%s", event, extra={"kind": event.kind, "step": event.step,
-                                        "epoch": event.epoch})

@@ -7,18 +7,17 @@ A longer silence (grace) is asked for only where something needs it (compiling, 
 from __future__ import annotations
 
 from hybridnb.env import FIRST_STEP_GRACE_ENV, seconds_from_env
-from hybridnb.train import isolate
 from hybridnb.train.bus import Ended, Started, StateKept, StepEnded
 from hybridnb.train.state import Stop
 
 EVENT = "event"  # the channel kind of a forwarded bus event (the kernel emits it again)
+FIRST_STEP_GRACE_S = 600.0  # compiling or starting CUDA (unless $HYBRIDNB_FIRST_STEP_GRACE says)
 
 
 class Heartbeat:
     """The channel to the kernel (None: not in a worker) and the phase announced last."""
 
-    def __init__(self, bus, channel=None) -> None:
-        """``bus``: the run's (where a grace is said)."""
+    def __init__(self, bus, channel) -> None:
         self.bus, self.channel = bus, channel
         self.phase: str | None = None
 
@@ -35,8 +34,7 @@ class Heartbeat:
             self.beat(phase)
 
     def hear(self, event) -> None:
-        """A listener on the fit's bus (in a worker): every event to the kernel unchanged, a
-        state kept as a "state", which the kernel applies."""
+        """In a worker: every event to the kernel as it is, a kept state as a "state" message."""
         if self.channel is None:
             return
         if isinstance(event, StateKept):
@@ -50,13 +48,11 @@ class Heartbeat:
 
     def grace(self, what: str, *, compiling: bool, device_type: str) -> float | None:
         """The longer silence ``what`` needs, said once; None where nothing needs one."""
-        if self.channel is None:
-            return None
         why = (["compiling"] if compiling else []) + (
             ["the CUDA context starts"] if device_type == "cuda" else [])
-        if not why:
+        if self.channel is None or not why:
             return None
-        seconds = seconds_from_env(FIRST_STEP_GRACE_ENV, isolate.FIRST_STEP_GRACE_S)
+        seconds = seconds_from_env(FIRST_STEP_GRACE_ENV, FIRST_STEP_GRACE_S)
         self.bus.note("grace", f"allowing {seconds:.0f} s of silence for {what}: {' and '.join(why)}")
         return seconds
 

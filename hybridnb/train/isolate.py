@@ -2,10 +2,9 @@
 the GPU does to the worker (an abort or segfault in a C++ thread, a sticky CUDA error, a kernel
 launch that never returns) the kernel survives, with the last state the worker sent.
 
-This module holds training's policy: whether to isolate (``isolate_decision``) and the silence
-limit that follows the measured steps (``auto_step_timeout``); starting, watching and killing the
-worker is ``hybridnb.processes``'s. ``start="fork"`` (the default here) is safe only while no CUDA
-context and no thread of the caller's holds a lock across the call; the Trainer spawns.
+Here: whether to isolate, and the silence limit that follows the measured steps; starting,
+watching and killing the worker is ``hybridnb.processes``'s. ``start="fork"`` (the default here)
+is safe only while no CUDA context and no thread of the caller's holds a lock across the call.
 """
 
 from __future__ import annotations
@@ -23,11 +22,9 @@ from hybridnb.processes.supervise import ChildProgress, supervise
 
 STEP_TIMEOUT_FLOOR_S = 120.0         # the automatic step timeout is never shorter than this
 STEP_TIMEOUT_FACTOR = 20.0           # ... and at least this many median steps
-FIRST_STEP_GRACE_S = 600.0           # the grace a worker asks for when compiling or starting
-#                                      CUDA (unless $HYBRIDNB_FIRST_STEP_GRACE says: heartbeat.py)
 START_GRACE_S = 120.0                # a worker's start-up, before it says "ready" (import torch)
-# what a prestarted worker imports while it waits: torch, the Trainer, and what building an
-# optimizer imports (torch._dynamo), so nothing slow runs between the job arriving and its first step
+# what a prestarted worker imports while it waits (building an optimizer imports torch._dynamo):
+# nothing slow runs between the job arriving and its first step
 PRELOAD = ("torch", "torch._dynamo", "psutil", "hybridnb.train.trainer")
 
 
@@ -60,21 +57,19 @@ def isolate_decision(isolate: bool | str, device: Any, *, in_distributed: bool
 
 def auto_step_timeout(step_seconds: list[float]) -> float:
     """max(floor, factor x the median step): generous, so only a real hang trips it."""
-    if not step_seconds:
-        return STEP_TIMEOUT_FLOOR_S
-    return max(STEP_TIMEOUT_FLOOR_S, STEP_TIMEOUT_FACTOR * statistics.median(step_seconds))
+    median = statistics.median(step_seconds) if step_seconds else 0.0
+    return max(STEP_TIMEOUT_FLOOR_S, STEP_TIMEOUT_FACTOR * median)
 
 
 def run_isolated(work: Callable[[Channel], Any], *,
                  on_message: Callable[[Message], None] | None = None,
                  step_timeout: float | None = None, start: str = "fork",
                  prestarted: _child.PrestartedWorker | None = None, **watch: Any) -> ChildOutcome:
-    """Run ``work(channel)`` in a worker, pass each message to ``on_message``, and return how
-    it ended (a ``ChildOutcome``); nothing is left running after. ``step_timeout``: seconds of
-    silence allowed (None: ``auto_step_timeout``); a worker that needs longer asks in a heartbeat
-    (``channel.heartbeat(phase=..., grace=seconds)``). ``start``: "fork" or "spawn" (``work``
-    travels with cloudpickle); ``prestarted``: a worker ``prestart()`` started earlier. ``watch``:
-    ``supervise``'s keywords (``should_stop``, ``poll``, ``stop_grace``, ``forward_output``)."""
+    """``work(channel)`` in a worker, each message to ``on_message``; returns how it ended (a
+    ``ChildOutcome``), nothing left running. ``step_timeout``: seconds of silence allowed (None:
+    ``auto_step_timeout``; a worker that needs longer asks in a heartbeat's ``grace``).
+    ``start``: "fork" or "spawn" (``work`` travels with cloudpickle); ``prestarted``: a worker
+    ``prestart()`` started earlier; ``watch``: ``supervise``'s keywords."""
     if start not in ("fork", "spawn"):
         raise ValueError(f"start={start!r}: use 'fork' or 'spawn'")
 
@@ -90,13 +85,3 @@ def run_isolated(work: Callable[[Channel], Any], *,
         prestarted.start_next()
     return out
 
-
-def startup_note(spawned_at: float, ready_at: float, sent_at: float) -> str:
-    """One sentence on the worker's start-up: how long it took, how long before the job came it
-    was started (a warm spare: long before), and how long the fit waited for it
-    (``time.monotonic()`` times)."""
-    startup, ahead = ready_at - spawned_at, sent_at - spawned_at
-    waited = max(0.0, ready_at - sent_at)
-    return (f"worker process ready {startup:.1f} s after it started (a fresh interpreter "
-            f"importing torch), started {ahead:.1f} s before the job came: the fit waited "
-            f"{waited:.1f} s for it")

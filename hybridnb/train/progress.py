@@ -31,15 +31,14 @@ class Progress:
     """The view (silent in an isolated worker), the epoch's throughput window, the step and
     epoch events with their rows, and ``hear``: the view's listener on the bus."""
 
-    def __init__(self, view=None) -> None:
-        self.view = view if view is not None else View()  # silent until a fit starts
+    def __init__(self) -> None:
+        self.view = View()  # silent until a fit starts
         self.started = 0.0
         self._monitor: ThroughputMonitor | None = None  # each epoch's (new_epoch)
 
     def new_epoch(self, device: torch.device, warmup: bool, flops_per_sample: float | None,
                   precision: str) -> ThroughputMonitor:
-        """The epoch's throughput window (a fit's first two steps are warm-up): the Loop times
-        its batches and steps with it and pauses it for validation and checkpoint writes."""
+        """The epoch's throughput window (a fit's first two steps are warm-up)."""
         self._monitor = ThroughputMonitor(device, warmup_steps=2 if warmup else 0,
                                           flops_per_sample=flops_per_sample,
                                           precision=precision)
@@ -59,7 +58,6 @@ class Progress:
 
     def step_ended(self, state: RunState, grad_accum: int, lr: float,
                    loss: float) -> StepEnded:
-        """The event of the step just taken, with the row the view draws."""
         row = StepRow(self.row(state, grad_accum, lr, loss=loss))
         return StepEnded(state.global_step, state.epoch, loss, lr, row)
 
@@ -83,7 +81,6 @@ class Progress:
         return EpochEnded(state.epoch, state.global_step, state.history, view_row)
 
     def hear(self, event) -> None:
-        """A listener on the fit's bus: the view starts, draws each row and note, and ends."""
         if isinstance(event, (StepEnded, Validated, EpochEnded)):
             self.view.update(event.row)
         elif isinstance(event, Event):

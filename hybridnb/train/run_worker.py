@@ -14,8 +14,6 @@ import functools
 import random
 import time
 
-import pandas as pd
-
 from hybridnb import platform
 from hybridnb.train import isolate, opening, outside_state, saved, setup, worker_fit
 from hybridnb.train.bus import Ended, EpochEnded, Started, StateKept
@@ -27,20 +25,11 @@ NOTICE = "worker_notice"  # a notice said around the job (payload, the next spar
 
 
 class Relay:
-    """The worker's messages emitted again on ``loop``'s bus, each state applied as it comes.
-    Its ``Ended`` is held until the final state is here (``finish``): a worker lost during the
-    hand-over leaves the view open for the run to continue here."""
+    """The worker's messages on ``loop``'s bus; its ``Ended`` held until the final state is here
+    (``finish``): a worker lost during the hand-over leaves the view open for the run here."""
 
-    def __init__(self, loop) -> None:
-        self.loop, self.started, self.ended = loop, False, None
-        self.notices: list[str] = []  # said once the view started
-
-    def notice(self, sentence: str) -> None:
-        """A notice around the job (``platform.say``): a note on the kernel's bus."""
-        if self.started:
-            self.loop.bus.say(NOTICE, sentence)
-        else:
-            self.notices.append(sentence)
+    def __init__(self, loop, carried: int) -> None:
+        self.loop, self.carried, self.started, self.ended = loop, carried, False, None
 
     def hear(self, message) -> None:
         if message.kind == "state":  # applied as it arrives: a lost worker loses nothing
@@ -52,53 +41,46 @@ class Relay:
             if isinstance(event, Ended):
                 self.ended = event
                 return
-            if isinstance(event, Started):  # the worker says the notes the job carried
-                self.started = True
-                self.loop.bus.pending.clear()
-                self.loop.bus.open = True  # this process's own notes (loggers'): said now
             if isinstance(event, EpochEnded):  # as the worker's end_epoch: the next row's events
                 self.loop.state.epoch_first_event = len(self.loop.state.events)
             self.loop.bus.emit(event)
-            if isinstance(event, Started):
-                for sentence in self.notices:
-                    self.notice(sentence)
-                self.notices.clear()
+            if isinstance(event, Started):  # the worker said the notes the job carried along
+                self.started = True
+                del self.loop.bus.pending[:self.carried]
+                self.loop.bus.flush()  # this process's own notes (notices, loggers'): said now
 
     def finish(self) -> None:
-        """The worker's fit arrived whole: its end is emitted here."""
         if self.ended is not None:
             self.loop.bus.emit(self.ended)
 
 
-def fit(trainer, train, val, train_loader, val_loader, early=None) -> pd.DataFrame:
+def fit(trainer, train, val, train_loader, val_loader, early=None) -> None:
     """The fit in a supervised worker (``early``: the worker ``fit`` started first); if it
     dies or hangs, on the CPU here from the last state it sent."""
     device, loop = trainer.device, trainer.loop
     job = FitJob(trainer.settings.for_worker(), trainer.model, train, val, trainer.state_dict(),
                  list(trainer.bus.pending), random.getstate(), time.monotonic())
     trainer.progress.view = opening.make_view(trainer.live)  # drawn here
-    relay = Relay(loop)
-    try:
-        with platform.notices_to(relay.notice):
+    relay = Relay(loop, len(job.notes))
+    try:  # a notice around the job (platform.say): said once the view started, or the next fit
+        with platform.notices_to(lambda sentence: trainer.bus.note(NOTICE, sentence)):
             out = run_job(trainer, job, prestarted=early, on_message=relay.hear,
                           should_stop=lambda: "callback" if trainer.should_stop
                           else trainer.progress.view.stop_requested)
     except BaseException:  # the worker's own error: its last state is applied already
         relay.finish()
         raise
-    for sentence in relay.notices:  # lost before its view started: said by the next one
-        trainer.bus.note(NOTICE, sentence)
     if out.status == "done":
         relay.finish()
         adopt(trainer, out.result)
-        return trainer.history
+        return
     if not relay.started:  # lost before it drew anything: the kernel's view starts here
         trainer.bus.emit(Started(opening.run_info(loop)))
     if out.status == "interrupted":
         trainer.event("interrupt", f"{out.reason}; the last good state (step "
                       f"{loop.state.global_step}) is kept")
         trainer.bus.emit(Ended(trainer.summary(Stop.INTERRUPT)))
-        return trainer.history
+        return
     lose_device(trainer)
     where = ("the run continues in this process" if device.type == "cpu" else
              f"{device} is not used again in this process: the run continues on the CPU")
@@ -107,7 +89,6 @@ def fit(trainer, train, val, train_loader, val_loader, early=None) -> pd.DataFra
                   + ("" if device.type == "cpu" else "; steps will be slower"))
     loop.state.micro = None
     loop.fit(train_loader, val_loader, view_started=True)
-    return trainer.history
 
 
 def job(trainer, what: str, fn, *args, **kwargs) -> tuple[bool, object]:
@@ -135,9 +116,8 @@ def lose_device(trainer) -> None:
 
 
 def adopt(trainer, result: FitResult) -> None:
-    """The worker's fit is the Trainer's: its final state, what it decided and measured (nothing
-    here touches the device) and what it changed on the model outside its state dict. A worker
-    that lost its GPU and finished on the CPU leaves the Trainer on the CPU too."""
+    """The worker's fit is the Trainer's: its final state (its device too), what it decided and
+    measured (nothing here touches the device) and what it changed outside its state dict."""
     state, loop = result.state, trainer.loop
     if state["device"] == "cpu" and trainer.device.type != "cpu":
         lose_device(trainer)
@@ -146,8 +126,7 @@ def adopt(trainer, result: FitResult) -> None:
     trainer.batch_size = state["config"]["batch_size"]
     trainer.grad_accum = state["config"]["grad_accum"]
     saved.restore(loop, state)  # its events came one by one: the run's already hold them
-    lost = outside_state.apply(trainer.model, result.outside_state)
-    if lost:
+    if lost := outside_state.apply(trainer.model, result.outside_state):
         trainer.event("outside_state", outside_state.describe(lost))
     loop.state.stopped = result.stopped
 

@@ -1,11 +1,9 @@
 """Where a fit's rows go besides the live view: loggers and callbacks, in the user's process.
 
-``Sinks.hear`` listens on the fit's bus: step rows to the loggers that want them (``per_step``)
-and ``on_step_end``, each epoch's history row to the loggers and ``on_epoch_end``. An isolated
-worker has none (its events are emitted again on the kernel's bus, where these listen, also
-after the worker is lost). Rows are logged by epoch number, each epoch once and in order, from
-the kernel's own history: a row the worker sent only in its state is caught up by the next epoch
-or the fit's end.
+``Sinks.hear``: step rows to the loggers that want them (``per_step``) and ``on_step_end``, each
+epoch's history row to the loggers and ``on_epoch_end`` (an isolated worker's too, heard on the
+kernel's bus). Each epoch is logged once and in order, from the kernel's own history: a row the
+worker sent only in its state is caught up by the next epoch or the fit's end.
 """
 
 from __future__ import annotations
@@ -33,15 +31,24 @@ class Sinks:
         self.locks: list[RunLock] = []  # the log folders this fit holds (besides its own)
 
     def begin(self, trainer) -> None:
-        """A fit starts at ``trainer.state`` (fresh or resumed): open the loggers (``open``
-        when they have it, then ``log_hparams``), call ``on_fit_start``."""
+        """A fit starts at ``trainer.state`` (fresh or resumed): the loggers' folders claimed
+        (another live run writing there is refused), the loggers opened, ``on_fit_start``."""
         self.trainer = trainer
         self.storage.bus = trainer.bus
         state = trainer.state
         self.next_epoch = len(state.history)
         params = hparams(trainer.settings, trainer.model) if self.loggers else {}
         self.open = True  # close() from here on: loggers opened before a failure are closed
-        self._claim(trainer.checkpoints.folder, trainer.bus)
+        held = trainer.checkpoints.folder  # claimed by the fit already
+        held = Path(held).resolve() if held is not None else None
+        folders = {lg.folder.resolve(): "log_dir" if getattr(lg, "needs_folder", False)
+                   else f"{type(lg).__name__}'s folder" for lg in self.loggers
+                   if isinstance(getattr(lg, "folder", None), Path)}
+        for folder, what in sorted(folders.items()):
+            if folder != held:
+                lock = RunLock(folder, what=what)
+                self.locks.append(lock)  # released by close() even if what follows raises
+                lock.acquire(trainer.bus)
         for logger in self.loggers:
             if callable(getattr(logger, "open", None)):
                 logger.open(self.next_epoch, state.global_step)
@@ -66,7 +73,6 @@ class Sinks:
         cbs.call(self.callbacks, "on_fit_end", trainer)
 
     def hear(self, event) -> None:
-        """A listener on the fit's bus (what goes where: the module's docstring)."""
         if isinstance(event, StepEnded) and self.open:
             for logger in self.step_loggers:  # the Loop's loss is NaN where none was measured
                 logger.log_metrics({"train/loss": float(event.loss), "train/lr": float(event.lr)},
@@ -74,20 +80,6 @@ class Sinks:
             cbs.call(self.callbacks, "on_step_end", self.trainer, dict(event.row))
         elif isinstance(event, EpochEnded):
             self.epoch_rows(event.history)
-
-    def _claim(self, checkpoint_dir, bus) -> None:
-        """The loggers' folders besides ``checkpoint_dir`` (held already) are this run's too:
-        another live run writing there is refused."""
-        held = Path(checkpoint_dir).resolve() if checkpoint_dir is not None else None
-        folders = {lg.folder.resolve(): "log_dir" if getattr(lg, "needs_folder", False)
-                   else f"{type(lg).__name__}'s folder" for lg in self.loggers
-                   if isinstance(getattr(lg, "folder", None), Path)}
-        for folder, what in sorted(folders.items()):
-            if folder == held:
-                continue
-            lock = RunLock(folder, what=what)
-            self.locks.append(lock)  # released by close() even if what follows raises
-            lock.acquire(bus)
 
     def close(self) -> None:
         """Every logger closed (one that raises does not keep the others open), folders released."""

@@ -1,10 +1,9 @@
-"""The worker's side of an isolated fit: the jobs it receives and what it returns.
+"""The worker's side of an isolated fit (run_worker.py: the kernel's).
 
 A spawned worker gets one job: a ``FitJob`` (the resolved settings, so the worker never detects
-again; the model, the data, the start state, the notes not yet said), or after a fit a
-``LoopJob`` (predict, lr_find, find_batch_size). It builds the same Loop over fresh parts
-(``parts.build_loop``, no Trainer) and runs it; whatever ends its fit early, it sends the state
-it holds then, before the error. The kernel's side is ``run_worker.py``.
+again), or after a fit a ``LoopJob`` (predict, lr_find, find_batch_size). It builds the same Loop
+over fresh parts (``parts.build_loop``, no Trainer) and runs it; whatever ends its fit early, it
+sends the state it holds then, before the error.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from typing import Any
 import torch
 
 from hybridnb.processes.worker import startup as worker_startup
-from hybridnb.train import isolate, opening, outside_state, saved, setup
+from hybridnb.train import opening, outside_state, saved, setup
 from hybridnb.train.evaluation import predict_here
 from hybridnb.train.heap import frozen_heap
 from hybridnb.train.parts import build_loop
@@ -69,10 +68,13 @@ class FitJob:
         loop = worker_loop(self.settings, self.model, channel)
         heartbeat = loop.heartbeat
         loop.bus.pending = list(self.notes)  # the kernel's notes: its set-up is the same
-        began = worker_startup()
+        began = worker_startup()  # the kernel's clock too: how long the fit waited for this
         if {"spawned_at", "ready_at"} <= set(began):
-            loop.bus.note("worker_start", isolate.startup_note(
-                began["spawned_at"], began["ready_at"], self.sent_at))
+            spawned, ready = began["spawned_at"], began["ready_at"]
+            loop.bus.note("worker_start", f"worker process ready {ready - spawned:.1f} s after "
+                          "it started (a fresh interpreter importing torch), started "
+                          f"{self.sent_at - spawned:.1f} s before the job came: the fit waited "
+                          f"{max(0.0, ready - self.sent_at):.1f} s for it")
         heartbeat.beat("setup")  # the job arrived: alive (its faults come later)
         loop.stop_flag = lambda: heartbeat.stop_asked() is Stop.CALLBACK
         random.setstate(self.py_random)
