@@ -76,8 +76,8 @@ def check_outputs(model: torch.nn.Module, loss_fn, item: tuple, dtype: torch.dty
     if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
         return
     x = x.to(dtype) if x.is_floating_point() else x
-    x = on_meta(x.expand(batch_size, *x.shape[1:]))
-    try:  # the parameters and buffers as meta tensors too, in eval mode
+    try:  # the input, parameters and buffers as meta tensors, in eval mode
+        x = on_meta(x.expand(batch_size, *x.shape[1:]))
         with evaluating(model), torch.no_grad():
             out = functional_call(model, meta_state(model), (x,), tie_weights=True)
     except Exception:  # noqa: BLE001 - any failure on meta: the first step checks instead

@@ -179,7 +179,8 @@ class Settings:
             hw.settings.grad_accum if self.batch_size is None else 1)
         from_hw = self.device == "auto" and hw is not None
         taken = tuple(name for name, left in (
-            ("device", from_hw), ("batch_size", self.batch_size is None),
+            ("device", from_hw), ("precision", self.precision == "auto" and hw is not None),
+            ("batch_size", self.batch_size is None),
             ("grad_accum", self.grad_accum is None and self.batch_size is None)) if left)
         if self.loader_kwargs is not None:
             loader = dict(self.loader_kwargs)

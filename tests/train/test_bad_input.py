@@ -750,3 +750,27 @@ def test_live_view_shows_the_history_numbers(monkeypatch, capsys, case, renderer
         out = summary["text/plain"]
     if expected.get("summary"):
         assert said in out, out
+
+
+class _NoMeta(torch.Tensor):
+    """A tensor subclass that refuses to be made on the meta device (an exotic user input)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if str(kwargs.get("device")) == "meta":
+            raise RuntimeError("this input cannot live on the meta device")
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+def test_an_input_that_cannot_go_to_meta_is_left_to_the_first_step():
+    """The output check before fit is best effort: an input it cannot copy to the meta device
+    must not stop a fit that would train."""
+    from hybridnb.train.losses import make_loss
+    from hybridnb.train.preflight import check_outputs
+
+    x = torch.randn(8).as_subclass(_NoMeta)
+    with pytest.raises(RuntimeError, match="meta"):
+        torch.empty_like(x, device="meta")
+    assert check_outputs(nn.Linear(8, 1), make_loss("mse"), (x, torch.tensor(1.0)),
+                         torch.float32, 4) is None

@@ -88,3 +88,11 @@ def test_the_header_lists_the_choices_for_every_view():
     assert "batch 64 × grad_accum 2 ·" in text
     assert text.endswith("chosen by the Trainer: batch 64 × grad_accum 2 (detect()), "
                          "clip_grad 1.0")
+
+
+def test_precision_left_to_detect_is_listed_as_taken_from_it():
+    tr = Trainer(nn.Linear(8, 1), epochs=1, batch_size=8, live=False, isolate=False)
+    assert "precision" in tr.settings.from_detect
+    tr = Trainer(nn.Linear(8, 1), epochs=1, batch_size=8, precision="fp32", live=False,
+                 isolate=False)
+    assert "precision" not in tr.settings.from_detect
