@@ -341,8 +341,9 @@ class Watch:
         try:
             w.child.kill_group(w.reap_s)
         finally:
+            ended_at = time.monotonic()  # before close: a stuck child's reap is not its time
             w.child.close()  # (its reader keeps what it counted)
-            w.outcome = w.make_outcome(time.monotonic())
+            w.outcome = w.make_outcome(ended_at)
 
     def _ask_stop(self) -> None:
         reason = channel.INTERRUPT if self.signals else None

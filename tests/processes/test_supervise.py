@@ -104,3 +104,24 @@ def test_an_exception_in_a_watch_kills_every_child():
     assert all(not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
                for pid in pids)
     assert psutil.Process().children(recursive=True) == []
+
+
+def test_the_outcome_times_the_child_not_the_closing_of_it(monkeypatch):
+    """A child stuck in a driver call can take seconds to reap at close: the silence and the
+    time the outcome reports (shown as "silent for N s", "probe TIMEOUT in N s") stop when the
+    child was ended, not when its pipes were closed."""
+    from hybridnb.processes.child import Child
+
+    close = Child.close
+
+    def slow_close(self, *args, **kwargs):
+        time.sleep(4.0)
+        return close(self, *args, **kwargs)
+
+    def hangs(channel):
+        time.sleep(600)
+
+    monkeypatch.setattr(Child, "close", slow_close)
+    out = supervise(lambda: start_fork(hangs), silence=0.5)
+    assert out.status == Ending.HUNG
+    assert out.silent_s < 3.5, out.reason  # 4 s if the closing were counted
