@@ -60,11 +60,11 @@ class PeerFailure(RuntimeError, _Agreed):
 
 class DDPStrategy(Strategy):
     """One rank of a DDP job. ``batch_size`` is per rank: N ranks with batch B train like one
-    process with batch N x B. ``device``: "cuda" takes ``cuda:LOCAL_RANK``, "cpu" gloo."""
+    process with batch N x B. ``device``: "auto"/"cuda" take ``cuda:LOCAL_RANK``, "cpu" gloo."""
 
     name = "ddp"
 
-    def __init__(self, device: torch.device | str) -> None:
+    def __init__(self, device: torch.device | str = "auto") -> None:
         job = launch_env()
         if job is None and not dist.is_initialized():
             raise RuntimeError(f"strategy={self.name!r} needs this process to be one rank of a "
@@ -201,6 +201,8 @@ class DDPStrategy(Strategy):
 def _rank_device(device, local_rank: int) -> torch.device:
     """This rank's device. One process per GPU: rank with LOCAL_RANK k uses cuda:k (or cuda:0
     when each process sees a single GPU through CUDA_VISIBLE_DEVICES)."""
+    if device in ("auto", None):  # a strategy object the user made: the Trainer's is resolved
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
     if device.type == "cpu":
         return device

@@ -57,7 +57,7 @@ class DeepSpeedStrategy(DDPStrategy):
     supported_precisions = ("fp32", "bf16")
     supports_compile = False
 
-    def __init__(self, device: torch.device | str, config: dict | None = None) -> None:
+    def __init__(self, device: torch.device | str = "auto", config: dict | None = None) -> None:
         if not available():
             raise ImportError(MISSING)
         super().__init__(device)
