@@ -39,7 +39,7 @@ from hybridnb.comparison.worker import ChildVariant
 from hybridnb.hardware.detect import detect
 from hybridnb.measure.memory import heap_reader
 from hybridnb.processes.supervise import Watch
-from hybridnb.speedups.exact import RTOL, rel_diff
+from hybridnb.speedups.exact import RTOL
 from hybridnb.speedups.trial import autocast
 from hybridnb.train import setup
 from hybridnb.train.losses import make_loss
@@ -351,8 +351,8 @@ def first_step_diff(model_fn, data, variants: Sequence[str], seed: int = 0,
                     loss: str | Callable = "mse") -> pd.DataFrame:
     """Each variant's first training step against stock fp32 eager, on the CPU in this
     process: the largest difference of the outputs and of every gradient over the stock maximum
-    (``speedups.exact.rel_diff``, gradients over the largest stock gradient; ``exact``: both
-    within ``speedups.exact.RTOL``, float rounding).
+    (``exact``: both within ``speedups.exact.RTOL``, float rounding; no absolute tolerance, so
+    small outputs and gradients still show bf16's rounding).
 
     One step from the same weights compares the arithmetic; a loss after several steps also
     carries how training amplifies rounding. Dropout is off for the step (under channels_last
@@ -378,12 +378,20 @@ def first_step_diff(model_fn, data, variants: Sequence[str], seed: int = 0,
         out, grads, row["note"], changed = _first_step(build, seed, x, y, loss_fn, v)
         if not changed:  # nothing to act on: no difference to measure
             continue
-        row["out_rel_diff"] = rel_diff(out, stock_out)
-        row["grad_rel_diff"] = max((rel_diff(g, h, floor=gscale)
+        row["out_rel_diff"] = _rel(out, stock_out)
+        row["grad_rel_diff"] = max((_rel(g, h, scale=gscale)
                                     for g, h in zip(grads, stock_grads, strict=True)
                                     if g is not None and h is not None), default=0.0)
         row["exact"] = bool(row["out_rel_diff"] <= RTOL and row["grad_rel_diff"] <= RTOL)
     return pd.DataFrame(rows)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor, scale: float | None = None) -> float:
+    """max|a - b| over ``scale`` (default max|b|)."""
+    if a.shape != b.shape:
+        return math.inf
+    ref = b.abs().max().item() if scale is None else scale
+    return (a.float() - b.float()).abs().max().item() / max(ref, 1e-12)
 
 
 def _first_step(build, seed: int, x, y, loss_fn, v: Variant):

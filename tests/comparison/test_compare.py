@@ -455,6 +455,31 @@ def test_first_step_diff_calls_exact_changes_exact_and_bf16_not():
     assert by["fp32+compile"]["exact"] is None and "not run" in by["fp32+compile"]["note"]
 
 
+class _SmallOutput(nn.Module):
+    """A freshly initialised head whose outputs and gradients are far below 1."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv1d(4, 16, 5)
+        self.head = nn.Linear(64, 1)
+        with torch.no_grad():
+            self.head.weight.mul_(1e-4)
+            self.head.bias.zero_()
+
+    def forward(self, x):
+        return self.head(torch.relu(self.conv(x)).mean(-1).repeat(1, 4))
+
+
+def test_first_step_diff_sees_bf16_on_a_model_with_small_outputs():
+    """bf16's rounding is relative: a model whose outputs and gradients are tiny must not be
+    called exact under it (no absolute tolerance hides the difference)."""
+    x = torch.randn(8, 4, 64, generator=torch.Generator().manual_seed(0))
+    by = {r["variant"]: r for r in first_step_diff(_SmallOutput, (x, torch.zeros(8)),
+                                                   ["bf16"]).to_dict("records")}
+    assert by["bf16"]["exact"] is False and by["bf16"]["out_rel_diff"] > 1e-4
+
+
 def test_in_process_runs_give_the_same_table():
     df = compare(tiny, batch(), ("fp32", "bf16", "fp16"), **FAST)
     assert list(df["variant"]) == ["fp32", "bf16", "fp16"] and df.attrs["isolated"] is False
