@@ -2,9 +2,10 @@
 ``call(request, *args, stage=...)`` in the caller as a ``session.VariantSession`` does in process;
 ``python -m hybridnb.comparison.worker WIRING NAME`` (``processes.framed``) runs the session. Its
 first request is the job (a cloudpickled ``session.VariantSession``: a notebook's functions
-travel), answered {"status": "ok"} once loaded; then ``prepare`` and ``window`` (steps) until ``close``.
+travel), answered {"status": "ok"} once loaded; then ``prepare`` and ``window`` (steps) until
+``close``.
 
-A variant's death (a signal, an abort, a refused allocation) is status "crashed" naming the
+A variant's own process cannot take the caller down: its death (a signal, an abort, a refused allocation) is status "crashed" naming the
 signal and its last line; no answer within ``timeout`` seconds kills its process group (status
 "timeout"). The caller's one ``Watch`` kills every variant's process group on an interrupt, and
 each dies with the caller.

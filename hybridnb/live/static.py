@@ -4,9 +4,11 @@ A notebook output holding only ``application/vnd.plotly.v1+json`` is dropped by 
 html`` and by a code host's preview, so an SVG (drawn with matplotlib: no browser, no pyplot
 state) travels in the same output: ``static_figures()`` adds the ``"hybridnb_image"`` renderer
 to plotly's default (importing hybridnb changes no plotly setting); ``static_figure(fig)`` makes a
-figure that carries the image whatever the settings (user figures: ``live/plotly_mpl.py``).
+figure that carries the image whatever the settings. User figures are translated
+(``live/plotly_mpl.py``); hybridnb's own are drawn from their data, not translated.
 SVG, not PNG: JupyterLab's plotly renderer shows an ``image/png`` instead of drawing the plot;
-it ignores ``image/svg+xml``.
+it ignores ``image/svg+xml``. kaleido would draw user figures pixel for pixel but needs a
+Chrome, which Colab and many offline machines lack.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 with one spelling of numbers, durations and sizes.
 
 Epochs count from 0 everywhere, as in ``trainer.history["epoch"]``: ``epoch 2/9`` is epoch 2 of
-epochs 0–9 (the progress bars count epochs done, "3/10 done").
+epochs 0–9 (the progress bars count epochs done, "3/10 done"). The train loss shown is the
+epoch's sample-weighted running mean (history's ``train_loss``).
 """
 
 from __future__ import annotations

@@ -316,7 +316,8 @@ class PrestartedWorker:
                              "it will start its own")
 
     def close(self) -> None:
-        """Kill the worker if its job never came (after ``send``: nothing to do)."""
+        """Kill the worker if its job never came (after ``send``: nothing to do; a send that
+        failed after the hand-over closed the child itself)."""
         with _held_signals():
             if self._job is not None:
                 self._job.close()

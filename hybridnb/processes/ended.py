@@ -66,7 +66,7 @@ class Exit:
         return -self.number if self.how == "signal" else self.code
 
     def says(self) -> str:
-        """"killed by SIGABRT" / "exited with code 3" / "ended (reaped elsewhere)"."""
+        """"killed by SIGABRT" / "exited with code 3" / "ended" (reaped elsewhere)."""
         if self.how == "unknown":
             return "ended"
         return f"killed by {self.signal}" if self.signal else f"exited with code {self.code}"

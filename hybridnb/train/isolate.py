@@ -4,7 +4,8 @@ launch that never returns) the kernel survives, with the last state the worker s
 
 Here: whether to isolate, and the silence limit that follows the measured steps; starting,
 watching and killing the worker is ``hybridnb.processes``'s. ``start="fork"`` (the default here)
-is safe only while no CUDA context and no thread of the caller's holds a lock across the call.
+is safe only while no CUDA context and no thread of the caller's holds a lock across the call;
+the Trainer spawns.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ class Relay:
             if isinstance(event, EpochEnded):  # as the worker's end_epoch: the next row's events
                 self.loop.state.epoch_first_event = len(self.loop.state.events)
             self.loop.bus.emit(event)
-            if isinstance(event, Started):  # the worker said the notes the job carried along
+            if isinstance(event, Started):  # the job's notes: the worker says them just after
                 self.started = True
                 del self.loop.bus.pending[:self.carried]
                 self.loop.bus.flush()  # this process's own notes (notices, loggers'): said now

@@ -1,5 +1,5 @@
 """``python -m hybridnb.hardware.probe WIRING --backend B --index N``: the probe child (see
-``child``), started by the probe's supervisor through ``processes.framed``."""
+``child``), started by the probe (this package's ``__init__``) through ``processes.framed``."""
 
 from hybridnb.hardware.probe.child import main
 
