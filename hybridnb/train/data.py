@@ -194,7 +194,7 @@ def epoch_batches(loader, state, bus) -> Iterator:
     sampler = getattr(loader, "batch_sampler", None)
     skips = isinstance(sampler, ResumableBatchSampler)
     if skips:
-        sampler.skip(start)
+        sampler.skip = start
     else:
         bus.say("resume_skip", f"reading and skipping {start} batches of this epoch to reach "
                 "the saved position (pass a Dataset to skip without reading)")
