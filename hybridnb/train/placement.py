@@ -12,12 +12,12 @@ import logging
 import time
 
 import torch
-from torch.utils.data import default_collate
+from torch.utils.data import DataLoader, IterableDataset, default_collate
 
 from hybridnb import failures, speedups
 from hybridnb.measure.memory import cuda_index
 from hybridnb.train import recovery, setup
-from hybridnb.train.data import IndexedBatches, is_stream, leave_device
+from hybridnb.train.data import IndexedBatches
 from hybridnb.train.learner import Learner
 from hybridnb.train.precision import Precision
 from hybridnb.train.settings import Settings
@@ -83,7 +83,7 @@ class Placement:
         # the first samples, on the device and cast as BatchCheck does (no draw from a generator)
         if isinstance(train_loader, IndexedBatches):
             x = train_loader.tensors[0][:batch_size]
-        elif is_stream(train_loader.dataset):  # no indexing: a fresh pass's first batch
+        elif isinstance(train_loader.dataset, IterableDataset):  # a fresh pass's first batch
             x = next(iter(train_loader))[0]
         else:
             data = train_loader.dataset
@@ -169,7 +169,11 @@ class Placement:
     def continue_on_cpu(self, loaders) -> None:
         """The device is lost for good: the rest runs on the CPU in fp32 (``loaders``: Loop's)."""
         failures.mark_lost(self.device)
-        leave_device(loaders.opened)
+        for loader in loaders.opened:  # no more pinning (a CUDA call); batches from the CPU copy
+            if isinstance(loader, IndexedBatches):
+                loader.to_cpu()
+            elif isinstance(loader, DataLoader) and loader.pin_memory:
+                loader.pin_memory = False
         loaders.kwargs["pin_memory"] = False
         self.strategy = self.strategy.on_cpu()
         self.precision = setup.cpu_precision()
