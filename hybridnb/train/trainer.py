@@ -392,8 +392,10 @@ class Trainer:
         from hybridnb.train import lr_find as finder
         result = self._where_fit_ran("running lr_find", finder.lr_find, data, "data", **kwargs)
         if apply and result.suggestion is not None:
-            old = self.lr
-            finder.apply_lr(self, result.suggestion)
+            old, lr = self.lr, result.suggestion
+            for group in self.optimizer.param_groups:  # own initial LRs kept in proportion
+                group["initial_lr"] = group["lr"] = lr * (group.get("initial_lr", old) / old)
+            self.settings = self.settings.replace(lr=float(lr))
             result.applied = True
             self.bus.note("lr_find", f"lr set to {result.suggestion:.3g} (was {old:.3g}), the "
                        f"{result.method} suggestion of lr_find")
