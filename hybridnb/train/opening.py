@@ -43,7 +43,7 @@ def fitting(loop, train_loader, view_started: bool) -> Iterator[None]:
             checkpointed_blocks(loop.learner.model, s.grad_checkpointing, loop.bus), \
             setup.compile_settings(bool(placement.compile), placement.device,
                                    placement.precision):
-        setup.build_step(loop, compiled=bool(placement.compile))
+        loop.placement.build_step(loop, compiled=bool(placement.compile))
         loop.checkpoints.keep(saved.state_dict(loop))
         loop.first_step = loop.state.global_step
         if not view_started:
@@ -179,5 +179,5 @@ def trial(loop, loader, plan: Plan, listener, schedule,
         loop.settings, loop.state, loop.stop_flag, loop.loaders.opened, loop.loaders.generator, \
             learner.schedule, learner.guard, learner.ema = own
         saved.rewind(loop, start)  # gradients cleared too (Learner.load_state_dict)
-        setup.build_step(loop)  # the trainer's own guard, EMA and on_gpu_error again
+        loop.placement.build_step(loop)  # the trainer's own guard, EMA and on_gpu_error again
         free_memory(placement.device)

@@ -8,6 +8,7 @@ when there is one).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
@@ -129,8 +130,10 @@ class Placement:
         if self.applied_speedups is not None:
             self.applied_speedups.restore_globals()
 
-    def build_step(self, compiled: bool, updating, state, on_gpu_error: str) -> None:
-        """The step (compiled when asked) and the recovery object that runs it."""
+    def build_step(self, loop, compiled: bool = False) -> None:
+        """``loop``'s step (compiled when asked) and the recovery object that runs it: a Ctrl-C
+        waits out the optimizer update while a fit runs."""
+        updating = loop.interrupt.updating if loop.interrupt else contextlib.nullcontext
         learner, model = self.learner, self.learner.model
         if compiled:
             mode = None if self.compile is True else self.compile
@@ -145,8 +148,8 @@ class Placement:
             else:
                 say_compiling(model, learner.model, self.device, self.bus)
         self.recovery = recovery.Recovery(
-            self._make_step(model), model=learner.model, on_gpu_error=on_gpu_error,
-            guard=learner.guard, state=state, bus=self.bus, compiled=compiled,
+            self._make_step(model), model=learner.model, on_gpu_error=loop.settings.on_gpu_error,
+            guard=learner.guard, state=loop.state, bus=self.bus, compiled=compiled,
             updating=updating, eager=lambda: self._make_step(learner.model),
             cpu_batch_step=self._cpu_batch_step)
 

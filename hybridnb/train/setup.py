@@ -130,10 +130,3 @@ def compile_settings(compiled: bool, device: torch.device, precision: Precision)
     import torch._inductor.config as inductor_config
 
     return inductor_config.patch(layout_optimization=False)
-
-
-def build_step(loop, compiled: bool = False) -> None:
-    """``loop``'s step (re)built: a Ctrl-C waits out the optimizer update while a fit runs."""
-    updating = loop.interrupt.updating if loop.interrupt else contextlib.nullcontext
-    loop.placement.build_step(compiled, updating=updating, state=loop.state,
-                              on_gpu_error=loop.settings.on_gpu_error)

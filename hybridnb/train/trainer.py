@@ -14,7 +14,7 @@ import torch
 from hybridnb.events import Event
 from hybridnb.live.summary import header
 from hybridnb.processes.child import prestart_spawn
-from hybridnb.train import loggers, opening, run_worker, saved, setup, worker_fit
+from hybridnb.train import loggers, opening, run_worker, saved, worker_fit
 from hybridnb.train.batch_size import find_batch_size
 from hybridnb.train.bus import Bus, Started
 from hybridnb.train.callbacks import check_callbacks
@@ -162,7 +162,7 @@ class Trainer:
             bus.note("isolate", why)  # where it trains, and why, said once
         if not self.isolated:  # isolated: the worker places the model (the kernel never does)
             self.placement.place([])
-        setup.build_step(loop)
+        loop.placement.build_step(loop)
 
     def _print(self, event) -> None:
         """Notes on stderr without a live view (an isolated worker's too), the run's header
