@@ -122,7 +122,7 @@ def plan(train_loader, settings, bus=None) -> Plan:
 def begin(loop, pending: dict | None) -> None:
     """A fresh run state on ``loop``: ``pending`` (a checkpoint to continue from) or a seeded
     start; the schedule bound to its plan (a factory's error comes before the first step)."""
-    loop.state = RunState.fresh(loop.state.events, carry=loop.state)
+    loop.state = RunState.fresh(loop.state.events, plan=loop.state.plan)
     if loop.learner.guard is not None:
         loop.learner.guard.reset()  # a resumed run loads the checkpoint's guard below
     if pending is not None:
