@@ -60,9 +60,6 @@ def made_dataset(data, bus, what: str = "data"):
     return made
 
 
-QUICK_EPOCHS, QUICK_STEPS = 2, 5  # quick mode (HYBRIDNB_QUICK): a fit capped to these
-
-
 class IndexedBatches:
     """A TensorDataset's (and ``(X, y)`` arrays') batches by indexing, in a
     ``ResumableBatchSampler``'s order: what a DataLoader would collate, without loader workers

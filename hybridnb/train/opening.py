@@ -14,12 +14,14 @@ from hybridnb.live import make_view
 from hybridnb.train import saved, setup
 from hybridnb.train.blocks import checkpointed_blocks
 from hybridnb.train.bus import Started
-from hybridnb.train.data import QUICK_EPOCHS, QUICK_STEPS, make_loader
+from hybridnb.train.data import make_loader
 from hybridnb.train.interrupt import GracefulInterrupt
 from hybridnb.train.recovery import LossGuard
 from hybridnb.train.seeding import seed_everything
 from hybridnb.train.state import Plan, RunState
 from hybridnb.train.validation import Validation
+
+QUICK_EPOCHS, QUICK_STEPS = 2, 5  # quick mode (HYBRIDNB_QUICK): a fit capped to these
 
 
 class CancelFit(Exception):
