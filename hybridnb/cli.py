@@ -48,8 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, about, add_arguments, run in (
             ("detect", "probe the hardware and print the recommended settings",
              detect_arguments, run_detect),
-            ("compare", "compare precision / layout / compile variants of a model's training "
-             "step", compare_cli.add_arguments, compare_cli.run)):
+            ("compare", "time a model's training steps on random inputs under precision / "
+             "layout / compile variants, side by side, each variant in its own process",
+             compare_cli.add_arguments, compare_cli.run)):
         command = sub.add_parser(name, help=about, description=about)
         add_arguments(command)
         command.set_defaults(run=run)

@@ -57,10 +57,6 @@ def describe(exc: BaseException, path: str | os.PathLike | None = None) -> str:
     return f"torch's writer stopped: {words}; the disk is full or failing{free}"
 
 
-def atomic_save(obj: dict, path: str | os.PathLike, keep_previous: bool = False) -> Path:
-    return atomic_write(path, lambda f: torch.save(obj, f), keep_previous=keep_previous)
-
-
 def atomic_write(path: str | os.PathLike, write: Callable[[IO], None], *, text: bool = False,
                  keep_previous: bool = False) -> Path:
     """``write(f)`` to a temporary file, fsynced, renamed over ``path``: a crash leaves the old

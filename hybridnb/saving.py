@@ -51,7 +51,7 @@ def save_model(model: torch.nn.Module, path: str | os.PathLike, *,
               "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "extra": {str(k): _plain(v, f"extra[{k!r}]") for k, v in (extra or {}).items()}}
     try:
-        return files.atomic_save(record, path)
+        return files.atomic_write(path, lambda f: torch.save(record, f))
     except Exception as exc:  # narrowed by is_write_failure
         if not files.is_write_failure(exc):
             raise

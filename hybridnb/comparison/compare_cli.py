@@ -16,9 +16,6 @@ from pathlib import Path
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """compare's options, for ``hybridnb.cli``."""
-    parser.description = ("Time training steps of a model on random inputs under precision / "
-                          "layout / compile variants, side by side, each variant in its own "
-                          "process.")
     parser.add_argument("--model", required=True, metavar="NAME|MODULE:FACTORY",
                         help="the model: a registered name (e.g. eegnex, shallow) or a function "
                              "(or class) building it, as an import spec, e.g. "

@@ -176,7 +176,7 @@ class VariantSession:
             self._loss = self._run()
             synchronize(dev)
         series = sampler.series().values.get("heap", [])
-        peak = sampler.series().peak("heap")
+        peak = sampler.series().peaks.get("heap")
         return max(peak - series[0], 0.0) if series and peak is not None else math.nan
 
     @contextlib.contextmanager

@@ -14,6 +14,8 @@ import psutil
 from hybridnb.env import current
 from hybridnb.platform import proc_path
 
+NATIVE_BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})  # bf16 computed in CPU hardware
+
 
 @dataclass
 class HostInfo:

@@ -14,7 +14,7 @@ from typing import Any
 from hybridnb.env import INTERACTIVE_FRONTENDS
 from hybridnb.hardware import nvml
 from hybridnb.hardware.gpu_info import GiB, GpuInfo
-from hybridnb.hardware.host import HostInfo, cpu_flags, cxx_compiler
+from hybridnb.hardware.host import NATIVE_BF16_FLAGS, HostInfo, cpu_flags, cxx_compiler
 
 TARGET_BATCH = 128          # effective batch the challenge start kit trains with
 CPU_BATCH = 64
@@ -111,7 +111,7 @@ def compile_unavailable(device: Any, mode: str = "default",
 def choose_precision(device_type: str, gpu: GpuInfo | None) -> tuple[str, str]:
     """bf16 where the GPU has it in hardware, fp16 + GradScaler on older CUDA, fp32 elsewhere."""
     if device_type == "cpu":
-        hw_bf16 = sorted(cpu_flags() & {"amx_bf16", "avx512_bf16"})
+        hw_bf16 = sorted(cpu_flags() & NATIVE_BF16_FLAGS)
         extra = (f" This CPU has {', '.join(hw_bf16)}: bf16 autocast may pay off, measure it "
                  "with hn.compare." if hw_bf16 else "")
         return "fp32", ("on the CPU: fp16 has no CPU fast path, and bf16 autocast only helps "

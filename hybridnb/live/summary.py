@@ -200,7 +200,7 @@ def paragraph(summary: Mapping[str, Any], record) -> str:
         text.append(f"No {monitor} was recorded (no validation data).")
     peak = summary.get("peak_memory_bytes")
     mem = record.memory()
-    nvml_peak = mem.peak("gpu_used")
+    nvml_peak = mem.peaks.get("gpu_used")
     if peak is not None:
         where = "host RSS" if str(device).startswith("cpu") else str(device)
         text.append(f"Peak memory {gib(peak)} ({where})"

@@ -147,10 +147,6 @@ class MemorySeries:
         self.times = self.times[::2]
         self.values = {k: v[::2] for k, v in self.values.items()}
 
-    def peak(self, name: str) -> float | None:
-        """The exact peak of ``name`` (kept through halving), or None if never sampled."""
-        return self.peaks.get(name)
-
 
 class MemorySampler:
     """hybridnb's one sampling thread: every ``interval`` seconds for one device. Past

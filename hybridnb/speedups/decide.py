@@ -31,7 +31,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from hybridnb.hardware.host import cpu_flags, usable_cores
+from hybridnb.hardware.host import NATIVE_BF16_FLAGS, cpu_flags, usable_cores
 from hybridnb.speedups import exact, replace, trial
 from hybridnb.speedups.applied import Applied
 from hybridnb.speedups.chain import CHAIN
@@ -49,7 +49,6 @@ BUDGET_S = {"cuda": 2.0, "cpu": 1.0}  # seconds for the whole decision, warm-up 
 MEASURE_BUDGET_S = 8.0  # mode="measure" on the CPU: every knob timed
 CPU_SLICE = 4  # samples of the example batch timed on the CPU
 MIN_TRIAL_STEPS = 50  # a 1 s trial won by 10% on a >= 0.2 s step pays back within 50 steps
-NATIVE_BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
 CL_MARGIN = 0.05  # channels_last on the CPU: kept when its paired median is this share faster
 CL_TRIAL_S = 30.0  # seconds its trial may take at most (less in a short run: trial.RUN_SHARE)
 MIN_TRIAL_CORES = 8  # fewer cores: one first bf16 step alone can take the whole budget

@@ -33,7 +33,7 @@ def shard(start: int, stop: int, rank: int, world: int) -> tuple[int, int]:
 
 
 class ResumableBatchSampler(Sampler[list[int]]):
-    """Batches of indices over ``n`` samples; ``skip(k)`` makes the next epoch start at batch k.
+    """Batches of indices over ``n`` samples; ``skip = k`` makes the next epoch start at batch k.
     Of ``world_size`` ranks (DDP), rank ``rank`` takes its slice of every global batch
     (``batch_size x world_size``, cut as one process with that batch size would); every rank
     draws the same order from rank 0's generator state."""
@@ -48,18 +48,15 @@ class ResumableBatchSampler(Sampler[list[int]]):
         self.n, self.batch_size, self.shuffle = int(n), int(batch_size), shuffle
         self.generator = generator
         self.world_size = world_size  # data.make_loader takes a DataLoader sharded this way
-        self._skip = 0
+        self.skip = 0
         # (start, stop) of each batch this process takes from an epoch's order
         self.spans = [shard(lo, hi, rank, world_size)
                       for lo, hi in global_batches(self.n, self.batch_size, world_size)]
 
-    def skip(self, batches: int) -> None:
-        self._skip = int(batches)
-
     def __iter__(self) -> Iterator[list[int]]:
         order = (torch.randperm(self.n, generator=self.generator).tolist() if self.shuffle
                  else list(range(self.n)))
-        start, self._skip = self._skip, 0
+        start, self.skip = self.skip, 0
         for lo, hi in self.spans[start:]:
             yield order[lo:hi]
 

@@ -191,6 +191,3 @@ class DeepSpeedStrategy(DDPStrategy):
 
     def file_ready(self, state: dict) -> bool:
         return "ranks" in state["optimizer"]
-
-
-make_strategy = DeepSpeedStrategy  # train.setup's name for it

@@ -16,16 +16,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+import torch
 
 from hybridnb.failures import first_line
 from hybridnb.files import CHECKPOINT_FORMAT as FORMAT
-from hybridnb.files import atomic_save, describe, is_write_failure, read_safely
+from hybridnb.files import atomic_write, describe, is_write_failure, read_safely
 from hybridnb.train.bus import StateKept
 from hybridnb.train.run_lock import RunLock
 from hybridnb.train.storage import StorageGuard
 
 LAST, PREVIOUS, BEST = "last.pt", "last.prev.pt", "best.pt"
-# the temporary names ``save`` (files.atomic_save, files.keep_copy) and ``check_dir`` write (".last.pt.tmp-<pid>")
+# the temporary names ``save`` (files.atomic_write, files.keep_copy) and ``check_dir`` write (".last.pt.tmp-<pid>")
 _OUR_TEMP = re.compile(r"\.(?:(?:last|last\.prev|best)\.pt\.tmp|write-test)-(?P<pid>\d+)")
 
 
@@ -34,9 +35,10 @@ class CheckpointError(RuntimeError):
 
 
 def save(state: dict, path: str | os.PathLike, keep_previous: bool = False) -> Path:
-    """``files.atomic_save`` with the format tag ``load`` checks (``keep_previous``: the old
-    ``last.pt`` first becomes ``last.prev.pt``)."""
-    return atomic_save({"format": FORMAT, **state}, path, keep_previous)
+    """``torch.save`` through ``files.atomic_write`` with the format tag ``load`` checks
+    (``keep_previous``: the old ``last.pt`` first becomes ``last.prev.pt``)."""
+    record = {"format": FORMAT, **state}
+    return atomic_write(path, lambda f: torch.save(record, f), keep_previous=keep_previous)
 
 
 _PICKLED_ADVICE = ("a hybridnb checkpoint holds only tensors and plain data, so this file was "

@@ -60,16 +60,6 @@ def made_dataset(data, bus, what: str = "data"):
     return made
 
 
-def is_stream(data) -> bool:
-    """An IterableDataset (or a DataLoader over one): batches in its own order, maybe no
-    length."""
-    data = data.dataset if isinstance(data, DataLoader) else data
-    return isinstance(data, IterableDataset)
-
-
-QUICK_EPOCHS, QUICK_STEPS = 2, 5  # quick mode (HYBRIDNB_QUICK): a fit capped to these
-
-
 class IndexedBatches:
     """A TensorDataset's (and ``(X, y)`` arrays') batches by indexing, in a
     ``ResumableBatchSampler``'s order: what a DataLoader would collate, without loader workers
@@ -194,7 +184,7 @@ def epoch_batches(loader, state, bus) -> Iterator:
     sampler = getattr(loader, "batch_sampler", None)
     skips = isinstance(sampler, ResumableBatchSampler)
     if skips:
-        sampler.skip(start)
+        sampler.skip = start
     else:
         bus.say("resume_skip", f"reading and skipping {start} batches of this epoch to reach "
                 "the saved position (pass a Dataset to skip without reading)")
@@ -266,13 +256,3 @@ class BatchCheck:
                               f"each batch to the model's {dtype} (cast the arrays once "
                               "beforehand to skip this)")
         return x
-
-
-def leave_device(loaders: list) -> None:
-    """After a lost device: loaders stop pinning memory (a CUDA call) and in-memory batches
-    come from the CPU copy."""
-    for loader in loaders:
-        if isinstance(loader, IndexedBatches):
-            loader.to_cpu()
-        elif isinstance(loader, DataLoader) and loader.pin_memory:
-            loader.pin_memory = False

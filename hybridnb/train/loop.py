@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import math
 
+from hybridnb.events import StepRow
 from hybridnb.measure.memory import reset_peak
 from hybridnb.strategies.batches import batch_len
 from hybridnb.train import opening, saved
-from hybridnb.train.bus import Bus
+from hybridnb.train.bus import Bus, StepEnded
 from hybridnb.train.data import epoch_batches
 from hybridnb.train.interrupt import STOP_WORDS, agreed_stop, stop_asked
 from hybridnb.train.opening import Loaders
@@ -106,7 +107,8 @@ class Loop:
             monitor.step_done(n)
             loss, lr = math.nan if loss is None else loss, learner.lr()
             state.steps.append((state.global_step, state.epoch, loss, lr))
-            self.bus.emit(self.progress.step_ended(state, self.settings.grad_accum, lr, loss))
+            row = StepRow(self.progress.row(state, self.settings.grad_accum, lr, loss=loss))
+            self.bus.emit(StepEnded(state.global_step, state.epoch, loss, lr, row))
             with monitor.paused():
                 if self._between_steps(val_loader):
                     return False  # stopped: ``state.stopped`` says why

@@ -216,13 +216,3 @@ def suggestion(lrs: np.ndarray, losses: np.ndarray, method: str = "valley"
         return None, "the loss never falls for long: no valley to suggest"
     third = (end - start) / 3
     return float(lrs[start + int(third) + int(third / 2)]), ""
-
-
-def apply_lr(trainer, lr: float) -> None:
-    """Set the trainer's learning rate to ``lr`` (settings and every optimizer group, groups with
-    their own initial LR kept in proportion)."""
-    base = trainer.lr
-    for group in trainer.optimizer.param_groups:
-        ratio = group.get("initial_lr", base) / base
-        group["initial_lr"] = group["lr"] = lr * ratio
-    trainer.settings = trainer.settings.replace(lr=float(lr))

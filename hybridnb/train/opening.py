@@ -14,12 +14,14 @@ from hybridnb.live import make_view
 from hybridnb.train import saved, setup
 from hybridnb.train.blocks import checkpointed_blocks
 from hybridnb.train.bus import Started
-from hybridnb.train.data import QUICK_EPOCHS, QUICK_STEPS, make_loader
+from hybridnb.train.data import make_loader
 from hybridnb.train.interrupt import GracefulInterrupt
 from hybridnb.train.recovery import LossGuard
 from hybridnb.train.seeding import seed_everything
 from hybridnb.train.state import Plan, RunState
 from hybridnb.train.validation import Validation
+
+QUICK_EPOCHS, QUICK_STEPS = 2, 5  # quick mode (HYBRIDNB_QUICK): a fit capped to these
 
 
 class CancelFit(Exception):
@@ -43,7 +45,7 @@ def fitting(loop, train_loader, view_started: bool) -> Iterator[None]:
             checkpointed_blocks(loop.learner.model, s.grad_checkpointing, loop.bus), \
             setup.compile_settings(bool(placement.compile), placement.device,
                                    placement.precision):
-        setup.build_step(loop, compiled=bool(placement.compile))
+        loop.placement.build_step(loop, compiled=bool(placement.compile))
         loop.checkpoints.keep(saved.state_dict(loop))
         loop.first_step = loop.state.global_step
         if not view_started:
@@ -122,7 +124,7 @@ def plan(train_loader, settings, bus=None) -> Plan:
 def begin(loop, pending: dict | None) -> None:
     """A fresh run state on ``loop``: ``pending`` (a checkpoint to continue from) or a seeded
     start; the schedule bound to its plan (a factory's error comes before the first step)."""
-    loop.state = RunState.fresh(loop.state.events, carry=loop.state)
+    loop.state = RunState.fresh(loop.state.events, plan=loop.state.plan)
     if loop.learner.guard is not None:
         loop.learner.guard.reset()  # a resumed run loads the checkpoint's guard below
     if pending is not None:
@@ -179,5 +181,5 @@ def trial(loop, loader, plan: Plan, listener, schedule,
         loop.settings, loop.state, loop.stop_flag, loop.loaders.opened, loop.loaders.generator, \
             learner.schedule, learner.guard, learner.ema = own
         saved.rewind(loop, start)  # gradients cleared too (Learner.load_state_dict)
-        setup.build_step(loop)  # the trainer's own guard, EMA and on_gpu_error again
+        loop.placement.build_step(loop)  # the trainer's own guard, EMA and on_gpu_error again
         free_memory(placement.device)

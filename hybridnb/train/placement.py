@@ -8,16 +8,17 @@ when there is one).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
 import torch
-from torch.utils.data import default_collate
+from torch.utils.data import DataLoader, IterableDataset, default_collate
 
 from hybridnb import failures, speedups
 from hybridnb.measure.memory import cuda_index
 from hybridnb.train import recovery, setup
-from hybridnb.train.data import IndexedBatches, is_stream, leave_device
+from hybridnb.train.data import IndexedBatches
 from hybridnb.train.learner import Learner
 from hybridnb.train.precision import Precision
 from hybridnb.train.settings import Settings
@@ -83,7 +84,7 @@ class Placement:
         # the first samples, on the device and cast as BatchCheck does (no draw from a generator)
         if isinstance(train_loader, IndexedBatches):
             x = train_loader.tensors[0][:batch_size]
-        elif is_stream(train_loader.dataset):  # no indexing: a fresh pass's first batch
+        elif isinstance(train_loader.dataset, IterableDataset):  # a fresh pass's first batch
             x = next(iter(train_loader))[0]
         else:
             data = train_loader.dataset
@@ -129,8 +130,10 @@ class Placement:
         if self.applied_speedups is not None:
             self.applied_speedups.restore_globals()
 
-    def build_step(self, compiled: bool, updating, state, on_gpu_error: str) -> None:
-        """The step (compiled when asked) and the recovery object that runs it."""
+    def build_step(self, loop, compiled: bool = False) -> None:
+        """``loop``'s step (compiled when asked) and the recovery object that runs it: a Ctrl-C
+        waits out the optimizer update while a fit runs."""
+        updating = loop.interrupt.updating if loop.interrupt else contextlib.nullcontext
         learner, model = self.learner, self.learner.model
         if compiled:
             mode = None if self.compile is True else self.compile
@@ -145,8 +148,8 @@ class Placement:
             else:
                 say_compiling(model, learner.model, self.device, self.bus)
         self.recovery = recovery.Recovery(
-            self._make_step(model), model=learner.model, on_gpu_error=on_gpu_error,
-            guard=learner.guard, state=state, bus=self.bus, compiled=compiled,
+            self._make_step(model), model=learner.model, on_gpu_error=loop.settings.on_gpu_error,
+            guard=learner.guard, state=loop.state, bus=self.bus, compiled=compiled,
             updating=updating, eager=lambda: self._make_step(learner.model),
             cpu_batch_step=self._cpu_batch_step)
 
@@ -169,7 +172,11 @@ class Placement:
     def continue_on_cpu(self, loaders) -> None:
         """The device is lost for good: the rest runs on the CPU in fp32 (``loaders``: Loop's)."""
         failures.mark_lost(self.device)
-        leave_device(loaders.opened)
+        for loader in loaders.opened:  # no more pinning (a CUDA call); batches from the CPU copy
+            if isinstance(loader, IndexedBatches):
+                loader.to_cpu()
+            elif isinstance(loader, DataLoader) and loader.pin_memory:
+                loader.pin_memory = False
         loaders.kwargs["pin_memory"] = False
         self.strategy = self.strategy.on_cpu()
         self.precision = setup.cpu_precision()

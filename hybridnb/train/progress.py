@@ -16,7 +16,7 @@ import time
 import pandas as pd
 import torch
 
-from hybridnb.events import EpochRow, Event, StepRow
+from hybridnb.events import EpochRow, Event
 from hybridnb.live import View
 from hybridnb.measure.memory import peak_bytes
 from hybridnb.measure.throughput import ThroughputMonitor
@@ -55,11 +55,6 @@ class Progress:
         return {"epoch": state.epoch, "step": math.ceil(state.batches_done / grad_accum),
                 "global_step": state.global_step, "lr": lr, "train_loss": state.acc.mean(),
                 **self.speeds(), "elapsed_s": time.perf_counter() - self.started, **extra}
-
-    def step_ended(self, state: RunState, grad_accum: int, lr: float,
-                   loss: float) -> StepEnded:
-        row = StepRow(self.row(state, grad_accum, lr, loss=loss))
-        return StepEnded(state.global_step, state.epoch, loss, lr, row)
 
     def epoch_ended(self, state: RunState, lr: float, metrics: dict, device: torch.device,
                     grad_accum: int) -> EpochEnded:

@@ -15,7 +15,7 @@ import random
 import time
 
 from hybridnb import platform
-from hybridnb.train import isolate, opening, outside_state, saved, setup, worker_fit
+from hybridnb.train import isolate, opening, outside_state, saved, worker_fit
 from hybridnb.train.bus import Ended, EpochEnded, Started, StateKept
 from hybridnb.train.heartbeat import EVENT
 from hybridnb.train.state import Stop
@@ -122,7 +122,7 @@ def adopt(trainer, result: FitResult) -> None:
     if state["device"] == "cpu" and trainer.device.type != "cpu":
         lose_device(trainer)
     if trainer.placement.adopt(result.placement):
-        setup.build_step(loop)
+        loop.placement.build_step(loop)
     trainer.batch_size = state["config"]["batch_size"]
     trainer.grad_accum = state["config"]["grad_accum"]
     saved.restore(loop, state)  # its events came one by one: the run's already hold them

@@ -10,7 +10,6 @@ from __future__ import annotations
 from hybridnb.train import recovery
 from hybridnb.train.bus import Ended
 from hybridnb.train.seeding import rng_state, set_rng_state
-from hybridnb.train.setup import build_step
 
 
 def state_dict(loop) -> dict:
@@ -98,7 +97,7 @@ def continue_on_cpu(loop, detail: str) -> None:
     loop.learner.rebuild_on_cpu()
     restore(loop, snapshot)
     loop.state.micro = None  # the GPU's micro-batch size means nothing here
-    build_step(loop)
+    loop.placement.build_step(loop)
 
 
 def after_bad_steps(loop) -> None:

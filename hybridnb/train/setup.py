@@ -11,7 +11,7 @@ import torch
 from hybridnb.failures import is_lost
 from hybridnb.strategies.base import SingleDevice, Strategy
 from hybridnb.strategies.ddp import DDPStrategy, wants_ddp
-from hybridnb.strategies.deepspeed import make_strategy as make_deepspeed
+from hybridnb.strategies.deepspeed import DeepSpeedStrategy
 from hybridnb.train.precision import Precision
 
 
@@ -55,7 +55,7 @@ def make_strategy(strategy, device: torch.device) -> Strategy:
     if strategy is not None and not isinstance(strategy, str):
         return strategy
     if strategy == "deepspeed":
-        return make_deepspeed(device)
+        return DeepSpeedStrategy(device)
     if wants_ddp(strategy):
         return DDPStrategy(device)
     if strategy in ("auto", "single", None):
@@ -130,10 +130,3 @@ def compile_settings(compiled: bool, device: torch.device, precision: Precision)
     import torch._inductor.config as inductor_config
 
     return inductor_config.patch(layout_optimization=False)
-
-
-def build_step(loop, compiled: bool = False) -> None:
-    """``loop``'s step (re)built: a Ctrl-C waits out the optimizer update while a fit runs."""
-    updating = loop.interrupt.updating if loop.interrupt else contextlib.nullcontext
-    loop.placement.build_step(compiled, updating=updating, state=loop.state,
-                              on_gpu_error=loop.settings.on_gpu_error)

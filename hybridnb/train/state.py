@@ -98,11 +98,10 @@ class RunState:
     stopped: Stop | None = None
 
     @classmethod
-    def fresh(cls, events: list[Event], carry: RunState | None = None) -> RunState:
+    def fresh(cls, events: list[Event], plan: Plan = Plan(0, 0, 0, 0)) -> RunState:
         """A new run that keeps the events said so far (notes from set-up, earlier fits) and
-        ``carry``'s plan (the fit opened its data before it began)."""
-        return cls(events=events, epoch_first_event=len(events),
-                   plan=carry.plan if carry is not None else Plan(0, 0, 0, 0))
+        ``plan`` (the fit opened its data before it began)."""
+        return cls(events=events, epoch_first_event=len(events), plan=plan)
 
     def end_epoch(self) -> None:
         self.epoch += 1

@@ -14,7 +14,7 @@ import torch
 from hybridnb.events import Event
 from hybridnb.live.summary import header
 from hybridnb.processes.child import prestart_spawn
-from hybridnb.train import loggers, opening, run_worker, saved, setup, worker_fit
+from hybridnb.train import loggers, opening, run_worker, saved, worker_fit
 from hybridnb.train.batch_size import find_batch_size
 from hybridnb.train.bus import Bus, Started
 from hybridnb.train.callbacks import check_callbacks
@@ -162,7 +162,7 @@ class Trainer:
             bus.note("isolate", why)  # where it trains, and why, said once
         if not self.isolated:  # isolated: the worker places the model (the kernel never does)
             self.placement.place([])
-        setup.build_step(loop)
+        loop.placement.build_step(loop)
 
     def _print(self, event) -> None:
         """Notes on stderr without a live view (an isolated worker's too), the run's header
@@ -392,8 +392,10 @@ class Trainer:
         from hybridnb.train import lr_find as finder
         result = self._where_fit_ran("running lr_find", finder.lr_find, data, "data", **kwargs)
         if apply and result.suggestion is not None:
-            old = self.lr
-            finder.apply_lr(self, result.suggestion)
+            old, lr = self.lr, result.suggestion
+            for group in self.optimizer.param_groups:  # own initial LRs kept in proportion
+                group["initial_lr"] = group["lr"] = lr * (group.get("initial_lr", old) / old)
+            self.settings = self.settings.replace(lr=float(lr))
             result.applied = True
             self.bus.note("lr_find", f"lr set to {result.suggestion:.3g} (was {old:.3g}), the "
                        f"{result.method} suggestion of lr_find")

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from hybridnb.processes.worker import startup as worker_startup
-from hybridnb.train import opening, outside_state, saved, setup
+from hybridnb.train import opening, outside_state, saved
 from hybridnb.train.evaluation import predict_here
 from hybridnb.train.heap import frozen_heap
 from hybridnb.train.parts import build_loop
@@ -35,7 +35,7 @@ def worker_loop(settings: Settings, model: torch.nn.Module, channel):
     with frozen_heap():  # building the optimizer imports torch._dynamo (heap.py)
         loop = build_loop(model, settings, channel)
     loop.placement.place([])  # the kernel's never is
-    setup.build_step(loop)
+    loop.placement.build_step(loop)
     return loop
 
 

@@ -236,7 +236,7 @@ def test_one_sampler_thread_serves_as_a_peak_reader_with_an_exact_peak():
         time.sleep(0.05)
     series = sampler.series()
     assert series.values["v"][0] == 1.0  # sampled on entry
-    assert series.peak("v") == 5.0  # exact though the series was halved past max_points
+    assert series.peaks["v"] == 5.0  # exact though the series was halved past max_points
     assert len(series.times) <= 5
     assert not [t for t in __import__("threading").enumerate() if t.name == "hybridnb-sampler"
                 and t.is_alive()]
@@ -260,7 +260,7 @@ def test_sampler_thread_collects_until_closed_and_stays_bounded():
     assert sampler.interval >= 0.04  # and sampling slowed down accordingly
     assert series.times == sorted(series.times)
     assert series.values["rss"] == sorted(series.values["rss"])
-    assert series.peak("rss") == series.values["rss"][-1]
+    assert series.peaks["rss"] == series.values["rss"][-1]
 
 
 def test_heap_reader_sees_an_allocation():

@@ -326,7 +326,7 @@ def test_unshuffled_shards_concatenate_in_dataset_order_and_resume_mid_epoch():
     assert spans == [(0, 16), (16, 32), (32, 37)]
     assert [shard(32, 37, r, 2) for r in range(2)] == [(32, 35), (35, 37)]
     s = ResumableBatchSampler(37, 8, False, torch.Generator(), 1, 2)
-    s.skip(2)
+    s.skip = 2
     assert list(s) == [[35, 36]] and len(list(s)) == 3
     with pytest.raises(ValueError, match="3 samples cannot be shared by 4 processes"):
         ResumableBatchSampler(3, 8, False, torch.Generator(), 0, 4)

@@ -12,7 +12,7 @@ from torch.optim import lr_scheduler
 
 from hybridnb import failures
 from hybridnb.env import QUICK_ENV
-from hybridnb.train.data import QUICK_STEPS
+from hybridnb.train.opening import QUICK_STEPS
 from hybridnb.train.trainer import Trainer
 
 torch.set_num_threads(1)
