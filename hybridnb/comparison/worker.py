@@ -5,10 +5,10 @@ first request is the job (a cloudpickled ``session.VariantSession``: a notebook'
 travel), answered {"status": "ok"} once loaded; then ``prepare`` and ``window`` (steps) until
 ``close``.
 
-A variant's own process cannot take the caller down: its death (a signal, an abort, a refused allocation) is status "crashed" naming the
-signal and its last line; no answer within ``timeout`` seconds kills its process group (status
-"timeout"). The caller's one ``Watch`` kills every variant's process group on an interrupt, and
-each dies with the caller.
+A variant's own process cannot take the caller down: its death (a signal, an abort, a refused
+allocation) is status "crashed" naming the signal and its last line; no answer within
+``timeout`` seconds kills its process group (status "timeout"). The caller's one ``Watch`` kills
+every variant's process group on an interrupt, and each dies with the caller.
 
 Why a fresh interpreter and not ``fork``: a forked child of a process that has run a
 multi-threaded OpenMP region hangs in its own first parallel region (libgomp is not fork-safe;

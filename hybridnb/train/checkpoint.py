@@ -26,7 +26,8 @@ from hybridnb.train.run_lock import RunLock
 from hybridnb.train.storage import StorageGuard
 
 LAST, PREVIOUS, BEST = "last.pt", "last.prev.pt", "best.pt"
-# the temporary names ``save`` (files.atomic_write, files.keep_copy) and ``check_dir`` write (".last.pt.tmp-<pid>")
+# the temporary names ``save`` (files.atomic_write, files.keep_copy) and ``check_dir`` write
+# (".last.pt.tmp-<pid>")
 _OUR_TEMP = re.compile(r"\.(?:(?:last|last\.prev|best)\.pt\.tmp|write-test)-(?P<pid>\d+)")
 
 

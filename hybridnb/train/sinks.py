@@ -32,8 +32,8 @@ class Sinks:
 
     def begin(self, trainer) -> None:
         """A fit starts at ``trainer.state`` (fresh or resumed): the loggers' folders claimed
-        (another live run writing there is refused), the loggers opened with the run's hyperparameters,
-        ``on_fit_start``."""
+        (another live run writing there is refused), the loggers opened with the run's
+        hyperparameters, ``on_fit_start``."""
         self.trainer = trainer
         self.storage.bus = trainer.bus
         state = trainer.state

@@ -363,6 +363,23 @@ def test_a_ddp_strategy_object_made_without_a_device_picks_the_ranks(monkeypatch
             dist.destroy_process_group()
 
 
+def test_a_deepspeed_strategy_object_made_without_a_device_picks_the_ranks(monkeypatch):
+    pytest.importorskip("deepspeed")
+    from hybridnb.strategies.deepspeed import DeepSpeedStrategy
+    from hybridnb.strategies.launch import free_port
+
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
+                        ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port()))):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    try:
+        s = DeepSpeedStrategy()
+        assert s.device == torch.device("cpu") and s.backend == "gloo"
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def test_asking_for_ddp_or_deepspeed_outside_a_job_says_what_to_do(monkeypatch):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
