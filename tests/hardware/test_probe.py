@@ -102,15 +102,23 @@ def test_children_run_in_parallel_under_one_deadline(monkeypatch):
 def test_an_interrupted_probe_leaves_no_process(monkeypatch):
     """Ctrl-C (a notebook's interrupt) while waiting: the children are killed at once and
     reaped, then the KeyboardInterrupt reaches the caller."""
+    import contextlib
     import os
     import signal
     import threading
 
     fake_gpu.use(monkeypatch, {"hang_at": "import"})
 
+    def probes() -> int:  # this run's probe children (not another test's child still exiting)
+        alive = 0
+        for child in psutil.Process().children():
+            with contextlib.suppress(psutil.Error):
+                alive += probe.CHILD_MODULE in " ".join(child.cmdline())
+        return alive
+
     def interrupt_when_probing():
         deadline = time.monotonic() + 20
-        while len(psutil.Process().children()) < 2 and time.monotonic() < deadline:
+        while probes() < 2 and time.monotonic() < deadline:
             time.sleep(0.02)
         os.kill(os.getpid(), signal.SIGINT)
 
