@@ -122,10 +122,15 @@ def test_an_interrupted_probe_leaves_no_process(monkeypatch):
             time.sleep(0.02)
         os.kill(os.getpid(), signal.SIGINT)
 
+    # Ctrl-C as a plain Python process or a kernel has it, whatever an earlier test left set
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Thread(target=interrupt_when_probing, daemon=True).start()
     t0 = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        probe.run_probes([("cuda", 0), ("cuda", 1)], 30)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            probe.run_probes([("cuda", 0), ("cuda", 1)], 30)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - t0 < 20
     assert psutil.Process().children(recursive=True) == []
 
