@@ -31,6 +31,7 @@ class GracefulInterrupt:
     def __exit__(self, *exc) -> None:
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
+            self._previous = None  # a second exit must not put back a handler that is gone
 
     def _handle(self, signum, frame) -> None:
         if self.requested and not self._updating:
