@@ -51,9 +51,14 @@ demo: setup
 # not compared), and tests/nbval_record.py keeps that run for tests/test_notebooks.py, which checks
 # what each notebook computed and showed, so the notebooks run once and hold no output and no
 # assertion. tests/test_docs.py builds the reference with mkdocs --strict.
+# Two pytest-xdist workers (one on a 1-core machine): most tests wait on the child processes
+# they start; each test file runs whole in one worker, the notebooks and test_notebooks.py in one.
+# The sources are byte-compiled first: where PYTHONDONTWRITEBYTECODE is set, every child process
+# would compile hybridnb again (0.45 s each here).
 test: setup
 	$(VENV)/bin/ruff check hybridnb data_prep hybridnb_tools examples tests bench
-	env -u HYBRIDNB_QUICK $(PY) -m pytest -q -p tests.nbval_record --nbval-lax --nbval-current-env notebooks tests --durations=20
+	$(PY) -m compileall -q hybridnb data_prep hybridnb_tools tests
+	env -u HYBRIDNB_QUICK $(PY) -m pytest -q -n auto --maxprocesses=2 -p tests.nbval_record --nbval-lax --nbval-current-env notebooks tests --durations=20
 
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks

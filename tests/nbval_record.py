@@ -38,6 +38,22 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist (``make test`` runs two workers) each test file goes whole to one
+    worker, and the notebooks go there together with tests/test_notebooks.py: a notebook's
+    cells share its kernel, and those checks read the runs that worker recorded. (xdist's own
+    ``xdist_group`` mark does not group under pytest 9, which no longer reads ``_nodeid``.)"""
+    from xdist.scheduler import LoadFileScheduling
+
+    class NotebooksTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "notebooks" if path.endswith((".ipynb", "test_notebooks.py")) else path
+
+    return NotebooksTogether(config, log)
+
+
 def pytest_unconfigure(config):
     if _FOLDER in config.stash:
         import shutil
